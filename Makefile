@@ -1,0 +1,45 @@
+# logstore — developer entry points. Needs only Python 3.11+, gcc and a C library.
+#   make demo   create .venv, build the C core, run examples/quickstart.py
+#   make test   same setup, run the whole test suite (< 10 minutes on 2 cores)
+#   make bench  run the pytest-benchmark suite in bench/ and bench/compare.py
+#   make soak   long-running suites (marker "slow")
+#   make asan   rebuild the C core with ASan/UBSan and run the native and corruption tests
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+DEPS   := pyproject.toml setup.py $(wildcard src/logstore/_native/*.c src/logstore/_native/*.h src/logstore/_native/build_native.py)
+PYTEST_FLAGS ?= -q
+
+.PHONY: demo test bench soak asan venv clean
+
+$(STAMP): $(DEPS)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,bench]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/quickstart.py
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_FLAGS) tests
+
+bench: $(STAMP)
+	$(PY) -m pytest -q bench --benchmark-only --benchmark-columns=min,mean,ops
+	$(PY) bench/compare.py
+
+soak: $(STAMP)
+	$(PY) -m pytest $(PYTEST_FLAGS) -m slow tests
+
+asan: $(STAMP)
+	LOGSTORE_SANITIZE=1 $(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
+	ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+		$(PY) -m pytest $(PYTEST_FLAGS) -p no:cacheprovider tests/unit tests/corruption
+	$(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info src/logstore/_native/_lib.* .pytest_cache .hypothesis

@@ -1,0 +1,55 @@
+"""logstore: Apache Kafka's log layer as an embeddable Python library with a C core.
+
+>>> import logstore, tempfile, os
+>>> with logstore.Log.open(os.path.join(tempfile.mkdtemp(), "events-0")) as log:
+...     log.append(b"hello", key=b"k")
+...     [r.value for r in log.read(0)]
+0
+[b'hello']
+
+The on-disk format is Kafka's own (RecordBatch v2 segments with sparse offset and time indexes),
+so Kafka's tools can read logstore's files and logstore can open Kafka's. See FORMAT.md.
+"""
+
+from __future__ import annotations
+
+from .config import LogConfig
+from .errors import (
+    CorruptIndexError,
+    CorruptRecordError,
+    InvalidConfigError,
+    InvalidTopicError,
+    LogClosedError,
+    LogLockedError,
+    LogstoreError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+    UnsupportedCodecError,
+)
+from .log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, Log, RecoveryReport
+from .records import Record, TimestampType
+from .segment import SegmentInfo
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Log",
+    "LogConfig",
+    "Record",
+    "TimestampType",
+    "SegmentInfo",
+    "RecoveryReport",
+    "EARLIEST_TIMESTAMP",
+    "LATEST_TIMESTAMP",
+    "LogstoreError",
+    "CorruptRecordError",
+    "CorruptIndexError",
+    "OffsetOutOfRangeError",
+    "RecordTooLargeError",
+    "LogClosedError",
+    "LogLockedError",
+    "InvalidTopicError",
+    "InvalidConfigError",
+    "UnsupportedCodecError",
+    "__version__",
+]

@@ -1,0 +1,152 @@
+"""Every file operation logstore performs, in one replaceable object.
+
+Nothing else in the package calls ``os.open``, ``os.fsync``, ``os.rename``, ``mmap.mmap`` and
+friends directly: it calls ``_fileio.ops.<name>``. Tests swap :data:`ops` for a subclass of
+:class:`FileOps` (see :func:`install`) to inject I/O errors or to simulate a power loss that drops
+everything written since the last fsync (tests/crash/). The hot append path writes through a
+memory map and makes no calls here; a power-loss simulation therefore captures file contents at
+each ``fsync`` (the page cache, mapped writes included, is what fsync makes durable).
+
+Thread-safety: :class:`FileOps` is stateless; subclasses used by tests must be thread-safe.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import mmap
+import os
+from contextlib import contextmanager
+from typing import Iterator
+
+__all__ = ["FileOps", "ops", "install"]
+
+
+class FileOps:
+    """The real file system. Methods mirror the ``os`` calls they wrap."""
+
+    # -- descriptors
+    def open(self, path: str, flags: int, mode: int = 0o644) -> int:
+        return os.open(path, flags | os.O_CLOEXEC, mode)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def pread(self, fd: int, size: int, position: int) -> bytes:
+        return os.pread(fd, size, position)
+
+    def pwrite(self, fd: int, data: bytes | bytearray | memoryview, position: int) -> int:
+        view = memoryview(data)
+        written = 0
+        while written < len(view):
+            written += os.pwrite(fd, view[written:], position + written)
+        return written
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def fdatasync(self, fd: int) -> None:
+        os.fdatasync(fd)
+
+    def ftruncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    def fallocate(self, fd: int, size: int) -> None:
+        """Reserve disk blocks for [0, size) so that writes through a map cannot hit ENOSPC."""
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as exc:  # file systems without fallocate (tmpfs on old kernels)
+            if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise
+            if os.fstat(fd).st_size < size:
+                os.ftruncate(fd, size)
+
+    def fsize(self, fd: int) -> int:
+        return os.fstat(fd).st_size
+
+    def mmap(self, fd: int, length: int, writable: bool) -> mmap.mmap:
+        access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+        return mmap.mmap(fd, length, access=access)
+
+    def lock(self, fd: int, blocking: bool = False) -> bool:
+        """Take an exclusive advisory lock; without ``blocking``, False if another process holds it."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            return False
+        return True
+
+    # -- paths
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def size(self, path: str) -> int:
+        return os.stat(path).st_size
+
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(path)
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.replace(src, dst)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
+    def rmdir(self, path: str) -> None:
+        os.rmdir(path)
+
+    def fsync_dir(self, path: str) -> None:
+        """fsync a directory so that creates, renames and unlinks in it are durable."""
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def read_file(self, path: str) -> bytes:
+        fd = self.open(path, os.O_RDONLY)
+        try:
+            chunks = []
+            position = 0
+            while True:
+                chunk = self.pread(fd, 1 << 20, position)
+                if not chunk:
+                    return b"".join(chunks)
+                chunks.append(chunk)
+                position += len(chunk)
+        finally:
+            self.close(fd)
+
+    def write_file_atomic(self, path: str, data: bytes) -> None:
+        """Replace ``path`` with ``data`` durably: temp file, fsync, rename, fsync directory.
+
+        A crash at any point leaves either the old or the new content, never a mix.
+        """
+        tmp = path + ".tmp"
+        fd = self.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            self.pwrite(fd, data, 0)
+            self.fsync(fd)
+        finally:
+            self.close(fd)
+        self.rename(tmp, path)
+        self.fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+#: The FileOps every module uses. Replace it only through :func:`install`.
+ops: FileOps = FileOps()
+
+
+@contextmanager
+def install(replacement: FileOps) -> Iterator[FileOps]:
+    """Use ``replacement`` for every file operation inside the ``with`` block (tests only)."""
+    global ops
+    previous = ops
+    ops = replacement
+    try:
+        yield replacement
+    finally:
+        ops = previous

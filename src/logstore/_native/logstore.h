@@ -1,0 +1,348 @@
+/* logstore.h -- the C core's one header and the only cffi cdef.
+ *
+ * This file is read twice: by cffi (ffibuilder.cdef) and by the C compiler, which includes it from
+ * every .c file so that each definition is checked against its declaration. It must therefore stay
+ * inside the subset of C that cffi parses: integer #defines, typedef'd structs of fixed-width
+ * integers and pointers, and function prototypes. No include guards, no #include, no macros with
+ * arguments. The .c files include <stdint.h> and <stddef.h> before this header.
+ *
+ * The C core is pure mechanism over caller-owned buffers: it never opens, truncates, maps or fsyncs
+ * a file and never allocates memory. Every length read from a buffer is checked against the bytes
+ * that remain before it is used.
+ *
+ * Byte order: every multi-byte integer of Kafka's format is big-endian.
+ * Naming: an "offset" is a logical record number; a "position" is a byte position in a buffer/file.
+ */
+
+/* Bumped whenever a struct or a signature below changes; checked by logstore._native at import. */
+#define LS_ABI_VERSION 2
+
+/* ---- Error codes (every function returning int/int64 uses negative values from this list) ---- */
+#define LS_OK 0
+#define LS_ERR_TRUNCATED -1   /* the buffer ends inside a batch, record or varint */
+#define LS_ERR_CORRUPT -2     /* a length, count or field is out of its valid range */
+#define LS_ERR_CRC -3         /* stored CRC32C differs from the computed one */
+#define LS_ERR_MAGIC -4       /* batch magic is not 2 (older formats are not supported) */
+#define LS_ERR_NOSPACE -5     /* caller's output buffer/array is too small */
+#define LS_ERR_ARG -6         /* invalid argument from the caller (not from disk) */
+#define LS_ERR_TOO_LARGE -7   /* batch larger than the caller's max_batch_bytes */
+#define LS_ERR_FULL -8        /* appender: the segment or one of its indexes has no room */
+#define LS_ERR_ZERO -9        /* scan: the rest of the buffer is zero bytes (preallocated tail) */
+
+/* ---- RecordBatch v2 layout (byte positions inside a batch) ---- */
+#define LS_MAGIC 2
+#define LS_LOG_OVERHEAD 12              /* baseOffset (8) + batchLength (4) */
+#define LS_BATCH_HEADER_SIZE 61
+#define LS_BATCH_MIN_LENGTH 49          /* minimal batchLength = header size - log overhead */
+#define LS_POS_BASE_OFFSET 0
+#define LS_POS_BATCH_LENGTH 8
+#define LS_POS_LEADER_EPOCH 12
+#define LS_POS_MAGIC 16
+#define LS_POS_CRC 17
+#define LS_POS_ATTRIBUTES 21            /* the CRC covers [LS_POS_ATTRIBUTES, end of batch) */
+#define LS_POS_LAST_OFFSET_DELTA 23
+#define LS_POS_BASE_TIMESTAMP 27
+#define LS_POS_MAX_TIMESTAMP 35
+#define LS_POS_PRODUCER_ID 43
+#define LS_POS_PRODUCER_EPOCH 51
+#define LS_POS_BASE_SEQUENCE 53
+#define LS_POS_RECORDS_COUNT 57
+#define LS_POS_RECORDS 61
+
+/* attributes bits */
+#define LS_ATTR_COMPRESSION_MASK 7
+#define LS_COMPRESSION_NONE 0
+#define LS_COMPRESSION_GZIP 1
+#define LS_COMPRESSION_SNAPPY 2
+#define LS_COMPRESSION_LZ4 3
+#define LS_COMPRESSION_ZSTD 4
+#define LS_ATTR_TIMESTAMP_TYPE 8        /* 0 = CreateTime, 1 = LogAppendTime */
+#define LS_ATTR_TRANSACTIONAL 16
+#define LS_ATTR_CONTROL 32
+#define LS_ATTR_DELETE_HORIZON 64       /* baseTimestamp holds the delete horizon (KIP-534) */
+
+#define LS_TIMESTAMP_CREATE_TIME 0
+#define LS_TIMESTAMP_LOG_APPEND_TIME 1
+#define LS_NO_TIMESTAMP -1
+#define LS_NO_PRODUCER_ID -1
+#define LS_NO_PRODUCER_EPOCH -1
+#define LS_NO_SEQUENCE -1
+#define LS_NO_PARTITION_LEADER_EPOCH -1
+
+/* A record is at least 7 bytes: length, attributes, timestampDelta, offsetDelta, keyLength,
+ * valueLength, headerCount, one byte each. Used to bound record counts read from disk. */
+#define LS_RECORD_MIN_SIZE 7
+/* Upper bound of a record's framing bytes excluding key, value and headers. */
+#define LS_RECORD_MAX_OVERHEAD 41
+/* Upper bound of the framing bytes of one header excluding its key and value. */
+#define LS_HEADER_MAX_OVERHEAD 10
+#define LS_VARINT_MAX_BYTES 10
+
+/* ---- Index files ---- */
+#define LS_INDEX_ENTRY_SIZE 8           /* relativeOffset int32 BE, position int32 BE */
+#define LS_TIMEINDEX_ENTRY_SIZE 12      /* timestamp int64 BE, relativeOffset int32 BE */
+
+/* ---- Segment names ---- */
+#define LS_SEGMENT_NAME_DIGITS 20
+
+/* ======================================================================== */
+/* CRC32C (Castagnoli). ls_crc32c uses SSE4.2 when the CPU has it, else the table version.
+ * Both extend `crc`, a previously returned value (0 to start): crc32c(a+b) ==
+ * ls_crc32c(ls_crc32c(0, a), b). */
+uint32_t ls_crc32c(uint32_t crc, const char *buf, size_t len);
+uint32_t ls_crc32c_sw(uint32_t crc, const char *buf, size_t len);
+int ls_crc32c_hw_available(void);
+
+/* ======================================================================== */
+/* Zigzag varints as Kafka writes them (ByteUtils.writeVarlong). encode writes 1..10 bytes to out
+ * and returns the count. decode returns the bytes consumed (1..10), LS_ERR_TRUNCATED when buf ends
+ * before the last byte, LS_ERR_CORRUPT when no terminating byte appears within 10 bytes. */
+int ls_varint_encode(int64_t value, char *out);
+int ls_varint_decode(const char *buf, size_t len, int64_t *value);
+
+/* ======================================================================== */
+/* Batch header, decoded into host order. */
+typedef struct {
+    int64_t base_offset;
+    int32_t batch_length;
+    int32_t partition_leader_epoch;
+    int32_t magic;
+    uint32_t crc;
+    int32_t attributes;
+    int32_t last_offset_delta;
+    int64_t base_timestamp;
+    int64_t max_timestamp;
+    int64_t producer_id;
+    int32_t producer_epoch;
+    int32_t base_sequence;
+    int32_t records_count;
+} ls_batch_header;
+
+/* Validate the batch at the start of buf[0, len).
+ * A batch is valid iff: len >= 61; batchLength >= 49 and 12 + batchLength <= len (else
+ * LS_ERR_TRUNCATED when the header is plausible but the buffer is short); 12 + batchLength <=
+ * max_batch_bytes when max_batch_bytes > 0 (else LS_ERR_TOO_LARGE); magic == 2 (else LS_ERR_MAGIC);
+ * lastOffsetDelta >= 0; 0 <= recordsCount <= lastOffsetDelta + 1; for an uncompressed batch
+ * recordsCount * 7 <= batchLength - 49; 0 <= baseOffset <= INT64_MAX - lastOffsetDelta; and CRC32C
+ * over [21, 12 + batchLength) equals the stored CRC (else LS_ERR_CRC). Everything else is
+ * LS_ERR_CORRUPT.
+ * Fills *hdr whenever at least 61 bytes are present (also on error) and *computed_crc when the CRC
+ * was computed. Returns the batch size in bytes (12 + batchLength) or a negative LS_ERR_ code. */
+int64_t ls_batch_validate(const char *buf, int64_t len, int64_t max_batch_bytes,
+                          ls_batch_header *hdr, uint32_t *computed_crc);
+
+/* Parse the 61-byte header only (no CRC check, no range checks beyond len >= 61).
+ * Returns LS_OK or LS_ERR_TRUNCATED. */
+int ls_batch_header_parse(const char *buf, int64_t len, ls_batch_header *hdr);
+
+/* ======================================================================== */
+/* Columnar input for encoding one batch's records. Keys, values and header parts are concatenated
+ * into one buffer each, in record order; the *_lens arrays give each item's length, -1 for null
+ * (a null value is a tombstone; header keys may not be null). A NULL keys pointer together with a
+ * NULL key_lens means every key is null; NULL timestamps means every record has the batch's base
+ * timestamp; NULL header_counts means no record has headers; NULL offset_deltas means record i has
+ * offsetDelta i, else offset_deltas must be >= 0 and strictly increasing (a compacted batch keeps
+ * its records' original offsets). */
+typedef struct {
+    int32_t count;
+    const char *keys;
+    const int32_t *key_lens;
+    const char *values;
+    const int32_t *value_lens;
+    const int64_t *timestamps;
+    const int32_t *header_counts;
+    const char *header_keys;
+    const int32_t *header_key_lens;
+    const char *header_values;
+    const int32_t *header_value_lens;
+    const int32_t *offset_deltas;
+} ls_records_in;
+
+/* Upper bound of the encoded size of the records section for `in` (no batch header).
+ * Returns LS_ERR_ARG when a length is < -1, a key/header key is -1 where not allowed, or the
+ * count is < 1. */
+int64_t ls_records_bound(const ls_records_in *in);
+
+/* Encode the records section (Kafka Record format, offsetDelta = offset_deltas[i] or i) into out[0, cap).
+ * Timestamp deltas are relative to base_timestamp. Returns bytes written, LS_ERR_NOSPACE, or
+ * LS_ERR_ARG. */
+int64_t ls_records_encode(const ls_records_in *in, int64_t base_timestamp, char *out, int64_t cap);
+
+/* Write the 61-byte header described by *hdr at batch[0, 61) of a batch whose records section
+ * already sits at batch[61, total_len), then compute and store the CRC. hdr->batch_length and
+ * hdr->crc are outputs; hdr->magic is forced to 2. Returns total_len or LS_ERR_ARG. */
+int64_t ls_batch_finish(char *batch, int64_t total_len, ls_batch_header *hdr);
+
+/* One call per uncompressed batch: set hdr->base_timestamp = timestamps[0] (or keep hdr's when
+ * timestamps is NULL), hdr->max_timestamp = max of the timestamps, hdr->last_offset_delta =
+ * the last offsetDelta, hdr->records_count = count; encode the records at out + 61; finish the header.
+ * Attributes come from hdr (the compression bits must be 0 here). Returns the batch size,
+ * LS_ERR_NOSPACE or LS_ERR_ARG. */
+int64_t ls_batch_encode(const ls_records_in *in, ls_batch_header *hdr, char *out, int64_t cap);
+
+/* ======================================================================== */
+/* Columnar output of record decoding. The caller owns the arrays (capacity rows each); decode
+ * functions append rows at [count, capacity) and advance count. Positions are byte positions in
+ * the buffer passed to the decode call; a length of -1 means null. headers_pos/headers_len delimit
+ * the raw header section of each record (header_count entries) for ls_headers_decode. */
+typedef struct {
+    int32_t capacity;
+    int32_t count;
+    int64_t *offsets;
+    int64_t *timestamps;
+    int8_t *timestamp_types;
+    int32_t *key_pos;
+    int32_t *key_len;
+    int32_t *value_pos;
+    int32_t *value_len;
+    int32_t *headers_pos;
+    int32_t *headers_len;
+    int32_t *header_count;
+} ls_records_out;
+
+/* Decode the records section buf[0, len) of one batch described by *hdr (records_count records;
+ * offsets base_offset + offsetDelta; timestamps base_timestamp + delta, or max_timestamp for every
+ * record when the batch is LogAppendTime). Rows with offset < min_offset are skipped.
+ * A record section is valid iff it holds exactly records_count records, each record's length
+ * covers exactly its fields, every length lies in [-1, remaining] (keys/values) or [0, remaining]
+ * (record length, header keys), offsetDelta in [0, lastOffsetDelta] and strictly increasing.
+ * Returns the number of rows appended, LS_ERR_NOSPACE if out has too few free rows (nothing is
+ * appended then), LS_ERR_TRUNCATED or LS_ERR_CORRUPT (also when records_count * 7 > len, checked
+ * before NOSPACE), or LS_ERR_ARG (len > INT32_MAX: positions are int32). */
+int64_t ls_records_decode(const char *buf, int64_t len, const ls_batch_header *hdr,
+                          int64_t min_offset, ls_records_out *out);
+
+/* Split the raw headers of one record into arrays of (key_pos, key_len, value_pos, value_len),
+ * positions relative to buf. Returns header count or a negative LS_ERR_ code. */
+int64_t ls_headers_decode(const char *buf, int64_t len, int32_t count, int32_t *key_pos,
+                          int32_t *key_len, int32_t *value_pos, int32_t *value_len);
+
+/* Cursor for walking consecutive batches of a segment byte range. */
+typedef struct {
+    int64_t position;          /* in/out: position of the next batch to look at */
+    int64_t batches;           /* out: batches consumed (added to) */
+    ls_batch_header header;    /* out: header of the batch at `position` when the walk stopped on it */
+    uint32_t computed_crc;     /* out: with LS_ERR_CRC */
+    int32_t stop;              /* out: one of the LS_STOP_ values */
+} ls_cursor;
+
+#define LS_STOP_END 0          /* position reached len */
+#define LS_STOP_FULL 1         /* out has no room for the next batch's records */
+#define LS_STOP_COMPRESSED 2   /* next batch is compressed: caller decompresses and decodes it */
+#define LS_STOP_MAX_OFFSET 3   /* next batch starts at or after max_offset */
+#define LS_STOP_ERROR 4        /* next batch is invalid; the return value says why */
+
+/* Decode every record with min_offset <= offset from consecutive batches in buf[0, len), starting
+ * at cur->position and validating each batch (CRC included) with max_batch_bytes. Batches whose
+ * last offset is below min_offset are skipped without decoding their records (but still
+ * validated). Stops (setting cur->stop) at the end of buf, before a batch whose base offset is
+ * >= max_offset (when max_offset >= 0), before a compressed batch, before a batch whose records
+ * do not fit in out, or at an invalid batch (cur->position stays at its start and the error code
+ * is returned). Returns LS_OK or a negative LS_ERR_ code (LS_ERR_ARG when len > INT32_MAX). */
+int ls_segment_decode(const char *buf, int64_t len, int64_t min_offset, int64_t max_offset,
+                      int64_t max_batch_bytes, ls_cursor *cur, ls_records_out *out);
+
+/* ======================================================================== */
+/* Recovery scan of one segment's bytes. Walks batches from position 0, validating each; stops at
+ * the first invalid batch. Rebuilds the sparse indexes exactly as appends build them (see
+ * ls_appender): before a batch at position p is counted, if bytes_since_last_entry >
+ * index_interval_bytes an offset index entry (last offset - base_offset, p) and a time index entry
+ * (max timestamp so far including this batch, the last offset of the batch holding it -
+ * base_offset; only when that timestamp is larger than the previous time index entry's) are
+ * written, then bytes_since_last_entry restarts at 0; then the batch's size is added to it. A
+ * batch whose last offset - base_offset exceeds INT32_MAX is invalid (LS_ERR_CORRUPT).
+ * Index output arrays hold index_cap / timeindex_cap entries; when one is full no more entries are
+ * written to it and res->index_full is set.
+ * Returns LS_OK once *res describes the scan (res->status tells how it ended), or LS_ERR_ARG for an
+ * unusable argument (len > INT32_MAX, index_interval_bytes < 0, ...). */
+typedef struct {
+    int64_t valid_bytes;          /* length of the valid prefix */
+    int64_t batches;
+    int64_t records;              /* sum of records_count */
+    int64_t last_offset;          /* last offset of the last valid batch; -1 if none */
+    int64_t max_timestamp;        /* -1 if none */
+    int64_t offset_of_max_timestamp;
+    int64_t index_entries;
+    int64_t timeindex_entries;
+    int32_t index_full;
+    int32_t status;               /* LS_OK when the whole buffer was valid, else the error code of
+                                     the batch at valid_bytes (LS_ERR_ZERO for an all-zero tail) */
+    uint32_t stored_crc;
+    uint32_t computed_crc;
+} ls_scan_result;
+
+int ls_segment_scan(const char *buf, int64_t len, int64_t base_offset, int64_t index_interval_bytes,
+                    int64_t max_batch_bytes, char *index_out, int64_t index_cap,
+                    char *timeindex_out, int64_t timeindex_cap, ls_scan_result *res);
+
+/* ======================================================================== */
+/* Sparse index search. `index` holds `entries` entries of the given file kind.
+ * ls_index_lookup: slot of the largest entry whose relative offset <= target, or -1.
+ * ls_timeindex_lookup: slot of the largest entry whose timestamp <= target, or -1.
+ * ls_index_check: -1 when the entries are strictly increasing in relative offset (offset index;
+ * positions non-decreasing and >= 0 too) or non-decreasing in timestamp and offset (time index),
+ * and every relative offset lies in [0, max_relative_offset]; else the first bad slot. */
+int64_t ls_index_lookup(const char *index, int64_t entries, int64_t target_relative_offset);
+int64_t ls_timeindex_lookup(const char *index, int64_t entries, int64_t target_timestamp);
+int64_t ls_index_check(const char *index, int64_t entries, int is_timeindex,
+                       int64_t max_relative_offset);
+/* Number of entries in a preallocated index buffer of cap_entries slots: the count of leading
+ * slots before the first all-zero slot. An all-zero offset index entry cannot be real (the first
+ * batch of a segment never gets an entry, so every entry has position > 0); an all-zero time index
+ * entry is only possible in slot 0 and is then dropped, which costs lookups a longer scan but is
+ * never wrong, because indexes are sparse hints that reads verify against the log. */
+int64_t ls_index_entries(const char *index, int64_t cap_entries, int is_timeindex);
+
+/* ======================================================================== */
+/* Appender: the writer of the active segment. The caller maps the preallocated .log, .index and
+ * .timeindex files and hands their memory here; appends copy batches into the mapped log and add
+ * sparse index entries, so a returned append is in the OS page cache (it survives the death of the
+ * process) without a write syscall. The caller serialises appends and publishes `position` to
+ * readers only after a call returns, so no reader sees a partial batch.
+ * Invariant: log[0, position) holds only complete, valid batches; next_offset = last offset + 1. */
+typedef struct {
+    char *log;
+    int64_t log_capacity;
+    int64_t position;
+    int64_t base_offset;
+    int64_t next_offset;
+    char *index;
+    int64_t index_capacity;          /* entries */
+    int64_t index_entries;
+    char *timeindex;
+    int64_t timeindex_capacity;      /* entries */
+    int64_t timeindex_entries;
+    int64_t index_interval_bytes;
+    int64_t bytes_since_last_entry;
+    int64_t max_timestamp;           /* -1 when empty */
+    int64_t offset_of_max_timestamp; /* last offset of the batch holding max_timestamp */
+    int64_t last_timeindex_timestamp;/* -1 when the time index is empty */
+    int64_t max_batch_bytes;
+    int32_t partition_leader_epoch;
+    int32_t records;                 /* records appended to this segment (incl. recovered) */
+} ls_appender;
+
+/* Append one pre-built batch (batch[0, len) must be a complete valid batch; its CRC is not
+ * recomputed because baseOffset and partitionLeaderEpoch lie outside the CRC). Rewrites its
+ * baseOffset to a->next_offset and its partitionLeaderEpoch to a->partition_leader_epoch.
+ * Index entries follow the rule of ls_segment_scan. Returns the base offset assigned,
+ * LS_ERR_FULL (nothing written) when the batch does not fit in log_capacity - position, when
+ * either index already holds index_capacity/timeindex_capacity entries, or when the batch's last
+ * offset - base_offset would exceed INT32_MAX (or position + len INT32_MAX); LS_ERR_TOO_LARGE when len > max_batch_bytes (when
+ * max_batch_bytes > 0; checked before LS_ERR_FULL so that a caller that rolls on FULL cannot
+ * loop); LS_ERR_CORRUPT/LS_ERR_TRUNCATED when the batch header is malformed. */
+int64_t ls_appender_append_batch(ls_appender *a, const char *batch, int64_t len);
+
+/* Encode one record as a one-record batch straight into the mapped log (the single-append fast
+ * path: one C call per record). key/value NULL means null; headers is the already-encoded header
+ * section (count varint excluded) of header_count headers, or NULL. attributes must be 0 or
+ * LS_ATTR_TIMESTAMP_TYPE and the header section must hold exactly header_count well-formed headers
+ * (else LS_ERR_ARG). Returns the offset assigned, LS_ERR_FULL, LS_ERR_TOO_LARGE or LS_ERR_ARG. */
+int64_t ls_appender_append_record(ls_appender *a, int64_t timestamp, int32_t attributes,
+                                  const char *key, int32_t key_len, const char *value,
+                                  int32_t value_len, const char *headers, int32_t headers_len,
+                                  int32_t header_count);
+
+/* Append a final time index entry for max_timestamp if it is newer than the last entry (Kafka does
+ * this when a segment stops being active). Returns LS_OK or LS_ERR_FULL. */
+int ls_appender_seal(ls_appender *a);

@@ -1,0 +1,152 @@
+/* scan.c -- walking the consecutive batches of a segment: decoding for reads, validation and index
+ * rebuilding for crash recovery.
+ *
+ * Segment positions are int32 in index entries and in ls_records_out, so both walks accept
+ * buffers of at most INT32_MAX bytes (Kafka's segment.bytes is an int as well).
+ */
+#include <stdint.h>
+#include <stddef.h>
+#include <string.h>
+
+#include "logstore.h"
+#include "ls_internal.h"
+
+int ls_all_zero(const char *buf, int64_t len)
+{
+    int64_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        uint64_t w;
+        memcpy(&w, buf + i, 8);
+        if (w)
+            return 0;
+    }
+    for (; i < len; i++)
+        if (buf[i])
+            return 0;
+    return 1;
+}
+
+int ls_segment_decode(const char *buf, int64_t len, int64_t min_offset, int64_t max_offset,
+                      int64_t max_batch_bytes, ls_cursor *cur, ls_records_out *out)
+{
+    if (!cur || !ls_records_out_ok(out) || len < 0 || len > INT32_MAX || (!buf && len) ||
+        cur->position < 0 || cur->position > len)
+        return LS_ERR_ARG;
+    ls_batch_header *hdr = &cur->header;
+    for (;;) {
+        int64_t pos = cur->position;
+        if (pos == len) {
+            cur->stop = LS_STOP_END;
+            return LS_OK;
+        }
+        const char *b = buf + pos;
+        /* The max_offset bound is checked on the raw header so that batches past it are never
+         * validated (they are not part of this read). */
+        if (max_offset >= 0 && len - pos >= LS_BATCH_HEADER_SIZE) {
+            ls_header_load(b, hdr);
+            if (hdr->base_offset >= max_offset) {
+                cur->stop = LS_STOP_MAX_OFFSET;
+                return LS_OK;
+            }
+        }
+        int64_t size = ls_batch_validate(b, len - pos, max_batch_bytes, hdr, &cur->computed_crc);
+        if (size < 0) {
+            cur->stop = LS_STOP_ERROR;
+            return (int)size;
+        }
+        if (hdr->base_offset + hdr->last_offset_delta >= min_offset) {
+            if (hdr->attributes & LS_ATTR_COMPRESSION_MASK) {
+                cur->stop = LS_STOP_COMPRESSED;
+                return LS_OK;
+            }
+            if (hdr->records_count > out->capacity - out->count) {
+                cur->stop = LS_STOP_FULL;
+                return LS_OK;
+            }
+            int64_t n = ls_records_walk(buf, pos + LS_BATCH_HEADER_SIZE, pos + size, hdr,
+                                        min_offset, out);
+            if (n < 0) {
+                cur->stop = LS_STOP_ERROR;
+                return (int)n;
+            }
+        }
+        cur->position = pos + size;
+        cur->batches++;
+    }
+}
+
+/* A segment prefix is valid iff it is a sequence of batches each of which passes
+ * ls_batch_validate, has (when uncompressed) a valid records section, starts after the previous
+ * batch's last offset, ends at or after the segment's base offset, and whose last offset is within
+ * INT32_MAX of it. Returns LS_OK once res describes the scan (res->status says how it ended), or
+ * LS_ERR_ARG for an unusable argument. */
+int ls_segment_scan(const char *buf, int64_t len, int64_t base_offset, int64_t index_interval_bytes,
+                    int64_t max_batch_bytes, char *index_out, int64_t index_cap,
+                    char *timeindex_out, int64_t timeindex_cap, ls_scan_result *res)
+{
+    if (!res)
+        return LS_ERR_ARG;
+    memset(res, 0, sizeof *res);
+    res->last_offset = -1;
+    res->max_timestamp = -1;
+    res->offset_of_max_timestamp = -1;
+    if (len < 0 || len > INT32_MAX || (!buf && len) || base_offset < 0 ||
+        index_interval_bytes < 0 || index_cap < 0 || timeindex_cap < 0 ||
+        (!index_out && index_cap) || (!timeindex_out && timeindex_cap)) {
+        res->status = LS_ERR_ARG;
+        return LS_ERR_ARG;
+    }
+    int64_t pos = 0, since_entry = 0, last_entry_ts = -1;
+    while (pos < len) {
+        ls_batch_header h;
+        uint32_t crc = 0;
+        int64_t size = ls_batch_validate(buf + pos, len - pos, max_batch_bytes, &h, &crc);
+        int64_t last = 0;
+        if (size >= 0) {
+            last = h.base_offset + h.last_offset_delta;
+            if (h.base_offset <= res->last_offset || last < base_offset ||
+                last - base_offset > INT32_MAX)
+                size = LS_ERR_CORRUPT;
+            else if (!(h.attributes & LS_ATTR_COMPRESSION_MASK)) {
+                int64_t rc = ls_records_walk(buf, pos + LS_BATCH_HEADER_SIZE, pos + size, &h, 0,
+                                             NULL);
+                if (rc < 0)
+                    size = rc;
+            }
+        }
+        if (size < 0) {
+            if (len - pos >= LS_BATCH_HEADER_SIZE)
+                res->stored_crc = h.crc;
+            res->computed_crc = crc;
+            res->status = ls_all_zero(buf + pos, len - pos) ? LS_ERR_ZERO : (int32_t)size;
+            break;
+        }
+        if (h.max_timestamp > res->max_timestamp) {
+            res->max_timestamp = h.max_timestamp;
+            res->offset_of_max_timestamp = last;
+        }
+        if (since_entry > index_interval_bytes) {
+            if (res->index_entries < index_cap)
+                ls_index_put(index_out, res->index_entries++, last - base_offset, pos);
+            else
+                res->index_full = 1;
+            if (res->max_timestamp > last_entry_ts) {
+                if (res->timeindex_entries < timeindex_cap) {
+                    ls_timeindex_put(timeindex_out, res->timeindex_entries++, res->max_timestamp,
+                                     res->offset_of_max_timestamp - base_offset);
+                    last_entry_ts = res->max_timestamp;
+                } else {
+                    res->index_full = 1;
+                }
+            }
+            since_entry = 0;
+        }
+        since_entry += size;
+        pos += size;
+        res->batches++;
+        res->records += h.records_count;
+        res->last_offset = last;
+    }
+    res->valid_bytes = pos;
+    return LS_OK;
+}

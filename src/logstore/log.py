@@ -1,0 +1,1048 @@
+"""One partition: an ordered set of segments with offsets, retention, flushing and recovery.
+
+Log owns a partition directory ``<log dir>/<topic>-<partition>/``: its segment files, the
+``.lock`` file that keeps a second process from writing, the ``.kafka_cleanshutdown`` marker, and
+this partition's entries in the log directory's ``recovery-point-offset-checkpoint`` and
+``log-start-offset-checkpoint`` files.
+
+Offsets: ``log_start_offset`` is the first offset that can be read, ``log_end_offset`` the next
+offset to be written, ``high_watermark`` the end of what consumers may read (equal to the log end
+for a log without replication), ``recovery_point`` the offset below which every byte is known to
+be fsynced.
+
+Thread-safety: every public method may be called from any thread. Appends, reads and
+maintenance are serialised by one lock; fsyncs run outside it, and concurrent durable appends
+share one fsync (group commit). A reader only ever sees whole batches: the active segment's size
+is published after each append completes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+from sortedcontainers import SortedDict
+
+from . import _fileio, compression
+from ._native import check, ffi, lib
+from .checkpoint import LOG_START_OFFSET_CHECKPOINT, RECOVERY_POINT_CHECKPOINT, OffsetCheckpoints
+from .config import LogConfig
+from .errors import (
+    CorruptIndexError,
+    CorruptRecordError,
+    LogClosedError,
+    LogLockedError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+    UnsupportedCodecError,
+)
+from .records import BatchBuilder, Record, RecordDecoder, encode_headers, parse_header
+from .segment import (
+    CLEANED_SUFFIX,
+    DELETED_SUFFIX,
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    SWAP_SUFFIX,
+    TIMEINDEX_SUFFIX,
+    LogSegment,
+    SegmentInfo,
+    parse_segment_name,
+    segment_name,
+)
+
+__all__ = ["Log", "EARLIEST_TIMESTAMP", "LATEST_TIMESTAMP", "RecoveryReport"]
+
+logger = logging.getLogger("logstore.log")
+
+#: Kafka's ListOffsets sentinels for :meth:`Log.offset_for_timestamp`.
+LATEST_TIMESTAMP = -1
+EARLIEST_TIMESTAMP = -2
+
+CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
+LOCK_FILE = ".lock"
+_PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
+_NEVER = 2**63 - 1
+_DEFAULT_MAX_BYTES = 1 << 20
+_CHECKPOINT_INTERVAL_S = 60.0
+_append_record = lib.ls_appender_append_record
+_NULL = ffi.NULL
+_time_ns = time.time_ns
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    """What opening the log found and did."""
+
+    clean_shutdown: bool
+    segments_recovered: int
+    bytes_truncated: int
+    segments_deleted: int
+    indexes_rebuilt: int
+
+
+def _partition_key(path: str) -> tuple[str, int]:
+    name = os.path.basename(os.path.normpath(path))
+    if any(c.isspace() for c in name) or not name:
+        raise ValueError(f"log directory name {name!r} must be non-empty and contain no whitespace")
+    m = _PARTITION_DIR.match(name)
+    if m:
+        return m.group(1), int(m.group(2))
+    # Not Kafka's <topic>-<partition> form: still usable, keyed with partition -1.
+    return name, -1
+
+
+def _as_bytes(value: Any, what: str) -> bytes:
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
+    raise TypeError(f"{what} must be bytes or None, got {type(value).__name__}")
+
+
+class Log:
+    """A partition's append-only log of Kafka record batches on local disk.
+
+    Open with :meth:`Log.open` (or use it as a context manager). All methods are thread-safe.
+
+    Durability: an append returns once its bytes are in the OS page cache (they survive a crash
+    of the process). They survive a crash of the machine once fsynced: by :meth:`flush`, by the
+    ``flush_messages``/``flush_ms`` policy (with ``flush_messages=1`` every append returns only
+    after its fsync), or when its segment rolls.
+    """
+
+    # ------------------------------------------------------------------ opening
+    def __init__(self, path: str | os.PathLike[str], config: LogConfig) -> None:
+        """Use :meth:`open`; the constructor does the same."""
+        self.path = os.path.abspath(os.fspath(path))
+        self.config = config
+        self.topic, self.partition = _partition_key(self.path)
+        self._key = (self.topic, self.partition)
+        self.log_dir = os.path.dirname(self.path)
+        self._lock = threading.RLock()
+        self._flush_lock = threading.Lock()
+        self._segments: SortedDict = SortedDict()
+        self._active: LogSegment | None = None
+        self._appender: Any = None
+        self._closed = True
+        self._lock_fd = -1
+        self._builder = BatchBuilder()
+        self._decoder = RecordDecoder()
+        self._recovery_points = OffsetCheckpoints(self.log_dir, RECOVERY_POINT_CHECKPOINT)
+        self._start_offsets = OffsetCheckpoints(self.log_dir, LOG_START_OFFSET_CHECKPOINT)
+        self._log_start_offset = 0
+        self._high_watermark: int | None = None
+        self._recovery_point = 0
+        self._flushed_offset = 0
+        self._last_checkpoint = 0.0
+        self._pending_deletes: list[tuple[float, list[str]]] = []
+        self._timers: set[threading.Timer] = set()
+        self._settings = dict(
+            segment_bytes=config.segment_bytes,
+            index_bytes=config.segment_index_bytes,
+            index_interval_bytes=config.index_interval_bytes,
+            max_batch_bytes=config.max_message_bytes,
+            preallocate=config.preallocate,
+        )
+        self._ts_type = config.timestamp_type_code
+        self._record_attrs = lib.LS_ATTR_TIMESTAMP_TYPE if self._ts_type else 0
+        codec = config.compression_type
+        self._forced_codec = None if codec == "producer" else compression.codec_from_name(codec)
+        if self._forced_codec is not None:
+            _check_available(self._forced_codec)
+        self._flush_every = config.flush_messages
+        self._flush_ms = config.flush_ms
+        self._unflushed = 0
+        self._flush_countdown = self._flush_every if self._flush_every else _NEVER
+        self._flush_timer: threading.Timer | None = None
+        self._roll_deadline = _NEVER
+        self.recovery_report: RecoveryReport | None = None
+        self._open()
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], config: LogConfig | Mapping[str, Any] | None = None,
+             **overrides: Any) -> "Log":
+        """Open (creating if needed) the log in directory ``path``, recovering it if necessary.
+
+        Args:
+            path: the partition directory, by convention ``<log dir>/<topic>-<partition>``.
+            config: a :class:`LogConfig` or a mapping of its fields (or Kafka's dotted names).
+            **overrides: LogConfig fields, e.g. ``segment_bytes=1 << 20``.
+
+        Raises:
+            LogLockedError: another process has this log open.
+            InvalidConfigError: a bad setting.
+
+        After an unclean shutdown only the segments from the recovery point on are scanned;
+        the first invalid batch and everything after it is truncated (logged as a warning with
+        the bytes dropped; also in :attr:`recovery_report`).
+        """
+        return cls(path, LogConfig.build(config, **overrides))
+
+    def __enter__(self) -> "Log":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _open(self) -> None:
+        ops = _fileio.ops
+        ops.makedirs(self.path)
+        self._lock_fd = ops.open(os.path.join(self.path, LOCK_FILE), os.O_RDWR | os.O_CREAT)
+        if not ops.lock(self._lock_fd):
+            ops.close(self._lock_fd)
+            self._lock_fd = -1
+            raise LogLockedError(f"{self.path} is open for writing in another process")
+        try:
+            self._load()
+        except BaseException:
+            for segment in self._segments.values():
+                segment.abandon()
+            self._segments.clear()
+            ops.close(self._lock_fd)
+            self._lock_fd = -1
+            raise
+        self._closed = False
+
+    def _load(self) -> None:
+        ops = _fileio.ops
+        marker = os.path.join(self.path, CLEAN_SHUTDOWN_FILE)
+        clean = ops.exists(marker)
+        names = ops.listdir(self.path)
+        self._finish_interrupted_operations(names)
+        names = ops.listdir(self.path)
+        bases = sorted({parsed[0] for name in names if (parsed := parse_segment_name(name)) and parsed[1] == LOG_SUFFIX})
+        for name in names:  # indexes without their log are leftovers of a deletion
+            parsed = parse_segment_name(name)
+            if parsed and parsed[1] in (INDEX_SUFFIX, TIMEINDEX_SUFFIX) and parsed[0] not in bases:
+                ops.unlink(os.path.join(self.path, name))
+        recovery_point = self._recovery_points.get(self._key) or 0
+        start_checkpoint = self._start_offsets.get(self._key)
+        recovered = truncated = deleted = rebuilt = 0
+        for base in bases:
+            has_indexes = all(ops.exists(os.path.join(self.path, segment_name(base) + s))
+                              for s in (INDEX_SUFFIX, TIMEINDEX_SUFFIX))
+            segment = LogSegment.open(self.path, base, **self._settings)
+            self._segments[base] = segment
+            if not has_indexes:
+                segment.rebuild_indexes()
+                rebuilt += 1
+        # Segments from the one holding the recovery point on may hold unflushed data.
+        if clean:
+            first_unflushed = len(self._segments)
+        else:
+            first_unflushed = max(0, self._segments.bisect_right(recovery_point) - 1)
+        bases = list(self._segments.keys())
+        for i, base in enumerate(bases):
+            segment = self._segments[base]
+            last = i == len(bases) - 1
+            if i >= first_unflushed:
+                result = segment.recover()
+                recovered += 1
+                if result.truncated_bytes:
+                    truncated += result.truncated_bytes
+                    # Everything after a torn batch is suspect: drop the later segments.
+                    for later in bases[i + 1 :]:
+                        self._segments.pop(later).abandon()
+                        self._delete_files_now(later)
+                        deleted += 1
+                    break
+                continue
+            try:
+                segment.check_indexes()
+                if last:
+                    segment.next_offset  # walks the tail: a bad batch there means recover
+            except CorruptIndexError as exc:
+                logger.warning("%s; rebuilding", exc)
+                segment.rebuild_indexes()
+                rebuilt += 1
+            except CorruptRecordError as exc:
+                logger.warning("%s: tail invalid after a clean shutdown (%s); recovering the segment",
+                               segment.path, exc)
+                result = segment.recover()
+                recovered += 1
+                truncated += result.truncated_bytes
+        if not self._segments:
+            base = start_checkpoint or 0
+            self._segments[base] = LogSegment.create(self.path, base, **self._settings)
+            ops.fsync_dir(self.path)
+        last_segment = self._segments.peekitem(-1)[1]
+        end_offset = last_segment.next_offset
+        start = self._segments.peekitem(0)[0]
+        if start_checkpoint is not None:
+            start = max(start, start_checkpoint)
+        if start > end_offset:
+            # The log start moved past everything on disk: start over there (Kafka's
+            # truncateFullyAndStartAt).
+            self._replace_all_segments(start)
+            last_segment = self._segments.peekitem(-1)[1]
+            end_offset = start
+        self._log_start_offset = start
+        if not last_segment.active:
+            last_segment.activate()
+        self._set_active(last_segment)
+        if recovered:
+            for segment in self._segments.values():
+                segment.flush()
+            self._recovery_point = end_offset
+        else:
+            self._recovery_point = min(max(recovery_point, start), end_offset) if not clean else end_offset
+        self._flushed_offset = self._recovery_point
+        if clean:
+            ops.unlink(marker)
+        ops.fsync_dir(self.path)
+        self._write_checkpoints(force=True)
+        self.recovery_report = RecoveryReport(clean, recovered, truncated, deleted, rebuilt)
+        if truncated:
+            logger.warning("%s: recovery dropped %d bytes of invalid data", self.path, truncated)
+
+    def _finish_interrupted_operations(self, names: list[str]) -> None:
+        """Complete or roll back file renames that a crash interrupted (Kafka's suffix protocol).
+
+        ``.deleted`` files were already removed from the log: unlink them. ``.cleaned`` files
+        are unfinished compaction output that never replaced anything: unlink them. A ``.swap``
+        file is finished output whose rename was interrupted: the live segments it covers are
+        deleted and it is renamed into place.
+        """
+        ops = _fileio.ops
+        swaps = []
+        for name in names:
+            full = os.path.join(self.path, name)
+            if name.endswith(DELETED_SUFFIX) or name.endswith(CLEANED_SUFFIX) or name.endswith(".tmp"):
+                ops.unlink(full)
+            elif name.endswith(SWAP_SUFFIX):
+                swaps.append(name)
+        for name in sorted(swaps):
+            parsed = parse_segment_name(name)
+            if parsed is None or parsed[1] != LOG_SUFFIX + SWAP_SUFFIX:
+                continue
+            base = parsed[0]
+            swap_path = os.path.join(self.path, name)
+            next_offset = _swap_next_offset(swap_path, base)
+            for other in ops.listdir(self.path):
+                op = parse_segment_name(other)
+                if op and op[1] in (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX) and base <= op[0] < next_offset:
+                    ops.unlink(os.path.join(self.path, other))
+            for other in ops.listdir(self.path):
+                op = parse_segment_name(other)
+                if op and op[0] == base and other.endswith(SWAP_SUFFIX):
+                    ops.rename(os.path.join(self.path, other), os.path.join(self.path, other[: -len(SWAP_SUFFIX)]))
+        ops.fsync_dir(self.path)
+
+    def _set_active(self, segment: LogSegment) -> None:
+        self._active = segment
+        self._appender = segment.appender
+        self._roll_deadline = self._compute_roll_deadline(segment)
+
+    def _compute_roll_deadline(self, segment: LogSegment) -> int:
+        if segment.size == 0:
+            return _NEVER
+        first_ts = self._first_batch_timestamp(segment)
+        return first_ts + self.config.segment_ms - self.config.segment_jitter_ms
+
+    def _first_batch_timestamp(self, segment: LogSegment) -> int:
+        buf = segment.buffer
+        return parse_header(buf, 0).max_timestamp if buf is not None and segment.size else _NEVER
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def log_start_offset(self) -> int:
+        """First readable offset."""
+        return self._log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        """The offset the next appended record gets."""
+        with self._lock:
+            self._check_open()
+            return self._appender.next_offset
+
+    @property
+    def high_watermark(self) -> int:
+        """End of what consumers may read; the log end offset when no replication sets it."""
+        with self._lock:
+            self._check_open()
+            hw = self._high_watermark
+            end = self._appender.next_offset
+            return end if hw is None else min(hw, end)
+
+    @high_watermark.setter
+    def high_watermark(self, offset: int) -> None:
+        with self._lock:
+            self._check_open()
+            end = self._appender.next_offset
+            if not self._log_start_offset <= offset <= end:
+                raise OffsetOutOfRangeError(offset, self._log_start_offset, end, "high watermark")
+            self._high_watermark = offset
+
+    @property
+    def recovery_point(self) -> int:
+        """Offsets below this are fsynced and are not rescanned after a crash."""
+        return self._recovery_point
+
+    @property
+    def segments(self) -> list[SegmentInfo]:
+        """Read-only facts about each segment, oldest first."""
+        with self._lock:
+            self._check_open()
+            return [segment.info() for segment in self._segments.values()]
+
+    @property
+    def size_in_bytes(self) -> int:
+        """Total bytes of batches in all segments."""
+        with self._lock:
+            return sum(segment.size for segment in self._segments.values())
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogClosedError(f"log {self.path} is closed")
+
+    # ------------------------------------------------------------------ appends
+    def append(self, value: bytes | None, key: bytes | None = None,
+               headers: Iterable[tuple[str, bytes | None]] = (), timestamp: int | None = None) -> int:
+        """Append one record; return its offset.
+
+        Args:
+            value: the record value, or None for a tombstone.
+            key: the record key, or None.
+            headers: ``(str, bytes | None)`` pairs.
+            timestamp: CreateTime in ms since the epoch; now when None. With
+                ``message_timestamp_type="LogAppendTime"`` the log's clock is used instead.
+
+        Raises:
+            TypeError: value/key not bytes-like or None, bad headers, non-int timestamp.
+            RecordTooLargeError: the one-record batch exceeds max_message_bytes (nothing written).
+            LogClosedError: after close().
+
+        Durability: in the page cache on return; fsynced first when flush_messages says so.
+        Thread-safe.
+        """
+        if value is not None and value.__class__ is not bytes:
+            value = _as_bytes(value, "value")
+        if key is not None and key.__class__ is not bytes:
+            key = _as_bytes(key, "key")
+        if headers:
+            hbytes, hcount = encode_headers(headers)
+        else:
+            hbytes, hcount = _NULL, 0
+        if timestamp is None or self._ts_type:
+            ts = _time_ns() // 1_000_000
+        elif timestamp.__class__ is int:
+            ts = timestamp
+        else:
+            ts = self._check_timestamp(timestamp)
+        if self._forced_codec:
+            return self.append_batch([value], [key], [list(headers)] if headers else None, [ts])
+        with self._lock:
+            a = self._appender
+            if a is None:
+                self._check_open()
+            if ts > self._roll_deadline:
+                self._roll()
+                a = self._appender
+            offset = _append_record(
+                a, ts, self._record_attrs,
+                _NULL if key is None else key, -1 if key is None else len(key),
+                _NULL if value is None else value, -1 if value is None else len(value),
+                hbytes, 0 if hcount == 0 else len(hbytes), hcount,
+            )
+            if offset < 0:
+                offset = self._append_record_slow(offset, ts, key, value, hbytes, hcount)
+            elif self._roll_deadline == _NEVER:
+                self._roll_deadline = self._compute_roll_deadline(self._active)  # type: ignore[arg-type]
+            countdown = self._flush_countdown - 1
+            self._flush_countdown = countdown
+            if countdown > 0 and (self._flush_ms is None or self._flush_timer is not None):
+                return offset
+        return self._after_append(offset)
+
+    def _check_timestamp(self, timestamp: Any) -> int:
+        if isinstance(timestamp, bool) or not isinstance(timestamp, int):
+            raise TypeError(f"timestamp must be an int (ms since epoch) or None, got {type(timestamp).__name__}")
+        if not -(2**63) <= timestamp < 2**63:
+            raise ValueError(f"timestamp {timestamp} does not fit in 64 bits")
+        return int(timestamp)
+
+    def _append_record_slow(self, rc: int, ts: int, key: bytes | None, value: bytes | None,
+                            hbytes: Any, hcount: int) -> int:
+        """Handle FULL (roll or grow, then retry) and TOO_LARGE for the single-record path."""
+        hlen = 0 if hcount == 0 else len(hbytes)
+        needed = (lib.LS_BATCH_HEADER_SIZE + lib.LS_RECORD_MAX_OVERHEAD + (len(key) if key else 0)
+                  + (len(value) if value else 0) + hlen)
+        for _ in range(3):
+            if rc == lib.LS_ERR_TOO_LARGE:
+                size = lib.LS_BATCH_HEADER_SIZE + (len(key) if key else 0) + (len(value) if value else 0) + hlen
+                raise RecordTooLargeError(size, self.config.max_message_bytes)
+            if rc != lib.LS_ERR_FULL:
+                check(rc, self._active.path if self._active else None)
+            self._make_room(needed)
+            rc = _append_record(
+                self._appender, ts, self._record_attrs,
+                _NULL if key is None else key, -1 if key is None else len(key),
+                _NULL if value is None else value, -1 if value is None else len(value),
+                hbytes, hlen, hcount,
+            )
+            if rc >= 0:
+                if self._roll_deadline == _NEVER:
+                    self._roll_deadline = self._compute_roll_deadline(self._active)  # type: ignore[arg-type]
+                return rc
+        raise AssertionError(f"append still failing after rolling ({rc})")  # pragma: no cover
+
+    def _make_room(self, needed: int) -> None:
+        """The active segment reported FULL for a batch of about ``needed`` bytes."""
+        segment = self._active
+        assert segment is not None
+        if segment.should_roll_for(needed) or not segment.grow_for(needed):
+            self._roll()
+
+    def append_batch(self, values: Sequence[bytes | None], keys: Sequence[bytes | None] | None = None,
+                     headers: Sequence[Iterable[tuple[str, bytes | None]] | None] | None = None,
+                     timestamps: Sequence[int] | None = None, compression: str | int | None = None) -> int:
+        """Append records as one RecordBatch (split only above max_message_bytes); return the first offset.
+
+        Args:
+            values: bytes or None (tombstone) per record.
+            keys, headers, timestamps: per-record sequences of the same length, or None.
+            compression: codec name ("none", "gzip", "snappy", "lz4", "zstd"); None for none.
+                A log whose compression_type is not "producer" always uses its own codec.
+
+        Raises:
+            TypeError / ValueError: bad arguments (nothing written).
+            RecordTooLargeError: one record alone exceeds max_message_bytes (nothing written).
+
+        Durability and thread-safety as :meth:`append`.
+        """
+        if isinstance(values, (bytes, bytearray, str)):
+            raise TypeError("values must be a sequence of bytes, not a single bytes/str")
+        if not isinstance(values, (list, tuple)):
+            values = list(values)
+        n = len(values)
+        if n == 0:
+            raise ValueError("append_batch needs at least one record")
+        codec = self._forced_codec
+        if codec is None:
+            codec = _codec(compression)
+        log_append_time = _time_ns() // 1_000_000 if self._ts_type else None
+        with self._lock:
+            self._check_open()
+            batches = self._encode_batches(values, keys, headers, timestamps, codec, log_append_time)
+            first = -1
+            for batch, count, max_ts in batches:
+                if max_ts > self._roll_deadline:
+                    self._roll()
+                offset = self._active.append_batch(batch)  # type: ignore[union-attr]
+                if offset == lib.LS_ERR_FULL:
+                    self._make_room(len(batch))
+                    offset = self._active.append_batch(batch)  # type: ignore[union-attr]
+                if offset < 0:
+                    check(offset, self._active.path, size=len(batch), limit=self.config.max_message_bytes)  # type: ignore[union-attr]
+                if first < 0:
+                    first = offset
+                if self._roll_deadline == _NEVER:
+                    self._roll_deadline = self._compute_roll_deadline(self._active)  # type: ignore[arg-type]
+            self._flush_countdown -= n
+            last = self._appender.next_offset - 1
+        self._after_append(last)
+        return first
+
+    def _encode_batches(self, values: Sequence[Any], keys: Any, headers: Any, timestamps: Any,
+                        codec: int, log_append_time: int | None) -> list[tuple[bytes, int, int]]:
+        """Encode one batch, or several when one would exceed max_message_bytes.
+
+        Every piece is encoded before anything is appended, so a single record over the limit
+        fails the whole call with RecordTooLargeError and nothing written.
+        """
+        limit = self.config.max_message_bytes
+        builder = self._builder
+        kw = dict(codec=codec, level=self.config.compression_level, timestamp_type=self._ts_type,
+                  log_append_time=log_append_time)
+
+        def encode(lo: int, hi: int) -> list[tuple[bytes, int, int]]:
+            whole = lo == 0 and hi == len(values)
+            batch = builder.build(
+                values if whole else values[lo:hi],
+                keys if keys is None or whole else keys[lo:hi],
+                headers if headers is None or whole else headers[lo:hi],
+                timestamps if timestamps is None or whole else timestamps[lo:hi], **kw)
+            if len(batch) <= limit:
+                return [(batch, hi - lo, builder.last_max_timestamp)]
+            if hi - lo == 1:
+                raise RecordTooLargeError(len(batch), limit)
+            mid = (lo + hi) // 2
+            return encode(lo, mid) + encode(mid, hi)
+
+        return encode(0, len(values))
+
+    def _after_append(self, last_offset: int) -> int:
+        """Apply the flush policy after an append (called without the log lock)."""
+        if self._flush_countdown <= 0:
+            self._sync(last_offset + 1)
+        elif self.config.flush_ms is not None and self._flush_timer is None:
+            self._schedule_timed_flush()
+        return last_offset
+
+    # ------------------------------------------------------------------ flushing
+    def flush(self) -> None:
+        """fsync everything appended so far and advance the recovery point.
+
+        Durability: on return every record appended before the call survives power loss.
+        Thread-safe; concurrent callers share one fsync.
+        """
+        with self._lock:
+            self._check_open()
+            end = self._appender.next_offset
+        self._sync(end)
+
+    def _sync(self, end_offset: int) -> None:
+        """Make offsets below ``end_offset`` durable. Group commit: one fsync serves every
+        caller whose records were appended before it started."""
+        with self._flush_lock:
+            if self._flushed_offset >= end_offset:
+                return
+            with self._lock:
+                if self._closed:
+                    return
+                segment = self._active
+                target = self._appender.next_offset
+                self._flush_countdown = self._flush_every if self._flush_every else _NEVER
+            assert segment is not None
+            # Segments before the active one were fsynced when they rolled. fdatasync is
+            # enough for the data; the index files are derived and rebuilt by recovery.
+            segment.flush_data()
+            self._flushed_offset = target
+            with self._lock:
+                if target > self._recovery_point and segment is self._active:
+                    self._recovery_point = target
+            self._maybe_checkpoint()
+
+    def _schedule_timed_flush(self) -> None:
+        flush_ms = self.config.flush_ms
+        assert flush_ms is not None
+        timer = threading.Timer(flush_ms / 1000.0, self._timed_flush)
+        timer.daemon = True
+        self._flush_timer = timer
+        timer.start()
+
+    def _timed_flush(self) -> None:
+        self._flush_timer = None
+        try:
+            if not self._closed:
+                self.flush()
+        except LogClosedError:
+            pass
+        except Exception:  # a background thread must not die silently
+            logger.exception("%s: timed flush failed", self.path)
+
+    def _maybe_checkpoint(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._last_checkpoint >= _CHECKPOINT_INTERVAL_S:
+            self._write_checkpoints(force=True)
+
+    def _write_checkpoints(self, force: bool = False) -> None:
+        self._last_checkpoint = time.monotonic()
+        self._recovery_points.update({self._key: self._recovery_point})
+        self._start_offsets.update({self._key: self._log_start_offset})
+
+    # ------------------------------------------------------------------ rolling
+    def roll(self) -> None:
+        """Seal the active segment and start a new one at the log end offset (if non-empty)."""
+        with self._lock:
+            self._check_open()
+            if self._active is not None and self._active.size > 0:
+                self._roll()
+
+    def _roll(self) -> None:
+        """Seal (trim + fsync) the active segment and create the next one. Holds the lock."""
+        old = self._active
+        assert old is not None
+        if old.size == 0:
+            self._roll_deadline = _NEVER
+            return
+        old.seal(fsync=True)
+        base = old.next_offset
+        segment = LogSegment.create(self.path, base, leader_epoch=self._appender.partition_leader_epoch,
+                                    **self._settings)
+        _fileio.ops.fsync_dir(self.path)
+        self._segments[base] = segment
+        self._set_active(segment)
+        # Everything below the new segment is fsynced now.
+        if base > self._recovery_point:
+            self._recovery_point = base
+            self._flushed_offset = max(self._flushed_offset, base)
+        self._maybe_checkpoint(force=True)
+
+    # ------------------------------------------------------------------ reads
+    def read(self, offset: int, max_bytes: int = _DEFAULT_MAX_BYTES, max_records: int | None = None,
+             max_offset: int | None = None) -> list[Record]:
+        """Read records from ``offset`` on.
+
+        Returns the records of about ``max_bytes`` of batches (at least one whole batch when
+        any is available, as Kafka's fetch does), at most ``max_records`` records, none at or
+        above ``max_offset`` (default: the log end). Reading at the log end returns [].
+
+        Raises:
+            OffsetOutOfRangeError: offset below log_start_offset or above log_end_offset.
+            CorruptRecordError: a batch on the way fails its CRC or structure checks.
+
+        Thread-safe; never returns a record of a partially written batch.
+        """
+        if offset.__class__ is not int:
+            offset = self._check_offset_arg(offset)
+        if max_records is not None and max_records <= 0:
+            return []
+        with self._lock:
+            self._check_open()
+            end = self._appender.next_offset
+            if offset < self._log_start_offset or offset > end:
+                raise OffsetOutOfRangeError(offset, self._log_start_offset, end, f"read from {self.path}")
+            limit = end if max_offset is None else min(max_offset, end)
+            if offset >= limit:
+                return []
+            segments = self._segments
+            i = max(0, segments.bisect_right(offset) - 1)
+            keys = segments.keys()
+            while i < len(keys):
+                segment = segments[keys[i]]
+                records = self._read_segment(segment, offset, max_bytes, limit, max_records)
+                if records:
+                    if max_records is not None and len(records) > max_records:
+                        del records[max_records:]
+                    return records
+                i += 1
+                if i < len(keys):
+                    offset = max(offset, keys[i])
+                    if offset >= limit:
+                        break
+            return []
+
+    def _read_segment(self, segment: LogSegment, offset: int, max_bytes: int, limit: int,
+                      max_records: int | None) -> list[Record]:
+        try:
+            return segment.read(self._decoder, offset, max_bytes, limit, max_records)
+        except CorruptRecordError as exc:
+            # An index entry pointing into the middle of a batch makes the first batch look
+            # invalid; rebuild the index of a sealed segment once and retry before blaming data.
+            if segment.active or exc.position is None or exc.position == 0:
+                raise
+            if exc.position != segment.find_position(offset):
+                raise
+            segment.rebuild_indexes()
+            return segment.read(self._decoder, offset, max_bytes, limit, max_records)
+
+    def _check_offset_arg(self, offset: Any) -> int:
+        if isinstance(offset, bool) or not isinstance(offset, int):
+            raise TypeError(f"offset must be an int, got {type(offset).__name__}")
+        return int(offset)
+
+    def iter(self, start: int | None = None, end: int | None = None,
+             max_bytes: int = _DEFAULT_MAX_BYTES) -> Iterator[Record]:
+        """Yield records from ``start`` (default: log start) up to ``end`` (exclusive; default:
+        the log end when iteration starts), reading ``max_bytes`` at a time.
+
+        Thread-safe; concurrent appends past ``end`` are not yielded.
+        """
+        with self._lock:
+            self._check_open()
+            offset = self._log_start_offset if start is None else start
+            stop = self._appender.next_offset if end is None else end
+        while offset < stop:
+            records = self.read(offset, max_bytes=max_bytes, max_offset=stop)
+            if not records:
+                # A gap (compacted or truncated away) before stop: skip to the next segment.
+                with self._lock:
+                    nxt = self._segments.bisect_right(offset)
+                    if nxt >= len(self._segments):
+                        return
+                    offset = self._segments.keys()[nxt]
+                continue
+            yield from records
+            offset = records[-1].offset + 1
+
+    def __iter__(self) -> Iterator[Record]:
+        return self.iter()
+
+    def offset_for_timestamp(self, timestamp: int) -> int | None:
+        """Earliest offset whose record timestamp >= ``timestamp`` (Kafka's ListOffsets).
+
+        ``EARLIEST_TIMESTAMP`` (-2) gives the log start offset and ``LATEST_TIMESTAMP`` (-1)
+        the log end offset. Returns None when no record is that recent. Thread-safe.
+        """
+        timestamp = self._check_timestamp(timestamp)
+        with self._lock:
+            self._check_open()
+            if timestamp == EARLIEST_TIMESTAMP:
+                return self._log_start_offset
+            if timestamp == LATEST_TIMESTAMP:
+                return self._appender.next_offset
+            for segment in self._segments.values():
+                if segment.max_timestamp < timestamp:
+                    continue
+                record = segment.offset_for_timestamp(self._decoder, timestamp)
+                if record is not None:
+                    return max(record.offset, self._log_start_offset)
+            return None
+
+    # ------------------------------------------------------------------ truncation and deletion
+    def truncate_to(self, offset: int) -> None:
+        """Remove every record with offset >= ``offset`` (the log end becomes ``offset``).
+
+        Below the log start this empties the log and restarts it at ``offset``. Durable on
+        return. Thread-safe.
+        """
+        offset = self._check_offset_arg(offset)
+        if offset < 0:
+            raise ValueError(f"cannot truncate to negative offset {offset}")
+        with self._lock:
+            self._check_open()
+            end = self._appender.next_offset
+            if offset >= end:
+                return
+            if offset <= self._log_start_offset:
+                self._replace_all_segments(offset)
+                self._log_start_offset = offset
+            else:
+                doomed = [base for base in self._segments.keys() if base >= offset]
+                if doomed and doomed[0] == self._segments.keys()[0]:
+                    doomed = doomed[1:]
+                for base in reversed(doomed):
+                    segment = self._segments.pop(base)
+                    segment.abandon()
+                    self._delete_files_now(base)
+                last = self._segments.peekitem(-1)[1]
+                if not last.active:
+                    last.activate()
+                last.truncate_to(offset, self._builder, self._decoder)
+                self._set_active(last)
+            _fileio.ops.fsync_dir(self.path)
+            self._recovery_point = min(self._recovery_point, self._appender.next_offset)
+            self._flushed_offset = min(self._flushed_offset, self._recovery_point)
+            if self._high_watermark is not None:
+                self._high_watermark = min(self._high_watermark, self._appender.next_offset)
+            self._write_checkpoints(force=True)
+
+    def _replace_all_segments(self, base: int) -> None:
+        for b in list(self._segments.keys()):
+            self._segments.pop(b).abandon()
+            self._delete_files_now(b)
+        segment = LogSegment.create(self.path, base, **self._settings)
+        _fileio.ops.fsync_dir(self.path)
+        self._segments[base] = segment
+        self._set_active(segment)
+
+    def delete_records_before(self, offset: int) -> int:
+        """Advance the log start offset to ``offset`` (Kafka's DeleteRecords); return it.
+
+        Records below become unreadable at once and whole segments below are deleted.
+        ``offset`` may not exceed the high watermark. Durable on return. Thread-safe.
+        """
+        offset = self._check_offset_arg(offset)
+        with self._lock:
+            self._check_open()
+            hw = self._high_watermark if self._high_watermark is not None else self._appender.next_offset
+            if offset > hw or offset < 0:
+                raise OffsetOutOfRangeError(offset, self._log_start_offset, hw, "delete_records_before")
+            if offset <= self._log_start_offset:
+                return self._log_start_offset
+            self._log_start_offset = offset
+            self._delete_segments(self._segments_below_start())
+            self._write_checkpoints(force=True)
+            return self._log_start_offset
+
+    def _segments_below_start(self) -> list[LogSegment]:
+        keys = self._segments.keys()
+        out = []
+        for i in range(len(keys) - 1):
+            if keys[i + 1] <= self._log_start_offset:
+                out.append(self._segments[keys[i]])
+            else:
+                break
+        return out
+
+    def enforce_retention(self, now_ms: int | None = None) -> int:
+        """Delete whole segments past retention_ms / retention_bytes / the log start; return
+        how many were deleted.
+
+        Time: a segment goes when its newest record is older than retention_ms (the active
+        segment too, after a roll, if it has expired). Size: the oldest sealed segments go
+        while the log stays at or above retention_bytes without them. Only with a cleanup
+        policy that includes "delete". Files are renamed ``.deleted`` and unlinked after
+        file_delete_delay_ms. Thread-safe.
+        """
+        now = _time_ns() // 1_000_000 if now_ms is None else now_ms
+        with self._lock:
+            self._check_open()
+            doomed: list[LogSegment] = list(self._segments_below_start())
+            cfg = self.config
+            if cfg.deletes:
+                keys = list(self._segments.keys())
+                if cfg.retention_ms >= 0:
+                    for base in keys:
+                        segment = self._segments[base]
+                        if segment.size == 0 or segment.max_timestamp >= now - cfg.retention_ms:
+                            break
+                        if segment in doomed:
+                            continue
+                        if segment is self._active:
+                            self._roll()
+                        doomed.append(segment)
+                if cfg.retention_bytes >= 0:
+                    total = sum(s.size for s in self._segments.values()) - sum(s.size for s in doomed)
+                    excess = total - cfg.retention_bytes
+                    for base in keys:
+                        segment = self._segments[base]
+                        if segment is self._active or segment in doomed:
+                            continue
+                        if excess - segment.size < 0:
+                            break
+                        excess -= segment.size
+                        doomed.append(segment)
+            if not doomed:
+                return 0
+            self._delete_segments(doomed)
+            self._write_checkpoints(force=True)
+            self._unlink_due_deletes()
+            return len(doomed)
+
+    def _delete_segments(self, doomed: list[LogSegment]) -> None:
+        """Remove segments from the log (oldest first): rename .deleted now, unlink later."""
+        for segment in sorted(doomed, key=lambda s: s.base_offset):
+            if segment is self._active:
+                self._roll()
+            del self._segments[segment.base_offset]
+            segment.close(trim=False)
+            names = []
+            for path in segment.file_paths():
+                if _fileio.ops.exists(path):
+                    _fileio.ops.rename(path, path + DELETED_SUFFIX)
+                    names.append(path + DELETED_SUFFIX)
+            due = time.monotonic() + self.config.file_delete_delay_ms / 1000.0
+            self._pending_deletes.append((due, names))
+        first = self._segments.keys()[0]
+        if first > self._log_start_offset:
+            self._log_start_offset = first
+        _fileio.ops.fsync_dir(self.path)
+        if self.config.file_delete_delay_ms == 0:
+            self._unlink_due_deletes()
+        else:
+            timer = threading.Timer(self.config.file_delete_delay_ms / 1000.0, self._deferred_unlink)
+            timer.daemon = True
+            self._timers.add(timer)
+            timer.start()
+
+    def _deferred_unlink(self) -> None:
+        with self._lock:
+            self._timers = {t for t in self._timers if t.is_alive() and t is not threading.current_thread()}
+            if not self._closed:
+                self._unlink_due_deletes()
+
+    def _unlink_due_deletes(self, everything: bool = False) -> None:
+        now = time.monotonic()
+        keep = []
+        for due, names in self._pending_deletes:
+            if everything or due <= now:
+                for name in names:
+                    try:
+                        _fileio.ops.unlink(name)
+                    except FileNotFoundError:
+                        pass
+            else:
+                keep.append((due, names))
+        self._pending_deletes = keep
+
+    def _delete_files_now(self, base: int) -> None:
+        stem = os.path.join(self.path, segment_name(base))
+        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX):
+            if _fileio.ops.exists(stem + suffix):
+                _fileio.ops.unlink(stem + suffix)
+
+    # ------------------------------------------------------------------ closing
+    def close(self) -> None:
+        """Flush, trim the active segment, write checkpoints and the clean-shutdown marker.
+
+        Idempotent. After close every method raises LogClosedError. Thread-safe.
+        """
+        with self._flush_lock, self._lock:
+            if self._closed:
+                return
+            timer = self._flush_timer
+            if timer is not None:
+                timer.cancel()
+            for t in self._timers:
+                t.cancel()
+            self._timers.clear()
+            try:
+                for segment in self._segments.values():
+                    segment.close(trim=True)
+                self._unlink_due_deletes(everything=True)
+                self._recovery_point = self._segments.peekitem(-1)[1].next_offset
+                self._write_checkpoints(force=True)
+                marker = os.path.join(self.path, CLEAN_SHUTDOWN_FILE)
+                fd = _fileio.ops.open(marker, os.O_WRONLY | os.O_CREAT)
+                _fileio.ops.fsync(fd)
+                _fileio.ops.close(fd)
+                _fileio.ops.fsync_dir(self.path)
+            finally:
+                self._closed = True
+                self._appender = None
+                self._active = None
+                if self._lock_fd >= 0:
+                    _fileio.ops.close(self._lock_fd)
+                    self._lock_fd = -1
+
+    def _abandon(self) -> None:
+        """Drop maps and descriptors without flushing or marking a clean shutdown (tests:
+        simulates the process dying)."""
+        with self._lock:
+            if self._closed:
+                return
+            if self._flush_timer is not None:
+                self._flush_timer.cancel()
+            for t in self._timers:
+                t.cancel()
+            for segment in self._segments.values():
+                segment.abandon()
+            self._closed = True
+            self._appender = None
+            self._active = None
+            if self._lock_fd >= 0:
+                _fileio.ops.close(self._lock_fd)
+                self._lock_fd = -1
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"[{self._log_start_offset}, {self._appender.next_offset})"
+        return f"Log({self.path!r}, {state})"
+
+
+def _codec(name: str | int | None) -> int:
+    if name is None:
+        return compression.NONE
+    codec = compression.codec_from_name(name)
+    _check_available(codec)
+    return codec
+
+
+def _check_available(codec: int) -> None:
+    if codec not in compression.available_codecs():
+        raise UnsupportedCodecError(
+            f"compression codec {compression.codec_name(codec)!r} needs a package that is not "
+            "installed (pip install 'logstore[lz4]')"
+        )
+
+
+def _len(item: Any) -> int:
+    return 0 if item is None else len(item)
+
+
+def _swap_next_offset(path: str, base: int) -> int:
+    """Next offset after the batches of a ``.swap`` log file (to find what it replaces)."""
+    data = _fileio.ops.read_file(path)
+    res = ffi.new("ls_scan_result *")
+    lib.ls_segment_scan(data, len(data), base, 1 << 30, 0, ffi.NULL, 0, ffi.NULL, 0, res)
+    return res.last_offset + 1 if res.last_offset >= 0 else base
+

@@ -1,0 +1,520 @@
+"""Records and batches: Kafka's RecordBatch v2 built and decoded through the C core.
+
+:class:`Record` is what reads return. :class:`BatchBuilder` turns Python sequences into one
+encoded batch with a single C call (plus a codec call when compressed); :class:`RecordDecoder`
+turns a byte range of consecutive batches into Records with a single C call per run of
+uncompressed batches (plus one per compressed batch).
+
+Both classes keep scratch buffers and are therefore not thread-safe: each Log owns its own and
+uses them under its lock; :func:`decode_batches` is a thread-safe convenience for one-off use.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from enum import IntEnum
+from typing import Any, Iterable, NamedTuple, Sequence
+
+from . import compression
+from ._native import check, ffi, lib
+from .errors import CorruptRecordError
+
+__all__ = [
+    "Record",
+    "TimestampType",
+    "BatchHeader",
+    "BatchBuilder",
+    "RecordDecoder",
+    "decode_batches",
+    "now_ms",
+]
+
+HEADER_SIZE: int = lib.LS_BATCH_HEADER_SIZE
+LOG_OVERHEAD: int = lib.LS_LOG_OVERHEAD
+
+
+class TimestampType(IntEnum):
+    """Kafka's timestamp types: the batch attribute bit 3."""
+
+    CREATE_TIME = lib.LS_TIMESTAMP_CREATE_TIME
+    LOG_APPEND_TIME = lib.LS_TIMESTAMP_LOG_APPEND_TIME
+
+
+_TIMESTAMP_TYPES = (TimestampType.CREATE_TIME, TimestampType.LOG_APPEND_TIME)
+
+
+class Record(NamedTuple):
+    """One record read from a log. Immutable; safe to share between threads.
+
+    Attributes:
+        offset: the record's logical offset in its partition.
+        timestamp: milliseconds since the epoch (CreateTime, or LogAppendTime when the log
+            stamps records on append).
+        timestamp_type: :class:`TimestampType`.
+        key: bytes, or None for a record without key.
+        value: bytes, or None for a tombstone.
+        headers: list of ``(str, bytes | None)`` pairs, in order.
+    """
+
+    offset: int
+    timestamp: int
+    timestamp_type: TimestampType
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+
+
+class BatchHeader(NamedTuple):
+    """The decoded 61-byte header of one batch (read-only view for tools and tests)."""
+
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    records_count: int
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def size(self) -> int:
+        return LOG_OVERHEAD + self.batch_length
+
+    @property
+    def compression(self) -> int:
+        return self.attributes & lib.LS_ATTR_COMPRESSION_MASK
+
+    @property
+    def timestamp_type(self) -> TimestampType:
+        return _TIMESTAMP_TYPES[1 if self.attributes & lib.LS_ATTR_TIMESTAMP_TYPE else 0]
+
+    @classmethod
+    def from_c(cls, h: Any) -> "BatchHeader":
+        return cls(
+            h.base_offset, h.batch_length, h.partition_leader_epoch, h.magic, h.crc,
+            h.attributes, h.last_offset_delta, h.base_timestamp, h.max_timestamp,
+            h.producer_id, h.producer_epoch, h.base_sequence, h.records_count,
+        )
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds since the epoch, as Kafka timestamps are."""
+    return time.time_ns() // 1_000_000
+
+
+_MIN_TS = -(2**63)
+_MAX_TS = 2**63 - 1
+
+
+# ====================================================================== encoding
+def _column(items: Sequence[Any], what: str, nullable: bool) -> tuple[bytes, array]:
+    """Concatenate byte strings and their lengths (-1 for None) for the C encoder."""
+    try:
+        data = b"".join(items)
+        lens = array("i", map(len, items))
+        return data, lens
+    except TypeError:
+        pass
+    parts = []
+    lens = array("i")
+    for i, item in enumerate(items):
+        if item is None:
+            if not nullable:
+                raise TypeError(f"{what}[{i}] is None, which is not allowed here")
+            lens.append(-1)
+        elif isinstance(item, (bytes, bytearray, memoryview)):
+            b = bytes(item)
+            parts.append(b)
+            lens.append(len(b))
+        else:
+            raise TypeError(f"{what}[{i}] must be bytes or None, got {type(item).__name__}")
+    return b"".join(parts), lens
+
+
+def encode_headers(headers: Iterable[tuple[str, bytes | None]], what: str = "headers") -> tuple[bytes, int]:
+    """Encode one record's headers (count excluded) the Python way, for the single-append path."""
+    out = bytearray()
+    count = 0
+    scratch = ffi.new("char[10]")
+    for pair in headers:
+        try:
+            name, value = pair
+        except (TypeError, ValueError):
+            raise TypeError(f"{what} must be (str, bytes | None) pairs, got {pair!r}") from None
+        if not isinstance(name, str):
+            raise TypeError(f"{what}: header key must be str, got {type(name).__name__}")
+        key = name.encode("utf-8")
+        n = lib.ls_varint_encode(len(key), scratch)
+        out += ffi.buffer(scratch, n)
+        out += key
+        if value is None:
+            n = lib.ls_varint_encode(-1, scratch)
+            out += ffi.buffer(scratch, n)
+        elif isinstance(value, (bytes, bytearray, memoryview)):
+            value = bytes(value)
+            n = lib.ls_varint_encode(len(value), scratch)
+            out += ffi.buffer(scratch, n)
+            out += value
+        else:
+            raise TypeError(f"{what}: header value must be bytes or None, got {type(value).__name__}")
+        count += 1
+    return bytes(out), count
+
+
+class BatchBuilder:
+    """Builds one RecordBatch v2 from columns of Python values. Not thread-safe (scratch space).
+
+    The whole batch is encoded by one C call (``ls_batch_encode``); a compressed batch takes one
+    call to encode the records section, one codec call, and one call to write the header and CRC.
+    """
+
+    def __init__(self) -> None:
+        self._in = ffi.new("ls_records_in *")
+        self._hdr = ffi.new("ls_batch_header *")
+        self._scratch = bytearray(1 << 16)
+        #: max timestamp of the last batch built (LogAppendTime: the append time)
+        self.last_max_timestamp = -1
+
+    def build(
+        self,
+        values: Sequence[bytes | None],
+        keys: Sequence[bytes | None] | None = None,
+        headers: Sequence[Iterable[tuple[str, bytes | None]] | None] | None = None,
+        timestamps: Sequence[int] | None = None,
+        *,
+        codec: int = compression.NONE,
+        level: int | None = None,
+        timestamp_type: int = 0,
+        base_offset: int = 0,
+        partition_leader_epoch: int = -1,
+        producer_id: int = -1,
+        producer_epoch: int = -1,
+        base_sequence: int = -1,
+        log_append_time: int | None = None,
+        offset_deltas: Sequence[int] | None = None,
+    ) -> bytes:
+        """Return the encoded batch. Argument errors raise TypeError/ValueError, nothing else.
+
+        ``offset_deltas`` (strictly increasing, >= 0) keeps the original offsets of records that
+        are rewritten (truncation of a batch, compaction); by default record i gets delta i.
+        ``log_append_time`` stamps the batch as LogAppendTime with that max timestamp.
+        """
+        n = len(values)
+        if n == 0:
+            raise ValueError("a batch needs at least one record")
+        if n > 2**31 - 1:
+            raise ValueError("too many records for one batch")
+        keep = []  # Python references for every buffer handed to C, alive for the whole call
+        rin = self._in
+        rin.count = n
+        vdata, vlens = _column(values, "values", True)
+        keep += (vdata, vlens)
+        rin.values = ffi.from_buffer(vdata)
+        rin.value_lens = ffi.from_buffer("int32_t[]", vlens)
+        if keys is None:
+            rin.keys = ffi.NULL
+            rin.key_lens = ffi.NULL
+        else:
+            if len(keys) != n:
+                raise ValueError(f"keys has {len(keys)} items but values has {n}")
+            kdata, klens = _column(keys, "keys", True)
+            keep += (kdata, klens)
+            rin.keys = ffi.from_buffer(kdata)
+            rin.key_lens = ffi.from_buffer("int32_t[]", klens)
+        if offset_deltas is None:
+            rin.offset_deltas = ffi.NULL
+            last_delta = n - 1
+        else:
+            if len(offset_deltas) != n:
+                raise ValueError(f"offset_deltas has {len(offset_deltas)} items but values has {n}")
+            deltas = array("i", offset_deltas)
+            keep.append(deltas)
+            rin.offset_deltas = ffi.from_buffer("int32_t[]", deltas)
+            last_delta = deltas[-1]
+        hdr = self._hdr
+        now = now_ms()
+        if timestamps is None:
+            rin.timestamps = ffi.NULL
+            base_ts = max_ts = now
+        else:
+            if len(timestamps) != n:
+                raise ValueError(f"timestamps has {len(timestamps)} items but values has {n}")
+            try:
+                ts = array("q", timestamps)
+            except TypeError:
+                bad = next(t for t in timestamps if not isinstance(t, int) or isinstance(t, bool))
+                raise TypeError(f"timestamps must be ints (ms since epoch), got {bad!r}") from None
+            except OverflowError:
+                raise ValueError("timestamps must fit in a signed 64-bit integer") from None
+            keep.append(ts)
+            rin.timestamps = ffi.from_buffer("int64_t[]", ts)
+            base_ts = ts[0]
+            max_ts = max(ts)
+        if headers is None:
+            rin.header_counts = ffi.NULL
+        else:
+            if len(headers) != n:
+                raise ValueError(f"headers has {len(headers)} items but values has {n}")
+            counts = array("i")
+            hkeys: list[bytes] = []
+            hvals: list[bytes | None] = []
+            for i, hs in enumerate(headers):
+                c = 0
+                for pair in hs or ():
+                    try:
+                        name, value = pair
+                    except (TypeError, ValueError):
+                        raise TypeError(f"headers[{i}] must hold (str, bytes | None) pairs, got {pair!r}") from None
+                    if not isinstance(name, str):
+                        raise TypeError(f"headers[{i}]: header key must be str, got {type(name).__name__}")
+                    hkeys.append(name.encode("utf-8"))
+                    hvals.append(value)
+                    c += 1
+                counts.append(c)
+            hk, hkl = _column(hkeys, "header keys", False)
+            hv, hvl = _column(hvals, "header values", True)
+            keep += (counts, hk, hkl, hv, hvl)
+            rin.header_counts = ffi.from_buffer("int32_t[]", counts)
+            rin.header_keys = ffi.from_buffer(hk)
+            rin.header_key_lens = ffi.from_buffer("int32_t[]", hkl) if len(hkl) else ffi.NULL
+            rin.header_values = ffi.from_buffer(hv)
+            rin.header_value_lens = ffi.from_buffer("int32_t[]", hvl) if len(hvl) else ffi.NULL
+
+        bound = lib.ls_records_bound(rin)
+        check(bound)
+        attributes = codec | (lib.LS_ATTR_TIMESTAMP_TYPE if timestamp_type else 0)
+        hdr.base_offset = base_offset
+        hdr.partition_leader_epoch = partition_leader_epoch
+        hdr.attributes = attributes
+        hdr.base_timestamp = base_ts
+        hdr.producer_id = producer_id
+        hdr.producer_epoch = producer_epoch
+        hdr.base_sequence = base_sequence
+        if HEADER_SIZE + bound > len(self._scratch):
+            self._scratch = bytearray(max(HEADER_SIZE + bound, 2 * len(self._scratch)))
+        scratch = self._scratch
+        out = ffi.from_buffer(scratch)
+        if codec == compression.NONE and log_append_time is None:
+            size = check(lib.ls_batch_encode(rin, hdr, out, len(scratch)))
+            self.last_max_timestamp = hdr.max_timestamp
+            return bytes(scratch[:size])
+        # Compressed or LogAppendTime: encode the records section, compress it, write the header.
+        size = check(lib.ls_records_encode(rin, base_ts, out + HEADER_SIZE, len(scratch) - HEADER_SIZE))
+        section = memoryview(scratch)[HEADER_SIZE : HEADER_SIZE + size]
+        body = compression.compress(codec, section, level) if codec != compression.NONE else bytes(section)
+        batch = bytearray(HEADER_SIZE + len(body))
+        batch[HEADER_SIZE:] = body
+        hdr.max_timestamp = max_ts if log_append_time is None else log_append_time
+        self.last_max_timestamp = hdr.max_timestamp
+        hdr.last_offset_delta = last_delta
+        hdr.records_count = n
+        check(lib.ls_batch_finish(ffi.from_buffer(batch), len(batch), hdr))
+        return bytes(batch)
+
+
+# ====================================================================== decoding
+class RecordDecoder:
+    """Decodes byte ranges of consecutive batches into :class:`Record` lists. Not thread-safe.
+
+    Every batch is validated, CRC included, before any of its records is returned; a batch that
+    fails raises :class:`CorruptRecordError` naming the file, the batch's position and the stored
+    and computed CRC. Decompressed sizes are bounded by ``max_decompressed_bytes``.
+    """
+
+    def __init__(self, capacity: int = 4096, max_batch_bytes: int = 0, max_decompressed_bytes: int = 256 << 20) -> None:
+        self.max_batch_bytes = max_batch_bytes
+        self.max_decompressed_bytes = max_decompressed_bytes
+        self._cur = ffi.new("ls_cursor *")
+        self._hdr = ffi.new("ls_batch_header *")
+        self._crc = ffi.new("uint32_t *")
+        self._alloc(capacity)
+
+    def _alloc(self, capacity: int) -> None:
+        self.capacity = capacity
+        out = ffi.new("ls_records_out *")
+        self._arrays = (
+            ffi.new("int64_t[]", capacity), ffi.new("int64_t[]", capacity), ffi.new("int8_t[]", capacity),
+            ffi.new("int32_t[]", capacity), ffi.new("int32_t[]", capacity), ffi.new("int32_t[]", capacity),
+            ffi.new("int32_t[]", capacity), ffi.new("int32_t[]", capacity), ffi.new("int32_t[]", capacity),
+            ffi.new("int32_t[]", capacity),
+        )
+        (out.offsets, out.timestamps, out.timestamp_types, out.key_pos, out.key_len, out.value_pos,
+         out.value_len, out.headers_pos, out.headers_len, out.header_count) = self._arrays
+        out.capacity = capacity
+        out.count = 0
+        self._out = out
+
+    def _rows(self, buf: Any, into: list[Record]) -> None:
+        """Append Records for the decoded rows, slicing keys/values from ``buf``; reset rows."""
+        out = self._out
+        n = out.count
+        if n == 0:
+            return
+        out.count = 0
+        unpack = ffi.unpack
+        offsets = unpack(out.offsets, n)
+        timestamps = unpack(out.timestamps, n)
+        ttypes = unpack(out.timestamp_types, n)
+        kp = unpack(out.key_pos, n)
+        kl = unpack(out.key_len, n)
+        vp = unpack(out.value_pos, n)
+        vl = unpack(out.value_len, n)
+        hc = unpack(out.header_count, n)
+        keys = [buf[p : p + l] if l >= 0 else None for p, l in zip(kp, kl)]
+        values = [buf[p : p + l] if l >= 0 else None for p, l in zip(vp, vl)]
+        tt = _TIMESTAMP_TYPES
+        new = tuple.__new__
+        if not any(hc):
+            into.extend(
+                [new(Record, (o, t, tt[y], k, v, [])) for o, t, y, k, v in zip(offsets, timestamps, ttypes, keys, values)]
+            )
+            return
+        hp = unpack(out.headers_pos, n)
+        hl = unpack(out.headers_len, n)
+        for i in range(n):
+            headers = self._headers(buf, hp[i], hl[i], hc[i]) if hc[i] else []
+            into.append(new(Record, (offsets[i], timestamps[i], tt[ttypes[i]], keys[i], values[i], headers)))
+
+    @staticmethod
+    def _headers(buf: Any, position: int, length: int, count: int) -> list[tuple[str, bytes | None]]:
+        raw = bytes(buf[position : position + length])
+        kp = ffi.new("int32_t[]", count)
+        kl = ffi.new("int32_t[]", count)
+        vp = ffi.new("int32_t[]", count)
+        vl = ffi.new("int32_t[]", count)
+        check(lib.ls_headers_decode(raw, len(raw), count, kp, kl, vp, vl))
+        out = []
+        for i in range(count):
+            name = raw[kp[i] : kp[i] + kl[i]].decode("utf-8", errors="replace")
+            out.append((name, raw[vp[i] : vp[i] + vl[i]] if vl[i] >= 0 else None))
+        return out
+
+    def decode(
+        self,
+        buf: Any,
+        start: int,
+        end: int,
+        min_offset: int = 0,
+        max_offset: int = -1,
+        max_records: int | None = None,
+        path: str | None = None,
+        partial_tail_ok: bool = False,
+    ) -> tuple[list[Record], int]:
+        """Decode the batches in ``buf[start, end)``.
+
+        Args:
+            buf: a bytes-like object (bytes, mmap) holding the segment bytes.
+            start, end: the byte range; ``start`` must be a batch boundary.
+            min_offset: records below this offset are skipped (batches wholly below it too).
+            max_offset: stop before the first batch whose base offset is >= this (-1: no limit).
+            max_records: stop once at least this many records are decoded (whole batches).
+            path: file name for error messages; positions in errors are positions in ``buf``.
+            partial_tail_ok: a batch cut off by ``end`` ends the range instead of being an error
+                (reads with a byte budget cut the range at an arbitrary position).
+
+        Returns:
+            (records, position after the last batch consumed).
+
+        Raises:
+            CorruptRecordError: an invalid batch inside the range.
+        """
+        records: list[Record] = []
+        cur = self._cur
+        cur.position = start
+        cur.batches = 0
+        cptr = ffi.from_buffer(buf)
+        out = self._out
+        try:
+            while True:
+                rc = lib.ls_segment_decode(cptr, end, min_offset, max_offset, self.max_batch_bytes, cur, out)
+                self._rows(buf, records)
+                stop = cur.stop
+                if rc < 0 or stop == lib.LS_STOP_ERROR:
+                    if rc == lib.LS_ERR_TRUNCATED and partial_tail_ok:
+                        break
+                    h = cur.header
+                    check(rc if rc < 0 else lib.LS_ERR_CORRUPT, path, cur.position,
+                          stored_crc=h.crc, computed_crc=cur.computed_crc)
+                if stop == lib.LS_STOP_END or stop == lib.LS_STOP_MAX_OFFSET:
+                    break
+                if max_records is not None and len(records) >= max_records:
+                    break
+                if stop == lib.LS_STOP_FULL:
+                    needed = cur.header.records_count
+                    if needed > self.capacity:
+                        self._alloc(max(needed, 2 * self.capacity))
+                        out = self._out
+                    continue
+                if stop == lib.LS_STOP_COMPRESSED:
+                    cur.position += self._decode_compressed(buf, cptr, cur.position, end, min_offset, path, records)
+                    cur.batches += 1
+                    if max_records is not None and len(records) >= max_records:
+                        break
+                    continue
+                raise AssertionError(f"unknown stop reason {stop}")  # pragma: no cover
+        finally:
+            ffi.release(cptr)
+        return records, cur.position
+
+    def _decode_compressed(self, buf: Any, cptr: Any, position: int, end: int, min_offset: int,
+                           path: str | None, records: list[Record]) -> int:
+        hdr = self._hdr
+        size = lib.ls_batch_validate(cptr + position, end - position, self.max_batch_bytes, hdr, self._crc)
+        check(size, path, position, stored_crc=hdr.crc, computed_crc=self._crc[0])
+        codec = hdr.attributes & lib.LS_ATTR_COMPRESSION_MASK
+        section = memoryview(buf)[position + HEADER_SIZE : position + size]
+        try:
+            try:
+                raw = compression.decompress(codec, section, self.max_decompressed_bytes)
+            except CorruptRecordError as exc:
+                raise CorruptRecordError(path, position, exc.reason) from None
+            needed = hdr.records_count
+            if needed > self.capacity:
+                self._alloc(max(needed, 2 * self.capacity))
+            rc = lib.ls_records_decode(raw, len(raw), hdr, min_offset, self._out)
+            check(rc, path, position)
+            self._rows(raw, records)
+        finally:
+            section.release()
+        return size
+
+
+def decode_batches(buf: bytes | bytearray | memoryview, min_offset: int = 0) -> list[Record]:
+    """Decode every record of the consecutive batches in ``buf`` (thread-safe, allocates)."""
+    records, _ = RecordDecoder().decode(buf, 0, len(buf), min_offset)
+    return records
+
+
+def parse_header(buf: Any, position: int = 0) -> BatchHeader:
+    """Return the header of the batch at ``position`` without validating it."""
+    hdr = ffi.new("ls_batch_header *")
+    cptr = ffi.from_buffer(buf)
+    try:
+        rc = lib.ls_batch_header_parse(cptr + position, len(buf) - position, hdr)
+    finally:
+        ffi.release(cptr)
+    check(rc, None, position)
+    return BatchHeader.from_c(hdr)
+
+
+def validate_batch(buf: Any, position: int = 0, max_batch_bytes: int = 0, path: str | None = None) -> BatchHeader:
+    """Validate the batch at ``position`` (header sanity and CRC) and return its header."""
+    hdr = ffi.new("ls_batch_header *")
+    crc = ffi.new("uint32_t *")
+    cptr = ffi.from_buffer(buf)
+    try:
+        size = lib.ls_batch_validate(cptr + position, len(buf) - position, max_batch_bytes, hdr, crc)
+    finally:
+        ffi.release(cptr)
+    check(size, path, position, stored_crc=hdr.crc, computed_crc=crc[0])
+    return BatchHeader.from_c(hdr)

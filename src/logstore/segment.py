@@ -1,0 +1,683 @@
+"""One log segment: a ``.log`` file of record batches plus its sparse indexes.
+
+LogSegment owns ``NNN.log``, ``NNN.index`` and ``NNN.timeindex`` where NNN is the segment's base
+offset in 20 digits. Not thread-safe; :class:`logstore.log.Log` serialises writers and readers.
+
+The active (last) segment is written through a shared memory map of its preallocated ``.log``:
+the C appender (``ls_appender``) copies each batch into the map and updates the mapped indexes,
+so an append costs no system call and its bytes are in the OS page cache when it returns (they
+survive the death of the process; fsync makes them survive the machine). The map grows in steps
+up to ``segment_bytes`` (or is taken whole with ``preallocate``), and blocks are reserved with
+``posix_fallocate`` so that a full disk fails the growth step with an exception instead of a
+SIGBUS on a later store. The bytes past ``size`` are zero until written, which recovery
+recognises as the end of the data rather than as corruption.
+
+When the segment rolls, its ``.log`` is truncated to ``size``, its indexes are trimmed, and it is
+fsynced and mapped read-only: a sealed segment looks exactly like one Kafka wrote.
+
+Validity rules (enforced by the C scan at recovery): a segment's bytes are valid iff they are a
+sequence of valid batches (header sanity, CRC32C, well-formed records) whose offsets increase
+and whose last offsets are within ``base_offset + INT32_MAX``.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from . import _fileio, compression
+from ._native import ffi, lib, reason
+from .errors import CorruptIndexError, CorruptRecordError
+from .index import OffsetIndex, TimeIndex
+from .records import HEADER_SIZE, BatchBuilder, Record, RecordDecoder, parse_header, validate_batch
+
+__all__ = ["LogSegment", "SegmentInfo", "segment_name", "parse_segment_name", "RecoveryResult"]
+
+logger = logging.getLogger("logstore.segment")
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIMEINDEX_SUFFIX = ".timeindex"
+DELETED_SUFFIX = ".deleted"
+CLEANED_SUFFIX = ".cleaned"
+SWAP_SUFFIX = ".swap"
+
+_DIGITS = lib.LS_SEGMENT_NAME_DIGITS
+_GROWTH_STEP = 8 << 20  # first map of a non-preallocated active segment; doubles after
+_ZERO_CHUNK = 1 << 20
+
+
+def segment_name(base_offset: int) -> str:
+    """The 20-digit zero-padded file stem Kafka uses for a segment's base offset."""
+    return f"{base_offset:0{_DIGITS}d}"
+
+
+def parse_segment_name(filename: str) -> tuple[int, str] | None:
+    """Split ``00000000000000000042.log.deleted`` into (42, ".log.deleted"); None if not ours."""
+    stem, dot, rest = filename.partition(".")
+    if not dot or len(stem) != _DIGITS or not stem.isdigit():
+        return None
+    return int(stem), "." + rest
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    """Read-only facts about one segment, as reported by ``Log.segments``."""
+
+    base_offset: int
+    size: int
+    record_count: int
+    max_timestamp: int
+    next_offset: int
+    active: bool
+
+
+@dataclass
+class RecoveryResult:
+    """What recovering one segment found."""
+
+    valid_bytes: int
+    truncated_bytes: int
+    status: int
+    last_offset: int
+    records: int
+
+
+class LogSegment:
+    """LogSegment owns NNN.log, NNN.index and NNN.timeindex. Not thread-safe; Log serialises access.
+
+    Create new segments with :meth:`create`; open existing ones with :meth:`open`.
+    """
+
+    def __init__(self, directory: str, base_offset: int, *, segment_bytes: int, index_bytes: int,
+                 index_interval_bytes: int, max_batch_bytes: int, preallocate: bool, leader_epoch: int = -1) -> None:
+        self.directory = directory
+        self.base_offset = base_offset
+        self.segment_bytes = segment_bytes
+        self.index_interval_bytes = index_interval_bytes
+        self.max_batch_bytes = max_batch_bytes
+        self.preallocate = preallocate
+        stem = os.path.join(directory, segment_name(base_offset))
+        self.path = stem + LOG_SUFFIX
+        self._fd = _fileio.ops.open(self.path, os.O_RDWR | os.O_CREAT)
+        self.offset_index = OffsetIndex(stem + INDEX_SUFFIX, base_offset, index_bytes, writable=False)
+        self.time_index = TimeIndex(stem + TIMEINDEX_SUFFIX, base_offset, index_bytes, writable=False)
+        self._mm: mmap.mmap | None = None
+        self._ptr: Any = ffi.NULL
+        self._size = _fileio.ops.fsize(self._fd)
+        self._next_offset: int | None = None
+        self._records: int | None = None
+        self._max_timestamp: int | None = None
+        self._offset_of_max_timestamp = -1
+        self._records_at_activation: int | None = 0
+        self._size_at_activation = 0
+        self._appender: Any = None
+        self._leader_epoch = leader_epoch
+        self.closed = False
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def create(cls, directory: str, base_offset: int, **settings: Any) -> "LogSegment":
+        """Create an empty active segment; the caller fsyncs the directory."""
+        segment = cls(directory, base_offset, **settings)
+        if segment._size:
+            segment.close()
+            raise FileExistsError(f"segment {segment.path} already exists with {segment._size} bytes")
+        segment._next_offset = base_offset
+        segment._records = 0
+        segment._max_timestamp = -1
+        segment.activate()
+        return segment
+
+    @classmethod
+    def open(cls, directory: str, base_offset: int, **settings: Any) -> "LogSegment":
+        """Open an existing segment as sealed; the Log activates or recovers it afterwards."""
+        return cls(directory, base_offset, **settings)
+
+    # ------------------------------------------------------------------ mapping
+    def _unmap(self) -> None:
+        if self._ptr is not ffi.NULL:
+            ffi.release(self._ptr)
+            self._ptr = ffi.NULL
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+
+    def _map_readonly(self) -> None:
+        self._unmap()
+        if self._size > 0:
+            self._mm = _fileio.ops.mmap(self._fd, self._size, False)
+            self._ptr = ffi.from_buffer(self._mm)
+
+    def _map_writable(self, capacity: int) -> None:
+        self._unmap()
+        _fileio.ops.fallocate(self._fd, capacity)
+        self._mm = _fileio.ops.mmap(self._fd, capacity, True)
+        self._ptr = ffi.from_buffer(self._mm)
+
+    def _initial_capacity(self, needed: int) -> int:
+        if self.preallocate:
+            return max(self.segment_bytes, needed)
+        capacity = min(self.segment_bytes, _GROWTH_STEP)
+        while capacity < needed:
+            capacity *= 2
+        return max(capacity, needed, 4096)
+
+    @property
+    def buffer(self) -> Any:
+        """The mapped bytes (mmap), or None for an empty sealed segment."""
+        if self._mm is None and self._appender is None and self._size > 0:
+            self._map_readonly()
+        return self._mm
+
+    # ------------------------------------------------------------------ activation / sealing
+    @property
+    def active(self) -> bool:
+        return self._appender is not None
+
+    def activate(self) -> None:
+        """Make this the active segment, mapped for appends after its current data.
+
+        The segment's facts (next offset, max timestamp) must be known: from :meth:`create`,
+        :meth:`recover`, or a clean open (:meth:`next_offset` walks the tail on demand).
+        """
+        valid_bytes = self._size
+        next_offset = self.next_offset
+        max_ts, offset_of_max = self._max_timestamp_and_offset()
+        records_before = self._records
+        self.offset_index.make_writable()
+        self.time_index.make_writable()
+        self._map_writable(self._initial_capacity(valid_bytes))
+        a = ffi.new("ls_appender *")
+        a.log = self._ptr
+        a.log_capacity = len(self._mm)  # type: ignore[arg-type]
+        a.position = valid_bytes
+        a.base_offset = self.base_offset
+        a.next_offset = next_offset
+        a.index = self.offset_index.pointer
+        a.index_capacity = self.offset_index.capacity
+        a.index_entries = self.offset_index.entries
+        a.timeindex = self.time_index.pointer
+        a.timeindex_capacity = self.time_index.capacity
+        a.timeindex_entries = self.time_index.entries
+        a.index_interval_bytes = self.index_interval_bytes
+        a.bytes_since_last_entry = 0
+        a.max_timestamp = max_ts
+        a.offset_of_max_timestamp = offset_of_max
+        a.last_timeindex_timestamp = self.time_index.last_entry()[0] if self.time_index.entries else -1
+        a.max_batch_bytes = self.max_batch_bytes
+        a.partition_leader_epoch = self._leader_epoch
+        a.records = 0
+        # Records already present are counted lazily (a full scan) only if someone asks.
+        self._records_at_activation = records_before
+        self._size_at_activation = valid_bytes
+        self._appender = a
+
+    def _sync_from_appender(self) -> None:
+        a = self._appender
+        self._size = a.position
+        self._next_offset = a.next_offset
+        self._records = None if self._records_at_activation is None else self._records_at_activation + a.records
+        self._max_timestamp = a.max_timestamp
+        self._offset_of_max_timestamp = a.offset_of_max_timestamp
+        self.offset_index.entries = a.index_entries
+        self.time_index.entries = a.timeindex_entries
+
+    def seal(self, fsync: bool = True) -> None:
+        """Stop being active: final time index entry, trim files to their data, map read-only."""
+        a = self._appender
+        if a is None:
+            return
+        lib.ls_appender_seal(a)
+        self._sync_from_appender()
+        self._appender = None
+        self._unmap()
+        _fileio.ops.ftruncate(self._fd, self._size)
+        self.offset_index.trim()
+        self.time_index.trim()
+        if fsync:
+            self.flush()
+
+    @property
+    def appender(self) -> Any:
+        """The C appender struct of the active segment (None when sealed)."""
+        return self._appender
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def size(self) -> int:
+        """Bytes of valid batches (published to readers)."""
+        a = self._appender
+        return a.position if a is not None else self._size
+
+    @property
+    def next_offset(self) -> int:
+        """One past the last offset in this segment (base_offset when empty)."""
+        a = self._appender
+        if a is not None:
+            return a.next_offset
+        if self._next_offset is None:
+            self._load_tail()
+        return self._next_offset  # type: ignore[return-value]
+
+    @property
+    def max_timestamp(self) -> int:
+        """Largest timestamp in the segment, -1 when empty."""
+        a = self._appender
+        if a is not None:
+            return a.max_timestamp
+        return self._max_timestamp_and_offset()[0]
+
+    @property
+    def record_count(self) -> int:
+        """Records in the segment (a full walk the first time for a segment opened cleanly)."""
+        a = self._appender
+        if a is not None:
+            if self._records_at_activation is None:
+                self._records_at_activation = self._scan(write_indexes=False, end=self._size_at_activation).records
+            return self._records_at_activation + a.records
+        if self._records is None:
+            res = self._scan(write_indexes=False)
+            self._records = res.records
+        return self._records
+
+    def _max_timestamp_and_offset(self) -> tuple[int, int]:
+        if self._max_timestamp is None:
+            # Sealed segments end their time index with (max timestamp, its offset).
+            if self.time_index.entries:
+                self._max_timestamp, self._offset_of_max_timestamp = self.time_index.last_entry()
+            else:
+                self._load_tail()
+        return self._max_timestamp, self._offset_of_max_timestamp  # type: ignore[return-value]
+
+    def _load_tail(self) -> None:
+        """Learn the next offset by walking from the last offset index entry to the end."""
+        _, position = self.offset_index.last_entry() if self.offset_index.entries else (0, 0)
+        if position >= self._size:
+            position = 0
+        res = self._scan(write_indexes=False, start=position)
+        if res.status not in (lib.LS_OK, lib.LS_ERR_ZERO):
+            # Checked by the Log at open, which recovers such a segment instead.
+            raise CorruptRecordError(self.path, position + res.valid_bytes,
+                                     f"invalid batch while reading the segment tail: {_status_words(res.status)}",
+                                     res.stored_crc if res.status == lib.LS_ERR_CRC else None,
+                                     res.computed_crc if res.status == lib.LS_ERR_CRC else None)
+        self._next_offset = res.last_offset + 1 if res.last_offset >= 0 else self.base_offset
+        if self._max_timestamp is None or res.max_timestamp > self._max_timestamp:
+            if position == 0 or not self.time_index.entries:
+                self._max_timestamp = res.max_timestamp
+                self._offset_of_max_timestamp = res.offset_of_max_timestamp
+            else:
+                ts, off = self.time_index.last_entry()
+                if res.max_timestamp > ts:
+                    self._max_timestamp, self._offset_of_max_timestamp = res.max_timestamp, res.offset_of_max_timestamp
+                else:
+                    self._max_timestamp, self._offset_of_max_timestamp = ts, off
+        if position == 0:
+            self._records = res.records
+
+    def info(self) -> SegmentInfo:
+        return SegmentInfo(self.base_offset, self.size, self.record_count, self.max_timestamp,
+                           self.next_offset, self.active)
+
+    # ------------------------------------------------------------------ appends
+    def append_batch(self, batch: bytes, size_hint: int | None = None) -> int:
+        """Append one encoded batch; returns its base offset. Grows the map when needed.
+
+        Raises:
+            RecordTooLargeError: the batch exceeds max_batch_bytes.
+            SegmentFullError (as return value None): handled by the caller; see Log.
+        """
+        a = self._appender
+        rc = lib.ls_appender_append_batch(a, batch, len(batch))
+        if rc == lib.LS_ERR_FULL and self._grow(len(batch)):
+            rc = lib.ls_appender_append_batch(a, batch, len(batch))
+        return rc
+
+    def grow_for(self, needed: int) -> bool:
+        """Try to make room for ``needed`` more bytes; False when the segment must roll."""
+        return self._grow(needed)
+
+    def _grow(self, needed: int) -> bool:
+        a = self._appender
+        if self.offset_index.capacity <= a.index_entries or self.time_index.capacity <= a.timeindex_entries:
+            return False
+        end = a.position + needed
+        capacity = a.log_capacity
+        if end <= capacity:
+            return False  # FULL for another reason (offset range): roll
+        if a.position > 0 and end > self.segment_bytes:
+            return False
+        new_capacity = max(min(capacity * 2, max(self.segment_bytes, end)), end)
+        self._map_writable(new_capacity)
+        a.log = self._ptr
+        a.log_capacity = new_capacity
+        return True
+
+    def should_roll_for(self, needed: int) -> bool:
+        """Kafka's size rule: roll when this batch would take the segment past segment_bytes."""
+        a = self._appender
+        return a.position > 0 and a.position + needed > self.segment_bytes
+
+    # ------------------------------------------------------------------ reads
+    def find_position(self, offset: int) -> int:
+        """Position of a batch at or before the one holding ``offset`` (index floor)."""
+        if self._appender is not None:
+            self.offset_index.entries = self._appender.index_entries
+        return self.offset_index.lookup(offset)[1]
+
+    def read(self, decoder: RecordDecoder, offset: int, max_bytes: int, max_offset: int,
+             max_records: int | None) -> list[Record]:
+        """Records with offset in [offset, max_offset) from roughly max_bytes of batches.
+
+        At least one whole batch is decoded when any batch holds ``offset`` (KIP-74), so a
+        batch larger than max_bytes is still returned.
+        """
+        size = self.size
+        buf = self.buffer
+        if buf is None or size == 0:
+            return []
+        start = self.find_position(offset)
+        end = min(size, start + max(max_bytes, 1))
+        # The index floor may sit up to index_interval_bytes before the batch holding offset;
+        # widen the window by that much so max_bytes counts from about where records start.
+        end = min(size, end + self.index_interval_bytes)
+        while True:
+            records, stopped = decoder.decode(buf, start, end, offset, max_offset, max_records,
+                                              self.path, partial_tail_ok=end < size)
+            if records or stopped >= size or end >= size:
+                return records
+            if stopped < end and end - stopped < HEADER_SIZE:
+                end = min(size, stopped + HEADER_SIZE)
+                continue
+            if stopped >= end:
+                return records
+            # The next batch does not fit the window: take it whole.
+            header = parse_header(buf, stopped)
+            if header.base_offset >= max_offset >= 0:
+                return records
+            start = stopped
+            end = min(size, stopped + max(header.size, HEADER_SIZE))
+
+    def offset_for_timestamp(self, decoder: RecordDecoder, timestamp: int) -> Record | None:
+        """The first record with timestamp >= ``timestamp`` in this segment, or None."""
+        if self.max_timestamp < timestamp:
+            return None
+        if self._appender is not None:
+            self.time_index.entries = self._appender.timeindex_entries
+        _, index_offset = self.time_index.lookup(timestamp)
+        position = self.find_position(index_offset)
+        size = self.size
+        buf = self.buffer
+        while position < size:
+            end = min(size, position + (1 << 20))
+            records, stopped = decoder.decode(buf, position, end, 0, -1, None, self.path, partial_tail_ok=end < size)
+            for record in records:
+                if record.timestamp >= timestamp:
+                    return record
+            if stopped <= position:
+                header = parse_header(buf, position)
+                end = min(size, position + header.size)
+                records, stopped = decoder.decode(buf, position, end, 0, -1, None, self.path)
+                for record in records:
+                    if record.timestamp >= timestamp:
+                        return record
+            position = stopped
+        return None
+
+    # ------------------------------------------------------------------ recovery
+    def _scan(self, write_indexes: bool, start: int = 0, end: int | None = None) -> Any:
+        """Run the C scan over [start, end) of the log (indexes written only from start 0)."""
+        res = ffi.new("ls_scan_result *")
+        size = self.size if end is None else end
+        if size - start <= 0:
+            res.last_offset = -1
+            res.max_timestamp = -1
+            res.offset_of_max_timestamp = -1
+            res.status = lib.LS_OK
+            return res
+        mm = self._mm if self._mm is not None and len(self._mm) >= size else None
+        own = mm is None
+        if own:
+            mm = _fileio.ops.mmap(self._fd, size, False)
+        ptr = ffi.from_buffer(mm)
+        try:
+            if write_indexes:
+                lib.ls_segment_scan(ptr, size, self.base_offset, self.index_interval_bytes,
+                                    self.max_batch_bytes, self.offset_index.pointer, self.offset_index.capacity,
+                                    self.time_index.pointer, self.time_index.capacity, res)
+            else:
+                lib.ls_segment_scan(ptr + start, size - start, self.base_offset, self.index_interval_bytes,
+                                    self.max_batch_bytes, ffi.NULL, 0, ffi.NULL, 0, res)
+        finally:
+            ffi.release(ptr)
+            if own:
+                mm.close()
+        return res
+
+    def recover(self) -> RecoveryResult:
+        """Validate every batch, truncate at the first invalid one, rebuild both indexes.
+
+        A torn or garbled tail is the expected result of a crash during append, not corruption:
+        it is cut off, and the number of bytes dropped is returned. An all-zero tail is the
+        unwritten part of a preallocated or mapped segment and counts as no loss. Leaves the
+        segment sealed with trimmed indexes; the Log activates the last one.
+        """
+        self._unmap()
+        self._size = _fileio.ops.fsize(self._fd)
+        self.offset_index.make_writable()
+        self.time_index.make_writable()
+        self.offset_index.reset()
+        self.time_index.reset()
+        res = self._scan(write_indexes=True)
+        self.offset_index.entries = res.index_entries
+        self.time_index.entries = res.timeindex_entries
+        valid = res.valid_bytes
+        file_size = self._size
+        truncated = 0 if res.status in (lib.LS_OK, lib.LS_ERR_ZERO) else file_size - valid
+        if valid < file_size:
+            # Cut the tail so that stale batches past the valid prefix can never be scanned
+            # back into the log by a later recovery (a new map re-extends the file with zeros).
+            _fileio.ops.ftruncate(self._fd, valid)
+            _fileio.ops.fsync(self._fd)
+        self._size = valid
+        self._set_facts(res)
+        if res.max_timestamp > (self.time_index.last_entry()[0] if self.time_index.entries else -1):
+            self._append_final_time_entry()
+        self.offset_index.trim()
+        self.time_index.trim()
+        if truncated:
+            logger.warning("%s: recovery truncated %d bytes at position %d (%s)", self.path,
+                           truncated, valid, _status_words(res.status))
+        return RecoveryResult(valid, truncated, res.status, res.last_offset, res.records)
+
+    def _set_facts(self, res: Any) -> None:
+        self._next_offset = res.last_offset + 1 if res.last_offset >= 0 else self.base_offset
+        self._records = res.records
+        self._max_timestamp = res.max_timestamp
+        self._offset_of_max_timestamp = res.offset_of_max_timestamp
+
+    def _append_final_time_entry(self) -> None:
+        """Give the time index the closing (max timestamp, offset) entry that sealing writes."""
+        if self.time_index.is_full or not self.time_index.writable:
+            return
+        a = ffi.new("ls_appender *")
+        a.base_offset = self.base_offset
+        a.timeindex = self.time_index.pointer
+        a.timeindex_capacity = self.time_index.capacity
+        a.timeindex_entries = self.time_index.entries
+        a.max_timestamp = self._max_timestamp
+        a.offset_of_max_timestamp = self._offset_of_max_timestamp
+        a.last_timeindex_timestamp = self.time_index.last_entry()[0] if self.time_index.entries else -1
+        lib.ls_appender_seal(a)
+        self.time_index.entries = a.timeindex_entries
+
+    def check_indexes(self) -> None:
+        """Raise CorruptIndexError unless both indexes pass Kafka's sanity checks.
+
+        Entries sorted and whole, relative offsets within the segment, and no offset index
+        entry pointing at or past the end of the log.
+        """
+        max_rel = 2**31 - 1
+        self.offset_index.sanity_check(max_rel)
+        self.time_index.sanity_check(max_rel)
+        if self.offset_index.entries:
+            _, position = self.offset_index.last_entry()
+            if position >= self._size:
+                raise CorruptIndexError(self.offset_index.path,
+                                        f"last entry points at position {position}, past the log's {self._size} bytes")
+        if self.time_index.entries and self.offset_index.entries == 0 and self._size == 0:
+            raise CorruptIndexError(self.time_index.path, "entries for an empty segment")
+
+    def rebuild_indexes(self) -> None:
+        """Rebuild both indexes of a sealed segment from its log (a damaged index)."""
+        logger.warning("%s: rebuilding the offset and time indexes", self.path)
+        self._unmap()
+        self.offset_index.make_writable()
+        self.time_index.make_writable()
+        self.offset_index.reset()
+        self.time_index.reset()
+        res = self._scan(write_indexes=True)
+        self.offset_index.entries = res.index_entries
+        self.time_index.entries = res.timeindex_entries
+        if res.status not in (lib.LS_OK, lib.LS_ERR_ZERO) and res.valid_bytes < self._size:
+            logger.error("%s: batch at position %d is invalid (%s); reads reaching it raise "
+                         "CorruptRecordError", self.path, res.valid_bytes, _status_words(res.status))
+        self._set_facts(res)
+        if res.max_timestamp > (self.time_index.last_entry()[0] if self.time_index.entries else -1):
+            self._append_final_time_entry()
+        self.offset_index.trim()
+        self.time_index.trim()
+
+    # ------------------------------------------------------------------ truncation
+    def truncate_to(self, offset: int, builder: BatchBuilder, decoder: RecordDecoder) -> int:
+        """Remove every record with offset >= ``offset``; returns bytes removed.
+
+        Truncation is at batch granularity, as in Kafka, except that a batch straddling
+        ``offset`` is rewritten in place with only its records below ``offset`` (same codec,
+        timestamps, producer fields and offsets), so the log ends exactly at ``offset``.
+        Durability: the change is fsynced before returning.
+        """
+        size = self.size
+        if size == 0 or offset >= self.next_offset:
+            return 0
+        buf = self.buffer
+        position = self.find_position(offset) if offset > self.base_offset else 0
+        while position < size:
+            header = parse_header(buf, position)
+            if header.last_offset >= offset:
+                break
+            position += header.size
+        else:
+            return 0
+        replacement = b""
+        if header.base_offset < offset:
+            records, _ = decoder.decode(buf, position, position + header.size, 0, -1, None, self.path)
+            kept = [r for r in records if r.offset < offset]
+            if kept:
+                replacement = builder.build(
+                    [r.value for r in kept], [r.key for r in kept], [r.headers for r in kept],
+                    [r.timestamp for r in kept], codec=header.compression,
+                    timestamp_type=int(header.timestamp_type), base_offset=header.base_offset,
+                    offset_deltas=[r.offset - header.base_offset for r in kept],
+                    partition_leader_epoch=header.partition_leader_epoch, producer_id=header.producer_id,
+                    producer_epoch=header.producer_epoch, base_sequence=header.base_sequence,
+                    log_append_time=header.max_timestamp if header.timestamp_type else None,
+                )
+        new_size = position + len(replacement)
+        self.offset_index.truncate_to(offset)
+        self.time_index.truncate_to(offset)
+        a = self._appender
+        if a is not None:
+            mm = self._mm
+            assert mm is not None
+            if replacement:
+                mm[position:new_size] = replacement
+            # Zero the removed bytes so that a later recovery scan cannot resurrect them.
+            for start in range(new_size, size, _ZERO_CHUNK):
+                stop = min(size, start + _ZERO_CHUNK)
+                mm[start:stop] = bytes(stop - start)
+            a.position = new_size
+            self._size = new_size
+            _fileio.ops.fsync(self._fd)
+            res = self._scan(write_indexes=False)
+            a.next_offset = res.last_offset + 1 if res.last_offset >= 0 else self.base_offset
+            a.records = res.records
+            self._records_at_activation = 0
+            a.max_timestamp = res.max_timestamp
+            a.offset_of_max_timestamp = res.offset_of_max_timestamp
+            a.index_entries = self.offset_index.entries
+            a.timeindex_entries = self.time_index.entries
+            a.last_timeindex_timestamp = self.time_index.last_entry()[0] if self.time_index.entries else -1
+            a.bytes_since_last_entry = 0
+        else:
+            self._unmap()
+            if replacement:
+                _fileio.ops.pwrite(self._fd, replacement, position)
+            _fileio.ops.ftruncate(self._fd, new_size)
+            _fileio.ops.fsync(self._fd)
+            self._size = new_size
+            self._set_facts(self._scan(write_indexes=False))
+        return size - new_size
+
+    # ------------------------------------------------------------------ durability / lifecycle
+    def flush(self) -> None:
+        """fsync the log (mapped writes included) and both indexes."""
+        _fileio.ops.fsync(self._fd)
+        self.offset_index.flush()
+        self.time_index.flush()
+
+    def flush_data(self) -> None:
+        """fdatasync the log only: enough for durability of appended records."""
+        _fileio.ops.fdatasync(self._fd)
+
+    def close(self, trim: bool = True) -> None:
+        """Seal (trimming files to their data) and release descriptors and maps."""
+        if self.closed:
+            return
+        if self._appender is not None:
+            if trim:
+                self.seal(fsync=True)
+            else:
+                self._sync_from_appender()
+                self._appender = None
+        self._unmap()
+        self.offset_index.close()
+        self.time_index.close()
+        _fileio.ops.close(self._fd)
+        self._fd = -1
+        self.closed = True
+
+    def abandon(self) -> None:
+        """Release maps and descriptors without sealing (simulated crash in tests)."""
+        if self.closed:
+            return
+        self._appender = None
+        self._unmap()
+        self.offset_index.close()
+        self.time_index.close()
+        _fileio.ops.close(self._fd)
+        self.closed = True
+
+    def file_paths(self) -> list[str]:
+        return [self.path, self.offset_index.path, self.time_index.path]
+
+    def rename_suffix(self, suffix: str) -> None:
+        """Rename all three files to ``<name><own suffix><suffix>`` (``.deleted``, ``.swap``)."""
+        new_log = self.path + suffix
+        _fileio.ops.rename(self.path, new_log)
+        self.path = new_log
+        for index in (self.offset_index, self.time_index):
+            if _fileio.ops.exists(index.path):
+                index.rename_to(index.path + suffix)
+
+    def __repr__(self) -> str:
+        return f"LogSegment(base_offset={self.base_offset}, size={self.size}, active={self.active})"
+
+
+def _status_words(status: int) -> str:
+    return reason(status) if status < 0 else "ok"
+
