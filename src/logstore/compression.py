@@ -188,7 +188,7 @@ def codec_name(codec: int) -> str:
     """
     if type(codec) is not bool and isinstance(codec, int) and 0 <= codec < len(_NAMES):
         return _NAMES[codec]
-    raise ValueError(f"unknown compression codec {codec!r}; known codec ids are 0-4 ({', '.join(_NAMES)})")
+    raise _unknown_codec(codec)
 
 
 def codec_from_name(name: str | int | None, *, require_available: bool = True) -> int:
@@ -253,8 +253,11 @@ def compress(codec: int, data: bytes | bytearray | memoryview, level: int | None
     """
     fn = _COMPRESSORS.get(codec) if type(codec) is not bool else None
     if fn is None:
-        raise ValueError(f"unknown compression codec {codec!r}; known codec ids are 0-4 ({', '.join(_NAMES)})")
-    return fn(data, level)
+        raise _unknown_codec(codec)
+    if _is_byte_buffer(data):
+        return fn(data, level)
+    with _byte_memoryview(data) as view:
+        return fn(view, level)
 
 
 def decompress(codec: int, data: bytes | bytearray | memoryview, max_size: int) -> bytes:
@@ -281,10 +284,13 @@ def decompress(codec: int, data: bytes | bytearray | memoryview, max_size: int) 
     """
     fn = _DECOMPRESSORS.get(codec) if type(codec) is not bool else None
     if fn is None:
-        raise ValueError(f"unknown compression codec {codec!r}; known codec ids are 0-4 ({', '.join(_NAMES)})")
+        raise _unknown_codec(codec)
     if max_size < 0:
         raise ValueError(f"max_size must be >= 0, got {max_size!r}")
-    return fn(data, max_size)
+    if _is_byte_buffer(data):
+        return fn(data, max_size)
+    with _byte_memoryview(data) as view:
+        return fn(view, max_size)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,6 +300,10 @@ def decompress(codec: int, data: bytes | bytearray | memoryview, max_size: int) 
 _U32_LE = struct.Struct("<I")
 _U64_LE = struct.Struct("<Q")
 _I32_BE = struct.Struct(">i")
+
+
+def _unknown_codec(codec: Any) -> ValueError:
+    return ValueError(f"unknown compression codec {codec!r}; known codec ids are 0-4 ({', '.join(_NAMES)})")
 
 
 def _corrupt(codec: int, what: str) -> CorruptRecordError:
@@ -316,15 +326,27 @@ def _unsupported(codec: int) -> UnsupportedCodecError:
     return UnsupportedCodecError(f"{_NAMES[codec]} compression requires {hint}")
 
 
-def _byte_view(data: Any) -> tuple[Any, int]:
-    """Return (an object indexable by byte whose items are ints, its length in bytes)."""
+# The codec functions take bytes, bytearray or a 1-D memoryview of format "B" (what the public
+# functions pass them): len() is the size in bytes and indexing gives ints. Every memoryview they
+# make of the caller's data is released with `with` before they return or raise: a traceback kept
+# alive by the caller (``raise ... from exc``) must not pin an export of the caller's buffer (the
+# segment reader releases its view, and an mmap cannot close while exports exist).
+
+
+def _is_byte_buffer(data: Any) -> bool:
     t = type(data)
-    if t is bytes or t is bytearray:
-        return data, len(data)
-    mv = data if t is memoryview else memoryview(data)
-    if mv.format != "B" or mv.ndim != 1:
-        mv = mv.cast("B")  # TypeError for non-contiguous buffers, as the libraries would raise
-    return mv, mv.nbytes
+    return t is bytes or t is bytearray or (
+        t is memoryview and data.format == "B" and data.ndim == 1 and data.c_contiguous
+    )
+
+
+def _byte_memoryview(data: Any) -> memoryview:
+    """A new 1-D unsigned-byte memoryview of any C-contiguous buffer (the caller releases it)."""
+    view = memoryview(data)
+    if view.format == "B" and view.ndim == 1:
+        return view
+    with view:
+        return view.cast("B")  # TypeError for non-contiguous buffers, as the libraries would raise
 
 
 def _check_no_level(codec: int, level: int | None) -> None:
@@ -350,9 +372,8 @@ def _compress_none(data: Any, level: int | None) -> bytes:
 
 
 def _decompress_none(data: Any, max_size: int) -> bytes:
-    _, n = _byte_view(data)
-    if n > max_size:
-        raise _too_big(NONE, max_size, n)
+    if len(data) > max_size:
+        raise _too_big(NONE, max_size, len(data))
     return bytes(data)
 
 
@@ -363,21 +384,10 @@ def _decompress_none(data: Any, max_size: int) -> bytes:
 _GZIP_WBITS = 31  # 16 + MAX_WBITS: gzip wrapper only, 32 KiB window (what Java writes and reads)
 _GZIP_DEFAULT_LEVEL = 6  # Deflater.DEFAULT_COMPRESSION (-1) is zlib's level 6
 
-if sys.version_info >= (3, 11):
-
-    def _gzip_oneshot(data: Any, level: int) -> bytes:
-        return zlib.compress(data, level, _GZIP_WBITS)
-
-else:  # pragma: no cover - zlib.compress() takes wbits since Python 3.11
-
-    def _gzip_oneshot(data: Any, level: int) -> bytes:
-        c = zlib.compressobj(level, zlib.DEFLATED, _GZIP_WBITS)
-        return c.compress(data) + c.flush()
-
 
 def _compress_gzip(data: Any, level: int | None) -> bytes:
     lvl = _GZIP_DEFAULT_LEVEL if level is None else _check_level(GZIP, level, 1, 9, (-1,))
-    return _gzip_oneshot(data, lvl)
+    return zlib.compress(data, lvl, _GZIP_WBITS)  # one shot, no intermediate copies
 
 
 def _decompress_gzip(data: Any, max_size: int) -> bytes:
@@ -390,7 +400,7 @@ def _decompress_gzip(data: Any, max_size: int) -> bytes:
         d = zlib.decompressobj(_GZIP_WBITS)
         try:
             # max_length bounds the output; CPython grows the result in blocks up to that bound.
-            out = d.decompress(rest, max_size + 1 - total)
+            out = d.decompress(rest, min(max_size + 1 - total, sys.maxsize))
         except zlib.error as exc:
             what = "invalid gzip member" if not parts else "invalid data after gzip member"
             raise _corrupt(GZIP, f"{what} ({exc})") from None
@@ -423,18 +433,25 @@ def _compress_snappy(data: Any, level: int | None) -> bytes:
     compress_raw = _snappy_compress_raw
     if compress_raw is None:
         raise _unsupported(SNAPPY)
-    buf, n = _byte_view(data)
+    n = len(data)
     if n <= _XERIAL_BLOCK_SIZE:
         if n == 0:
             return _XERIAL_HEADER  # snappy-java writes the header even for an empty stream
-        block = compress_raw(buf)
+        block = compress_raw(data)
         return b"".join((_XERIAL_HEADER, _I32_BE.pack(len(block)), block))
-    mv = buf if type(buf) is memoryview else memoryview(buf)
+    if type(data) is memoryview:
+        return _xerial_encode(compress_raw, data, n)
+    with memoryview(data) as mv:
+        return _xerial_encode(compress_raw, mv, n)
+
+
+def _xerial_encode(compress_raw: Callable[[Any], Any], mv: memoryview, n: int) -> bytes:
     parts: list[Any] = [_XERIAL_HEADER]
     append = parts.append
     pack = _I32_BE.pack
     for off in range(0, n, _XERIAL_BLOCK_SIZE):
-        block = compress_raw(mv[off : off + _XERIAL_BLOCK_SIZE])
+        with mv[off : off + _XERIAL_BLOCK_SIZE] as chunk:
+            block = compress_raw(chunk)
         append(pack(len(block)))
         append(block)
     return b"".join(parts)
@@ -472,7 +489,8 @@ def _decompress_snappy(data: Any, max_size: int) -> bytes:
     uncompress = _snappy_uncompress_raw
     if uncompress is None:
         raise _unsupported(SNAPPY)
-    buf, n = _byte_view(data)
+    buf = data
+    n = len(buf)
     if n == 0:
         return b""
     if n < _XERIAL_HEADER_SIZE or buf[:8] != _XERIAL_MAGIC:
@@ -491,7 +509,7 @@ def _decompress_snappy(data: Any, max_size: int) -> bytes:
     unpack_from = _I32_BE.unpack_from
     while pos < n:
         if n - pos < 4:
-            raise _corrupt(SNAPPY, f"truncated stream ({n - pos} trailing bytes at {pos}, a block length needs 4)")
+            raise _corrupt(SNAPPY, f"truncated stream ({n - pos} bytes at {pos}; a block length needs 4)")
         length = unpack_from(buf, pos)[0]
         if length == _XERIAL_MAGIC_HEAD or pos == 0:  # a (concatenated) stream header
             if n - pos < _XERIAL_HEADER_SIZE or buf[pos : pos + 8] != _XERIAL_MAGIC:
@@ -506,7 +524,9 @@ def _decompress_snappy(data: Any, max_size: int) -> bytes:
         start = pos + 4
         pos = start + length
         if pos > n:
-            raise _corrupt(SNAPPY, f"truncated stream (block at {start - 4} declares {length} bytes, {n - start} remain)")
+            raise _corrupt(
+                SNAPPY, f"truncated stream (block at {start - 4} declares {length} bytes, {n - start} remain)"
+            )
         total += _snappy_length(buf, start, pos)
         if total > max_size:
             raise _too_big(SNAPPY, max_size, total)
@@ -514,12 +534,25 @@ def _decompress_snappy(data: Any, max_size: int) -> bytes:
 
     if not blocks:
         return b""
-    mv = buf if type(buf) is memoryview else memoryview(buf)
+    if type(buf) is memoryview:
+        return _xerial_decode(uncompress, buf, blocks)
+    with memoryview(buf) as mv:
+        return _xerial_decode(uncompress, mv, blocks)
+
+
+def _xerial_decode(
+    uncompress: Callable[[Any], Any], mv: memoryview, blocks: list[tuple[int, int]]
+) -> bytes:
     if len(blocks) == 1:
         start, end = blocks[0]
-        out = _snappy_raw(uncompress, mv[start:end])
+        with mv[start:end] as block:
+            out = _snappy_raw(uncompress, block)
         return out if type(out) is bytes else bytes(out)
-    return b"".join([_snappy_raw(uncompress, mv[s:e]) for s, e in blocks])
+    parts = []
+    for start, end in blocks:
+        with mv[start:end] as block:
+            parts.append(_snappy_raw(uncompress, block))
+    return b"".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -547,26 +580,44 @@ def _compress_lz4(data: Any, level: int | None) -> bytes:
         hc_level = 0  # Kafka's fastCompressor: LZ4_compress_default
     else:
         hc_level = _check_level(LZ4, level, 1, 17)  # Kafka's highCompressor(level): LZ4_compress_HC
-    buf, n = _byte_view(data)
-    mv = buf if type(buf) is memoryview or n <= _LZ4_BLOCK_SIZE else memoryview(buf)
+    n = len(data)
+    if n <= _LZ4_BLOCK_SIZE:
+        if n == 0:
+            return _LZ4_KAFKA_HEADER + _LZ4_END_MARK
+        header, block = _lz4_block(block_compress, hc_level, data, n)
+        return b"".join((_LZ4_KAFKA_HEADER, header, block, _LZ4_END_MARK))
+    if type(data) is memoryview:
+        return _lz4_encode(block_compress, hc_level, data, n)
+    with memoryview(data) as mv:
+        return _lz4_encode(block_compress, hc_level, mv, n)
+
+
+def _lz4_block(
+    block_compress: Callable[..., bytes], hc_level: int, chunk: Any, size: int
+) -> tuple[bytes, Any]:
+    """(block header, block data) for one chunk, as Lz4BlockOutputStream.writeBlock() writes it."""
+    if hc_level:
+        block = block_compress(chunk, mode="high_compression", compression=hc_level, store_size=False)
+    else:
+        block = block_compress(chunk, store_size=False)
+    if len(block) >= size:  # incompressible: store the chunk itself, flagged uncompressed
+        return _U32_LE.pack(size | 0x80000000), chunk
+    return _U32_LE.pack(len(block)), block
+
+
+def _lz4_encode(block_compress: Callable[..., bytes], hc_level: int, mv: memoryview, n: int) -> bytes:
     parts: list[Any] = [_LZ4_KAFKA_HEADER]
-    append = parts.append
-    pack = _U32_LE.pack
-    for off in range(0, n, _LZ4_BLOCK_SIZE):
-        chunk = mv if n <= _LZ4_BLOCK_SIZE else mv[off : off + _LZ4_BLOCK_SIZE]
-        size = n - off if n - off < _LZ4_BLOCK_SIZE else _LZ4_BLOCK_SIZE
-        if hc_level:
-            block = block_compress(chunk, mode="high_compression", compression=hc_level, store_size=False)
-        else:
-            block = block_compress(chunk, store_size=False)
-        if len(block) >= size:  # incompressible: store the chunk itself, flagged uncompressed
-            append(pack(size | 0x80000000))
-            append(chunk)
-        else:
-            append(pack(len(block)))
-            append(block)
-    append(_LZ4_END_MARK)
-    return b"".join(parts)
+    chunks: list[memoryview] = []
+    try:
+        for off in range(0, n, _LZ4_BLOCK_SIZE):
+            chunk = mv[off : off + _LZ4_BLOCK_SIZE]
+            chunks.append(chunk)
+            parts.extend(_lz4_block(block_compress, hc_level, chunk, len(chunk)))
+        parts.append(_LZ4_END_MARK)
+        return b"".join(parts)
+    finally:
+        for chunk in chunks:
+            chunk.release()
 
 
 def _lz4_frame_bound(buf: Any, n: int) -> tuple[int, int, int]:
@@ -624,7 +675,7 @@ def _lz4_frame_bound(buf: Any, n: int) -> tuple[int, int, int]:
             raise _corrupt(LZ4, "truncated frame (missing content checksum)")
     if content_size >= 0:
         if content_size > bound:
-            raise _corrupt(LZ4, f"declared content size {content_size} is more than the blocks can hold ({bound})")
+            raise _corrupt(LZ4, f"declared content size {content_size} is more than its blocks hold ({bound})")
         bound = content_size
     return pos, bound, content_size
 
@@ -641,7 +692,8 @@ def _lz4_context(lz4f: Any) -> Any:
 
 def _decompress_lz4(data: Any, max_size: int) -> bytes:
     lz4f = _lz4_module().frame
-    buf, n = _byte_view(data)
+    buf = data
+    n = len(buf)
     if n == 0:
         return b""
     end, bound, content_size = _lz4_frame_bound(buf, n)
@@ -688,7 +740,10 @@ def _zstd_module() -> Any:
 
 def _compress_zstd(data: Any, level: int | None) -> bytes:
     zstd = _zstd_module()
-    lvl = _ZSTD_DEFAULT_LEVEL if level is None else _check_level(ZSTD, level, _ZSTD_MIN_LEVEL, _ZSTD_MAX_LEVEL)
+    if level is None:
+        lvl = _ZSTD_DEFAULT_LEVEL
+    else:
+        lvl = _check_level(ZSTD, level, _ZSTD_MIN_LEVEL, _ZSTD_MAX_LEVEL)
     try:
         cache = _tls.zstd_cctx
     except AttributeError:
@@ -766,7 +821,7 @@ def _zstd_frames(buf: Any, n: int) -> list[tuple[int, int, int, int]]:
             if p > n:
                 raise _corrupt(ZSTD, "truncated frame (missing content checksum)")
         if content_size > bound:
-            raise _corrupt(ZSTD, f"declared content size {content_size} is more than the blocks can hold ({bound})")
+            raise _corrupt(ZSTD, f"declared content size {content_size} is more than its blocks hold ({bound})")
         frames.append((pos, p, content_size, bound))
         pos = p
     return frames
@@ -805,19 +860,28 @@ def _zstd_frame(dctx: Any, frame: Any, content_size: int, bound: int, budget: in
 
 def _decompress_zstd(data: Any, max_size: int) -> bytes:
     zstd = _zstd_module()
-    buf, n = _byte_view(data)
+    n = len(data)
     if n == 0:
         return b""
-    frames = _zstd_frames(buf, n)
+    frames = _zstd_frames(data, n)
     dctx = _zstd_decompressor(zstd)
     if len(frames) == 1 and frames[0][0] == 0 and frames[0][1] == n:
         _, _, content_size, bound = frames[0]
-        return _zstd_frame(dctx, buf, content_size, bound, max_size, max_size)
-    mv = buf if type(buf) is memoryview else memoryview(buf)
+        return _zstd_frame(dctx, data, content_size, bound, max_size, max_size)
+    if type(data) is memoryview:
+        return _zstd_decode_frames(dctx, data, frames, max_size)
+    with memoryview(data) as mv:
+        return _zstd_decode_frames(dctx, mv, frames, max_size)
+
+
+def _zstd_decode_frames(
+    dctx: Any, mv: memoryview, frames: list[tuple[int, int, int, int]], max_size: int
+) -> bytes:
     parts = []
     total = 0
     for start, end, content_size, bound in frames:
-        part = _zstd_frame(dctx, mv[start:end], content_size, bound, max_size - total, max_size)
+        with mv[start:end] as frame:
+            part = _zstd_frame(dctx, frame, content_size, bound, max_size - total, max_size)
         total += len(part)
         parts.append(part)
     return b"".join(parts)

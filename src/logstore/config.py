@@ -37,8 +37,8 @@ class LogConfig:
     Attributes:
         segment_bytes: roll the active segment when it would exceed this size.
         segment_ms: roll the active segment when its first record is older than this.
-        segment_index_bytes: size of each preallocated offset index (time index: 1.5x); the
-            segment rolls when an index is full.
+        segment_index_bytes: size of each preallocated index file (offset index: 8-byte
+            entries, time index: 12-byte entries); the segment rolls when either is full.
         index_interval_bytes: bytes of batches between two sparse index entries.
         retention_ms: delete sealed segments whose newest record is older than this; -1 keeps
             them forever.

@@ -563,17 +563,20 @@ class Log:
         kw = dict(codec=codec, level=self.config.compression_level, timestamp_type=self._ts_type,
                   log_append_time=log_append_time)
 
-        def encode(lo: int, hi: int) -> list[tuple[bytes, int, int]]:
+        def encode(lo: int, hi: int) -> list[tuple[Any, int, int]]:
             whole = lo == 0 and hi == len(values)
+            # The whole input as one batch is appended before the next build, so it may stay
+            # in the builder's scratch space (no copy); split pieces must not.
             batch = builder.build(
                 values if whole else values[lo:hi],
                 keys if keys is None or whole else keys[lo:hi],
                 headers if headers is None or whole else headers[lo:hi],
-                timestamps if timestamps is None or whole else timestamps[lo:hi], **kw)
+                timestamps if timestamps is None or whole else timestamps[lo:hi], copy=not whole, **kw)
             if len(batch) <= limit:
                 return [(batch, hi - lo, builder.last_max_timestamp)]
             if hi - lo == 1:
                 raise RecordTooLargeError(len(batch), limit)
+            del batch  # release the scratch view before building the halves
             mid = (lo + hi) // 2
             return encode(lo, mid) + encode(mid, hi)
 

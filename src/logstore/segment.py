@@ -48,6 +48,7 @@ SWAP_SUFFIX = ".swap"
 _DIGITS = lib.LS_SEGMENT_NAME_DIGITS
 _GROWTH_STEP = 8 << 20  # first map of a non-preallocated active segment; doubles after
 _ZERO_CHUNK = 1 << 20
+_APPENDER_SIZE = ffi.sizeof("ls_appender")
 
 
 def segment_name(base_offset: int) -> str:
@@ -115,6 +116,8 @@ class LogSegment:
         self._records_at_activation: int | None = 0
         self._size_at_activation = 0
         self._appender: Any = None
+        self._saved = ffi.new("ls_appender *")
+        self._position_out = ffi.new("int64_t *")
         self._leader_epoch = leader_epoch
         self.closed = False
 
@@ -156,6 +159,12 @@ class LogSegment:
         self._unmap()
         _fileio.ops.fallocate(self._fd, capacity)
         self._mm = _fileio.ops.mmap(self._fd, capacity, True)
+        # Fault the pages in ahead: first-touch stores into fresh pages of a shared map cost a
+        # page fault each (measured: 0.7 GB/s for plain stores, 2.4-2.8 GB/s after WILLNEED).
+        try:
+            self._mm.madvise(mmap.MADV_WILLNEED)
+        except (AttributeError, OSError):  # pragma: no cover - not on every platform
+            pass
         self._ptr = ffi.from_buffer(self._mm)
 
     def _initial_capacity(self, needed: int) -> int:
@@ -324,17 +333,37 @@ class LogSegment:
                            self.next_offset, self.active)
 
     # ------------------------------------------------------------------ appends
-    def append_batch(self, batch: bytes, size_hint: int | None = None) -> int:
-        """Append one encoded batch; returns its base offset. Grows the map when needed.
+    def append_batch(self, batch: bytes | bytearray | memoryview) -> int:
+        """Append one encoded batch; return its base offset or a negative LS_ERR_ code.
 
-        Raises:
-            RecordTooLargeError: the batch exceeds max_batch_bytes.
-            SegmentFullError (as return value None): handled by the caller; see Log.
+        LS_ERR_FULL means the segment must roll (the caller's policy); a map that is merely too
+        small is grown here. A writable batch is stamped in place and written with pwrite (see
+        ls_appender_append_batch_external); a read-only one is copied through the map.
         """
         a = self._appender
-        rc = lib.ls_appender_append_batch(a, batch, len(batch))
-        if rc == lib.LS_ERR_FULL and self._grow(len(batch)):
-            rc = lib.ls_appender_append_batch(a, batch, len(batch))
+        n = len(batch)
+        writable = not isinstance(batch, bytes) and not (isinstance(batch, memoryview) and batch.readonly)
+        rc = self._append_once(a, batch, n, writable)
+        if rc == lib.LS_ERR_FULL and self._grow(n):
+            rc = self._append_once(a, batch, n, writable)
+        return rc
+
+    def _append_once(self, a: Any, batch: Any, n: int, writable: bool) -> int:
+        if not writable:
+            return lib.ls_appender_append_batch(a, batch, n)
+        ptr = ffi.from_buffer(batch, require_writable=True)
+        saved = self._saved
+        ffi.memmove(saved, a, _APPENDER_SIZE)
+        try:
+            rc = lib.ls_appender_append_batch_external(a, ptr, n, self._position_out)
+        finally:
+            ffi.release(ptr)
+        if rc >= 0:
+            try:
+                _fileio.ops.pwrite(self._fd, batch, self._position_out[0])
+            except BaseException:
+                ffi.memmove(a, saved, _APPENDER_SIZE)  # nothing was published: undo
+                raise
         return rc
 
     def grow_for(self, needed: int) -> bool:
@@ -430,7 +459,11 @@ class LogSegment:
 
     # ------------------------------------------------------------------ recovery
     def _scan(self, write_indexes: bool, start: int = 0, end: int | None = None) -> Any:
-        """Run the C scan over [start, end) of the log (indexes written only from start 0)."""
+        """Run the C scan over [start, end) of the log (indexes written only from start 0).
+
+        No batch size limit applies: max_message_bytes governs appends, and lowering it must
+        never make recovery cut off batches that were valid when written (Kafka agrees).
+        """
         res = ffi.new("ls_scan_result *")
         size = self.size if end is None else end
         if size - start <= 0:
@@ -447,11 +480,11 @@ class LogSegment:
         try:
             if write_indexes:
                 lib.ls_segment_scan(ptr, size, self.base_offset, self.index_interval_bytes,
-                                    self.max_batch_bytes, self.offset_index.pointer, self.offset_index.capacity,
+                                    0, self.offset_index.pointer, self.offset_index.capacity,
                                     self.time_index.pointer, self.time_index.capacity, res)
             else:
                 lib.ls_segment_scan(ptr + start, size - start, self.base_offset, self.index_interval_bytes,
-                                    self.max_batch_bytes, ffi.NULL, 0, ffi.NULL, 0, res)
+                                    0, ffi.NULL, 0, ffi.NULL, 0, res)
         finally:
             ffi.release(ptr)
             if own:
@@ -477,7 +510,11 @@ class LogSegment:
         self.time_index.entries = res.timeindex_entries
         valid = res.valid_bytes
         file_size = self._size
-        truncated = 0 if res.status in (lib.LS_OK, lib.LS_ERR_ZERO) else file_size - valid
+        if res.status == lib.LS_ERR_MAGIC and valid == 0 and self._old_format_at_start():
+            raise CorruptRecordError(
+                self.path, 0, "segment is in Kafka's message format v0/v1 (magic 0 or 1), which "
+                "logstore does not read; convert the log with Kafka first (nothing was changed)")
+        truncated = 0 if res.status in (lib.LS_OK, lib.LS_ERR_ZERO) else self._data_end(valid, file_size) - valid
         if valid < file_size:
             # Cut the tail so that stale batches past the valid prefix can never be scanned
             # back into the log by a later recovery (a new map re-extends the file with zeros).
@@ -493,6 +530,20 @@ class LogSegment:
             logger.warning("%s: recovery truncated %d bytes at position %d (%s)", self.path,
                            truncated, valid, _status_words(res.status))
         return RecoveryResult(valid, truncated, res.status, res.last_offset, res.records)
+
+    def _old_format_at_start(self) -> bool:
+        head = _fileio.ops.pread(self._fd, 17, 0)
+        return len(head) == 17 and head[16] in (0, 1)
+
+    def _data_end(self, start: int, end: int) -> int:
+        """Position after the last non-zero byte in [start, end) (a preallocated tail is zero)."""
+        while end > start:
+            chunk_start = max(start, end - _ZERO_CHUNK)
+            chunk = _fileio.ops.pread(self._fd, end - chunk_start, chunk_start).rstrip(b"\0")
+            if chunk:
+                return chunk_start + len(chunk)
+            end = chunk_start
+        return start
 
     def _set_facts(self, res: Any) -> None:
         self._next_offset = res.last_offset + 1 if res.last_offset >= 0 else self.base_offset

@@ -7,6 +7,7 @@ import gzip
 import importlib
 import io
 import json
+import mmap
 import os
 import pathlib
 import random
@@ -47,7 +48,7 @@ def records(n: int, seed: int = 0) -> bytes:
                     "ts": 1700000000000 + rnd.randrange(10**9),
                     "amount": round(rnd.random() * 1000, 2),
                     "tags": rnd.sample(["a", "b", "c", "d", "e", "f", "g"], 3),
-                    "session": os.urandom(8).hex(),
+                    "session": rnd.randbytes(8).hex(),
                 }
             )
         )
@@ -428,7 +429,8 @@ def lz4_frame_blocks(blob: bytes) -> list[tuple[bool, bytes]]:
 def test_lz4_frame_matches_kafka_layout():
     need(c.LZ4)
     lz4_block = pytest.importorskip("lz4.block")
-    for data in (payload(200000, "records"), payload(150000, "random"), payload(65536, "zeros"), b"", b"abc"):
+    samples = (payload(200000, "records"), payload(150000, "random"), payload(65536, "zeros"), b"", b"abc")
+    for data in samples:
         blob = c.compress(c.LZ4, data)
         # magic, FLG = version 1 + independent blocks, BD = 64 KiB, header checksum
         assert blob[:7] == bytes([0x04, 0x22, 0x4D, 0x18, 0x60, 0x40, 0x82])
@@ -496,7 +498,8 @@ def test_zstd_frame_and_kafka_style_frames():
             w.write(data[off : off + 16384])
     streamed = out.getvalue()
     assert zstandard.frame_content_size(streamed) == -1
-    checksummed = zstandard.ZstdCompressor(level=1, write_checksum=True, write_content_size=False).compress(data)
+    checksummed = zstandard.ZstdCompressor(level=1, write_checksum=True, write_content_size=False)
+    checksummed = checksummed.compress(data)
     empty_no_size = zstandard.ZstdCompressor(write_content_size=False).compress(b"")
     for variant in (streamed, checksummed):
         assert c.decompress(c.ZSTD, variant, len(data)) == data
@@ -529,7 +532,8 @@ KP = {
 def kp(codec):
     need(codec)
     enc, dec, has = KP[codec]
-    if not all(callable(getattr(kafka_codec, n, None)) for n in (enc, dec, has)) or not getattr(kafka_codec, has)():
+    usable = all(callable(getattr(kafka_codec, n, None)) for n in (enc, dec, has))
+    if not usable or not getattr(kafka_codec, has)():
         pytest.skip(f"kafka-python has no usable {c.codec_name(codec)} codec")
     return getattr(kafka_codec, enc), getattr(kafka_codec, dec)
 
@@ -548,7 +552,8 @@ def test_kafka_python_snappy_framing_is_identical():
     encode, _ = kp(c.SNAPPY)
     for size in (1, 32768, 70000, 200001):
         data = payload(size, "records")
-        assert c.compress(c.SNAPPY, data) == encode(data, xerial_compatible=True, xerial_blocksize=32 * 1024)
+        ours = c.compress(c.SNAPPY, data)
+        assert ours == encode(data, xerial_compatible=True, xerial_blocksize=32 * 1024)
 
 
 # --------------------------------------------------------------------------------------------
@@ -643,7 +648,10 @@ def test_every_truncation_is_detected(codec):
     data = payload(70000 if codec == c.SNAPPY else 3000, "records")
     blob = c.compress(codec, data)
     allowed = snappy_boundaries(blob) if codec == c.SNAPPY else set()
-    cuts = range(1, len(blob)) if len(blob) < 2500 else sorted(set(range(1, 200)) | set(range(1, len(blob), 37)) | set(range(len(blob) - 200, len(blob))))
+    if len(blob) < 2500:
+        cuts = range(1, len(blob))
+    else:  # both ends densely, the middle sparsely
+        cuts = sorted({*range(1, 200), *range(1, len(blob), 37), *range(len(blob) - 200, len(blob))})
     for cut in cuts:
         if cut in allowed:
             # xerial framing has no end mark: a cut between blocks is a shorter valid stream
@@ -744,31 +752,80 @@ def test_specific_malformed_inputs(codec):
         assert codec != c.GZIP and type(out) is bytes
 
 
-@pytest.mark.parametrize("codec", COMPRESSED, ids=c.codec_name)
-def test_callers_memoryview_can_be_released_after_errors(codec):
-    """records.py releases its memoryview in a finally block while the error propagates."""
-    data = payload(300000, "records")
-    blobs = [c.compress(codec, data)]
+def failing_inputs(codec):
+    """(blob, max_size) pairs that fail on each error path, including after slicing the input."""
+    data = payload(100000, "records")
+    good = c.compress(codec, data)
+    cases = [(good, 1000)]  # bomb
+    if codec == c.GZIP:
+        second = bytearray(c.compress(c.GZIP, data))
+        second[len(second) // 2] ^= 0xFF
+        cases.append((good + bytes(second), 10 * len(data)))  # bad second member
+    if codec == c.SNAPPY:
+        bad = bytearray(good)
+        third = sorted(snappy_boundaries(good))[2]  # start of the third block
+        assert bad[third + 4 : third + 7] == b"\x80\x80\x02"  # varint 32768
+        bad[third + 4 : third + 7] = b"\xff\xff\x01"  # declares 32767: the block fails to decode
+        cases.append((bytes(bad), len(data)))
+        cases.append((good[16 + 4 : 16 + 4 + 20], len(data)))  # raw snappy cut short
+    if codec == c.LZ4:
+        cases.append((good[:6] + bytes([good[6] ^ 1]) + good[7:], len(data)))  # header checksum
     if codec == c.ZSTD:
         import zstandard
 
-        blobs.append(zstandard.ZstdCompressor(write_content_size=False).compress(data))
-        blobs.append(zstandard.ZstdCompressor(write_content_size=False).compress(b""))
-    for blob in blobs:
-        for max_size, broken in ((len(data), False), (1000, False), (len(data), True)):
-            buf = bytearray(b"HDR" + blob)
-            if broken:
-                buf[len(buf) // 2] ^= 0xFF
-                buf[-3] ^= 0xFF
-            section = memoryview(buf)[3:]
-            caught = None
-            try:
-                c.decompress(codec, section, max_size)
-            except CorruptRecordError as exc:
-                caught = exc  # keep the traceback (and its frames) alive, like `raise ... from`
-            section.release()
-            buf.extend(b"resizable again")  # fails if any export of buf were still alive
-            del caught
+        block_header = ((10 << 3) | (2 << 1) | 1).to_bytes(3, "little")  # last, compressed, 10 bytes
+        broken = b"\x28\xb5\x2f\xfd\x00\x00" + block_header + b"\xff" * 10
+        cases.append((good + broken, 10 * len(data)))  # bad second frame
+        no_size = zstandard.ZstdCompressor(write_content_size=False).compress(data)
+        cases.append((no_size, 1000))  # streaming (bounded) path
+        cases.append((no_size + no_size, len(data) + 1000))  # bomb in the second frame
+    return cases
+
+
+@pytest.mark.parametrize("codec", COMPRESSED, ids=c.codec_name)
+def test_callers_buffer_is_free_after_errors(codec, tmp_path):
+    """records.py releases its memoryview (and segments close their mmap) while the error that
+    decompress() raised is still alive, e.g. as __context__ of a re-raised error."""
+    for blob, max_size in failing_inputs(codec):
+        # a memoryview slice, released by the caller
+        buf = bytearray(b"HDR" + blob)
+        section = memoryview(buf)[3:]
+        with pytest.raises(CorruptRecordError) as caught:
+            c.decompress(codec, section, max_size)
+        section.release()
+        buf.extend(b"x")  # BufferError if any export of buf were still alive
+        # the bytearray itself
+        buf = bytearray(blob)
+        with pytest.raises(CorruptRecordError) as caught:
+            c.decompress(codec, buf, max_size)
+        buf.extend(b"x")
+        # an mmap, closed by the caller
+        path = tmp_path / "segment"
+        path.write_bytes(blob)
+        with open(path, "rb") as f:
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        with pytest.raises(CorruptRecordError) as caught:
+            c.decompress(codec, mapped, max_size)
+        mapped.close()  # BufferError if any export were still alive
+        assert caught.value.reason.startswith(c.codec_name(codec) + ": ")
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=c.codec_name)
+def test_callers_buffer_is_free_after_success(codec):
+    data = payload(200000, "records")
+    blob = c.compress(codec, data)
+    for item in (bytearray(data), memoryview(bytearray(data))):
+        out = c.compress(codec, item)
+        base = item.obj if isinstance(item, memoryview) else item
+        if isinstance(item, memoryview):
+            item.release()
+        base.extend(b"x")
+        assert c.decompress(codec, out, len(data)) == data
+    buf = bytearray(blob)
+    view = memoryview(buf)
+    assert c.decompress(codec, view, len(data)) == data
+    view.release()
+    buf.extend(b"x")
 
 
 def test_errors_name_the_codec_and_problem():

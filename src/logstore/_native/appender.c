@@ -54,7 +54,9 @@ static void commit(ls_appender *a, int64_t size, int64_t last, int64_t max_ts, i
     a->records += count;
 }
 
-int64_t ls_appender_append_batch(ls_appender *a, const char *batch, int64_t len)
+/* Checks a pre-built batch against the appender: returns LS_OK or the error to report. */
+static int64_t batch_admissible(const ls_appender *a, const char *batch, int64_t len,
+                                ls_batch_header *h)
 {
     if (!state_ok(a) || !batch || len < 0)
         return LS_ERR_ARG;
@@ -62,23 +64,47 @@ int64_t ls_appender_append_batch(ls_appender *a, const char *batch, int64_t len)
         return LS_ERR_TRUNCATED;
     if (a->max_batch_bytes > 0 && len > a->max_batch_bytes)
         return LS_ERR_TOO_LARGE;
-    ls_batch_header h;
-    ls_header_load(batch, &h);
-    if (h.magic != LS_MAGIC || h.batch_length < LS_BATCH_MIN_LENGTH)
+    ls_header_load(batch, h);
+    if (h->magic != LS_MAGIC || h->batch_length < LS_BATCH_MIN_LENGTH)
         return LS_ERR_CORRUPT;
-    if ((int64_t)LS_LOG_OVERHEAD + h.batch_length != len)
-        return (int64_t)LS_LOG_OVERHEAD + h.batch_length > len ? LS_ERR_TRUNCATED : LS_ERR_CORRUPT;
-    if (h.last_offset_delta < 0 || h.records_count < 0 ||
-        h.records_count > (int64_t)h.last_offset_delta + 1)
+    if ((int64_t)LS_LOG_OVERHEAD + h->batch_length != len)
+        return (int64_t)LS_LOG_OVERHEAD + h->batch_length > len ? LS_ERR_TRUNCATED : LS_ERR_CORRUPT;
+    if (h->last_offset_delta < 0 || h->records_count < 0 ||
+        h->records_count > (int64_t)h->last_offset_delta + 1)
         return LS_ERR_CORRUPT;
-    if (!fits(a, len, h.last_offset_delta, h.records_count))
+    if (!fits(a, len, h->last_offset_delta, h->records_count))
         return LS_ERR_FULL;
+    return LS_OK;
+}
 
+int64_t ls_appender_append_batch(ls_appender *a, const char *batch, int64_t len)
+{
+    ls_batch_header h;
+    int64_t rc = batch_admissible(a, batch, len, &h);
+    if (rc != LS_OK)
+        return rc;
     char *b = a->log + a->position;
     int64_t base = a->next_offset;
     memcpy(b, batch, (size_t)len);
     ls_store_be64(b + LS_POS_BASE_OFFSET, (uint64_t)base);
     ls_store_be32(b + LS_POS_LEADER_EPOCH, (uint32_t)a->partition_leader_epoch);
+    commit(a, len, base + h.last_offset_delta, h.max_timestamp, h.records_count);
+    return base;
+}
+
+int64_t ls_appender_append_batch_external(ls_appender *a, char *batch, int64_t len,
+                                          int64_t *position)
+{
+    ls_batch_header h;
+    if (!position)
+        return LS_ERR_ARG;
+    int64_t rc = batch_admissible(a, batch, len, &h);
+    if (rc != LS_OK)
+        return rc;
+    int64_t base = a->next_offset;
+    ls_store_be64(batch + LS_POS_BASE_OFFSET, (uint64_t)base);
+    ls_store_be32(batch + LS_POS_LEADER_EPOCH, (uint32_t)a->partition_leader_epoch);
+    *position = a->position;
     commit(a, len, base + h.last_offset_delta, h.max_timestamp, h.records_count);
     return base;
 }

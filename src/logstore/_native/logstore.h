@@ -15,7 +15,7 @@
  */
 
 /* Bumped whenever a struct or a signature below changes; checked by logstore._native at import. */
-#define LS_ABI_VERSION 2
+#define LS_ABI_VERSION 3
 
 /* ---- Error codes (every function returning int/int64 uses negative values from this list) ---- */
 #define LS_OK 0
@@ -332,6 +332,16 @@ typedef struct {
  * max_batch_bytes > 0; checked before LS_ERR_FULL so that a caller that rolls on FULL cannot
  * loop); LS_ERR_CORRUPT/LS_ERR_TRUNCATED when the batch header is malformed. */
 int64_t ls_appender_append_batch(ls_appender *a, const char *batch, int64_t len);
+
+/* As ls_appender_append_batch, but the bytes are not copied into a->log: baseOffset and
+ * partitionLeaderEpoch are stamped into the caller's writable `batch`, the bookkeeping (offsets,
+ * index entries) is done as if the batch had been copied, and *position receives the position at
+ * which the caller must write batch[0, len) itself (with pwrite: for large batches a write
+ * syscall into the page cache is several times faster than first-touch stores into fresh mapped
+ * pages). The caller must finish that write before publishing a->position to readers, and undo
+ * the append (restore position, next_offset and the counters) if the write fails. */
+int64_t ls_appender_append_batch_external(ls_appender *a, char *batch, int64_t len,
+                                          int64_t *position);
 
 /* Encode one record as a one-record batch straight into the mapped log (the single-append fast
  * path: one C call per record). key/value NULL means null; headers is the already-encoded header

@@ -1,0 +1,103 @@
+"""pytest-benchmark suite of logstore: run explicitly with ``pytest bench --benchmark-only``.
+
+Collection: benchmark modules are named ``bench_*.py`` so that pytest's default ``test_*.py``
+pattern never picks them up, and the hook below collects them only when ``bench/`` (or a file in
+it) is named on the command line. ``pytest`` / ``pytest tests`` (testpaths = ["tests"]) and even
+``pytest .`` therefore never run them.
+
+Reporting: every benchmark that moves records calls ``_report.report``, which stores records/s (and
+MB/s, GB/s or bytes/record where meaningful) computed from the benchmark's *mean* round time in
+``benchmark.extra_info`` (so ``--benchmark-json`` carries it) and adds a row to the summary
+printed at the end of the run, with the target from the issue and whether it was met.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+
+import pytest
+
+_HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(_HERE))
+
+import _report  # noqa: E402
+import _workload  # noqa: E402
+
+
+# ---------------------------------------------------------------------- collection
+def _bench_named_explicitly(config: pytest.Config) -> bool:
+    for arg in config.args:
+        path = pathlib.Path(str(arg).split("::", 1)[0])
+        if not path.is_absolute():
+            path = pathlib.Path(config.invocation_params.dir) / path
+        try:
+            path.resolve().relative_to(_HERE)
+            return True
+        except ValueError:
+            continue
+    return False
+
+
+def pytest_collect_file(file_path: pathlib.Path, parent: pytest.Collector):
+    if (file_path.suffix == ".py" and file_path.name.startswith("bench_")
+            and _bench_named_explicitly(parent.config)):
+        return pytest.Module.from_parent(parent, path=file_path)
+    return None
+
+
+# ---------------------------------------------------------------------- data
+_POOL = 4000  # distinct values per payload size; batches are slices of the pool
+
+
+@pytest.fixture(scope="session")
+def pool():
+    """``pool(size)`` -> (values, keys): _POOL distinct JSON values of ``size`` bytes, 16-byte keys."""
+    cache: dict[int, tuple[list[bytes], list[bytes]]] = {}
+    keys = _workload.make_keys(_POOL)
+
+    def get(size: int) -> tuple[list[bytes], list[bytes]]:
+        if size not in cache:
+            cache[size] = (_workload.make_values(_POOL, size), keys)
+        return cache[size]
+
+    return get
+
+
+@pytest.fixture
+def scratch():
+    """A fresh directory on the benchmark filesystem, removed afterwards."""
+    with _workload.scratch_dir() as path:
+        yield path
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    rows = _report.ROWS
+    if not rows:
+        return
+    tr = terminalreporter
+    tr.section("logstore throughput (from each benchmark's mean round)")
+    for line in _workload.machine_lines():
+        tr.write_line(line)
+    tr.write_line("")
+    group = None
+    for row in rows:
+        if row.group != group:
+            group = row.group
+            tr.write_line(f"[{group}]")
+        if row.target is None:
+            verdict = ""
+        else:
+            cmp = ">=" if row.higher_is_better else "<="
+            verdict = f"target {cmp} {_report.fmt(row.target, row.unit):<14} {'met' if row.met else 'MISSED'}"
+        note = f"  ({row.note})" if row.note else ""
+        tr.write_line(f"  {row.name:<58} {_report.fmt(row.rate, row.unit):>16}   {verdict}{note}")
+    missed = [r for r in rows if r.met is False]
+    tr.write_line("")
+    tr.write_line(f"targets: {sum(1 for r in rows if r.met)} met, {len(missed)} missed")
+
+
+def pytest_configure(config):
+    # Benchmarks write hundreds of MB; say where, once.
+    os.environ.setdefault("LOGSTORE_BENCH_DIR", _workload.bench_root())

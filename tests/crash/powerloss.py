@@ -1,0 +1,458 @@
+"""A power-loss simulator for logstore: a FileOps that knows what an fsync has made durable.
+
+Install it with ``with _fileio.install(PowerLossFileOps(root)) as ops:``, drive a Log, cut the
+power (:meth:`PowerLossFileOps.schedule` makes the n-th sync from now raise :class:`PowerLoss`,
+or just stop calling the Log), abandon the Log (``log._abandon()``: maps and descriptors go away,
+nothing is flushed) and call :meth:`PowerLossFileOps.crash`, which rewrites the directory tree
+under ``root`` to what a machine would find after rebooting. Then reopen the log with the plain
+FileOps and check it. SQLite's ``src/test6.c`` and LevelDB's fault-injection Env work the same
+way.
+
+The model (everything under ``root``; paths outside it pass through untracked):
+
+* A file is an inode, tracked by an id that never gets reused (the simulator follows renames;
+  descriptors map to ids). Its *durable content* is a snapshot of the whole file, taken at each
+  ``fsync``/``fdatasync`` of a descriptor open on it by reading the file back with ``os.pread``.
+  Reading, not intercepting writes, is what makes mapped writes visible: the active segment and
+  its indexes are written through ``mmap`` and reach the page cache without any write call.
+  ``ftruncate``/``fallocate`` size changes and ``pwrite``s are durable at the next fsync of the
+  file, like data. A file that was never fsynced has empty durable content.
+* Directory entries (create, rename, unlink, mkdir, rmdir) are durable only once the parent
+  directory is fsynced (``fsync_dir``): the durable namespace of a directory is the listing it
+  had at its last ``fsync_dir``. An fsync of a file does not make its name durable (POSIX does
+  not promise it). A lost create makes the file disappear; a lost rename puts the file back
+  under its old name; a lost unlink brings the file back with its durable content. Directories
+  created inside ``root`` follow the same rule in their parent; ``root`` itself is durable.
+* Everything present when the simulator is created, or after :meth:`crash`, is durable.
+* ``crash(mode="durable")`` (the default) keeps exactly the durable state: every byte written
+  since the file's last fsync is lost and every namespace change since its directory's last
+  fsync is undone.
+* ``crash(mode="torn")`` is the pessimistic-but-possible machine of test6.c: a random subset of
+  the non-durable work reached the disk. Per directory, a random *prefix* of the namespace
+  operations since its last fsync persisted (journalled file systems commit metadata in order).
+  Per file, the length is either the durable one or the current one, and each 512-byte sector
+  where the current content differs from the durable one is kept old, taken new, or garbled
+  (random bytes). Garbling touches only the bytes that changed since the last sync: bytes a
+  program did not overwrite are never damaged (SQLite's "powersafe overwrite"). A file whose
+  name persisted but that was unlinked since gets its durable content.
+
+Sync points: every ``fsync``, ``fdatasync`` and ``fsync_dir`` on a tracked path is numbered
+(:attr:`sync_count`; :attr:`events` lists ``(n, kind, relative path)``). ``schedule(n)`` makes
+the n-th sync from now fail *before* taking effect: it raises :class:`PowerLoss` (a
+BaseException, so that no ``except Exception`` in the library swallows it) and every later sync
+raises it again without effect, as if the machine were already off. Non-sync operations keep
+going to the real files; :meth:`crash` undoes whatever is not durable.
+
+``real_sync=False`` (default) skips the real fsync system calls: durability is simulated, and the
+tests run at page-cache speed.
+
+Thread-safety: all state is guarded by one lock, so a Log used from several threads can run on it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import stat
+import threading
+from typing import Iterator
+
+from logstore._fileio import FileOps
+
+__all__ = ["PowerLoss", "PowerLossFileOps", "DIR"]
+
+#: Namespace value of a directory entry that is a directory (files map to their file id).
+DIR = "<dir>"
+SECTOR = 512
+_EMPTY: tuple[bytes, int] = (b"", 0)
+
+
+class PowerLoss(BaseException):
+    """The simulated machine lost power at a scheduled sync point."""
+
+
+def _pack(data: bytes) -> tuple[bytes, int]:
+    """Content as (bytes without the zero tail, length): preallocated files are mostly zeros."""
+    return data.rstrip(b"\0"), len(data)
+
+
+def _unpack(packed: tuple[bytes, int]) -> bytes:
+    data, size = packed
+    return data + bytes(size - len(data))
+
+
+def _read_fd(fd: int) -> bytes:
+    size = os.fstat(fd).st_size
+    chunks = []
+    position = 0
+    while position < size:
+        chunk = os.pread(fd, min(size - position, 1 << 22), position)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        position += len(chunk)
+    return b"".join(chunks)
+
+
+def _read_path(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return _read_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def torn_content(durable: bytes, current: bytes, rng: random.Random) -> bytes:
+    """A possible on-disk content after power loss, given the content at the last fsync and
+    the content in the page cache (see the module docstring, mode "torn")."""
+    if durable == current:
+        return durable
+    length = rng.choice((len(durable), len(current)))
+    old = durable[:length].ljust(length, b"\0")
+    new = current[:length].ljust(length, b"\0")
+    out = bytearray(old)
+    for start in range(0, length, SECTOR):
+        stop = min(length, start + SECTOR)
+        o, n = old[start:stop], new[start:stop]
+        if o == n:
+            continue
+        choice = rng.randrange(3)
+        if choice == 1:
+            out[start:stop] = n
+        elif choice == 2:
+            noise = rng.randbytes(stop - start)
+            out[start:stop] = bytes(noise[i] if o[i] != n[i] else o[i] for i in range(stop - start))
+    return bytes(out)
+
+
+class PowerLossFileOps(FileOps):
+    """FileOps that records what is durable under ``root`` and can reboot the tree to it.
+
+    Args:
+        root: directory whose subtree is tracked (created if missing; durable).
+        real_sync: also issue the real fsync system calls (slow; not needed for the model).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], real_sync: bool = False) -> None:
+        self.root = os.path.realpath(os.fspath(root))
+        os.makedirs(self.root, exist_ok=True)
+        self.real_sync = real_sync
+        self._mutex = threading.RLock()
+        self._next_id = 0
+        self.sync_count = 0
+        self.events: list[tuple[int, str, str]] = []
+        self.crashes = 0
+        self.leaked_fds = 0
+        self._reset_from_disk()
+
+    # ------------------------------------------------------------------ state
+    def _reset_from_disk(self) -> None:
+        """Take the tree as it is now as the durable state (start, or after a crash)."""
+        #: directory -> {name: file id | DIR}, as the page cache sees it
+        self._cur: dict[str, dict[str, object]] = {}
+        #: directory -> {name: file id | DIR} as of its last fsync_dir
+        self._durable_ns: dict[str, dict[str, object]] = {}
+        #: directory -> namespace operations since its last fsync_dir, in order
+        self._oplog: dict[str, list[tuple]] = {}
+        #: file id -> content at its last fsync (packed)
+        self._durable_data: dict[int, tuple[bytes, int]] = {}
+        self._fds: dict[int, int] = {}
+        #: file id -> its current path (absent once unlinked)
+        self._where: dict[int, str] = {}
+        self.dead = False
+        self._crash_at: int | None = None
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            entries: dict[str, object] = {}
+            for name in dirnames:
+                entries[name] = DIR
+            for name in filenames:
+                path = os.path.join(dirpath, name)
+                if not stat.S_ISREG(os.lstat(path).st_mode):
+                    continue
+                fid = self._new_id()
+                entries[name] = fid
+                self._where[fid] = path
+                self._durable_data[fid] = _pack(_read_path(path))
+            self._cur[dirpath] = entries
+            self._durable_ns[dirpath] = dict(entries)
+            self._oplog[dirpath] = []
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    def _norm(self, path: str | os.PathLike[str]) -> str:
+        path = os.path.abspath(os.fspath(path))
+        head, tail = os.path.split(path)
+        return os.path.join(os.path.realpath(head), tail) if tail else os.path.realpath(head)
+
+    def _tracked(self, path: str) -> bool:
+        return path == self.root or path.startswith(self.root + os.sep)
+
+    def _rel(self, path: str) -> str:
+        return os.path.relpath(path, self.root)
+
+    def _entry(self, path: str) -> object | None:
+        head, tail = os.path.split(path)
+        return self._cur.get(head, {}).get(tail)
+
+    def _log_op(self, directory: str, op: tuple) -> None:
+        self._oplog.setdefault(directory, []).append(op)
+
+    def _path_of(self, fid: int) -> str | None:
+        return self._where.get(fid)
+
+    # ------------------------------------------------------------------ power cuts
+    def schedule(self, n: int) -> None:
+        """Lose power at the n-th sync from now (n >= 1), before it takes effect."""
+        if n < 1:
+            raise ValueError("n must be >= 1")
+        with self._mutex:
+            self._crash_at = self.sync_count + n
+
+    def cut(self) -> None:
+        """Lose power now: no later sync takes effect."""
+        with self._mutex:
+            self.dead = True
+
+    def _sync_point(self, kind: str, path: str) -> None:
+        """Count a sync; raise PowerLoss if the power is (or now goes) off."""
+        self.sync_count += 1
+        self.events.append((self.sync_count, kind, self._rel(path)))
+        if self._crash_at is not None and self.sync_count >= self._crash_at:
+            self.dead = True
+        if self.dead:
+            raise PowerLoss(f"power lost at sync {self.sync_count} ({kind} {self._rel(path)})")
+
+    # ------------------------------------------------------------------ descriptors
+    def open(self, path: str, flags: int, mode: int = 0o644) -> int:
+        p = self._norm(path)
+        if not self._tracked(p):
+            return super().open(path, flags, mode)
+        with self._mutex:
+            fid = self._entry(p)
+            if fid is None and os.path.lexists(p):
+                raise AssertionError(f"{p} was created behind the simulator's back (not through ops)")
+            fd = super().open(path, flags, mode)
+            if fid is None:
+                fid = self._new_id()
+                head, tail = os.path.split(p)
+                self._cur.setdefault(head, {})[tail] = fid
+                self._where[fid] = p
+                self._log_op(head, ("create", tail, fid))
+            elif fid == DIR:
+                raise AssertionError(f"logstore opened directory {p} through ops.open")
+            self._fds[fd] = fid  # type: ignore[assignment]
+            return fd
+
+    def close(self, fd: int) -> None:
+        with self._mutex:
+            self._fds.pop(fd, None)
+        super().close(fd)
+
+    def _snapshot(self, fd: int, kind: str) -> None:
+        with self._mutex:
+            fid = self._fds.get(fd)
+            if fid is None:  # not a tracked file: the real thing
+                getattr(super(), kind)(fd)
+                return
+            self._sync_point(kind, self._path_of(fid) or f"<unlinked #{fid}>")
+            if self.real_sync:
+                os.fsync(fd)
+            self._durable_data[fid] = _pack(_read_fd(fd))
+
+    def fsync(self, fd: int) -> None:
+        self._snapshot(fd, "fsync")
+
+    def fdatasync(self, fd: int) -> None:
+        self._snapshot(fd, "fdatasync")
+
+    # ftruncate, fallocate, pwrite, mmap, pread, fsize, lock: the real call; their effect on
+    # the content is captured (or lost) at the next fsync of the file.
+
+    # ------------------------------------------------------------------ namespace
+    def makedirs(self, path: str) -> None:
+        p = self._norm(path)
+        if not self._tracked(p):
+            return super().makedirs(path)
+        with self._mutex:
+            missing = []
+            q = p
+            while self._tracked(q) and not os.path.isdir(q):
+                missing.append(q)
+                q = os.path.dirname(q)
+            super().makedirs(path)
+            for d in reversed(missing):
+                head, tail = os.path.split(d)
+                self._cur.setdefault(head, {})[tail] = DIR
+                self._log_op(head, ("mkdir", tail))
+                self._cur[d] = {}
+                self._durable_ns[d] = {}
+                self._oplog[d] = []
+
+    def rename(self, src: str, dst: str) -> None:
+        s, d = self._norm(src), self._norm(dst)
+        if not (self._tracked(s) or self._tracked(d)):
+            return super().rename(src, dst)
+        with self._mutex:
+            fid = self._entry(s)
+            if fid is None:
+                raise AssertionError(f"rename of untracked {s}")
+            if fid == DIR:
+                raise NotImplementedError("renaming directories is not modelled")
+            super().rename(src, dst)
+            shead, stail = os.path.split(s)
+            dhead, dtail = os.path.split(d)
+            del self._cur[shead][stail]
+            replaced = self._cur.setdefault(dhead, {}).get(dtail)
+            if replaced is not None:
+                self._where.pop(replaced, None)  # type: ignore[call-overload]
+            self._cur[dhead][dtail] = fid
+            self._where[fid] = d  # type: ignore[index]
+            if shead == dhead:
+                self._log_op(shead, ("rename", stail, dtail, fid))
+            else:
+                self._log_op(shead, ("unlink", stail))
+                self._log_op(dhead, ("create", dtail, fid))
+
+    def unlink(self, path: str) -> None:
+        p = self._norm(path)
+        if not self._tracked(p):
+            return super().unlink(path)
+        with self._mutex:
+            super().unlink(path)
+            head, tail = os.path.split(p)
+            fid = self._cur.get(head, {}).pop(tail, None)
+            if fid is not None:
+                self._where.pop(fid, None)  # type: ignore[call-overload]
+            self._log_op(head, ("unlink", tail))
+
+    def rmdir(self, path: str) -> None:
+        p = self._norm(path)
+        if not self._tracked(p):
+            return super().rmdir(path)
+        with self._mutex:
+            super().rmdir(path)
+            head, tail = os.path.split(p)
+            self._cur.get(head, {}).pop(tail, None)
+            self._cur.pop(p, None)
+            self._log_op(head, ("rmdir", tail))
+
+    def fsync_dir(self, path: str) -> None:
+        p = self._norm(path)
+        if not self._tracked(p):
+            return super().fsync_dir(path)
+        with self._mutex:
+            self._sync_point("fsync_dir", p)
+            if self.real_sync:
+                super().fsync_dir(path)
+            self._durable_ns[p] = dict(self._cur.get(p, {}))
+            self._oplog[p] = []
+
+    def resync(self) -> None:
+        """Take the tree as it is now as durable (after another FileOps changed it, e.g. a
+        verification pass with the plain ops). Open descriptors are forgotten."""
+        with self._mutex:
+            self._reset_from_disk()
+
+    # ------------------------------------------------------------------ inspection
+    def durable_names(self, path: str) -> set[str]:
+        """Names in directory ``path`` that would survive a power loss now (mode "durable")."""
+        with self._mutex:
+            return set(self._durable_ns.get(self._norm(path), {}))
+
+    def durable_content(self, path: str) -> bytes | None:
+        """What ``path`` would hold after a power loss now (mode "durable"); None if gone."""
+        p = self._norm(path)
+        with self._mutex:
+            head, tail = os.path.split(p)
+            fid = self._durable_ns.get(head, {}).get(tail)
+            if fid is None or fid == DIR:
+                return None
+            return _unpack(self._durable_data.get(fid, _EMPTY))  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ the crash
+    def crash(self, mode: str = "durable", rng: random.Random | None = None) -> None:
+        """Reboot: rewrite the tree under ``root`` to a state the disk could hold after power loss.
+
+        Abandon every Log first (``log._abandon()``). Descriptors still open on tracked files
+        (a library leak) are closed and counted in :attr:`leaked_fds`. Afterwards the tree is
+        entirely durable and the simulator is powered on again (no sync scheduled).
+        """
+        if mode not in ("durable", "torn"):
+            raise ValueError(f"mode must be 'durable' or 'torn', got {mode!r}")
+        rng = rng or random.Random(self.crashes)
+        with self._mutex:
+            for fd in list(self._fds):
+                self.leaked_fds += 1
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self._fds.clear()
+            plan = self._plan(self.root, mode, rng)
+            self._apply(self.root, plan)
+            self.crashes += 1
+            self._reset_from_disk()
+
+    def _plan(self, directory: str, mode: str, rng: random.Random) -> dict[str, object]:
+        """{name: bytes | (DIR, sub-plan)} for ``directory`` after the crash."""
+        names = dict(self._durable_ns.get(directory, {}))
+        if mode == "torn":
+            ops = self._oplog.get(directory, [])
+            for op in ops[: rng.randint(0, len(ops))]:
+                if op[0] == "create":
+                    names[op[1]] = op[2]
+                elif op[0] == "mkdir":
+                    names[op[1]] = DIR
+                elif op[0] in ("unlink", "rmdir"):
+                    names.pop(op[1], None)
+                elif op[0] == "rename":
+                    names.pop(op[1], None)
+                    names[op[2]] = op[3]
+        plan: dict[str, object] = {}
+        for name, value in names.items():
+            path = os.path.join(directory, name)
+            if value == DIR:
+                plan[name] = (DIR, self._plan(path, mode, rng))
+                continue
+            durable = _unpack(self._durable_data.get(value, _EMPTY))  # type: ignore[arg-type]
+            if mode == "torn":
+                live = self._path_of(value)  # type: ignore[arg-type]
+                if live is not None and os.path.isfile(live):
+                    durable = torn_content(durable, _read_path(live), rng)
+            plan[name] = durable
+        return plan
+
+    def _apply(self, directory: str, plan: dict[str, object]) -> None:
+        os.makedirs(directory, exist_ok=True)
+        for entry in os.scandir(directory):
+            want = plan.get(entry.name)
+            is_dir = entry.is_dir(follow_symlinks=False)
+            if is_dir and isinstance(want, tuple):
+                continue
+            if is_dir:
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)  # a fresh inode: stale maps of the old one stay harmless
+        for name, want in plan.items():
+            path = os.path.join(directory, name)
+            if isinstance(want, tuple):
+                self._apply(path, want[1])  # type: ignore[arg-type]
+                continue
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            try:
+                view = memoryview(want)  # type: ignore[arg-type]
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
+
+    def walk(self) -> Iterator[str]:
+        """Paths of tracked files as the page cache sees them (debugging)."""
+        with self._mutex:
+            for directory, entries in self._cur.items():
+                for name, value in entries.items():
+                    if value != DIR:
+                        yield os.path.join(directory, name)
