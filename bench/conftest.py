@@ -13,7 +13,6 @@ printed at the end of the run, with the target from the issue and whether it was
 
 from __future__ import annotations
 
-import os
 import pathlib
 import sys
 
@@ -41,8 +40,9 @@ def _bench_named_explicitly(config: pytest.Config) -> bool:
 
 
 def pytest_collect_file(file_path: pathlib.Path, parent: pytest.Collector):
+    # A file named on the command line is collected by pytest's python plugin whatever its name.
     if (file_path.suffix == ".py" and file_path.name.startswith("bench_")
-            and _bench_named_explicitly(parent.config)):
+            and not parent.session.isinitpath(file_path) and _bench_named_explicitly(parent.config)):
         return pytest.Module.from_parent(parent, path=file_path)
     return None
 
@@ -96,8 +96,3 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     missed = [r for r in rows if r.met is False]
     tr.write_line("")
     tr.write_line(f"targets: {sum(1 for r in rows if r.met)} met, {len(missed)} missed")
-
-
-def pytest_configure(config):
-    # Benchmarks write hundreds of MB; say where, once.
-    os.environ.setdefault("LOGSTORE_BENCH_DIR", _workload.bench_root())

@@ -202,7 +202,7 @@ class LogSegment:
         self._map_writable(self._initial_capacity(valid_bytes))
         a = ffi.new("ls_appender *")
         a.log = self._ptr
-        a.log_capacity = len(self._mm)  # type: ignore[arg-type]
+        a.log_capacity = min(len(self._mm), max(self.segment_bytes, valid_bytes))  # type: ignore[arg-type]
         a.position = valid_bytes
         a.base_offset = self.base_offset
         a.next_offset = next_offset
@@ -371,19 +371,24 @@ class LogSegment:
         return self._grow(needed)
 
     def _grow(self, needed: int) -> bool:
+        """Make room for a batch of ``needed`` bytes; False when the segment must roll instead.
+
+        Invariant: the appender's log_capacity never exceeds segment_bytes, except for an
+        empty segment taking one batch larger than that (which then sits alone in it).
+        """
         a = self._appender
         if self.offset_index.capacity <= a.index_entries or self.time_index.capacity <= a.timeindex_entries:
             return False
         end = a.position + needed
-        capacity = a.log_capacity
-        if end <= capacity:
-            return False  # FULL for another reason (offset range): roll
         if a.position > 0 and end > self.segment_bytes:
             return False
-        new_capacity = max(min(capacity * 2, max(self.segment_bytes, end)), end)
-        self._map_writable(new_capacity)
-        a.log = self._ptr
-        a.log_capacity = new_capacity
+        if end <= a.log_capacity:
+            return False  # FULL for another reason (offset range): roll
+        map_len = len(self._mm)  # type: ignore[arg-type]
+        if end > map_len:
+            self._map_writable(max(min(map_len * 2, self.segment_bytes), end))
+            a.log = self._ptr
+        a.log_capacity = max(min(len(self._mm), self.segment_bytes), end)  # type: ignore[arg-type]
         return True
 
     def should_roll_for(self, needed: int) -> bool:

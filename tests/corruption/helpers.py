@@ -153,13 +153,14 @@ class BatchInfo(NamedTuple):
         return self.position + self.size
 
 
-def batch_positions(path: str | os.PathLike[str]) -> list[BatchInfo]:
-    """Walk the batch headers of a segment file from position 0 (no CRC check).
+def batch_positions(segment: str | os.PathLike[str] | bytes) -> list[BatchInfo]:
+    """Walk the batch headers of a segment (a file path, or its bytes) from position 0, without
+    checking CRCs.
 
     Stops at the first header that cannot start a batch: a zero (preallocated) tail, a length
     below the minimum, or a batch running past the end of the file.
     """
-    data = read_bytes(path)
+    data = segment if isinstance(segment, bytes) else read_bytes(segment)
     out = []
     pos = 0
     while pos + HEADER_SIZE <= len(data):

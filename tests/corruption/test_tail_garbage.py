@@ -51,27 +51,17 @@ def _crashed_log(tmp_path, seed: int, how: str) -> tuple[str, Written, random.Ra
     return path, written, rng
 
 
-def _survivors(before: bytes, after: bytes, path: str, written: Written, base: int) -> tuple[list, int]:
+def _survivors(before: bytes, after: bytes, written: Written, base: int) -> tuple[list, int]:
     """Expected records and valid prefix length: the batches of the active segment that come
     before the first batch whose bytes changed."""
     valid = 0
     end_offset = base
-    for batch in batch_positions_of(before):
+    for batch in batch_positions(before):
         if after[batch.position : batch.end] != before[batch.position : batch.end]:
             break
         valid = batch.end
         end_offset = batch.last_offset + 1
     return written.upto(end_offset), valid
-
-
-def batch_positions_of(data: bytes):
-    # batch_positions works on files; the pristine bytes are kept in memory.
-    import tempfile
-
-    with tempfile.NamedTemporaryFile() as f:
-        f.write(data)
-        f.flush()
-        return batch_positions(f.name)
 
 
 @pytest.mark.parametrize("how", ["abandon", "closed"])
@@ -81,12 +71,12 @@ def test_random_garbage_tail_of_active_segment_leaves_exact_prefix(tmp_path, see
     active = segment_logs(path)[-1]
     base = int(os.path.basename(active)[:20])
     before = read_bytes(active)
-    data_end = batch_positions_of(before)[-1].end
+    data_end = batch_positions(before)[-1].end
     # Mostly inside the data; sometimes in the zero tail of a mapped segment, or at its last byte.
     position = rng.choice([rng.randrange(0, data_end + 1), rng.randrange(0, len(before))])
     garbage_tail(active, position, rng)
     after = read_bytes(active)
-    expected, valid = _survivors(before, after, active, written, base)
+    expected, valid = _survivors(before, after, written, base)
 
     log = open_log(path)
     try:
@@ -120,7 +110,7 @@ def test_zero_fill_from_random_position_leaves_exact_prefix(tmp_path, seed):
     position = rng.randrange(0, len(before) + 1)
     zero_tail(active, position)
     after = read_bytes(active)
-    expected, valid = _survivors(before, after, active, written, base)
+    expected, valid = _survivors(before, after, written, base)
 
     log = open_log(path)
     try:
@@ -137,7 +127,7 @@ def test_crash_with_preallocated_zero_tail_loses_nothing(tmp_path, seed):
     path, written, _ = _crashed_log(tmp_path, seed, "abandon")
     active = segment_logs(path)[-1]
     data = read_bytes(active)
-    data_end = batch_positions_of(data)[-1].end
+    data_end = batch_positions(data)[-1].end
     assert data_end < len(data) and not any(data[data_end:]), "the mapped segment should have a zero tail"
 
     log = open_log(path)

@@ -437,6 +437,7 @@ def test_time_retention_deletes_expired_segments_through_deleted_suffix(path: pa
     with Log.open(path, segment_bytes=1024, retention_ms=1000, file_delete_delay_ms=60_000) as log:
         for i in range(40):
             log.append(b"x" * 100, timestamp=1_000 + i)
+        log.roll()  # a segment that also holds recent records is kept whole
         for i in range(10):
             log.append(b"y" * 100, timestamp=100_000)
         before = len(log.segments)

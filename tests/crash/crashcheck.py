@@ -1,0 +1,89 @@
+"""Shared model and checks of the crash tests: what was written, and what must survive.
+
+Every value encodes the offset it was written at and a tag naming the writer (the cycle, the
+process), so that a record resurrected from an earlier life of the log, a record at the wrong
+offset, or a mix of two writers is told apart from the one the history expects.
+
+The invariant checked after every crash ("the log is a prefix of history"):
+
+* the log starts at the expected log start offset and its offsets are contiguous up to the log
+  end, with no gap and no duplicate;
+* every record holds exactly the value (and key) that history says was appended at its offset;
+* the log end is at least the durable frontier (everything acknowledged as durable survived)
+  and at most the end of history (nothing was invented).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Sequence
+
+from logstore import Log
+
+__all__ = ["value_for", "key_for", "check_log", "append_some", "CONFIG"]
+
+#: A small-segment configuration: 16 KiB segments roll every ~200 records; small indexes with
+#: an entry every 1 KiB so that reads go through real index lookups.
+CONFIG = dict(segment_bytes=16 * 1024, segment_index_bytes=4096, index_interval_bytes=1024)
+
+
+def value_for(offset: int, tag: str) -> bytes:
+    """The value written at ``offset`` by writer ``tag``: self-describing, 8..110 bytes."""
+    pad = (offset * 7919) % 97
+    return b"%d|%s|" % (offset, tag.encode()) + bytes((offset + i) % 251 for i in range(pad))
+
+
+def key_for(offset: int) -> bytes | None:
+    return None if offset % 11 == 0 else b"k%d" % (offset % 17)
+
+
+def append_some(log: Log, history: list[bytes], tag: str, count: int, rng: random.Random) -> int:
+    """Append ``count`` records (single appends and batches) and extend ``history``; return the
+    new log end. The log end must equal ``len(history)`` on entry."""
+    end = log.log_end_offset
+    assert end == len(history), f"log end {end} != history end {len(history)}"
+    done = 0
+    while done < count:
+        k = min(count - done, rng.choice((1, 1, 3, 8)))
+        values = [value_for(end + i, tag) for i in range(k)]
+        keys = [key_for(end + i) for i in range(k)]
+        if k == 1 and rng.random() < 0.5:
+            got = log.append(values[0], key=keys[0])
+        else:
+            got = log.append_batch(values, keys=keys)
+        assert got == end, f"append returned offset {got}, expected {end}"
+        history.extend(values)
+        end += k
+        done += k
+    return end
+
+
+def check_log(log: Log, history: Sequence[bytes], start: int, durable_end: int,
+              rng: random.Random | None = None, what: str = "") -> int:
+    """Assert that ``log`` holds exactly ``history[start:end]`` for some end in
+    [durable_end, len(history)]; return end. ``what`` prefixes failure messages."""
+    prefix = f"{what}: " if what else ""
+    assert log.log_start_offset == start, f"{prefix}log start {log.log_start_offset}, expected {start}"
+    end = log.log_end_offset
+    assert end >= durable_end, (
+        f"{prefix}lost durable records: log ends at {end} but offsets below {durable_end} were "
+        f"acknowledged as durable")
+    assert end <= len(history), f"{prefix}log end {end} is past everything ever appended ({len(history)})"
+    records = list(log.iter())
+    offsets = [r.offset for r in records]
+    if offsets != list(range(start, end)):
+        gaps = sorted(set(range(start, end)) - set(offsets))[:10]
+        dups = sorted({o for o in offsets if offsets.count(o) > 1})[:10] if len(offsets) < 5000 else "?"
+        raise AssertionError(f"{prefix}offsets are not contiguous [{start}, {end}): {len(offsets)} records, "
+                             f"missing {gaps}, duplicated {dups}, first {offsets[:5]}, last {offsets[-5:]}")
+    for r in records:
+        if r.value != history[r.offset] or r.key != key_for(r.offset):
+            raise AssertionError(f"{prefix}record at offset {r.offset} holds {r.value[:30]!r} "
+                                 f"key {r.key!r}, expected {history[r.offset][:30]!r} key {key_for(r.offset)!r}")
+    if rng is not None and end > start:
+        # Random access goes through the (recovered or rebuilt) offset indexes.
+        for offset in rng.sample(range(start, end), min(5, end - start)):
+            got = log.read(offset, max_records=1)
+            assert got and got[0].offset == offset and got[0].value == history[offset], (
+                f"{prefix}read({offset}) returned {[(r.offset, r.value[:20]) for r in got]}")
+    return end
