@@ -73,26 +73,7 @@ def scratch():
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    rows = _report.ROWS
-    if not rows:
-        return
-    tr = terminalreporter
-    tr.section("logstore throughput (from each benchmark's mean round)")
-    for line in _workload.machine_lines():
-        tr.write_line(line)
-    tr.write_line("")
-    group = None
-    for row in rows:
-        if row.group != group:
-            group = row.group
-            tr.write_line(f"[{group}]")
-        if row.target is None:
-            verdict = ""
-        else:
-            cmp = ">=" if row.higher_is_better else "<="
-            verdict = f"target {cmp} {_report.fmt(row.target, row.unit):<14} {'met' if row.met else 'MISSED'}"
-        note = f"  ({row.note})" if row.note else ""
-        tr.write_line(f"  {row.name:<58} {_report.fmt(row.rate, row.unit):>16}   {verdict}{note}")
-    missed = [r for r in rows if r.met is False]
-    tr.write_line("")
-    tr.write_line(f"targets: {sum(1 for r in rows if r.met)} met, {len(missed)} missed")
+    if _report.ROWS:
+        terminalreporter.section("logstore throughput (records/s from each benchmark's mean and fastest round)")
+        for line in _report.summary_lines():
+            terminalreporter.write_line(line)

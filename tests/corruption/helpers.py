@@ -208,6 +208,20 @@ def copy_log(src_root: str | os.PathLike[str], dst_root: str | os.PathLike[str])
     shutil.copytree(src_root, dst_root)
 
 
+def index_entries(path: str | os.PathLike[str], base_offset: int = 0) -> list[tuple[int, int]]:
+    """(absolute offset, position) entries of an ``.index`` file (whole entries only)."""
+    data = read_bytes(path)
+    n = len(data) // INDEX_ENTRY_SIZE
+    return [(base_offset + rel, pos) for rel, pos in (struct.unpack_from(">ii", data, i * INDEX_ENTRY_SIZE) for i in range(n))]
+
+
+def timeindex_entries(path: str | os.PathLike[str], base_offset: int = 0) -> list[tuple[int, int]]:
+    """(timestamp, absolute offset) entries of a ``.timeindex`` file (whole entries only)."""
+    data = read_bytes(path)
+    n = len(data) // TIMEINDEX_ENTRY_SIZE
+    return [(ts, base_offset + rel) for ts, rel in (struct.unpack_from(">qi", data, i * TIMEINDEX_ENTRY_SIZE) for i in range(n))]
+
+
 # ====================================================================== records
 class Rec(NamedTuple):
     """What a test compares: every user-visible field of a record."""

@@ -41,6 +41,8 @@ from .helpers import (
     computed_crc,
     first_offset_at_or_after,
     flip,
+    index_entries,
+    index_path,
     make_log,
     open_log,
     read_bytes,
@@ -77,7 +79,7 @@ class Sealed:
         return [o for o in range(self.segment_first, self.segment_end) if o not in self.offsets_of_batch()]
 
 
-def _sealed_log(tmp_path, mode: str, seed: int = 11) -> Sealed:
+def _sealed_log(tmp_path, mode: str, seed: int = 11, at_index_entry: bool = False) -> Sealed:
     path = str(tmp_path / "t-0")
     log, written = make_log(path, random.Random(seed), 160)
     assert len(log.segments) >= 4
@@ -90,7 +92,9 @@ def _sealed_log(tmp_path, mode: str, seed: int = 11) -> Sealed:
     segment = segment_logs(path)[TARGET_SEGMENT]
     batches = batch_positions(segment)
     middle = len(batches) // 2
-    target = next(b for b in batches[middle:] + batches[:middle] if b.records_count >= 2)
+    indexed = {pos for _, pos in index_entries(index_path(segment))}
+    target = next(b for b in batches[middle:] + batches[:middle]
+                  if b.records_count >= 2 and (b.position in indexed or not at_index_entry))
     assert target is not batches[0] and target is not batches[-1]
     return Sealed(path, written, segment, target, batches)
 
@@ -225,7 +229,8 @@ def test_iter_yields_every_record_before_bad_batch_then_raises(tmp_path):
                    "resets its facts from a scan that stops at the bad batch (next_offset, "
                    "record_count, max_timestamp shrink); offset_for_timestamp then skips the segment")
 def test_failed_read_of_bad_batch_does_not_change_what_the_log_reports(tmp_path):
-    s = _sealed_log(tmp_path, "clean")
+    # A batch an index entry points at: a failed read there looks like a bad index entry.
+    s = _sealed_log(tmp_path, "clean", at_index_entry=True)
     flip(s.segment, CRC_COVERED["record_body"](s.batch), 3)
     with _reopen(s, "clean") as log:
         before = log.segments

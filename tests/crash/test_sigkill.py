@@ -169,7 +169,7 @@ def _run_kill_cycles(tmp_path, config: dict, cycles: int, max_acks: int, seed: i
             del history[end:]
             # The recovered log takes appends, at the right offsets, readable at once.
             append_some(log, history, f"p{cycle}", rng.randint(1, 5), rng)
-            assert [r.value for r in log.read(end)] == history[end:]
+            assert [r.value for r in log.iter(end)] == history[end:]
             if cycle % 25 == 24 and len(history) - start > 1500:
                 # Bound the directory's growth; also puts the log-start checkpoint under test.
                 start = log.delete_records_before(len(history) - 1000)
