@@ -70,6 +70,9 @@ _NEVER = 2**63 - 1
 _DEFAULT_MAX_BYTES = 1 << 20
 _CHECKPOINT_INTERVAL_S = 60.0
 _append_record = lib.ls_appender_append_record
+#: Stands in for the appender of a closed log: the C core rejects it (no buffer), and the slow
+#: path then raises LogClosedError, so the append fast path needs no closed check.
+_CLOSED_APPENDER = ffi.new("ls_appender *")
 _NULL = ffi.NULL
 _time_ns = time.time_ns
 
@@ -125,7 +128,7 @@ class Log:
         self._flush_lock = threading.Lock()
         self._segments: SortedDict = SortedDict()
         self._active: LogSegment | None = None
-        self._appender: Any = None
+        self._appender: Any = _CLOSED_APPENDER
         self._closed = True
         self._lock_fd = -1
         self._builder = BatchBuilder()
@@ -154,9 +157,10 @@ class Log:
             _check_available(self._forced_codec)
         self._flush_every = config.flush_messages
         self._flush_ms = config.flush_ms
-        self._unflushed = 0
-        self._flush_countdown = self._flush_every if self._flush_every else _NEVER
         self._flush_timer: threading.Timer | None = None
+        self._flush_at = _NEVER
+        # append() fast path: no codec to apply, CreateTime stamps.
+        self._plain_appends = self._forced_codec in (None, compression.NONE) and not self._ts_type
         self._roll_deadline = _NEVER
         self.recovery_report: RecoveryReport | None = None
         self._open()
@@ -290,6 +294,7 @@ class Log:
         else:
             self._recovery_point = min(max(recovery_point, start), end_offset) if not clean else end_offset
         self._flushed_offset = self._recovery_point
+        self._update_flush_at()
         if clean:
             ops.unlink(marker)
         ops.fsync_dir(self.path)
@@ -334,17 +339,23 @@ class Log:
     def _set_active(self, segment: LogSegment) -> None:
         self._active = segment
         self._appender = segment.appender
-        self._roll_deadline = self._compute_roll_deadline(segment)
-
-    def _compute_roll_deadline(self, segment: LogSegment) -> int:
         if segment.size == 0:
-            return _NEVER
-        first_ts = self._first_batch_timestamp(segment)
-        return first_ts + self.config.segment_ms - self.config.segment_jitter_ms
+            # The first append computes the deadline from its own timestamp (_roll_for_time).
+            self._roll_deadline = -(2**63)
+        else:
+            self._roll_deadline = self._deadline_after(parse_header(segment.buffer, 0).max_timestamp)
 
-    def _first_batch_timestamp(self, segment: LogSegment) -> int:
-        buf = segment.buffer
-        return parse_header(buf, 0).max_timestamp if buf is not None and segment.size else _NEVER
+    def _deadline_after(self, first_timestamp: int) -> int:
+        """Kafka's segment.ms rule: roll once a record is newer than the segment's first batch's
+        max timestamp by more than segment_ms - segment_jitter_ms."""
+        return min(_NEVER, first_timestamp + self.config.segment_ms - self.config.segment_jitter_ms)
+
+    def _roll_for_time(self, timestamp: int) -> None:
+        """An append with ``timestamp`` passed the roll deadline (or the segment is empty)."""
+        self._check_open()
+        if self._active.size > 0:  # type: ignore[union-attr]
+            self._roll()
+        self._roll_deadline = self._deadline_after(timestamp)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -423,6 +434,24 @@ class Log:
         Durability: in the page cache on return; fsynced first when flush_messages says so.
         Thread-safe.
         """
+        if (timestamp is None and not headers and value.__class__ is bytes
+                and (key is None or key.__class__ is bytes) and self._plain_appends):
+            # The fast path: one lock, one clock read, one C call.
+            ts = _time_ns() // 1_000_000
+            with self._lock:
+                if ts > self._roll_deadline:
+                    self._roll_for_time(ts)
+                offset = _append_record(self._appender, ts, 0, _NULL if key is None else key,
+                                        0 if key is None else len(key), value, len(value), _NULL, 0, 0)
+                if offset < 0:
+                    offset = self._append_record_slow(offset, ts, key, value, _NULL, 0)
+                if offset < self._flush_at:
+                    return offset
+            return self._after_append(offset)
+        return self._append_general(value, key, headers, timestamp)
+
+    def _append_general(self, value: Any, key: Any, headers: Any, timestamp: Any) -> int:
+        """append() for everything off the fast path: conversions, headers, timestamps, codecs."""
         if value is not None and value.__class__ is not bytes:
             value = _as_bytes(value, "value")
         if key is not None and key.__class__ is not bytes:
@@ -440,25 +469,17 @@ class Log:
         if self._forced_codec:
             return self.append_batch([value], [key], [list(headers)] if headers else None, [ts])
         with self._lock:
-            a = self._appender
-            if a is None:
-                self._check_open()
             if ts > self._roll_deadline:
-                self._roll()
-                a = self._appender
+                self._roll_for_time(ts)
             offset = _append_record(
-                a, ts, self._record_attrs,
+                self._appender, ts, self._record_attrs,
                 _NULL if key is None else key, -1 if key is None else len(key),
                 _NULL if value is None else value, -1 if value is None else len(value),
                 hbytes, 0 if hcount == 0 else len(hbytes), hcount,
             )
             if offset < 0:
                 offset = self._append_record_slow(offset, ts, key, value, hbytes, hcount)
-            elif self._roll_deadline == _NEVER:
-                self._roll_deadline = self._compute_roll_deadline(self._active)  # type: ignore[arg-type]
-            countdown = self._flush_countdown - 1
-            self._flush_countdown = countdown
-            if countdown > 0 and (self._flush_ms is None or self._flush_timer is not None):
+            if offset < self._flush_at:
                 return offset
         return self._after_append(offset)
 
@@ -472,6 +493,7 @@ class Log:
     def _append_record_slow(self, rc: int, ts: int, key: bytes | None, value: bytes | None,
                             hbytes: Any, hcount: int) -> int:
         """Handle FULL (roll or grow, then retry) and TOO_LARGE for the single-record path."""
+        self._check_open()
         hlen = 0 if hcount == 0 else len(hbytes)
         needed = (lib.LS_BATCH_HEADER_SIZE + lib.LS_RECORD_MAX_OVERHEAD + (len(key) if key else 0)
                   + (len(value) if value else 0) + hlen)
@@ -489,8 +511,6 @@ class Log:
                 hbytes, hlen, hcount,
             )
             if rc >= 0:
-                if self._roll_deadline == _NEVER:
-                    self._roll_deadline = self._compute_roll_deadline(self._active)  # type: ignore[arg-type]
                 return rc
         raise AssertionError(f"append still failing after rolling ({rc})")  # pragma: no cover
 
@@ -535,7 +555,7 @@ class Log:
             first = -1
             for batch, count, max_ts in batches:
                 if max_ts > self._roll_deadline:
-                    self._roll()
+                    self._roll_for_time(max_ts)
                 offset = self._active.append_batch(batch)  # type: ignore[union-attr]
                 if offset == lib.LS_ERR_FULL:
                     self._make_room(len(batch))
@@ -544,10 +564,9 @@ class Log:
                     check(offset, self._active.path, size=len(batch), limit=self.config.max_message_bytes)  # type: ignore[union-attr]
                 if first < 0:
                     first = offset
-                if self._roll_deadline == _NEVER:
-                    self._roll_deadline = self._compute_roll_deadline(self._active)  # type: ignore[arg-type]
-            self._flush_countdown -= n
             last = self._appender.next_offset - 1
+            if last < self._flush_at:
+                return first
         self._after_append(last)
         return first
 
@@ -583,12 +602,29 @@ class Log:
         return encode(0, len(values))
 
     def _after_append(self, last_offset: int) -> int:
-        """Apply the flush policy after an append (called without the log lock)."""
-        if self._flush_countdown <= 0:
+        """Apply the flush policy once an append reached ``_flush_at`` (called without the lock).
+
+        ``_flush_at`` folds the whole policy into one comparison on the append path: the offset
+        at which flush_messages demands an fsync, or -1 while flush_ms has no timer running
+        (so that the next append starts one), or never.
+        """
+        if self._flush_every is not None and last_offset >= self._flushed_offset + self._flush_every - 1:
             self._sync(last_offset + 1)
-        elif self.config.flush_ms is not None and self._flush_timer is None:
-            self._schedule_timed_flush()
+        elif self._flush_ms is not None:
+            with self._lock:
+                if self._flush_timer is None and not self._closed:
+                    self._schedule_timed_flush()
+                self._update_flush_at()
         return last_offset
+
+    def _update_flush_at(self) -> None:
+        """Recompute the append path's flush threshold (holds the lock)."""
+        if self._flush_ms is not None and self._flush_timer is None:
+            self._flush_at = -1
+        elif self._flush_every is not None:
+            self._flush_at = self._flushed_offset + self._flush_every - 1
+        else:
+            self._flush_at = _NEVER
 
     # ------------------------------------------------------------------ flushing
     def flush(self) -> None:
@@ -613,15 +649,15 @@ class Log:
                     return
                 segment = self._active
                 target = self._appender.next_offset
-                self._flush_countdown = self._flush_every if self._flush_every else _NEVER
             assert segment is not None
             # Segments before the active one were fsynced when they rolled. fdatasync is
             # enough for the data; the index files are derived and rebuilt by recovery.
             segment.flush_data()
-            self._flushed_offset = target
             with self._lock:
+                self._flushed_offset = max(self._flushed_offset, target)
                 if target > self._recovery_point and segment is self._active:
                     self._recovery_point = target
+                self._update_flush_at()
             self._maybe_checkpoint()
 
     def _schedule_timed_flush(self) -> None:
@@ -633,7 +669,8 @@ class Log:
         timer.start()
 
     def _timed_flush(self) -> None:
-        self._flush_timer = None
+        with self._lock:
+            self._flush_timer = None
         try:
             if not self._closed:
                 self.flush()
@@ -992,7 +1029,7 @@ class Log:
                 _fileio.ops.fsync_dir(self.path)
             finally:
                 self._closed = True
-                self._appender = None
+                self._appender = _CLOSED_APPENDER
                 self._active = None
                 if self._lock_fd >= 0:
                     _fileio.ops.close(self._lock_fd)
@@ -1011,7 +1048,7 @@ class Log:
             for segment in self._segments.values():
                 segment.abandon()
             self._closed = True
-            self._appender = None
+            self._appender = _CLOSED_APPENDER
             self._active = None
             if self._lock_fd >= 0:
                 _fileio.ops.close(self._lock_fd)
