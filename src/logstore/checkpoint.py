@@ -98,10 +98,14 @@ class CheckpointFile:
 
     def write(self, entries: Iterable[Sequence[object]]) -> None:
         """Replace the file's entries durably (temp file + fsync + rename + directory fsync)."""
-        rows = [" ".join(str(field) for field in entry) for entry in entries]
-        for row in rows:
-            if "\n" in row:
-                raise ValueError(f"checkpoint entry contains a newline: {row!r}")
+        rows = []
+        for entry in entries:
+            fields = [str(field) for field in entry]
+            if len(fields) != self.fields or any(not f or any(c.isspace() for c in f) for f in fields):
+                raise ValueError(
+                    f"{self.path}: an entry needs {self.fields} non-empty fields without whitespace, got {entry!r}"
+                )
+            rows.append(" ".join(fields))
         text = f"{CHECKPOINT_VERSION}\n{len(rows)}\n" + "".join(row + "\n" for row in rows)
         _fileio.ops.write_file_atomic(self.path, text.encode("utf-8"))
 

@@ -89,6 +89,7 @@ class OffsetOutOfRangeError(LogstoreError):
         self.offset = offset
         self.log_start_offset = log_start_offset
         self.log_end_offset = log_end_offset
+        self.what = what
         prefix = f"{what}: " if what else ""
         super().__init__(
             f"{prefix}offset {offset} is out of range; valid offsets are "
@@ -96,7 +97,7 @@ class OffsetOutOfRangeError(LogstoreError):
         )
 
     def __reduce__(self):
-        return (type(self), (self.offset, self.log_start_offset, self.log_end_offset))
+        return (type(self), (self.offset, self.log_start_offset, self.log_end_offset, self.what))
 
 
 class RecordTooLargeError(LogstoreError):

@@ -142,6 +142,7 @@ class _Index:
         self._unmap()
         _fileio.ops.ftruncate(self._fd, 0)
         self.entries = 0
+        self.partial_entry = False
         if writable:
             self.make_writable()
         else:

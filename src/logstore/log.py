@@ -499,8 +499,8 @@ class Log:
                   + (len(value) if value else 0) + hlen)
         for _ in range(3):
             if rc == lib.LS_ERR_TOO_LARGE:
-                size = lib.LS_BATCH_HEADER_SIZE + (len(key) if key else 0) + (len(value) if value else 0) + hlen
-                raise RecordTooLargeError(size, self.config.max_message_bytes)
+                raise RecordTooLargeError(_one_record_batch_size(key, value, hlen, hcount),
+                                          self.config.max_message_bytes)
             if rc != lib.LS_ERR_FULL:
                 check(rc, self._active.path if self._active else None)
             self._make_room(needed)
@@ -1073,6 +1073,24 @@ def _check_available(codec: int) -> None:
             f"compression codec {compression.codec_name(codec)!r} needs a package that is not "
             "installed (pip install 'logstore[lz4]')"
         )
+
+
+def _varint_size(value: int) -> int:
+    zigzag = (value << 1) ^ (value >> 63)
+    size = 1
+    while zigzag >= 0x80:
+        zigzag >>= 7
+        size += 1
+    return size
+
+
+def _one_record_batch_size(key: bytes | None, value: bytes | None, headers_len: int, header_count: int) -> int:
+    """Exact size of the one-record batch ls_appender_append_record writes."""
+    kl = -1 if key is None else len(key)
+    vl = -1 if value is None else len(value)
+    body = (3 + _varint_size(kl) + max(kl, 0) + _varint_size(vl) + max(vl, 0)
+            + _varint_size(header_count) + headers_len)
+    return lib.LS_BATCH_HEADER_SIZE + _varint_size(body) + body
 
 
 def _len(item: Any) -> int:

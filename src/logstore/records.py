@@ -203,12 +203,15 @@ class BatchBuilder:
         base_sequence: int = -1,
         log_append_time: int | None = None,
         offset_deltas: Sequence[int] | None = None,
+        last_offset_delta: int | None = None,
         copy: bool = True,
     ) -> bytes | bytearray | memoryview:
         """Return the encoded batch. Argument errors raise TypeError/ValueError, nothing else.
 
         ``offset_deltas`` (strictly increasing, >= 0) keeps the original offsets of records that
         are rewritten (truncation of a batch, compaction); by default record i gets delta i.
+        ``last_offset_delta`` keeps a rewritten batch's offset span when its last records are
+        gone (Kafka keeps the span so that the log end offset does not move back).
         ``log_append_time`` stamps the batch as LogAppendTime with that max timestamp.
         With ``copy=False`` the result may be a writable view of the builder's scratch space,
         valid only until the next call (the append path uses it to avoid a copy).
@@ -241,7 +244,10 @@ class BatchBuilder:
         else:
             if len(offset_deltas) != n:
                 raise ValueError(f"offset_deltas has {len(offset_deltas)} items but values has {n}")
-            deltas = array("i", offset_deltas)
+            try:
+                deltas = array("i", offset_deltas)
+            except OverflowError:
+                raise ValueError("offset_deltas must fit in a signed 32-bit integer") from None
             keep.append(deltas)
             rin.offset_deltas = ffi.from_buffer("int32_t[]", deltas)
             last_delta = deltas[-1]
@@ -296,19 +302,28 @@ class BatchBuilder:
 
         bound = lib.ls_records_bound(rin)
         check(bound)
-        attributes = codec | (lib.LS_ATTR_TIMESTAMP_TYPE if timestamp_type else 0)
-        hdr.base_offset = base_offset
-        hdr.partition_leader_epoch = partition_leader_epoch
-        hdr.attributes = attributes
-        hdr.base_timestamp = base_ts
-        hdr.producer_id = producer_id
-        hdr.producer_epoch = producer_epoch
-        hdr.base_sequence = base_sequence
+        if last_offset_delta is not None:
+            if last_offset_delta < last_delta:
+                raise ValueError(f"last_offset_delta {last_offset_delta} is below the last record's delta {last_delta}")
+            last_delta = last_offset_delta
+        log_append = timestamp_type or log_append_time is not None
+        attributes = codec | (lib.LS_ATTR_TIMESTAMP_TYPE if log_append else 0)
+        try:
+            hdr.base_offset = base_offset
+            hdr.partition_leader_epoch = partition_leader_epoch
+            hdr.attributes = attributes
+            hdr.base_timestamp = base_ts
+            hdr.producer_id = producer_id
+            hdr.producer_epoch = producer_epoch
+            hdr.base_sequence = base_sequence
+            hdr.last_offset_delta = last_delta
+        except OverflowError as exc:
+            raise ValueError(f"batch header field out of range: {exc}") from None
         if HEADER_SIZE + bound > len(self._scratch):
             self._scratch = bytearray(max(HEADER_SIZE + bound, 2 * len(self._scratch)))
         scratch = self._scratch
         out = ffi.from_buffer(scratch)
-        if codec == compression.NONE and log_append_time is None:
+        if codec == compression.NONE and log_append_time is None and last_offset_delta is None:
             size = check(lib.ls_batch_encode(rin, hdr, out, len(scratch)))
             self.last_max_timestamp = hdr.max_timestamp
             return bytes(scratch[:size]) if copy else memoryview(scratch)[:size]
@@ -483,25 +498,34 @@ class RecordDecoder:
         cur.batches = 0
         cptr = ffi.from_buffer(buf)
         out = self._out
+        next_batch = 0  # records of a batch that must fit whole in the next call
         try:
             while True:
+                if max_records is None:
+                    out.capacity = self.capacity
+                else:
+                    # Limit the rows so that the C walk stops about where max_records is met
+                    # (it stops before a batch that does not fit, and batches come whole).
+                    out.capacity = min(self.capacity, max(max_records - len(records), next_batch, 1))
                 rc = lib.ls_segment_decode(cptr, end, min_offset, max_offset, self.max_batch_bytes, cur, out)
                 self._rows(buf, records)
+                next_batch = 0
                 stop = cur.stop
                 if rc < 0 or stop == lib.LS_STOP_ERROR:
                     if rc == lib.LS_ERR_TRUNCATED and partial_tail_ok:
                         break
                     h = cur.header
                     check(rc if rc < 0 else lib.LS_ERR_CORRUPT, path, cur.position,
-                          stored_crc=h.crc, computed_crc=cur.computed_crc)
+                          stored_crc=h.crc, computed_crc=cur.computed_crc,
+                          size=LOG_OVERHEAD + h.batch_length, limit=self.max_batch_bytes)
                 if stop == lib.LS_STOP_END or stop == lib.LS_STOP_MAX_OFFSET:
                     break
                 if max_records is not None and len(records) >= max_records:
                     break
                 if stop == lib.LS_STOP_FULL:
-                    needed = cur.header.records_count
-                    if needed > self.capacity:
-                        self._alloc(max(needed, 2 * self.capacity))
+                    next_batch = cur.header.records_count
+                    if next_batch > self.capacity:
+                        self._alloc(max(next_batch, 2 * self.capacity))
                         out = self._out
                     continue
                 if stop == lib.LS_STOP_COMPRESSED:
@@ -513,13 +537,15 @@ class RecordDecoder:
                 raise AssertionError(f"unknown stop reason {stop}")  # pragma: no cover
         finally:
             ffi.release(cptr)
+            self._out.capacity = self.capacity
         return records, cur.position
 
     def _decode_compressed(self, buf: Any, cptr: Any, position: int, end: int, min_offset: int,
                            path: str | None, records: list[Record]) -> int:
         hdr = self._hdr
         size = lib.ls_batch_validate(cptr + position, end - position, self.max_batch_bytes, hdr, self._crc)
-        check(size, path, position, stored_crc=hdr.crc, computed_crc=self._crc[0])
+        check(size, path, position, stored_crc=hdr.crc, computed_crc=self._crc[0],
+              size=LOG_OVERHEAD + hdr.batch_length, limit=self.max_batch_bytes)
         codec = hdr.attributes & lib.LS_ATTR_COMPRESSION_MASK
         section = memoryview(buf)[position + HEADER_SIZE : position + size]
         try:
@@ -567,5 +593,6 @@ def validate_batch(buf: Any, position: int = 0, max_batch_bytes: int = 0, path: 
         size = lib.ls_batch_validate(cptr + position, len(buf) - position, max_batch_bytes, hdr, crc)
     finally:
         ffi.release(cptr)
-    check(size, path, position, stored_crc=hdr.crc, computed_crc=crc[0])
+    check(size, path, position, stored_crc=hdr.crc, computed_crc=crc[0],
+          size=LOG_OVERHEAD + hdr.batch_length, limit=max_batch_bytes)
     return BatchHeader.from_c(hdr)

@@ -59,7 +59,7 @@ def segment_name(base_offset: int) -> str:
 def parse_segment_name(filename: str) -> tuple[int, str] | None:
     """Split ``00000000000000000042.log.deleted`` into (42, ".log.deleted"); None if not ours."""
     stem, dot, rest = filename.partition(".")
-    if not dot or len(stem) != _DIGITS or not stem.isdigit():
+    if not dot or len(stem) != _DIGITS or not (stem.isascii() and stem.isdigit()):
         return None
     return int(stem), "." + rest
 
@@ -639,6 +639,7 @@ class LogSegment:
                     [r.timestamp for r in kept], codec=header.compression,
                     timestamp_type=int(header.timestamp_type), base_offset=header.base_offset,
                     offset_deltas=[r.offset - header.base_offset for r in kept],
+                    last_offset_delta=offset - 1 - header.base_offset,
                     partition_leader_epoch=header.partition_leader_epoch, producer_id=header.producer_id,
                     producer_epoch=header.producer_epoch, base_sequence=header.base_sequence,
                     log_append_time=header.max_timestamp if header.timestamp_type else None,

@@ -3,7 +3,9 @@
  * Invariants kept by every successful append: log[0, position) is a sequence of complete valid
  * batches with increasing offsets; next_offset = last offset + 1; position + every batch stays
  * within log_capacity and INT32_MAX; index and time index entries follow ls_segment_scan's rule,
- * so a recovery scan of the log rebuilds them byte for byte. A failed append writes nothing.
+ * so a recovery scan of a log written in one activation rebuilds them byte for byte (a reopened
+ * segment restarts bytes_since_last_entry at 0, as Kafka does, which only changes where later
+ * sparse entries fall). A failed append writes nothing.
  */
 #include <stdint.h>
 #include <stddef.h>
