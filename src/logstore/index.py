@@ -163,6 +163,18 @@ class _Index:
         _fileio.ops.rename(self.path, path)
         self.path = path
 
+    def _truncate_entries(self, keep: int) -> None:
+        """Keep the first ``keep`` entries: zero the rest of a writable map (so that they cannot
+        be counted back after a crash), or cut the file of a sealed index."""
+        if keep >= self.entries:
+            return
+        if self.writable and self._mm is not None:
+            self._mm[keep * self.entry_size : self.entries * self.entry_size] = bytes((self.entries - keep) * self.entry_size)
+            self.entries = keep
+        else:
+            self.entries = keep
+            self.trim()
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.path!r}, entries={self.entries})"
 
@@ -212,16 +224,6 @@ class OffsetIndex(_Index):
             keep -= 1
         self._truncate_entries(max(keep, 0))
 
-    def _truncate_entries(self, keep: int) -> None:
-        if keep >= self.entries:
-            return
-        if self.writable and self._mm is not None:
-            self._mm[keep * self.entry_size : self.entries * self.entry_size] = bytes((self.entries - keep) * self.entry_size)
-            self.entries = keep
-        else:
-            self.entries = keep
-            self.trim()
-
 
 class TimeIndex(_Index):
     """TimeIndex owns NNN.timeindex: (timestamp, relative offset) entries, sorted by both.
@@ -259,11 +261,4 @@ class TimeIndex(_Index):
         keep = self.entries
         while keep > 0 and self.entry(keep - 1)[1] >= offset:
             keep -= 1
-        if keep >= self.entries:
-            return
-        if self.writable and self._mm is not None:
-            self._mm[keep * self.entry_size : self.entries * self.entry_size] = bytes((self.entries - keep) * self.entry_size)
-            self.entries = keep
-        else:
-            self.entries = keep
-            self.trim()
+        self._truncate_entries(keep)

@@ -1010,12 +1010,7 @@ class Log:
         with self._flush_lock, self._lock:
             if self._closed:
                 return
-            timer = self._flush_timer
-            if timer is not None:
-                timer.cancel()
-            for t in self._timers:
-                t.cancel()
-            self._timers.clear()
+            self._cancel_timers()
             try:
                 for segment in self._segments.values():
                     segment.close(trim=True)
@@ -1024,16 +1019,13 @@ class Log:
                 self._write_checkpoints(force=True)
                 marker = os.path.join(self.path, CLEAN_SHUTDOWN_FILE)
                 fd = _fileio.ops.open(marker, os.O_WRONLY | os.O_CREAT)
-                _fileio.ops.fsync(fd)
-                _fileio.ops.close(fd)
+                try:
+                    _fileio.ops.fsync(fd)
+                finally:
+                    _fileio.ops.close(fd)
                 _fileio.ops.fsync_dir(self.path)
             finally:
-                self._closed = True
-                self._appender = _CLOSED_APPENDER
-                self._active = None
-                if self._lock_fd >= 0:
-                    _fileio.ops.close(self._lock_fd)
-                    self._lock_fd = -1
+                self._release()
 
     def _abandon(self) -> None:
         """Drop maps and descriptors without flushing or marking a clean shutdown (tests:
@@ -1041,18 +1033,26 @@ class Log:
         with self._lock:
             if self._closed:
                 return
-            if self._flush_timer is not None:
-                self._flush_timer.cancel()
-            for t in self._timers:
-                t.cancel()
-            for segment in self._segments.values():
-                segment.abandon()
-            self._closed = True
-            self._appender = _CLOSED_APPENDER
-            self._active = None
-            if self._lock_fd >= 0:
-                _fileio.ops.close(self._lock_fd)
-                self._lock_fd = -1
+            self._cancel_timers()
+            self._release()
+
+    def _cancel_timers(self) -> None:
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+        for timer in self._timers:
+            timer.cancel()
+        self._timers.clear()
+
+    def _release(self) -> None:
+        """Release every descriptor and map (segments not closed yet are abandoned)."""
+        for segment in self._segments.values():
+            segment.abandon()
+        self._closed = True
+        self._appender = _CLOSED_APPENDER
+        self._active = None
+        if self._lock_fd >= 0:
+            _fileio.ops.close(self._lock_fd)
+            self._lock_fd = -1
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"[{self._log_start_offset}, {self._appender.next_offset})"

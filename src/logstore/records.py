@@ -142,32 +142,33 @@ def _column(items: Sequence[Any], what: str, nullable: bool) -> tuple[bytes, arr
     return b"".join(parts), lens
 
 
-def encode_headers(headers: Iterable[tuple[str, bytes | None]], what: str = "headers") -> tuple[bytes, int]:
-    """Encode one record's headers (count excluded) the Python way, for the single-append path."""
-    out = bytearray()
-    count = 0
-    scratch = ffi.new("char[10]")
+def _header_pairs(headers: Iterable[tuple[str, bytes | None]], what: str) -> Iterable[tuple[bytes, Any]]:
+    """Yield (utf-8 key, value) for one record's headers, checking their types."""
     for pair in headers:
         try:
             name, value = pair
         except (TypeError, ValueError):
-            raise TypeError(f"{what} must be (str, bytes | None) pairs, got {pair!r}") from None
+            raise TypeError(f"{what} must hold (str, bytes | None) pairs, got {pair!r}") from None
         if not isinstance(name, str):
             raise TypeError(f"{what}: header key must be str, got {type(name).__name__}")
-        key = name.encode("utf-8")
-        n = lib.ls_varint_encode(len(key), scratch)
-        out += ffi.buffer(scratch, n)
+        if value is not None and not isinstance(value, (bytes, bytearray, memoryview)):
+            raise TypeError(f"{what}: header value must be bytes or None, got {type(value).__name__}")
+        yield name.encode("utf-8"), value
+
+
+def encode_headers(headers: Iterable[tuple[str, bytes | None]], what: str = "headers") -> tuple[bytes, int]:
+    """Encode one record's headers (count excluded) for the single-append path."""
+    out = bytearray()
+    count = 0
+    scratch = ffi.new("char[10]")
+    for key, value in _header_pairs(headers, what):
+        out += ffi.buffer(scratch, lib.ls_varint_encode(len(key), scratch))
         out += key
         if value is None:
-            n = lib.ls_varint_encode(-1, scratch)
-            out += ffi.buffer(scratch, n)
-        elif isinstance(value, (bytes, bytearray, memoryview)):
-            value = bytes(value)
-            n = lib.ls_varint_encode(len(value), scratch)
-            out += ffi.buffer(scratch, n)
-            out += value
+            out += ffi.buffer(scratch, lib.ls_varint_encode(-1, scratch))
         else:
-            raise TypeError(f"{what}: header value must be bytes or None, got {type(value).__name__}")
+            out += ffi.buffer(scratch, lib.ls_varint_encode(len(value), scratch))
+            out += value
         count += 1
     return bytes(out), count
 
@@ -280,14 +281,8 @@ class BatchBuilder:
             hvals: list[bytes | None] = []
             for i, hs in enumerate(headers):
                 c = 0
-                for pair in hs or ():
-                    try:
-                        name, value = pair
-                    except (TypeError, ValueError):
-                        raise TypeError(f"headers[{i}] must hold (str, bytes | None) pairs, got {pair!r}") from None
-                    if not isinstance(name, str):
-                        raise TypeError(f"headers[{i}]: header key must be str, got {type(name).__name__}")
-                    hkeys.append(name.encode("utf-8"))
+                for key, value in _header_pairs(hs or (), f"headers[{i}]"):
+                    hkeys.append(key)
                     hvals.append(value)
                     c += 1
                 counts.append(c)

@@ -504,15 +504,8 @@ class LogSegment:
         unwritten part of a preallocated or mapped segment and counts as no loss. Leaves the
         segment sealed with trimmed indexes; the Log activates the last one.
         """
-        self._unmap()
         self._size = _fileio.ops.fsize(self._fd)
-        self.offset_index.make_writable()
-        self.time_index.make_writable()
-        self.offset_index.reset()
-        self.time_index.reset()
-        res = self._scan(write_indexes=True)
-        self.offset_index.entries = res.index_entries
-        self.time_index.entries = res.timeindex_entries
+        res = self._scan_into_fresh_indexes()
         valid = res.valid_bytes
         file_size = self._size
         if res.status == lib.LS_ERR_MAGIC and valid == 0 and self._old_format_at_start():
@@ -526,11 +519,7 @@ class LogSegment:
             _fileio.ops.ftruncate(self._fd, valid)
             _fileio.ops.fsync(self._fd)
         self._size = valid
-        self._set_facts(res)
-        if res.max_timestamp > (self.time_index.last_entry()[0] if self.time_index.entries else -1):
-            self._append_final_time_entry()
-        self.offset_index.trim()
-        self.time_index.trim()
+        self._finish_index_rebuild(res)
         if truncated:
             logger.warning("%s: recovery truncated %d bytes at position %d (%s)", self.path,
                            truncated, valid, _status_words(res.status))
@@ -591,17 +580,25 @@ class LogSegment:
     def rebuild_indexes(self) -> None:
         """Rebuild both indexes of a sealed segment from its log (a damaged index)."""
         logger.warning("%s: rebuilding the offset and time indexes", self.path)
-        self._unmap()
-        self.offset_index.make_writable()
-        self.time_index.make_writable()
-        self.offset_index.reset()
-        self.time_index.reset()
-        res = self._scan(write_indexes=True)
-        self.offset_index.entries = res.index_entries
-        self.time_index.entries = res.timeindex_entries
+        res = self._scan_into_fresh_indexes()
         if res.status not in (lib.LS_OK, lib.LS_ERR_ZERO) and res.valid_bytes < self._size:
             logger.error("%s: batch at position %d is invalid (%s); reads reaching it raise "
                          "CorruptRecordError", self.path, res.valid_bytes, _status_words(res.status))
+        self._finish_index_rebuild(res)
+
+    def _scan_into_fresh_indexes(self) -> Any:
+        """Empty both indexes and let the C scan write them anew while validating the log."""
+        self._unmap()
+        for index in (self.offset_index, self.time_index):
+            index.make_writable()
+            index.reset()
+        res = self._scan(write_indexes=True)
+        self.offset_index.entries = res.index_entries
+        self.time_index.entries = res.timeindex_entries
+        return res
+
+    def _finish_index_rebuild(self, res: Any) -> None:
+        """Record the scan's facts, add the closing time entry, trim both indexes (sealed)."""
         self._set_facts(res)
         if res.max_timestamp > (self.time_index.last_entry()[0] if self.time_index.entries else -1):
             self._append_final_time_entry()
