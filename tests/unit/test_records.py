@@ -220,7 +220,7 @@ def test_builder_grows_its_scratch_for_large_batches(builder: BatchBuilder) -> N
     (lambda b: b.build([b"a"], headers=[[], []]), ValueError, "headers has 2 items"),
     (lambda b: b.build([b"a"], headers=[[("k",)]]), TypeError, r"headers\[0\] must hold"),
     (lambda b: b.build([b"a"], headers=[[(1, b"v")]]), TypeError, "header key must be str"),
-    (lambda b: b.build([b"a"], headers=[[("k", "v")]]), TypeError, "header values"),
+    (lambda b: b.build([b"a"], headers=[[("k", "v")]]), TypeError, "header value"),
     (lambda b: b.build([b"a"], offset_deltas=[0, 1]), ValueError, "offset_deltas has 2 items"),
     (lambda b: b.build([b"a"], codec=9), ValueError, "codec"),
     (lambda b: b.build([b"a"], producer_epoch=2**15), ValueError, "invalid argument"),
