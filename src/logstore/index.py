@@ -256,6 +256,19 @@ class TimeIndex(_Index):
         """(timestamp, offset) of the last entry, or (-1, base_offset) when empty."""
         return self.entry(self.entries - 1) if self.entries else (-1, self.base_offset)
 
+    def append(self, timestamp: int, offset: int) -> bool:
+        """Add (timestamp, offset) to a writable index if the timestamp is newer than the last
+        entry's and there is room (the closing entry of a rebuilt index); True if added."""
+        if not self.writable or self.entries >= self.capacity:
+            return False
+        if self.entries and timestamp <= self.entry(self.entries - 1)[0]:
+            return False
+        slot = self.entries * self.entry_size
+        self._mm[slot : slot + 8] = timestamp.to_bytes(8, "big", signed=True)  # type: ignore[index]
+        self._mm[slot + 8 : slot + 12] = (offset - self.base_offset).to_bytes(4, "big", signed=True)  # type: ignore[index]
+        self.entries += 1
+        return True
+
     def truncate_to(self, offset: int) -> None:
         """Remove every entry whose offset >= ``offset``."""
         keep = self.entries

@@ -67,6 +67,7 @@ CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
 LOCK_FILE = ".lock"
 _PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
 _NEVER = 2**63 - 1
+_DEADLINE_UNSET = -(2**63)  # below every timestamp: the next append computes the real deadline
 _DEFAULT_MAX_BYTES = 1 << 20
 _CHECKPOINT_INTERVAL_S = 60.0
 _append_record = lib.ls_appender_append_record
@@ -257,7 +258,7 @@ class Log:
             try:
                 segment.check_indexes()
                 if last:
-                    segment.next_offset  # walks the tail: a bad batch there means recover
+                    segment.check_tail()  # a bad batch at the end of the log means recover
             except CorruptIndexError as exc:
                 logger.warning("%s; rebuilding", exc)
                 segment.rebuild_indexes()
@@ -268,6 +269,9 @@ class Log:
                 result = segment.recover()
                 recovered += 1
                 truncated += result.truncated_bytes
+        keys = list(self._segments.keys())
+        for base, next_base in zip(keys, keys[1:]):
+            self._segments[base].assume_next_offset(next_base)
         if not self._segments:
             base = start_checkpoint or 0
             self._segments[base] = LogSegment.create(self.path, base, **self._settings)
@@ -339,11 +343,8 @@ class Log:
     def _set_active(self, segment: LogSegment) -> None:
         self._active = segment
         self._appender = segment.appender
-        if segment.size == 0:
-            # The first append computes the deadline from its own timestamp (_roll_for_time).
-            self._roll_deadline = -(2**63)
-        else:
-            self._roll_deadline = self._deadline_after(parse_header(segment.buffer, 0).max_timestamp)
+        # The next append computes the deadline from the segment's first batch (_roll_for_time).
+        self._roll_deadline = _DEADLINE_UNSET
 
     def _deadline_after(self, first_timestamp: int) -> int:
         """Kafka's segment.ms rule: roll once a record is newer than the segment's first batch's
@@ -351,10 +352,18 @@ class Log:
         return min(_NEVER, first_timestamp + self.config.segment_ms - self.config.segment_jitter_ms)
 
     def _roll_for_time(self, timestamp: int) -> None:
-        """An append with ``timestamp`` passed the roll deadline (or the segment is empty)."""
+        """An append with ``timestamp`` passed the roll deadline, or the deadline is unset."""
         self._check_open()
-        if self._active.size > 0:  # type: ignore[union-attr]
-            self._roll()
+        segment = self._active
+        assert segment is not None
+        if self._roll_deadline == _DEADLINE_UNSET:
+            if segment.size == 0:  # the record about to be appended sets the deadline
+                self._roll_deadline = self._deadline_after(timestamp)
+                return
+            self._roll_deadline = self._deadline_after(parse_header(segment.buffer, 0).max_timestamp)
+            if timestamp <= self._roll_deadline:
+                return
+        self._roll()
         self._roll_deadline = self._deadline_after(timestamp)
 
     # ------------------------------------------------------------------ properties
@@ -749,7 +758,7 @@ class Log:
             keys = segments.keys()
             while i < len(keys):
                 segment = segments[keys[i]]
-                records = self._read_segment(segment, offset, max_bytes, limit, max_records)
+                records = segment.read(self._decoder, offset, max_bytes, limit, max_records)
                 if records:
                     if max_records is not None and len(records) > max_records:
                         del records[max_records:]
@@ -760,20 +769,6 @@ class Log:
                     if offset >= limit:
                         break
             return []
-
-    def _read_segment(self, segment: LogSegment, offset: int, max_bytes: int, limit: int,
-                      max_records: int | None) -> list[Record]:
-        try:
-            return segment.read(self._decoder, offset, max_bytes, limit, max_records)
-        except CorruptRecordError as exc:
-            # An index entry pointing into the middle of a batch makes the first batch look
-            # invalid; rebuild the index of a sealed segment once and retry before blaming data.
-            if segment.active or exc.position is None or exc.position == 0:
-                raise
-            if exc.position != segment.find_position(offset):
-                raise
-            segment.rebuild_indexes()
-            return segment.read(self._decoder, offset, max_bytes, limit, max_records)
 
     def _check_offset_arg(self, offset: Any) -> int:
         if isinstance(offset, bool) or not isinstance(offset, int):

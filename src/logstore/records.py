@@ -386,6 +386,8 @@ class RecordDecoder:
         self.max_decompressed_bytes = max_decompressed_bytes
         self._cur = ffi.new("ls_cursor *")
         self._hdr = ffi.new("ls_batch_header *")
+        #: why the last decode() stopped: an LS_STOP_ value
+        self.last_stop = lib.LS_STOP_END
         self._crc = ffi.new("uint32_t *")
         self._alloc(capacity)
 
@@ -468,6 +470,7 @@ class RecordDecoder:
         max_records: int | None = None,
         path: str | None = None,
         partial_tail_ok: bool = False,
+        stop_before_damage: bool = False,
     ) -> tuple[list[Record], int]:
         """Decode the batches in ``buf[start, end)``.
 
@@ -480,6 +483,8 @@ class RecordDecoder:
             path: file name for error messages; positions in errors are positions in ``buf``.
             partial_tail_ok: a batch cut off by ``end`` ends the range instead of being an error
                 (reads with a byte budget cut the range at an arbitrary position).
+            stop_before_damage: an invalid batch after good ones ends the range, returning the
+                good records (Kafka's reads do this; the read starting at the bad batch raises).
 
         Returns:
             (records, position after the last batch consumed).
@@ -491,6 +496,8 @@ class RecordDecoder:
         cur = self._cur
         cur.position = start
         cur.batches = 0
+        cur.prev_last_offset = -1
+        self.last_stop = lib.LS_STOP_END
         cptr = ffi.from_buffer(buf)
         out = self._out
         next_batch = 0  # records of a batch that must fit whole in the next call
@@ -505,13 +512,13 @@ class RecordDecoder:
                 rc = lib.ls_segment_decode(cptr, end, min_offset, max_offset, self.max_batch_bytes, cur, out)
                 self._rows(buf, records)
                 next_batch = 0
-                stop = cur.stop
+                stop = self.last_stop = cur.stop
                 if rc < 0 or stop == lib.LS_STOP_ERROR:
-                    if rc == lib.LS_ERR_TRUNCATED and partial_tail_ok:
+                    rc = rc if rc < 0 else lib.LS_ERR_CORRUPT
+                    if self._stop_quietly(rc, end, records, partial_tail_ok, stop_before_damage):
                         break
                     h = cur.header
-                    check(rc if rc < 0 else lib.LS_ERR_CORRUPT, path, cur.position,
-                          stored_crc=h.crc, computed_crc=cur.computed_crc,
+                    check(rc, path, cur.position, stored_crc=h.crc, computed_crc=cur.computed_crc,
                           size=LOG_OVERHEAD + h.batch_length, limit=self.max_batch_bytes)
                 if stop == lib.LS_STOP_END or stop == lib.LS_STOP_MAX_OFFSET:
                     break
@@ -524,7 +531,15 @@ class RecordDecoder:
                         out = self._out
                     continue
                 if stop == lib.LS_STOP_COMPRESSED:
-                    cur.position += self._decode_compressed(buf, cptr, cur.position, end, min_offset, path, records)
+                    try:
+                        size = self._decode_compressed(buf, cptr, cur.position, end, min_offset, path, records)
+                    except CorruptRecordError:
+                        if records and stop_before_damage:  # reported by the read starting there
+                            self.last_stop = lib.LS_STOP_ERROR
+                            break
+                        raise
+                    cur.prev_last_offset = cur.header.base_offset + cur.header.last_offset_delta
+                    cur.position += size
                     cur.batches += 1
                     if max_records is not None and len(records) >= max_records:
                         break
@@ -534,6 +549,26 @@ class RecordDecoder:
             ffi.release(cptr)
             self._out.capacity = self.capacity
         return records, cur.position
+
+    def _stop_quietly(self, rc: int, end: int, records: list[Record], partial_tail_ok: bool,
+                      stop_before_damage: bool) -> bool:
+        """Decide whether an invalid batch ends this decode without an error.
+
+        A batch cut off by a byte budget (its declared size runs past ``end``) is no error when
+        the caller allows a partial tail. A damaged batch after good ones ends the range: the
+        records before it are returned and the read that starts at the bad batch raises (as
+        Kafka does). But offsets going backwards cast doubt on the batch before as well, so that
+        raises at once, whatever was decoded.
+        """
+        cur = self._cur
+        h = cur.header
+        if rc == lib.LS_ERR_TRUNCATED and partial_tail_ok:
+            available = end - cur.position
+            if available < HEADER_SIZE or LOG_OVERHEAD + h.batch_length > available:
+                return True
+        if rc == lib.LS_ERR_CORRUPT and h.base_offset <= cur.prev_last_offset:
+            return False
+        return stop_before_damage and bool(records)
 
     def _decode_compressed(self, buf: Any, cptr: Any, position: int, end: int, min_offset: int,
                            path: str | None, records: list[Record]) -> int:
@@ -553,6 +588,7 @@ class RecordDecoder:
             needed = hdr.records_count
             if needed > self.capacity:
                 self._alloc(max(needed, 2 * self.capacity))
+            self._out.capacity = self.capacity  # a compressed batch is decoded whole
             rc = lib.ls_records_decode(raw, len(raw), hdr, min_offset, self._out)
             check(rc, path, position)
             self._rows(raw, records)

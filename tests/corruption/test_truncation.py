@@ -20,6 +20,7 @@ from .helpers import (
     batch_positions,
     copy_log,
     dropped_bytes,
+    ensure_room,
     make_log,
     open_log,
     read_bytes,
@@ -58,7 +59,9 @@ def pristine(request, tmp_path):
     clean close without its marker (``closed``) or as a crashed writer (``abandon``)."""
     root = tmp_path / "pristine"
     path = str(root / "t-0")
-    log, written = make_log(path, random.Random(3), 70)
+    rng = random.Random(3)
+    log, written = make_log(path, rng, 70)
+    ensure_room(log, rng, written, 400)
     _append_known_tail(log, written)
     assert len(log.segments) >= 2
     if request.param == "closed":

@@ -325,8 +325,10 @@ def test_sanity_check_rejects_non_monotonic_offset_index(make_offset_index, entr
     assert info.value.path == ix.path
 
 
-def test_sanity_check_allows_equal_positions_in_offset_index(make_offset_index) -> None:
-    make_offset_index(offset_entries((2, 200), (5, 200))).sanity_check()
+def test_sanity_check_rejects_equal_positions_in_offset_index(make_offset_index) -> None:
+    # Each entry marks a different batch, so positions strictly increase.
+    with pytest.raises(CorruptIndexError, match=r"entry 1 "):
+        make_offset_index(offset_entries((2, 200), (5, 200))).sanity_check()
 
 
 @pytest.mark.parametrize("entries, bad_slot", [
@@ -340,8 +342,11 @@ def test_sanity_check_rejects_non_monotonic_time_index(make_time_index, entries:
         ti.sanity_check()
 
 
-def test_sanity_check_allows_equal_timestamps_and_offsets_in_time_index(make_time_index) -> None:
-    make_time_index(time_entries((1000, 2), (1000, 2), (1500, 2))).sanity_check()
+def test_sanity_check_allows_equal_offsets_but_not_equal_timestamps_in_time_index(make_time_index) -> None:
+    make_time_index(time_entries((1000, 2), (1200, 2), (1500, 2))).sanity_check()
+    # Appends add an entry only for a newer timestamp, so an equal one (e.g. a zeroed file) is damage.
+    with pytest.raises(CorruptIndexError, match=r"entry 1 "):
+        make_time_index(time_entries((1000, 2), (1000, 2))).sanity_check()
 
 
 def test_sanity_check_rejects_relative_offsets_beyond_the_limit(three: OffsetIndex, times: TimeIndex) -> None:

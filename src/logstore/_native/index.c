@@ -46,9 +46,11 @@ int64_t ls_timeindex_lookup(const char *index, int64_t entries, int64_t target_t
     return found;
 }
 
-/* An offset index is valid iff relative offsets strictly increase, positions do not decrease and
- * are >= 0, and every relative offset lies in [0, max_relative_offset]. A time index is valid iff
- * timestamps and relative offsets do not decrease and every relative offset lies in that range. */
+/* An offset index is valid iff relative offsets and positions strictly increase (each entry marks
+ * a different batch), positions are >= 0, and every relative offset lies in
+ * [0, max_relative_offset]. A time index is valid iff timestamps strictly increase (appends only
+ * add an entry for a newer timestamp), relative offsets do not decrease, and every relative
+ * offset lies in that range. */
 int64_t ls_index_check(const char *index, int64_t entries, int is_timeindex,
                        int64_t max_relative_offset)
 {
@@ -70,7 +72,7 @@ int64_t ls_index_check(const char *index, int64_t entries, int is_timeindex,
             if (rel <= prev_rel || key < 0)
                 return i;
         }
-        if (rel < 0 || rel > max_relative_offset || key < prev_key)
+        if (rel < 0 || rel > max_relative_offset || (i > 0 && key <= prev_key))
             return i;
         prev_rel = rel;
         prev_key = key;

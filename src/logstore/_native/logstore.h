@@ -15,7 +15,7 @@
  */
 
 /* Bumped whenever a struct or a signature below changes; checked by logstore._native at import. */
-#define LS_ABI_VERSION 3
+#define LS_ABI_VERSION 4
 
 /* ---- Error codes (every function returning int/int64 uses negative values from this list) ---- */
 #define LS_OK 0
@@ -221,6 +221,9 @@ int64_t ls_headers_decode(const char *buf, int64_t len, int32_t count, int32_t *
 typedef struct {
     int64_t position;          /* in/out: position of the next batch to look at */
     int64_t batches;           /* out: batches consumed (added to) */
+    int64_t prev_last_offset;  /* in/out: last offset of the batch before `position` (-1 if
+                                  unknown); a batch whose base offset is not above it is
+                                  LS_ERR_CORRUPT (offsets only increase) */
     ls_batch_header header;    /* out: header of the batch at `position` when the walk stopped on it */
     uint32_t computed_crc;     /* out: with LS_ERR_CRC */
     int32_t stop;              /* out: one of the LS_STOP_ values */
@@ -233,12 +236,16 @@ typedef struct {
 #define LS_STOP_ERROR 4        /* next batch is invalid; the return value says why */
 
 /* Decode every record with min_offset <= offset from consecutive batches in buf[0, len), starting
- * at cur->position and validating each batch (CRC included) with max_batch_bytes. Batches whose
- * last offset is below min_offset are skipped without decoding their records (but still
- * validated). Stops (setting cur->stop) at the end of buf, before a batch whose base offset is
- * >= max_offset (when max_offset >= 0), before a compressed batch, before a batch whose records
- * do not fit in out, or at an invalid batch (cur->position stays at its start and the error code
- * is returned). Returns LS_OK or a negative LS_ERR_ code (LS_ERR_ARG when len > INT32_MAX). */
+ * at cur->position. A batch holding such records is validated first (ls_batch_validate with
+ * max_batch_bytes, CRC included), and no record of a batch that fails is ever returned. A batch
+ * followed by one whose base offset is <= min_offset is skipped on the two headers alone (see
+ * skippable() in scan.c), as Kafka's offset translation skips batches, so that damage in a batch
+ * the read does not need cannot fail the read. Every batch's base offset must exceed the previous
+ * batch's last offset (cur->prev_last_offset), else LS_ERR_CORRUPT.
+ * Stops (setting cur->stop) at the end of buf, before a batch whose base offset is >= max_offset
+ * (when max_offset >= 0), before a compressed batch, before a batch whose records do not fit in
+ * out, or at an invalid batch (cur->position stays at its start and the error code is returned).
+ * Returns LS_OK or a negative LS_ERR_ code. */
 int ls_segment_decode(const char *buf, int64_t len, int64_t min_offset, int64_t max_offset,
                       int64_t max_batch_bytes, ls_cursor *cur, ls_records_out *out);
 
@@ -279,9 +286,10 @@ int ls_segment_scan(const char *buf, int64_t len, int64_t base_offset, int64_t i
 /* Sparse index search. `index` holds `entries` entries of the given file kind.
  * ls_index_lookup: slot of the largest entry whose relative offset <= target, or -1.
  * ls_timeindex_lookup: slot of the largest entry whose timestamp <= target, or -1.
- * ls_index_check: -1 when the entries are strictly increasing in relative offset (offset index;
- * positions non-decreasing and >= 0 too) or non-decreasing in timestamp and offset (time index),
- * and every relative offset lies in [0, max_relative_offset]; else the first bad slot. */
+ * ls_index_check: -1 when the entries are strictly increasing in relative offset and position,
+ * positions >= 0 (offset index), or strictly increasing in timestamp and non-decreasing in offset
+ * (time index), and every relative offset lies in [0, max_relative_offset]; else the first bad
+ * slot. */
 int64_t ls_index_lookup(const char *index, int64_t entries, int64_t target_relative_offset);
 int64_t ls_timeindex_lookup(const char *index, int64_t entries, int64_t target_timestamp);
 int64_t ls_index_check(const char *index, int64_t entries, int is_timeindex,

@@ -26,6 +26,29 @@ int ls_all_zero(const char *buf, int64_t len)
     return 1;
 }
 
+/* A batch can be skipped without validation iff its header is present with magic 2 and a
+ * batchLength that fits in the buffer, and the header of the batch right after it is present
+ * too, with magic 2, a base offset above this batch's and not above min_offset. The records of
+ * the skipped batch are then all below min_offset whatever its own (unchecked) lastOffsetDelta
+ * says, and a damaged batchLength cannot carry the walk past the batch holding min_offset: it
+ * would land on a position whose header fails these checks, and the batch is validated (and its
+ * CRC, computed over the claimed length, fails). Returns the size, or 0 to validate instead. */
+static int64_t skippable(const char *b, int64_t avail, int64_t min_offset, ls_batch_header *hdr)
+{
+    if (avail < LS_BATCH_HEADER_SIZE)
+        return 0;
+    ls_header_load(b, hdr);
+    int64_t size = (int64_t)LS_LOG_OVERHEAD + hdr->batch_length;
+    if (hdr->magic != LS_MAGIC || hdr->batch_length < LS_BATCH_MIN_LENGTH ||
+        size + LS_BATCH_HEADER_SIZE > avail || hdr->base_offset < 0)
+        return 0;
+    ls_batch_header next;
+    ls_header_load(b + size, &next);
+    if (next.magic != LS_MAGIC || next.base_offset <= hdr->base_offset || next.base_offset > min_offset)
+        return 0;
+    return size;
+}
+
 int ls_segment_decode(const char *buf, int64_t len, int64_t min_offset, int64_t max_offset,
                       int64_t max_batch_bytes, ls_cursor *cur, ls_records_out *out)
 {
@@ -49,12 +72,19 @@ int ls_segment_decode(const char *buf, int64_t len, int64_t min_offset, int64_t 
                 return LS_OK;
             }
         }
-        int64_t size = ls_batch_validate(b, len - pos, max_batch_bytes, hdr, &cur->computed_crc);
+        int64_t size = skippable(b, len - pos, min_offset, hdr);
+        int skipped = size > 0;
+        if (!skipped)
+            size = ls_batch_validate(b, len - pos, max_batch_bytes, hdr, &cur->computed_crc);
         if (size < 0) {
             cur->stop = LS_STOP_ERROR;
             return (int)size;
         }
-        if (hdr->base_offset + hdr->last_offset_delta >= min_offset) {
+        if (hdr->base_offset <= cur->prev_last_offset) {
+            cur->stop = LS_STOP_ERROR;
+            return LS_ERR_CORRUPT;
+        }
+        if (!skipped && hdr->base_offset + hdr->last_offset_delta >= min_offset) {
             if (hdr->attributes & LS_ATTR_COMPRESSION_MASK) {
                 cur->stop = LS_STOP_COMPRESSED;
                 return LS_OK;
@@ -70,6 +100,8 @@ int ls_segment_decode(const char *buf, int64_t len, int64_t min_offset, int64_t 
                 return (int)n;
             }
         }
+        /* A skipped batch's lastOffsetDelta is unchecked: only its base offset is trusted. */
+        cur->prev_last_offset = skipped ? hdr->base_offset : hdr->base_offset + hdr->last_offset_delta;
         cur->position = pos + size;
         cur->batches++;
     }
