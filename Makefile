@@ -35,11 +35,13 @@ bench: $(STAMP)
 soak: $(STAMP)
 	$(PY) -m pytest $(PYTEST_FLAGS) -m slow tests
 
+# The sanitizer build replaces the C core in .venv; the last step puts the normal build back.
 asan: $(STAMP)
-	LOGSTORE_SANITIZE=1 $(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
-	ASAN_OPTIONS=detect_leaks=0 LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
-		$(PY) -m pytest $(PYTEST_FLAGS) -p no:cacheprovider tests/unit tests/corruption
-	$(PY) -m pip install --quiet --no-build-isolation --no-deps -e .
+	LOGSTORE_SANITIZE=1 $(PY) -m pip install --quiet --no-deps --force-reinstall -e .
+	PYTHONMALLOC=malloc ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+		LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+		$(PY) -m pytest $(PYTEST_FLAGS) -s -p no:cacheprovider tests/unit tests/corruption tests/compat; \
+		status=$$?; $(PY) -m pip install --quiet --no-deps --force-reinstall -e .; exit $$status
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info src/logstore/_native/_lib.* .pytest_cache .hypothesis

