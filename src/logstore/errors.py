@@ -17,6 +17,7 @@ __all__ = [
     "RecordTooLargeError",
     "LogClosedError",
     "LogLockedError",
+    "LogOfflineError",
     "InvalidTopicError",
     "UnsupportedCodecError",
     "InvalidConfigError",
@@ -116,6 +117,14 @@ class RecordTooLargeError(LogstoreError):
 
 class LogClosedError(LogstoreError):
     """The log was used after ``close()``."""
+
+
+class LogOfflineError(LogstoreError):
+    """An I/O error left the log's files in an unknown state; the log refuses further use.
+
+    As Kafka takes a log directory offline after an I/O error, the log must be closed and
+    opened again, which recovers it from what is on disk.
+    """
 
 
 class LogLockedError(LogstoreError):

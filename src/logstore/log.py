@@ -23,6 +23,7 @@ import os
 import re
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any, Iterable, Iterator, Mapping, Sequence
@@ -31,13 +32,19 @@ from sortedcontainers import SortedDict
 
 from . import _fileio, compression
 from ._native import check, ffi, lib
-from .checkpoint import LOG_START_OFFSET_CHECKPOINT, RECOVERY_POINT_CHECKPOINT, OffsetCheckpoints
+from .checkpoint import (
+    LOG_START_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_CHECKPOINT,
+    CorruptCheckpointError,
+    OffsetCheckpoints,
+)
 from .config import LogConfig
 from .errors import (
     CorruptIndexError,
     CorruptRecordError,
     LogClosedError,
     LogLockedError,
+    LogOfflineError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
     UnsupportedCodecError,
@@ -50,9 +57,11 @@ from .segment import (
     LOG_SUFFIX,
     SWAP_SUFFIX,
     TIMEINDEX_SUFFIX,
+    TRUNCATION_SUFFIX,
     LogSegment,
     SegmentInfo,
     parse_segment_name,
+    replay_truncation_journal,
     segment_name,
 )
 
@@ -133,6 +142,7 @@ class Log:
         self._active: LogSegment | None = None
         self._appender: Any = _CLOSED_APPENDER
         self._closed = True
+        self._offline: BaseException | None = None
         self._lock_fd = -1
         self._builder = BatchBuilder()
         self._decoder = RecordDecoder()
@@ -217,6 +227,11 @@ class Log:
         ops = _fileio.ops
         marker = os.path.join(self.path, CLEAN_SHUTDOWN_FILE)
         clean = ops.exists(marker)
+        if clean:
+            # Invariant: the marker is gone (durably) before any file changes, so a crash from
+            # here on is seen as unclean by the next open and the active segment is recovered.
+            ops.unlink(marker)
+            ops.fsync_dir(self.path)
         names = ops.listdir(self.path)
         self._finish_interrupted_operations(names)
         names = ops.listdir(self.path)
@@ -225,9 +240,12 @@ class Log:
             parsed = parse_segment_name(name)
             if parsed and parsed[1] in (INDEX_SUFFIX, TIMEINDEX_SUFFIX) and parsed[0] not in bases:
                 ops.unlink(os.path.join(self.path, name))
-        recovery_point = self._recovery_points.get(self._key) or 0
-        start_checkpoint = self._start_offsets.get(self._key)
+        recovery_point, start_checkpoint = self._read_checkpoints()
+        if recovery_point is None:
+            clean = False  # without a recovery point, every segment is scanned
+            recovery_point = 0
         recovered = truncated = deleted = rebuilt = 0
+        recovered_segments: list[LogSegment] = []
         for base in bases:
             has_indexes = all(ops.exists(os.path.join(self.path, segment_name(base) + s))
                               for s in (INDEX_SUFFIX, TIMEINDEX_SUFFIX))
@@ -248,6 +266,7 @@ class Log:
             if i >= first_unflushed:
                 result = segment.recover()
                 recovered += 1
+                recovered_segments.append(segment)
                 if result.truncated_bytes:
                     truncated += result.truncated_bytes
                     # Everything after a torn batch is suspect: drop the later segments.
@@ -270,6 +289,7 @@ class Log:
                                segment.path, exc)
                 result = segment.recover()
                 recovered += 1
+                recovered_segments.append(segment)
                 truncated += result.truncated_bytes
         keys = list(self._segments.keys())
         for base, next_base in zip(keys, keys[1:]):
@@ -294,23 +314,48 @@ class Log:
             last_segment.activate()
         self._set_active(last_segment)
         if recovered:
-            for segment in self._segments.values():
-                segment.flush()
+            # Recovered bytes may still be only in the page cache; segments below the recovery
+            # point were fsynced when they rolled.
+            for segment in recovered_segments:
+                if not segment.closed:
+                    segment.flush()
             self._recovery_point = end_offset
         else:
             self._recovery_point = min(max(recovery_point, start), end_offset) if not clean else end_offset
         self._flushed_offset = self._recovery_point
         self._update_flush_at()
-        if clean:
-            ops.unlink(marker)
         ops.fsync_dir(self.path)
         self._write_checkpoints(force=True)
         self.recovery_report = RecoveryReport(clean, recovered, truncated, deleted, rebuilt)
         if truncated:
             logger.warning("%s: recovery dropped %d bytes of invalid data", self.path, truncated)
 
+    def _read_checkpoints(self) -> tuple[int | None, int | None]:
+        """(recovery point, log start offset) from the log directory's checkpoint files.
+
+        A damaged checkpoint file costs a longer recovery, not the log: it is read as absent
+        (recovery point None: scan everything) and rewritten after the open.
+        """
+        try:
+            recovery_point = self._recovery_points.get(self._key)
+        except CorruptCheckpointError as exc:
+            logger.warning("%s; recovering every segment", exc)
+            recovery_point = None
+        else:
+            recovery_point = recovery_point or 0
+        try:
+            start = self._start_offsets.get(self._key)
+        except CorruptCheckpointError as exc:
+            logger.warning("%s; the log starts at its first segment", exc)
+            start = None
+        return recovery_point, start
+
     def _finish_interrupted_operations(self, names: list[str]) -> None:
-        """Complete or roll back file renames that a crash interrupted (Kafka's suffix protocol).
+        """Complete or roll back file operations that a crash interrupted.
+
+        A ``.log.truncating`` journal is a truncation that may have been half applied: it is
+        finished (or, if the journal itself is incomplete, dropped). Then Kafka's suffix
+        protocol:
 
         ``.deleted`` files were already removed from the log: unlink them. ``.cleaned`` files
         are unfinished compaction output that never replaced anything: unlink them. A ``.swap``
@@ -318,6 +363,11 @@ class Log:
         deleted and it is renamed into place.
         """
         ops = _fileio.ops
+        for name in names:
+            if name.endswith(LOG_SUFFIX + TRUNCATION_SUFFIX):
+                full = os.path.join(self.path, name)
+                replay_truncation_journal(full, full[: -len(TRUNCATION_SUFFIX)])
+        names = ops.listdir(self.path)
         swaps = []
         for name in names:
             full = os.path.join(self.path, name)
@@ -424,6 +474,30 @@ class Log:
     def _check_open(self) -> None:
         if self._closed:
             raise LogClosedError(f"log {self.path} is closed")
+        if self._offline is not None:
+            raise LogOfflineError(
+                f"log {self.path} is offline after an I/O error ({self._offline}); "
+                "close it and open it again to recover") from self._offline
+
+    @contextmanager
+    def _io_guard(self) -> Iterator[None]:
+        """Take the log offline when an I/O error interrupts a change to its files.
+
+        After a failed write, truncate, rename or fsync the files and the in-memory state may
+        disagree (and after a failed fsync the page cache may have dropped data), so the only
+        safe continuation is to stop using the log until it is reopened and recovered.
+        """
+        try:
+            yield
+        except OSError as exc:
+            self._go_offline(exc)
+            raise
+
+    def _go_offline(self, exc: BaseException) -> None:
+        logger.error("%s: taking the log offline after an I/O error: %s", self.path, exc)
+        self._offline = exc
+        self._appender = _CLOSED_APPENDER
+        self._roll_deadline = _NEVER
 
     # ------------------------------------------------------------------ appends
     def append(self, value: bytes | None, key: bytes | None = None,
@@ -529,8 +603,9 @@ class Log:
         """The active segment reported FULL for a batch of about ``needed`` bytes."""
         segment = self._active
         assert segment is not None
-        if segment.should_roll_for(needed) or not segment.grow_for(needed):
-            self._roll()
+        with self._io_guard():
+            if segment.should_roll_for(needed) or not segment.grow_for(needed):
+                self._roll()
 
     def append_batch(self, values: Sequence[bytes | None], keys: Sequence[bytes | None] | None = None,
                      headers: Sequence[Iterable[tuple[str, bytes | None]] | None] | None = None,
@@ -657,13 +732,20 @@ class Log:
                 return
             with self._lock:
                 if self._closed:
-                    return
+                    return  # close() flushes everything itself
+                self._check_open()
                 segment = self._active
                 target = self._appender.next_offset
             assert segment is not None
             # Segments before the active one were fsynced when they rolled. fdatasync is
             # enough for the data; the index files are derived and rebuilt by recovery.
-            segment.flush_data()
+            try:
+                if not segment.closed:
+                    segment.flush_data()
+            except OSError as exc:
+                with self._lock:
+                    self._go_offline(exc)
+                raise
             with self._lock:
                 self._flushed_offset = max(self._flushed_offset, target)
                 if target > self._recovery_point and segment is self._active:
@@ -710,6 +792,10 @@ class Log:
 
     def _roll(self) -> None:
         """Seal (trim + fsync) the active segment and create the next one. Holds the lock."""
+        with self._io_guard():
+            self._roll_unguarded()
+
+    def _roll_unguarded(self) -> None:
         old = self._active
         assert old is not None
         if old.size == 0:
@@ -843,28 +929,32 @@ class Log:
             end = self._appender.next_offset
             if offset >= end:
                 return
-            if offset <= self._log_start_offset:
-                self._replace_all_segments(offset)
-                self._log_start_offset = offset
-            else:
-                doomed = [base for base in self._segments.keys() if base >= offset]
-                if doomed and doomed[0] == self._segments.keys()[0]:
-                    doomed = doomed[1:]
-                for base in reversed(doomed):
-                    segment = self._segments.pop(base)
-                    segment.abandon()
-                    self._delete_files_now(base)
-                last = self._segments.peekitem(-1)[1]
-                if not last.active:
-                    last.activate()
-                last.truncate_to(offset, self._builder, self._decoder)
-                self._set_active(last)
-            _fileio.ops.fsync_dir(self.path)
-            self._recovery_point = min(self._recovery_point, self._appender.next_offset)
-            self._flushed_offset = min(self._flushed_offset, self._recovery_point)
-            if self._high_watermark is not None:
-                self._high_watermark = min(self._high_watermark, self._appender.next_offset)
-            self._write_checkpoints(force=True)
+            with self._io_guard():
+                self._truncate_locked(offset)
+
+    def _truncate_locked(self, offset: int) -> None:
+        if offset <= self._log_start_offset:
+            self._replace_all_segments(offset)
+            self._log_start_offset = offset
+        else:
+            doomed = [base for base in self._segments.keys() if base >= offset]
+            if doomed and doomed[0] == self._segments.keys()[0]:
+                doomed = doomed[1:]
+            for base in reversed(doomed):
+                segment = self._segments.pop(base)
+                segment.abandon()
+                self._delete_files_now(base)
+            last = self._segments.peekitem(-1)[1]
+            if not last.active:
+                last.activate()
+            last.truncate_to(offset, self._builder, self._decoder)
+            self._set_active(last)
+        _fileio.ops.fsync_dir(self.path)
+        self._recovery_point = min(self._recovery_point, self._appender.next_offset)
+        self._flushed_offset = min(self._flushed_offset, self._recovery_point)
+        if self._high_watermark is not None:
+            self._high_watermark = min(self._high_watermark, self._appender.next_offset)
+        self._write_checkpoints(force=True)
 
     def _replace_all_segments(self, base: int) -> None:
         for b in list(self._segments.keys()):
@@ -951,6 +1041,10 @@ class Log:
 
     def _delete_segments(self, doomed: list[LogSegment]) -> None:
         """Remove segments from the log (oldest first): rename .deleted now, unlink later."""
+        with self._io_guard():
+            self._delete_segments_unguarded(doomed)
+
+    def _delete_segments_unguarded(self, doomed: list[LogSegment]) -> None:
         for segment in sorted(doomed, key=lambda s: s.base_offset):
             if segment is self._active:
                 self._roll()
@@ -1011,6 +1105,10 @@ class Log:
             if self._closed:
                 return
             self._cancel_timers()
+            if self._offline is not None:
+                # No clean-shutdown marker: the next open recovers from what is on disk.
+                self._release()
+                return
             try:
                 for segment in self._segments.values():
                     segment.close(trim=True)

@@ -397,6 +397,8 @@ class RecordDecoder:
         self._alloc(capacity)
 
     def _alloc(self, capacity: int) -> None:
+        """(Re)allocate the row arrays. Callers holding ``self._out`` must re-read it: the old
+        struct and arrays are freed with the last reference."""
         self.capacity = capacity
         out = ffi.new("ls_records_out *")
         self._arrays = (
@@ -543,6 +545,7 @@ class RecordDecoder:
                             self.last_stop = lib.LS_STOP_ERROR
                             break
                         raise
+                    out = self._out  # the compressed batch may have grown the arrays
                     cur.prev_last_offset = cur.header.base_offset + cur.header.last_offset_delta
                     cur.position += size
                     cur.batches += 1

@@ -20,7 +20,7 @@ from typing import Sequence
 
 from logstore import Log
 
-__all__ = ["value_for", "key_for", "check_log", "append_some", "CONFIG"]
+__all__ = ["value_for", "key_for", "check_log", "append_some", "describe", "CONFIG"]
 
 #: A small-segment configuration: 16 KiB segments roll every ~200 records; small indexes with
 #: an entry every 1 KiB so that reads go through real index lookups.
@@ -58,12 +58,15 @@ def append_some(log: Log, history: list[bytes], tag: str, count: int, rng: rando
     return end
 
 
-def check_log(log: Log, history: Sequence[bytes], start: int, durable_end: int,
+def check_log(log: Log, history: Sequence[bytes], start: int | tuple[int, int], durable_end: int,
               rng: random.Random | None = None, what: str = "") -> int:
     """Assert that ``log`` holds exactly ``history[start:end]`` for some end in
-    [durable_end, len(history)]; return end. ``what`` prefixes failure messages."""
+    [durable_end, len(history)]; return end. ``start`` may be a range (lo, hi) when a crash
+    interrupted a move of the log start. ``what`` prefixes failure messages."""
     prefix = f"{what}: " if what else ""
-    assert log.log_start_offset == start, f"{prefix}log start {log.log_start_offset}, expected {start}"
+    lo, hi = start if isinstance(start, tuple) else (start, start)
+    assert lo <= log.log_start_offset <= hi, f"{prefix}log start {log.log_start_offset}, expected {start}"
+    start = log.log_start_offset
     end = log.log_end_offset
     assert end >= durable_end, (
         f"{prefix}lost durable records: log ends at {end} but offsets below {durable_end} were "
@@ -87,3 +90,11 @@ def check_log(log: Log, history: Sequence[bytes], start: int, durable_end: int,
             assert got and got[0].offset == offset and got[0].value == history[offset], (
                 f"{prefix}read({offset}) returned {[(r.offset, r.value[:20]) for r in got]}")
     return end
+
+
+def describe(exc: BaseException, what: str) -> str:
+    """One line for a collected failure: where it happened and what was raised."""
+    text = str(exc)
+    if not text.startswith(what):
+        text = f"{what}: {type(exc).__name__}: {text}"
+    return text[:400]

@@ -51,6 +51,7 @@ Thread-safety: all state is guarded by one lock, so a Log used from several thre
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import shutil
@@ -83,6 +84,10 @@ def _unpack(packed: tuple[bytes, int]) -> bytes:
 
 
 def _read_fd(fd: int) -> bytes:
+    """The whole content of the file open on ``fd`` (the page cache, mapped writes included)."""
+    if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY:
+        # Write-only descriptor (write_file_atomic's temp file): read through a new one.
+        return _read_path(f"/proc/self/fd/{fd}")
     size = os.fstat(fd).st_size
     chunks = []
     position = 0

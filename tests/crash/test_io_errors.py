@@ -1,0 +1,224 @@
+"""I/O errors injected at every file operation (LevelDB's fault-injection Env, error half).
+
+A writer forked from the test process makes the n-th call into FileOps fail with EIO (or ENOSPC
+for space-allocating calls), keeps appending after the error like an application that retries,
+and exits without closing. The contract checked: an I/O error surfaces as an exception from the
+call that hit it (the log may refuse later writes), the process never dies from it (no SIGSEGV
+from a stale mapping), every append that returned is present after a reopen, and the log is a
+prefix of what was written.
+"""
+
+from __future__ import annotations
+
+import errno
+import faulthandler
+import os
+import random
+import select
+import shutil
+import signal
+import struct
+import sys
+import time
+import traceback
+
+import pytest
+
+from logstore import Log, _fileio
+from logstore._fileio import FileOps
+
+from crashcheck import CONFIG, append_some, check_log, key_for, value_for, describe as _describe
+
+_MSG = struct.Struct("<cq")
+_OP_NAMES = sorted(n for n in dir(FileOps) if not n.startswith("_"))
+_SPACE_OPS = {"fallocate", "pwrite", "ftruncate", "open", "write_file_atomic"}
+
+
+class _NoSync(FileOps):
+    """No real fsyncs (tmpfs and page cache are all a surviving process needs)."""
+
+    def fsync(self, fd: int) -> None:
+        pass
+
+    def fdatasync(self, fd: int) -> None:
+        pass
+
+    def fsync_dir(self, path: str) -> None:
+        pass
+
+
+class _FailAtCall(_NoSync):
+    """The n-th call into FileOps raises OSError before doing anything; the others work."""
+
+    def __init__(self, n: int, wfd: int) -> None:
+        self.n = n
+        self.wfd = wfd
+        self.calls = 0
+
+    def __getattribute__(self, name):
+        attr = object.__getattribute__(self, name)
+        if name.startswith("_") or name not in _OP_NAMES:
+            return attr
+
+        def counted(*args, **kwargs):
+            self.calls += 1
+            if self.calls == self.n:
+                os.write(self.wfd, _MSG.pack(b"F", _OP_NAMES.index(name)))
+                code = errno.ENOSPC if name in _SPACE_OPS else errno.EIO
+                if name == "close":
+                    attr(*args, **kwargs)  # Linux frees the descriptor even when close fails
+                raise OSError(code, f"injected {os.strerror(code)} in {name}")
+            return attr(*args, **kwargs)
+
+        return counted
+
+
+def _writer(path: str, config: dict, fail_at: int, wfd: int) -> None:
+    """Open, append 30 records through rolls (retrying after errors), report, exit unclosed."""
+    rng = random.Random(5)
+    ops = _FailAtCall(fail_at, wfd)
+    with _fileio.install(ops):
+        try:
+            log = Log.open(path, **config)
+        except Exception:  # noqa: BLE001 - an open that hits an I/O error may fail
+            os.write(wfd, _MSG.pack(b"N", ops.calls))
+            return
+        errors = 0
+        appended = 0
+        while appended < 30 and errors < 3:
+            try:
+                end = log.log_end_offset
+                k = rng.choice((1, 1, 4))
+                values = [value_for(end + i, "s") for i in range(k)]
+                keys = [key_for(end + i) for i in range(k)]
+                got = log.append(values[0], key=keys[0]) if k == 1 else log.append_batch(values, keys=keys)
+            except Exception as exc:  # noqa: BLE001 - any exception is an allowed way to fail
+                errors += 1
+                os.write(wfd, _MSG.pack(b"E", len(type(exc).__name__)))
+                continue
+            if got != end:
+                raise AssertionError(f"append returned {got}, expected {end}")
+            appended += k
+            os.write(wfd, _MSG.pack(b"A", end + k - 1))
+    os.write(wfd, _MSG.pack(b"N", ops.calls))
+    # Exit without close: what survives is what the page cache holds.
+
+
+def _fork(target, *args) -> tuple[int, int]:
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            faulthandler.disable()  # a segfaulting writer is reported by the parent, tersely
+            os.close(rfd)
+            target(*args, wfd)
+        except BaseException:
+            traceback.print_exc(file=sys.stderr)
+            sys.stderr.flush()
+            code = 3
+        finally:
+            os._exit(code)
+    os.close(wfd)
+    return pid, rfd
+
+
+def _read_all(rfd: int, pid: int, timeout: float = 20.0) -> list[tuple[bytes, int]]:
+    """The child's messages until it exits; a child that hangs is killed and reported."""
+    data = bytearray()
+    deadline = time.monotonic() + timeout
+    while True:
+        ready, _, _ = select.select([rfd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+            data += _MSG.pack(b"H", 0)
+            break
+        chunk = os.read(rfd, 1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    os.close(rfd)
+    return [_MSG.unpack_from(data, i) for i in range(0, len(data) - len(data) % _MSG.size, _MSG.size)]
+
+
+@pytest.mark.regression(reason=("fixed: an I/O error inside Log._roll after the old segment was sealed (seal unmaps it) leaves "
+    "Log._appender pointing at the unmapped segment; the next append that fits writes through "
+    "the stale pointer and the process dies of SIGSEGV"))
+def test_io_error_at_every_file_operation_is_an_exception_and_loses_no_returned_append(mem_path):
+    config = dict(CONFIG, segment_bytes=1024, flush_messages=1)
+    template = mem_path / "template"
+    history: list[bytes] = []
+    with _fileio.install(_NoSync()):
+        log = Log.open(str(template / "t-0"), **config)
+        append_some(log, history, "t", 40, random.Random(1))
+        log._abandon()
+    history.extend(value_for(o, "s") for o in range(40, 400))
+    failures: list[str] = []
+    n, total = 1, None
+    while total is None or n <= total:
+        work = mem_path / f"run{n}"
+        shutil.copytree(template, work)
+        pid, rfd = _fork(_writer, str(work / "t-0"), config, n)
+        messages = _read_all(rfd, pid)
+        _, status = os.waitpid(pid, 0)
+        failed_op = next((_OP_NAMES[v] for k, v in messages if k == b"F"), "nothing")
+        what = f"error at FileOps call {n} ({failed_op})"
+        acked = [v for k, v in messages if k == b"A"]
+        done = [v for k, v in messages if k == b"N"]
+        if done and failed_op == "nothing":
+            total = done[0]
+        try:
+            if any(k == b"H" for k, _ in messages):
+                raise AssertionError(f"{what}: the writer hung (killed after 20 s)")
+            if os.WIFSIGNALED(status):
+                raise AssertionError(f"{what}: the writer died of signal {signal.Signals(os.WTERMSIG(status)).name}")
+            if os.WEXITSTATUS(status) != 0:
+                raise AssertionError(f"{what}: the writer failed (exit {os.WEXITSTATUS(status)}, see stderr)")
+            with _fileio.install(_NoSync()), Log.open(str(work / "t-0"), **config) as log:
+                check_log(log, history, 0, max(40, max(acked, default=-1) + 1), random.Random(n), what)
+        except Exception as exc:  # collect every failing point, report them together
+            failures.append(_describe(exc, what))
+        shutil.rmtree(work)
+        n += 1
+    assert total is not None and total > 150, f"the workload made only {total} FileOps calls"
+    assert not failures, f"{len(failures)} of {total} error points broke the writer or the log:\n" + "\n".join(failures)
+
+
+def _roll_fails_then_append(path: str, wfd: int) -> None:
+    class DiskFull(FileOps):
+        full = False
+
+        def fallocate(self, fd: int, size: int) -> None:
+            if self.full:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            super().fallocate(fd, size)
+
+    ops = DiskFull()
+    with _fileio.install(ops):
+        log = Log.open(path, segment_bytes=1 << 20)
+        for i in range(10):
+            log.append(b"v%d" % i)
+        ops.full = True
+        try:
+            log.roll()  # the new segment cannot be allocated
+        except OSError:
+            os.write(wfd, _MSG.pack(b"R", 0))
+        ops.full = False
+        try:
+            log.append(b"after")  # must raise or succeed, not crash the interpreter
+        except Exception:  # noqa: BLE001
+            pass
+        os.write(wfd, _MSG.pack(b"N", 0))
+
+
+@pytest.mark.regression(reason=("fixed: Log.roll() failing with ENOSPC while creating the new segment leaves the sealed, "
+    "unmapped old segment's appender in place; the next append segfaults"))
+def test_append_after_a_roll_failed_with_enospc_does_not_crash_the_process(mem_path):
+    pid, rfd = _fork(_roll_fails_then_append, str(mem_path / "t-0"))
+    messages = _read_all(rfd, pid)
+    _, status = os.waitpid(pid, 0)
+    assert (b"R", 0) in messages, "the injected ENOSPC did not reach roll()"
+    assert not os.WIFSIGNALED(status), f"the process died of {signal.Signals(os.WTERMSIG(status)).name}"
+    assert (b"N", 0) in messages
+    with Log.open(str(mem_path / "t-0")) as log:
+        assert [r.value for r in log.read(0)][:10] == [b"v%d" % i for i in range(10)]
