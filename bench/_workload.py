@@ -126,6 +126,19 @@ def bench_root() -> str:
     return os.environ.get("LOGSTORE_BENCH_DIR") or tempfile.gettempdir()
 
 
+def _source_version() -> str:
+    """The commit measured, and whether src/ had uncommitted changes."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "-C", repo, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "-C", repo, "status", "--porcelain", "--", "src"], capture_output=True,
+                               text=True, timeout=5).stdout.strip()
+    except Exception:
+        return "unknown"
+    return f"{head}{' + uncommitted changes in src/' if dirty else ''}" if head else "unknown"
+
+
 def machine() -> dict[str, str]:
     root = bench_root()
     try:
@@ -142,6 +155,7 @@ def machine() -> dict[str, str]:
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "os": f"{platform.system()} {platform.release()}",
         "data dir": f"{root} on {_filesystem(root)}",
+        "logstore": _source_version(),
     }
 
 

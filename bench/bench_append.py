@@ -2,8 +2,9 @@
 
 Each round appends a fixed number of records to a *fresh* log (created in the untimed setup,
 abandoned and deleted in the untimed teardown, so no round pays for another round's fsync at
-close). A round therefore includes what a steady writer pays too: first-touch page faults of
-the mapped segment and the map's growth steps (8 MiB, doubling), but not a segment roll.
+close). A round therefore includes what a steady writer pays too: new page-cache pages for
+every byte (through pwrite for batches, through first-touch faults of the mapped segment for
+single records) and the map's growth steps (8 MiB, doubling), but never a segment roll.
 
 Workload: compact JSON values of exactly ``payload`` bytes, 16-byte keys, default timestamps.
 """
@@ -16,8 +17,6 @@ import pytest
 
 import _report
 from logstore import Log
-
-MiB = 1 << 20
 
 
 def _round_of_batches(pool, payload: int, batch: int, records: int):
@@ -216,6 +215,7 @@ def test_storage_overhead(benchmark, pool, scratch, payload):
     minimum = _format_minimum([values for values, _ in batches], 16)
     benchmark.extra_info.update(log_bytes=on_disk, log_bytes_allocated=allocated, raw_key_value_bytes=raw,
                                 format_minimum_per_record=minimum / records)
-    _report.report_value(benchmark, "overhead_bytes_per_record", per_record, "bytes/record", at_most=10,
+    _report.report_value(benchmark, "overhead_bytes_per_record", per_record, "bytes/record",
+                         at_most=10 if payload == 200 else None,
                          note=f"Kafka v2 framing minimum {minimum / records:.2f}")
     assert on_disk - raw == minimum, (on_disk - raw, minimum)

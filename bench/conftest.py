@@ -5,10 +5,18 @@ pattern never picks them up, and the hook below collects them only when ``bench/
 it) is named on the command line. ``pytest`` / ``pytest tests`` (testpaths = ["tests"]) and even
 ``pytest .`` therefore never run them.
 
-Reporting: every benchmark that moves records calls ``_report.report``, which stores records/s (and
-MB/s, GB/s or bytes/record where meaningful) computed from the benchmark's *mean* round time in
-``benchmark.extra_info`` (so ``--benchmark-json`` carries it) and adds a row to the summary
-printed at the end of the run, with the target from the issue and whether it was met.
+Layout: bench_append.py (append_batch and append, with and without fsync, storage overhead),
+bench_read.py (sequential reads), bench_recovery.py (crash recovery scan), bench_primitives.py
+(crc32c, batch encode/decode per codec, the disk's fsync floor). compare.py runs the same
+workloads against sqlite3, lmdb and persist-queue; _workload.py makes the data (exact-size JSON
+values, 16-byte keys) for both.
+
+Reporting: every benchmark calls ``_report.report`` (or ``report_value``), which puts records/s
+(and MB/s or GB/s) computed from the benchmark's mean round time, and from its fastest round,
+into ``benchmark.extra_info`` (so ``--benchmark-json`` carries them) and adds a row to the table
+printed at the end of the run, next to the issue's target and whether it was met. The table
+starts with the machine, the commit measured and the load average, since the figures mean
+little without them.
 """
 
 from __future__ import annotations

@@ -1,0 +1,414 @@
+#!/usr/bin/env python3
+"""logstore against sqlite3, lmdb and persist-queue, same workloads, same run, same machine.
+
+    .venv/bin/python bench/compare.py            # ~2 minutes
+    .venv/bin/python bench/compare.py --quick    # ~30 seconds, fewer records, one repetition
+
+Workload (bench/_workload.py): compact JSON values of exactly 200 bytes, 16-byte keys, one
+timestamp per record. Every system gets a fresh directory per measurement on the same
+filesystem (``LOGSTORE_BENCH_DIR``, default the system temporary directory); only the appends
+or the reads are timed, never open/close. Each figure is the median of ``--repeat`` runs.
+
+Workloads and what each system does:
+
+  batch-1000, no fsync   logstore append_batch(1000) | sqlite3 WAL synchronous=NORMAL, one
+                         transaction with executemany per batch | lmdb one write txn per batch
+                         (putmulti, append=True), sync=False | persist-queue has no batch API:
+                         put() per record (marked *)
+  batch-1000, fsync      logstore flush_messages=1000 (fdatasync per batch) | sqlite3 WAL
+                         synchronous=FULL, commit per batch | lmdb sync=True | persist-queue
+                         SQLiteQueue: commit (fsync) per put (*)
+  single, no fsync       one record per call: logstore append() | sqlite3 INSERT + commit,
+                         NORMAL | lmdb txn per record, sync=False | persistqueue.Queue put() /
+                         SQLiteQueue put() with synchronous=NORMAL
+  sequential read        everything written above read back in order as (offset, timestamp,
+                         key, value) objects: logstore Log.iter() -> Record | sqlite3 SELECT
+                         ORDER BY offset -> row tuple | lmdb cursor -> tuple decoded from the
+                         value | persist-queue get() + task_done() (a destructive consume)
+
+Durability differs even inside one row, which is the point of listing it: "no fsync" means
+the data is in the OS page cache (survives a process crash, not a power loss) for logstore,
+sqlite3 NORMAL (WAL) and lmdb sync=False; persistqueue.Queue fsyncs a chunk file every 100
+puts and rewrites its info file per put.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sqlite3
+import statistics
+import sys
+import time
+from typing import Callable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _workload  # noqa: E402
+from logstore import Log  # noqa: E402
+
+try:
+    import lmdb
+except ImportError:  # pragma: no cover - the bench extra is not installed
+    lmdb = None
+try:
+    import persistqueue
+except ImportError:  # pragma: no cover
+    persistqueue = None
+
+PAYLOAD = 200
+BATCH = 1000
+WORKLOADS = ("batch-1000, no fsync", "batch-1000, fsync per batch", "single, no fsync", "sequential read")
+SYSTEMS = ("logstore", "sqlite3", "lmdb", "pq.Queue", "pq.SQLiteQueue")
+
+# Records per measurement (full run); --quick divides by 5. persist-queue is 10-1000x slower, so
+# it gets fewer records; rates are per record, so the counts only set the measurement's length.
+COUNTS = {
+    ("batch-1000, no fsync", "logstore"): 500_000,
+    ("batch-1000, no fsync", "sqlite3"): 200_000,
+    ("batch-1000, no fsync", "lmdb"): 500_000,
+    ("batch-1000, no fsync", "pq.Queue"): 3_000,
+    ("batch-1000, no fsync", "pq.SQLiteQueue"): 5_000,
+    ("batch-1000, fsync per batch", "logstore"): 100_000,
+    ("batch-1000, fsync per batch", "sqlite3"): 100_000,
+    ("batch-1000, fsync per batch", "lmdb"): 100_000,
+    ("batch-1000, fsync per batch", "pq.SQLiteQueue"): 500,
+    ("single, no fsync", "logstore"): 200_000,
+    ("single, no fsync", "sqlite3"): 50_000,
+    ("single, no fsync", "lmdb"): 100_000,
+    ("single, no fsync", "pq.Queue"): 3_000,
+    ("single, no fsync", "pq.SQLiteQueue"): 5_000,
+    ("sequential read", "logstore"): 500_000,
+    ("sequential read", "sqlite3"): 500_000,
+    ("sequential read", "lmdb"): 500_000,
+    ("sequential read", "pq.Queue"): 3_000,
+    ("sequential read", "pq.SQLiteQueue"): 5_000,
+}
+BATCHED = ("logstore", "sqlite3", "lmdb")  # write (and pre-write for reads) in batches of 1000
+# Marked with * in the table: no batch API, so the batch rows are per-record puts.
+PER_RECORD_ONLY = {("batch-1000, no fsync", "pq.Queue"), ("batch-1000, no fsync", "pq.SQLiteQueue"),
+                   ("batch-1000, fsync per batch", "pq.SQLiteQueue")}
+
+
+class Data:
+    def __init__(self, n: int) -> None:
+        self.values = _workload.make_values(n, PAYLOAD)
+        self.keys = _workload.make_keys(n)
+        self.n = n
+
+    def batches(self, count: int) -> list[tuple[list[bytes], list[bytes]]]:
+        per_pool = self.n // BATCH
+        return [(self.values[(i % per_pool) * BATCH : (i % per_pool + 1) * BATCH],
+                 self.keys[(i % per_pool) * BATCH : (i % per_pool + 1) * BATCH]) for i in range(count // BATCH)]
+
+    def pairs(self, count: int) -> list[tuple[bytes, bytes]]:
+        return [(self.values[i % self.n], self.keys[i % self.n]) for i in range(count)]
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+# ---------------------------------------------------------------------- logstore
+def logstore_write(path: str, data: Data, workload: str, count: int) -> float:
+    durable = "fsync" in workload and "no fsync" not in workload
+    log = Log.open(os.path.join(path, "bench-0"), flush_messages=BATCH if durable else None)
+    try:
+        if workload.startswith("batch"):
+            batches = data.batches(count)
+            append_batch = log.append_batch
+            t = time.perf_counter()
+            for values, keys in batches:
+                append_batch(values, keys)
+            elapsed = time.perf_counter() - t
+        else:
+            pairs = data.pairs(count)
+            append = log.append
+            t = time.perf_counter()
+            for value, key in pairs:
+                append(value, key)
+            elapsed = time.perf_counter() - t
+        assert log.log_end_offset == count
+    finally:
+        log._abandon()  # no close-time fsync: the other systems are not asked to sync either
+    return elapsed
+
+
+def logstore_read(path: str, data: Data, count: int) -> float:
+    log = Log.open(os.path.join(path, "bench-0"))
+    try:
+        for values, keys in data.batches(count):
+            log.append_batch(values, keys)
+        t = time.perf_counter()
+        collections.deque(log.iter(), maxlen=0)
+        elapsed = time.perf_counter() - t
+    finally:
+        log._abandon()
+    return elapsed
+
+
+# ---------------------------------------------------------------------- sqlite3
+_SQL_CREATE = 'CREATE TABLE records ("offset" INTEGER PRIMARY KEY, key BLOB, value BLOB, ts INTEGER)'
+_SQL_INSERT = 'INSERT INTO records ("offset", key, value, ts) VALUES (?, ?, ?, ?)'
+
+
+def _sqlite(path: str, synchronous: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(os.path.join(path, "bench.db"), isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={synchronous}")
+    conn.execute(_SQL_CREATE)
+    return conn
+
+
+def sqlite_write(path: str, data: Data, workload: str, count: int) -> float:
+    durable = "fsync" in workload and "no fsync" not in workload
+    conn = _sqlite(path, "FULL" if durable else "NORMAL")
+    execute, executemany = conn.execute, conn.executemany
+    try:
+        if workload.startswith("batch"):
+            batches = data.batches(count)
+            t = time.perf_counter()
+            offset = 0
+            for values, keys in batches:
+                ts = _now_ms()
+                execute("BEGIN")
+                executemany(_SQL_INSERT, [(offset + i, k, v, ts) for i, (k, v) in enumerate(zip(keys, values))])
+                execute("COMMIT")
+                offset += len(values)
+            elapsed = time.perf_counter() - t
+        else:
+            pairs = data.pairs(count)
+            t = time.perf_counter()
+            for offset, (value, key) in enumerate(pairs):
+                execute(_SQL_INSERT, (offset, key, value, _now_ms()))  # autocommit: one txn each
+            elapsed = time.perf_counter() - t
+    finally:
+        conn.close()
+    return elapsed
+
+
+def sqlite_read(path: str, data: Data, count: int) -> float:
+    conn = _sqlite(path, "NORMAL")
+    offset = 0
+    for values, keys in data.batches(count):
+        ts = _now_ms()
+        conn.execute("BEGIN")
+        conn.executemany(_SQL_INSERT, [(offset + i, k, v, ts) for i, (k, v) in enumerate(zip(keys, values))])
+        conn.execute("COMMIT")
+        offset += len(values)
+    try:
+        t = time.perf_counter()
+        collections.deque(conn.execute('SELECT "offset", ts, key, value FROM records ORDER BY "offset"'), maxlen=0)
+        elapsed = time.perf_counter() - t
+    finally:
+        conn.close()
+    return elapsed
+
+
+# ---------------------------------------------------------------------- lmdb
+def _lmdb(path: str, sync: bool):
+    return lmdb.open(os.path.join(path, "bench.lmdb"), map_size=8 << 30, sync=sync, metasync=sync,
+                     max_dbs=0, readahead=False)
+
+
+def _lmdb_item(offset: int, ts: bytes, key: bytes, value: bytes) -> tuple[bytes, bytes]:
+    return offset.to_bytes(8, "big"), ts + key + value
+
+
+def lmdb_write(path: str, data: Data, workload: str, count: int) -> float:
+    durable = "fsync" in workload and "no fsync" not in workload
+    env = _lmdb(path, durable)
+    try:
+        if workload.startswith("batch"):
+            batches = data.batches(count)
+            t = time.perf_counter()
+            offset = 0
+            for values, keys in batches:
+                ts = _now_ms().to_bytes(8, "big")
+                with env.begin(write=True) as txn:
+                    txn.cursor().putmulti([((offset + i).to_bytes(8, "big"), ts + k + v)
+                                           for i, (k, v) in enumerate(zip(keys, values))], append=True)
+                offset += len(values)
+            elapsed = time.perf_counter() - t
+        else:
+            pairs = data.pairs(count)
+            begin = env.begin
+            t = time.perf_counter()
+            for offset, (value, key) in enumerate(pairs):
+                with begin(write=True) as txn:
+                    txn.put(offset.to_bytes(8, "big"), _now_ms().to_bytes(8, "big") + key + value, append=True)
+            elapsed = time.perf_counter() - t
+    finally:
+        env.close()
+    return elapsed
+
+
+def lmdb_read(path: str, data: Data, count: int) -> float:
+    env = _lmdb(path, False)
+    offset = 0
+    for values, keys in data.batches(count):
+        ts = _now_ms().to_bytes(8, "big")
+        with env.begin(write=True) as txn:
+            txn.cursor().putmulti([((offset + i).to_bytes(8, "big"), ts + k + v)
+                                   for i, (k, v) in enumerate(zip(keys, values))], append=True)
+        offset += len(values)
+    try:
+        from_bytes = int.from_bytes
+        t = time.perf_counter()
+        with env.begin(buffers=False) as txn:
+            collections.deque(((from_bytes(k, "big"), from_bytes(v[:8], "big"), v[8:24], v[24:])
+                               for k, v in txn.cursor()), maxlen=0)
+        elapsed = time.perf_counter() - t
+    finally:
+        env.close()
+    return elapsed
+
+
+# ---------------------------------------------------------------------- persist-queue
+def _pq(path: str, system: str, durable: bool):
+    qpath = os.path.join(path, "queue")
+    if system == "pq.Queue":
+        return persistqueue.Queue(qpath, tempdir=path)
+    q = persistqueue.SQLiteQueue(qpath, auto_commit=True)
+    if not durable:
+        q._putter.execute("PRAGMA synchronous=NORMAL")  # its default in WAL mode is FULL
+    return q
+
+
+def pq_write(system: str) -> Callable[[str, Data, str, int], float]:
+    def write(path: str, data: Data, workload: str, count: int) -> float:
+        durable = "fsync" in workload and "no fsync" not in workload
+        q = _pq(path, system, durable)
+        pairs = data.pairs(count)
+        put = q.put
+        t = time.perf_counter()
+        for value, key in pairs:
+            put((_now_ms(), key, value))
+        elapsed = time.perf_counter() - t
+        if system == "pq.SQLiteQueue":
+            q.close()
+        return elapsed
+
+    return write
+
+
+def pq_read(system: str) -> Callable[[str, Data, int], float]:
+    def read(path: str, data: Data, count: int) -> float:
+        q = _pq(path, system, durable=False)
+        for value, key in data.pairs(count):
+            q.put((_now_ms(), key, value))
+        get, task_done = q.get, q.task_done
+        t = time.perf_counter()
+        for _ in range(count):
+            get()
+            task_done()
+        elapsed = time.perf_counter() - t
+        if system == "pq.SQLiteQueue":
+            q.close()
+        return elapsed
+
+    return read
+
+
+# ---------------------------------------------------------------------- driver
+def runners() -> dict[str, tuple[Callable, Callable] | None]:
+    out: dict[str, tuple[Callable, Callable] | None] = {
+        "logstore": (logstore_write, logstore_read),
+        "sqlite3": (sqlite_write, sqlite_read),
+        "lmdb": (lmdb_write, lmdb_read) if lmdb else None,
+    }
+    for system in ("pq.Queue", "pq.SQLiteQueue"):
+        out[system] = (pq_write(system), pq_read(system)) if persistqueue else None
+    return out
+
+
+def measure_once(workload: str, fns, data: Data, count: int) -> float:
+    write, read = fns
+    with _workload.scratch_dir("logstore-compare-") as path:
+        if workload == "sequential read":
+            elapsed = read(path, data, count)
+        else:
+            elapsed = write(path, data, workload, count)
+    return count / elapsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1/5 of the records, one repetition (~30 s)")
+    parser.add_argument("--repeat", type=int, default=None, help="runs per figure (median); default 3, quick 1")
+    parser.add_argument("--only", default=None, help="comma-separated systems to run (logstore always runs)")
+    args = parser.parse_args(argv)
+    repeat = args.repeat or (1 if args.quick else 3)
+    scale = 5 if args.quick else 1
+    systems = [s for s in SYSTEMS if args.only is None or s == "logstore" or s in args.only.split(",")]
+
+    load_start = os.getloadavg()[0]
+    print("logstore vs sqlite3 / lmdb / persist-queue: 200-byte JSON values, 16-byte keys")
+    for line in _workload.machine_lines():
+        print(line)
+    versions = [f"sqlite {sqlite3.sqlite_version}"]
+    if lmdb:
+        versions.append(f"lmdb {'.'.join(map(str, lmdb.version()))} (py-lmdb {lmdb.__version__})")
+    if persistqueue:
+        versions.append(f"persist-queue {persistqueue.__version__}")
+    print(f"{'versions':>9}: " + ", ".join(versions))
+    print(f"{'runs':>9}: median of {repeat}{', --quick (1/5 of the records)' if args.quick else ''}")
+    print()
+
+    fns = runners()
+    data = Data(10_000)
+    results: dict[tuple[str, str], float | None] = {}
+    started = time.perf_counter()
+    # Repetitions go round-robin over the systems, so that a burst of load from elsewhere on the
+    # machine hits every system of a workload alike instead of one system's whole median.
+    for workload in WORKLOADS:
+        runnable = {}
+        for system in systems:
+            count = COUNTS.get((workload, system))
+            if fns.get(system) is None or count is None:
+                results[(workload, system)] = None
+                continue
+            runnable[system] = (max(BATCH, count // scale // BATCH * BATCH) if system in BATCHED
+                                else max(100, count // scale))
+        rates: dict[str, list[float]] = {system: [] for system in runnable}
+        for _ in range(repeat):
+            for system, count in runnable.items():
+                rates[system].append(measure_once(workload, fns[system], data, count))
+        for system, count in runnable.items():
+            rate = results[(workload, system)] = statistics.median(rates[system])
+            spread = (f"runs {_workload.fmt_rate(min(rates[system]))}..{_workload.fmt_rate(max(rates[system]))}, "
+                      if repeat > 1 else "")
+            print(f"  {workload:<28} {system:<15} {_workload.fmt_rate(rate):>8} records/s  "
+                  f"({spread}{count:,} records each)", flush=True)
+    print()
+
+    width = 16
+    print("records/s (* = per-record puts: persist-queue has no batch API; - = not applicable)")
+    print(f"{'workload':<28}" + "".join(f"{s:>{width}}" for s in systems))
+    for workload in WORKLOADS:
+        cells = []
+        for system in systems:
+            rate = results.get((workload, system))
+            mark = "*" if (workload, system) in PER_RECORD_ONLY else ""
+            cells.append(f"{(_workload.fmt_rate(rate) + mark) if rate else '-':>{width}}")
+        print(f"{workload:<28}" + "".join(cells))
+    print()
+    print("logstore's speed-up over each (logstore records/s / theirs)")
+    others = [s for s in systems if s != "logstore"]
+    print(f"{'workload':<28}" + "".join(f"{s:>{width}}" for s in others))
+    for workload in WORKLOADS:
+        mine = results.get((workload, "logstore"))
+        cells = []
+        for system in others:
+            theirs = results.get((workload, system))
+            cells.append(f"{(f'{mine / theirs:.1f}x') if mine and theirs else '-':>{width}}")
+        print(f"{workload:<28}" + "".join(cells))
+    print()
+    print(f"elapsed {time.perf_counter() - started:.0f} s; load average {load_start:.2f} at start, "
+          f"{os.getloadavg()[0]:.2f} at end ({os.cpu_count()} cores; above ~1 the figures are disturbed)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
