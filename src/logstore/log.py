@@ -23,7 +23,9 @@ import os
 import re
 import threading
 import time
+from bisect import bisect_left
 from contextlib import contextmanager
+from operator import attrgetter
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any, Iterable, Iterator, Mapping, Sequence
@@ -87,6 +89,7 @@ _append_record = lib.ls_appender_append_record
 _CLOSED_APPENDER = ffi.new("ls_appender *")
 _NULL = ffi.NULL
 _time_ns = time.time_ns
+_offset_of = attrgetter("offset")
 
 
 @dataclass(frozen=True)
@@ -848,6 +851,9 @@ class Log:
                 segment = segments[keys[i]]
                 records = segment.read(self._decoder, offset, max_bytes, limit, max_records)
                 if records:
+                    if records[-1].offset >= limit:
+                        # A batch straddling the limit comes whole from the segment.
+                        del records[bisect_left(records, limit, key=_offset_of):]
                     if max_records is not None and len(records) > max_records:
                         del records[max_records:]
                     return records
