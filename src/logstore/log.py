@@ -526,7 +526,9 @@ class Log:
                 and (key is None or key.__class__ is bytes) and self._plain_appends):
             # The fast path: one lock, one clock read, one C call.
             ts = _time_ns() // 1_000_000
-            with self._lock:
+            lock = self._lock
+            lock.acquire()  # explicit acquire/release: ~100 ns cheaper than `with` per call
+            try:
                 if ts > self._roll_deadline:
                     self._roll_for_time(ts)
                 offset = _append_record(self._appender, ts, 0, _NULL if key is None else key,
@@ -535,6 +537,8 @@ class Log:
                     offset = self._append_record_slow(offset, ts, key, value, _NULL, 0)
                 if offset < self._flush_at:
                     return offset
+            finally:
+                lock.release()
             return self._after_append(offset)
         return self._append_general(value, key, headers, timestamp)
 
