@@ -906,8 +906,9 @@ class Log:
     def offset_for_timestamp(self, timestamp: int) -> int | None:
         """Earliest offset whose record timestamp >= ``timestamp`` (Kafka's ListOffsets).
 
-        ``EARLIEST_TIMESTAMP`` (-2) gives the log start offset and ``LATEST_TIMESTAMP`` (-1)
-        the log end offset. Returns None when no record is that recent. Thread-safe.
+        Only records at or after the log start count. ``EARLIEST_TIMESTAMP`` (-2) gives the
+        log start offset and ``LATEST_TIMESTAMP`` (-1) the log end offset. Returns None when no
+        record is that recent. Thread-safe.
         """
         timestamp = self._check_timestamp(timestamp)
         with self._lock:
@@ -916,12 +917,14 @@ class Log:
                 return self._log_start_offset
             if timestamp == LATEST_TIMESTAMP:
                 return self._appender.next_offset
-            for segment in self._segments.values():
+            start = self._log_start_offset
+            first = max(0, self._segments.bisect_right(start) - 1)
+            for segment in self._segments.values()[first:]:
                 if segment.max_timestamp < timestamp:
                     continue
-                record = segment.offset_for_timestamp(self._decoder, timestamp)
+                record = segment.offset_for_timestamp(self._decoder, timestamp, start)
                 if record is not None:
-                    return max(record.offset, self._log_start_offset)
+                    return record.offset
             return None
 
     # ------------------------------------------------------------------ truncation and deletion

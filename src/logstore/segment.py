@@ -557,29 +557,28 @@ class LogSegment:
             start = stopped
         return []
 
-    def offset_for_timestamp(self, decoder: RecordDecoder, timestamp: int) -> Record | None:
-        """The first record with timestamp >= ``timestamp`` in this segment, or None."""
+    def offset_for_timestamp(self, decoder: RecordDecoder, timestamp: int, min_offset: int = 0) -> Record | None:
+        """The first record at or after ``min_offset`` with timestamp >= ``timestamp``, or None."""
         if self.max_timestamp < timestamp:
             return None
         if self._appender is not None:
             self.time_index.entries = self._appender.timeindex_entries
         _, index_offset = self.time_index.lookup(timestamp)
-        position = self.find_position(index_offset)
+        position = self.find_position(max(index_offset, min_offset))
         size = self.size
         buf = self.buffer
         while position < size:
             end = min(size, position + (1 << 20))
-            records, stopped = decoder.decode(buf, position, end, 0, -1, None, self.path, partial_tail_ok=end < size)
+            records, stopped = decoder.decode(buf, position, end, min_offset, -1, None, self.path,
+                                              partial_tail_ok=end < size)
+            if stopped <= position:  # one batch larger than the window: take it whole
+                end = min(size, position + parse_header(buf, position).size)
+                records, stopped = decoder.decode(buf, position, end, min_offset, -1, None, self.path)
             for record in records:
                 if record.timestamp >= timestamp:
                     return record
             if stopped <= position:
-                header = parse_header(buf, position)
-                end = min(size, position + header.size)
-                records, stopped = decoder.decode(buf, position, end, 0, -1, None, self.path)
-                for record in records:
-                    if record.timestamp >= timestamp:
-                        return record
+                break
             position = stopped
         return None
 
