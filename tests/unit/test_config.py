@@ -47,7 +47,7 @@ def test_from_kafka_parses_property_file_strings() -> None:
         "retention.ms": "-1",
         "preallocate": "TRUE",
         "min.cleanable.dirty.ratio": "0.25",
-        "compression.level": "9",
+        "compression.zstd.level": "9",
         "message.timestamp.type": "LogAppendTime",
         "cleanup.policy": "compact",
     })
@@ -55,7 +55,7 @@ def test_from_kafka_parses_property_file_strings() -> None:
     assert c.retention_ms == -1
     assert c.preallocate is True
     assert c.min_cleanable_dirty_ratio == 0.25
-    assert c.compression_level == 9
+    assert c.compression_zstd_level == 9
     assert c.message_timestamp_type == "LogAppendTime"
     assert c.timestamp_type_code == 1
     assert c.cleanup_policy == "compact"
@@ -129,7 +129,7 @@ def test_to_kafka_uses_dotted_names_and_string_values() -> None:
 @pytest.mark.parametrize("config", [
     LogConfig(),
     LogConfig(segment_bytes=4096, flush_messages=1, flush_ms=0, preallocate=True, cleanup_policy="delete,compact",
-              compression_type="zstd", compression_level=-3, min_cleanable_dirty_ratio=0.1 + 0.2,
+              compression_type="zstd", compression_zstd_level=-3, min_cleanable_dirty_ratio=0.1 + 0.2,
               message_timestamp_type="LogAppendTime", retention_bytes=123456789012),
     LogConfig(min_cleanable_dirty_ratio=1),
 ])
@@ -182,7 +182,9 @@ def test_invalid_cleanup_policies_are_rejected(policy: object) -> None:
     ("flush_messages", 0),
     ("flush_ms", -1),
     ("max_message_bytes", -1),
-    ("compression_level", 2**31),
+    ("compression_zstd_level", 23),
+    ("compression_gzip_level", 10),
+    ("compression_lz4_level", 0),
     ("file_delete_delay_ms", -1),
     ("delete_retention_ms", -1),
     ("min_compaction_lag_ms", -1),
