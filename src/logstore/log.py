@@ -646,7 +646,7 @@ class Log:
             self._check_open()
             batches = self._encode_batches(values, keys, headers, timestamps, codec, log_append_time)
             first = -1
-            for batch, count, max_ts in batches:
+            for batch, max_ts in batches:
                 if max_ts > self._roll_deadline:
                     self._roll_for_time(max_ts)
                 offset = self._active.append_batch(batch)  # type: ignore[union-attr]
@@ -664,7 +664,7 @@ class Log:
         return first
 
     def _encode_batches(self, values: Sequence[Any], keys: Any, headers: Any, timestamps: Any,
-                        codec: int, log_append_time: int | None) -> list[tuple[bytes, int, int]]:
+                        codec: int, log_append_time: int | None) -> list[tuple[Any, int]]:
         """Encode one batch, or several when one would exceed max_message_bytes.
 
         Every piece is encoded before anything is appended, so a single record over the limit
@@ -675,7 +675,7 @@ class Log:
         kw = dict(codec=codec, level=self.config.level_for(codec), timestamp_type=self._ts_type,
                   log_append_time=log_append_time)
 
-        def encode(lo: int, hi: int) -> list[tuple[Any, int, int]]:
+        def encode(lo: int, hi: int) -> list[tuple[Any, int]]:
             whole = lo == 0 and hi == len(values)
             # The whole input as one batch is appended before the next build, so it may stay
             # in the builder's scratch space (no copy); split pieces must not.
@@ -685,7 +685,7 @@ class Log:
                 headers if headers is None or whole else headers[lo:hi],
                 timestamps if timestamps is None or whole else timestamps[lo:hi], copy=not whole, **kw)
             if len(batch) <= limit:
-                return [(batch, hi - lo, builder.last_max_timestamp)]
+                return [(batch, builder.last_max_timestamp)]
             if hi - lo == 1:
                 raise RecordTooLargeError(len(batch), limit)
             del batch  # release the scratch view before building the halves

@@ -28,11 +28,11 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from . import _fileio, compression
+from . import _fileio
 from ._native import ffi, lib, reason
 from .errors import CorruptIndexError, CorruptRecordError
 from .index import OffsetIndex, TimeIndex
-from .records import HEADER_SIZE, BatchBuilder, Record, RecordDecoder, parse_header, validate_batch
+from .records import HEADER_SIZE, BatchBuilder, Record, RecordDecoder, parse_header
 
 __all__ = ["LogSegment", "SegmentInfo", "segment_name", "parse_segment_name", "RecoveryResult"]
 
