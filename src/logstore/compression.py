@@ -59,6 +59,7 @@ import threading
 import zlib
 from typing import Any, Callable
 
+from ._native import lib
 from .errors import CorruptRecordError, UnsupportedCodecError
 
 __all__ = [
@@ -75,15 +76,12 @@ __all__ = [
     "available_codecs",
 ]
 
-# Codec ids of attributes bits 0-2. They equal LS_COMPRESSION_NONE .. LS_COMPRESSION_ZSTD of
-# src/logstore/_native/logstore.h (tests/unit/test_compression.py checks both the header text and,
-# when it is built, the compiled module); they are plain ints here so this module imports without
-# the native extension.
-NONE = 0
-GZIP = 1
-SNAPPY = 2
-LZ4 = 3
-ZSTD = 4
+# Codec ids of attributes bits 0-2, re-exported from the C header (logstore.h), never retyped.
+NONE: int = lib.LS_COMPRESSION_NONE
+GZIP: int = lib.LS_COMPRESSION_GZIP
+SNAPPY: int = lib.LS_COMPRESSION_SNAPPY
+LZ4: int = lib.LS_COMPRESSION_LZ4
+ZSTD: int = lib.LS_COMPRESSION_ZSTD
 
 #: Accepted codec names (lower case) -> codec id. "uncompressed" is the broker/topic spelling of
 #: "none" in Kafka's ``compression.type``.

@@ -34,7 +34,6 @@ from .helpers import (
     assert_append_continues,
     batch_positions,
     computed_crc,
-    HangError,
     deadline,
     dropped_bytes,
     ensure_room,
