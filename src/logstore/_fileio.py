@@ -109,7 +109,7 @@ class FileOps:
     def read_file(self, path: str) -> bytes:
         fd = self.open(path, os.O_RDONLY)
         try:
-            chunks = []
+            chunks: list[bytes] = []
             position = 0
             while True:
                 chunk = self.pread(fd, 1 << 20, position)

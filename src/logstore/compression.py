@@ -131,18 +131,18 @@ except (ImportError, AttributeError):
 
 _lz4: Any
 try:
-    import lz4.block as _lz4_block  # `import a.b as c` binds only c
+    import lz4.block as _lz4_block_module  # `import a.b as c` binds only c
     import lz4.frame as _lz4_frame
 
     _lz4 = sys.modules["lz4"]  # the one handle the code uses; its .block and .frame are loaded
-    del _lz4_block, _lz4_frame
+    del _lz4_block_module, _lz4_frame
 except ImportError:
     _lz4 = None
 
 try:
     import zstandard as _zstd
 except ImportError:
-    _zstd = None
+    _zstd = None  # type: ignore[assignment]
 
 _ZstdError: type[BaseException] = _zstd.ZstdError if _zstd is not None else RuntimeError
 

@@ -672,7 +672,7 @@ class Log:
         """
         limit = self.config.max_message_bytes
         builder = self._builder
-        kw = dict(codec=codec, level=self.config.level_for(codec), timestamp_type=self._ts_type,
+        kw: dict[str, Any] = dict(codec=codec, level=self.config.level_for(codec), timestamp_type=self._ts_type,
                   log_append_time=log_append_time)
 
         def encode(lo: int, hi: int) -> list[tuple[Any, int]]:

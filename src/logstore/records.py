@@ -130,19 +130,19 @@ def _column(items: Sequence[Any], what: str, nullable: bool) -> tuple[bytes, Any
     except TypeError:
         pass
     parts = []
-    lens = array("i")
+    slow_lens = array("i")
     for i, item in enumerate(items):
         if item is None:
             if not nullable:
                 raise TypeError(f"{what}[{i}] is None, which is not allowed here")
-            lens.append(-1)
+            slow_lens.append(-1)
         elif isinstance(item, (bytes, bytearray, memoryview)):
             b = bytes(item)
             parts.append(b)
-            lens.append(len(b))
+            slow_lens.append(len(b))
         else:
             raise TypeError(f"{what}[{i}] must be bytes or None, got {type(item).__name__}")
-    return b"".join(parts), lens
+    return b"".join(parts), slow_lens
 
 
 def _header_pairs(headers: Iterable[tuple[str, bytes | None]], what: str) -> Iterable[tuple[bytes, Any]]:
@@ -225,7 +225,7 @@ class BatchBuilder:
             raise ValueError("a batch needs at least one record")
         if n > 2**31 - 1:
             raise ValueError("too many records for one batch")
-        keep = []  # Python references for every buffer handed to C, alive for the whole call
+        keep: list[Any] = []  # Python references for every buffer handed to C, alive for the whole call
         rin = self._in
         rin.count = n
         vdata, vlens = _column(values, "values", True)

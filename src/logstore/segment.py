@@ -613,7 +613,7 @@ class LogSegment:
         finally:
             ffi.release(ptr)
             if own:
-                mm.close()
+                mm.close()  # type: ignore[union-attr]
         return res
 
     def recover(self) -> RecoveryResult:
@@ -735,7 +735,7 @@ class LogSegment:
             position += header.size
         else:
             return 0
-        replacement = b""
+        replacement: bytes | bytearray | memoryview = b""
         if header.base_offset < offset:
             records, _ = decoder.decode(buf, position, position + header.size, 0, -1, None, self.path)
             kept = [r for r in records if r.offset < offset]
