@@ -16,9 +16,10 @@ The invariant checked after every crash ("the log is a prefix of history"):
 from __future__ import annotations
 
 import random
-from typing import Sequence
+from typing import Any, Sequence
 
 from logstore import Log
+from logstore._fileio import FileOps
 
 __all__ = ["value_for", "key_for", "check_log", "append_some", "describe", "CONFIG"]
 
@@ -98,3 +99,48 @@ def describe(exc: BaseException, what: str) -> str:
     if not text.startswith(what):
         text = f"{what}: {type(exc).__name__}: {text}"
     return text[:400]
+
+
+class NoSyncFileOps(FileOps):
+    """The real file system without the fsync system calls ("eatmydata").
+
+    A SIGKILL cannot lose what is in the page cache, so tests whose processes only die (no power
+    loss) skip the slow real syncs; the calls themselves still happen.
+    """
+
+    def fsync(self, fd: int) -> None:
+        pass
+
+    def fdatasync(self, fd: int) -> None:
+        pass
+
+    def fsync_dir(self, path: str) -> None:
+        pass
+
+
+#: Every FileOps operation, in a stable order (fault reports name an operation by its index).
+OP_NAMES = sorted(n for n in dir(FileOps) if not n.startswith("_"))
+
+
+class AtNthCall(NoSyncFileOps):
+    """Counts calls into FileOps (nested ones too: read_file -> open) and, when the n-th call
+    begins, returns ``self.at_nth(name, operation, args, kwargs)`` instead: subclasses define
+    ``at_nth`` to inject their fault (raise an error, kill the process)."""
+
+    def __init__(self, n: int, wfd: int) -> None:
+        self.n = n
+        self.wfd = wfd
+        self.calls = 0
+
+    def __getattribute__(self, name: str) -> Any:
+        attr = object.__getattribute__(self, name)
+        if name.startswith("_") or name not in OP_NAMES:
+            return attr
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            if self.calls == self.n:
+                return self.at_nth(name, attr, args, kwargs)
+            return attr(*args, **kwargs)
+
+        return counted

@@ -27,50 +27,25 @@ import pytest
 from logstore import Log, _fileio
 from logstore._fileio import FileOps
 
-from crashcheck import CONFIG, append_some, check_log, key_for, value_for, describe as _describe
+from crashcheck import CONFIG, OP_NAMES, AtNthCall, NoSyncFileOps, append_some, check_log, key_for, value_for
+from crashcheck import describe as _describe
 
 _MSG = struct.Struct("<cq")
-_OP_NAMES = sorted(n for n in dir(FileOps) if not n.startswith("_"))
 _SPACE_OPS = {"fallocate", "pwrite", "ftruncate", "open", "write_file_atomic"}
 
 
-class _NoSync(FileOps):
-    """No real fsyncs (tmpfs and page cache are all a surviving process needs)."""
-
-    def fsync(self, fd: int) -> None:
-        pass
-
-    def fdatasync(self, fd: int) -> None:
-        pass
-
-    def fsync_dir(self, path: str) -> None:
-        pass
+_NoSync = NoSyncFileOps
 
 
-class _FailAtCall(_NoSync):
+class _FailAtCall(AtNthCall):
     """The n-th call into FileOps raises OSError before doing anything; the others work."""
 
-    def __init__(self, n: int, wfd: int) -> None:
-        self.n = n
-        self.wfd = wfd
-        self.calls = 0
-
-    def __getattribute__(self, name):
-        attr = object.__getattribute__(self, name)
-        if name.startswith("_") or name not in _OP_NAMES:
-            return attr
-
-        def counted(*args, **kwargs):
-            self.calls += 1
-            if self.calls == self.n:
-                os.write(self.wfd, _MSG.pack(b"F", _OP_NAMES.index(name)))
-                code = errno.ENOSPC if name in _SPACE_OPS else errno.EIO
-                if name == "close":
-                    attr(*args, **kwargs)  # Linux frees the descriptor even when close fails
-                raise OSError(code, f"injected {os.strerror(code)} in {name}")
-            return attr(*args, **kwargs)
-
-        return counted
+    def at_nth(self, name, attr, args, kwargs):
+        os.write(self.wfd, _MSG.pack(b"F", OP_NAMES.index(name)))
+        code = errno.ENOSPC if name in _SPACE_OPS else errno.EIO
+        if name == "close":
+            attr(*args, **kwargs)  # Linux frees the descriptor even when close fails
+        raise OSError(code, f"injected {os.strerror(code)} in {name}")
 
 
 def _writer(path: str, config: dict, fail_at: int, wfd: int) -> None:
@@ -161,7 +136,7 @@ def test_io_error_at_every_file_operation_is_an_exception_and_loses_no_returned_
         pid, rfd = _fork(_writer, str(work / "t-0"), config, n)
         messages = _read_all(rfd, pid)
         _, status = os.waitpid(pid, 0)
-        failed_op = next((_OP_NAMES[v] for k, v in messages if k == b"F"), "nothing")
+        failed_op = next((OP_NAMES[v] for k, v in messages if k == b"F"), "nothing")
         what = f"error at FileOps call {n} ({failed_op})"
         acked = [v for k, v in messages if k == b"A"]
         done = [v for k, v in messages if k == b"N"]

@@ -34,27 +34,11 @@ import pytest
 from logstore import Log, _fileio
 from logstore._fileio import FileOps
 
-from crashcheck import CONFIG, append_some, check_log, key_for, value_for, describe as _describe
+from crashcheck import CONFIG, OP_NAMES, AtNthCall, NoSyncFileOps, append_some, check_log, key_for, value_for
+from crashcheck import describe as _describe
 
 _MSG = struct.Struct("<cq")  # (kind, offset): b"O" opened at log end, b"A" acknowledged last offset
 _ACK, _OPENED, _KILLED, _DONE = b"A", b"O", b"K", b"N"
-
-
-class NoSyncFileOps(FileOps):
-    """The real file system without the fsync system calls ("eatmydata").
-
-    A SIGKILL cannot lose what is in the page cache, so the parent's checking passes and the
-    scripted kill enumeration skip the (slow) real syncs; the calls themselves still happen.
-    """
-
-    def fsync(self, fd: int) -> None:
-        pass
-
-    def fdatasync(self, fd: int) -> None:
-        pass
-
-    def fsync_dir(self, path: str) -> None:
-        pass
 
 
 # ---------------------------------------------------------------------------- the writer child
@@ -230,31 +214,15 @@ def test_sigkill_without_fsync_keeps_every_append_that_returned(tmp_path):
 
 
 # ---------------------------------------------------------------------------- kill at every I/O call
-_OP_NAMES = sorted(n for n in dir(FileOps) if not n.startswith("_"))
 
 
-class _KillAtCall(NoSyncFileOps):
-    """FileOps that SIGKILLs its own process when the n-th call into it begins (after telling
-    the parent which operation it was). Nested calls (read_file -> open) count too."""
+class _KillAtCall(AtNthCall):
+    """SIGKILLs its own process when the n-th call into FileOps begins (after telling the
+    parent which operation it was)."""
 
-    def __init__(self, n: int, wfd: int) -> None:
-        self.n = n
-        self.wfd = wfd
-        self.calls = 0
-
-    def __getattribute__(self, name):
-        attr = object.__getattribute__(self, name)
-        if name.startswith("_") or name not in _OP_NAMES:
-            return attr
-
-        def counted(*args, **kwargs):
-            self.calls += 1
-            if self.calls == self.n:
-                os.write(self.wfd, _MSG.pack(_KILLED, _OP_NAMES.index(name)))
-                os.kill(os.getpid(), signal.SIGKILL)
-            return attr(*args, **kwargs)
-
-        return counted
+    def at_nth(self, name, attr, args, kwargs):
+        os.write(self.wfd, _MSG.pack(_KILLED, OP_NAMES.index(name)))
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _scripted_writer(path: str, config: dict, kill_at: int, wfd: int) -> None:
@@ -306,7 +274,7 @@ def _kill_at_every_call(mem_path, clean_template: bool) -> list[str]:
         else:
             assert last[:1] == _KILLED and os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (
                 f"kill point {n}: writer failed with status {status:#x} (see captured stderr)")
-            where = _OP_NAMES[_MSG.unpack(last)[1]]
+            where = OP_NAMES[_MSG.unpack(last)[1]]
         del buffer[-_MSG.size:]
         _, acked_end = _parse(buffer)
         what = f"killed at FileOps call {n} ({where})"
