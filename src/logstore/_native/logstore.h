@@ -15,7 +15,7 @@
  */
 
 /* Bumped whenever a struct or a signature below changes; checked by logstore._native at import. */
-#define LS_ABI_VERSION 4
+#define LS_ABI_VERSION 5
 
 /* ---- Error codes (every function returning int/int64 uses negative values from this list) ---- */
 #define LS_OK 0
@@ -364,3 +364,35 @@ int64_t ls_appender_append_record(ls_appender *a, int64_t timestamp, int32_t att
 /* Append a final time index entry for max_timestamp if it is newer than the last entry (Kafka does
  * this when a segment stops being active). Returns LS_OK or LS_ERR_FULL. */
 int ls_appender_seal(ls_appender *a);
+
+/* ======================================================================== */
+/* Compaction offset map: key hash -> latest offset, for the cleaner (Kafka's SkimpyOffsetMap).
+ * Open addressing with linear probing over caller memory; a slot is a 16-byte key hash (e.g.
+ * xxh3_128 of the key) followed by offset + 1 as int64 in host order (0 marks an empty slot, so
+ * zeroed memory is an empty map). 24 bytes per slot; with the default load factor of 0.9 that is
+ * under 27 bytes of memory per distinct key. */
+#define LS_OFFSET_MAP_HASH_SIZE 16
+#define LS_OFFSET_MAP_SLOT_SIZE 24
+
+typedef struct {
+    char *slots;          /* capacity * LS_OFFSET_MAP_SLOT_SIZE bytes of caller memory */
+    int64_t capacity;     /* slots */
+    int64_t size;         /* distinct keys held */
+    int64_t max_size;     /* new keys are refused beyond this (the load factor bound) */
+    int64_t probes;       /* slots examined by all puts and gets (a health figure) */
+} ls_offset_map;
+
+/* Set up an empty map over memory[0, bytes): zeroes it and sets capacity and max_size =
+ * floor(capacity * load_factor_permille / 1000). Returns LS_OK or LS_ERR_ARG (fewer than 2
+ * slots, or a load factor outside [1, 1000]). */
+int ls_offset_map_init(ls_offset_map *m, char *memory, int64_t bytes, int32_t load_factor_permille);
+
+/* Record hashes[i] -> offsets[i] for i in [0, n) in order; a key already present takes the new
+ * offset when it is larger (the later record wins). Stops before the first pair whose key is new
+ * while the map holds max_size keys. Returns the number of pairs recorded (n when all fit), or
+ * LS_ERR_ARG for a negative offset. */
+int64_t ls_offset_map_put(ls_offset_map *m, const char *hashes, const int64_t *offsets, int64_t n);
+
+/* Write the offset recorded for each of the n hashes to offsets_out (-1 when absent). Returns n
+ * or LS_ERR_ARG. */
+int64_t ls_offset_map_get(ls_offset_map *m, const char *hashes, int64_t *offsets_out, int64_t n);
