@@ -18,6 +18,7 @@ from .errors import (
     CorruptIndexError,
     CorruptRecordError,
     InvalidConfigError,
+    InvalidRecordError,
     InvalidTopicError,
     LogClosedError,
     LogLockedError,
@@ -52,6 +53,7 @@ __all__ = [
     "LogOfflineError",
     "InvalidTopicError",
     "InvalidConfigError",
+    "InvalidRecordError",
     "UnsupportedCodecError",
     "__version__",
 ]

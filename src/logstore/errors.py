@@ -16,6 +16,7 @@ __all__ = [
     "OffsetOutOfRangeError",
     "RecordTooLargeError",
     "LogClosedError",
+    "InvalidRecordError",
     "LogLockedError",
     "LogOfflineError",
     "InvalidTopicError",
@@ -113,6 +114,11 @@ class RecordTooLargeError(LogstoreError):
 
     def __reduce__(self):
         return (type(self), (self.size, self.limit))
+
+
+class InvalidRecordError(LogstoreError, ValueError):
+    """A record the log's settings forbid, e.g. a record without a key in a compacted log
+    (Kafka rejects those too: compaction keeps the latest record per key). Nothing is written."""
 
 
 class LogClosedError(LogstoreError):

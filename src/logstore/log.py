@@ -44,6 +44,7 @@ from .config import LogConfig
 from .errors import (
     CorruptIndexError,
     CorruptRecordError,
+    InvalidRecordError,
     LogClosedError,
     LogLockedError,
     LogOfflineError,
@@ -175,8 +176,10 @@ class Log:
         self._flush_ms = config.flush_ms
         self._flush_timer: threading.Timer | None = None
         self._flush_at = _NEVER
-        # append() fast path: no codec to apply, CreateTime stamps.
-        self._plain_appends = self._forced_codec in (None, compression.NONE) and not self._ts_type
+        self._keys_required = config.compacted
+        # append() fast path: no codec to apply, CreateTime stamps, keys optional.
+        self._plain_appends = (self._forced_codec in (None, compression.NONE) and not self._ts_type
+                               and not self._keys_required)
         self._roll_deadline = _NEVER
         self.recovery_report: RecoveryReport | None = None
         self._open()
@@ -517,6 +520,7 @@ class Log:
         Raises:
             TypeError: value/key not bytes-like or None, bad headers, non-int timestamp.
             RecordTooLargeError: the one-record batch exceeds max_message_bytes (nothing written).
+            InvalidRecordError: no key in a log whose cleanup policy includes "compact".
             LogClosedError: after close().
 
         Durability: in the page cache on return; fsynced first when flush_messages says so.
@@ -544,6 +548,9 @@ class Log:
 
     def _append_general(self, value: Any, key: Any, headers: Any, timestamp: Any) -> int:
         """append() for everything off the fast path: conversions, headers, timestamps, codecs."""
+        if key is None and self._keys_required:
+            raise InvalidRecordError(f"{self.path}: a compacted log (cleanup_policy="
+                                     f"{self.config.cleanup_policy!r}) does not accept records without a key")
         if value is not None and value.__class__ is not bytes:
             value = _as_bytes(value, "value")
         if key is not None and key.__class__ is not bytes:
@@ -628,6 +635,7 @@ class Log:
         Raises:
             TypeError / ValueError: bad arguments (nothing written).
             RecordTooLargeError: one record alone exceeds max_message_bytes (nothing written).
+            InvalidRecordError: a record without key in a compacted log (nothing written).
 
         Durability and thread-safety as :meth:`append`.
         """
@@ -638,6 +646,9 @@ class Log:
         n = len(values)
         if n == 0:
             raise ValueError("append_batch needs at least one record")
+        if self._keys_required and (keys is None or any(k is None for k in keys)):
+            raise InvalidRecordError(f"{self.path}: a compacted log (cleanup_policy="
+                                     f"{self.config.cleanup_policy!r}) does not accept records without a key")
         codec = self._forced_codec
         if codec is None:
             codec = _codec(compression)

@@ -618,3 +618,17 @@ def test_lock_file_blocks_second_writer_in_same_process_via_other_fd(path: pathl
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         finally:
             os.close(fd)
+
+
+def test_compacted_log_rejects_records_without_key_and_writes_nothing(path: pathlib.Path) -> None:
+    with Log.open(path, cleanup_policy="compact") as log:
+        with pytest.raises(logstore.InvalidRecordError, match="without a key"):
+            log.append(b"v")
+        with pytest.raises(logstore.InvalidRecordError):
+            log.append_batch([b"a", b"b"], keys=[b"k", None])
+        with pytest.raises(logstore.InvalidRecordError):
+            log.append_batch([b"a"])
+        assert log.log_end_offset == 0
+        assert log.append(b"v", key=b"k") == 0
+        assert log.append(None, key=b"k") == 1  # a tombstone has a key
+        assert log.append_batch([b"a"], keys=[b"k2"]) == 2
