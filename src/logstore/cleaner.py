@@ -14,13 +14,16 @@ over 24-byte slots (the key's 128-bit xxh3 hash and its offset), so memory per d
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import xxhash
 
 from ._native import check, ffi, lib
+from .records import BatchBuilder, BatchHeader, Record, RecordDecoder, parse_header
+from .segment import LogSegment
 
-__all__ = ["OffsetMap", "key_hash"]
+__all__ = ["OffsetMap", "key_hash", "CleanerReport", "build_offset_map", "clean_batches"]
 
 SLOT_SIZE: int = lib.LS_OFFSET_MAP_SLOT_SIZE
 HASH_SIZE: int = lib.LS_OFFSET_MAP_HASH_SIZE
@@ -112,3 +115,143 @@ def _hashes(keys: Sequence[bytes]) -> bytes:
     except TypeError:
         bad = next(k for k in keys if not isinstance(k, (bytes, bytearray, memoryview)))
         raise TypeError(f"offset map keys must be bytes, got {type(bad).__name__}") from None
+
+
+# ====================================================================== one cleaning pass
+@dataclass(frozen=True)
+class CleanerReport:
+    """What one compaction pass did (returned by ``Log.compact()``)."""
+
+    bytes_read: int = 0
+    bytes_written: int = 0
+    records_kept: int = 0
+    records_dropped: int = 0
+    tombstones_dropped: int = 0
+    duration_s: float = 0.0
+    first_dirty_offset: int = 0
+    cleaned_up_to: int = 0
+    segments_cleaned: int = 0
+
+
+def build_offset_map(segments: Sequence[LogSegment], decoder: RecordDecoder, offset_map: OffsetMap,
+                     start: int, end: int) -> int:
+    """Index the records with offsets in [start, end) into ``offset_map``, oldest first.
+
+    Returns the offset up to which the map is complete: ``end``, or the offset of the first
+    record whose (new) key no longer fit, so that the pass cleans only what the map covers.
+    """
+    for segment in segments:
+        if segment.next_offset <= start or segment.base_offset >= end:
+            continue
+        offset = max(start, segment.base_offset)
+        while offset < end:
+            records = segment.read(decoder, offset, 1 << 20, end, None)
+            if not records:
+                break
+            keys = [r.key for r in records if r.key is not None and r.offset < end]
+            offsets = [r.offset for r in records if r.key is not None and r.offset < end]
+            recorded = offset_map.put(keys, offsets)
+            if recorded < len(keys):
+                return offsets[recorded]
+            offset = records[-1].offset + 1
+    return end
+
+
+def _keep(record: Record, offset_map_offset: int, end: int) -> bool:
+    """A record is kept iff it lies past the cleaned range, has no key (not compactable), or
+    no later record of its key was indexed (Kafka: obsolete iff a later offset holds its key)."""
+    return record.offset >= end or record.key is None or record.offset >= offset_map_offset
+
+
+def clean_batches(segments: Sequence[LogSegment], decoder: RecordDecoder, builder: BatchBuilder,
+                  offset_map: OffsetMap, end: int, now_ms: int, delete_retention_ms: int,
+                  out: bytearray) -> tuple[int, int, int, int]:
+    """Append to ``out`` the surviving batches of ``segments`` (oldest first).
+
+    Survivors keep their offsets, timestamps, codec and producer fields. A tombstone survives
+    until the delete horizon of its batch has passed; a batch holding tombstones gets a horizon
+    (now + delete_retention_ms, attribute bit 6 with the horizon as base timestamp) the first
+    time it is cleaned. A batch emptied entirely is dropped, except the group's last batch,
+    which is kept as an empty batch so that the group still ends at the same offset.
+
+    Returns (bytes read, records kept, records dropped, tombstones dropped).
+    """
+    bytes_read = kept_n = dropped = tombstones = 0
+    all_batches = [(segment, batch) for segment in segments for batch in _batches(segment)]
+    for i, (segment, (position, header)) in enumerate(all_batches):
+        buf = segment.buffer
+        bytes_read += header.size
+        if header.base_offset >= end:
+            out += buf[position : position + header.size]
+            continue
+        records, _ = decoder.decode(buf, position, position + header.size, 0, -1, None, segment.path)
+        latest = offset_map.get([r.key if r.key is not None else b"" for r in records])
+        horizon_set = bool(header.attributes & lib.LS_ATTR_DELETE_HORIZON)
+        survivors = []
+        for record, latest_offset in zip(records, latest):
+            if not _keep(record, latest_offset if record.key is not None else -1, end):
+                dropped += 1
+                continue
+            if record.value is None and record.offset < end and horizon_set and header.base_timestamp <= now_ms:
+                dropped += 1
+                tombstones += 1
+                continue
+            survivors.append(record)
+        kept_n += len(survivors)
+        last_in_group = i == len(all_batches) - 1
+        if len(survivors) == len(records) and (horizon_set or not any(r.value is None for r in survivors)):
+            out += buf[position : position + header.size]  # unchanged: copy the bytes as they are
+            continue
+        if not survivors and not last_in_group:
+            continue
+        horizon = header.base_timestamp if horizon_set else now_ms + delete_retention_ms
+        mark = any(r.value is None for r in survivors)
+        out += _rebuild(builder, header, survivors, horizon if mark else None)
+    return bytes_read, kept_n, dropped, tombstones
+
+
+def _batches(segment: LogSegment) -> list[tuple[int, BatchHeader]]:
+    buf = segment.buffer
+    out = []
+    position = 0
+    size = segment.size
+    while position < size:
+        header = parse_header(buf, position)
+        out.append((position, header))
+        position += header.size
+    return out
+
+
+def _rebuild(builder: BatchBuilder, header: BatchHeader, records: list[Record], horizon: int | None) -> bytes:
+    base = header.base_offset
+    if not records:
+        return _empty_batch(header)
+    batch = bytearray(builder.build(
+        [r.value for r in records], [r.key for r in records], [r.headers for r in records],
+        [r.timestamp for r in records], codec=header.compression,
+        timestamp_type=int(header.timestamp_type), base_offset=base,
+        offset_deltas=[r.offset - base for r in records], last_offset_delta=header.last_offset_delta,
+        partition_leader_epoch=header.partition_leader_epoch, producer_id=header.producer_id,
+        producer_epoch=header.producer_epoch, base_sequence=header.base_sequence,
+        log_append_time=header.max_timestamp if header.timestamp_type else None,
+        delete_horizon=horizon,
+    ))
+    return bytes(batch)
+
+
+def _empty_batch(header: BatchHeader) -> bytes:
+    """A batch with no records that keeps the source batch's offsets span (Kafka keeps these)."""
+    batch = bytearray(lib.LS_BATCH_HEADER_SIZE)
+    hdr = ffi.new("ls_batch_header *")
+    hdr.base_offset = header.base_offset
+    hdr.partition_leader_epoch = header.partition_leader_epoch
+    hdr.attributes = header.attributes & ~lib.LS_ATTR_COMPRESSION_MASK & ~lib.LS_ATTR_DELETE_HORIZON
+    hdr.last_offset_delta = header.last_offset_delta
+    hdr.base_timestamp = header.base_timestamp
+    hdr.max_timestamp = header.max_timestamp
+    hdr.producer_id = header.producer_id
+    hdr.producer_epoch = header.producer_epoch
+    hdr.base_sequence = header.base_sequence
+    hdr.records_count = 0
+    check(lib.ls_batch_finish(ffi.from_buffer(batch), len(batch), hdr))
+    return bytes(batch)

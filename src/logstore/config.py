@@ -61,6 +61,8 @@ class LogConfig:
         cleanup_policy: "delete", "compact" or "compact,delete".
         min_cleanable_dirty_ratio, delete_retention_ms, min_compaction_lag_ms,
         max_compaction_lag_ms: the cleaner's settings (see logstore.cleaner).
+        cleaner_dedupe_buffer_size: memory for the key -> offset map of one compaction pass
+            (24 bytes per slot); a dirty section with more keys is cleaned over several passes.
     """
 
     segment_bytes: int = 1073741824
@@ -85,6 +87,7 @@ class LogConfig:
     delete_retention_ms: int = 86400000
     min_compaction_lag_ms: int = 0
     max_compaction_lag_ms: int = LONG_MAX
+    cleaner_dedupe_buffer_size: int = 32 << 20
 
     def __post_init__(self) -> None:
         for name, spec in _FIELD_SPECS.items():
@@ -206,6 +209,7 @@ _FIELD_SPECS: dict[str, dict] = {
     "delete_retention_ms": _int(0),
     "min_compaction_lag_ms": _int(0),
     "max_compaction_lag_ms": _int(1),
+    "cleaner_dedupe_buffer_size": _int(48, 2**40),
     "preallocate": {"kind": "bool"},
     "compression_type": {"kind": "str"},
     "message_timestamp_type": {"kind": "str"},
@@ -237,6 +241,7 @@ _KAFKA_NAMES = {
     "delete.retention.ms": "delete_retention_ms",
     "min.compaction.lag.ms": "min_compaction_lag_ms",
     "max.compaction.lag.ms": "max_compaction_lag_ms",
+    "log.cleaner.dedupe.buffer.size": "cleaner_dedupe_buffer_size",
 }
 
 

@@ -35,11 +35,13 @@ from sortedcontainers import SortedDict
 from . import _fileio, compression
 from ._native import check, ffi, lib
 from .checkpoint import (
+    CLEANER_OFFSET_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
     CorruptCheckpointError,
     OffsetCheckpoints,
 )
+from .cleaner import CleanerReport, OffsetMap, build_offset_map, clean_batches
 from .config import LogConfig
 from .errors import (
     CorruptIndexError,
@@ -152,6 +154,7 @@ class Log:
         self._decoder = RecordDecoder()
         self._recovery_points = OffsetCheckpoints(self.log_dir, RECOVERY_POINT_CHECKPOINT)
         self._start_offsets = OffsetCheckpoints(self.log_dir, LOG_START_OFFSET_CHECKPOINT)
+        self._cleaner_offsets = OffsetCheckpoints(self.log_dir, CLEANER_OFFSET_CHECKPOINT)
         self._log_start_offset = 0
         self._high_watermark: int | None = None
         self._recovery_point = 0
@@ -1118,6 +1121,109 @@ class Log:
         for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX):
             if _fileio.ops.exists(stem + suffix):
                 _fileio.ops.unlink(stem + suffix)
+
+    # ------------------------------------------------------------------ compaction
+    def compact(self, now_ms: int | None = None) -> CleanerReport:
+        """Run one compaction pass now and report what it did.
+
+        Keeps the latest record of every key among the sealed segments (the active segment is
+        never touched), without changing offsets or order; tombstones survive for
+        delete_retention_ms after the pass that first cleaned them; records younger than
+        min_compaction_lag_ms are left for a later pass. The dirty section starts at the
+        ``cleaner-offset-checkpoint``; when it holds more keys than cleaner_dedupe_buffer_size
+        can index, the pass cleans the prefix that fit and the next pass continues.
+
+        Rewritten segments go through ``.cleaned`` -> ``.swap`` -> live, the old files through
+        ``.deleted``; a crash at any step leaves the log as before or after the pass. A log
+        whose cleanup policy does not include "compact" is left alone. Holds the log's lock for
+        the pass (appends wait). Thread-safe.
+        """
+        started = time.monotonic()
+        now = _time_ns() // 1_000_000 if now_ms is None else now_ms
+        with self._lock:
+            self._check_open()
+            with self._io_guard():
+                return self._compact_locked(now, started)
+
+    def _compact_locked(self, now: int, started: float) -> CleanerReport:
+        cfg = self.config
+        sealed = list(self._segments.values())[:-1]
+        first_dirty = max(self._cleaner_offsets.get(self._key) or 0, self._log_start_offset)
+        if not cfg.compacted or not sealed:
+            return CleanerReport(first_dirty_offset=first_dirty, cleaned_up_to=first_dirty)
+        # Segments holding records younger than min_compaction_lag_ms are not cleanable yet.
+        dirty_end = self._active.base_offset  # type: ignore[union-attr]
+        for segment in sealed if cfg.min_compaction_lag_ms > 0 else ():
+            if segment.next_offset > first_dirty and segment.max_timestamp > now - cfg.min_compaction_lag_ms:
+                dirty_end = segment.base_offset
+                break
+        if first_dirty >= dirty_end:
+            return CleanerReport(first_dirty_offset=first_dirty, cleaned_up_to=first_dirty)
+        offset_map = OffsetMap(cfg.cleaner_dedupe_buffer_size)
+        end = build_offset_map(sealed, self._decoder, offset_map, first_dirty, dirty_end)
+        if end <= first_dirty:
+            return CleanerReport(first_dirty_offset=first_dirty, cleaned_up_to=first_dirty)
+        # Rewrite from the oldest segment through the one holding end - 1, grouping neighbours
+        # while their total stays under segment_bytes.
+        groups: list[list[LogSegment]] = []
+        total = 0
+        for segment in sealed:
+            if segment.base_offset >= end:
+                break
+            if groups and total + segment.size <= cfg.segment_bytes:
+                groups[-1].append(segment)
+                total += segment.size
+            else:
+                groups.append([segment])
+                total = segment.size
+        read = written = kept = dropped = tombstones = 0
+        for group in groups:
+            data = bytearray()
+            r, k, d, t = clean_batches(group, self._decoder, self._builder, offset_map, end, now,
+                                       cfg.delete_retention_ms, data)
+            read, kept, dropped, tombstones = read + r, kept + k, dropped + d, tombstones + t
+            written += len(data)
+            self._swap_in(group, data)
+        self._cleaner_offsets.update({self._key: end})
+        return CleanerReport(read, written, kept, dropped, tombstones, time.monotonic() - started,
+                             first_dirty, end, sum(len(g) for g in groups))
+
+    def _swap_in(self, group: list[LogSegment], data: bytearray) -> None:
+        """Replace ``group`` by one segment holding ``data``: .cleaned, .swap, old .deleted, live.
+
+        Invariant: at every step the files on disk describe the log before the swap or after it
+        (the open-time completion of .swap files decides between them).
+        """
+        ops = _fileio.ops
+        base = group[0].base_offset
+        live = os.path.join(self.path, segment_name(base) + LOG_SUFFIX)
+        cleaned, swap = live + CLEANED_SUFFIX, live + SWAP_SUFFIX
+        fd = ops.open(cleaned, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            ops.pwrite(fd, data, 0)
+            ops.fsync(fd)
+        finally:
+            ops.close(fd)
+        ops.rename(cleaned, swap)
+        ops.fsync_dir(self.path)
+        names = []
+        for segment in group:
+            del self._segments[segment.base_offset]
+            segment.close(trim=False)
+            for path in segment.file_paths():
+                if ops.exists(path):
+                    ops.rename(path, path + DELETED_SUFFIX)
+                    names.append(path + DELETED_SUFFIX)
+        ops.rename(swap, live)
+        ops.fsync_dir(self.path)
+        segment = LogSegment.open(self.path, base, **self._settings)
+        segment.rebuild_indexes(reason=None)
+        following = self._segments.bisect_right(base)
+        if following < len(self._segments):
+            segment.assume_next_offset(self._segments.keys()[following])
+        self._segments[base] = segment
+        for name in names:
+            ops.unlink(name)
 
     # ------------------------------------------------------------------ closing
     def close(self) -> None:

@@ -208,6 +208,7 @@ class BatchBuilder:
         log_append_time: int | None = None,
         offset_deltas: Sequence[int] | None = None,
         last_offset_delta: int | None = None,
+        delete_horizon: int | None = None,
         copy: bool = True,
     ) -> bytes | bytearray | memoryview:
         """Return the encoded batch. Argument errors raise TypeError/ValueError, nothing else.
@@ -217,6 +218,8 @@ class BatchBuilder:
         ``last_offset_delta`` keeps a rewritten batch's offset span when its last records are
         gone (Kafka keeps the span so that the log end offset does not move back).
         ``log_append_time`` stamps the batch as LogAppendTime with that max timestamp.
+        ``delete_horizon`` marks a cleaned batch (KIP-534): attribute bit 6, and the horizon
+        becomes the base timestamp that record timestamp deltas are relative to.
         With ``copy=False`` the result may be a writable view of the builder's scratch space,
         valid only until the next call (the append path uses it to avoid a copy).
         """
@@ -306,6 +309,9 @@ class BatchBuilder:
             last_delta = last_offset_delta
         log_append = timestamp_type or log_append_time is not None
         attributes = codec | (lib.LS_ATTR_TIMESTAMP_TYPE if log_append else 0)
+        if delete_horizon is not None:
+            attributes |= lib.LS_ATTR_DELETE_HORIZON
+            base_ts = delete_horizon
         try:
             hdr.base_offset = base_offset
             hdr.partition_leader_epoch = partition_leader_epoch
@@ -321,7 +327,7 @@ class BatchBuilder:
             self._scratch = bytearray(max(HEADER_SIZE + bound, 2 * len(self._scratch)))
         scratch = self._scratch
         out = ffi.from_buffer(scratch)
-        if codec == compression.NONE and log_append_time is None and last_offset_delta is None:
+        if codec == compression.NONE and log_append_time is None and last_offset_delta is None and delete_horizon is None:
             size = check(lib.ls_batch_encode(rin, hdr, out, len(scratch)))
             self.last_max_timestamp = hdr.max_timestamp
             return bytes(scratch[:size]) if copy else memoryview(scratch)[:size]

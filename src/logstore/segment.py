@@ -686,9 +686,11 @@ class LogSegment:
         if self.time_index.entries and self.offset_index.entries == 0 and self._size == 0:
             raise CorruptIndexError(self.time_index.path, "entries for an empty segment")
 
-    def rebuild_indexes(self) -> None:
-        """Rebuild both indexes of a sealed segment from its log (a damaged index)."""
-        logger.warning("%s: rebuilding the offset and time indexes", self.path)
+    def rebuild_indexes(self, reason: str | None = "damaged or missing") -> None:
+        """Rebuild both indexes of a sealed segment from its log (logged with ``reason``, which
+        is None for a routine build, e.g. of a segment the cleaner just wrote)."""
+        if reason is not None:
+            logger.warning("%s: rebuilding the offset and time indexes (%s)", self.path, reason)
         res = self._scan_into_fresh_indexes()
         damaged = res.status not in (lib.LS_OK, lib.LS_ERR_ZERO) and res.valid_bytes < self._size
         if damaged:

@@ -1,0 +1,161 @@
+"""Log.compact(): one cleaning pass, checked against a model of Kafka's compaction semantics."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from logstore import Log
+from logstore.segment import parse_segment_name
+
+KEYS = [b"k%d" % i for i in range(12)]
+
+
+def expected_after_compaction(history, end):
+    """Kafka's rule: a record at offset O with key K below the cleaned end survives iff no record
+    of K at an offset O' > O was indexed (O' < end); records at or past end are untouched."""
+    latest = {}
+    for offset, key, _ in history:
+        if offset < end:
+            latest[key] = offset
+    return [(o, k, v) for o, k, v in history if o >= end or latest.get(k) == o]
+
+
+@settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(st.tuples(st.sampled_from(KEYS), st.one_of(st.none(), st.binary(min_size=1, max_size=40))),
+                    min_size=1, max_size=150),
+       segment_bytes=st.integers(300, 2000))
+def test_compaction_keeps_the_latest_record_per_key_with_offsets_and_order(tmp_path_factory, ops, segment_bytes):
+    path = tmp_path_factory.mktemp("c") / "t-0"
+    history = []
+    with Log.open(path, cleanup_policy="compact", segment_bytes=segment_bytes) as log:
+        for key, value in ops:
+            history.append((log.append(value, key=key), key, value))
+        end = log.segments[-1].base_offset  # the active segment is never cleaned
+        report = log.compact()
+        assert report.cleaned_up_to == (end if end > 0 else report.first_dirty_offset)
+        got = [(r.offset, r.key, r.value) for r in log.iter()]
+        assert got == expected_after_compaction(history, report.cleaned_up_to)
+        assert log.log_end_offset == len(history)
+        assert report.records_kept + report.records_dropped == sum(1 for o, _, _ in history if o < report.cleaned_up_to)
+    with Log.open(path, cleanup_policy="compact", segment_bytes=segment_bytes) as log:
+        assert [(r.offset, r.key, r.value) for r in log.iter()] == got
+        assert log.append(b"after", key=b"x") == len(history)
+    names = os.listdir(path)
+    assert not [n for n in names if n.endswith((".cleaned", ".swap", ".deleted"))]
+
+
+def test_tombstones_survive_delete_retention_then_go(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "t-0"
+    with Log.open(path, cleanup_policy="compact", segment_bytes=500, delete_retention_ms=1000) as log:
+        for i in range(20):
+            log.append(b"v%d" % i, key=b"a")
+        log.append(None, key=b"a")  # tombstone for a
+        for i in range(20):
+            log.append(b"w%d" % i, key=b"b")
+        log.roll()
+        log.append(b"tail", key=b"c")
+        first = log.compact(now_ms=10_000)
+        assert first.tombstones_dropped == 0
+        values = {r.key: r.value for r in log.iter()}
+        assert values[b"a"] is None  # the tombstone is still there for consumers to see
+        second = log.compact(now_ms=10_500)  # nothing dirty: the horizon has not passed anyway
+        assert second.tombstones_dropped == 0
+        # A later pass after the horizon (now + delete_retention_ms of the first pass) drops it.
+        log.append(b"x", key=b"d")
+        log.roll()
+        log._cleaner_offsets.update({log._key: 0})  # re-clean everything from the start
+        third = log.compact(now_ms=11_001)
+        assert third.tombstones_dropped == 1
+        assert b"a" not in {r.key for r in log.iter()}
+
+
+def test_small_offset_map_cleans_over_several_passes(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "t-0"
+    history = []
+    with Log.open(path, cleanup_policy="compact", segment_bytes=400, cleaner_dedupe_buffer_size=24 * 12) as log:
+        for round_ in range(3):
+            for i in range(30):
+                key = b"key-%02d" % i
+                history.append((log.append(b"r%d" % round_, key=key), key, b"r%d" % round_))
+        log.roll()
+        passes = 0
+        while True:
+            report = log.compact()
+            passes += 1
+            if report.cleaned_up_to >= log.segments[-1].base_offset or passes > 50:
+                break
+        assert passes > 1  # 30 keys do not fit a map of 10 keys: several passes were needed
+        got = {r.key: r.value for r in log.iter()}
+        assert got == {b"key-%02d" % i: b"r2" for i in range(30)}
+
+
+def test_compact_leaves_delete_policy_logs_alone(tmp_path: pathlib.Path) -> None:
+    with Log.open(tmp_path / "t-0", segment_bytes=300) as log:
+        for i in range(50):
+            log.append(b"v", key=b"k")
+        report = log.compact()
+        assert report.segments_cleaned == 0
+        assert len(list(log.iter())) == 50
+
+
+def test_min_compaction_lag_keeps_young_segments_dirty(tmp_path: pathlib.Path) -> None:
+    with Log.open(tmp_path / "t-0", cleanup_policy="compact", segment_bytes=300,
+                  min_compaction_lag_ms=1000) as log:
+        for i in range(40):
+            log.append(b"v%d" % i, key=b"k", timestamp=5_000 + i)
+        log.roll()
+        assert log.compact(now_ms=5_500).segments_cleaned == 0  # every record is younger than the lag
+        assert len(list(log.iter())) == 40
+        report = log.compact(now_ms=10_000)
+        assert report.segments_cleaned > 0
+        assert [r.value for r in log.iter()] == [b"v39"]
+
+
+@pytest.mark.parametrize("stop_after", ["cleaned", "swap", "deleted"])
+def test_crash_inside_the_swap_leaves_before_or_after(tmp_path: pathlib.Path, stop_after: str) -> None:
+    """Kill the pass (an exception from the file layer) after each rename of the protocol."""
+    from logstore import _fileio
+
+    path = tmp_path / "t-0"
+    history = []
+    with Log.open(path, cleanup_policy="compact", segment_bytes=400) as log:
+        for i in range(60):
+            key = b"k%d" % (i % 5)
+            history.append((log.append(b"v%d" % i, key=key), key, b"v%d" % i))
+        log.roll()
+
+    class Crash(BaseException):
+        pass
+
+    class CrashAt(_fileio.FileOps):
+        def rename(self, src: str, dst: str) -> None:
+            super().rename(src, dst)
+            if stop_after == "cleaned" and dst.endswith(".swap"):
+                raise Crash
+            if stop_after == "deleted" and dst.endswith(".deleted"):
+                raise Crash
+
+        def fsync_dir(self, path: str) -> None:
+            super().fsync_dir(path)
+            if stop_after == "swap" and any(n.endswith(".swap") for n in os.listdir(path)):
+                raise Crash
+
+    log = Log.open(path, cleanup_policy="compact", segment_bytes=400)
+    before = [(r.offset, r.key, r.value) for r in log.iter()]
+    with _fileio.install(CrashAt()):
+        with pytest.raises(Crash):
+            log.compact()
+    log._abandon()
+    with Log.open(path, cleanup_policy="compact", segment_bytes=400) as log:
+        after = [(r.offset, r.key, r.value) for r in log.iter()]
+        latest = {k: v for _, k, v in history}
+        assert {k: v for _, k, v in after} == latest  # no key lost
+        assert len({o for o, _, _ in after}) == len(after)  # none duplicated
+        assert [o for o, _, _ in after] == sorted(o for o, _, _ in after)
+        assert set(after) <= set(before)
+        assert not [n for n in os.listdir(path) if parse_segment_name(n) and parse_segment_name(n)[1].endswith((".swap", ".cleaned", ".deleted"))]
