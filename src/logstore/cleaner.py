@@ -14,16 +14,21 @@ over 24-byte slots (the key's 128-bit xxh3 hash and its offset), so memory per d
 
 from __future__ import annotations
 
+import logging
+import threading
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import xxhash
 
 from ._native import check, ffi, lib
+from .errors import LogstoreError
 from .records import BatchBuilder, BatchHeader, Record, RecordDecoder, parse_header
 from .segment import LogSegment
 
-__all__ = ["OffsetMap", "key_hash", "CleanerReport", "build_offset_map", "clean_batches"]
+__all__ = ["OffsetMap", "key_hash", "Cleaner", "CleanerReport", "CleanerState", "build_offset_map", "clean_batches"]
+
+logger = logging.getLogger("logstore.cleaner")
 
 SLOT_SIZE: int = lib.LS_OFFSET_MAP_SLOT_SIZE
 HASH_SIZE: int = lib.LS_OFFSET_MAP_HASH_SIZE
@@ -131,6 +136,86 @@ class CleanerReport:
     first_dirty_offset: int = 0
     cleaned_up_to: int = 0
     segments_cleaned: int = 0
+
+
+@dataclass(frozen=True)
+class CleanerState:
+    """Per-log cleaner health: when it last ran, what it did, and why it stopped (if it did)."""
+
+    last_run_ms: int | None = None
+    last_report: CleanerReport | None = None
+    uncleanable_reason: str | None = None
+
+
+class Cleaner:
+    """The background cleaner: a thread that, every ``interval_s``, compacts the registered log
+    with the highest dirty ratio among those that need it (see ``Log.needs_compaction``).
+
+    An error while cleaning one log marks that log uncleanable (Kafka's KIP-346) and the
+    cleaner carries on with the others. Logs are registered with :meth:`add`; anything with
+    ``needs_compaction()``, ``dirty_ratio()``, ``compact()`` and ``mark_uncleanable()`` works.
+    Thread-safe; :meth:`stop` waits for a running pass to finish.
+    """
+
+    def __init__(self, interval_s: float = 15.0) -> None:
+        self.interval_s = interval_s
+        self._logs: list[Any] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, log: Any) -> None:
+        with self._lock:
+            if log not in self._logs:
+                self._logs.append(log)
+
+    def remove(self, log: Any) -> None:
+        with self._lock:
+            if log in self._logs:
+                self._logs.remove(log)
+
+    def run_once(self, now_ms: int | None = None) -> CleanerReport | None:
+        """Clean the dirtiest log that needs it; returns its report, or None if none did."""
+        with self._lock:
+            logs = list(self._logs)
+        candidates = []
+        for log in logs:
+            try:
+                if log.needs_compaction(now_ms):
+                    candidates.append((log.dirty_ratio(), log))
+            except LogstoreError:
+                continue  # closed or offline: nothing to clean
+        if not candidates:
+            return None
+        _, log = max(candidates, key=lambda c: c[0])
+        try:
+            return log.compact(now_ms)
+        except Exception as exc:  # noqa: BLE001 - one log's failure must not stop the cleaner
+            log.mark_uncleanable(f"{type(exc).__name__}: {exc}")
+            return None
+
+    def start(self) -> None:
+        """Start the background thread (a daemon)."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="logstore-cleaner", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the background thread and wait for it."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                while not self._stop.is_set() and self.run_once() is not None:
+                    pass
+            except Exception:  # noqa: BLE001 - keep the thread alive, say why
+                logger.exception("cleaner pass failed")
 
 
 def build_offset_map(segments: Sequence[LogSegment], decoder: RecordDecoder, offset_map: OffsetMap,

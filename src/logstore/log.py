@@ -26,7 +26,7 @@ import time
 from bisect import bisect_left
 from contextlib import contextmanager
 from operator import attrgetter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import chain
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -41,7 +41,7 @@ from .checkpoint import (
     CorruptCheckpointError,
     OffsetCheckpoints,
 )
-from .cleaner import CleanerReport, OffsetMap, build_offset_map, clean_batches
+from .cleaner import CleanerReport, CleanerState, OffsetMap, build_offset_map, clean_batches
 from .config import LogConfig
 from .errors import (
     CorruptIndexError,
@@ -155,6 +155,7 @@ class Log:
         self._recovery_points = OffsetCheckpoints(self.log_dir, RECOVERY_POINT_CHECKPOINT)
         self._start_offsets = OffsetCheckpoints(self.log_dir, LOG_START_OFFSET_CHECKPOINT)
         self._cleaner_offsets = OffsetCheckpoints(self.log_dir, CLEANER_OFFSET_CHECKPOINT)
+        self._cleaner_state = CleanerState()
         self._log_start_offset = 0
         self._high_watermark: int | None = None
         self._recovery_point = 0
@@ -1143,7 +1144,49 @@ class Log:
         with self._lock:
             self._check_open()
             with self._io_guard():
-                return self._compact_locked(now, started)
+                report = self._compact_locked(now, started)
+            self._cleaner_state = replace(self._cleaner_state, last_run_ms=now, last_report=report)
+            return report
+
+    def dirty_ratio(self) -> float:
+        """Bytes of sealed segments at or after the cleaner's first dirty offset over all sealed
+        bytes (Kafka's cleanable ratio). Thread-safe."""
+        with self._lock:
+            self._check_open()
+            first_dirty = max(self._cleaner_offsets.get(self._key) or 0, self._log_start_offset)
+            sealed = list(self._segments.values())[:-1]
+            total = sum(s.size for s in sealed)
+            dirty = sum(s.size for s in sealed if s.next_offset > first_dirty)
+            return dirty / total if total else 0.0
+
+    def needs_compaction(self, now_ms: int | None = None) -> bool:
+        """True when the cleaner should pick this log: a compacted log, not marked uncleanable,
+        whose dirty ratio reaches min_cleanable_dirty_ratio, or whose oldest dirty segment is
+        older than max_compaction_lag_ms. Thread-safe."""
+        now = _time_ns() // 1_000_000 if now_ms is None else now_ms
+        cfg = self.config
+        if not cfg.compacted or self.cleaner_state.uncleanable_reason is not None:
+            return False
+        ratio = self.dirty_ratio()
+        if ratio > 0 and ratio >= cfg.min_cleanable_dirty_ratio:
+            return True
+        with self._lock:
+            first_dirty = max(self._cleaner_offsets.get(self._key) or 0, self._log_start_offset)
+            for segment in list(self._segments.values())[:-1]:
+                if segment.next_offset > first_dirty:
+                    return now - segment.max_timestamp > cfg.max_compaction_lag_ms
+        return False
+
+    @property
+    def cleaner_state(self) -> CleanerState:
+        """The cleaner's view of this log: last run, last report, uncleanable reason."""
+        return self._cleaner_state
+
+    def mark_uncleanable(self, reason: str) -> None:
+        """Stop the background cleaner from picking this log (after an error), as Kafka's
+        KIP-346 does; reopening the log clears it."""
+        self._cleaner_state = replace(self._cleaner_state, uncleanable_reason=reason)
+        logger.error("%s: marked uncleanable: %s", self.path, reason)
 
     def _compact_locked(self, now: int, started: float) -> CleanerReport:
         cfg = self.config

@@ -159,3 +159,67 @@ def test_crash_inside_the_swap_leaves_before_or_after(tmp_path: pathlib.Path, st
         assert [o for o, _, _ in after] == sorted(o for o, _, _ in after)
         assert set(after) <= set(before)
         assert not [n for n in os.listdir(path) if parse_segment_name(n) and parse_segment_name(n)[1].endswith((".swap", ".cleaned", ".deleted"))]
+
+
+def test_background_cleaner_picks_the_dirtiest_log_and_survives_a_failing_one(tmp_path: pathlib.Path) -> None:
+    from logstore.cleaner import Cleaner
+
+    logs = []
+    for name, rounds in (("a-0", 2), ("b-0", 6)):
+        log = Log.open(tmp_path / name, cleanup_policy="compact", segment_bytes=300, min_cleanable_dirty_ratio=0.1)
+        for r in range(rounds):
+            for i in range(10):
+                log.append(b"r%d" % r, key=b"k%d" % i)
+        log.roll()
+        logs.append(log)
+
+    class Broken:
+        def needs_compaction(self, now_ms=None):
+            return True
+
+        def dirty_ratio(self):
+            return 1.0  # the dirtiest: picked first
+
+        def compact(self, now_ms=None):
+            raise OSError("disk on fire")
+
+        def mark_uncleanable(self, reason):
+            self.reason = reason
+
+    broken = Broken()
+    cleaner = Cleaner(interval_s=0.01)
+    cleaner.add(broken)  # ties on the dirty ratio go to the first registered
+    for log in logs:
+        cleaner.add(log)
+    assert cleaner.run_once() is None  # the broken log failed ...
+    assert "disk on fire" in broken.reason  # ... and was marked, the cleaner carries on
+    cleaner.remove(broken)
+    first = cleaner.run_once()
+    assert first is not None and first.segments_cleaned > 0
+    assert first in (logs[0].cleaner_state.last_report, logs[1].cleaner_state.last_report)
+    cleaner.start()
+    deadline = __import__("time").monotonic() + 10
+    while any(log.needs_compaction() for log in logs) and __import__("time").monotonic() < deadline:
+        __import__("time").sleep(0.02)
+    cleaner.stop()
+    for log, last_round in zip(logs, (b"r1", b"r5")):
+        assert not log.needs_compaction()
+        records = list(log.iter())
+        assert {r.key: r.value for r in records} == {b"k%d" % i: last_round for i in range(10)}
+        assert len(records) == 10  # one record per key is left
+        log.close()
+
+
+def test_max_compaction_lag_forces_a_pass_below_the_dirty_ratio(tmp_path: pathlib.Path) -> None:
+    with Log.open(tmp_path / "t-0", cleanup_policy="compact", segment_bytes=300,
+                  min_cleanable_dirty_ratio=1.0, max_compaction_lag_ms=1000) as log:
+        for i in range(30):
+            log.append(b"v", key=b"k", timestamp=1_000 + i)
+        log.roll()
+        log.compact(now_ms=1_500)
+        for i in range(3):
+            log.append(b"w", key=b"k", timestamp=2_000 + i)
+        log.roll()
+        assert 0 < log.dirty_ratio() < 1.0
+        assert not log.needs_compaction(now_ms=2_500)
+        assert log.needs_compaction(now_ms=3_100)  # the dirty records are older than the max lag
