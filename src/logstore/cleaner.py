@@ -8,8 +8,8 @@ when the dirty section has more distinct keys than fit, the pass cleans the pref
 the next pass continues.
 
 The map itself is mechanism in C (``ls_offset_map_*``): open addressing with linear probing
-over 24-byte slots (the key's 128-bit xxh3 hash and its offset), so memory per distinct key is
-24 bytes / load factor (26.7 bytes at Kafka's default load factor of 0.9).
+over 20-byte slots (96 bits of the key's xxh3_128 hash and its offset), so memory per distinct
+key is 20 bytes / load factor (22.2 bytes at Kafka's default load factor of 0.9).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class OffsetMap:
     """Key -> latest offset over a fixed memory budget, for one cleaning pass.
 
     Args:
-        memory_bytes: the budget; the map holds ``memory_bytes // 24`` slots.
+        memory_bytes: the budget; the map holds ``memory_bytes // 20`` slots.
         load_factor: the fraction of slots that may hold keys (Kafka's
             ``log.cleaner.io.buffer.load.factor``, default 0.9).
 

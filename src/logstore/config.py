@@ -62,7 +62,7 @@ class LogConfig:
         min_cleanable_dirty_ratio, delete_retention_ms, min_compaction_lag_ms,
         max_compaction_lag_ms: the cleaner's settings (see logstore.cleaner).
         cleaner_dedupe_buffer_size: memory for the key -> offset map of one compaction pass
-            (24 bytes per slot); a dirty section with more keys is cleaned over several passes.
+            (20 bytes per slot); a dirty section with more keys is cleaned over several passes.
     """
 
     segment_bytes: int = 1073741824
@@ -209,7 +209,7 @@ _FIELD_SPECS: dict[str, dict] = {
     "delete_retention_ms": _int(0),
     "min_compaction_lag_ms": _int(0),
     "max_compaction_lag_ms": _int(1),
-    "cleaner_dedupe_buffer_size": _int(48, 2**40),
+    "cleaner_dedupe_buffer_size": _int(40, 2**40),
     "preallocate": {"kind": "bool"},
     "compression_type": {"kind": "str"},
     "message_timestamp_type": {"kind": "str"},

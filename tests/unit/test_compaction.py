@@ -77,7 +77,7 @@ def test_tombstones_survive_delete_retention_then_go(tmp_path: pathlib.Path) -> 
 def test_small_offset_map_cleans_over_several_passes(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "t-0"
     history = []
-    with Log.open(path, cleanup_policy="compact", segment_bytes=400, cleaner_dedupe_buffer_size=24 * 12) as log:
+    with Log.open(path, cleanup_policy="compact", segment_bytes=400, cleaner_dedupe_buffer_size=20 * 12) as log:
         for round_ in range(3):
             for i in range(30):
                 key = b"key-%02d" % i

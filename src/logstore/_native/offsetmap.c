@@ -2,9 +2,8 @@
  *
  * Invariant: every key present sits in the probe run that starts at its home slot (first 8 bytes
  * of the hash mod capacity) without an empty slot in between; keys are never removed, so the
- * invariant holds for the life of a map. Keys are 128-bit hashes: two keys of the log share a
- * slot only on a hash collision, which at 2^-128 per pair is far below the rate of undetected
- * disk errors.
+ * invariant holds for the life of a map. A slot keeps 96 bits of the key's hash: two keys of the
+ * log share a slot only on a collision of those bits (2^-96 per pair).
  */
 #include <stdint.h>
 #include <stddef.h>
@@ -22,13 +21,13 @@ static int64_t home_slot(const char *hash, int64_t capacity)
 static int64_t load_offset(const char *slot)
 {
     int64_t v;
-    memcpy(&v, slot + LS_OFFSET_MAP_HASH_SIZE, sizeof v);
+    memcpy(&v, slot + LS_OFFSET_MAP_STORED_HASH_SIZE, sizeof v);
     return v;
 }
 
 static void store_offset(char *slot, int64_t v)
 {
-    memcpy(slot + LS_OFFSET_MAP_HASH_SIZE, &v, sizeof v);
+    memcpy(slot + LS_OFFSET_MAP_STORED_HASH_SIZE, &v, sizeof v);
 }
 
 /* The slot holding `hash`, or the empty slot where it would go. The map is never full (max_size
@@ -39,7 +38,7 @@ static char *find(ls_offset_map *m, const char *hash)
     for (;;) {
         char *slot = m->slots + i * LS_OFFSET_MAP_SLOT_SIZE;
         m->probes++;
-        if (load_offset(slot) == 0 || memcmp(slot, hash, LS_OFFSET_MAP_HASH_SIZE) == 0)
+        if (load_offset(slot) == 0 || memcmp(slot, hash, LS_OFFSET_MAP_STORED_HASH_SIZE) == 0)
             return slot;
         if (++i == m->capacity)
             i = 0;
@@ -76,7 +75,7 @@ int64_t ls_offset_map_put(ls_offset_map *m, const char *hashes, const int64_t *o
         if (stored == 0) {
             if (m->size >= m->max_size)
                 return i;
-            memcpy(slot, hash, LS_OFFSET_MAP_HASH_SIZE);
+            memcpy(slot, hash, LS_OFFSET_MAP_STORED_HASH_SIZE);
             m->size++;
         }
         if (offsets[i] + 1 > stored)
