@@ -226,26 +226,24 @@ def build_offset_map(segments: Sequence[LogSegment], decoder: RecordDecoder, off
     record whose (new) key no longer fit, so that the pass cleans only what the map covers.
     """
     for segment in segments:
-        if segment.next_offset <= start or segment.base_offset >= end:
+        if segment.next_offset <= start or segment.base_offset >= end or segment.size == 0:
             continue
-        offset = max(start, segment.base_offset)
-        while offset < end:
-            records = segment.read(decoder, offset, 1 << 20, end, None)
-            if not records:
-                break
-            keys = [r.key for r in records if r.key is not None and r.offset < end]
-            offsets = [r.offset for r in records if r.key is not None and r.offset < end]
-            recorded = offset_map.put(keys, offsets)
-            if recorded < len(keys):
-                return offsets[recorded]
-            offset = records[-1].offset + 1
+        position = segment.find_position(max(start, segment.base_offset))
+        keys, offsets, _, _ = decoder.decode_keys(segment.buffer, position, segment.size, start, end, segment.path)
+        # A batch straddling `end` comes whole; its records from `end` on are not part of this pass.
+        pairs = [(k, o) for k, o in zip(keys, offsets) if k is not None and o < end]
+        if not pairs:
+            continue
+        recorded = offset_map.put([k for k, _ in pairs], [o for _, o in pairs])
+        if recorded < len(pairs):
+            return pairs[recorded][1]
     return end
 
 
-def _keep(record: Record, offset_map_offset: int, end: int) -> bool:
-    """A record is kept iff it lies past the cleaned range, has no key (not compactable), or
-    no later record of its key was indexed (Kafka: obsolete iff a later offset holds its key)."""
-    return record.offset >= end or record.key is None or record.offset >= offset_map_offset
+def _keep(offset: int, offset_map_offset: int, end: int) -> bool:
+    """A record is kept iff it lies past the cleaned range or no later record of its key was
+    indexed (Kafka: obsolete iff a later offset holds its key; a keyless record passes -1)."""
+    return offset >= end or offset >= offset_map_offset
 
 
 def clean_batches(segments: Sequence[LogSegment], decoder: RecordDecoder, builder: BatchBuilder,
@@ -269,29 +267,37 @@ def clean_batches(segments: Sequence[LogSegment], decoder: RecordDecoder, builde
         if header.base_offset >= end:
             out += buf[position : position + header.size]
             continue
-        records, _ = decoder.decode(buf, position, position + header.size, 0, -1, None, segment.path)
-        latest = offset_map.get([r.key if r.key is not None else b"" for r in records])
+        # Decide on keys, offsets and null values alone; build Records only for a batch that
+        # must be rewritten (most batches survive whole or not at all).
+        keys, offsets, nulls, _ = decoder.decode_keys(buf, position, position + header.size, 0, -1, segment.path)
+        latest = offset_map.get([b"" if k is None else k for k in keys])
         horizon_set = bool(header.attributes & lib.LS_ATTR_DELETE_HORIZON)
-        survivors = []
-        for record, latest_offset in zip(records, latest):
-            if not _keep(record, latest_offset if record.key is not None else -1, end):
-                dropped += 1
-                continue
-            if record.value is None and record.offset < end and horizon_set and header.base_timestamp <= now_ms:
-                dropped += 1
+        expired = horizon_set and header.base_timestamp <= now_ms
+        keep = []
+        for key, offset, latest_offset, null in zip(keys, offsets, latest, nulls):
+            if not _keep(offset, -1 if key is None else latest_offset, end):
+                keep.append(False)
+            elif null and expired and offset < end:
                 tombstones += 1
-                continue
-            survivors.append(record)
-        kept_n += len(survivors)
+                keep.append(False)
+            else:
+                keep.append(True)
+        n_keep = keep.count(True)
+        kept_n += n_keep
+        dropped += len(keep) - n_keep
         last_in_group = i == len(all_batches) - 1
-        if len(survivors) == len(records) and (horizon_set or not any(r.value is None for r in survivors)):
+        has_tombstone = any(null for null, k in zip(nulls, keep) if k)
+        if n_keep == len(keep) and (horizon_set or not has_tombstone):
             out += buf[position : position + header.size]  # unchanged: copy the bytes as they are
             continue
-        if not survivors and not last_in_group:
+        if n_keep == 0 and not last_in_group:
             continue
+        survivors = []
+        if n_keep:
+            records, _ = decoder.decode(buf, position, position + header.size, 0, -1, None, segment.path)
+            survivors = [record for record, k in zip(records, keep) if k]
         horizon = header.base_timestamp if horizon_set else now_ms + delete_retention_ms
-        mark = any(r.value is None for r in survivors)
-        out += _rebuild(builder, header, survivors, horizon if mark else None)
+        out += _rebuild(builder, header, survivors, horizon if has_tombstone else None)
     return bytes_read, kept_n, dropped, tombstones
 
 

@@ -397,6 +397,7 @@ class RecordDecoder:
         self._hdr = ffi.new("ls_batch_header *")
         #: why the last decode() stopped: an LS_STOP_ value
         self.last_stop = lib.LS_STOP_END
+        self._key_columns: tuple[list[bytes | None], list[int], list[bool]] | None = None
         self._crc = ffi.new("uint32_t *")
         self._alloc(capacity)
 
@@ -436,6 +437,13 @@ class RecordDecoder:
             offsets: Any = range(first, first + n)  # offsets strictly increase, so contiguous
         else:
             offsets = _int64s(out.offsets, n)
+        if self._key_columns is not None:  # decode_keys(): offsets, keys and null values only
+            keys_out, offsets_out, nulls_out = self._key_columns
+            keys_out.extend(_slices(buf, _int32s(out.key_pos, n), _int32s(out.key_len, n), n))
+            offsets_out.extend(offsets)
+            value_lens = _int32s(out.value_len, n)
+            nulls_out.extend([length < 0 for length in value_lens] if -1 in value_lens else repeat(False, n))
+            return
         timestamps = _int64s(out.timestamps, n)
         types = ffi.buffer(out.timestamp_types, n)[:]
         zeros = types.count(0)
@@ -561,6 +569,24 @@ class RecordDecoder:
             ffi.release(cptr)
             self._out.capacity = self.capacity
         return records, cur.position
+
+    def decode_keys(self, buf: Any, start: int, end: int, min_offset: int = 0, max_offset: int = -1,
+                    path: str | None = None) -> tuple[list[bytes | None], list[int], list[bool], int]:
+        """Like :meth:`decode`, but return only the keys, offsets and which values are null,
+        without building Records or slicing values (what the cleaner needs to decide). Every
+        batch is validated as in decode(); an invalid one raises CorruptRecordError.
+
+        Returns (keys, offsets, null_values, position after the last batch consumed).
+        """
+        keys: list[bytes | None] = []
+        offsets: list[int] = []
+        nulls: list[bool] = []
+        self._key_columns = (keys, offsets, nulls)
+        try:
+            _, position = self.decode(buf, start, end, min_offset, max_offset, None, path)
+        finally:
+            self._key_columns = None
+        return keys, offsets, nulls, position
 
     def _stop_quietly(self, rc: int, end: int, records: list[Record], partial_tail_ok: bool,
                       stop_before_damage: bool) -> bool:
