@@ -68,3 +68,65 @@ def test_power_loss_at_every_sync_of_a_compaction_pass(mem_path, mode, seed):
         if finished:
             break
     assert cut_points >= 5  # the pass has at least the .cleaned, .swap, rename and checkpoint syncs
+
+
+def _compact_and_die(path: str, kill_at: int, wfd: int) -> None:
+    """Child process: open the log, run one compaction pass, SIGKILL itself at FileOps call
+    ``kill_at``; if the pass ends first, report the number of calls and exit."""
+    import os
+    import signal
+    import struct
+
+    from crashcheck import OP_NAMES, AtNthCall
+
+    class KillAt(AtNthCall):
+        def at_nth(self, name, attr, args, kwargs):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    ops = KillAt(kill_at, wfd)
+    with _fileio.install(ops):
+        log = Log.open(path, **CONFIG)
+        log.compact()
+        log._abandon()
+    os.write(wfd, struct.pack("<q", ops.calls))
+    assert OP_NAMES  # the fault injector's vocabulary is the FileOps API
+
+
+def test_sigkill_at_every_file_operation_of_a_compaction_pass(mem_path):
+    import os
+    import struct
+
+    template, history = _template(mem_path)
+    latest = {key: (offset, value) for offset, key, value in history}
+    before = {(o, k, v) for o, k, v in history}
+    n, total, kills = 1, None, 0
+    while total is None or n <= total:
+        work = mem_path / f"kill{n}"
+        shutil.copytree(template, work)
+        rfd, wfd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            os.close(rfd)
+            try:
+                _compact_and_die(str(work / "t-0"), n, wfd)
+            finally:
+                os._exit(0)
+        os.close(wfd)
+        data = b""
+        while chunk := os.read(rfd, 64):
+            data += chunk
+        os.close(rfd)
+        _, status = os.waitpid(pid, 0)
+        if os.WIFSIGNALED(status):
+            kills += 1
+        else:
+            total = struct.unpack("<q", data[:8])[0]
+        with Log.open(str(work / "t-0"), **CONFIG) as log:
+            got = [(r.offset, r.key, r.value) for r in log.iter()]
+        offsets = [o for o, _, _ in got]
+        assert offsets == sorted(set(offsets)), f"kill at call {n}: offsets repeat or go back"
+        assert set(got) <= before, f"kill at call {n}: records that were never written"
+        assert {k: (o, v) for o, k, v in got} == latest, f"kill at call {n}: a key lost its latest value"
+        shutil.rmtree(work)
+        n += 1
+    assert kills >= 20  # every file operation of the open and the pass was a kill point
