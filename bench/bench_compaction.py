@@ -146,7 +146,7 @@ def test_offset_map_bytes_per_key(benchmark, keys):
     benchmark.extra_info.update(memory_bytes=offset_map.memory_bytes, keys=len(offset_map),
                                 capacity=offset_map.capacity)
     _report.report_value(benchmark, "bytes_per_key", per_key, "bytes/key", at_most=24,
-                         note="20-byte slots (96-bit hash + offset) at load factor 0.9")
+                         note="20-byte slots (128-bit hash + 32-bit relative offset) at load factor 0.9")
     print(f"\nOffsetMap: {per_key:.2f} bytes/key ({len(offset_map):,} keys in {offset_map.memory_bytes:,} bytes)")
 
 

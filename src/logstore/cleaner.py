@@ -8,8 +8,9 @@ when the dirty section has more distinct keys than fit, the pass cleans the pref
 the next pass continues.
 
 The map itself is mechanism in C (``ls_offset_map_*``): open addressing with linear probing
-over 20-byte slots (96 bits of the key's xxh3_128 hash and its offset), so memory per distinct
-key is 20 bytes / load factor (22.2 bytes at Kafka's default load factor of 0.9).
+over 20-byte slots (the key's 128-bit xxh3 hash and its offset relative to the pass's first
+dirty offset as 32 bits), so memory per distinct key is 20 bytes / load factor (22.2 bytes at
+Kafka's default load factor of 0.9).
 """
 
 from __future__ import annotations
@@ -44,11 +45,13 @@ class OffsetMap:
         memory_bytes: the budget; the map holds ``memory_bytes // 20`` slots.
         load_factor: the fraction of slots that may hold keys (Kafka's
             ``log.cleaner.io.buffer.load.factor``, default 0.9).
+        base_offset: the smallest offset the map will hold (offsets are stored relative to
+            it in 32 bits; put() stops at base_offset + 2**32 - 2).
 
     Keys are bytes (a compacted log has no null keys). Not thread-safe: one pass owns a map.
     """
 
-    def __init__(self, memory_bytes: int, load_factor: float = 0.9) -> None:
+    def __init__(self, memory_bytes: int, load_factor: float = 0.9, base_offset: int = 0) -> None:
         if isinstance(memory_bytes, bool) or not isinstance(memory_bytes, int):
             raise TypeError(f"memory_bytes must be an int, got {type(memory_bytes).__name__}")
         if memory_bytes < 2 * SLOT_SIZE:
@@ -58,11 +61,15 @@ class OffsetMap:
         self._memory = bytearray(memory_bytes)
         self._map = ffi.new("ls_offset_map *")
         self._permille = max(1, round(load_factor * 1000))
+        if base_offset < 0:
+            raise ValueError(f"base_offset must be >= 0, got {base_offset}")
+        self._base_offset = base_offset
         self.clear()
 
     def clear(self) -> None:
         """Forget every key (the memory is reused)."""
-        check(lib.ls_offset_map_init(self._map, ffi.from_buffer(self._memory), len(self._memory), self._permille))
+        check(lib.ls_offset_map_init(self._map, ffi.from_buffer(self._memory), len(self._memory), self._permille,
+                                     self._base_offset))
 
     def __len__(self) -> int:
         return self._map.size

@@ -1202,7 +1202,7 @@ class Log:
                 break
         if first_dirty >= dirty_end:
             return CleanerReport(first_dirty_offset=first_dirty, cleaned_up_to=first_dirty)
-        offset_map = OffsetMap(cfg.cleaner_dedupe_buffer_size)
+        offset_map = OffsetMap(cfg.cleaner_dedupe_buffer_size, base_offset=first_dirty)
         end = build_offset_map(sealed, self._decoder, offset_map, first_dirty, dirty_end)
         if end <= first_dirty:
             return CleanerReport(first_dirty_offset=first_dirty, cleaned_up_to=first_dirty)

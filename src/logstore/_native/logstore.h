@@ -15,7 +15,7 @@
  */
 
 /* Bumped whenever a struct or a signature below changes; checked by logstore._native at import. */
-#define LS_ABI_VERSION 6
+#define LS_ABI_VERSION 7
 
 /* ---- Error codes (every function returning int/int64 uses negative values from this list) ---- */
 #define LS_OK 0
@@ -367,13 +367,12 @@ int ls_appender_seal(ls_appender *a);
 
 /* ======================================================================== */
 /* Compaction offset map: key hash -> latest offset, for the cleaner (Kafka's SkimpyOffsetMap).
- * Open addressing with linear probing over caller memory. Callers pass 16-byte key hashes (the
- * key's xxh3_128); a slot keeps the first 12 bytes of the hash and offset + 1 as int64 in host
- * order (0 marks an empty slot, so zeroed memory is an empty map): 20 bytes per slot, 22.2
- * bytes of memory per distinct key at the default load factor of 0.9 (Kafka's 16-byte MD5 slots
- * take 26.7). A 96-bit hash makes a collision among 10^8 keys a 10^-13 event. */
+ * Open addressing with linear probing over caller memory. A slot is the key's 16-byte hash (its
+ * xxh3_128) followed by offset - base_offset + 1 as a uint32 in host order (0 marks an empty
+ * slot, so zeroed memory is an empty map): 20 bytes per slot, 22.2 bytes of memory per distinct
+ * key at the default load factor of 0.9 (Kafka's MD5 + int64 slots take 26.7). One pass indexes
+ * at most 2^32 - 2 offsets from its base. */
 #define LS_OFFSET_MAP_HASH_SIZE 16
-#define LS_OFFSET_MAP_STORED_HASH_SIZE 12
 #define LS_OFFSET_MAP_SLOT_SIZE 20
 
 typedef struct {
@@ -381,18 +380,21 @@ typedef struct {
     int64_t capacity;     /* slots */
     int64_t size;         /* distinct keys held */
     int64_t max_size;     /* new keys are refused beyond this (the load factor bound) */
+    int64_t base_offset;  /* offsets are stored relative to this */
     int64_t probes;       /* slots examined by all puts and gets (a health figure) */
 } ls_offset_map;
 
-/* Set up an empty map over memory[0, bytes): zeroes it and sets capacity and max_size =
- * floor(capacity * load_factor_permille / 1000). Returns LS_OK or LS_ERR_ARG (fewer than 2
- * slots, or a load factor outside [1, 1000]). */
-int ls_offset_map_init(ls_offset_map *m, char *memory, int64_t bytes, int32_t load_factor_permille);
+/* Set up an empty map over memory[0, bytes) for offsets from base_offset: zeroes it and sets
+ * capacity and max_size = floor(capacity * load_factor_permille / 1000) (at most capacity - 1).
+ * Returns LS_OK or LS_ERR_ARG (fewer than 2 slots, a load factor outside [1, 1000], or a
+ * negative base). */
+int ls_offset_map_init(ls_offset_map *m, char *memory, int64_t bytes, int32_t load_factor_permille,
+                       int64_t base_offset);
 
 /* Record hashes[i] -> offsets[i] for i in [0, n) in order; a key already present takes the new
  * offset when it is larger (the later record wins). Stops before the first pair whose key is new
- * while the map holds max_size keys. Returns the number of pairs recorded (n when all fit), or
- * LS_ERR_ARG for a negative offset. */
+ * while the map holds max_size keys, or whose offset is base_offset + 2^32 - 2 or more. Returns
+ * the number of pairs recorded (n when all fit), or LS_ERR_ARG for an offset below base_offset. */
 int64_t ls_offset_map_put(ls_offset_map *m, const char *hashes, const int64_t *offsets, int64_t n);
 
 /* Write the offset recorded for each of the n hashes to offsets_out (-1 when absent). Returns n

@@ -2,8 +2,8 @@
  *
  * Invariant: every key present sits in the probe run that starts at its home slot (first 8 bytes
  * of the hash mod capacity) without an empty slot in between; keys are never removed, so the
- * invariant holds for the life of a map. A slot keeps 96 bits of the key's hash: two keys of the
- * log share a slot only on a collision of those bits (2^-96 per pair).
+ * invariant holds for the life of a map. A slot keeps the key's whole 128-bit hash: two keys of
+ * the log share a slot only on a hash collision (2^-128 per pair).
  */
 #include <stdint.h>
 #include <stddef.h>
@@ -18,16 +18,17 @@ static int64_t home_slot(const char *hash, int64_t capacity)
     return (int64_t)(h % (uint64_t)capacity);
 }
 
-static int64_t load_offset(const char *slot)
+/* The stored value: offset - base + 1, 0 for an empty slot. */
+static uint32_t load_value(const char *slot)
 {
-    int64_t v;
-    memcpy(&v, slot + LS_OFFSET_MAP_STORED_HASH_SIZE, sizeof v);
+    uint32_t v;
+    memcpy(&v, slot + LS_OFFSET_MAP_HASH_SIZE, sizeof v);
     return v;
 }
 
-static void store_offset(char *slot, int64_t v)
+static void store_value(char *slot, uint32_t v)
 {
-    memcpy(slot + LS_OFFSET_MAP_STORED_HASH_SIZE, &v, sizeof v);
+    memcpy(slot + LS_OFFSET_MAP_HASH_SIZE, &v, sizeof v);
 }
 
 /* The slot holding `hash`, or the empty slot where it would go. The map is never full (max_size
@@ -38,18 +39,20 @@ static char *find(ls_offset_map *m, const char *hash)
     for (;;) {
         char *slot = m->slots + i * LS_OFFSET_MAP_SLOT_SIZE;
         m->probes++;
-        if (load_offset(slot) == 0 || memcmp(slot, hash, LS_OFFSET_MAP_STORED_HASH_SIZE) == 0)
+        if (load_value(slot) == 0 || memcmp(slot, hash, LS_OFFSET_MAP_HASH_SIZE) == 0)
             return slot;
         if (++i == m->capacity)
             i = 0;
     }
 }
 
-int ls_offset_map_init(ls_offset_map *m, char *memory, int64_t bytes, int32_t load_factor_permille)
+int ls_offset_map_init(ls_offset_map *m, char *memory, int64_t bytes, int32_t load_factor_permille,
+                       int64_t base_offset)
 {
     if (!m || !memory || bytes < 2 * LS_OFFSET_MAP_SLOT_SIZE || load_factor_permille < 1 ||
-        load_factor_permille > 1000)
+        load_factor_permille > 1000 || base_offset < 0)
         return LS_ERR_ARG;
+    m->base_offset = base_offset;
     m->slots = memory;
     m->capacity = bytes / LS_OFFSET_MAP_SLOT_SIZE;
     memset(memory, 0, (size_t)(m->capacity * LS_OFFSET_MAP_SLOT_SIZE));
@@ -67,19 +70,22 @@ int64_t ls_offset_map_put(ls_offset_map *m, const char *hashes, const int64_t *o
     if (!m || !m->slots || n < 0 || (n && (!hashes || !offsets)))
         return LS_ERR_ARG;
     for (int64_t i = 0; i < n; i++) {
-        if (offsets[i] < 0 || offsets[i] == INT64_MAX)
+        if (offsets[i] < m->base_offset)
             return LS_ERR_ARG;
+        if (offsets[i] - m->base_offset >= (int64_t)UINT32_MAX - 1)
+            return i; /* beyond what one pass can index: the next pass starts there */
+        uint32_t value = (uint32_t)(offsets[i] - m->base_offset + 1);
         const char *hash = hashes + i * LS_OFFSET_MAP_HASH_SIZE;
         char *slot = find(m, hash);
-        int64_t stored = load_offset(slot);
+        uint32_t stored = load_value(slot);
         if (stored == 0) {
             if (m->size >= m->max_size)
                 return i;
-            memcpy(slot, hash, LS_OFFSET_MAP_STORED_HASH_SIZE);
+            memcpy(slot, hash, LS_OFFSET_MAP_HASH_SIZE);
             m->size++;
         }
-        if (offsets[i] + 1 > stored)
-            store_offset(slot, offsets[i] + 1);
+        if (value > stored)
+            store_value(slot, value);
     }
     return n;
 }
@@ -88,7 +94,9 @@ int64_t ls_offset_map_get(ls_offset_map *m, const char *hashes, int64_t *offsets
 {
     if (!m || !m->slots || n < 0 || (n && (!hashes || !offsets_out)))
         return LS_ERR_ARG;
-    for (int64_t i = 0; i < n; i++)
-        offsets_out[i] = load_offset(find(m, hashes + i * LS_OFFSET_MAP_HASH_SIZE)) - 1;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t value = load_value(find(m, hashes + i * LS_OFFSET_MAP_HASH_SIZE));
+        offsets_out[i] = value ? m->base_offset + (int64_t)value - 1 : -1;
+    }
     return n;
 }
