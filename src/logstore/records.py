@@ -394,11 +394,9 @@ class RecordDecoder:
         self.max_batch_bytes = max_batch_bytes
         self.max_decompressed_bytes = max_decompressed_bytes
         self._cur = ffi.new("ls_cursor *")
-        self._hdr = ffi.new("ls_batch_header *")
         #: why the last decode() stopped: an LS_STOP_ value
         self.last_stop = lib.LS_STOP_END
         self._key_columns: tuple[list[bytes | None], list[int], list[bool]] | None = None
-        self._crc = ffi.new("uint32_t *")
         self._alloc(capacity)
 
     def _alloc(self, capacity: int) -> None:
@@ -551,7 +549,7 @@ class RecordDecoder:
                     continue
                 if stop == lib.LS_STOP_COMPRESSED:
                     try:
-                        size = self._decode_compressed(buf, cptr, cur.position, end, min_offset, path, records)
+                        size = self._decode_compressed(buf, cur.position, min_offset, path, records)
                     except CorruptRecordError:
                         if records and stop_before_damage:  # reported by the read starting there
                             self.last_stop = lib.LS_STOP_ERROR
@@ -608,12 +606,12 @@ class RecordDecoder:
             return False
         return stop_before_damage and bool(records)
 
-    def _decode_compressed(self, buf: Any, cptr: Any, position: int, end: int, min_offset: int,
-                           path: str | None, records: list[Record]) -> int:
-        hdr = self._hdr
-        size = lib.ls_batch_validate(cptr + position, end - position, self.max_batch_bytes, hdr, self._crc)
-        check(size, path, position, stored_crc=hdr.crc, computed_crc=self._crc[0],
-              size=LOG_OVERHEAD + hdr.batch_length, limit=self.max_batch_bytes)
+    def _decode_compressed(self, buf: Any, position: int, min_offset: int, path: str | None,
+                           records: list[Record]) -> int:
+        """Decompress and decode the compressed batch the C walk stopped at. The walk validated
+        it (header, CRC) before stopping, so its header in the cursor is trusted as is."""
+        hdr = ffi.addressof(self._cur, "header")
+        size = LOG_OVERHEAD + hdr.batch_length
         codec = hdr.attributes & lib.LS_ATTR_COMPRESSION_MASK
         section = memoryview(buf)[position + HEADER_SIZE : position + size]
         try:
