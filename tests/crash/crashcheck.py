@@ -15,7 +15,11 @@ The invariant checked after every crash ("the log is a prefix of history"):
 
 from __future__ import annotations
 
+import faulthandler
+import os
 import random
+import sys
+import traceback
 from typing import Any, Sequence
 
 from logstore import Log
@@ -144,3 +148,28 @@ class AtNthCall(NoSyncFileOps):
             return attr(*args, **kwargs)
 
         return counted
+
+
+def fork_child(target: Any, *args: Any, quiet_faults: bool = False) -> tuple[int, int]:
+    """Fork a child running ``target(*args, wfd)``; return (pid, read end of its pipe).
+
+    The child never returns into pytest: it exits 0, or 3 after printing an exception. With
+    ``quiet_faults`` a segfault in the child is reported by the parent alone (no faulthandler).
+    """
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 0
+        try:
+            if quiet_faults:
+                faulthandler.disable()
+            os.close(rfd)
+            target(*args, wfd)
+        except BaseException:
+            traceback.print_exc(file=sys.stderr)
+            sys.stderr.flush()
+            code = 3
+        finally:
+            os._exit(code)
+    os.close(wfd)
+    return pid, rfd

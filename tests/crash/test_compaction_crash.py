@@ -14,6 +14,7 @@ import shutil
 import pytest
 
 from logstore import Log, _fileio
+from crashcheck import fork_child
 from powerloss import PowerLoss, PowerLossFileOps
 
 CONFIG = dict(cleanup_policy="compact", segment_bytes=600, index_interval_bytes=64)
@@ -103,15 +104,7 @@ def test_sigkill_at_every_file_operation_of_a_compaction_pass(mem_path):
     while total is None or n <= total:
         work = mem_path / f"kill{n}"
         shutil.copytree(template, work)
-        rfd, wfd = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child
-            os.close(rfd)
-            try:
-                _compact_and_die(str(work / "t-0"), n, wfd)
-            finally:
-                os._exit(0)
-        os.close(wfd)
+        pid, rfd = fork_child(_compact_and_die, str(work / "t-0"), n)
         data = b""
         while chunk := os.read(rfd, 64):
             data += chunk

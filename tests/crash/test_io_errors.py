@@ -11,23 +11,20 @@ prefix of what was written.
 from __future__ import annotations
 
 import errno
-import faulthandler
 import os
 import random
 import select
 import shutil
 import signal
 import struct
-import sys
 import time
-import traceback
 
 import pytest
 
 from logstore import Log, _fileio
 from logstore._fileio import FileOps
 
-from crashcheck import CONFIG, OP_NAMES, AtNthCall, NoSyncFileOps, append_some, check_log, key_for, value_for
+from crashcheck import CONFIG, OP_NAMES, fork_child, AtNthCall, NoSyncFileOps, append_some, check_log, key_for, value_for
 from crashcheck import describe as _describe
 
 _MSG = struct.Struct("<cq")
@@ -46,6 +43,10 @@ class _FailAtCall(AtNthCall):
         if name == "close":
             attr(*args, **kwargs)  # Linux frees the descriptor even when close fails
         raise OSError(code, f"injected {os.strerror(code)} in {name}")
+
+
+def _fork_quiet(target, *args):
+    return fork_child(target, *args, quiet_faults=True)
 
 
 def _writer(path: str, config: dict, fail_at: int, wfd: int) -> None:
@@ -77,25 +78,6 @@ def _writer(path: str, config: dict, fail_at: int, wfd: int) -> None:
             os.write(wfd, _MSG.pack(b"A", end + k - 1))
     os.write(wfd, _MSG.pack(b"N", ops.calls))
     # Exit without close: what survives is what the page cache holds.
-
-
-def _fork(target, *args) -> tuple[int, int]:
-    rfd, wfd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            faulthandler.disable()  # a segfaulting writer is reported by the parent, tersely
-            os.close(rfd)
-            target(*args, wfd)
-        except BaseException:
-            traceback.print_exc(file=sys.stderr)
-            sys.stderr.flush()
-            code = 3
-        finally:
-            os._exit(code)
-    os.close(wfd)
-    return pid, rfd
 
 
 def _read_all(rfd: int, pid: int, timeout: float = 20.0) -> list[tuple[bytes, int]]:
@@ -133,7 +115,7 @@ def test_io_error_at_every_file_operation_is_an_exception_and_loses_no_returned_
     while total is None or n <= total:
         work = mem_path / f"run{n}"
         shutil.copytree(template, work)
-        pid, rfd = _fork(_writer, str(work / "t-0"), config, n)
+        pid, rfd = _fork_quiet(_writer, str(work / "t-0"), config, n)
         messages = _read_all(rfd, pid)
         _, status = os.waitpid(pid, 0)
         failed_op = next((OP_NAMES[v] for k, v in messages if k == b"F"), "nothing")
@@ -189,7 +171,7 @@ def _roll_fails_then_append(path: str, wfd: int) -> None:
 @pytest.mark.regression(reason=("fixed: Log.roll() failing with ENOSPC while creating the new segment leaves the sealed, "
     "unmapped old segment's appender in place; the next append segfaults"))
 def test_append_after_a_roll_failed_with_enospc_does_not_crash_the_process(mem_path):
-    pid, rfd = _fork(_roll_fails_then_append, str(mem_path / "t-0"))
+    pid, rfd = _fork_quiet(_roll_fails_then_append, str(mem_path / "t-0"))
     messages = _read_all(rfd, pid)
     _, status = os.waitpid(pid, 0)
     assert (b"R", 0) in messages, "the injected ENOSPC did not reach roll()"

@@ -25,16 +25,14 @@ import random
 import shutil
 import signal
 import struct
-import sys
 import time
-import traceback
 
 import pytest
 
 from logstore import Log, _fileio
 from logstore._fileio import FileOps
 
-from crashcheck import CONFIG, OP_NAMES, AtNthCall, NoSyncFileOps, append_some, check_log, key_for, value_for
+from crashcheck import CONFIG, OP_NAMES, fork_child, AtNthCall, NoSyncFileOps, append_some, check_log, key_for, value_for
 from crashcheck import describe as _describe
 
 _MSG = struct.Struct("<cq")  # (kind, offset): b"O" opened at log end, b"A" acknowledged last offset
@@ -62,25 +60,6 @@ def _writer(path: str, config: dict, tag: str, seed: int, wfd: int) -> None:
         os.write(wfd, _MSG.pack(_ACK, end - 1))
         if rng.random() < 0.01:
             log.roll()
-
-
-def _fork(target, *args) -> tuple[int, int]:
-    """Fork a child running ``target(*args, wfd)``; return (pid, read end of its pipe)."""
-    rfd, wfd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: never returns into pytest
-        code = 0
-        try:
-            os.close(rfd)
-            target(*args, wfd)
-        except BaseException:
-            traceback.print_exc(file=sys.stderr)
-            sys.stderr.flush()
-            code = 3
-        finally:
-            os._exit(code)
-    os.close(wfd)
-    return pid, rfd
 
 
 def _read_messages(rfd: int, buffer: bytearray, want: int | None) -> bool:
@@ -132,7 +111,7 @@ def _run_kill_cycles(tmp_path, config: dict, cycles: int, max_acks: int, seed: i
                  clean_reopens=0)
     for cycle in range(cycles):
         tag = f"c{cycle}"
-        pid, rfd = _fork(_writer, path, config, tag, rng.getrandbits(32))
+        pid, rfd = fork_child(_writer, path, config, tag, rng.getrandbits(32))
         buffer = bytearray()
         try:
             r = rng.random()
@@ -261,7 +240,7 @@ def _kill_at_every_call(mem_path, clean_template: bool) -> list[str]:
     while total is None or n <= total:
         work = mem_path / f"run{n}"
         shutil.copytree(template, work)
-        pid, rfd = _fork(_scripted_writer, str(work / "t-0"), config, n)
+        pid, rfd = fork_child(_scripted_writer, str(work / "t-0"), config, n)
         buffer = bytearray()
         _read_messages(rfd, buffer, None)
         os.close(rfd)
@@ -329,7 +308,7 @@ def test_sigkill_while_opening_a_cleanly_closed_log_keeps_it_readable_and_append
     with Log.open(path, **config) as log:
         append_some(log, history, "a", 10, random.Random(0))
         data_bytes = log.size_in_bytes
-    pid, rfd = _fork(_die_before_marker_unlink, path, config)
+    pid, rfd = fork_child(_die_before_marker_unlink, path, config)
     os.close(rfd)
     _, status = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(status), "the writer was meant to die at the marker unlink"
