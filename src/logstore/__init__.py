@@ -26,6 +26,8 @@ from .errors import (
     LogstoreError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
+    TopicExistsError,
+    UnknownTopicOrPartitionError,
     UnsupportedCodecError,
 )
 from .log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, Log, RecoveryReport
@@ -55,5 +57,7 @@ __all__ = [
     "InvalidConfigError",
     "InvalidRecordError",
     "UnsupportedCodecError",
+    "UnknownTopicOrPartitionError",
+    "TopicExistsError",
     "__version__",
 ]

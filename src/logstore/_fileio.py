@@ -76,6 +76,30 @@ class FileOps:
             return False
         return True
 
+    def identity(self, fd: int) -> tuple[int, int]:
+        """(device, inode) of an open file."""
+        st = os.fstat(fd)
+        return st.st_dev, st.st_ino
+
+    def path_identity(self, path: str) -> tuple[int, int] | None:
+        """(device, inode) of the file a path names now, or None when there is none."""
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def lock_shared(self, fd: int) -> bool:
+        """Take a shared advisory lock without blocking; False if a process holds it exclusively."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def unlock(self, fd: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
     # -- paths
     def exists(self, path: str) -> bool:
         return os.path.exists(path)

@@ -22,6 +22,8 @@ __all__ = [
     "InvalidTopicError",
     "UnsupportedCodecError",
     "InvalidConfigError",
+    "UnknownTopicOrPartitionError",
+    "TopicExistsError",
 ]
 
 
@@ -147,3 +149,15 @@ class UnsupportedCodecError(LogstoreError):
 
 class InvalidConfigError(LogstoreError, ValueError):
     """A configuration value is out of range or of the wrong kind."""
+
+
+class UnknownTopicOrPartitionError(LogstoreError, KeyError):
+    """The store has no such topic, or the topic has no such partition (Kafka's
+    UnknownTopicOrPartitionException)."""
+
+    def __str__(self) -> str:  # KeyError would show the message quoted
+        return str(self.args[0]) if self.args else ""
+
+
+class TopicExistsError(LogstoreError):
+    """create_topic() of a topic that already exists (Kafka's TopicExistsException)."""

@@ -96,6 +96,16 @@ class _Index:
         self._map(size, True)
         self.entries = lib.ls_index_entries(self._ptr, self.capacity, self.is_time)
 
+    def reload_sealed(self) -> None:
+        """Map the file read-only as it is now on disk (another process trimmed it when the
+        segment rolled)."""
+        self._unmap()
+        size = _fileio.ops.fsize(self._fd)
+        self.partial_entry = size % self.entry_size != 0
+        size -= size % self.entry_size
+        self.entries = size // self.entry_size
+        self._map(size, False)
+
     def trim(self) -> None:
         """Shrink the file to its entries and map it read-only (the segment rolled)."""
         size = self.entries * self.entry_size

@@ -24,7 +24,7 @@ import re
 import threading
 import time
 from bisect import bisect_left
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from operator import attrgetter
 from dataclasses import dataclass, replace
 from itertools import chain
@@ -55,6 +55,7 @@ from .errors import (
     UnsupportedCodecError,
 )
 from .records import BatchBuilder, Record, RecordDecoder, encode_headers, parse_header
+from .shared import SHARED_FILE, SharedState, new_notify_page, new_view
 from .segment import (
     CLEANED_SUFFIX,
     DELETED_SUFFIX,
@@ -135,8 +136,12 @@ class Log:
     """
 
     # ------------------------------------------------------------------ opening
-    def __init__(self, path: str | os.PathLike[str], config: LogConfig) -> None:
-        """Use :meth:`open`; the constructor does the same."""
+    def __init__(self, path: str | os.PathLike[str], config: LogConfig, *, shared: bool = False,
+                 timers: bool = True, notify_page: Any = None) -> None:
+        """Use :meth:`open` or :meth:`open_shared`. ``timers=False``: no timer threads for
+        flush_ms and delayed file deletion; the owner calls :meth:`run_due_tasks` instead (the
+        LogStore's scheduler does). ``notify_page``: the notification page long-polls sleep on
+        (a store passes one page for all of its partitions)."""
         self.path = os.path.abspath(os.fspath(path))
         self.config = config
         self.topic, self.partition = _partition_key(self.path)
@@ -186,6 +191,29 @@ class Log:
                                and not self._keys_required)
         self._roll_deadline = _NEVER
         self.recovery_report: RecoveryReport | None = None
+        # Multi-process mode (see shared.py): the writers' lock, the published view, and the
+        # generation of the segment layout this process has loaded.
+        self.shared = shared
+        self._state: SharedState | None = None
+        self._view = new_view()
+        self._out = new_view()
+        self._generation = 0
+        self._layout_changed = False
+        self._adopted = b""
+        self._w: Any = _SharedWriter(self) if shared else _NO_WRITER
+        if shared:
+            self._plain_appends = False  # every append goes through the writers' lock
+        # Long-poll: waiters sleep on a notification counter; appends bump it while anyone waits
+        # (in shared mode every publish bumps the partition's page; a store may pass its own page
+        # so that one wait covers all of its partitions).
+        self._timers_enabled = timers
+        self._last_flush = time.monotonic()
+        self._closing = False
+        self._private_page = new_notify_page()
+        self._notify_page = notify_page if notify_page is not None else self._private_page
+        self._notify_always = notify_page is not None
+        self._waiters = 0
+        self._waiting = threading.Condition(self._lock)
         self._open()
 
     @classmethod
@@ -208,6 +236,22 @@ class Log:
         """
         return cls(path, LogConfig.build(config, **overrides))
 
+    @classmethod
+    def open_shared(cls, path: str | os.PathLike[str], config: LogConfig | Mapping[str, Any] | None = None,
+                    **overrides: Any) -> "Log":
+        """Open the log so that other processes may open it at the same time (multi-process mode).
+
+        Every process appends and reads; appends are serialised across processes by an flock on
+        the partition's ``.shared`` file and published there, so a reader in any process sees
+        each batch whole once its append returned. The first process to open the log recovers
+        it; the last one to close it writes the clean-shutdown marker. All processes must use the
+        same configuration. Durability as :meth:`open`; an fsync by any process counts for all.
+
+        Raises:
+            LogLockedError: another process has the log open exclusively (:meth:`open`).
+        """
+        return cls(path, LogConfig.build(config, **overrides), shared=True)
+
     def __enter__(self) -> "Log":
         return self
 
@@ -218,6 +262,9 @@ class Log:
         ops = _fileio.ops
         ops.makedirs(self.path)
         self._lock_fd = ops.open(os.path.join(self.path, LOCK_FILE), os.O_RDWR | os.O_CREAT)
+        if self.shared:
+            self._open_shared()
+            return
         if not ops.lock(self._lock_fd):
             ops.close(self._lock_fd)
             self._lock_fd = -1
@@ -225,15 +272,187 @@ class Log:
         try:
             self._load()
         except BaseException:
-            for segment in self._segments.values():
-                segment.abandon()
-            self._segments.clear()
-            ops.close(self._lock_fd)
-            self._lock_fd = -1
+            self._undo_open()
             raise
         self._closed = False
 
-    def _load(self) -> None:
+    def _undo_open(self) -> None:
+        for segment in self._segments.values():
+            segment.abandon()
+        self._segments.clear()
+        if self._state is not None:
+            self._state.close()
+            self._state = None
+        _fileio.ops.close(self._lock_fd)
+        self._lock_fd = -1
+
+    def _open_shared(self) -> None:
+        """Open in multi-process mode. ``.lock`` is held shared by every process that has the
+        log open (exclusively by an exclusive opener); the writers' lock on ``.shared``
+        serialises opens and closes, so exactly one process finds itself alone and recovers."""
+        ops = _fileio.ops
+        state = self._state = SharedState(self.path)
+        try:
+            state.acquire()
+            try:
+                state.map()
+                if ops.lock(self._lock_fd):
+                    # Nobody else has the log open: recover it and format the page.
+                    generation = state.formatted_generation() + 1
+                    self._load()
+                    self._generation = generation
+                    state.format(self._export_view(self._out))
+                    self._layout_changed = False
+                    if not ops.lock_shared(self._lock_fd):  # pragma: no cover - needs a racing exclusive open
+                        raise LogLockedError(f"{self.path} was opened exclusively by another process")
+                else:
+                    if not ops.lock_shared(self._lock_fd):
+                        raise LogLockedError(f"{self.path} is open exclusively in another process")
+                    self._adopt_published()
+            finally:
+                state.release()
+        except BaseException:
+            self._undo_open()
+            raise
+        if not self._notify_always:
+            self._notify_page = state.page
+        self._closed = False
+
+    # ------------------------------------------------------------------ multi-process mode
+    def _export_view(self, view: Any) -> Any:
+        """Fill ``view`` with this process's state of the log (for publishing)."""
+        segment = self._active
+        assert segment is not None
+        segment.export(view)
+        view.generation = self._generation
+        view.log_start_offset = self._log_start_offset
+        view.recovery_point = self._recovery_point
+        view.flushed_offset = self._flushed_offset
+        view.high_watermark = -1 if self._high_watermark is None else self._high_watermark
+        return view
+
+    def _follow(self) -> None:
+        """Catch up with what other processes published (lock-free unless the segment layout
+        changed). Holds the thread lock; a no-op for an exclusive log."""
+        if self._state is None or self._closed:
+            return
+        view = self._view
+        self._state.read(view)
+        if view.generation != self._generation or self._state.dirty:
+            with self._w:  # takes the writers' lock, which reloads the layout
+                pass
+        else:
+            self._adopt_view(view)
+
+    def _adopt_published(self) -> None:
+        """With the writers' lock held: take over the published state, reloading the segment
+        layout when it changed and repairing it when a writer died in the middle of a change."""
+        state = self._state
+        assert state is not None
+        view = self._view
+        state.read(view)
+        if state.dirty:
+            self._repair_layout(view)
+        elif view.generation != self._generation or self._active is None:
+            self._reload_layout(view)
+        else:
+            self._adopt_view(view)
+
+    def _adopt_view(self, view: Any) -> None:
+        segment = self._active
+        assert segment is not None
+        a = segment.appender
+        if a.next_offset != view.next_offset or a.position != view.position or a.index_entries != view.index_entries:
+            segment.adopt(view)
+        self._log_start_offset = view.log_start_offset
+        self._recovery_point = view.recovery_point
+        if self._flushed_offset != view.flushed_offset:
+            self._flushed_offset = view.flushed_offset
+            self._update_flush_at()
+        self._high_watermark = None if view.high_watermark < 0 else view.high_watermark
+
+    def _reload_layout(self, view: Any) -> None:
+        """Another process changed the segment files: reopen what changed, keep the rest."""
+        ops = _fileio.ops
+        bases = {parsed[0] for name in ops.listdir(self.path)
+                 if (parsed := parse_segment_name(name)) and parsed[1] == LOG_SUFFIX}
+        for base in list(self._segments.keys()):
+            segment = self._segments[base]
+            if (base not in bases or base > view.active_base
+                    or ops.path_identity(segment.path) != segment.identity()):
+                self._segments.pop(base).abandon()
+        for base in sorted(bases):
+            if base <= view.active_base and base not in self._segments:
+                self._segments[base] = LogSegment.open(self.path, base, **self._settings)
+        if view.active_base not in self._segments:
+            raise LogOfflineError(f"{self.path}: the active segment {segment_name(view.active_base)}"
+                                  f"{LOG_SUFFIX} published by another process is missing")
+        keys = list(self._segments.keys())
+        for base, next_base in zip(keys, keys[1:]):
+            segment = self._segments[base]
+            segment.deactivate()
+            segment.assume_next_offset(next_base)
+        active = self._segments[view.active_base]
+        if active.active:
+            active.adopt(view)
+        else:
+            active.activate_shared(view)
+        self._set_active(active)
+        self._generation = view.generation
+        self._adopt_view(view)
+
+    def _repair_layout(self, view: Any) -> None:
+        """A writer died while changing the segment files: reload them from disk as an open does
+        (finishing or rolling back its file operations, recovering the active segment)."""
+        logger.warning("%s: a process died while changing the segment files; reloading them", self.path)
+        for segment in self._segments.values():
+            segment.abandon()
+        self._segments.clear()
+        self._active = None
+        self._load(recovery_point=view.recovery_point, log_start_offset=view.log_start_offset)
+        self._generation = view.generation
+        self._begin_layout_change()
+
+    def _begin_layout_change(self) -> None:
+        """About to change the segment files (roll, delete, swap, truncate): in shared mode,
+        flag it in the page so that if this process dies before publishing, the next writer
+        repairs the layout; the publish at the end bumps the generation."""
+        if self._state is not None and not self._layout_changed:
+            self._layout_changed = True
+            self._state.set_dirty()
+
+    def _enter_writer(self) -> None:
+        state = self._state
+        if state is None:  # closed: the caller's _check_open reports it
+            return
+        state.acquire()
+        try:
+            self._adopt_published()
+            self._adopted = bytes(ffi.buffer(self._export_view(self._out)))
+        except BaseException:
+            state.release()
+            raise
+
+    def _exit_writer(self) -> None:
+        state = self._state
+        if state is None:
+            return
+        try:
+            if self._active is not None and self._offline is None:
+                if self._layout_changed:
+                    self._generation += 1
+                out = self._export_view(self._out)
+                if self._layout_changed or bytes(ffi.buffer(out)) != self._adopted:
+                    state.publish(out)
+                    if self._notify_always:
+                        lib.ls_notify(self._notify_page)
+                self._layout_changed = False
+        finally:
+            state.release()
+
+    def _load(self, recovery_point: int | None = None, log_start_offset: int | None = None) -> None:
+        """Load the segments and recover what needs it. ``recovery_point``/``log_start_offset``
+        replace the checkpoint files' values (repair of a shared log after a writer died)."""
         ops = _fileio.ops
         marker = os.path.join(self.path, CLEAN_SHUTDOWN_FILE)
         clean = ops.exists(marker)
@@ -250,7 +469,11 @@ class Log:
             parsed = parse_segment_name(name)
             if parsed and parsed[1] in (INDEX_SUFFIX, TIMEINDEX_SUFFIX) and parsed[0] not in bases:
                 ops.unlink(os.path.join(self.path, name))
-        recovery_point, start_checkpoint = self._read_checkpoints()
+        if recovery_point is None:
+            recovery_point, start_checkpoint = self._read_checkpoints()
+        else:
+            clean = False
+            start_checkpoint = log_start_offset
         if recovery_point is None:
             clean = False  # without a recovery point, every segment is scanned
             recovery_point = 0
@@ -436,6 +659,9 @@ class Log:
     @property
     def log_start_offset(self) -> int:
         """First readable offset."""
+        if self._state is not None:
+            with self._lock:
+                self._follow()
         return self._log_start_offset
 
     @property
@@ -443,6 +669,7 @@ class Log:
         """The offset the next appended record gets."""
         with self._lock:
             self._check_open()
+            self._follow()
             return self._appender.next_offset
 
     @property
@@ -450,13 +677,14 @@ class Log:
         """End of what consumers may read; the log end offset when no replication sets it."""
         with self._lock:
             self._check_open()
+            self._follow()
             hw = self._high_watermark
             end = self._appender.next_offset
             return end if hw is None else min(hw, end)
 
     @high_watermark.setter
     def high_watermark(self, offset: int) -> None:
-        with self._lock:
+        with self._lock, self._w:
             self._check_open()
             end = self._appender.next_offset
             if not self._log_start_offset <= offset <= end:
@@ -466,6 +694,9 @@ class Log:
     @property
     def recovery_point(self) -> int:
         """Offsets below this are fsynced and are not rescanned after a crash."""
+        if self._state is not None:
+            with self._lock:
+                self._follow()
         return self._recovery_point
 
     @property
@@ -473,12 +704,14 @@ class Log:
         """Read-only facts about each segment, oldest first."""
         with self._lock:
             self._check_open()
+            self._follow()
             return [segment.info() for segment in self._segments.values()]
 
     @property
     def size_in_bytes(self) -> int:
         """Total bytes of batches in all segments."""
         with self._lock:
+            self._follow()
             return sum(segment.size for segment in self._segments.values())
 
     def _check_open(self) -> None:
@@ -571,7 +804,7 @@ class Log:
             ts = self._check_timestamp(timestamp)
         if self._forced_codec:
             return self.append_batch([value], [key], [list(headers)] if headers else None, [ts])
-        with self._lock:
+        with self._lock, self._w:
             if ts > self._roll_deadline:
                 self._roll_for_time(ts)
             offset = _append_record(
@@ -657,7 +890,7 @@ class Log:
         if codec is None:
             codec = _codec(compression)
         log_append_time = _time_ns() // 1_000_000 if self._ts_type else None
-        with self._lock:
+        with self._lock, self._w:
             self._check_open()
             batches = self._encode_batches(values, keys, headers, timestamps, codec, log_append_time)
             first = -1
@@ -716,9 +949,11 @@ class Log:
         at which flush_messages demands an fsync, or -1 while flush_ms has no timer running
         (so that the next append starts one), or never.
         """
+        if self._state is None and (self._waiters or self._notify_always):
+            lib.ls_notify(self._notify_page)  # (a shared log's publish already notified)
         if self._flush_every is not None and last_offset >= self._flushed_offset + self._flush_every - 1:
             self._sync(last_offset + 1)
-        elif self._flush_ms is not None:
+        elif self._flush_ms is not None and self._timers_enabled:
             with self._lock:
                 if self._flush_timer is None and not self._closed:
                     self._schedule_timed_flush()
@@ -727,7 +962,9 @@ class Log:
 
     def _update_flush_at(self) -> None:
         """Recompute the append path's flush threshold (holds the lock)."""
-        if self._flush_ms is not None and self._flush_timer is None:
+        if self._waiters or (self._notify_always and self._state is None):
+            self._flush_at = -1  # every append notifies
+        elif self._flush_ms is not None and self._timers_enabled and self._flush_timer is None:
             self._flush_at = -1
         elif self._flush_every is not None:
             self._flush_at = self._flushed_offset + self._flush_every - 1
@@ -743,13 +980,92 @@ class Log:
         """
         with self._lock:
             self._check_open()
+            self._follow()
             end = self._appender.next_offset
         self._sync(end)
+
+    def run_due_tasks(self) -> bool:
+        """Do what the timers of a log opened with ``timers=False`` would have done by now:
+        unlink deleted segment files whose file_delete_delay_ms passed, and fsync when records
+        are unflushed and the last flush is at least flush_ms old. Returns True when it
+        flushed. Thread-safe."""
+        with self._lock:
+            if self._closed or self._offline is not None:
+                return False
+            if self._pending_deletes:
+                self._unlink_due_deletes()
+            if self._flush_ms is None:
+                return False
+            self._follow()
+            pending = self._appender.next_offset > self._flushed_offset
+        if pending and time.monotonic() - self._last_flush >= self._flush_ms / 1000.0:
+            self.flush()
+            return True
+        return False
+
+    def wait_for_append(self, offset: int, timeout: float | None = None) -> bool:
+        """Block until the log end offset exceeds ``offset`` (a record at ``offset`` or later
+        exists) or ``timeout`` seconds pass; True when it does. Long-poll without a busy loop:
+        the thread sleeps on a futex that appends (from any process, for a shared log) wake.
+        Thread-safe.
+
+        Raises:
+            LogClosedError: the log is or gets closed.
+        """
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        with self._lock:
+            self._check_open()
+            self._follow()
+            if self._appender.next_offset > offset:
+                return True
+            if deadline is not None and timeout is not None and timeout <= 0:
+                return False
+            self._waiters += 1
+            self._update_flush_at()
+            page = self._notify_page
+        try:
+            while True:
+                seen = lib.ls_notify_enter(page)
+                try:
+                    with self._lock:
+                        if self._closing:
+                            raise LogClosedError(f"log {self.path} was closed while waiting")
+                        self._check_open()
+                        self._follow()
+                        if self._appender.next_offset > offset:
+                            return True
+                    if deadline is None:
+                        # Wake up now and then anyway: a crashed writer can leave the counter
+                        # registration of a waiter behind, never a missed wake-up, but be safe.
+                        lib.ls_notify_wait(page, seen, 1_000_000)
+                        continue
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return False
+                    lib.ls_notify_wait(page, seen, max(1, int(remaining * 1e6)))
+                finally:
+                    lib.ls_notify_leave(page)
+        finally:
+            with self._lock:
+                self._waiters -= 1
+                self._update_flush_at()
+                if self._waiters == 0:
+                    self._waiting.notify_all()
+
+    def _wake_waiters(self) -> None:
+        """Make threads blocked in wait_for_append leave (close() is under way); holds the lock."""
+        self._closing = True
+        while self._waiters:
+            lib.ls_notify(self._notify_page)
+            self._waiting.wait(0.05)
 
     def _sync(self, end_offset: int) -> None:
         """Make offsets below ``end_offset`` durable. Group commit: one fsync serves every
         caller whose records were appended before it started."""
         with self._flush_lock:
+            if self._state is not None:
+                with self._lock:
+                    self._follow()  # another process's fsync may already cover end_offset
             if self._flushed_offset >= end_offset:
                 return
             with self._lock:
@@ -768,7 +1084,10 @@ class Log:
                 with self._lock:
                     self._go_offline(exc)
                 raise
-            with self._lock:
+            with self._lock, self._w:
+                if self._closed:
+                    return
+                self._last_flush = time.monotonic()
                 self._flushed_offset = max(self._flushed_offset, target)
                 if target > self._recovery_point and segment is self._active:
                     self._recovery_point = target
@@ -807,7 +1126,7 @@ class Log:
     # ------------------------------------------------------------------ rolling
     def roll(self) -> None:
         """Seal the active segment and start a new one at the log end offset (if non-empty)."""
-        with self._lock:
+        with self._lock, self._w:
             self._check_open()
             if self._active is not None and self._active.size > 0:
                 self._roll()
@@ -823,6 +1142,7 @@ class Log:
         if old.size == 0:
             self._roll_deadline = _NEVER
             return
+        self._begin_layout_change()
         old.seal(fsync=True)
         base = old.next_offset
         segment = LogSegment.create(self.path, base, leader_epoch=self._appender.partition_leader_epoch,
@@ -857,6 +1177,7 @@ class Log:
             return []
         with self._lock:
             self._check_open()
+            self._follow()
             end = self._appender.next_offset
             if offset < self._log_start_offset or offset > end:
                 raise OffsetOutOfRangeError(offset, self._log_start_offset, end, f"read from {self.path}")
@@ -903,6 +1224,7 @@ class Log:
         """
         with self._lock:
             self._check_open()
+            self._follow()
             offset = self._log_start_offset if start is None else start
             stop = self._appender.next_offset if end is None else end
         return chain.from_iterable(self._chunks(offset, stop, max_bytes))
@@ -928,6 +1250,7 @@ class Log:
         timestamp = self._check_timestamp(timestamp)
         with self._lock:
             self._check_open()
+            self._follow()
             if timestamp == EARLIEST_TIMESTAMP:
                 return self._log_start_offset
             if timestamp == LATEST_TIMESTAMP:
@@ -952,7 +1275,7 @@ class Log:
         offset = self._check_offset_arg(offset)
         if offset < 0:
             raise ValueError(f"cannot truncate to negative offset {offset}")
-        with self._lock:
+        with self._lock, self._w:
             self._check_open()
             end = self._appender.next_offset
             if offset >= end:
@@ -961,6 +1284,7 @@ class Log:
                 self._truncate_locked(offset)
 
     def _truncate_locked(self, offset: int) -> None:
+        self._begin_layout_change()
         if offset <= self._log_start_offset:
             self._replace_all_segments(offset)
             self._log_start_offset = offset
@@ -985,6 +1309,7 @@ class Log:
         self._write_checkpoints(force=True)
 
     def _replace_all_segments(self, base: int) -> None:
+        self._begin_layout_change()
         for b in list(self._segments.keys()):
             self._segments.pop(b).abandon()
             self._delete_files_now(b)
@@ -1000,7 +1325,7 @@ class Log:
         ``offset`` may not exceed the high watermark. Durable on return. Thread-safe.
         """
         offset = self._check_offset_arg(offset)
-        with self._lock:
+        with self._lock, self._w:
             self._check_open()
             hw = self._high_watermark if self._high_watermark is not None else self._appender.next_offset
             if offset > hw or offset < 0:
@@ -1033,7 +1358,7 @@ class Log:
         file_delete_delay_ms. Thread-safe.
         """
         now = _time_ns() // 1_000_000 if now_ms is None else now_ms
-        with self._lock:
+        with self._lock, self._w:
             self._check_open()
             doomed: list[LogSegment] = list(self._segments_below_start())
             cfg = self.config
@@ -1073,6 +1398,7 @@ class Log:
             self._delete_segments_unguarded(doomed)
 
     def _delete_segments_unguarded(self, doomed: list[LogSegment]) -> None:
+        self._begin_layout_change()
         for segment in sorted(doomed, key=lambda s: s.base_offset):
             if segment is self._active:
                 self._roll()
@@ -1091,7 +1417,7 @@ class Log:
         _fileio.ops.fsync_dir(self.path)
         if self.config.file_delete_delay_ms == 0:
             self._unlink_due_deletes()
-        else:
+        elif self._timers_enabled:
             timer = threading.Timer(self.config.file_delete_delay_ms / 1000.0, self._deferred_unlink)
             timer.daemon = True
             self._timers.add(timer)
@@ -1141,7 +1467,7 @@ class Log:
         """
         started = time.monotonic()
         now = _time_ns() // 1_000_000 if now_ms is None else now_ms
-        with self._lock:
+        with self._lock, self._w:
             self._check_open()
             with self._io_guard():
                 report = self._compact_locked(now, started)
@@ -1153,6 +1479,7 @@ class Log:
         bytes (Kafka's cleanable ratio). Thread-safe."""
         with self._lock:
             self._check_open()
+            self._follow()
             first_dirty = max(self._cleaner_offsets.get(self._key) or 0, self._log_start_offset)
             sealed = list(self._segments.values())[:-1]
             total = sum(s.size for s in sealed)
@@ -1238,6 +1565,7 @@ class Log:
         (the open-time completion of .swap files decides between them).
         """
         ops = _fileio.ops
+        self._begin_layout_change()
         base = group[0].base_offset
         live = os.path.join(self.path, segment_name(base) + LOG_SUFFIX)
         cleaned, swap = live + CLEANED_SUFFIX, live + SWAP_SUFFIX
@@ -1278,6 +1606,10 @@ class Log:
             if self._closed:
                 return
             self._cancel_timers()
+            self._wake_waiters()
+            if self._state is not None:
+                self._close_shared()
+                return
             if self._offline is not None:
                 # No clean-shutdown marker: the next open recovers from what is on disk.
                 self._release()
@@ -1288,15 +1620,45 @@ class Log:
                 self._unlink_due_deletes(everything=True)
                 self._recovery_point = self._segments.peekitem(-1)[1].next_offset
                 self._write_checkpoints(force=True)
-                marker = os.path.join(self.path, CLEAN_SHUTDOWN_FILE)
-                fd = _fileio.ops.open(marker, os.O_WRONLY | os.O_CREAT)
-                try:
-                    _fileio.ops.fsync(fd)
-                finally:
-                    _fileio.ops.close(fd)
-                _fileio.ops.fsync_dir(self.path)
+                self._write_clean_shutdown_marker()
             finally:
                 self._release()
+
+    def _write_clean_shutdown_marker(self) -> None:
+        marker = os.path.join(self.path, CLEAN_SHUTDOWN_FILE)
+        fd = _fileio.ops.open(marker, os.O_WRONLY | os.O_CREAT)
+        try:
+            _fileio.ops.fsync(fd)
+        finally:
+            _fileio.ops.close(fd)
+        _fileio.ops.fsync_dir(self.path)
+
+    def _close_shared(self) -> None:
+        """close() of a shared log: the last process out closes it as an exclusive log does
+        (trim, checkpoints, clean-shutdown marker); the others fsync and leave."""
+        state = self._state
+        assert state is not None
+        try:
+            state.acquire()
+            if self._offline is not None:
+                return
+            self._adopt_published()
+            # Converting our shared hold of .lock to exclusive succeeds only for the last one.
+            if _fileio.ops.lock(self._lock_fd):
+                for segment in self._segments.values():
+                    segment.close(trim=True)
+                self._unlink_due_deletes(everything=True)
+                self._recovery_point = self._segments.peekitem(-1)[1].next_offset
+                self._write_checkpoints(force=True)
+                self._write_clean_shutdown_marker()
+            else:
+                segment = self._active
+                if segment is not None and not segment.closed and segment.size > self._flushed_offset - segment.base_offset:
+                    segment.flush_data()
+                self._unlink_due_deletes(everything=True)
+                self._write_checkpoints(force=True)
+        finally:
+            self._release()  # closing .shared releases the writers' lock
 
     def _abandon(self) -> None:
         """Drop maps and descriptors without flushing or marking a clean shutdown (tests:
@@ -1305,6 +1667,7 @@ class Log:
             if self._closed:
                 return
             self._cancel_timers()
+            self._wake_waiters()
             self._release()
 
     def _cancel_timers(self) -> None:
@@ -1321,6 +1684,10 @@ class Log:
         self._closed = True
         self._appender = _CLOSED_APPENDER
         self._active = None
+        if self._state is not None:
+            self._notify_page = self._private_page
+            self._state.close()
+            self._state = None
         if self._lock_fd >= 0:
             _fileio.ops.close(self._lock_fd)
             self._lock_fd = -1
@@ -1328,6 +1695,32 @@ class Log:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"[{self._log_start_offset}, {self._appender.next_offset})"
         return f"Log({self.path!r}, {state})"
+
+
+class _SharedWriter:
+    """``with log._w``: the writers' lock of a shared log. Entering takes the flock and adopts
+    what other processes published; leaving publishes this process's changes. Reentrant; used
+    only with the Log's thread lock held."""
+
+    __slots__ = ("_log", "_depth")
+
+    def __init__(self, log: Log) -> None:
+        self._log = log
+        self._depth = 0
+
+    def __enter__(self) -> "_SharedWriter":
+        if self._depth == 0:
+            self._log._enter_writer()
+        self._depth += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self._log._exit_writer()
+
+
+_NO_WRITER = nullcontext()
 
 
 def _codec(name: str | int | None) -> int:

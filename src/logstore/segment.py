@@ -231,6 +231,82 @@ class LogSegment:
         self._size_at_activation = valid_bytes
         self._appender = a
 
+    # ------------------------------------------------------------------ shared (multi-process) mode
+    def activate_shared(self, view: Any) -> None:
+        """Make this the active segment as described by a published shared view (another
+        process may have appended to it): no scan, the appender's state comes from ``view``."""
+        self.offset_index.make_writable()
+        self.time_index.make_writable()
+        self._size = view.position
+        self._map_writable(max(_fileio.ops.fsize(self._fd), self._initial_capacity(view.position)))
+        a = ffi.new("ls_appender *")
+        a.log = self._ptr
+        a.base_offset = self.base_offset
+        a.index = self.offset_index.pointer
+        a.index_capacity = self.offset_index.capacity
+        a.timeindex = self.time_index.pointer
+        a.timeindex_capacity = self.time_index.capacity
+        a.index_interval_bytes = self.index_interval_bytes
+        a.max_batch_bytes = self.max_batch_bytes
+        self._appender = a
+        self._records_at_activation = None
+        self._size_at_activation = 0
+        self.adopt(view)
+
+    def adopt(self, view: Any) -> None:
+        """Take the active segment's state from a published shared view, remapping when another
+        process grew the file past this process's map."""
+        a = self._appender
+        if view.position > len(self._mm):  # type: ignore[arg-type]
+            self._map_writable(max(_fileio.ops.fsize(self._fd), view.position))
+            a.log = self._ptr
+        a.log_capacity = min(len(self._mm), max(self.segment_bytes, view.position))  # type: ignore[arg-type]
+        a.position = view.position
+        a.next_offset = view.next_offset
+        a.index_entries = view.index_entries
+        a.timeindex_entries = view.timeindex_entries
+        a.bytes_since_last_entry = view.bytes_since_last_entry
+        a.max_timestamp = view.max_timestamp
+        a.offset_of_max_timestamp = view.offset_of_max_timestamp
+        a.last_timeindex_timestamp = view.last_timeindex_timestamp
+        a.records = view.records
+        a.partition_leader_epoch = view.partition_leader_epoch
+        self.offset_index.entries = view.index_entries
+        self.time_index.entries = view.timeindex_entries
+
+    def export(self, view: Any) -> None:
+        """Copy the active segment's appender state into ``view`` (for publishing)."""
+        a = self._appender
+        view.active_base = self.base_offset
+        view.position = a.position
+        view.next_offset = a.next_offset
+        view.index_entries = a.index_entries
+        view.timeindex_entries = a.timeindex_entries
+        view.bytes_since_last_entry = a.bytes_since_last_entry
+        view.max_timestamp = a.max_timestamp
+        view.offset_of_max_timestamp = a.offset_of_max_timestamp
+        view.last_timeindex_timestamp = a.last_timeindex_timestamp
+        view.records = a.records
+        view.partition_leader_epoch = a.partition_leader_epoch
+
+    def deactivate(self) -> None:
+        """Another process sealed this segment (trimmed its files): drop the appender and map
+        the files read-only as they are now."""
+        if self._appender is None:
+            return
+        self._appender = None
+        self._unmap()
+        self._size = _fileio.ops.fsize(self._fd)
+        self._next_offset = None
+        self._records = None
+        self._max_timestamp = None
+        self.offset_index.reload_sealed()
+        self.time_index.reload_sealed()
+
+    def identity(self) -> tuple[int, int]:
+        """(device, inode) of the open .log file: tells whether the path still names it."""
+        return _fileio.ops.identity(self._fd)
+
     def _sync_from_appender(self) -> None:
         a = self._appender
         self._size = a.position

@@ -15,7 +15,7 @@
  */
 
 /* Bumped whenever a struct or a signature below changes; checked by logstore._native at import. */
-#define LS_ABI_VERSION 7
+#define LS_ABI_VERSION 8
 
 /* ---- Error codes (every function returning int/int64 uses negative values from this list) ---- */
 #define LS_OK 0
@@ -400,3 +400,69 @@ int64_t ls_offset_map_put(ls_offset_map *m, const char *hashes, const int64_t *o
 /* Write the offset recorded for each of the n hashes to offsets_out (-1 when absent). Returns n
  * or LS_ERR_ARG. */
 int64_t ls_offset_map_get(ls_offset_map *m, const char *hashes, int64_t *offsets_out, int64_t n);
+
+/* ======================================================================== */
+/* Shared partition state, for logs opened by several processes at once. It lives in the partition's
+ * `.shared` file (LS_SHARED_SIZE bytes, mapped MAP_SHARED by every process) and describes the log
+ * as last published by a writer: the active segment, the appender's state and the offsets. Writers
+ * hold an exclusive flock on that file while they change the log, then publish; readers take a
+ * consistent snapshot without any lock. Two slots, each guarded by its own sequence number,
+ * alternate: a writer that dies half-way through a publish leaves the previous slot current, so a
+ * crashed process can never make readers wait or see a torn view.
+ *
+ * The page also holds a 32-bit notification counter (a futex word on Linux) that every publish and
+ * every ls_notify bumps; ls_notify_wait sleeps until it changes. Waiters register first
+ * (ls_notify_enter) so that a publisher knows whether a wake-up call is needed. The same page
+ * layout serves a single process (memory from ffi.new) for its long-polls. */
+#define LS_SHARED_SIZE 4096
+#define LS_SHARED_MAGIC_VERSION 1
+
+typedef struct {
+    int64_t generation;              /* bumped whenever segments are created, deleted, replaced
+                                        or truncated: readers then reload the directory */
+    int64_t active_base;             /* base offset of the active segment */
+    int64_t position;                /* bytes of complete batches in the active segment */
+    int64_t next_offset;
+    int64_t index_entries;
+    int64_t timeindex_entries;
+    int64_t bytes_since_last_entry;
+    int64_t max_timestamp;
+    int64_t offset_of_max_timestamp;
+    int64_t last_timeindex_timestamp;
+    int64_t records;                 /* records appended to the active segment since activation */
+    int64_t log_start_offset;
+    int64_t recovery_point;
+    int64_t flushed_offset;          /* offsets below are fsynced (by any process) */
+    int64_t high_watermark;          /* -1 when not set */
+    int64_t partition_leader_epoch;
+} ls_shared_view;
+
+/* Format `page` (len >= LS_SHARED_SIZE) and publish *v. Returns LS_OK or LS_ERR_ARG. */
+int ls_shared_init(char *page, int64_t len, const ls_shared_view *v);
+/* Consistent snapshot of the current view. Lock-free; retries while a live writer is mid-publish.
+ * Returns LS_OK, LS_ERR_ARG (len too small) or LS_ERR_CORRUPT (not a formatted page). */
+int ls_shared_read(const char *page, int64_t len, ls_shared_view *out);
+/* Publish *v as the current view, then bump the notification counter and wake waiters. The caller
+ * holds the writers' lock. Returns LS_OK, LS_ERR_ARG or LS_ERR_CORRUPT. */
+int ls_shared_publish(char *page, int64_t len, const ls_shared_view *v);
+/* The "a change of the directory layout is under way" flag: set before a writer starts one,
+ * cleared by the publish that ends it. Found set by the next writer, it means the previous one
+ * died half-way, and the directory must be reloaded and the active segment recovered. */
+void ls_shared_set_dirty(char *page, int32_t dirty);
+int32_t ls_shared_dirty(const char *page);
+
+/* Notification counter. ls_notify_enter registers a waiter and returns the counter; the caller then
+ * checks its condition and, if it must wait, calls ls_notify_wait with that value, and finally
+ * ls_notify_leave (always, also when it did not wait). ls_notify_wait returns 1 when the counter
+ * changed (or on a spurious wake-up), 0 on timeout (timeout_us < 0: no timeout). ls_notify bumps
+ * the counter and wakes every waiter. */
+uint32_t ls_notify_enter(char *page);
+void ls_notify_leave(char *page);
+int ls_notify_wait(char *page, uint32_t seen, int64_t timeout_us);
+void ls_notify(char *page);
+uint32_t ls_notify_counter(const char *page);
+
+/* ======================================================================== */
+/* Kafka's default partitioner hash: murmur2 (seed 0x9747b28c) of the key, as
+ * org.apache.kafka.common.utils.Utils.murmur2; the partition is (hash & 0x7fffffff) % partitions. */
+int32_t ls_murmur2(const char *key, int64_t len);
