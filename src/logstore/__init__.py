@@ -33,10 +33,22 @@ from .errors import (
 from .log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, Log, RecoveryReport
 from .records import Record, TimestampType
 from .segment import SegmentInfo
+from .store import LogStore, TopicDescription
+from .producer import Producer, RecordMetadata, SendFuture
+from .consumer import Consumer, ConsumerRecord, PartitionNotAssignedError, TopicPartition
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "LogStore",
+    "TopicDescription",
+    "Producer",
+    "SendFuture",
+    "RecordMetadata",
+    "Consumer",
+    "ConsumerRecord",
+    "TopicPartition",
+    "PartitionNotAssignedError",
     "Log",
     "LogConfig",
     "Record",

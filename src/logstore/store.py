@@ -57,12 +57,10 @@ from .errors import (
 from .log import Log
 from .shared import new_notify_page
 
-__all__ = ["LogStore", "TopicDescription", "validate_topic_name", "OFFSETS_TOPIC"]
+__all__ = ["LogStore", "TopicDescription", "validate_topic_name", "register_client"]
 
 logger = logging.getLogger("logstore.store")
 
-#: Kafka's internal topic of committed consumer offsets.
-OFFSETS_TOPIC = "__consumer_offsets"
 TOPICS_DIR = ".topics"
 META_FILE = "meta.properties"
 NOTIFY_FILE = ".notify"
@@ -72,6 +70,14 @@ STORE_VERSION = 1
 MAX_TOPIC_LENGTH = 249
 _LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
 _FIELD_TO_KAFKA = {field_name: kafka for kafka, field_name in _KAFKA_NAMES.items()}
+#: Client classes (Producer, Consumer) by factory name. The client layer registers them here,
+#: so that the store offers store.producer(...) without importing the layer above it.
+_CLIENTS: dict[str, Any] = {}
+
+
+def register_client(name: str, factory: Any) -> None:
+    """Make ``store.<name>(...)`` construct ``factory(store, ...)`` (used by the client modules)."""
+    _CLIENTS[name] = factory
 
 
 def validate_topic_name(name: Any) -> str:
@@ -249,18 +255,23 @@ class LogStore:
             self._topics_cache[name] = found
         return found
 
-    def create_topic(self, name: str, partitions: int = 1, *, exist_ok: bool = False, **config: Any) -> None:
+    def create_topic(self, name: str, partitions: int = 1, *, exist_ok: bool = False, internal: bool = False,
+                     **config: Any) -> None:
         """Create a topic with ``partitions`` partitions and config overrides (LogConfig field
-        names or Kafka's dotted names in a ``config`` mapping... as keywords: field names).
+        names as keywords, e.g. ``retention_ms=3_600_000``; Kafka's dotted names work too, as
+        ``**{"retention.ms": 3_600_000}``).
 
         Raises:
-            InvalidTopicError: an illegal name (nothing is written).
+            InvalidTopicError: an illegal name, or a name starting with "__" (reserved for
+                internal topics such as ``__consumer_offsets``). Nothing is written.
             TopicExistsError: the topic exists (unless ``exist_ok``; its settings are then kept).
             InvalidConfigError: a bad setting (nothing is written).
 
         Durable on return: the topic's properties file and partition directories are fsynced.
         """
         validate_topic_name(name)
+        if name.startswith("__") and not internal:
+            raise InvalidTopicError(f"topic names starting with '__' are reserved for internal topics: {name!r}")
         if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= 1_000_000:
             raise InvalidConfigError(f"partitions must be an int from 1 to 1000000, got {partitions!r}")
         overrides = self._overrides(config)
@@ -402,6 +413,15 @@ class LogStore:
                 continue  # deleted meanwhile
             for p in range(count):
                 yield topic, p, self.partition(topic, p)
+
+    # ------------------------------------------------------------------ clients
+    def producer(self, **options: Any) -> Any:
+        """A :class:`logstore.Producer` for this store (see its arguments)."""
+        return _CLIENTS["producer"](self, **options)
+
+    def consumer(self, group: str, topics: str | list[str], **options: Any) -> Any:
+        """A :class:`logstore.Consumer` in ``group`` reading ``topics`` (see its arguments)."""
+        return _CLIENTS["consumer"](self, group, topics, **options)
 
     # ------------------------------------------------------------------ waiting
     def wait(self, seen: int, timeout: float | None) -> None:

@@ -1,0 +1,423 @@
+"""Consumer: reads topics of a LogStore as a member of a consumer group.
+
+Offsets: a consumer keeps a *position* per assigned partition (the next offset it will return)
+and commits positions to the internal topic ``__consumer_offsets`` (see offsets.py) with
+:meth:`Consumer.commit`, automatically every ``auto_commit_interval_ms`` when
+``enable_auto_commit`` (as Kafka's clients do), and when a partition is taken away from it. A
+partition without a committed offset starts at ``auto_offset_reset``: "earliest" or "latest".
+
+Groups: the consumers of one group *in one process* split the partitions of their topics with
+Kafka's range assignor (per topic, partitions in order, members in join order: each gets
+``n // m`` and the first ``n % m`` one more), rebalanced when a member joins or closes. On a
+rebalance a member that loses a partition commits its position first (with auto-commit), so the
+new owner continues where it stopped. Consumers of one group in *different* processes do not
+coordinate: each process's members split the partitions among themselves. For work shared by
+several processes use :class:`logstore.Queue`.
+
+Long-poll: :meth:`Consumer.poll` returns as soon as a record is available or when its timeout
+ends; while waiting it sleeps on the store's notification counter (a futex), which every append
+to the store bumps, from any process.
+
+Thread-safety: one Consumer is meant for one thread at a time (as Kafka's); its methods are
+nevertheless serialised by a lock, and different consumers may be used from different threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+import uuid
+import weakref
+from typing import Any, Iterable, Iterator, NamedTuple
+
+from .errors import InvalidConfigError, LogClosedError, LogstoreError, OffsetOutOfRangeError
+from .offsets import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIG, OffsetStore
+from .records import Record, TimestampType
+from .store import register_client
+
+__all__ = ["Consumer", "ConsumerRecord", "TopicPartition", "PartitionNotAssignedError"]
+
+_RESETS = ("earliest", "latest")
+_member_seq = itertools.count()
+
+
+class TopicPartition(NamedTuple):
+    topic: str
+    partition: int
+
+
+class ConsumerRecord(NamedTuple):
+    """A record as a consumer returns it: where it came from, then the record's fields."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    timestamp_type: TimestampType
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+
+
+class PartitionNotAssignedError(LogstoreError, ValueError):
+    """An operation named a partition this consumer is not assigned."""
+
+
+class _Group:
+    """The members of one consumer group in this process, and their range assignment."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.lock = threading.RLock()
+        self.members: dict[str, "Consumer"] = {}
+        #: (generation, assignment by member id), replaced as a whole by each rebalance so
+        #: that members read it without the group's lock.
+        self.state: tuple[int, dict[str, list[TopicPartition]]] = (0, {})
+
+    def join(self, member: "Consumer") -> None:
+        with self.lock:
+            self.members[member.member_id] = member
+            self._rebalance(member.store)
+
+    def leave(self, member: "Consumer") -> None:
+        with self.lock:
+            if self.members.pop(member.member_id, None) is not None:
+                self._rebalance(member.store)
+
+    def _rebalance(self, store: Any) -> None:
+        new: dict[str, list[TopicPartition]] = {m: [] for m in self.members}
+        topics = sorted({t for m in self.members.values() for t in m.subscription})
+        for topic in topics:
+            subscribers = [mid for mid, m in self.members.items() if topic in m.subscription]
+            count = store.partitions_for(topic)
+            per, extra = divmod(count, len(subscribers))
+            start = 0
+            for i, mid in enumerate(subscribers):
+                n = per + (1 if i < extra else 0)
+                new[mid].extend(TopicPartition(topic, p) for p in range(start, start + n))
+                start += n
+        # Revoke first, so that positions are committed before anyone takes the partitions over.
+        generation, old = self.state
+        for mid, member in self.members.items():
+            revoked = set(old.get(mid, ())) - set(new[mid])
+            if revoked:
+                member._revoke(revoked)
+        self.state = (generation + 1, new)
+
+
+_GROUPS: "weakref.WeakKeyDictionary[Any, dict[str, _Group]]" = weakref.WeakKeyDictionary()
+_GROUPS_LOCK = threading.Lock()
+
+
+def _group(store: Any, name: str) -> _Group:
+    with _GROUPS_LOCK:
+        groups = _GROUPS.setdefault(store, {})
+        group = groups.get(name)
+        if group is None:
+            group = groups[name] = _Group(name)
+        return group
+
+
+_OFFSET_STORES: "weakref.WeakKeyDictionary[Any, OffsetStore]" = weakref.WeakKeyDictionary()
+
+
+def offset_store(store: Any) -> OffsetStore:
+    """The store's OffsetStore over ``__consumer_offsets`` (the topic is created on first use)."""
+    with _GROUPS_LOCK:
+        found = _OFFSET_STORES.get(store)
+        if found is None:
+            store.create_topic(OFFSETS_TOPIC, 1, exist_ok=True, internal=True, **OFFSETS_TOPIC_CONFIG)
+            found = _OFFSET_STORES[store] = OffsetStore(store.partition(OFFSETS_TOPIC, 0))
+        return found
+
+
+class Consumer:
+    """A member of consumer group ``group`` reading ``topics`` of a LogStore. Use
+    ``store.consumer(group, topics, ...)``.
+
+    Args:
+        store: the LogStore.
+        group: the group id (committed offsets are kept per group).
+        topics: a topic name or an iterable of them.
+        auto_offset_reset: "earliest" or "latest": where to start without a committed offset
+            (and after an offset fell out of range).
+        enable_auto_commit: commit positions every ``auto_commit_interval_ms`` during poll,
+            on rebalance and on close.
+        max_poll_records: the most records one poll returns.
+        fetch_max_bytes: bytes read per partition per fetch.
+
+    Durability: commits are fsynced before :meth:`commit` returns.
+    """
+
+    def __init__(self, store: Any, group: str, topics: str | Iterable[str], *,
+                 auto_offset_reset: str = "earliest", enable_auto_commit: bool = True,
+                 auto_commit_interval_ms: int = 5000, max_poll_records: int = 500,
+                 fetch_max_bytes: int = 1 << 20) -> None:
+        if not isinstance(group, str) or not group:
+            raise InvalidConfigError(f"group must be a non-empty str, got {group!r}")
+        if auto_offset_reset not in _RESETS:
+            raise InvalidConfigError(f"auto_offset_reset must be 'earliest' or 'latest', got {auto_offset_reset!r}")
+        if isinstance(max_poll_records, bool) or not isinstance(max_poll_records, int) or max_poll_records < 1:
+            raise InvalidConfigError(f"max_poll_records must be a positive int, got {max_poll_records!r}")
+        names = [topics] if isinstance(topics, str) else list(topics)
+        if not names:
+            raise InvalidConfigError("a consumer needs at least one topic")
+        for name in names:
+            store.partitions_for(name)  # unknown or invalid topic: raise now
+        self.store = store
+        self.group = group
+        self.subscription = frozenset(names)
+        self.auto_offset_reset = auto_offset_reset
+        self.enable_auto_commit = enable_auto_commit
+        self.auto_commit_interval_s = auto_commit_interval_ms / 1000.0
+        self.max_poll_records = max_poll_records
+        self.fetch_max_bytes = fetch_max_bytes
+        self.member_id = f"{group}-{next(_member_seq):08d}-{uuid.uuid4().hex[:8]}"
+        self._lock = threading.RLock()
+        self._offsets = offset_store(store)
+        self._positions: dict[TopicPartition, int] = {}
+        self._assigned: list[TopicPartition] = []
+        self._generation = -1
+        self._next = 0
+        self._last_commit = time.monotonic()
+        self._closed = False
+        self._group = _group(store, group)
+        self._group.join(self)
+
+    # ------------------------------------------------------------------ assignment
+    def _sync(self) -> None:
+        """Pick up the group's current assignment (holds the lock)."""
+        if self._closed:
+            raise LogClosedError(f"consumer {self.member_id} is closed")
+        generation, assignment = self._group.state
+        if generation == self._generation:
+            return
+        assigned = list(assignment.get(self.member_id, ()))
+        self._generation = generation
+        for tp in list(self._positions):
+            if tp not in assigned:
+                del self._positions[tp]
+        self._assigned = assigned
+        for tp in assigned:
+            if tp not in self._positions:
+                self._positions[tp] = self._initial_position(tp)
+
+    def _initial_position(self, tp: TopicPartition) -> int:
+        committed = self._offsets.committed(self.group, tp.topic, tp.partition)
+        log = self.store.partition(tp.topic, tp.partition)
+        if committed is not None and log.log_start_offset <= committed <= log.log_end_offset:
+            return committed
+        return self._reset_position(tp)
+
+    def _reset_position(self, tp: TopicPartition) -> int:
+        log = self.store.partition(tp.topic, tp.partition)
+        return log.log_start_offset if self.auto_offset_reset == "earliest" else log.high_watermark
+
+    def _revoke(self, partitions: set[TopicPartition]) -> None:
+        """Called by the group on a rebalance (from the joining or leaving thread)."""
+        with self._lock:
+            mine = {tp: self._positions[tp] for tp in partitions if tp in self._positions}
+            if self.enable_auto_commit and mine and not self._closed:
+                self._offsets.commit(self.group, mine)
+            for tp in partitions:
+                self._positions.pop(tp, None)
+
+    def assignment(self) -> set[TopicPartition]:
+        """The partitions this member currently reads."""
+        with self._lock:
+            self._sync()
+            return set(self._assigned)
+
+    # ------------------------------------------------------------------ reading
+    def poll(self, timeout: float = 0.0, max_records: int | None = None) -> list[ConsumerRecord]:
+        """Return the next records (at most ``max_records``, default max_poll_records), waiting up
+        to ``timeout`` seconds for the first one. Returns [] on timeout. Advances positions.
+
+        Raises:
+            LogClosedError: the consumer or the store is closed.
+        """
+        limit = self.max_poll_records if max_records is None else max_records
+        deadline = time.monotonic() + max(0.0, timeout)
+        store = self.store
+        while True:
+            seen = store.notification()
+            records = self._fetch(limit)
+            if records:
+                return records
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            store.wait(seen, remaining)
+
+    def _fetch(self, limit: int) -> list[ConsumerRecord]:
+        out: list[ConsumerRecord] = []
+        with self._lock:
+            self._sync()
+            self._maybe_auto_commit()
+            assigned = self._assigned
+            n = len(assigned)
+            for i in range(n):
+                if len(out) >= limit:
+                    break
+                tp = assigned[(self._next + i) % n]
+                records = self._read(tp, limit - len(out))
+                if records:
+                    topic, partition = tp
+                    make = ConsumerRecord._make
+                    prefix = (topic, partition)
+                    out.extend([make(prefix + r) for r in records])
+                    self._positions[tp] = records[-1].offset + 1
+            if n:
+                self._next = (self._next + 1) % n
+        return out
+
+    def _read(self, tp: TopicPartition, limit: int) -> list[Record]:
+        log = self.store.partition(tp.topic, tp.partition)
+        position = self._positions[tp]
+        for _ in range(2):
+            try:
+                return log.read(position, max_bytes=self.fetch_max_bytes, max_records=limit,
+                                max_offset=log.high_watermark)
+            except OffsetOutOfRangeError:
+                position = self._positions[tp] = self._reset_position(tp)
+        return []
+
+    def __iter__(self) -> Iterator[ConsumerRecord]:
+        """Yield records forever (polling with a 1 s timeout) until the consumer is closed."""
+        while not self._closed:
+            try:
+                records = self.poll(1.0)
+            except LogClosedError:
+                return
+            yield from records
+
+    async def apoll(self, timeout: float = 0.0, max_records: int | None = None) -> list[ConsumerRecord]:
+        """:meth:`poll` for asyncio: fetching runs on the event loop (reads of the page cache),
+        waiting runs in the default executor, so the loop is never blocked. Cancelling it loses
+        nothing: positions move only when records are returned."""
+        limit = self.max_poll_records if max_records is None else max_records
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, timeout)
+        store = self.store
+        while True:
+            seen = store.notification()
+            records = self._fetch(limit)
+            if records:
+                return records
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return []
+            await loop.run_in_executor(None, store.wait, seen, min(remaining, 0.5))
+
+    # ------------------------------------------------------------------ positions
+    def _check_assigned(self, topic: str, partition: int) -> TopicPartition:
+        self._sync()
+        tp = TopicPartition(topic, partition)
+        if tp not in self._positions:
+            raise PartitionNotAssignedError(f"{topic}-{partition} is not assigned to consumer {self.member_id}")
+        return tp
+
+    def position(self, topic: str, partition: int) -> int:
+        """The offset the next record returned from this partition will have."""
+        with self._lock:
+            return self._positions[self._check_assigned(topic, partition)]
+
+    def seek(self, topic: str, partition: int, offset: int) -> None:
+        """Continue reading the partition at ``offset`` (out-of-range offsets are reset by
+        auto_offset_reset at the next read)."""
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"offset must be an int >= 0, got {offset!r}")
+        with self._lock:
+            self._positions[self._check_assigned(topic, partition)] = offset
+
+    def seek_to_beginning(self, *partitions: tuple[str, int]) -> None:
+        with self._lock:
+            self._sync()
+            for tp in partitions or tuple(self._assigned):
+                tp = self._check_assigned(*tp)
+                self._positions[tp] = self.store.partition(*tp).log_start_offset
+
+    def seek_to_end(self, *partitions: tuple[str, int]) -> None:
+        with self._lock:
+            self._sync()
+            for tp in partitions or tuple(self._assigned):
+                tp = self._check_assigned(*tp)
+                self._positions[tp] = self.store.partition(*tp).high_watermark
+
+    def seek_to_timestamp(self, timestamp: int, *partitions: tuple[str, int]) -> dict[TopicPartition, int]:
+        """Move to the first record with timestamp >= ``timestamp`` (the log end if none) in the
+        given partitions (default: all assigned); returns the new positions."""
+        moved = {}
+        with self._lock:
+            self._sync()
+            for tp in partitions or tuple(self._assigned):
+                tp = self._check_assigned(*tp)
+                log = self.store.partition(*tp)
+                found = log.offset_for_timestamp(timestamp)
+                self._positions[tp] = moved[tp] = log.high_watermark if found is None else found
+        return moved
+
+    def lag(self) -> dict[TopicPartition, int]:
+        """Records between each assigned partition's position and its high watermark."""
+        with self._lock:
+            self._sync()
+            return {tp: max(0, self.store.partition(*tp).high_watermark - pos) for tp, pos in self._positions.items()}
+
+    # ------------------------------------------------------------------ commits
+    def commit(self, offsets: dict[tuple[str, int], int] | None = None) -> None:
+        """Commit ``offsets`` (default: the current positions of every assigned partition).
+
+        Durability: fsynced on return; committed offsets survive a crash of the process or the
+        machine. A commit is one batch: all of its partitions are committed, or none.
+        """
+        with self._lock:
+            self._sync()
+            if offsets is None:
+                offsets = dict(self._positions)
+            else:
+                offsets = {TopicPartition(*tp): off for tp, off in offsets.items()}
+            self._offsets.commit(self.group, offsets)
+            self._last_commit = time.monotonic()
+
+    def _maybe_auto_commit(self) -> None:
+        if self.enable_auto_commit and time.monotonic() - self._last_commit >= self.auto_commit_interval_s:
+            if self._positions:
+                self._offsets.commit(self.group, dict(self._positions))
+            self._last_commit = time.monotonic()
+
+    def committed(self, topic: str, partition: int) -> int | None:
+        """The group's committed offset for the partition (assigned or not), or None."""
+        return self._offsets.committed(self.group, topic, partition)
+
+    # ------------------------------------------------------------------ closing
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Commit positions (with auto-commit), leave the group (its partitions go to the other
+        members) and stop. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                if self.enable_auto_commit and self._positions and not self.store.closed:
+                    self._offsets.commit(self.group, dict(self._positions))
+            finally:
+                self._closed = True
+                self._positions.clear()
+        self._group.leave(self)
+
+    def __enter__(self) -> "Consumer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Consumer({self.group!r}, {sorted(self.subscription)}, member={self.member_id})"
+
+
+register_client("consumer", Consumer)
