@@ -36,6 +36,7 @@ from .segment import SegmentInfo
 from .store import LogStore, TopicDescription
 from .producer import Producer, RecordMetadata, SendFuture
 from .consumer import Consumer, ConsumerRecord, PartitionNotAssignedError, TopicPartition
+from .workqueue import Message, Queue
 
 __version__ = "0.1.0"
 
@@ -49,6 +50,8 @@ __all__ = [
     "ConsumerRecord",
     "TopicPartition",
     "PartitionNotAssignedError",
+    "Queue",
+    "Message",
     "Log",
     "LogConfig",
     "Record",

@@ -334,8 +334,8 @@ class Log:
     def _follow(self) -> None:
         """Catch up with what other processes published (lock-free unless the segment layout
         changed). Holds the thread lock; a no-op for an exclusive log."""
-        if self._state is None or self._closed:
-            return
+        if self._state is None or self._closed or self._w._depth:
+            return  # (inside exclusive(), this process is the writer and already current)
         view = self._view
         self._state.read(view)
         if view.generation != self._generation or self._state.dirty:
@@ -343,6 +343,16 @@ class Log:
                 pass
         else:
             self._adopt_view(view)
+
+    @contextmanager
+    def exclusive(self) -> Iterator["Log"]:
+        """Hold the log across several calls: other threads, and for a shared log other
+        processes, can neither append nor change the segments until the block ends. Reads and
+        appends inside the block see each other, which makes read-decide-append sequences
+        atomic (the Queue keeps its delivery state this way). Keep the block short."""
+        with self._lock, self._w:
+            self._check_open()
+            yield self
 
     def _adopt_published(self) -> None:
         """With the writers' lock held: take over the published state, reloading the segment
