@@ -144,12 +144,13 @@ class FileOps:
         finally:
             self.close(fd)
 
-    def write_file_atomic(self, path: str, data: bytes) -> None:
-        """Replace ``path`` with ``data`` durably: temp file, fsync, rename, fsync directory.
+    def write_file_atomic(self, path: str, data: bytes, tmp: str | None = None) -> None:
+        """Replace ``path`` with ``data`` durably: temp file (``tmp``, default ``path + ".tmp"``),
+        fsync, rename, fsync directory (both directories when ``tmp`` is elsewhere).
 
         A crash at any point leaves either the old or the new content, never a mix.
         """
-        tmp = path + ".tmp"
+        tmp = path + ".tmp" if tmp is None else tmp
         fd = self.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
             self.pwrite(fd, data, 0)
@@ -157,7 +158,11 @@ class FileOps:
         finally:
             self.close(fd)
         self.rename(tmp, path)
-        self.fsync_dir(os.path.dirname(os.path.abspath(path)))
+        target_dir = os.path.dirname(os.path.abspath(path))
+        self.fsync_dir(target_dir)
+        tmp_dir = os.path.dirname(os.path.abspath(tmp))
+        if tmp_dir != target_dir:
+            self.fsync_dir(tmp_dir)
 
 
 #: The FileOps every module uses. Replace it only through :func:`install`.

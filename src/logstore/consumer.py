@@ -98,13 +98,17 @@ class _Group:
                 n = per + (1 if i < extra else 0)
                 new[mid].extend(TopicPartition(topic, p) for p in range(start, start + n))
                 start += n
-        # Revoke first, so that positions are committed before anyone takes the partitions over.
+        # Two steps, so that no partition ever has two owners and positions are committed before
+        # anyone takes a partition over: first publish the old assignment minus what moves and
+        # let the losers commit, then publish the new assignment.
         generation, old = self.state
+        kept = {mid: [tp for tp in old.get(mid, ()) if tp in set(new[mid])] for mid in self.members}
+        self.state = (generation + 1, kept)
         for mid, member in self.members.items():
             revoked = set(old.get(mid, ())) - set(new[mid])
             if revoked:
                 member._revoke(revoked)
-        self.state = (generation + 1, new)
+        self.state = (generation + 2, new)
 
 
 _GROUPS: "weakref.WeakKeyDictionary[Any, dict[str, _Group]]" = weakref.WeakKeyDictionary()
@@ -223,6 +227,7 @@ class Consumer:
                 self._offsets.commit(self.group, mine)
             for tp in partitions:
                 self._positions.pop(tp, None)
+            self._assigned = [tp for tp in self._assigned if tp not in partitions]
 
     def assignment(self) -> set[TopicPartition]:
         """The partitions this member currently reads."""

@@ -22,6 +22,7 @@ import logging
 import random
 import threading
 import time
+from collections import deque
 from typing import Any, Callable, Iterable, NamedTuple
 
 from . import compression as _compression
@@ -189,6 +190,8 @@ class Producer:
         self._partition_counts: dict[str, int] = {}
         self._limits: dict[tuple[str, int], int] = {}
         self._in_flight: set[_Batch] = set()
+        self._queued: dict[tuple[str, int], deque[_Batch]] = {}
+        self._write_locks: dict[tuple[str, int], threading.Lock] = {}
         self._closed = False
         self._wake = threading.Condition(self._lock)
         self._sender = threading.Thread(target=self._run_sender, name="logstore-producer", daemon=True)
@@ -235,8 +238,10 @@ class Producer:
             key = _as_bytes(key, "key")
         size = (0 if value is None else len(value)) + (0 if key is None else len(key)) + _RECORD_OVERHEAD
         if headers:
-            headers = list(headers)
+            headers = _check_headers(headers)
             size += sum(len(h[0]) + len(h[1] or b"") + 4 for h in headers)
+        if timestamp is not None:
+            timestamp = _check_ts(timestamp)
         fsync = durability == "fsynced" or (durability is None and self.durability == "fsynced")
         if durability is not None:
             _check_durability(durability)
@@ -268,8 +273,7 @@ class Producer:
             batch = self._batches.get(tp)
             if batch is None:
                 batch = self._batches[tp] = _Batch(topic, partition)
-                if not self.linger_s:
-                    self._wake.notify()
+                self._wake.notify()  # the sender times its linger from the oldest batch
             index = len(batch.values)
             batch.values.append(value)
             batch.keys.append(key)
@@ -281,18 +285,31 @@ class Producer:
                 if batch.timestamps is None:
                     now = int(_time() * 1000)
                     batch.timestamps = [now] * index
-                batch.timestamps.append(int(_time() * 1000) if timestamp is None else _check_ts(timestamp))
+                batch.timestamps.append(int(_time() * 1000) if timestamp is None else timestamp)
             if fsync:
                 batch.fsync = True
             batch.size += size
             if batch.size >= self.batch_size:
                 full = self._batches.pop(tp)
                 self._in_flight.add(full)
+                self._queued.setdefault(tp, deque()).append(full)
                 if key is None and self._partitioner is None and self._sticky.get(topic) == partition:
                     self._sticky_partition(topic, partitions, avoid=partition)
         if full is not None:
-            self._write(full)
+            self._drain(tp)
         return SendFuture(batch, index)
+
+    def _drain(self, tp: tuple[str, int]) -> None:
+        """Write the partition's taken batches in the order they were taken: one writer per
+        partition at a time, so that a thread's records keep their order in the log."""
+        with self._write_locks.setdefault(tp, threading.Lock()):
+            while True:
+                with self._lock:
+                    queued = self._queued.get(tp)
+                    if not queued:
+                        return
+                    batch = queued.popleft()
+                self._write(batch)
 
     def _write(self, batch: _Batch) -> None:
         """Append one batch and resolve its futures (called without the producer's lock)."""
@@ -318,15 +335,17 @@ class Producer:
             for call in callbacks or ():
                 call()
 
-    def _take_due(self, everything: bool) -> list[_Batch]:
-        """Pop the batches whose linger expired (or all); holds the lock."""
+    def _take_due(self, everything: bool) -> list[tuple[str, int]]:
+        """Take the batches whose linger expired (or all) for writing; returns their partitions.
+        Holds the lock."""
         now = time.monotonic()
         due = [tp for tp, b in self._batches.items() if everything or now - b.created >= self.linger_s]
         out = []
         for tp in due:
             batch = self._batches.pop(tp)
             self._in_flight.add(batch)
-            out.append(batch)
+            self._queued.setdefault(tp, deque()).append(batch)
+            out.append(tp)
             if self._sticky.get(tp[0]) == tp[1] and self._partitioner is None:
                 self._sticky_partition(tp[0], self._partition_counts.get(tp[0], 1), avoid=tp[1])
         return out
@@ -342,9 +361,9 @@ class Producer:
                 delay = oldest + self.linger_s - time.monotonic()
                 if delay > 0 and not self._closed:
                     self._wake.wait(delay)
-                batches = self._take_due(everything=self._closed)
-            for batch in batches:
-                self._write(batch)
+                taken = self._take_due(everything=self._closed)
+            for tp in taken:
+                self._drain(tp)
 
     def flush(self, timeout: float | None = None) -> None:
         """Write every queued record now and wait until all sends so far are resolved.
@@ -353,9 +372,9 @@ class Producer:
             TimeoutError: not finished within ``timeout`` seconds.
         """
         with self._lock:
-            batches = self._take_due(everything=True)
-        for batch in batches:
-            self._write(batch)
+            taken = self._take_due(everything=True)
+        for tp in taken:
+            self._drain(tp)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             while self._in_flight:
@@ -386,6 +405,23 @@ def _check_durability(durability: Any) -> str:
     if durability not in DURABILITY_LEVELS:
         raise InvalidConfigError(f"durability must be one of {DURABILITY_LEVELS}, got {durability!r}")
     return durability
+
+
+def _check_headers(headers: Iterable[Any]) -> list[tuple[str, bytes | None]]:
+    out = []
+    for item in headers:
+        if not isinstance(item, tuple) or len(item) != 2:
+            raise TypeError(f"headers must be (str, bytes | None) pairs, got {item!r}")
+        name, value = item
+        if not isinstance(name, str):
+            raise TypeError(f"header name must be str, got {type(name).__name__}")
+        if value is not None and not isinstance(value, bytes):
+            if isinstance(value, (bytearray, memoryview)):
+                value = bytes(value)
+            else:
+                raise TypeError(f"header {name!r} value must be bytes or None, got {type(value).__name__}")
+        out.append((name, value))
+    return out
 
 
 def _check_ts(timestamp: Any) -> int:

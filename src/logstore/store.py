@@ -7,8 +7,10 @@
         .lock                               flock: shared by every process using the store
                                             (exclusive for a store opened with shared=False)
         .notify                             notification page long-polling consumers sleep on
-        .topics/<topic>.properties          partition count and the topic's config overrides
-        .topics/.lock                       flock serialising topic creation and deletion
+        .topics/<topic>                     partition count and config overrides of a topic
+                                            (Java properties; nothing else lives in .topics)
+        .topics.lock                        flock serialising topic creation and deletion
+        .topics.tmp                         a topic file being written
         recovery-point-offset-checkpoint    Kafka's checkpoint files (every partition's entry)
         log-start-offset-checkpoint
         cleaner-offset-checkpoint
@@ -94,7 +96,7 @@ def validate_topic_name(name: Any) -> str:
         raise InvalidTopicError(f"topic name cannot be {name!r}")
     if len(name) > MAX_TOPIC_LENGTH:
         raise InvalidTopicError(f"topic name is {len(name)} characters long; the limit is {MAX_TOPIC_LENGTH}")
-    if not _LEGAL.match(name):
+    if not _LEGAL.fullmatch(name):
         bad = sorted({c for c in name if not re.match(r"[a-zA-Z0-9._-]", c)})
         raise InvalidTopicError(
             f"topic name {name!r} contains {''.join(bad)!r}; legal characters are ASCII letters, "
@@ -212,7 +214,7 @@ class LogStore:
                 shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
 
     def _metadata_lock(self) -> "_FileLock":
-        return _FileLock(os.path.join(self.root, TOPICS_DIR, LOCK_FILE))
+        return _FileLock(os.path.join(self.root, TOPICS_DIR + LOCK_FILE))
 
     # ------------------------------------------------------------------ context manager
     def __enter__(self) -> "LogStore":
@@ -227,7 +229,7 @@ class LogStore:
 
     # ------------------------------------------------------------------ topics
     def _topic_file(self, name: str) -> str:
-        return os.path.join(self.root, TOPICS_DIR, name + ".properties")
+        return os.path.join(self.root, TOPICS_DIR, name)
 
     def _read_topic(self, name: str) -> tuple[int, dict[str, str]] | None:
         path = self._topic_file(name)
@@ -283,7 +285,8 @@ class LogStore:
                     return
                 raise TopicExistsError(f"topic {name!r} already exists in {self.root}")
             lines = [f"partitions={partitions}"] + [f"{k}={v}" for k, v in sorted(overrides.items())]
-            _fileio.ops.write_file_atomic(self._topic_file(name), ("\n".join(lines) + "\n").encode())
+            _fileio.ops.write_file_atomic(self._topic_file(name), ("\n".join(lines) + "\n").encode(),
+                                          tmp=os.path.join(self.root, TOPICS_DIR + ".tmp"))
             with self._lock:
                 self._topics_cache.pop(name, None)
         for partition in range(partitions):
@@ -340,7 +343,9 @@ class LogStore:
                 for p in range(partitions):
                     directory = os.path.join(self.root, f"{name}-{p}")
                     if _fileio.ops.exists(directory):
-                        target = f"{directory}.{uuid.uuid4().hex}{DELETE_SUFFIX}"
+                        # Kafka's <topic>-<p>.<id>-delete can exceed NAME_MAX for long topic
+                        # names; ".<id>-delete" never does, nor can it look like a partition.
+                        target = os.path.join(self.root, f".{uuid.uuid4().hex}{DELETE_SUFFIX}")
                         _fileio.ops.rename(directory, target)
                         doomed.append(target)
                 _fileio.ops.fsync_dir(self.root)
@@ -357,11 +362,9 @@ class LogStore:
         """Names of the topics, sorted (internal ones like ``__consumer_offsets`` only when asked)."""
         self._check_open()
         names = []
-        for entry in _fileio.ops.listdir(os.path.join(self.root, TOPICS_DIR)):
-            if entry.endswith(".properties"):
-                name = entry[: -len(".properties")]
-                if internal or not name.startswith("__"):
-                    names.append(name)
+        for name in _fileio.ops.listdir(os.path.join(self.root, TOPICS_DIR)):
+            if _LEGAL.fullmatch(name) and name not in (".", "..") and (internal or not name.startswith("__")):
+                names.append(name)
         return sorted(names)
 
     def describe(self, name: str) -> TopicDescription:
@@ -385,6 +388,8 @@ class LogStore:
         Raises:
             UnknownTopicOrPartitionError: no such topic or partition.
         """
+        if partition.__class__ is not int:
+            raise UnknownTopicOrPartitionError(f"partition must be an int, got {partition!r}")
         key = (topic, partition)
         log = self._logs.get(key)
         if log is not None and not log.closed:
@@ -459,7 +464,8 @@ class LogStore:
     def _tick_seconds(self) -> float:
         with self._lock:
             flush_ms = [log.config.flush_ms for log in self._logs.values() if log.config.flush_ms is not None]
-        return min([1.0] + [max(0.01, ms / 1000.0) for ms in flush_ms])
+        intervals = [1.0, self.retention_check_interval_ms / 1000.0, self.cleaner_backoff_ms / 1000.0]
+        return max(0.01, min(intervals + [ms / 1000.0 for ms in flush_ms]))
 
     def _run(self) -> None:
         next_retention = time.monotonic() + self.retention_check_interval_ms / 1000.0
