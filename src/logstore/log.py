@@ -149,6 +149,10 @@ class Log:
         self.log_dir = os.path.dirname(self.path)
         self._lock = threading.RLock()
         self._flush_lock = threading.Lock()
+        self._sync_cond = threading.Condition(threading.Lock())
+        self._sync_leader = False
+        self._sync_waiting = 0
+        self._sync_concurrent = False
         self._segments: SortedDict = SortedDict()
         self._active: LogSegment | None = None
         self._appender: Any = _CLOSED_APPENDER
@@ -199,7 +203,6 @@ class Log:
         self._out = new_view()
         self._generation = 0
         self._layout_changed = False
-        self._adopted = b""
         self._w: Any = _SharedWriter(self) if shared else _NO_WRITER
         if shared:
             self._plain_appends = False  # every append goes through the writers' lock
@@ -372,7 +375,8 @@ class Log:
         segment = self._active
         assert segment is not None
         a = segment.appender
-        if a.next_offset != view.next_offset or a.position != view.position or a.index_entries != view.index_entries:
+        if (a.next_offset != view.next_offset or a.position != view.position
+                or a.partition_leader_epoch != view.partition_leader_epoch):
             segment.adopt(view)
         self._log_start_offset = view.log_start_offset
         self._recovery_point = view.recovery_point
@@ -438,7 +442,6 @@ class Log:
         state.acquire()
         try:
             self._adopt_published()
-            self._adopted = bytes(ffi.buffer(self._export_view(self._out)))
         except BaseException:
             state.release()
             raise
@@ -452,7 +455,8 @@ class Log:
                 if self._layout_changed:
                     self._generation += 1
                 out = self._export_view(self._out)
-                if self._layout_changed or bytes(ffi.buffer(out)) != self._adopted:
+                # self._view still holds what was adopted on entry: publish only a change.
+                if self._layout_changed or ffi.buffer(out)[:] != ffi.buffer(self._view)[:]:
                     state.publish(out)
                     if self._notify_always:
                         lib.ls_notify(self._notify_page)
@@ -1070,14 +1074,41 @@ class Log:
             self._waiting.wait(0.05)
 
     def _sync(self, end_offset: int) -> None:
-        """Make offsets below ``end_offset`` durable. Group commit: one fsync serves every
-        caller whose records were appended before it started."""
+        """Make offsets below ``end_offset`` durable. Group commit: one caller at a time (the
+        leader) fsyncs everything appended so far; callers arriving meanwhile wait for it and
+        return if it covered them, else the next leader's fsync covers all of them at once.
+        (A plain mutex around the fsync lets the thread that just released it take it again
+        before the waiters wake up, which degrades to one fsync per append.)"""
+        cond = self._sync_cond
+        with cond:
+            while True:
+                if self._state is not None:
+                    with self._lock:
+                        self._follow()  # another process's fsync may already cover end_offset
+                if self._flushed_offset >= end_offset:
+                    return
+                if not self._sync_leader:
+                    self._sync_leader = True
+                    break
+                self._sync_waiting += 1
+                try:
+                    cond.wait()
+                finally:
+                    self._sync_waiting -= 1
+        try:
+            self._sync_as_leader()
+        finally:
+            with cond:
+                self._sync_leader = False
+                self._sync_concurrent = self._sync_waiting > 0
+                cond.notify_all()
+
+    def _sync_as_leader(self) -> None:
         with self._flush_lock:
-            if self._state is not None:
-                with self._lock:
-                    self._follow()  # another process's fsync may already cover end_offset
-            if self._flushed_offset >= end_offset:
-                return
+            if self._sync_concurrent:
+                # Other threads asked for fsyncs lately: let them append before this fsync
+                # starts, so that it covers them too (PostgreSQL's commit_delay, adaptively).
+                time.sleep(0)
             with self._lock:
                 if self._closed:
                     return  # close() flushes everything itself

@@ -60,13 +60,14 @@ class _Batch:
     """Records accumulated for one partition, and the outcome all their futures share."""
 
     __slots__ = ("topic", "partition", "values", "keys", "headers", "timestamps", "size", "created",
-                 "fsync", "base_offset", "error", "done", "callbacks")
+                 "fsync", "base_offset", "error", "done", "callbacks", "limit")
 
-    def __init__(self, topic: str, partition: int) -> None:
+    def __init__(self, topic: str, partition: int, limit: int) -> None:
         self.topic = topic
         self.partition = partition
+        self.limit = limit
         self.values: list[bytes | None] = []
-        self.keys: list[bytes | None] = []
+        self.keys: list[bytes | None] | None = None  # created with the first key
         self.headers: list[Any] | None = None
         self.timestamps: list[int] | None = None
         self.size = 0
@@ -190,6 +191,9 @@ class Producer:
         self._partition_counts: dict[str, int] = {}
         self._limits: dict[tuple[str, int], int] = {}
         self._in_flight: set[_Batch] = set()
+        #: The open batch of each topic's sticky partition: send()'s fast path appends to it.
+        self._sticky_batches: dict[str, _Batch] = {}
+        self._default_fsync = self.durability == "fsynced"
         self._queued: dict[tuple[str, int], deque[_Batch]] = {}
         self._write_locks: dict[tuple[str, int], threading.Lock] = {}
         self._closed = False
@@ -232,6 +236,28 @@ class Producer:
             RecordTooLargeError: the record alone exceeds the topic's max_message_bytes.
             LogClosedError: the producer is closed.
         """
+        if (key is None and partition is None and timestamp is None and durability is None and not headers
+                and value.__class__ is bytes):
+            # Fast path (null key, sticky partition, open batch with room): one lock, one append.
+            lock = self._lock
+            lock.acquire()
+            try:
+                batch = self._sticky_batches.get(topic)
+                if batch is not None:
+                    size = batch.size + len(value) + _RECORD_OVERHEAD
+                    if size < self.batch_size and size <= batch.limit:
+                        values = batch.values
+                        index = len(values)
+                        values.append(value)
+                        batch.size = size
+                        return SendFuture(batch, index)
+            finally:
+                lock.release()
+        return self._send(topic, value, key, headers, partition, timestamp, durability)
+
+    def _send(self, topic: str, value: Any, key: Any, headers: Any, partition: Any, timestamp: Any,
+              durability: Any) -> SendFuture:
+        explicit = partition
         if value is not None and value.__class__ is not bytes:
             value = _as_bytes(value, "value")
         if key is not None and key.__class__ is not bytes:
@@ -272,11 +298,14 @@ class Producer:
                 raise RecordTooLargeError(size, limit)
             batch = self._batches.get(tp)
             if batch is None:
-                batch = self._batches[tp] = _Batch(topic, partition)
+                batch = self._batches[tp] = _Batch(topic, partition, limit)
                 self._wake.notify()  # the sender times its linger from the oldest batch
             index = len(batch.values)
             batch.values.append(value)
-            batch.keys.append(key)
+            if key is not None or batch.keys is not None:
+                if batch.keys is None:
+                    batch.keys = [None] * index
+                batch.keys.append(key)
             if headers or batch.headers is not None:
                 if batch.headers is None:
                     batch.headers = [()] * index
@@ -289,8 +318,17 @@ class Producer:
             if fsync:
                 batch.fsync = True
             batch.size += size
+            # The fast path may append to this batch while it holds only plain records.
+            if (key is None and self._partitioner is None and explicit is None and batch.keys is None
+                    and batch.headers is None and batch.timestamps is None
+                    and (batch.fsync or not self._default_fsync)):
+                self._sticky_batches[topic] = batch
+            elif self._sticky_batches.get(topic) is batch:
+                del self._sticky_batches[topic]
             if batch.size >= self.batch_size:
                 full = self._batches.pop(tp)
+                if self._sticky_batches.get(topic) is full:
+                    del self._sticky_batches[topic]
                 self._in_flight.add(full)
                 self._queued.setdefault(tp, deque()).append(full)
                 if key is None and self._partitioner is None and self._sticky.get(topic) == partition:
@@ -343,6 +381,8 @@ class Producer:
         out = []
         for tp in due:
             batch = self._batches.pop(tp)
+            if self._sticky_batches.get(tp[0]) is batch:
+                del self._sticky_batches[tp[0]]
             self._in_flight.add(batch)
             self._queued.setdefault(tp, deque()).append(batch)
             out.append(tp)

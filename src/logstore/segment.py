@@ -261,33 +261,16 @@ class LogSegment:
             self._map_writable(max(_fileio.ops.fsize(self._fd), view.position))
             a.log = self._ptr
         a.log_capacity = min(len(self._mm), max(self.segment_bytes, view.position))  # type: ignore[arg-type]
-        a.position = view.position
-        a.next_offset = view.next_offset
-        a.index_entries = view.index_entries
-        a.timeindex_entries = view.timeindex_entries
-        a.bytes_since_last_entry = view.bytes_since_last_entry
-        a.max_timestamp = view.max_timestamp
-        a.offset_of_max_timestamp = view.offset_of_max_timestamp
-        a.last_timeindex_timestamp = view.last_timeindex_timestamp
-        a.records = view.records
-        a.partition_leader_epoch = view.partition_leader_epoch
+        lib.ls_appender_adopt(a, view)
+        self._records_at_activation = 0  # view.records counts the whole segment
         self.offset_index.entries = view.index_entries
         self.time_index.entries = view.timeindex_entries
 
     def export(self, view: Any) -> None:
         """Copy the active segment's appender state into ``view`` (for publishing)."""
-        a = self._appender
-        view.active_base = self.base_offset
-        view.position = a.position
-        view.next_offset = a.next_offset
-        view.index_entries = a.index_entries
-        view.timeindex_entries = a.timeindex_entries
-        view.bytes_since_last_entry = a.bytes_since_last_entry
-        view.max_timestamp = a.max_timestamp
-        view.offset_of_max_timestamp = a.offset_of_max_timestamp
-        view.last_timeindex_timestamp = a.last_timeindex_timestamp
-        view.records = a.records
-        view.partition_leader_epoch = a.partition_leader_epoch
+        if self._records_at_activation is None:
+            self.record_count  # noqa: B018 - counts the records present at activation (once)
+        lib.ls_view_from_appender(view, self._appender, self._records_at_activation)
 
     def deactivate(self) -> None:
         """Another process sealed this segment (trimmed its files): drop the appender and map

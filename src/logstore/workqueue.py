@@ -41,7 +41,7 @@ from typing import Any, Iterable
 
 from .errors import InvalidConfigError, LogClosedError, OffsetOutOfRangeError, CorruptRecordError
 from .producer import RecordMetadata, default_partition
-from .records import Record
+from .records import NO_HEADERS, Record, TimestampType
 from .store import LogStore
 
 __all__ = ["Queue", "Message"]
@@ -58,6 +58,7 @@ _COUNT = struct.Struct(">i")
 _INFLIGHT = struct.Struct(">iqqiq")   # partition, offset, deadline, count, lease (state offset)
 _RETRY = struct.Struct(">iqqi")       # partition, offset, available at, count
 _SNAPSHOT_EVERY = 20_000
+_RECENT_PUTS = 4096
 _STATE_CONFIG = dict(segment_bytes=128 << 20, max_message_bytes=64 << 20, retention_ms=-1, retention_bytes=-1)
 _now_ms = lambda: time.time_ns() // 1_000_000  # noqa: E731
 
@@ -279,6 +280,10 @@ class Queue:
         self._lock = threading.Lock()
         self._next_partition = 0
         self._cache: dict[int, list[Record]] = {}
+        self._recent: dict[tuple[int, int], Record] = {}
+        self._recent_lock = threading.Lock()
+        # Own puts are remembered only where the log keeps the producer's timestamp.
+        self._stamp_puts = all(log.config.message_timestamp_type == "CreateTime" for log in self._logs)
         self._closed = False
 
     # ------------------------------------------------------------------ producing
@@ -287,10 +292,27 @@ class Queue:
         """Add a message; return where it was written. Durable per ``durability`` on return
         (with "fsynced", concurrent puts share one fsync)."""
         log = self._log_for(key)
-        offset = log.append(value, key, headers)
+        if headers:
+            headers = list(headers)
+        if self._stamp_puts:
+            ts = time.time_ns() // 1_000_000
+            offset = log.append(value, key, headers, timestamp=ts)
+            self._remember(log.partition, Record(offset, ts, TimestampType.CREATE_TIME, key, value,
+                                                 list(headers) if headers else NO_HEADERS))
+        else:
+            offset = log.append(value, key, headers)
         if self.fsync_puts:
             log.flush()
         return RecordMetadata(log.partition, offset)
+
+    def _remember(self, partition: int, record: Record) -> None:
+        """Keep what this process put for a while: a get of it (often soon, by a worker thread of
+        the same process) then needs no read of the log."""
+        recent = self._recent
+        with self._recent_lock:
+            recent[(partition, record.offset)] = record
+            if len(recent) > _RECENT_PUTS:
+                del recent[next(iter(recent))]
 
     def put_many(self, values: list[bytes | None], keys: list[bytes | None] | None = None) -> list[RecordMetadata]:
         """Add messages as one batch per partition with one fsync each; return where each went."""
@@ -405,38 +427,59 @@ class Queue:
                 wait = until_due if wait is None else min(wait, until_due)
             await loop.run_in_executor(None, store.wait, seen, 0.5 if wait is None else min(wait, 0.5))
 
+    def get_many(self, max_messages: int, timeout: float | None = None) -> list[Message]:
+        """Lease up to ``max_messages`` messages at once (one pass through the state log's lock
+        instead of one per message); waits like :meth:`get` for the first one. [] on timeout."""
+        if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
+            raise ValueError(f"max_messages must be a positive int, got {max_messages!r}")
+        first = self.get(timeout)
+        if first is None:
+            return []
+        out = [first]
+        with self._lock, self._state_log.exclusive():
+            self._catch_up()
+            while len(out) < max_messages:
+                msg, _ = self._choose(_now_ms())
+                if msg is None:
+                    break
+                out.append(msg)
+        return out
+
     def _try_get(self) -> tuple[Message | None, int | None]:
         if self._closed:
             raise LogClosedError(f"queue {self.name} is closed")
         with self._lock, self._state_log.exclusive():
             self._catch_up()
-            state = self._state
-            now = _now_ms()
-            while True:
-                due = state.next_due(now)
-                if due is None:
-                    break
-                p, off, count = due
-                if self.max_deliveries is not None and count >= self.max_deliveries:
-                    self._dead_letter(p, off, count)
+            return self._choose(_now_ms())
+
+    def _choose(self, now: int) -> tuple[Message | None, int | None]:
+        """Lease the next message (redeliveries first); inside the lock, caught up."""
+        state = self._state
+        while True:
+            due = state.next_due(now)
+            if due is None:
+                break
+            p, off, count = due
+            if self.max_deliveries is not None and count >= self.max_deliveries:
+                self._dead_letter(p, off, count)
+                continue
+            msg = self._lease(p, off, count + 1, now)
+            if msg is not None:
+                return msg, None
+        for i in range(self.partitions):
+            p = (self._next_partition + i) % self.partitions
+            part = state.partitions[p]
+            while part.cursor < self._logs[p].high_watermark:
+                off = part.cursor
+                if (p, off) in state.inflight or off in part.done or off < part.floor:
+                    part.cursor += 1  # (only after a snapshot from an older layout)
                     continue
-                msg = self._lease(p, off, count + 1, now)
+                self._next_partition = p + 1
+                msg = self._lease(p, off, 1, now)
                 if msg is not None:
                     return msg, None
-            for i in range(self.partitions):
-                p = (self._next_partition + i) % self.partitions
-                part = state.partitions[p]
-                while part.cursor < self._logs[p].high_watermark:
-                    off = part.cursor
-                    if (p, off) in state.inflight or off in part.done or off < part.floor:
-                        part.cursor += 1  # (only after a snapshot from an older layout)
-                        continue
-                    self._next_partition = p + 1
-                    msg = self._lease(p, off, 1, now)
-                    if msg is not None:
-                        return msg, None
-            self._maybe_snapshot()
-            return None, state.next_time()
+        self._maybe_snapshot()
+        return None, state.next_time()
 
     def _lease(self, p: int, off: int, count: int, now: int) -> Message | None:
         record = self._record(p, off)
@@ -450,6 +493,11 @@ class Queue:
         return Message(record.value, record.key, record.headers, record.timestamp, p, off, count, lease, self)
 
     def _record(self, p: int, off: int) -> Record | None:
+        if self._recent:
+            with self._recent_lock:
+                mine = self._recent.pop((p, off), None)
+            if mine is not None:
+                return mine
         cached = self._cache.get(p)
         if cached and cached[0].offset <= off <= cached[-1].offset:
             i = off - cached[0].offset
@@ -478,6 +526,22 @@ class Queue:
         self._write(_ACK.pack(b"D", p, off))
         logger.warning("queue %s: message %d-%d moved to %s after %d deliveries", self.name, p, off,
                        self.dead_letter_topic, count)
+
+    def ack_many(self, msgs: Iterable[Message]) -> int:
+        """Acknowledge several messages with one pass through the state log's lock; returns how
+        many were not done already."""
+        done = 0
+        with self._lock, self._state_log.exclusive():
+            self._catch_up()
+            for msg in msgs:
+                part = self._state.partitions[msg.partition]
+                if msg.offset < part.floor or msg.offset in part.done:
+                    continue
+                self._write(_ACK.pack(b"A", msg.partition, msg.offset))
+                done += 1
+        if self.fsync_acks and done:
+            self._state_log.flush()
+        return done
 
     def ack(self, msg: Message) -> bool:
         """Mark the message done: it is never delivered again. Returns False if it was done

@@ -15,7 +15,7 @@
  */
 
 /* Bumped whenever a struct or a signature below changes; checked by logstore._native at import. */
-#define LS_ABI_VERSION 8
+#define LS_ABI_VERSION 9
 
 /* ---- Error codes (every function returning int/int64 uses negative values from this list) ---- */
 #define LS_OK 0
@@ -450,6 +450,13 @@ int ls_shared_publish(char *page, int64_t len, const ls_shared_view *v);
  * died half-way, and the directory must be reloaded and the active segment recovered. */
 void ls_shared_set_dirty(char *page, int32_t dirty);
 int32_t ls_shared_dirty(const char *page);
+
+/* Copy the appender's state into the view's active-segment fields (active_base, position,
+ * next_offset, index and time index counts, bytes_since_last_entry, timestamps, records (plus
+ * `records_before`, the records the segment held when the appender was set up), epoch), and back.
+ * ls_appender_adopt leaves log/index pointers and capacities alone. */
+void ls_view_from_appender(ls_shared_view *v, const ls_appender *a, int64_t records_before);
+void ls_appender_adopt(ls_appender *a, const ls_shared_view *v);
 
 /* Notification counter. ls_notify_enter registers a waiter and returns the counter; the caller then
  * checks its condition and, if it must wait, calls ls_notify_wait with that value, and finally

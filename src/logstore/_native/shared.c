@@ -203,3 +203,32 @@ int ls_notify_wait(char *page, uint32_t seen, int64_t timeout_us)
     return __atomic_load_n(word, __ATOMIC_SEQ_CST) != seen;
 #endif
 }
+
+void ls_view_from_appender(ls_shared_view *v, const ls_appender *a, int64_t records_before)
+{
+    v->active_base = a->base_offset;
+    v->position = a->position;
+    v->next_offset = a->next_offset;
+    v->index_entries = a->index_entries;
+    v->timeindex_entries = a->timeindex_entries;
+    v->bytes_since_last_entry = a->bytes_since_last_entry;
+    v->max_timestamp = a->max_timestamp;
+    v->offset_of_max_timestamp = a->offset_of_max_timestamp;
+    v->last_timeindex_timestamp = a->last_timeindex_timestamp;
+    v->records = records_before + a->records;
+    v->partition_leader_epoch = a->partition_leader_epoch;
+}
+
+void ls_appender_adopt(ls_appender *a, const ls_shared_view *v)
+{
+    a->position = v->position;
+    a->next_offset = v->next_offset;
+    a->index_entries = v->index_entries;
+    a->timeindex_entries = v->timeindex_entries;
+    a->bytes_since_last_entry = v->bytes_since_last_entry;
+    a->max_timestamp = v->max_timestamp;
+    a->offset_of_max_timestamp = v->offset_of_max_timestamp;
+    a->last_timeindex_timestamp = v->last_timeindex_timestamp;
+    a->records = (int32_t)v->records;
+    a->partition_leader_epoch = (int32_t)v->partition_leader_epoch;
+}
