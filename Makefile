@@ -1,5 +1,5 @@
 # logstore — developer entry points. Needs only Python 3.11+, gcc and a C library.
-#   make demo   create .venv, build the C core, run examples/quickstart.py
+#   make demo   create .venv, build the C core, run the examples (quickstart, producer/consumer, worker pool)
 #   make test   same setup, run the whole test suite (< 10 minutes on 2 cores)
 #   make bench  run the pytest-benchmark suite in bench/ and bench/compare.py
 #   make soak   long-running suites (marker "slow")
@@ -24,6 +24,8 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/quickstart.py
+	$(PY) examples/producer_consumer.py
+	$(PY) examples/worker_pool.py
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_FLAGS) tests

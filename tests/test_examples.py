@@ -1,0 +1,18 @@
+"""The examples run as documented (each in its own interpreter, as `make demo` runs them)."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.mark.parametrize("name", ["producer_consumer.py", "worker_pool.py"])
+def test_example_runs(name):
+    done = subprocess.run([sys.executable, str(EXAMPLES / name)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip()
