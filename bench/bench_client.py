@@ -13,6 +13,7 @@ SQLite by default and with ``PRAGMA synchronous=FULL`` (an fsync per commit, as 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
@@ -116,6 +117,38 @@ def test_queue_round_trips(benchmark, scratch, threads, shared):
     rate = _report.report(benchmark, records=QUEUE_MESSAGES, target=50_000,
                           note=f"per-message API, {threads} thread(s), fsynced puts")
     RESULTS[f"logstore-{threads}-{shared}"] = rate
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["multiprocess-store", "exclusive-store"])
+def test_queue_round_trips_asyncio(benchmark, scratch, shared):
+    """64 coroutines on one event loop: await aput (fsync shared by every coroutine waiting),
+    await aget, ack."""
+    benchmark.group = "queue"
+    n = QUEUE_MESSAGES * 4
+    coroutines = 64
+
+    def setup():
+        store = LogStore(_fresh(os.path.join(scratch, "qa")), shared=shared, maintenance=False)
+        return (store, Queue(store, "jobs")), {}
+
+    def run(store, q):
+        async def worker(count):
+            for _ in range(count):
+                await q.aput(VALUE)
+                m = await q.aget(5)
+                q.ack(m)
+
+        async def main():
+            await asyncio.gather(*[worker(n // coroutines) for _ in range(coroutines)])
+
+        asyncio.run(main())
+        assert q.qsize() == 0
+        store.close()
+
+    benchmark.pedantic(run, setup=setup, rounds=3, iterations=1)
+    rate = _report.report(benchmark, records=n // coroutines * coroutines, target=50_000,
+                          note="asyncio, 64 coroutines, per-message API, fsynced puts")
+    RESULTS[f"logstore-async-{shared}"] = rate
 
 
 @pytest.mark.parametrize("shared", [True, False], ids=["multiprocess-store", "exclusive-store"])

@@ -282,6 +282,7 @@ class Queue:
         self._cache: dict[int, list[Record]] = {}
         self._recent: dict[tuple[int, int], Record] = {}
         self._recent_lock = threading.Lock()
+        self._flushers: dict[tuple[Any, int], _AsyncFlusher] = {}
         # Own puts are remembered only where the log keeps the producer's timestamp.
         self._stamp_puts = all(log.config.message_timestamp_type == "CreateTime" for log in self._logs)
         self._closed = False
@@ -291,6 +292,30 @@ class Queue:
             headers: Iterable[tuple[str, bytes | None]] = ()) -> RecordMetadata:
         """Add a message; return where it was written. Durable per ``durability`` on return
         (with "fsynced", concurrent puts share one fsync)."""
+        log, meta = self._append(value, key, headers)
+        if self.fsync_puts:
+            log.flush()
+        return meta
+
+    async def aput(self, value: bytes | None, key: bytes | None = None,
+                   headers: Iterable[tuple[str, bytes | None]] = ()) -> RecordMetadata:
+        """:meth:`put` for asyncio. The append happens at once; with durability "fsynced" the
+        coroutine then waits for an fsync run in the default executor and shared by every
+        coroutine that appended before it started (group commit without a thread per caller)."""
+        log, meta = self._append(value, key, headers)
+        if self.fsync_puts:
+            await self._async_flusher(meta.partition).wait()
+        return meta
+
+    def _async_flusher(self, partition: int) -> "_AsyncFlusher":
+        loop = asyncio.get_running_loop()
+        flusher = self._flushers.get((loop, partition))
+        if flusher is None:
+            flusher = self._flushers[(loop, partition)] = _AsyncFlusher(self._logs[partition], loop)
+        return flusher
+
+    def _append(self, value: bytes | None, key: bytes | None,
+                headers: Iterable[tuple[str, bytes | None]]) -> tuple[Any, RecordMetadata]:
         log = self._log_for(key)
         if headers:
             headers = list(headers)
@@ -301,9 +326,7 @@ class Queue:
                                                  list(headers) if headers else NO_HEADERS))
         else:
             offset = log.append(value, key, headers)
-        if self.fsync_puts:
-            log.flush()
-        return RecordMetadata(log.partition, offset)
+        return log, RecordMetadata(log.partition, offset)
 
     def _remember(self, partition: int, record: Record) -> None:
         """Keep what this process put for a while: a get of it (often soon, by a worker thread of
@@ -603,3 +626,35 @@ class Queue:
     def __repr__(self) -> str:
         return f"Queue({self.store.root!r}, {self.name!r})"
 
+
+
+class _AsyncFlusher:
+    """Group commit for coroutines of one event loop: every waiter appended before it waits;
+    one fsync (in the default executor) releases every waiter registered before it started."""
+
+    def __init__(self, log: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._log = log
+        self._loop = loop
+        self._waiters: list[asyncio.Future[None]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def wait(self) -> None:
+        future = self._loop.create_future()
+        self._waiters.append(future)
+        if self._task is None or self._task.done():
+            self._task = self._loop.create_task(self._run())
+        await future
+
+    async def _run(self) -> None:
+        while self._waiters:
+            batch, self._waiters = self._waiters, []
+            try:
+                await self._loop.run_in_executor(None, self._log.flush)
+            except Exception as exc:  # noqa: BLE001 - delivered to every waiter of this fsync
+                for future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for future in batch:
+                if not future.done():
+                    future.set_result(None)

@@ -278,3 +278,39 @@ def test_acked_messages_are_not_redelivered_after_a_worker_is_killed(tmp_path):
     # The worker logs after acking, so a kill between the two can only hide an ack, never fake one.
     assert not set(acked_before) & set(rest)
     assert set(acked_before) | set(rest) == {str(i) for i in range(n)}
+
+
+def test_aput_shares_fsyncs_between_coroutines(root, monkeypatch):
+    from logstore import _fileio
+    calls = []
+    real = _fileio.FileOps.fdatasync
+
+    def counting(self, fd):
+        calls.append(fd)
+        return real(self, fd)
+
+    monkeypatch.setattr(_fileio.FileOps, "fdatasync", counting)
+    with Queue(root, "jobs") as q:
+        async def main():
+            return await asyncio.gather(*[q.aput(str(i).encode()) for i in range(50)])
+
+        metas = asyncio.run(main())
+        assert sorted(m.offset for m in metas) == list(range(50))
+        assert q.store.partition("jobs", 0).recovery_point == 50  # all fsynced on return
+        assert 1 <= len(calls) < 10  # one fsync served many coroutines
+        assert [m.value for m in drain(q)] == [str(i).encode() for i in range(50)]
+
+
+def test_get_many_and_ack_many(root):
+    with Queue(root, "jobs", partitions=2) as q:
+        q.put_many([bytes([i]) for i in range(10)], keys=[bytes([i % 3]) for i in range(10)])
+        msgs = q.get_many(7, timeout=0)
+        assert len(msgs) == 7 and len({(m.partition, m.offset) for m in msgs}) == 7
+        rest = q.get_many(7, timeout=0)
+        assert len(rest) == 3
+        assert q.get_many(3, timeout=0.05) == []
+        assert q.ack_many(msgs + rest) == 10
+        assert q.ack_many(msgs) == 0
+        assert q.qsize() == 0
+        with pytest.raises(ValueError):
+            q.get_many(0)
