@@ -30,9 +30,15 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Any, Iterable, Iterator, NamedTuple
+from typing import Any, Generator, Iterable, Iterator, NamedTuple
 
-from .errors import InvalidConfigError, LogClosedError, LogstoreError, OffsetOutOfRangeError
+from .errors import (
+    InvalidConfigError,
+    LogClosedError,
+    LogstoreError,
+    OffsetOutOfRangeError,
+    UnknownTopicOrPartitionError,
+)
 from .offsets import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIG, OffsetStore
 from .records import Record, TimestampType
 from .store import register_client
@@ -243,18 +249,29 @@ class Consumer:
         Raises:
             LogClosedError: the consumer or the store is closed.
         """
+        attempts = self._attempts(timeout, max_records, time.monotonic)
+        try:
+            while True:
+                seen, wait = next(attempts)
+                self.store.wait(seen, wait)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+    def _attempts(self, timeout: float, max_records: int | None,
+                  clock: Any) -> Generator[tuple[int, float], None, list[ConsumerRecord]]:
+        """The poll loop without its way of waiting: fetches, and when nothing is there yields
+        (notification counter, seconds left) and fetches again; returns the records."""
         limit = self.max_poll_records if max_records is None else max_records
-        deadline = time.monotonic() + max(0.0, timeout)
-        store = self.store
+        deadline = clock() + max(0.0, timeout)
         while True:
-            seen = store.notification()
+            seen = self.store.notification()
             records = self._fetch(limit)
             if records:
                 return records
-            remaining = deadline - time.monotonic()
+            remaining = deadline - clock()
             if remaining <= 0:
                 return []
-            store.wait(seen, remaining)
+            yield seen, remaining
 
     def _fetch(self, limit: int) -> list[ConsumerRecord]:
         out: list[ConsumerRecord] = []
@@ -302,19 +319,14 @@ class Consumer:
         """:meth:`poll` for asyncio: fetching runs on the event loop (reads of the page cache),
         waiting runs in the default executor, so the loop is never blocked. Cancelling it loses
         nothing: positions move only when records are returned."""
-        limit = self.max_poll_records if max_records is None else max_records
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(0.0, timeout)
-        store = self.store
-        while True:
-            seen = store.notification()
-            records = self._fetch(limit)
-            if records:
-                return records
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return []
-            await loop.run_in_executor(None, store.wait, seen, min(remaining, 0.5))
+        attempts = self._attempts(timeout, max_records, loop.time)
+        try:
+            while True:
+                seen, wait = next(attempts)
+                await loop.run_in_executor(None, self.store.wait, seen, min(wait, 0.5))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ positions
     def _check_assigned(self, topic: str, partition: int) -> TopicPartition:
@@ -379,11 +391,17 @@ class Consumer:
         """
         with self._lock:
             self._sync()
+            to_commit: dict[TopicPartition, int]
             if offsets is None:
-                offsets = dict(self._positions)
+                to_commit = dict(self._positions)
             else:
-                offsets = {TopicPartition(*tp): off for tp, off in offsets.items()}
-            self._offsets.commit(self.group, offsets)
+                to_commit = {}
+                for (topic, partition), off in offsets.items():
+                    count = self.store.partitions_for(topic)
+                    if partition.__class__ is not int or not 0 <= partition < count:
+                        raise UnknownTopicOrPartitionError(f"topic {topic!r} has no partition {partition!r}")
+                    to_commit[TopicPartition(topic, partition)] = off
+            self._offsets.commit(self.group, to_commit)
             self._last_commit = time.monotonic()
 
     def _maybe_auto_commit(self) -> None:

@@ -55,7 +55,7 @@ from .errors import (
     UnsupportedCodecError,
 )
 from .records import BatchBuilder, Record, RecordDecoder, encode_headers, parse_header
-from .shared import SHARED_FILE, SharedState, new_notify_page, new_view
+from .shared import SharedState, new_notify_page, new_view
 from .segment import (
     CLEANED_SUFFIX,
     DELETED_SUFFIX,
@@ -1656,14 +1656,18 @@ class Log:
                 self._release()
                 return
             try:
-                for segment in self._segments.values():
-                    segment.close(trim=True)
-                self._unlink_due_deletes(everything=True)
-                self._recovery_point = self._segments.peekitem(-1)[1].next_offset
-                self._write_checkpoints(force=True)
-                self._write_clean_shutdown_marker()
+                self._close_cleanly()
             finally:
                 self._release()
+
+    def _close_cleanly(self) -> None:
+        """Trim and fsync every segment, write the checkpoints, then the clean-shutdown marker."""
+        for segment in self._segments.values():
+            segment.close(trim=True)
+        self._unlink_due_deletes(everything=True)
+        self._recovery_point = self._segments.peekitem(-1)[1].next_offset
+        self._write_checkpoints(force=True)
+        self._write_clean_shutdown_marker()
 
     def _write_clean_shutdown_marker(self) -> None:
         marker = os.path.join(self.path, CLEAN_SHUTDOWN_FILE)
@@ -1686,15 +1690,10 @@ class Log:
             self._adopt_published()
             # Converting our shared hold of .lock to exclusive succeeds only for the last one.
             if _fileio.ops.lock(self._lock_fd):
-                for segment in self._segments.values():
-                    segment.close(trim=True)
-                self._unlink_due_deletes(everything=True)
-                self._recovery_point = self._segments.peekitem(-1)[1].next_offset
-                self._write_checkpoints(force=True)
-                self._write_clean_shutdown_marker()
+                self._close_cleanly()
             else:
                 segment = self._active
-                if segment is not None and not segment.closed and segment.size > self._flushed_offset - segment.base_offset:
+                if segment is not None and not segment.closed and segment.next_offset > self._flushed_offset:
                     segment.flush_data()
                 self._unlink_due_deletes(everything=True)
                 self._write_checkpoints(force=True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import struct
 import threading
 import time
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from .errors import CorruptRecordError, OffsetOutOfRangeError
 
@@ -151,8 +151,7 @@ class OffsetStore:
                     self._offsets[parsed] = (offset, metadata)
             self._position = records[-1].offset + 1
 
-    def commit(self, group: str, offsets: Mapping[tuple[str, int], int | tuple[int, str]],
-               durable: bool = True) -> None:
+    def commit(self, group: str, offsets: Mapping[Any, int | tuple[int, str]], durable: bool = True) -> None:
         """Commit ``{(topic, partition): offset or (offset, metadata)}`` for ``group`` atomically."""
         if not offsets:
             return

@@ -37,7 +37,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Generator, Iterable
 
 from .errors import InvalidConfigError, LogClosedError, OffsetOutOfRangeError, CorruptRecordError
 from .producer import RecordMetadata, default_partition
@@ -256,8 +256,11 @@ class Queue:
         if max_deliveries is not None and (isinstance(max_deliveries, bool) or not isinstance(max_deliveries, int)
                                            or max_deliveries < 1):
             raise InvalidConfigError(f"max_deliveries must be a positive int or None, got {max_deliveries!r}")
-        self._owns_store = not isinstance(root, LogStore)
-        self.store = LogStore(root) if self._owns_store else root  # type: ignore[arg-type]
+        self.store: LogStore
+        if isinstance(root, LogStore):
+            self.store, self._owns_store = root, False
+        else:
+            self.store, self._owns_store = LogStore(root), True
         try:
             self.name = name
             self.visibility_ms = int(visibility_timeout * 1000)
@@ -416,39 +419,43 @@ class Queue:
     def get(self, timeout: float | None = None) -> Message | None:
         """Lease the next message and return it, waiting up to ``timeout`` seconds (None:
         forever); None on timeout. Redeliveries (expired or nacked) come before new messages."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        store = self.store
-        while True:
-            seen = store.notification()
-            msg, next_time = self._try_get()
-            if msg is not None:
-                return msg
-            wait = None if deadline is None else deadline - time.monotonic()
-            if wait is not None and wait <= 0:
-                return None
-            if next_time is not None:
-                until_due = max(0.001, (next_time - _now_ms()) / 1000.0)
-                wait = until_due if wait is None else min(wait, until_due)
-            store.wait(seen, 1.0 if wait is None else min(wait, 1.0))
+        attempts = self._attempts(timeout, time.monotonic, 1.0)
+        try:
+            while True:
+                seen, wait = next(attempts)
+                self.store.wait(seen, wait)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
     async def aget(self, timeout: float | None = None) -> Message | None:
         """:meth:`get` for asyncio: the lease is taken on the event loop (a short critical
         section), waiting happens in the default executor. Cancelling it loses nothing."""
         loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        store = self.store
+        attempts = self._attempts(timeout, loop.time, 0.5)
+        try:
+            while True:
+                seen, wait = next(attempts)
+                await loop.run_in_executor(None, self.store.wait, seen, wait)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+    def _attempts(self, timeout: float | None, clock: Any, longest: float) -> Generator[tuple[int, float], None, Message | None]:
+        """The get loop without its way of waiting: tries to lease, and when nothing is ready
+        yields (notification counter, seconds to wait) — until the next lease expiry or
+        redelivery at most, and ``longest`` — then tries again; returns the message or None."""
+        deadline = None if timeout is None else clock() + timeout
         while True:
-            seen = store.notification()
+            seen = self.store.notification()
             msg, next_time = self._try_get()
             if msg is not None:
                 return msg
-            wait = None if deadline is None else deadline - loop.time()
+            wait = None if deadline is None else deadline - clock()
             if wait is not None and wait <= 0:
                 return None
             if next_time is not None:
                 until_due = max(0.001, (next_time - _now_ms()) / 1000.0)
                 wait = until_due if wait is None else min(wait, until_due)
-            await loop.run_in_executor(None, store.wait, seen, 0.5 if wait is None else min(wait, 0.5))
+            yield seen, longest if wait is None else min(wait, longest)
 
     def get_many(self, max_messages: int, timeout: float | None = None) -> list[Message]:
         """Lease up to ``max_messages`` messages at once (one pass through the state log's lock
