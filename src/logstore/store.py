@@ -34,6 +34,7 @@ import shutil
 import threading
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
@@ -153,8 +154,10 @@ class LogStore:
         self.cleaner_backoff_ms = _positive("cleaner_backoff_ms", cleaner_backoff_ms)
         self._lock = threading.RLock()
         self._logs: dict[tuple[str, int], Log] = {}
+        self._clients: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._topics_cache: dict[str, tuple[int, dict[str, str]]] = {}
         self._closed = False
+        self._closing = False
         self._cleaner = Cleaner() if cleaner else None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -421,12 +424,22 @@ class LogStore:
 
     # ------------------------------------------------------------------ clients
     def producer(self, **options: Any) -> Any:
-        """A :class:`logstore.Producer` for this store (see its arguments)."""
-        return _CLIENTS["producer"](self, **options)
+        """A :class:`logstore.Producer` for this store (see its arguments). Closing the store
+        closes it first (writing what it holds)."""
+        return self._track(_CLIENTS["producer"](self, **options))
 
     def consumer(self, group: str, topics: str | list[str], **options: Any) -> Any:
-        """A :class:`logstore.Consumer` in ``group`` reading ``topics`` (see its arguments)."""
-        return _CLIENTS["consumer"](self, group, topics, **options)
+        """A :class:`logstore.Consumer` in ``group`` reading ``topics`` (see its arguments).
+        Closing the store closes it first (committing, with auto-commit)."""
+        return self._track(_CLIENTS["consumer"](self, group, topics, **options))
+
+    def _track(self, client: Any) -> Any:
+        with self._lock:
+            if self._closing:
+                client.close()
+            self._check_open()
+            self._clients.add(client)
+        return client
 
     # ------------------------------------------------------------------ waiting
     def wait(self, seen: int, timeout: float | None) -> None:
@@ -501,10 +514,19 @@ class LogStore:
         return self._closed
 
     def close(self) -> None:
-        """Stop the scheduler and close every partition (each as Log.close). Idempotent."""
+        """Close the producers and consumers made by this store (they write and commit what they
+        hold), stop the scheduler and close every partition (each as Log.close). Idempotent."""
         with self._lock:
-            if self._closed:
+            if self._closed or self._closing:
                 return
+            self._closing = True
+        errors = []
+        for client in list(self._clients):
+            try:
+                client.close()
+            except Exception as exc:  # noqa: BLE001 - close the rest, then report
+                errors.append(exc)
+        with self._lock:
             self._closed = True
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
@@ -512,7 +534,6 @@ class LogStore:
         with self._lock:
             logs = list(self._logs.values())
             self._logs.clear()
-        errors = []
         for log in logs:
             try:
                 log.close()

@@ -646,3 +646,19 @@ def test_unsupported_meta_version_raises(root, content):
 def test_public_exports():
     assert logstore.LogStore is LogStore
     assert logstore.TopicDescription is not None
+
+
+def test_closing_the_store_closes_its_producers_and_consumers_first(tmp_path):
+    store = LogStore(str(tmp_path / "s"), maintenance=False)
+    store.create_topic("t", 1)
+    producer = store.producer(linger_ms=60_000)
+    future = producer.send("t", b"pending")
+    consumer = store.consumer("g", "t")
+    assert consumer.assignment() == {("t", 0)}  # has a position (0) to commit
+    store.close()
+    assert future.result(timeout=5).offset == 0  # written by the producer's close
+    assert consumer.closed
+    with LogStore(str(tmp_path / "s"), maintenance=False) as again:
+        assert [r.value for r in again.partition("t", 0).read(0)] == [b"pending"]
+        c = again.consumer("g", "t")
+        assert c.committed("t", 0) == 0  # the consumer committed its position at close
