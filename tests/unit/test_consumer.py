@@ -830,3 +830,32 @@ def test_sigkill_during_commits_leaves_a_committed_offset(tmp_path):
     assert progressed >= 1
     assert previous is not None and previous > 0
     assert time.monotonic() - began < 15
+
+
+def test_long_poll_wakes_on_an_append_through_another_store_object(tmp_path):
+    # Two LogStore objects on one root map .notify separately and lock through separate file
+    # descriptions, exactly as two processes do.
+    root = str(tmp_path / "shared")
+    a = LogStore(root, maintenance=False)
+    b = LogStore(root, maintenance=False)
+    try:
+        a.create_topic("t", 2)
+        consumer = b.consumer("g", "t", auto_offset_reset="latest")
+        assert consumer.poll(0) == []
+        got = []
+
+        def wait():
+            t0 = time.monotonic()
+            got.append((consumer.poll(timeout=5), time.monotonic() - t0))
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        time.sleep(0.2)
+        a.partition("t", 1).append(b"across")
+        thread.join()
+        records, elapsed = got[0]
+        assert [r.value for r in records] == [b"across"]
+        assert elapsed < 0.2 + 0.3
+    finally:
+        b.close()
+        a.close()
