@@ -36,6 +36,7 @@ from . import _fileio, compression
 from ._native import check, ffi, lib
 from .checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
+    LEADER_EPOCH_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
     CorruptCheckpointError,
@@ -43,6 +44,7 @@ from .checkpoint import (
 )
 from .cleaner import CleanerReport, CleanerState, OffsetMap, build_offset_map, clean_batches
 from .config import LogConfig
+from .epochs import UNDEFINED_EPOCH, LeaderEpochCache
 from .errors import (
     CorruptIndexError,
     CorruptRecordError,
@@ -165,6 +167,7 @@ class Log:
         self._start_offsets = OffsetCheckpoints(self.log_dir, LOG_START_OFFSET_CHECKPOINT)
         self._cleaner_offsets = OffsetCheckpoints(self.log_dir, CLEANER_OFFSET_CHECKPOINT)
         self._cleaner_state = CleanerState()
+        self.leader_epochs: LeaderEpochCache | None = None
         self._log_start_offset = 0
         self._high_watermark: int | None = None
         self._recovery_point = 0
@@ -571,11 +574,28 @@ class Log:
             self._recovery_point = min(max(recovery_point, start), end_offset) if not clean else end_offset
         self._flushed_offset = self._recovery_point
         self._update_flush_at()
+        self._load_leader_epochs(start, end_offset)
         ops.fsync_dir(self.path)
         self._write_checkpoints(force=True)
         self.recovery_report = RecoveryReport(clean, recovered, truncated, deleted, rebuilt)
         if truncated:
             logger.warning("%s: recovery dropped %d bytes of invalid data", self.path, truncated)
+
+    def _load_leader_epochs(self, start: int, end: int) -> None:
+        """Read leader-epoch-checkpoint, drop what recovery truncated, and stamp the latest epoch
+        into new batches. A damaged file is dropped with a warning: epochs are learnt again
+        from the next assignment or replicated batch."""
+        try:
+            cache = LeaderEpochCache(self.path)
+        except CorruptCheckpointError as exc:
+            logger.warning("%s; starting an empty leader epoch cache", exc)
+            _fileio.ops.unlink(os.path.join(self.path, LEADER_EPOCH_CHECKPOINT))
+            cache = LeaderEpochCache(self.path)
+        cache.truncate_from_end(end)
+        cache.truncate_from_start(start)
+        self.leader_epochs = cache
+        if cache.latest_epoch >= 0 and self._active is not None:
+            self._active.appender.partition_leader_epoch = cache.latest_epoch
 
     def _read_checkpoints(self) -> tuple[int | None, int | None]:
         """(recovery point, log start offset) from the log directory's checkpoint files.
@@ -1161,6 +1181,9 @@ class Log:
 
     def _write_checkpoints(self, force: bool = False) -> None:
         self._last_checkpoint = time.monotonic()
+        if self.leader_epochs is not None and self.leader_epochs.entries and \
+                self.leader_epochs.entries[0][1] < self._log_start_offset:
+            self.leader_epochs.truncate_from_start(self._log_start_offset)
         self._recovery_points.update({self._key: self._recovery_point})
         self._start_offsets.update({self._key: self._log_start_offset})
 
@@ -1306,6 +1329,149 @@ class Log:
                     return record.offset
             return None
 
+    # ------------------------------------------------------------------ replication primitives
+    def assign_leader_epoch(self, epoch: int) -> None:
+        """Become the leader of ``epoch``: record (epoch, log end offset) in
+        leader-epoch-checkpoint (fsynced) and stamp the epoch into every batch appended from now
+        on (partitionLeaderEpoch). Thread-safe.
+
+        Raises:
+            ValueError: ``epoch`` is older than the latest epoch of the log.
+        """
+        with self._lock, self._w:
+            self._check_open()
+            cache = self.leader_epochs
+            assert cache is not None
+            if epoch < cache.latest_epoch:
+                raise ValueError(f"{self.path}: leader epoch {epoch} is older than the log's latest "
+                                 f"epoch {cache.latest_epoch}")
+            cache.assign(epoch, self._appender.next_offset)
+            self._appender.partition_leader_epoch = epoch
+
+    @property
+    def latest_epoch(self) -> int:
+        """The newest leader epoch in the log's history, -1 when none."""
+        with self._lock:
+            self._check_open()
+            assert self.leader_epochs is not None
+            return self.leader_epochs.latest_epoch
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """(epoch, end offset) as Kafka's OffsetsForLeaderEpoch answers it (see
+        :meth:`LeaderEpochCache.end_offset_for`). Thread-safe."""
+        with self._lock:
+            self._check_open()
+            self._follow()
+            assert self.leader_epochs is not None
+            return self.leader_epochs.end_offset_for(epoch, self._appender.next_offset)
+
+    def read_raw(self, offset: int, max_bytes: int = _DEFAULT_MAX_BYTES) -> bytes:
+        """Whole batches, byte for byte as stored, from the one holding ``offset`` on (at least
+        one batch when there is one, else about ``max_bytes``), for a follower's fetch. Reads
+        stop at the log end (not the high watermark). CRCs are checked. Thread-safe.
+
+        Raises:
+            OffsetOutOfRangeError: ``offset`` outside [log start, log end].
+            CorruptRecordError: a batch on the way is invalid.
+        """
+        offset = self._check_offset_arg(offset)
+        with self._lock:
+            self._check_open()
+            self._follow()
+            end = self._appender.next_offset
+            if offset < self._log_start_offset or offset > end:
+                raise OffsetOutOfRangeError(offset, self._log_start_offset, end, f"read_raw from {self.path}")
+            segments = self._segments
+            i = max(0, segments.bisect_right(offset) - 1)
+            keys = segments.keys()
+            while i < len(keys):
+                segment = segments[keys[i]]
+                position, length = segment.read_raw(offset, max_bytes)
+                if length:
+                    return bytes(segment.buffer[position:position + length])
+                i += 1
+            return b""
+
+    def append_replicated(self, data: bytes | bytearray | memoryview) -> int:
+        """Append batches copied from a leader byte for byte: offsets, timestamps and
+        partitionLeaderEpoch are kept, and the epoch cache learns every new epoch. The first
+        batch must start at or after the log end offset (a gap is allowed: a compacted leader
+        has them). Returns the new log end offset. Durability as :meth:`append`. Thread-safe.
+
+        Raises:
+            CorruptRecordError: a batch is invalid (the valid batches before it are appended).
+            OffsetOutOfRangeError: a batch starts below the log end (truncate first).
+        """
+        view = memoryview(data).cast("B")
+        n = len(view)
+        hdr = ffi.new("ls_batch_header *")
+        crc = ffi.new("uint32_t *")
+        with self._lock, self._w:
+            self._check_open()
+            cache = self.leader_epochs
+            assert cache is not None
+            own_epoch = self._appender.partition_leader_epoch
+            position = 0
+            try:
+                with self._io_guard():
+                    while position < n:
+                        chunk = view[position:]
+                        size = lib.ls_batch_validate(ffi.from_buffer(chunk), n - position,
+                                                     self.config.max_message_bytes, hdr, crc)
+                        if size < 0:
+                            check(size, "<replicated data>", position, stored_crc=hdr.crc, computed_crc=crc[0],
+                                  size=hdr.batch_length + lib.LS_LOG_OVERHEAD, limit=self.config.max_message_bytes)
+                        end = self._appender.next_offset
+                        if hdr.base_offset < end:
+                            raise OffsetOutOfRangeError(hdr.base_offset, self._log_start_offset, end,
+                                                        f"replicated batch for {self.path} overlaps the log")
+                        epoch = hdr.partition_leader_epoch
+                        if epoch > cache.latest_epoch:
+                            cache.assign(epoch, hdr.base_offset)
+                        batch = bytes(chunk[:size])
+                        if hdr.base_offset > end:
+                            if self._active.size > 0 and hdr.base_offset - self._active.base_offset > 2**31 - 1 - hdr.last_offset_delta:  # type: ignore[union-attr]
+                                self._roll()
+                            if self._active.size == 0 and self._active.base_offset != hdr.base_offset:  # type: ignore[union-attr]
+                                self._replace_empty_active(hdr.base_offset)
+                            else:
+                                self._appender.next_offset = hdr.base_offset
+                        self._appender.partition_leader_epoch = epoch
+                        offset = self._active.append_batch(batch)  # type: ignore[union-attr]
+                        if offset == lib.LS_ERR_FULL:
+                            self._make_room(size)
+                            self._appender.partition_leader_epoch = epoch
+                            offset = self._active.append_batch(batch)  # type: ignore[union-attr]
+                        if offset < 0:
+                            check(offset, self._active.path, size=size, limit=self.config.max_message_bytes)  # type: ignore[union-attr]
+                        position += size
+            finally:
+                if self._appender is not _CLOSED_APPENDER:
+                    self._appender.partition_leader_epoch = max(own_epoch, cache.latest_epoch)
+            last = self._appender.next_offset
+        if last - 1 >= self._flush_at:
+            self._after_append(last - 1)
+        return last
+
+    def _replace_empty_active(self, base: int) -> None:
+        """The empty active segment gives way to one based at ``base`` (a replicated batch
+        after a gap: offsets of one segment must stay within 2^31 of its base)."""
+        self._begin_layout_change()
+        old = self._active
+        assert old is not None and old.size == 0
+        del self._segments[old.base_offset]
+        old.abandon()
+        self._delete_files_now(old.base_offset)
+        segment = LogSegment.create(self.path, base, leader_epoch=self._appender.partition_leader_epoch,
+                                    **self._settings)
+        _fileio.ops.fsync_dir(self.path)
+        self._segments[base] = segment
+        self._set_active(segment)
+        if len(self._segments) == 1:  # the log was empty: it now starts at base
+            self._log_start_offset = base
+            self._recovery_point = max(self._recovery_point, base)
+            self._flushed_offset = max(self._flushed_offset, base)
+
     # ------------------------------------------------------------------ truncation and deletion
     def truncate_to(self, offset: int) -> None:
         """Remove every record with offset >= ``offset`` (the log end becomes ``offset``).
@@ -1347,6 +1513,10 @@ class Log:
         self._flushed_offset = min(self._flushed_offset, self._recovery_point)
         if self._high_watermark is not None:
             self._high_watermark = min(self._high_watermark, self._appender.next_offset)
+        if self.leader_epochs is not None:
+            self.leader_epochs.truncate_from_end(self._appender.next_offset)
+            if offset <= self._log_start_offset:
+                self.leader_epochs.truncate_from_start(offset)
         self._write_checkpoints(force=True)
 
     def _replace_all_segments(self, base: int) -> None:

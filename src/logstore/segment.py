@@ -545,6 +545,45 @@ class LogSegment:
                 return position
         return 0
 
+    def read_raw(self, offset: int, max_bytes: int) -> tuple[int, int]:
+        """(position, length) of the whole batches from the one holding ``offset`` on: at least
+        one batch when any holds offsets >= ``offset``, then more while the total stays within
+        ``max_bytes`` (as a Kafka fetch returns them). Every batch is CRC-checked first.
+
+        Raises:
+            CorruptRecordError: a batch on the way is invalid.
+        """
+        size = self.size
+        if size == 0 or offset >= self.next_offset:
+            return 0, 0
+        position = self.find_position(offset) if offset > self.base_offset else 0
+        buf = self.buffer
+        ptr = ffi.from_buffer(buf)
+        hdr = ffi.new("ls_batch_header *")
+        crc = ffi.new("uint32_t *")
+        start = -1
+        end = position
+        try:
+            while end < size:
+                n = lib.ls_batch_validate(ptr + end, size - end, self.max_batch_bytes, hdr, crc)
+                if n < 0:
+                    stored = hdr.crc if n == lib.LS_ERR_CRC else None
+                    raise CorruptRecordError(self.path, end, _status_words(n), stored,
+                                             crc[0] if n == lib.LS_ERR_CRC else None)
+                last = hdr.base_offset + hdr.last_offset_delta
+                if start < 0:
+                    if last < offset:
+                        end += n
+                        position = end
+                        continue
+                    start = position
+                elif end + n - start > max_bytes:
+                    break
+                end += n
+        finally:
+            ffi.release(ptr)
+        return (start, end - start) if start >= 0 else (0, 0)
+
     def _header_plausible(self, position: int) -> bool:
         """True if a batch header with magic 2 and a length inside the segment starts here."""
         buf = self.buffer
