@@ -44,7 +44,7 @@ from .checkpoint import (
 )
 from .cleaner import CleanerReport, CleanerState, OffsetMap, build_offset_map, clean_batches
 from .config import LogConfig
-from .epochs import UNDEFINED_EPOCH, LeaderEpochCache
+from .epochs import LeaderEpochCache
 from .errors import (
     CorruptIndexError,
     CorruptRecordError,

@@ -1,0 +1,332 @@
+"""The replication wire protocol: frames, field codecs and the shared-secret handshake.
+
+Every message is one frame, big-endian::
+
+    int32 length      bytes after this field (header + payload); checked against the cap
+                      before anything is allocated
+    int16 type        request or response type (RequestType)
+    int16 version     of that type's payload layout
+    int32 correlation id, echoed by the response
+    payload           fields of the type, read with :class:`Reader`
+
+The frame cap is ``PRE_AUTH_MAX_FRAME`` (4 KiB) until the peer has authenticated, then the
+connection's configured maximum (default 1 MiB + ``BATCH_OVERHEAD``). Payload fields: intN,
+``bytes`` (int32 length, -1 for null), ``string`` (int16 length + UTF-8), arrays (int32 count,
+checked against the bytes left times the element's minimum size before any list is built).
+
+Handshake (mutual, the secret never crosses the wire; HMAC-SHA256):
+
+1. client -> HELLO: int32 node id (-1 for a client), 32-byte client nonce
+2. server -> CHALLENGE: 32-byte server nonce, HMAC(secret, "logstore-server" + cn + sn)
+3. client checks the server's proof, then -> AUTH: HMAC(secret, "logstore-client" + sn + cn)
+4. server checks it (constant-time compare) -> AUTH_OK, or closes the connection
+
+FORMAT.md documents the frame and handshake layouts. Thread-safety: the functions are pure; a
+:class:`Reader` belongs to one thread.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import os
+import socket
+import struct
+from typing import Callable, TypeVar
+
+from .errors import LogstoreError
+
+__all__ = [
+    "RequestType", "FrameError", "AuthenticationError", "Frame", "Reader", "Writer",
+    "encode_frame", "decode_frame", "recv_frame", "send_frame",
+    "client_handshake", "server_handshake", "PRE_AUTH_MAX_FRAME", "DEFAULT_MAX_FRAME", "BATCH_OVERHEAD",
+]
+
+PRE_AUTH_MAX_FRAME = 4096
+BATCH_OVERHEAD = 4096
+DEFAULT_MAX_FRAME = (1 << 20) + BATCH_OVERHEAD
+HEADER = struct.Struct(">ihhi")        # length, type, version, correlation id
+HEADER_AFTER_LENGTH = HEADER.size - 4
+NONCE_SIZE = 32
+MAC_SIZE = 32
+_SERVER_LABEL = b"logstore-server"
+_CLIENT_LABEL = b"logstore-client"
+T = TypeVar("T")
+
+
+class RequestType(enum.IntEnum):
+    HELLO = 1
+    CHALLENGE = 2
+    AUTH = 3
+    AUTH_OK = 4
+    ERROR = 5
+    PRODUCE = 10
+    FETCH = 11
+    VOTE = 12
+    BEGIN_EPOCH = 13
+    OFFSETS_FOR_EPOCH = 14
+    METADATA = 15
+
+
+class FrameError(LogstoreError):
+    """A frame or field that breaks the protocol: bad length, truncated field, unknown type."""
+
+
+class AuthenticationError(LogstoreError):
+    """The peer did not prove that it knows the shared secret (or we could not)."""
+
+
+class Frame:
+    """A decoded frame: its type, version, correlation id and payload bytes."""
+
+    __slots__ = ("type", "version", "correlation_id", "payload")
+
+    def __init__(self, type: int, version: int, correlation_id: int, payload: bytes) -> None:
+        self.type = type
+        self.version = version
+        self.correlation_id = correlation_id
+        self.payload = payload
+
+    def reader(self) -> "Reader":
+        return Reader(self.payload)
+
+    def __repr__(self) -> str:
+        return f"Frame(type={self.type}, version={self.version}, id={self.correlation_id}, {len(self.payload)} bytes)"
+
+
+# ---------------------------------------------------------------------- fields
+class Reader:
+    """Reads payload fields, checking every length against the bytes that remain."""
+
+    __slots__ = ("_buf", "_pos")
+
+    def __init__(self, buf: bytes | memoryview) -> None:
+        self._buf = memoryview(buf).cast("B") if not isinstance(buf, bytes) else buf
+        self._pos = 0
+
+    @property
+    def remaining(self) -> int:
+        return len(self._buf) - self._pos
+
+    def _take(self, n: int, what: str) -> bytes:
+        if n < 0 or n > self.remaining:
+            raise FrameError(f"{what}: needs {n} bytes, {self.remaining} left")
+        start = self._pos
+        self._pos += n
+        return bytes(self._buf[start:self._pos])
+
+    def _unpack(self, fmt: struct.Struct, what: str) -> int:
+        return fmt.unpack(self._take(fmt.size, what))[0]  # type: ignore[no-any-return]
+
+    def int8(self, what: str = "int8") -> int:
+        return self._unpack(_I8, what)
+
+    def int16(self, what: str = "int16") -> int:
+        return self._unpack(_I16, what)
+
+    def int32(self, what: str = "int32") -> int:
+        return self._unpack(_I32, what)
+
+    def int64(self, what: str = "int64") -> int:
+        return self._unpack(_I64, what)
+
+    def raw(self, n: int, what: str = "bytes") -> bytes:
+        return self._take(n, what)
+
+    def blob(self, what: str = "bytes") -> bytes | None:
+        """A ``bytes`` field: int32 length (-1 for null) and the bytes."""
+        n = self.int32(what + " length")
+        if n == -1:
+            return None
+        if n < -1:
+            raise FrameError(f"{what}: negative length {n}")
+        return self._take(n, what)
+
+    def string(self, what: str = "string") -> str:
+        n = self.int16(what + " length")
+        if n < 0:
+            raise FrameError(f"{what}: negative length {n}")
+        try:
+            return self._take(n, what).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise FrameError(f"{what}: not UTF-8 ({exc})") from None
+
+    def array(self, read_item: Callable[["Reader"], T], min_item_size: int, what: str = "array") -> list[T]:
+        count = self.int32(what + " count")
+        if count < 0 or count * max(1, min_item_size) > self.remaining:
+            raise FrameError(f"{what}: {count} items cannot fit in the {self.remaining} bytes left")
+        return [read_item(self) for _ in range(count)]
+
+    def end(self) -> None:
+        """Require that every byte was read."""
+        if self.remaining:
+            raise FrameError(f"{self.remaining} unexpected bytes after the last field")
+
+
+class Writer:
+    """Builds a payload."""
+
+    __slots__ = ("_parts",)
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+
+    def int8(self, v: int) -> "Writer":
+        self._parts.append(_I8.pack(v))
+        return self
+
+    def int16(self, v: int) -> "Writer":
+        self._parts.append(_I16.pack(v))
+        return self
+
+    def int32(self, v: int) -> "Writer":
+        self._parts.append(_I32.pack(v))
+        return self
+
+    def int64(self, v: int) -> "Writer":
+        self._parts.append(_I64.pack(v))
+        return self
+
+    def raw(self, b: bytes) -> "Writer":
+        self._parts.append(bytes(b))
+        return self
+
+    def blob(self, b: bytes | None) -> "Writer":
+        if b is None:
+            return self.int32(-1)
+        self.int32(len(b))
+        self._parts.append(bytes(b))
+        return self
+
+    def string(self, s: str) -> "Writer":
+        raw = s.encode("utf-8")
+        if len(raw) > 32767:
+            raise ValueError(f"string of {len(raw)} bytes does not fit an int16 length")
+        self.int16(len(raw))
+        self._parts.append(raw)
+        return self
+
+    def array(self, items: list[T], write_item: Callable[["Writer", T], object]) -> "Writer":
+        self.int32(len(items))
+        for item in items:
+            write_item(self, item)
+        return self
+
+    def payload(self) -> bytes:
+        return b"".join(self._parts)
+
+
+_I8 = struct.Struct(">b")
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+
+
+# ---------------------------------------------------------------------- frames
+def encode_frame(type: int, correlation_id: int, payload: bytes = b"", version: int = 0) -> bytes:
+    length = HEADER_AFTER_LENGTH + len(payload)
+    return HEADER.pack(length, type, version, correlation_id) + payload
+
+
+def decode_frame(data: bytes, max_frame: int = DEFAULT_MAX_FRAME) -> tuple[Frame, int]:
+    """Decode the frame at the start of ``data``; returns it and the bytes it took.
+
+    Raises:
+        FrameError: incomplete, or a length below the header or above ``max_frame``.
+    """
+    if len(data) < 4:
+        raise FrameError(f"frame length needs 4 bytes, got {len(data)}")
+    (length,) = _I32.unpack_from(data, 0)
+    _check_length(length, max_frame)
+    if len(data) < 4 + length:
+        raise FrameError(f"frame of {length} bytes is truncated at {len(data) - 4}")
+    _, type_, version, correlation = HEADER.unpack_from(data, 0)
+    return Frame(type_, version, correlation, bytes(data[HEADER.size:4 + length])), 4 + length
+
+
+def _check_length(length: int, max_frame: int) -> None:
+    if length < HEADER_AFTER_LENGTH:
+        raise FrameError(f"frame length {length} is shorter than the {HEADER_AFTER_LENGTH}-byte header")
+    if length > max_frame:
+        raise FrameError(f"frame length {length} exceeds the limit of {max_frame} bytes")
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytearray:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionError(f"connection closed after {got} of {n} bytes")
+        got += k
+    return buf
+
+
+def recv_frame(sock: socket.socket, max_frame: int) -> Frame:
+    """Read one frame from a socket; the length is checked before the payload is allocated."""
+    (length,) = _I32.unpack(_recv_exactly(sock, 4))
+    _check_length(length, max_frame)
+    rest = _recv_exactly(sock, length)
+    type_, version, correlation = struct.unpack_from(">hhi", rest, 0)
+    return Frame(type_, version, correlation, bytes(rest[HEADER_AFTER_LENGTH:]))
+
+
+def send_frame(sock: socket.socket, type: int, correlation_id: int, payload: bytes = b"", version: int = 0) -> None:
+    sock.sendall(encode_frame(type, correlation_id, payload, version))
+
+
+# ---------------------------------------------------------------------- handshake
+def _mac(secret: bytes, label: bytes, a: bytes, b: bytes) -> bytes:
+    return hmac.new(secret, label + a + b, hashlib.sha256).digest()
+
+
+def client_handshake(sock: socket.socket, secret: bytes, node_id: int = -1) -> None:
+    """Authenticate to a server (and make it prove itself). Raises AuthenticationError."""
+    client_nonce = os.urandom(NONCE_SIZE)
+    send_frame(sock, RequestType.HELLO, 0, Writer().int32(node_id).raw(client_nonce).payload())
+    frame = recv_frame(sock, PRE_AUTH_MAX_FRAME)
+    if frame.type == RequestType.ERROR:
+        raise AuthenticationError(f"server refused the handshake: {frame.reader().string('error')}")
+    if frame.type != RequestType.CHALLENGE:
+        raise AuthenticationError(f"expected CHALLENGE, got frame type {frame.type}")
+    r = frame.reader()
+    server_nonce = r.raw(NONCE_SIZE, "server nonce")
+    proof = r.raw(MAC_SIZE, "server proof")
+    r.end()
+    if not hmac.compare_digest(proof, _mac(secret, _SERVER_LABEL, client_nonce, server_nonce)):
+        raise AuthenticationError("the server does not know the shared secret")
+    send_frame(sock, RequestType.AUTH, 0, _mac(secret, _CLIENT_LABEL, server_nonce, client_nonce))
+    frame = recv_frame(sock, PRE_AUTH_MAX_FRAME)
+    if frame.type != RequestType.AUTH_OK:
+        raise AuthenticationError("the server rejected our proof of the shared secret")
+
+
+def server_handshake(sock: socket.socket, secret: bytes) -> int:
+    """Authenticate a connecting peer; returns its node id (-1 for a client).
+
+    Raises:
+        AuthenticationError / FrameError: the peer failed; the caller closes the connection.
+    """
+    frame = recv_frame(sock, PRE_AUTH_MAX_FRAME)
+    if frame.type != RequestType.HELLO:
+        raise AuthenticationError(f"expected HELLO, got frame type {frame.type}")
+    r = frame.reader()
+    node_id = r.int32("node id")
+    client_nonce = r.raw(NONCE_SIZE, "client nonce")
+    r.end()
+    server_nonce = os.urandom(NONCE_SIZE)
+    send_frame(sock, RequestType.CHALLENGE, 0,
+               server_nonce + _mac(secret, _SERVER_LABEL, client_nonce, server_nonce))
+    frame = recv_frame(sock, PRE_AUTH_MAX_FRAME)
+    if frame.type != RequestType.AUTH:
+        raise AuthenticationError(f"expected AUTH, got frame type {frame.type}")
+    r = frame.reader()
+    proof = r.raw(MAC_SIZE, "client proof")
+    r.end()
+    if not hmac.compare_digest(proof, _mac(secret, _CLIENT_LABEL, server_nonce, client_nonce)):
+        send_frame(sock, RequestType.ERROR, 0, Writer().string("authentication failed").payload())
+        raise AuthenticationError("the peer does not know the shared secret")
+    send_frame(sock, RequestType.AUTH_OK, 0)
+    return node_id
