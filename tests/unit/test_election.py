@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from logstore import LogstoreError
-from logstore.election import NONE, Election, QuorumState, QuorumStateFile, Role
+from logstore.election import NONE, Election, QuorumStateFile, Role
 
 
 def node(tmp_path, node_id, voters=(1, 2, 3)):
