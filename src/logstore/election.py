@@ -178,6 +178,8 @@ class Election:
         """Stop leading (lost contact with a majority); the epoch stays, a new one elects."""
         if self.role is not Role.FOLLOWER:
             self.role = Role.FOLLOWER
+        if self.state.leader == self.node_id:
+            self._persist(replace(self.state, leader=NONE))
 
     @staticmethod
     def election_timeout(base_s: float, rng: random.Random | None = None) -> float:

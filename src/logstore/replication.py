@@ -1,0 +1,606 @@
+"""Replication: leader/follower replica sets over TCP (work in progress, see issue 5).
+
+Each replicated partition is its own Raft group (KIP-595's rules, election.py): its replicas
+elect a leader per epoch; the leader stamps its epoch into every batch it appends; followers
+fetch from the leader with (fetch offset, last fetched epoch) and either get batches (copied byte
+for byte), or a diverging (epoch, end offset) that makes them truncate (KIP-101/KIP-279); the
+high watermark is the offset held by a majority and only advances over records of the leader's
+own epoch. acks=all waits for the high watermark; a leader that a higher epoch deposed can never
+advance it again, so it can never acknowledge.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from .election import NONE, Election, QuorumStateFile, Role
+from .errors import LogstoreError, OffsetOutOfRangeError
+from .store import LogStore
+from .wire import (
+    DEFAULT_MAX_FRAME,
+    FrameError,
+    Reader,
+    RequestType,
+    Writer,
+    client_handshake,
+    recv_frame,
+    send_frame,
+    server_handshake,
+)
+
+__all__ = ["ReplicaNode", "Client", "NotLeaderError", "NotEnoughReplicasError", "ReplicationError"]
+
+logger = logging.getLogger("logstore.replication")
+
+OK = 0
+NOT_LEADER = 1
+NOT_ENOUGH_REPLICAS = 2
+FENCED_EPOCH = 3
+TIMEOUT = 4
+UNKNOWN_PARTITION = 5
+OUT_OF_RANGE = 6
+INVALID = 7
+_ERRORS = {NOT_LEADER: "not the leader", NOT_ENOUGH_REPLICAS: "not enough in-sync replicas",
+           FENCED_EPOCH: "fenced epoch", TIMEOUT: "timed out", UNKNOWN_PARTITION: "unknown partition",
+           OUT_OF_RANGE: "offset out of range", INVALID: "invalid request"}
+
+
+class ReplicationError(LogstoreError):
+    """A replication request failed (the message says why)."""
+
+    def __init__(self, message: str, code: int = INVALID, leader: int = NONE) -> None:
+        super().__init__(message)
+        self.code = code
+        self.leader = leader
+
+
+class NotLeaderError(ReplicationError):
+    """The node asked is not the partition's leader; ``leader`` names the one it knows (or -1)."""
+
+
+class NotEnoughReplicasError(ReplicationError):
+    """Fewer than min_insync_replicas replicas are in sync; nothing was written (acks="all")."""
+
+
+def _raise_for(code: int, leader: int, what: str) -> None:
+    if code == OK:
+        return
+    text = f"{what}: {_ERRORS.get(code, f'error {code}')}"
+    if code == NOT_LEADER:
+        raise NotLeaderError(text + (f" (leader: node {leader})" if leader != NONE else ""), code, leader)
+    if code == NOT_ENOUGH_REPLICAS:
+        raise NotEnoughReplicasError(text, code, leader)
+    raise ReplicationError(text, code, leader)
+
+
+# ---------------------------------------------------------------------- connections
+class _Connection:
+    """One authenticated client connection to a peer (request/response, one at a time)."""
+
+    def __init__(self, address: tuple[str, int], secret: bytes, node_id: int, timeout: float,
+                 max_frame: int) -> None:
+        self.sock = socket.create_connection(address, timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        client_handshake(self.sock, secret, node_id)
+        self.max_frame = max_frame
+        self._next = 1
+
+    def request(self, type: int, payload: bytes, timeout: float | None = None) -> Reader:
+        cid = self._next
+        self._next += 1
+        if timeout is not None:
+            self.sock.settimeout(timeout)
+        send_frame(self.sock, type, cid, payload)
+        frame = recv_frame(self.sock, self.max_frame)
+        if frame.correlation_id != cid:
+            raise FrameError(f"response {frame.correlation_id} to request {cid}")
+        return frame.reader()
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+# ---------------------------------------------------------------------- partition state
+@dataclass
+class _Replica:
+    topic: str
+    partition: int
+    log: Any
+    election: Election
+    deadline: float = 0.0
+    hw: int = 0
+    leo: dict[int, int] = field(default_factory=dict)            # follower -> log end offset
+    contact: dict[int, float] = field(default_factory=dict)      # follower -> last fetch (monotonic)
+    caught_up: dict[int, float] = field(default_factory=dict)    # follower -> last time at leader's LEO
+    epoch_start: int = 0
+    cond: threading.Condition = field(default_factory=threading.Condition)
+
+
+class ReplicaNode:
+    """A process serving a LogStore's partitions as one replica of a set of 2f+1 nodes.
+
+    Args:
+        node_id: this node's id (an int >= 0), unique in the set.
+        data_dir: its LogStore root.
+        listen: (host, port) to serve on (loopback unless told otherwise).
+        peers: {node id: (host, port)} of the other replicas.
+        secret: the shared secret (bytes) peers and clients authenticate with.
+        partitions: [(topic, partitions)] to replicate (created when missing).
+        election_timeout_ms: base election timeout (randomised up to twice it).
+        replica_lag_time_max_ms: a follower is in sync while it reached the leader's end this
+            recently.
+        min_insync_replicas: acks="all" needs this many in-sync replicas (leader included).
+    """
+
+    def __init__(self, node_id: int, data_dir: str, listen: tuple[str, int] = ("127.0.0.1", 0),
+                 peers: dict[int, tuple[str, int]] | None = None, secret: bytes = b"", *,
+                 partitions: Iterable[tuple[str, int]] = (("replicated", 1),),
+                 election_timeout_ms: int = 1000, replica_lag_time_max_ms: int = 10_000,
+                 min_insync_replicas: int = 2, fetch_max_bytes: int = 1 << 20, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        if not secret:
+            raise ValueError("a shared secret is required")
+        self.node_id = node_id
+        self.peers = dict(peers or {})
+        self.voters = sorted(set(self.peers) | {node_id})
+        self.secret = secret
+        self.election_timeout_s = election_timeout_ms / 1000.0
+        self.replica_lag_s = replica_lag_time_max_ms / 1000.0
+        self.min_insync = min_insync_replicas
+        self.fetch_max_bytes = fetch_max_bytes
+        self.max_frame = max_frame
+        self.store = LogStore(data_dir, shared=False, maintenance=False)
+        self._replicas: dict[tuple[str, int], _Replica] = {}
+        for topic, count in partitions:
+            self.store.create_topic(topic, count, exist_ok=True)
+            for p in range(count):
+                log = self.store.partition(topic, p)
+                election = Election(node_id, self.voters, QuorumStateFile(log.path, self.voters))
+                self._replicas[(topic, p)] = _Replica(topic, p, log, election, hw=log.high_watermark)
+        self._listener = socket.create_server(listen)
+        self.address = self._listener.getsockname()[:2]
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.RLock()
+        self._conns: dict[int, _Connection] = {}
+        self._served: set[socket.socket] = set()
+        self._rng = random.Random()
+
+    # ------------------------------------------------------------------ life cycle
+    def start(self) -> "ReplicaNode":
+        now = time.monotonic()
+        for r in self._replicas.values():
+            r.deadline = now + Election.election_timeout(self.election_timeout_s, self._rng)
+            if r.election.leader != NONE and r.election.leader != self.node_id:
+                r.log.high_watermark = min(r.hw, r.log.log_end_offset)
+        for target in (self._accept_loop, self._tick_loop, self._fetch_loop):
+            t = threading.Thread(target=target, name=f"replica-{self.node_id}-{target.__name__}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        try:
+            self._listener.close()
+        except OSError:
+            pass
+        with self._lock:
+            outgoing = list(self._conns)
+        for peer in outgoing:  # requests blocked on a peer fail at once
+            self._drop(peer)
+        with self._lock:
+            served = list(self._served)
+        for sock in served:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for r in self._replicas.values():
+            with r.cond:
+                r.cond.notify_all()
+        for t in self._threads:
+            t.join(5)
+        for conn in list(self._conns.values()):
+            conn.close()
+        self.store.close()
+
+    # ------------------------------------------------------------------ server
+    def _accept_loop(self) -> None:
+        self._listener.settimeout(0.1)  # close() does not wake a blocked accept(): poll the stop flag
+        while not self._stop.is_set():
+            try:
+                sock, _ = self._listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            sock.settimeout(None)
+            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._served.add(sock)
+        try:
+            sock.settimeout(30)
+            server_handshake(sock, self.secret)
+            sock.settimeout(None)
+            while not self._stop.is_set():
+                frame = recv_frame(sock, self.max_frame)
+                handler = {RequestType.FETCH: self._on_fetch, RequestType.PRODUCE: self._on_produce,
+                           RequestType.VOTE: self._on_vote, RequestType.BEGIN_EPOCH: self._on_begin_epoch,
+                           RequestType.METADATA: self._on_metadata}.get(frame.type)  # type: ignore[call-overload]
+                if handler is None:
+                    send_frame(sock, RequestType.ERROR, frame.correlation_id,
+                               Writer().string(f"unknown request type {frame.type}").payload())
+                    continue
+                send_frame(sock, frame.type, frame.correlation_id, handler(frame.reader()))
+        except (OSError, ConnectionError, LogstoreError) as exc:
+            logger.debug("node %d: connection ended: %s", self.node_id, exc)
+        finally:
+            with self._lock:
+                self._served.discard(sock)
+            sock.close()
+
+    def _replica(self, r: Reader) -> _Replica | None:
+        topic = r.string("topic")
+        partition = r.int32("partition")
+        return self._replicas.get((topic, partition))
+
+    # ------------------------------------------------------------------ elections
+    def _on_vote(self, r: Reader) -> bytes:
+        rep = self._replica(r)
+        epoch, candidate, last_epoch, end = r.int32(), r.int32(), r.int32(), r.int64()
+        if rep is None:
+            return Writer().int32(-1).int8(0).payload()
+        with rep.cond:
+            was_leader = rep.election.role is Role.LEADER
+            granted, now_epoch = rep.election.on_vote_request(epoch, candidate, last_epoch, end,
+                                                              rep.log.latest_epoch, rep.log.log_end_offset)
+            if was_leader and rep.election.role is not Role.LEADER:
+                rep.cond.notify_all()
+            if granted:
+                rep.deadline = time.monotonic() + Election.election_timeout(self.election_timeout_s, self._rng)
+        return Writer().int32(now_epoch).int8(1 if granted else 0).payload()
+
+    def _campaign(self, rep: _Replica) -> None:
+        with rep.cond:
+            state = rep.election.start_campaign()
+            last_epoch, end = rep.log.latest_epoch, rep.log.log_end_offset
+        payload = (Writer().string(rep.topic).int32(rep.partition).int32(state.epoch).int32(self.node_id)
+                   .int32(last_epoch).int64(end).payload())
+        for peer in self.peers:
+            try:
+                resp = self._request(peer, RequestType.VOTE, payload, timeout=self.election_timeout_s / 2)
+                epoch, granted = resp.int32(), resp.int8()
+            except (OSError, LogstoreError):
+                continue
+            with rep.cond:
+                if rep.election.on_vote_response(epoch, peer, bool(granted)):
+                    self._become_leader(rep)
+                    break
+        if rep.election.role is Role.LEADER:
+            self._announce(rep)
+
+    def _become_leader(self, rep: _Replica) -> None:
+        epoch = rep.election.epoch
+        rep.log.assign_leader_epoch(epoch)
+        rep.epoch_start = rep.log.log_end_offset
+        rep.leo = {}
+        now = time.monotonic()
+        rep.contact = {p: now for p in self.peers}
+        # Every replica starts in sync (as Kafka's new leader keeps the ISR it inherits); one
+        # that does not catch up within replica_lag_time_max_ms drops out.
+        rep.caught_up = {p: now for p in self.peers}
+        rep.hw = max(rep.hw, rep.log.high_watermark if rep.log.high_watermark <= rep.log.log_end_offset else 0)
+        logger.info("node %d leads %s-%d in epoch %d", self.node_id, rep.topic, rep.partition, epoch)
+
+    def _announce(self, rep: _Replica) -> None:
+        payload = Writer().string(rep.topic).int32(rep.partition).int32(rep.election.epoch).int32(self.node_id).payload()
+        for peer in self.peers:
+            try:
+                self._request(peer, RequestType.BEGIN_EPOCH, payload, timeout=self.election_timeout_s / 2)
+            except (OSError, LogstoreError):
+                continue
+
+    def _on_begin_epoch(self, r: Reader) -> bytes:
+        rep = self._replica(r)
+        epoch, leader = r.int32(), r.int32()
+        if rep is not None:
+            with rep.cond:
+                rep.election.observe_epoch(epoch, leader)
+                rep.deadline = time.monotonic() + Election.election_timeout(self.election_timeout_s, self._rng)
+                rep.cond.notify_all()
+        return b""
+
+    def _tick_loop(self) -> None:
+        while not self._stop.wait(0.02):
+            now = time.monotonic()
+            for rep in self._replicas.values():
+                try:
+                    if rep.election.role is Role.LEADER:
+                        self._check_leadership(rep, now)
+                    elif now >= rep.deadline:
+                        rep.deadline = now + Election.election_timeout(self.election_timeout_s, self._rng)
+                        self._campaign(rep)
+                except LogstoreError as exc:
+                    logger.warning("node %d: %s-%d: %s", self.node_id, rep.topic, rep.partition, exc)
+
+    def _check_leadership(self, rep: _Replica, now: float) -> None:
+        """A leader that has not heard from a majority within the election timeout steps down."""
+        heard = 1 + sum(1 for p in self.peers if now - rep.contact.get(p, 0) < 2 * self.election_timeout_s)
+        if heard < rep.election.majority:
+            with rep.cond:
+                rep.election.step_down()
+                rep.deadline = now + Election.election_timeout(self.election_timeout_s, self._rng)
+                rep.cond.notify_all()
+            logger.info("node %d steps down from %s-%d (epoch %d): lost its majority", self.node_id,
+                        rep.topic, rep.partition, rep.election.epoch)
+
+    # ------------------------------------------------------------------ fetching
+    def _on_fetch(self, r: Reader) -> bytes:
+        replica_id = r.int32("replica id")
+        rep = self._replica(r)
+        epoch, offset, last_epoch = r.int32(), r.int64(), r.int32()
+        out = Writer()
+        if rep is None:
+            return out.int16(UNKNOWN_PARTITION).int32(NONE).int32(-1).int64(0).int32(-1).int64(-1).blob(None).payload()
+        with rep.cond:
+            election = rep.election
+            if epoch > election.epoch:
+                election.observe_epoch(epoch)
+                rep.cond.notify_all()
+            if election.role is not Role.LEADER or epoch < election.epoch:
+                code = NOT_LEADER if election.role is not Role.LEADER else FENCED_EPOCH
+                return out.int16(code).int32(election.leader).int32(election.epoch).int64(0).int32(-1).int64(-1).blob(None).payload()
+            log = rep.log
+            # KIP-101/279: the follower's last epoch must end where the leader's history says.
+            if last_epoch >= 0:
+                div_epoch, div_end = log.end_offset_for_epoch(last_epoch)
+                if div_epoch != last_epoch or div_end < offset:
+                    return (out.int16(OK).int32(self.node_id).int32(election.epoch).int64(rep.hw)
+                            .int32(div_epoch).int64(div_end if div_end >= 0 else 0).blob(None).payload())
+            now = time.monotonic()
+            rep.contact[replica_id] = now
+            rep.leo[replica_id] = offset
+            end = log.log_end_offset
+            if offset >= end:
+                rep.caught_up[replica_id] = now
+            self._advance_hw(rep)
+            try:
+                data = log.read_raw(offset, self.fetch_max_bytes) if offset < end else b""
+            except OffsetOutOfRangeError:
+                return out.int16(OUT_OF_RANGE).int32(self.node_id).int32(election.epoch).int64(rep.hw).int32(-1).int64(log.log_start_offset).blob(None).payload()
+            return out.int16(OK).int32(self.node_id).int32(election.epoch).int64(rep.hw).int32(-1).int64(-1).blob(data).payload()
+
+    def _advance_hw(self, rep: _Replica) -> None:
+        """HW = the largest offset held by a majority, counted only over records of this epoch."""
+        ends = sorted([rep.log.log_end_offset] + [rep.leo.get(p, 0) for p in self.peers], reverse=True)
+        majority_end = ends[rep.election.majority - 1]
+        if majority_end > rep.hw and majority_end > rep.epoch_start:
+            rep.hw = majority_end
+            rep.log.high_watermark = majority_end
+            rep.cond.notify_all()
+
+    def _fetch_loop(self) -> None:
+        while not self._stop.is_set():
+            idle = True
+            for rep in self._replicas.values():
+                leader = rep.election.leader
+                if rep.election.role is not Role.FOLLOWER or leader in (NONE, self.node_id):
+                    continue
+                try:
+                    if self._fetch_once(rep, leader):
+                        idle = False
+                except (OSError, LogstoreError) as exc:
+                    logger.debug("node %d: fetch from %d failed: %s", self.node_id, leader, exc)
+                    self._drop(leader)
+            if idle:
+                self._stop.wait(0.01)
+
+    def _fetch_once(self, rep: _Replica, leader: int) -> bool:
+        log = rep.log
+        offset = log.log_end_offset
+        last_epoch = log.latest_epoch
+        payload = (Writer().int32(self.node_id).string(rep.topic).int32(rep.partition).int32(rep.election.epoch)
+                   .int64(offset).int32(last_epoch).payload())
+        r = self._request(leader, RequestType.FETCH, payload, timeout=self.election_timeout_s)
+        code, leader_id, epoch, hw = r.int16(), r.int32(), r.int32(), r.int64()
+        div_epoch, div_end = r.int32(), r.int64()
+        data = r.blob()
+        with rep.cond:
+            if epoch > rep.election.epoch:
+                rep.election.observe_epoch(epoch, leader_id if code == OK else NONE)
+            if code != OK or epoch != rep.election.epoch:
+                if code == NOT_LEADER and leader_id != NONE and leader_id != leader:
+                    rep.election.observe_epoch(epoch, leader_id)
+                return False
+            rep.deadline = time.monotonic() + Election.election_timeout(self.election_timeout_s, self._rng)
+        if div_epoch != -1 or (data is None and div_end >= 0):
+            logger.info("node %d: %s-%d diverges from the leader at epoch %d; truncating to %d",
+                        self.node_id, rep.topic, rep.partition, div_epoch, div_end)
+            log.truncate_to(min(div_end, log.log_end_offset))
+            return True
+        if data:
+            log.append_replicated(data)
+        end = log.log_end_offset
+        log.high_watermark = min(hw, end)
+        rep.hw = log.high_watermark
+        return bool(data)
+
+    # ------------------------------------------------------------------ produce
+    def _in_sync(self, rep: _Replica, now: float) -> int:
+        end = rep.log.log_end_offset
+        return 1 + sum(1 for p in self.peers
+                       if rep.leo.get(p, -1) >= end or now - rep.caught_up.get(p, -1e9) < self.replica_lag_s)
+
+    def _on_produce(self, r: Reader) -> bytes:
+        rep = self._replica(r)
+        acks, timeout_ms = r.int8(), r.int32()
+        items = r.array(lambda x: (x.blob(), x.blob()), 8, "records")
+        r.end()
+        out = Writer()
+        if rep is None or not items:
+            return out.int16(UNKNOWN_PARTITION if rep is None else INVALID).int32(NONE).int64(-1).int64(-1).payload()
+        with rep.cond:
+            election = rep.election
+            if election.role is not Role.LEADER:
+                return out.int16(NOT_LEADER).int32(election.leader).int64(-1).int64(-1).payload()
+            epoch = election.epoch
+            if acks == -1 and self._in_sync(rep, time.monotonic()) < self.min_insync:
+                return out.int16(NOT_ENOUGH_REPLICAS).int32(self.node_id).int64(-1).int64(-1).payload()
+            keys = [k for k, _ in items]
+            first = rep.log.append_batch([v for _, v in items], keys if any(k is not None for k in keys) else None)
+            last = first + len(items) - 1
+            if acks == -1:
+                deadline = time.monotonic() + timeout_ms / 1000.0
+                while rep.hw <= last:
+                    if election.role is not Role.LEADER or election.epoch != epoch or self._stop.is_set():
+                        return out.int16(NOT_LEADER).int32(election.leader).int64(first).int64(last).payload()
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return out.int16(TIMEOUT).int32(self.node_id).int64(first).int64(last).payload()
+                    rep.cond.wait(min(remaining, 0.05))
+        return out.int16(OK).int32(self.node_id).int64(first).int64(last).payload()
+
+    def _on_metadata(self, r: Reader) -> bytes:
+        out = Writer().int32(self.node_id)
+        reps = list(self._replicas.values())
+        return out.array(reps, lambda w, rep: w.string(rep.topic).int32(rep.partition)
+                         .int32(rep.election.leader).int32(rep.election.epoch).int64(rep.hw)).payload()
+
+    # ------------------------------------------------------------------ outgoing requests
+    def _request(self, peer: int, type: int, payload: bytes, timeout: float) -> Reader:
+        with self._lock:
+            conn = self._conns.get(peer)
+            if conn is None:
+                conn = _Connection(self.peers[peer], self.secret, self.node_id, timeout, self.max_frame)
+                self._conns[peer] = conn
+        try:
+            with _conn_lock(conn):
+                return conn.request(type, payload, timeout)
+        except (OSError, LogstoreError):
+            self._drop(peer)
+            raise
+
+    def _drop(self, peer: int) -> None:
+        with self._lock:
+            conn = self._conns.pop(peer, None)
+        if conn is not None:
+            conn.close()
+
+    def describe(self) -> dict[tuple[str, int], dict[str, Any]]:
+        """Per partition: role, leader, epoch, high watermark, log end, in-sync replicas."""
+        now = time.monotonic()
+        out = {}
+        for key, rep in self._replicas.items():
+            with rep.cond:
+                leader = rep.election.role is Role.LEADER
+                isr = [self.node_id] + [p for p in self.peers if leader and (
+                    rep.leo.get(p, -1) >= rep.log.log_end_offset or now - rep.caught_up.get(p, -1e9) < self.replica_lag_s)]
+                out[key] = dict(role=rep.election.role.value, leader=rep.election.leader, epoch=rep.election.epoch,
+                                high_watermark=rep.hw, log_end_offset=rep.log.log_end_offset,
+                                in_sync=isr if leader else None)
+        return out
+
+
+_CONN_LOCKS: dict[int, threading.Lock] = {}
+_CONN_LOCKS_GUARD = threading.Lock()
+
+
+def _conn_lock(conn: _Connection) -> threading.Lock:
+    with _CONN_LOCKS_GUARD:
+        lock = _CONN_LOCKS.get(id(conn))
+        if lock is None:
+            lock = _CONN_LOCKS[id(conn)] = threading.Lock()
+        return lock
+
+
+class Client:
+    """Produces to and reads from a replica set, following its leader.
+
+    Args:
+        bootstrap: [(host, port)] of some nodes.
+        secret: the shared secret.
+    """
+
+    def __init__(self, bootstrap: Iterable[tuple[str, int]], secret: bytes, timeout: float = 10.0) -> None:
+        self.bootstrap = list(bootstrap)
+        self.secret = secret
+        self.timeout = timeout
+        self._conns: dict[tuple[str, int], _Connection] = {}
+        self._nodes: dict[int, tuple[str, int]] = {}
+
+    def _conn(self, address: tuple[str, int]) -> _Connection:
+        conn = self._conns.get(address)
+        if conn is None:
+            conn = self._conns[address] = _Connection(address, self.secret, NONE, self.timeout, DEFAULT_MAX_FRAME)
+        return conn
+
+    def _drop(self, address: tuple[str, int]) -> None:
+        conn = self._conns.pop(address, None)
+        if conn is not None:
+            conn.close()
+
+    def produce(self, topic: str, partition: int, values: list[bytes | None], keys: list[bytes | None] | None = None,
+                acks: int | str = "all", timeout: float | None = None) -> list[int]:
+        """Append records on the leader; returns their offsets. With acks="all" it returns once
+        they are committed (held by a majority).
+
+        Raises:
+            NotEnoughReplicasError, ReplicationError: as the leader answers; NotLeaderError when no
+            leader could be found before ``timeout``.
+        """
+        code = {0: 0, 1: 1, "all": -1, -1: -1}.get(acks)  # type: ignore[call-overload]
+        if code is None:
+            raise ValueError(f"acks must be 0, 1 or 'all', got {acks!r}")
+        keys = keys if keys is not None else [None] * len(values)
+        pairs = list(zip(keys, values))
+        payload = (Writer().string(topic).int32(partition).int8(code).int32(int((timeout or self.timeout) * 1000))
+                   .array(pairs, lambda w, kv: w.blob(kv[0]).blob(kv[1])).payload())
+        deadline = time.monotonic() + (timeout or self.timeout)
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            for address in list(self.bootstrap):
+                try:
+                    r = self._conn(address).request(RequestType.PRODUCE, payload, timeout=self.timeout)
+                except (OSError, LogstoreError) as exc:
+                    self._drop(address)
+                    last_error = exc
+                    continue
+                err, leader, first, last = r.int16(), r.int32(), r.int64(), r.int64()
+                if err == OK:
+                    return list(range(first, last + 1))
+                if err in (NOT_LEADER, TIMEOUT):
+                    last_error = NotLeaderError(f"node at {address} is not the leader", err, leader)
+                    continue
+                _raise_for(err, leader, f"produce to {topic}-{partition}")
+            time.sleep(0.05)
+        raise NotLeaderError(f"no leader acknowledged the produce to {topic}-{partition} within the timeout "
+                             f"({last_error})", NOT_LEADER)
+
+    def metadata(self) -> dict[tuple[str, int], tuple[int, int, int]]:
+        """{(topic, partition): (leader, epoch, high watermark)} as the first reachable node knows it."""
+        for address in self.bootstrap:
+            try:
+                r = self._conn(address).request(RequestType.METADATA, b"", timeout=self.timeout)
+            except (OSError, LogstoreError):
+                self._drop(address)
+                continue
+            r.int32()
+            rows = r.array(lambda x: (x.string(), x.int32(), x.int32(), x.int32(), x.int64()), 22)
+            return {(t, p): (leader, epoch, hw) for t, p, leader, epoch, hw in rows}
+        raise ReplicationError("no node reachable")
+
+    def close(self) -> None:
+        for address in list(self._conns):
+            self._drop(address)
+
