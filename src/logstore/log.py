@@ -894,7 +894,8 @@ class Log:
 
     def append_batch(self, values: Sequence[bytes | None], keys: Sequence[bytes | None] | None = None,
                      headers: Sequence[Iterable[tuple[str, bytes | None]] | None] | None = None,
-                     timestamps: Sequence[int] | None = None, compression: str | int | None = None) -> int:
+                     timestamps: Sequence[int] | None = None, compression: str | int | None = None,
+                     producer_id: int = -1, base_sequence: int = -1) -> int:
         """Append records as one RecordBatch (split only above max_message_bytes); return the first offset.
 
         Args:
@@ -902,6 +903,8 @@ class Log:
             keys, headers, timestamps: per-record sequences of the same length, or None.
             compression: codec name ("none", "gzip", "snappy", "lz4", "zstd"); None for none.
                 A log whose compression_type is not "producer" always uses its own codec.
+            producer_id, base_sequence: written into the batch header (Kafka's idempotent
+                producer fields; replication uses them to recognise retried produces).
 
         Raises:
             TypeError / ValueError: bad arguments (nothing written).
@@ -926,7 +929,8 @@ class Log:
         log_append_time = _time_ns() // 1_000_000 if self._ts_type else None
         with self._lock, self._w:
             self._check_open()
-            batches = self._encode_batches(values, keys, headers, timestamps, codec, log_append_time)
+            batches = self._encode_batches(values, keys, headers, timestamps, codec, log_append_time,
+                                           producer_id, base_sequence)
             first = -1
             for batch, max_ts in batches:
                 if max_ts > self._roll_deadline:
@@ -946,7 +950,8 @@ class Log:
         return first
 
     def _encode_batches(self, values: Sequence[Any], keys: Any, headers: Any, timestamps: Any,
-                        codec: int, log_append_time: int | None) -> list[tuple[Any, int]]:
+                        codec: int, log_append_time: int | None, producer_id: int = -1,
+                        base_sequence: int = -1) -> list[tuple[Any, int]]:
         """Encode one batch, or several when one would exceed max_message_bytes.
 
         Every piece is encoded before anything is appended, so a single record over the limit
@@ -956,11 +961,15 @@ class Log:
         builder = self._builder
         kw: dict[str, Any] = dict(codec=codec, level=self.config.level_for(codec), timestamp_type=self._ts_type,
                   log_append_time=log_append_time)
+        if producer_id >= 0:
+            kw.update(producer_id=producer_id, producer_epoch=0)
 
         def encode(lo: int, hi: int) -> list[tuple[Any, int]]:
             whole = lo == 0 and hi == len(values)
             # The whole input as one batch is appended before the next build, so it may stay
             # in the builder's scratch space (no copy); split pieces must not.
+            if producer_id >= 0:
+                kw["base_sequence"] = base_sequence + lo if base_sequence >= 0 else -1
             batch = builder.build(
                 values if whole else values[lo:hi],
                 keys if keys is None or whole else keys[lo:hi],

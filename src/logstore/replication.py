@@ -122,6 +122,9 @@ class _Replica:
     contact: dict[int, float] = field(default_factory=dict)      # follower -> last fetch (monotonic)
     caught_up: dict[int, float] = field(default_factory=dict)    # follower -> last time at leader's LEO
     epoch_start: int = 0
+    #: producer id -> (base sequence, first offset, last offset) of its last batch: a retried
+    #: produce (same id and sequence) is answered with the offsets it already has.
+    producers: dict[int, tuple[int, int, int]] = field(default_factory=dict)
     cond: threading.Condition = field(default_factory=threading.Condition)
 
 
@@ -290,8 +293,29 @@ class ReplicaNode:
         if rep.election.role is Role.LEADER:
             self._announce(rep)
 
+    def _load_producers(self, rep: _Replica) -> None:
+        """Rebuild the table of each producer's last batch from the batch headers."""
+        from .records import parse_header
+        log = rep.log
+        producers: dict[int, tuple[int, int, int]] = {}
+        offset = log.log_start_offset
+        end = log.log_end_offset
+        while offset < end:
+            data = log.read_raw(offset, 1 << 20)
+            if not data:
+                break
+            position = 0
+            while position < len(data):
+                h = parse_header(data, position)
+                if h.producer_id >= 0 and h.base_sequence >= 0:
+                    producers[h.producer_id] = (h.base_sequence, h.base_offset, h.last_offset)
+                position += h.size
+                offset = h.last_offset + 1
+        rep.producers = producers
+
     def _become_leader(self, rep: _Replica) -> None:
         epoch = rep.election.epoch
+        self._load_producers(rep)
         rep.log.assign_leader_epoch(epoch)
         rep.epoch_start = rep.log.log_end_offset
         rep.leo = {}
@@ -445,6 +469,7 @@ class ReplicaNode:
     def _on_produce(self, r: Reader) -> bytes:
         rep = self._replica(r)
         acks, timeout_ms = r.int8(), r.int32()
+        producer_id, base_sequence = r.int64(), r.int32()
         items = r.array(lambda x: (x.blob(), x.blob()), 8, "records")
         r.end()
         out = Writer()
@@ -457,9 +482,16 @@ class ReplicaNode:
             epoch = election.epoch
             if acks == -1 and self._in_sync(rep, time.monotonic()) < self.min_insync:
                 return out.int16(NOT_ENOUGH_REPLICAS).int32(self.node_id).int64(-1).int64(-1).payload()
-            keys = [k for k, _ in items]
-            first = rep.log.append_batch([v for _, v in items], keys if any(k is not None for k in keys) else None)
-            last = first + len(items) - 1
+            known = rep.producers.get(producer_id) if producer_id >= 0 else None
+            if known is not None and known[0] == base_sequence:
+                first, last = known[1], known[2]  # a retry of a produce already appended
+            else:
+                keys = [k for k, _ in items]
+                first = rep.log.append_batch([v for _, v in items], keys if any(k is not None for k in keys) else None,
+                                             producer_id=producer_id, base_sequence=base_sequence)
+                last = first + len(items) - 1
+                if producer_id >= 0:
+                    rep.producers[producer_id] = (base_sequence, first, last)
             if acks == -1:
                 deadline = time.monotonic() + timeout_ms / 1000.0
                 while rep.hw <= last:
@@ -537,7 +569,10 @@ class Client:
         self.secret = secret
         self.timeout = timeout
         self._conns: dict[tuple[str, int], _Connection] = {}
-        self._nodes: dict[int, tuple[str, int]] = {}
+        #: Idempotence: every produce carries this id and a per-partition sequence number, so a
+        #: retry after a lost response is recognised by the leader instead of appended again.
+        self.producer_id = random.SystemRandom().getrandbits(62)
+        self._sequences: dict[tuple[str, int], int] = {}
 
     def _conn(self, address: tuple[str, int]) -> _Connection:
         conn = self._conns.get(address)
@@ -564,7 +599,10 @@ class Client:
             raise ValueError(f"acks must be 0, 1 or 'all', got {acks!r}")
         keys = keys if keys is not None else [None] * len(values)
         pairs = list(zip(keys, values))
+        sequence = self._sequences.get((topic, partition), 0)
+        self._sequences[(topic, partition)] = (sequence + len(values)) % (1 << 31)
         payload = (Writer().string(topic).int32(partition).int8(code).int32(int((timeout or self.timeout) * 1000))
+                   .int64(self.producer_id).int32(sequence)
                    .array(pairs, lambda w, kv: w.blob(kv[0]).blob(kv[1])).payload())
         deadline = time.monotonic() + (timeout or self.timeout)
         last_error: Exception | None = None
@@ -604,3 +642,55 @@ class Client:
         for address in list(self._conns):
             self._drop(address)
 
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one replica node until SIGTERM/SIGINT: ``python -m logstore.replication --node-id 0
+    --data-dir DIR --listen 127.0.0.1:9000 --peer 1=127.0.0.1:9001 --peer 2=127.0.0.1:9002
+    --secret-file FILE [--topic NAME:PARTITIONS]``."""
+    import argparse
+    import signal
+
+    parser = argparse.ArgumentParser(prog="python -m logstore.replication", description=main.__doc__)
+    parser.add_argument("--node-id", type=int, required=True)
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--listen", required=True, help="host:port")
+    parser.add_argument("--peer", action="append", default=[], help="id=host:port (repeat)")
+    parser.add_argument("--secret-file", required=True)
+    parser.add_argument("--topic", action="append", default=[], help="name:partitions (default replicated:1)")
+    parser.add_argument("--election-timeout-ms", type=int, default=1000)
+    parser.add_argument("--min-insync-replicas", type=int, default=2)
+    args = parser.parse_args(argv)
+
+    def address(text: str) -> tuple[str, int]:
+        host, _, port = text.rpartition(":")
+        if not host or not port.isdigit():
+            parser.error(f"expected host:port, got {text!r}")
+        return host, int(port)
+
+    peers = {}
+    for item in args.peer:
+        node, _, addr = item.partition("=")
+        if not node.isdigit():
+            parser.error(f"expected id=host:port, got {item!r}")
+        peers[int(node)] = address(addr)
+    topics = []
+    for item in args.topic or ["replicated:1"]:
+        name, _, count = item.partition(":")
+        topics.append((name, int(count or 1)))
+    with open(args.secret_file, "rb") as f:
+        secret = f.read().strip()
+    node = ReplicaNode(args.node_id, args.data_dir, address(args.listen), peers, secret, partitions=topics,
+                       election_timeout_ms=args.election_timeout_ms,
+                       min_insync_replicas=args.min_insync_replicas).start()
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    print(f"node {args.node_id} serving on {node.address[0]}:{node.address[1]}", flush=True)
+    done.wait()
+    node.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

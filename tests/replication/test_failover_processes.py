@@ -1,0 +1,129 @@
+"""3 replica processes; the leader is killed with SIGKILL over and over while a client produces
+with acks="all". Checks: no acknowledged record lost, every replica ends with the same offsets
+and the same batches (CRC sequence), no acknowledged produce duplicated by the client's retries."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from logstore import Log
+from logstore.records import parse_header
+from logstore.replication import Client, NotEnoughReplicasError, NotLeaderError, ReplicationError
+
+from .test_inprocess import free_ports
+
+SECRET = b"failover-secret"
+FAILOVERS = int(os.environ.get("LOGSTORE_FAILOVERS", "20"))
+
+
+class Cluster:
+    def __init__(self, tmp_path, n=3):
+        self.tmp = tmp_path
+        ports = free_ports(n)
+        self.addrs = {i: ("127.0.0.1", ports[i]) for i in range(n)}
+        self.secret_file = tmp_path / "secret"
+        self.secret_file.write_bytes(SECRET)
+        self.procs: dict[int, subprocess.Popen] = {}
+
+    def start(self, i):
+        peers = [f"--peer={j}={h}:{p}" for j, (h, p) in self.addrs.items() if j != i]
+        h, p = self.addrs[i]
+        self.procs[i] = subprocess.Popen(
+            [sys.executable, "-m", "logstore.replication", f"--node-id={i}", f"--data-dir={self.tmp / f'n{i}'}",
+             f"--listen={h}:{p}", f"--secret-file={self.secret_file}", "--election-timeout-ms=300", *peers],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert b"serving" in self.procs[i].stdout.readline()
+
+    def kill(self, i):
+        self.procs[i].send_signal(signal.SIGKILL)
+        self.procs[i].wait()
+
+    def stop_all(self):
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def batches(path):
+    with Log.open(path) as log:
+        out, offset = [], log.log_start_offset
+        while offset < log.log_end_offset:
+            h = parse_header(log.read_raw(offset, 1), 0)
+            out.append((h.base_offset, h.crc))
+            offset = h.base_offset + h.last_offset_delta + 1
+        return out, [r.value for r in log.iter()]
+
+
+def test_sigkill_the_leader_repeatedly_while_producing_with_acks_all(tmp_path):
+    cluster = Cluster(tmp_path)
+    for i in range(3):
+        cluster.start(i)
+    client = Client(list(cluster.addrs.values()), SECRET, timeout=5)
+    acked: dict[bytes, int] = {}
+    failovers = []
+    done = threading.Event()
+
+    def killer():
+        # Kill whichever node leads, at random moments, so that some produces are in flight.
+        watcher = Client(list(cluster.addrs.values()), SECRET, timeout=2)
+        rng = random.Random(7)
+        try:
+            while len(failovers) < FAILOVERS:
+                time.sleep(rng.uniform(0.05, 0.4))
+                try:
+                    leader = watcher.metadata()[("replicated", 0)][0]
+                except ReplicationError:
+                    continue
+                if leader < 0 or cluster.procs[leader].poll() is not None:
+                    continue
+                cluster.kill(leader)
+                cluster.start(leader)
+                failovers.append(leader)
+        finally:
+            watcher.close()
+            done.set()
+
+    thread = threading.Thread(target=killer)
+    thread.start()
+    n = 0
+    try:
+        while not done.is_set():
+            value = f"v{n}".encode()
+            n += 1
+            try:
+                (offset,) = client.produce("replicated", 0, [value], acks="all", timeout=10)
+            except (NotLeaderError, NotEnoughReplicasError, ReplicationError):
+                continue
+            acked[value] = offset
+    finally:
+        done.wait()
+        thread.join()
+        client.close()
+        time.sleep(1.0)  # let followers catch up before the last stop
+        cluster.stop_all()
+    assert len(failovers) == FAILOVERS
+    assert len(acked) >= FAILOVERS  # the set kept acknowledging through the failovers
+    logs = [batches(str(tmp_path / f"n{i}" / "replicated-0")) for i in range(3)]
+    # Every acknowledged record is present, at the offset it was acknowledged with, on a majority.
+    for value, offset in acked.items():
+        holding = [values for _, values in logs if offset < len(values) and values[offset] == value]
+        assert len(holding) >= 2, (value, offset)
+    # Committed prefixes are identical, batch for batch.
+    shortest = min(len(b) for b, _ in logs)
+    assert logs[0][0][:shortest] == logs[1][0][:shortest] == logs[2][0][:shortest]
+    # No produce appears twice, although the client retried those whose answer a kill lost.
+    for _, values in logs:
+        assert len(values) == len(set(values))
