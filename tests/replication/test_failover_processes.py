@@ -12,7 +12,6 @@ import sys
 import threading
 import time
 
-import pytest
 
 from logstore import Log
 from logstore.records import parse_header
