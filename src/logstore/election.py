@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 import json
+import logging
 import os
 import random
 from dataclasses import dataclass, replace
@@ -28,6 +29,8 @@ from typing import Iterable
 
 from . import _fileio
 from .errors import LogstoreError
+
+logger = logging.getLogger("logstore.election")
 
 __all__ = ["QuorumState", "QuorumStateFile", "Election", "Role", "QUORUM_STATE_FILE"]
 
@@ -113,6 +116,7 @@ class Election:
     def _persist(self, state: QuorumState) -> None:
         self._file.save(state)  # durable before anyone hears of it
         self.state = state
+        logger.debug("node %d: %s (role %s)", self.node_id, state, self.role.value)
 
     # ------------------------------------------------------------------ transitions
     def observe_epoch(self, epoch: int, leader: int = NONE) -> bool:

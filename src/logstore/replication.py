@@ -275,22 +275,42 @@ class ReplicaNode:
         return Writer().int32(now_epoch).int8(1 if granted else 0).payload()
 
     def _campaign(self, rep: _Replica) -> None:
+        """Start an election if the deadline is still due (a vote granted or a leader heard from
+        meanwhile pushes it back: the check and the campaign's start are one step under the
+        partition's lock), then ask every peer at once, so that a dead peer delays nothing."""
         with rep.cond:
+            now = time.monotonic()
+            if now < rep.deadline or rep.election.role is Role.LEADER:
+                return
+            rep.deadline = now + Election.election_timeout(self.election_timeout_s, self._rng)
             state = rep.election.start_campaign()
+            if rep.election.role is Role.LEADER:  # a single-voter set
+                self._become_leader(rep)
+                return
             last_epoch, end = rep.log.latest_epoch, rep.log.log_end_offset
         payload = (Writer().string(rep.topic).int32(rep.partition).int32(state.epoch).int32(self.node_id)
                    .int32(last_epoch).int64(end).payload())
-        for peer in self.peers:
+        won = threading.Event()
+
+        def ask(peer: int) -> None:
             try:
                 resp = self._request(peer, RequestType.VOTE, payload, timeout=self.election_timeout_s / 2)
                 epoch, granted = resp.int32(), resp.int8()
             except (OSError, LogstoreError):
-                continue
+                return
             with rep.cond:
-                if rep.election.on_vote_response(epoch, peer, bool(granted)):
+                if rep.election.epoch == state.epoch and rep.election.on_vote_response(epoch, peer, bool(granted)):
                     self._become_leader(rep)
-                    break
-        if rep.election.role is Role.LEADER:
+                    won.set()
+                elif epoch > state.epoch:
+                    rep.election.observe_epoch(epoch)
+
+        askers = [threading.Thread(target=ask, args=(peer,), daemon=True) for peer in self.peers]
+        for t in askers:
+            t.start()
+        for t in askers:
+            t.join()
+        if won.is_set():
             self._announce(rep)
 
     def _load_producers(self, rep: _Replica) -> None:
@@ -353,10 +373,33 @@ class ReplicaNode:
                     if rep.election.role is Role.LEADER:
                         self._check_leadership(rep, now)
                     elif now >= rep.deadline:
-                        rep.deadline = now + Election.election_timeout(self.election_timeout_s, self._rng)
+                        if rep.election.leader == NONE and self._discover_leader(rep):
+                            with rep.cond:
+                                rep.deadline = now + Election.election_timeout(self.election_timeout_s, self._rng)
+                            continue
                         self._campaign(rep)
                 except LogstoreError as exc:
                     logger.warning("node %d: %s-%d: %s", self.node_id, rep.topic, rep.partition, exc)
+
+    def _discover_leader(self, rep: _Replica) -> bool:
+        """A node that does not know the leader (it restarted, or missed BEGIN_EPOCH) first asks
+        its peers: following a live leader of a newer epoch beats starting an election that would
+        depose it. Returns True when it found one."""
+        for peer in self.peers:
+            try:
+                r = self._request(peer, RequestType.METADATA, b"", timeout=self.election_timeout_s / 4)
+                r.int32()
+                rows = r.array(lambda x: (x.string(), x.int32(), x.int32(), x.int32(), x.int64()), 22)
+            except (OSError, LogstoreError):
+                continue
+            for topic, partition, leader, epoch, _ in rows:
+                if (topic, partition) != (rep.topic, rep.partition) or leader in (NONE, self.node_id):
+                    continue
+                if epoch > rep.election.epoch or (epoch == rep.election.epoch and rep.election.leader == NONE):
+                    with rep.cond:
+                        rep.election.observe_epoch(epoch, leader)
+                    return rep.election.leader == leader
+        return False
 
     def _check_leadership(self, rep: _Replica, now: float) -> None:
         """A leader that has not heard from a majority within the election timeout steps down."""
@@ -660,7 +703,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--topic", action="append", default=[], help="name:partitions (default replicated:1)")
     parser.add_argument("--election-timeout-ms", type=int, default=1000)
     parser.add_argument("--min-insync-replicas", type=int, default=2)
+    parser.add_argument("--log-level", default="WARNING", help="logging level for the node (INFO shows elections)")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format=f"%(asctime)s node {args.node_id} %(name)s %(message)s")
 
     def address(text: str) -> tuple[str, int]:
         host, _, port = text.rpartition(":")
@@ -683,6 +728,9 @@ def main(argv: list[str] | None = None) -> int:
     node = ReplicaNode(args.node_id, args.data_dir, address(args.listen), peers, secret, partitions=topics,
                        election_timeout_ms=args.election_timeout_ms,
                        min_insync_replicas=args.min_insync_replicas).start()
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR1)  # kill -USR1 <pid> prints every thread's stack
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())

@@ -37,8 +37,9 @@ class Cluster:
         h, p = self.addrs[i]
         self.procs[i] = subprocess.Popen(
             [sys.executable, "-m", "logstore.replication", f"--node-id={i}", f"--data-dir={self.tmp / f'n{i}'}",
-             f"--listen={h}:{p}", f"--secret-file={self.secret_file}", "--election-timeout-ms=300", *peers],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+             f"--listen={h}:{p}", f"--secret-file={self.secret_file}", "--election-timeout-ms=300",
+             "--log-level=INFO", *peers],
+            stdout=subprocess.PIPE, stderr=open(self.tmp / f"node{i}.log", "ab"))
         assert b"serving" in self.procs[i].stdout.readline()
 
     def kill(self, i):
@@ -126,3 +127,44 @@ def test_sigkill_the_leader_repeatedly_while_producing_with_acks_all(tmp_path):
     # No produce appears twice, although the client retried those whose answer a kill lost.
     for _, values in logs:
         assert len(values) == len(set(values))
+
+
+def test_a_paused_leader_steps_down_and_rejoins_as_a_follower(tmp_path):
+    cluster = Cluster(tmp_path)
+    for i in range(3):
+        cluster.start(i)
+    client = Client(list(cluster.addrs.values()), SECRET, timeout=5)
+    try:
+        assert client.produce("replicated", 0, [b"before"], acks="all", timeout=10) == [0]
+        old = client.metadata()[("replicated", 0)][0]
+        cluster.procs[old].send_signal(signal.SIGSTOP)  # past the election timeout
+        others = Client([a for i, a in cluster.addrs.items() if i != old], SECRET, timeout=5)
+        assert others.produce("replicated", 0, [b"during"], acks="all", timeout=15) == [1]
+        new = others.metadata()[("replicated", 0)]
+        assert new[0] not in (old, -1)
+        cluster.procs[old].send_signal(signal.SIGCONT)
+        # The old leader learns of the new epoch and follows: every node names the same leader.
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            views = []
+            for a in cluster.addrs.values():
+                probe = Client([a], SECRET, timeout=2)
+                try:
+                    views.append(probe.metadata()[("replicated", 0)][0])
+                except ReplicationError:
+                    views.append(-1)
+                finally:
+                    probe.close()
+            if len(set(views)) == 1 and views[0] != -1:
+                break
+            time.sleep(0.2)
+        assert len(set(views)) == 1 and views[0] != -1, views
+        assert client.produce("replicated", 0, [b"after"], acks="all", timeout=15) == [2]
+        others.close()
+    finally:
+        client.close()
+        time.sleep(1.0)
+        cluster.stop_all()
+    logs = [batches(str(tmp_path / f"n{i}" / "replicated-0")) for i in range(3)]
+    assert all(values == [b"before", b"during", b"after"] for _, values in logs), logs
+    assert logs[0][0] == logs[1][0] == logs[2][0]
