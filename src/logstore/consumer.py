@@ -249,13 +249,7 @@ class Consumer:
         Raises:
             LogClosedError: the consumer or the store is closed.
         """
-        attempts = self._attempts(timeout, max_records, time.monotonic)
-        try:
-            while True:
-                seen, wait = next(attempts)
-                self.store.wait(seen, wait)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+        return self.store.wait_until_done(self._attempts(timeout, max_records, time.monotonic))  # type: ignore[no-any-return]
 
     def _attempts(self, timeout: float, max_records: int | None,
                   clock: Any) -> Generator[tuple[int, float], None, list[ConsumerRecord]]:
@@ -320,13 +314,7 @@ class Consumer:
         waiting runs in the default executor, so the loop is never blocked. Cancelling it loses
         nothing: positions move only when records are returned."""
         loop = asyncio.get_running_loop()
-        attempts = self._attempts(timeout, max_records, loop.time)
-        try:
-            while True:
-                seen, wait = next(attempts)
-                await loop.run_in_executor(None, self.store.wait, seen, min(wait, 0.5))
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+        return await self.store.await_until_done(self._attempts(timeout, max_records, loop.time))  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ positions
     def _check_assigned(self, topic: str, partition: int) -> TopicPartition:

@@ -26,6 +26,7 @@ root at once (the default, ``shared=True``): partitions are opened with :meth:`L
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import mmap
 import os
@@ -36,7 +37,7 @@ import time
 import uuid
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Generator, Iterator, Mapping, TypeVar
 
 from . import _fileio
 from ._native import ffi, lib
@@ -72,6 +73,7 @@ DELETE_SUFFIX = "-delete"
 STORE_VERSION = 1
 MAX_TOPIC_LENGTH = 249
 _LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
+T = TypeVar("T")
 _FIELD_TO_KAFKA = {field_name: kafka for kafka, field_name in _KAFKA_NAMES.items()}
 #: Client classes (Producer, Consumer) by factory name. The client layer registers them here,
 #: so that the store offers store.producer(...) without importing the layer above it.
@@ -451,6 +453,28 @@ class LogStore:
             lib.ls_notify_wait(page, seen, -1 if timeout is None else max(1, int(timeout * 1e6)))
         finally:
             lib.ls_notify_leave(page)
+
+    def wait_until_done(self, attempts: Generator[tuple[int, float], None, T]) -> T:
+        """Run a poll loop written as a generator that yields (notification counter, seconds)
+        whenever it must wait: sleep on the store's notification page each time; return what
+        the generator returns. (Consumer.poll and Queue.get are such loops.)"""
+        try:
+            while True:
+                seen, wait = next(attempts)
+                self.wait(seen, wait)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+    async def await_until_done(self, attempts: Generator[tuple[int, float], None, T], longest: float = 0.5) -> T:
+        """:meth:`wait_until_done` for asyncio: each wait runs in the default executor (at most
+        ``longest`` seconds, so that a cancelled caller leaves no long-sleeping thread)."""
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                seen, wait = next(attempts)
+                await loop.run_in_executor(None, self.wait, seen, min(wait, longest))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
     def notification(self) -> int:
         """The store's notification counter: read it, check for data, then :meth:`wait` on it."""

@@ -419,25 +419,13 @@ class Queue:
     def get(self, timeout: float | None = None) -> Message | None:
         """Lease the next message and return it, waiting up to ``timeout`` seconds (None:
         forever); None on timeout. Redeliveries (expired or nacked) come before new messages."""
-        attempts = self._attempts(timeout, time.monotonic, 1.0)
-        try:
-            while True:
-                seen, wait = next(attempts)
-                self.store.wait(seen, wait)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+        return self.store.wait_until_done(self._attempts(timeout, time.monotonic, 1.0))
 
     async def aget(self, timeout: float | None = None) -> Message | None:
         """:meth:`get` for asyncio: the lease is taken on the event loop (a short critical
         section), waiting happens in the default executor. Cancelling it loses nothing."""
         loop = asyncio.get_running_loop()
-        attempts = self._attempts(timeout, loop.time, 0.5)
-        try:
-            while True:
-                seen, wait = next(attempts)
-                await loop.run_in_executor(None, self.store.wait, seen, wait)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+        return await self.store.await_until_done(self._attempts(timeout, loop.time, 0.5))
 
     def _attempts(self, timeout: float | None, clock: Any, longest: float) -> Generator[tuple[int, float], None, Message | None]:
         """The get loop without its way of waiting: tries to lease, and when nothing is ready
