@@ -50,6 +50,8 @@ _member_seq = itertools.count()
 
 
 class TopicPartition(NamedTuple):
+    """A (topic, partition) pair."""
+
     topic: str
     partition: int
 
@@ -338,6 +340,7 @@ class Consumer:
             self._positions[self._check_assigned(topic, partition)] = offset
 
     def seek_to_beginning(self, *partitions: tuple[str, int]) -> None:
+        """Continue each given partition (default: all assigned) at its log start offset."""
         with self._lock:
             self._sync()
             for tp in partitions or tuple(self._assigned):
@@ -345,6 +348,7 @@ class Consumer:
                 self._positions[tp] = self.store.partition(*tp).log_start_offset
 
     def seek_to_end(self, *partitions: tuple[str, int]) -> None:
+        """Continue each given partition (default: all assigned) at its high watermark."""
         with self._lock:
             self._sync()
             for tp in partitions or tuple(self._assigned):
@@ -405,6 +409,7 @@ class Consumer:
     # ------------------------------------------------------------------ closing
     @property
     def closed(self) -> bool:
+        """True once close() was called."""
         return self._closed
 
     def close(self) -> None:

@@ -39,6 +39,8 @@ NONE = -1
 
 
 class Role(enum.Enum):
+    """What a node is in its current epoch."""
+
     FOLLOWER = "follower"
     CANDIDATE = "candidate"
     LEADER = "leader"
@@ -46,6 +48,8 @@ class Role(enum.Enum):
 
 @dataclass(frozen=True)
 class QuorumState:
+    """The persisted election state: epoch, whom this node voted for in it, and its leader."""
+
     epoch: int = 0
     voted_for: int = NONE
     leader: int = NONE
@@ -78,6 +82,7 @@ class QuorumStateFile:
         return state
 
     def save(self, state: QuorumState) -> None:
+        """Replace the file with ``state`` durably (temp file, fsync, rename, directory fsync)."""
         data = {"clusterId": "", "leaderId": state.leader, "leaderEpoch": state.epoch,
                 "votedId": state.voted_for, "appliedOffset": 0, "currentVoters": [{"voterId": v} for v in self.voters],
                 "data_version": 0}
@@ -103,14 +108,17 @@ class Election:
 
     @property
     def epoch(self) -> int:
+        """The current epoch."""
         return self.state.epoch
 
     @property
     def leader(self) -> int:
+        """The current epoch's leader, or -1 when unknown."""
         return self.state.leader
 
     @property
     def majority(self) -> int:
+        """Votes needed to win: more than half of the voters."""
         return len(self.voters) // 2 + 1
 
     def _persist(self, state: QuorumState) -> None:

@@ -48,6 +48,7 @@ class LeaderEpochCache:
 
     @property
     def path(self) -> str:
+        """The leader-epoch-checkpoint file."""
         return self._file.path
 
     @property
@@ -124,6 +125,7 @@ class LeaderEpochCache:
             self._store(kept)
 
     def clear(self) -> None:
+        """Forget every epoch (durably)."""
         if self.entries:
             self._store([])
 

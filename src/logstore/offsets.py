@@ -189,6 +189,7 @@ class OffsetStore:
         return None if found is None else found[0]
 
     def committed_with_metadata(self, group: str, topic: str, partition: int) -> tuple[int, str] | None:
+        """The group's last committed (offset, metadata) for the partition, or None."""
         with self._lock:
             self._catch_up()
             return self._offsets.get((group, topic, partition))

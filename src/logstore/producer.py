@@ -94,6 +94,7 @@ class SendFuture:
         self._index = index
 
     def done(self) -> bool:
+        """True once the record's batch was written or failed."""
         return self._batch.done.is_set()
 
     def result(self, timeout: float | None = None) -> RecordMetadata:
@@ -112,6 +113,7 @@ class SendFuture:
     get = result
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The write's exception, or None when it succeeded (waits like result())."""
         batch = self._batch
         if not batch.done.wait(timeout):
             raise TimeoutError(f"record not written within {timeout} s")

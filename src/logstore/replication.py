@@ -103,6 +103,7 @@ class _Connection:
         return frame.reader()
 
     def close(self) -> None:
+        """Close every connection."""
         try:
             self.sock.close()
         except OSError:
@@ -179,6 +180,7 @@ class ReplicaNode:
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> "ReplicaNode":
+        """Start serving, electing and replicating (background threads); returns self."""
         now = time.monotonic()
         for r in self._replicas.values():
             r.deadline = now + Election.election_timeout(self.election_timeout_s, self._rng)
@@ -191,6 +193,7 @@ class ReplicaNode:
         return self
 
     def stop(self) -> None:
+        """Stop every thread, close connections and the store. Not resumable."""
         self._stop.set()
         try:
             self._listener.close()
@@ -682,6 +685,7 @@ class Client:
         raise ReplicationError("no node reachable")
 
     def close(self) -> None:
+        """Close every connection."""
         for address in list(self._conns):
             self._drop(address)
 

@@ -59,6 +59,7 @@ class SharedState:
         _fileio.ops.lock(self._fd, blocking=True)
 
     def release(self) -> None:
+        """Release the writers' lock."""
         _fileio.ops.unlock(self._fd)
 
     def map(self) -> None:
@@ -99,6 +100,7 @@ class SharedState:
         return bool(lib.ls_shared_dirty(self.page))
 
     def set_dirty(self) -> None:
+        """Flag that a change of the segment files starts (cleared by the next publish)."""
         lib.ls_shared_set_dirty(self.page, 1)
 
     def close(self) -> None:

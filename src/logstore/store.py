@@ -535,6 +535,7 @@ class LogStore:
     # ------------------------------------------------------------------ closing
     @property
     def closed(self) -> bool:
+        """True once close() was called."""
         return self._closed
 
     def close(self) -> None:

@@ -56,6 +56,8 @@ T = TypeVar("T")
 
 
 class RequestType(enum.IntEnum):
+    """Frame types (FORMAT.md §13)."""
+
     HELLO = 1
     CHALLENGE = 2
     AUTH = 3
@@ -89,6 +91,7 @@ class Frame:
         self.payload = payload
 
     def reader(self) -> "Reader":
+        """A Reader over the payload."""
         return Reader(self.payload)
 
     def __repr__(self) -> str:
@@ -107,6 +110,7 @@ class Reader:
 
     @property
     def remaining(self) -> int:
+        """Bytes not read yet."""
         return len(self._buf) - self._pos
 
     def _take(self, n: int, what: str) -> bytes:
@@ -120,18 +124,23 @@ class Reader:
         return fmt.unpack(self._take(fmt.size, what))[0]  # type: ignore[no-any-return]
 
     def int8(self, what: str = "int8") -> int:
+        """An int8 field."""
         return self._unpack(_I8, what)
 
     def int16(self, what: str = "int16") -> int:
+        """An int16 field."""
         return self._unpack(_I16, what)
 
     def int32(self, what: str = "int32") -> int:
+        """An int32 field."""
         return self._unpack(_I32, what)
 
     def int64(self, what: str = "int64") -> int:
+        """An int64 field."""
         return self._unpack(_I64, what)
 
     def raw(self, n: int, what: str = "bytes") -> bytes:
+        """``n`` bytes as they are (Reader) / appended as they are (Writer)."""
         return self._take(n, what)
 
     def blob(self, what: str = "bytes") -> bytes | None:
@@ -144,6 +153,7 @@ class Reader:
         return self._take(n, what)
 
     def string(self, what: str = "string") -> str:
+        """A string field: int16 length + UTF-8."""
         n = self.int16(what + " length")
         if n < 0:
             raise FrameError(f"{what}: negative length {n}")
@@ -153,6 +163,7 @@ class Reader:
             raise FrameError(f"{what}: not UTF-8 ({exc})") from None
 
     def array(self, read_item: Callable[["Reader"], T], min_item_size: int, what: str = "array") -> list[T]:
+        """An array field: int32 count + items."""
         count = self.int32(what + " count")
         if count < 0 or count * max(1, min_item_size) > self.remaining:
             raise FrameError(f"{what}: {count} items cannot fit in the {self.remaining} bytes left")
@@ -173,26 +184,32 @@ class Writer:
         self._parts: list[bytes] = []
 
     def int8(self, v: int) -> "Writer":
+        """An int8 field."""
         self._parts.append(_I8.pack(v))
         return self
 
     def int16(self, v: int) -> "Writer":
+        """An int16 field."""
         self._parts.append(_I16.pack(v))
         return self
 
     def int32(self, v: int) -> "Writer":
+        """An int32 field."""
         self._parts.append(_I32.pack(v))
         return self
 
     def int64(self, v: int) -> "Writer":
+        """An int64 field."""
         self._parts.append(_I64.pack(v))
         return self
 
     def raw(self, b: bytes) -> "Writer":
+        """``n`` bytes as they are (Reader) / appended as they are (Writer)."""
         self._parts.append(bytes(b))
         return self
 
     def blob(self, b: bytes | None) -> "Writer":
+        """A bytes field: int32 length (-1 for None) + bytes."""
         if b is None:
             return self.int32(-1)
         self.int32(len(b))
@@ -200,6 +217,7 @@ class Writer:
         return self
 
     def string(self, s: str) -> "Writer":
+        """A string field: int16 length + UTF-8."""
         raw = s.encode("utf-8")
         if len(raw) > 32767:
             raise ValueError(f"string of {len(raw)} bytes does not fit an int16 length")
@@ -208,12 +226,14 @@ class Writer:
         return self
 
     def array(self, items: list[T], write_item: Callable[["Writer", T], object]) -> "Writer":
+        """An array field: int32 count + items."""
         self.int32(len(items))
         for item in items:
             write_item(self, item)
         return self
 
     def payload(self) -> bytes:
+        """The payload built so far."""
         return b"".join(self._parts)
 
 

@@ -80,10 +80,12 @@ class Message:
     _queue: "Queue | None" = field(default=None, repr=False, compare=False)
 
     def ack(self) -> None:
+        """Acknowledge this delivery (Queue.ack)."""
         assert self._queue is not None
         self._queue.ack(self)
 
     def nack(self, delay: float = 0.0) -> None:
+        """Give this delivery back for redelivery after ``delay`` seconds (Queue.nack)."""
         assert self._queue is not None
         self._queue.nack(self, delay)
 
