@@ -144,6 +144,16 @@ class FileOps:
         finally:
             self.close(fd)
 
+    def write_new_file(self, path: str, data: bytes | bytearray | memoryview) -> None:
+        """Create (or truncate) ``path``, write ``data`` and fsync it; the caller makes the
+        directory entry durable (rename into place, fsync the directory)."""
+        fd = self.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            self.pwrite(fd, data, 0)
+            self.fsync(fd)
+        finally:
+            self.close(fd)
+
     def write_file_atomic(self, path: str, data: bytes, tmp: str | None = None) -> None:
         """Replace ``path`` with ``data`` durably: temp file (``tmp``, default ``path + ".tmp"``),
         fsync, rename, fsync directory (both directories when ``tmp`` is elsewhere).
@@ -151,12 +161,7 @@ class FileOps:
         A crash at any point leaves either the old or the new content, never a mix.
         """
         tmp = path + ".tmp" if tmp is None else tmp
-        fd = self.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        try:
-            self.pwrite(fd, data, 0)
-            self.fsync(fd)
-        finally:
-            self.close(fd)
+        self.write_new_file(tmp, data)
         self.rename(tmp, path)
         target_dir = os.path.dirname(os.path.abspath(path))
         self.fsync_dir(target_dir)

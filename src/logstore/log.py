@@ -1789,12 +1789,7 @@ class Log:
         base = group[0].base_offset
         live = os.path.join(self.path, segment_name(base) + LOG_SUFFIX)
         cleaned, swap = live + CLEANED_SUFFIX, live + SWAP_SUFFIX
-        fd = ops.open(cleaned, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        try:
-            ops.pwrite(fd, data, 0)
-            ops.fsync(fd)
-        finally:
-            ops.close(fd)
+        ops.write_new_file(cleaned, data)
         ops.rename(cleaned, swap)
         ops.fsync_dir(self.path)
         names = []

@@ -90,6 +90,8 @@ class _Connection:
         client_handshake(self.sock, secret, node_id)
         self.max_frame = max_frame
         self._next = 1
+        #: one request at a time on this connection (several threads of a node share it)
+        self.lock = threading.Lock()
 
     def request(self, type: int, payload: bytes, timeout: float | None = None) -> Reader:
         cid = self._next
@@ -563,7 +565,7 @@ class ReplicaNode:
                 conn = _Connection(self.peers[peer], self.secret, self.node_id, timeout, self.max_frame)
                 self._conns[peer] = conn
         try:
-            with _conn_lock(conn):
+            with conn.lock:
                 return conn.request(type, payload, timeout)
         except (OSError, LogstoreError):
             self._drop(peer)
@@ -588,18 +590,6 @@ class ReplicaNode:
                                 high_watermark=rep.hw, log_end_offset=rep.log.log_end_offset,
                                 in_sync=isr if leader else None)
         return out
-
-
-_CONN_LOCKS: dict[int, threading.Lock] = {}
-_CONN_LOCKS_GUARD = threading.Lock()
-
-
-def _conn_lock(conn: _Connection) -> threading.Lock:
-    with _CONN_LOCKS_GUARD:
-        lock = _CONN_LOCKS.get(id(conn))
-        if lock is None:
-            lock = _CONN_LOCKS[id(conn)] = threading.Lock()
-        return lock
 
 
 class Client:
