@@ -295,11 +295,17 @@ class Consumer:
         log = self.store.partition(tp.topic, tp.partition)
         position = self._positions[tp]
         for _ in range(2):
+            hw = log.high_watermark
             try:
-                return log.read(position, max_bytes=self.fetch_max_bytes, max_records=limit,
-                                max_offset=log.high_watermark)
+                records = log.read(position, max_bytes=self.fetch_max_bytes, max_records=limit, max_offset=hw)
             except OffsetOutOfRangeError:
                 position = self._positions[tp] = self._reset_position(tp)
+                continue
+            if not records and position < hw <= log.log_end_offset:
+                # Nothing but control batches (or compacted-away records) below the high
+                # watermark: move past them, or the next poll would find "new" data again.
+                self._positions[tp] = hw
+            return records
         return []
 
     def __iter__(self) -> Iterator[ConsumerRecord]:

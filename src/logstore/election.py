@@ -117,6 +117,11 @@ class Election:
         return self.state.leader
 
     @property
+    def granted_by(self) -> list[int]:
+        """The voters (itself included) that granted this node's latest campaign."""
+        return sorted(self._votes)
+
+    @property
     def majority(self) -> int:
         """Votes needed to win: more than half of the voters."""
         return len(self.voters) // 2 + 1

@@ -895,7 +895,7 @@ class Log:
     def append_batch(self, values: Sequence[bytes | None], keys: Sequence[bytes | None] | None = None,
                      headers: Sequence[Iterable[tuple[str, bytes | None]] | None] | None = None,
                      timestamps: Sequence[int] | None = None, compression: str | int | None = None,
-                     producer_id: int = -1, base_sequence: int = -1) -> int:
+                     producer_id: int = -1, base_sequence: int = -1, control: bool = False) -> int:
         """Append records as one RecordBatch (split only above max_message_bytes); return the first offset.
 
         Args:
@@ -905,6 +905,8 @@ class Log:
                 A log whose compression_type is not "producer" always uses its own codec.
             producer_id, base_sequence: written into the batch header (Kafka's idempotent
                 producer fields; replication uses them to recognise retried produces).
+            control: write a control batch (metadata such as replication's leader change
+                record, which reads pass over; Kafka's consumers skip such batches too).
 
         Raises:
             TypeError / ValueError: bad arguments (nothing written).
@@ -924,13 +926,13 @@ class Log:
             raise InvalidRecordError(f"{self.path}: a compacted log (cleanup_policy="
                                      f"{self.config.cleanup_policy!r}) does not accept records without a key")
         codec = self._forced_codec
-        if codec is None:
-            codec = _codec(compression)
+        if codec is None or control:
+            codec = _codec(None if control else compression)  # control batches: never compressed
         log_append_time = _time_ns() // 1_000_000 if self._ts_type else None
         with self._lock, self._w:
             self._check_open()
             batches = self._encode_batches(values, keys, headers, timestamps, codec, log_append_time,
-                                           producer_id, base_sequence)
+                                           producer_id, base_sequence, control)
             first = -1
             for batch, max_ts in batches:
                 if max_ts > self._roll_deadline:
@@ -951,7 +953,7 @@ class Log:
 
     def _encode_batches(self, values: Sequence[Any], keys: Any, headers: Any, timestamps: Any,
                         codec: int, log_append_time: int | None, producer_id: int = -1,
-                        base_sequence: int = -1) -> list[tuple[Any, int]]:
+                        base_sequence: int = -1, control: bool = False) -> list[tuple[Any, int]]:
         """Encode one batch, or several when one would exceed max_message_bytes.
 
         Every piece is encoded before anything is appended, so a single record over the limit
@@ -960,7 +962,7 @@ class Log:
         limit = self.config.max_message_bytes
         builder = self._builder
         kw: dict[str, Any] = dict(codec=codec, level=self.config.level_for(codec), timestamp_type=self._ts_type,
-                  log_append_time=log_append_time)
+                  log_append_time=log_append_time, control=control)
         if producer_id >= 0:
             kw.update(producer_id=producer_id, producer_epoch=0)
 

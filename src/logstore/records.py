@@ -209,6 +209,7 @@ class BatchBuilder:
         offset_deltas: Sequence[int] | None = None,
         last_offset_delta: int | None = None,
         delete_horizon: int | None = None,
+        control: bool = False,
         copy: bool = True,
     ) -> bytes | bytearray | memoryview:
         """Return the encoded batch. Argument errors raise TypeError/ValueError, nothing else.
@@ -220,6 +221,8 @@ class BatchBuilder:
         ``log_append_time`` stamps the batch as LogAppendTime with that max timestamp.
         ``delete_horizon`` marks a cleaned batch (KIP-534): attribute bit 6, and the horizon
         becomes the base timestamp that record timestamp deltas are relative to.
+        ``control`` marks a control batch (attribute bit 5): its records are metadata (see
+        :func:`leader_change_record`) that reads pass over.
         With ``copy=False`` the result may be a writable view of the builder's scratch space,
         valid only until the next call (the append path uses it to avoid a copy).
         """
@@ -309,6 +312,8 @@ class BatchBuilder:
             last_delta = last_offset_delta
         log_append = timestamp_type or log_append_time is not None
         attributes = codec | (lib.LS_ATTR_TIMESTAMP_TYPE if log_append else 0)
+        if control:
+            attributes |= lib.LS_ATTR_CONTROL
         if delete_horizon is not None:
             attributes |= lib.LS_ATTR_DELETE_HORIZON
             base_ts = delete_horizon
@@ -343,6 +348,32 @@ class BatchBuilder:
         hdr.records_count = n
         check(lib.ls_batch_finish(ffi.from_buffer(batch), len(batch), hdr))
         return bytes(batch) if copy else batch
+
+
+#: ControlRecordType of Kafka's KRaft leader change record (the control record key's type field).
+CONTROL_LEADER_CHANGE = 2
+
+
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def leader_change_record(leader: int, voters: Iterable[int], granting: Iterable[int]) -> tuple[bytes, bytes]:
+    """(key, value) of a leader change control record as Kafka's KRaft writes it: the key is
+    ControlRecordType (version 0, type 2), the value LeaderChangeMessage version 0 (flexible:
+    compact arrays of voters, empty tagged fields). FORMAT.md §13 shows the bytes."""
+    def voter_array(ids: Iterable[int]) -> bytes:
+        ids = list(ids)
+        return _uvarint(len(ids) + 1) + b"".join(struct.pack(">i", v) + b"\x00" for v in ids)
+
+    key = struct.pack(">hh", 0, CONTROL_LEADER_CHANGE)
+    value = struct.pack(">hi", 0, leader) + voter_array(voters) + voter_array(granting) + b"\x00"
+    return key, value
 
 
 # ====================================================================== decoding

@@ -21,6 +21,7 @@ from typing import Any, Iterable
 
 from .election import NONE, Election, QuorumStateFile, Role
 from .errors import LogstoreError, OffsetOutOfRangeError
+from .records import leader_change_record, parse_header
 from .store import LogStore
 from .wire import (
     DEFAULT_MAX_FRAME,
@@ -320,7 +321,6 @@ class ReplicaNode:
 
     def _load_producers(self, rep: _Replica) -> None:
         """Rebuild the table of each producer's last batch from the batch headers."""
-        from .records import parse_header
         log = rep.log
         producers: dict[int, tuple[int, int, int]] = {}
         offset = log.log_start_offset
@@ -343,6 +343,12 @@ class ReplicaNode:
         self._load_producers(rep)
         rep.log.assign_leader_epoch(epoch)
         rep.epoch_start = rep.log.log_end_offset
+        # A record of the new epoch, as KRaft's leader writes at once: the high watermark only
+        # counts records of the leader's own epoch (counting older ones by their replicas is
+        # unsafe, Raft §5.4.2), so without it records of earlier epochs would stay uncommitted
+        # until the next produce, and a retried produce of such a record would wait forever.
+        key, value = leader_change_record(self.node_id, self.voters, rep.election.granted_by)
+        rep.log.append_batch([value], [key], control=True)
         rep.leo = {}
         now = time.monotonic()
         rep.contact = {p: now for p in self.peers}

@@ -172,3 +172,24 @@ def test_kafka_fixture_is_byte_identical_after_open_and_close(tmp_path: pathlib.
     # Index files were rebuilt (Kafka's fixture ships without them) and are Kafka-shaped.
     index = tmp_path / "__cluster_metadata-0" / "00000000000000000000.index"
     assert index.exists() and index.stat().st_size % 8 == 0
+
+
+def test_leader_change_control_batch_is_a_control_batch_to_kafka_python(tmp_path: pathlib.Path) -> None:
+    from logstore.records import leader_change_record
+
+    key, value = leader_change_record(2, [0, 1, 2], [0, 2])
+    with Log.open(tmp_path / "ctl-0", compression_type="gzip") as log:
+        log.append(b"before")
+        log.append_batch([value], [key], control=True)
+        log.append(b"after")
+        assert [(r.offset, r.value) for r in log.read(0)] == [(0, b"before"), (2, b"after")]
+    records = MemoryRecords(_segment_files(tmp_path / "ctl-0")[0].read_bytes())
+    seen = []
+    while (batch := records.next_batch()) is not None:
+        assert batch.validate_crc()
+        seen.append((batch.base_offset, batch.is_control_batch, batch.compression_type,
+                     [(r.key, r.value) for r in batch]))
+    assert seen[0][:2] == (0, False) and seen[2][:2] == (2, False)
+    # The control batch stays uncompressed although the log compresses everything else.
+    assert seen[1] == (1, True, 0, [(key, value)])
+    assert seen[0][2] == 1

@@ -58,13 +58,52 @@ class Cluster:
 
 
 def batches(path):
+    """(batch (base offset, CRC) sequence, {offset: value} of the records) of one replica's log."""
     with Log.open(path) as log:
         out, offset = [], log.log_start_offset
         while offset < log.log_end_offset:
             h = parse_header(log.read_raw(offset, 1), 0)
             out.append((h.base_offset, h.crc))
             offset = h.base_offset + h.last_offset_delta + 1
-        return out, [r.value for r in log.iter()]
+        return out, {r.offset: r.value for r in log.iter()}
+
+
+def self_declared_leader(cluster):
+    """The node that says it leads replicated-0 (the newest epoch's, if two do), or None."""
+    best = None
+    for i, address in cluster.addrs.items():
+        if cluster.procs[i].poll() is not None:
+            continue
+        probe = Client([address], SECRET, timeout=1)
+        try:
+            leader, epoch, _ = probe.metadata()[("replicated", 0)]
+        except ReplicationError:
+            continue
+        finally:
+            probe.close()
+        if leader == i and (best is None or epoch > best[1]):
+            best = (i, epoch)
+    return None if best is None else best[0]
+
+
+def converged_high_watermark(cluster, timeout=20.0):
+    """Wait until every node names the same leader, epoch and high watermark; return that."""
+    deadline = time.monotonic() + timeout
+    views = []
+    while time.monotonic() < deadline:
+        views = []
+        for address in cluster.addrs.values():
+            probe = Client([address], SECRET, timeout=1)
+            try:
+                views.append(probe.metadata()[("replicated", 0)])
+            except ReplicationError:
+                views.append(None)
+            finally:
+                probe.close()
+        if None not in views and len(set(views)) == 1 and views[0][0] >= 0:
+            return views[0][2]
+        time.sleep(0.1)
+    raise AssertionError(f"the replicas did not converge: {views}")
 
 
 def test_sigkill_the_leader_repeatedly_while_producing_with_acks_all(tmp_path):
@@ -74,26 +113,31 @@ def test_sigkill_the_leader_repeatedly_while_producing_with_acks_all(tmp_path):
     client = Client(list(cluster.addrs.values()), SECRET, timeout=5)
     acked: dict[bytes, int] = {}
     failovers = []
+    stalls = []
     done = threading.Event()
 
     def killer():
-        # Kill whichever node leads, at random moments, so that some produces are in flight.
-        watcher = Client(list(cluster.addrs.values()), SECRET, timeout=2)
+        # Kill the leader at a random moment once the set has acknowledged a write since the last
+        # kill (so every failover interrupts a live leader with produces in flight); a set that
+        # acknowledges nothing for 30 s after a failover has lost liveness.
         rng = random.Random(7)
         try:
             while len(failovers) < FAILOVERS:
-                time.sleep(rng.uniform(0.05, 0.4))
-                try:
-                    leader = watcher.metadata()[("replicated", 0)][0]
-                except ReplicationError:
-                    continue
-                if leader < 0 or cluster.procs[leader].poll() is not None:
+                seen = len(acked)
+                deadline = time.monotonic() + 30
+                while len(acked) == seen and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                if len(acked) == seen:
+                    stalls.append(len(failovers))
+                    return
+                time.sleep(rng.uniform(0.0, 0.3))
+                leader = self_declared_leader(cluster)
+                if leader is None:
                     continue
                 cluster.kill(leader)
                 cluster.start(leader)
                 failovers.append(leader)
         finally:
-            watcher.close()
             done.set()
 
     thread = threading.Thread(target=killer)
@@ -112,21 +156,22 @@ def test_sigkill_the_leader_repeatedly_while_producing_with_acks_all(tmp_path):
         done.wait()
         thread.join()
         client.close()
-        time.sleep(1.0)  # let followers catch up before the last stop
+        hw = converged_high_watermark(cluster)
         cluster.stop_all()
+    assert not stalls, f"nothing acknowledged for 30 s after failover {stalls[0]}"
     assert len(failovers) == FAILOVERS
-    assert len(acked) >= FAILOVERS  # the set kept acknowledging through the failovers
     logs = [batches(str(tmp_path / f"n{i}" / "replicated-0")) for i in range(3)]
     # Every acknowledged record is present, at the offset it was acknowledged with, on a majority.
     for value, offset in acked.items():
-        holding = [values for _, values in logs if offset < len(values) and values[offset] == value]
+        holding = [values for _, values in logs if values.get(offset) == value]
         assert len(holding) >= 2, (value, offset)
-    # Committed prefixes are identical, batch for batch.
-    shortest = min(len(b) for b, _ in logs)
-    assert logs[0][0][:shortest] == logs[1][0][:shortest] == logs[2][0][:shortest]
+    # Every replica holds the committed prefix, byte-identical batch for batch.
+    committed = [[b for b in batch_list if b[0] < hw] for batch_list, _ in logs]
+    assert committed[0] == committed[1] == committed[2]
+    assert max(acked.values()) < hw and committed[0][-1][0] < hw
     # No produce appears twice, although the client retried those whose answer a kill lost.
     for _, values in logs:
-        assert len(values) == len(set(values))
+        assert len(values) == len(set(values.values()))
 
 
 def test_a_paused_leader_steps_down_and_rejoins_as_a_follower(tmp_path):
@@ -135,11 +180,12 @@ def test_a_paused_leader_steps_down_and_rejoins_as_a_follower(tmp_path):
         cluster.start(i)
     client = Client(list(cluster.addrs.values()), SECRET, timeout=5)
     try:
-        assert client.produce("replicated", 0, [b"before"], acks="all", timeout=10) == [0]
+        (before,) = client.produce("replicated", 0, [b"before"], acks="all", timeout=10)
         old = client.metadata()[("replicated", 0)][0]
         cluster.procs[old].send_signal(signal.SIGSTOP)  # past the election timeout
         others = Client([a for i, a in cluster.addrs.items() if i != old], SECRET, timeout=5)
-        assert others.produce("replicated", 0, [b"during"], acks="all", timeout=15) == [1]
+        (during,) = others.produce("replicated", 0, [b"during"], acks="all", timeout=15)
+        assert during > before
         new = others.metadata()[("replicated", 0)]
         assert new[0] not in (old, -1)
         cluster.procs[old].send_signal(signal.SIGCONT)
@@ -159,12 +205,13 @@ def test_a_paused_leader_steps_down_and_rejoins_as_a_follower(tmp_path):
                 break
             time.sleep(0.2)
         assert len(set(views)) == 1 and views[0] != -1, views
-        assert client.produce("replicated", 0, [b"after"], acks="all", timeout=15) == [2]
+        (after,) = client.produce("replicated", 0, [b"after"], acks="all", timeout=15)
+        assert after > during
         others.close()
     finally:
         client.close()
         time.sleep(1.0)
         cluster.stop_all()
     logs = [batches(str(tmp_path / f"n{i}" / "replicated-0")) for i in range(3)]
-    assert all(values == [b"before", b"during", b"after"] for _, values in logs), logs
+    assert all(values == {before: b"before", during: b"during", after: b"after"} for _, values in logs), logs
     assert logs[0][0] == logs[1][0] == logs[2][0]

@@ -859,3 +859,24 @@ def test_long_poll_wakes_on_an_append_through_another_store_object(tmp_path):
     finally:
         b.close()
         a.close()
+
+
+def test_position_moves_past_trailing_control_batches(store):
+    from logstore.records import leader_change_record
+
+    store.create_topic("ctl", 1)
+    log = store.partition("ctl", 0)
+    key, value = leader_change_record(0, [0], [0])
+    log.append_batch([b"a", b"b"])
+    log.append_batch([value], [key], control=True)
+    consumer = store.consumer("g", ["ctl"])
+    try:
+        assert [r.value for r in drain(consumer)] == [b"a", b"b"]
+        # The control batch at offset 2 returns nothing, but the position passes it, so a
+        # long-poll waits for new data instead of finding the same "new" offset again.
+        assert consumer.position("ctl", 0) == 3
+        assert consumer.poll(0.05) == []
+        log.append(b"c")
+        assert [(r.offset, r.value) for r in consumer.poll(1.0)] == [(3, b"c")]
+    finally:
+        consumer.close()

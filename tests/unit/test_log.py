@@ -632,3 +632,19 @@ def test_compacted_log_rejects_records_without_key_and_writes_nothing(path: path
         assert log.append(b"v", key=b"k") == 0
         assert log.append(None, key=b"k") == 1  # a tombstone has a key
         assert log.append_batch([b"a"], keys=[b"k2"]) == 2
+
+
+def test_control_batches_take_offsets_but_reads_pass_over_them(tmp_path: pathlib.Path) -> None:
+    from logstore.records import leader_change_record
+
+    key, value = leader_change_record(0, [0], [0])
+    with Log.open(tmp_path / "ctl-0", segment_bytes=4096) as log:
+        log.append_batch([value], [key], control=True)
+        first = log.append_batch([b"x%d" % i for i in range(100)])
+        log.append_batch([value], [key], control=True)
+        assert first == 1 and log.log_end_offset == 102
+        assert [r.offset for r in log.read(0)][:2] == [1, 2]
+        assert log.read(101) == []  # only a control batch left below the end
+        assert [r.offset for r in log.iter()] == list(range(1, 101))
+    with Log.open(tmp_path / "ctl-0") as log:  # and after recovery
+        assert log.log_end_offset == 102 and [r.offset for r in log.iter()] == list(range(1, 101))

@@ -497,3 +497,34 @@ def test_records_are_immutable_tuples(builder: BatchBuilder) -> None:
     assert record == (0, 3, TimestampType.CREATE_TIME, b"k", b"a", [])
     with pytest.raises(AttributeError):
         record.value = b"b"  # type: ignore[misc]
+
+
+# ---------------------------------------------------------------------- control batches
+def test_leader_change_record_is_kafkas_control_key_and_flexible_message() -> None:
+    from logstore.records import leader_change_record
+
+    key, value = leader_change_record(1, [0, 1, 2], [1, 2])
+    assert key == bytes.fromhex("0000 0002")  # ControlRecordType version 0, type 2 (LEADER_CHANGE)
+    # version 0, leader 1, voters [0, 1, 2] and granting [1, 2] as compact arrays of
+    # (int32 id, empty tagged fields), then the message's empty tagged fields.
+    assert value == bytes.fromhex("0000 00000001 04 0000000000 0000000100 0000000200"
+                                  " 03 0000000100 0000000200 00")
+
+
+@pytest.mark.parametrize("codec", [compression.NONE, compression.GZIP])
+def test_control_batches_are_validated_and_passed_over_by_the_decoder(builder: BatchBuilder, codec: int) -> None:
+    data = bytes(builder.build([b"a", b"b"], base_offset=0))
+    control = bytes(builder.build([b"ctl"], [b"\0\0\0\2"], base_offset=2, codec=codec, control=True))
+    assert parse_header(control).attributes & lib.LS_ATTR_CONTROL
+    data += control + bytes(builder.build([b"c"], base_offset=3))
+    records, end = RecordDecoder().decode(data, 0, len(data))
+    assert [(r.offset, r.value) for r in records] == [(0, b"a"), (1, b"b"), (3, b"c")]
+    assert end == len(data)
+    # From inside the control batch the next record is the one after it.
+    assert [r.offset for r in decode_batches(data, min_offset=2)] == [3]
+    # A damaged control batch is still an error: it is validated like any other.
+    broken = bytearray(data)
+    position = data.index(control) + HEADER_SIZE
+    broken[position] ^= 0xFF
+    with pytest.raises(CorruptRecordError):
+        RecordDecoder().decode(bytes(broken), 0, len(broken))

@@ -240,7 +240,8 @@ typedef struct {
  * max_batch_bytes, CRC included), and no record of a batch that fails is ever returned. A batch
  * followed by one whose base offset is <= min_offset is skipped on the two headers alone (see
  * skippable() in scan.c), as Kafka's offset translation skips batches, so that damage in a batch
- * the read does not need cannot fail the read. Every batch's base offset must exceed the previous
+ * the read does not need cannot fail the read. A control batch (LS_ATTR_CONTROL) is validated but
+ * its records are never returned. Every batch's base offset must exceed the previous
  * batch's last offset (cur->prev_last_offset), else LS_ERR_CORRUPT.
  * Stops (setting cur->stop) at the end of buf, before a batch whose base offset is >= max_offset
  * (when max_offset >= 0), before a compressed batch, before a batch whose records do not fit in

@@ -84,7 +84,10 @@ int ls_segment_decode(const char *buf, int64_t len, int64_t min_offset, int64_t 
             cur->stop = LS_STOP_ERROR;
             return LS_ERR_CORRUPT;
         }
-        if (!skipped && hdr->base_offset + hdr->last_offset_delta >= min_offset) {
+        /* Control batches (transaction markers, leader changes) are validated like any batch
+         * but hold no user records: a read passes over them, as Kafka's consumers do. */
+        if (!skipped && !(hdr->attributes & LS_ATTR_CONTROL) &&
+            hdr->base_offset + hdr->last_offset_delta >= min_offset) {
             if (hdr->attributes & LS_ATTR_COMPRESSION_MASK) {
                 cur->stop = LS_STOP_COMPRESSED;
                 return LS_OK;
