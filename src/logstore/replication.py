@@ -14,20 +14,22 @@ from __future__ import annotations
 import logging
 import random
 import socket
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 from .election import NONE, Election, QuorumStateFile, Role
 from .errors import LogstoreError, OffsetOutOfRangeError
-from .records import leader_change_record, parse_header
+from .records import Record, decode_batches, leader_change_record, parse_header
 from .store import LogStore
 from .wire import (
     DEFAULT_MAX_FRAME,
     FrameError,
     Reader,
     RequestType,
+    TLSConfig,
     Writer,
     client_handshake,
     recv_frame,
@@ -35,7 +37,8 @@ from .wire import (
     server_handshake,
 )
 
-__all__ = ["ReplicaNode", "Client", "NotLeaderError", "NotEnoughReplicasError", "ReplicationError"]
+__all__ = ["ReplicaNode", "Client", "Fetched", "TLSConfig", "NotLeaderError", "NotEnoughReplicasError",
+           "ReplicationError"]
 
 logger = logging.getLogger("logstore.replication")
 
@@ -85,10 +88,17 @@ class _Connection:
     """One authenticated client connection to a peer (request/response, one at a time)."""
 
     def __init__(self, address: tuple[str, int], secret: bytes, node_id: int, timeout: float,
-                 max_frame: int) -> None:
-        self.sock = socket.create_connection(address, timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        client_handshake(self.sock, secret, node_id)
+                 max_frame: int, tls: ssl.SSLContext | None = None) -> None:
+        sock = socket.create_connection(address, timeout=timeout)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if tls is not None:
+                sock = tls.wrap_socket(sock)
+            client_handshake(sock, secret, node_id)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
         self.max_frame = max_frame
         self._next = 1
         #: one request at a time on this connection (several threads of a node share it)
@@ -146,15 +156,31 @@ class ReplicaNode:
         replica_lag_time_max_ms: a follower is in sync while it reached the leader's end this
             recently.
         min_insync_replicas: acks="all" needs this many in-sync replicas (leader included).
+        fetch_max_bytes: the most batch bytes one fetch answer carries (at least one batch).
+        max_frame: the largest frame accepted from an authenticated peer.
+        tls: mutual TLS for every connection, served and made (None: plain TCP).
+        max_connections: connections served at once; more are closed as they arrive.
+        connections_max_idle_ms: a served connection that sends no request for this long is
+            closed (Kafka's name); the handshake must finish within ``handshake_timeout_ms``.
+
+    Durability: records are appended with the store's flush policy (page cache by default);
+    acks="all" means held by a majority, not fsynced by one. Thread-safety: start() and stop()
+    from one thread; every other method may be called from any thread.
     """
 
     def __init__(self, node_id: int, data_dir: str, listen: tuple[str, int] = ("127.0.0.1", 0),
                  peers: dict[int, tuple[str, int]] | None = None, secret: bytes = b"", *,
                  partitions: Iterable[tuple[str, int]] = (("replicated", 1),),
                  election_timeout_ms: int = 1000, replica_lag_time_max_ms: int = 10_000,
-                 min_insync_replicas: int = 2, fetch_max_bytes: int = 1 << 20, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+                 min_insync_replicas: int = 2, fetch_max_bytes: int = 1 << 20, max_frame: int = DEFAULT_MAX_FRAME,
+                 tls: TLSConfig | None = None, max_connections: int = 256,
+                 connections_max_idle_ms: int = 600_000, handshake_timeout_ms: int = 10_000) -> None:
         if not secret:
             raise ValueError("a shared secret is required")
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {max_connections}")
+        if connections_max_idle_ms <= 0 or handshake_timeout_ms <= 0:
+            raise ValueError("connections_max_idle_ms and handshake_timeout_ms must be > 0")
         self.node_id = node_id
         self.peers = dict(peers or {})
         self.voters = sorted(set(self.peers) | {node_id})
@@ -164,6 +190,11 @@ class ReplicaNode:
         self.min_insync = min_insync_replicas
         self.fetch_max_bytes = fetch_max_bytes
         self.max_frame = max_frame
+        self.max_connections = max_connections
+        self.idle_s = connections_max_idle_ms / 1000.0
+        self.handshake_s = handshake_timeout_ms / 1000.0
+        self._server_tls = tls.server_context() if tls is not None else None
+        self._client_tls = tls.client_context() if tls is not None else None
         self.store = LogStore(data_dir, shared=False, maintenance=False)
         self._replicas: dict[tuple[str, int], _Replica] = {}
         for topic, count in partitions:
@@ -232,18 +263,34 @@ class ReplicaNode:
                 continue
             except OSError:
                 return
-            sock.settimeout(None)
+            with self._lock:
+                full = len(self._served) >= self.max_connections
+                if not full:
+                    self._served.add(sock)
+            if full:
+                logger.warning("node %d: refusing a connection: %d connections open (max_connections)",
+                               self.node_id, self.max_connections)
+                sock.close()
+                continue
             threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
 
     def _serve(self, sock: socket.socket) -> None:
-        with self._lock:
-            self._served.add(sock)
+        raw = sock
         try:
-            sock.settimeout(30)
+            sock.settimeout(self.handshake_s)
+            if self._server_tls is not None:
+                sock = self._server_tls.wrap_socket(sock, server_side=True)
+                with self._lock:
+                    self._served.discard(raw)
+                    self._served.add(sock)
             server_handshake(sock, self.secret)
-            sock.settimeout(None)
+            sock.settimeout(self.idle_s)  # waiting for the next request; a handler may take longer
             while not self._stop.is_set():
-                frame = recv_frame(sock, self.max_frame)
+                try:
+                    frame = recv_frame(sock, self.max_frame)
+                except socket.timeout:
+                    logger.debug("node %d: closing a connection idle for %.0f s", self.node_id, self.idle_s)
+                    return
                 handler = {RequestType.FETCH: self._on_fetch, RequestType.PRODUCE: self._on_produce,
                            RequestType.VOTE: self._on_vote, RequestType.BEGIN_EPOCH: self._on_begin_epoch,
                            RequestType.METADATA: self._on_metadata}.get(frame.type)  # type: ignore[call-overload]
@@ -257,6 +304,7 @@ class ReplicaNode:
         finally:
             with self._lock:
                 self._served.discard(sock)
+                self._served.discard(raw)
             sock.close()
 
     def _replica(self, r: Reader) -> _Replica | None:
@@ -349,6 +397,7 @@ class ReplicaNode:
         # until the next produce, and a retried produce of such a record would wait forever.
         key, value = leader_change_record(self.node_id, self.voters, rep.election.granted_by)
         rep.log.append_batch([value], [key], control=True)
+        self._advance_hw(rep)
         rep.leo = {}
         now = time.monotonic()
         rep.contact = {p: now for p in self.peers}
@@ -428,9 +477,16 @@ class ReplicaNode:
         replica_id = r.int32("replica id")
         rep = self._replica(r)
         epoch, offset, last_epoch = r.int32(), r.int64(), r.int32()
+        max_bytes = r.int32("max bytes")
+        r.end()
         out = Writer()
         if rep is None:
             return out.int16(UNKNOWN_PARTITION).int32(NONE).int32(-1).int64(0).int32(-1).int64(-1).blob(None).payload()
+        if max_bytes <= 0:
+            return out.int16(INVALID).int32(NONE).int32(-1).int64(0).int32(-1).int64(-1).blob(None).payload()
+        max_bytes = min(max_bytes, self.fetch_max_bytes)
+        if replica_id < 0:
+            return self._on_consumer_fetch(rep, offset, max_bytes)
         with rep.cond:
             election = rep.election
             if epoch > election.epoch:
@@ -454,10 +510,40 @@ class ReplicaNode:
                 rep.caught_up[replica_id] = now
             self._advance_hw(rep)
             try:
-                data = log.read_raw(offset, self.fetch_max_bytes) if offset < end else b""
+                data = log.read_raw(offset, max_bytes) if offset < end else b""
             except OffsetOutOfRangeError:
                 return out.int16(OUT_OF_RANGE).int32(self.node_id).int32(election.epoch).int64(rep.hw).int32(-1).int64(log.log_start_offset).blob(None).payload()
             return out.int16(OK).int32(self.node_id).int32(election.epoch).int64(rep.hw).int32(-1).int64(-1).blob(data).payload()
+
+    def _on_consumer_fetch(self, rep: _Replica, offset: int, max_bytes: int) -> bytes:
+        """A client's fetch, answered by the leader only (so that a produce acknowledged with
+        acks="all" is visible to the next fetch): whole batches from ``offset`` up to the high
+        watermark (a consumer never sees a record that is not committed)."""
+        out = Writer()
+        with rep.cond:
+            election = rep.election
+            hw = min(rep.hw, rep.log.log_end_offset)
+            leader = election.leader
+            if election.role is not Role.LEADER:
+                return out.int16(NOT_LEADER).int32(leader).int32(election.epoch).int64(hw).int32(-1).int64(-1).blob(None).payload()
+        log = rep.log
+        start = log.log_start_offset
+        if offset < start or offset > hw:
+            return out.int16(OUT_OF_RANGE).int32(leader).int32(election.epoch).int64(hw).int32(-1).int64(start).blob(None).payload()
+        try:
+            data = log.read_raw(offset, max_bytes) if offset < hw else b""
+        except OffsetOutOfRangeError as exc:  # retention or truncation moved the range meanwhile
+            return (out.int16(OUT_OF_RANGE).int32(leader).int32(election.epoch).int64(hw).int32(-1)
+                    .int64(exc.log_start_offset).blob(None).payload())
+        # Cut the answer at the high watermark (always a batch boundary: every replica's log
+        # end is one, and the high watermark is one of them).
+        position = 0
+        while position < len(data):
+            h = parse_header(data, position)
+            if h.last_offset >= hw:
+                break
+            position += h.size
+        return out.int16(OK).int32(leader).int32(election.epoch).int64(hw).int32(-1).int64(-1).blob(data[:position]).payload()
 
     def _advance_hw(self, rep: _Replica) -> None:
         """HW = the largest offset held by a majority, counted only over records of this epoch."""
@@ -489,7 +575,7 @@ class ReplicaNode:
         offset = log.log_end_offset
         last_epoch = log.latest_epoch
         payload = (Writer().int32(self.node_id).string(rep.topic).int32(rep.partition).int32(rep.election.epoch)
-                   .int64(offset).int32(last_epoch).payload())
+                   .int64(offset).int32(last_epoch).int32(self.fetch_max_bytes).payload())
         r = self._request(leader, RequestType.FETCH, payload, timeout=self.election_timeout_s)
         code, leader_id, epoch, hw = r.int16(), r.int32(), r.int32(), r.int64()
         div_epoch, div_end = r.int32(), r.int64()
@@ -503,9 +589,16 @@ class ReplicaNode:
                 return False
             rep.deadline = time.monotonic() + Election.election_timeout(self.election_timeout_s, self._rng)
         if div_epoch != -1 or (data is None and div_end >= 0):
-            logger.info("node %d: %s-%d diverges from the leader at epoch %d; truncating to %d",
-                        self.node_id, rep.topic, rep.partition, div_epoch, div_end)
-            log.truncate_to(min(div_end, log.log_end_offset))
+            # KIP-279: the leader named the largest epoch it has at or below ours and where that
+            # epoch ends in its log. Our history agrees up to the smaller of that end and the end
+            # of the same epoch (or, lacking it, of our largest older one) in our own log. Each
+            # round shortens the log or lowers our latest epoch, so a history that diverged over
+            # several epochs converges in a few fetches.
+            own_end = log.end_offset_for_epoch(div_epoch)[1] if div_epoch >= 0 else div_end
+            target = min(div_end, own_end if own_end >= 0 else div_end, log.log_end_offset)
+            logger.info("node %d: %s-%d diverges from the leader (its epoch %d ends at %d); truncating to %d",
+                        self.node_id, rep.topic, rep.partition, div_epoch, div_end, target)
+            log.truncate_to(max(target, 0))
             return True
         if data:
             log.append_replicated(data)
@@ -546,6 +639,7 @@ class ReplicaNode:
                 last = first + len(items) - 1
                 if producer_id >= 0:
                     rep.producers[producer_id] = (base_sequence, first, last)
+                self._advance_hw(rep)  # a set of one commits on its own append
             if acks == -1:
                 deadline = time.monotonic() + timeout_ms / 1000.0
                 while rep.hw <= last:
@@ -568,7 +662,8 @@ class ReplicaNode:
         with self._lock:
             conn = self._conns.get(peer)
             if conn is None:
-                conn = _Connection(self.peers[peer], self.secret, self.node_id, timeout, self.max_frame)
+                conn = _Connection(self.peers[peer], self.secret, self.node_id, timeout, self.max_frame,
+                                   self._client_tls)
                 self._conns[peer] = conn
         try:
             with conn.lock:
@@ -582,6 +677,23 @@ class ReplicaNode:
             conn = self._conns.pop(peer, None)
         if conn is not None:
             conn.close()
+
+    def read(self, topic: str, partition: int, offset: int, max_records: int | None = None) -> list[Record]:
+        """Records of this replica from ``offset`` on, below its high watermark only: what a
+        consumer may see (a follower's uncommitted tail may still be truncated). Thread-safe.
+
+        Raises:
+            ReplicationError: an unknown partition. OffsetOutOfRangeError: ``offset`` outside
+            [log start, high watermark].
+        """
+        rep = self._replicas.get((topic, partition))
+        if rep is None:
+            raise ReplicationError(f"{topic}-{partition} is not replicated by node {self.node_id}", UNKNOWN_PARTITION)
+        with rep.cond:
+            hw = min(rep.hw, rep.log.log_end_offset)
+        if offset > hw:
+            raise OffsetOutOfRangeError(offset, rep.log.log_start_offset, hw, f"read from {topic}-{partition}")
+        return rep.log.read(offset, max_records=max_records, max_offset=hw)
 
     def describe(self) -> dict[tuple[str, int], dict[str, Any]]:
         """Per partition: role, leader, epoch, high watermark, log end, in-sync replicas."""
@@ -598,18 +710,37 @@ class ReplicaNode:
         return out
 
 
+class Fetched(NamedTuple):
+    """What :meth:`Client.fetch` returns."""
+
+    #: committed records from the offset asked for (control records left out)
+    records: list[Record]
+    #: the offset to fetch next: past every batch returned, control batches included
+    next_offset: int
+    #: the answering replica's high watermark
+    high_watermark: int
+
+
 class Client:
     """Produces to and reads from a replica set, following its leader.
 
     Args:
         bootstrap: [(host, port)] of some nodes.
         secret: the shared secret.
+        timeout: seconds for a connection or a request, and the default for produce/fetch.
+        tls: mutual TLS (required when the nodes use it).
+
+    Thread-safety: one thread at a time (give each thread its own Client).
     """
 
-    def __init__(self, bootstrap: Iterable[tuple[str, int]], secret: bytes, timeout: float = 10.0) -> None:
+    def __init__(self, bootstrap: Iterable[tuple[str, int]], secret: bytes, timeout: float = 10.0,
+                 tls: TLSConfig | None = None) -> None:
         self.bootstrap = list(bootstrap)
+        if not self.bootstrap:
+            raise ValueError("bootstrap needs at least one (host, port)")
         self.secret = secret
         self.timeout = timeout
+        self._tls = tls.client_context() if tls is not None else None
         self._conns: dict[tuple[str, int], _Connection] = {}
         #: Idempotence: every produce carries this id and a per-partition sequence number, so a
         #: retry after a lost response is recognised by the leader instead of appended again.
@@ -619,8 +750,25 @@ class Client:
     def _conn(self, address: tuple[str, int]) -> _Connection:
         conn = self._conns.get(address)
         if conn is None:
-            conn = self._conns[address] = _Connection(address, self.secret, NONE, self.timeout, DEFAULT_MAX_FRAME)
+            conn = self._conns[address] = _Connection(address, self.secret, NONE, self.timeout, DEFAULT_MAX_FRAME,
+                                                      self._tls)
         return conn
+
+    def _call(self, address: tuple[str, int], type: int, payload: bytes) -> Reader:
+        """One request; a cached connection the node closed meanwhile (idle limit, restart) is
+        replaced once. Raises OSError/LogstoreError when the node cannot answer."""
+        reused = address in self._conns
+        try:
+            return self._conn(address).request(type, payload, timeout=self.timeout)
+        except (OSError, LogstoreError):
+            self._drop(address)
+            if not reused:
+                raise
+        try:
+            return self._conn(address).request(type, payload, timeout=self.timeout)
+        except (OSError, LogstoreError):
+            self._drop(address)
+            raise
 
     def _drop(self, address: tuple[str, int]) -> None:
         conn = self._conns.pop(address, None)
@@ -651,9 +799,8 @@ class Client:
         while time.monotonic() < deadline:
             for address in list(self.bootstrap):
                 try:
-                    r = self._conn(address).request(RequestType.PRODUCE, payload, timeout=self.timeout)
+                    r = self._call(address, RequestType.PRODUCE, payload)
                 except (OSError, LogstoreError) as exc:
-                    self._drop(address)
                     last_error = exc
                     continue
                 err, leader, first, last = r.int16(), r.int32(), r.int64(), r.int64()
@@ -667,13 +814,58 @@ class Client:
         raise NotLeaderError(f"no leader acknowledged the produce to {topic}-{partition} within the timeout "
                              f"({last_error})", NOT_LEADER)
 
+    def fetch(self, topic: str, partition: int, offset: int, max_bytes: int = 1 << 20,
+              timeout: float | None = None) -> Fetched:
+        """Committed records of a partition from ``offset`` on (about ``max_bytes`` of batches,
+        at least one when any is committed), from its leader. An empty answer means nothing is
+        committed at or after ``offset`` yet; fetch again from ``next_offset``.
+
+        Raises:
+            OffsetOutOfRangeError: ``offset`` below the log start or above the high watermark.
+            NotLeaderError: no leader answered before ``timeout``.
+            CorruptRecordError: a batch failed its CRC on arrival.
+        """
+        if max_bytes <= 0:
+            raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
+        payload = (Writer().int32(-1).string(topic).int32(partition).int32(-1).int64(offset).int32(-1)
+                   .int32(min(max_bytes, DEFAULT_MAX_FRAME - 4096)).payload())
+        deadline = time.monotonic() + (timeout or self.timeout)
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            for address in list(self.bootstrap):
+                try:
+                    r = self._call(address, RequestType.FETCH, payload)
+                except (OSError, LogstoreError) as exc:
+                    last_error = exc
+                    continue
+                err, leader, _epoch, hw = r.int16(), r.int32(), r.int32(), r.int64()
+                _div_epoch, start = r.int32(), r.int64()
+                data = r.blob() or b""
+                if err == OUT_OF_RANGE:
+                    raise OffsetOutOfRangeError(offset, start, hw, f"fetch from {topic}-{partition}")
+                if err == NOT_LEADER:
+                    last_error = NotLeaderError(f"node at {address} is not the leader", err, leader)
+                    continue
+                _raise_for(err, leader, f"fetch from {topic}-{partition}")
+                records = decode_batches(data, offset)
+                next_offset = offset
+                if data:
+                    position = 0
+                    while position < len(data):
+                        h = parse_header(data, position)
+                        position += h.size
+                    next_offset = max(offset, h.last_offset + 1)
+                return Fetched(records, next_offset, hw)
+            time.sleep(0.05)
+        raise NotLeaderError(f"no leader answered the fetch from {topic}-{partition} within the timeout "
+                             f"({last_error})", NOT_LEADER)
+
     def metadata(self) -> dict[tuple[str, int], tuple[int, int, int]]:
         """{(topic, partition): (leader, epoch, high watermark)} as the first reachable node knows it."""
         for address in self.bootstrap:
             try:
-                r = self._conn(address).request(RequestType.METADATA, b"", timeout=self.timeout)
+                r = self._call(address, RequestType.METADATA, b"")
             except (OSError, LogstoreError):
-                self._drop(address)
                 continue
             r.int32()
             rows = r.array(lambda x: (x.string(), x.int32(), x.int32(), x.int32(), x.int64()), 22)
@@ -687,14 +879,15 @@ class Client:
 
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run one replica node until SIGTERM/SIGINT: ``python -m logstore.replication --node-id 0
-    --data-dir DIR --listen 127.0.0.1:9000 --peer 1=127.0.0.1:9001 --peer 2=127.0.0.1:9002
-    --secret-file FILE [--topic NAME:PARTITIONS]``."""
+def main(argv: list[str] | None = None, prog: str = "python -m logstore.replication") -> int:
+    """Run one replica node until SIGTERM/SIGINT: ``logstore node --node-id 0 --data-dir DIR
+    --listen 127.0.0.1:9000 --peer 1=127.0.0.1:9001 --peer 2=127.0.0.1:9002 --secret-file FILE
+    [--topic NAME:PARTITIONS] [--tls-cert F --tls-key F --tls-ca F]``. Prints one "serving"
+    line on stdout once it listens."""
     import argparse
     import signal
 
-    parser = argparse.ArgumentParser(prog="python -m logstore.replication", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog=prog, description=main.__doc__)
     parser.add_argument("--node-id", type=int, required=True)
     parser.add_argument("--data-dir", required=True)
     parser.add_argument("--listen", required=True, help="host:port")
@@ -704,7 +897,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--election-timeout-ms", type=int, default=1000)
     parser.add_argument("--min-insync-replicas", type=int, default=2)
     parser.add_argument("--log-level", default="WARNING", help="logging level for the node (INFO shows elections)")
+    parser.add_argument("--tls-cert", help="PEM certificate of this node (with --tls-key and --tls-ca: mutual TLS)")
+    parser.add_argument("--tls-key", help="PEM private key of this node")
+    parser.add_argument("--tls-ca", help="PEM CA certificate(s) that peers' and clients' certificates must chain to")
+    parser.add_argument("--max-connections", type=int, default=256)
+    parser.add_argument("--connections-max-idle-ms", type=int, default=600_000)
     args = parser.parse_args(argv)
+    tls_files = (args.tls_cert, args.tls_key, args.tls_ca)
+    if any(tls_files) and not all(tls_files):
+        parser.error("--tls-cert, --tls-key and --tls-ca go together")
     logging.basicConfig(level=args.log_level.upper(), format=f"%(asctime)s node {args.node_id} %(name)s %(message)s")
 
     def address(text: str) -> tuple[str, int]:
@@ -723,11 +924,20 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.topic or ["replicated:1"]:
         name, _, count = item.partition(":")
         topics.append((name, int(count or 1)))
-    with open(args.secret_file, "rb") as f:
-        secret = f.read().strip()
-    node = ReplicaNode(args.node_id, args.data_dir, address(args.listen), peers, secret, partitions=topics,
-                       election_timeout_ms=args.election_timeout_ms,
-                       min_insync_replicas=args.min_insync_replicas).start()
+    try:
+        with open(args.secret_file, "rb") as f:
+            secret = f.read().strip()
+    except OSError as exc:
+        parser.error(f"cannot read the secret file: {exc}")
+    try:
+        node = ReplicaNode(args.node_id, args.data_dir, address(args.listen), peers, secret, partitions=topics,
+                           election_timeout_ms=args.election_timeout_ms,
+                           min_insync_replicas=args.min_insync_replicas,
+                           tls=TLSConfig(*tls_files) if all(tls_files) else None,
+                           max_connections=args.max_connections,
+                           connections_max_idle_ms=args.connections_max_idle_ms).start()
+    except (ValueError, OSError, LogstoreError) as exc:
+        parser.error(str(exc))
     import faulthandler
 
     faulthandler.register(signal.SIGUSR1)  # kill -USR1 <pid> prints every thread's stack

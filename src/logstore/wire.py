@@ -32,7 +32,9 @@ import hashlib
 import hmac
 import os
 import socket
+import ssl
 import struct
+from dataclasses import dataclass
 from typing import Callable, TypeVar
 
 from .errors import LogstoreError
@@ -41,6 +43,7 @@ __all__ = [
     "RequestType", "FrameError", "AuthenticationError", "Frame", "Reader", "Writer",
     "encode_frame", "decode_frame", "recv_frame", "send_frame",
     "client_handshake", "server_handshake", "PRE_AUTH_MAX_FRAME", "DEFAULT_MAX_FRAME", "BATCH_OVERHEAD",
+    "TLSConfig",
 ]
 
 PRE_AUTH_MAX_FRAME = 4096
@@ -350,3 +353,44 @@ def server_handshake(sock: socket.socket, secret: bytes) -> int:
         raise AuthenticationError("the peer does not know the shared secret")
     send_frame(sock, RequestType.AUTH_OK, 0)
     return node_id
+
+
+# ---------------------------------------------------------------------- TLS
+@dataclass(frozen=True)
+class TLSConfig:
+    """Mutual TLS for replication connections (the ``ssl`` module), under the handshake above.
+
+    Every node and client presents ``certfile``/``keyfile`` and accepts only peers whose
+    certificate chains to ``cafile``: a server requires a client certificate
+    (``ssl.CERT_REQUIRED``), so a peer without one is refused during the TLS handshake. Peer
+    names are not checked against the certificate (replicas are addressed by IP); the identity
+    check is the private CA plus the shared secret. TLS 1.2 is the minimum.
+
+    Thread-safety: immutable; the contexts it builds are shared by every connection.
+    """
+
+    certfile: str
+    keyfile: str
+    cafile: str
+
+    def _context(self, purpose: ssl.Purpose) -> ssl.SSLContext:
+        side = ssl.PROTOCOL_TLS_SERVER if purpose is ssl.Purpose.CLIENT_AUTH else ssl.PROTOCOL_TLS_CLIENT
+        ctx = ssl.SSLContext(side)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        try:
+            ctx.load_cert_chain(self.certfile, self.keyfile)
+            ctx.load_verify_locations(cafile=self.cafile)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"TLS configuration: cannot load {self.certfile}, {self.keyfile} or "
+                             f"{self.cafile}: {exc}") from None
+        return ctx
+
+    def server_context(self) -> ssl.SSLContext:
+        """The context a node wraps accepted connections in (client certificates required)."""
+        return self._context(ssl.Purpose.CLIENT_AUTH)
+
+    def client_context(self) -> ssl.SSLContext:
+        """The context outgoing connections (to peers, from clients) are wrapped in."""
+        return self._context(ssl.Purpose.SERVER_AUTH)

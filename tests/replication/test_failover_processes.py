@@ -36,7 +36,7 @@ class Cluster:
         peers = [f"--peer={j}={h}:{p}" for j, (h, p) in self.addrs.items() if j != i]
         h, p = self.addrs[i]
         self.procs[i] = subprocess.Popen(
-            [sys.executable, "-m", "logstore.replication", f"--node-id={i}", f"--data-dir={self.tmp / f'n{i}'}",
+            [sys.executable, "-m", "logstore", "node", f"--node-id={i}", f"--data-dir={self.tmp / f'n{i}'}",
              f"--listen={h}:{p}", f"--secret-file={self.secret_file}", "--election-timeout-ms=300",
              "--log-level=INFO", *peers],
             stdout=subprocess.PIPE, stderr=open(self.tmp / f"node{i}.log", "ab"))

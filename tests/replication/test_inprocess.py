@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 import time
 
@@ -166,3 +167,51 @@ def test_a_new_leader_commits_earlier_epochs_records_without_a_new_produce(tmp_p
             for n in group.values():
                 if not n._stop.is_set():
                     n.stop()
+
+
+def _history(path, epochs, quorum_epoch, voters=(0, 1, 2), truncate_to=None):
+    """Write a replica's log (epochs = [(epoch, [values...]), ...] appended in order, after
+    truncating an existing log to ``truncate_to``) and its election state (epoch
+    ``quorum_epoch``, no vote, no leader)."""
+    from logstore import LogStore
+    from logstore.election import NONE, QuorumState, QuorumStateFile
+
+    store = LogStore(str(path), shared=False, maintenance=False)
+    try:
+        store.create_topic("replicated", 1, exist_ok=True)
+        log = store.partition("replicated", 0)
+        if truncate_to is not None:
+            log.truncate_to(truncate_to)
+        for epoch, values in epochs:
+            log.assign_leader_epoch(epoch)
+            for v in values:
+                log.append(v)
+        QuorumStateFile(log.path, list(voters)).save(QuorumState(quorum_epoch, NONE, NONE))
+    finally:
+        store.close()
+
+
+def test_a_follower_whose_last_epoch_the_leader_never_had_truncates_into_its_own_older_epoch(tmp_path):
+    # The leader's history: epoch 1 wrote a0..a4, epoch 3 wrote b5..b9. The follower led epoch 2
+    # for a moment (its records 4 and 5 were never committed). The leader answers the
+    # follower's epoch 2 with "epoch 1 ends at 5" — but the follower's own epoch 1 ends at 4,
+    # so it must truncate to 4 (the smaller), not 5: keeping its epoch-2 record 4 would make
+    # it ask again with epoch 2 and truncate to 5 forever (KIP-279).
+    a = [b"a%d" % i for i in range(5)]
+    b = [b"b%d" % i for i in range(5, 10)]
+    _history(tmp_path / "node0", [(1, a), (3, b)], quorum_epoch=3)
+    # The others hold copies of node 0's batches (as replication made them), node 1 up to 4.
+    shutil.copytree(tmp_path / "node0", tmp_path / "node1")
+    shutil.copytree(tmp_path / "node0", tmp_path / "node2")
+    _history(tmp_path / "node1", [(2, [b"x4", b"x5"])], quorum_epoch=3, truncate_to=4)
+    nodes, addrs = cluster(tmp_path)
+    try:
+        # Node 1 cannot win (its log is behind both others'), so it is the diverging follower.
+        assert leader_of(nodes) in (0, 2)
+        expected = a + b
+        wait_for(lambda: all([r.value for r in n.store.partition("replicated", 0).read(0)] == expected
+                             for n in nodes.values()), timeout=20)
+        wait_for(lambda: len({tuple(_crcs(n)) for n in nodes.values()}) == 1)
+    finally:
+        for n in nodes.values():
+            n.stop()

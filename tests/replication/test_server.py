@@ -1,0 +1,243 @@
+"""The node as a server: client fetches (committed records only), follower reads, connection and
+idle limits, and mutual TLS."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+
+import pytest
+
+from logstore import OffsetOutOfRangeError
+from logstore.replication import Client, NotLeaderError, ReplicaNode, TLSConfig
+from logstore.wire import AuthenticationError
+
+from .test_inprocess import SECRET, cluster, free_ports, leader_of, wait_for
+
+
+def stop_all(nodes):
+    for n in nodes.values():
+        if not n._stop.is_set():
+            n.stop()
+
+
+def single(tmp_path, **kw):
+    (port,) = free_ports(1)
+    node = ReplicaNode(0, str(tmp_path / "solo"), ("127.0.0.1", port), {}, SECRET, election_timeout_ms=100,
+                       min_insync_replicas=1, **kw).start()
+    wait_for(lambda: node.describe()[("replicated", 0)]["role"] == "leader")
+    return node
+
+
+# ---------------------------------------------------------------------- fetch and read
+def test_fetch_returns_committed_records_and_passes_control_batches(tmp_path):
+    nodes, addrs = cluster(tmp_path)
+    client = Client(list(addrs.values()), SECRET)
+    try:
+        leader_of(nodes)
+        offsets = client.produce("replicated", 0, [b"a", b"b"], keys=[b"k", None], acks="all")
+        offsets += client.produce("replicated", 0, [b"c"], acks="all")
+        got = client.fetch("replicated", 0, 0)
+        # Offset 0 is the leader's control record: skipped, but next_offset passes it.
+        assert [(r.offset, r.key, r.value) for r in got.records] == [(offsets[0], b"k", b"a"),
+                                                                   (offsets[1], None, b"b"), (offsets[2], None, b"c")]
+        assert got.next_offset == offsets[2] + 1 == got.high_watermark
+        empty = client.fetch("replicated", 0, got.next_offset)
+        assert empty.records == [] and empty.next_offset == got.next_offset
+        # From the middle of a batch: only the records at or after the offset.
+        assert [r.value for r in client.fetch("replicated", 0, offsets[1]).records] == [b"b", b"c"]
+        with pytest.raises(OffsetOutOfRangeError):
+            client.fetch("replicated", 0, got.high_watermark + 1)
+        with pytest.raises(ValueError):
+            client.fetch("replicated", 0, 0, max_bytes=0)
+    finally:
+        client.close()
+        stop_all(nodes)
+
+
+def test_fetch_and_follower_reads_never_show_uncommitted_records(tmp_path):
+    nodes, addrs = cluster(tmp_path, election_timeout_ms=1500, min_insync_replicas=1)
+    try:
+        first = leader_of(nodes)
+        client = Client([addrs[first]], SECRET, timeout=2)
+        (committed,) = client.produce("replicated", 0, [b"committed"], acks="all")
+        followers = [i for i in nodes if i != first]
+        wait_for(lambda: all(nodes[i].read("replicated", 0, 0) != [] for i in followers))
+        assert [r.value for r in nodes[followers[0]].read("replicated", 0, 0)] == [b"committed"]
+        for i in followers:
+            nodes[i].stop()
+        (uncommitted,) = client.produce("replicated", 0, [b"uncommitted"], acks=1)
+        # On the leader's log the record exists, but no reader sees it: it is not committed.
+        leader_log = nodes[first].store.partition("replicated", 0)
+        assert leader_log.log_end_offset == uncommitted + 1
+        assert [r.value for r in client.fetch("replicated", 0, 0).records] == [b"committed"]
+        assert [r.value for r in nodes[first].read("replicated", 0, 0)] == [b"committed"]
+        with pytest.raises(OffsetOutOfRangeError):
+            nodes[first].read("replicated", 0, uncommitted + 1)
+        client.close()
+    finally:
+        stop_all(nodes)
+
+
+def test_a_follower_refuses_client_fetches_and_the_client_finds_the_leader(tmp_path):
+    nodes, addrs = cluster(tmp_path)
+    try:
+        first = leader_of(nodes)
+        writer = Client([addrs[first]], SECRET)
+        (offset,) = writer.produce("replicated", 0, [b"x"], acks="all")
+        writer.close()
+        follower = next(i for i in nodes if i != first)
+        only_follower = Client([addrs[follower]], SECRET, timeout=1)
+        with pytest.raises(NotLeaderError):
+            only_follower.fetch("replicated", 0, 0, timeout=0.5)
+        only_follower.close()
+        # With the follower listed first, the client moves on to the leader.
+        client = Client([addrs[follower], addrs[first]], SECRET)
+        assert [(r.offset, r.value) for r in client.fetch("replicated", 0, 0).records] == [(offset, b"x")]
+        client.close()
+    finally:
+        stop_all(nodes)
+
+
+# ---------------------------------------------------------------------- limits
+def test_connections_over_the_limit_are_closed_at_once(tmp_path):
+    node = single(tmp_path, max_connections=2)
+    try:
+        a, b = Client([node.address], SECRET), Client([node.address], SECRET)
+        assert a.metadata() and b.metadata()
+        wait_for(lambda: len(node._served) == 2)
+        third = Client([node.address], SECRET, timeout=2)
+        with pytest.raises(Exception):  # the server closes it before the handshake
+            third.produce("replicated", 0, [b"x"], acks=1, timeout=0.5)
+        third.close()
+        a.close()
+        wait_for(lambda: len(node._served) == 1)
+        c = Client([node.address], SECRET)
+        assert c.produce("replicated", 0, [b"y"], acks=1) != []
+        b.close()
+        c.close()
+    finally:
+        node.stop()
+
+
+def test_idle_connections_are_closed_and_clients_reconnect(tmp_path):
+    node = single(tmp_path, connections_max_idle_ms=200)
+    try:
+        client = Client([node.address], SECRET)
+        client.produce("replicated", 0, [b"one"], acks=1)
+        wait_for(lambda: len(node._served) == 1)
+        wait_for(lambda: len(node._served) == 0, timeout=5)  # closed for idling
+        # The client notices the closed connection and reconnects once, transparently.
+        client.produce("replicated", 0, [b"two"], acks=1)
+        assert [r.value for r in client.fetch("replicated", 0, 0).records] == [b"one", b"two"]
+        client.close()
+    finally:
+        node.stop()
+
+
+def test_a_silent_connection_is_dropped_after_the_handshake_timeout(tmp_path):
+    node = single(tmp_path, handshake_timeout_ms=200)
+    try:
+        s = socket.create_connection(node.address)
+        s.settimeout(5)
+        assert s.recv(1) == b""  # nothing sent: the server hangs up
+        s.close()
+    finally:
+        node.stop()
+
+
+@pytest.mark.parametrize("kw", [dict(max_connections=0), dict(connections_max_idle_ms=0),
+                                dict(handshake_timeout_ms=-1)])
+def test_bad_limits_are_refused(tmp_path, kw):
+    with pytest.raises(ValueError):
+        ReplicaNode(0, str(tmp_path / "bad"), ("127.0.0.1", 0), {}, SECRET, **kw)
+
+
+# ---------------------------------------------------------------------- TLS
+def _openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def _ca(directory, name):
+    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-keyout", f"{name}.key", "-out", f"{name}.pem", "-days", "2", "-subj", f"/CN={name}", cwd=directory)
+
+
+def _leaf(directory, name, ca):
+    _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=directory)
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
+             "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", cwd=directory)
+    return TLSConfig(str(directory / f"{name}.pem"), str(directory / f"{name}.key"), str(directory / f"{ca}.pem"))
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is needed to make test certificates")
+    d = tmp_path_factory.mktemp("pki")
+    _ca(d, "ca")
+    _ca(d, "other-ca")
+    return dict(node=_leaf(d, "node", "ca"), client=_leaf(d, "client", "ca"),
+                stranger=_leaf(d, "stranger", "other-ca"),
+                no_cert=TLSConfig(str(d / "client.pem"), str(d / "client.key"), str(d / "ca.pem")), dir=d)
+
+
+def test_replica_set_over_mutual_tls(tmp_path, pki):
+    nodes, addrs = cluster(tmp_path, tls=pki["node"])
+    try:
+        leader_of(nodes)
+        client = Client(list(addrs.values()), SECRET, tls=pki["client"])
+        offsets = client.produce("replicated", 0, [b"over", b"tls"], acks="all")
+        assert [r.value for r in client.fetch("replicated", 0, offsets[0]).records] == [b"over", b"tls"]
+        # Every replica received the batch through TLS connections.
+        wait_for(lambda: all([r.value for r in n.read("replicated", 0, 0)] == [b"over", b"tls"] for n in nodes.values()))
+        client.close()
+    finally:
+        stop_all(nodes)
+
+
+def test_tls_refuses_plain_clients_and_certificates_of_another_ca(tmp_path, pki):
+    node = single(tmp_path, tls=pki["node"])
+    try:
+        plain = Client([node.address], SECRET, timeout=2)
+        with pytest.raises(NotLeaderError):  # every attempt fails: the server wants TLS first
+            plain.produce("replicated", 0, [b"x"], acks=1, timeout=0.5)
+        plain.close()
+        stranger = Client([node.address], SECRET, timeout=2, tls=pki["stranger"])
+        with pytest.raises(NotLeaderError):
+            stranger.produce("replicated", 0, [b"x"], acks=1, timeout=0.5)
+        stranger.close()
+        # A TLS client without a certificate: the server requires one.
+        import ssl
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.load_verify_locations(str(pki["dir"] / "ca.pem"))
+        with socket.create_connection(node.address, timeout=5) as raw:
+            with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+                with ctx.wrap_socket(raw) as tls_sock:
+                    tls_sock.sendall(b"\0" * 16)
+                    if tls_sock.recv(1) == b"":  # TLS 1.3 reports the refusal on first read
+                        raise ConnectionError("closed")
+        assert node.store.partition("replicated", 0).log_end_offset == 1  # only the control record
+        good = Client([node.address], SECRET, tls=pki["client"])
+        assert good.produce("replicated", 0, [b"ok"], acks=1) == [1]
+        good.close()
+    finally:
+        node.stop()
+
+
+def test_tls_with_a_wrong_secret_still_fails_the_handshake(tmp_path, pki):
+    node = single(tmp_path, tls=pki["node"])
+    try:
+        from logstore.replication import _Connection
+        with pytest.raises(AuthenticationError):
+            _Connection(node.address, b"wrong", -1, 2.0, 1 << 20, pki["client"].client_context())
+    finally:
+        node.stop()
+
+
+def test_unreadable_tls_files_are_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="TLS configuration"):
+        TLSConfig(str(tmp_path / "missing.pem"), str(tmp_path / "missing.key"), str(tmp_path / "ca.pem")).client_context()
