@@ -56,7 +56,8 @@ from .errors import (
     RecordTooLargeError,
     UnsupportedCodecError,
 )
-from .records import BatchBuilder, Record, RecordDecoder, encode_headers, parse_header
+from .records import (BatchBuilder, Record, RecordDecoder, decode_batches, encode_headers, parse_header,
+                      validate_client_batch)
 from .shared import SharedState, new_notify_page, new_view
 from .segment import (
     CLEANED_SUFFIX,
@@ -950,6 +951,48 @@ class Log:
                 return first
         self._after_append(last)
         return first
+
+    def append_encoded(self, batch: bytes | bytearray | memoryview) -> int:
+        """Append one record batch a client encoded (Kafka's produce path); return its first offset.
+
+        The batch is checked whole first (:func:`~logstore.records.validate_client_batch`: CRC,
+        every record, flags, size), then stored byte for byte with its offsets and the leader
+        epoch assigned (they lie outside the CRC). When the log's policy needs other bytes (a
+        compression_type other than "producer" that differs from the batch's codec,
+        LogAppendTime, or a compacted log, whose keys are checked) its records are re-encoded
+        through :meth:`append_batch`, keeping the producer id and sequence.
+
+        Raises:
+            CorruptRecordError, InvalidRecordError, RecordTooLargeError: a batch that may not be
+                appended (nothing written).
+
+        Durability and thread-safety as :meth:`append`.
+        """
+        header = validate_client_batch(batch, self.config.max_message_bytes)
+        codec = header.compression
+        if self._keys_required or self._ts_type or (self._forced_codec is not None and self._forced_codec != codec):
+            records = decode_batches(batch)
+            return self.append_batch([r.value for r in records], [r.key for r in records],
+                                     [r.headers for r in records], [r.timestamp for r in records],
+                                     compression=codec if self._forced_codec is None else None,
+                                     producer_id=header.producer_id if header.producer_id >= 0 else -1,
+                                     base_sequence=header.base_sequence if header.producer_id >= 0 else -1)
+        data = bytearray(batch)  # stamped in place with the offsets and epoch
+        with self._lock, self._w:
+            self._check_open()
+            if header.max_timestamp > self._roll_deadline:
+                self._roll_for_time(header.max_timestamp)
+            offset = self._active.append_batch(data)  # type: ignore[union-attr]
+            if offset == lib.LS_ERR_FULL:
+                self._make_room(len(data))
+                offset = self._active.append_batch(data)  # type: ignore[union-attr]
+            if offset < 0:
+                check(offset, self._active.path, size=len(data), limit=self.config.max_message_bytes)  # type: ignore[union-attr]
+            last = self._appender.next_offset - 1
+            if last < self._flush_at:
+                return offset
+        self._after_append(last)
+        return offset
 
     def _encode_batches(self, values: Sequence[Any], keys: Any, headers: Any, timestamps: Any,
                         codec: int, log_append_time: int | None, producer_id: int = -1,

@@ -19,8 +19,8 @@ from enum import IntEnum
 from typing import Any, Iterable, NamedTuple, Sequence
 
 from . import compression
-from ._native import check, ffi, lib
-from .errors import CorruptRecordError
+from ._native import check, ffi, lib, reason
+from .errors import CorruptRecordError, InvalidRecordError, RecordTooLargeError
 
 __all__ = [
     "Record",
@@ -694,3 +694,53 @@ def validate_batch(buf: Any, position: int = 0, max_batch_bytes: int = 0, path: 
     check(size, path, position, stored_crc=hdr.crc, computed_crc=crc[0],
           size=LOG_OVERHEAD + hdr.batch_length, limit=max_batch_bytes)
     return BatchHeader.from_c(hdr)
+
+
+_CLIENT_FORBIDDEN = {"control": lib.LS_ATTR_CONTROL, "transactional": lib.LS_ATTR_TRANSACTIONAL,
+                     "delete horizon": lib.LS_ATTR_DELETE_HORIZON}
+
+
+def validate_client_batch(buf: Any, max_message_bytes: int, what: str = "produced batch") -> BatchHeader:
+    """Check a record batch encoded by a client before a leader appends it as it is (Kafka's
+    LogValidator for magic 2): exactly one batch filling ``buf``, a valid CRC, every record
+    well formed (a compressed batch is decompressed to check), records_count >= 1 with offset
+    deltas 0..n-1, none of the control, transactional or delete-horizon flags, and within
+    ``max_message_bytes``. Returns its header. Thread-safe.
+
+    Raises:
+        CorruptRecordError: the bytes are not a valid batch.
+        InvalidRecordError: a valid batch a client may not send.
+        RecordTooLargeError: larger than ``max_message_bytes``.
+    """
+    n = len(buf)
+    if n < HEADER_SIZE:
+        raise CorruptRecordError(None, 0, f"{what}: {n} bytes is shorter than a batch header ({HEADER_SIZE})")
+    if max_message_bytes > 0 and n > max_message_bytes:
+        raise RecordTooLargeError(n, max_message_bytes)
+    header = validate_batch(buf, 0, 0, what)
+    if header.size != n:
+        raise CorruptRecordError(what, 0, f"the batch is {header.size} bytes but {n} bytes were sent "
+                                          "(one batch per produce)")
+    for name, bit in _CLIENT_FORBIDDEN.items():
+        if header.attributes & bit:
+            raise InvalidRecordError(f"{what}: a client may not send a {name} batch")
+    if header.records_count < 1 or header.last_offset_delta != header.records_count - 1:
+        raise InvalidRecordError(f"{what}: {header.records_count} records with last offset delta "
+                                 f"{header.last_offset_delta} (a client batch holds records 0..n-1)")
+    if header.producer_id >= 0 and (header.producer_epoch < 0 or header.base_sequence < 0):
+        raise InvalidRecordError(f"{what}: producer id {header.producer_id} without epoch and sequence")
+    if header.compression == compression.NONE:
+        res = ffi.new("ls_scan_result *")
+        cptr = ffi.from_buffer(buf)
+        try:
+            lib.ls_segment_scan(cptr, n, header.base_offset, 0, 0, ffi.NULL, 0, ffi.NULL, 0, res)
+        finally:
+            ffi.release(cptr)
+        if res.status != lib.LS_OK or res.valid_bytes != n:
+            raise CorruptRecordError(what, res.valid_bytes, reason(res.status))
+    else:
+        records, _ = RecordDecoder().decode(buf, 0, n, path=what)
+        if len(records) != header.records_count:
+            raise CorruptRecordError(what, 0, f"{len(records)} records decoded, {header.records_count} declared")
+    return header
+

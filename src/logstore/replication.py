@@ -20,9 +20,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, NamedTuple
 
+from . import compression
 from .election import NONE, Election, QuorumStateFile, Role
-from .errors import LogstoreError, OffsetOutOfRangeError
-from .records import Record, decode_batches, leader_change_record, parse_header
+from .errors import CorruptRecordError, InvalidRecordError, LogstoreError, OffsetOutOfRangeError, RecordTooLargeError
+from .records import BatchBuilder, Record, decode_batches, leader_change_record, parse_header, validate_client_batch
 from .store import LogStore
 from .wire import (
     DEFAULT_MAX_FRAME,
@@ -50,9 +51,14 @@ TIMEOUT = 4
 UNKNOWN_PARTITION = 5
 OUT_OF_RANGE = 6
 INVALID = 7
+CORRUPT_BATCH = 8
+RECORD_TOO_LARGE = 9
+INVALID_RECORD = 10
 _ERRORS = {NOT_LEADER: "not the leader", NOT_ENOUGH_REPLICAS: "not enough in-sync replicas",
            FENCED_EPOCH: "fenced epoch", TIMEOUT: "timed out", UNKNOWN_PARTITION: "unknown partition",
-           OUT_OF_RANGE: "offset out of range", INVALID: "invalid request"}
+           OUT_OF_RANGE: "offset out of range", INVALID: "invalid request",
+           CORRUPT_BATCH: "corrupt record batch", RECORD_TOO_LARGE: "batch larger than max_message_bytes",
+           INVALID_RECORD: "a record the partition does not accept"}
 
 
 class ReplicationError(LogstoreError):
@@ -155,6 +161,8 @@ class ReplicaNode:
         election_timeout_ms: base election timeout (randomised up to twice it).
         replica_lag_time_max_ms: a follower is in sync while it reached the leader's end this
             recently.
+        replica_fetch_wait_max_ms: how long the leader holds a caught-up follower's fetch
+            waiting for new records (at most half the election timeout).
         min_insync_replicas: acks="all" needs this many in-sync replicas (leader included).
         fetch_max_bytes: the most batch bytes one fetch answer carries (at least one batch).
         max_frame: the largest frame accepted from an authenticated peer.
@@ -172,6 +180,7 @@ class ReplicaNode:
                  peers: dict[int, tuple[str, int]] | None = None, secret: bytes = b"", *,
                  partitions: Iterable[tuple[str, int]] = (("replicated", 1),),
                  election_timeout_ms: int = 1000, replica_lag_time_max_ms: int = 10_000,
+                 replica_fetch_wait_max_ms: int = 500,
                  min_insync_replicas: int = 2, fetch_max_bytes: int = 1 << 20, max_frame: int = DEFAULT_MAX_FRAME,
                  tls: TLSConfig | None = None, max_connections: int = 256,
                  connections_max_idle_ms: int = 600_000, handshake_timeout_ms: int = 10_000) -> None:
@@ -187,6 +196,7 @@ class ReplicaNode:
         self.secret = secret
         self.election_timeout_s = election_timeout_ms / 1000.0
         self.replica_lag_s = replica_lag_time_max_ms / 1000.0
+        self.fetch_wait_s = max(0.0, min(replica_fetch_wait_max_ms / 1000.0, self.election_timeout_s / 2))
         self.min_insync = min_insync_replicas
         self.fetch_max_bytes = fetch_max_bytes
         self.max_frame = max_frame
@@ -209,6 +219,7 @@ class ReplicaNode:
         self._threads: list[threading.Thread] = []
         self._lock = threading.RLock()
         self._conns: dict[int, _Connection] = {}
+        self._fetch_conns: dict[tuple[str, int], _Connection] = {}
         self._served: set[socket.socket] = set()
         self._rng = random.Random()
 
@@ -220,8 +231,13 @@ class ReplicaNode:
             r.deadline = now + Election.election_timeout(self.election_timeout_s, self._rng)
             if r.election.leader != NONE and r.election.leader != self.node_id:
                 r.log.high_watermark = min(r.hw, r.log.log_end_offset)
-        for target in (self._accept_loop, self._tick_loop, self._fetch_loop):
-            t = threading.Thread(target=target, name=f"replica-{self.node_id}-{target.__name__}", daemon=True)
+        targets: list[tuple[Any, tuple[Any, ...], str]] = [
+            (self._accept_loop, (), "accept"), (self._tick_loop, (), "tick")]
+        # One fetcher per partition, each on its own connection, so that a long-polling fetch
+        # of one partition never holds up another's.
+        targets += [(self._fetch_loop, (r,), f"fetch-{r.topic}-{r.partition}") for r in self._replicas.values()]
+        for target, args, name in targets:
+            t = threading.Thread(target=target, args=args, name=f"replica-{self.node_id}-{name}", daemon=True)
             t.start()
             self._threads.append(t)
         return self
@@ -235,8 +251,11 @@ class ReplicaNode:
             pass
         with self._lock:
             outgoing = list(self._conns)
+            fetchers = list(self._fetch_conns.values())
         for peer in outgoing:  # requests blocked on a peer fail at once
             self._drop(peer)
+        for conn in fetchers:
+            conn.close()
         with self._lock:
             served = list(self._served)
         for sock in served:
@@ -509,6 +528,20 @@ class ReplicaNode:
             if offset >= end:
                 rep.caught_up[replica_id] = now
             self._advance_hw(rep)
+            if offset == end:
+                # Caught up: hold the fetch until a produce appends (or leadership changes), as
+                # Kafka's replica.fetch.wait.max.ms does, instead of letting the follower poll.
+                deadline = now + self.fetch_wait_s
+                while (log.log_end_offset == offset and election.role is Role.LEADER and election.epoch == epoch
+                       and not self._stop.is_set()):
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    rep.cond.wait(remaining)
+                if election.role is not Role.LEADER or election.epoch != epoch:
+                    return out.int16(NOT_LEADER).int32(election.leader).int32(election.epoch).int64(0).int32(-1).int64(-1).blob(None).payload()
+                end = log.log_end_offset
+                rep.caught_up[replica_id] = time.monotonic()
             try:
                 data = log.read_raw(offset, max_bytes) if offset < end else b""
             except OffsetOutOfRangeError:
@@ -554,29 +587,52 @@ class ReplicaNode:
             rep.log.high_watermark = majority_end
             rep.cond.notify_all()
 
-    def _fetch_loop(self) -> None:
-        while not self._stop.is_set():
-            idle = True
-            for rep in self._replicas.values():
+    def _fetch_loop(self, rep: _Replica) -> None:
+        """Follow ``rep``'s leader while this node is one of its followers."""
+        key = (rep.topic, rep.partition)
+        conn: _Connection | None = None
+        conn_peer = NONE
+        try:
+            while not self._stop.is_set():
                 leader = rep.election.leader
                 if rep.election.role is not Role.FOLLOWER or leader in (NONE, self.node_id):
+                    self._stop.wait(0.01)
                     continue
                 try:
-                    if self._fetch_once(rep, leader):
-                        idle = False
+                    if conn is None or conn_peer != leader:
+                        if conn is not None:
+                            conn.close()
+                        conn, conn_peer = None, leader
+                        conn = _Connection(self.peers[leader], self.secret, self.node_id, self.election_timeout_s,
+                                           self.max_frame, self._client_tls)
+                        with self._lock:
+                            if self._stop.is_set():
+                                conn.close()
+                                return
+                            self._fetch_conns[key] = conn
+                    if not self._fetch_once(rep, leader, conn):
+                        self._stop.wait(0.01)  # refused (not the leader, stale epoch): do not spin
                 except (OSError, LogstoreError) as exc:
                     logger.debug("node %d: fetch from %d failed: %s", self.node_id, leader, exc)
-                    self._drop(leader)
-            if idle:
-                self._stop.wait(0.01)
+                    if conn is not None:
+                        conn.close()
+                        conn = None
+                    self._stop.wait(0.01)
+        finally:
+            with self._lock:
+                self._fetch_conns.pop(key, None)
+            if conn is not None:
+                conn.close()
 
-    def _fetch_once(self, rep: _Replica, leader: int) -> bool:
+    def _fetch_once(self, rep: _Replica, leader: int, conn: _Connection) -> bool:
+        """One fetch; returns False when the leader refused it."""
         log = rep.log
         offset = log.log_end_offset
         last_epoch = log.latest_epoch
         payload = (Writer().int32(self.node_id).string(rep.topic).int32(rep.partition).int32(rep.election.epoch)
                    .int64(offset).int32(last_epoch).int32(self.fetch_max_bytes).payload())
-        r = self._request(leader, RequestType.FETCH, payload, timeout=self.election_timeout_s)
+        # The leader holds a caught-up fetch for up to fetch_wait_s: allow for that.
+        r = conn.request(RequestType.FETCH, payload, timeout=self.election_timeout_s + self.fetch_wait_s)
         code, leader_id, epoch, hw = r.int16(), r.int32(), r.int32(), r.int64()
         div_epoch, div_end = r.int32(), r.int64()
         data = r.blob()
@@ -605,7 +661,7 @@ class ReplicaNode:
         end = log.log_end_offset
         log.high_watermark = min(hw, end)
         rep.hw = log.high_watermark
-        return bool(data)
+        return True
 
     # ------------------------------------------------------------------ produce
     def _in_sync(self, rep: _Replica, now: float) -> int:
@@ -616,12 +672,21 @@ class ReplicaNode:
     def _on_produce(self, r: Reader) -> bytes:
         rep = self._replica(r)
         acks, timeout_ms = r.int8(), r.int32()
-        producer_id, base_sequence = r.int64(), r.int32()
-        items = r.array(lambda x: (x.blob(), x.blob()), 8, "records")
+        batch = r.blob("record batch")
         r.end()
         out = Writer()
-        if rep is None or not items:
+        if rep is None or batch is None:
             return out.int16(UNKNOWN_PARTITION if rep is None else INVALID).int32(NONE).int64(-1).int64(-1).payload()
+        try:
+            # Checked before the lock: a bad batch costs the sender, not the partition.
+            header = validate_client_batch(batch, rep.log.config.max_message_bytes)
+        except CorruptRecordError:
+            return out.int16(CORRUPT_BATCH).int32(self.node_id).int64(-1).int64(-1).payload()
+        except RecordTooLargeError:
+            return out.int16(RECORD_TOO_LARGE).int32(self.node_id).int64(-1).int64(-1).payload()
+        except InvalidRecordError:
+            return out.int16(INVALID_RECORD).int32(self.node_id).int64(-1).int64(-1).payload()
+        producer_id, base_sequence = header.producer_id, header.base_sequence
         with rep.cond:
             election = rep.election
             if election.role is not Role.LEADER:
@@ -633,13 +698,15 @@ class ReplicaNode:
             if known is not None and known[0] == base_sequence:
                 first, last = known[1], known[2]  # a retry of a produce already appended
             else:
-                keys = [k for k, _ in items]
-                first = rep.log.append_batch([v for _, v in items], keys if any(k is not None for k in keys) else None,
-                                             producer_id=producer_id, base_sequence=base_sequence)
-                last = first + len(items) - 1
+                try:
+                    first = rep.log.append_encoded(batch)
+                except InvalidRecordError:  # e.g. a record without a key in a compacted log
+                    return out.int16(INVALID_RECORD).int32(self.node_id).int64(-1).int64(-1).payload()
+                last = first + header.records_count - 1
                 if producer_id >= 0:
                     rep.producers[producer_id] = (base_sequence, first, last)
                 self._advance_hw(rep)  # a set of one commits on its own append
+                rep.cond.notify_all()  # wake the followers' held fetches
             if acks == -1:
                 deadline = time.monotonic() + timeout_ms / 1000.0
                 while rep.hw <= last:
@@ -729,12 +796,13 @@ class Client:
         secret: the shared secret.
         timeout: seconds for a connection or a request, and the default for produce/fetch.
         tls: mutual TLS (required when the nodes use it).
+        compression_type: codec of produced batches ("gzip", "snappy", "lz4", "zstd"; None: none).
 
     Thread-safety: one thread at a time (give each thread its own Client).
     """
 
     def __init__(self, bootstrap: Iterable[tuple[str, int]], secret: bytes, timeout: float = 10.0,
-                 tls: TLSConfig | None = None) -> None:
+                 tls: TLSConfig | None = None, compression_type: str | None = None) -> None:
         self.bootstrap = list(bootstrap)
         if not self.bootstrap:
             raise ValueError("bootstrap needs at least one (host, port)")
@@ -746,6 +814,8 @@ class Client:
         #: retry after a lost response is recognised by the leader instead of appended again.
         self.producer_id = random.SystemRandom().getrandbits(62)
         self._sequences: dict[tuple[str, int], int] = {}
+        self._builder = BatchBuilder()
+        self._codec = compression.codec_from_name(compression_type) if compression_type else compression.NONE
 
     def _conn(self, address: tuple[str, int]) -> _Connection:
         conn = self._conns.get(address)
@@ -787,13 +857,14 @@ class Client:
         code = {0: 0, 1: 1, "all": -1, -1: -1}.get(acks)  # type: ignore[call-overload]
         if code is None:
             raise ValueError(f"acks must be 0, 1 or 'all', got {acks!r}")
-        keys = keys if keys is not None else [None] * len(values)
-        pairs = list(zip(keys, values))
         sequence = self._sequences.get((topic, partition), 0)
+        # One record batch, encoded here by the C encoder and stored by the leader as it is
+        # (as Kafka's producer does); the producer id and sequence travel in its header.
+        batch = self._builder.build(values, keys, producer_id=self.producer_id, producer_epoch=0,
+                                    base_sequence=sequence, codec=self._codec)
         self._sequences[(topic, partition)] = (sequence + len(values)) % (1 << 31)
         payload = (Writer().string(topic).int32(partition).int8(code).int32(int((timeout or self.timeout) * 1000))
-                   .int64(self.producer_id).int32(sequence)
-                   .array(pairs, lambda w, kv: w.blob(kv[0]).blob(kv[1])).payload())
+                   .blob(bytes(batch)).payload())
         deadline = time.monotonic() + (timeout or self.timeout)
         last_error: Exception | None = None
         while time.monotonic() < deadline:

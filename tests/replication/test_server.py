@@ -241,3 +241,158 @@ def test_tls_with_a_wrong_secret_still_fails_the_handshake(tmp_path, pki):
 def test_unreadable_tls_files_are_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="TLS configuration"):
         TLSConfig(str(tmp_path / "missing.pem"), str(tmp_path / "missing.key"), str(tmp_path / "ca.pem")).client_context()
+
+
+# ---------------------------------------------------------------------- hostile peers
+def hung_up(sock):
+    """True when the peer closed the connection (an orderly close, or a reset because it left
+    our bytes unread)."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+def _raw_produce(address, payload, secret=SECRET):
+    from logstore.replication import _Connection
+    from logstore.wire import RequestType
+
+    conn = _Connection(address, secret, -1, 5.0, 1 << 20)
+    try:
+        r = conn.request(RequestType.PRODUCE, payload)
+        return r.int16()
+    finally:
+        conn.close()
+
+
+def test_corrupt_or_forbidden_produced_batches_are_refused_and_change_nothing(tmp_path):
+    from logstore import replication
+    from logstore.records import BatchBuilder
+    from logstore.wire import Writer
+
+    node = single(tmp_path)
+    try:
+        log = node.store.partition("replicated", 0)
+        end = log.log_end_offset
+        good = bytes(BatchBuilder().build([b"a"]))
+        head = Writer().string("replicated").int32(0).int8(1).int32(1000)
+        bad_crc = bytearray(good)
+        bad_crc[-1] ^= 1
+        assert _raw_produce(node.address, Writer().string("replicated").int32(0).int8(1).int32(1000)
+                            .blob(bytes(bad_crc)).payload()) == replication.CORRUPT_BATCH
+        control = bytes(BatchBuilder().build([b"c"], [b"k"], control=True))
+        assert _raw_produce(node.address, Writer().string("replicated").int32(0).int8(1).int32(1000)
+                            .blob(control).payload()) == replication.INVALID_RECORD
+        assert _raw_produce(node.address, Writer().string("nope").int32(0).int8(1).int32(1000)
+                            .blob(good).payload()) == replication.UNKNOWN_PARTITION
+        assert log.log_end_offset == end
+        assert _raw_produce(node.address, head.blob(good).payload()) == replication.OK
+        assert log.log_end_offset == end + 1
+    finally:
+        node.stop()
+
+
+def test_unauthenticated_and_wrong_secret_peers_are_refused_and_change_nothing(tmp_path):
+    from logstore.records import BatchBuilder
+    from logstore.wire import RequestType, Writer, encode_frame
+
+    node = single(tmp_path)
+    try:
+        log = node.store.partition("replicated", 0)
+        end, epoch = log.log_end_offset, node.describe()[("replicated", 0)]["epoch"]
+        payload = Writer().string("replicated").int32(0).int8(1).int32(1000).blob(bytes(BatchBuilder().build([b"x"]))).payload()
+        with pytest.raises(AuthenticationError):
+            _raw_produce(node.address, payload, secret=b"not the secret")
+        # Skipping the handshake: the first frame must be HELLO; anything else ends the connection.
+        for frame in (encode_frame(RequestType.PRODUCE, 1, payload),
+                      encode_frame(RequestType.VOTE, 1, Writer().string("replicated").int32(0).int32(epoch + 5)
+                                   .int32(7).int32(99).int64(10**9).payload())):
+            with socket.create_connection(node.address, timeout=5) as s:
+                s.sendall(frame)
+                assert hung_up(s)
+        assert log.log_end_offset == end
+        assert node.describe()[("replicated", 0)]["epoch"] == epoch
+        assert node.describe()[("replicated", 0)]["role"] == "leader"
+    finally:
+        node.stop()
+
+
+@pytest.mark.parametrize("length", [2**31 - 1, -1, -(2**31), 5000])
+def test_bogus_length_prefixes_before_authentication_close_the_connection_without_allocating(tmp_path, length):
+    import resource
+    import struct
+
+    node = single(tmp_path)
+    try:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        with socket.create_connection(node.address, timeout=5) as s:
+            s.sendall(struct.pack(">i", length) + b"\0" * 8)
+            assert hung_up(s)
+        grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+        assert grown_kib < 64 * 1024, f"the node grew by {grown_kib} KiB"
+        assert Client([node.address], SECRET).metadata()  # still serving
+    finally:
+        node.stop()
+
+
+def test_huge_lengths_and_counts_inside_an_authenticated_frame_are_rejected(tmp_path):
+    import resource
+    import struct
+
+    from logstore.replication import _Connection
+    from logstore.wire import FrameError, RequestType, Writer
+
+    node = single(tmp_path)
+    try:
+        end = node.store.partition("replicated", 0).log_end_offset
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        # A bytes field claiming 2^31-1 bytes inside a small frame.
+        payload = Writer().string("replicated").int32(0).int8(1).int32(1000).payload() + struct.pack(">i", 2**31 - 1)
+        conn = _Connection(node.address, SECRET, -1, 5.0, 1 << 20)
+        with pytest.raises((FrameError, ConnectionError, OSError)):
+            conn.request(RequestType.PRODUCE, payload + b"\0" * 16)
+        conn.close()
+        # A frame larger than the node's limit after authentication.
+        conn = _Connection(node.address, SECRET, -1, 5.0, 1 << 20)
+        conn.sock.sendall(struct.pack(">ihhi", 2**31 - 1, int(RequestType.PRODUCE), 0, 1))
+        assert hung_up(conn.sock)
+        conn.close()
+        grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+        assert grown_kib < 64 * 1024, f"the node grew by {grown_kib} KiB"
+        assert node.store.partition("replicated", 0).log_end_offset == end
+        assert Client([node.address], SECRET).produce("replicated", 0, [b"fine"], acks=1) == [end]
+    finally:
+        node.stop()
+
+
+def test_requests_from_a_stale_epoch_are_fenced(tmp_path):
+    from logstore import replication
+    from logstore.replication import _Connection
+    from logstore.wire import RequestType, Writer
+
+    nodes, addrs = cluster(tmp_path)
+    try:
+        leader = leader_of(nodes)
+        client = Client([addrs[leader]], SECRET)
+        client.produce("replicated", 0, [b"x"], acks="all")
+        client.close()
+        epoch = nodes[leader].describe()[("replicated", 0)]["epoch"]
+        end = nodes[leader].store.partition("replicated", 0).log_end_offset
+        conn = _Connection(addrs[leader], SECRET, 9, 5.0, 1 << 20)
+        try:
+            # A fetch from a replica still in an older epoch is fenced, not served.
+            r = conn.request(RequestType.FETCH, Writer().int32(1).string("replicated").int32(0).int32(epoch - 1)
+                             .int64(0).int32(-1).int32(1 << 20).payload())
+            assert r.int16() == replication.FENCED_EPOCH
+            # A vote request of an older epoch is not granted and changes nothing.
+            r = conn.request(RequestType.VOTE, Writer().string("replicated").int32(0).int32(epoch - 1).int32(1)
+                             .int32(epoch - 1).int64(10**6).payload())
+            assert (r.int32(), r.int8()) == (epoch, 0)
+            # A stale BEGIN_EPOCH naming another leader is ignored.
+            conn.request(RequestType.BEGIN_EPOCH, Writer().string("replicated").int32(0).int32(epoch - 1)
+                         .int32(next(i for i in nodes if i != leader)).payload())
+        finally:
+            conn.close()
+        d = nodes[leader].describe()[("replicated", 0)]
+        assert (d["role"], d["epoch"], d["log_end_offset"]) == ("leader", epoch, end)
+    finally:
+        stop_all(nodes)

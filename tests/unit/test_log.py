@@ -648,3 +648,47 @@ def test_control_batches_take_offsets_but_reads_pass_over_them(tmp_path: pathlib
         assert [r.offset for r in log.iter()] == list(range(1, 101))
     with Log.open(tmp_path / "ctl-0") as log:  # and after recovery
         assert log.log_end_offset == 102 and [r.offset for r in log.iter()] == list(range(1, 101))
+
+
+def test_append_encoded_stores_a_client_batch_as_it_is_with_offsets_assigned(tmp_path: pathlib.Path) -> None:
+    from logstore.records import BatchBuilder, parse_header
+
+    builder = BatchBuilder()
+    batch = bytes(builder.build([b"a", b"b", b"c"], [b"k1", None, b"k3"], headers=[[("h", b"1")], None, None],
+                                producer_id=9, producer_epoch=0, base_sequence=0))
+    with Log.open(tmp_path / "enc-0") as log:
+        log.append(b"first")
+        assert log.append_encoded(batch) == 1
+        raw = log.read_raw(1)
+        stored = parse_header(raw)
+        # Same bytes apart from the base offset (and epoch), so the CRC is the client's.
+        assert stored.crc == parse_header(batch).crc and stored.base_offset == 1
+        assert raw[8:12] == batch[8:12] and raw[16:] == batch[16:]  # length, magic, CRC, body
+        got = log.read(1)
+        assert [(r.offset, r.key, r.value, r.headers) for r in got] == [
+            (1, b"k1", b"a", [("h", b"1")]), (2, None, b"b", []), (3, b"k3", b"c", [])]
+        with pytest.raises(logstore.CorruptRecordError):
+            log.append_encoded(batch[:-3])
+        assert log.log_end_offset == 4  # nothing written by the failed call
+
+
+def test_append_encoded_follows_the_logs_policy_when_it_must(tmp_path: pathlib.Path) -> None:
+    from logstore import InvalidRecordError, compression
+    from logstore.records import BatchBuilder, parse_header
+
+    builder = BatchBuilder()
+    plain = bytes(builder.build([b"v" * 50] * 4, [b"k"] * 4, producer_id=5, producer_epoch=0, base_sequence=8))
+    with Log.open(tmp_path / "zstd-0", compression_type="gzip") as log:
+        assert log.append_encoded(plain) == 0
+        h = parse_header(log.read_raw(0))
+        assert h.compression == compression.GZIP and (h.producer_id, h.base_sequence) == (5, 8)
+        assert [r.value for r in log.read(0)] == [b"v" * 50] * 4
+    keyless = bytes(builder.build([b"x"]))
+    with Log.open(tmp_path / "compact-0", cleanup_policy="compact") as log:
+        with pytest.raises(InvalidRecordError):
+            log.append_encoded(keyless)
+        assert log.append_encoded(plain) == 0 and log.log_end_offset == 4
+    with Log.open(tmp_path / "lat-0", message_timestamp_type="LogAppendTime") as log:
+        log.append_encoded(bytes(builder.build([b"t"], timestamps=[1])))
+        (r,) = log.read(0)
+        assert r.timestamp > 1 and r.timestamp_type == TimestampType.LOG_APPEND_TIME

@@ -528,3 +528,37 @@ def test_control_batches_are_validated_and_passed_over_by_the_decoder(builder: B
     broken[position] ^= 0xFF
     with pytest.raises(CorruptRecordError):
         RecordDecoder().decode(bytes(broken), 0, len(broken))
+
+
+# ---------------------------------------------------------------------- client batches
+def test_client_batches_are_checked_whole_before_a_leader_stores_them(builder: BatchBuilder) -> None:
+    from logstore.errors import InvalidRecordError
+    from logstore.records import validate_client_batch
+
+    good = bytes(builder.build([b"a", b"b"], [b"k", None], producer_id=7, producer_epoch=0, base_sequence=3))
+    h = validate_client_batch(good, 1 << 20)
+    assert (h.records_count, h.producer_id, h.base_sequence) == (2, 7, 3)
+    zipped = bytes(builder.build([b"z" * 100] * 5, codec=compression.GZIP))
+    assert validate_client_batch(zipped, 1 << 20).records_count == 5
+    with pytest.raises(CorruptRecordError):
+        validate_client_batch(good[:-1], 1 << 20)          # cut short
+    with pytest.raises(CorruptRecordError):
+        validate_client_batch(good + good, 1 << 20)        # two batches
+    with pytest.raises(CorruptRecordError):
+        validate_client_batch(b"\0" * 10, 1 << 20)          # not even a header
+    flipped = bytearray(good)
+    flipped[-1] ^= 1
+    with pytest.raises(CorruptRecordError):
+        validate_client_batch(bytes(flipped), 1 << 20)     # CRC
+    # A valid CRC over malformed records (a bad record length), as a buggy client could send.
+    bad_records = bytearray(good)
+    bad_records[HEADER_SIZE] = 0x7F
+    fix_crc(bad_records)
+    with pytest.raises(CorruptRecordError):
+        validate_client_batch(bytes(bad_records), 1 << 20)
+    with pytest.raises(RecordTooLargeError):
+        validate_client_batch(good, len(good) - 1)
+    with pytest.raises(InvalidRecordError, match="control"):
+        validate_client_batch(bytes(builder.build([b"c"], [b"k"], control=True)), 1 << 20)
+    with pytest.raises(InvalidRecordError, match="last offset delta"):
+        validate_client_batch(bytes(builder.build([b"a", b"b"], offset_deltas=[0, 2])), 1 << 20)
