@@ -26,6 +26,7 @@ demo: $(STAMP)
 	$(PY) examples/quickstart.py
 	$(PY) examples/producer_consumer.py
 	$(PY) examples/worker_pool.py
+	$(PY) examples/replicated_cluster.py
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_FLAGS) tests

@@ -11,7 +11,7 @@ import pytest
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 
 
-@pytest.mark.parametrize("name", ["producer_consumer.py", "worker_pool.py"])
+@pytest.mark.parametrize("name", ["producer_consumer.py", "worker_pool.py", "replicated_cluster.py"])
 def test_example_runs(name):
     done = subprocess.run([sys.executable, str(EXAMPLES / name)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

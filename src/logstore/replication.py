@@ -617,12 +617,23 @@ class ReplicaNode:
                     if conn is not None:
                         conn.close()
                         conn = None
+                    if isinstance(exc, ConnectionError):
+                        self._leader_gone(rep, leader)
                     self._stop.wait(0.01)
         finally:
             with self._lock:
                 self._fetch_conns.pop(key, None)
             if conn is not None:
                 conn.close()
+
+    def _leader_gone(self, rep: _Replica, leader: int) -> None:
+        """The leader refused or dropped our connection: its process is most likely gone (a
+        partition or a pause shows as a timeout instead). Campaign within a random fraction of
+        the election timeout rather than waiting all of it out."""
+        with rep.cond:
+            if rep.election.role is Role.FOLLOWER and rep.election.leader == leader:
+                soon = time.monotonic() + self._rng.uniform(0.0, self.election_timeout_s / 2)
+                rep.deadline = min(rep.deadline, soon)
 
     def _fetch_once(self, rep: _Replica, leader: int, conn: _Connection) -> bool:
         """One fetch; returns False when the leader refused it."""

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 
+import pytest
 
 from logstore import Log
 from logstore.records import parse_header
@@ -107,6 +108,16 @@ def converged_high_watermark(cluster, timeout=20.0):
 
 
 def test_sigkill_the_leader_repeatedly_while_producing_with_acks_all(tmp_path):
+    kill_leaders_while_producing(tmp_path, FAILOVERS)
+
+
+@pytest.mark.slow
+def test_soak_many_failovers(tmp_path):
+    """Opt-in (make soak): LOGSTORE_SOAK_FAILOVERS kills (default 200)."""
+    kill_leaders_while_producing(tmp_path, int(os.environ.get("LOGSTORE_SOAK_FAILOVERS", "200")))
+
+
+def kill_leaders_while_producing(tmp_path, kills):
     cluster = Cluster(tmp_path)
     for i in range(3):
         cluster.start(i)
@@ -122,7 +133,7 @@ def test_sigkill_the_leader_repeatedly_while_producing_with_acks_all(tmp_path):
         # acknowledges nothing for 30 s after a failover has lost liveness.
         rng = random.Random(7)
         try:
-            while len(failovers) < FAILOVERS:
+            while len(failovers) < kills:
                 seen = len(acked)
                 deadline = time.monotonic() + 30
                 while len(acked) == seen and time.monotonic() < deadline:
@@ -159,7 +170,7 @@ def test_sigkill_the_leader_repeatedly_while_producing_with_acks_all(tmp_path):
         hw = converged_high_watermark(cluster)
         cluster.stop_all()
     assert not stalls, f"nothing acknowledged for 30 s after failover {stalls[0]}"
-    assert len(failovers) == FAILOVERS
+    assert len(failovers) == kills
     logs = [batches(str(tmp_path / f"n{i}" / "replicated-0")) for i in range(3)]
     # Every acknowledged record is present, at the offset it was acknowledged with, on a majority.
     for value, offset in acked.items():
