@@ -1544,6 +1544,26 @@ class Log:
             with self._io_guard():
                 self._truncate_locked(offset)
 
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Drop every record and restart the log, empty, at ``offset`` (any offset >= 0; Kafka's
+        truncateFullyAndStartAt): what a follower does when the leader's log start has moved
+        past its log end, so that no record it holds can be kept. The leader epoch history is
+        cleared too. Durable on return. Thread-safe."""
+        offset = self._check_offset_arg(offset)
+        if offset < 0:
+            raise ValueError(f"cannot start a log at negative offset {offset}")
+        with self._lock, self._w:
+            self._check_open()
+            with self._io_guard():
+                self._replace_all_segments(offset)
+                self._log_start_offset = offset
+                self._recovery_point = self._flushed_offset = offset
+                if self._high_watermark is not None:
+                    self._high_watermark = offset
+                if self.leader_epochs is not None:
+                    self.leader_epochs.truncate_from_end(0)
+                self._write_checkpoints(force=True)
+
     def _truncate_locked(self, offset: int) -> None:
         self._begin_layout_change()
         if offset <= self._log_start_offset:

@@ -650,6 +650,13 @@ class ReplicaNode:
         with rep.cond:
             if epoch > rep.election.epoch:
                 rep.election.observe_epoch(epoch, leader_id if code == OK else NONE)
+            if code == OUT_OF_RANGE and epoch == rep.election.epoch and div_end > offset:
+                # The leader's log now starts past our end (retention or DeleteRecords there):
+                # nothing we hold can be kept; restart empty at its log start and fetch from it.
+                logger.warning("node %d: %s-%d: the leader's log starts at %d, past our end %d; restarting there",
+                               self.node_id, rep.topic, rep.partition, div_end, offset)
+                log.truncate_fully_and_start_at(div_end)
+                return True
             if code != OK or epoch != rep.election.epoch:
                 if code == NOT_LEADER and leader_id != NONE and leader_id != leader:
                     rep.election.observe_epoch(epoch, leader_id)
@@ -668,6 +675,11 @@ class ReplicaNode:
             log.truncate_to(max(target, 0))
             return True
         if data:
+            base = parse_header(data, 0).base_offset
+            if base < offset and log.log_start_offset == offset:
+                # Restarted past its end, the log is empty, but the leader's log start lies
+                # inside this batch: start at the batch instead (as Kafka's follower does).
+                log.truncate_fully_and_start_at(base)
             log.append_replicated(data)
         end = log.log_end_offset
         log.high_watermark = min(hw, end)

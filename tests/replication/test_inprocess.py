@@ -215,3 +215,38 @@ def test_a_follower_whose_last_epoch_the_leader_never_had_truncates_into_its_own
     finally:
         for n in nodes.values():
             n.stop()
+
+
+def test_a_follower_behind_the_leaders_log_start_restarts_its_log_there(tmp_path):
+    nodes, addrs = cluster(tmp_path)
+    restarted = {}
+    try:
+        first = leader_of(nodes)
+        client = Client([addrs[first]], SECRET)
+        client.produce("replicated", 0, [b"old-%d" % i for i in range(5)], acks="all")
+        lagging = next(i for i in nodes if i != first)
+        nodes[lagging].stop()
+        offsets = client.produce("replicated", 0, [b"new-%d" % i for i in range(5)], acks="all")
+        # The leader drops everything before the new records (DeleteRecords); the stopped
+        # follower's log now ends below the leader's log start.
+        leader_log = nodes[first].store.partition("replicated", 0)
+        start = offsets[2]
+        assert leader_log.delete_records_before(start) == start
+        peers = {j: a for j, a in addrs.items() if j != lagging}
+        restarted[lagging] = ReplicaNode(lagging, str(tmp_path / f"node{lagging}"), addrs[lagging], peers, SECRET,
+                                         election_timeout_ms=300).start()
+        log = restarted[lagging].store.partition("replicated", 0)
+        assert log.log_end_offset < start  # what it kept ends below the leader's log start
+        # It restarts at the start of the leader's first batch (which may hold offsets below
+        # the leader's log start, as Kafka's follower does), holding nothing it had before.
+        wait_for(lambda: log.log_end_offset == leader_log.log_end_offset)
+        assert offsets[0] <= log.log_start_offset <= start
+        assert [r.value for r in log.read(start)] == [b"new-%d" % i for i in range(2, 5)]
+        client.produce("replicated", 0, [b"after"], acks="all")
+        wait_for(lambda: [r.value for r in log.read(start)][-1:] == [b"after"])
+        client.close()
+    finally:
+        for group in (nodes, restarted):
+            for n in group.values():
+                if not n._stop.is_set():
+                    n.stop()

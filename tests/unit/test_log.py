@@ -692,3 +692,21 @@ def test_append_encoded_follows_the_logs_policy_when_it_must(tmp_path: pathlib.P
         log.append_encoded(bytes(builder.build([b"t"], timestamps=[1])))
         (r,) = log.read(0)
         assert r.timestamp > 1 and r.timestamp_type == TimestampType.LOG_APPEND_TIME
+
+
+def test_truncate_fully_and_start_at_restarts_an_empty_log_anywhere(tmp_path: pathlib.Path) -> None:
+    with Log.open(tmp_path / "restart-0", segment_bytes=4096) as log:
+        log.assign_leader_epoch(3)
+        for _ in range(5):
+            log.append_batch([b"x" * 100] * 30)  # several segments
+        assert len(log.segments) > 1
+        log.truncate_fully_and_start_at(1000)
+        assert (log.log_start_offset, log.log_end_offset, log.latest_epoch) == (1000, 1000, -1)
+        assert log.read(1000) == []
+        assert log.append(b"next") == 1000
+        with pytest.raises(ValueError):
+            log.truncate_fully_and_start_at(-1)
+    with Log.open(tmp_path / "restart-0") as log:  # durable
+        assert (log.log_start_offset, log.log_end_offset) == (1000, 1001)
+        assert [(r.offset, r.value) for r in log.read(1000)] == [(1000, b"next")]
+        assert len(log.segments) == 1
