@@ -212,7 +212,8 @@ class ReplicaNode:
             for p in range(count):
                 log = self.store.partition(topic, p)
                 election = Election(node_id, self.voters, QuorumStateFile(log.path, self.voters))
-                self._replicas[(topic, p)] = _Replica(topic, p, log, election, hw=log.high_watermark)
+                self._replicas[(topic, p)] = replica = _Replica(topic, p, log, election, hw=log.high_watermark)
+                self._load_producers(replica)
         self._listener = socket.create_server(listen)
         self.address = self._listener.getsockname()[:2]
         self._stop = threading.Event()
@@ -386,8 +387,25 @@ class ReplicaNode:
         if won.is_set():
             self._announce(rep)
 
+    @staticmethod
+    def _note_producers(rep: _Replica, data: bytes) -> None:
+        """Record the producer (id, sequence) of each batch in ``data`` (whole batches)."""
+        position = 0
+        while position < len(data):
+            h = parse_header(data, position)
+            if h.producer_id >= 0 and h.base_sequence >= 0:
+                rep.producers[h.producer_id] = (h.base_sequence, h.base_offset, h.last_offset)
+            position += h.size
+
+    @staticmethod
+    def _forget_producers_from(rep: _Replica, offset: int) -> None:
+        """The log was truncated to ``offset``: a producer whose last batch is gone gets its
+        retry appended again (only the latest produce of a client is ever retried)."""
+        rep.producers = {pid: v for pid, v in rep.producers.items() if v[2] < offset}
+
     def _load_producers(self, rep: _Replica) -> None:
-        """Rebuild the table of each producer's last batch from the batch headers."""
+        """Rebuild the table of each producer's last batch from the batch headers (at start;
+        from then on appends and truncations keep it, so an election never scans the log)."""
         log = rep.log
         producers: dict[int, tuple[int, int, int]] = {}
         offset = log.log_start_offset
@@ -407,7 +425,6 @@ class ReplicaNode:
 
     def _become_leader(self, rep: _Replica) -> None:
         epoch = rep.election.epoch
-        self._load_producers(rep)
         rep.log.assign_leader_epoch(epoch)
         rep.epoch_start = rep.log.log_end_offset
         # A record of the new epoch, as KRaft's leader writes at once: the high watermark only
@@ -656,6 +673,7 @@ class ReplicaNode:
                 logger.warning("node %d: %s-%d: the leader's log starts at %d, past our end %d; restarting there",
                                self.node_id, rep.topic, rep.partition, div_end, offset)
                 log.truncate_fully_and_start_at(div_end)
+                self._forget_producers_from(rep, log.log_start_offset)
                 return True
             if code != OK or epoch != rep.election.epoch:
                 if code == NOT_LEADER and leader_id != NONE and leader_id != leader:
@@ -673,6 +691,8 @@ class ReplicaNode:
             logger.info("node %d: %s-%d diverges from the leader (its epoch %d ends at %d); truncating to %d",
                         self.node_id, rep.topic, rep.partition, div_epoch, div_end, target)
             log.truncate_to(max(target, 0))
+            with rep.cond:
+                self._forget_producers_from(rep, log.log_end_offset)
             return True
         if data:
             base = parse_header(data, 0).base_offset
@@ -680,7 +700,11 @@ class ReplicaNode:
                 # Restarted past its end, the log is empty, but the leader's log start lies
                 # inside this batch: start at the batch instead (as Kafka's follower does).
                 log.truncate_fully_and_start_at(base)
+                with rep.cond:
+                    self._forget_producers_from(rep, base)
             log.append_replicated(data)
+            with rep.cond:
+                self._note_producers(rep, data)
         end = log.log_end_offset
         log.high_watermark = min(hw, end)
         rep.hw = log.high_watermark
