@@ -396,3 +396,35 @@ def test_requests_from_a_stale_epoch_are_fenced(tmp_path):
         assert (d["role"], d["epoch"], d["log_end_offset"]) == ("leader", epoch, end)
     finally:
         stop_all(nodes)
+
+
+def test_acks_all_needs_min_insync_replicas_in_sync(tmp_path):
+    from logstore.replication import NotEnoughReplicasError
+
+    nodes, addrs = cluster(tmp_path, min_insync_replicas=3, replica_lag_time_max_ms=500)
+    restarted = {}
+    try:
+        leader = leader_of(nodes)
+        client = Client([addrs[leader]], SECRET)
+        client.produce("replicated", 0, [b"all three"], acks="all")
+        assert sorted(nodes[leader].describe()[("replicated", 0)]["in_sync"]) == [0, 1, 2]
+        gone = next(i for i in nodes if i != leader)
+        nodes[gone].stop()
+        client.produce("replicated", 0, [b"moves the end"], acks=1)  # the stopped one falls behind
+        wait_for(lambda: gone not in nodes[leader].describe()[("replicated", 0)]["in_sync"])
+        end = nodes[leader].store.partition("replicated", 0).log_end_offset
+        with pytest.raises(NotEnoughReplicasError):
+            client.produce("replicated", 0, [b"refused"], acks="all")
+        assert nodes[leader].store.partition("replicated", 0).log_end_offset == end  # nothing written
+        assert client.produce("replicated", 0, [b"acks=1 still works"], acks=1) == [end]
+        peers = {j: a for j, a in addrs.items() if j != gone}
+        restarted[gone] = ReplicaNode(gone, str(tmp_path / f"node{gone}"), addrs[gone], peers, SECRET,
+                                      election_timeout_ms=300, min_insync_replicas=3,
+                                      replica_lag_time_max_ms=500).start()
+        wait_for(lambda: gone in nodes[leader].describe()[("replicated", 0)]["in_sync"])
+        (offset,) = client.produce("replicated", 0, [b"back to three"], acks="all")
+        assert offset == end + 1
+        client.close()
+    finally:
+        stop_all(nodes)
+        stop_all(restarted)
