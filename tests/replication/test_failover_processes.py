@@ -167,8 +167,10 @@ def kill_leaders_while_producing(tmp_path, kills):
         done.wait()
         thread.join()
         client.close()
-        hw = converged_high_watermark(cluster)
-        cluster.stop_all()
+        try:
+            hw = converged_high_watermark(cluster)
+        finally:
+            cluster.stop_all()
     assert not stalls, f"nothing acknowledged for 30 s after failover {stalls[0]}"
     assert len(failovers) == kills
     logs = [batches(str(tmp_path / f"n{i}" / "replicated-0")) for i in range(3)]
