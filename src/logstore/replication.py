@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, NamedTuple
 
 from . import compression
+from .checkpoint import REPLICATION_OFFSET_CHECKPOINT, OffsetCheckpoints
 from .election import NONE, Election, QuorumStateFile, Role
 from .errors import CorruptRecordError, InvalidRecordError, LogstoreError, OffsetOutOfRangeError, RecordTooLargeError
 from .records import BatchBuilder, Record, decode_batches, leader_change_record, parse_header, validate_client_batch
@@ -207,12 +208,22 @@ class ReplicaNode:
         self._client_tls = tls.client_context() if tls is not None else None
         self.store = LogStore(data_dir, shared=False, maintenance=False)
         self._replicas: dict[tuple[str, int], _Replica] = {}
+        # The high watermark each partition had (Kafka's replication-offset-checkpoint): a
+        # restarted replica must not take its uncommitted tail for committed. It is written
+        # every second and at stop, so it may lag; a lower bound is safe (the leader's fetch
+        # answers bring it up to date).
+        self._hw_checkpoint = OffsetCheckpoints(data_dir, REPLICATION_OFFSET_CHECKPOINT)
+        self._hw_written: dict[tuple[str, int], int] = self._hw_checkpoint.read()
+        self._hw_written_at = time.monotonic()
         for topic, count in partitions:
             self.store.create_topic(topic, count, exist_ok=True)
             for p in range(count):
                 log = self.store.partition(topic, p)
                 election = Election(node_id, self.voters, QuorumStateFile(log.path, self.voters))
-                self._replicas[(topic, p)] = replica = _Replica(topic, p, log, election, hw=log.high_watermark)
+                saved = self._hw_written.get((topic, p), log.log_start_offset)
+                hw = max(log.log_start_offset, min(saved, log.log_end_offset))
+                log.high_watermark = hw
+                self._replicas[(topic, p)] = replica = _Replica(topic, p, log, election, hw=hw)
                 self._load_producers(replica)
         self._listener = socket.create_server(listen)
         self.address = self._listener.getsockname()[:2]
@@ -271,7 +282,19 @@ class ReplicaNode:
             t.join(5)
         for conn in list(self._conns.values()):
             conn.close()
+        try:
+            self._checkpoint_high_watermarks()
+        except OSError as exc:
+            logger.warning("node %d: could not write %s: %s", self.node_id, REPLICATION_OFFSET_CHECKPOINT, exc)
         self.store.close()
+
+    def _checkpoint_high_watermarks(self) -> None:
+        """Write every partition's high watermark when one changed since the last write."""
+        current = {key: rep.hw for key, rep in self._replicas.items()}
+        if current != self._hw_written:
+            self._hw_checkpoint.update(current)  # type: ignore[arg-type]
+            self._hw_written = current
+        self._hw_written_at = time.monotonic()
 
     # ------------------------------------------------------------------ server
     def _accept_loop(self) -> None:
@@ -464,6 +487,12 @@ class ReplicaNode:
     def _tick_loop(self) -> None:
         while not self._stop.wait(0.02):
             now = time.monotonic()
+            if now - self._hw_written_at >= 1.0:
+                try:
+                    self._checkpoint_high_watermarks()
+                except OSError as exc:
+                    logger.warning("node %d: could not write %s: %s", self.node_id, REPLICATION_OFFSET_CHECKPOINT, exc)
+                    self._hw_written_at = now
             for rep in self._replicas.values():
                 try:
                     if rep.election.role is Role.LEADER:
