@@ -40,7 +40,7 @@ from .wire import (
 )
 
 __all__ = ["ReplicaNode", "Client", "Fetched", "TLSConfig", "NotLeaderError", "NotEnoughReplicasError",
-           "ReplicationError"]
+           "ReplicationTimeoutError", "ReplicationError"]
 
 logger = logging.getLogger("logstore.replication")
 
@@ -79,6 +79,12 @@ class NotEnoughReplicasError(ReplicationError):
     """Fewer than min_insync_replicas replicas are in sync; nothing was written (acks="all")."""
 
 
+class ReplicationTimeoutError(ReplicationError):
+    """The leader appended the records but a majority did not confirm them within the timeout
+    (acks="all"): they may still be committed later, or lost with the leader. A retry with the
+    same Client is recognised and not appended twice."""
+
+
 def _raise_for(code: int, leader: int, what: str) -> None:
     if code == OK:
         return
@@ -87,6 +93,8 @@ def _raise_for(code: int, leader: int, what: str) -> None:
         raise NotLeaderError(text + (f" (leader: node {leader})" if leader != NONE else ""), code, leader)
     if code == NOT_ENOUGH_REPLICAS:
         raise NotEnoughReplicasError(text, code, leader)
+    if code == TIMEOUT:
+        raise ReplicationTimeoutError(text, code, leader)
     raise ReplicationError(text, code, leader)
 
 
@@ -804,10 +812,18 @@ class ReplicaNode:
     def _request(self, peer: int, type: int, payload: bytes, timeout: float) -> Reader:
         with self._lock:
             conn = self._conns.get(peer)
-            if conn is None:
-                conn = _Connection(self.peers[peer], self.secret, self.node_id, timeout, self.max_frame,
-                                   self._client_tls)
-                self._conns[peer] = conn
+        if conn is None:
+            # Connect and authenticate without holding the node's lock (a slow peer must not
+            # hold up requests to the others); the first connection registered wins.
+            fresh = _Connection(self.peers[peer], self.secret, self.node_id, timeout, self.max_frame,
+                                self._client_tls)
+            with self._lock:
+                conn = self._conns.setdefault(peer, fresh)
+                stopped = self._stop.is_set()
+            if conn is not fresh or stopped:
+                fresh.close()
+            if stopped:
+                raise ConnectionError(f"node {self.node_id} is stopping")
         try:
             with conn.lock:
                 return conn.request(type, payload, timeout)
@@ -953,7 +969,7 @@ class Client:
                 err, leader, first, last = r.int16(), r.int32(), r.int64(), r.int64()
                 if err == OK:
                     return list(range(first, last + 1))
-                if err in (NOT_LEADER, TIMEOUT):
+                if err == NOT_LEADER:
                     last_error = NotLeaderError(f"node at {address} is not the leader", err, leader)
                     continue
                 _raise_for(err, leader, f"produce to {topic}-{partition}")

@@ -3,7 +3,12 @@
 ``LinkProxy(target)`` listens on an ephemeral port of 127.0.0.1 (never on another interface) and
 forwards every connection it accepts to ``target``, byte for byte, in both directions. The test
 points a node (or a client) at ``proxy.address`` instead of the target's real address, and then
-injects faults on that one link:
+injects faults on that one link. The target may be given later (``proxy.target = address``):
+a set of servers that must know each other's proxies before they bind can then all bind port 0,
+with no window in which a port picked in advance is taken by someone else. Until it has a
+target the proxy resets every connection.
+
+Controls:
 
 * :meth:`LinkProxy.block` -- a network partition: every open connection is cut at once, and
   every new one is accepted and reset immediately (the connecting side sees a reset or an EOF
@@ -108,13 +113,14 @@ class LinkProxy:
     """Forward connections accepted on ``self.address`` (127.0.0.1, ephemeral port) to ``target``.
 
     Args:
-        target: (host, port) to forward every accepted connection to.
+        target: (host, port) to forward every accepted connection to; None to set it later
+            (connections are reset until then).
         name: a label for thread names and repr (e.g. ``"0->1"``).
     """
 
-    def __init__(self, target: tuple[str, int], name: str = "") -> None:
-        self.target = tuple(target)
-        self.name = name or f"->{target[0]}:{target[1]}"
+    def __init__(self, target: tuple[str, int] | None, name: str = "") -> None:
+        self.target: tuple[str, int] | None = None if target is None else (target[0], target[1])
+        self.name = name or (f"->{target[0]}:{target[1]}" if target is not None else "->?")
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._listener.settimeout(_ACCEPT_POLL_S)  # close() does not wake accept(): poll the flag
         self.address: tuple[str, int] = self._listener.getsockname()[:2]
@@ -134,7 +140,8 @@ class LinkProxy:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed.is_set() else "blocked" if self._blocked else "open"
-        return f"<LinkProxy {self.name} {self.address[1]}->{self.target[1]} {state} delay={self._delay}>"
+        target = "?" if self.target is None else self.target[1]
+        return f"<LinkProxy {self.name} {self.address[1]}->{target} {state} delay={self._delay}>"
 
     def __enter__(self) -> "LinkProxy":
         return self
@@ -243,8 +250,11 @@ class LinkProxy:
 
     def _connect_and_pump(self, link: _Link) -> None:
         """First pump thread of a link: connect upstream, start the reverse pump, forward."""
+        target = self.target
         try:
-            upstream = socket.create_connection(self.target, timeout=_CONNECT_TIMEOUT_S)
+            if target is None:
+                raise ConnectionRefusedError("no target yet")
+            upstream = socket.create_connection(target, timeout=_CONNECT_TIMEOUT_S)
         except OSError:
             with self._lock:
                 self.refused += 1

@@ -19,12 +19,13 @@ import time
 
 import pytest
 
+from logstore import Log
 from logstore.errors import LogstoreError
+from logstore.records import parse_header
 from logstore.replication import Client, ReplicaNode, ReplicationError
 
 from .proxy import LinkProxy
-from .test_failover_processes import batches
-from .test_inprocess import free_ports, leader_of
+from .test_inprocess import leader_of
 
 SECRET = b"net-faults-secret"
 KEY = ("replicated", 0)
@@ -40,8 +41,7 @@ class NetCluster:
         self.proxies: dict[tuple[int, int], LinkProxy] = {}
         self.client_proxies: dict[int, LinkProxy] = {}
         self.clients: list[Client] = []
-        ports = free_ports(n)
-        self.addrs = {i: ("127.0.0.1", ports[i]) for i in range(n)}
+        self.addrs: dict[int, tuple[str, int]] = {}  # the nodes' real listen addresses
         self.paths: dict[int, str] = {}
         try:
             self._start(n, election_timeout_ms, kw)
@@ -50,15 +50,23 @@ class NetCluster:
             raise
 
     def _start(self, n: int, election_timeout_ms: int, kw: dict) -> None:
+        # Proxies first (their targets are set once the nodes have bound): every node must know
+        # its peers' proxies when it is built, and every socket binds port 0, so no port picked
+        # in advance (free_ports) can be taken meanwhile by one of the nine proxies.
         for i in range(n):
-            self.client_proxies[i] = LinkProxy(self.addrs[i], f"client->{i}")
+            self.client_proxies[i] = LinkProxy(None, f"client->{i}")
             for j in range(n):
                 if i != j:
-                    self.proxies[(i, j)] = LinkProxy(self.addrs[j], f"{i}->{j}")
+                    self.proxies[(i, j)] = LinkProxy(None, f"{i}->{j}")
         for i in range(n):
             peers = {j: self.proxies[(i, j)].address for j in range(n) if j != i}
-            self.nodes[i] = ReplicaNode(i, str(self.tmp / f"node{i}"), self.addrs[i], peers, SECRET,
+            self.nodes[i] = ReplicaNode(i, str(self.tmp / f"node{i}"), ("127.0.0.1", 0), peers, SECRET,
                                         election_timeout_ms=election_timeout_ms, **kw)
+            self.addrs[i] = self.nodes[i].address
+        for (i, j), proxy in self.proxies.items():
+            proxy.target = self.addrs[j]
+        for i, proxy in self.client_proxies.items():
+            proxy.target = self.addrs[i]
         self.paths = {i: node.store.partition(*KEY).path for i, node in self.nodes.items()}
         for node in self.nodes.values():
             node.start()
@@ -152,17 +160,34 @@ class NetCluster:
 
     # ------------------------------------------------------------------ teardown
     def stop(self) -> None:
-        for client in self.clients:
-            client.close()
-        for node in self.nodes.values():
-            if not node._stop.is_set():
-                node.stop()
-        for proxy in [*self.proxies.values(), *self.client_proxies.values()]:
-            proxy.close()
+        """Close the clients, stop the nodes, then close the proxies: every step is attempted
+        even if an earlier one fails (the first failure is raised at the end)."""
+        steps = [client.close for client in self.clients]
+        steps += [node.stop for node in self.nodes.values() if not node._stop.is_set()]
+        steps += [proxy.close for proxy in [*self.proxies.values(), *self.client_proxies.values()]]
+        error: BaseException | None = None
+        for step in steps:
+            try:
+                step()
+            except BaseException as exc:  # noqa: BLE001 - carry on tearing down, raise later
+                error = error or exc
+        if error is not None:
+            raise error
 
     def final_logs(self) -> dict[int, tuple[list, dict[int, bytes]]]:
         """After stop(): per node, (batch (base offset, CRC) list, {offset: value}) read from disk."""
-        return {i: batches(path) for i, path in self.paths.items()}
+        return {i: disk_log(path) for i, path in self.paths.items()}
+
+
+def disk_log(path: str) -> tuple[list[tuple[int, int]], dict[int, bytes]]:
+    """(batch (base offset, CRC) list, {offset: value}) of a stopped replica's partition log."""
+    with Log.open(path) as log:
+        out, offset = [], log.log_start_offset
+        while offset < log.log_end_offset:
+            h = parse_header(log.read_raw(offset, 1), 0)
+            out.append((h.base_offset, h.crc))
+            offset = h.last_offset + 1
+        return out, {r.offset: r.value for r in log.iter()}
 
 
 @contextlib.contextmanager
@@ -174,17 +199,31 @@ def net_cluster(tmp_path, **kw):
         net.stop()
 
 
+def follows_another(net: NetCluster, i: int, epoch: int) -> bool:
+    """Node i is a follower of another node, in an epoch after ``epoch``."""
+    s = net.state(i)
+    return s["role"] == "follower" and s["leader"] not in (-1, i) and s["epoch"] > epoch
+
+
 def produce_one(client: Client, value: bytes, **kw) -> int:
     (offset,) = client.produce(*KEY, [value], **kw)
     return offset
 
 
-def assert_identical_on_disk(net: NetCluster, expected: dict[int, bytes]) -> None:
-    """Every replica's log holds exactly the ``expected`` records and the same batches (CRCs)."""
+def assert_identical_on_disk(net: NetCluster, expected: dict[int, bytes], end: int) -> None:
+    """After stop(): every replica's log holds exactly the ``expected`` records, and the same
+    batches (base offsets and CRCs) below ``end``, the end they converged on (all committed).
+
+    Past ``end`` a replica may hold one more batch than another: the control record of an
+    election after the last check (a busy machine, or the shutdown itself), which the nodes
+    stopped before all of them fetched it. No test produces after its last convergence, so such
+    a batch can only be a control record, which holds no values."""
     logs = net.final_logs()
     for i, (_, values) in logs.items():
         assert values == expected, (i, values, expected)
-    assert logs[0][0] == logs[1][0] == logs[2][0], {i: b for i, (b, _) in logs.items()}
+    prefixes = {i: [b for b in batch_list if b[0] < end] for i, (batch_list, _) in logs.items()}
+    assert prefixes[0] == prefixes[1] == prefixes[2], prefixes
+    assert prefixes[0] and prefixes[0][-1][0] < end
 
 
 # ---------------------------------------------------------------------- tests
@@ -221,38 +260,48 @@ def test_a_partitioned_leader_never_acknowledges_and_follows_the_new_leader_afte
         assert sum(p.refused for p in net.links_of(old)) > 0
 
         net.heal()
+        # Its log is behind the new epoch, so it cannot win: it follows a leader of a later epoch.
+        net.wait_until(lambda: follows_another(net, old, old_epoch), "the old leader follows the new one")
         final = net.wait_converged(timeout=20)
-        assert final["leader"] != old, final  # its log is behind the new epoch: it cannot win
         assert final["epoch"] > old_epoch
-        assert all(net.state(i)["leader"] == final["leader"] for i in net.nodes)
         # The unacknowledged record is gone (truncated if the old leader had appended it).
         assert final["values"] == acked, (final, isolated_appended)
 
         # The healed set works as a whole: a new record reaches all three, the old leader included.
         acked[produce_one(everyone, b"e", acks="all", timeout=15)] = b"e"
         net.wait_until(lambda: all(net.values(i) == acked for i in net.nodes), "replication after healing")
-    assert_identical_on_disk(net, acked)
+        final = net.wait_converged(timeout=20)
+    assert_identical_on_disk(net, acked, final["end"])
 
 
 def test_b_an_isolated_follower_does_not_stop_the_majority_and_catches_up(tmp_path):
     with net_cluster(tmp_path, replica_lag_time_max_ms=2000) as net:
-        leader = leader_of(net.nodes, KEY)
-        follower, other = [i for i in net.nodes if i != leader]
         client = net.client(timeout=10)
         acked: dict[int, bytes] = {}
         acked[produce_one(client, b"before", acks="all", timeout=15)] = b"before"
         net.wait_until(lambda: all(net.values(i) == acked for i in net.nodes), "initial replication")
-        end_before = net.state(follower)["log_end_offset"]
 
-        net.isolate(follower)
+        for _ in range(5):
+            leader = net.wait_converged()["leader"]
+            follower, other = [i for i in net.nodes if i != leader]
+            net.isolate(follower)
+            # Cut off, it can neither fetch nor win an election (which would append a control
+            # record) -- unless it won one just now, on a busy machine: then pick again.
+            isolated = net.state(follower)
+            if isolated["role"] != "leader":
+                break
+            net.heal()
+        assert isolated["role"] != "leader", isolated
+        end_before = isolated["log_end_offset"]
         for k in range(5):
             value = f"during-{k}".encode()
             acked[produce_one(client, value, acks="all", timeout=15)] = value
         # Past replica_lag_time_max_ms the leader drops the follower from its in-sync replicas;
         # with min_insync_replicas=2 the other two still acknowledge acks="all".
         def follower_out_of_isr():
-            lead = [i for i in (leader, other) if net.state(i)["role"] == "leader"]
-            return len(lead) == 1 and follower not in net.state(lead[0])["in_sync"]
+            states = [net.state(i) for i in (leader, other)]  # one look each: roles change
+            leading = [s for s in states if s["role"] == "leader"]
+            return len(leading) == 1 and follower not in leading[0]["in_sync"]
         net.wait_until(follower_out_of_isr, "the isolated follower leaves the ISR")
         for k in range(5, 8):
             value = f"during-{k}".encode()
@@ -267,29 +316,35 @@ def test_b_an_isolated_follower_does_not_stop_the_majority_and_catches_up(tmp_pa
         final = net.wait_converged(timeout=20)
         assert final["values"] == acked
         assert net.values(follower) == acked
-        lead = final["leader"]
-        net.wait_until(lambda: sorted(net.state(lead)["in_sync"] or []) == sorted(net.nodes),
-                       "the follower is back in the ISR")
-    assert_identical_on_disk(net, acked)
+        def all_in_sync():
+            states = [net.state(i) for i in net.nodes]
+            return any(s["role"] == "leader" and sorted(s["in_sync"]) == sorted(net.nodes) for s in states)
+        net.wait_until(all_in_sync, "the follower is back in the ISR")
+        final = net.wait_converged(timeout=20)
+    assert_identical_on_disk(net, acked, final["end"])
 
 
 def test_c_latency_on_every_link_keeps_the_leader_and_loses_nothing(tmp_path):
-    with net_cluster(tmp_path) as net:
-        start = net.wait_converged(timeout=15)
+    # Raft wants the round trip well below the election timeout: 50 ms each way is a 100 ms round
+    # trip, against 1500 ms here (a held fetch waits up to 500 ms more). With 300 ms the margin
+    # is a few stalls of a loaded 2-core machine wide: runs of this test there went through 3 to
+    # 15 elections, and some went 20 s without a leader; that measures the machine, not latency.
+    with net_cluster(tmp_path, election_timeout_ms=1500) as net:
+        start = net.wait_converged(timeout=20)
         net.set_delay(0.05)  # each way, on every node-to-node and client-to-node link
         client = net.client(via_proxy=True, timeout=15)
         acked: dict[int, bytes] = {}
-        for k in range(12):
+        for k in range(10):
             value = f"slow-{k}".encode()
             acked[produce_one(client, value, acks="all", timeout=20)] = value
         assert sorted(acked) == list(acked)  # offsets grow in acknowledgement order
         final = net.wait_converged(timeout=20)
         assert final["values"] == acked
-        # 50 ms is far below the 300 ms election timeout: at most an odd spurious election.
+        # No partition, only latency: at most an odd spurious election (a busy machine).
         assert start["epoch"] <= final["epoch"] <= start["epoch"] + 2, (start, final)
-        # The produces did go through the (slow) proxies, to the leader at least.
-        assert net.client_proxies[final["leader"]].forwarded > 0
-    assert_identical_on_disk(net, acked)
+        # The produces did go through the (slow) proxies.
+        assert sum(p.forwarded for p in net.client_proxies.values()) > 0
+    assert_identical_on_disk(net, acked, final["end"])
 
 
 def test_d_acks_1_records_written_on_the_minority_side_are_truncated_after_healing(tmp_path):
@@ -297,6 +352,7 @@ def test_d_acks_1_records_written_on_the_minority_side_are_truncated_after_heali
     # (until it notices it lost its majority), a comfortable window for its acks=1 writes.
     with net_cluster(tmp_path, election_timeout_ms=500) as net:
         old = leader_of(net.nodes, KEY)
+        old_epoch = net.state(old)["epoch"]
         everyone = net.client(timeout=10)
         committed: dict[int, bytes] = {}
         committed[produce_one(everyone, b"committed", acks="all", timeout=15)] = b"committed"
@@ -329,9 +385,10 @@ def test_d_acks_1_records_written_on_the_minority_side_are_truncated_after_heali
         net.wait_until(lambda: net.state(old)["role"] != "leader", "the isolated leader steps down")
 
         net.heal()
+        net.wait_until(lambda: follows_another(net, old, old_epoch), "the old leader follows the new one")
         final = net.wait_converged(timeout=20)
-        assert final["leader"] != old
+        assert final["epoch"] > old_epoch
         # KIP-101: the old leader truncated its uncommitted suffix and took the majority's.
         assert final["values"] == acked
         assert not set(final["values"].values()) & set(minority.values())
-    assert_identical_on_disk(net, acked)
+    assert_identical_on_disk(net, acked, final["end"])

@@ -428,3 +428,21 @@ def test_acks_all_needs_min_insync_replicas_in_sync(tmp_path):
     finally:
         stop_all(nodes)
         stop_all(restarted)
+
+
+def test_acks_all_not_confirmed_in_time_is_a_timeout_not_a_leader_change(tmp_path):
+    from logstore.replication import ReplicationTimeoutError
+
+    nodes, addrs = cluster(tmp_path, election_timeout_ms=1500, min_insync_replicas=1)
+    try:
+        leader = leader_of(nodes)
+        client = Client([addrs[leader]], SECRET, timeout=5)
+        client.produce("replicated", 0, [b"committed"], acks="all")
+        for i in nodes:
+            if i != leader:
+                nodes[i].stop()
+        with pytest.raises(ReplicationTimeoutError, match="timed out"):
+            client.produce("replicated", 0, [b"unconfirmed"], acks="all", timeout=0.5)
+        client.close()
+    finally:
+        stop_all(nodes)
