@@ -805,8 +805,12 @@ class ReplicaNode:
     def _on_metadata(self, r: Reader) -> bytes:
         out = Writer().int32(self.node_id)
         reps = list(self._replicas.values())
-        return out.array(reps, lambda w, rep: w.string(rep.topic).int32(rep.partition)
-                         .int32(rep.election.leader).int32(rep.election.epoch).int64(rep.hw)).payload()
+        out.array(reps, lambda w, rep: w.string(rep.topic).int32(rep.partition)
+                  .int32(rep.election.leader).int32(rep.election.epoch).int64(rep.hw))
+        # Where every voter listens (as this node reaches it), so that a client told "node N
+        # leads" can go straight to N.
+        nodes = [(self.node_id, self.address)] + sorted(self.peers.items())
+        return out.array(nodes, lambda w, n: w.int32(n[0]).string(str(n[1][0])).int32(int(n[1][1]))).payload()
 
     # ------------------------------------------------------------------ outgoing requests
     def _request(self, peer: int, type: int, payload: bytes, timeout: float) -> Reader:
@@ -907,6 +911,10 @@ class Client:
         self.producer_id = random.SystemRandom().getrandbits(62)
         self._sequences: dict[tuple[str, int], int] = {}
         self._builder = BatchBuilder()
+        #: node id -> address, learnt from METADATA answers
+        self._nodes: dict[int, tuple[str, int]] = {}
+        #: (topic, partition) -> the node last seen leading it
+        self._leaders: dict[tuple[str, int], int] = {}
         self._codec = compression.codec_from_name(compression_type) if compression_type else compression.NONE
 
     def _conn(self, address: tuple[str, int]) -> _Connection:
@@ -957,25 +965,72 @@ class Client:
         self._sequences[(topic, partition)] = (sequence + len(values)) % (1 << 31)
         payload = (Writer().string(topic).int32(partition).int8(code).int32(int((timeout or self.timeout) * 1000))
                    .blob(bytes(batch)).payload())
-        deadline = time.monotonic() + (timeout or self.timeout)
+        err, leader, r = self._leader_request((topic, partition), RequestType.PRODUCE, payload,
+                                              timeout or self.timeout, f"produce to {topic}-{partition}")
+        first, last = r.int64(), r.int64()
+        _raise_for(err, leader, f"produce to {topic}-{partition}")
+        return list(range(first, last + 1))
+
+    def _candidates(self, key: tuple[str, int]) -> list[tuple[str, int]]:
+        """Addresses to try: the partition's last known leader first, then the bootstrap list."""
+        leader = self._leaders.get(key)
+        first = [self._nodes[leader]] if leader is not None and leader in self._nodes else []
+        return first + [a for a in self.bootstrap if a not in first]
+
+    def _follow(self, key: tuple[str, int], leader: int, refused_by: tuple[str, int]) -> bool:
+        """A node refused a request naming ``leader`` (-1: unknown). Remember it, learning its
+        address from the refusing node when needed; True when there is a new address to try."""
+        if leader < 0:
+            self._leaders.pop(key, None)
+            return False
+        self._leaders[key] = leader
+        if leader not in self._nodes:
+            try:
+                self._read_metadata(self._call(refused_by, RequestType.METADATA, b""))
+            except (OSError, LogstoreError):
+                return False
+        return self._nodes.get(leader, refused_by) != refused_by
+
+    def _leader_request(self, key: tuple[str, int], type: int, payload: bytes, timeout: float,
+                        what: str) -> tuple[int, int, Reader]:
+        """Send a request the partition's leader must answer, following "not the leader"
+        answers that name the leader, until a node accepts it or ``timeout`` passes. Returns
+        (error code, leader id, the rest of the answer)."""
+        deadline = time.monotonic() + timeout
         last_error: Exception | None = None
+        redirects = 0
         while time.monotonic() < deadline:
-            for address in list(self.bootstrap):
+            redirected = False
+            for address in self._candidates(key):
                 try:
-                    r = self._call(address, RequestType.PRODUCE, payload)
+                    r = self._call(address, type, payload)
                 except (OSError, LogstoreError) as exc:
                     last_error = exc
                     continue
-                err, leader, first, last = r.int16(), r.int32(), r.int64(), r.int64()
-                if err == OK:
-                    return list(range(first, last + 1))
-                if err == NOT_LEADER:
-                    last_error = NotLeaderError(f"node at {address} is not the leader", err, leader)
-                    continue
-                _raise_for(err, leader, f"produce to {topic}-{partition}")
-            time.sleep(0.05)
-        raise NotLeaderError(f"no leader acknowledged the produce to {topic}-{partition} within the timeout "
-                             f"({last_error})", NOT_LEADER)
+                err, leader = r.int16(), r.int32()
+                if err != NOT_LEADER:
+                    if err == OK and leader >= 0:
+                        self._leaders[key] = leader
+                        self._nodes.setdefault(leader, address)
+                    return err, leader, r
+                last_error = NotLeaderError(f"node at {address[0]}:{address[1]} is not the leader"
+                                            + (f" (node {leader} is)" if leader >= 0 else ""), err, leader)
+                if redirects < 8 and self._follow(key, leader, address):
+                    redirects += 1
+                    redirected = True
+                    break  # straight to the leader it named
+            if not redirected:
+                time.sleep(0.05)
+        raise NotLeaderError(f"{what}: no leader answered within the timeout ({last_error})", NOT_LEADER,
+                             getattr(last_error, "leader", NONE))
+
+    def _read_metadata(self, r: Reader) -> dict[tuple[str, int], tuple[int, int, int]]:
+        r.int32()
+        rows = r.array(lambda x: (x.string(), x.int32(), x.int32(), x.int32(), x.int64()), 22)
+        nodes = r.array(lambda x: (x.int32(), x.string(), x.int32()), 10)
+        for node, host, port in nodes:
+            self._nodes.setdefault(node, (host, port))
+        return {(t, p): (leader, epoch, hw) for t, p, leader, epoch, hw in rows}
 
     def fetch(self, topic: str, partition: int, offset: int, max_bytes: int = 1 << 20,
               timeout: float | None = None) -> Fetched:
@@ -992,36 +1047,22 @@ class Client:
             raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
         payload = (Writer().int32(-1).string(topic).int32(partition).int32(-1).int64(offset).int32(-1)
                    .int32(min(max_bytes, DEFAULT_MAX_FRAME - 4096)).payload())
-        deadline = time.monotonic() + (timeout or self.timeout)
-        last_error: Exception | None = None
-        while time.monotonic() < deadline:
-            for address in list(self.bootstrap):
-                try:
-                    r = self._call(address, RequestType.FETCH, payload)
-                except (OSError, LogstoreError) as exc:
-                    last_error = exc
-                    continue
-                err, leader, _epoch, hw = r.int16(), r.int32(), r.int32(), r.int64()
-                _div_epoch, start = r.int32(), r.int64()
-                data = r.blob() or b""
-                if err == OUT_OF_RANGE:
-                    raise OffsetOutOfRangeError(offset, start, hw, f"fetch from {topic}-{partition}")
-                if err == NOT_LEADER:
-                    last_error = NotLeaderError(f"node at {address} is not the leader", err, leader)
-                    continue
-                _raise_for(err, leader, f"fetch from {topic}-{partition}")
-                records = decode_batches(data, offset)
-                next_offset = offset
-                if data:
-                    position = 0
-                    while position < len(data):
-                        h = parse_header(data, position)
-                        position += h.size
-                    next_offset = max(offset, h.last_offset + 1)
-                return Fetched(records, next_offset, hw)
-            time.sleep(0.05)
-        raise NotLeaderError(f"no leader answered the fetch from {topic}-{partition} within the timeout "
-                             f"({last_error})", NOT_LEADER)
+        err, leader, r = self._leader_request((topic, partition), RequestType.FETCH, payload,
+                                              timeout or self.timeout, f"fetch from {topic}-{partition}")
+        _epoch, hw = r.int32(), r.int64()
+        _div_epoch, start = r.int32(), r.int64()
+        data = r.blob() or b""
+        if err == OUT_OF_RANGE:
+            raise OffsetOutOfRangeError(offset, start, hw, f"fetch from {topic}-{partition}")
+        _raise_for(err, leader, f"fetch from {topic}-{partition}")
+        records = decode_batches(data, offset)
+        next_offset = offset
+        position = 0
+        while position < len(data):
+            h = parse_header(data, position)
+            position += h.size
+            next_offset = max(next_offset, h.last_offset + 1)
+        return Fetched(records, next_offset, hw)
 
     def metadata(self) -> dict[tuple[str, int], tuple[int, int, int]]:
         """{(topic, partition): (leader, epoch, high watermark)} as the first reachable node knows it."""
@@ -1030,9 +1071,7 @@ class Client:
                 r = self._call(address, RequestType.METADATA, b"")
             except (OSError, LogstoreError):
                 continue
-            r.int32()
-            rows = r.array(lambda x: (x.string(), x.int32(), x.int32(), x.int32(), x.int64()), 22)
-            return {(t, p): (leader, epoch, hw) for t, p, leader, epoch, hw in rows}
+            return self._read_metadata(r)
         raise ReplicationError("no node reachable")
 
     def close(self) -> None:

@@ -80,7 +80,11 @@ def test_fetch_and_follower_reads_never_show_uncommitted_records(tmp_path):
         stop_all(nodes)
 
 
-def test_a_follower_refuses_client_fetches_and_the_client_finds_the_leader(tmp_path):
+def test_a_follower_refuses_client_requests_naming_the_leader_and_the_client_follows(tmp_path):
+    from logstore import replication
+    from logstore.replication import _Connection
+    from logstore.wire import RequestType, Writer
+
     nodes, addrs = cluster(tmp_path)
     try:
         first = leader_of(nodes)
@@ -88,14 +92,26 @@ def test_a_follower_refuses_client_fetches_and_the_client_finds_the_leader(tmp_p
         (offset,) = writer.produce("replicated", 0, [b"x"], acks="all")
         writer.close()
         follower = next(i for i in nodes if i != first)
-        only_follower = Client([addrs[follower]], SECRET, timeout=1)
-        with pytest.raises(NotLeaderError):
-            only_follower.fetch("replicated", 0, 0, timeout=0.5)
-        only_follower.close()
-        # With the follower listed first, the client moves on to the leader.
-        client = Client([addrs[follower], addrs[first]], SECRET)
+        wait_for(lambda: nodes[follower].describe()[("replicated", 0)]["leader"] == first)
+        # The follower answers "not the leader" and names it...
+        conn = _Connection(addrs[follower], SECRET, -1, 5.0, 1 << 20)
+        r = conn.request(RequestType.FETCH, Writer().int32(-1).string("replicated").int32(0).int32(-1)
+                         .int64(0).int32(-1).int32(1 << 20).payload())
+        assert (r.int16(), r.int32()) == (replication.NOT_LEADER, first)
+        conn.close()
+        # ...and a client that knows only the follower goes to the leader it names.
+        client = Client([addrs[follower]], SECRET)
         assert [(r.offset, r.value) for r in client.fetch("replicated", 0, 0).records] == [(offset, b"x")]
+        (second,) = client.produce("replicated", 0, [b"y"], acks="all")
+        assert second > offset
+        assert client._leaders[("replicated", 0)] == first and client._nodes[first] == addrs[first]
         client.close()
+        # A client whose only node is down names no leader when it gives up.
+        nodes[follower].stop()
+        lost = Client([addrs[follower]], SECRET, timeout=0.3)
+        with pytest.raises(NotLeaderError):
+            lost.fetch("replicated", 0, 0)
+        lost.close()
     finally:
         stop_all(nodes)
 
