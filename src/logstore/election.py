@@ -174,6 +174,15 @@ class Election:
             self._persist(replace(self.state, voted_for=candidate))
         return True, self.state.epoch
 
+    def would_grant_pre_vote(self, epoch: int, candidate: int, last_epoch: int, end_offset: int,
+                             my_last_epoch: int, my_end_offset: int) -> bool:
+        """Pre-vote (Raft §9.6, Kafka's KIP-996): would a vote for ``candidate`` in the epoch it
+        proposes be granted on the log alone? Nothing is persisted and no epoch changes; the
+        caller also refuses while it still hears from a leader."""
+        if candidate not in self.voters or epoch <= self.state.epoch:
+            return False
+        return (last_epoch, end_offset) >= (my_last_epoch, my_end_offset)
+
     def on_vote_response(self, epoch: int, voter: int, granted: bool) -> bool:
         """Count a vote for the current campaign; returns True when this node became leader."""
         if epoch > self.state.epoch:

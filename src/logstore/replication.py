@@ -151,6 +151,10 @@ class _Replica:
     contact: dict[int, float] = field(default_factory=dict)      # follower -> last fetch (monotonic)
     caught_up: dict[int, float] = field(default_factory=dict)    # follower -> last time at leader's LEO
     epoch_start: int = 0
+    #: when a leader last answered this follower (monotonic), and whether its connection to
+    #: the leader was refused or dropped since: a pre-vote is granted only without a live leader
+    leader_seen: float = 0.0
+    leader_lost: bool = False
     #: producer id -> (base sequence, first offset, last offset) of its last batch: a retried
     #: produce (same id and sequence) is answered with the offsets it already has.
     producers: dict[int, tuple[int, int, int]] = field(default_factory=dict)
@@ -367,8 +371,19 @@ class ReplicaNode:
     def _on_vote(self, r: Reader) -> bytes:
         rep = self._replica(r)
         epoch, candidate, last_epoch, end = r.int32(), r.int32(), r.int32(), r.int64()
+        pre_vote = r.int8("pre-vote flag") == 1
+        r.end()
         if rep is None:
             return Writer().int32(-1).int8(0).payload()
+        if pre_vote:
+            with rep.cond:
+                election = rep.election
+                alive = election.role is Role.LEADER or (
+                    election.leader != NONE and not rep.leader_lost
+                    and time.monotonic() - rep.leader_seen < self.election_timeout_s)
+                granted = not alive and election.would_grant_pre_vote(
+                    epoch, candidate, last_epoch, end, rep.log.latest_epoch, rep.log.log_end_offset)
+                return Writer().int32(election.epoch).int8(1 if granted else 0).payload()
         with rep.cond:
             was_leader = rep.election.role is Role.LEADER
             granted, now_epoch = rep.election.on_vote_request(epoch, candidate, last_epoch, end,
@@ -387,14 +402,21 @@ class ReplicaNode:
             now = time.monotonic()
             if now < rep.deadline or rep.election.role is Role.LEADER:
                 return
-            rep.deadline = now + Election.election_timeout(self.election_timeout_s, self._rng)
+            rep.deadline = token = now + Election.election_timeout(self.election_timeout_s, self._rng)
+            base_epoch = rep.election.epoch
+        if len(self.voters) > 1 and not self._pre_vote(rep, base_epoch + 1):
+            return
+        with rep.cond:
+            # Still due? A vote granted or a leader heard from meanwhile moved the deadline.
+            if rep.deadline != token or rep.election.epoch != base_epoch or rep.election.role is Role.LEADER:
+                return
             state = rep.election.start_campaign()
             if rep.election.role is Role.LEADER:  # a single-voter set
                 self._become_leader(rep)
                 return
             last_epoch, end = rep.log.latest_epoch, rep.log.log_end_offset
         payload = (Writer().string(rep.topic).int32(rep.partition).int32(state.epoch).int32(self.node_id)
-                   .int32(last_epoch).int64(end).payload())
+                   .int32(last_epoch).int64(end).int8(0).payload())
         won = threading.Event()
 
         def ask(peer: int) -> None:
@@ -417,6 +439,41 @@ class ReplicaNode:
             t.join()
         if won.is_set():
             self._announce(rep)
+
+    def _pre_vote(self, rep: _Replica, epoch: int) -> bool:
+        """Ask every peer at once whether it would vote for this node in ``epoch`` (nothing is
+        persisted by anyone). Only with a majority does the real campaign start, so a node that
+        was cut off, or restarted, cannot depose a leader the others still hear from."""
+        with rep.cond:
+            last_epoch, end = rep.log.latest_epoch, rep.log.log_end_offset
+        payload = (Writer().string(rep.topic).int32(rep.partition).int32(epoch).int32(self.node_id)
+                   .int32(last_epoch).int64(end).int8(1).payload())
+        grants = [self.node_id]
+        lock = threading.Lock()
+
+        def ask(peer: int) -> None:
+            try:
+                resp = self._request(peer, RequestType.VOTE, payload, timeout=self.election_timeout_s / 2)
+                their_epoch, granted = resp.int32(), resp.int8()
+            except (OSError, LogstoreError):
+                return
+            if granted:
+                with lock:
+                    grants.append(peer)
+            elif their_epoch >= epoch:
+                with rep.cond:
+                    rep.election.observe_epoch(their_epoch)
+
+        askers = [threading.Thread(target=ask, args=(peer,), daemon=True) for peer in self.peers]
+        for t in askers:
+            t.start()
+        for t in askers:
+            t.join()
+        if len(grants) < rep.election.majority:
+            logger.debug("node %d: pre-vote for %s-%d epoch %d: %d of %d", self.node_id, rep.topic,
+                         rep.partition, epoch, len(grants), len(self.voters))
+            return False
+        return True
 
     @staticmethod
     def _note_producers(rep: _Replica, data: bytes) -> None:
@@ -488,6 +545,9 @@ class ReplicaNode:
         if rep is not None:
             with rep.cond:
                 rep.election.observe_epoch(epoch, leader)
+                if rep.election.epoch == epoch and rep.election.leader == leader:
+                    rep.leader_seen = time.monotonic()
+                    rep.leader_lost = False
                 rep.deadline = time.monotonic() + Election.election_timeout(self.election_timeout_s, self._rng)
                 rep.cond.notify_all()
         return b""
@@ -686,6 +746,7 @@ class ReplicaNode:
         the election timeout rather than waiting all of it out."""
         with rep.cond:
             if rep.election.role is Role.FOLLOWER and rep.election.leader == leader:
+                rep.leader_lost = True
                 soon = time.monotonic() + self._rng.uniform(0.0, self.election_timeout_s / 2)
                 rep.deadline = min(rep.deadline, soon)
 
@@ -717,6 +778,8 @@ class ReplicaNode:
                     rep.election.observe_epoch(epoch, leader_id)
                 return False
             rep.deadline = time.monotonic() + Election.election_timeout(self.election_timeout_s, self._rng)
+            rep.leader_seen = time.monotonic()
+            rep.leader_lost = False
         if div_epoch != -1 or (data is None and div_end >= 0):
             # KIP-279: the leader named the largest epoch it has at or below ours and where that
             # epoch ends in its log. Our history agrees up to the smaller of that end and the end

@@ -401,7 +401,7 @@ def test_requests_from_a_stale_epoch_are_fenced(tmp_path):
             assert r.int16() == replication.FENCED_EPOCH
             # A vote request of an older epoch is not granted and changes nothing.
             r = conn.request(RequestType.VOTE, Writer().string("replicated").int32(0).int32(epoch - 1).int32(1)
-                             .int32(epoch - 1).int64(10**6).payload())
+                             .int32(epoch - 1).int64(10**6).int8(0).payload())
             assert (r.int32(), r.int8()) == (epoch, 0)
             # A stale BEGIN_EPOCH naming another leader is ignored.
             conn.request(RequestType.BEGIN_EPOCH, Writer().string("replicated").int32(0).int32(epoch - 1)
@@ -459,6 +459,33 @@ def test_acks_all_not_confirmed_in_time_is_a_timeout_not_a_leader_change(tmp_pat
                 nodes[i].stop()
         with pytest.raises(ReplicationTimeoutError, match="timed out"):
             client.produce("replicated", 0, [b"unconfirmed"], acks="all", timeout=0.5)
+        client.close()
+    finally:
+        stop_all(nodes)
+
+
+def test_pre_vote_keeps_an_impatient_follower_from_deposing_a_live_leader(tmp_path):
+    import time
+
+    nodes, addrs = cluster(tmp_path)
+    try:
+        leader = leader_of(nodes)
+        client = Client([addrs[leader]], SECRET)
+        client.produce("replicated", 0, [b"x"], acks="all")
+        epoch = nodes[leader].describe()[("replicated", 0)]["epoch"]
+        impatient = next(i for i in nodes if i != leader)
+        rep = nodes[impatient]._replicas[("replicated", 0)]
+        # Make its election timer fire over and over, as if it had stopped hearing the leader.
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            with rep.cond:
+                rep.deadline = 0.0
+            time.sleep(0.05)
+        # Its pre-votes were refused (the others hear from the leader): no election happened.
+        for n in nodes.values():
+            d = n.describe()[("replicated", 0)]
+            assert (d["epoch"], d["leader"]) == (epoch, leader), d
+        assert client.produce("replicated", 0, [b"y"], acks="all")
         client.close()
     finally:
         stop_all(nodes)

@@ -95,3 +95,19 @@ def test_at_most_one_vote_per_epoch(tmp_path_factory, requests):
         # restart between requests: the vote must be remembered
         voter = Election(2, (1, 2, 3), QuorumStateFile(str(d), (1, 2, 3)))
     assert all(len(c) == 1 for c in granted.values())
+
+
+def test_pre_vote_checks_the_log_and_epoch_and_persists_nothing(tmp_path):
+    from logstore.election import Election, QuorumStateFile
+
+    path = tmp_path / "p"
+    path.mkdir()
+    e = Election(0, [0, 1, 2], QuorumStateFile(str(path), [0, 1, 2]))
+    e.observe_epoch(4, 1)
+    before = (path / "quorum-state").read_bytes()
+    assert e.would_grant_pre_vote(5, 2, 3, 10, 3, 10)          # next epoch, log as long
+    assert not e.would_grant_pre_vote(4, 2, 3, 10, 3, 10)      # not past the current epoch
+    assert not e.would_grant_pre_vote(5, 2, 3, 9, 3, 10)       # log behind
+    assert not e.would_grant_pre_vote(5, 2, 2, 99, 3, 10)      # older last epoch
+    assert not e.would_grant_pre_vote(5, 7, 3, 10, 3, 10)      # not a voter
+    assert (e.epoch, e.leader) == (4, 1) and (path / "quorum-state").read_bytes() == before
