@@ -46,6 +46,10 @@ class Role(enum.Enum):
     LEADER = "leader"
 
 
+#: epochs are int32 on the wire and a candidate needs epoch + 1
+MAX_EPOCH = 2**31 - 1
+
+
 @dataclass(frozen=True)
 class QuorumState:
     """The persisted election state: epoch, whom this node voted for in it, and its leader."""
@@ -134,7 +138,16 @@ class Election:
     # ------------------------------------------------------------------ transitions
     def observe_epoch(self, epoch: int, leader: int = NONE) -> bool:
         """A message from ``epoch`` arrived (naming its leader when known). A higher epoch makes
-        this node a follower of it; returns True when the state changed."""
+        this node a follower of it; returns True when the state changed.
+
+        Only winning a vote makes this node a leader: a message naming this node (or a node
+        that is not a voter) as leader is taken as naming none, and an epoch that could not be
+        followed by another (2^31 - 1 and up) is ignored."""
+        if epoch >= MAX_EPOCH:
+            logger.warning("node %d: ignoring epoch %d from a peer (beyond %d)", self.node_id, epoch, MAX_EPOCH - 1)
+            return False
+        if leader == self.node_id or leader not in self.voters:
+            leader = NONE
         if epoch > self.state.epoch:
             self._persist(QuorumState(epoch, NONE, leader))
             self.role = Role.FOLLOWER
@@ -161,9 +174,9 @@ class Election:
                         my_last_epoch: int, my_end_offset: int) -> tuple[bool, int]:
         """Decide a vote; returns (granted, this node's epoch afterwards). The vote is persisted
         before this returns, so it is never given twice in one epoch."""
-        if candidate not in self.voters:
+        if candidate not in self.voters or candidate == self.node_id:
             return False, self.state.epoch
-        if epoch < self.state.epoch:
+        if epoch < self.state.epoch or epoch >= MAX_EPOCH:
             return False, self.state.epoch
         self.observe_epoch(epoch)
         if self.state.voted_for not in (NONE, candidate) or self.state.leader not in (NONE, candidate):
@@ -179,7 +192,7 @@ class Election:
         """Pre-vote (Raft §9.6, Kafka's KIP-996): would a vote for ``candidate`` in the epoch it
         proposes be granted on the log alone? Nothing is persisted and no epoch changes; the
         caller also refuses while it still hears from a leader."""
-        if candidate not in self.voters or epoch <= self.state.epoch:
+        if candidate not in self.voters or candidate == self.node_id or not self.state.epoch < epoch < MAX_EPOCH:
             return False
         return (last_epoch, end_offset) >= (my_last_epoch, my_end_offset)
 

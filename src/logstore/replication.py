@@ -81,8 +81,9 @@ class NotEnoughReplicasError(ReplicationError):
 
 class ReplicationTimeoutError(ReplicationError):
     """The leader appended the records but a majority did not confirm them within the timeout
-    (acks="all"): they may still be committed later, or lost with the leader. A retry with the
-    same Client is recognised and not appended twice."""
+    (acks="all"): they may still be committed later, or lost with the leader. (The retries
+    ``produce`` makes itself carry the same producer sequence and are never appended twice; a
+    new ``produce`` call is a new write.)"""
 
 
 def _raise_for(code: int, leader: int, what: str) -> None:
@@ -332,13 +333,16 @@ class ReplicaNode:
     def _serve(self, sock: socket.socket) -> None:
         raw = sock
         try:
+            started = time.monotonic()
             sock.settimeout(self.handshake_s)
             if self._server_tls is not None:
                 sock = self._server_tls.wrap_socket(sock, server_side=True)
                 with self._lock:
                     self._served.discard(raw)
                     self._served.add(sock)
-            server_handshake(sock, self.secret)
+            # One deadline for the whole handshake (TLS included): a peer dribbling a byte at a
+            # time cannot hold a connection slot for longer.
+            server_handshake(sock, self.secret, max(0.001, self.handshake_s - (time.monotonic() - started)))
             sock.settimeout(self.idle_s)  # waiting for the next request; a handler may take longer
             while not self._stop.is_set():
                 try:
@@ -412,7 +416,7 @@ class ReplicaNode:
                 return
             state = rep.election.start_campaign()
             if rep.election.role is Role.LEADER:  # a single-voter set
-                self._become_leader(rep)
+                self._lead_or_step_down(rep)
                 return
             last_epoch, end = rep.log.latest_epoch, rep.log.log_end_offset
         payload = (Writer().string(rep.topic).int32(rep.partition).int32(state.epoch).int32(self.node_id)
@@ -425,12 +429,17 @@ class ReplicaNode:
                 epoch, granted = resp.int32(), resp.int8()
             except (OSError, LogstoreError):
                 return
-            with rep.cond:
-                if rep.election.epoch == state.epoch and rep.election.on_vote_response(epoch, peer, bool(granted)):
-                    self._become_leader(rep)
-                    won.set()
-                elif epoch > state.epoch:
-                    rep.election.observe_epoch(epoch)
+            try:
+                with rep.cond:
+                    if rep.election.epoch == state.epoch and rep.election.on_vote_response(epoch, peer, bool(granted)):
+                        self._lead_or_step_down(rep)
+                        if rep.election.role is Role.LEADER:
+                            won.set()
+                    elif epoch > state.epoch:
+                        rep.election.observe_epoch(epoch)
+            except Exception:  # noqa: BLE001 - a vote thread must not die silently
+                logger.exception("node %d: %s-%d: counting the vote of %d failed", self.node_id,
+                                 rep.topic, rep.partition, peer)
 
         askers = [threading.Thread(target=ask, args=(peer,), daemon=True) for peer in self.peers]
         for t in askers:
@@ -511,6 +520,19 @@ class ReplicaNode:
                 offset = h.last_offset + 1
         rep.producers = producers
 
+    def _lead_or_step_down(self, rep: _Replica) -> None:
+        """Set up leadership of the epoch just won; if that fails (a full disk when writing
+        the epoch checkpoint or the leader change record), give the epoch up at once rather
+        than lead without an epoch stamp and a record of its own (caller holds rep.cond)."""
+        try:
+            self._become_leader(rep)
+        except Exception:
+            logger.exception("node %d: could not take up leadership of %s-%d in epoch %d; stepping down",
+                             self.node_id, rep.topic, rep.partition, rep.election.epoch)
+            rep.election.step_down()
+            rep.deadline = time.monotonic() + Election.election_timeout(self.election_timeout_s, self._rng)
+            rep.cond.notify_all()
+
     def _become_leader(self, rep: _Replica) -> None:
         epoch = rep.election.epoch
         rep.log.assign_leader_epoch(epoch)
@@ -519,16 +541,17 @@ class ReplicaNode:
         # counts records of the leader's own epoch (counting older ones by their replicas is
         # unsafe, Raft §5.4.2), so without it records of earlier epochs would stay uncommitted
         # until the next produce, and a retried produce of such a record would wait forever.
-        key, value = leader_change_record(self.node_id, self.voters, rep.election.granted_by)
-        rep.log.append_batch([value], [key], control=True)
-        self._advance_hw(rep)
+        # What followers hold is learnt afresh in this epoch: their offsets from the previous one
+        # must not count towards the high watermark.
         rep.leo = {}
         now = time.monotonic()
         rep.contact = {p: now for p in self.peers}
         # Every replica starts in sync (as Kafka's new leader keeps the ISR it inherits); one
         # that does not catch up within replica_lag_time_max_ms drops out.
         rep.caught_up = {p: now for p in self.peers}
-        rep.hw = max(rep.hw, rep.log.high_watermark if rep.log.high_watermark <= rep.log.log_end_offset else 0)
+        key, value = leader_change_record(self.node_id, self.voters, rep.election.granted_by)
+        rep.log.append_batch([value], [key], control=True)
+        self._advance_hw(rep)  # a set of one commits at once
         logger.info("node %d leads %s-%d in epoch %d", self.node_id, rep.topic, rep.partition, epoch)
 
     def _announce(self, rep: _Replica) -> None:
@@ -573,6 +596,11 @@ class ReplicaNode:
                         self._campaign(rep)
                 except LogstoreError as exc:
                     logger.warning("node %d: %s-%d: %s", self.node_id, rep.topic, rep.partition, exc)
+                except Exception:  # noqa: BLE001 - e.g. an OSError persisting the election state
+                    logger.exception("node %d: %s-%d: election step failed; retrying after a timeout",
+                                     self.node_id, rep.topic, rep.partition)
+                    with rep.cond:
+                        rep.deadline = time.monotonic() + Election.election_timeout(self.election_timeout_s, self._rng)
 
     def _discover_leader(self, rep: _Replica) -> bool:
         """A node that does not know the leader (it restarted, or missed BEGIN_EPOCH) first asks
@@ -629,6 +657,11 @@ class ReplicaNode:
                 code = NOT_LEADER if election.role is not Role.LEADER else FENCED_EPOCH
                 return out.int16(code).int32(election.leader).int32(election.epoch).int64(0).int32(-1).int64(-1).blob(None).payload()
             log = rep.log
+            if last_epoch < 0 and offset > log.log_start_offset:
+                # Records without an epoch history (a lost leader-epoch-checkpoint): nothing
+                # proves they match ours, so the follower starts again from our log start.
+                return (out.int16(OK).int32(self.node_id).int32(election.epoch).int64(rep.hw)
+                        .int32(-1).int64(log.log_start_offset).blob(None).payload())
             # KIP-101/279: the follower's last epoch must end where the leader's history says.
             if last_epoch >= 0:
                 div_epoch, div_end = log.end_offset_for_epoch(last_epoch)
@@ -637,8 +670,8 @@ class ReplicaNode:
                             .int32(div_epoch).int64(div_end if div_end >= 0 else 0).blob(None).payload())
             now = time.monotonic()
             rep.contact[replica_id] = now
-            rep.leo[replica_id] = offset
             end = log.log_end_offset
+            rep.leo[replica_id] = min(offset, end)  # never count what we do not hold ourselves
             if offset >= end:
                 rep.caught_up[replica_id] = now
             self._advance_hw(rep)
@@ -709,7 +742,7 @@ class ReplicaNode:
         try:
             while not self._stop.is_set():
                 leader = rep.election.leader
-                if rep.election.role is not Role.FOLLOWER or leader in (NONE, self.node_id):
+                if rep.election.role is not Role.FOLLOWER or leader not in self.peers:
                     self._stop.wait(0.01)
                     continue
                 try:
@@ -734,6 +767,13 @@ class ReplicaNode:
                     if isinstance(exc, ConnectionError):
                         self._leader_gone(rep, leader)
                     self._stop.wait(0.01)
+                except Exception:  # noqa: BLE001 - the fetcher must outlive one bad answer
+                    logger.exception("node %d: %s-%d: fetch from %d failed", self.node_id, rep.topic,
+                                     rep.partition, leader)
+                    if conn is not None:
+                        conn.close()
+                        conn = None
+                    self._stop.wait(0.1)
         finally:
             with self._lock:
                 self._fetch_conns.pop(key, None)
@@ -764,7 +804,7 @@ class ReplicaNode:
         data = r.blob()
         with rep.cond:
             if epoch > rep.election.epoch:
-                rep.election.observe_epoch(epoch, leader_id if code == OK else NONE)
+                rep.election.observe_epoch(epoch, leader_id if code in (OK, FENCED_EPOCH) else NONE)
             if code == OUT_OF_RANGE and epoch == rep.election.epoch and div_end > offset:
                 # The leader's log now starts past our end (retention or DeleteRecords there):
                 # nothing we hold can be kept; restart empty at its log start and fetch from it.
@@ -805,9 +845,11 @@ class ReplicaNode:
             log.append_replicated(data)
             with rep.cond:
                 self._note_producers(rep, data)
-        end = log.log_end_offset
-        log.high_watermark = min(hw, end)
-        rep.hw = log.high_watermark
+        with rep.cond:
+            if rep.election.role is Role.FOLLOWER and rep.election.epoch == epoch:
+                end = log.log_end_offset
+                log.high_watermark = max(log.log_start_offset, min(hw, end))
+                rep.hw = log.high_watermark
         return True
 
     # ------------------------------------------------------------------ produce
@@ -856,9 +898,13 @@ class ReplicaNode:
                 rep.cond.notify_all()  # wake the followers' held fetches
             if acks == -1:
                 deadline = time.monotonic() + timeout_ms / 1000.0
-                while rep.hw <= last:
+                while True:
+                    # Role and epoch first: a node deposed meanwhile may have learnt a high
+                    # watermark past `last` from the new leader, for records that replaced ours.
                     if election.role is not Role.LEADER or election.epoch != epoch or self._stop.is_set():
                         return out.int16(NOT_LEADER).int32(election.leader).int64(first).int64(last).payload()
+                    if rep.hw > last:
+                        break
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         return out.int16(TIMEOUT).int32(self.node_id).int64(first).int64(last).payload()
@@ -987,18 +1033,24 @@ class Client:
                                                       self._tls)
         return conn
 
-    def _call(self, address: tuple[str, int], type: int, payload: bytes) -> Reader:
+    def _call(self, address: tuple[str, int], type: int, payload: bytes, wait: float = 0.0) -> Reader:
         """One request; a cached connection the node closed meanwhile (idle limit, restart) is
-        replaced once. Raises OSError/LogstoreError when the node cannot answer."""
+        replaced once. ``wait`` is how long the node may hold the request (an acks="all"
+        produce): the socket waits that much longer. Raises OSError/LogstoreError when the
+        node cannot answer."""
         reused = address in self._conns
+        timeout = self.timeout + wait
         try:
-            return self._conn(address).request(type, payload, timeout=self.timeout)
+            return self._conn(address).request(type, payload, timeout=timeout)
+        except socket.timeout:
+            self._drop(address)
+            raise  # the node may still be working on it: never send it twice from here
         except (OSError, LogstoreError):
             self._drop(address)
             if not reused:
                 raise
         try:
-            return self._conn(address).request(type, payload, timeout=self.timeout)
+            return self._conn(address).request(type, payload, timeout=timeout)
         except (OSError, LogstoreError):
             self._drop(address)
             raise
@@ -1029,7 +1081,8 @@ class Client:
         payload = (Writer().string(topic).int32(partition).int8(code).int32(int((timeout or self.timeout) * 1000))
                    .blob(bytes(batch)).payload())
         err, leader, r = self._leader_request((topic, partition), RequestType.PRODUCE, payload,
-                                              timeout or self.timeout, f"produce to {topic}-{partition}")
+                                              timeout or self.timeout, f"produce to {topic}-{partition}",
+                                              wait=(timeout or self.timeout) if code == -1 else 0.0)
         first, last = r.int64(), r.int64()
         _raise_for(err, leader, f"produce to {topic}-{partition}")
         return list(range(first, last + 1))
@@ -1055,7 +1108,7 @@ class Client:
         return self._nodes.get(leader, refused_by) != refused_by
 
     def _leader_request(self, key: tuple[str, int], type: int, payload: bytes, timeout: float,
-                        what: str) -> tuple[int, int, Reader]:
+                        what: str, wait: float = 0.0) -> tuple[int, int, Reader]:
         """Send a request the partition's leader must answer, following "not the leader"
         answers that name the leader, until a node accepts it or ``timeout`` passes. Returns
         (error code, leader id, the rest of the answer)."""
@@ -1066,7 +1119,7 @@ class Client:
             redirected = False
             for address in self._candidates(key):
                 try:
-                    r = self._call(address, type, payload)
+                    r = self._call(address, type, payload, wait)
                 except (OSError, LogstoreError) as exc:
                     last_error = exc
                     continue

@@ -34,6 +34,7 @@ import os
 import socket
 import ssl
 import struct
+import time
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
@@ -275,11 +276,16 @@ def _check_length(length: int, max_frame: int) -> None:
         raise FrameError(f"frame length {length} exceeds the limit of {max_frame} bytes")
 
 
-def _recv_exactly(sock: socket.socket, n: int) -> bytearray:
+def _recv_exactly(sock: socket.socket, n: int, deadline: float | None = None) -> bytearray:
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
     while got < n:
+        if deadline is not None:  # a bound on the whole read, not on each recv (slow drip feeds)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise socket.timeout(f"timed out after {got} of {n} bytes")
+            sock.settimeout(remaining)
         k = sock.recv_into(view[got:], n - got)
         if k == 0:
             raise ConnectionError(f"connection closed after {got} of {n} bytes")
@@ -287,11 +293,12 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytearray:
     return buf
 
 
-def recv_frame(sock: socket.socket, max_frame: int) -> Frame:
-    """Read one frame from a socket; the length is checked before the payload is allocated."""
-    (length,) = _I32.unpack(_recv_exactly(sock, 4))
+def recv_frame(sock: socket.socket, max_frame: int, deadline: float | None = None) -> Frame:
+    """Read one frame from a socket; the length is checked before the payload is allocated.
+    With ``deadline`` (time.monotonic()) the whole frame must arrive by then (socket.timeout)."""
+    (length,) = _I32.unpack(_recv_exactly(sock, 4, deadline))
     _check_length(length, max_frame)
-    rest = _recv_exactly(sock, length)
+    rest = _recv_exactly(sock, length, deadline)
     type_, version, correlation = struct.unpack_from(">hhi", rest, 0)
     return Frame(type_, version, correlation, bytes(rest[HEADER_AFTER_LENGTH:]))
 
@@ -326,13 +333,16 @@ def client_handshake(sock: socket.socket, secret: bytes, node_id: int = -1) -> N
         raise AuthenticationError("the server rejected our proof of the shared secret")
 
 
-def server_handshake(sock: socket.socket, secret: bytes) -> int:
-    """Authenticate a connecting peer; returns its node id (-1 for a client).
+def server_handshake(sock: socket.socket, secret: bytes, timeout: float | None = None) -> int:
+    """Authenticate a connecting peer; returns its node id (-1 for a client). With ``timeout``
+    the whole handshake must finish within that many seconds.
 
     Raises:
         AuthenticationError / FrameError: the peer failed; the caller closes the connection.
+        socket.timeout: the handshake took longer than ``timeout``.
     """
-    frame = recv_frame(sock, PRE_AUTH_MAX_FRAME)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    frame = recv_frame(sock, PRE_AUTH_MAX_FRAME, deadline)
     if frame.type != RequestType.HELLO:
         raise AuthenticationError(f"expected HELLO, got frame type {frame.type}")
     r = frame.reader()
@@ -342,7 +352,7 @@ def server_handshake(sock: socket.socket, secret: bytes) -> int:
     server_nonce = os.urandom(NONCE_SIZE)
     send_frame(sock, RequestType.CHALLENGE, 0,
                server_nonce + _mac(secret, _SERVER_LABEL, client_nonce, server_nonce))
-    frame = recv_frame(sock, PRE_AUTH_MAX_FRAME)
+    frame = recv_frame(sock, PRE_AUTH_MAX_FRAME, deadline)
     if frame.type != RequestType.AUTH:
         raise AuthenticationError(f"expected AUTH, got frame type {frame.type}")
     r = frame.reader()
