@@ -555,12 +555,20 @@ class ReplicaNode:
         logger.info("node %d leads %s-%d in epoch %d", self.node_id, rep.topic, rep.partition, epoch)
 
     def _announce(self, rep: _Replica) -> None:
+        """Tell every peer at once (a dead peer delays nothing) that this node leads the epoch."""
         payload = Writer().string(rep.topic).int32(rep.partition).int32(rep.election.epoch).int32(self.node_id).payload()
-        for peer in self.peers:
+
+        def tell(peer: int) -> None:
             try:
                 self._request(peer, RequestType.BEGIN_EPOCH, payload, timeout=self.election_timeout_s / 2)
             except (OSError, LogstoreError):
-                continue
+                pass
+
+        tellers = [threading.Thread(target=tell, args=(peer,), daemon=True) for peer in self.peers]
+        for t in tellers:
+            t.start()
+        for t in tellers:
+            t.join()
 
     def _on_begin_epoch(self, r: Reader) -> bytes:
         rep = self._replica(r)
