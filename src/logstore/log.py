@@ -936,14 +936,7 @@ class Log:
                                            producer_id, base_sequence, control)
             first = -1
             for batch, max_ts in batches:
-                if max_ts > self._roll_deadline:
-                    self._roll_for_time(max_ts)
-                offset = self._active.append_batch(batch)  # type: ignore[union-attr]
-                if offset == lib.LS_ERR_FULL:
-                    self._make_room(len(batch))
-                    offset = self._active.append_batch(batch)  # type: ignore[union-attr]
-                if offset < 0:
-                    check(offset, self._active.path, size=len(batch), limit=self.config.max_message_bytes)  # type: ignore[union-attr]
+                offset = self._append_encoded_locked(batch, max_ts)
                 if first < 0:
                     first = offset
             last = self._appender.next_offset - 1
@@ -980,18 +973,24 @@ class Log:
         data = bytearray(batch)  # stamped in place with the offsets and epoch
         with self._lock, self._w:
             self._check_open()
-            if header.max_timestamp > self._roll_deadline:
-                self._roll_for_time(header.max_timestamp)
-            offset = self._active.append_batch(data)  # type: ignore[union-attr]
-            if offset == lib.LS_ERR_FULL:
-                self._make_room(len(data))
-                offset = self._active.append_batch(data)  # type: ignore[union-attr]
-            if offset < 0:
-                check(offset, self._active.path, size=len(data), limit=self.config.max_message_bytes)  # type: ignore[union-attr]
+            offset = self._append_encoded_locked(data, header.max_timestamp)
             last = self._appender.next_offset - 1
             if last < self._flush_at:
                 return offset
         self._after_append(last)
+        return offset
+
+    def _append_encoded_locked(self, batch: Any, max_timestamp: int) -> int:
+        """Append one encoded batch to the active segment (rolling for time or room first);
+        return its base offset. Holds the lock and the writers' lock."""
+        if max_timestamp > self._roll_deadline:
+            self._roll_for_time(max_timestamp)
+        offset = self._active.append_batch(batch)  # type: ignore[union-attr]
+        if offset == lib.LS_ERR_FULL:
+            self._make_room(len(batch))
+            offset = self._active.append_batch(batch)  # type: ignore[union-attr]
+        if offset < 0:
+            check(offset, self._active.path, size=len(batch), limit=self.config.max_message_bytes)  # type: ignore[union-attr]
         return offset
 
     def _encode_batches(self, values: Sequence[Any], keys: Any, headers: Any, timestamps: Any,

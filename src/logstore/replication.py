@@ -441,11 +441,7 @@ class ReplicaNode:
                 logger.exception("node %d: %s-%d: counting the vote of %d failed", self.node_id,
                                  rep.topic, rep.partition, peer)
 
-        askers = [threading.Thread(target=ask, args=(peer,), daemon=True) for peer in self.peers]
-        for t in askers:
-            t.start()
-        for t in askers:
-            t.join()
+        self._each_peer_at_once(ask)
         if won.is_set():
             self._announce(rep)
 
@@ -473,11 +469,7 @@ class ReplicaNode:
                 with rep.cond:
                     rep.election.observe_epoch(their_epoch)
 
-        askers = [threading.Thread(target=ask, args=(peer,), daemon=True) for peer in self.peers]
-        for t in askers:
-            t.start()
-        for t in askers:
-            t.join()
+        self._each_peer_at_once(ask)
         if len(grants) < rep.election.majority:
             logger.debug("node %d: pre-vote for %s-%d epoch %d: %d of %d", self.node_id, rep.topic,
                          rep.partition, epoch, len(grants), len(self.voters))
@@ -564,10 +556,15 @@ class ReplicaNode:
             except (OSError, LogstoreError):
                 pass
 
-        tellers = [threading.Thread(target=tell, args=(peer,), daemon=True) for peer in self.peers]
-        for t in tellers:
+        self._each_peer_at_once(tell)
+
+    def _each_peer_at_once(self, call: Any) -> None:
+        """Run call(peer) for every peer in parallel threads and wait for all (each call bounds
+        its own wait), so that one dead peer delays nothing."""
+        threads = [threading.Thread(target=call, args=(peer,), daemon=True) for peer in self.peers]
+        for t in threads:
             t.start()
-        for t in tellers:
+        for t in threads:
             t.join()
 
     def _on_begin_epoch(self, r: Reader) -> bytes:
