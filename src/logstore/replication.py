@@ -655,6 +655,8 @@ class ReplicaNode:
             return self._on_consumer_fetch(rep, offset, max_bytes)
         with rep.cond:
             election = rep.election
+            if replica_id not in self.peers:  # only a voter's fetch may move our epoch
+                return out.int16(INVALID).int32(election.leader).int32(election.epoch).int64(0).int32(-1).int64(-1).blob(None).payload()
             if epoch > election.epoch:
                 election.observe_epoch(epoch)
                 rep.cond.notify_all()
