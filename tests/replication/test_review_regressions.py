@@ -54,7 +54,6 @@ from .test_divergence import (
     elected_leader_at,
     leo,
     log,
-    make_cluster,  # noqa: F401 - the fixture
     produce,
     settle,
     state,
