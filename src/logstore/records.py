@@ -16,7 +16,7 @@ import time
 from array import array
 from itertools import repeat
 from enum import IntEnum
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
 from . import compression
 from ._native import check, ffi, lib, reason
@@ -680,6 +680,16 @@ def parse_header(buf: Any, position: int = 0) -> BatchHeader:
         ffi.release(cptr)
     check(rc, None, position)
     return BatchHeader.from_c(hdr)
+
+
+def batch_headers(buf: Any) -> Iterator[tuple[int, BatchHeader]]:
+    """(position, header) of each batch of ``buf``, which holds whole consecutive batches (as
+    read_raw and fetch answers do); headers are parsed, not validated."""
+    position = 0
+    while position < len(buf):
+        header = parse_header(buf, position)
+        yield position, header
+        position += header.size
 
 
 def validate_batch(buf: Any, position: int = 0, max_batch_bytes: int = 0, path: str | None = None) -> BatchHeader:

@@ -24,7 +24,7 @@ from . import compression
 from .checkpoint import REPLICATION_OFFSET_CHECKPOINT, OffsetCheckpoints
 from .election import NONE, Election, QuorumStateFile, Role
 from .errors import CorruptRecordError, InvalidRecordError, LogstoreError, OffsetOutOfRangeError, RecordTooLargeError
-from .records import BatchBuilder, Record, decode_batches, leader_change_record, parse_header, validate_client_batch
+from .records import BatchBuilder, Record, batch_headers, decode_batches, leader_change_record, parse_header, validate_client_batch
 from .store import LogStore
 from .wire import (
     DEFAULT_MAX_FRAME,
@@ -479,12 +479,9 @@ class ReplicaNode:
     @staticmethod
     def _note_producers(rep: _Replica, data: bytes) -> None:
         """Record the producer (id, sequence) of each batch in ``data`` (whole batches)."""
-        position = 0
-        while position < len(data):
-            h = parse_header(data, position)
+        for _, h in batch_headers(data):
             if h.producer_id >= 0 and h.base_sequence >= 0:
                 rep.producers[h.producer_id] = (h.base_sequence, h.base_offset, h.last_offset)
-            position += h.size
 
     @staticmethod
     def _forget_producers_from(rep: _Replica, offset: int) -> None:
@@ -496,21 +493,15 @@ class ReplicaNode:
         """Rebuild the table of each producer's last batch from the batch headers (at start;
         from then on appends and truncations keep it, so an election never scans the log)."""
         log = rep.log
-        producers: dict[int, tuple[int, int, int]] = {}
+        rep.producers = {}
         offset = log.log_start_offset
         end = log.log_end_offset
         while offset < end:
             data = log.read_raw(offset, 1 << 20)
             if not data:
                 break
-            position = 0
-            while position < len(data):
-                h = parse_header(data, position)
-                if h.producer_id >= 0 and h.base_sequence >= 0:
-                    producers[h.producer_id] = (h.base_sequence, h.base_offset, h.last_offset)
-                position += h.size
-                offset = h.last_offset + 1
-        rep.producers = producers
+            self._note_producers(rep, data)
+            offset = _end_of(data, offset)
 
     def _lead_or_step_down(self, rep: _Replica) -> None:
         """Set up leadership of the epoch just won; if that fails (a full disk when writing
@@ -724,12 +715,7 @@ class ReplicaNode:
                     .int64(exc.log_start_offset).blob(None).payload())
         # Cut the answer at the high watermark (always a batch boundary: every replica's log
         # end is one, and the high watermark is one of them).
-        position = 0
-        while position < len(data):
-            h = parse_header(data, position)
-            if h.last_offset >= hw:
-                break
-            position += h.size
+        position = next((p for p, h in batch_headers(data) if h.last_offset >= hw), len(data))
         return out.int16(OK).int32(leader).int32(election.epoch).int64(hw).int32(-1).int64(-1).blob(data[:position]).payload()
 
     def _advance_hw(self, rep: _Replica) -> None:
@@ -1178,14 +1164,7 @@ class Client:
         if err == OUT_OF_RANGE:
             raise OffsetOutOfRangeError(offset, start, hw, f"fetch from {topic}-{partition}")
         _raise_for(err, leader, f"fetch from {topic}-{partition}")
-        records = decode_batches(data, offset)
-        next_offset = offset
-        position = 0
-        while position < len(data):
-            h = parse_header(data, position)
-            position += h.size
-            next_offset = max(next_offset, h.last_offset + 1)
-        return Fetched(records, next_offset, hw)
+        return Fetched(decode_batches(data, offset), _end_of(data, offset), hw)
 
     def metadata(self) -> dict[tuple[str, int], tuple[int, int, int]]:
         """{(topic, partition): (leader, epoch, high watermark)} as the first reachable node knows it."""
@@ -1202,6 +1181,13 @@ class Client:
         for address in list(self._conns):
             self._drop(address)
 
+
+
+def _end_of(data: bytes, offset: int) -> int:
+    """The offset after the whole batches in ``data`` (``offset`` when there are none)."""
+    for _, h in batch_headers(data):
+        offset = max(offset, h.last_offset + 1)
+    return offset
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m logstore.replication") -> int:
