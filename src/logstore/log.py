@@ -86,6 +86,7 @@ CLEAN_SHUTDOWN_FILE = ".kafka_cleanshutdown"
 LOCK_FILE = ".lock"
 _PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
 _NEVER = 2**63 - 1
+_TS_MIN, _TS_MAX = -(2**63), 2**63 - 1  # an explicit timestamp the append fast path takes as it is
 _DEADLINE_UNSET = -(2**63)  # below every timestamp: the next append computes the real deadline
 _DEFAULT_MAX_BYTES = 1 << 20
 _ITER_CHUNK_BYTES = 256 << 10
@@ -208,6 +209,7 @@ class Log:
         self._generation = 0
         self._layout_changed = False
         self._w: Any = _SharedWriter(self) if shared else _NO_WRITER
+        self._exclusive = _Exclusive(self)
         if shared:
             self._plain_appends = False  # every append goes through the writers' lock
         # Long-poll: waiters sleep on a notification counter; appends bump it while anyone waits
@@ -351,15 +353,17 @@ class Log:
         else:
             self._adopt_view(view)
 
-    @contextmanager
-    def exclusive(self) -> Iterator["Log"]:
-        """Hold the log across several calls: other threads, and for a shared log other
-        processes, can neither append nor change the segments until the block ends. Reads and
-        appends inside the block see each other, which makes read-decide-append sequences
-        atomic (the Queue keeps its delivery state this way). Keep the block short."""
-        with self._lock, self._w:
-            self._check_open()
-            yield self
+    def exclusive(self) -> "_Exclusive":
+        """Hold the log across several calls (``with log.exclusive():``): other threads, and for
+        a shared log other processes, can neither append nor change the segments until the
+        block ends. Reads and appends inside the block see each other, which makes
+        read-decide-append sequences atomic (the Queue keeps its delivery state this way).
+        Reentrant. Keep the block short.
+
+        Raises:
+            LogClosedError, LogOfflineError: on entering, when the log cannot be used.
+        """
+        return self._exclusive
 
     def _adopt_published(self) -> None:
         """With the writers' lock held: take over the published state, reloading the segment
@@ -798,10 +802,11 @@ class Log:
         Durability: in the page cache on return; fsynced first when flush_messages says so.
         Thread-safe.
         """
-        if (timestamp is None and not headers and value.__class__ is bytes
-                and (key is None or key.__class__ is bytes) and self._plain_appends):
+        if (not headers and value.__class__ is bytes and (key is None or key.__class__ is bytes)
+                and self._plain_appends
+                and (timestamp is None or (timestamp.__class__ is int and _TS_MIN <= timestamp <= _TS_MAX))):
             # The fast path: one lock, one clock read, one C call.
-            ts = _time_ns() // 1_000_000
+            ts = _time_ns() // 1_000_000 if timestamp is None else timestamp
             lock = self._lock
             lock.acquire()  # explicit acquire/release: ~100 ns cheaper than `with` per call
             try:
@@ -833,7 +838,7 @@ class Log:
             hbytes, hcount = _NULL, 0
         if timestamp is None or self._ts_type:
             ts = _time_ns() // 1_000_000
-        elif timestamp.__class__ is int:
+        elif timestamp.__class__ is int and _TS_MIN <= timestamp <= _TS_MAX:
             ts = timestamp
         else:
             ts = self._check_timestamp(timestamp)
@@ -1999,6 +2004,38 @@ class _SharedWriter:
 
 
 _NO_WRITER = nullcontext()
+
+
+class _Exclusive:
+    """``with log.exclusive()``: the Log's thread lock, then its writers' lock. A plain object
+    rather than a generator context manager: the Queue enters it for every get and ack."""
+
+    __slots__ = ("_log",)
+
+    def __init__(self, log: Log) -> None:
+        self._log = log
+
+    def __enter__(self) -> Log:
+        log = self._log
+        log._lock.acquire()
+        try:
+            log._w.__enter__()
+        except BaseException:
+            log._lock.release()
+            raise
+        try:
+            log._check_open()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return log
+
+    def __exit__(self, *exc: object) -> None:
+        log = self._log
+        try:
+            log._w.__exit__(None, None, None)
+        finally:
+            log._lock.release()
 
 
 def _codec(name: str | int | None) -> int:

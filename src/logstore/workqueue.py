@@ -63,7 +63,7 @@ _STATE_CONFIG = dict(segment_bytes=128 << 20, max_message_bytes=64 << 20, retent
 _now_ms = lambda: time.time_ns() // 1_000_000  # noqa: E731
 
 
-@dataclass
+@dataclass(slots=True)
 class Message:
     """One delivery of a queued message. Acknowledge it with :meth:`Queue.ack` (or ``msg.ack()``)."""
 
@@ -119,24 +119,24 @@ class _State:
         self.since_snapshot = 0
 
     def apply(self, offset: int, value: bytes) -> None:
+        """Apply the operation read at state log ``offset``."""
+        try:
+            self._apply(offset, value)
+        except struct.error:
+            raise CorruptRecordError(None, None, f"queue state operation {value[:1]!r} at offset {offset} "
+                                     f"has a bad length ({len(value)} bytes)") from None
+
+    def _apply(self, offset: int, value: bytes) -> None:
         op = value[:1]
         if op == b"L":
             _, p, off, count, deadline = _LEASE.unpack(value)
-            self.retry.pop((p, off), None)
-            self.inflight[(p, off)] = (deadline, count, offset)
-            part = self.partitions[p]
-            if off >= part.cursor:
-                part.cursor = off + 1
-            heapq.heappush(self.due, (deadline, p, off))
-        elif op in (b"A", b"D"):
+            self.lease(offset, p, off, count, deadline)
+            return
+        if op in (b"A", b"D"):
             _, p, off = _ACK.unpack(value)
-            self.inflight.pop((p, off), None)
-            self.retry.pop((p, off), None)
-            part = self.partitions[p]
-            part.mark_done(off)
-            if off >= part.cursor:
-                part.cursor = off + 1
-        elif op == b"N":
+            self.done(p, off)
+            return
+        if op == b"N":
             _, p, off, count, available = _NACK.unpack(value)
             if (p, off) in self.inflight:
                 del self.inflight[(p, off)]
@@ -146,6 +146,41 @@ class _State:
             self.load_snapshot(value)
         else:
             raise CorruptRecordError(None, None, f"queue state operation {op!r} at offset {offset} is unknown")
+        self.since_snapshot += 1
+
+    def lease(self, offset: int, p: int, off: int, count: int, deadline: int) -> None:
+        """Apply an ``L`` operation written at state log ``offset``."""
+        key = (p, off)
+        if self.retry:
+            self.retry.pop(key, None)
+        self.inflight[key] = (deadline, count, offset)
+        part = self.partitions[p]
+        if off >= part.cursor:
+            part.cursor = off + 1
+        due = self.due
+        heapq.heappush(due, (deadline, p, off))
+        if len(due) > 2 * (len(self.inflight) + len(self.retry)) + 4096:
+            self._rebuild_due()  # drop entries of acked deliveries: memory stays O(in flight)
+        self.since_snapshot += 1
+
+    def _rebuild_due(self) -> None:
+        self.due = [(d, p, off) for (p, off), (d, _, _) in self.inflight.items()]
+        self.due.extend((a, p, off) for (p, off), (a, _) in self.retry.items())
+        heapq.heapify(self.due)
+
+    def done(self, p: int, off: int) -> None:
+        """Apply an ``A`` or ``D`` operation."""
+        key = (p, off)
+        self.inflight.pop(key, None)
+        if self.retry:
+            self.retry.pop(key, None)
+        part = self.partitions[p]
+        if off == part.floor and not part.done:
+            part.floor = off + 1  # (the common case: acks in order)
+        else:
+            part.mark_done(off)
+        if off >= part.cursor:
+            part.cursor = off + 1
         self.since_snapshot += 1
 
     # ------------------------------------------------------------------ snapshots
@@ -282,7 +317,9 @@ class Queue:
                 self.store.close()
             raise
         self._state = _State(self.partitions)
-        self._lock = threading.Lock()
+        # The state log's exclusive() serialises threads of this process and, for a shared
+        # store, other processes: it is the one lock around the delivery state.
+        self._exclusive = self._state_log.exclusive()
         self._next_partition = 0
         self._cache: dict[int, list[Record]] = {}
         self._recent: dict[tuple[int, int], Record] = {}
@@ -401,6 +438,21 @@ class Queue:
         self._state.position = offset + 1
         return offset
 
+    def _write_lease(self, p: int, off: int, count: int, deadline: int) -> int:
+        """_write of an ``L`` operation, applied without decoding it again."""
+        offset = self._state_log.append(_LEASE.pack(b"L", p, off, count, deadline))
+        state = self._state
+        state.lease(offset, p, off, count, deadline)
+        state.position = offset + 1
+        return offset
+
+    def _write_done(self, op: bytes, p: int, off: int) -> None:
+        """_write of an ``A`` (ack) or ``D`` (dead) operation."""
+        offset = self._state_log.append(_ACK.pack(op, p, off))
+        state = self._state
+        state.done(p, off)
+        state.position = offset + 1
+
     def _maybe_snapshot(self) -> None:
         state = self._state
         if state.since_snapshot < _SNAPSHOT_EVERY:
@@ -421,11 +473,17 @@ class Queue:
     def get(self, timeout: float | None = None) -> Message | None:
         """Lease the next message and return it, waiting up to ``timeout`` seconds (None:
         forever); None on timeout. Redeliveries (expired or nacked) come before new messages."""
+        msg, _ = self._try_get()
+        if msg is not None:
+            return msg
         return self.store.wait_until_done(self._attempts(timeout, time.monotonic, 1.0))
 
     async def aget(self, timeout: float | None = None) -> Message | None:
         """:meth:`get` for asyncio: the lease is taken on the event loop (a short critical
         section), waiting happens in the default executor. Cancelling it loses nothing."""
+        msg, _ = self._try_get()
+        if msg is not None:
+            return msg
         loop = asyncio.get_running_loop()
         return await self.store.await_until_done(self._attempts(timeout, loop.time, 0.5))
 
@@ -456,7 +514,7 @@ class Queue:
         if first is None:
             return []
         out = [first]
-        with self._lock, self._state_log.exclusive():
+        with self._exclusive:
             self._catch_up()
             while len(out) < max_messages:
                 msg, _ = self._choose(_now_ms())
@@ -468,7 +526,7 @@ class Queue:
     def _try_get(self) -> tuple[Message | None, int | None]:
         if self._closed:
             raise LogClosedError(f"queue {self.name} is closed")
-        with self._lock, self._state_log.exclusive():
+        with self._exclusive:
             self._catch_up()
             return self._choose(_now_ms())
 
@@ -506,10 +564,11 @@ class Queue:
         if record is None:
             # Deleted by retention underneath the queue: count it as done.
             logger.warning("queue %s: message %d-%d was deleted before it was acknowledged", self.name, p, off)
-            self._write(_ACK.pack(b"D", p, off))
+            self._write_done(b"D", p, off)
             return None
-        lease = self._write(_LEASE.pack(b"L", p, off, count, now + self.visibility_ms))
-        self._maybe_snapshot()
+        lease = self._write_lease(p, off, count, now + self.visibility_ms)
+        if self._state.since_snapshot >= _SNAPSHOT_EVERY:
+            self._maybe_snapshot()
         return Message(record.value, record.key, record.headers, record.timestamp, p, off, count, lease, self)
 
     def _record(self, p: int, off: int) -> Record | None:
@@ -543,7 +602,7 @@ class Queue:
             dlq = self.store.partition(self.dead_letter_topic, 0)
             dlq.append(record.value, record.key, headers)
             dlq.flush()
-        self._write(_ACK.pack(b"D", p, off))
+        self._write_done(b"D", p, off)
         logger.warning("queue %s: message %d-%d moved to %s after %d deliveries", self.name, p, off,
                        self.dead_letter_topic, count)
 
@@ -551,13 +610,13 @@ class Queue:
         """Acknowledge several messages with one pass through the state log's lock; returns how
         many were not done already."""
         done = 0
-        with self._lock, self._state_log.exclusive():
+        with self._exclusive:
             self._catch_up()
             for msg in msgs:
                 part = self._state.partitions[msg.partition]
                 if msg.offset < part.floor or msg.offset in part.done:
                     continue
-                self._write(_ACK.pack(b"A", msg.partition, msg.offset))
+                self._write_done(b"A", msg.partition, msg.offset)
                 done += 1
         if self.fsync_acks and done:
             self._state_log.flush()
@@ -566,12 +625,13 @@ class Queue:
     def ack(self, msg: Message) -> bool:
         """Mark the message done: it is never delivered again. Returns False if it was done
         already (acked twice, or acked after another delivery of it was acked)."""
-        with self._lock, self._state_log.exclusive():
+        p, off = msg.partition, msg.offset
+        with self._exclusive:
             self._catch_up()
-            part = self._state.partitions[msg.partition]
-            if msg.offset < part.floor or msg.offset in part.done:
+            part = self._state.partitions[p]
+            if off < part.floor or off in part.done:
                 return False
-            self._write(_ACK.pack(b"A", msg.partition, msg.offset))
+            self._write_done(b"A", p, off)
         if self.fsync_acks:
             self._state_log.flush()
         return True
@@ -580,7 +640,7 @@ class Queue:
         """Give the message back: it is delivered again after ``delay`` seconds. Returns False
         when this delivery is no longer current (its visibility timeout expired and it was
         delivered again, or it was acked)."""
-        with self._lock, self._state_log.exclusive():
+        with self._exclusive:
             self._catch_up()
             current = self._state.inflight.get((msg.partition, msg.offset))
             if current is None or current[2] != msg.lease:
@@ -592,7 +652,7 @@ class Queue:
 
     def qsize(self) -> int:
         """Messages put and neither acknowledged nor dead-lettered (delivered ones included)."""
-        with self._lock, self._state_log.exclusive():
+        with self._exclusive:
             self._catch_up()
             total = 0
             for p, part in enumerate(self._state.partitions):
@@ -601,7 +661,7 @@ class Queue:
 
     def in_flight(self) -> int:
         """Messages delivered and not yet acknowledged, nacked or expired."""
-        with self._lock, self._state_log.exclusive():
+        with self._exclusive:
             self._catch_up()
             return len(self._state.inflight)
 
@@ -626,32 +686,41 @@ class Queue:
 
 
 class _AsyncFlusher:
-    """Group commit for coroutines of one event loop: every waiter appended before it waits;
-    one fsync (in the default executor) releases every waiter registered before it started."""
+    """Group commit for coroutines of one event loop. A coroutine that appended waits for the
+    next fsync that starts after its append; the fsync runs in the default executor while the
+    loop goes on, and when it ends, one fsync covers every coroutine that appended meanwhile.
+    (Starting the fsync at once, rather than from a task queued behind the coroutines already
+    woken, keeps the disk and the loop busy at the same time instead of taking turns.)"""
 
     def __init__(self, log: Any, loop: asyncio.AbstractEventLoop) -> None:
         self._log = log
         self._loop = loop
         self._waiters: list[asyncio.Future[None]] = []
-        self._task: asyncio.Task[None] | None = None
+        self._running = False
 
-    async def wait(self) -> None:
+    def wait(self) -> "asyncio.Future[None]":
+        """A future resolved by the end of an fsync that started after this call."""
         future = self._loop.create_future()
         self._waiters.append(future)
-        if self._task is None or self._task.done():
-            self._task = self._loop.create_task(self._run())
-        await future
+        if not self._running:
+            self._start()
+        return future
 
-    async def _run(self) -> None:
-        while self._waiters:
-            batch, self._waiters = self._waiters, []
-            try:
-                await self._loop.run_in_executor(None, self._log.flush)
-            except Exception as exc:  # noqa: BLE001 - delivered to every waiter of this fsync
-                for future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-                continue
-            for future in batch:
-                if not future.done():
-                    future.set_result(None)
+    def _start(self) -> None:
+        batch, self._waiters = self._waiters, []
+        self._running = True
+        done = self._loop.run_in_executor(None, self._log.flush)
+        done.add_done_callback(lambda fsync: self._finished(batch, fsync))
+
+    def _finished(self, batch: list["asyncio.Future[None]"], fsync: "asyncio.Future[None]") -> None:
+        self._running = False
+        exc = None if fsync.cancelled() else fsync.exception()
+        for future in batch:
+            if future.done():
+                continue  # the waiting coroutine was cancelled
+            if exc is not None:
+                future.set_exception(exc)
+            else:
+                future.set_result(None)
+        if self._waiters:
+            self._start()

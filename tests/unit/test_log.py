@@ -710,3 +710,16 @@ def test_truncate_fully_and_start_at_restarts_an_empty_log_anywhere(tmp_path: pa
         assert (log.log_start_offset, log.log_end_offset) == (1000, 1001)
         assert [(r.offset, r.value) for r in log.read(1000)] == [(1000, b"next")]
         assert len(log.segments) == 1
+
+
+def test_explicit_timestamps_on_the_append_fast_path(path: pathlib.Path) -> None:
+    with Log.open(path) as log:
+        assert log.append(b"a", timestamp=0) == 0
+        assert log.append(b"b", key=b"k", timestamp=-(2**63)) == 1
+        assert log.append(b"c", timestamp=2**63 - 1) == 2
+        with pytest.raises(ValueError):
+            log.append(b"d", timestamp=2**63)
+        with pytest.raises(TypeError):
+            log.append(b"d", timestamp=True)  # type: ignore[arg-type]
+        assert log.log_end_offset == 3
+        assert [r.timestamp for r in log.iter(0)] == [0, -(2**63), 2**63 - 1]  # (the last one rolls)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from logstore import InvalidConfigError, LogStore, Queue
+from logstore import InvalidConfigError, LogOfflineError, LogStore, Queue
 from logstore import workqueue
 
 
@@ -314,3 +314,60 @@ def test_get_many_and_ack_many(root):
         assert q.qsize() == 0
         with pytest.raises(ValueError):
             q.get_many(0)
+
+
+def test_state_operation_of_a_wrong_length_is_reported(root):
+    with Queue(root, "jobs") as q:
+        q._state_log.append(b"A" + b"\0" * 5)  # an ack is 13 bytes
+        with pytest.raises(workqueue.CorruptRecordError, match="bad length"):
+            q.get(0)
+
+
+def test_expiry_heap_stays_proportional_to_the_messages_in_flight():
+    state = workqueue._State(1)
+    for off in range(20_000):
+        state.lease(off, 0, off, 1, 1_000 + off)
+        state.done(0, off)
+    assert len(state.due) <= 4096 + 1
+    assert state.partitions[0].floor == 20_000
+    # Live leases survive the pruning and still expire in deadline order.
+    for off in range(20_000, 20_010):
+        state.lease(off, 0, off, 1, 50 - off % 7)
+    for off in range(20_010, 25_000):
+        state.lease(off, 0, off, 1, 10**9)
+        state.done(0, off)
+    expired = [state.next_due(100) for _ in range(10)]
+    assert sorted(e[1] for e in expired) == list(range(20_000, 20_010))
+    assert [50 - off % 7 for _, off, _ in expired] == sorted(50 - off % 7 for _, off, _ in expired)
+    assert state.next_due(100) is None
+
+
+def test_aput_fsync_error_reaches_every_waiting_coroutine(root, monkeypatch):
+    from logstore import _fileio
+    with Queue(root, "jobs") as q:
+        def failing(self, fd):
+            raise OSError(5, "injected EIO")
+
+        monkeypatch.setattr(_fileio.FileOps, "fdatasync", failing)
+
+        async def main():
+            return await asyncio.gather(*[q.aput(b"v") for _ in range(20)], return_exceptions=True)
+
+        results = asyncio.run(main())
+        # The coroutines the failed fsync covered get its error; later ones find the log offline.
+        assert len(results) == 20 and isinstance(results[0], OSError)
+        assert all(isinstance(r, (OSError, LogOfflineError)) for r in results)
+
+
+def test_cancelling_one_aput_leaves_the_others_fsynced(root):
+    with Queue(root, "jobs") as q:
+        async def main():
+            tasks = [asyncio.ensure_future(q.aput(str(i).encode())) for i in range(20)]
+            await asyncio.sleep(0)
+            tasks[3].cancel()
+            return await asyncio.gather(*tasks, return_exceptions=True)
+
+        results = asyncio.run(main())
+        assert isinstance(results[3], asyncio.CancelledError)
+        assert sorted(r.offset for i, r in enumerate(results) if i != 3) == [i for i in range(20) if i != 3]
+        assert q.store.partition("jobs", 0).recovery_point == 20
