@@ -395,12 +395,14 @@ def test_requests_from_a_stale_epoch_are_fenced(tmp_path):
         end = nodes[leader].store.partition("replicated", 0).log_end_offset
         conn = _Connection(addrs[leader], SECRET, 9, 5.0, 1 << 20)
         try:
-            # A fetch from a replica still in an older epoch is fenced, not served.
-            r = conn.request(RequestType.FETCH, Writer().int32(1).string("replicated").int32(0).int32(epoch - 1)
+            # A fetch from a replica still in an older epoch is fenced, not served. (The replica
+            # must be a voter other than the leader: the leader answers its own id with INVALID.)
+            follower = next(i for i in nodes if i != leader)
+            r = conn.request(RequestType.FETCH, Writer().int32(follower).string("replicated").int32(0).int32(epoch - 1)
                              .int64(0).int32(-1).int32(1 << 20).payload())
             assert r.int16() == replication.FENCED_EPOCH
             # A vote request of an older epoch is not granted and changes nothing.
-            r = conn.request(RequestType.VOTE, Writer().string("replicated").int32(0).int32(epoch - 1).int32(1)
+            r = conn.request(RequestType.VOTE, Writer().string("replicated").int32(0).int32(epoch - 1).int32(follower)
                              .int32(epoch - 1).int64(10**6).int8(0).payload())
             assert (r.int32(), r.int8()) == (epoch, 0)
             # A stale BEGIN_EPOCH naming another leader is ignored.
