@@ -63,6 +63,34 @@ class _Index:
         else:
             self._map(size, False)
 
+    @classmethod
+    def open_readonly(cls, path: str, base_offset: int) -> "Any":
+        """Map an index file read-only without changing anything (readers in other processes,
+        see logview.py); None when the file does not exist. The entries are the leading
+        non-zero ones (an active index is preallocated with a zero tail); an index failing the
+        sanity check reads as empty, since an index is only a hint that readers verify."""
+        ops = _fileio.ops
+        try:
+            fd = ops.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        self = cls.__new__(cls)
+        self.path, self.base_offset, self.max_index_size = path, base_offset, 0
+        self.writable, self._fd, self._mm, self._ptr = False, fd, None, ffi.NULL
+        self.entries = self.capacity = 0
+        try:
+            size = ops.fsize(fd)
+            self.partial_entry = size % self.entry_size != 0
+            self._map(size - size % self.entry_size, False)
+            if self.capacity:
+                self.entries = lib.ls_index_entries(self._ptr, self.capacity, self.is_time)
+            if self.entries and lib.ls_index_check(self._ptr, self.entries, self.is_time, 2**31 - 1) != -1:
+                self.entries = 0
+        except BaseException:
+            self.close()
+            raise
+        return self
+
     # ------------------------------------------------------------------ mapping
     def _unmap(self) -> None:
         if self._ptr is not ffi.NULL:

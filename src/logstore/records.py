@@ -16,7 +16,7 @@ import time
 from array import array
 from itertools import repeat
 from enum import IntEnum
-from typing import Any, Iterable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from . import compression
 from ._native import check, ffi, lib, reason
@@ -428,6 +428,7 @@ class RecordDecoder:
         #: why the last decode() stopped: an LS_STOP_ value
         self.last_stop = lib.LS_STOP_END
         self._key_columns: tuple[list[bytes | None], list[int], list[bool]] | None = None
+        self._sink: Callable[[Any, Any, int], None] | None = None
         self._alloc(capacity)
 
     def _alloc(self, capacity: int) -> None:
@@ -459,6 +460,12 @@ class RecordDecoder:
         out = self._out
         n = out.count
         if n == 0:
+            return
+        if self._sink is not None:  # decode_columns(): the caller takes the C columns as they are
+            try:
+                self._sink(buf, out, n)
+            finally:
+                out.count = 0
             return
         out.count = 0
         first = out.offsets[0]
@@ -582,7 +589,7 @@ class RecordDecoder:
                     try:
                         size = self._decode_compressed(buf, cur.position, min_offset, path, records)
                     except CorruptRecordError:
-                        if records and stop_before_damage:  # reported by the read starting there
+                        if self._sink is not None or (records and stop_before_damage):  # reported by the read starting there
                             self.last_stop = lib.LS_STOP_ERROR
                             break
                         raise
@@ -617,6 +624,33 @@ class RecordDecoder:
             self._key_columns = None
         return keys, offsets, nulls, position
 
+    @property
+    def last_batch_offset(self) -> int:
+        """Last offset of the last batch the latest decode consumed (-1: none)."""
+        return int(self._cur.prev_last_offset)
+
+    def decode_columns(self, buf: Any, start: int, end: int, sink: Callable[[Any, Any, int], None],
+                       min_offset: int = 0, max_offset: int = -1, path: str | None = None) -> int:
+        """Like :meth:`decode`, but hand each chunk of decoded rows to ``sink(buf, out, n)``
+        instead of building Records: ``out`` is the C ``ls_records_out`` holding ``n`` rows whose
+        key/value/header positions point into ``buf`` (the segment bytes, or the decompressed
+        records of a compressed batch), valid only during the call. Every batch is validated,
+        CRC included, before any of its rows reaches the sink.
+
+        An invalid batch (offsets going backwards included) ends the decode without an error
+        (``last_stop`` is then ``LS_STOP_ERROR`` and the returned position is the bad batch's):
+        the caller decides whether it is the zero or torn tail of an active segment or damage
+        to report.
+
+        Returns the position after the last batch consumed.
+        """
+        self._sink = sink
+        try:
+            _, position = self.decode(buf, start, end, min_offset, max_offset, None, path)
+        finally:
+            self._sink = None
+        return position
+
     def _stop_quietly(self, rc: int, end: int, records: list[Record], partial_tail_ok: bool,
                       stop_before_damage: bool) -> bool:
         """Decide whether an invalid batch ends this decode without an error.
@@ -633,6 +667,8 @@ class RecordDecoder:
             available = end - cur.position
             if available < HEADER_SIZE or LOG_OVERHEAD + h.batch_length > available:
                 return True
+        if self._sink is not None:
+            return True  # decode_columns(): the caller judges the damage (or zero tail)
         if rc == lib.LS_ERR_CORRUPT and h.base_offset <= cur.prev_last_offset:
             return False
         return stop_before_damage and bool(records)

@@ -237,17 +237,7 @@ class LogStore:
         return os.path.join(self.root, TOPICS_DIR, name)
 
     def _read_topic(self, name: str) -> tuple[int, dict[str, str]] | None:
-        path = self._topic_file(name)
-        try:
-            text = _fileio.ops.read_file(path).decode("utf-8")
-        except FileNotFoundError:
-            return None
-        props = _parse_properties(text, path)
-        try:
-            partitions = int(props.pop("partitions"))
-        except (KeyError, ValueError):
-            raise LogstoreError(f"{path}: missing or bad 'partitions' entry") from None
-        return partitions, props
+        return read_topic_file(self._topic_file(name))
 
     def _topic(self, name: str) -> tuple[int, dict[str, str]]:
         validate_topic_name(name)
@@ -603,6 +593,24 @@ def _positive(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise InvalidConfigError(f"{name} must be a positive int (ms), got {value!r}")
     return value
+
+
+def read_topic_file(path: str) -> tuple[int, dict[str, str]] | None:
+    """(partition count, config overrides) from a ``.topics/<topic>`` file; None when missing.
+
+    Raises:
+        LogstoreError: the file has no usable ``partitions`` entry.
+    """
+    try:
+        text = _fileio.ops.read_file(path).decode("utf-8")
+    except FileNotFoundError:
+        return None
+    props = _parse_properties(text, path)
+    try:
+        partitions = int(props.pop("partitions"))
+    except (KeyError, ValueError):
+        raise LogstoreError(f"{path}: missing or bad 'partitions' entry") from None
+    return partitions, props
 
 
 def _parse_properties(text: str, path: str) -> dict[str, str]:

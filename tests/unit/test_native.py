@@ -1012,3 +1012,70 @@ def test_index_check_and_entries():
     assert lib.ls_index_entries(time_index([(0, 0), (5, 1)]), 2, 1) == 0
     assert lib.ls_index_entries(time_index([(0, 1)]), 1, 1) == 1
     assert lib.ls_index_lookup(b"", 0, 5) == -1 and lib.ls_timeindex_lookup(b"", 0, 5) == -1
+
+
+# ---------------------------------------------------------------- Arrow columns (columns.c)
+
+
+def _gather(buf: bytes, spans):
+    n = len(spans)
+    pos = ffi.new("int32_t[]", [p for p, _ in spans] or [0])
+    lens = ffi.new("int32_t[]", [l for _, l in spans] or [0])
+    cap = max(lib.ls_binary_size(lens, n), 0)
+    data = ffi.new("char[]", max(cap, 1))
+    offsets = ffi.new("int32_t[]", n + 1)
+    validity = ffi.new("uint8_t[]", max((n + 7) // 8, 1))
+    nulls = ffi.new("int32_t *")
+    rc = lib.ls_gather_binary(buf, len(buf), pos, lens, n, offsets, validity, data, cap, nulls)
+    return rc, ffi.buffer(data, max(rc, 0))[:], list(offsets), bytes(ffi.buffer(validity, (n + 7) // 8)), nulls[0]
+
+
+@FAST
+@given(st.lists(st.one_of(st.none(), st.binary(max_size=20)), max_size=40))
+def test_gather_binary_builds_arrow_buffers(values):
+    buf = b"".join(v for v in values if v is not None) + b"#"
+    spans, at = [], 0
+    for v in values:
+        if v is None:
+            spans.append((0, -1))
+        else:
+            spans.append((at, len(v)))
+            at += len(v)
+    rc, data, offsets, validity, nulls = _gather(buf, spans)
+    assert rc == sum(len(v) for v in values if v is not None)
+    assert data == b"".join(v for v in values if v is not None)
+    assert nulls == sum(v is None for v in values)
+    for i, v in enumerate(values):
+        assert bool(validity[i >> 3] >> (i & 7) & 1) == (v is not None)
+        assert offsets[i + 1] - offsets[i] == (0 if v is None else len(v))
+
+
+@pytest.mark.parametrize("spans", [[(8, 4)], [(-1, 2)], [(0, 11)], [(0, -2)], [(2**31 - 1, 1)]])
+def test_gather_binary_refuses_spans_outside_the_buffer(spans):
+    assert _gather(b"0123456789", spans)[0] == lib.LS_ERR_CORRUPT
+
+
+def test_gather_binary_refuses_output_larger_than_the_capacity():
+    pos = ffi.new("int32_t[]", [0, 0])
+    lens = ffi.new("int32_t[]", [6, 6])
+    data = ffi.new("char[]", 10)
+    offsets = ffi.new("int32_t[]", 3)
+    validity = ffi.new("uint8_t[]", 1)
+    nulls = ffi.new("int32_t *")
+    assert lib.ls_gather_binary(b"abcdefgh", 8, pos, lens, 2, offsets, validity, data, 10, nulls) == lib.LS_ERR_NOSPACE
+    assert lib.ls_binary_size(ffi.new("int32_t[]", [3, -7]), 2) == lib.LS_ERR_CORRUPT
+
+
+def test_timestamps_to_microseconds_saturate():
+    ms = ffi.new("int64_t[]", [0, -1, 1700000000123, INT64_MAX, INT64_MIN, INT64_MAX // 1000 + 1])
+    us = ffi.new("int64_t[]", 6)
+    lib.ls_ms_to_us(ms, 6, us)
+    assert list(us) == [0, -1000, 1700000000123000, INT64_MAX, INT64_MIN, INT64_MAX]
+
+
+def test_first_at_least_and_widen():
+    values = ffi.new("int64_t[]", [5, 3, 9, 9, 1])
+    assert [lib.ls_first_at_least(values, 5, t) for t in (0, 5, 6, 9, 10)] == [0, 0, 2, 2, -1]
+    out = ffi.new("int32_t[]", 3)
+    lib.ls_widen_int8(ffi.new("int8_t[]", [-1, 0, 1]), 3, out)
+    assert list(out) == [-1, 0, 1]

@@ -15,7 +15,7 @@
  */
 
 /* Bumped whenever a struct or a signature below changes; checked by logstore._native at import. */
-#define LS_ABI_VERSION 9
+#define LS_ABI_VERSION 10
 
 /* ---- Error codes (every function returning int/int64 uses negative values from this list) ---- */
 #define LS_OK 0
@@ -216,6 +216,24 @@ int64_t ls_records_decode(const char *buf, int64_t len, const ls_batch_header *h
  * positions relative to buf. Returns header count or a negative LS_ERR_ code. */
 int64_t ls_headers_decode(const char *buf, int64_t len, int32_t count, int32_t *key_pos,
                           int32_t *key_len, int32_t *value_pos, int32_t *value_len);
+
+/* Arrow columns from decoded rows (columns.c).
+ * ls_gather_binary: copy the n spans buf[pos[i], pos[i] + len[i]) (len -1: null) into data, one
+ * after another, writing Arrow's n + 1 int32 offsets, a validity bitmap of (n + 7) / 8 bytes (bit
+ * set = not null, LSB first) and the null count. Returns the bytes written, LS_ERR_CORRUPT when a
+ * span lies outside buf or a length is below -1, LS_ERR_NOSPACE when data_cap or INT32_MAX bytes
+ * would be exceeded, LS_ERR_ARG for unusable arguments.
+ * ls_binary_size: the bytes ls_gather_binary will write for these lengths (or LS_ERR_CORRUPT).
+ * ls_ms_to_us: milliseconds to microseconds, saturating at the int64 limits.
+ * ls_widen_int8: int8 to int32. */
+int64_t ls_gather_binary(const char *buf, int64_t buf_len, const int32_t *pos, const int32_t *len,
+                         int32_t n, int32_t *offsets, uint8_t *validity, char *data, int64_t data_cap,
+                         int32_t *null_count);
+int64_t ls_binary_size(const int32_t *len, int32_t n);
+void ls_ms_to_us(const int64_t *ms, int32_t n, int64_t *us);
+void ls_widen_int8(const int8_t *in, int32_t n, int32_t *out);
+/* Index of the first of n values that is >= target, or -1 (values in any order). */
+int32_t ls_first_at_least(const int64_t *values, int32_t n, int64_t target);
 
 /* Cursor for walking consecutive batches of a segment byte range. */
 typedef struct {

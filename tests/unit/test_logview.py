@@ -1,0 +1,169 @@
+"""logview: read-only views of a store's files (what Spark's driver and executors use)."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from logstore import CorruptRecordError, LogStore, LogstoreError, UnknownTopicOrPartitionError
+from logstore.logview import DataLossError, PartitionView, SegmentPosition, StoreView
+
+
+@pytest.fixture
+def root(tmp_path):
+    return str(tmp_path / "store")
+
+
+class Rows:
+    """A scan sink that keeps (offset, timestamp, key, value) of every row."""
+
+    def __init__(self):
+        self.rows = []
+
+    def __call__(self, buf, out, n):
+        for i in range(n):
+            kl, vl = out.key_len[i], out.value_len[i]
+            key = None if kl < 0 else bytes(buf[out.key_pos[i]:out.key_pos[i] + kl])
+            value = None if vl < 0 else bytes(buf[out.value_pos[i]:out.value_pos[i] + vl])
+            self.rows.append((out.offsets[i], out.timestamps[i], key, value))
+
+
+def scan(view, start, end, **kw):
+    sink = Rows()
+    for _ in view.scan(start, end, sink, **kw):
+        pass
+    return [r for r in sink.rows if r[0] < end]
+
+
+def fill(store, topic, n, *, codec=None, batch=None, seed=0, **config):
+    store.create_topic(topic, 1, segment_bytes=16 << 10, index_interval_bytes=512,
+                       **({"compression_type": codec} if codec else {}), **config)
+    log = store.partition(topic, 0)
+    rng = random.Random(seed)
+    i = 0
+    while i < n:
+        k = min(n - i, batch or rng.randint(1, 40))
+        log.append_batch([b"value-%d-" % j + b"x" * rng.randint(0, 300) for j in range(i, i + k)],
+                         [b"key-%d" % j if j % 3 else None for j in range(i, i + k)],
+                         timestamps=[1_000_000 + 10 * j for j in range(i, i + k)])
+        i += k
+    return log
+
+
+def snapshot(path):
+    out = {}
+    for dirpath, _, files in os.walk(path):
+        for name in files:
+            st = os.stat(os.path.join(dirpath, name))
+            out[os.path.join(dirpath, name)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+@pytest.mark.parametrize("codec", [None, "zstd", "gzip"])
+def test_scan_matches_log_reads_across_segments(root, codec):
+    with LogStore(root, maintenance=False) as store:
+        log = fill(store, "t", 3000, codec=codec)
+        expected = [(r.offset, r.timestamp, r.key, r.value) for r in log.iter()]
+        assert len(log.segments) > 3
+        view = StoreView(root).partition("t", 0)
+        assert view.log_end_offset() == log.log_end_offset == 3000
+        assert view.log_start_offset() == 0
+        assert scan(view, 0, 3000) == expected
+        rng = random.Random(1)
+        for _ in range(20):
+            a = rng.randrange(0, 3000)
+            b = rng.randrange(a, 3001)
+            assert scan(view, a, b) == expected[a:b]
+            # Any index entry is a valid place to start reading.
+            for offset, segment, position in view.index_positions()[::7]:
+                if a <= offset:
+                    assert scan(view, offset, b, hint=SegmentPosition(segment, position)) == expected[offset:b]
+                    break
+
+
+def test_views_change_nothing_on_disk(root):
+    with LogStore(root, maintenance=False) as store:
+        fill(store, "t", 500)
+        store.partition("t", 0).flush()
+        before = snapshot(root)
+        view = StoreView(root).partition("t", 0)
+        view.log_end_offset()
+        view.timestamp_bounds(1_000_500)
+        scan(view, 0, 500)
+        assert snapshot(root) == before
+
+
+def test_log_end_ignores_a_torn_tail_and_the_zero_tail(root):
+    with LogStore(root, maintenance=False) as store:
+        log = fill(store, "t", 700)
+        path = os.path.join(log.path, "%020d.log" % log.segments[-1].base_offset)
+    view = StoreView(root).partition("t", 0)
+    assert view.log_end_offset() == 700
+    with open(path, "ab") as f:  # a batch header cut short, then garbage
+        f.write(b"\0\0\0\0\0\0\x02\xbc\0\0\x01\0" + os.urandom(200))
+    assert view.log_end_offset() == 700
+    assert [r[0] for r in scan(view, 690, 700)] == list(range(690, 700))
+
+
+def test_log_start_follows_delete_records(root):
+    with LogStore(root, maintenance=False) as store:
+        log = fill(store, "t", 1000)
+        log.delete_records_before(123)
+        view = StoreView(root).partition("t", 0)
+        assert view.log_start_offset() == 123
+        with pytest.raises(DataLossError, match="123"):
+            scan(view, 100, 200)
+        assert [r[0] for r in scan(view, 123, 130)] == list(range(123, 130))
+
+
+def test_a_damaged_sealed_segment_is_reported_not_skipped(root):
+    with LogStore(root, maintenance=False) as store:
+        log = fill(store, "t", 3000, batch=10)
+        first = log.segments[0]
+        path = os.path.join(log.path, "%020d.log" % first.base_offset)
+    with open(path, "r+b") as f:
+        f.seek(first.size // 2)
+        byte = f.read(1)
+        f.seek(first.size // 2)
+        f.write(bytes([byte[0] ^ 0x40]))
+    view = StoreView(root).partition("t", 0)
+    with pytest.raises(CorruptRecordError):
+        scan(view, 0, 3000)
+
+
+def test_timestamp_bounds_bracket_kafkas_list_offsets(root):
+    with LogStore(root, maintenance=False) as store:
+        log = fill(store, "t", 2000)
+        view = StoreView(root).partition("t", 0)
+        for target in [0, 1_000_000, 1_000_005, 1_003_333, 1_012_345, 1_019_990, 1_019_991, 10**12]:
+            exact = log.offset_for_timestamp(target)
+            low, high = view.timestamp_bounds(target)
+            if exact is None:
+                assert high is None
+                continue
+            assert low <= exact and (high is None or exact <= high), (target, low, exact, high)
+
+
+def test_store_view_errors(root, tmp_path):
+    with pytest.raises(LogstoreError, match="not a logstore data directory"):
+        StoreView(str(tmp_path))
+    with LogStore(root, maintenance=False) as store:
+        store.create_topic("a", 2)
+        store.create_topic("__internal", 1, internal=True)
+    view = StoreView(root)
+    assert view.topics() == ["a"] and view.topics(internal=True) == ["__internal", "a"]
+    assert view.partitions("a") == 2
+    with pytest.raises(UnknownTopicOrPartitionError):
+        view.partitions("missing")
+    with pytest.raises(UnknownTopicOrPartitionError):
+        PartitionView(root, "a", 7)
+
+
+def test_scan_raises_when_the_log_ends_before_the_planned_end(root):
+    with LogStore(root, maintenance=False) as store:
+        fill(store, "t", 100)
+    view = StoreView(root).partition("t", 0)
+    with pytest.raises(DataLossError, match="ends at offset 100"):
+        scan(view, 50, 150)
