@@ -1,0 +1,235 @@
+"""The "logstore" PySpark data source against Log.read, on a local SparkSession (real pyspark).
+
+Every expectation is computed from the store through logstore's own Log API; Spark must return
+the same records through the source, which reads the segment files on its own."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import zlib
+
+import pytest
+
+from logstore import LogStore
+
+T0 = 1_700_000_000_000  # ms
+
+
+def read(spark, root, **options):
+    reader = spark.read.format("logstore").option("path", root)
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader.load()
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """Topics of several codecs, partitions and segments, with null keys and values, headers,
+    explicit timestamps and a compacted topic with gaps; returns (root, expected records)."""
+    root = str(tmp_path_factory.mktemp("spark") / "store")
+    expected = {}
+    with LogStore(root, maintenance=False) as s:
+        s.create_topic("plain", 3, segment_bytes=16 << 10, index_interval_bytes=1024)
+        for codec in ("zstd", "gzip", "snappy", "lz4"):
+            s.create_topic(codec, 2, compression_type=codec, segment_bytes=16 << 10)
+        s.create_topic("compacted", 1, cleanup_policy="compact", segment_bytes=4 << 10)
+        for topic in ("plain", "zstd", "gzip", "snappy", "lz4"):
+            for p in range(s.partitions_for(topic)):
+                log = s.partition(topic, p)
+                n = 0
+                for b in range(30):
+                    size = 1 + (b * 7 + p) % 40
+                    log.append_batch(
+                        [None if (n + i) % 17 == 5 else b"%s-%d-%d " % (topic.encode(), p, n + i) + b"v" * ((n + i) % 90)
+                         for i in range(size)],
+                        [None if (n + i) % 4 == 0 else b"k%d" % ((n + i) % 50) for i in range(size)],
+                        [[("h", b"%d" % (n + i)), ("empty", None)] if (n + i) % 9 == 0 else [] for i in range(size)],
+                        timestamps=[T0 + 1000 * (n + i) for i in range(size)])
+                    n += size
+        log = s.partition("compacted", 0)
+        for i in range(600):
+            log.append(b"value-%d" % i, key=b"key-%d" % (i % 40), timestamp=T0 + i)
+        log.roll()
+        log.compact()
+        for topic in s.topics():
+            for p in range(s.partitions_for(topic)):
+                expected[(topic, p)] = list(s.partition(topic, p).iter())
+    assert len(expected[("compacted", 0)]) < 600  # the cleaner left gaps
+    return root, expected
+
+
+def checksums(records):
+    return (len(records), sum(r.offset for r in records),
+            sum(zlib.crc32(r.value) for r in records if r.value is not None),
+            sum(r.key is None for r in records))
+
+
+@pytest.mark.parametrize("topic", ["plain", "zstd", "gzip", "snappy", "lz4", "compacted"])
+def test_count_offsets_and_value_checksums_match_log_reads(spark, store, topic):
+    root, expected = store
+    records = [r for (t, _), rs in expected.items() if t == topic for r in rs]
+    row = read(spark, root, subscribe=topic).selectExpr(
+        "count(*)", "sum(offset)", "sum(crc32(value))", "sum(cast(key is null as int))").first()
+    assert tuple(x or 0 for x in row) == checksums(records)
+
+
+def test_every_field_of_every_row_with_headers(spark, store):
+    root, expected = store
+    rows = read(spark, root, subscribe="plain,zstd", includeHeaders="true").collect()
+    got = sorted(((r.topic, r.partition, r.offset), (r.key, r.value, r.timestamp, r.timestampType,
+                                                     [(h.key, h.value) for h in r.headers])) for r in rows)
+    want = sorted(((t, p, r.offset), (r.key, r.value, datetime.datetime.fromtimestamp(r.timestamp / 1000, datetime.timezone.utc).replace(tzinfo=None),
+                                      int(r.timestamp_type), list(r.headers)))
+                  for (t, p), rs in expected.items() if t in ("plain", "zstd") for r in rs)
+    assert got == want
+
+
+def test_offset_ranges_from_json(spark, store):
+    root, expected = store
+    start = {"plain": {"0": 10, "1": -2}}
+    end = {"plain": {"0": 50, "1": -1, "2": 7}}
+    rows = read(spark, root, subscribe="plain", startingOffsets=json.dumps(start),
+                endingOffsets=json.dumps(end)).select("partition", "offset").collect()
+    got = sorted((r.partition, r.offset) for r in rows)
+    ends = {p: len(expected[("plain", p)]) for p in range(3)}
+    want = sorted([(0, o) for o in range(10, 50)] + [(1, o) for o in range(ends[1])] + [(2, o) for o in range(7)])
+    assert got == want
+
+
+def test_timestamp_range_follows_list_offsets(spark, store):
+    root, expected = store
+    lo, hi = T0 + 1000 * 123 + 1, T0 + 1000 * 400
+    rows = read(spark, root, subscribe="plain", startingTimestamp=str(lo), endingTimestamp=str(hi),
+                maxRecordsPerPartition="50").select("partition", "offset").collect()
+    want = []
+    for p in range(3):
+        records = expected[("plain", p)]
+        first = next((r.offset for r in records if r.timestamp >= lo), len(records))
+        last = next((r.offset for r in records if r.timestamp >= hi), len(records))
+        want += [(p, o) for o in range(first, last)]
+    assert sorted((r.partition, r.offset) for r in rows) == sorted(want)
+
+
+def test_compacted_log_with_gaps(spark, store):
+    root, expected = store
+    rows = read(spark, root, subscribe="compacted").select("offset", "key", "value").collect()
+    assert [(r.offset, r.key, r.value) for r in sorted(rows)] == [(r.offset, r.key, r.value) for r in expected[("compacted", 0)]]
+
+
+def test_large_partitions_split_into_offset_ranges(spark, store):
+    root, expected = store
+    df = read(spark, root, subscribe="plain", maxRecordsPerPartition="100", minPartitions="8")
+    assert df.rdd.getNumPartitions() >= 8
+    records = [r for (t, _), rs in expected.items() if t == "plain" for r in rs]
+    row = read(spark, root, subscribe="plain", maxRecordsPerPartition="100", minPartitions="8").selectExpr(
+        "count(*)", "sum(offset)", "sum(crc32(value))", "sum(cast(key is null as int))").first()
+    assert tuple(x or 0 for x in row) == checksums(records)
+
+
+def test_subscribe_pattern_and_assign(spark, store):
+    root, expected = store
+    topics = {r.topic for r in read(spark, root, subscribePattern="(gzip|lz4)").select("topic").distinct().collect()}
+    assert topics == {"gzip", "lz4"}
+    rows = read(spark, root, assign=json.dumps({"zstd": [1], "plain": [2]})).select("topic", "partition").distinct().collect()
+    assert sorted((r.topic, r.partition) for r in rows) == [("plain", 2), ("zstd", 1)]
+
+
+def test_pruning_with_pushed_filters(spark, store):
+    root, expected = store
+    query = "partition = 1 AND offset >= 20 AND offset < 60 AND timestamp >= TIMESTAMP '{}'".format(
+        datetime.datetime.fromtimestamp((T0 + 1000 * 30) / 1000, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"))
+    pruned = read(spark, root, subscribe="plain", pruneOnPushdown="true").where(query)
+    assert pruned.rdd.getNumPartitions() == 1  # partitions 0 and 2 were never planned
+    got = sorted(r.offset for r in read(spark, root, subscribe="plain", pruneOnPushdown="true").where(query).collect())
+    want = [r.offset for r in expected[("plain", 1)] if 20 <= r.offset < 60 and r.timestamp >= T0 + 1000 * 30]
+    assert got == want
+    # Without the option Spark filters everything itself, with the same result.
+    assert sorted(r.offset for r in read(spark, root, subscribe="plain").where(query).collect()) == want
+
+
+def test_fail_on_data_loss(spark, tmp_path):
+    root = str(tmp_path / "s")
+    with LogStore(root, maintenance=False) as s:
+        s.create_topic("t", 1)
+        log = s.partition("t", 0)
+        log.append_batch([b"%d" % i for i in range(100)])
+        log.delete_records_before(40)
+    starting = json.dumps({"t": {"0": 10}})
+    with pytest.raises(Exception, match="below the log start"):
+        read(spark, root, subscribe="t", startingOffsets=starting).count()
+    rows = read(spark, root, subscribe="t", startingOffsets=starting, failOnDataLoss="false").select("offset").collect()
+    assert sorted(r.offset for r in rows) == list(range(40, 100))
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(subscribe="nope"), "does not exist"),
+    (dict(subscribe="plain", startingOffsets='{"plain":{"0":100000}}'), "past its end"),
+    (dict(subscribe="plain", startingOffsets='{"plain":{"0":'), "not valid JSON"),
+    (dict(subscribe="plain", startingOffsets='{"plain":{"9":1}}'), "does not read"),
+    (dict(subscribe="plain", startingOffsets="latest"), "cannot be 'latest'"),
+    (dict(subscribe="plain", bogus="1"), "unknown option"),
+    (dict(subscribe="plain", assign='{"plain":[0]}'), "exactly one of"),
+    (dict(subscribe="plain", includeHeaders="yes"), "true or false"),
+    (dict(subscribe="plain", maxRecordsPerPartition="0"), "at least 1"),
+    (dict(assign='{"plain":[3]}'), "partitions 0..2"),
+    (dict(subscribe="plain", maxOffsetsPerTrigger="5"), "streaming queries only"),
+])
+def test_bad_options_fail_with_a_clear_message(spark, store, options, message):
+    root, _ = store
+    with pytest.raises(Exception, match=message):
+        read(spark, root, **options).count()
+
+
+def test_missing_path_and_bad_store(spark, tmp_path):
+    with pytest.raises(Exception, match="'path'"):
+        spark.read.format("logstore").option("subscribe", "t").load().count()
+    with pytest.raises(Exception, match="not a logstore data directory"):
+        read(spark, str(tmp_path), subscribe="t").count()
+
+
+def test_write_then_read_back(spark, tmp_path):
+    root = str(tmp_path / "w")
+    with LogStore(root, maintenance=False) as s:
+        s.create_topic("out", 3)
+    rows = [(b"k%d" % (i % 10) if i % 5 else None, b"v%d" % i if i % 11 else None,
+             i % 3 if i % 2 else None, [("n", b"%d" % i)] if i % 7 == 0 else []) for i in range(400)]
+    df = spark.createDataFrame(rows, "key binary, value binary, partition int, headers array<struct<key:string,value:binary>>")
+    df.write.format("logstore").option("path", root).option("topic", "out").mode("append").save()
+    back = read(spark, root, subscribe="out", includeHeaders="true").collect()
+    assert sorted((r.key or b"", r.value or b"", [(h.key, h.value) for h in r.headers]) for r in back) == \
+        sorted((k or b"", v or b"", h) for k, v, _, h in rows)
+    # Rows with a partition column went to that partition; keyed rows went where Kafka puts them.
+    from logstore.producer import default_partition
+    for r in back:
+        n = int(r.value[1:]) if r.value else None
+        if n is not None and n % 2:
+            assert r.partition == n % 3
+        elif n is not None and r.key is not None:
+            assert r.partition == default_partition(r.key, 3)
+    with pytest.raises(Exception, match="append"):
+        df.write.format("logstore").option("path", root).option("topic", "out").mode("overwrite").save()
+
+
+def test_stream_reads_everything_once_in_bounded_micro_batches(spark, tmp_path):
+    root = str(tmp_path / "st")
+    with LogStore(root, maintenance=False) as s:
+        s.create_topic("in", 2)
+        for p in range(2):
+            s.partition("in", p).append_batch([b"%d-%d" % (p, i) for i in range(450)])
+    query = (spark.readStream.format("logstore").option("path", root).option("subscribe", "in")
+             .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "250").load()
+             .writeStream.format("memory").queryName("stream_once")
+             .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert sum(sizes) == 900 and max(sizes) <= 250
+    row = spark.sql("select count(*), count(distinct partition, offset) from stream_once").first()
+    assert tuple(row) == (900, 900)
+
+
+def test_explicit_registration(spark, store):
+    from logstore.spark import LogstoreDataSource
+    spark.dataSource.register(LogstoreDataSource)
+    root, expected = store
+    assert read(spark, root, subscribe="lz4").count() == sum(len(v) for (t, _), v in expected.items() if t == "lz4")
