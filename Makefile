@@ -1,5 +1,6 @@
 # logstore — developer entry points. Needs only Python 3.11+, gcc and a C library.
-#   make demo   create .venv, build the C core, run the examples (quickstart, producer/consumer, worker pool)
+#   make demo   create .venv, build the C core, run the examples (quickstart, producer/consumer, worker pool,
+#               replicated cluster, Spark batch source)
 #   make test   same setup, run the whole test suite (< 10 minutes on 2 cores)
 #   make bench  run the pytest-benchmark suite in bench/ and bench/compare.py
 #   make soak   long-running suites (marker "slow")
@@ -27,6 +28,7 @@ demo: $(STAMP)
 	$(PY) examples/producer_consumer.py
 	$(PY) examples/worker_pool.py
 	$(PY) examples/replicated_cluster.py
+	$(PY) examples/spark_batch.py
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_FLAGS) tests

@@ -38,7 +38,7 @@ from .records import HEADER_SIZE, LOG_OVERHEAD, RecordDecoder, validate_batch
 from .segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, parse_segment_name, segment_name
 from .store import TOPICS_DIR, read_topic_file, validate_topic_name
 
-__all__ = ["StoreView", "PartitionView", "DataLossError", "SegmentPosition"]
+__all__ = ["StoreView", "PartitionView", "DataLossError", "LogEnd", "SegmentPosition"]
 
 #: sink(buf, out, n): n decoded rows in ``out`` (an ``ls_records_out``), positions into ``buf``
 ColumnSink = Callable[[Any, Any, int], None]
@@ -46,6 +46,16 @@ ColumnSink = Callable[[Any, Any, int], None]
 
 class DataLossError(LogstoreError):
     """Offsets a reader planned to read are gone (retention or DeleteRecords removed them)."""
+
+
+@dataclass(frozen=True)
+class LogEnd:
+    """The log end offset, the segment holding it (-1: no segment) and the byte position after
+    that segment's last valid batch."""
+
+    offset: int
+    segment: int
+    position: int
 
 
 @dataclass(frozen=True)
@@ -135,42 +145,40 @@ class PartitionView:
 
     def log_end_offset(self, segments: list[int] | None = None) -> int:
         """The offset after the last valid batch (CRC checked) of the last segment."""
+        return self.log_end(segments).offset
+
+    def log_end(self, segments: list[int] | None = None) -> "LogEnd":
+        """The log end offset and where it lies: the last segment and the byte position after
+        its last valid batch (a reader must not look past it: a writer may cut the file there)."""
         segments = self.segments() if segments is None else segments
         if not segments:
-            return 0
+            return LogEnd(0, -1, 0)
         base = segments[-1]
         hint = self._index_floor(base, 2**62)
         with _Mapped(self._file(base, LOG_SUFFIX)) as data:
-            end = base
-            position = hint.position if hint.position < len(data) else 0
-            while position + HEADER_SIZE <= len(data):
-                try:
-                    header = validate_batch(data, position)
-                except CorruptRecordError:
-                    break  # a torn tail or the zero tail of the active segment
-                end = header.base_offset + header.last_offset_delta + 1
-                position += LOG_OVERHEAD + header.batch_length
-            if position == hint.position and hint.position > 0:
+            start = hint.position if hint.position < len(data) else 0
+            offset, position = self._walk_end(data, base, start)
+            if position == start and start > 0:
                 # The index pointed at no valid batch: distrust it and walk from the start.
-                return self._walk_end(data, base)
-        return end
+                offset, position = self._walk_end(data, base, 0)
+        return LogEnd(offset, base, position)
 
     @staticmethod
-    def _walk_end(data: Any, base: int) -> int:
-        end, position = base, 0
+    def _walk_end(data: Any, base: int, position: int) -> tuple[int, int]:
+        end = base
         while position + HEADER_SIZE <= len(data):
             try:
                 header = validate_batch(data, position)
             except CorruptRecordError:
-                break
+                break  # a torn tail or the zero tail of the active segment
             end = header.base_offset + header.last_offset_delta + 1
             position += LOG_OVERHEAD + header.batch_length
-        return end
+        return end, position
 
-    def high_watermark(self, segments: list[int] | None = None) -> int:
+    def high_watermark(self, segments: list[int] | None = None, log_end: LogEnd | None = None) -> int:
         """End of what consumers may read: the log end, capped by a replicated partition's
         checkpointed high watermark (``replication-offset-checkpoint``)."""
-        end = self.log_end_offset(segments)
+        end = (log_end or self.log_end(segments)).offset
         hw = self._checkpoint(REPLICATION_OFFSET_CHECKPOINT)
         return end if hw is None else min(end, max(hw, 0))
 
@@ -248,7 +256,8 @@ class PartitionView:
 
     # ------------------------------------------------------------------ reading
     def scan(self, start: int, end: int, sink: ColumnSink, decoder: RecordDecoder | None = None,
-             hint: SegmentPosition | None = None, window: int = 8 << 20) -> Iterator[None]:
+             hint: SegmentPosition | None = None, window: int = 8 << 20,
+             stop_at: SegmentPosition | None = None) -> Iterator[None]:
         """Decode the records with ``start <= offset < end`` in offset order, handing each chunk
         of rows to ``sink(buf, out, n)`` as C columns (``ls_records_out``) with positions into
         ``buf``. Rows at or past ``end`` inside the last batch reach the sink too; it drops them.
@@ -257,6 +266,10 @@ class PartitionView:
         A generator: it yields after each ``window`` bytes of a segment, so that the caller can
         hand on what the sink built so far (memory stays bounded by the window), and stops once
         the range is read.
+
+        ``stop_at`` (the :meth:`log_end` of the planning) bounds the bytes read in that segment:
+        when ``end`` is the log end, nothing past its last batch is looked at, not even the
+        header the decoder would peek at to see where the range stops.
 
         Raises:
             DataLossError: ``start`` is below the log start (the records were deleted).
@@ -284,11 +297,13 @@ class PartitionView:
                 mapped = _Mapped(path)
             except FileNotFoundError:
                 # Deleted (retention) or swapped (cleaner) since it was listed: list again.
-                yield from self.scan(max(start, base), end, sink, decoder, None, window)
+                yield from self.scan(max(start, base), end, sink, decoder, None, window, stop_at)
                 return
             with mapped as data:
                 reached = max(reached, base)
                 size = len(data)
+                if stop_at is not None and stop_at.segment == base:
+                    size = min(size, stop_at.position)
                 if position > size:
                     position = 0
                 while position < size:

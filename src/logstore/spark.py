@@ -33,9 +33,11 @@ separated), ``subscribePattern`` (a Java-style regular expression over topic nam
 each partition whose timestamp is at least this, as Kafka's ListOffsets finds it);
 ``failOnDataLoss`` (default true: offsets below the log start are an error, else skipped);
 ``includeHeaders``; ``minPartitions`` and ``maxRecordsPerPartition`` (split large partitions
-into offset ranges at sparse index entries). Streaming reads add ``maxOffsetsPerTrigger``.
-Writes take ``topic`` (or a ``topic`` column) and the columns ``value`` and optionally ``key``,
-``partition`` and ``headers``. Unknown options and bad values raise :class:`SparkOptionError`.
+into offset ranges at sparse index entries); ``pruneOnPushdown`` (see below). Streaming reads
+add ``maxOffsetsPerTrigger`` and honour ``Trigger.AvailableNow``. Writes take ``topic`` (or a
+``topic`` column) and the columns ``value`` and optionally ``key`` (binary or string),
+``partition``, ``headers`` and ``timestamp``. Unknown options and bad values raise
+:class:`SparkOptionError`.
 
 How it runs: the driver plans input partitions from segment file names, sparse index entries
 and the batch headers after the last index entry (:mod:`logstore.logview`); no record is read
@@ -43,9 +45,15 @@ on the driver. Each input partition is a picklable :class:`OffsetRange`; the exe
 runs it maps the segment files read-only, decodes the batches with the C decoder (every batch's
 CRC checked) and builds Arrow record batches straight from the decoded columns (keys and values
 gathered by C into Arrow buffers). Executors therefore need the store's directory at the same
-path (local mode, or a shared mount). With ``spark.sql.python.filterPushdown.enabled``,
+path (local mode, or a shared mount).
+
+Filter pushdown: with ``spark.sql.python.filterPushdown.enabled`` and ``pruneOnPushdown=true``,
 predicates on ``topic``, ``partition`` and ``offset`` are applied exactly by the planner, and a
-lower bound on ``timestamp`` prunes through the time indexes (Spark still applies it).
+lower bound on ``timestamp`` prunes through the time indexes (Spark still applies it). The option
+is off by default for two reasons in pyspark itself: a reader that implements pushdown is refused
+when the Spark setting is off, and pyspark 4.1 to 4.3 keep the partitions planned under a pushdown
+on the relation, so a later query of the same DataFrame without filters would read only what the
+earlier filter selected. Turn it on for DataFrames that serve one query.
 
 Durability of writes: each write task appends its rows and fsyncs before it reports success,
 so a committed Spark write survives power loss. Reads see what was written before planning.
@@ -61,6 +69,7 @@ import json
 import math
 import os
 import re
+import time
 from bisect import bisect_left
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Iterator, Sequence
@@ -89,7 +98,7 @@ from pyspark.sql.types import (ArrayType, BinaryType, IntegerType, LongType, Str
 
 from ._native import ffi, lib
 from .errors import LogstoreError
-from .logview import DataLossError, PartitionView, SegmentPosition, StoreView
+from .logview import DataLossError, LogEnd, PartitionView, SegmentPosition, StoreView
 from .records import RecordDecoder
 
 __all__ = ["LogstoreDataSource", "OffsetRange", "SparkOptionError", "SCHEMA", "SCHEMA_WITH_HEADERS", "schema_struct"]
@@ -144,6 +153,16 @@ class OffsetRange(InputPartition):
     find_end_ts: int | None = None
     fail_on_data_loss: bool = True
     include_headers: bool = False
+    #: when ``end`` is the log end: its segment and the byte position after its last batch,
+    #: past which the reader never looks (-1: the range ends before the log end)
+    stop_segment: int = -1
+    stop_position: int = 0
+
+    def stopping_at(self, log_end: LogEnd) -> "OffsetRange":
+        """This range, told where the log ended when it was planned (see stop_segment)."""
+        if self.end != log_end.offset or log_end.segment < 0:
+            return self
+        return replace(self, stop_segment=log_end.segment, stop_position=log_end.position)
 
 
 # ---------------------------------------------------------------------- options
@@ -416,7 +435,8 @@ class _Planner:
         view = self.store.partition(topic, p)
         segments = view.segments()
         log_start = view.log_start_offset(segments)
-        high = view.high_watermark(segments)
+        log_end = view.log_end(segments)
+        high = view.high_watermark(segments, log_end)
         find_start = find_end = None
         if start is None:
             wanted = self.starting[tp]
@@ -448,7 +468,8 @@ class _Planner:
         if end <= start:
             return None
         return OffsetRange(self.root, topic, p, start, end, find_start_ts=find_start, find_end_ts=find_end,
-                           fail_on_data_loss=self.fail_on_data_loss, include_headers=self.include_headers)
+                           fail_on_data_loss=self.fail_on_data_loss,
+                           include_headers=self.include_headers).stopping_at(log_end)
 
     def split(self, ranges: list[OffsetRange]) -> list[OffsetRange]:
         """Split ranges (maxRecordsPerPartition, minPartitions) at offset index entries."""
@@ -540,6 +561,9 @@ def arrow_schema(include_headers: bool) -> pa.Schema:
     return to_arrow_schema(schema_struct(include_headers), timezone="UTC")
 
 
+_ROWS_PER_BATCH = 32768  # rows per Arrow record batch (the decoder's chunk)
+
+
 def read_range(r: OffsetRange) -> Iterator[pa.RecordBatch]:
     """Decode one OffsetRange into Arrow record batches (what an executor runs)."""
     if r.end <= r.start:
@@ -548,8 +572,10 @@ def read_range(r: OffsetRange) -> Iterator[pa.RecordBatch]:
     view = PartitionView(r.root, r.topic, r.partition)
     start = r.start
     hint = SegmentPosition(r.segment, r.position) if r.segment >= 0 else None
+    stop_at = SegmentPosition(r.stop_segment, r.stop_position) if r.stop_segment >= 0 else None
     try:
-        for _ in view.scan(start, r.end, builder.sink, RecordDecoder(), hint):
+        for _ in view.scan(start, r.end, builder.sink, RecordDecoder(capacity=_ROWS_PER_BATCH), hint,
+                           stop_at=stop_at):
             yield from builder.take()
             if builder.done:
                 return
@@ -570,7 +596,8 @@ class _ArrowBuilder:
     def __init__(self, r: OffsetRange) -> None:
         self.r = r
         self.schema = arrow_schema(r.include_headers)
-        self.topic = r.topic.encode()
+        self._topic_scalar = pa.scalar(r.topic, pa.string())
+        self._partition_scalar = pa.scalar(r.partition, pa.int32())
         self.batches: list[pa.RecordBatch] = []
         self.started = r.find_start_ts is None
         self.done = False
@@ -620,13 +647,12 @@ class _ArrowBuilder:
         offsets = pa.Array.from_buffers(pa.int64(), k, [None, pa.py_buffer(ffi.buffer(out.offsets + first, 8 * k)[:])])
         us = ffi.new("int64_t[]", k)
         lib.ls_ms_to_us(out.timestamps + first, k, us)
-        timestamps = pa.Array.from_buffers(self.schema.field("timestamp").type, k, [None, pa.py_buffer(ffi.buffer(us)[:])])
+        timestamps = pa.Array.from_buffers(self.schema.field("timestamp").type, k, [None, pa.py_buffer(ffi.buffer(us))])
         types32 = ffi.new("int32_t[]", k)
         lib.ls_widen_int8(out.timestamp_types + first, k, types32)
-        ttypes = pa.Array.from_buffers(pa.int32(), k, [None, pa.py_buffer(ffi.buffer(types32)[:])])
-        topic = pa.Array.from_buffers(pa.string(), k, [None, pa.py_buffer(_repeat_offsets(len(self.topic), k)),
-                                                      pa.py_buffer(self.topic * k)])
-        partition = pa.Array.from_buffers(pa.int32(), k, [None, pa.py_buffer(self.r.partition.to_bytes(4, "little", signed=True) * k)])
+        ttypes = pa.Array.from_buffers(pa.int32(), k, [None, pa.py_buffer(ffi.buffer(types32))])
+        topic = pa.repeat(self._topic_scalar, k)
+        partition = pa.repeat(self._partition_scalar, k)
         columns = [keys, values, topic, partition, offsets, timestamps, ttypes]
         if headers is not None:
             columns.append(headers)
@@ -644,11 +670,6 @@ class _ArrowBuilder:
         return pa.array(rows, type=self._headers_type)
 
 
-def _repeat_offsets(length: int, k: int) -> bytes:
-    return b"".join(i.to_bytes(4, "little", signed=True) for i in range(0, length * (k + 1), length)) \
-        if length else bytes(4 * (k + 1))
-
-
 def _binary(cbuf: Any, size: int, pos: Any, lens: Any, k: int) -> pa.Array:
     """Gather k spans of the decoded buffer into an Arrow binary array (nulls for length -1)."""
     total = lib.ls_binary_size(lens, k)
@@ -661,9 +682,10 @@ def _binary(cbuf: Any, size: int, pos: Any, lens: Any, k: int) -> pa.Array:
     rc = lib.ls_gather_binary(cbuf, size, pos, lens, k, offsets, validity, data, total, nulls)
     if rc < 0:
         raise LogstoreError(f"cannot gather decoded records into Arrow buffers (error {rc})")
-    bitmap = pa.py_buffer(ffi.buffer(validity, (k + 7) // 8)[:]) if nulls[0] else None
-    return pa.Array.from_buffers(pa.binary(), k, [bitmap, pa.py_buffer(ffi.buffer(offsets)[:]),
-                                                  pa.py_buffer(ffi.buffer(data, total)[:])], null_count=nulls[0])
+    # Zero-copy: each ffi.buffer keeps its cffi allocation alive for as long as Arrow holds it.
+    bitmap = pa.py_buffer(ffi.buffer(validity, (k + 7) // 8)) if nulls[0] else None
+    return pa.Array.from_buffers(pa.binary(), k, [bitmap, pa.py_buffer(ffi.buffer(offsets)),
+                                                  pa.py_buffer(ffi.buffer(data, total))], null_count=nulls[0])
 
 
 # ---------------------------------------------------------------------- streaming
@@ -737,7 +759,7 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if stop > begin:
                 ranges.append(OffsetRange(self.planner.root, tp[0], tp[1], begin, stop,
                                           fail_on_data_loss=self.planner.fail_on_data_loss,
-                                          include_headers=self.planner.include_headers))
+                                          include_headers=self.planner.include_headers).stopping_at(view.log_end()))
         return self.planner.split(ranges)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -756,6 +778,24 @@ def _nest(flat: dict[tuple[str, int], int]) -> dict:
 
 
 # ---------------------------------------------------------------------- writing
+def _stamps(cols: dict[str, list[Any]], rows: list[int]) -> list[int] | None:
+    if "timestamp" not in cols:
+        return None
+    now = time.time_ns() // 1_000_000
+    return [now if cols["timestamp"][i] is None else cols["timestamp"][i] for i in rows]
+
+
+def _column(array: pa.Array, encode: bool) -> list[Any]:
+    """An Arrow column as Python values for append_batch: strings become UTF-8 bytes when
+    ``encode`` (keys and values), timestamps ms since the epoch."""
+    if encode and (pa.types.is_string(array.type) or pa.types.is_large_string(array.type)):
+        return [None if v is None else v.encode() for v in array.to_pylist()]
+    if pa.types.is_timestamp(array.type):
+        micros = array.cast(pa.timestamp("us", tz=array.type.tz)).cast(pa.int64()).to_pylist()
+        return [None if v is None else v // 1000 for v in micros]
+    return array.to_pylist()
+
+
 @dataclass
 class _Written(WriterCommitMessage):
     records: int
@@ -770,15 +810,23 @@ class _Writer(DataSourceArrowWriter):
         self.opts = _options(options, _WRITE_OPTIONS)
         self.root = os.path.abspath(self.opts["path"])
         self.topic = self.opts.get("topic")
-        names = set(schema.names)
-        if "value" not in names:
+        types = {f.name: f.dataType for f in schema.fields}
+        if "value" not in types:
             raise SparkOptionError("writing to logstore needs a 'value' column")
-        if self.topic is None and "topic" not in names:
+        if self.topic is None and "topic" not in types:
             raise SparkOptionError("writing to logstore needs the option 'topic' or a 'topic' column")
-        unknown = names - {"key", "value", "topic", "partition", "headers", "timestamp"}
-        if unknown:
-            raise SparkOptionError(f"columns {sorted(unknown)} cannot be written to logstore "
-                                   "(known: key, value, topic, partition, headers, timestamp)")
+        allowed = {"key": (BinaryType, StringType), "value": (BinaryType, StringType), "topic": (StringType,),
+                   "partition": (IntegerType,), "timestamp": (TimestampType,), "headers": (ArrayType,)}
+        for name, kind in types.items():
+            if name not in allowed:
+                raise SparkOptionError(f"column {name!r} cannot be written to logstore "
+                                       f"(known: {', '.join(allowed)})")
+            if not isinstance(kind, allowed[name]):
+                raise SparkOptionError(f"column {name!r} has type {kind.simpleString()}; expected "
+                                       + " or ".join(t.typeName() for t in allowed[name]))
+        if "headers" in types and types["headers"] != schema_struct(True)["headers"].dataType:
+            raise SparkOptionError(f"column 'headers' must be array<struct<key:string,value:binary>>, got "
+                                   f"{types['headers'].simpleString()}")
         StoreView(self.root)  # the store must exist: fail on the driver, not in every task
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
@@ -788,32 +836,34 @@ class _Writer(DataSourceArrowWriter):
         written = 0
         with LogStore(self.root, maintenance=False) as store:
             touched = set()
+            partitions: dict[str, int] = {}
             for batch in iterator:
-                cols = {name: batch.column(i).to_pylist() for i, name in enumerate(batch.schema.names)}
                 n = batch.num_rows
-                topics = cols.get("topic") or [self.topic] * n
+                cols = {name: _column(batch.column(i), name in ("key", "value"))
+                        for i, name in enumerate(batch.schema.names)}
+                values, keys = cols["value"], cols.get("key")
                 groups: dict[tuple[str, int], list[int]] = {}
-                counts: dict[str, int] = {}
                 for i in range(n):
-                    topic = self.topic if self.topic is not None else topics[i]
+                    topic = self.topic if self.topic is not None else cols["topic"][i]
                     if topic is None:
-                        raise SparkOptionError(f"row {i}: the topic is null")
-                    if topic not in counts:
-                        counts[topic] = store.partitions_for(topic)
-                    part = cols["partition"][i] if "partition" in cols and cols["partition"][i] is not None else None
+                        raise SparkOptionError(f"a row to write has a null topic (row {i} of its batch)")
+                    count = partitions.get(topic)
+                    if count is None:
+                        count = partitions[topic] = store.partitions_for(topic)
+                    part = cols["partition"][i] if "partition" in cols else None
                     if part is None:
-                        key = cols["key"][i] if "key" in cols else None
-                        part = default_partition(key, counts[topic]) if key is not None else i % counts[topic]
+                        key = keys[i] if keys is not None else None
+                        part = default_partition(key, count) if key is not None else (written + i) % count
                     groups.setdefault((topic, part), []).append(i)
                 for (topic, part), rows in groups.items():
                     log = store.partition(topic, part)
-                    keys = [cols["key"][i] for i in rows] if "key" in cols else None
                     headers = None
                     if "headers" in cols:
                         headers = [[(h["key"], h["value"]) for h in (cols["headers"][i] or [])] for i in rows]
-                    log.append_batch([cols["value"][i] for i in rows], keys, headers)
+                    log.append_batch([values[i] for i in rows], None if keys is None else [keys[i] for i in rows],
+                                     headers, _stamps(cols, rows))
                     touched.add((topic, part))
-                    written += len(rows)
+                written += n
             for topic, part in touched:
                 store.partition(topic, part).flush()
         return _Written(written)

@@ -211,6 +211,27 @@ def test_write_then_read_back(spark, tmp_path):
         df.write.format("logstore").option("path", root).option("topic", "out").mode("overwrite").save()
 
 
+def test_write_strings_timestamps_and_a_topic_column(spark, tmp_path):
+    root = str(tmp_path / "w2")
+    with LogStore(root, maintenance=False) as s:
+        s.create_topic("a", 1)
+        s.create_topic("b", 2)
+    df = spark.sql("SELECT IF(id % 2 = 0, 'a', 'b') AS topic, CAST(id AS STRING) AS key, "
+                   "CONCAT('v', CAST(id AS STRING)) AS value, TIMESTAMP_MILLIS(1700000000000 + id) AS timestamp "
+                   "FROM range(300)")
+    df.write.format("logstore").option("path", root).mode("append").save()
+    with LogStore(root, maintenance=False) as s:
+        got = sorted((t, r.key, r.value, r.timestamp) for t in ("a", "b") for p in range(s.partitions_for(t))
+                     for r in s.partition(t, p).iter())
+    assert got == sorted(("a" if i % 2 == 0 else "b", b"%d" % i, b"v%d" % i, 1700000000000 + i) for i in range(300))
+    bad = spark.sql("SELECT 1 AS value")
+    with pytest.raises(Exception, match="'value' has type int"):
+        bad.write.format("logstore").option("path", root).option("topic", "a").mode("append").save()
+    with pytest.raises(Exception, match="cannot be written"):
+        spark.sql("SELECT 'x' AS value, 2 AS extra").write.format("logstore").option("path", root) \
+            .option("topic", "a").mode("append").save()
+
+
 def test_stream_reads_everything_once_in_bounded_micro_batches(spark, tmp_path):
     root = str(tmp_path / "st")
     with LogStore(root, maintenance=False) as s:
@@ -233,3 +254,37 @@ def test_explicit_registration(spark, store):
     spark.dataSource.register(LogstoreDataSource)
     root, expected = store
     assert read(spark, root, subscribe="lz4").count() == sum(len(v) for (t, _), v in expected.items() if t == "lz4")
+
+
+def test_reads_a_store_that_is_being_written(spark, tmp_path):
+    """A writer appends (and rolls small segments) while Spark plans and reads: every read is a
+    dense prefix of each partition with the right values, never a torn or partial batch."""
+    import threading
+
+    root = str(tmp_path / "live")
+    stop = threading.Event()
+    with LogStore(root, maintenance=False) as s:
+        s.create_topic("live", 2, segment_bytes=8 << 10)
+
+        def write():
+            i = 0
+            while not stop.is_set():
+                for p in range(2):
+                    s.partition("live", p).append_batch([b"%d:%d" % (p, i + j) for j in range(25)])
+                i += 25
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        try:
+            seen = []
+            for _ in range(3):
+                rows = read(spark, root, subscribe="live").select("partition", "offset", "value").collect()
+                for p in range(2):
+                    mine = sorted((r.offset, r.value) for r in rows if r.partition == p)
+                    assert [o for o, _ in mine] == list(range(len(mine)))
+                    assert all(v == b"%d:%d" % (p, o) for o, v in mine)
+                seen.append(len(rows))
+        finally:
+            stop.set()
+            writer.join()
+    assert seen == sorted(seen) and seen[-1] > 0

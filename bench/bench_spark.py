@@ -1,0 +1,139 @@
+"""Spark batch source: spark.read.format("logstore") against Parquet and JSON lines copies.
+
+Workload (issue 6): 10 million records of 200-byte JSON values and 16-byte keys in 4 partitions
+(``LOGSTORE_BENCH_SPARK_RECORDS`` scales it), Spark in local[2]. The same records are also
+written as a Parquet copy (pyarrow, one file per partition, the source's schema) and a JSON lines
+copy (Spark's JSON writer from the Parquet copy), and each format is timed on the same three
+queries in the same run:
+
+* ``count()``: Parquet answers from its footers alone; the logstore source and JSON read
+  every record;
+* a full scan, ``sum(length(value))``: every value read by every format;
+* a Parquet write of everything (``df.write.parquet``), the usual first step of a Spark job.
+
+Targets: the logstore source >= 0.5x Parquet and >= 2x JSON lines. The ratios are printed in
+the summary table (higher is better for logstore).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import pytest
+
+import _report
+import _workload
+
+pyspark = pytest.importorskip("pyspark")
+pa = pytest.importorskip("pyarrow")
+import pyarrow.parquet as pq  # noqa: E402
+
+from logstore import LogStore  # noqa: E402
+
+RECORDS = int(os.environ.get("LOGSTORE_BENCH_SPARK_RECORDS", 10_000_000))
+PARTITIONS = 4
+TIMES: dict[tuple[str, str], float] = {}
+
+
+@pytest.fixture(scope="module")
+def data():
+    base = tempfile.mkdtemp(prefix="bench-spark-", dir=os.environ.get("LOGSTORE_BENCH_DIR"))
+    root = os.path.join(base, "store")
+    pool = _workload.make_values(100_000, 200)
+    keys = _workload.make_keys(100_000)
+    per = RECORDS // PARTITIONS
+    os.makedirs(os.path.join(base, "parquet"))
+    t0 = time.time()
+    with LogStore(root, maintenance=False, shared=False) as store:
+        store.create_topic("events", PARTITIONS)
+        for p in range(PARTITIONS):
+            log = store.partition("events", p)
+            for start in range(0, per, 1000):
+                n = min(1000, per - start)
+                i = (p * per + start) % (len(pool) - 1000)
+                log.append_batch(pool[i:i + n], keys[i:i + n])
+            log.flush()
+            # The Parquet copy of this partition, from what the log holds.
+            cols: dict[str, list] = {k: [] for k in ("key", "value", "offset", "timestamp")}
+            for r in log.iter():
+                cols["key"].append(r.key)
+                cols["value"].append(r.value)
+                cols["offset"].append(r.offset)
+                cols["timestamp"].append(r.timestamp * 1000)
+            n = len(cols["offset"])
+            table = pa.table({
+                "key": pa.array(cols["key"], pa.binary()), "value": pa.array(cols["value"], pa.binary()),
+                "topic": pa.array(["events"] * n, pa.string()), "partition": pa.array([p] * n, pa.int32()),
+                "offset": pa.array(cols["offset"], pa.int64()),
+                "timestamp": pa.array(cols["timestamp"], pa.timestamp("us", tz="UTC")),
+                "timestampType": pa.array([0] * n, pa.int32())})
+            pq.write_table(table, os.path.join(base, "parquet", f"part-{p}.parquet"))
+            del cols, table
+    sys.stderr.write(f"\nbench_spark: wrote {RECORDS:,} records and the Parquet copy in {time.time() - t0:.0f} s\n")
+    yield base, root
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def spark(data):
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (SparkSession.builder.master("local[2]").appName("logstore-bench")
+               .config("spark.ui.enabled", "false").config("spark.driver.memory", "4g")
+               .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    base, _ = data
+    json_dir = os.path.join(base, "json")
+    t0 = time.time()
+    session.read.parquet(os.path.join(base, "parquet")).selectExpr(
+        "base64(key) as key", "cast(value as string) as value", "topic", "partition", "offset", "timestamp",
+        "timestampType").write.json(json_dir)
+    sys.stderr.write(f"bench_spark: wrote the JSON lines copy in {time.time() - t0:.0f} s\n")
+    yield session
+    session.stop()
+
+
+def _frame(spark, data, fmt):
+    base, root = data
+    if fmt == "logstore":
+        return spark.read.format("logstore").option("path", root).option("subscribe", "events").load()
+    if fmt == "parquet":
+        return spark.read.parquet(os.path.join(base, "parquet"))
+    return spark.read.schema("key string, value string, topic string, partition int, offset long, "
+                             "timestamp timestamp, timestampType int").json(os.path.join(base, "json"))
+
+
+QUERIES = {
+    "count": lambda df, out: df.count(),
+    "sum-length": lambda df, out: df.selectExpr("sum(length(value))").first(),
+    "to-parquet": lambda df, out: df.write.mode("overwrite").parquet(out),
+}
+
+
+@pytest.mark.parametrize("fmt", ["logstore", "parquet", "json"])
+@pytest.mark.parametrize("query", list(QUERIES))
+def test_spark_read(benchmark, spark, data, query, fmt):
+    benchmark.group = f"spark {query}"
+    out = os.path.join(data[0], "out")
+
+    def run():
+        QUERIES[query](_frame(spark, data, fmt), out)
+
+    benchmark.pedantic(run, rounds=2, iterations=1, warmup_rounds=1 if query == "count" else 0)
+    _report.report(benchmark, records=RECORDS, note=f"{fmt}, local[2]")
+    TIMES[(query, fmt)] = benchmark.stats.stats.mean
+    if fmt == "json":  # the last of the three: print the ratios of this query
+        ours = TIMES.get((query, "logstore"))
+        for other, target in (("parquet", 0.5), ("json", 2.0)):
+            theirs = TIMES.get((query, other))
+            if ours and theirs:
+                ratio = theirs / ours
+                benchmark.extra_info[f"logstore_vs_{other}"] = ratio
+                _report.ROWS.append(_report.Row(benchmark.group, f"{query}: logstore speed / {other} speed", ratio,
+                                                None, "x", target, note="higher is better for logstore"))
