@@ -360,7 +360,8 @@ class _Planner:
         """Apply what can be applied; yield the filters Spark must still evaluate."""
         self.reset_filters()
         for f in filters:
-            column = f.attribute[0] if len(f.attribute) == 1 else None
+            attribute: tuple[str, ...] = getattr(f, "attribute", ())
+            column = attribute[0] if len(attribute) == 1 else None
             if isinstance(f, IsNotNull) and column in _NEVER_NULL:
                 continue  # always true
             if not hasattr(f, "value"):
@@ -394,11 +395,11 @@ class _Planner:
         return True
 
     def _push_offset(self, f: Filter) -> bool:
-        v = f.value
+        v: Any = getattr(f, "value", None)
         if isinstance(f, In):
-            if f.value and all(isinstance(x, int) and not isinstance(x, bool) for x in f.value):
-                self.offset_low = max(self.offset_low, min(f.value))
-                self.offset_high = min(self.offset_high, max(f.value) + 1)
+            if v and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+                self.offset_low = max(self.offset_low, min(v))
+                self.offset_high = min(self.offset_high, max(v) + 1)
             return False  # the range is a superset: Spark keeps the IN
         if not isinstance(v, int) or isinstance(v, bool):
             return False
@@ -417,7 +418,7 @@ class _Planner:
         return True
 
     def _push_timestamp(self, f: Filter) -> None:
-        ms = _timestamp_ms(f.value)
+        ms = _timestamp_ms(getattr(f, "value", None))
         if ms is None:
             return
         if isinstance(f, (GreaterThan, GreaterThanOrEqual, EqualTo)):
