@@ -1,38 +1,463 @@
-"""The ``logstore`` command (also ``python -m logstore``).
+"""The ``logstore`` command (also ``python -m logstore``): inspect, repair and use a store.
 
-Subcommands so far: ``node`` runs one replication node (see :func:`logstore.replication.main`).
-The operator tools (dump, verify, recover, stats, produce, consume, topics) join it here.
+::
+
+    logstore topics create ROOT NAME [--partitions N] [--config key=value ...]
+    logstore topics list|describe|delete ROOT [NAME]
+    logstore produce ROOT TOPIC [--key-separator SEP] [--partition N]     (lines from stdin)
+    logstore consume ROOT TOPIC [--from-beginning | --offset N | --timestamp MS | --group G]
+                     [--partition N] [--max-records N] [--follow] [--print-key]
+    logstore dump FILES... [--print-data] [--deep] [--json]               (like kafka-dump-log)
+    logstore verify PATH [--json]          (full scrub; exit status 1 when anything is wrong)
+    logstore recover PATH [--json]         (run crash recovery now; report what it did)
+    logstore stats PATH [--json]           (offsets, bytes, records, ratios, consumer lag)
+    logstore compact ROOT [TOPIC ...]      (one cleaner pass over compacted topics)
+    logstore retention ROOT [TOPIC ...]    (delete segments past retention now)
+    logstore node ...                      (one replication node: logstore node --help)
+
+Topic settings use Kafka's names (``retention.ms``, ``cleanup.policy``, ...). Long work shows a
+progress bar on a terminal (standard error) and nothing when output is piped or with
+``--quiet``. ``--json`` prints one JSON document (dump: one JSON object per line). Exit status:
+0 success, 1 a problem found (verify) or an operation failed, 2 bad arguments.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import sys
+import time
+from dataclasses import asdict
+from typing import Any, Callable, Iterable, TextIO
+
+from .errors import LogstoreError
+from .progress import Progress
 
 __all__ = ["main"]
 
-_USAGE = """usage: logstore COMMAND [ARGS...]
 
-commands:
-  node     run one replica node of a replica set (logstore node --help)
-"""
+def _progress(args: argparse.Namespace, label: str = "") -> Progress:
+    return Progress(label, enabled=False if args.quiet else None)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``logstore`` console script; returns the exit status."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args:
-        sys.stderr.write(_USAGE)
-        return 2
-    if args[0] in ("-h", "--help"):
-        sys.stdout.write(_USAGE)
+def _print_json(out: TextIO, value: Any) -> None:
+    out.write(json.dumps(value, default=_jsonable) + "\n")
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "__dataclass_fields__"):
+        return asdict(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def _open_store(root: str, **kw: Any) -> Any:
+    from .store import LogStore
+
+    if not os.path.isdir(root):
+        raise LogstoreError(f"{root}: no such store directory (create one with 'logstore topics create')")
+    return LogStore(root, maintenance=False, **kw)
+
+
+def _config_pairs(pairs: Iterable[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise LogstoreError(f"--config needs key=value, got {pair!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+# ---------------------------------------------------------------------- topics
+def _topics(args: argparse.Namespace, out: TextIO) -> int:
+    from .store import LogStore
+
+    if args.action == "create":
+        if not args.name:
+            raise LogstoreError("topics create needs a NAME")
+        config: dict[str, Any] = dict(_config_pairs(args.config))
+        with LogStore(args.root, maintenance=False) as store:
+            store.create_topic(args.name, args.partitions, **config)
+            out.write(f"created topic {args.name} with {args.partitions} partition(s)\n")
         return 0
-    command, rest = args[0], args[1:]
-    if command == "node":
+    with _open_store(args.root) as store:
+        if args.action == "list":
+            names = store.topics(internal=args.internal)
+            if args.json:
+                _print_json(out, names)
+            else:
+                out.writelines(name + "\n" for name in names)
+            return 0
+        if not args.name:
+            raise LogstoreError(f"topics {args.action} needs a NAME")
+        if args.action == "delete":
+            store.delete_topic(args.name)
+            out.write(f"deleted topic {args.name}\n")
+            return 0
+        d = store.describe(args.name)
+        info = {"name": d.name, "partitions": d.partitions, "internal": d.internal, "overrides": d.overrides,
+                "config": d.config.to_kafka()}
+        if args.json:
+            _print_json(out, info)
+        else:
+            out.write(f"topic {d.name}: {d.partitions} partition(s){' (internal)' if d.internal else ''}\n")
+            for key, value in sorted(d.config.to_kafka().items()):
+                mark = " *" if key in d.overrides else ""
+                out.write(f"  {key} = {value}{mark}\n")
+        return 0
+
+
+# ---------------------------------------------------------------------- produce / consume
+def _produce(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
+    count = 0
+    with _open_store(args.root) as store:
+        partitions = store.partitions_for(args.topic)
+        if args.partition is not None and not 0 <= args.partition < partitions:
+            raise LogstoreError(f"topic {args.topic} has partitions 0..{partitions - 1}, not {args.partition}")
+        with store.producer(durability=args.durability, linger_ms=5) as producer:
+            for line in stdin:
+                line = line.rstrip("\n")
+                key = None
+                if args.key_separator is not None:
+                    k, sep, v = line.partition(args.key_separator)
+                    if not sep:
+                        raise LogstoreError(f"line {count + 1} has no key separator {args.key_separator!r}")
+                    key, line = k.encode(), v
+                producer.send(args.topic, line.encode(), key=key, partition=args.partition)
+                count += 1
+            producer.flush()
+    if not args.quiet:
+        sys.stderr.write(f"produced {count} record(s) to {args.topic}\n")
+    return 0
+
+
+def _consume(args: argparse.Namespace, out: TextIO) -> int:
+    starts = [x is not None for x in (args.offset, args.timestamp, args.group)].count(True) + args.from_beginning
+    if starts > 1:
+        raise LogstoreError("give at most one of --from-beginning, --offset, --timestamp and --group")
+    if args.offset is not None and args.partition is None:
+        raise LogstoreError("--offset needs --partition")
+    with _open_store(args.root) as store:
+        group = args.group or f"logstore-cli-{os.getpid()}"
+        reset = "earliest" if args.from_beginning or args.offset is not None or args.timestamp is not None else "latest"
+        if args.group and not args.from_beginning:
+            reset = "earliest"
+        with store.consumer(group, args.topic, auto_offset_reset=reset, enable_auto_commit=False) as consumer:
+            parts = sorted(consumer.assignment())
+            if args.partition is not None:
+                chosen = [tp for tp in parts if tp[1] == args.partition]
+                if not chosen:
+                    raise LogstoreError(f"topic {args.topic} has no partition {args.partition}")
+                for tp in parts:
+                    if tp[1] != args.partition:
+                        consumer.seek_to_end((tp[0], tp[1]))
+                if args.offset is not None:
+                    consumer.seek(args.topic, args.partition, args.offset)
+            if args.from_beginning:
+                consumer.seek_to_beginning()
+            if args.timestamp is not None:
+                consumer.seek_to_timestamp(args.timestamp)
+            count = 0
+            idle_timeout = 3600.0 if args.follow else 0.2
+            while args.max_records is None or count < args.max_records:
+                records = consumer.poll(idle_timeout, max_records=None if args.max_records is None
+                                        else args.max_records - count)
+                if not records:
+                    if args.follow:
+                        continue
+                    break
+                for r in records:
+                    if args.partition is not None and r.partition != args.partition:
+                        continue
+                    _print_record(out, r, args)
+                    count += 1
+            if args.group:
+                consumer.commit()
+    return 0
+
+
+def _print_record(out: TextIO, r: Any, args: argparse.Namespace) -> None:
+    from .tools import _text
+
+    if args.json:
+        _print_json(out, {"topic": r.topic, "partition": r.partition, "offset": r.offset, "timestamp": r.timestamp,
+                          "key": _text(r.key), "value": _text(r.value),
+                          "headers": [[k, _text(v)] for k, v in r.headers]})
+        return
+    value = "" if r.value is None else (_text(r.value) or "")
+    if args.print_key:
+        out.write(f"{'' if r.key is None else _text(r.key)}{args.key_separator}{value}\n")
+    else:
+        out.write(value + "\n")
+    out.flush()
+
+
+# ---------------------------------------------------------------------- inspection
+def _dump(args: argparse.Namespace, out: TextIO) -> int:
+    from .tools import dump_file
+
+    for path in args.files:
+        if not args.json:
+            out.write(f"Dumping {path}\n")
+        for item in dump_file(path, print_data=args.print_data, deep=args.deep, progress=_progress(args)):
+            if args.json:
+                _print_json(out, {"file": path, **item})
+            else:
+                out.write(_describe(item) + "\n")
+    return 0
+
+
+def _describe(item: dict[str, Any]) -> str:
+    kind = item["kind"]
+    if kind == "batch":
+        head = (f"baseOffset: {item['base_offset']} lastOffset: {item['last_offset']} count: {item['count']} "
+                f"position: {item['position']} size: {item['size']} magic: 2 compresscodec: {item['codec']} "
+                f"crc: {item['crc']} isvalid: true CreateTime: {item['max_timestamp']} "
+                f"producerId: {item['producer_id']} producerEpoch: {item['producer_epoch']} "
+                f"baseSequence: {item['base_sequence']} partitionLeaderEpoch: {item['partition_leader_epoch']} "
+                f"isTransactional: {str(item['is_transactional']).lower()} isControl: {str(item['is_control']).lower()}")
+        if item["timestamp_type"] != "CreateTime":
+            head = head.replace("CreateTime:", "LogAppendTime:")
+        lines = [head]
+        for r in item.get("records", []):
+            line = (f"| offset: {r['offset']} timestamp: {r['timestamp']} keySize: {r['key_size']} "
+                    f"valueSize: {r['value_size']} headers: {r['headers']}")
+            if "value" in r:
+                line += f" key: {r['key']} payload: {r['value']}"
+                if r["header_list"]:
+                    line += " headerKeys: " + ",".join(f"{h['key']}={h['value']}" for h in r["header_list"])
+            lines.append(line)
+        return "\n".join(lines)
+    if kind == "index":
+        return f"offset: {item['offset']} position: {item['position']}"
+    if kind == "timeindex":
+        return f"timestamp: {item['timestamp']} offset: {item['offset']}"
+    if kind == "checkpoint":
+        return f"{item['topic']} {item['partition']} {item['offset']}"
+    if kind == "leader-epoch":
+        return f"epoch: {item['epoch']} startOffset: {item['start_offset']}"
+    if kind == "zero-tail":
+        return f"position: {item['position']}: {item['bytes']} zero bytes (the unwritten end of an active segment)"
+    return f"position: {item['position']}: invalid batch ({item['error']}); {item['bytes']} bytes not shown"
+
+
+def _verify(args: argparse.Namespace, out: TextIO) -> int:
+    from .tools import verify
+
+    started = time.monotonic()
+    report = verify(args.path, progress=_progress(args))
+    if args.json:
+        _print_json(out, {**report.as_dict(), "seconds": round(time.monotonic() - started, 3)})
+    else:
+        out.write(f"checked {report.partitions} partition(s), {report.segments} segment(s), {report.batches} batch(es), "
+                  f"{report.records} record(s), {report.bytes} bytes\n")
+        for problem in report.problems:
+            out.write(f"PROBLEM {problem}\n")
+        out.write("OK\n" if report.ok else f"{len(report.problems)} problem(s) found\n")
+    return 0 if report.ok else 1
+
+
+def _recover(args: argparse.Namespace, out: TextIO) -> int:
+    from .log import Log
+    from .logview import StoreView
+
+    path = os.path.abspath(args.path)
+    if os.path.isdir(os.path.join(path, ".topics")):
+        view = StoreView(path)
+        targets = [(t, p, os.path.join(path, f"{t}-{p}")) for t in view.topics(internal=True)
+                   for p in range(view.partitions(t))]
+        opener: Callable[[str], Any] = lambda directory: Log.open(directory)  # noqa: E731
+        from .store import LogStore
+
+        with LogStore(path, maintenance=False, shared=False):  # the store must not be in use
+            reports = _recover_all(targets, opener, args)
+    elif os.path.isdir(path):
+        name = os.path.basename(path)
+        reports = _recover_all([(name, -1, path)], lambda directory: Log.open(directory), args)
+    else:
+        raise LogstoreError(f"{path}: not a store or a partition directory")
+    if args.json:
+        _print_json(out, reports)
+    else:
+        for r in reports:
+            out.write(f"{r['partition']}: {'clean shutdown' if r['clean_shutdown'] else 'recovered'}, "
+                      f"{r['segments_recovered']} segment(s) scanned, {r['bytes_truncated']} bytes truncated, "
+                      f"{r['indexes_rebuilt']} index(es) rebuilt, {r['segments_deleted']} segment(s) deleted "
+                      f"in {r['seconds']:.3f} s\n")
+        out.write(f"recovered {len(reports)} partition(s), {sum(r['bytes_truncated'] for r in reports)} bytes truncated\n")
+    return 0
+
+
+def _recover_all(targets: list[tuple[str, int, str]], opener: Callable[[str], Any],
+                 args: argparse.Namespace) -> list[dict[str, Any]]:
+    reports = []
+    progress = _progress(args)
+    progress.start("recover", len(targets))
+    try:
+        for topic, partition, directory in targets:
+            started = time.monotonic()
+            with opener(directory) as log:
+                rep = log.recovery_report
+            reports.append({"partition": f"{topic}-{partition}" if partition >= 0 else topic,
+                            "seconds": round(time.monotonic() - started, 6), **asdict(rep)})
+            progress.advance(1)
+    finally:
+        progress.finish()
+    return reports
+
+
+def _stats(args: argparse.Namespace, out: TextIO) -> int:
+    from .tools import stats
+
+    rows = stats(args.path, progress=_progress(args))
+    if args.json:
+        _print_json(out, rows)
+        return 0
+    out.write(f"{'partition':<28} {'start':>10} {'end':>10} {'segs':>5} {'bytes':>12} {'records':>10} "
+              f"{'ratio':>6} {'dirty':>6}  lag\n")
+    for s in rows:
+        dirty = "" if s.dirty_ratio is None else f"{s.dirty_ratio:.2f}"
+        lag = " ".join(f"{g}={n}" for g, n in s.group_lag.items())
+        out.write(f"{s.topic + '-' + str(s.partition):<28} {s.log_start_offset:>10} {s.log_end_offset:>10} "
+                  f"{s.segments:>5} {s.bytes:>12} {s.records:>10} {s.compression_ratio:>6.2f} {dirty:>6}  {lag}\n")
+    return 0
+
+
+def _maintain(args: argparse.Namespace, out: TextIO) -> int:
+    with _open_store(args.root) as store:
+        topics = args.topics or store.topics(internal=True)
+        total = 0
+        for topic in topics:
+            for p in range(store.partitions_for(topic)):
+                log = store.partition(topic, p)
+                if args.command == "retention":
+                    deleted = log.enforce_retention()
+                    total += deleted
+                    if deleted:
+                        out.write(f"{topic}-{p}: deleted {deleted} segment(s)\n")
+                elif log.config.compacted:
+                    report = log.compact()
+                    total += 1
+                    out.write(f"{topic}-{p}: kept {report.records_kept} record(s), dropped {report.records_dropped}, "
+                              f"{report.bytes_read} bytes read, {report.bytes_written} written\n")
+                elif args.topics:
+                    raise LogstoreError(f"topic {topic} is not compacted (cleanup.policy={log.config.cleanup_policy})")
+        what = "segment(s) deleted" if args.command == "retention" else "partition(s) compacted"
+        out.write(f"{total} {what}\n")
+    return 0
+
+
+# ---------------------------------------------------------------------- parser
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="logstore", description="Inspect, repair and use a logstore data directory.",
+                                     epilog="logstore node --help: run one replication node")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.add_argument("--quiet", "-q", action="store_true", help="no progress bars or summaries on standard error")
+        return p
+
+    p = command("topics", "create, list, describe or delete topics")
+    p.add_argument("action", choices=["create", "list", "describe", "delete"])
+    p.add_argument("root", help="the store's directory")
+    p.add_argument("name", nargs="?", help="the topic (create, describe, delete)")
+    p.add_argument("--partitions", type=int, default=1)
+    p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                   help="a topic setting by Kafka's name, e.g. retention.ms=3600000 (repeat)")
+    p.add_argument("--internal", action="store_true", help="list internal topics too")
+    p.add_argument("--json", action="store_true")
+
+    p = command("produce", "append the lines of standard input to a topic")
+    p.add_argument("root")
+    p.add_argument("topic")
+    p.add_argument("--key-separator", help="split each line into key SEP value")
+    p.add_argument("--partition", type=int, help="write every line to this partition")
+    p.add_argument("--durability", choices=["written", "fsynced"], default="fsynced")
+
+    p = command("consume", "print a topic's records")
+    p.add_argument("root")
+    p.add_argument("topic")
+    p.add_argument("--from-beginning", action="store_true")
+    p.add_argument("--offset", type=int, help="start at this offset (needs --partition)")
+    p.add_argument("--timestamp", type=int, help="start at the first record at or after this time (ms)")
+    p.add_argument("--group", help="resume from (and commit to) this consumer group")
+    p.add_argument("--partition", type=int)
+    p.add_argument("--max-records", type=int)
+    p.add_argument("--follow", "-f", action="store_true", help="keep waiting for new records")
+    p.add_argument("--print-key", action="store_true")
+    p.add_argument("--key-separator", default="\t")
+    p.add_argument("--json", action="store_true")
+
+    p = command("dump", "print the batches and records of segment, index and checkpoint files")
+    p.add_argument("files", nargs="+")
+    p.add_argument("--print-data", action="store_true", help="print keys, values and headers")
+    p.add_argument("--deep", action="store_true", help="list the records of every batch")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+
+    p = command("verify", "check every CRC, record, offset and index entry; exit 1 on any problem")
+    p.add_argument("path", help="a store, a partition directory or a .log file")
+    p.add_argument("--json", action="store_true")
+
+    p = command("recover", "run crash recovery now (truncate torn tails, rebuild indexes) and report it")
+    p.add_argument("path", help="a store or a partition directory (not in use)")
+    p.add_argument("--json", action="store_true")
+
+    p = command("stats", "offsets, sizes, records, compression and dirty ratios and consumer lag per partition")
+    p.add_argument("path", help="a store")
+    p.add_argument("--json", action="store_true")
+
+    for name, help in (("compact", "run the cleaner once on compacted topics"),
+                       ("retention", "delete segments past their retention now")):
+        p = command(name, help)
+        p.add_argument("root")
+        p.add_argument("topics", nargs="*")
+    return parser
+
+
+def main(argv: list[str] | None = None, stdout: TextIO | None = None, stdin: TextIO | None = None) -> int:
+    """Entry point of the ``logstore`` console script; returns the exit status."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    out = stdout or sys.stdout
+    if args_list and args_list[0] == "node":
         from .replication import main as node_main
 
-        return node_main(rest, prog="logstore node")
-    sys.stderr.write(f"logstore: unknown command {command!r}\n\n{_USAGE}")
-    return 2
+        return node_main(args_list[1:], prog="logstore node")
+    parser = _parser()
+    if not args_list:
+        parser.print_usage(sys.stderr)
+        sys.stderr.write("logstore: a COMMAND is required (logstore --help lists them)\n")
+        return 2
+    try:
+        args = parser.parse_args(args_list)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+        return int(exc.code or 0)
+    if args.command is None:
+        parser.print_usage(sys.stderr)
+        return 2
+    handlers: dict[str, Callable[[], int]] = {
+        "topics": lambda: _topics(args, out),
+        "produce": lambda: _produce(args, out, stdin or sys.stdin),
+        "consume": lambda: _consume(args, out),
+        "dump": lambda: _dump(args, out),
+        "verify": lambda: _verify(args, out),
+        "recover": lambda: _recover(args, out),
+        "stats": lambda: _stats(args, out),
+        "compact": lambda: _maintain(args, out),
+        "retention": lambda: _maintain(args, out),
+    }
+    try:
+        return handlers[args.command]()
+    except (LogstoreError, OSError, ValueError) as exc:
+        sys.stderr.write(f"logstore {args.command}: {exc}\n")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # pragma: no cover - e.g. piped into head
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

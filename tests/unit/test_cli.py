@@ -16,17 +16,19 @@ def run(*args, **kw):
 
 def test_no_command_prints_usage_and_fails():
     r = run()
-    assert r.returncode == 2 and "usage: logstore COMMAND" in r.stderr
+    assert r.returncode == 2 and "a COMMAND is required" in r.stderr
 
 
 def test_help_lists_the_commands(capsys):
     assert main(["--help"]) == 0
-    assert "node" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    for command in ("topics", "produce", "consume", "dump", "verify", "recover", "stats", "compact", "retention", "node"):
+        assert command in text
 
 
 def test_unknown_command_is_named(capsys):
     assert main(["frobnicate"]) == 2
-    assert "unknown command 'frobnicate'" in capsys.readouterr().err
+    assert "invalid choice: 'frobnicate'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args, message", [
@@ -43,3 +45,176 @@ def test_node_argument_errors_are_clear(tmp_path, args, message):
     r = run(*base, *args)
     assert r.returncode == 2, r.stderr
     assert message in r.stderr
+
+
+# ---------------------------------------------------------------------- operator commands, end to end
+import json  # noqa: E402
+import os  # noqa: E402
+import pathlib  # noqa: E402
+
+FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "kafka" / "cluster-metadata-00000000000000000000.log"
+
+
+def ok(*args, **kw):
+    r = run(*args, **kw)
+    assert r.returncode == 0, (args, r.stdout, r.stderr)
+    return r.stdout
+
+
+@pytest.fixture
+def store(tmp_path):
+    """Built through the API (fast); test_produce_through_the_cli covers the produce command."""
+    from logstore import LogStore
+
+    root = str(tmp_path / "st")
+    with LogStore(root, maintenance=False) as s:
+        s.create_topic("events", 2, **{"segment.bytes": 4096})
+        s.create_topic("table", 1, **{"cleanup.policy": "compact", "segment.bytes": 2048})
+        with s.producer() as producer:
+            for start in range(0, 600, 200):  # three batches per partition: several segments
+                for i in range(start, start + 200):
+                    producer.send("events", f"event {i}".encode(), key=f"user-{i % 7}".encode())
+                producer.flush()
+            for start in range(0, 300, 100):
+                for i in range(start, start + 100):
+                    producer.send("table", f"v{i}".encode(), key=f"k{i % 5}".encode())
+                producer.flush()
+    return root
+
+
+def test_produce_through_the_cli(tmp_path):
+    root = str(tmp_path / "p")
+    ok("topics", "create", root, "t", "--partitions", "3")
+    ok("produce", root, "t", "--key-separator", ":", input="".join(f"key-{i}:value {i}\n" for i in range(50)))
+    ok("produce", root, "t", "--partition", "2", input="plain line\n")
+    from logstore import LogStore
+    from logstore.producer import default_partition
+
+    with LogStore(root, maintenance=False) as s:
+        got = {(r.key, r.value): p for p in range(3) for r in s.partition("t", p).iter()}
+    assert got[(None, b"plain line")] == 2
+    for i in range(50):
+        assert got[(f"key-{i}".encode(), f"value {i}".encode())] == default_partition(f"key-{i}".encode(), 3)
+
+
+def test_topics_list_describe_delete(store):
+    assert ok("topics", "list", store).split() == ["events", "table"]
+    assert json.loads(ok("topics", "list", store, "--json")) == ["events", "table"]
+    described = json.loads(ok("topics", "describe", store, "events", "--json"))
+    assert described["partitions"] == 2 and described["overrides"] == {"segment.bytes": "4096"}
+    assert "segment.bytes = 4096 *" in ok("topics", "describe", store, "events")
+    ok("topics", "delete", store, "table")
+    assert ok("topics", "list", store).split() == ["events"]
+    r = run("topics", "create", store, "../escape")
+    assert r.returncode == 1 and "topic" in r.stderr and not os.path.exists(os.path.join(store, "..", "escape-0"))
+    r = run("topics", "create", store, "x", "--config", "retention.ms=soon")
+    assert r.returncode == 1 and "retention" in r.stderr and "soon" in r.stderr
+
+
+def test_produce_and_consume_round_trip(store):
+    out = ok("consume", store, "events", "--from-beginning", "--print-key", "--key-separator", ":")
+    assert sorted(out.splitlines()) == sorted(f"user-{i % 7}:event {i}" for i in range(600))
+    assert "\t" in ok("consume", store, "events", "--from-beginning", "--print-key", "--max-records", "1")
+    records = [json.loads(line) for line in ok("consume", store, "events", "--from-beginning", "--json").splitlines()]
+    assert len(records) == 600 and {r["partition"] for r in records} == {0, 1}
+    part = [r for r in records if r["partition"] == 1]
+    one = [json.loads(line) for line in ok("consume", store, "events", "--partition", "1", "--offset", "5",
+                                           "--max-records", "3", "--json").splitlines()]
+    assert [r["offset"] for r in one] == [5, 6, 7] and one[0]["value"] == next(r["value"] for r in part if r["offset"] == 5)
+    # A group resumes where it committed.
+    assert len(ok("consume", store, "events", "--group", "g", "--max-records", "100").splitlines()) == 100
+    assert len(ok("consume", store, "events", "--group", "g").splitlines()) == 500
+    assert ok("consume", store, "events", "--group", "g") == ""
+    r = run("produce", store, "events", "--key-separator", "|", input="no separator here\n")
+    assert r.returncode == 1 and "no key separator" in r.stderr
+
+
+def test_consume_follow_prints_records_as_they_arrive(store):
+    import subprocess
+    import sys
+    import time
+
+    follower = subprocess.Popen([sys.executable, "-m", "logstore", "consume", store, "events", "--follow"],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.5)
+        ok("produce", store, "events", input="late 1\nlate 2\n")
+        lines = [follower.stdout.readline().strip() for _ in range(2)]
+        assert sorted(lines) == ["late 1", "late 2"]
+    finally:
+        follower.kill()
+        follower.wait()
+
+
+def test_stats(store):
+    rows = {f"{r['topic']}-{r['partition']}": r for r in json.loads(ok("stats", store, "--json"))}
+    assert rows["events-0"]["log_end_offset"] + rows["events-1"]["log_end_offset"] == 600
+    assert rows["events-0"]["records"] == rows["events-0"]["log_end_offset"]
+    assert rows["events-0"]["segments"] > 1 and rows["table-0"]["dirty_ratio"] is not None
+    ok("consume", store, "events", "--group", "billing", "--max-records", "10")
+    rows = {f"{r['topic']}-{r['partition']}": r for r in json.loads(ok("stats", store, "--json"))}
+    lag = rows["events-0"]["group_lag"]["billing"] + rows["events-1"]["group_lag"]["billing"]
+    assert lag == 590
+    assert "billing=" in ok("stats", store)
+
+
+def test_verify_passes_then_names_the_damage(store):
+    assert json.loads(ok("verify", store, "--json"))["ok"] is True
+    assert ok("verify", store).strip().endswith("OK")
+    segment = sorted(pathlib.Path(store, "events-0").glob("*.log"))[0]
+    data = bytearray(segment.read_bytes())
+    data[200] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    r = run("verify", store, "--json")
+    assert r.returncode == 1
+    report = json.loads(r.stdout)
+    assert report["ok"] is False
+    problem = report["problems"][0]
+    assert problem["file"].endswith(segment.name) and problem["position"] is not None and "CRC" in problem["what"]
+    r = run("verify", str(segment))
+    assert r.returncode == 1 and "PROBLEM" in r.stdout
+
+
+def test_verify_names_a_bad_index_entry(store):
+    index = sorted(pathlib.Path(store, "events-1").glob("*.index"))[0]
+    index.write_bytes(bytes.fromhex("0000000500000007"))  # offset 5 at position 7: no batch starts there
+    r = run("verify", os.path.join(store, "events-1"))
+    assert r.returncode == 1 and "no batch boundary" in r.stdout
+
+
+def test_recover_reports_what_it_truncated(store):
+    segment = sorted(pathlib.Path(store, "events-0").glob("*.log"))[-1]
+    with open(segment, "ab") as f:
+        f.write(b"\x00\x00\x00\x00\x00\x00\x00\x09\x00\x00\x00\x30" + b"garbage!" * 8)
+    os.unlink(pathlib.Path(store, "events-0", ".kafka_cleanshutdown")) if pathlib.Path(store, "events-0", ".kafka_cleanshutdown").exists() else None
+    reports = {r["partition"]: r for r in json.loads(ok("recover", store, "--json"))}
+    assert reports["events-0"]["bytes_truncated"] == 76
+    assert json.loads(ok("verify", store, "--json"))["ok"] is True
+
+
+def test_dump_segments_indexes_checkpoints_and_kafkas_fixture(store):
+    out = ok("dump", str(FIXTURE), "--deep", "--print-data")
+    assert "baseOffset: 0 lastOffset: 0 count: 1" in out and "| offset: 3" in out
+    items = [json.loads(line) for line in ok("dump", str(FIXTURE), "--json", "--deep").splitlines()]
+    assert [b["last_offset"] for b in items] == [0, 3] and sum(len(b["records"]) for b in items) == 4
+    segment = sorted(pathlib.Path(store, "table-0").glob("*.log"))[0]
+    out = ok("dump", str(segment), "--print-data")
+    assert "key: k0 payload: v0" in out
+    checkpoint = os.path.join(store, "recovery-point-offset-checkpoint")
+    entries = [json.loads(line) for line in ok("dump", checkpoint, "--json").splitlines()]
+    assert {(e["topic"], e["partition"]) for e in entries} >= {("events", 0), ("events", 1)}
+    index = sorted(pathlib.Path(store, "events-0").glob("*.timeindex"))[0]
+    ok("dump", str(index))
+    r = run("dump", os.path.join(store, "meta.properties"))
+    assert r.returncode == 1 and "not a segment" in r.stderr
+
+
+def test_compact_and_retention(store):
+    out = ok("compact", store, "table")
+    assert "table-0: kept" in out
+    values = ok("consume", store, "table", "--from-beginning", "--print-key", "--key-separator", "=").splitlines()
+    assert {line.split("=")[0] for line in values} == {f"k{i}" for i in range(5)}
+    assert len(values) < 300
+    r = run("compact", store, "events")
+    assert r.returncode == 1 and "not compacted" in r.stderr
+    assert "segment(s) deleted" in ok("retention", store)
