@@ -45,6 +45,7 @@ from .checkpoint import (
 from .cleaner import CleanerReport, CleanerState, OffsetMap, build_offset_map, clean_batches
 from .config import LogConfig
 from .epochs import LeaderEpochCache
+from .metrics import Histogram
 from .errors import (
     CorruptIndexError,
     CorruptRecordError,
@@ -223,7 +224,19 @@ class Log:
         self._notify_always = notify_page is not None
         self._waiters = 0
         self._waiting = threading.Condition(self._lock)
+        # Metrics (see metrics.py): bytes appended into segments that are no longer active, and
+        # the size the active segment had when this process started counting it.
+        self._in_bytes_sealed = 0
+        self._active_counted_from = 0
+        self._end_at_open = 0
+        self._flush_times = Histogram()
+        self._cleaner_runs = 0
+        #: seconds the last open spent loading and recovering the segments
+        self.recovery_seconds = 0.0
+        started = time.monotonic()
         self._open()
+        self.recovery_seconds = time.monotonic() - started
+        self._end_at_open = self._appender.next_offset
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], config: LogConfig | Mapping[str, Any] | None = None,
@@ -665,6 +678,10 @@ class Log:
         ops.fsync_dir(self.path)
 
     def _set_active(self, segment: LogSegment) -> None:
+        old = self._active
+        if old is not None and old is not segment:
+            self._in_bytes_sealed += max(0, old.size - self._active_counted_from)
+        self._active_counted_from = segment.size
         self._active = segment
         self._appender = segment.appender
         # The next append computes the deadline from the segment's first batch (_roll_for_time).
@@ -1198,7 +1215,9 @@ class Log:
             # enough for the data; the index files are derived and rebuilt by recovery.
             try:
                 if not segment.closed:
+                    started = time.monotonic()
                     segment.flush_data()
+                    self._flush_times.observe((time.monotonic() - started) * 1000.0)
             except OSError as exc:
                 with self._lock:
                     self._go_offline(exc)
@@ -1760,8 +1779,41 @@ class Log:
             self._check_open()
             with self._io_guard():
                 report = self._compact_locked(now, started)
+            self._cleaner_runs += 1
             self._cleaner_state = replace(self._cleaner_state, last_run_ms=now, last_report=report)
             return report
+
+    def metrics(self) -> dict[str, Any]:
+        """This partition's metrics by name (see metrics.py for the names and meanings):
+        appends and bytes in since this process opened the log (by any process), records and
+        bytes this process read, offsets, size, segments, the fsync latency histogram, what the
+        last open's recovery took and cut, and for compacted logs cleaner runs and dirty ratio.
+        Thread-safe."""
+        report = self.recovery_report
+        with self._lock:
+            self._check_open()
+            self._follow()
+            active = self._active
+            assert active is not None
+            end = self._appender.next_offset
+            out: dict[str, Any] = {
+                "kafka.server:type=BrokerTopicMetrics,name=MessagesInPerSec": max(0, end - self._end_at_open),
+                "kafka.server:type=BrokerTopicMetrics,name=BytesInPerSec":
+                    self._in_bytes_sealed + max(0, active.size - self._active_counted_from),
+                "kafka.server:type=BrokerTopicMetrics,name=BytesOutPerSec": self._decoder.bytes_decoded,
+                "logstore:type=Log,name=MessagesOut": self._decoder.records_decoded,
+                "kafka.log:type=Log,name=LogStartOffset": self._log_start_offset,
+                "kafka.log:type=Log,name=LogEndOffset": end,
+                "kafka.log:type=Log,name=Size": sum(segment.size for segment in self._segments.values()),
+                "kafka.log:type=Log,name=NumLogSegments": len(self._segments),
+                "kafka.log:type=LogFlushStats,name=LogFlushRateAndTimeMs": self._flush_times.snapshot(),
+                "logstore:type=Log,name=RecoveryTimeMs": self.recovery_seconds * 1000.0,
+                "logstore:type=Log,name=RecoveryBytesTruncated": report.bytes_truncated if report else 0,
+            }
+        if self.config.compacted:
+            out["logstore:type=LogCleaner,name=CleanerRuns"] = self._cleaner_runs
+            out["logstore:type=LogCleaner,name=DirtyRatio"] = self.dirty_ratio()
+        return out
 
     def dirty_ratio(self) -> float:
         """Bytes of sealed segments at or after the cleaner's first dirty offset over all sealed

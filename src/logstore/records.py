@@ -429,6 +429,9 @@ class RecordDecoder:
         self.last_stop = lib.LS_STOP_END
         self._key_columns: tuple[list[bytes | None], list[int], list[bool]] | None = None
         self._sink: Callable[[Any, Any, int], None] | None = None
+        #: running totals of what decode() consumed: batch bytes, and records returned
+        self.bytes_decoded = 0
+        self.records_decoded = 0
         self._alloc(capacity)
 
     def _alloc(self, capacity: int) -> None:
@@ -604,6 +607,8 @@ class RecordDecoder:
         finally:
             ffi.release(cptr)
             self._out.capacity = self.capacity
+        self.bytes_decoded += cur.position - start
+        self.records_decoded += len(records)
         return records, cur.position
 
     def decode_keys(self, buf: Any, start: int, end: int, min_offset: int = 0, max_offset: int = -1,

@@ -974,6 +974,31 @@ class ReplicaNode:
                                 in_sync=isr if leader else None)
         return out
 
+    def metrics(self) -> dict[str, Any]:
+        """The store's metrics (:meth:`LogStore.metrics`) plus replication: how many partitions
+        this node leads without every voter in sync (Kafka's UnderReplicatedPartitions), the
+        largest follower lag in records (MaxLag) and each follower's lag by (topic, partition,
+        follower). Thread-safe."""
+        out = self.store.metrics()
+        now = time.monotonic()
+        lag: dict[tuple[str, int, int], int] = {}
+        under = 0
+        for (topic, partition), rep in self._replicas.items():
+            with rep.cond:
+                if rep.election.role is not Role.LEADER:
+                    continue
+                end = rep.log.log_end_offset
+                in_sync = 1
+                for peer in self.peers:
+                    lag[(topic, partition, peer)] = max(0, end - max(rep.leo.get(peer, 0), 0))
+                    if rep.leo.get(peer, -1) >= end or now - rep.caught_up.get(peer, -1e9) < self.replica_lag_s:
+                        in_sync += 1
+                under += in_sync < len(self.peers) + 1
+        out["kafka.server:type=ReplicaManager,name=UnderReplicatedPartitions"] = under
+        out["kafka.server:type=ReplicaFetcherManager,name=MaxLag,clientId=Replica"] = max(lag.values(), default=0)
+        out["logstore:type=Replica,name=FollowerLag"] = lag
+        return out
+
 
 class Fetched(NamedTuple):
     """What :meth:`Client.fetch` returns."""

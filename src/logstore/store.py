@@ -414,6 +414,33 @@ class LogStore:
             for p in range(count):
                 yield topic, p, self.partition(topic, p)
 
+    def metrics(self) -> dict[str, Any]:
+        """Every partition's :meth:`Log.metrics` as ``{name: {(topic, partition): value}}``,
+        plus the store-wide cleaner metrics (Kafka's max-dirty-percent,
+        uncleanable-partitions-count and max-clean-time-secs). Names and meanings are listed in
+        :mod:`logstore.metrics`; ``logstore.metrics.prometheus_text(store.metrics())`` renders
+        them for Prometheus. Opens every partition. Thread-safe."""
+        out: dict[str, Any] = {}
+        dirty = uncleanable = 0
+        clean_time = 0.0
+        for topic, p, log in list(self.logs()):
+            try:
+                values = log.metrics()
+            except LogClosedError:
+                continue
+            for name, value in values.items():
+                out.setdefault(name, {})[(topic, p)] = value
+            if log.config.compacted:
+                state = log.cleaner_state
+                uncleanable += state.uncleanable_reason is not None
+                dirty = max(dirty, int(values["logstore:type=LogCleaner,name=DirtyRatio"] * 100))
+                if state.last_report is not None:
+                    clean_time = max(clean_time, state.last_report.duration_s)
+        out["kafka.log:type=LogCleaner,name=max-dirty-percent"] = dirty
+        out["kafka.log:type=LogCleanerManager,name=uncleanable-partitions-count"] = uncleanable
+        out["kafka.log:type=LogCleaner,name=max-clean-time-secs"] = clean_time
+        return out
+
     # ------------------------------------------------------------------ clients
     def producer(self, **options: Any) -> Any:
         """A :class:`logstore.Producer` for this store (see its arguments). Closing the store
