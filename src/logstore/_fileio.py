@@ -27,15 +27,19 @@ class FileOps:
 
     # -- descriptors
     def open(self, path: str, flags: int, mode: int = 0o644) -> int:
+        """os.open with O_CLOEXEC; returns the descriptor."""
         return os.open(path, flags | os.O_CLOEXEC, mode)
 
     def close(self, fd: int) -> None:
+        """Close a descriptor."""
         os.close(fd)
 
     def pread(self, fd: int, size: int, position: int) -> bytes:
+        """Read up to ``size`` bytes at ``position``."""
         return os.pread(fd, size, position)
 
     def pwrite(self, fd: int, data: bytes | bytearray | memoryview, position: int) -> int:
+        """Write all of ``data`` at ``position`` (looping over short writes); returns the bytes written."""
         view = memoryview(data)
         written = 0
         while written < len(view):
@@ -43,12 +47,15 @@ class FileOps:
         return written
 
     def fsync(self, fd: int) -> None:
+        """fsync a descriptor (data and metadata)."""
         os.fsync(fd)
 
     def fdatasync(self, fd: int) -> None:
+        """fdatasync a descriptor (data, and the metadata needed to read it back)."""
         os.fdatasync(fd)
 
     def ftruncate(self, fd: int, size: int) -> None:
+        """Set a file's size."""
         os.ftruncate(fd, size)
 
     def fallocate(self, fd: int, size: int) -> None:
@@ -62,9 +69,11 @@ class FileOps:
                 os.ftruncate(fd, size)
 
     def fsize(self, fd: int) -> int:
+        """A descriptor's file size in bytes."""
         return os.fstat(fd).st_size
 
     def mmap(self, fd: int, length: int, writable: bool) -> mmap.mmap:
+        """Map ``length`` bytes of a file, shared and writable or read-only."""
         access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
         return mmap.mmap(fd, length, access=access)
 
@@ -98,28 +107,36 @@ class FileOps:
         return True
 
     def unlock(self, fd: int) -> None:
+        """Release this process's flock on a descriptor."""
         fcntl.flock(fd, fcntl.LOCK_UN)
 
     # -- paths
     def exists(self, path: str) -> bool:
+        """Whether ``path`` exists."""
         return os.path.exists(path)
 
     def size(self, path: str) -> int:
+        """A file's size in bytes, by path."""
         return os.stat(path).st_size
 
     def listdir(self, path: str) -> list[str]:
+        """Names in a directory."""
         return os.listdir(path)
 
     def makedirs(self, path: str) -> None:
+        """Create a directory and its parents (existing ones are fine)."""
         os.makedirs(path, exist_ok=True)
 
     def rename(self, src: str, dst: str) -> None:
+        """Rename atomically (not durable until the directory is fsynced)."""
         os.replace(src, dst)
 
     def unlink(self, path: str) -> None:
+        """Remove a file (not durable until the directory is fsynced)."""
         os.unlink(path)
 
     def rmdir(self, path: str) -> None:
+        """Remove an empty directory."""
         os.rmdir(path)
 
     def fsync_dir(self, path: str) -> None:
@@ -131,6 +148,7 @@ class FileOps:
             os.close(fd)
 
     def read_file(self, path: str) -> bytes:
+        """A whole file's bytes."""
         fd = self.open(path, os.O_RDONLY)
         try:
             chunks: list[bytes] = []

@@ -86,6 +86,7 @@ class OffsetMap:
 
     @property
     def full(self) -> bool:
+        """True when no more keys fit (the pass stops at the first key that does not)."""
         return self._map.size >= self._map.max_size
 
     @property
@@ -95,6 +96,7 @@ class OffsetMap:
 
     @property
     def memory_bytes(self) -> int:
+        """Bytes the map's slots take."""
         return len(self._memory)
 
     def put(self, keys: Sequence[bytes], offsets: Sequence[int]) -> int:
@@ -172,11 +174,13 @@ class Cleaner:
         self._thread: threading.Thread | None = None
 
     def add(self, log: Any) -> None:
+        """Let the cleaner pick ``log`` from now on."""
         with self._lock:
             if log not in self._logs:
                 self._logs.append(log)
 
     def remove(self, log: Any) -> None:
+        """Stop considering ``log`` (it is being closed or deleted)."""
         with self._lock:
             if log in self._logs:
                 self._logs.remove(log)

@@ -710,6 +710,7 @@ class Log:
     # ------------------------------------------------------------------ properties
     @property
     def closed(self) -> bool:
+        """True once close() ran."""
         return self._closed
 
     @property
@@ -740,6 +741,7 @@ class Log:
 
     @high_watermark.setter
     def high_watermark(self, offset: int) -> None:
+        """Set the high watermark (replication): it must lie in [log start, log end]."""
         with self._lock, self._w:
             self._check_open()
             end = self._appender.next_offset

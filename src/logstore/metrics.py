@@ -53,6 +53,7 @@ class HistogramSnapshot:
 
     @property
     def mean(self) -> float:
+        """Average observation (0 without any)."""
         return self.sum / self.count if self.count else 0.0
 
 
@@ -73,6 +74,7 @@ class Histogram:
             self._sum += value
 
     def snapshot(self) -> HistogramSnapshot:
+        """The counts so far, cumulative per bucket as Prometheus wants them."""
         with self._lock:
             counts, total = list(self._counts), self._sum
         cumulative, running = [], 0

@@ -66,6 +66,7 @@ def _read_string(buf: bytes, pos: int, what: str) -> tuple[str, int]:
 
 
 def encode_offset_key(group: str, topic: str, partition: int) -> bytes:
+    """The ``__consumer_offsets`` key of a group's commit for one partition (Kafka's version 1)."""
     return _I16.pack(KEY_VERSION) + _string(group) + _string(topic) + _I32.pack(partition)
 
 
@@ -86,6 +87,7 @@ def decode_offset_key(key: bytes) -> tuple[str, str, int] | None:
 
 def encode_offset_value(offset: int, metadata: str = "", commit_timestamp: int | None = None,
                         leader_epoch: int = -1) -> bytes:
+    """The ``__consumer_offsets`` value of a commit (Kafka's version 3); commit time now by default."""
     ts = int(time.time() * 1000) if commit_timestamp is None else commit_timestamp
     return _VALUE_HEAD.pack(VALUE_VERSION, offset, leader_epoch) + _string(metadata) + _I64.pack(ts)
 

@@ -86,22 +86,27 @@ class BatchHeader(NamedTuple):
 
     @property
     def last_offset(self) -> int:
+        """Offset of the batch's last record."""
         return self.base_offset + self.last_offset_delta
 
     @property
     def size(self) -> int:
+        """The batch's size in bytes, header included."""
         return LOG_OVERHEAD + self.batch_length
 
     @property
     def compression(self) -> int:
+        """The compression codec id (attributes bits 0-2)."""
         return self.attributes & lib.LS_ATTR_COMPRESSION_MASK
 
     @property
     def timestamp_type(self) -> TimestampType:
+        """CreateTime or LogAppendTime (attributes bit 3)."""
         return _TIMESTAMP_TYPES[1 if self.attributes & lib.LS_ATTR_TIMESTAMP_TYPE else 0]
 
     @classmethod
     def from_c(cls, h: Any) -> "BatchHeader":
+        """Copy a C ``ls_batch_header`` into a BatchHeader."""
         return cls(
             h.base_offset, h.batch_length, h.partition_leader_epoch, h.magic, h.crc,
             h.attributes, h.last_offset_delta, h.base_timestamp, h.max_timestamp,

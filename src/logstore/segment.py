@@ -191,6 +191,7 @@ class LogSegment:
     # ------------------------------------------------------------------ activation / sealing
     @property
     def active(self) -> bool:
+        """True while this is the log's active (last, writable) segment."""
         return self._appender is not None
 
     def activate(self) -> None:
@@ -451,6 +452,7 @@ class LogSegment:
             self._records = res.records
 
     def info(self) -> SegmentInfo:
+        """Read-only facts about the segment (Log.segments)."""
         return SegmentInfo(self.base_offset, self.size, self.record_count, self.max_timestamp,
                            self.next_offset, self.active)
 
@@ -940,6 +942,7 @@ class LogSegment:
         self.closed = True
 
     def file_paths(self) -> list[str]:
+        """Paths of the segment's .log, .index and .timeindex files."""
         return [self.path, self.offset_index.path, self.time_index.path]
 
     def rename_suffix(self, suffix: str) -> None:

@@ -293,22 +293,27 @@ class LogstoreDataSource(DataSource):
 
     @classmethod
     def name(cls) -> str:
+        """The format name: ``spark.read.format("logstore")``."""
         return "logstore"
 
     def schema(self) -> StructType:
+        """Spark's Kafka source schema, with ``headers`` when includeHeaders=true."""
         opts = {str(k).lower(): str(v) for k, v in dict(self.options).items()}
         return schema_struct(opts.get("includeheaders", "false").strip().lower() == "true")
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        """The batch reader (with filter pushdown when pruneOnPushdown=true)."""
         reader = _BatchReader(self.options, schema)
         # Spark refuses a reader with pushFilters() when spark.sql.python.filterPushdown.enabled
         # is off, so only the opt-in reader has one (see _PruningReader).
         return _PruningReader(reader.planner) if reader.planner.prune else reader
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        """The micro-batch reader (offsets as JSON per partition)."""
         return _StreamReader(self.options, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
+        """The append-only writer (overwrite is refused)."""
         if overwrite:
             raise SparkOptionError("the logstore source only appends: use mode('append')")
         return _Writer(self.options, schema)

@@ -213,9 +213,11 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
+        """True when no problem was found."""
         return not self.problems
 
     def as_dict(self) -> dict[str, Any]:
+        """The report as plain values (for JSON), with ``ok``."""
         out = asdict(self)
         out["ok"] = self.ok
         return out

@@ -249,6 +249,7 @@ _I64 = struct.Struct(">q")
 
 # ---------------------------------------------------------------------- frames
 def encode_frame(type: int, correlation_id: int, payload: bytes = b"", version: int = 0) -> bytes:
+    """One frame: length prefix, request type, flags and payload (see FORMAT.md §13)."""
     length = HEADER_AFTER_LENGTH + len(payload)
     return HEADER.pack(length, type, version, correlation_id) + payload
 
@@ -304,6 +305,7 @@ def recv_frame(sock: socket.socket, max_frame: int, deadline: float | None = Non
 
 
 def send_frame(sock: socket.socket, type: int, correlation_id: int, payload: bytes = b"", version: int = 0) -> None:
+    """Send one frame on a socket (all of it)."""
     sock.sendall(encode_frame(type, correlation_id, payload, version))
 
 
