@@ -218,3 +218,23 @@ def test_compact_and_retention(store):
     r = run("compact", store, "events")
     assert r.returncode == 1 and "not compacted" in r.stderr
     assert "segment(s) deleted" in ok("retention", store)
+
+
+def test_verify_finds_offsets_going_backwards_and_dump_goes_deep_into_compressed_batches(tmp_path):
+    from logstore import LogStore
+
+    root = str(tmp_path / "z")
+    with LogStore(root, maintenance=False) as s:
+        s.create_topic("z", 1, compression_type="zstd")
+        log = s.partition("z", 0)
+        log.append_batch([b"first %d" % i for i in range(5)])
+        log.append_batch([b"second %d" % i for i in range(5)])
+    segment = sorted(pathlib.Path(root, "z-0").glob("*.log"))[0]
+    items = [json.loads(line) for line in ok("dump", str(segment), "--deep", "--print-data", "--json").splitlines()]
+    assert [b["codec"] for b in items] == ["zstd", "zstd"]
+    assert [r["value"] for b in items for r in b["records"]] == [f"first {i}" for i in range(5)] + [f"second {i}" for i in range(5)]
+    # A copy of the first batch appended at the end: valid CRC, but offsets go backwards.
+    data = segment.read_bytes()
+    segment.write_bytes(data + data[:items[0]["size"]])
+    r = run("verify", root)
+    assert r.returncode == 1 and "offsets go backwards" in r.stdout
