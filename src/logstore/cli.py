@@ -262,23 +262,37 @@ def _verify(args: argparse.Namespace, out: TextIO) -> int:
 
 def _recover(args: argparse.Namespace, out: TextIO) -> int:
     from .log import Log
-    from .logview import StoreView
+    from .store import LogStore, TOPICS_DIR
 
     path = os.path.abspath(args.path)
-    if os.path.isdir(os.path.join(path, ".topics")):
-        view = StoreView(path)
-        targets = [(t, p, os.path.join(path, f"{t}-{p}")) for t in view.topics(internal=True)
-                   for p in range(view.partitions(t))]
-        opener: Callable[[str], Any] = lambda directory: Log.open(directory)  # noqa: E731
-        from .store import LogStore
-
-        with LogStore(path, maintenance=False, shared=False):  # the store must not be in use
-            reports = _recover_all(targets, opener, args)
+    parent = os.path.dirname(path)
+    if os.path.isdir(os.path.join(path, TOPICS_DIR)):
+        root, only = path, None
+    elif os.path.isdir(path) and os.path.isdir(os.path.join(parent, TOPICS_DIR)):
+        root, only = parent, os.path.basename(path)  # a partition of a store: its topic's config
     elif os.path.isdir(path):
-        name = os.path.basename(path)
-        reports = _recover_all([(name, -1, path)], lambda directory: Log.open(directory), args)
+        root, only = None, None
     else:
         raise LogstoreError(f"{path}: not a store or a partition directory")
+    reports = []
+    progress = _progress(args)
+    if root is None:
+        started = time.monotonic()
+        with Log.open(path) as log:
+            reports.append(_recovery(os.path.basename(path), log, started))
+    else:
+        # shared=False: recovery needs the store to itself (LogLockedError while it is in use).
+        with LogStore(root, maintenance=False, shared=False) as store:
+            targets = [(t, p) for t in store.topics(internal=True) for p in range(store.partitions_for(t))
+                       if only is None or f"{t}-{p}" == only]
+            progress.start("recover", len(targets))
+            try:
+                for topic, p in targets:
+                    started = time.monotonic()
+                    reports.append(_recovery(f"{topic}-{p}", store.partition(topic, p), started))
+                    progress.advance(1)
+            finally:
+                progress.finish()
     if args.json:
         _print_json(out, reports)
     else:
@@ -291,22 +305,9 @@ def _recover(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _recover_all(targets: list[tuple[str, int, str]], opener: Callable[[str], Any],
-                 args: argparse.Namespace) -> list[dict[str, Any]]:
-    reports = []
-    progress = _progress(args)
-    progress.start("recover", len(targets))
-    try:
-        for topic, partition, directory in targets:
-            started = time.monotonic()
-            with opener(directory) as log:
-                rep = log.recovery_report
-            reports.append({"partition": f"{topic}-{partition}" if partition >= 0 else topic,
-                            "seconds": round(time.monotonic() - started, 6), **asdict(rep)})
-            progress.advance(1)
-    finally:
-        progress.finish()
-    return reports
+def _recovery(name: str, log: Any, started: float) -> dict[str, Any]:
+    report = log.recovery_report
+    return {"partition": name, "seconds": round(time.monotonic() - started, 6), **asdict(report)}
 
 
 def _stats(args: argparse.Namespace, out: TextIO) -> int:

@@ -186,10 +186,19 @@ def test_recover_reports_what_it_truncated(store):
     segment = sorted(pathlib.Path(store, "events-0").glob("*.log"))[-1]
     with open(segment, "ab") as f:
         f.write(b"\x00\x00\x00\x00\x00\x00\x00\x09\x00\x00\x00\x30" + b"garbage!" * 8)
-    os.unlink(pathlib.Path(store, "events-0", ".kafka_cleanshutdown")) if pathlib.Path(store, "events-0", ".kafka_cleanshutdown").exists() else None
+    marker = pathlib.Path(store, "events-0", ".kafka_cleanshutdown")
+    if marker.exists():  # as after a crash: no clean-shutdown marker
+        marker.unlink()
     reports = {r["partition"]: r for r in json.loads(ok("recover", store, "--json"))}
-    assert reports["events-0"]["bytes_truncated"] == 76
+    assert reports["events-0"]["bytes_truncated"] == 76 and reports["events-0"]["clean_shutdown"] is False
+    assert reports["events-1"]["bytes_truncated"] == 0
     assert json.loads(ok("verify", store, "--json"))["ok"] is True
+    one = json.loads(ok("recover", os.path.join(store, "events-1"), "--json"))
+    assert [r["partition"] for r in one] == ["events-1"]
+    from logstore import LogStore
+    with LogStore(store, maintenance=False):  # in use by another process: refused
+        r = run("recover", store)
+    assert r.returncode == 1 and "open" in r.stderr
 
 
 def test_dump_segments_indexes_checkpoints_and_kafkas_fixture(store):
