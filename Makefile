@@ -4,7 +4,8 @@
 #   make test   same setup, run the whole test suite (< 10 minutes on 2 cores)
 #   make bench  run the pytest-benchmark suite in bench/ and bench/compare.py
 #   make soak   long-running suites (marker "slow")
-#   make asan   rebuild the C core with ASan/UBSan and run the native and corruption tests
+#   make asan   rebuild the C core with ASan/UBSan and run the native and corruption tests (also: make sanitize)
+#   make fuzz   libFuzzer (clang) on every C parser, FUZZ_SECONDS each (default 60); seeds in tests/fuzz/corpus
 
 PYTHON ?= python3
 VENV   := .venv
@@ -13,7 +14,7 @@ STAMP  := $(VENV)/.installed
 DEPS   := pyproject.toml setup.py $(wildcard src/logstore/_native/*.c src/logstore/_native/*.h src/logstore/_native/build_native.py)
 PYTEST_FLAGS ?= -q
 
-.PHONY: demo test bench soak asan venv clean
+.PHONY: demo test bench soak asan sanitize fuzz venv clean
 
 $(STAMP): $(DEPS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,6 +48,25 @@ asan: $(STAMP)
 		LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 		$(PY) -m pytest $(PYTEST_FLAGS) -s -p no:cacheprovider tests/unit tests/corruption tests/compat; \
 		status=$$?; $(PY) -m pip install --quiet --no-deps --force-reinstall -e .; exit $$status
+
+sanitize: asan
+
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := batch segment index varint columns
+fuzz:
+	@command -v clang >/dev/null || { echo "make fuzz needs clang with libFuzzer: apt-get install clang"; exit 2; }
+	mkdir -p build/fuzz
+	@for t in $(FUZZ_TARGETS); do \
+		T=$$(echo $$t | tr a-z A-Z); \
+		clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -DFUZZ_$$T \
+			-Isrc/logstore/_native tests/fuzz/fuzz_targets.c src/logstore/_native/*.c -o build/fuzz/$$t || exit 1; \
+		mkdir -p build/fuzz/corpus-$$t; \
+		echo "== fuzz $$t ($(FUZZ_SECONDS) s)"; \
+		ASAN_OPTIONS=detect_leaks=0 build/fuzz/$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+			build/fuzz/corpus-$$t tests/fuzz/corpus/$$t > build/fuzz/$$t.log 2>&1; status=$$?; \
+		grep -E "stat::number_of_executed_units|stat::new_units_added" build/fuzz/$$t.log; \
+		test $$status -eq 0 || { tail -n 60 build/fuzz/$$t.log; echo "fuzz $$t: FINDING (crash input in build/fuzz)"; exit 1; }; \
+	done
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info src/logstore/_native/_lib.* .pytest_cache .hypothesis

@@ -130,14 +130,17 @@ class _State:
         op = value[:1]
         if op == b"L":
             _, p, off, count, deadline = _LEASE.unpack(value)
+            self._check(offset, op, p, off)
             self.lease(offset, p, off, count, deadline)
             return
         if op in (b"A", b"D"):
             _, p, off = _ACK.unpack(value)
+            self._check(offset, op, p, off)
             self.done(p, off)
             return
         if op == b"N":
             _, p, off, count, available = _NACK.unpack(value)
+            self._check(offset, op, p, off)
             if (p, off) in self.inflight:
                 del self.inflight[(p, off)]
                 self.retry[(p, off)] = (available, count)
@@ -147,6 +150,11 @@ class _State:
         else:
             raise CorruptRecordError(None, None, f"queue state operation {op!r} at offset {offset} is unknown")
         self.since_snapshot += 1
+
+    def _check(self, offset: int, op: bytes, p: int, off: int) -> None:
+        if not 0 <= p < len(self.partitions) or off < 0:
+            raise CorruptRecordError(None, None, f"queue state operation {op!r} at offset {offset} names message "
+                                     f"{p}-{off}, outside the queue's {len(self.partitions)} partition(s)")
 
     def lease(self, offset: int, p: int, off: int, count: int, deadline: int) -> None:
         """Apply an ``L`` operation written at state log ``offset``."""

@@ -371,3 +371,19 @@ def test_cancelling_one_aput_leaves_the_others_fsynced(root):
         assert isinstance(results[3], asyncio.CancelledError)
         assert sorted(r.offset for i, r in enumerate(results) if i != 3) == [i for i in range(20) if i != 3]
         assert q.store.partition("jobs", 0).recovery_point == 20
+
+
+@pytest.mark.regression
+def test_state_operation_naming_a_partition_the_queue_lacks_is_corruption(root):
+    """Found by tests/fuzz/test_python_parsers.py: an ack for partition 2 of a one-partition queue
+    raised IndexError (and a negative partition silently meant another one)."""
+    import struct
+
+    with Queue(root, "jobs") as q:
+        q._state_log.append(struct.pack(">ciq", b"A", 2, 0))
+        with pytest.raises(workqueue.CorruptRecordError, match="outside the queue"):
+            q.get(0)
+    with Queue(root, "other") as q:
+        q._state_log.append(struct.pack(">ciq", b"A", -1, 0))
+        with pytest.raises(workqueue.CorruptRecordError, match="outside the queue"):
+            q.get(0)
