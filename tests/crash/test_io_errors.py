@@ -35,7 +35,23 @@ _NoSync = NoSyncFileOps
 
 
 class _FailAtCall(AtNthCall):
-    """The n-th call into FileOps raises OSError before doing anything; the others work."""
+    """The n-th call into FileOps raises OSError before doing anything; the others work. With
+    ``persistent`` every later call fails too (a disk that died or filled up for good)."""
+
+    persistent = False
+
+    def __getattribute__(self, name):
+        get = object.__getattribute__
+        if (name.startswith("_") or name not in OP_NAMES or not get(self, "persistent")
+                or get(self, "calls") < get(self, "n")):
+            return AtNthCall.__getattribute__(self, name)  # counted; the n-th call fails
+
+        def failing(*args, **kwargs):
+            self.calls += 1
+            inner = getattr(FileOps, name).__get__(self)
+            return self.at_nth(name, inner, args, kwargs)
+
+        return failing
 
     def at_nth(self, name, attr, args, kwargs):
         os.write(self.wfd, _MSG.pack(b"F", OP_NAMES.index(name)))
@@ -49,10 +65,11 @@ def _fork_quiet(target, *args):
     return fork_child(target, *args, quiet_faults=True)
 
 
-def _writer(path: str, config: dict, fail_at: int, wfd: int) -> None:
+def _writer(path: str, config: dict, fail_at: int, persistent: bool, wfd: int) -> None:
     """Open, append 30 records through rolls (retrying after errors), report, exit unclosed."""
     rng = random.Random(5)
     ops = _FailAtCall(fail_at, wfd)
+    ops.persistent = persistent
     with _fileio.install(ops):
         try:
             log = Log.open(path, **config)
@@ -101,7 +118,8 @@ def _read_all(rfd: int, pid: int, timeout: float = 20.0) -> list[tuple[bytes, in
 @pytest.mark.regression(reason=("fixed: an I/O error inside Log._roll after the old segment was sealed (seal unmaps it) leaves "
     "Log._appender pointing at the unmapped segment; the next append that fits writes through "
     "the stale pointer and the process dies of SIGSEGV"))
-def test_io_error_at_every_file_operation_is_an_exception_and_loses_no_returned_append(mem_path):
+@pytest.mark.parametrize("persistent", [False, True], ids=["once", "persistent"])
+def test_io_error_at_every_file_operation_is_an_exception_and_loses_no_returned_append(mem_path, persistent):
     config = dict(CONFIG, segment_bytes=1024, flush_messages=1)
     template = mem_path / "template"
     history: list[bytes] = []
@@ -115,11 +133,11 @@ def test_io_error_at_every_file_operation_is_an_exception_and_loses_no_returned_
     while total is None or n <= total:
         work = mem_path / f"run{n}"
         shutil.copytree(template, work)
-        pid, rfd = _fork_quiet(_writer, str(work / "t-0"), config, n)
+        pid, rfd = _fork_quiet(_writer, str(work / "t-0"), config, n, persistent)
         messages = _read_all(rfd, pid)
         _, status = os.waitpid(pid, 0)
         failed_op = next((OP_NAMES[v] for k, v in messages if k == b"F"), "nothing")
-        what = f"error at FileOps call {n} ({failed_op})"
+        what = f"{'persistent ' if persistent else ''}error from FileOps call {n} ({failed_op})"
         acked = [v for k, v in messages if k == b"A"]
         done = [v for k, v in messages if k == b"N"]
         if done and failed_op == "nothing":
@@ -179,3 +197,104 @@ def test_append_after_a_roll_failed_with_enospc_does_not_crash_the_process(mem_p
     assert (b"N", 0) in messages
     with Log.open(str(mem_path / "t-0")) as log:
         assert [r.value for r in log.read(0)][:10] == [b"v%d" % i for i in range(10)]
+
+
+def test_after_an_fsync_error_the_log_refuses_writes_until_reopened(mem_path):
+    """fsync errors are not retried and forgotten: after a failed fdatasync the page cache may
+    have dropped the data, so the log goes offline; a reopen recovers what is on disk."""
+    from logstore import LogOfflineError
+
+    class FailingSync(FileOps):
+        fail = False
+
+        def fdatasync(self, fd):
+            if self.fail:
+                raise OSError(errno.EIO, "injected EIO in fdatasync")
+            super().fdatasync(fd)
+
+    ops = FailingSync()
+    path = str(mem_path / "t-0")
+    with _fileio.install(ops):
+        log = Log.open(path)
+        log.append_batch([b"durable %d" % i for i in range(5)])
+        log.flush()
+        log.append(b"not yet durable")
+        ops.fail = True
+        with pytest.raises(OSError):
+            log.flush()
+        ops.fail = False  # the disk "works" again: the log must still refuse
+        with pytest.raises(LogOfflineError):
+            log.append(b"after the error")
+        with pytest.raises(LogOfflineError):
+            log.flush()
+        log.close()
+    with Log.open(path) as log:
+        values = [r.value for r in log.iter()]
+    assert values[:5] == [b"durable %d" % i for i in range(5)] and b"after the error" not in values
+    with Log.open(path) as log:
+        log.append(b"writable again")
+        log.flush()
+
+
+def _compact_with_error(path: str, config: dict, fail_at: int, wfd: int) -> None:
+    ops = _FailAtCall(fail_at, wfd)
+    with _fileio.install(ops):
+        try:
+            log = Log.open(path, **config)
+        except Exception:  # noqa: BLE001
+            os.write(wfd, _MSG.pack(b"N", ops.calls))
+            return
+        try:
+            log.compact()
+        except Exception:  # noqa: BLE001 - a failed pass is allowed; what it leaves is checked
+            os.write(wfd, _MSG.pack(b"E", 0))
+    os.write(wfd, _MSG.pack(b"N", ops.calls))
+
+
+def _compaction_error_sweep(mem_path, stride):
+    config = dict(cleanup_policy="compact", segment_bytes=600, index_interval_bytes=64)
+    template = mem_path / "template"
+    history = []
+    with Log.open(str(template / "t-0"), **config) as log:
+        rng = random.Random(11)
+        for i in range(120):
+            key = b"k%d" % rng.randrange(12)
+            value = None if rng.random() < 0.1 else b"v%d" % i
+            history.append((log.append(value, key=key), key, value))
+        log.roll()
+    latest = {key: (offset, value) for offset, key, value in history}
+    before = set(history)
+    n, total, errors = 1, None, 0
+    while total is None or n <= total:
+        work = mem_path / f"c{n}"
+        shutil.copytree(template, work)
+        pid, rfd = _fork_quiet(_compact_with_error, str(work / "t-0"), config, n)
+        messages = _read_all(rfd, pid)
+        _, status = os.waitpid(pid, 0)
+        failed_op = next((OP_NAMES[v] for k, v in messages if k == b"F"), "nothing")
+        what = f"error at FileOps call {n} ({failed_op}) of a compaction pass"
+        assert not any(k == b"H" for k, _ in messages), f"{what}: hung"
+        assert not os.WIFSIGNALED(status) and os.WEXITSTATUS(status) == 0, f"{what}: the process died"
+        if failed_op == "nothing":
+            total = next(v for k, v in messages if k == b"N")
+        else:
+            errors += 1
+        with Log.open(str(work / "t-0"), **config) as log:
+            got = [(r.offset, r.key, r.value) for r in log.iter()]
+        offsets = [o for o, _, _ in got]
+        assert offsets == sorted(set(offsets)), f"{what}: offsets repeat or go back"
+        assert set(got) <= before, f"{what}: records that were never written"
+        assert {k: (o, v) for o, k, v in got} == latest, f"{what}: a key lost its latest value"
+        shutil.rmtree(work)
+        n += stride
+    return errors
+
+
+@pytest.mark.slow
+def test_io_error_at_every_file_operation_of_a_compaction_pass(mem_path):
+    assert _compaction_error_sweep(mem_path, 1) >= 20
+
+
+def test_io_error_at_every_fifth_file_operation_of_a_compaction_pass(mem_path):
+    """The sweep above, sampled for make test's time budget (make soak runs every operation)."""
+    assert _compaction_error_sweep(mem_path, 5) >= 5
