@@ -23,6 +23,7 @@ and whose last offsets are within ``base_offset + INT32_MAX``.
 from __future__ import annotations
 
 import logging
+import errno
 import mmap
 import os
 from dataclasses import dataclass
@@ -206,7 +207,17 @@ class LogSegment:
         records_before = self._records
         self.offset_index.make_writable()
         self.time_index.make_writable()
-        self._map_writable(self._initial_capacity(valid_bytes))
+        try:
+            self._map_writable(self._initial_capacity(valid_bytes))
+        except OSError as exc:
+            existing = _fileio.ops.fsize(self._fd)
+            if exc.errno != errno.ENOSPC or existing < max(valid_bytes, 1):
+                raise
+            # A full disk: map only the blocks the file already has, so the log still opens and
+            # reads; the first append that needs more room fails with ENOSPC (and takes the log
+            # offline) instead of the open.
+            logger.warning("%s: no space to reserve room for appends; opening with %d bytes", self.path, existing)
+            self._map_writable(existing)
         a = ffi.new("ls_appender *")
         a.log = self._ptr
         a.log_capacity = min(len(self._mm), max(self.segment_bytes, valid_bytes))  # type: ignore[arg-type]

@@ -298,3 +298,121 @@ def test_io_error_at_every_file_operation_of_a_compaction_pass(mem_path):
 def test_io_error_at_every_fifth_file_operation_of_a_compaction_pass(mem_path):
     """The sweep above, sampled for make test's time budget (make soak runs every operation)."""
     assert _compaction_error_sweep(mem_path, 5) >= 5
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 16 MiB ext4 filesystem on a loop device (needs mkfs.ext4 and the right to mount, as
+    root; skipped where either is missing)."""
+    import subprocess
+
+    image, mount_point = tmp_path / "disk.img", tmp_path / "disk"
+    mount_point.mkdir()
+    with open(image, "wb") as f:
+        f.truncate(16 << 20)
+    for cmd in (["mkfs.ext4", "-q", "-F", str(image)], ["mount", "-o", "loop", str(image), str(mount_point)]):
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True)
+        except FileNotFoundError:
+            pytest.skip(f"{cmd[0]} is not installed")
+        if done.returncode != 0:
+            pytest.skip(f"cannot make a small filesystem here ({' '.join(cmd[:2])}): {done.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)
+
+
+def _fill(path, chunk=64 << 10):
+    """Write a file until the filesystem is full."""
+    with open(path, "wb") as f:
+        try:
+            while True:
+                f.write(b"\xff" * chunk)
+                f.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+
+
+def _fill_then_append(path: str, wfd: int) -> None:
+    with Log.open(path, segment_bytes=512 << 10) as log:
+        acked = 0
+        try:
+            while True:
+                log.append(b"r%07d" % acked + b"x" * 992)
+                acked += 1
+                os.write(wfd, _MSG.pack(b"A", acked - 1))
+        except OSError:
+            os.write(wfd, _MSG.pack(b"E", 0))
+        try:
+            log.append(b"after")
+        except Exception:  # noqa: BLE001 - LogOfflineError expected
+            os.write(wfd, _MSG.pack(b"O", 0))
+        log._abandon()
+
+
+def _reopen_on_a_full_disk(root: str, wfd: int) -> None:
+    path = os.path.join(root, "t-0")
+    with Log.open(path, segment_bytes=2 << 20) as log:
+        log.append_batch([b"kept %d" % i for i in range(100)])
+    _fill(os.path.join(root, "filler"))
+    with Log.open(path, segment_bytes=2 << 20) as log:  # reserving append room fails: opens anyway
+        assert [r.value for r in log.iter()] == [b"kept %d" % i for i in range(100)]
+        try:
+            log.append_batch([b"y" * 1000] * 64)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+            os.write(wfd, _MSG.pack(b"E", 0))
+    os.unlink(os.path.join(root, "filler"))
+    with Log.open(path, segment_bytes=2 << 20) as log:
+        assert log.append(b"room again") == 100
+    os.write(wfd, _MSG.pack(b"N", 0))
+
+
+def _run_child(target, *args):
+    pid, rfd = _fork_quiet(target, *args)
+    messages = _read_all(rfd, pid, timeout=60)
+    _, status = os.waitpid(pid, 0)
+    assert not os.WIFSIGNALED(status), f"the process died of {signal.Signals(os.WTERMSIG(status)).name}"
+    assert os.WEXITSTATUS(status) == 0, "the child failed (see its traceback on stderr)"
+    return messages
+
+
+def test_a_real_full_disk_during_appends(small_disk):
+    """ENOSPC from a real filesystem while appending: the appends that fit return, the one that
+    does not raises (the process never dies of SIGBUS), the log goes offline, and every
+    acknowledged record is there after a reopen once there is room."""
+    path = str(small_disk / "t-0")
+    messages = _run_child(_fill_then_append, path)
+    acked = [v for k, v in messages if k == b"A"]
+    assert (b"E", 0) in messages and (b"O", 0) in messages and len(acked) > 1000
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "recovery on a full disk: after a writer died, reopening rebuilds the active segment's indexes "
+    "into fresh sparse index maps, and storing an entry into an unallocated page of a full "
+    "filesystem raises SIGBUS (segment._scan); fix: reserve index blocks with fallocate, as the "
+    ".log already is (issue 8 note)"))
+def test_a_real_full_disk_keeps_acknowledged_appends(small_disk):
+    path = str(small_disk / "t-0")
+    messages = _run_child(_fill_then_append, path)
+    acked = [v for k, v in messages if k == b"A"]
+    read = _run_child(_read_back, path)  # still full; a child, since the bug is a SIGBUS
+    got = [v for k, v in read if k == b"R"]
+    assert set(acked) <= set(got)
+
+
+def _read_back(path: str, wfd: int) -> None:
+    with Log.open(path, segment_bytes=512 << 10) as log:
+        for r in log.iter():
+            if r.value.startswith(b"r") and r.value[1:8].isdigit():
+                os.write(wfd, _MSG.pack(b"R", int(r.value[1:8])))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "open on a full disk: the open rewrites the checkpoint files (ENOSPC, a clean exception), "
+    "and on tmpfs the first read of an unallocated page of a sparse index map raises SIGBUS; "
+    "fix: checkpoint writes at open best-effort, index blocks reserved with fallocate (issue 8 note)"))
+def test_a_log_closed_before_the_disk_filled_opens_and_reads_on_the_full_disk(small_disk):
+    messages = _run_child(_reopen_on_a_full_disk, str(small_disk))
+    assert (b"E", 0) in messages and (b"N", 0) in messages
