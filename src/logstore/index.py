@@ -50,6 +50,7 @@ class _Index:
         self._ptr: Any = ffi.NULL
         self.entries = 0
         self.capacity = 0
+        self._reserved = 0
         flags = os.O_RDWR | os.O_CREAT
         self._fd = _fileio.ops.open(path, flags)
         size = _fileio.ops.fsize(self._fd)
@@ -77,7 +78,7 @@ class _Index:
         self = cls.__new__(cls)
         self.path, self.base_offset, self.max_index_size = path, base_offset, 0
         self.writable, self._fd, self._mm, self._ptr = False, fd, None, ffi.NULL
-        self.entries = self.capacity = 0
+        self.entries = self.capacity = self._reserved = 0
         try:
             size = ops.fsize(fd)
             self.partial_entry = size % self.entry_size != 0
@@ -121,6 +122,7 @@ class _Index:
         if current != size:
             _fileio.ops.ftruncate(self._fd, size)  # sparse: costs no disk until written
         self.partial_entry = False
+        self._reserved = 0
         self._map(size, True)
         self.entries = lib.ls_index_entries(self._ptr, self.capacity, self.is_time)
 
@@ -169,6 +171,20 @@ class _Index:
             raise CorruptIndexError(
                 self.path, f"entry {bad} is out of order or out of range (of {self.entries} entries)"
             )
+
+    def reserve(self, entries: int) -> None:
+        """Allocate disk blocks for the first ``entries`` slots of a writable index.
+
+        A preallocated index is a sparse file, and a store into an unallocated page of its map
+        on a full disk kills the process with SIGBUS. The owner reserves room ahead of the
+        appender (as the ``.log`` is reserved), so that a full disk surfaces here, as ENOSPC.
+        """
+        if not self.writable:
+            return
+        size = min(entries, self.capacity) * self.entry_size
+        if size > self._reserved:
+            _fileio.ops.fallocate(self._fd, size)
+            self._reserved = size
 
     def reset(self) -> None:
         """Drop every entry and every stale byte (before a rebuild), keeping the mapping mode.

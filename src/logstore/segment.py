@@ -160,6 +160,7 @@ class LogSegment:
     def _map_writable(self, capacity: int) -> None:
         # Reserve the blocks first: if the disk is full this fails while the old map is valid.
         _fileio.ops.fallocate(self._fd, capacity)
+        self._reserve_index_room(capacity)
         written = self._size if self._appender is None else self._appender.position
         self._unmap()
         self._mm = _fileio.ops.mmap(self._fd, capacity, True)
@@ -173,6 +174,14 @@ class LogSegment:
         except (AttributeError, OSError, ValueError):  # pragma: no cover - not on every platform
             pass
         self._ptr = ffi.from_buffer(self._mm)
+
+    def _reserve_index_room(self, log_bytes: int) -> None:
+        """Allocate index blocks for every entry ``log_bytes`` of batches can produce (one per
+        index_interval_bytes), so that no index store hits an unallocated page (see
+        OffsetIndex.reserve)."""
+        entries = log_bytes // max(self.index_interval_bytes, 1) + 2
+        self.offset_index.reserve(entries)
+        self.time_index.reserve(entries)
 
     def _initial_capacity(self, needed: int) -> int:
         if self.preallocate:
@@ -817,6 +826,7 @@ class LogSegment:
         for index in (self.offset_index, self.time_index):
             index.make_writable()
             index.reset()
+        self._reserve_index_room(_fileio.ops.fsize(self._fd))
         res = self._scan(write_indexes=True)
         self.offset_index.entries = res.index_entries
         self.time_index.entries = res.timeindex_entries
