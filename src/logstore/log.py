@@ -18,6 +18,7 @@ is published after each append completes.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -594,7 +595,14 @@ class Log:
         self._update_flush_at()
         self._load_leader_epochs(start, end_offset)
         ops.fsync_dir(self.path)
-        self._write_checkpoints(force=True)
+        try:
+            self._write_checkpoints(force=True)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            # A full disk: the checkpoint files stay as they were (an older recovery point only
+            # makes the next open scan more), so the log still opens and can be read.
+            logger.warning("%s: no space to update the checkpoint files at open: %s", self.path, exc)
         self.recovery_report = RecoveryReport(clean, recovered, truncated, deleted, rebuilt)
         if truncated:
             logger.warning("%s: recovery dropped %d bytes of invalid data", self.path, truncated)

@@ -157,10 +157,11 @@ class LogSegment:
             self._mm = _fileio.ops.mmap(self._fd, self._size, False)
             self._ptr = ffi.from_buffer(self._mm)
 
-    def _map_writable(self, capacity: int) -> None:
+    def _map_writable(self, capacity: int, reserve_indexes: bool = True) -> None:
         # Reserve the blocks first: if the disk is full this fails while the old map is valid.
         _fileio.ops.fallocate(self._fd, capacity)
-        self._reserve_index_room(capacity)
+        if reserve_indexes:
+            self._reserve_index_room(capacity)
         written = self._size if self._appender is None else self._appender.position
         self._unmap()
         self._mm = _fileio.ops.mmap(self._fd, capacity, True)
@@ -226,7 +227,9 @@ class LogSegment:
             # reads; the first append that needs more room fails with ENOSPC (and takes the log
             # offline) instead of the open.
             logger.warning("%s: no space to reserve room for appends; opening with %d bytes", self.path, existing)
-            self._map_writable(existing)
+            # The bytes there have their index entries already; the first append needs more
+            # room, and growing reserves the index room with it (or fails with ENOSPC).
+            self._map_writable(existing, reserve_indexes=False)
         a = ffi.new("ls_appender *")
         a.log = self._ptr
         a.log_capacity = min(len(self._mm), max(self.segment_bytes, valid_bytes))  # type: ignore[arg-type]

@@ -419,10 +419,8 @@ def _read_back(path: str, wfd: int) -> None:
                 os.write(wfd, _MSG.pack(b"R", int(r.value[1:8])))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open on a full disk: the open rewrites the checkpoint files and fails with ENOSPC (a clean "
-    "exception, but the log cannot even be read); fix: checkpoint writes at open best-effort "
-    "(issue 8 note)"))
+@pytest.mark.regression(reason=("fixed: opening a log on a full disk failed with ENOSPC rewriting its "
+    "checkpoint files, so it could not even be read; the checkpoint write at open is now best-effort"))
 def test_a_log_closed_before_the_disk_filled_opens_and_reads_on_the_full_disk(small_disk):
     messages = _run_child(_reopen_on_a_full_disk, str(small_disk))
     assert (b"E", 0) in messages and (b"N", 0) in messages
