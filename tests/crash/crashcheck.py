@@ -173,3 +173,34 @@ def fork_child(target: Any, *args: Any, quiet_faults: bool = False) -> tuple[int
             os._exit(code)
     os.close(wfd)
     return pid, rfd
+
+
+#: A compacted log small enough to sweep every file operation of one cleaner pass over it.
+COMPACTED = dict(cleanup_policy="compact", segment_bytes=600, index_interval_bytes=64)
+
+
+def compacted_template(root: Any) -> tuple[Any, list[tuple[int, bytes, bytes | None]]]:
+    """``root/template/t-0``: 120 records over 12 keys (a tenth tombstones), rolled so that the
+    cleaner has sealed segments to work on; returns (template dir, [(offset, key, value)])."""
+    path = root / "template"
+    history = []
+    with Log.open(str(path / "t-0"), **COMPACTED) as log:
+        rng = random.Random(11)
+        for i in range(120):
+            key = b"k%d" % rng.randrange(12)
+            value = None if rng.random() < 0.1 else b"v%d" % i
+            history.append((log.append(value, key=key), key, value))
+        log.roll()
+    return path, history
+
+
+def check_compacted(path: str, history: list[tuple[int, bytes, bytes | None]], what: str) -> None:
+    """After a cleaner pass was cut short: offsets increase, nothing appears that was never
+    written, and every key still reads its latest value."""
+    latest = {key: (offset, value) for offset, key, value in history}
+    with Log.open(path, **COMPACTED) as log:
+        got = [(r.offset, r.key, r.value) for r in log.iter()]
+    offsets = [o for o, _, _ in got]
+    assert offsets == sorted(set(offsets)), f"{what}: offsets repeat or go back"
+    assert set(got) <= set(history), f"{what}: records that were never written"
+    assert {k: (o, v) for o, k, v in got} == latest, f"{what}: a key lost its latest value"

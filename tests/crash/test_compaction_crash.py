@@ -14,32 +14,15 @@ import shutil
 import pytest
 
 from logstore import Log, _fileio
-from crashcheck import fork_child
+from crashcheck import COMPACTED, check_compacted, compacted_template, fork_child
 from powerloss import PowerLoss, PowerLossFileOps
 
-CONFIG = dict(cleanup_policy="compact", segment_bytes=600, index_interval_bytes=64)
-
-
-def _template(root):
-    path = root / "template"
-    history = []
-    with Log.open(str(path / "t-0"), **CONFIG) as log:
-        rng = random.Random(11)
-        for i in range(120):
-            key = b"k%d" % rng.randrange(12)
-            value = None if rng.random() < 0.1 else b"v%d" % i
-            history.append((log.append(value, key=key), key, value))
-        log.roll()
-    return path, history
+CONFIG = COMPACTED
 
 
 @pytest.mark.parametrize("mode,seed", [("durable", 0), ("torn", 1), ("torn", 2)])
 def test_power_loss_at_every_sync_of_a_compaction_pass(mem_path, mode, seed):
-    template, history = _template(mem_path)
-    latest = {}
-    for offset, key, value in history:
-        latest[key] = (offset, value)
-    before = {(o, k, v) for o, k, v in history}
+    template, history = compacted_template(mem_path)
     k = 0
     cut_points = 0
     while True:
@@ -58,13 +41,7 @@ def test_power_loss_at_every_sync_of_a_compaction_pass(mem_path, mode, seed):
                 cut_points += 1
             log._abandon()
             ops.crash(mode, random.Random(seed * 1000 + k))
-        with Log.open(str(work / "t-0"), **CONFIG) as log:
-            got = [(r.offset, r.key, r.value) for r in log.iter()]
-        offsets = [o for o, _, _ in got]
-        assert offsets == sorted(set(offsets)), f"cut {k}: offsets repeat or go back"
-        assert set(got) <= before, f"cut {k}: records that were never written"
-        seen = {key: (offset, value) for offset, key, value in got}
-        assert seen == latest, f"cut {k}: a key lost its latest value"
+        check_compacted(str(work / "t-0"), history, f"cut {k}")
         shutil.rmtree(work)
         if finished:
             break
@@ -107,9 +84,7 @@ def _sigkill_compaction_sweep(mem_path, stride: int, minimum_kills: int) -> None
     import os
     import struct
 
-    template, history = _template(mem_path)
-    latest = {key: (offset, value) for offset, key, value in history}
-    before = {(o, k, v) for o, k, v in history}
+    template, history = compacted_template(mem_path)
     n, total, kills = 1, None, 0
     while total is None or n <= total:
         work = mem_path / f"kill{n}"
@@ -124,12 +99,7 @@ def _sigkill_compaction_sweep(mem_path, stride: int, minimum_kills: int) -> None
             kills += 1
         else:
             total = struct.unpack("<q", data[:8])[0]
-        with Log.open(str(work / "t-0"), **CONFIG) as log:
-            got = [(r.offset, r.key, r.value) for r in log.iter()]
-        offsets = [o for o, _, _ in got]
-        assert offsets == sorted(set(offsets)), f"kill at call {n}: offsets repeat or go back"
-        assert set(got) <= before, f"kill at call {n}: records that were never written"
-        assert {k: (o, v) for o, k, v in got} == latest, f"kill at call {n}: a key lost its latest value"
+        check_compacted(str(work / "t-0"), history, f"kill at call {n}")
         shutil.rmtree(work)
         n += stride
     assert kills >= minimum_kills  # every (stride-th) file operation of the open and the pass was a kill point

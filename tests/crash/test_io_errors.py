@@ -26,6 +26,7 @@ from logstore._fileio import FileOps
 
 from crashcheck import CONFIG, OP_NAMES, fork_child, AtNthCall, NoSyncFileOps, append_some, check_log, key_for, value_for
 from crashcheck import describe as _describe
+from crashcheck import COMPACTED, check_compacted, compacted_template
 
 _MSG = struct.Struct("<cq")
 _SPACE_OPS = {"fallocate", "pwrite", "ftruncate", "open", "write_file_atomic"}
@@ -252,18 +253,8 @@ def _compact_with_error(path: str, config: dict, fail_at: int, wfd: int) -> None
 
 
 def _compaction_error_sweep(mem_path, stride):
-    config = dict(cleanup_policy="compact", segment_bytes=600, index_interval_bytes=64)
-    template = mem_path / "template"
-    history = []
-    with Log.open(str(template / "t-0"), **config) as log:
-        rng = random.Random(11)
-        for i in range(120):
-            key = b"k%d" % rng.randrange(12)
-            value = None if rng.random() < 0.1 else b"v%d" % i
-            history.append((log.append(value, key=key), key, value))
-        log.roll()
-    latest = {key: (offset, value) for offset, key, value in history}
-    before = set(history)
+    config = COMPACTED
+    template, history = compacted_template(mem_path)
     n, total, errors = 1, None, 0
     while total is None or n <= total:
         work = mem_path / f"c{n}"
@@ -279,12 +270,7 @@ def _compaction_error_sweep(mem_path, stride):
             total = next(v for k, v in messages if k == b"N")
         else:
             errors += 1
-        with Log.open(str(work / "t-0"), **config) as log:
-            got = [(r.offset, r.key, r.value) for r in log.iter()]
-        offsets = [o for o, _, _ in got]
-        assert offsets == sorted(set(offsets)), f"{what}: offsets repeat or go back"
-        assert set(got) <= before, f"{what}: records that were never written"
-        assert {k: (o, v) for o, k, v in got} == latest, f"{what}: a key lost its latest value"
+        check_compacted(str(work / "t-0"), history, what)
         shutil.rmtree(work)
         n += stride
     return errors
