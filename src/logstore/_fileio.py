@@ -139,6 +139,28 @@ class FileOps:
         """Remove an empty directory."""
         os.rmdir(path)
 
+    def remove_tree(self, path: str) -> None:
+        """Remove a directory and everything in it, one unlink/rmdir at a time through this
+        FileOps (so that a fault-injecting subclass sees each); entries that vanish meanwhile
+        are fine. Not durable until the parent directory is fsynced."""
+        try:
+            names = self.listdir(path)
+        except FileNotFoundError:
+            return
+        for name in names:
+            child = os.path.join(path, name)
+            try:
+                if os.path.isdir(child) and not os.path.islink(child):
+                    self.remove_tree(child)
+                else:
+                    self.unlink(child)
+            except FileNotFoundError:
+                pass
+        try:
+            self.rmdir(path)
+        except FileNotFoundError:
+            pass
+
     def fsync_dir(self, path: str) -> None:
         """fsync a directory so that creates, renames and unlinks in it are durable."""
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -161,6 +183,22 @@ class FileOps:
                 position += len(chunk)
         finally:
             self.close(fd)
+
+    def makedirs_durable(self, path: str) -> None:
+        """Create a directory and its missing parents, and fsync the parent of each one
+        created, so that the new names survive a power loss (a new directory is not durable
+        until its parent is fsynced). Existing directories are fine and cost nothing."""
+        missing = []
+        p = os.path.abspath(path)
+        while not os.path.isdir(p):
+            missing.append(p)
+            parent = os.path.dirname(p)
+            if parent == p:
+                break
+            p = parent
+        self.makedirs(path)
+        for created in reversed(missing):
+            self.fsync_dir(os.path.dirname(created))
 
     def write_new_file(self, path: str, data: bytes | bytearray | memoryview) -> None:
         """Create (or truncate) ``path``, write ``data`` and fsync it; the caller makes the

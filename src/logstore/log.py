@@ -283,7 +283,7 @@ class Log:
 
     def _open(self) -> None:
         ops = _fileio.ops
-        ops.makedirs(self.path)
+        ops.makedirs_durable(self.path)
         self._lock_fd = ops.open(os.path.join(self.path, LOCK_FILE), os.O_RDWR | os.O_CREAT)
         if self.shared:
             self._open_shared()
@@ -1651,8 +1651,9 @@ class Log:
             if offset <= self._log_start_offset:
                 return self._log_start_offset
             self._log_start_offset = offset
-            self._delete_segments(self._segments_below_start())
+            # Durable before the segments below it go (see _delete_segments_unguarded).
             self._write_checkpoints(force=True)
+            self._delete_segments(self._segments_below_start())
             return self._log_start_offset
 
     def _segments_below_start(self) -> list[LogSegment]:
@@ -1706,7 +1707,6 @@ class Log:
             if not doomed:
                 return 0
             self._delete_segments(doomed)
-            self._write_checkpoints(force=True)
             self._unlink_due_deletes()
             return len(doomed)
 
@@ -1717,9 +1717,19 @@ class Log:
 
     def _delete_segments_unguarded(self, doomed: list[LogSegment]) -> None:
         self._begin_layout_change()
-        for segment in sorted(doomed, key=lambda s: s.base_offset):
-            if segment is self._active:
-                self._roll()
+        doomed = sorted(doomed, key=lambda s: s.base_offset)
+        if any(segment is self._active for segment in doomed):
+            self._roll()
+        gone = {segment.base_offset for segment in doomed}
+        first = next(base for base in self._segments.keys() if base not in gone)
+        if first > self._log_start_offset:
+            # The new log start is durable before any segment goes. The renames below may
+            # reach the disk in any order before the directory fsync; a crash that keeps some
+            # of them and not others leaves a hole, but the reopened log starts at this
+            # checkpoint, past all of it.
+            self._log_start_offset = first
+            self._write_checkpoints(force=True)
+        for segment in doomed:
             del self._segments[segment.base_offset]
             segment.close(trim=False)
             names = []
@@ -1729,9 +1739,6 @@ class Log:
                     names.append(path + DELETED_SUFFIX)
             due = time.monotonic() + self.config.file_delete_delay_ms / 1000.0
             self._pending_deletes.append((due, names))
-        first = self._segments.keys()[0]
-        if first > self._log_start_offset:
-            self._log_start_offset = first
         _fileio.ops.fsync_dir(self.path)
         if self.config.file_delete_delay_ms == 0:
             self._unlink_due_deletes()
@@ -1931,6 +1938,11 @@ class Log:
                 if ops.exists(path):
                     ops.rename(path, path + DELETED_SUFFIX)
                     names.append(path + DELETED_SUFFIX)
+        # The renames above must be durable before the one below: a file system may persist
+        # directory operations in any order between fsyncs, and a live cleaned segment next to
+        # an old segment it replaced would give offsets that go backwards. While the .swap
+        # exists, the open-time completion deletes whatever old segment survived.
+        ops.fsync_dir(self.path)
         ops.rename(swap, live)
         ops.fsync_dir(self.path)
         segment = LogSegment.open(self.path, base, **self._settings)

@@ -31,7 +31,6 @@ import logging
 import mmap
 import os
 import re
-import shutil
 import threading
 import time
 import uuid
@@ -165,8 +164,7 @@ class LogStore:
         self._thread: threading.Thread | None = None
         self._notify_mm: mmap.mmap | None = None
         ops = _fileio.ops
-        ops.makedirs(self.root)
-        ops.makedirs(os.path.join(self.root, TOPICS_DIR))
+        ops.makedirs_durable(os.path.join(self.root, TOPICS_DIR))
         self._lock_fd = ops.open(os.path.join(self.root, LOCK_FILE), os.O_RDWR | os.O_CREAT)
         locked = ops.lock_shared(self._lock_fd) if shared else ops.lock(self._lock_fd)
         if not locked:
@@ -216,7 +214,10 @@ class LogStore:
         """Finish topic deletions that a crash interrupted (directories renamed ``*-delete``)."""
         for name in _fileio.ops.listdir(self.root):
             if name.endswith(DELETE_SUFFIX) and os.path.isdir(os.path.join(self.root, name)):
-                shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
+                try:
+                    _fileio.ops.remove_tree(os.path.join(self.root, name))
+                except OSError as exc:
+                    logger.warning("%s: could not remove %s: %s", self.root, name, exc)
 
     def _metadata_lock(self) -> "_FileLock":
         return _FileLock(os.path.join(self.root, TOPICS_DIR + LOCK_FILE))
@@ -350,7 +351,10 @@ class LogStore:
             for key in (RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, CLEANER_OFFSET_CHECKPOINT):
                 OffsetCheckpoints(self.root, key).update({(name, p): None for p in range(partitions)})
             for target in doomed:
-                shutil.rmtree(target, ignore_errors=True)
+                try:
+                    _fileio.ops.remove_tree(target)
+                except OSError as exc:  # the next open of the store finishes the removal
+                    logger.warning("%s: could not remove %s: %s", self.root, target, exc)
         logger.info("%s: deleted topic %s", self.root, name)
 
     def topics(self, internal: bool = False) -> list[str]:

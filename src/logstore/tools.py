@@ -345,7 +345,10 @@ def _verify_indexes(path: str, base: int, batches: dict[int, BatchHeader], max_t
     if _fileio.ops.exists(timeindex):
         previous_ts = -(2**63)
         lasts = [o for o, _ in max_ts_at]
-        for timestamp, offset in _timeindex_entries(timeindex):
+        entries = _timeindex_entries(timeindex)
+        if not lasts and entries == [(0, base)]:
+            entries = []  # the zero-filled, preallocated time index of an empty active segment
+        for timestamp, offset in entries:
             if timestamp <= previous_ts and previous_ts != -(2**63):
                 report.problems.append(Problem(timeindex, "timestamps are not increasing", None, offset))
             previous_ts = timestamp

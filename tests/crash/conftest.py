@@ -27,3 +27,34 @@ def mem_path(tmp_path) -> pathlib.Path:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Print the figures of the crash suites that ran: crash states explored
+    (test_crash_explorer.py) and the library call sites where injected I/O errors surfaced
+    (test_io_errors.py)."""
+    import sys
+
+    explorer = sys.modules.get("explorer")
+    if explorer is not None and explorer.REPORTS:
+        terminalreporter.section("crash-state exploration")
+        points = states = violations = 0
+        for name, report in explorer.REPORTS:
+            terminalreporter.write_line(report.summary(name))
+            points += report.points
+            states += report.states
+            violations += len(report.violations)
+        terminalreporter.write_line(f"total: {states} crash states at {points} crash points, {violations} violations")
+    io_errors = sys.modules.get("test_io_errors")
+    if io_errors is not None and io_errors.CALL_SITES:
+        sites = io_errors.CALL_SITES
+        terminalreporter.section("I/O fault injection")
+        ops = sorted({site.rsplit(" -> ", 1)[1] for site in sites})
+        files = sorted({site.split(":", 1)[0] for site in sites})
+        lines = {site.rsplit(" -> ", 1)[0] for site in sites}
+        terminalreporter.write_line(f"EIO/ENOSPC injected at {len(lines)} library call sites ({len(sites)} site and "
+                                    f"operation pairs; {len(ops)} file operations: {', '.join(ops)}; in "
+                                    f"{', '.join(files)})")
+        if config.getoption("verbose") > 0:
+            for site in sorted(sites):
+                terminalreporter.write_line(f"  {site}")

@@ -22,10 +22,12 @@ import sys
 import traceback
 from typing import Any, Sequence
 
-from logstore import Log
+from logstore import Log, _fileio
 from logstore._fileio import FileOps
 
-__all__ = ["value_for", "key_for", "check_log", "append_some", "describe", "CONFIG"]
+from powerloss import PowerLoss, PowerLossFileOps
+
+__all__ = ["value_for", "key_for", "check_log", "append_some", "describe", "CONFIG", "Writer"]
 
 #: A small-segment configuration: 16 KiB segments roll every ~200 records; small indexes with
 #: an entry every 1 KiB so that reads go through real index lookups.
@@ -204,3 +206,134 @@ def check_compacted(path: str, history: list[tuple[int, bytes, bytes | None]], w
     assert offsets == sorted(set(offsets)), f"{what}: offsets repeat or go back"
     assert set(got) <= set(history), f"{what}: records that were never written"
     assert {k: (o, v) for o, k, v in got} == latest, f"{what}: a key lost its latest value"
+
+
+# ---------------------------------------------------------------------------- the writer model
+class Writer:
+    """Drives a Log and keeps the model of what it wrote and what is acknowledged as durable.
+
+    Values enter ``history`` before the call that writes them, so a call cut short by a power
+    loss leaves its values in history as "maybe". ``durable`` only moves when a call returns.
+    """
+
+    def __init__(self, path: str, config: dict, rng: random.Random, flush_every: int | None = None,
+                 retention: bool = False) -> None:
+        self.path = path
+        self.retention = retention
+        self.config = config
+        self.rng = rng
+        self.flush_every = flush_every
+        self.history: list[bytes] = []
+        self.start = self.start_hi = 0
+        self.durable = 0
+        self.log: Log | None = None
+        self.tag = "w0"
+        self._since_flush = 0
+
+    def _acknowledge(self, end: int) -> None:
+        self.durable = max(self.durable, end, self.log.recovery_point)  # type: ignore[union-attr]
+
+    def open(self) -> None:
+        self.log = None
+        self.log = Log.open(self.path, **self.config)
+        assert self.log.log_end_offset == len(self.history), "open lost or invented records"
+        self._acknowledge(self.log.log_end_offset)  # an open that returned has made its log durable
+
+    def close(self) -> None:
+        log = self.log
+        log.close()  # type: ignore[union-attr]
+        self.durable = len(self.history)
+        self.log = None
+
+    def abandon(self) -> None:
+        """The process dies (no power loss): the page cache keeps everything."""
+        self.log._abandon()  # type: ignore[union-attr]
+        self.log = None
+
+    def step(self) -> None:
+        log = self.log
+        assert log is not None
+        end = log.log_end_offset
+        assert end == len(self.history)
+        r = self.rng.random()
+        if r < 0.85:
+            k = 1 if r < 0.45 else self.rng.randint(2, 12)
+            values = [value_for(end + i, self.tag) for i in range(k)]
+            keys = [key_for(end + i) for i in range(k)]
+            self.history.extend(values)
+            if k == 1:
+                got = log.append(values[0], key=keys[0])
+            else:
+                got = log.append_batch(values, keys=keys)
+            assert got == end, f"append returned {got}, expected {end}"
+            self._since_flush += k
+            if self.config.get("flush_messages") == 1:
+                self._acknowledge(end + k)
+            elif self.flush_every and self._since_flush >= self.flush_every:
+                log.flush()
+                self._since_flush = 0
+                self._acknowledge(end + k)
+            else:
+                self._acknowledge(0)
+        elif r < 0.95:
+            log.roll()  # "once its segment rolls" it is durable
+            self._acknowledge(end)
+        elif self.retention and self.rng.random() < 0.5:
+            # Size/time retention: deletes whole sealed segments, moving the start to a base.
+            self.start_hi = end
+            log.enforce_retention()
+            self.start = self.start_hi = log.log_start_offset
+            self._acknowledge(0)
+        elif end > self.start:
+            target = self.rng.randint(self.start, end)
+            self.start_hi = max(self.start_hi, target)
+            self.start = self.start_hi = log.delete_records_before(target)
+            assert self.start == target
+            self._acknowledge(0)
+
+    def run(self, steps: int) -> None:
+        for _ in range(steps):
+            self.step()
+
+    def drop(self) -> None:
+        """Forget the Log object the way a dead machine does (no flush, no close)."""
+        if self.log is not None:
+            self.log._abandon()
+            self.log = None
+
+    def verify_after_power_loss(self, ops: PowerLossFileOps, mode: str, rng: random.Random, what: str,
+                                crash_during_recovery: int | None = None) -> None:
+        """Cut the power, reboot the tree, reopen with the plain FileOps and check the model;
+        then append a few records and leave the log (closed or abandoned) for the next life."""
+        self.drop()
+        ops.crash(mode, rng)
+        if crash_during_recovery is not None:
+            # Power goes again while the recovery of that crash runs (under the simulator).
+            ops.schedule(crash_during_recovery)
+            try:
+                self.log = Log.open(self.path, **self.config)
+                ops.cut()
+            except PowerLoss:
+                pass
+            self.drop()
+            ops.crash(mode, rng)
+        self.check_after_reboot(rng, what)
+        ops.resync()  # the page cache as the verification left it is the disk now
+
+    def check_after_reboot(self, rng: random.Random, what: str) -> None:
+        """Reopen with the plain FileOps, check the model, append 3 records, close or abandon."""
+        with _fileio.install(FileOps()):
+            log = Log.open(self.path, **self.config)
+            try:
+                end = check_log(log, self.history, (self.start, self.start_hi), self.durable, rng, what)
+                del self.history[end:]
+                self.start = self.start_hi = log.log_start_offset
+                self.tag = f"w{int(self.tag[1:]) + 1}"
+                for _ in range(3):  # the recovered log takes appends at the right offsets
+                    offset = log.log_end_offset
+                    self.history.append(value_for(offset, self.tag))
+                    assert log.append(self.history[-1], key=key_for(offset)) == offset
+                assert [r.value for r in log.iter(end)] == self.history[end:]
+            finally:
+                log.close() if rng.random() < 0.5 else log._abandon()
+        self.durable = len(self.history)  # once the caller resyncs the simulator

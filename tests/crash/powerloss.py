@@ -23,6 +23,8 @@ The model (everything under ``root``; paths outside it pass through untracked):
   not promise it). A lost create makes the file disappear; a lost rename puts the file back
   under its old name; a lost unlink brings the file back with its durable content. Directories
   created inside ``root`` follow the same rule in their parent; ``root`` itself is durable.
+  Directories are inodes too (negative ids): a renamed directory takes its subtree along, and a
+  lost rename of a directory puts the whole subtree back under its old name.
 * Everything present when the simulator is created, or after :meth:`crash`, is durable.
 * ``crash(mode="durable")`` (the default) keeps exactly the durable state: every byte written
   since the file's last fsync is lost and every namespace change since its directory's last
@@ -61,12 +63,17 @@ from typing import Iterator
 
 from logstore._fileio import FileOps
 
-__all__ = ["PowerLoss", "PowerLossFileOps", "DIR"]
+__all__ = ["PowerLoss", "PowerLossFileOps", "is_dir", "ROOT"]
 
-#: Namespace value of a directory entry that is a directory (files map to their file id).
-DIR = "<dir>"
+#: Inode ids: files are numbered 1, 2, ...; directories -1 (the root), -2, ...
+ROOT = -1
 SECTOR = 512
 _EMPTY: tuple[bytes, int] = (b"", 0)
+
+
+def is_dir(entry: object) -> bool:
+    """Whether a namespace entry (an inode id) names a directory."""
+    return isinstance(entry, int) and entry < 0
 
 
 class PowerLoss(BaseException):
@@ -145,6 +152,7 @@ class PowerLossFileOps(FileOps):
         self.real_sync = real_sync
         self._mutex = threading.RLock()
         self._next_id = 0
+        self._next_dir = ROOT
         self.sync_count = 0
         self.events: list[tuple[int, str, str]] = []
         self.crashes = 0
@@ -154,12 +162,14 @@ class PowerLossFileOps(FileOps):
     # ------------------------------------------------------------------ state
     def _reset_from_disk(self) -> None:
         """Take the tree as it is now as the durable state (start, or after a crash)."""
-        #: directory -> {name: file id | DIR}, as the page cache sees it
-        self._cur: dict[str, dict[str, object]] = {}
-        #: directory -> {name: file id | DIR} as of its last fsync_dir
-        self._durable_ns: dict[str, dict[str, object]] = {}
-        #: directory -> namespace operations since its last fsync_dir, in order
-        self._oplog: dict[str, list[tuple]] = {}
+        #: directory id -> {name: inode id}, as the page cache sees it
+        self._cur: dict[int, dict[str, int]] = {}
+        #: directory id -> {name: inode id} as of its last fsync_dir
+        self._durable_ns: dict[int, dict[str, int]] = {}
+        #: directory id -> namespace operations since its last fsync_dir, in order
+        self._oplog: dict[int, list[tuple]] = {}
+        #: path of every directory in the page cache -> its id
+        self._dirs: dict[str, int] = {}
         #: file id -> content at its last fsync (packed)
         self._durable_data: dict[int, tuple[bytes, int]] = {}
         self._fds: dict[int, int] = {}
@@ -167,10 +177,12 @@ class PowerLossFileOps(FileOps):
         self._where: dict[int, str] = {}
         self.dead = False
         self._crash_at: int | None = None
+        self._next_dir = ROOT
+        self._dirs[self.root] = self._new_dir()
         for dirpath, dirnames, filenames in os.walk(self.root):
-            entries: dict[str, object] = {}
+            entries: dict[str, int] = {}
             for name in dirnames:
-                entries[name] = DIR
+                entries[name] = self._dirs[os.path.join(dirpath, name)] = self._new_dir()
             for name in filenames:
                 path = os.path.join(dirpath, name)
                 if not stat.S_ISREG(os.lstat(path).st_mode):
@@ -179,9 +191,15 @@ class PowerLossFileOps(FileOps):
                 entries[name] = fid
                 self._where[fid] = path
                 self._durable_data[fid] = _pack(_read_path(path))
-            self._cur[dirpath] = entries
-            self._durable_ns[dirpath] = dict(entries)
-            self._oplog[dirpath] = []
+            did = self._dirs[dirpath]
+            self._cur[did] = entries
+            self._durable_ns[did] = dict(entries)
+            self._oplog[did] = []
+
+    def _new_dir(self) -> int:
+        did = self._next_dir
+        self._next_dir -= 1
+        return did
 
     def _new_id(self) -> int:
         self._next_id += 1
@@ -198,12 +216,13 @@ class PowerLossFileOps(FileOps):
     def _rel(self, path: str) -> str:
         return os.path.relpath(path, self.root)
 
-    def _entry(self, path: str) -> object | None:
+    def _entry(self, path: str) -> int | None:
         head, tail = os.path.split(path)
-        return self._cur.get(head, {}).get(tail)
+        did = self._dirs.get(head)
+        return None if did is None else self._cur.get(did, {}).get(tail)
 
     def _log_op(self, directory: str, op: tuple) -> None:
-        self._oplog.setdefault(directory, []).append(op)
+        self._oplog.setdefault(self._dirs[directory], []).append(op)
 
     def _path_of(self, fid: int) -> str | None:
         return self._where.get(fid)
@@ -243,10 +262,10 @@ class PowerLossFileOps(FileOps):
             if fid is None:
                 fid = self._new_id()
                 head, tail = os.path.split(p)
-                self._cur.setdefault(head, {})[tail] = fid
+                self._cur[self._dirs[head]][tail] = fid
                 self._where[fid] = p
                 self._log_op(head, ("create", tail, fid))
-            elif fid == DIR:
+            elif is_dir(fid):
                 raise AssertionError(f"logstore opened directory {p} through ops.open")
             self._fds[fd] = fid  # type: ignore[assignment]
             return fd
@@ -290,36 +309,44 @@ class PowerLossFileOps(FileOps):
             super().makedirs(path)
             for d in reversed(missing):
                 head, tail = os.path.split(d)
-                self._cur.setdefault(head, {})[tail] = DIR
-                self._log_op(head, ("mkdir", tail))
-                self._cur[d] = {}
-                self._durable_ns[d] = {}
-                self._oplog[d] = []
+                did = self._dirs[d] = self._new_dir()
+                self._cur[self._dirs[head]][tail] = did
+                self._log_op(head, ("mkdir", tail, did))
+                self._cur[did] = {}
+                self._durable_ns[did] = {}
+                self._oplog[did] = []
 
     def rename(self, src: str, dst: str) -> None:
         s, d = self._norm(src), self._norm(dst)
         if not (self._tracked(s) or self._tracked(d)):
             return super().rename(src, dst)
         with self._mutex:
-            fid = self._entry(s)
-            if fid is None:
+            inode = self._entry(s)
+            if inode is None:
                 raise AssertionError(f"rename of untracked {s}")
-            if fid == DIR:
-                raise NotImplementedError("renaming directories is not modelled")
             super().rename(src, dst)
             shead, stail = os.path.split(s)
             dhead, dtail = os.path.split(d)
-            del self._cur[shead][stail]
-            replaced = self._cur.setdefault(dhead, {}).get(dtail)
-            if replaced is not None:
-                self._where.pop(replaced, None)  # type: ignore[call-overload]
-            self._cur[dhead][dtail] = fid
-            self._where[fid] = d  # type: ignore[index]
+            del self._cur[self._dirs[shead]][stail]
+            replaced = self._cur[self._dirs[dhead]].get(dtail)
+            if replaced is not None and not is_dir(replaced):
+                self._where.pop(replaced, None)
+            self._cur[self._dirs[dhead]][dtail] = inode
+            if is_dir(inode):
+                # Everything below moves with it: re-key the paths (ids stay).
+                prefix = s + os.sep
+                for path in [p for p in self._dirs if p == s or p.startswith(prefix)]:
+                    self._dirs[d + path[len(s):]] = self._dirs.pop(path)
+                for fid, path in list(self._where.items()):
+                    if path.startswith(prefix):
+                        self._where[fid] = d + path[len(s):]
+            else:
+                self._where[inode] = d
             if shead == dhead:
-                self._log_op(shead, ("rename", stail, dtail, fid))
+                self._log_op(shead, ("rename", stail, dtail, inode))
             else:
                 self._log_op(shead, ("unlink", stail))
-                self._log_op(dhead, ("create", dtail, fid))
+                self._log_op(dhead, ("create", dtail, inode))
 
     def unlink(self, path: str) -> None:
         p = self._norm(path)
@@ -328,9 +355,9 @@ class PowerLossFileOps(FileOps):
         with self._mutex:
             super().unlink(path)
             head, tail = os.path.split(p)
-            fid = self._cur.get(head, {}).pop(tail, None)
+            fid = self._cur[self._dirs[head]].pop(tail, None)
             if fid is not None:
-                self._where.pop(fid, None)  # type: ignore[call-overload]
+                self._where.pop(fid, None)
             self._log_op(head, ("unlink", tail))
 
     def rmdir(self, path: str) -> None:
@@ -340,8 +367,8 @@ class PowerLossFileOps(FileOps):
         with self._mutex:
             super().rmdir(path)
             head, tail = os.path.split(p)
-            self._cur.get(head, {}).pop(tail, None)
-            self._cur.pop(p, None)
+            self._cur[self._dirs[head]].pop(tail, None)
+            self._dirs.pop(p, None)
             self._log_op(head, ("rmdir", tail))
 
     def fsync_dir(self, path: str) -> None:
@@ -352,8 +379,9 @@ class PowerLossFileOps(FileOps):
             self._sync_point("fsync_dir", p)
             if self.real_sync:
                 super().fsync_dir(path)
-            self._durable_ns[p] = dict(self._cur.get(p, {}))
-            self._oplog[p] = []
+            did = self._dirs[p]
+            self._durable_ns[did] = dict(self._cur[did])
+            self._oplog[did] = []
 
     def resync(self) -> None:
         """Take the tree as it is now as durable (after another FileOps changed it, e.g. a
@@ -362,20 +390,29 @@ class PowerLossFileOps(FileOps):
             self._reset_from_disk()
 
     # ------------------------------------------------------------------ inspection
+    def _durable_lookup(self, path: str) -> int | None:
+        """The inode ``path`` names in the durable namespace (None if it would be gone)."""
+        rel = os.path.relpath(path, self.root)
+        inode: int | None = ROOT
+        for part in ([] if rel == "." else rel.split(os.sep)):
+            if inode is None or not is_dir(inode):
+                return None
+            inode = self._durable_ns.get(inode, {}).get(part)
+        return inode
+
     def durable_names(self, path: str) -> set[str]:
         """Names in directory ``path`` that would survive a power loss now (mode "durable")."""
         with self._mutex:
-            return set(self._durable_ns.get(self._norm(path), {}))
+            did = self._durable_lookup(self._norm(path))
+            return set(self._durable_ns.get(did, {})) if did is not None and is_dir(did) else set()
 
     def durable_content(self, path: str) -> bytes | None:
         """What ``path`` would hold after a power loss now (mode "durable"); None if gone."""
-        p = self._norm(path)
         with self._mutex:
-            head, tail = os.path.split(p)
-            fid = self._durable_ns.get(head, {}).get(tail)
-            if fid is None or fid == DIR:
+            fid = self._durable_lookup(self._norm(path))
+            if fid is None or is_dir(fid):
                 return None
-            return _unpack(self._durable_data.get(fid, _EMPTY))  # type: ignore[arg-type]
+            return _unpack(self._durable_data.get(fid, _EMPTY))
 
     # ------------------------------------------------------------------ the crash
     def crash(self, mode: str = "durable", rng: random.Random | None = None) -> None:
@@ -396,21 +433,19 @@ class PowerLossFileOps(FileOps):
                 except OSError:
                     pass
             self._fds.clear()
-            plan = self._plan(self.root, mode, rng)
+            plan = self._plan(ROOT, mode, rng)
             self._apply(self.root, plan)
             self.crashes += 1
             self._reset_from_disk()
 
-    def _plan(self, directory: str, mode: str, rng: random.Random) -> dict[str, object]:
-        """{name: bytes | (DIR, sub-plan)} for ``directory`` after the crash."""
-        names = dict(self._durable_ns.get(directory, {}))
+    def _plan(self, did: int, mode: str, rng: random.Random) -> dict[str, object]:
+        """{name: bytes | sub-plan dict} for directory ``did`` after the crash."""
+        names = dict(self._durable_ns.get(did, {}))
         if mode == "torn":
-            ops = self._oplog.get(directory, [])
+            ops = self._oplog.get(did, [])
             for op in ops[: rng.randint(0, len(ops))]:
-                if op[0] == "create":
+                if op[0] in ("create", "mkdir"):
                     names[op[1]] = op[2]
-                elif op[0] == "mkdir":
-                    names[op[1]] = DIR
                 elif op[0] in ("unlink", "rmdir"):
                     names.pop(op[1], None)
                 elif op[0] == "rename":
@@ -418,13 +453,12 @@ class PowerLossFileOps(FileOps):
                     names[op[2]] = op[3]
         plan: dict[str, object] = {}
         for name, value in names.items():
-            path = os.path.join(directory, name)
-            if value == DIR:
-                plan[name] = (DIR, self._plan(path, mode, rng))
+            if is_dir(value):
+                plan[name] = self._plan(value, mode, rng)
                 continue
-            durable = _unpack(self._durable_data.get(value, _EMPTY))  # type: ignore[arg-type]
+            durable = _unpack(self._durable_data.get(value, _EMPTY))
             if mode == "torn":
-                live = self._path_of(value)  # type: ignore[arg-type]
+                live = self._path_of(value)
                 if live is not None and os.path.isfile(live):
                     durable = torn_content(durable, _read_path(live), rng)
             plan[name] = durable
@@ -434,17 +468,17 @@ class PowerLossFileOps(FileOps):
         os.makedirs(directory, exist_ok=True)
         for entry in os.scandir(directory):
             want = plan.get(entry.name)
-            is_dir = entry.is_dir(follow_symlinks=False)
-            if is_dir and isinstance(want, tuple):
+            a_dir = entry.is_dir(follow_symlinks=False)
+            if a_dir and isinstance(want, dict):
                 continue
-            if is_dir:
+            if a_dir:
                 shutil.rmtree(entry.path)
             else:
                 os.unlink(entry.path)  # a fresh inode: stale maps of the old one stay harmless
         for name, want in plan.items():
             path = os.path.join(directory, name)
-            if isinstance(want, tuple):
-                self._apply(path, want[1])  # type: ignore[arg-type]
+            if isinstance(want, dict):
+                self._apply(path, want)
                 continue
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             try:
@@ -457,7 +491,4 @@ class PowerLossFileOps(FileOps):
     def walk(self) -> Iterator[str]:
         """Paths of tracked files as the page cache sees them (debugging)."""
         with self._mutex:
-            for directory, entries in self._cur.items():
-                for name, value in entries.items():
-                    if value != DIR:
-                        yield os.path.join(directory, name)
+            yield from list(self._where.values())

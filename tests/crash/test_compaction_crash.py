@@ -20,6 +20,8 @@ from powerloss import PowerLoss, PowerLossFileOps
 CONFIG = COMPACTED
 
 
+# make soak: test_crash_explorer.py explores every sync of compaction passes in make test.
+@pytest.mark.slow
 @pytest.mark.parametrize("mode,seed", [("durable", 0), ("torn", 1), ("torn", 2)])
 def test_power_loss_at_every_sync_of_a_compaction_pass(mem_path, mode, seed):
     template, history = compacted_template(mem_path)

@@ -18,6 +18,7 @@ import shutil
 import signal
 import struct
 import time
+import traceback
 
 import pytest
 
@@ -56,10 +57,27 @@ class _FailAtCall(AtNthCall):
 
     def at_nth(self, name, attr, args, kwargs):
         os.write(self.wfd, _MSG.pack(b"F", OP_NAMES.index(name)))
+        if self.calls == self.n:
+            site = _call_site(name).encode()
+            os.write(self.wfd, _MSG.pack(b"S", len(site)) + site)
         code = errno.ENOSPC if name in _SPACE_OPS else errno.EIO
         if name == "close":
             attr(*args, **kwargs)  # Linux frees the descriptor even when close fails
         raise OSError(code, f"injected {os.strerror(code)} in {name}")
+
+
+#: "log.py:1234 _write_checkpoints -> fsync_dir": every library line where an injected fault
+#: surfaced in this run (printed at the end of the run, see conftest.py).
+CALL_SITES: set[str] = set()
+
+
+def _call_site(op: str) -> str:
+    """The innermost library frame (outside _fileio.py) of the failing FileOps call."""
+    for frame in reversed(traceback.extract_stack()):
+        name = frame.filename.replace(os.sep, "/")
+        if "/logstore/" in name and not name.endswith("/_fileio.py"):
+            return f"{os.path.basename(name)}:{frame.lineno} {frame.name} -> {op}"
+    return f"? -> {op}"
 
 
 def _fork_quiet(target, *args):
@@ -113,7 +131,17 @@ def _read_all(rfd: int, pid: int, timeout: float = 20.0) -> list[tuple[bytes, in
             break
         data += chunk
     os.close(rfd)
-    return [_MSG.unpack_from(data, i) for i in range(0, len(data) - len(data) % _MSG.size, _MSG.size)]
+    messages = []
+    i = 0
+    while i + _MSG.size <= len(data):
+        kind, value = _MSG.unpack_from(data, i)
+        i += _MSG.size
+        if kind == b"S":  # the failing call's site, as text
+            CALL_SITES.add(bytes(data[i:i + value]).decode())
+            i += value
+            continue
+        messages.append((kind, value))
+    return messages
 
 
 @pytest.mark.regression(reason=("fixed: an I/O error inside Log._roll after the old segment was sealed (seal unmaps it) leaves "
@@ -410,3 +438,135 @@ def _read_back(path: str, wfd: int) -> None:
 def test_a_log_closed_before_the_disk_filled_opens_and_reads_on_the_full_disk(small_disk):
     messages = _run_child(_reopen_on_a_full_disk, str(small_disk))
     assert (b"E", 0) in messages and (b"N", 0) in messages
+
+
+# ---------------------------------------------------------------------------- retention and recovery
+RETAINED = dict(CONFIG, segment_bytes=1024, index_interval_bytes=256, retention_bytes=2500)
+
+
+def _segmented_template(root, unclean: bool) -> tuple[object, list[bytes]]:
+    """``root/template/t-0``: 120 records over ~12 segments (every byte in the page cache, as
+    after a SIGKILL). ``unclean``: no clean shutdown, a torn batch after the last record and a
+    missing offset index, so that the open recovers, truncates and rebuilds."""
+    path = root / "template"
+    history: list[bytes] = []
+    with _fileio.install(_NoSync()):
+        log = Log.open(str(path / "t-0"), **RETAINED)
+        append_some(log, history, "t", 120, random.Random(3))
+        if unclean:
+            active = log.segments[-1]
+            base, size = active.base_offset, active.size
+            log._abandon()
+            stem = path / "t-0" / f"{base:020d}"
+            with open(f"{stem}.log", "r+b") as f:
+                f.seek(size)
+                f.write(random.Random(4).randbytes(300))  # a torn write past the last batch
+            sealed = sorted((path / "t-0").glob("*.index"))[-2]
+            sealed.unlink()
+        else:
+            log.close()
+    return path, history
+
+
+def _retention_with_error(path: str, how: str, fail_at: int, persistent: bool, wfd: int) -> None:
+    """Open the log, run retention with the fail_at-th FileOps call of it failing, then try
+    one append; report what returned."""
+    with _fileio.install(_NoSync()):
+        log = Log.open(path, **RETAINED)
+    ops = _FailAtCall(fail_at, wfd)
+    ops.persistent = persistent
+    with _fileio.install(ops):
+        try:
+            if how == "enforce_retention":
+                log.enforce_retention()
+            else:
+                log.delete_records_before(log.segments[5].base_offset + 3)
+            os.write(wfd, _MSG.pack(b"R", log.log_start_offset))
+        except Exception:  # noqa: BLE001 - a failed call is allowed; what it leaves is checked
+            os.write(wfd, _MSG.pack(b"E", 0))
+        try:
+            end = log.log_end_offset
+            if log.append(value_for(end, "t"), key=key_for(end)) == end:
+                os.write(wfd, _MSG.pack(b"A", end))
+        except Exception:  # noqa: BLE001
+            pass
+    os.write(wfd, _MSG.pack(b"N", ops.calls))
+
+
+def _recover_with_error(path: str, fail_at: int, persistent: bool, wfd: int) -> None:
+    """Open (recover) an uncleanly shut down log with the fail_at-th FileOps call failing; if
+    the open returns, append one record."""
+    ops = _FailAtCall(fail_at, wfd)
+    ops.persistent = persistent
+    with _fileio.install(ops):
+        try:
+            log = Log.open(path, **RETAINED)
+        except Exception:  # noqa: BLE001 - an open that hits an I/O error raises
+            os.write(wfd, _MSG.pack(b"E", 0))
+        else:
+            try:
+                end = log.log_end_offset
+                if log.append(value_for(end, "t"), key=key_for(end)) == end:
+                    os.write(wfd, _MSG.pack(b"A", end))
+            except Exception:  # noqa: BLE001
+                pass
+    os.write(wfd, _MSG.pack(b"N", ops.calls))
+
+
+def _sweep(mem_path, template, history: list[bytes], child, args: tuple, persistent: bool, stride: int,
+           label: str) -> tuple[int, list[str]]:
+    """Fail the 1st, (1 + stride)-th, ... FileOps call of ``child`` until it makes no more;
+    after each, reopen with the plain FileOps and check the log. Returns (faults, failures)."""
+    failures: list[str] = []
+    n, total, faults = 1, None, 0
+    while total is None or n <= total:
+        work = mem_path / f"{label}{n}"
+        shutil.copytree(template, work)
+        pid, rfd = _fork_quiet(child, str(work / "t-0"), *args, n, persistent)
+        messages = _read_all(rfd, pid)
+        _, status = os.waitpid(pid, 0)
+        failed_op = next((OP_NAMES[v] for k, v in messages if k == b"F"), "nothing")
+        what = f"{label}: {'persistent ' if persistent else ''}error at FileOps call {n} ({failed_op})"
+        try:
+            assert not any(k == b"H" for k, _ in messages), f"{what}: hung"
+            assert not os.WIFSIGNALED(status), f"{what}: died of {signal.Signals(os.WTERMSIG(status)).name}"
+            assert os.WEXITSTATUS(status) == 0, f"{what}: failed (exit {os.WEXITSTATUS(status)}, see stderr)"
+            if failed_op == "nothing":
+                total = next(v for k, v in messages if k == b"N")
+            else:
+                faults += 1
+            returned = [v for k, v in messages if k == b"R"]
+            acked = [v for k, v in messages if k == b"A"]
+            expected = history + [value_for(len(history), "t")]
+            with _fileio.install(_NoSync()), Log.open(str(work / "t-0"), **RETAINED) as log:
+                start = (returned[0], returned[0]) if returned else (0, len(history))
+                check_log(log, expected, start, max([len(history)] + [a + 1 for a in acked]), random.Random(n), what)
+        except Exception as exc:  # collect every failing point, report them together
+            failures.append(_describe(exc, what))
+        shutil.rmtree(work)
+        n += stride
+    return faults, failures
+
+
+@pytest.mark.parametrize("depth", [pytest.param(3, id="every-3rd"), pytest.param(1, id="every", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("persistent", [False, True], ids=["once", "persistent"])
+@pytest.mark.parametrize("how", ["enforce_retention", "delete_records_before"])
+def test_io_error_at_every_file_operation_of_retention(mem_path, how, persistent, depth):
+    """Retention that hits EIO/ENOSPC raises; the log then starts between where it started and
+    where retention would have moved it, with nothing missing above its start; a call that
+    returned has moved the start for good."""
+    template, history = _segmented_template(mem_path, unclean=False)
+    faults, failures = _sweep(mem_path, template, history, _retention_with_error, (how,), persistent, depth, how)
+    assert not failures, f"{len(failures)} error points broke the log:\n" + "\n".join(failures)
+    assert faults >= 30 // depth
+
+
+@pytest.mark.parametrize("depth", [pytest.param(3, id="every-3rd"), pytest.param(1, id="every", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("persistent", [False, True], ids=["once", "persistent"])
+def test_io_error_at_every_file_operation_of_recovery(mem_path, persistent, depth):
+    """Recovery (torn tail truncated, a missing index rebuilt) that hits EIO/ENOSPC raises a
+    clear exception without killing the process, and the next open recovers every record."""
+    template, history = _segmented_template(mem_path, unclean=True)
+    faults, failures = _sweep(mem_path, template, history, _recover_with_error, (), persistent, depth, "recover")
+    assert not failures, f"{len(failures)} error points broke the log:\n" + "\n".join(failures)
+    assert faults >= 60 // depth

@@ -41,7 +41,7 @@ import pytest
 from logstore import Log, _fileio
 from logstore._fileio import FileOps
 
-from crashcheck import CONFIG, check_log, key_for, value_for, describe as _describe
+from crashcheck import CONFIG, Writer, check_log, key_for, value_for, describe as _describe
 from powerloss import PowerLoss, PowerLossFileOps, torn_content
 
 #: 1 KiB segments roll every ~10 records; every roll seals, fsyncs three files, fsyncs the
@@ -149,6 +149,24 @@ def test_simulator_write_file_atomic_leaves_old_or_new_content_at_every_crash_po
     assert seen == {b"old", b"new"}, "the last crash point (after the directory fsync) keeps the new content"
 
 
+@pytest.mark.parametrize("synced", [False, True])
+def test_simulator_moves_a_renamed_directory_with_its_subtree_once_the_parent_is_fsynced(mem_path, synced):
+    ops = PowerLossFileOps(mem_path)
+    ops.makedirs(str(mem_path / "d" / "sub"))
+    fd = _write(mem_path / "d" / "sub" / "f", b"inside", ops, sync=True)
+    ops.close(fd)
+    for directory in (mem_path, mem_path / "d", mem_path / "d" / "sub"):
+        ops.fsync_dir(str(directory))
+    ops.rename(str(mem_path / "d"), str(mem_path / "gone-delete"))
+    assert ops.durable_content(str(mem_path / "d" / "sub" / "f")) == b"inside"
+    if synced:
+        ops.fsync_dir(str(mem_path))
+    ops.crash()
+    kept, lost = ("gone-delete", "d") if synced else ("d", "gone-delete")
+    assert (mem_path / kept / "sub" / "f").read_bytes() == b"inside"
+    assert not (mem_path / lost).exists()
+
+
 def test_simulator_power_stays_off_after_the_scheduled_sync(mem_path):
     ops = PowerLossFileOps(mem_path)
     fd = _write(mem_path / "f", b"one", ops, sync=False)
@@ -179,129 +197,6 @@ def test_torn_content_never_damages_bytes_that_were_not_rewritten(seed):
     for i in range(min(len(torn), len(durable), len(current))):
         if durable[i] == current[i]:
             assert torn[i] == durable[i], f"byte {i} was never rewritten yet changed"
-
-
-# ---------------------------------------------------------------------------- the writer model
-class Writer:
-    """Drives a Log and keeps the model of what it wrote and what is acknowledged as durable.
-
-    Values enter ``history`` before the call that writes them, so a call cut short by a power
-    loss leaves its values in history as "maybe". ``durable`` only moves when a call returns.
-    """
-
-    def __init__(self, path: str, config: dict, rng: random.Random, flush_every: int | None = None) -> None:
-        self.path = path
-        self.config = config
-        self.rng = rng
-        self.flush_every = flush_every
-        self.history: list[bytes] = []
-        self.start = self.start_hi = 0
-        self.durable = 0
-        self.log: Log | None = None
-        self.tag = "w0"
-        self._since_flush = 0
-
-    def _acknowledge(self, end: int) -> None:
-        self.durable = max(self.durable, end, self.log.recovery_point)  # type: ignore[union-attr]
-
-    def open(self) -> None:
-        self.log = None
-        self.log = Log.open(self.path, **self.config)
-        assert self.log.log_end_offset == len(self.history), "open lost or invented records"
-        self._acknowledge(self.log.log_end_offset)  # an open that returned has made its log durable
-
-    def close(self) -> None:
-        log = self.log
-        log.close()  # type: ignore[union-attr]
-        self.durable = len(self.history)
-        self.log = None
-
-    def abandon(self) -> None:
-        """The process dies (no power loss): the page cache keeps everything."""
-        self.log._abandon()  # type: ignore[union-attr]
-        self.log = None
-
-    def step(self) -> None:
-        log = self.log
-        assert log is not None
-        end = log.log_end_offset
-        assert end == len(self.history)
-        r = self.rng.random()
-        if r < 0.85:
-            k = 1 if r < 0.45 else self.rng.randint(2, 12)
-            values = [value_for(end + i, self.tag) for i in range(k)]
-            keys = [key_for(end + i) for i in range(k)]
-            self.history.extend(values)
-            if k == 1:
-                got = log.append(values[0], key=keys[0])
-            else:
-                got = log.append_batch(values, keys=keys)
-            assert got == end, f"append returned {got}, expected {end}"
-            self._since_flush += k
-            if self.config.get("flush_messages") == 1:
-                self._acknowledge(end + k)
-            elif self.flush_every and self._since_flush >= self.flush_every:
-                log.flush()
-                self._since_flush = 0
-                self._acknowledge(end + k)
-            else:
-                self._acknowledge(0)
-        elif r < 0.95:
-            log.roll()  # "once its segment rolls" it is durable
-            self._acknowledge(end)
-        elif end > self.start:
-            target = self.rng.randint(self.start, end)
-            self.start_hi = max(self.start_hi, target)
-            self.start = self.start_hi = log.delete_records_before(target)
-            assert self.start == target
-            self._acknowledge(0)
-
-    def run(self, steps: int) -> None:
-        for _ in range(steps):
-            self.step()
-
-    def drop(self) -> None:
-        """Forget the Log object the way a dead machine does (no flush, no close)."""
-        if self.log is not None:
-            self.log._abandon()
-            self.log = None
-
-    def verify_after_power_loss(self, ops: PowerLossFileOps, mode: str, rng: random.Random, what: str,
-                                crash_during_recovery: int | None = None) -> None:
-        """Cut the power, reboot the tree, reopen with the plain FileOps and check the model;
-        then append a few records and leave the log (closed or abandoned) for the next life."""
-        self.drop()
-        ops.crash(mode, rng)
-        if crash_during_recovery is not None:
-            # Power goes again while the recovery of that crash runs (under the simulator).
-            ops.schedule(crash_during_recovery)
-            try:
-                self.log = Log.open(self.path, **self.config)
-                ops.cut()
-            except PowerLoss:
-                pass
-            self.drop()
-            ops.crash(mode, rng)
-        self.check_after_reboot(rng, what)
-        ops.resync()  # the page cache as the verification left it is the disk now
-
-    def check_after_reboot(self, rng: random.Random, what: str) -> None:
-        """Reopen with the plain FileOps, check the model, append 3 records, close or abandon."""
-        with _fileio.install(FileOps()):
-            log = Log.open(self.path, **self.config)
-            try:
-                end = check_log(log, self.history, (self.start, self.start_hi), self.durable, rng, what)
-                del self.history[end:]
-                self.start = self.start_hi = log.log_start_offset
-                self.tag = f"w{int(self.tag[1:]) + 1}"
-                for _ in range(3):  # the recovered log takes appends at the right offsets
-                    offset = log.log_end_offset
-                    self.history.append(value_for(offset, self.tag))
-                    assert log.append(self.history[-1], key=key_for(offset)) == offset
-                assert [r.value for r in log.iter(end)] == self.history[end:]
-            finally:
-                log.close() if rng.random() < 0.5 else log._abandon()
-        self.durable = len(self.history)  # once the caller resyncs the simulator
 
 
 def _crash_label(ops: PowerLossFileOps) -> tuple[str, str]:
@@ -381,6 +276,10 @@ EXPECTED_CRASH_POINTS = {
 }
 
 
+# The two sweeps below re-run the lifetime once per sync point. test_crash_explorer.py covers
+# the same crash points in make test (recording once, with many more disk states per point);
+# these stay in make soak as an independent second method.
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["flush_messages=1", "flush()_every_7"])
 def test_power_loss_at_every_sync_point_keeps_acknowledged_records(mem_path, policy):
     flush_every = None if policy == "flush_messages=1" else 7
@@ -391,6 +290,7 @@ def test_power_loss_at_every_sync_point_keeps_acknowledged_records(mem_path, pol
     assert not missing, f"crash points never exercised: {missing}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_torn_power_loss_at_every_sync_point_of_unclean_restarts_keeps_acknowledged_records(mem_path, seed):
     config = dict(SMALL, flush_messages=1)

@@ -247,3 +247,21 @@ def test_verify_finds_offsets_going_backwards_and_dump_goes_deep_into_compressed
     segment.write_bytes(data + data[:items[0]["size"]])
     r = run("verify", root)
     assert r.returncode == 1 and "offsets go backwards" in r.stdout
+
+
+@pytest.mark.regression(reason=("fixed: verify read the zero-filled, preallocated time index of an empty active "
+    "segment left by a crash as an entry (timestamp 0, offset 0) and reported it as past the "
+    "segment's last offset"))
+def test_verify_accepts_the_preallocated_indexes_of_an_empty_segment_after_a_crash(tmp_path):
+    from logstore import Log, tools
+
+    path = tmp_path / "t-0"
+    log = Log.open(str(path), segment_index_bytes=4096)
+    log._abandon()  # a crash: the active segment keeps its preallocated, zero-filled files
+    timeindex = path / "00000000000000000000.timeindex"
+    assert timeindex.stat().st_size > 12 and not timeindex.read_bytes().strip(b"\0")
+    assert tools.verify(str(path)).problems == []
+    # A real entry past an empty segment is still reported.
+    timeindex.write_bytes(b"\0" * 7 + b"\x05" + b"\0\0\0\x01")
+    assert [p.what for p in tools.verify(str(path)).problems] == [
+        "entry names offset 1, past the segment's last offset -1"]

@@ -233,3 +233,46 @@ def test_nested_installs_unwind_in_order() -> None:
         assert _fileio.ops is outer
     assert _fileio.ops is original
 
+
+
+# ---------------------------------------------------------------------- directories
+class _Recording(FileOps):
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def fsync_dir(self, path: str) -> None:
+        self.calls.append(("fsync_dir", path))
+        super().fsync_dir(path)
+
+    def unlink(self, path: str) -> None:
+        self.calls.append(("unlink", path))
+        super().unlink(path)
+
+    def rmdir(self, path: str) -> None:
+        self.calls.append(("rmdir", path))
+        super().rmdir(path)
+
+
+def test_makedirs_durable_fsyncs_the_parent_of_every_directory_it_creates(tmp_path: pathlib.Path) -> None:
+    ops = _Recording()
+    target = tmp_path / "a" / "b" / "c"
+    ops.makedirs_durable(str(target))
+    assert target.is_dir()
+    assert ops.calls == [("fsync_dir", str(tmp_path)), ("fsync_dir", str(tmp_path / "a")),
+                         ("fsync_dir", str(tmp_path / "a" / "b"))]
+    ops.calls.clear()
+    ops.makedirs_durable(str(target))  # existing: nothing to make durable
+    assert ops.calls == []
+
+
+def test_remove_tree_goes_through_the_file_operations_one_entry_at_a_time(tmp_path: pathlib.Path) -> None:
+    ops = _Recording()
+    root = tmp_path / "t.x-delete"
+    (root / "sub").mkdir(parents=True)
+    (root / "f").write_bytes(b"1")
+    (root / "sub" / "g").write_bytes(b"2")
+    ops.remove_tree(str(root))
+    assert not root.exists()
+    assert sorted(ops.calls) == sorted([("unlink", str(root / "f")), ("unlink", str(root / "sub" / "g")),
+                                        ("rmdir", str(root / "sub")), ("rmdir", str(root))])
+    ops.remove_tree(str(root))  # already gone: fine

@@ -1,0 +1,423 @@
+"""Crash-state exploration (explorer.py): every crash point of small workloads, many disk states each.
+
+Each workload runs once under the recorder; then every disk state a power loss could leave at
+each of its sync points (and after its last step) is rebuilt and reopened with the plain
+FileOps, and checked against what the workload had been told was durable at that point:
+
+* every record acknowledged as durable is present with its key and value, the log is a prefix
+  of history (no gap, no duplicate, nothing invented) between the acknowledged and the
+  attempted log start;
+* the recovered log is internally consistent: ``logstore.tools.verify`` (every batch CRC,
+  every offset-index entry on a batch boundary, every time-index entry the maximum timestamp
+  so far, the checkpoint files parse) reports nothing, random reads through the offset index
+  return the right record, and the next append gets the next offset;
+* compacted logs: every key reads its latest acknowledged value or a later attempted one, and
+  nothing appears that was never written;
+* stores: acknowledged consumer-group commits are there (or a later attempted one), topics
+  whose creation returned exist with all their partitions, topics whose deletion returned do
+  not.
+
+The figures (crash points, states, violations) are printed at the end of the run; the target
+is at least 10,000 states per ``make test`` (the per-workload minimums add up to 10,600). ``make soak`` explores the same workloads with
+more random states per crash point.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from logstore import Log, LogStore, _fileio, tools
+from logstore.consumer import offset_store
+from logstore.offsets import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIG
+
+from crashcheck import CONFIG, Writer, check_log, key_for, value_for
+from explorer import REPORTS, Recorder, Report, dir_variants, explore, file_variants
+
+#: make test explores every crash point with a bounded number of states; make soak (marker
+#: "slow") with many more. Per-workload caps keep make test near 10,000 states in ~30 s.
+DEPTHS = [pytest.param("ci", id="ci"), pytest.param("soak", id="soak", marks=pytest.mark.slow)]
+SOAK = dict(random_states=16, max_states_per_point=128)
+
+#: 1 KiB segments roll every ~10 records; 4 KiB indexes with an entry every 256 bytes.
+SMALL = dict(CONFIG, segment_bytes=1024, index_interval_bytes=256)
+
+
+def _run(mem_path, name: str, workload, oracle, check, depth: str, minimum_states: int,
+         max_states_per_point: int = 64) -> Report:
+    recorder = Recorder(mem_path / "work", oracle)
+    with _fileio.install(recorder):
+        workload()
+        recorder.mark("the end of the workload")
+    limits = SOAK if depth == "soak" else dict(random_states=4, max_states_per_point=max_states_per_point)
+    report = explore(recorder.points, str(mem_path / "scratch"), check, **limits)
+    REPORTS.append((f"{name} [{depth}]", report))
+    assert not report.violations, (f"{report.summary(name)}:\n" + "\n".join(report.violations))
+    assert report.states >= minimum_states, report.summary(name)
+    return report
+
+
+def _verify_clean(path: str) -> None:
+    problems = tools.verify(path).problems
+    assert not problems, "verify after recovery: " + "; ".join(str(p) for p in problems[:5])
+
+
+# ---------------------------------------------------------------------------- the explorer itself
+def test_dir_variants_are_prefixes_and_reorderings_that_respect_dependencies():
+    names = {"a": 1}
+    ops = [("create", "t.tmp", 2), ("rename", "t.tmp", "t", 2), ("unlink", "a")]
+    variants = dir_variants(names, ops)
+    got = {label: ns for label, ns in variants}
+    assert variants[0] == ("durable", {"a": 1}) and variants[1] == ("all", {"t": 2})
+    states = [ns for _, ns in variants]
+    assert {"a": 1, "t.tmp": 2} in states                  # a prefix
+    assert {"a": 1, "t": 2} in states                      # the unlink lost, the rename kept
+    assert {} in states and got["only unlink a"] == {}     # the unlink alone, reordered first
+    assert {"a": 1, "t.tmp": 2} in states
+    # a rename whose create was lost is impossible, so never offered: "t" only with "t.tmp" gone
+    assert all(("t" in ns) <= ("t.tmp" not in ns) for ns in states)
+    assert "only rename t.tmp->t" not in got
+    assert len({tuple(sorted(ns.items())) for ns in states}) == len(states)
+
+
+def test_file_variants_tear_appends_in_sector_and_page_pieces():
+    rng = random.Random(0)
+    old = bytes(range(256)) * 4          # 1 KiB durable
+    new = old + b"\xab" * 9000            # 9000 bytes appended since
+    variants = dict(file_variants(old, new, rng))
+    assert variants["old"] == old and variants["new"] == new
+    cuts = {label for label in variants if label.startswith("append cut")}
+    assert any("(512 B" in c for c in cuts) and any("(4096 B" in c for c in cuts)
+    for label, data in variants.items():
+        assert data[:len(old)] == old, f"{label}: damaged bytes that were never rewritten"
+        if label.startswith("new up to"):
+            cut = int(label.split()[3].rstrip(","))
+            assert data[:cut] == new[:cut] and len(data) == len(new)
+            if "garbage" not in label:
+                assert data[cut:] == bytes(len(new) - cut)  # the zero-filled tail
+    assert len(set(variants.values())) == len(variants)
+
+
+def test_the_explorer_finds_a_rename_that_persists_before_the_data(mem_path):
+    """A write-then-rename without an fsync of the data (the classic ALICE finding) must be
+    reported: the state where the rename reached the disk and the data did not breaks it."""
+    def workload():
+        ops = _fileio.ops
+        fd = ops.open(str(mem_path / "work" / "f.tmp"), os.O_RDWR | os.O_CREAT)
+        ops.pwrite(fd, b"precious", 0)
+        ops.close(fd)  # no fsync of the data: the bug
+        ops.rename(str(mem_path / "work" / "f.tmp"), str(mem_path / "work" / "f"))
+        ops.fsync_dir(str(mem_path / "work"))
+
+    def check(path, oracle, rng):
+        target = os.path.join(path, "f")
+        if os.path.exists(target):
+            with open(target, "rb") as f:
+                assert f.read() == b"precious", "renamed file lost its data"
+
+    recorder = Recorder(mem_path / "work", lambda: None)
+    with _fileio.install(recorder):
+        workload()
+        recorder.mark("end")
+    report = explore(recorder.points, str(mem_path / "scratch"), check, workers=1)
+    assert report.violations and "renamed file lost its data" in report.violations[0]
+    assert "[<root>/: all]" in report.violations[0]
+
+
+# ---------------------------------------------------------------------------- one log
+#: Every kind of sync a log's lifetime makes ("fsync *.log": file class of the path).
+EXPECTED_KINDS = {
+    "fsync *.log", "fdatasync *.log", "fsync *.index", "fsync *.timeindex",   # appends, seals, close
+    "fsync_dir orders-0",                                                     # new segment, retention
+    "fsync recovery-point-offset-checkpoint.tmp", "fsync log-start-offset-checkpoint.tmp",
+    "fsync_dir .",                                                            # checkpoint renames
+    "fsync orders-0/.kafka_cleanshutdown",
+}
+def _log_workload(w: Writer):
+    def run():
+        w.open()
+        w.run(40)
+        w.close()
+        w.open()
+        w.run(8)
+        w.abandon()
+        w.open()  # recovery of a process crash
+        w.run(8)
+        w.close()
+    return run
+
+
+@pytest.mark.parametrize("depth", DEPTHS)
+@pytest.mark.parametrize("policy", ["flush_messages=1", "flush()_every_5"])
+def test_every_crash_state_of_a_log_lifetime_keeps_acknowledged_records(mem_path, policy, depth):
+    flush_every = None if policy == "flush_messages=1" else 5
+    config = dict(SMALL, flush_messages=1 if flush_every is None else None, retention_bytes=6000)
+    for seed in ([3] if depth == "ci" else [3, 4, 5, 6, 7, 8]):  # soak: more lifetimes
+        _explore_lifetime(mem_path / f"seed{seed}", config, flush_every, seed, policy, depth)
+
+
+def _explore_lifetime(mem_path, config: dict, flush_every: int | None, seed: int, policy: str, depth: str) -> None:
+    mem_path.mkdir()
+    w = Writer(str(mem_path / "work" / "orders-0"), config, random.Random(seed), flush_every, retention=True)
+
+    def check(path, oracle, rng):
+        durable, lo, hi = oracle
+        partition = os.path.join(path, "orders-0")
+        if durable == 0 and not os.path.isdir(partition):
+            return  # the log's creation never became durable; nothing was acknowledged
+        with _fileio.install(_fileio.FileOps()):
+            log = Log.open(partition, **config)
+            try:
+                end = check_log(log, w.history, (lo, hi), durable, rng)
+                assert log.append(value_for(end, "after"), key=key_for(end)) == end
+            finally:
+                log.close()
+            _verify_clean(partition)
+
+    report = _run(mem_path, f"log lifetime, {policy}, seed {seed}", _log_workload(w), lambda: (w.durable, w.start, w.start_hi),
+                  check, depth, minimum_states=3200)
+    missing = EXPECTED_KINDS - report.kinds
+    assert not missing, f"kinds of sync never a crash point: {sorted(missing)}"
+
+
+# ---------------------------------------------------------------------------- a compacted log
+COMPACTED = dict(cleanup_policy="compact", segment_bytes=700, segment_index_bytes=4096, index_interval_bytes=128,
+                 flush_messages=1, min_cleanable_dirty_ratio=0.0)
+
+
+@pytest.mark.parametrize("depth", DEPTHS)
+def test_every_crash_state_of_a_compacted_log_keeps_each_keys_latest_value(mem_path, depth):
+    path = str(mem_path / "work" / "table-0")
+    history: list[tuple[int, bytes, bytes | None]] = []
+    state = {"durable": 0}
+    rng = random.Random(5)
+
+    def workload():
+        log = Log.open(path, **COMPACTED)
+        for life in range(3):
+            for i in range(40):
+                key = b"k%d" % rng.randrange(10)
+                value = None if rng.random() < 0.1 else b"v%d.%d" % (life, i)
+                offset = log.log_end_offset
+                history.append((offset, key, value))
+                assert log.append(value, key=key) == offset
+                state["durable"] = offset + 1
+                if i % 15 == 14:
+                    log.roll()
+                if i % 20 == 19:
+                    log.compact()
+            if life == 1:
+                log._abandon()  # a process crash: the page cache keeps everything
+            else:
+                log.close()
+            log = Log.open(path, **COMPACTED)
+        log.close()
+
+    def check(root, oracle, rng):
+        durable = oracle["durable"]
+        partition = os.path.join(root, "table-0")
+        if durable == 0 and not os.path.isdir(partition):
+            return
+        with _fileio.install(_fileio.FileOps()):
+            with Log.open(partition, **COMPACTED) as log:
+                assert log.log_end_offset >= durable, f"log ends at {log.log_end_offset}, {durable} acknowledged"
+                got = [(r.offset, r.key, r.value) for r in log.iter()]
+            _verify_clean(partition)
+        offsets = [o for o, _, _ in got]
+        assert offsets == sorted(set(offsets)), "offsets repeat or go back"
+        invented = set(got) - set(history)
+        assert not invented, f"records that were never written: {sorted(invented)[:3]}"
+        acked = {key: offset for offset, key, _ in history[:durable]}
+        found = {key: offset for offset, key, _ in got}
+        for key, offset in acked.items():
+            assert found.get(key, -1) >= offset, f"key {key!r} lost its value of offset {offset}"
+
+    _run(mem_path, "compacted log", workload, lambda: dict(state), check, depth, minimum_states=3000,
+         max_states_per_point=8)
+
+
+# ---------------------------------------------------------------------------- a store
+STORE = dict(segment_bytes=1024, segment_index_bytes=4096, index_interval_bytes=256, flush_messages=1)
+
+
+@pytest.mark.parametrize("depth", DEPTHS)
+def test_every_crash_state_of_a_store_keeps_topics_records_and_committed_offsets(mem_path, depth):
+    root = mem_path / "work" / "store"
+    parts = [("events", 0), ("events", 1)]
+    history: dict[tuple[str, int], list[bytes]] = {tp: [] for tp in parts}
+    model = {"durable": {tp: 0 for tp in parts}, "committed": None, "attempted": None,
+             "topics": set(), "deleted": set(), "created": False}
+    rng = random.Random(9)
+
+    def produce(store, n, tag):
+        for _ in range(n):
+            tp = rng.choice(parts)
+            log = store.partition(*tp)
+            offset = log.log_end_offset
+            history[tp].append(value_for(offset, tag))
+            assert log.append(history[tp][-1], key=key_for(offset)) == offset
+            model["durable"][tp] = offset + 1
+
+    def commit(store):
+        positions = {tp: rng.randint(0, len(history[tp])) for tp in parts}
+        model["attempted"] = positions
+        offset_store(store).commit("g", positions)
+        model["committed"] = positions
+
+    def workload():
+        store = LogStore(root, maintenance=False, **STORE)
+        model["created"] = True
+        # Small segments for the offsets topic too (its own default is 100 MiB, preallocated in
+        # 8 MiB steps: real allocations on tmpfs, at every one of thousands of reopenings).
+        store.create_topic(OFFSETS_TOPIC, 1, internal=True, **dict(OFFSETS_TOPIC_CONFIG, segment_bytes=2048))
+        store.create_topic("events", 2)
+        model["topics"].add("events")
+        produce(store, 12, "a")
+        commit(store)
+        store.create_topic("audit", 1)
+        model["topics"].add("audit")
+        store.partition("audit", 0).append(b"x")
+        produce(store, 10, "a")
+        commit(store)
+        model["topics"].discard("audit")
+        store.delete_topic("audit")
+        model["deleted"].add("audit")
+        produce(store, 6, "a")
+        store.close()
+        store = LogStore(root, maintenance=False, **STORE)
+        produce(store, 6, "b")
+        commit(store)
+        store.close()
+
+    def check(path, oracle, rng):
+        where = os.path.join(path, "store")
+        if not oracle["created"]:
+            return
+        with _fileio.install(_fileio.FileOps()):
+            with LogStore(where, maintenance=False, **STORE) as store:
+                list(store.logs())  # every partition recovers, __consumer_offsets too
+                topics = set(store.topics())
+                assert oracle["topics"] <= topics, f"topics {sorted(oracle['topics'] - topics)} were created, now gone"
+                assert not oracle["deleted"] & topics, f"topics {sorted(oracle['deleted'] & topics)} came back"
+                if "events" in topics:
+                    for tp in parts:
+                        check_log(store.partition(*tp), history[tp], 0, oracle["durable"][tp], rng, f"{tp}")
+                if oracle["committed"] is not None:
+                    for tp in parts:
+                        got = offset_store(store).committed("g", *tp)
+                        allowed = {oracle["committed"][tp], oracle["attempted"][tp]}
+                        assert got in allowed, f"group g at {tp}: committed {got}, expected one of {allowed}"
+                assert not [n for n in os.listdir(where) if n.endswith("-delete")], "a deleted topic's directory is left"
+            _verify_clean(where)
+
+    _run(mem_path, "store: topics, appends, commits", workload, lambda: dict(model, topics=set(model["topics"]),
+         deleted=set(model["deleted"])), check, depth, minimum_states=1200, max_states_per_point=8)
+
+
+# ---------------------------------------------------------------------------- findings
+def _explore_call(mem_path, setup, action, check, workers: int = 2, cap: int = 24) -> Report:
+    """Run ``setup(root)`` with the plain FileOps, then ``action(root)`` under the recorder, and
+    explore every state of every crash point of the action (its oracle: None)."""
+    root = mem_path / "work"
+    root.mkdir()
+    setup(root)
+    recorder = Recorder(root, lambda: None)
+    with _fileio.install(recorder):
+        action(root)
+        recorder.mark("the end of the action")
+    return explore(recorder.points, str(mem_path / "scratch"), check, workers=workers, random_states=8,
+                   max_states_per_point=cap)
+
+
+@pytest.mark.regression(reason=("fixed: retention renamed the doomed segments .deleted and fsynced the directory "
+    "once, then wrote the new log start; a file system that persisted a later rename and not an "
+    "earlier one left a hole in the log (offsets 32..41 gone, 21..31 readable)"))
+@pytest.mark.parametrize("how", ["enforce_retention", "delete_records_before"])
+def test_retention_leaves_no_hole_whatever_order_its_renames_reach_the_disk(mem_path, how):
+    config = dict(SMALL, flush_messages=1, retention_bytes=2500)
+    history: list[bytes] = []
+
+    def setup(root):
+        with Log.open(str(root / "t-0"), **config) as log:
+            while len(log.segments) < 7:
+                history.append(value_for(len(history), "r"))
+                log.append(history[-1], key=key_for(len(history) - 1))
+
+    def action(root):
+        with Log.open(str(root / "t-0"), **config) as log:
+            if how == "enforce_retention":
+                assert log.enforce_retention() >= 3
+            else:
+                log.delete_records_before(log.segments[4].base_offset + 1)
+
+    def check(path, oracle, rng):
+        with _fileio.install(_fileio.FileOps()), Log.open(os.path.join(path, "t-0"), **config) as log:
+            check_log(log, history, (0, len(history)), len(history), rng)
+
+    report = _explore_call(mem_path, setup, action, check)
+    assert not report.violations, "\n".join(report.violations)
+    assert report.states >= 50
+
+
+@pytest.mark.regression(reason=("fixed: a compaction swap renamed the old segments .deleted and the .swap live with "
+    "one directory fsync after both; a file system that persisted the .swap rename and not an old "
+    "segment's left the cleaned segment next to one it replaced (offsets going backwards)"))
+def test_a_compaction_swap_is_atomic_whatever_order_its_renames_reach_the_disk(mem_path):
+    config = dict(COMPACTED)
+    history: list[tuple[int, bytes, bytes | None]] = []
+
+    def setup(root):
+        # A first pass leaves small cleaned segments; the next pass merges several into one
+        # (a swap that replaces more than one old segment).
+        rng = random.Random(2)
+        with Log.open(str(root / "table-0"), **config) as log:
+            for round in range(2):
+                for i in range(60):
+                    key, value = b"k%d" % rng.randrange(6), b"v%d.%d" % (round, i)
+                    history.append((log.append(value, key=key), key, value))
+                log.roll()
+                if round == 0:
+                    log.compact()
+
+    def action(root):
+        with Log.open(str(root / "table-0"), **config) as log:
+            assert log.compact().segments_cleaned >= 2
+
+    def check(path, oracle, rng):
+        partition = os.path.join(path, "table-0")
+        with _fileio.install(_fileio.FileOps()):
+            with Log.open(partition, **config) as log:
+                got = [(r.offset, r.key, r.value) for r in log.iter()]
+            _verify_clean(partition)
+        offsets = [o for o, _, _ in got]
+        assert offsets == sorted(set(offsets)), "offsets repeat or go back"
+        assert set(got) <= set(history)
+        assert {k: o for o, k, _ in got} == {k: o for o, k, _ in history}, "a key lost its latest value"
+
+    report = _explore_call(mem_path, setup, action, check)
+    assert not report.violations, "\n".join(report.violations)
+    assert report.states >= 50
+
+
+@pytest.mark.regression(reason=("fixed: a new store's root directory (and a new log's directory) were created without "
+    "fsyncing the parent, so a power loss could take a whole store away after create_topic and "
+    "appends had returned as durable"))
+def test_a_new_store_and_a_new_log_survive_a_power_loss_once_their_first_write_is_acknowledged(mem_path):
+    def action(root):
+        with LogStore(str(root / "a" / "store"), maintenance=False, **STORE) as store:
+            store.create_topic("t", 1)
+            store.partition("t", 0).append(b"acknowledged")
+        with Log.open(str(root / "b" / "log-0"), flush_messages=1, segment_index_bytes=4096) as log:
+            log.append(b"acknowledged")
+
+    root = mem_path / "work"
+    root.mkdir()
+    recorder = Recorder(root, lambda: None)
+    with _fileio.install(recorder):
+        action(root)
+    durable = recorder.durable_names(str(root))
+    assert {"a", "b"} <= durable
+    assert "store" in recorder.durable_names(str(root / "a")) and "log-0" in recorder.durable_names(str(root / "b"))
+    assert recorder.durable_names(str(root / "a" / "store" / ".topics")) == {"t"}
