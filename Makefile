@@ -3,7 +3,8 @@
 #               replicated cluster, Spark batch source)
 #   make test   same setup, run the whole test suite (< 10 minutes on 2 cores)
 #   make bench  run the pytest-benchmark suite in bench/ and bench/compare.py
-#   make soak   long-running suites (marker "slow")
+#   make soak   long-running suites (marker "slow"): full fault sweeps, deep crash-state exploration, and a
+#               kill -9 soak of SOAK_SECONDS (default 300)
 #   make asan   rebuild the C core with ASan/UBSan and run the native and corruption tests (also: make sanitize)
 #   make fuzz   libFuzzer (clang) on every C parser, FUZZ_SECONDS each (default 60); seeds in tests/fuzz/corpus
 
@@ -38,8 +39,9 @@ bench: $(STAMP)
 	$(PY) -m pytest -q bench --benchmark-only --benchmark-columns=min,mean,ops
 	$(PY) bench/compare.py
 
+SOAK_SECONDS ?= 300
 soak: $(STAMP)
-	$(PY) -m pytest $(PYTEST_FLAGS) -m slow tests
+	LOGSTORE_SOAK_SECONDS=$(SOAK_SECONDS) $(PY) -m pytest $(PYTEST_FLAGS) -m slow tests
 
 # The sanitizer build replaces the C core in .venv; the last step puts the normal build back.
 asan: $(STAMP)

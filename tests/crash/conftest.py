@@ -45,6 +45,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             states += report.states
             violations += len(report.violations)
         terminalreporter.write_line(f"total: {states} crash states at {points} crash points, {violations} violations")
+    soak = sys.modules.get("test_soak")
+    if soak is not None and soak.FIGURES:
+        terminalreporter.section("kill -9 soak")
+        for figures in soak.FIGURES:
+            terminalreporter.write_line(figures.summary())
     io_errors = sys.modules.get("test_io_errors")
     if io_errors is not None and io_errors.CALL_SITES:
         sites = io_errors.CALL_SITES

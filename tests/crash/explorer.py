@@ -21,8 +21,9 @@ store with the plain FileOps and compares it with the oracle. A state is a choic
   new length (a zero-filled tail, the size reached the disk before the data), the file cut at
   the boundary (a partial append), or the sector at the boundary garbled (random bytes in the
   bytes that changed: a program's unchanged bytes are never damaged, SQLite's "powersafe
-  overwrite"). Files change independently of each other and of the namespace, so a rename can
-  persist while the data of the renamed file does not (the classic ALICE finding).
+  overwrite"), or each changed piece new or old independently (writes reordered). Files change
+  independently of each other and of the namespace, so a rename can persist while the data of
+  the renamed file does not (the classic ALICE finding).
 
 States per crash point: the durable state; the page-cache state (a process crash); every
 variant of one axis with every other axis durable, and again with every other axis at its
@@ -206,6 +207,14 @@ def file_variants(old: bytes, new: bytes, rng: random.Random) -> list[tuple[str,
             sector = bytes(noise[i - cut] if a[i] != b[i] else a[i] for i in range(cut, end))
             out.append((f"new up to {cut}, garbage sector, old after ({g} B pieces)",
                         new[:cut] + sector + a[end:n]))
+        pieces = list(range(lo // g * g, min(hi, n), g))
+        if len(pieces) >= 2:
+            # Writes reordered: each changed piece reached the disk or not, independently.
+            mixed = bytearray(a[:n])
+            for start in pieces:
+                if rng.random() < 0.5:
+                    mixed[start:start + g] = new[start:start + g]
+            out.append((f"{g} B pieces reordered", bytes(mixed)))
     unique: list[tuple[str, bytes]] = []
     seen: set[bytes] = set()
     for label, data in out:

@@ -98,6 +98,9 @@ def test_file_variants_tear_appends_in_sector_and_page_pieces():
             if "garbage" not in label:
                 assert data[cut:] == bytes(len(new) - cut)  # the zero-filled tail
     assert len(set(variants.values())) == len(variants)
+    mixed = variants["512 B pieces reordered"]
+    pieces = [mixed[i:i + 512] == new[i:i + 512] for i in range(1024, len(new), 512)]
+    assert any(pieces) and not all(pieces)  # some later pieces arrived before earlier ones
 
 
 def test_the_explorer_finds_a_rename_that_persists_before_the_data(mem_path):

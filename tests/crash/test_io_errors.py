@@ -147,8 +147,11 @@ def _read_all(rfd: int, pid: int, timeout: float = 20.0) -> list[tuple[bytes, in
 @pytest.mark.regression(reason=("fixed: an I/O error inside Log._roll after the old segment was sealed (seal unmaps it) leaves "
     "Log._appender pointing at the unmapped segment; the next append that fits writes through "
     "the stale pointer and the process dies of SIGSEGV"))
+@pytest.mark.parametrize("stride", [pytest.param(3, id="sampled"), pytest.param(1, id="every", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("persistent", [False, True], ids=["once", "persistent"])
-def test_io_error_at_every_file_operation_is_an_exception_and_loses_no_returned_append(mem_path, persistent):
+def test_io_error_at_every_file_operation_is_an_exception_and_loses_no_returned_append(mem_path, persistent, stride):
+    """make test: every one of the open's first 60 file operations, then every third; make
+    soak: every one."""
     config = dict(CONFIG, segment_bytes=1024, flush_messages=1)
     template = mem_path / "template"
     history: list[bytes] = []
@@ -183,7 +186,7 @@ def test_io_error_at_every_file_operation_is_an_exception_and_loses_no_returned_
         except Exception as exc:  # collect every failing point, report them together
             failures.append(_describe(exc, what))
         shutil.rmtree(work)
-        n += 1
+        n += 1 if n < 60 else stride
     assert total is not None and total > 150, f"the workload made only {total} FileOps calls"
     assert not failures, f"{len(failures)} of {total} error points broke the writer or the log:\n" + "\n".join(failures)
 

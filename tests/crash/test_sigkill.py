@@ -225,8 +225,9 @@ def _scripted_writer(path: str, config: dict, kill_at: int, wfd: int) -> None:
     os.write(wfd, _MSG.pack(_DONE, ops.calls))
 
 
-def _kill_at_every_call(mem_path, clean_template: bool) -> list[str]:
-    """Run the scripted writer once per FileOps call index; return the failures."""
+def _kill_at_every_call(mem_path, clean_template: bool, stride: int = 1) -> list[str]:
+    """Run the scripted writer once per FileOps call index (every one of the open's first 60,
+    then every ``stride``-th); return the failures."""
     config = dict(CONFIG, segment_bytes=1024, flush_messages=1)
     template = mem_path / "template"
     history: list[bytes] = []
@@ -267,14 +268,19 @@ def _kill_at_every_call(mem_path, clean_template: bool) -> list[str]:
         except Exception as exc:  # collect every failing kill point, then report them together
             failures.append(_describe(exc, what))
         shutil.rmtree(work)
-        n += 1
+        n += 1 if n < 60 else stride
     assert total is not None and total > 150, f"the workload made only {total} FileOps calls"
     print(f"{total} FileOps calls, {len(failures)} failing kill points")
     return failures
 
 
-def test_sigkill_at_every_file_operation_after_unclean_shutdown(mem_path):
-    failures = _kill_at_every_call(mem_path, clean_template=False)
+#: make test kills at every third file operation after the open's first 60; make soak at every one.
+STRIDES = [pytest.param(3, id="sampled"), pytest.param(1, id="every", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("stride", STRIDES)
+def test_sigkill_at_every_file_operation_after_unclean_shutdown(mem_path, stride):
+    failures = _kill_at_every_call(mem_path, clean_template=False, stride=stride)
     assert not failures, f"{len(failures)} kill points broke the log:\n" + "\n".join(failures)
 
 
@@ -282,8 +288,9 @@ def test_sigkill_at_every_file_operation_after_unclean_shutdown(mem_path):
     "re-mapped (fallocate + index preallocation) but before .kafka_cleanshutdown is unlinked, "
     "leaves a log whose next open trusts the marker and keeps the zero tail as data: appends go "
     "after the zeros and reading across them raises CorruptRecordError"))
-def test_sigkill_at_every_file_operation_after_clean_shutdown(mem_path):
-    failures = _kill_at_every_call(mem_path, clean_template=True)
+@pytest.mark.parametrize("stride", STRIDES)
+def test_sigkill_at_every_file_operation_after_clean_shutdown(mem_path, stride):
+    failures = _kill_at_every_call(mem_path, clean_template=True, stride=stride)
     assert not failures, f"{len(failures)} kill points broke the log:\n" + "\n".join(failures)
 
 

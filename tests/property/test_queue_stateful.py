@@ -10,6 +10,7 @@ done or leased message, and returns None only when nothing is available.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 
@@ -177,8 +178,9 @@ class _snapshot_every:
         workqueue._SNAPSHOT_EVERY = self.saved
 
 
+#: 20 runs in make test; LOGSTORE_STATEFUL_EXAMPLES=200 for a deeper search.
 QueueMachine.TestCase.settings = settings(
-    max_examples=40,
+    max_examples=int(os.environ.get("LOGSTORE_STATEFUL_EXAMPLES", "20")),
     stateful_step_count=30,
     deadline=None,
     database=None,
