@@ -1721,7 +1721,7 @@ class Log:
         if any(segment is self._active for segment in doomed):
             self._roll()
         gone = {segment.base_offset for segment in doomed}
-        first = next(base for base in self._segments.keys() if base not in gone)
+        first = next((base for base in self._segments.keys() if base not in gone), self._log_start_offset)
         if first > self._log_start_offset:
             # The new log start is durable before any segment goes. The renames below may
             # reach the disk in any order before the directory fsync; a crash that keeps some

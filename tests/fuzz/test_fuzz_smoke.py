@@ -4,7 +4,7 @@ Each target of fuzz_targets.c is built with gcc under AddressSanitizer and
 UndefinedBehaviorSanitizer together with fuzz_driver.c, which replays the seed corpus
 (tests/fuzz/corpus, written by make_corpus.py from real batches, segments and indexes) and then
 mutates it at random for a few seconds. Any out-of-bounds read, overflow or abort fails the test
-with the sanitizer's report. The execution counts are printed (pytest -s) for the figures.
+with the sanitizer's report. The execution counts are printed at the end of the run.
 """
 
 from __future__ import annotations
@@ -39,6 +39,10 @@ def core(tmp_path_factory):
     return out, objects
 
 
+#: Executions per target in this run (printed at the end of the run, see conftest.py).
+EXECUTIONS: dict[str, int] = {}
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_fuzz_target_survives_the_corpus_and_mutations(core, target):
     out, objects = core
@@ -51,5 +55,6 @@ def test_fuzz_target_survives_the_corpus_and_mutations(core, target):
                          capture_output=True, text=True, env=env, timeout=120)
     assert run.returncode == 0, run.stderr[-4000:]
     executions = int(run.stdout.strip())
+    EXECUTIONS[target] = executions
     print(f"fuzz {target}: {executions} executions in {SECONDS:g} s, no findings")
     assert executions > len(list((HERE / "corpus" / target).iterdir()))
