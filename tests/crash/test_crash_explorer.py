@@ -320,9 +320,10 @@ def test_every_crash_state_of_a_store_keeps_topics_records_and_committed_offsets
 
 
 # ---------------------------------------------------------------------------- findings
-def _explore_call(mem_path, setup, action, check, workers: int = 2, cap: int = 24) -> Report:
-    """Run ``setup(root)`` with the plain FileOps, then ``action(root)`` under the recorder, and
-    explore every state of every crash point of the action (its oracle: None)."""
+def _explore_call(mem_path, setup, action, check, workers: int = 2, cap: int = 24, minimum_states: int = 50) -> Report:
+    """Run ``setup(root)`` with the plain FileOps, then ``action(root)`` under the recorder,
+    explore every state of every crash point of the action (its oracle: None) and assert that
+    none broke ``check`` and that at least ``minimum_states`` were tried."""
     root = mem_path / "work"
     root.mkdir()
     setup(root)
@@ -330,8 +331,11 @@ def _explore_call(mem_path, setup, action, check, workers: int = 2, cap: int = 2
     with _fileio.install(recorder):
         action(root)
         recorder.mark("the end of the action")
-    return explore(recorder.points, str(mem_path / "scratch"), check, workers=workers, random_states=8,
-                   max_states_per_point=cap)
+    report = explore(recorder.points, str(mem_path / "scratch"), check, workers=workers, random_states=8,
+                     max_states_per_point=cap)
+    assert not report.violations, "\n".join(report.violations)
+    assert report.states >= minimum_states, report.summary("action")
+    return report
 
 
 @pytest.mark.regression(reason=("fixed: retention renamed the doomed segments .deleted and fsynced the directory "
@@ -359,9 +363,7 @@ def test_retention_leaves_no_hole_whatever_order_its_renames_reach_the_disk(mem_
         with _fileio.install(_fileio.FileOps()), Log.open(os.path.join(path, "t-0"), **config) as log:
             check_log(log, history, (0, len(history)), len(history), rng)
 
-    report = _explore_call(mem_path, setup, action, check)
-    assert not report.violations, "\n".join(report.violations)
-    assert report.states >= 50
+    _explore_call(mem_path, setup, action, check)
 
 
 @pytest.mark.regression(reason=("fixed: a compaction swap renamed the old segments .deleted and the .swap live with "
@@ -399,9 +401,7 @@ def test_a_compaction_swap_is_atomic_whatever_order_its_renames_reach_the_disk(m
         assert set(got) <= set(history)
         assert {k: o for o, k, _ in got} == {k: o for o, k, _ in history}, "a key lost its latest value"
 
-    report = _explore_call(mem_path, setup, action, check)
-    assert not report.violations, "\n".join(report.violations)
-    assert report.states >= 50
+    _explore_call(mem_path, setup, action, check)
 
 
 @pytest.mark.regression(reason=("fixed: a new store's root directory (and a new log's directory) were created without "

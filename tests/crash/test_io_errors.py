@@ -471,6 +471,16 @@ def _segmented_template(root, unclean: bool) -> tuple[object, list[bytes]]:
     return path, history
 
 
+def _append_one(log: Log, wfd: int) -> None:
+    """Try one more append after the fault; report it if it returned (it is then acknowledged)."""
+    try:
+        end = log.log_end_offset
+        if log.append(value_for(end, "t"), key=key_for(end)) == end:
+            os.write(wfd, _MSG.pack(b"A", end))
+    except Exception:  # noqa: BLE001 - the log may refuse writes after an I/O error
+        pass
+
+
 def _retention_with_error(path: str, how: str, fail_at: int, persistent: bool, wfd: int) -> None:
     """Open the log, run retention with the fail_at-th FileOps call of it failing, then try
     one append; report what returned."""
@@ -487,12 +497,7 @@ def _retention_with_error(path: str, how: str, fail_at: int, persistent: bool, w
             os.write(wfd, _MSG.pack(b"R", log.log_start_offset))
         except Exception:  # noqa: BLE001 - a failed call is allowed; what it leaves is checked
             os.write(wfd, _MSG.pack(b"E", 0))
-        try:
-            end = log.log_end_offset
-            if log.append(value_for(end, "t"), key=key_for(end)) == end:
-                os.write(wfd, _MSG.pack(b"A", end))
-        except Exception:  # noqa: BLE001
-            pass
+        _append_one(log, wfd)
     os.write(wfd, _MSG.pack(b"N", ops.calls))
 
 
@@ -507,12 +512,7 @@ def _recover_with_error(path: str, fail_at: int, persistent: bool, wfd: int) -> 
         except Exception:  # noqa: BLE001 - an open that hits an I/O error raises
             os.write(wfd, _MSG.pack(b"E", 0))
         else:
-            try:
-                end = log.log_end_offset
-                if log.append(value_for(end, "t"), key=key_for(end)) == end:
-                    os.write(wfd, _MSG.pack(b"A", end))
-            except Exception:  # noqa: BLE001
-                pass
+            _append_one(log, wfd)
     os.write(wfd, _MSG.pack(b"N", ops.calls))
 
 
