@@ -72,6 +72,15 @@ class FileOps:
         """A descriptor's file size in bytes."""
         return os.fstat(fd).st_size
 
+    def data_end(self, fd: int) -> int:
+        """Where the file's first hole starts (its size when it has none, or when the file
+        system cannot tell). Bytes past it read as zeros; on tmpfs, touching a hole through a
+        shared map allocates a page, and on a full tmpfs that is a SIGBUS."""
+        try:
+            return os.lseek(fd, 0, os.SEEK_HOLE)
+        except OSError:
+            return os.fstat(fd).st_size
+
     def mmap(self, fd: int, length: int, writable: bool) -> mmap.mmap:
         """Map ``length`` bytes of a file, shared and writable or read-only."""
         access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ

@@ -117,6 +117,10 @@ class _Index:
         """
         size = max(self.max_index_size - self.max_index_size % self.entry_size, self.entry_size)
         current = _fileio.ops.fsize(self._fd)
+        # Entries can only be in the part written before: up to the old size and the first
+        # hole. The scan must not touch the rest (a hole read through the map would allocate
+        # a page on tmpfs, which on a full tmpfs is a SIGBUS).
+        written = min(current, _fileio.ops.data_end(self._fd))
         if current > size:
             size = current - current % self.entry_size
         if current != size:
@@ -124,7 +128,7 @@ class _Index:
         self.partial_entry = False
         self._reserved = 0
         self._map(size, True)
-        self.entries = lib.ls_index_entries(self._ptr, self.capacity, self.is_time)
+        self.entries = lib.ls_index_entries(self._ptr, min(self.capacity, written // self.entry_size), self.is_time)
 
     def reload_sealed(self) -> None:
         """Map the file read-only as it is now on disk (another process trimmed it when the

@@ -1983,7 +1983,17 @@ class Log:
             segment.close(trim=True)
         self._unlink_due_deletes(everything=True)
         self._recovery_point = self._segments.peekitem(-1)[1].next_offset
-        self._write_checkpoints(force=True)
+        try:
+            self._write_checkpoints(force=True)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            # A full disk: every segment is fsynced, only the checkpoint files are stale. No
+            # clean-shutdown marker, so the next open checks the segments past the old
+            # recovery point instead of trusting them.
+            logger.warning("%s: no space to update the checkpoint files at close; the next open "
+                           "will run recovery: %s", self.path, exc)
+            return
         self._write_clean_shutdown_marker()
 
     def _write_clean_shutdown_marker(self) -> None:

@@ -276,3 +276,21 @@ def test_remove_tree_goes_through_the_file_operations_one_entry_at_a_time(tmp_pa
     assert sorted(ops.calls) == sorted([("unlink", str(root / "f")), ("unlink", str(root / "sub" / "g")),
                                         ("rmdir", str(root / "sub")), ("rmdir", str(root))])
     ops.remove_tree(str(root))  # already gone: fine
+
+
+def test_data_end_is_where_the_first_hole_starts(ops: FileOps) -> None:
+    import tempfile
+
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("needs a tmpfs at /dev/shm (a file system that reports holes)")
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
+        fd = ops.open(os.path.join(d, "sparse"), os.O_RDWR | os.O_CREAT)
+        try:
+            assert ops.data_end(fd) == 0
+            ops.pwrite(fd, b"x" * 4096, 0)
+            ops.ftruncate(fd, 1 << 20)  # a hole after the first page
+            assert ops.data_end(fd) == 4096
+            ops.pwrite(fd, b"y" * 4096, (1 << 20) - 4096)
+            assert ops.data_end(fd) == 4096  # the first hole, not the last
+        finally:
+            ops.close(fd)
