@@ -49,6 +49,9 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from logstore import _fileio
+from logstore._fileio import FileOps
+
 from powerloss import ROOT, PowerLossFileOps, _EMPTY, _pack, _read_path, _unpack, is_dir
 
 __all__ = ["CrashPoint", "Recorder", "Report", "REPORTS", "explore", "file_variants", "dir_variants", "GRANULES"]
@@ -363,6 +366,14 @@ def _explore_points(points: list[CrashPoint], scratch: str,
                     check: Callable[[str, Any, random.Random], None], seed: int, random_states: int,
                     max_states_per_point: int, max_violations: int) -> Report:
     report = Report()
+    with _fileio.install(FileOps()):  # the checks reopen with the real file operations
+        _explore_into(report, points, scratch, check, seed, random_states, max_states_per_point, max_violations)
+    return report
+
+
+def _explore_into(report: Report, points: list[CrashPoint], scratch: str,
+                  check: Callable[[str, Any, random.Random], None], seed: int, random_states: int,
+                  max_states_per_point: int, max_violations: int) -> None:
     for point in points:
         rng = random.Random(seed * 1_000_003 + point.index)
         axes = _axes(point, rng)
@@ -385,8 +396,7 @@ def _explore_points(points: list[CrashPoint], scratch: str,
                 report.violations.append(f"crash point {point.index} (before {point.label}) "
                                          f"[{state}]: {detail[:600]}")
                 if len(report.violations) >= max_violations:
-                    return report
-    return report
+                    return
 
 
 def explore(points: list[CrashPoint], scratch: str, check: Callable[[str, Any, random.Random], None],

@@ -46,12 +46,14 @@ SMALL = dict(CONFIG, segment_bytes=1024, index_interval_bytes=256)
 
 
 def _run(mem_path, name: str, workload, oracle, check, depth: str, minimum_states: int,
-         max_states_per_point: int = 64) -> Report:
+         max_states_per_point: int = 64, random_states: int = 4) -> Report:
+    """Record ``workload()`` under ``mem_path/work`` (the tree there now is durable), explore
+    every crash point and assert no violation and at least ``minimum_states`` states."""
     recorder = Recorder(mem_path / "work", oracle)
     with _fileio.install(recorder):
         workload()
         recorder.mark("the end of the workload")
-    limits = SOAK if depth == "soak" else dict(random_states=4, max_states_per_point=max_states_per_point)
+    limits = SOAK if depth == "soak" else dict(random_states=random_states, max_states_per_point=max_states_per_point)
     report = explore(recorder.points, str(mem_path / "scratch"), check, **limits)
     REPORTS.append((f"{name} [{depth}]", report))
     assert not report.violations, (f"{report.summary(name)}:\n" + "\n".join(report.violations))
@@ -170,14 +172,13 @@ def _explore_lifetime(mem_path, config: dict, flush_every: int | None, seed: int
         partition = os.path.join(path, "orders-0")
         if durable == 0 and not os.path.isdir(partition):
             return  # the log's creation never became durable; nothing was acknowledged
-        with _fileio.install(_fileio.FileOps()):
-            log = Log.open(partition, **config)
-            try:
-                end = check_log(log, w.history, (lo, hi), durable, rng)
-                assert log.append(value_for(end, "after"), key=key_for(end)) == end
-            finally:
-                log.close()
-            _verify_clean(partition)
+        log = Log.open(partition, **config)
+        try:
+            end = check_log(log, w.history, (lo, hi), durable, rng)
+            assert log.append(value_for(end, "after"), key=key_for(end)) == end
+        finally:
+            log.close()
+        _verify_clean(partition)
 
     report = _run(mem_path, f"log lifetime, {policy}, seed {seed}", _log_workload(w), lambda: (w.durable, w.start, w.start_hi),
                   check, depth, minimum_states=3200 if seed == 3 else 2500)
@@ -223,11 +224,10 @@ def test_every_crash_state_of_a_compacted_log_keeps_each_keys_latest_value(mem_p
         partition = os.path.join(root, "table-0")
         if durable == 0 and not os.path.isdir(partition):
             return
-        with _fileio.install(_fileio.FileOps()):
-            with Log.open(partition, **COMPACTED) as log:
-                assert log.log_end_offset >= durable, f"log ends at {log.log_end_offset}, {durable} acknowledged"
-                got = [(r.offset, r.key, r.value) for r in log.iter()]
-            _verify_clean(partition)
+        with Log.open(partition, **COMPACTED) as log:
+            assert log.log_end_offset >= durable, f"log ends at {log.log_end_offset}, {durable} acknowledged"
+            got = [(r.offset, r.key, r.value) for r in log.iter()]
+        _verify_clean(partition)
         offsets = [o for o, _, _ in got]
         assert offsets == sorted(set(offsets)), "offsets repeat or go back"
         invented = set(got) - set(history)
@@ -298,44 +298,35 @@ def test_every_crash_state_of_a_store_keeps_topics_records_and_committed_offsets
         where = os.path.join(path, "store")
         if not oracle["created"]:
             return
-        with _fileio.install(_fileio.FileOps()):
-            with LogStore(where, maintenance=False, **STORE) as store:
-                list(store.logs())  # every partition recovers, __consumer_offsets too
-                topics = set(store.topics())
-                assert oracle["topics"] <= topics, f"topics {sorted(oracle['topics'] - topics)} were created, now gone"
-                assert not oracle["deleted"] & topics, f"topics {sorted(oracle['deleted'] & topics)} came back"
-                if "events" in topics:
-                    for tp in parts:
-                        check_log(store.partition(*tp), history[tp], 0, oracle["durable"][tp], rng, f"{tp}")
-                if oracle["committed"] is not None:
-                    for tp in parts:
-                        got = offset_store(store).committed("g", *tp)
-                        allowed = {oracle["committed"][tp], oracle["attempted"][tp]}
-                        assert got in allowed, f"group g at {tp}: committed {got}, expected one of {allowed}"
-                assert not [n for n in os.listdir(where) if n.endswith("-delete")], "a deleted topic's directory is left"
-            _verify_clean(where)
+        with LogStore(where, maintenance=False, **STORE) as store:
+            list(store.logs())  # every partition recovers, __consumer_offsets too
+            topics = set(store.topics())
+            assert oracle["topics"] <= topics, f"topics {sorted(oracle['topics'] - topics)} were created, now gone"
+            assert not oracle["deleted"] & topics, f"topics {sorted(oracle['deleted'] & topics)} came back"
+            if "events" in topics:
+                for tp in parts:
+                    check_log(store.partition(*tp), history[tp], 0, oracle["durable"][tp], rng, f"{tp}")
+            if oracle["committed"] is not None:
+                for tp in parts:
+                    got = offset_store(store).committed("g", *tp)
+                    allowed = {oracle["committed"][tp], oracle["attempted"][tp]}
+                    assert got in allowed, f"group g at {tp}: committed {got}, expected one of {allowed}"
+            assert not [n for n in os.listdir(where) if n.endswith("-delete")], "a deleted topic's directory is left"
+        _verify_clean(where)
 
     _run(mem_path, "store: topics, appends, commits", workload, lambda: dict(model, topics=set(model["topics"]),
          deleted=set(model["deleted"])), check, depth, minimum_states=1200, max_states_per_point=8)
 
 
 # ---------------------------------------------------------------------------- findings
-def _explore_call(mem_path, setup, action, check, workers: int = 2, cap: int = 24, minimum_states: int = 50) -> Report:
-    """Run ``setup(root)`` with the plain FileOps, then ``action(root)`` under the recorder,
-    explore every state of every crash point of the action (its oracle: None) and assert that
-    none broke ``check`` and that at least ``minimum_states`` were tried."""
+def _explore_call(mem_path, name: str, setup, action, check, cap: int = 24, minimum_states: int = 50) -> Report:
+    """Run ``setup(root)`` with the plain FileOps, then explore every crash point of
+    ``action(root)`` (oracle: None) as _run does."""
     root = mem_path / "work"
     root.mkdir()
     setup(root)
-    recorder = Recorder(root, lambda: None)
-    with _fileio.install(recorder):
-        action(root)
-        recorder.mark("the end of the action")
-    report = explore(recorder.points, str(mem_path / "scratch"), check, workers=workers, random_states=8,
-                     max_states_per_point=cap)
-    assert not report.violations, "\n".join(report.violations)
-    assert report.states >= minimum_states, report.summary("action")
-    return report
+    return _run(mem_path, name, lambda: action(root), lambda: None, check, "ci", minimum_states,
+                max_states_per_point=cap, random_states=8)
 
 
 @pytest.mark.regression(reason=("fixed: retention renamed the doomed segments .deleted and fsynced the directory "
@@ -360,10 +351,10 @@ def test_retention_leaves_no_hole_whatever_order_its_renames_reach_the_disk(mem_
                 log.delete_records_before(log.segments[4].base_offset + 1)
 
     def check(path, oracle, rng):
-        with _fileio.install(_fileio.FileOps()), Log.open(os.path.join(path, "t-0"), **config) as log:
+        with Log.open(os.path.join(path, "t-0"), **config) as log:
             check_log(log, history, (0, len(history)), len(history), rng)
 
-    _explore_call(mem_path, setup, action, check)
+    _explore_call(mem_path, f"retention: {how}", setup, action, check)
 
 
 @pytest.mark.regression(reason=("fixed: a compaction swap renamed the old segments .deleted and the .swap live with "
@@ -392,16 +383,15 @@ def test_a_compaction_swap_is_atomic_whatever_order_its_renames_reach_the_disk(m
 
     def check(path, oracle, rng):
         partition = os.path.join(path, "table-0")
-        with _fileio.install(_fileio.FileOps()):
-            with Log.open(partition, **config) as log:
-                got = [(r.offset, r.key, r.value) for r in log.iter()]
-            _verify_clean(partition)
+        with Log.open(partition, **config) as log:
+            got = [(r.offset, r.key, r.value) for r in log.iter()]
+        _verify_clean(partition)
         offsets = [o for o, _, _ in got]
         assert offsets == sorted(set(offsets)), "offsets repeat or go back"
         assert set(got) <= set(history)
         assert {k: o for o, k, _ in got} == {k: o for o, k, _ in history}, "a key lost its latest value"
 
-    _explore_call(mem_path, setup, action, check)
+    _explore_call(mem_path, "a compaction swap", setup, action, check)
 
 
 @pytest.mark.regression(reason=("fixed: a new store's root directory (and a new log's directory) were created without "
