@@ -1,4 +1,4 @@
-"""Log compaction: the key -> latest offset map of a cleaning pass.
+"""Log compaction: the offset map, the cleaning pass over a log's segments and its swap, the cleaner thread.
 
 Semantics (Kafka's): a record with key K at offset O is obsolete iff the log holds a record with
 key K at an offset O' > O. A cleaning pass first indexes the dirty section of the log into an
@@ -16,18 +16,23 @@ Kafka's default load factor of 0.9).
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import xxhash
 
+from . import _fileio
 from ._native import check, ffi, lib
 from .errors import LogstoreError
+from .logsegments import LogSegments
 from .records import BatchBuilder, BatchHeader, Record, RecordDecoder, parse_header
-from .segment import LogSegment
+from .segment import CLEANED_SUFFIX, DELETED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, LogSegment, segment_name
 
-__all__ = ["OffsetMap", "key_hash", "Cleaner", "CleanerReport", "CleanerState", "build_offset_map", "clean_batches"]
+__all__ = ["OffsetMap", "key_hash", "Cleaner", "CleanerReport", "CleanerState", "build_offset_map", "clean_batches",
+           "compact_segments", "dirty_bytes"]
 
 logger = logging.getLogger("logstore.cleaner")
 
@@ -227,6 +232,106 @@ class Cleaner:
                     pass
             except Exception:  # noqa: BLE001 - keep the thread alive, say why
                 logger.exception("cleaner pass failed")
+
+
+def dirty_bytes(segments: LogSegments, first_dirty: int) -> tuple[int, int]:
+    """(dirty, total) bytes of the sealed segments: dirty ones end past ``first_dirty``."""
+    sealed = segments.sealed()
+    total = sum(s.size for s in sealed)
+    dirty = sum(s.size for s in sealed if s.next_offset > first_dirty)
+    return dirty, total
+
+
+def oldest_dirty_timestamp(segments: LogSegments, first_dirty: int) -> int | None:
+    """The max timestamp of the oldest sealed segment past ``first_dirty`` (None: none)."""
+    for segment in segments.sealed():
+        if segment.next_offset > first_dirty:
+            return segment.max_timestamp
+    return None
+
+
+def compact_segments(segments: LogSegments, config: Any, decoder: RecordDecoder, builder: BatchBuilder,
+                     first_dirty: int, now: int, started: float) -> CleanerReport:
+    """One compaction pass over the sealed segments of ``segments`` from ``first_dirty`` on.
+
+    The dirty section ends at the active segment, or earlier at the first segment holding
+    records younger than min_compaction_lag_ms, or where the offset map filled up. Segments
+    from the oldest through the one holding the end of the section are rewritten, grouping
+    neighbours while their total stays under segment_bytes, and swapped in (:func:`swap_in`).
+    The report's ``cleaned_up_to`` is the new first dirty offset; the caller checkpoints it.
+    """
+    sealed = segments.sealed()
+    if not config.compacted or not sealed:
+        return CleanerReport(first_dirty_offset=first_dirty, cleaned_up_to=first_dirty)
+    # Segments holding records younger than min_compaction_lag_ms are not cleanable yet.
+    dirty_end = segments.last.base_offset
+    for segment in sealed if config.min_compaction_lag_ms > 0 else ():
+        if segment.next_offset > first_dirty and segment.max_timestamp > now - config.min_compaction_lag_ms:
+            dirty_end = segment.base_offset
+            break
+    if first_dirty >= dirty_end:
+        return CleanerReport(first_dirty_offset=first_dirty, cleaned_up_to=first_dirty)
+    offset_map = OffsetMap(config.cleaner_dedupe_buffer_size, base_offset=first_dirty)
+    end = build_offset_map(sealed, decoder, offset_map, first_dirty, dirty_end)
+    if end <= first_dirty:
+        return CleanerReport(first_dirty_offset=first_dirty, cleaned_up_to=first_dirty)
+    groups: list[list[LogSegment]] = []
+    total = 0
+    for segment in sealed:
+        if segment.base_offset >= end:
+            break
+        if groups and total + segment.size <= config.segment_bytes:
+            groups[-1].append(segment)
+            total += segment.size
+        else:
+            groups.append([segment])
+            total = segment.size
+    read = written = kept = dropped = tombstones = 0
+    for group in groups:
+        data = bytearray()
+        r, k, d, t = clean_batches(group, decoder, builder, offset_map, end, now, config.delete_retention_ms, data)
+        read, kept, dropped, tombstones = read + r, kept + k, dropped + d, tombstones + t
+        written += len(data)
+        swap_in(segments, group, data)
+    return CleanerReport(read, written, kept, dropped, tombstones, time.monotonic() - started,
+                         first_dirty, end, sum(len(g) for g in groups))
+
+
+def swap_in(segments: LogSegments, group: list[LogSegment], data: bytearray) -> None:
+    """Replace ``group`` by one segment holding ``data``: .cleaned, .swap, old .deleted, live.
+
+    Invariant: at every step the files on disk describe the log before the swap or after it
+    (the open-time completion of .swap files decides between them).
+    """
+    ops = _fileio.ops
+    directory = segments.path
+    segments.on_layout_change()
+    base = group[0].base_offset
+    live = os.path.join(directory, segment_name(base) + LOG_SUFFIX)
+    cleaned, swap = live + CLEANED_SUFFIX, live + SWAP_SUFFIX
+    ops.write_new_file(cleaned, data)
+    ops.rename(cleaned, swap)
+    ops.fsync_dir(directory)
+    names = []
+    for segment in group:
+        segments.pop(segment.base_offset)
+        segment.close(trim=False)
+        for path in segment.file_paths():
+            if ops.exists(path):
+                ops.rename(path, path + DELETED_SUFFIX)
+                names.append(path + DELETED_SUFFIX)
+    # The renames above must be durable before the one below: a file system may persist
+    # directory operations in any order between fsyncs, and a live cleaned segment next to
+    # an old segment it replaced would give offsets that go backwards. While the .swap
+    # exists, the open-time completion deletes whatever old segment survived.
+    ops.fsync_dir(directory)
+    ops.rename(swap, live)
+    ops.fsync_dir(directory)
+    segment = LogSegment.open(directory, base, **segments.settings)
+    segment.rebuild_indexes(reason=None)
+    segments.swap_in_place(segment)
+    for name in names:
+        ops.unlink(name)
 
 
 def build_offset_map(segments: Sequence[LogSegment], decoder: RecordDecoder, offset_map: OffsetMap,
