@@ -20,6 +20,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from weakref import WeakKeyDictionary
 from typing import Any, Iterable, Sequence
 
 import xxhash
@@ -32,7 +33,7 @@ from .records import BatchBuilder, BatchHeader, Record, RecordDecoder, parse_hea
 from .segment import CLEANED_SUFFIX, DELETED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, LogSegment, segment_name
 
 __all__ = ["OffsetMap", "key_hash", "Cleaner", "CleanerReport", "CleanerState", "build_offset_map", "clean_batches",
-           "compact_segments", "dirty_bytes"]
+           "compact_segments", "dirty_bytes", "oldest_dirty_timestamp", "earliest_delete_horizon"]
 
 logger = logging.getLogger("logstore.cleaner")
 
@@ -250,6 +251,38 @@ def oldest_dirty_timestamp(segments: LogSegments, first_dirty: int) -> int | Non
     return None
 
 
+def earliest_delete_horizon(segments: LogSegments, first_dirty: int) -> int | None:
+    """The earliest delete horizon among the batches of the clean section (wholly below
+    ``first_dirty``) that carry one, or None. A batch carries a horizon iff a pass kept a
+    tombstone in it; once the horizon passes, the tombstones go (Kafka's KIP-534), even when
+    nothing is dirty."""
+    earliest = None
+    for segment in segments.sealed():
+        if segment.base_offset >= first_dirty:
+            break
+        for horizon, last_offset in _horizon_batches(segment):
+            if last_offset < first_dirty and (earliest is None or horizon < earliest):
+                earliest = horizon
+    return earliest
+
+
+#: sealed segment -> [(delete horizon, last offset)] of its batches that carry a horizon. A
+#: sealed segment's batches never change while its object lives (a pass swaps in a new one).
+_HORIZONS: "WeakKeyDictionary[LogSegment, list[tuple[int, int]]]" = WeakKeyDictionary()
+_HORIZONS_LOCK = threading.Lock()
+
+
+def _horizon_batches(segment: LogSegment) -> list[tuple[int, int]]:
+    with _HORIZONS_LOCK:
+        found = _HORIZONS.get(segment)
+    if found is None:
+        found = [(header.base_timestamp, header.base_offset + header.last_offset_delta)
+                 for _, header in _batches(segment) if header.attributes & lib.LS_ATTR_DELETE_HORIZON]
+        with _HORIZONS_LOCK:
+            _HORIZONS[segment] = found
+    return found
+
+
 def compact_segments(segments: LogSegments, config: Any, decoder: RecordDecoder, builder: BatchBuilder,
                      first_dirty: int, now: int, started: float) -> CleanerReport:
     """One compaction pass over the sealed segments of ``segments`` from ``first_dirty`` on.
@@ -258,34 +291,47 @@ def compact_segments(segments: LogSegments, config: Any, decoder: RecordDecoder,
     records younger than min_compaction_lag_ms, or where the offset map filled up. Segments
     from the oldest through the one holding the end of the section are rewritten, grouping
     neighbours while their total stays under segment_bytes, and swapped in (:func:`swap_in`).
-    The report's ``cleaned_up_to`` is the new first dirty offset; the caller checkpoints it.
+    With nothing dirty, the segments of the clean section holding tombstones whose delete
+    horizon passed are rewritten without them. The report's ``cleaned_up_to`` is the new first
+    dirty offset; the caller checkpoints it.
     """
     sealed = segments.sealed()
+    nothing = CleanerReport(first_dirty_offset=first_dirty, cleaned_up_to=first_dirty)
     if not config.compacted or not sealed:
-        return CleanerReport(first_dirty_offset=first_dirty, cleaned_up_to=first_dirty)
+        return nothing
     # Segments holding records younger than min_compaction_lag_ms are not cleanable yet.
     dirty_end = segments.last.base_offset
     for segment in sealed if config.min_compaction_lag_ms > 0 else ():
         if segment.next_offset > first_dirty and segment.max_timestamp > now - config.min_compaction_lag_ms:
             dirty_end = segment.base_offset
             break
-    if first_dirty >= dirty_end:
-        return CleanerReport(first_dirty_offset=first_dirty, cleaned_up_to=first_dirty)
-    offset_map = OffsetMap(config.cleaner_dedupe_buffer_size, base_offset=first_dirty)
-    end = build_offset_map(sealed, decoder, offset_map, first_dirty, dirty_end)
-    if end <= first_dirty:
-        return CleanerReport(first_dirty_offset=first_dirty, cleaned_up_to=first_dirty)
+    end = first_dirty
+    if first_dirty < dirty_end:
+        offset_map = OffsetMap(config.cleaner_dedupe_buffer_size, base_offset=first_dirty)
+        end = build_offset_map(sealed, decoder, offset_map, first_dirty, dirty_end)
     groups: list[list[LogSegment]] = []
-    total = 0
-    for segment in sealed:
-        if segment.base_offset >= end:
-            break
-        if groups and total + segment.size <= config.segment_bytes:
-            groups[-1].append(segment)
-            total += segment.size
-        else:
-            groups.append([segment])
-            total = segment.size
+    if end > first_dirty:
+        total = 0
+        for segment in sealed:
+            if segment.base_offset >= end:
+                break
+            if groups and total + segment.size <= config.segment_bytes:
+                groups[-1].append(segment)
+                total += segment.size
+            else:
+                groups.append([segment])
+                total = segment.size
+    else:
+        # Nothing dirty: an empty map keeps every record, so the pass drops exactly the
+        # tombstones whose horizon passed, in the segments that hold them.
+        offset_map = OffsetMap(2 * SLOT_SIZE, base_offset=first_dirty)
+        for segment in sealed:
+            if segment.base_offset >= first_dirty:
+                break
+            if any(h <= now and last < first_dirty for h, last in _horizon_batches(segment)):
+                groups.append([segment])
+        if not groups:
+            return nothing
     read = written = kept = dropped = tombstones = 0
     for group in groups:
         data = bytearray()

@@ -44,7 +44,8 @@ from .batching import as_bytes, check_available, check_offset, check_timestamp, 
     one_record_batch_size
 from .checkpoint import CLEANER_OFFSET_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, RECOVERY_POINT_CHECKPOINT, \
     OffsetCheckpoints
-from .cleaner import CleanerReport, CleanerState, compact_segments, dirty_bytes, oldest_dirty_timestamp
+from .cleaner import CleanerReport, CleanerState, compact_segments, dirty_bytes, earliest_delete_horizon, \
+    oldest_dirty_timestamp
 from .config import LogConfig
 from .epochs import LeaderEpochCache
 from .errors import InvalidRecordError, LogClosedError, LogLockedError, LogOfflineError, OffsetOutOfRangeError, \
@@ -1082,7 +1083,8 @@ class Log:
 
         Keeps the latest record of every key among the sealed segments (the active segment is
         never touched), without changing offsets or order; tombstones survive for
-        delete_retention_ms after the pass that first cleaned them; records younger than
+        delete_retention_ms after the pass that first cleaned them, and the first pass after
+        that removes them, dirty records or not; records younger than
         min_compaction_lag_ms are left for a later pass. The dirty section starts at the
         ``cleaner-offset-checkpoint``; when it holds more keys than cleaner_dedupe_buffer_size
         can index, the pass cleans the prefix that fit and the next pass continues.
@@ -1120,8 +1122,9 @@ class Log:
 
     def needs_compaction(self, now_ms: int | None = None) -> bool:
         """True when the cleaner should pick this log: a compacted log, not marked uncleanable,
-        whose dirty ratio reaches min_cleanable_dirty_ratio, or whose oldest dirty segment is
-        older than max_compaction_lag_ms. Thread-safe."""
+        whose dirty ratio reaches min_cleanable_dirty_ratio, whose oldest dirty segment is
+        older than max_compaction_lag_ms, or that holds tombstones whose delete horizon has
+        passed (Kafka's KIP-534: they go even when nothing is dirty). Thread-safe."""
         now = _time_ns() // 1_000_000 if now_ms is None else now_ms
         cfg = self.config
         if not cfg.compacted or self.cleaner_state.uncleanable_reason is not None:
@@ -1130,8 +1133,12 @@ class Log:
         if ratio > 0 and ratio >= cfg.min_cleanable_dirty_ratio:
             return True
         with self._lock:
-            oldest = oldest_dirty_timestamp(self._segments, self._first_dirty_offset())
-        return oldest is not None and now - oldest > cfg.max_compaction_lag_ms
+            first_dirty = self._first_dirty_offset()
+            oldest = oldest_dirty_timestamp(self._segments, first_dirty)
+            if oldest is not None and now - oldest > cfg.max_compaction_lag_ms:
+                return True
+            horizon = earliest_delete_horizon(self._segments, first_dirty)
+        return horizon is not None and horizon <= now
 
     @property
     def cleaner_state(self) -> CleanerState:

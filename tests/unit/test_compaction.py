@@ -223,3 +223,70 @@ def test_max_compaction_lag_forces_a_pass_below_the_dirty_ratio(tmp_path: pathli
         assert 0 < log.dirty_ratio() < 1.0
         assert not log.needs_compaction(now_ms=2_500)
         assert log.needs_compaction(now_ms=3_100)  # the dirty records are older than the max lag
+
+
+# ---------------------------------------------------------------------- KIP-534: expired tombstones
+def _tombstoned_log(path: pathlib.Path, **config) -> Log:
+    log = Log.open(path, cleanup_policy="compact", segment_bytes=4096, **config)
+    for i in range(100):
+        log.append(b"v", key=b"k%d" % i, timestamp=1_000)
+    for i in range(100):
+        log.append(None, key=b"k%d" % i, timestamp=1_000)
+    log.append(b"live", key=b"kept", timestamp=1_000)
+    log.roll()
+    return log
+
+
+def _tombstones(log: Log) -> int:
+    return sum(1 for record in log.iter() if record.value is None)
+
+
+def test_a_pass_with_nothing_dirty_removes_tombstones_past_their_horizon(tmp_path: pathlib.Path) -> None:
+    with _tombstoned_log(tmp_path / "t-0", delete_retention_ms=0) as log:
+        first = log.compact(now_ms=10_000)  # sets the horizon: now + 0
+        assert (first.tombstones_dropped, _tombstones(log)) == (0, 100)
+        assert log.dirty_ratio() == 0.0  # nothing dirty from here on
+        assert log.needs_compaction(now_ms=10_000)  # the horizon (10_000) has passed
+        second = log.compact(now_ms=10_000)
+        assert second.tombstones_dropped == 100
+        assert second.cleaned_up_to == first.cleaned_up_to  # the dirty section did not move
+        assert _tombstones(log) == 0
+        assert [(r.key, r.value) for r in log.iter()] == [(b"kept", b"live")]
+        # Nothing left to do: the cleaner does not pick the log again and again.
+        assert not log.needs_compaction(now_ms=10_000)
+        assert log.compact(now_ms=10_000).segments_cleaned == 0
+
+
+def test_tombstones_before_their_horizon_stay_when_nothing_is_dirty(tmp_path: pathlib.Path) -> None:
+    with _tombstoned_log(tmp_path / "t-0", delete_retention_ms=5_000) as log:
+        log.compact(now_ms=10_000)  # horizon 15_000
+        assert not log.needs_compaction(now_ms=14_999)
+        assert log.compact(now_ms=14_999).tombstones_dropped == 0
+        assert _tombstones(log) == 100
+        assert log.needs_compaction(now_ms=15_000)
+        assert log.compact(now_ms=15_000).tombstones_dropped == 100
+        offsets = [r.offset for r in log.iter()]
+        assert offsets == [200]  # offsets never change
+
+
+def test_expired_tombstones_are_found_again_after_reopening(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "t-0"
+    with _tombstoned_log(path, delete_retention_ms=0) as log:
+        log.compact(now_ms=10_000)
+    with Log.open(path, cleanup_policy="compact", segment_bytes=4096, delete_retention_ms=0) as log:
+        assert log.needs_compaction(now_ms=10_000)
+        assert log.compact(now_ms=10_000).tombstones_dropped == 100
+        assert _tombstones(log) == 0
+
+
+def test_background_cleaner_picks_a_log_for_expired_tombstones_alone(tmp_path: pathlib.Path) -> None:
+    from logstore.cleaner import Cleaner
+
+    with _tombstoned_log(tmp_path / "t-0", delete_retention_ms=0, min_cleanable_dirty_ratio=0.99) as log:
+        log.compact(now_ms=10_000)
+        cleaner = Cleaner()
+        cleaner.add(log)
+        report = cleaner.run_once(now_ms=10_000)
+        assert report is not None and report.tombstones_dropped == 100
+        assert cleaner.run_once(now_ms=10_000) is None  # and then leaves it alone
+        assert _tombstones(log) == 0
