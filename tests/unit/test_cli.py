@@ -26,6 +26,39 @@ def test_help_lists_the_commands(capsys):
         assert command in text
 
 
+def test_help_goes_to_the_given_stream_and_ends_its_last_line(capsys):
+    import io
+
+    for argv in (["--help"], ["stats", "--help"], ["topics", "--help"]):
+        out = io.StringIO()
+        assert main(argv, stdout=out) == 0
+        text = out.getvalue()
+        assert capsys.readouterr().out == "", f"{argv}: help went to sys.stdout, not to main's stdout"
+        assert text.endswith("\n") and not text.endswith("\n\n"), argv
+    lines = main_help_lines()
+    assert lines[-2:] == ["'logstore COMMAND --help' describes a command and its options.",
+                          "'logstore node --help' describes the replication node (logstore node ...)."]
+
+
+def main_help_lines():
+    import io
+
+    out = io.StringIO()
+    main(["--help"], stdout=out)
+    return out.getvalue().splitlines()
+
+
+def test_help_output_is_followed_cleanly_by_the_next_command():
+    # Two commands' output one after the other, as a shell prints them: the help's last line
+    # must not run into the next output ("...replication nodelogstore ...").
+    first, second = run("--help"), run("topics", "--help")
+    assert first.returncode == second.returncode == 0
+    joined = first.stdout + second.stdout
+    assert first.stdout.endswith("\n")
+    assert "\nusage: logstore topics" in joined
+    assert all(len(line) <= 100 for line in first.stdout.splitlines())
+
+
 def test_unknown_command_is_named(capsys):
     assert main(["frobnicate"]) == 2
     assert "invalid choice: 'frobnicate'" in capsys.readouterr().err
@@ -156,6 +189,42 @@ def test_stats(store):
     lag = rows["events-0"]["group_lag"]["billing"] + rows["events-1"]["group_lag"]["billing"]
     assert lag == 590
     assert "billing=" in ok("stats", store)
+
+
+def test_stats_and_topics_list_on_a_partition_directory(store, tmp_path):
+    rows = json.loads(ok("stats", os.path.join(store, "events-1"), "--json"))
+    assert [(r["topic"], r["partition"]) for r in rows] == [("events", 1)]
+    whole = {(r["topic"], r["partition"]): r for r in json.loads(ok("stats", store, "--json"))}
+    assert rows[0] == whole[("events", 1)]
+    assert json.loads(ok("stats", os.path.join(store, "table-0"), "--json"))[0]["dirty_ratio"] is not None
+    assert ok("topics", "list", os.path.join(store, "events-1")) == "events\n"
+    # A partition directory outside any store, not named <topic>-<n>: keyed as Log keys it.
+    from logstore import Log
+
+    with Log.open(tmp_path / "audit") as log:
+        log.append(b"x")
+    rows = json.loads(ok("stats", str(tmp_path / "audit"), "--json"))
+    assert [(r["topic"], r["partition"], r["records"]) for r in rows] == [("audit", -1, 1)]
+
+
+def test_read_only_commands_write_nothing_into_a_store(store):
+    def listing():
+        return sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in pathlib.Path(store).rglob("*"))
+
+    before = listing()
+    ok("stats", store, "--quiet")
+    ok("topics", "list", store)
+    ok("topics", "describe", store, "events")
+    ok("stats", os.path.join(store, "events-0"), "--quiet")
+    assert listing() == before
+
+
+def test_read_only_commands_name_a_missing_or_foreign_directory(tmp_path):
+    r = run("topics", "list", str(tmp_path / "missing"))
+    assert r.returncode == 1 and "no such store directory" in r.stderr
+    r = run("stats", str(tmp_path))
+    assert r.returncode == 1 and "nor a Kafka log directory" in r.stderr
+    assert os.listdir(tmp_path) == []
 
 
 def test_verify_passes_then_names_the_damage(store):
