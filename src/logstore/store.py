@@ -11,10 +11,16 @@
                                             (Java properties; nothing else lives in .topics)
         .topics.lock                        flock serialising topic creation and deletion
         .topics.tmp                         a topic file being written
+        .topics.adopt/                      topic files of a Kafka log directory being adopted
+        .kafka-consumer-offsets/            Kafka's __consumer_offsets, set aside at adoption
         recovery-point-offset-checkpoint    Kafka's checkpoint files (every partition's entry)
         log-start-offset-checkpoint
         cleaner-offset-checkpoint
         <topic>-<partition>/                one Log per partition (see log.py)
+
+A directory without ``.topics/`` — one of a Kafka broker's ``log.dirs``, or a copy — is
+adopted when a LogStore opens it: its partition directories become topics, by the rules of
+:mod:`logstore.logdirs`, and their topic files are written (see :class:`LogStore`).
 
 Background maintenance — retention, time-based flushes, delayed deletion of segment files and
 the cleaner — runs on one scheduler thread per store that :meth:`LogStore.close` stops; with
@@ -145,8 +151,25 @@ class LogStore:
         cleaner: run the cleaner for topics whose cleanup policy includes "compact".
         **defaults: LogConfig fields applied to every topic unless the topic overrides them.
 
-    Durability and thread-safety: as :class:`Log` for each partition. Topic creation and
-    deletion are durable on return and serialised across processes.
+    Kafka log directories: opened on a directory without ``.topics/`` that holds partition
+    directories ``<topic>-<n>`` (a Kafka broker's ``log.dirs`` entry, or a copy), the store
+    adopts them as topics for good, by the rules of :mod:`logstore.logdirs`: a topic per
+    name with the highest partition number + 1 partitions (missing ones empty) and the store's
+    defaults as its config; ``__consumer_offsets`` only when the store's consumer groups can
+    share it, else it is moved into ``.kafka-consumer-offsets/``. The topic files are written
+    under the topic lock and appear at once (``.topics.adopt/`` renamed to ``.topics/``), so
+    concurrent opens adopt once and a crash leaves all or nothing. Kafka does not load a log
+    directory holding ``.topics/``: to read one that a broker will use again, use the read-only
+    :class:`~logstore.logview.StoreView` or the read-only commands, which adopt in memory.
+    :attr:`adopted` names the topics this open adopted (empty for a store).
+
+    Raises:
+        LogLockedError: the store is open exclusively elsewhere (or this open is exclusive and
+            another holds it), or a running Kafka broker holds the log directory's lock.
+        LogstoreError: ``meta.properties`` names a store version this logstore cannot read.
+
+    Durability and thread-safety: as :class:`Log` for each partition. Topic creation,
+    deletion and adoption are durable on return and serialised across processes.
     """
 
     def __init__(self, root: str | os.PathLike[str], *, shared: bool = True, maintenance: bool = True,
@@ -175,7 +198,8 @@ class LogStore:
             ops.close(self._lock_fd)
             raise LogLockedError(f"store {self.root} is open {'exclusively ' if shared else ''}in another process")
         try:
-            self.adopted = self._ensure_topics_dir()
+            #: topics this open adopted from a Kafka log directory (see the class docstring)
+            self.adopted: tuple[str, ...] = self._ensure_topics_dir()
             self._write_meta()
             self._remove_deleted_topics()
             self.notify_page = self._map_notify_page()
