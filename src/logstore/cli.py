@@ -299,10 +299,14 @@ def _recover(args: argparse.Namespace, out: TextIO) -> int:
     from .log import Log
     from .store import LogStore, TOPICS_DIR
 
+    from .logdirs import looks_like_log_dir
+    from .tools import _is_partition_dir
+
     path = os.path.abspath(args.path)
     parent = os.path.dirname(path)
-    if os.path.isdir(os.path.join(path, TOPICS_DIR)):
-        root, only = path, None
+    if os.path.isdir(os.path.join(path, TOPICS_DIR)) or (
+            os.path.isdir(path) and not _is_partition_dir(path) and looks_like_log_dir(path)):
+        root, only = path, None  # a store, or a Kafka log directory (adopted by opening it)
     elif os.path.isdir(path) and os.path.isdir(os.path.join(parent, TOPICS_DIR)):
         root, only = parent, os.path.basename(path)  # a partition of a store: its topic's config
     elif os.path.isdir(path):

@@ -12,6 +12,7 @@ with struct, not with logstore.offsets, and batches with kafka-python's builder.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pathlib
@@ -382,3 +383,15 @@ def test_not_a_store_nor_a_kafka_log_dir_is_named(tmp_path):
         StoreView(tmp_path / "missing")
     assert not (tmp_path / "plain" / ".topics").exists()
 
+
+
+def test_recover_on_a_kafka_log_dir_recovers_its_partitions_not_the_root(tmp_path, capsys):
+    root = make_kafka_log_dir(tmp_path / "kafka", offsets_partitions=0)
+    torn = root / "orders-2" / f"{SEGMENT}.log"
+    torn.write_bytes(torn.read_bytes() + b"\x00\x00\x00\x00\x00\x00\x00\x04\x00\x00\x00\x30torn")
+    assert main(["recover", str(root), "--json", "--quiet"]) == 0
+    reports = {r["partition"]: r for r in json.loads(capsys.readouterr().out)}
+    assert sorted(reports) == ["orders-0", "orders-1", "orders-2"]
+    assert reports["orders-2"]["bytes_truncated"] == 16 and reports["orders-0"]["bytes_truncated"] == 0
+    assert not any(name.endswith(".log") for name in os.listdir(root))  # the root is no partition
+    assert torn.read_bytes() == FIXTURE.read_bytes()
