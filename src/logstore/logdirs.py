@@ -256,7 +256,10 @@ def offsets_topic_problem(root: str, present: tuple[int, ...]) -> str | None:
                 if header.attributes & special:
                     return (f"{path} at position {position}: a transactional or control batch (offsets "
                             f"{header.base_offset}..{header.last_offset}), which logstore's consumer groups do not apply")
-                records, _ = decoder.decode(data, position, position + header.size, path=path)
+                try:
+                    records, _ = decoder.decode(data, position, position + header.size, path=path)
+                except CorruptRecordError as exc:
+                    return f"{path} at position {position}: {exc.reason}"
                 for r in records:
                     try:
                         if r.key is None or decode_offset_key(r.key) is None or r.value is None:

@@ -299,7 +299,9 @@ class LogstoreDataSource(DataSource):
         interpreter that cannot import logstore raises :class:`LogstoreError` here, naming it
         and the fix (``PYSPARK_PYTHON``; see :mod:`logstore.sparkenv`), instead of every task
         failing later inside Spark with "No module named 'logstore'"."""
-        _check_worker_python()
+        from .sparkenv import check_driver
+
+        check_driver()
         return "logstore"
 
     def schema(self) -> StructType:
@@ -323,19 +325,6 @@ class LogstoreDataSource(DataSource):
         if overwrite:
             raise SparkOptionError("the logstore source only appends: use mode('append')")
         return _Writer(self.options, schema)
-
-
-def _check_worker_python() -> None:
-    from pyspark import SparkContext
-
-    from .sparkenv import worker_python_problem
-
-    sc = SparkContext._active_spark_context  # None in Spark's workers: nothing to check there
-    if sc is None or not str(sc.master).startswith("local"):
-        return  # on a cluster the executors' interpreter is on other machines
-    problem = worker_python_problem(sc.pythonExec)
-    if problem is not None:
-        raise LogstoreError(problem)
 
 
 class _Planner:

@@ -9,7 +9,7 @@ is found by name, Spark's "Failed to find the data source: logstore").
 
 :func:`worker_python_problem` finds this out on the driver, for local masters (where the
 workers run on this machine), before Spark does; :class:`logstore.spark.LogstoreDataSource`
-calls it when it is registered (``spark.dataSource.register``). Set ``PYSPARK_PYTHON`` to
+calls it (:func:`check_driver`) when it is registered (``spark.dataSource.register``). Set ``PYSPARK_PYTHON`` to
 ``sys.executable`` before the SparkSession starts, as ``examples/spark_batch.py`` does.
 
 Thread-safety: the result per interpreter is cached under a lock; call from any thread.
@@ -23,7 +23,9 @@ import subprocess
 import sys
 import threading
 
-__all__ = ["worker_python_problem"]
+from .errors import LogstoreError
+
+__all__ = ["worker_python_problem", "check_driver"]
 
 _cache: dict[str, str | None] = {}
 _cache_lock = threading.Lock()
@@ -56,3 +58,18 @@ def worker_python_problem(python: str) -> str | None:
     with _cache_lock:
         _cache[found] = problem
     return problem
+
+
+def check_driver() -> None:
+    """On a driver with an active local SparkContext, raise :class:`LogstoreError` when the
+    interpreter its Python workers run cannot import logstore (see the module docstring).
+    Does nothing in Spark's workers (no active context) or with a cluster master, whose
+    executors' interpreter lives on other machines."""
+    from pyspark import SparkContext
+
+    sc = SparkContext._active_spark_context
+    if sc is None or not str(sc.master).startswith("local"):
+        return
+    problem = worker_python_problem(sc.pythonExec)
+    if problem is not None:
+        raise LogstoreError(problem)
