@@ -288,15 +288,26 @@ def test_compatible_kafka_consumer_offsets_become_the_internal_topic(tmp_path):
     assert not (root / OFFSETS_ASIDE_DIR).exists()
 
 
+def malformed_record_batch(base_offset: int) -> bytes:
+    """A batch whose CRC is right but whose one record claims more bytes than the batch has."""
+    out = bytearray(batch([(commit_key("g", "orders", 0), commit_value(9))], base_offset))
+    out[61] = 0x7E  # the record's length varint: 63 bytes
+    out[17:21] = struct.pack(">I", calc_crc32c(bytes(out[21:])))
+    return bytes(out)
+
+
 @pytest.mark.parametrize("case, records, message", [
     ("value version 2", [(commit_key("g", "orders", 0), commit_value(5, version=2))], "version 2 is not supported"),
     ("transactional", None, "transactional or control batch"),
+    ("malformed record", None, "at position 109: batch is truncated"),
 ])
 def test_incompatible_single_partition_offsets_are_skipped_and_set_aside(tmp_path, case, records, message):
     root = make_kafka_log_dir(tmp_path / "kafka", offsets_partitions=0)
     ok = [(commit_key("g", "orders", 0), commit_value(1))]
-    if records is None:
+    if case == "transactional":
         segment = offsets_segment(ok, [(commit_key("g", "orders", 0), commit_value(3))], transactional_last=True)
+    elif case == "malformed record":
+        segment = offsets_segment(ok) + malformed_record_batch(1)
     else:
         segment = offsets_segment(ok, records)
     _partition(root, "__consumer_offsets-0", segment=segment)
