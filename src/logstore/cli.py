@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -510,15 +511,27 @@ def main(argv: list[str] | None = None, stdout: TextIO | None = None, stdin: Tex
         "compact": lambda: _maintain(args, out),
         "retention": lambda: _maintain(args, out),
     }
+    # Warnings of the library (e.g. directories of a Kafka log directory that are not adopted)
+    # reach standard error as "logstore COMMAND: warning: ...", unless the caller set up logging.
+    library = logging.getLogger("logstore")
+    handler = None
+    if not logging.getLogger().handlers and not library.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(logging.Formatter(f"logstore {args.command}: warning: %(message)s"))
+        library.addHandler(handler)
     try:
         return handlers[args.command]()
+    except BrokenPipeError:  # pragma: no cover - e.g. piped into head (an OSError: caught first)
+        return 0
     except (LogstoreError, OSError, ValueError) as exc:
         sys.stderr.write(f"logstore {args.command}: {exc}\n")
         return 1
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:  # pragma: no cover - e.g. piped into head
-        return 0
+    finally:
+        if handler is not None:
+            library.removeHandler(handler)
 
 
 if __name__ == "__main__":  # pragma: no cover

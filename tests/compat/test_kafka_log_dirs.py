@@ -406,3 +406,14 @@ def test_recover_on_a_kafka_log_dir_recovers_its_partitions_not_the_root(tmp_pat
     assert reports["orders-2"]["bytes_truncated"] == 16 and reports["orders-0"]["bytes_truncated"] == 0
     assert not any(name.endswith(".log") for name in os.listdir(root))  # the root is no partition
     assert torn.read_bytes() == FIXTURE.read_bytes()
+
+
+def test_the_command_line_warns_about_what_it_does_not_adopt(tmp_path):
+    root = make_kafka_log_dir(tmp_path / "kafka")
+    r = subprocess.run([sys.executable, "-m", "logstore", "topics", "list", str(root), "--internal"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == "orders\n"
+    warnings = r.stderr.splitlines()
+    assert len(warnings) == 2 and all(w.startswith("logstore topics: warning: ") for w in warnings)
+    assert "not adopting __consumer_offsets (50 partition directories)" in warnings[0]
+    assert "partition(s) 1 (held by another broker?)" in warnings[1]
