@@ -163,17 +163,18 @@ def parse_partition_dir(name: str) -> tuple[str, int] | str:
     return topic, int(number)
 
 
-def looks_like_log_dir(root: str) -> bool:
+def looks_like_log_dir(root: str, files_only: bool = False) -> bool:
     """True when ``root`` holds one of Kafka's log-directory files (``meta.properties``, a
-    checkpoint file, ``.kafka_cleanshutdown``) or a partition directory. Reads only."""
+    checkpoint file, ``.kafka_cleanshutdown``) or, unless ``files_only``, a partition
+    directory. Reads only."""
     try:
         names = _fileio.ops.listdir(root)
     except (FileNotFoundError, NotADirectoryError):
         return False
     if any(name in _KAFKA_FILES for name in names):
         return True
-    return any(isinstance(parse_partition_dir(name), tuple) and os.path.isdir(os.path.join(root, name))
-               for name in names)
+    return not files_only and any(isinstance(parse_partition_dir(name), tuple)
+                                  and os.path.isdir(os.path.join(root, name)) for name in names)
 
 
 def scan(root: str, quiet: bool = False) -> LogDirScan:

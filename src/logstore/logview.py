@@ -81,8 +81,10 @@ class StoreView:
         LogstoreError: ``root`` is neither (the message says what is missing).
     """
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], quiet: bool = False) -> None:
+        """``quiet``: do not log what a Kafka log directory's scan skips."""
         self.root = os.fspath(root)
+        self._quiet = quiet
         self._adopted: dict[str, logdirs.AdoptedTopic] | None = None
         #: True when ``root`` is a Kafka log directory (no ``.topics/``) adopted in memory
         self.kafka_log_dir = not _fileio.ops.exists(os.path.join(self.root, TOPICS_DIR))
@@ -96,7 +98,7 @@ class StoreView:
 
     def _kafka_topics(self) -> dict[str, logdirs.AdoptedTopic]:
         if self._adopted is None:
-            self._adopted = logdirs.scan(self.root).topics
+            self._adopted = logdirs.scan(self.root, quiet=self._quiet).topics
         return self._adopted
 
     def topics(self, internal: bool = False) -> list[str]:

@@ -46,7 +46,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Generator, Iterator, Mapping, TypeVar
 
-from . import _fileio
+from . import _fileio, logdirs
 from ._native import ffi, lib
 from .checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
@@ -65,7 +65,6 @@ from .errors import (
     TopicExistsError,
     UnknownTopicOrPartitionError,
 )
-from . import logdirs
 from .log import Log
 from .offsets import OFFSETS_TOPIC
 from .shared import new_notify_page
@@ -270,8 +269,9 @@ class LogStore:
                     ops.rename(os.path.join(self.root, name), target)
                 ops.fsync_dir(aside)
                 ops.fsync_dir(self.root)
-                logger.warning("%s: moved Kafka's %s (%s) into %s: logstore's consumer groups cannot share it",
-                               self.root, OFFSETS_TOPIC, ", ".join(foreign), logdirs.OFFSETS_ASIDE_DIR)
+                logger.warning("%s: moved Kafka's %s (%d partition director%s) into %s/: logstore's consumer "
+                               "groups cannot share it", self.root, OFFSETS_TOPIC, len(foreign),
+                               "y" if len(foreign) == 1 else "ies", logdirs.OFFSETS_ASIDE_DIR)
             ops.rename(staging, topics_dir)
             ops.fsync_dir(self.root)
         logger.warning("%s: adopted the partition directories of a Kafka log directory as %d topic(s) (%s) and "

@@ -402,13 +402,14 @@ def stats(path: str, progress: Progress = SILENT) -> list[PartitionStats]:
     if os.path.isdir(path) and _is_partition_dir(path):
         topic, partition = partition_key(path)
         parent = os.path.dirname(path)
-        try:
-            view: StoreView | None = StoreView(parent)
-        except LogstoreError:
-            view = None
+        view: StoreView | None = None
+        if _fileio.ops.exists(os.path.join(parent, TOPICS_DIR)) or looks_like_log_dir(parent, files_only=True):
+            view = StoreView(parent, quiet=True)  # a store or a Kafka log dir: its settings and groups apply
         parts = [PartitionView(parent, topic, partition, path=path)]
+        log_dir = parent
     else:
         view = StoreView(path)
+        log_dir = path
         parts = [view.partition(t, p) for t in view.topics(internal=True) for p in range(view.partitions(t))]
     lags = _group_offsets(view) if view is not None else {}
     total = sum(_fileio.ops.size(pv._file(b, LOG_SUFFIX)) for pv in parts for b in pv.segments())
@@ -416,8 +417,7 @@ def stats(path: str, progress: Progress = SILENT) -> list[PartitionStats]:
     out = []
     try:
         try:
-            cleaner = OffsetCheckpoints(os.path.dirname(path) if view is None else view.root,
-                                        CLEANER_OFFSET_CHECKPOINT).read()
+            cleaner = OffsetCheckpoints(log_dir, CLEANER_OFFSET_CHECKPOINT).read()
         except CorruptCheckpointError:
             cleaner = {}  # a hint for the dirty ratio only
         for pv in parts:

@@ -334,3 +334,26 @@ def test_verify_accepts_the_preallocated_indexes_of_an_empty_segment_after_a_cra
     timeindex.write_bytes(b"\0" * 7 + b"\x05" + b"\0\0\0\x01")
     assert [p.what for p in tools.verify(str(path)).problems] == [
         "entry names offset 1, past the segment's last offset -1"]
+
+
+def test_stats_of_an_empty_store_is_empty(tmp_path):
+    from logstore import LogStore
+    from logstore.tools import stats
+
+    LogStore(str(tmp_path / "empty"), maintenance=False).close()
+    assert stats(str(tmp_path / "empty")) == []
+
+
+def test_stats_of_a_partition_directory_ignores_an_unrelated_parent(tmp_path, caplog):
+    import logging
+
+    from logstore import Log
+    from logstore.tools import stats
+
+    (tmp_path / "holiday-2024").mkdir()  # looks like a partition name, but tmp_path is no log dir
+    with Log.open(tmp_path / "audit-3") as log:
+        log.append(b"x")
+    with caplog.at_level(logging.INFO, logger="logstore"):
+        rows = stats(str(tmp_path / "audit-3"))
+    assert [(r.topic, r.partition, r.records, r.group_lag) for r in rows] == [("audit", 3, 1, {})]
+    assert "holiday" not in caplog.text
