@@ -78,8 +78,8 @@ OFFSETS_TOPIC_OVERRIDES: Mapping[str, str] = {"cleanup.policy": "compact", "segm
 MAX_PARTITIONS = 1_000_000
 _KAFKA_FILES = (RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, CLEANER_OFFSET_CHECKPOINT,
                 REPLICATION_OFFSET_CHECKPOINT, "meta.properties", ".kafka_cleanshutdown")
-_PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
-_KAFKA_SUFFIXED = re.compile(r"^.+-\d+\.[0-9a-zA-Z]+-(delete|future|stray)$")
+_PARTITION_DIR = re.compile(r"^(.+)-([0-9]+)$")
+_KAFKA_SUFFIXED = re.compile(r"^.+-[0-9]+\.[0-9a-zA-Z]+-(delete|future|stray)$")
 _SUFFIX_REASONS = {
     "delete": "a deleted partition that Kafka had not removed yet (Kafka's <topic>-<n>.<id>-delete)",
     "future": "a replica Kafka was moving between log directories (Kafka's <topic>-<n>.<id>-future); "

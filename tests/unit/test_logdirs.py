@@ -27,6 +27,7 @@ def test_partition_directory_names_split_at_the_last_dash(name, expected):
     ("orders-", "not a partition directory"),
     ("orders-x", "not a partition directory"),
     ("orders-007", "no leading zero"),
+    ("orders-\u0663", "not a partition directory"),  # ARABIC-INDIC DIGIT THREE is no partition number
     ("orders-1000000", "not below 1000000"),
     ("bad topic-0", "contains ' '"),
     ("-0", "not a partition directory"),
