@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["logstore", "logstore.store", "logstore.config"]
+MODULES = ["logstore", "logstore.store", "logstore.config", "logstore.logdirs"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -10,10 +10,17 @@
     logstore dump FILES... [--print-data] [--deep] [--json]               (like kafka-dump-log)
     logstore verify PATH [--json]          (full scrub; exit status 1 when anything is wrong)
     logstore recover PATH [--json]         (run crash recovery now; report what it did)
-    logstore stats PATH [--json]           (offsets, bytes, records, ratios, consumer lag)
+    logstore stats PATH [--json]           (offsets, bytes, records, ratios, consumer lag; read only)
     logstore compact ROOT [TOPIC ...]      (one cleaner pass over compacted topics)
     logstore retention ROOT [TOPIC ...]    (delete segments past retention now)
     logstore node ...                      (one replication node: logstore node --help)
+
+Read-only commands (``topics list``/``describe``, ``dump``, ``verify``, ``stats``) also take a
+Kafka log directory — a broker's ``log.dirs`` entry, or a copy of it — whose partition
+directories they adopt in memory (:mod:`logstore.logdirs`) without writing anything into it;
+``topics list`` and ``stats`` also take a single partition directory. The other commands open
+the store for writing, and a LogStore opened on a Kafka log directory adopts its partitions for
+good (it writes ``.topics/``; see :class:`logstore.LogStore`).
 
 Topic settings use Kafka's names (``retention.ms``, ``cleanup.policy``, ...). Long work shows a
 progress bar on a terminal (standard error) and nothing when output is piped or with
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -75,6 +83,8 @@ def _config_pairs(pairs: Iterable[str]) -> dict[str, str]:
 def _topics(args: argparse.Namespace, out: TextIO) -> int:
     from .store import LogStore
 
+    if args.action in ("list", "describe"):
+        return _topics_read(args, out)
     if args.action == "create":
         if not args.name:
             raise LogstoreError("topics create needs a NAME")
@@ -83,31 +93,57 @@ def _topics(args: argparse.Namespace, out: TextIO) -> int:
             store.create_topic(args.name, args.partitions, **config)
             out.write(f"created topic {args.name} with {args.partitions} partition(s)\n")
         return 0
+    if not args.name:
+        raise LogstoreError(f"topics {args.action} needs a NAME")
     with _open_store(args.root) as store:
+        store.delete_topic(args.name)
+        out.write(f"deleted topic {args.name}\n")
+    return 0
+
+
+def _topics_read(args: argparse.Namespace, out: TextIO) -> int:
+    """topics list / describe: read-only, through StoreView (a Kafka log directory stays as it
+    is), or on a single partition directory."""
+    from .config import LogConfig
+    from .logview import StoreView
+    from .tools import _is_partition_dir, partition_key
+
+    root = os.path.abspath(args.root)
+    if not os.path.isdir(root):
+        raise LogstoreError(f"{args.root}: no such store directory (create one with 'logstore topics create')")
+    if _is_partition_dir(root):
+        topic = partition_key(root)[0]
         if args.action == "list":
-            names = store.topics(internal=args.internal)
-            if args.json:
-                _print_json(out, names)
-            else:
-                out.writelines(name + "\n" for name in names)
+            names = [topic] if args.internal or not topic.startswith("__") else []
+            _print_names(args, out, names)
             return 0
-        if not args.name:
-            raise LogstoreError(f"topics {args.action} needs a NAME")
-        if args.action == "delete":
-            store.delete_topic(args.name)
-            out.write(f"deleted topic {args.name}\n")
-            return 0
-        d = store.describe(args.name)
-        info = {"name": d.name, "partitions": d.partitions, "internal": d.internal, "overrides": d.overrides,
-                "config": d.config.to_kafka()}
-        if args.json:
-            _print_json(out, info)
-        else:
-            out.write(f"topic {d.name}: {d.partitions} partition(s){' (internal)' if d.internal else ''}\n")
-            for key, value in sorted(d.config.to_kafka().items()):
-                mark = " *" if key in d.overrides else ""
-                out.write(f"  {key} = {value}{mark}\n")
+        root = os.path.dirname(root)  # describe: the topic as the enclosing store knows it
+    view = StoreView(root)
+    if args.action == "list":
+        _print_names(args, out, view.topics(internal=args.internal))
         return 0
+    if not args.name:
+        raise LogstoreError(f"topics {args.action} needs a NAME")
+    partitions, overrides = view.partitions(args.name), view.overrides(args.name)
+    defaults = LogConfig.build(None)
+    config = LogConfig.from_kafka({**defaults.to_kafka(), **overrides}) if overrides else defaults
+    internal = args.name.startswith("__")
+    if args.json:
+        _print_json(out, {"name": args.name, "partitions": partitions, "internal": internal, "overrides": overrides,
+                          "config": config.to_kafka()})
+        return 0
+    out.write(f"topic {args.name}: {partitions} partition(s){' (internal)' if internal else ''}\n")
+    for key, value in sorted(config.to_kafka().items()):
+        mark = " *" if key in overrides else ""
+        out.write(f"  {key} = {value}{mark}\n")
+    return 0
+
+
+def _print_names(args: argparse.Namespace, out: TextIO, names: list[str]) -> None:
+    if args.json:
+        _print_json(out, names)
+    else:
+        out.writelines(name + "\n" for name in names)
 
 
 # ---------------------------------------------------------------------- produce / consume
@@ -264,10 +300,14 @@ def _recover(args: argparse.Namespace, out: TextIO) -> int:
     from .log import Log
     from .store import LogStore, TOPICS_DIR
 
+    from .logdirs import looks_like_log_dir
+    from .tools import _is_partition_dir
+
     path = os.path.abspath(args.path)
     parent = os.path.dirname(path)
-    if os.path.isdir(os.path.join(path, TOPICS_DIR)):
-        root, only = path, None
+    if os.path.isdir(os.path.join(path, TOPICS_DIR)) or (
+            os.path.isdir(path) and not _is_partition_dir(path) and looks_like_log_dir(path)):
+        root, only = path, None  # a store, or a Kafka log directory (adopted by opening it)
     elif os.path.isdir(path) and os.path.isdir(os.path.join(parent, TOPICS_DIR)):
         root, only = parent, os.path.basename(path)  # a partition of a store: its topic's config
     elif os.path.isdir(path):
@@ -352,19 +392,40 @@ def _maintain(args: argparse.Namespace, out: TextIO) -> int:
 
 
 # ---------------------------------------------------------------------- parser
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="logstore", description="Inspect, repair and use a logstore data directory.",
-                                     epilog="logstore node --help: run one replication node")
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser that prints help to the ``stdout`` given to :func:`main` (argparse
+    writes to ``sys.stdout`` itself, so a caller's stream got nothing and the help landed
+    wherever ``sys.stdout`` was, in the middle of the caller's own output)."""
+
+    out: TextIO | None = None
+
+    def print_help(self, file: Any = None) -> None:
+        super().print_help(file if file is not None else (self.out or sys.stdout))
+
+
+_EPILOG = """\
+'logstore COMMAND --help' describes a command and its options.
+'logstore node --help' describes the replication node (logstore node ...).
+"""
+
+
+def _parser(out: TextIO | None = None) -> argparse.ArgumentParser:
+    parser = _Parser(prog="logstore", description="Inspect, repair and use a logstore data directory "
+                     "(or a Kafka log directory).", epilog=_EPILOG,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.out = out
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help)
+        p.out = out
         p.add_argument("--quiet", "-q", action="store_true", help="no progress bars or summaries on standard error")
         return p
 
     p = command("topics", "create, list, describe or delete topics")
     p.add_argument("action", choices=["create", "list", "describe", "delete"])
-    p.add_argument("root", help="the store's directory")
+    p.add_argument("root", help="the store's directory (list and describe, which only read: also a Kafka log "
+                                "directory; list: also a partition directory)")
     p.add_argument("name", nargs="?", help="the topic (create, describe, delete)")
     p.add_argument("--partitions", type=int, default=1)
     p.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
@@ -408,7 +469,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
 
     p = command("stats", "offsets, sizes, records, compression and dirty ratios and consumer lag per partition")
-    p.add_argument("path", help="a store")
+    p.add_argument("path", help="a store, a Kafka log directory or a partition directory (read only)")
     p.add_argument("--json", action="store_true")
 
     for name, help in (("compact", "run the cleaner once on compacted topics"),
@@ -427,7 +488,7 @@ def main(argv: list[str] | None = None, stdout: TextIO | None = None, stdin: Tex
         from .replication import main as node_main
 
         return node_main(args_list[1:], prog="logstore node")
-    parser = _parser()
+    parser = _parser(out)
     if not args_list:
         parser.print_usage(sys.stderr)
         sys.stderr.write("logstore: a COMMAND is required (logstore --help lists them)\n")
@@ -450,15 +511,27 @@ def main(argv: list[str] | None = None, stdout: TextIO | None = None, stdin: Tex
         "compact": lambda: _maintain(args, out),
         "retention": lambda: _maintain(args, out),
     }
+    # Warnings of the library (e.g. directories of a Kafka log directory that are not adopted)
+    # reach standard error as "logstore COMMAND: warning: ...", unless the caller set up logging.
+    library = logging.getLogger("logstore")
+    handler = None
+    if not logging.getLogger().handlers and not library.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(logging.Formatter(f"logstore {args.command}: warning: %(message)s"))
+        library.addHandler(handler)
     try:
         return handlers[args.command]()
+    except BrokenPipeError:  # pragma: no cover - e.g. piped into head (an OSError: caught first)
+        return 0
     except (LogstoreError, OSError, ValueError) as exc:
         sys.stderr.write(f"logstore {args.command}: {exc}\n")
         return 1
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:  # pragma: no cover - e.g. piped into head
-        return 0
+    finally:
+        if handler is not None:
+            library.removeHandler(handler)
 
 
 if __name__ == "__main__":  # pragma: no cover

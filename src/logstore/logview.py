@@ -5,7 +5,8 @@ takes locks, recovers torn tails and may rewrite files. Readers in other process
 look — Spark's driver planning a scan and its executors reading the segments (spark.py) — use
 these views instead. They never open a file for writing, never take a lock and never repair:
 
-* :class:`StoreView` lists a store's topics and partition counts from ``.topics/``;
+* :class:`StoreView` lists a store's topics and partition counts from ``.topics/``, or those of a
+  Kafka log directory from its partition directories (:mod:`logstore.logdirs`);
 * :class:`PartitionView` lists a partition's segments, finds its log start (segment files and
   ``log-start-offset-checkpoint``) and log end (the batch headers after the last offset index
   entry of the last segment, each batch validated, CRC included, so a torn tail is not counted),
@@ -29,7 +30,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from . import _fileio
+from . import _fileio, logdirs
 from ._native import lib
 from .checkpoint import LOG_START_OFFSET_CHECKPOINT, REPLICATION_OFFSET_CHECKPOINT, CorruptCheckpointError, OffsetCheckpoints
 from .errors import CorruptRecordError, LogstoreError, UnknownTopicOrPartitionError
@@ -68,24 +69,62 @@ class SegmentPosition:
 
 
 class StoreView:
-    """Read-only view of a LogStore data directory (see the module docstring)."""
+    """Read-only view of a LogStore data directory or of a Kafka log directory.
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    A LogStore's topics come from ``.topics/``. A directory without ``.topics/`` that looks like
+    one of Kafka's ``log.dirs`` (:func:`logstore.logdirs.looks_like_log_dir`) has its partition
+    directories adopted in memory, by the rules of :mod:`logstore.logdirs` — the same topics a
+    LogStore opened there would write into ``.topics/``, but nothing is written: a Kafka log
+    directory stays loadable by Kafka. The directory is scanned once, on first use.
+
+    Raises:
+        LogstoreError: ``root`` is neither (the message says what is missing).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], quiet: bool = False) -> None:
+        """``quiet``: do not log what a Kafka log directory's scan skips."""
         self.root = os.fspath(root)
-        if not _fileio.ops.exists(os.path.join(self.root, TOPICS_DIR)):
-            raise LogstoreError(f"{self.root} is not a logstore data directory (no {TOPICS_DIR}/)")
+        self._quiet = quiet
+        self._adopted: dict[str, logdirs.AdoptedTopic] | None = None
+        #: True when ``root`` is a Kafka log directory (no ``.topics/``) adopted in memory
+        self.kafka_log_dir = not _fileio.ops.exists(os.path.join(self.root, TOPICS_DIR))
+        if not self.kafka_log_dir:
+            return
+        if not os.path.isdir(self.root):
+            raise LogstoreError(f"{self.root}: no such directory")
+        if not logdirs.looks_like_log_dir(self.root):
+            raise LogstoreError(f"{self.root} is not a logstore data directory (no {TOPICS_DIR}/) nor a Kafka log "
+                                "directory (no meta.properties, checkpoint files or <topic>-<partition>/ directories)")
+
+    def _kafka_topics(self) -> dict[str, logdirs.AdoptedTopic]:
+        if self._adopted is None:
+            self._adopted = logdirs.scan(self.root, quiet=self._quiet).topics
+        return self._adopted
 
     def topics(self, internal: bool = False) -> list[str]:
         """Topic names, sorted; internal ones (``__...``) only when asked."""
-        names = []
-        for name in _fileio.ops.listdir(os.path.join(self.root, TOPICS_DIR)):
-            try:
-                validate_topic_name(name)
-            except LogstoreError:
-                continue
-            if internal or not name.startswith("__"):
+        if self.kafka_log_dir:
+            names = list(self._kafka_topics())
+        else:
+            names = []
+            for name in _fileio.ops.listdir(os.path.join(self.root, TOPICS_DIR)):
+                try:
+                    validate_topic_name(name)
+                except LogstoreError:
+                    continue
                 names.append(name)
-        return sorted(names)
+        return sorted(n for n in names if internal or not n.startswith("__"))
+
+    def _topic(self, topic: str) -> tuple[int, dict[str, str]]:
+        validate_topic_name(topic)
+        if self.kafka_log_dir:
+            adopted = self._kafka_topics().get(topic)
+            found = None if adopted is None else (adopted.partitions, dict(adopted.overrides))
+        else:
+            found = read_topic_file(os.path.join(self.root, TOPICS_DIR, topic))
+        if found is None:
+            raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist in {self.root}")
+        return found
 
     def partitions(self, topic: str) -> int:
         """Partition count of ``topic``.
@@ -93,33 +132,60 @@ class StoreView:
         Raises:
             UnknownTopicOrPartitionError: no such topic.
         """
-        validate_topic_name(topic)
-        found = read_topic_file(os.path.join(self.root, TOPICS_DIR, topic))
-        if found is None:
-            raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist in {self.root}")
-        return found[0]
+        return self._topic(topic)[0]
+
+    def overrides(self, topic: str) -> dict[str, str]:
+        """The topic's config overrides by Kafka's names (an adopted Kafka topic has none,
+        except ``__consumer_offsets``).
+
+        Raises:
+            UnknownTopicOrPartitionError: no such topic.
+        """
+        return self._topic(topic)[1]
 
     def partition(self, topic: str, partition: int) -> "PartitionView":
-        """The view of one partition (its directory must exist)."""
-        return PartitionView(self.root, topic, partition)
+        """The view of one partition of the topic. A partition without a directory (a gap in
+        an adopted Kafka topic, or a store partition not yet opened) reads as empty.
+
+        Raises:
+            UnknownTopicOrPartitionError: no such topic or partition.
+        """
+        count = self.partitions(topic)
+        if isinstance(partition, bool) or not isinstance(partition, int) or not 0 <= partition < count:
+            raise UnknownTopicOrPartitionError(
+                f"topic {topic!r} has partitions 0..{count - 1}; there is no partition {partition!r}")
+        return PartitionView(self.root, topic, partition, must_exist=False)
 
 
 class PartitionView:
     """Read-only view of one partition directory ``<root>/<topic>-<partition>``."""
 
-    def __init__(self, root: str, topic: str, partition: int) -> None:
+    def __init__(self, root: str, topic: str, partition: int, *, path: str | None = None,
+                 must_exist: bool = True) -> None:
+        """``path`` (default ``<root>/<topic>-<partition>``) names a partition directory whose
+        name is not of that form (keyed as partition -1 in ``root``'s checkpoints, as
+        :class:`~logstore.log.Log` keys it). With ``must_exist`` false a missing directory
+        reads as a partition with no segments.
+
+        Raises:
+            UnknownTopicOrPartitionError: the directory does not exist (with ``must_exist``).
+        """
         self.root = root
         self.topic = topic
         self.partition = partition
-        self.path = os.path.join(root, f"{topic}-{partition}")
-        if not _fileio.ops.exists(self.path):
+        self.path = path if path is not None else os.path.join(root, f"{topic}-{partition}")
+        if must_exist and not _fileio.ops.exists(self.path):
             raise UnknownTopicOrPartitionError(f"partition {topic}-{partition} has no directory in {root}")
 
     # ------------------------------------------------------------------ layout
     def segments(self) -> list[int]:
         """Base offsets of the live segments, ascending."""
         bases = []
-        for name in _fileio.ops.listdir(self.path):
+        try:
+            names = _fileio.ops.listdir(self.path)
+        except FileNotFoundError:
+            return []  # a partition without a directory (see StoreView.partition)
+        for name in names:
             parsed = parse_segment_name(name)
             if parsed is not None and parsed[1] == LOG_SUFFIX:
                 bases.append(parsed[0])

@@ -293,7 +293,15 @@ class LogstoreDataSource(DataSource):
 
     @classmethod
     def name(cls) -> str:
-        """The format name: ``spark.read.format("logstore")``."""
+        """The format name: ``spark.read.format("logstore")``.
+
+        Called by ``spark.dataSource.register`` on the driver: with a local master, a worker
+        interpreter that cannot import logstore raises :class:`LogstoreError` here, naming it
+        and the fix (``PYSPARK_PYTHON``; see :mod:`logstore.sparkenv`), instead of every task
+        failing later inside Spark with "No module named 'logstore'"."""
+        from .sparkenv import check_driver
+
+        check_driver()
         return "logstore"
 
     def schema(self) -> StructType:

@@ -11,10 +11,16 @@
                                             (Java properties; nothing else lives in .topics)
         .topics.lock                        flock serialising topic creation and deletion
         .topics.tmp                         a topic file being written
+        .topics.adopt/                      topic files of a Kafka log directory being adopted
+        .kafka-consumer-offsets/            Kafka's __consumer_offsets, set aside at adoption
         recovery-point-offset-checkpoint    Kafka's checkpoint files (every partition's entry)
         log-start-offset-checkpoint
         cleaner-offset-checkpoint
         <topic>-<partition>/                one Log per partition (see log.py)
+
+A directory without ``.topics/`` — one of a Kafka broker's ``log.dirs``, or a copy — is
+adopted when a LogStore opens it: its partition directories become topics, by the rules of
+:mod:`logstore.logdirs`, and their topic files are written (see :class:`LogStore`).
 
 Background maintenance — retention, time-based flushes, delayed deletion of segment files and
 the cleaner — runs on one scheduler thread per store that :meth:`LogStore.close` stops; with
@@ -27,6 +33,8 @@ root at once (the default, ``shared=True``): partitions are opened with :meth:`L
 from __future__ import annotations
 
 import asyncio
+import errno
+import fcntl
 import logging
 import mmap
 import os
@@ -38,7 +46,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Generator, Iterator, Mapping, TypeVar
 
-from . import _fileio
+from . import _fileio, logdirs
 from ._native import ffi, lib
 from .checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
@@ -58,6 +66,7 @@ from .errors import (
     UnknownTopicOrPartitionError,
 )
 from .log import Log
+from .offsets import OFFSETS_TOPIC
 from .shared import new_notify_page
 
 __all__ = ["LogStore", "TopicDescription", "validate_topic_name", "register_client"]
@@ -141,8 +150,25 @@ class LogStore:
         cleaner: run the cleaner for topics whose cleanup policy includes "compact".
         **defaults: LogConfig fields applied to every topic unless the topic overrides them.
 
-    Durability and thread-safety: as :class:`Log` for each partition. Topic creation and
-    deletion are durable on return and serialised across processes.
+    Kafka log directories: opened on a directory without ``.topics/`` that holds partition
+    directories ``<topic>-<n>`` (a Kafka broker's ``log.dirs`` entry, or a copy), the store
+    adopts them as topics for good, by the rules of :mod:`logstore.logdirs`: a topic per
+    name with the highest partition number + 1 partitions (missing ones empty) and the store's
+    defaults as its config; ``__consumer_offsets`` only when the store's consumer groups can
+    share it, else it is moved into ``.kafka-consumer-offsets/``. The topic files are written
+    under the topic lock and appear at once (``.topics.adopt/`` renamed to ``.topics/``), so
+    concurrent opens adopt once and a crash leaves all or nothing. Kafka does not load a log
+    directory holding ``.topics/``: to read one that a broker will use again, use the read-only
+    :class:`~logstore.logview.StoreView` or the read-only commands, which adopt in memory.
+    :attr:`adopted` names the topics this open adopted (empty for a store).
+
+    Raises:
+        LogLockedError: the store is open exclusively elsewhere (or this open is exclusive and
+            another holds it), or a running Kafka broker holds the log directory's lock.
+        LogstoreError: ``meta.properties`` names a store version this logstore cannot read.
+
+    Durability and thread-safety: as :class:`Log` for each partition. Topic creation,
+    deletion and adoption are durable on return and serialised across processes.
     """
 
     def __init__(self, root: str | os.PathLike[str], *, shared: bool = True, maintenance: bool = True,
@@ -164,13 +190,15 @@ class LogStore:
         self._thread: threading.Thread | None = None
         self._notify_mm: mmap.mmap | None = None
         ops = _fileio.ops
-        ops.makedirs_durable(os.path.join(self.root, TOPICS_DIR))
+        ops.makedirs_durable(self.root)
         self._lock_fd = ops.open(os.path.join(self.root, LOCK_FILE), os.O_RDWR | os.O_CREAT)
         locked = ops.lock_shared(self._lock_fd) if shared else ops.lock(self._lock_fd)
         if not locked:
             ops.close(self._lock_fd)
             raise LogLockedError(f"store {self.root} is open {'exclusively ' if shared else ''}in another process")
         try:
+            #: topics this open adopted from a Kafka log directory (see the class docstring)
+            self.adopted: tuple[str, ...] = self._ensure_topics_dir()
             self._write_meta()
             self._remove_deleted_topics()
             self.notify_page = self._map_notify_page()
@@ -196,6 +224,60 @@ class LogStore:
             if not ops.exists(path):
                 text = f"#logstore data directory\nversion={STORE_VERSION}\ndirectory.id={uuid.uuid4()}\n"
                 ops.write_file_atomic(path, text.encode())
+
+    def _ensure_topics_dir(self) -> tuple[str, ...]:
+        """Create ``.topics/``, adopting the partition directories of a Kafka log directory
+        (see :mod:`logstore.logdirs`); return the names of the topics adopted.
+
+        Crash reasoning: the topic files are written into ``.topics.adopt/`` and that directory
+        is renamed to ``.topics`` last, so a crash leaves no ``.topics/`` (the next open adopts
+        again, from scratch) or a complete one. An incompatible ``__consumer_offsets`` is moved
+        into :data:`~logstore.logdirs.OFFSETS_ASIDE_DIR` before the rename; once that
+        directory has entries, ``__consumer_offsets-<n>`` directories still in the root are the
+        rest of the same topic (a crash interrupted the moving) and follow them.
+        """
+        ops = _fileio.ops
+        topics_dir = os.path.join(self.root, TOPICS_DIR)
+        if ops.exists(topics_dir):
+            return ()
+        with self._metadata_lock():
+            if ops.exists(topics_dir):  # another process adopted meanwhile
+                return ()
+            found = logdirs.scan(self.root)
+            topics = dict(found.topics)
+            foreign = list(found.foreign_offsets)
+            aside = os.path.join(self.root, logdirs.OFFSETS_ASIDE_DIR)
+            if OFFSETS_TOPIC in topics and ops.exists(aside) and ops.listdir(aside):
+                foreign = [f"{OFFSETS_TOPIC}-{p}" for p in topics.pop(OFFSETS_TOPIC).present]
+            if not topics and not foreign:
+                ops.makedirs_durable(topics_dir)
+                return ()
+            _refuse_kafka_broker(self.root)
+            staging = topics_dir + ".adopt"
+            ops.remove_tree(staging)
+            ops.makedirs_durable(staging)
+            for topic in topics.values():
+                lines = [f"partitions={topic.partitions}"] + [f"{k}={v}" for k, v in sorted(topic.overrides.items())]
+                ops.write_file_atomic(os.path.join(staging, topic.name), ("\n".join(lines) + "\n").encode(),
+                                      tmp=os.path.join(self.root, TOPICS_DIR + ".tmp"))
+            if foreign:
+                ops.makedirs_durable(aside)
+                for name in foreign:
+                    target = os.path.join(aside, name)
+                    if ops.exists(target):
+                        target += f".{uuid.uuid4().hex}"
+                    ops.rename(os.path.join(self.root, name), target)
+                ops.fsync_dir(aside)
+                ops.fsync_dir(self.root)
+                logger.warning("%s: moved Kafka's %s (%d partition director%s) into %s/: logstore's consumer "
+                               "groups cannot share it", self.root, OFFSETS_TOPIC, len(foreign),
+                               "y" if len(foreign) == 1 else "ies", logdirs.OFFSETS_ASIDE_DIR)
+            ops.rename(staging, topics_dir)
+            ops.fsync_dir(self.root)
+        logger.warning("%s: adopted the partition directories of a Kafka log directory as %d topic(s) (%s) and "
+                       "wrote %s/; Kafka does not load a log directory holding it", self.root, len(topics),
+                       ", ".join(sorted(topics)), TOPICS_DIR)
+        return tuple(sorted(topics))
 
     def _map_notify_page(self) -> Any:
         if not self.shared:
@@ -618,6 +700,28 @@ class _FileLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _refuse_kafka_broker(root: str) -> None:
+    """Raise LogLockedError when a running Kafka broker holds its log directory lock.
+
+    A Kafka broker locks ``<log dir>/.lock`` with a Java FileLock, a POSIX record lock, which
+    Linux keeps apart from the ``flock`` logstore takes on the same file; probing with a
+    POSIX lock (taken and released at once) is what sees it.
+    """
+    path = os.path.join(root, LOCK_FILE)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            raise LogLockedError(f"{root} is in use by a Kafka broker (it holds a lock on {path}); stop the broker, "
+                                 "or open a copy of the directory") from None
+        fcntl.lockf(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def _positive(name: str, value: Any) -> int:

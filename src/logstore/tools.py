@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import struct
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
@@ -38,6 +39,7 @@ from .checkpoint import (
     OffsetCheckpoints,
 )
 from .errors import CorruptRecordError, LogstoreError
+from .logdirs import looks_like_log_dir
 from .logview import PartitionView, StoreView
 from .offsets import OFFSETS_TOPIC, decode_offset_key, decode_offset_value
 from .progress import SILENT, Progress
@@ -45,7 +47,7 @@ from .records import HEADER_SIZE, BatchHeader, RecordDecoder, validate_batch
 from .segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, parse_segment_name, segment_name
 from .store import TOPICS_DIR
 
-__all__ = ["dump_file", "verify", "stats", "Problem", "VerifyReport", "PartitionStats"]
+__all__ = ["dump_file", "verify", "stats", "partition_key", "Problem", "VerifyReport", "PartitionStats"]
 
 _OFFSET_CHECKPOINTS = (RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, CLEANER_OFFSET_CHECKPOINT,
                        REPLICATION_OFFSET_CHECKPOINT)
@@ -224,7 +226,8 @@ class VerifyReport:
 
 
 def verify(path: str, progress: Progress = SILENT) -> VerifyReport:
-    """Scrub ``path``: a store root, a partition directory or one ``.log`` file.
+    """Scrub ``path``: a store root, a Kafka log directory (every subdirectory holding
+    segments, skipped ones included), a partition directory or one ``.log`` file.
 
     Raises:
         LogstoreError: ``path`` is none of those.
@@ -237,7 +240,7 @@ def verify(path: str, progress: Progress = SILENT) -> VerifyReport:
         return report
     if not os.path.isdir(path):
         raise LogstoreError(f"{path}: not a store, a partition directory or a .log file")
-    if ops.exists(os.path.join(path, TOPICS_DIR)):
+    if ops.exists(os.path.join(path, TOPICS_DIR)) or (not _is_partition_dir(path) and looks_like_log_dir(path)):
         dirs = [os.path.join(path, name) for name in sorted(ops.listdir(path))
                 if os.path.isdir(os.path.join(path, name)) and _is_partition_dir(os.path.join(path, name))]
         for name in _OFFSET_CHECKPOINTS:
@@ -249,7 +252,8 @@ def verify(path: str, progress: Progress = SILENT) -> VerifyReport:
     elif _is_partition_dir(path):
         dirs = [path]
     else:
-        raise LogstoreError(f"{path}: not a store (no {TOPICS_DIR}/), a partition directory or a .log file")
+        raise LogstoreError(f"{path}: not a store (no {TOPICS_DIR}/), a Kafka log directory, a partition directory "
+                            "or a .log file")
     total = sum(ops.size(os.path.join(d, n)) for d in dirs for n in ops.listdir(d) if n.endswith(LOG_SUFFIX))
     progress.start(f"verify {os.path.basename(path)}", total)
     try:
@@ -382,32 +386,56 @@ class PartitionStats:
     group_lag: dict[str, int] = field(default_factory=dict)
 
 
-def stats(root: str, progress: Progress = SILENT) -> list[PartitionStats]:
-    """Per-partition figures of the store at ``root`` (internal topics included).
+def stats(path: str, progress: Progress = SILENT) -> list[PartitionStats]:
+    """Per-partition figures of ``path``: a store (internal topics included), a Kafka log
+    directory (its partition directories adopted in memory, as :class:`StoreView` does) or a
+    single partition directory. Writes nothing.
+
+    A partition directory is keyed as :class:`~logstore.log.Log` keys it: ``<topic>-<n>``, or
+    the whole name with partition -1; the checkpoints, topic settings and consumer offsets of
+    its parent directory apply when the parent is a store or a Kafka log directory.
 
     Raises:
-        LogstoreError: ``root`` is not a store.
+        LogstoreError: ``path`` is none of those.
     """
-    view = StoreView(root)
-    lags = _group_offsets(view)
+    path = os.path.abspath(path)
+    if os.path.isdir(path) and _is_partition_dir(path):
+        topic, partition = partition_key(path)
+        parent = os.path.dirname(path)
+        view: StoreView | None = None
+        if _fileio.ops.exists(os.path.join(parent, TOPICS_DIR)) or looks_like_log_dir(parent, files_only=True):
+            view = StoreView(parent, quiet=True)  # a store or a Kafka log dir: its settings and groups apply
+        parts = [PartitionView(parent, topic, partition, path=path)]
+        log_dir = parent
+    else:
+        view = StoreView(path)
+        log_dir = path
+        parts = [view.partition(t, p) for t in view.topics(internal=True) for p in range(view.partitions(t))]
+    lags = _group_offsets(view) if view is not None else {}
+    total = sum(_fileio.ops.size(pv._file(b, LOG_SUFFIX)) for pv in parts for b in pv.segments())
+    progress.start(f"stats {os.path.basename(path)}", total)
     out = []
-    topics = view.topics(internal=True)
-    parts = [(t, p) for t in topics for p in range(view.partitions(t))]
-    total = 0
-    for t, p in parts:
-        pv = view.partition(t, p)
-        total += sum(_fileio.ops.size(pv._file(b, LOG_SUFFIX)) for b in pv.segments())
-    progress.start(f"stats {os.path.basename(os.path.abspath(root))}", total)
     try:
-        cleaner = OffsetCheckpoints(view.root, CLEANER_OFFSET_CHECKPOINT).read()
-        for t, p in parts:
-            out.append(_partition_stats(view.partition(t, p), cleaner, lags, progress))
+        try:
+            cleaner = OffsetCheckpoints(log_dir, CLEANER_OFFSET_CHECKPOINT).read()
+        except CorruptCheckpointError:
+            cleaner = {}  # a hint for the dirty ratio only
+        for pv in parts:
+            out.append(_partition_stats(pv, _is_compacted(view, pv.topic), cleaner, lags, progress))
     finally:
         progress.finish()
     return out
 
 
-def _partition_stats(view: PartitionView, cleaner: dict[tuple[str, int], int],
+def partition_key(path: str) -> tuple[str, int]:
+    """(topic, partition) of a partition directory, as :class:`~logstore.log.Log` keys it:
+    ``<topic>-<n>``, or the whole directory name with partition -1."""
+    name = os.path.basename(os.path.normpath(path))
+    m = re.match(r"^(.+)-(\d+)$", name)
+    return (m.group(1), int(m.group(2))) if m else (name, -1)
+
+
+def _partition_stats(view: PartitionView, compacted: bool, cleaner: dict[tuple[str, int], int],
                      lags: dict[tuple[str, int], dict[str, int]], progress: Progress) -> PartitionStats:
     segments = view.segments()
     end = view.log_end_offset(segments)
@@ -447,7 +475,7 @@ def _partition_stats(view: PartitionView, cleaner: dict[tuple[str, int], int],
             sealed_sizes.append((segments[i + 1], seg_bytes))
     dirty = None
     key = (view.topic, view.partition)
-    if _is_compacted(view):
+    if compacted:
         first_dirty = max(cleaner.get(key, 0), start)
         sealed = sum(b for _, b in sealed_sizes)
         dirty = sum(b for nxt, b in sealed_sizes if nxt > first_dirty) / sealed if sealed else 0.0
@@ -456,12 +484,14 @@ def _partition_stats(view: PartitionView, cleaner: dict[tuple[str, int], int],
                           {group: max(0, end - offset) for group, offset in sorted(lags.get(key, {}).items())})
 
 
-def _is_compacted(view: PartitionView) -> bool:
-    from .store import read_topic_file
-
-    found = read_topic_file(os.path.join(view.root, TOPICS_DIR, view.topic))
-    policy = (found[1] if found else {}).get("cleanup.policy", "")
-    return "compact" in policy or view.topic == OFFSETS_TOPIC
+def _is_compacted(view: StoreView | None, topic: str) -> bool:
+    if topic == OFFSETS_TOPIC:
+        return True
+    try:
+        policy = view.overrides(topic).get("cleanup.policy", "") if view is not None else ""
+    except LogstoreError:
+        policy = ""  # a partition directory whose topic the parent does not know
+    return "compact" in policy
 
 
 def _group_offsets(view: StoreView) -> dict[tuple[str, int], dict[str, int]]:

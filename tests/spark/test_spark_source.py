@@ -6,6 +6,7 @@ the same records through the source, which reads the segment files on its own.""
 from __future__ import annotations
 
 import datetime
+import os
 import json
 import zlib
 
@@ -296,3 +297,40 @@ def test_reads_a_store_that_is_being_written(spark, tmp_path):
             stop.set()
             writer.join()
     assert seen == sorted(seen) and seen[-1] > 0
+
+
+def test_registering_with_workers_that_cannot_import_logstore_names_the_fix(spark, tmp_path):
+    from logstore import LogstoreError
+    from logstore.spark import LogstoreDataSource
+
+    bare = tmp_path / "python3"
+    bare.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'logstore'\" >&2\nexit 1\n")
+    os.chmod(bare, 0o755)
+    sc = spark.sparkContext
+    saved = sc.pythonExec
+    sc.pythonExec = str(bare)
+    try:
+        with pytest.raises(LogstoreError, match="PYSPARK_PYTHON=.*before the SparkSession starts"):
+            spark.dataSource.register(LogstoreDataSource)
+    finally:
+        sc.pythonExec = saved
+    spark.dataSource.register(LogstoreDataSource)  # the session's own interpreter is fine
+
+
+def test_reads_a_kafka_log_directory_without_writing_into_it(spark, tmp_path):
+    import pathlib
+    import shutil
+
+    fixture = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "kafka" / "cluster-metadata-00000000000000000000.log"
+    root = tmp_path / "kafka"
+    root.mkdir()
+    (root / "meta.properties").write_text("version=1\nnode.id=1\ncluster.id=abc\n")
+    for name in ("orders-0", "orders-2"):  # partition 1 is on another broker
+        (root / name).mkdir()
+        shutil.copyfile(fixture, root / name / "00000000000000000000.log")
+    before = sorted((str(p), p.stat().st_mtime_ns) for p in root.rglob("*"))
+    rows = (spark.read.format("logstore").option("path", str(root)).option("subscribe", "orders").load()
+            .select("partition", "offset", "value").collect())
+    assert sorted((r.partition, r.offset) for r in rows) == [(p, o) for p in (0, 2) for o in range(4)]
+    assert sorted(len(r.value) for r in rows if r.partition == 0) == [23, 24, 65, 65]
+    assert sorted((str(p), p.stat().st_mtime_ns) for p in root.rglob("*")) == before

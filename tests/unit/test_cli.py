@@ -26,6 +26,39 @@ def test_help_lists_the_commands(capsys):
         assert command in text
 
 
+def test_help_goes_to_the_given_stream_and_ends_its_last_line(capsys):
+    import io
+
+    for argv in (["--help"], ["stats", "--help"], ["topics", "--help"]):
+        out = io.StringIO()
+        assert main(argv, stdout=out) == 0
+        text = out.getvalue()
+        assert capsys.readouterr().out == "", f"{argv}: help went to sys.stdout, not to main's stdout"
+        assert text.endswith("\n") and not text.endswith("\n\n"), argv
+    lines = main_help_lines()
+    assert lines[-2:] == ["'logstore COMMAND --help' describes a command and its options.",
+                          "'logstore node --help' describes the replication node (logstore node ...)."]
+
+
+def main_help_lines():
+    import io
+
+    out = io.StringIO()
+    main(["--help"], stdout=out)
+    return out.getvalue().splitlines()
+
+
+def test_help_output_is_followed_cleanly_by_the_next_command():
+    # Two commands' output one after the other, as a shell prints them: the help's last line
+    # must not run into the next output ("...replication nodelogstore ...").
+    first, second = run("--help"), run("topics", "--help")
+    assert first.returncode == second.returncode == 0
+    joined = first.stdout + second.stdout
+    assert first.stdout.endswith("\n")
+    assert "\nusage: logstore topics" in joined
+    assert all(len(line) <= 100 for line in first.stdout.splitlines())
+
+
 def test_unknown_command_is_named(capsys):
     assert main(["frobnicate"]) == 2
     assert "invalid choice: 'frobnicate'" in capsys.readouterr().err
@@ -158,6 +191,42 @@ def test_stats(store):
     assert "billing=" in ok("stats", store)
 
 
+def test_stats_and_topics_list_on_a_partition_directory(store, tmp_path):
+    rows = json.loads(ok("stats", os.path.join(store, "events-1"), "--json"))
+    assert [(r["topic"], r["partition"]) for r in rows] == [("events", 1)]
+    whole = {(r["topic"], r["partition"]): r for r in json.loads(ok("stats", store, "--json"))}
+    assert rows[0] == whole[("events", 1)]
+    assert json.loads(ok("stats", os.path.join(store, "table-0"), "--json"))[0]["dirty_ratio"] is not None
+    assert ok("topics", "list", os.path.join(store, "events-1")) == "events\n"
+    # A partition directory outside any store, not named <topic>-<n>: keyed as Log keys it.
+    from logstore import Log
+
+    with Log.open(tmp_path / "audit") as log:
+        log.append(b"x")
+    rows = json.loads(ok("stats", str(tmp_path / "audit"), "--json"))
+    assert [(r["topic"], r["partition"], r["records"]) for r in rows] == [("audit", -1, 1)]
+
+
+def test_read_only_commands_write_nothing_into_a_store(store):
+    def listing():
+        return sorted((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in pathlib.Path(store).rglob("*"))
+
+    before = listing()
+    ok("stats", store, "--quiet")
+    ok("topics", "list", store)
+    ok("topics", "describe", store, "events")
+    ok("stats", os.path.join(store, "events-0"), "--quiet")
+    assert listing() == before
+
+
+def test_read_only_commands_name_a_missing_or_foreign_directory(tmp_path):
+    r = run("topics", "list", str(tmp_path / "missing"))
+    assert r.returncode == 1 and "no such store directory" in r.stderr
+    r = run("stats", str(tmp_path))
+    assert r.returncode == 1 and "nor a Kafka log directory" in r.stderr
+    assert os.listdir(tmp_path) == []
+
+
 def test_verify_passes_then_names_the_damage(store):
     assert json.loads(ok("verify", store, "--json"))["ok"] is True
     assert ok("verify", store).strip().endswith("OK")
@@ -265,3 +334,26 @@ def test_verify_accepts_the_preallocated_indexes_of_an_empty_segment_after_a_cra
     timeindex.write_bytes(b"\0" * 7 + b"\x05" + b"\0\0\0\x01")
     assert [p.what for p in tools.verify(str(path)).problems] == [
         "entry names offset 1, past the segment's last offset -1"]
+
+
+def test_stats_of_an_empty_store_is_empty(tmp_path):
+    from logstore import LogStore
+    from logstore.tools import stats
+
+    LogStore(str(tmp_path / "empty"), maintenance=False).close()
+    assert stats(str(tmp_path / "empty")) == []
+
+
+def test_stats_of_a_partition_directory_ignores_an_unrelated_parent(tmp_path, caplog):
+    import logging
+
+    from logstore import Log
+    from logstore.tools import stats
+
+    (tmp_path / "holiday-2024").mkdir()  # looks like a partition name, but tmp_path is no log dir
+    with Log.open(tmp_path / "audit-3") as log:
+        log.append(b"x")
+    with caplog.at_level(logging.INFO, logger="logstore"):
+        rows = stats(str(tmp_path / "audit-3"))
+    assert [(r.topic, r.partition, r.records, r.group_lag) for r in rows] == [("audit", 3, 1, {})]
+    assert "holiday" not in caplog.text

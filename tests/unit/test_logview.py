@@ -8,7 +8,7 @@ import random
 import pytest
 
 from logstore import CorruptRecordError, LogStore, LogstoreError, UnknownTopicOrPartitionError
-from logstore.logview import DataLossError, PartitionView, SegmentPosition, StoreView
+from logstore.logview import DataLossError, LogEnd, PartitionView, SegmentPosition, StoreView
 
 
 @pytest.fixture
@@ -167,3 +167,37 @@ def test_scan_raises_when_the_log_ends_before_the_planned_end(root):
     view = StoreView(root).partition("t", 0)
     with pytest.raises(DataLossError, match="ends at offset 100"):
         scan(view, 50, 150)
+
+
+def test_store_view_of_partition_directories_without_topic_files(tmp_path):
+    from logstore import Log
+
+    root = tmp_path / "dirs"
+    for name, n in (("t-0", 3), ("t-2", 1)):
+        with Log.open(root / name) as log:
+            for i in range(n):
+                log.append(b"%d" % i)
+    before = snapshot(str(root))
+    view = StoreView(str(root))
+    assert view.kafka_log_dir and view.topics() == ["t"] and view.partitions("t") == 3
+    ends = [view.partition("t", p).log_end_offset() for p in range(3)]
+    assert ends == [3, 0, 1]
+    assert scan(view.partition("t", 1), 0, 0) == []
+    with pytest.raises(UnknownTopicOrPartitionError, match="has partitions 0..2; there is no partition 3"):
+        view.partition("t", 3)
+    assert snapshot(str(root)) == before and not (root / ".topics").exists()
+    with LogStore(str(root), maintenance=False) as store:
+        assert store.topics() == view.topics() and store.partitions_for("t") == view.partitions("t")
+    assert not StoreView(str(root)).kafka_log_dir
+
+
+def test_partition_view_of_a_directory_named_freely(tmp_path):
+    from logstore import Log
+
+    with Log.open(tmp_path / "audit") as log:
+        log.append_batch([b"a", b"b"])
+    view = PartitionView(str(tmp_path), "audit", -1, path=str(tmp_path / "audit"))
+    assert (view.log_start_offset(), view.log_end_offset()) == (0, 2)
+    assert [r[3] for r in scan(view, 0, 2)] == [b"a", b"b"]
+    missing = PartitionView(str(tmp_path), "gone", 0, must_exist=False)
+    assert missing.segments() == [] and missing.log_end() == LogEnd(0, -1, 0)

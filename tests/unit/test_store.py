@@ -662,3 +662,57 @@ def test_closing_the_store_closes_its_producers_and_consumers_first(tmp_path):
         assert [r.value for r in again.partition("t", 0).read(0)] == [b"pending"]
         c = again.consumer("g", "t")
         assert c.committed("t", 0) == 0  # the consumer committed its position at close
+
+
+# ---------------------------------------------------------------------- adopting partition directories
+def _partition_dirs(root, *names):
+    from logstore import Log
+
+    for name in names:
+        with Log.open(os.path.join(root, name)) as log:
+            log.append(name.encode())
+
+
+def test_a_directory_of_partitions_without_topic_files_is_adopted(root):
+    _partition_dirs(root, "t-0", "t-3", "u-0")
+    with LogStore(root, maintenance=False) as store:
+        assert store.adopted == ("t", "u")
+        assert store.topics() == ["t", "u"]
+        assert store.partitions_for("t") == 4
+        assert store.describe("t").overrides == {}
+        assert [r.value for r in store.partition("t", 3).read(0)] == [b"t-3"]
+        assert store.partition("t", 1).log_end_offset == 0
+    with open(os.path.join(root, ".topics", "t")) as f:
+        assert f.read() == "partitions=4\n"
+
+
+def test_orphan_partition_directories_in_a_store_are_not_adopted(root):
+    # A store's .topics/ is the truth: a directory without a topic file there is what an
+    # interrupted delete_topic leaves, and must not bring the topic back.
+    with LogStore(root, maintenance=False) as store:
+        store.create_topic("kept")
+    _partition_dirs(root, "ghost-0")
+    with LogStore(root, maintenance=False) as store:
+        assert store.adopted == ()
+        assert store.topics() == ["kept"]
+
+
+def test_stores_opened_at_once_adopt_once(root):
+    _partition_dirs(root, "t-0", "t-1")
+    adopted, errors = [], []
+
+    def open_store():
+        try:
+            with LogStore(root, maintenance=False) as s:
+                adopted.append(s.adopted)
+                assert s.partitions_for("t") == 2
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_store) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(adopted) == [(), (), (), ("t",)]
