@@ -1240,12 +1240,15 @@ class Log:
         self._segments.abandon_all(closing=True)
         self._closed = True
         self._appender = _CLOSED_APPENDER
-        if self._share is not None and self._share.state is not None:
-            self._waiters.use_private_page()
-            self._share.release()
+        # .lock before .shared: a process opening the log waits on the writers' lock (.shared)
+        # and then tries .lock; released the other way round, the last process out could still
+        # hold .lock exclusively when the opener gets there, which would refuse it.
         if self._lock_fd >= 0:
             _fileio.ops.close(self._lock_fd)
             self._lock_fd = -1
+        if self._share is not None and self._share.state is not None:
+            self._waiters.use_private_page()
+            self._share.release()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"[{self._log_start_offset}, {self._appender.next_offset})"

@@ -275,3 +275,28 @@ def test_shared_page_survives_a_writer_killed_while_holding_the_lock(path):
         assert lib.ls_shared_dirty(a._state.page) == 0
     finally:
         a.close()
+
+
+def test_opening_while_the_last_process_closes_is_never_refused(path):
+    # The last one out holds .lock exclusively while it closes; releasing the writers' lock
+    # (.shared) before .lock let an opener waiting on .shared find .lock still taken and give
+    # up with LogLockedError. flocks belong to open files, so two threads with their own
+    # Log objects race like two processes.
+    Log.open_shared(path).close()
+    errors = []
+
+    def cycle():
+        try:
+            for _ in range(100):
+                Log.open_shared(path).close()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=cycle) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    with Log.open(path) as log:
+        assert log.recovery_report.clean_shutdown
