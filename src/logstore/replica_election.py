@@ -130,13 +130,7 @@ class ElectionDriver:
         payload = _vote_request(rep, state.epoch, node.node_id, last_epoch, end, pre_vote=False)
         won = threading.Event()
 
-        def ask(peer: int) -> None:
-            try:
-                resp = node.peer_connections.request(peer, RequestType.VOTE, payload,
-                                                     timeout=node.election_timeout_s / 2)
-                epoch, granted = resp.int32(), resp.int8()
-            except (OSError, LogstoreError):
-                return
+        def count(peer: int, epoch: int, granted: int) -> None:
             try:
                 with rep.cond:
                     if rep.election.epoch == state.epoch and rep.election.on_vote_response(epoch, peer, bool(granted)):
@@ -149,7 +143,7 @@ class ElectionDriver:
                 logger.exception("node %d: %s-%d: counting the vote of %d failed", node.node_id,
                                  rep.topic, rep.partition, peer)
 
-        self.each_peer_at_once(ask)
+        self._vote_round(payload, count)
         if won.is_set():
             self.announce(rep)
 
@@ -164,13 +158,7 @@ class ElectionDriver:
         grants = [node.node_id]
         lock = threading.Lock()
 
-        def ask(peer: int) -> None:
-            try:
-                resp = node.peer_connections.request(peer, RequestType.VOTE, payload,
-                                                     timeout=node.election_timeout_s / 2)
-                their_epoch, granted = resp.int32(), resp.int8()
-            except (OSError, LogstoreError):
-                return
+        def count(peer: int, their_epoch: int, granted: int) -> None:
             if granted:
                 with lock:
                     grants.append(peer)
@@ -178,12 +166,29 @@ class ElectionDriver:
                 with rep.cond:
                     rep.election.observe_epoch(their_epoch)
 
-        self.each_peer_at_once(ask)
+        self._vote_round(payload, count)
         if len(grants) < rep.election.majority:
             logger.debug("node %d: pre-vote for %s-%d epoch %d: %d of %d", node.node_id, rep.topic,
                          rep.partition, epoch, len(grants), len(node.voters))
             return False
         return True
+
+    def _vote_round(self, payload: bytes, on_answer: Callable[[int, int, int], None]) -> None:
+        """Send the VOTE request ``payload`` to every peer at once and call on_answer(peer, its
+        epoch, granted) for each answer (on the asking thread); a peer that does not answer
+        within half an election timeout is left out."""
+        node = self._node
+
+        def ask(peer: int) -> None:
+            try:
+                resp = node.peer_connections.request(peer, RequestType.VOTE, payload,
+                                                     timeout=node.election_timeout_s / 2)
+                epoch, granted = resp.int32(), resp.int8()
+            except (OSError, LogstoreError):
+                return
+            on_answer(peer, epoch, granted)
+
+        self.each_peer_at_once(ask)
 
     def lead_or_step_down(self, rep: PartitionReplica) -> None:
         """Set up leadership of the epoch just won; if that fails (a full disk when writing
