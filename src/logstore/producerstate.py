@@ -29,7 +29,8 @@ REBUILD_CHUNK_BYTES = 1 << 20
 
 
 class ProducerBatch(NamedTuple):
-    """Where a producer's batch landed: its base sequence and its first and last offsets."""
+    """Where a producer's batch landed: its base sequence and its first and last offsets
+    (immutable)."""
 
     base_sequence: int
     first_offset: int

@@ -192,7 +192,7 @@ class PeerConnections:
 
 # ---------------------------------------------------------------------- the client
 class Fetched(NamedTuple):
-    """What :meth:`Client.fetch` returns."""
+    """What :meth:`Client.fetch` returns (immutable; safe to share between threads)."""
 
     #: committed records from the offset asked for (control records left out)
     records: list[Record]

@@ -49,7 +49,7 @@ from .errors import LogstoreError
 
 __all__ = [
     "RequestType", "FrameError", "AuthenticationError", "Frame", "Reader", "Writer",
-    "encode_frame", "decode_frame", "recv_frame", "send_frame",
+    "encode_frame", "decode_frame", "frame_of", "recv_frame", "send_frame",
     "client_handshake", "server_handshake", "PRE_AUTH_MAX_FRAME", "DEFAULT_MAX_FRAME", "BATCH_OVERHEAD",
     "TLSConfig", "ServerHandshake", "ReplicationProtocol",
     "OK", "NOT_LEADER", "NOT_ENOUGH_REPLICAS", "FENCED_EPOCH", "TIMEOUT", "UNKNOWN_PARTITION",
