@@ -44,7 +44,7 @@ class _Handshake(net.Handshake):
 
 class EchoProtocol(net.Protocol):
     """Frames are a 4-byte size + ``command:argument``. Commands: echo, sleep (``sleep:S:x``
-    answers x after S seconds), whoami, none (no response), defer (answered 0.2 s later by a
+    answers x after S seconds), big (``big:S:N``: N bytes after S seconds), whoami, none (no response), defer (answered 0.2 s later by a
     timer, through a Future), boom (the handler raises)."""
 
     header_size = 4
@@ -77,6 +77,10 @@ class EchoProtocol(net.Protocol):
                 seconds, _, value = arg.partition(b":")
                 time.sleep(float(seconds))
                 return [struct.pack(">i", len(value)), value]  # several buffers, written in order
+            if command == b"big":  # big:S:N answers N bytes after S seconds
+                seconds, _, size = arg.partition(b":")
+                time.sleep(float(seconds))
+                return framed(b"x" * int(size))
             if command == b"whoami":
                 return framed(f"{session.principal} tls={session.tls}".encode())
             if command == b"none":
@@ -205,7 +209,7 @@ def test_no_response_unmutes_the_connection_and_deferred_answers_arrive_in_order
         assert recv_frame(s) == b"later"   # "none" got nothing, and did not hold the connection
         assert recv_frame(s) == b"after"
     assert metric(server, "request-total") == 3
-    assert metric(server, "response-total") == 2
+    wait_for(lambda: metric(server, "response-total") == 2)   # counted by the loop once it heard
 
 
 # ---------------------------------------------------------------------- failures close one connection
@@ -267,6 +271,20 @@ def test_idle_connections_are_closed_but_not_while_their_request_runs(serve):
         started = time.monotonic()
         assert hung_up(busy)                              # then idle: closed
         assert 0.2 <= time.monotonic() - started < 2.0
+
+
+def test_a_large_answer_to_a_slow_request_is_written_whole_past_the_idle_timeout(serve):
+    """The answer is larger than the socket buffers take at once, and comes after longer than
+    the idle timeout: the loop writes the rest as the client reads, and the idle clock starts
+    with the answer, not with the request."""
+    server = serve(limits=net.Limits(idle_timeout_s=0.3))
+    size = 16 << 20
+    with connect(server) as s:
+        s.sendall(framed(b"big:0.5:%d" % size))
+        time.sleep(0.7)   # the answer waits, partly written, for 0.2 s before we read
+        assert recv_frame(s) == b"x" * size
+        assert call(s, b"echo:then") == b"then"
+    assert metric(server, "outgoing-byte-total") >= size
 
 
 def test_connections_over_max_connections_are_refused(serve):
