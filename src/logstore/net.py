@@ -34,13 +34,13 @@ Invariants:
 A handler may also return a ``concurrent.futures.Future`` (a deferred answer: the worker is free
 at once, and the loop writes the result when the future completes).
 
-Writing: on a plain TCP connection the worker sends what the socket takes of its answer at once
-(most answers whole), and the loop writes the rest and unmutes; otherwise (TLS, deferred answers)
-the loop writes it all. The worker's write saves the answer a wait for the loop thread to wake:
-measured on this project's 2-core machine, a small request's round trip went from about 250 to
-about 150 microseconds (a thread per connection, as before this module, took about 60). The loop
-leaves a connection's socket alone while its request is in a worker, except to close it, which
-the connection's lock orders against the worker's write.
+Cost: a request crosses threads twice (loop -> worker -> loop), which a thread per connection
+did not. Measured on this project's 2-core machine (loaded by other work, so the spread is
+wide), a 16-byte echo's round trip takes about 130-200 microseconds against 30-50 with a
+thread per connection. bench/bench_replication.py (acks="all" produces of 1000 records, which
+take milliseconds each) showed no difference beyond its run-to-run spread. A worker writing its
+own answer was tried and saved nothing (the next request still waits for the loop to unmute the
+connection), so the loop writes every answer, as Kafka's network threads do.
 
 Thread-safety: :class:`Server` methods may be called from any thread; :meth:`Protocol.handle`
 runs on worker threads (several at once) and :meth:`Protocol.frame_size`, :meth:`Protocol.handshake`
@@ -187,16 +187,6 @@ class _Failed:
         self.exc = exc
 
 
-class _Written:
-    """A response its worker began writing itself: the buffers left, and the bytes sent."""
-
-    __slots__ = ("rest", "sent")
-
-    def __init__(self, rest: list[memoryview], sent: int) -> None:
-        self.rest = rest
-        self.sent = sent
-
-
 # Connection states.
 _TLS, _AUTH, _OPEN, _CLOSED = "tls", "auth", "open", "closed"
 
@@ -221,9 +211,6 @@ class _Conn:
         self.tls_want = selectors.EVENT_READ  # during the TLS handshake
         self.read_wants_write = False         # TLS: a read needs the socket writable first
         self.write_wants_read = False         # TLS: a write needs the socket readable first
-        #: Held by a worker writing its response and by the loop closing the socket, so that a
-        #: worker never writes to a closed descriptor (or to another connection that reused it).
-        self.lock = threading.Lock()
 
 
 class _Workers:
@@ -522,12 +509,11 @@ class Server:
         if conn.events:
             self._selector.unregister(conn.sock)
             conn.events = 0
-        with conn.lock:
-            conn.state = _CLOSED
-            try:
-                conn.sock.close()
-            except OSError:
-                pass
+        conn.state = _CLOSED
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
         with self._lock:
             del self._conns[conn.session.id]
         conn.out.clear()
@@ -658,41 +644,8 @@ class Server:
             result = _Failed(exc)
         if isinstance(result, Future):
             result.add_done_callback(lambda f: self._complete(conn, _outcome(f)))
-        elif result is None or isinstance(result, _Failed) or conn.session.tls:
-            self._complete(conn, result)
         else:
-            self._complete(conn, self._write_now(conn, result))
-
-    @staticmethod
-    def _write_now(conn: _Conn, result: Any) -> _Written | _Failed:
-        """Send as much of a response as the socket takes now, from the worker, so that the
-        answer does not wait for the loop to wake (the loop writes the rest and unmutes).
-
-        Safe because the loop leaves a connection's socket alone while its request is in a
-        worker (muted: not registered; never expired), except to close it, which ``conn.lock``
-        orders against this. Plain TCP only: a TLS write that wants a read is the loop's business.
-        """
-        try:
-            rest = [memoryview(b).cast("B") for b in _buffers(result) if len(b)]
-        except TypeError as exc:
-            return _Failed(exc)
-        sent = 0
-        with conn.lock:
-            if conn.state is _CLOSED:
-                return _Written(rest, 0)
-            try:
-                while rest:
-                    n = conn.sock.send(rest[0][:_SEND_CHUNK])
-                    sent += n
-                    if n == len(rest[0]):
-                        rest.pop(0)
-                    else:
-                        rest[0] = rest[0][n:]
-            except (BlockingIOError, InterruptedError):
-                pass
-            except OSError as exc:
-                return _Failed(exc)
-        return _Written(rest, sent)
+            self._complete(conn, result)
 
     def _complete(self, conn: _Conn, result: Any) -> None:
         with self._lock:
@@ -719,13 +672,9 @@ class Server:
                 if result is None:      # no response (Kafka's acks=0)
                     self._unmute(conn)
                 else:
-                    if isinstance(result, _Written):
-                        self._counts.bytes_out += result.sent
-                        conn.out.extend(result.rest)
-                    else:
-                        self._queue(conn, _buffers(result))
+                    self._queue(conn, _buffers(result))
                     self._counts.responses += 1
-                    self._write(conn)   # the rest, if any; unmutes once all is written
+                    self._write(conn)   # unmutes once all is written
             except Exception as exc:  # noqa: BLE001
                 self._fail(conn, exc)
             self._interest(conn)
