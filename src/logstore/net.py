@@ -123,8 +123,8 @@ class Handshake(abc.ABC):
 
     @abc.abstractmethod
     def receive(self, frame: bytearray) -> bytes:
-        """Take one frame (its body, after the size prefix; the loop does not reuse the buffer) and return the bytes to send back
-        (whole frames; may be empty).
+        """Take one frame (its body, after the size prefix; the loop does not reuse the buffer)
+        and return the bytes to send back (whole frames; may be empty).
 
         Raises:
             HandshakeError: the peer failed; its ``reply`` is sent, then the connection closed.

@@ -207,7 +207,8 @@ class ElectionDriver:
     def announce(self, rep: PartitionReplica) -> None:
         """Tell every peer at once (a dead peer delays nothing) that this node leads the epoch."""
         node = self._node
-        payload = Writer().string(rep.topic).int32(rep.partition).int32(rep.election.epoch).int32(node.node_id).payload()
+        payload = (Writer().string(rep.topic).int32(rep.partition).int32(rep.election.epoch).int32(node.node_id)
+                   .payload())
 
         def tell(peer: int) -> None:
             try:

@@ -22,7 +22,7 @@ from .election import NONE, Role
 from .errors import LogstoreError
 from .records import parse_header
 from .replica_partition import PartitionReplica
-from .replication_client import _Connection
+from .replication_client import NodeConnection
 from .wire import FENCED_EPOCH, NOT_LEADER, OK, OUT_OF_RANGE, RequestType, Writer
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ class Fetchers:
     def __init__(self, node: "ReplicaNode") -> None:
         self._node = node
         self._lock = threading.Lock()
-        self._conns: dict[tuple[str, int], _Connection] = {}
+        self._conns: dict[tuple[str, int], NodeConnection] = {}
 
     def close(self) -> None:
         """Close every fetcher's connection (a fetch blocked on one fails at once). Call after
@@ -54,7 +54,7 @@ class Fetchers:
         """Follow ``rep``'s leader while this node is one of its followers, until the node stops."""
         node = self._node
         key = (rep.topic, rep.partition)
-        conn: _Connection | None = None
+        conn: NodeConnection | None = None
         conn_peer = NONE
         try:
             while not node._stop.is_set():
@@ -67,7 +67,7 @@ class Fetchers:
                         if conn is not None:
                             conn.close()
                         conn, conn_peer = None, leader
-                        conn = _Connection(node.peers[leader], node.secret, node.node_id, node.election_timeout_s,
+                        conn = NodeConnection(node.peers[leader], node.secret, node.node_id, node.election_timeout_s,
                                            node.max_frame, node._client_tls)
                         with self._lock:
                             if node._stop.is_set():
@@ -108,7 +108,7 @@ class Fetchers:
                 soon = time.monotonic() + node._rng.uniform(0.0, node.election_timeout_s / 2)
                 rep.deadline = min(rep.deadline, soon)
 
-    def fetch_once(self, rep: PartitionReplica, leader: int, conn: _Connection) -> bool:
+    def fetch_once(self, rep: PartitionReplica, leader: int, conn: NodeConnection) -> bool:
         """One fetch; returns False when the leader refused it."""
         node = self._node
         log = rep.log

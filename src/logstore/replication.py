@@ -80,7 +80,8 @@ from .wire import (
 __all__ = ["ReplicaNode", "Client", "Fetched", "TLSConfig", "NotLeaderError", "NotEnoughReplicasError",
            "ReplicationTimeoutError", "ReplicationError"]
 
-# Re-exported for callers of the single-module days (tests import _Connection from here).
+# Re-exported: these lived in this module before the split (tests import _Connection and the
+# error codes from here).
 _REEXPORTED = (_Connection, _raise_for, ERROR_TEXT, OK, NOT_LEADER, NOT_ENOUGH_REPLICAS, FENCED_EPOCH, TIMEOUT,
                UNKNOWN_PARTITION, OUT_OF_RANGE, INVALID, CORRUPT_BATCH, RECORD_TOO_LARGE, INVALID_RECORD)
 

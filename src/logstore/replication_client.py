@@ -2,8 +2,8 @@
 
 :class:`Client` produces to and fetches from a replica set, following its leader;
 :class:`PeerConnections` is a node's set of connections to the other voters (for votes,
-BEGIN_EPOCH and leader discovery); :class:`_Connection` is one authenticated blocking connection,
-which both use (and the follower's fetchers). The errors a replication request raises
+BEGIN_EPOCH and leader discovery); :class:`NodeConnection` is one authenticated blocking
+connection, which both use (and the follower's fetchers). The errors a replication request raises
 (:class:`ReplicationError` and its subclasses) live here too.
 """
 
@@ -39,8 +39,8 @@ from .wire import (
     send_frame,
 )
 
-__all__ = ["Client", "Fetched", "PeerConnections", "ReplicationError", "NotLeaderError", "NotEnoughReplicasError",
-           "ReplicationTimeoutError"]
+__all__ = ["Client", "Fetched", "NodeConnection", "PeerConnections", "ReplicationError", "NotLeaderError",
+           "NotEnoughReplicasError", "ReplicationTimeoutError"]
 
 
 # ---------------------------------------------------------------------- errors
@@ -82,7 +82,7 @@ def _raise_for(code: int, leader: int, what: str) -> None:
 
 
 # ---------------------------------------------------------------------- connections
-class _Connection:
+class NodeConnection:
     """One authenticated client connection to a node (request/response, one at a time).
 
     Thread-safety: not thread-safe; threads that share one take ``lock`` around
@@ -130,6 +130,10 @@ class _Connection:
             pass
 
 
+#: The name NodeConnection had while it lived in replication.py (tests import it from there).
+_Connection = NodeConnection
+
+
 class PeerConnections:
     """A node's connections to the other voters: one per peer, made on first use, shared by the
     node's threads (one request at a time on each), dropped when a request on it fails.
@@ -146,7 +150,7 @@ class PeerConnections:
         self._tls = tls
         self._stopping = stopping
         self._lock = threading.Lock()
-        self._conns: dict[int, _Connection] = {}
+        self._conns: dict[int, NodeConnection] = {}
 
     def request(self, peer: int, type: int, payload: bytes, timeout: float) -> Reader:
         """One request to ``peer``; its answer's payload.
@@ -160,7 +164,7 @@ class PeerConnections:
         if conn is None:
             # Connect and authenticate without holding the lock (a slow peer must not hold up
             # requests to the others); the first connection registered wins.
-            fresh = _Connection(self._peers[peer], self._secret, self._node_id, timeout, self._max_frame, self._tls)
+            fresh = NodeConnection(self._peers[peer], self._secret, self._node_id, timeout, self._max_frame, self._tls)
             with self._lock:
                 conn = self._conns.setdefault(peer, fresh)
                 stopped = self._stopping.is_set()
@@ -223,7 +227,7 @@ class Client:
         self.secret = secret
         self.timeout = timeout
         self._tls = tls.client_context() if tls is not None else None
-        self._conns: dict[tuple[str, int], _Connection] = {}
+        self._conns: dict[tuple[str, int], NodeConnection] = {}
         #: Idempotence: every produce carries this id and a per-partition sequence number, so a
         #: retry after a lost response is recognised by the leader instead of appended again.
         self.producer_id = random.SystemRandom().getrandbits(62)
@@ -235,10 +239,10 @@ class Client:
         self._leaders: dict[tuple[str, int], int] = {}
         self._codec = compression.codec_from_name(compression_type) if compression_type else compression.NONE
 
-    def _conn(self, address: tuple[str, int]) -> _Connection:
+    def _conn(self, address: tuple[str, int]) -> NodeConnection:
         conn = self._conns.get(address)
         if conn is None:
-            conn = self._conns[address] = _Connection(address, self.secret, NONE, self.timeout, DEFAULT_MAX_FRAME,
+            conn = self._conns[address] = NodeConnection(address, self.secret, NONE, self.timeout, DEFAULT_MAX_FRAME,
                                                       self._tls)
         return conn
 

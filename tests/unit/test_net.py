@@ -44,8 +44,9 @@ class _Handshake(net.Handshake):
 
 class EchoProtocol(net.Protocol):
     """Frames are a 4-byte size + ``command:argument``. Commands: echo, sleep (``sleep:S:x``
-    answers x after S seconds), big (``big:S:N``: N bytes after S seconds), whoami, none (no response), defer (answered 0.2 s later by a
-    timer, through a Future), boom (the handler raises)."""
+    answers x after S seconds), big (``big:S:N``: N bytes after S seconds), whoami, none (no
+    response), defer (answered 0.2 s later by a timer, through a Future), boom (the handler
+    raises)."""
 
     header_size = 4
 
