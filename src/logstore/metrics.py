@@ -24,6 +24,12 @@ kafka.log:type=LogCleaner,name=max-clean-time-secs                  store-wide, 
 kafka.server:type=ReplicaManager,name=UnderReplicatedPartitions     replication (ReplicaNode.metrics)
 kafka.server:type=ReplicaFetcherManager,name=MaxLag,clientId=Replica  replication, records
 logstore:type=Replica,name=FollowerLag                              per (topic, partition, follower)
+kafka.server:type=socket-server-metrics,listener=L,name=...         network layer (net.Server), per listener:
+    connection-count, connection-creation-total, connection-close-total, successful-authentication-total,
+    failed-authentication-total, request-total, response-total, incoming-byte-total, outgoing-byte-total
+logstore:type=socket-server-metrics,listener=L,name=...             connection-refused-total (max_connections),
+    connection-expired-total (handshake or idle timeout)
+kafka.network:type=RequestChannel,listener=L,name=RequestQueueSize  requests waiting for a worker thread
 ==================================================================== ==============================
 
 Thread-safety: :class:`Histogram` is thread-safe; snapshots are plain values.

@@ -738,6 +738,13 @@ def batch_headers(buf: Any) -> Iterator[tuple[int, BatchHeader]]:
         position += header.size
 
 
+def end_offset_of(buf: Any, offset: int) -> int:
+    """The offset after the whole batches in ``buf`` (``offset`` when it holds none)."""
+    for _, header in batch_headers(buf):
+        offset = max(offset, header.last_offset + 1)
+    return offset
+
+
 def validate_batch(buf: Any, position: int = 0, max_batch_bytes: int = 0, path: str | None = None) -> BatchHeader:
     """Validate the batch at ``position`` (header sanity and CRC) and return its header."""
     hdr = ffi.new("ls_batch_header *")

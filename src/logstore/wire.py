@@ -1,4 +1,4 @@
-"""The replication wire protocol: frames, field codecs and the shared-secret handshake.
+"""The replication wire protocol: frames, field codecs, error codes and the shared-secret handshake.
 
 Every message is one frame, big-endian::
 
@@ -21,8 +21,14 @@ Handshake (mutual, the secret never crosses the wire; HMAC-SHA256):
 3. client checks the server's proof, then -> AUTH: HMAC(secret, "logstore-client" + sn + cn)
 4. server checks it (constant-time compare) -> AUTH_OK, or closes the connection
 
+The server's side of the handshake is a state machine (:class:`ServerHandshake`, no I/O), which
+:class:`ReplicationProtocol` hands to the network layer (``net.Server``) and :func:`server_handshake`
+drives over a blocking socket. The client's side (:func:`client_handshake`) and the blocking frame
+I/O (:func:`recv_frame`, :func:`send_frame`) serve the replication client's connections.
+
 FORMAT.md documents the frame and handshake layouts. Thread-safety: the functions are pure; a
-:class:`Reader` belongs to one thread.
+:class:`Reader` or :class:`ServerHandshake` belongs to one thread; :class:`ReplicationProtocol`
+is thread-safe.
 """
 
 from __future__ import annotations
@@ -38,13 +44,16 @@ import time
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
+from . import net
 from .errors import LogstoreError
 
 __all__ = [
     "RequestType", "FrameError", "AuthenticationError", "Frame", "Reader", "Writer",
-    "encode_frame", "decode_frame", "recv_frame", "send_frame",
+    "encode_frame", "decode_frame", "frame_of", "recv_frame", "send_frame",
     "client_handshake", "server_handshake", "PRE_AUTH_MAX_FRAME", "DEFAULT_MAX_FRAME", "BATCH_OVERHEAD",
-    "TLSConfig",
+    "TLSConfig", "ServerHandshake", "ReplicationProtocol",
+    "OK", "NOT_LEADER", "NOT_ENOUGH_REPLICAS", "FENCED_EPOCH", "TIMEOUT", "UNKNOWN_PARTITION",
+    "OUT_OF_RANGE", "INVALID", "CORRUPT_BATCH", "RECORD_TOO_LARGE", "INVALID_RECORD", "ERROR_TEXT",
 ]
 
 PRE_AUTH_MAX_FRAME = 4096
@@ -52,11 +61,31 @@ BATCH_OVERHEAD = 4096
 DEFAULT_MAX_FRAME = (1 << 20) + BATCH_OVERHEAD
 HEADER = struct.Struct(">ihhi")        # length, type, version, correlation id
 HEADER_AFTER_LENGTH = HEADER.size - 4
+_AFTER_LENGTH = struct.Struct(">hhi")  # type, version, correlation id
 NONCE_SIZE = 32
 MAC_SIZE = 32
 _SERVER_LABEL = b"logstore-server"
 _CLIENT_LABEL = b"logstore-client"
 T = TypeVar("T")
+
+# Error codes of answers (FORMAT.md §13).
+OK = 0
+NOT_LEADER = 1
+NOT_ENOUGH_REPLICAS = 2
+FENCED_EPOCH = 3
+TIMEOUT = 4
+UNKNOWN_PARTITION = 5
+OUT_OF_RANGE = 6
+INVALID = 7
+CORRUPT_BATCH = 8
+RECORD_TOO_LARGE = 9
+INVALID_RECORD = 10
+#: What each error code means, in words.
+ERROR_TEXT = {NOT_LEADER: "not the leader", NOT_ENOUGH_REPLICAS: "not enough in-sync replicas",
+              FENCED_EPOCH: "fenced epoch", TIMEOUT: "timed out", UNKNOWN_PARTITION: "unknown partition",
+              OUT_OF_RANGE: "offset out of range", INVALID: "invalid request",
+              CORRUPT_BATCH: "corrupt record batch", RECORD_TOO_LARGE: "batch larger than max_message_bytes",
+              INVALID_RECORD: "a record the partition does not accept"}
 
 
 class RequestType(enum.IntEnum):
@@ -79,8 +108,9 @@ class FrameError(LogstoreError):
     """A frame or field that breaks the protocol: bad length, truncated field, unknown type."""
 
 
-class AuthenticationError(LogstoreError):
-    """The peer did not prove that it knows the shared secret (or we could not)."""
+class AuthenticationError(net.HandshakeError):
+    """The peer did not prove that it knows the shared secret (or we could not). On the server,
+    ``reply`` is what is sent before the connection is closed."""
 
 
 class Frame:
@@ -299,9 +329,14 @@ def recv_frame(sock: socket.socket, max_frame: int, deadline: float | None = Non
     With ``deadline`` (time.monotonic()) the whole frame must arrive by then (socket.timeout)."""
     (length,) = _I32.unpack(_recv_exactly(sock, 4, deadline))
     _check_length(length, max_frame)
-    rest = _recv_exactly(sock, length, deadline)
-    type_, version, correlation = struct.unpack_from(">hhi", rest, 0)
-    return Frame(type_, version, correlation, bytes(rest[HEADER_AFTER_LENGTH:]))
+    return frame_of(_recv_exactly(sock, length, deadline))
+
+
+def frame_of(body: bytes | bytearray) -> Frame:
+    """The frame whose bytes after the length prefix are ``body`` (at least the 8-byte header:
+    the length was checked)."""
+    type_, version, correlation = _AFTER_LENGTH.unpack_from(body, 0)
+    return Frame(type_, version, correlation, bytes(memoryview(body)[HEADER_AFTER_LENGTH:]))
 
 
 def send_frame(sock: socket.socket, type: int, correlation_id: int, payload: bytes = b"", version: int = 0) -> None:
@@ -336,35 +371,116 @@ def client_handshake(sock: socket.socket, secret: bytes, node_id: int = -1) -> N
 
 
 def server_handshake(sock: socket.socket, secret: bytes, timeout: float | None = None) -> int:
-    """Authenticate a connecting peer; returns its node id (-1 for a client). With ``timeout``
-    the whole handshake must finish within that many seconds.
+    """Authenticate a connecting peer over a blocking socket; returns its node id (-1 for a
+    client). With ``timeout`` the whole handshake must finish within that many seconds.
 
     Raises:
         AuthenticationError / FrameError: the peer failed; the caller closes the connection.
         socket.timeout: the handshake took longer than ``timeout``.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
-    frame = recv_frame(sock, PRE_AUTH_MAX_FRAME, deadline)
-    if frame.type != RequestType.HELLO:
-        raise AuthenticationError(f"expected HELLO, got frame type {frame.type}")
-    r = frame.reader()
-    node_id = r.int32("node id")
-    client_nonce = r.raw(NONCE_SIZE, "client nonce")
-    r.end()
-    server_nonce = os.urandom(NONCE_SIZE)
-    send_frame(sock, RequestType.CHALLENGE, 0,
-               server_nonce + _mac(secret, _SERVER_LABEL, client_nonce, server_nonce))
-    frame = recv_frame(sock, PRE_AUTH_MAX_FRAME, deadline)
-    if frame.type != RequestType.AUTH:
-        raise AuthenticationError(f"expected AUTH, got frame type {frame.type}")
-    r = frame.reader()
-    proof = r.raw(MAC_SIZE, "client proof")
-    r.end()
-    if not hmac.compare_digest(proof, _mac(secret, _CLIENT_LABEL, server_nonce, client_nonce)):
-        send_frame(sock, RequestType.ERROR, 0, Writer().string("authentication failed").payload())
-        raise AuthenticationError("the peer does not know the shared secret")
-    send_frame(sock, RequestType.AUTH_OK, 0)
-    return node_id
+    handshake = ServerHandshake(secret)
+    while not handshake.done:
+        frame = recv_frame(sock, PRE_AUTH_MAX_FRAME, deadline)
+        try:
+            reply = handshake.step(frame)
+        except AuthenticationError as exc:
+            if exc.reply:
+                sock.sendall(exc.reply)
+            raise
+        sock.sendall(reply)
+    return handshake.principal  # type: ignore[no-any-return]
+
+
+class ServerHandshake(net.Handshake):
+    """The server's side of the handshake as a state machine: it takes the peer's frames and
+    returns the frames to answer, and does no I/O (the network loop, or
+    :func:`server_handshake`, moves the bytes). ``principal`` is the peer's node id (-1 for a
+    client) once ``done``. Not thread-safe: one per connection.
+
+    A handshake is valid iff the first frame is HELLO (int32 node id + nonce), the second AUTH,
+    and the AUTH proof is HMAC(secret, client label + server nonce + client nonce).
+    """
+
+    def __init__(self, secret: bytes) -> None:
+        self._secret = secret
+        self._client_nonce: bytes | None = None
+        self._server_nonce = b""
+        self.done = False
+        self.principal: int | None = None
+
+    def receive(self, frame: bytes | bytearray) -> bytes:
+        """Take the bytes of a frame after its length prefix; see :meth:`step`."""
+        return self.step(frame_of(frame))
+
+    def step(self, frame: Frame) -> bytes:
+        """Take one frame; return the frame to answer.
+
+        Raises:
+            AuthenticationError: the peer failed (``reply``, if any, is its last answer).
+            FrameError: a malformed frame.
+        """
+        if self.done:
+            raise AuthenticationError(f"frame type {frame.type} after the handshake ended")
+        if self._client_nonce is None:
+            if frame.type != RequestType.HELLO:
+                raise AuthenticationError(f"expected HELLO, got frame type {frame.type}")
+            r = frame.reader()
+            node_id = r.int32("node id")
+            client_nonce = r.raw(NONCE_SIZE, "client nonce")
+            r.end()
+            self.principal, self._client_nonce = node_id, client_nonce
+            self._server_nonce = os.urandom(NONCE_SIZE)
+            return encode_frame(RequestType.CHALLENGE, 0, self._server_nonce
+                                + _mac(self._secret, _SERVER_LABEL, client_nonce, self._server_nonce))
+        if frame.type != RequestType.AUTH:
+            raise AuthenticationError(f"expected AUTH, got frame type {frame.type}")
+        r = frame.reader()
+        proof = r.raw(MAC_SIZE, "client proof")
+        r.end()
+        if not hmac.compare_digest(proof, _mac(self._secret, _CLIENT_LABEL, self._server_nonce, self._client_nonce)):
+            raise AuthenticationError("the peer does not know the shared secret", reply=encode_frame(
+                RequestType.ERROR, 0, Writer().string("authentication failed").payload()))
+        self.done = True
+        return encode_frame(RequestType.AUTH_OK, 0)
+
+
+#: A request handler: the request's payload fields in, the response payload out.
+Handler = Callable[[Reader], bytes]
+
+
+class ReplicationProtocol(net.Protocol):
+    """The replication protocol as ``net.Server`` serves it: 4-byte length prefix, the frame cap
+    (``PRE_AUTH_MAX_FRAME`` until the peer authenticated, then ``max_frame``), the shared-secret
+    handshake, and dispatch by frame type.
+
+    ``lookup(type)`` returns the handler of a request type (None: unknown, answered with an
+    ERROR frame). It is called for every request, so a handler replaced at run time is used from
+    the next request on. Thread-safety: thread-safe (it holds no state of its own).
+    """
+
+    header_size = 4
+
+    def __init__(self, secret: bytes, max_frame: int, lookup: Callable[[int], Handler | None]) -> None:
+        self.secret = secret
+        self.max_frame = max_frame
+        self._lookup = lookup
+
+    def frame_size(self, header: bytes, authenticated: bool) -> int:
+        (length,) = _I32.unpack(header)
+        _check_length(length, self.max_frame if authenticated else PRE_AUTH_MAX_FRAME)
+        return length  # type: ignore[no-any-return]
+
+    def handshake(self, session: net.Session) -> ServerHandshake:
+        return ServerHandshake(self.secret)
+
+    def handle(self, session: net.Session, request: bytes | bytearray) -> bytes:
+        frame = frame_of(request)
+        handler = self._lookup(frame.type)
+        if handler is None:
+            return encode_frame(RequestType.ERROR, frame.correlation_id,
+                                Writer().string(f"unknown request type {frame.type}").payload())
+        return encode_frame(frame.type, frame.correlation_id, handler(frame.reader()))
 
 
 # ---------------------------------------------------------------------- TLS

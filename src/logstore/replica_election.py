@@ -1,0 +1,279 @@
+"""Election driving of a replica node: timers, pre-vote, campaigns, votes and BEGIN_EPOCH.
+
+``election.py`` holds the pure Raft rules (KIP-595) and the persisted ``quorum-state``; this
+module runs them over the network for each partition of a :class:`~logstore.replication.ReplicaNode`:
+
+* the node's tick thread calls :meth:`ElectionDriver.tick` for every partition: a leader that
+  no longer hears from a majority steps down; a follower whose election timer fired first asks
+  its peers whether a live leader of a newer epoch exists, then campaigns;
+* a campaign is preceded by a pre-vote (nothing persisted anywhere), so that a node that was cut
+  off, or restarted, cannot depose a leader the others still hear from;
+* every peer is asked at once (one thread each), so that a dead peer delays nothing;
+* the VOTE and BEGIN_EPOCH requests of other nodes are answered here.
+
+Thread-safety: every method may be called from any thread; each partition's state is changed
+under its ``cond``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from .election import NONE, Election, Role
+from .errors import LogstoreError
+from .replica_partition import PartitionReplica, partition_of
+from .wire import Reader, RequestType, Writer
+
+if TYPE_CHECKING:
+    from .replication import ReplicaNode
+
+__all__ = ["ElectionDriver"]
+
+logger = logging.getLogger("logstore.replication")
+
+
+class ElectionDriver:
+    """Drives the elections of every partition of ``node`` (its settings are read from the node
+    at each use). Thread-safe."""
+
+    def __init__(self, node: "ReplicaNode") -> None:
+        self._node = node
+
+    # ------------------------------------------------------------------ timers
+    def next_deadline(self, now: float | None = None) -> float:
+        """When an election timer set now fires: after a random election timeout."""
+        node = self._node
+        return (time.monotonic() if now is None else now) + Election.election_timeout(node.election_timeout_s,
+                                                                                       node._rng)
+
+    def tick(self, rep: PartitionReplica, now: float) -> None:
+        """One step of ``rep``'s election timer (called every tick by the node's tick thread):
+        a leader checks its majority; a follower whose timer fired looks for a leader, then
+        campaigns. Never raises: a failed step is logged and retried after a timeout."""
+        node = self._node
+        try:
+            if rep.election.role is Role.LEADER:
+                self.check_leadership(rep, now)
+            elif now >= rep.deadline:
+                if rep.election.leader == NONE and self.discover_leader(rep):
+                    with rep.cond:
+                        rep.deadline = self.next_deadline(now)
+                    return
+                self.campaign(rep)
+        except LogstoreError as exc:
+            logger.warning("node %d: %s-%d: %s", node.node_id, rep.topic, rep.partition, exc)
+        except Exception:  # noqa: BLE001 - e.g. an OSError persisting the election state
+            logger.exception("node %d: %s-%d: election step failed; retrying after a timeout",
+                             node.node_id, rep.topic, rep.partition)
+            with rep.cond:
+                rep.deadline = self.next_deadline()
+
+    def check_leadership(self, rep: PartitionReplica, now: float) -> None:
+        """A leader that has not heard from a majority within the election timeout steps down."""
+        node = self._node
+        heard = 1 + sum(1 for p in node.peers if now - rep.contact.get(p, 0) < 2 * node.election_timeout_s)
+        if heard < rep.election.majority:
+            with rep.cond:
+                rep.election.step_down()
+                rep.deadline = self.next_deadline(now)
+                rep.cond.notify_all()
+            logger.info("node %d steps down from %s-%d (epoch %d): lost its majority", node.node_id,
+                        rep.topic, rep.partition, rep.election.epoch)
+
+    def discover_leader(self, rep: PartitionReplica) -> bool:
+        """A node that does not know the leader (it restarted, or missed BEGIN_EPOCH) first asks
+        its peers: following a live leader of a newer epoch beats starting an election that would
+        depose it. Returns True when it found one."""
+        node = self._node
+        for peer in node.peers:
+            try:
+                r = node.peer_connections.request(peer, RequestType.METADATA, b"", timeout=node.election_timeout_s / 4)
+                r.int32()
+                rows = r.array(lambda x: (x.string(), x.int32(), x.int32(), x.int32(), x.int64()), 22)
+            except (OSError, LogstoreError):
+                continue
+            for topic, partition, leader, epoch, _ in rows:
+                if (topic, partition) != (rep.topic, rep.partition) or leader in (NONE, node.node_id):
+                    continue
+                if epoch > rep.election.epoch or (epoch == rep.election.epoch and rep.election.leader == NONE):
+                    with rep.cond:
+                        rep.election.observe_epoch(epoch, leader)
+                    return rep.election.leader == leader
+        return False
+
+    # ------------------------------------------------------------------ campaigns
+    def campaign(self, rep: PartitionReplica) -> None:
+        """Start an election if the deadline is still due (a vote granted or a leader heard from
+        meanwhile pushes it back: the check and the campaign's start are one step under the
+        partition's lock), then ask every peer at once, so that a dead peer delays nothing."""
+        node = self._node
+        with rep.cond:
+            now = time.monotonic()
+            if now < rep.deadline or rep.election.role is Role.LEADER:
+                return
+            rep.deadline = token = self.next_deadline(now)
+            base_epoch = rep.election.epoch
+        if len(node.voters) > 1 and not self.pre_vote(rep, base_epoch + 1):
+            return
+        with rep.cond:
+            # Still due? A vote granted or a leader heard from meanwhile moved the deadline.
+            if rep.deadline != token or rep.election.epoch != base_epoch or rep.election.role is Role.LEADER:
+                return
+            state = rep.election.start_campaign()
+            if rep.election.role is Role.LEADER:  # a single-voter set
+                self.lead_or_step_down(rep)
+                return
+            last_epoch, end = rep.log.latest_epoch, rep.log.log_end_offset
+        payload = _vote_request(rep, state.epoch, node.node_id, last_epoch, end, pre_vote=False)
+        won = threading.Event()
+
+        def count(peer: int, epoch: int, granted: int) -> None:
+            try:
+                with rep.cond:
+                    if rep.election.epoch == state.epoch and rep.election.on_vote_response(epoch, peer, bool(granted)):
+                        self.lead_or_step_down(rep)
+                        if rep.election.role is Role.LEADER:
+                            won.set()
+                    elif epoch > state.epoch:
+                        rep.election.observe_epoch(epoch)
+            except Exception:  # noqa: BLE001 - a vote thread must not die silently
+                logger.exception("node %d: %s-%d: counting the vote of %d failed", node.node_id,
+                                 rep.topic, rep.partition, peer)
+
+        self._vote_round(payload, count)
+        if won.is_set():
+            self.announce(rep)
+
+    def pre_vote(self, rep: PartitionReplica, epoch: int) -> bool:
+        """Ask every peer at once whether it would vote for this node in ``epoch`` (nothing is
+        persisted by anyone). Only with a majority does the real campaign start, so a node that
+        was cut off, or restarted, cannot depose a leader the others still hear from."""
+        node = self._node
+        with rep.cond:
+            last_epoch, end = rep.log.latest_epoch, rep.log.log_end_offset
+        payload = _vote_request(rep, epoch, node.node_id, last_epoch, end, pre_vote=True)
+        grants = [node.node_id]
+        lock = threading.Lock()
+
+        def count(peer: int, their_epoch: int, granted: int) -> None:
+            if granted:
+                with lock:
+                    grants.append(peer)
+            elif their_epoch >= epoch:
+                with rep.cond:
+                    rep.election.observe_epoch(their_epoch)
+
+        self._vote_round(payload, count)
+        if len(grants) < rep.election.majority:
+            logger.debug("node %d: pre-vote for %s-%d epoch %d: %d of %d", node.node_id, rep.topic,
+                         rep.partition, epoch, len(grants), len(node.voters))
+            return False
+        return True
+
+    def _vote_round(self, payload: bytes, on_answer: Callable[[int, int, int], None]) -> None:
+        """Send the VOTE request ``payload`` to every peer at once and call on_answer(peer, its
+        epoch, granted) for each answer (on the asking thread); a peer that does not answer
+        within half an election timeout is left out."""
+        node = self._node
+
+        def ask(peer: int) -> None:
+            try:
+                resp = node.peer_connections.request(peer, RequestType.VOTE, payload,
+                                                     timeout=node.election_timeout_s / 2)
+                epoch, granted = resp.int32(), resp.int8()
+            except (OSError, LogstoreError):
+                return
+            on_answer(peer, epoch, granted)
+
+        self.each_peer_at_once(ask)
+
+    def lead_or_step_down(self, rep: PartitionReplica) -> None:
+        """Set up leadership of the epoch just won; if that fails (a full disk when writing
+        the epoch checkpoint or the leader change record), give the epoch up at once rather
+        than lead without an epoch stamp and a record of its own (caller holds rep.cond)."""
+        node = self._node
+        try:
+            node._become_leader(rep)
+        except Exception:
+            logger.exception("node %d: could not take up leadership of %s-%d in epoch %d; stepping down",
+                             node.node_id, rep.topic, rep.partition, rep.election.epoch)
+            rep.election.step_down()
+            rep.deadline = self.next_deadline()
+            rep.cond.notify_all()
+
+    def announce(self, rep: PartitionReplica) -> None:
+        """Tell every peer at once (a dead peer delays nothing) that this node leads the epoch."""
+        node = self._node
+        payload = (Writer().string(rep.topic).int32(rep.partition).int32(rep.election.epoch).int32(node.node_id)
+                   .payload())
+
+        def tell(peer: int) -> None:
+            try:
+                node.peer_connections.request(peer, RequestType.BEGIN_EPOCH, payload,
+                                              timeout=node.election_timeout_s / 2)
+            except (OSError, LogstoreError):
+                pass
+
+        self.each_peer_at_once(tell)
+
+    def each_peer_at_once(self, call: Callable[[int], Any]) -> None:
+        """Run call(peer) for every peer in parallel threads and wait for all (each call bounds
+        its own wait), so that one dead peer delays nothing."""
+        threads = [threading.Thread(target=call, args=(peer,), daemon=True) for peer in self._node.peers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    # ------------------------------------------------------------------ requests of other nodes
+    def on_vote(self, r: Reader) -> bytes:
+        """Answer a VOTE request (a pre-vote, or a vote that may be persisted)."""
+        node = self._node
+        rep = partition_of(node._replicas, r)
+        epoch, candidate, last_epoch, end = r.int32(), r.int32(), r.int32(), r.int64()
+        pre_vote = r.int8("pre-vote flag") == 1
+        r.end()
+        if rep is None:
+            return Writer().int32(-1).int8(0).payload()
+        if pre_vote:
+            with rep.cond:
+                election = rep.election
+                alive = election.role is Role.LEADER or (
+                    election.leader != NONE and not rep.leader_lost
+                    and time.monotonic() - rep.leader_seen < node.election_timeout_s)
+                granted = not alive and election.would_grant_pre_vote(
+                    epoch, candidate, last_epoch, end, rep.log.latest_epoch, rep.log.log_end_offset)
+                return Writer().int32(election.epoch).int8(1 if granted else 0).payload()
+        with rep.cond:
+            was_leader = rep.election.role is Role.LEADER
+            granted, now_epoch = rep.election.on_vote_request(epoch, candidate, last_epoch, end,
+                                                              rep.log.latest_epoch, rep.log.log_end_offset)
+            if was_leader and rep.election.role is not Role.LEADER:
+                rep.cond.notify_all()
+            if granted:
+                rep.deadline = self.next_deadline()
+        return Writer().int32(now_epoch).int8(1 if granted else 0).payload()
+
+    def on_begin_epoch(self, r: Reader) -> bytes:
+        """Answer BEGIN_EPOCH: a leader announces the epoch it won."""
+        rep = partition_of(self._node._replicas, r)
+        epoch, leader = r.int32(), r.int32()
+        if rep is not None:
+            with rep.cond:
+                rep.election.observe_epoch(epoch, leader)
+                if rep.election.epoch == epoch and rep.election.leader == leader:
+                    rep.leader_seen = time.monotonic()
+                    rep.leader_lost = False
+                rep.deadline = self.next_deadline()
+                rep.cond.notify_all()
+        return b""
+
+
+def _vote_request(rep: PartitionReplica, epoch: int, candidate: int, last_epoch: int, end: int,
+                  pre_vote: bool) -> bytes:
+    """A VOTE request's payload (FORMAT.md §13)."""
+    return (Writer().string(rep.topic).int32(rep.partition).int32(epoch).int32(candidate)
+            .int32(last_epoch).int64(end).int8(1 if pre_vote else 0).payload())

@@ -1,0 +1,172 @@
+"""The follower's side of replication: one fetcher thread per partition, copying the leader's log.
+
+A fetcher follows its partition's leader while this node is one of its followers: it fetches
+with (log end offset, last epoch) on its own connection (so that one partition's long-polling
+fetch never holds up another's), appends the batches byte for byte, and takes the leader's high
+watermark. When the leader names a diverging epoch it truncates (KIP-101/279); when the leader's
+log starts past its end it restarts empty there. A refused or dropped connection to the leader
+makes the node campaign soon rather than after a whole election timeout.
+
+Thread-safety: :meth:`Fetchers.run` is each fetcher thread's body; :meth:`Fetchers.close` may be
+called from any thread. Each partition's state is changed under its ``cond``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from .election import NONE, Role
+from .errors import LogstoreError
+from .records import parse_header
+from .replica_partition import PartitionReplica
+from .replication_client import NodeConnection
+from .wire import FENCED_EPOCH, NOT_LEADER, OK, OUT_OF_RANGE, RequestType, Writer
+
+if TYPE_CHECKING:
+    from .replication import ReplicaNode
+
+__all__ = ["Fetchers"]
+
+logger = logging.getLogger("logstore.replication")
+
+
+class Fetchers:
+    """The fetchers of every partition of ``node`` (its settings are read from the node at each
+    use). Thread-safe."""
+
+    def __init__(self, node: "ReplicaNode") -> None:
+        self._node = node
+        self._lock = threading.Lock()
+        self._conns: dict[tuple[str, int], NodeConnection] = {}
+
+    def close(self) -> None:
+        """Close every fetcher's connection (a fetch blocked on one fails at once). Call after
+        the node's stop flag is set: a fetcher that connects afterwards closes its connection."""
+        with self._lock:
+            conns = list(self._conns.values())
+        for conn in conns:
+            conn.close()
+
+    def run(self, rep: PartitionReplica) -> None:
+        """Follow ``rep``'s leader while this node is one of its followers, until the node stops."""
+        node = self._node
+        key = (rep.topic, rep.partition)
+        conn: NodeConnection | None = None
+        conn_peer = NONE
+        try:
+            while not node._stop.is_set():
+                leader = rep.election.leader
+                if rep.election.role is not Role.FOLLOWER or leader not in node.peers:
+                    node._stop.wait(0.01)
+                    continue
+                try:
+                    if conn is None or conn_peer != leader:
+                        if conn is not None:
+                            conn.close()
+                        conn, conn_peer = None, leader
+                        conn = NodeConnection(node.peers[leader], node.secret, node.node_id, node.election_timeout_s,
+                                           node.max_frame, node._client_tls)
+                        with self._lock:
+                            if node._stop.is_set():
+                                conn.close()
+                                return
+                            self._conns[key] = conn
+                    if not self.fetch_once(rep, leader, conn):
+                        node._stop.wait(0.01)  # refused (not the leader, stale epoch): do not spin
+                except (OSError, LogstoreError) as exc:
+                    logger.debug("node %d: fetch from %d failed: %s", node.node_id, leader, exc)
+                    if conn is not None:
+                        conn.close()
+                        conn = None
+                    if isinstance(exc, ConnectionError):
+                        self.leader_gone(rep, leader)
+                    node._stop.wait(0.01)
+                except Exception:  # noqa: BLE001 - the fetcher must outlive one bad answer
+                    logger.exception("node %d: %s-%d: fetch from %d failed", node.node_id, rep.topic,
+                                     rep.partition, leader)
+                    if conn is not None:
+                        conn.close()
+                        conn = None
+                    node._stop.wait(0.1)
+        finally:
+            with self._lock:
+                self._conns.pop(key, None)
+            if conn is not None:
+                conn.close()
+
+    def leader_gone(self, rep: PartitionReplica, leader: int) -> None:
+        """The leader refused or dropped our connection: its process is most likely gone (a
+        partition or a pause shows as a timeout instead). Campaign within a random fraction of
+        the election timeout rather than waiting all of it out."""
+        node = self._node
+        with rep.cond:
+            if rep.election.role is Role.FOLLOWER and rep.election.leader == leader:
+                rep.leader_lost = True
+                soon = time.monotonic() + node._rng.uniform(0.0, node.election_timeout_s / 2)
+                rep.deadline = min(rep.deadline, soon)
+
+    def fetch_once(self, rep: PartitionReplica, leader: int, conn: NodeConnection) -> bool:
+        """One fetch; returns False when the leader refused it."""
+        node = self._node
+        log = rep.log
+        offset = log.log_end_offset
+        last_epoch = log.latest_epoch
+        payload = (Writer().int32(node.node_id).string(rep.topic).int32(rep.partition).int32(rep.election.epoch)
+                   .int64(offset).int32(last_epoch).int32(node.fetch_max_bytes).payload())
+        # The leader holds a caught-up fetch for up to fetch_wait_s: allow for that.
+        r = conn.request(RequestType.FETCH, payload, timeout=node.election_timeout_s + node.fetch_wait_s)
+        code, leader_id, epoch, hw = r.int16(), r.int32(), r.int32(), r.int64()
+        div_epoch, div_end = r.int32(), r.int64()
+        data = r.blob()
+        with rep.cond:
+            if epoch > rep.election.epoch:
+                rep.election.observe_epoch(epoch, leader_id if code in (OK, FENCED_EPOCH) else NONE)
+            if code == OUT_OF_RANGE and epoch == rep.election.epoch and div_end > offset:
+                # The leader's log now starts past our end (retention or DeleteRecords there):
+                # nothing we hold can be kept; restart empty at its log start and fetch from it.
+                logger.warning("node %d: %s-%d: the leader's log starts at %d, past our end %d; restarting there",
+                               node.node_id, rep.topic, rep.partition, div_end, offset)
+                log.truncate_fully_and_start_at(div_end)
+                rep.producers.forget_from(log.log_start_offset)
+                return True
+            if code != OK or epoch != rep.election.epoch:
+                if code == NOT_LEADER and leader_id != NONE and leader_id != leader:
+                    rep.election.observe_epoch(epoch, leader_id)
+                return False
+            rep.deadline = node._elections.next_deadline()
+            rep.leader_seen = time.monotonic()
+            rep.leader_lost = False
+        if div_epoch != -1 or (data is None and div_end >= 0):
+            # KIP-279: the leader named the largest epoch it has at or below ours and where that
+            # epoch ends in its log. Our history agrees up to the smaller of that end and the end
+            # of the same epoch (or, lacking it, of our largest older one) in our own log. Each
+            # round shortens the log or lowers our latest epoch, so a history that diverged over
+            # several epochs converges in a few fetches.
+            own_end = log.end_offset_for_epoch(div_epoch)[1] if div_epoch >= 0 else div_end
+            target = min(div_end, own_end if own_end >= 0 else div_end, log.log_end_offset)
+            logger.info("node %d: %s-%d diverges from the leader (its epoch %d ends at %d); truncating to %d",
+                        node.node_id, rep.topic, rep.partition, div_epoch, div_end, target)
+            log.truncate_to(max(target, 0))
+            with rep.cond:
+                rep.producers.forget_from(log.log_end_offset)
+            return True
+        if data:
+            base = parse_header(data, 0).base_offset
+            if base < offset and log.log_start_offset == offset:
+                # Restarted past its end, the log is empty, but the leader's log start lies
+                # inside this batch: start at the batch instead (as Kafka's follower does).
+                log.truncate_fully_and_start_at(base)
+                with rep.cond:
+                    rep.producers.forget_from(base)
+            log.append_replicated(data)
+            with rep.cond:
+                rep.producers.record_batches(data)
+        with rep.cond:
+            if rep.election.role is Role.FOLLOWER and rep.election.epoch == epoch:
+                end = log.log_end_offset
+                log.high_watermark = max(log.log_start_offset, min(hw, end))
+                rep.hw = log.high_watermark
+        return True

@@ -1,0 +1,70 @@
+"""The state a replica node keeps for each replicated partition (:class:`PartitionReplica`).
+
+One :class:`PartitionReplica` per (topic, partition): its Log, its Raft election, the election
+timer, the high watermark, what the leader knows of each follower (log end, last fetch, last
+time caught up) and the producer state. The node's election driver, leader side and fetchers
+all read and change it, always under its ``cond`` (a Condition whose lock serialises them and
+whose notifications wake produce handlers waiting for the high watermark and held fetches).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from .election import Election
+from .producerstate import ProducerStateTable
+from .wire import Reader
+
+__all__ = ["PartitionReplica", "partition_of"]
+
+
+@dataclass
+class PartitionReplica:
+    """One replicated partition on one node.
+
+    Thread-safety: every field is read and written under ``cond`` (the Log and the Election
+    are safe to read without it, but the decisions made from them are not).
+    """
+
+    topic: str
+    partition: int
+    log: Any
+    election: Election
+    #: when the election timer fires (monotonic)
+    deadline: float = 0.0
+    #: the high watermark this node knows
+    hw: int = 0
+    #: follower -> its log end offset as the leader learnt it in this epoch
+    leo: dict[int, int] = field(default_factory=dict)
+    #: follower -> its last fetch (monotonic)
+    contact: dict[int, float] = field(default_factory=dict)
+    #: follower -> the last time it was at the leader's log end (monotonic)
+    caught_up: dict[int, float] = field(default_factory=dict)
+    #: the leader's log end when its epoch began: the high watermark only counts records past it
+    epoch_start: int = 0
+    #: when a leader last answered this follower (monotonic), and whether its connection to
+    #: the leader was refused or dropped since: a pre-vote is granted only without a live leader
+    leader_seen: float = 0.0
+    leader_lost: bool = False
+    #: each producer's last batch: a retried produce (same id and sequence) is answered with
+    #: the offsets it already has
+    producers: ProducerStateTable = field(default_factory=ProducerStateTable)
+    cond: threading.Condition = field(default_factory=threading.Condition)
+
+    def in_sync_followers(self, followers: Iterable[int], now: float, lag_s: float) -> list[int]:
+        """The followers in sync (Kafka's ISR less the leader): each at the leader's log end,
+        or there within the last ``lag_s`` seconds (replica.lag.time.max.ms). Meaningful on
+        the leader only; the caller holds ``cond``."""
+        end = self.log.log_end_offset
+        return [p for p in followers
+                if self.leo.get(p, -1) >= end or now - self.caught_up.get(p, -1e9) < lag_s]
+
+
+def partition_of(replicas: dict[tuple[str, int], PartitionReplica], r: Reader) -> PartitionReplica | None:
+    """Read a request's (string topic, int32 partition) fields; the partition's state, or None
+    when this node does not replicate it."""
+    topic = r.string("topic")
+    partition = r.int32("partition")
+    return replicas.get((topic, partition))

@@ -1,0 +1,424 @@
+"""The network layer (net.py): framing with a cap checked before allocation, the handshake state
+machine, muted connections (responses in order; a slow request holds up only its own
+connection), no-response and deferred answers, limits, TLS, stop() and metrics.
+
+Every server binds to 127.0.0.1 and is stopped by the fixture; waits are bounded.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import shutil
+import socket
+import ssl
+import struct
+import subprocess
+import threading
+import time
+from concurrent.futures import Future
+
+import pytest
+
+from logstore import net
+
+SECRET = b"HELLO open-sesame"
+PRE_AUTH_CAP = 64
+CAP = 1024
+
+
+def framed(body: bytes) -> bytes:
+    return struct.pack(">i", len(body)) + body
+
+
+class _Handshake(net.Handshake):
+    """Authenticated iff the first frame is SECRET; a wrong one is answered DENIED."""
+
+    def receive(self, frame):
+        if bytes(frame) != SECRET:
+            raise net.HandshakeError("wrong secret", reply=framed(b"DENIED"))
+        self.done = True
+        self.principal = "alice"
+        return framed(b"WELCOME")
+
+
+class EchoProtocol(net.Protocol):
+    """Frames are a 4-byte size + ``command:argument``. Commands: echo, sleep (``sleep:S:x``
+    answers x after S seconds), big (``big:S:N``: N bytes after S seconds), whoami, none (no
+    response), defer (answered 0.2 s later by a timer, through a Future), boom (the handler
+    raises)."""
+
+    header_size = 4
+
+    def __init__(self, auth: bool = True) -> None:
+        self.auth = auth
+        self.lock = threading.Lock()
+        self.running: dict[int, int] = {}       # session id -> handlers running now
+        self.most_at_once: dict[int, int] = {}  # session id -> most handlers at once
+
+    def frame_size(self, header, authenticated):
+        (n,) = struct.unpack(">i", header)
+        cap = CAP if authenticated else PRE_AUTH_CAP
+        if n < 0 or n > cap:
+            raise ValueError(f"a frame of {n} bytes is over the cap of {cap}")
+        return n
+
+    def handshake(self, session):
+        return _Handshake() if self.auth else None
+
+    def handle(self, session, request):
+        with self.lock:
+            self.running[session.id] = self.running.get(session.id, 0) + 1
+            self.most_at_once[session.id] = max(self.most_at_once.get(session.id, 0), self.running[session.id])
+        try:
+            command, _, arg = bytes(request).partition(b":")
+            if command == b"echo":
+                return framed(arg)
+            if command == b"sleep":
+                seconds, _, value = arg.partition(b":")
+                time.sleep(float(seconds))
+                return [struct.pack(">i", len(value)), value]  # several buffers, written in order
+            if command == b"big":  # big:S:N answers N bytes after S seconds
+                seconds, _, size = arg.partition(b":")
+                time.sleep(float(seconds))
+                return framed(b"x" * int(size))
+            if command == b"whoami":
+                return framed(f"{session.principal} tls={session.tls}".encode())
+            if command == b"none":
+                return None
+            if command == b"defer":
+                future: Future = Future()
+                threading.Timer(0.2, future.set_result, args=(framed(arg),)).start()
+                return future
+            raise RuntimeError(f"unknown command {command!r}")
+        finally:
+            with self.lock:
+                self.running[session.id] -= 1
+
+
+@pytest.fixture
+def serve():
+    """Factory of started servers on 127.0.0.1, all stopped after the test."""
+    servers = []
+
+    def make(protocol=None, **kw):
+        server = net.Server(("127.0.0.1", 0), protocol or EchoProtocol(), name="test", **kw).start()
+        servers.append(server)
+        return server
+
+    yield make
+    for s in servers:
+        s.stop()
+
+
+def recv_exactly(sock, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(buf)} of {n} bytes")
+        buf += chunk
+    return buf
+
+
+def recv_frame(sock):
+    (n,) = struct.unpack(">i", recv_exactly(sock, 4))
+    return recv_exactly(sock, n)
+
+
+def connect(server, auth=True, tls=None, timeout=5.0):
+    sock = socket.create_connection(server.address, timeout=timeout)
+    if tls is not None:
+        sock = tls.wrap_socket(sock)
+    if auth:
+        sock.sendall(framed(SECRET))
+        assert recv_frame(sock) == b"WELCOME"
+    return sock
+
+
+def call(sock, body):
+    sock.sendall(framed(body))
+    return recv_frame(sock)
+
+
+def hung_up(sock):
+    """True when the server closed the connection (orderly, or reset: our bytes were unread)."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def wait_for(cond, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+def metric(server, name):
+    for key, value in server.metrics().items():
+        if key.endswith("name=" + name):
+            return value
+    raise KeyError(name)
+
+
+# ---------------------------------------------------------------------- requests and answers
+def test_requests_are_answered_after_the_handshake_with_its_principal(serve):
+    server = serve()
+    with connect(server) as s:
+        assert call(s, b"echo:hello") == b"hello"
+        assert call(s, b"whoami") == b"alice tls=False"
+    without = serve(EchoProtocol(auth=False))
+    with connect(without, auth=False) as s:
+        assert call(s, b"whoami") == b"None tls=False"
+
+
+def test_responses_stay_in_request_order_on_one_connection(serve):
+    protocol = EchoProtocol()
+    server = serve(protocol)
+    with connect(server) as s:
+        # Pipelined: the slow first request must not be overtaken by the quick ones.
+        s.sendall(b"".join(framed(b) for b in (b"sleep:0.3:a", b"echo:b", b"sleep:0.1:c", b"echo:d")))
+        assert [recv_frame(s) for _ in range(4)] == [b"a", b"b", b"c", b"d"]
+    # Muted while a request is in a worker: never two handlers at once for one connection.
+    assert set(protocol.most_at_once.values()) == {1}
+
+
+def test_a_slow_handler_holds_up_only_its_own_connection(serve):
+    server = serve()
+    slow, quick = connect(server), connect(server)
+    try:
+        slow.sendall(framed(b"sleep:1.5:slow"))
+        time.sleep(0.1)  # the slow request is in its handler
+        started = time.monotonic()
+        for i in range(5):
+            assert call(quick, b"echo:%d" % i) == b"%d" % i
+        assert time.monotonic() - started < 1.0
+        assert recv_frame(slow) == b"slow"
+    finally:
+        slow.close()
+        quick.close()
+
+
+def test_no_response_unmutes_the_connection_and_deferred_answers_arrive_in_order(serve):
+    server = serve()
+    with connect(server) as s:
+        s.sendall(framed(b"none") + framed(b"defer:later") + framed(b"echo:after"))
+        assert recv_frame(s) == b"later"   # "none" got nothing, and did not hold the connection
+        assert recv_frame(s) == b"after"
+    assert metric(server, "request-total") == 3
+    wait_for(lambda: metric(server, "response-total") == 2)   # counted by the loop once it heard
+
+
+# ---------------------------------------------------------------------- failures close one connection
+@pytest.mark.parametrize("authenticated, size", [(False, PRE_AUTH_CAP + 1), (True, CAP + 1), (True, 2**31 - 1),
+                                                 (True, -1)])
+def test_a_frame_over_the_cap_closes_only_its_connection(serve, authenticated, size):
+    server = serve()
+    bystander = connect(server)
+    try:
+        offender = connect(server, auth=authenticated)
+        offender.sendall(struct.pack(">i", size) + b"\0" * 8)
+        assert hung_up(offender)
+        offender.close()
+        assert call(bystander, b"echo:still here") == b"still here"
+        wait_for(lambda: len(server.sessions()) == 1)
+    finally:
+        bystander.close()
+
+
+def test_a_handler_that_raises_closes_only_its_connection(serve):
+    server = serve()
+    with connect(server) as bad, connect(server) as good:
+        bad.sendall(framed(b"boom"))
+        assert hung_up(bad)
+        assert call(good, b"echo:fine") == b"fine"
+
+
+def test_a_failed_handshake_gets_its_reply_then_the_connection_closes(serve):
+    server = serve()
+    with socket.create_connection(server.address, timeout=5) as s:
+        s.sendall(framed(b"HELLO wrong"))
+        assert recv_frame(s) == b"DENIED"
+        assert hung_up(s)
+    with socket.create_connection(server.address, timeout=5) as s:
+        s.sendall(framed(b"echo:skipping the handshake"))  # a request before authenticating
+        assert recv_frame(s) == b"DENIED"
+        assert hung_up(s)
+    wait_for(lambda: metric(server, "failed-authentication-total") == 2)
+    assert metric(server, "successful-authentication-total") == 0
+    assert metric(server, "request-total") == 0
+
+
+# ---------------------------------------------------------------------- limits
+def test_a_connection_that_does_not_finish_its_handshake_in_time_is_closed(serve):
+    server = serve(limits=net.Limits(handshake_timeout_s=0.3))
+    started = time.monotonic()
+    with socket.create_connection(server.address, timeout=5) as silent, \
+            socket.create_connection(server.address, timeout=5) as dripping:
+        dripping.sendall(struct.pack(">i", len(SECRET)))  # the size, then nothing more
+        assert hung_up(silent) and hung_up(dripping)
+    assert 0.25 <= time.monotonic() - started < 2.0
+    assert metric(server, "connection-expired-total") == 2
+
+
+def test_idle_connections_are_closed_but_not_while_their_request_runs(serve):
+    server = serve(limits=net.Limits(idle_timeout_s=0.3))
+    with connect(server) as busy:
+        assert call(busy, b"sleep:0.6:done") == b"done"   # longer than the idle timeout
+        started = time.monotonic()
+        assert hung_up(busy)                              # then idle: closed
+        assert 0.2 <= time.monotonic() - started < 2.0
+
+
+def test_a_large_answer_to_a_slow_request_is_written_whole_past_the_idle_timeout(serve):
+    """The answer is larger than the socket buffers take at once, and comes after longer than
+    the idle timeout: the loop writes the rest as the client reads, and the idle clock starts
+    with the answer, not with the request."""
+    server = serve(limits=net.Limits(idle_timeout_s=0.3))
+    size = 16 << 20
+    with connect(server) as s:
+        s.sendall(framed(b"big:0.5:%d" % size))
+        time.sleep(0.7)   # the answer waits, partly written, for 0.2 s before we read
+        assert recv_frame(s) == b"x" * size
+        assert call(s, b"echo:then") == b"then"
+    assert metric(server, "outgoing-byte-total") >= size
+
+
+def test_connections_over_max_connections_are_refused(serve):
+    server = serve(limits=net.Limits(max_connections=2))
+    a, b = connect(server), connect(server)
+    try:
+        with socket.create_connection(server.address, timeout=5) as third:
+            assert hung_up(third)
+        assert metric(server, "connection-refused-total") == 1
+        a.close()
+        wait_for(lambda: len(server.sessions()) == 1)
+        with connect(server) as c:
+            assert call(c, b"echo:in") == b"in"
+        assert call(b, b"echo:b") == b"b"
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_connection_keeps_its_slot_until_its_handler_returns(serve):
+    server = serve(limits=net.Limits(max_connections=1))
+    s = connect(server)
+    s.sendall(framed(b"sleep:0.6:x"))
+    time.sleep(0.1)
+    s.close()   # the handler goes on; its slot is not free yet
+    with socket.create_connection(server.address, timeout=5) as early:
+        assert hung_up(early)
+    wait_for(lambda: server.sessions() == [], timeout=5)  # the handler returned
+    with connect(server) as late:
+        assert call(late, b"echo:ok") == b"ok"
+
+
+def test_limits_are_checked():
+    with pytest.raises(ValueError):
+        net.Limits(max_connections=0)
+    with pytest.raises(ValueError):
+        net.Limits(idle_timeout_s=0)
+    with pytest.raises(ValueError):
+        net.Limits(handshake_timeout_s=-1)
+
+
+# ---------------------------------------------------------------------- TLS
+def _openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory):
+    """Server and client contexts of a private CA (client certificates required)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is needed to make test certificates")
+    d = tmp_path_factory.mktemp("net-pki")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=ca", cwd=d)
+    for name in ("server", "client"):
+        _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                 "-out", f"{name}.pem", "-days", "2", cwd=d)
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.verify_mode = ssl.CERT_REQUIRED
+    server.load_cert_chain(d / "server.pem", d / "server.key")
+    server.load_verify_locations(d / "ca.pem")
+    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    client.check_hostname = False
+    client.load_cert_chain(d / "client.pem", d / "client.key")
+    client.load_verify_locations(d / "ca.pem")
+    return server, client
+
+
+def test_tls_round_trip_and_plain_clients_are_refused(serve, tls):
+    server_ctx, client_ctx = tls
+    server = serve(tls=server_ctx)
+    with connect(server, tls=client_ctx) as s:
+        assert call(s, b"whoami") == b"alice tls=True"
+        big = b"x" * (CAP - 10)
+        assert call(s, b"echo:" + big) == big
+        # Pipelined over TLS: the second frame may sit decrypted in the TLS buffer.
+        s.sendall(framed(b"echo:one") + framed(b"echo:two"))
+        assert (recv_frame(s), recv_frame(s)) == (b"one", b"two")
+    with socket.create_connection(server.address, timeout=5) as plain:
+        plain.sendall(framed(SECRET))
+        assert hung_up(plain)
+    with connect(server, tls=client_ctx) as s:  # still serving
+        assert call(s, b"echo:again") == b"again"
+
+
+# ---------------------------------------------------------------------- stop and metrics
+def test_stop_closes_every_connection_and_the_listener(serve):
+    server = serve()
+    idle, busy = connect(server), connect(server)
+    handshaking = socket.create_connection(server.address, timeout=5)
+    busy.sendall(framed(b"sleep:0.3:never delivered"))
+    time.sleep(0.1)
+    started = time.monotonic()
+    server.stop()
+    assert time.monotonic() - started < 3.0
+    assert hung_up(idle) and hung_up(busy) and hung_up(handshaking)
+    for s in (idle, busy, handshaking):
+        s.close()
+    with pytest.raises(OSError):
+        socket.create_connection(server.address, timeout=2).close()
+    assert server.sessions() == []
+    server.stop()  # idempotent
+
+
+def test_a_server_never_started_can_be_stopped():
+    server = net.Server(("127.0.0.1", 0), EchoProtocol())
+    server.stop()
+    with pytest.raises(OSError):
+        socket.create_connection(server.address, timeout=2).close()
+
+
+def test_metrics_count_connections_requests_and_bytes(serve):
+    server = serve()
+    with connect(server) as s:
+        assert call(s, b"echo:abc") == b"abc"
+        assert call(s, b"echo:") == b""
+        wait_for(lambda: metric(server, "connection-count") == 1)
+    wait_for(lambda: metric(server, "connection-close-total") == 1)
+    m = {key.rpartition("name=")[2]: value for key, value in server.metrics().items()}
+    sent = len(framed(SECRET)) + len(framed(b"echo:abc")) + len(framed(b"echo:"))
+    received = len(framed(b"WELCOME")) + len(framed(b"abc")) + len(framed(b""))
+    assert m == {"connection-count": 0, "connection-creation-total": 1, "connection-close-total": 1,
+                 "successful-authentication-total": 1, "failed-authentication-total": 0,
+                 "request-total": 2, "response-total": 2, "incoming-byte-total": sent,
+                 "outgoing-byte-total": received, "connection-refused-total": 0,
+                 "connection-expired-total": 0, "RequestQueueSize": 0}
+    assert "kafka.server:type=socket-server-metrics,listener=test,name=connection-count" in server.metrics()
+
+
+def test_net_imports_nothing_above_errors():
+    import logstore.net as module
+
+    tree = ast.parse(pathlib.Path(module.__file__).read_text())
+    ours = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level > 0}
+    assert ours == {"errors"}
