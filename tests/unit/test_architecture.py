@@ -16,12 +16,12 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "src" / "logstore"
 #: layer -> modules, bottom up (the order of ARCHITECTURE.md's table)
 LAYERS: list[tuple[str, set[str]]] = [
     ("base", {"errors", "_fileio", "metrics", "checkpoint", "_native"}),
-    ("records", {"compression", "config", "records", "batching"}),
+    ("records", {"compression", "config", "records", "batching", "offsets"}),
     ("segment", {"index", "segment"}),
     ("log", {"logsegments", "logloader", "retention", "flusher", "shared", "waiters", "epochs", "producerstate",
              "cleaner", "log"}),
     ("store", {"store", "logdirs", "logview"}),
-    ("client", {"producer", "consumer", "offsets", "workqueue"}),
+    ("client", {"producer", "consumer", "workqueue"}),
     ("net", {"net", "wire"}),
     ("replication", {"election", "replica_partition", "replica_election", "replica_leader", "replica_follower",
                      "replication_client", "replication"}),
