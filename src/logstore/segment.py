@@ -18,52 +18,35 @@ fsynced and mapped read-only: a sealed segment looks exactly like one Kafka wrot
 Validity rules (enforced by the C scan at recovery): a segment's bytes are valid iff they are a
 sequence of valid batches (header sanity, CRC32C, well-formed records) whose offsets increase
 and whose last offsets are within ``base_offset + INT32_MAX``.
+
+The class holds the segment's state, its facts and its hot paths (append, read). Its slow paths
+live beside it as functions of the segment: :mod:`logstore.activation` (the active segment's
+appender and writable map, growth, shared views), :mod:`logstore.segmentrecovery` (the C scan:
+recovery, index rebuilds and checks, a sealed segment's tail) and :mod:`logstore.truncation`
+(truncation and its journal). The file names are in :mod:`logstore.segmentnames`; this module
+re-exports them, with RecoveryResult and the truncation journal's functions.
 """
 
 from __future__ import annotations
 
-import logging
-import errno
 import mmap
 import os
 from dataclasses import dataclass
 from typing import Any
 
-from . import _fileio
-from ._native import ffi, lib, reason
-from .errors import CorruptIndexError, CorruptRecordError
+from . import _fileio, activation, segmentrecovery, truncation
+from ._native import ffi, lib
+from .errors import CorruptRecordError
 from .index import OffsetIndex, TimeIndex
 from .records import HEADER_SIZE, BatchBuilder, Record, RecordDecoder, parse_header
+from .segmentnames import (CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX,  # noqa: F401
+                           TIMEINDEX_SUFFIX, TRUNCATION_SUFFIX, parse_segment_name, segment_name)
+from .segmentrecovery import RecoveryResult, status_words
+from .truncation import replay_truncation_journal, write_truncation_journal  # noqa: F401
 
 __all__ = ["LogSegment", "SegmentInfo", "segment_name", "parse_segment_name", "RecoveryResult"]
 
-logger = logging.getLogger("logstore.segment")
-
-LOG_SUFFIX = ".log"
-INDEX_SUFFIX = ".index"
-TIMEINDEX_SUFFIX = ".timeindex"
-DELETED_SUFFIX = ".deleted"
-CLEANED_SUFFIX = ".cleaned"
-SWAP_SUFFIX = ".swap"
-TRUNCATION_SUFFIX = ".truncating"
-
-_DIGITS = lib.LS_SEGMENT_NAME_DIGITS
-_GROWTH_STEP = 8 << 20  # first map of a non-preallocated active segment; doubles after
-_ZERO_CHUNK = 1 << 20
 _APPENDER_SIZE = ffi.sizeof("ls_appender")
-
-
-def segment_name(base_offset: int) -> str:
-    """The 20-digit zero-padded file stem Kafka uses for a segment's base offset."""
-    return f"{base_offset:0{_DIGITS}d}"
-
-
-def parse_segment_name(filename: str) -> tuple[int, str] | None:
-    """Split ``00000000000000000042.log.deleted`` into (42, ".log.deleted"); None if not ours."""
-    stem, dot, rest = filename.partition(".")
-    if not dot or len(stem) != _DIGITS or not (stem.isascii() and stem.isdigit()):
-        return None
-    return int(stem), "." + rest
 
 
 @dataclass(frozen=True)
@@ -76,17 +59,6 @@ class SegmentInfo:
     max_timestamp: int
     next_offset: int
     active: bool
-
-
-@dataclass
-class RecoveryResult:
-    """What recovering one segment found."""
-
-    valid_bytes: int
-    truncated_bytes: int
-    status: int
-    last_offset: int
-    records: int
 
 
 class LogSegment:
@@ -157,41 +129,6 @@ class LogSegment:
             self._mm = _fileio.ops.mmap(self._fd, self._size, False)
             self._ptr = ffi.from_buffer(self._mm)
 
-    def _map_writable(self, capacity: int, reserve_indexes: bool = True) -> None:
-        # Reserve the blocks first: if the disk is full this fails while the old map is valid.
-        _fileio.ops.fallocate(self._fd, capacity)
-        if reserve_indexes:
-            self._reserve_index_room(capacity)
-        written = self._size if self._appender is None else self._appender.position
-        self._unmap()
-        self._mm = _fileio.ops.mmap(self._fd, capacity, True)
-        # Fault the unwritten pages in ahead: first-touch stores into fresh pages of a shared
-        # map cost a page fault each (measured: 0.7 GB/s for plain stores, 2.4-2.8 GB/s after
-        # WILLNEED). Only the part past the data: advising the whole map again at every growth
-        # step made appends slower as the segment grew.
-        start = written - written % mmap.PAGESIZE
-        try:
-            self._mm.madvise(mmap.MADV_WILLNEED, start, capacity - start)
-        except (AttributeError, OSError, ValueError):  # pragma: no cover - not on every platform
-            pass
-        self._ptr = ffi.from_buffer(self._mm)
-
-    def _reserve_index_room(self, log_bytes: int) -> None:
-        """Allocate index blocks for every entry ``log_bytes`` of batches can produce (one per
-        index_interval_bytes), so that no index store hits an unallocated page (see
-        OffsetIndex.reserve)."""
-        entries = log_bytes // max(self.index_interval_bytes, 1) + 2
-        self.offset_index.reserve(entries)
-        self.time_index.reserve(entries)
-
-    def _initial_capacity(self, needed: int) -> int:
-        if self.preallocate:
-            return max(self.segment_bytes, needed)
-        capacity = min(self.segment_bytes, _GROWTH_STEP)
-        while capacity < needed:
-            capacity *= 2
-        return max(capacity, needed, 4096)
-
     @property
     def buffer(self) -> Any:
         """The mapped bytes (mmap), or None for an empty sealed segment."""
@@ -211,84 +148,18 @@ class LogSegment:
         The segment's facts (next offset, max timestamp) must be known: from :meth:`create`,
         :meth:`recover`, or a clean open (:meth:`next_offset` walks the tail on demand).
         """
-        valid_bytes = self._size
-        next_offset = self.next_offset
-        max_ts, offset_of_max = self._max_timestamp_and_offset()
-        records_before = self._records
-        self.offset_index.make_writable()
-        self.time_index.make_writable()
-        try:
-            self._map_writable(self._initial_capacity(valid_bytes))
-        except OSError as exc:
-            existing = _fileio.ops.fsize(self._fd)
-            if exc.errno != errno.ENOSPC or existing < max(valid_bytes, 1):
-                raise
-            # A full disk: map only the blocks the file already has, so the log still opens and
-            # reads; the first append that needs more room fails with ENOSPC (and takes the log
-            # offline) instead of the open.
-            logger.warning("%s: no space to reserve room for appends; opening with %d bytes", self.path, existing)
-            # The bytes there have their index entries already; the first append needs more
-            # room, and growing reserves the index room with it (or fails with ENOSPC).
-            self._map_writable(existing, reserve_indexes=False)
-        a = ffi.new("ls_appender *")
-        a.log = self._ptr
-        a.log_capacity = min(len(self._mm), max(self.segment_bytes, valid_bytes))  # type: ignore[arg-type]
-        a.position = valid_bytes
-        a.base_offset = self.base_offset
-        a.next_offset = next_offset
-        a.index = self.offset_index.pointer
-        a.index_capacity = self.offset_index.capacity
-        a.index_entries = self.offset_index.entries
-        a.timeindex = self.time_index.pointer
-        a.timeindex_capacity = self.time_index.capacity
-        a.timeindex_entries = self.time_index.entries
-        a.index_interval_bytes = self.index_interval_bytes
-        a.bytes_since_last_entry = 0
-        a.max_timestamp = max_ts
-        a.offset_of_max_timestamp = offset_of_max
-        a.last_timeindex_timestamp = self.time_index.last_entry()[0] if self.time_index.entries else -1
-        a.max_batch_bytes = self.max_batch_bytes
-        a.partition_leader_epoch = self._leader_epoch
-        a.records = 0
-        # Records already present are counted lazily (a full scan) only if someone asks.
-        self._records_at_activation = records_before
-        self._size_at_activation = valid_bytes
-        self._appender = a
+        activation.activate(self)
 
     # ------------------------------------------------------------------ shared (multi-process) mode
     def activate_shared(self, view: Any) -> None:
         """Make this the active segment as described by a published shared view (another
         process may have appended to it): no scan, the appender's state comes from ``view``."""
-        self.offset_index.make_writable()
-        self.time_index.make_writable()
-        self._size = view.position
-        self._map_writable(max(_fileio.ops.fsize(self._fd), self._initial_capacity(view.position)))
-        a = ffi.new("ls_appender *")
-        a.log = self._ptr
-        a.base_offset = self.base_offset
-        a.index = self.offset_index.pointer
-        a.index_capacity = self.offset_index.capacity
-        a.timeindex = self.time_index.pointer
-        a.timeindex_capacity = self.time_index.capacity
-        a.index_interval_bytes = self.index_interval_bytes
-        a.max_batch_bytes = self.max_batch_bytes
-        self._appender = a
-        self._records_at_activation = None
-        self._size_at_activation = 0
-        self.adopt(view)
+        activation.activate_shared(self, view)
 
     def adopt(self, view: Any) -> None:
         """Take the active segment's state from a published shared view, remapping when another
         process grew the file past this process's map."""
-        a = self._appender
-        if view.position > len(self._mm):  # type: ignore[arg-type]
-            self._map_writable(max(_fileio.ops.fsize(self._fd), view.position))
-            a.log = self._ptr
-        a.log_capacity = min(len(self._mm), max(self.segment_bytes, view.position))  # type: ignore[arg-type]
-        lib.ls_appender_adopt(a, view)
-        self._records_at_activation = 0  # view.records counts the whole segment
-        self.offset_index.entries = view.index_entries
-        self.time_index.entries = view.timeindex_entries
+        activation.adopt(self, view)
 
     def export(self, view: Any) -> None:
         """Copy the active segment's appender state into ``view`` (for publishing)."""
@@ -299,16 +170,7 @@ class LogSegment:
     def deactivate(self) -> None:
         """Another process sealed this segment (trimmed its files): drop the appender and map
         the files read-only as they are now."""
-        if self._appender is None:
-            return
-        self._appender = None
-        self._unmap()
-        self._size = _fileio.ops.fsize(self._fd)
-        self._next_offset = None
-        self._records = None
-        self._max_timestamp = None
-        self.offset_index.reload_sealed()
-        self.time_index.reload_sealed()
+        activation.deactivate(self)
 
     def identity(self) -> tuple[int, int]:
         """(device, inode) of the open .log file: tells whether the path still names it."""
@@ -358,7 +220,7 @@ class LogSegment:
         if a is not None:
             return a.next_offset
         if self._next_offset is None:
-            self._load_tail()
+            segmentrecovery.load_tail(self)
         return self._next_offset  # type: ignore[return-value]
 
     @property
@@ -375,52 +237,18 @@ class LogSegment:
         a = self._appender
         if a is not None:
             if self._records_at_activation is None:
-                self._records_at_activation = self._scan(write_indexes=False, end=self._size_at_activation).records
+                head = segmentrecovery.scan(self, write_indexes=False, end=self._size_at_activation)
+                self._records_at_activation = head.records
             return self._records_at_activation + a.records
         if self._records is None:
-            res = self._scan(write_indexes=False)
+            res = segmentrecovery.scan(self, write_indexes=False)
             self._records = res.records
         return self._records
 
     def _max_timestamp_and_offset(self) -> tuple[int, int]:
         if self._max_timestamp is None:
-            # Sealed segments end their time index with (max timestamp, its offset), as Kafka's
-            # do; the entry is checked against the log before it is believed (a lost or damaged
-            # closing entry would otherwise mislead time lookups and time retention).
-            if self.time_index.entries and self._closing_time_entry_matches():
-                self._max_timestamp, self._offset_of_max_timestamp = self.time_index.last_entry()
-            elif self.time_index.entries:
-                logger.warning("%s: last entry does not match the log", self.time_index.path)
-                self.rebuild_indexes()
-                if self._max_timestamp is None:
-                    self._load_tail()
-            else:
-                self._load_tail()
+            segmentrecovery.learn_max_timestamp(self)
         return self._max_timestamp, self._offset_of_max_timestamp  # type: ignore[return-value]
-
-    def _closing_time_entry_matches(self) -> bool:
-        """The last time index entry (T, O) must name the batch ending at O with max timestamp T,
-        and no batch after the last offset index entry may be newer than T."""
-        timestamp, offset = self.time_index.last_entry()
-        buf = self.buffer
-        if buf is None:
-            return False
-        position = self.find_position(offset)
-        buf = self.buffer  # find_position may have rebuilt and remapped
-        while position + HEADER_SIZE <= self._size:
-            header = parse_header(buf, position)
-            if header.magic != lib.LS_MAGIC or header.batch_length < lib.LS_BATCH_MIN_LENGTH:
-                return False
-            if header.last_offset >= offset:
-                if header.last_offset != offset or header.max_timestamp != timestamp:
-                    return False
-                break
-            position += header.size
-        else:
-            return False
-        _, tail_position = self.offset_index.last_entry() if self.offset_index.entries else (0, 0)
-        tail = self._scan(write_indexes=False, start=min(tail_position, self._size))
-        return tail.max_timestamp <= timestamp
 
     def assume_next_offset(self, offset: int) -> None:
         """Take ``offset`` (the next segment's base) as this sealed segment's next offset unless
@@ -436,43 +264,7 @@ class LogSegment:
             CorruptRecordError: a batch on the way is invalid (the Log recovers the active
                 segment then; for a sealed one it is corruption that reads will report).
         """
-        self._load_tail(strict=True)
-
-    def _load_tail(self, strict: bool = False) -> None:
-        """Learn the next offset by walking from the last offset index entry to the end.
-
-        Not strict, an invalid batch ends the walk with a warning: the facts then describe the
-        readable prefix, and reads reaching the damage raise CorruptRecordError.
-        """
-        _, position = self.offset_index.last_entry() if self.offset_index.entries else (0, 0)
-        if position >= self._size or (position and not self._entry_matches(*self.offset_index.last_entry())):
-            position = 0
-        res = self._scan(write_indexes=False, start=position)
-        if strict and res.status == lib.LS_ERR_ZERO:
-            # Zeros where a trimmed segment must end with a batch: the file was grown for
-            # appends and never trimmed (a crash during open or close). Recover it.
-            raise CorruptRecordError(self.path, position + res.valid_bytes, "zero-filled tail in a closed segment")
-        if res.status not in (lib.LS_OK, lib.LS_ERR_ZERO):
-            where = position + res.valid_bytes
-            reason = f"invalid batch while reading the segment tail: {_status_words(res.status)}"
-            if strict:
-                crc = res.status == lib.LS_ERR_CRC
-                raise CorruptRecordError(self.path, where, reason, res.stored_crc if crc else None,
-                                         res.computed_crc if crc else None)
-            logger.warning("%s at position %d: %s", self.path, where, reason)
-        self._next_offset = res.last_offset + 1 if res.last_offset >= 0 else self.base_offset
-        if self._max_timestamp is None or res.max_timestamp > self._max_timestamp:
-            if position == 0 or not self.time_index.entries:
-                self._max_timestamp = res.max_timestamp
-                self._offset_of_max_timestamp = res.offset_of_max_timestamp
-            else:
-                ts, off = self.time_index.last_entry()
-                if res.max_timestamp > ts:
-                    self._max_timestamp, self._offset_of_max_timestamp = res.max_timestamp, res.offset_of_max_timestamp
-                else:
-                    self._max_timestamp, self._offset_of_max_timestamp = ts, off
-        if position == 0:
-            self._records = res.records
+        segmentrecovery.load_tail(self, strict=True)
 
     def info(self) -> SegmentInfo:
         """Read-only facts about the segment (Log.segments)."""
@@ -491,7 +283,7 @@ class LogSegment:
         n = len(batch)
         writable = not isinstance(batch, bytes) and not (isinstance(batch, memoryview) and batch.readonly)
         rc = self._append_once(a, batch, n, writable)
-        if rc == lib.LS_ERR_FULL and self._grow(n):
+        if rc == lib.LS_ERR_FULL and activation.grow(self, n):
             rc = self._append_once(a, batch, n, writable)
         return rc
 
@@ -515,28 +307,7 @@ class LogSegment:
 
     def grow_for(self, needed: int) -> bool:
         """Try to make room for ``needed`` more bytes; False when the segment must roll."""
-        return self._grow(needed)
-
-    def _grow(self, needed: int) -> bool:
-        """Make room for a batch of ``needed`` bytes; False when the segment must roll instead.
-
-        Invariant: the appender's log_capacity never exceeds segment_bytes, except for an
-        empty segment taking one batch larger than that (which then sits alone in it).
-        """
-        a = self._appender
-        if self.offset_index.capacity <= a.index_entries or self.time_index.capacity <= a.timeindex_entries:
-            return False
-        end = a.position + needed
-        if a.position > 0 and end > self.segment_bytes:
-            return False
-        if end <= a.log_capacity:
-            return False  # FULL for another reason (offset range): roll
-        map_len = len(self._mm)  # type: ignore[arg-type]
-        if end > map_len:
-            self._map_writable(max(min(map_len * 2, self.segment_bytes), end))
-            a.log = self._ptr
-        a.log_capacity = max(min(len(self._mm), self.segment_bytes), end)  # type: ignore[arg-type]
-        return True
+        return activation.grow(self, needed)
 
     def should_roll_for(self, needed: int) -> bool:
         """Kafka's size rule: roll when this batch would take the segment past segment_bytes."""
@@ -559,16 +330,7 @@ class LogSegment:
         entry_offset, position = self.offset_index.lookup(offset)
         if position == 0 or self._entry_matches(entry_offset, position):
             return position
-        if not self._header_plausible(position) and self._is_damaged_batch_start(position):
-            return position  # the index is right; the batch there is damaged: the read reports it
-        logger.warning("%s: index entry (%d, %d) does not match the log", self.offset_index.path,
-                       entry_offset, position)
-        if self._appender is None:
-            self.rebuild_indexes()
-            entry_offset, position = self.offset_index.lookup(offset)
-            if position == 0 or self._entry_matches(entry_offset, position):
-                return position
-        return 0
+        return segmentrecovery.position_after_bad_entry(self, offset, entry_offset, position)
 
     def read_raw(self, offset: int, max_bytes: int) -> tuple[int, int]:
         """(position, length) of the whole batches from the one holding ``offset`` on: at least
@@ -593,7 +355,7 @@ class LogSegment:
                 n = lib.ls_batch_validate(ptr + end, size - end, self.max_batch_bytes, hdr, crc)
                 if n < 0:
                     stored = hdr.crc if n == lib.LS_ERR_CRC else None
-                    raise CorruptRecordError(self.path, end, _status_words(n), stored,
+                    raise CorruptRecordError(self.path, end, status_words(n), stored,
                                              crc[0] if n == lib.LS_ERR_CRC else None)
                 last = hdr.base_offset + hdr.last_offset_delta
                 if start < 0:
@@ -608,19 +370,6 @@ class LogSegment:
         finally:
             ffi.release(ptr)
         return (start, end - start) if start >= 0 else (0, 0)
-
-    def _header_plausible(self, position: int) -> bool:
-        """True if a batch header with magic 2 and a length inside the segment starts here."""
-        buf = self.buffer
-        if buf is None or position + HEADER_SIZE > self.size:
-            return False
-        header = parse_header(buf, position)
-        return header.magic == lib.LS_MAGIC and header.batch_length >= lib.LS_BATCH_MIN_LENGTH and \
-            position + header.size <= self.size
-
-    def _is_damaged_batch_start(self, position: int) -> bool:
-        """True if the batches from position 0 are valid up to exactly ``position``."""
-        return self._scan(write_indexes=False).valid_bytes == position
 
     def _check_not_beyond_end(self, buf: Any, position: int) -> None:
         """A batch inside this segment cannot start at or after the segment's end offset (the
@@ -710,39 +459,6 @@ class LogSegment:
         return None
 
     # ------------------------------------------------------------------ recovery
-    def _scan(self, write_indexes: bool, start: int = 0, end: int | None = None) -> Any:
-        """Run the C scan over [start, end) of the log (indexes written only from start 0).
-
-        No batch size limit applies: max_message_bytes governs appends, and lowering it must
-        never make recovery cut off batches that were valid when written (Kafka agrees).
-        """
-        res = ffi.new("ls_scan_result *")
-        size = self.size if end is None else end
-        if size - start <= 0:
-            res.last_offset = -1
-            res.max_timestamp = -1
-            res.offset_of_max_timestamp = -1
-            res.status = lib.LS_OK
-            return res
-        mm = self._mm if self._mm is not None and len(self._mm) >= size else None
-        own = mm is None
-        if own:
-            mm = _fileio.ops.mmap(self._fd, size, False)
-        ptr = ffi.from_buffer(mm)
-        try:
-            if write_indexes:
-                lib.ls_segment_scan(ptr, size, self.base_offset, self.index_interval_bytes,
-                                    0, self.offset_index.pointer, self.offset_index.capacity,
-                                    self.time_index.pointer, self.time_index.capacity, res)
-            else:
-                lib.ls_segment_scan(ptr + start, size - start, self.base_offset, self.index_interval_bytes,
-                                    0, ffi.NULL, 0, ffi.NULL, 0, res)
-        finally:
-            ffi.release(ptr)
-            if own:
-                mm.close()  # type: ignore[union-attr]
-        return res
-
     def recover(self) -> RecoveryResult:
         """Validate every batch, truncate at the first invalid one, rebuild both indexes.
 
@@ -751,46 +467,7 @@ class LogSegment:
         unwritten part of a preallocated or mapped segment and counts as no loss. Leaves the
         segment sealed with trimmed indexes; the Log activates the last one.
         """
-        self._size = _fileio.ops.fsize(self._fd)
-        res = self._scan_into_fresh_indexes()
-        valid = res.valid_bytes
-        file_size = self._size
-        if res.status == lib.LS_ERR_MAGIC and valid == 0 and self._old_format_at_start():
-            raise CorruptRecordError(
-                self.path, 0, "segment is in Kafka's message format v0/v1 (magic 0 or 1), which "
-                "logstore does not read; convert the log with Kafka first (nothing was changed)")
-        truncated = 0 if res.status in (lib.LS_OK, lib.LS_ERR_ZERO) else self._data_end(valid, file_size) - valid
-        if valid < file_size:
-            # Cut the tail so that stale batches past the valid prefix can never be scanned
-            # back into the log by a later recovery (a new map re-extends the file with zeros).
-            _fileio.ops.ftruncate(self._fd, valid)
-            _fileio.ops.fsync(self._fd)
-        self._size = valid
-        self._finish_index_rebuild(res)
-        if truncated:
-            logger.warning("%s: recovery truncated %d bytes at position %d (%s)", self.path,
-                           truncated, valid, _status_words(res.status))
-        return RecoveryResult(valid, truncated, res.status, res.last_offset, res.records)
-
-    def _old_format_at_start(self) -> bool:
-        head = _fileio.ops.pread(self._fd, 17, 0)
-        return len(head) == 17 and head[16] in (0, 1)
-
-    def _data_end(self, start: int, end: int) -> int:
-        """Position after the last non-zero byte in [start, end) (a preallocated tail is zero)."""
-        while end > start:
-            chunk_start = max(start, end - _ZERO_CHUNK)
-            chunk = _fileio.ops.pread(self._fd, end - chunk_start, chunk_start).rstrip(b"\0")
-            if chunk:
-                return chunk_start + len(chunk)
-            end = chunk_start
-        return start
-
-    def _set_facts(self, res: Any) -> None:
-        self._next_offset = res.last_offset + 1 if res.last_offset >= 0 else self.base_offset
-        self._records = res.records
-        self._max_timestamp = res.max_timestamp
-        self._offset_of_max_timestamp = res.offset_of_max_timestamp
+        return segmentrecovery.recover(self)
 
     def check_indexes(self) -> None:
         """Raise CorruptIndexError unless both indexes pass Kafka's sanity checks.
@@ -798,51 +475,12 @@ class LogSegment:
         Entries sorted and whole, relative offsets within the segment, and no offset index
         entry pointing at or past the end of the log.
         """
-        max_rel = 2**31 - 1
-        self.offset_index.sanity_check(max_rel)
-        self.time_index.sanity_check(max_rel)
-        if self.offset_index.entries:
-            _, position = self.offset_index.last_entry()
-            if position >= self._size:
-                raise CorruptIndexError(self.offset_index.path,
-                                        f"last entry points at position {position}, past the log's {self._size} bytes")
-        if self.time_index.entries and self.offset_index.entries == 0 and self._size == 0:
-            raise CorruptIndexError(self.time_index.path, "entries for an empty segment")
+        segmentrecovery.check_indexes(self)
 
     def rebuild_indexes(self, reason: str | None = "damaged or missing") -> None:
         """Rebuild both indexes of a sealed segment from its log (logged with ``reason``, which
         is None for a routine build, e.g. of a segment the cleaner just wrote)."""
-        if reason is not None:
-            logger.warning("%s: rebuilding the offset and time indexes (%s)", self.path, reason)
-        res = self._scan_into_fresh_indexes()
-        damaged = res.status not in (lib.LS_OK, lib.LS_ERR_ZERO) and res.valid_bytes < self._size
-        if damaged:
-            # The indexes cover the valid prefix only; the segment's facts stay as they were
-            # (or are found lazily) rather than shrinking to that prefix.
-            logger.error("%s: batch at position %d is invalid (%s); reads reaching it raise "
-                         "CorruptRecordError", self.path, res.valid_bytes, _status_words(res.status))
-        self._finish_index_rebuild(res, set_facts=not damaged)
-
-    def _scan_into_fresh_indexes(self) -> Any:
-        """Empty both indexes and let the C scan write them anew while validating the log."""
-        self._unmap()
-        for index in (self.offset_index, self.time_index):
-            index.make_writable()
-            index.reset()
-        self._reserve_index_room(_fileio.ops.fsize(self._fd))
-        res = self._scan(write_indexes=True)
-        self.offset_index.entries = res.index_entries
-        self.time_index.entries = res.timeindex_entries
-        return res
-
-    def _finish_index_rebuild(self, res: Any, set_facts: bool = True) -> None:
-        """Record the scan's facts, add the closing time entry, trim both indexes (sealed)."""
-        if set_facts:
-            self._set_facts(res)
-        if res.max_timestamp > (self.time_index.last_entry()[0] if self.time_index.entries else -1):
-            self.time_index.append(res.max_timestamp, res.offset_of_max_timestamp)
-        self.offset_index.trim()
-        self.time_index.trim()
+        segmentrecovery.rebuild_indexes(self, reason)
 
     # ------------------------------------------------------------------ truncation
     def truncate_to(self, offset: int, builder: BatchBuilder, decoder: RecordDecoder) -> int:
@@ -853,78 +491,7 @@ class LogSegment:
         timestamps, producer fields and offsets), so the log ends exactly at ``offset``.
         Durability: the change is fsynced before returning.
         """
-        size = self.size
-        if size == 0 or offset >= self.next_offset:
-            return 0
-        position = self.find_position(offset) if offset > self.base_offset else 0
-        buf = self.buffer
-        while position < size:
-            header = parse_header(buf, position)
-            if header.last_offset >= offset:
-                break
-            position += header.size
-        else:
-            return 0
-        replacement: bytes | bytearray | memoryview = b""
-        if header.base_offset < offset:
-            records, _ = decoder.decode(buf, position, position + header.size, 0, -1, None, self.path)
-            kept = [r for r in records if r.offset < offset]
-            if kept:
-                replacement = builder.build(
-                    [r.value for r in kept], [r.key for r in kept], [r.headers for r in kept],
-                    [r.timestamp for r in kept], codec=header.compression,
-                    timestamp_type=int(header.timestamp_type), base_offset=header.base_offset,
-                    offset_deltas=[r.offset - header.base_offset for r in kept],
-                    last_offset_delta=offset - 1 - header.base_offset,
-                    partition_leader_epoch=header.partition_leader_epoch, producer_id=header.producer_id,
-                    producer_epoch=header.producer_epoch, base_sequence=header.base_sequence,
-                    log_append_time=header.max_timestamp if header.timestamp_type else None,
-                )
-        new_size = position + len(replacement)
-        # Crash safety: the change is first written to a journal (durably), then applied, then
-        # the journal is removed (durably). A crash before the journal is complete leaves the
-        # segment untouched; a crash after it lets the next open finish the truncation. Without
-        # it, a torn in-place rewrite could destroy durable records below `offset`.
-        journal = self.path + TRUNCATION_SUFFIX
-        write_truncation_journal(journal, position, bytes(replacement))
-        self.offset_index.truncate_to(offset)
-        self.time_index.truncate_to(offset)
-        a = self._appender
-        if a is not None:
-            mm = self._mm
-            assert mm is not None
-            if replacement:
-                mm[position:new_size] = replacement
-            # Zero the removed bytes so that a later recovery scan cannot resurrect them.
-            for start in range(new_size, size, _ZERO_CHUNK):
-                stop = min(size, start + _ZERO_CHUNK)
-                mm[start:stop] = bytes(stop - start)
-            a.position = new_size
-            self._size = new_size
-            _fileio.ops.fsync(self._fd)
-            res = self._scan(write_indexes=False)
-            a.next_offset = res.last_offset + 1 if res.last_offset >= 0 else self.base_offset
-            a.records = res.records
-            self._records_at_activation = 0
-            a.max_timestamp = res.max_timestamp
-            a.offset_of_max_timestamp = res.offset_of_max_timestamp
-            a.index_entries = self.offset_index.entries
-            a.timeindex_entries = self.time_index.entries
-            a.last_timeindex_timestamp = self.time_index.last_entry()[0] if self.time_index.entries else -1
-            a.bytes_since_last_entry = 0
-        else:
-            self._unmap()
-            if replacement:
-                _fileio.ops.pwrite(self._fd, replacement, position)
-            _fileio.ops.ftruncate(self._fd, new_size)
-            _fileio.ops.fsync(self._fd)
-            self._size = new_size
-            self._set_facts(self._scan(write_indexes=False))
-        # The journal must be gone for good before later appends: replaying it after them
-        # would cut them off.
-        _fileio.ops.unlink(journal)
-        _fileio.ops.fsync_dir(self.directory)
-        return size - new_size
+        return truncation.truncate(self, offset, builder, decoder)
 
     # ------------------------------------------------------------------ durability / lifecycle
     def flush(self) -> None:
@@ -980,51 +547,3 @@ class LogSegment:
 
     def __repr__(self) -> str:
         return f"LogSegment(base_offset={self.base_offset}, size={self.size}, active={self.active})"
-
-
-_JOURNAL_MAGIC = b"LSTRUNC1"
-
-
-def write_truncation_journal(path: str, position: int, replacement: bytes) -> None:
-    """Durably record "cut the log at ``position`` and write ``replacement`` there".
-
-    Layout: magic ``LSTRUNC1``, position int64 BE, length int64 BE, the bytes, CRC32C (uint32
-    BE) of everything before it.
-    """
-    body = _JOURNAL_MAGIC + position.to_bytes(8, "big") + len(replacement).to_bytes(8, "big") + replacement
-    crc = lib.ls_crc32c(0, body, len(body))
-    _fileio.ops.write_file_atomic(path, body + crc.to_bytes(4, "big"))
-
-
-def replay_truncation_journal(journal: str, log_path: str) -> bool:
-    """Finish a truncation that a crash interrupted (see LogSegment.truncate_to).
-
-    A journal that is incomplete or fails its CRC was never acted on and is discarded.
-    Returns True when the truncation was applied. Either way the journal is removed durably.
-    """
-    data = _fileio.ops.read_file(journal)
-    ok = len(data) >= 28 and data[:8] == _JOURNAL_MAGIC
-    if ok:
-        position = int.from_bytes(data[8:16], "big")
-        length = int.from_bytes(data[16:24], "big")
-        ok = len(data) == 28 + length and lib.ls_crc32c(0, data[:-4], len(data) - 4) == int.from_bytes(data[-4:], "big")
-    applied = False
-    if ok and _fileio.ops.exists(log_path):
-        fd = _fileio.ops.open(log_path, os.O_RDWR)
-        try:
-            if length:
-                _fileio.ops.pwrite(fd, data[24 : 24 + length], position)
-            _fileio.ops.ftruncate(fd, position + length)
-            _fileio.ops.fsync(fd)
-        finally:
-            _fileio.ops.close(fd)
-        applied = True
-        logger.warning("%s: finished a truncation at position %d interrupted by a crash", log_path, position)
-    _fileio.ops.unlink(journal)
-    _fileio.ops.fsync_dir(os.path.dirname(journal))
-    return applied
-
-
-def _status_words(status: int) -> str:
-    return reason(status) if status < 0 else "ok"
-
