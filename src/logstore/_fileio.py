@@ -178,6 +178,16 @@ class FileOps:
         finally:
             os.close(fd)
 
+    def map_file(self, path: str) -> "mmap.mmap | bytes":
+        """A whole file mapped read-only (b"" when it is empty: an empty file cannot be mapped).
+        The map stays valid after the descriptor is closed; the caller closes the map."""
+        fd = self.open(path, os.O_RDONLY)
+        try:
+            size = self.fsize(fd)
+            return self.mmap(fd, size, False) if size else b""
+        finally:
+            self.close(fd)
+
     def read_file(self, path: str) -> bytes:
         """A whole file's bytes."""
         fd = self.open(path, os.O_RDONLY)

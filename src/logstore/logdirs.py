@@ -246,7 +246,7 @@ def offsets_topic_problem(root: str, present: tuple[int, ...]) -> str | None:
     special = lib.LS_ATTR_TRANSACTIONAL | lib.LS_ATTR_CONTROL
     for base in bases:
         path = os.path.join(directory, segment_name(base) + LOG_SUFFIX)
-        data = _map(path)
+        data = _fileio.ops.map_file(path)
         try:
             position = 0
             while position + HEADER_SIZE <= len(data):
@@ -273,16 +273,6 @@ def offsets_topic_problem(root: str, present: tuple[int, ...]) -> str | None:
             if isinstance(data, mmap.mmap):
                 data.close()
     return None
-
-
-def _map(path: str) -> Any:
-    ops = _fileio.ops
-    fd = ops.open(path, os.O_RDONLY)
-    try:
-        size = ops.fsize(fd)
-        return ops.mmap(fd, size, False) if size else b""
-    finally:
-        ops.close(fd)
 
 
 def _ranges(numbers: tuple[int, ...]) -> str:

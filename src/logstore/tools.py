@@ -55,17 +55,6 @@ _INDEX_ENTRY = struct.Struct(">ii")
 _TIMEINDEX_ENTRY = struct.Struct(">qi")
 
 
-def _map(path: str) -> Any:
-    """The whole file mapped read-only (b"" when empty)."""
-    ops = _fileio.ops
-    fd = ops.open(path, os.O_RDONLY)
-    try:
-        size = ops.fsize(fd)
-        return ops.mmap(fd, size, False) if size else b""
-    finally:
-        ops.close(fd)
-
-
 def _base_offset(path: str) -> int:
     parsed = parse_segment_name(os.path.basename(path))
     return parsed[0] if parsed else 0
@@ -127,7 +116,7 @@ def _batch_dict(position: int, h: BatchHeader) -> dict[str, Any]:
 
 
 def _dump_log(path: str, *, print_data: bool, deep: bool, progress: Progress) -> Iterator[dict[str, Any]]:
-    data = _map(path)
+    data = _fileio.ops.map_file(path)
     decoder = RecordDecoder()
     position = 0
     progress.start(os.path.basename(path), len(data))
@@ -289,7 +278,7 @@ def _verify_segment(path: str, base: int, previous_last: int, last_segment: bool
                     progress: Progress) -> int:
     """Check one segment and its indexes; return its last offset (-1 when it has no batch)."""
     report.segments += 1
-    data = _map(path)
+    data = _fileio.ops.map_file(path)
     decoder = RecordDecoder()
     batches: dict[int, BatchHeader] = {}
     max_ts_at: list[tuple[int, int]] = []  # (last offset, largest timestamp so far)
@@ -443,7 +432,7 @@ def _partition_stats(view: PartitionView, compacted: bool, cleaner: dict[tuple[s
     stored = uncompressed = batches = records = size = 0
     sealed_sizes: list[tuple[int, int]] = []  # (next offset, bytes) of sealed segments
     for i, base in enumerate(segments):
-        data = _map(view._file(base, LOG_SUFFIX))
+        data = _fileio.ops.map_file(view._file(base, LOG_SUFFIX))
         position = seg_bytes = 0
         try:
             while position + HEADER_SIZE <= len(data):
