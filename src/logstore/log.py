@@ -39,22 +39,21 @@ from itertools import chain
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from . import _fileio, compression
-from ._native import check, ffi, lib
-from .batching import as_bytes, check_available, check_offset, check_timestamp, codec_for, encode_batches, \
-    one_record_batch_size
+from ._native import ffi, lib
+from .batching import as_bytes, check_available, check_offset, check_timestamp, codec_for, encode_batches
 from .checkpoint import CLEANER_OFFSET_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, RECOVERY_POINT_CHECKPOINT, \
     OffsetCheckpoints
 from .cleaner import CleanerReport, CleanerState, compact_segments, dirty_bytes, earliest_delete_horizon, \
     oldest_dirty_timestamp
 from .config import LogConfig
 from .epochs import LeaderEpochCache
-from .errors import InvalidRecordError, LogClosedError, LogLockedError, LogOfflineError, OffsetOutOfRangeError, \
-    RecordTooLargeError
+from .errors import InvalidRecordError, LogClosedError, LogLockedError, LogOfflineError, OffsetOutOfRangeError
 from .flusher import NEVER, Flusher
+from .logappends import DEADLINE_UNSET, append_encoded_locked, append_record_slow, append_replicated_locked, \
+    make_room, roll_for_time
 from .logloader import CLEAN_SHUTDOWN_FILE, LogLoader, RecoveryReport
 from .logsegments import LogSegments
-from .records import BatchBuilder, Record, RecordDecoder, decode_batches, encode_headers, parse_header, \
-    validate_client_batch
+from .records import BatchBuilder, Record, RecordDecoder, decode_batches, encode_headers, validate_client_batch
 from .retention import log_start_after, segments_to_delete
 from .segment import LogSegment, SegmentInfo
 from .shared import SharedCoordinator, SharedState
@@ -71,7 +70,6 @@ EARLIEST_TIMESTAMP = -2
 LOCK_FILE = ".lock"
 _PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
 _TS_MIN, _TS_MAX = -(2**63), 2**63 - 1  # an explicit timestamp the append fast path takes as it is
-_DEADLINE_UNSET = -(2**63)  # below every timestamp: the next append computes the real deadline
 _DEFAULT_MAX_BYTES = 1 << 20
 _ITER_CHUNK_BYTES = 256 << 10
 _CHECKPOINT_INTERVAL_S = 60.0
@@ -315,28 +313,8 @@ class Log:
         self._active_counted_from = segment.size
         self._segments.active = segment
         self._appender = segment.appender
-        # The next append computes the deadline from the segment's first batch (_roll_for_time).
-        self._roll_deadline = _DEADLINE_UNSET
-
-    def _deadline_after(self, first_timestamp: int) -> int:
-        """Kafka's segment.ms rule: roll once a record is newer than the segment's first batch's
-        max timestamp by more than segment_ms - segment_jitter_ms."""
-        return min(NEVER, first_timestamp + self.config.segment_ms - self.config.segment_jitter_ms)
-
-    def _roll_for_time(self, timestamp: int) -> None:
-        """An append with ``timestamp`` passed the roll deadline, or the deadline is unset."""
-        self._check_open()
-        segment = self._segments.active
-        assert segment is not None
-        if self._roll_deadline == _DEADLINE_UNSET:
-            if segment.size == 0:  # the record about to be appended sets the deadline
-                self._roll_deadline = self._deadline_after(timestamp)
-                return
-            self._roll_deadline = self._deadline_after(parse_header(segment.buffer, 0).max_timestamp)
-            if timestamp <= self._roll_deadline:
-                return
-        self._roll()
-        self._roll_deadline = self._deadline_after(timestamp)
+        # The next append computes the deadline from the segment's first batch (roll_for_time).
+        self._roll_deadline = DEADLINE_UNSET
 
     # ------------------------------------------------------------------ properties
     @property
@@ -461,11 +439,11 @@ class Log:
             lock.acquire()  # explicit acquire/release: ~100 ns cheaper than `with` per call
             try:
                 if ts > self._roll_deadline:
-                    self._roll_for_time(ts)
+                    roll_for_time(self, ts)
                 offset = _append_record(self._appender, ts, 0, _NULL if key is None else key,
                                         0 if key is None else len(key), value, len(value), _NULL, 0, 0)
                 if offset < 0:
-                    offset = self._append_record_slow(offset, ts, key, value, _NULL, 0)
+                    offset = append_record_slow(self, offset, ts, key, value, _NULL, 0)
                 if offset < self._flush_at:
                     return offset
             finally:
@@ -493,7 +471,7 @@ class Log:
             return self.append_batch([value], [key], [list(headers)] if headers else None, [ts])
         with self._lock, self._w:
             if ts > self._roll_deadline:
-                self._roll_for_time(ts)
+                roll_for_time(self, ts)
             offset = _append_record(
                 self._appender, ts, self._record_attrs,
                 _NULL if key is None else key, -1 if key is None else len(key),
@@ -501,42 +479,10 @@ class Log:
                 hbytes, 0 if hcount == 0 else len(hbytes), hcount,
             )
             if offset < 0:
-                offset = self._append_record_slow(offset, ts, key, value, hbytes, hcount)
+                offset = append_record_slow(self, offset, ts, key, value, hbytes, hcount)
             if offset < self._flush_at:
                 return offset
         return self._after_append(offset)
-
-    def _append_record_slow(self, rc: int, ts: int, key: bytes | None, value: bytes | None,
-                            hbytes: Any, hcount: int) -> int:
-        """Handle FULL (roll or grow, then retry) and TOO_LARGE for the single-record path."""
-        self._check_open()
-        hlen = 0 if hcount == 0 else len(hbytes)
-        needed = (lib.LS_BATCH_HEADER_SIZE + lib.LS_RECORD_MAX_OVERHEAD + (len(key) if key else 0)
-                  + (len(value) if value else 0) + hlen)
-        for _ in range(3):
-            if rc == lib.LS_ERR_TOO_LARGE:
-                raise RecordTooLargeError(one_record_batch_size(key, value, hlen, hcount),
-                                          self.config.max_message_bytes)
-            if rc != lib.LS_ERR_FULL:
-                check(rc, self._active.path if self._active else None)
-            self._make_room(needed)
-            rc = _append_record(
-                self._appender, ts, self._record_attrs,
-                _NULL if key is None else key, -1 if key is None else len(key),
-                _NULL if value is None else value, -1 if value is None else len(value),
-                hbytes, hlen, hcount,
-            )
-            if rc >= 0:
-                return rc
-        raise AssertionError(f"append still failing after rolling ({rc})")  # pragma: no cover
-
-    def _make_room(self, needed: int) -> None:
-        """The active segment reported FULL for a batch of about ``needed`` bytes."""
-        segment = self._segments.active
-        assert segment is not None
-        with self._io_guard():
-            if segment.should_roll_for(needed) or not segment.grow_for(needed):
-                self._roll()
 
     def append_batch(self, values: Sequence[bytes | None], keys: Sequence[bytes | None] | None = None,
                      headers: Sequence[Iterable[tuple[str, bytes | None]] | None] | None = None,
@@ -583,7 +529,7 @@ class Log:
                                      base_sequence=base_sequence, control=control)
             first = -1
             for batch, max_ts in batches:
-                offset = self._append_encoded_locked(batch, max_ts)
+                offset = append_encoded_locked(self, batch, max_ts)
                 if first < 0:
                     first = offset
             last = self._appender.next_offset - 1
@@ -620,24 +566,11 @@ class Log:
         data = bytearray(batch)  # stamped in place with the offsets and epoch
         with self._lock, self._w:
             self._check_open()
-            offset = self._append_encoded_locked(data, header.max_timestamp)
+            offset = append_encoded_locked(self, data, header.max_timestamp)
             last = self._appender.next_offset - 1
             if last < self._flush_at:
                 return offset
         self._after_append(last)
-        return offset
-
-    def _append_encoded_locked(self, batch: Any, max_timestamp: int) -> int:
-        """Append one encoded batch to the active segment (rolling for time or room first);
-        return its base offset. Holds the lock and the writers' lock."""
-        if max_timestamp > self._roll_deadline:
-            self._roll_for_time(max_timestamp)
-        offset = self._active.append_batch(batch)  # type: ignore[union-attr]
-        if offset == lib.LS_ERR_FULL:
-            self._make_room(len(batch))
-            offset = self._active.append_batch(batch)  # type: ignore[union-attr]
-        if offset < 0:
-            check(offset, self._active.path, size=len(batch), limit=self.config.max_message_bytes)  # type: ignore[union-attr]
         return offset
 
     def _after_append(self, last_offset: int) -> int:
@@ -900,43 +833,14 @@ class Log:
             OffsetOutOfRangeError: a batch starts below the log end (truncate first).
         """
         view = memoryview(data).cast("B")
-        n = len(view)
-        hdr = ffi.new("ls_batch_header *")
-        crc = ffi.new("uint32_t *")
-        limit = self.config.max_message_bytes
         with self._lock, self._w:
             self._check_open()
             cache = self.leader_epochs
             assert cache is not None
             own_epoch = self._appender.partition_leader_epoch
-            position = 0
             try:
                 with self._io_guard():
-                    while position < n:
-                        chunk = view[position:]
-                        size = lib.ls_batch_validate(ffi.from_buffer(chunk), n - position, limit, hdr, crc)
-                        if size < 0:
-                            check(size, "<replicated data>", position, stored_crc=hdr.crc, computed_crc=crc[0],
-                                  size=hdr.batch_length + lib.LS_LOG_OVERHEAD, limit=limit)
-                        end = self._appender.next_offset
-                        if hdr.base_offset < end:
-                            raise OffsetOutOfRangeError(hdr.base_offset, self._log_start_offset, end,
-                                                        f"replicated batch for {self.path} overlaps the log")
-                        epoch = hdr.partition_leader_epoch
-                        if epoch > cache.latest_epoch:
-                            cache.assign(epoch, hdr.base_offset)
-                        if hdr.base_offset > end:
-                            self._skip_to(hdr.base_offset, hdr.last_offset_delta)
-                        self._appender.partition_leader_epoch = epoch
-                        batch = bytes(chunk[:size])
-                        offset = self._active.append_batch(batch)  # type: ignore[union-attr]
-                        if offset == lib.LS_ERR_FULL:
-                            self._make_room(size)
-                            self._appender.partition_leader_epoch = epoch
-                            offset = self._active.append_batch(batch)  # type: ignore[union-attr]
-                        if offset < 0:
-                            check(offset, self._active.path, size=size, limit=limit)  # type: ignore[union-attr]
-                        position += size
+                    append_replicated_locked(self, view, cache)
             finally:
                 if self._appender is not _CLOSED_APPENDER:
                     self._appender.partition_leader_epoch = max(own_epoch, cache.latest_epoch)
@@ -944,25 +848,6 @@ class Log:
         if last - 1 >= self._flush_at:
             self._after_append(last - 1)
         return last
-
-    def _skip_to(self, base: int, last_offset_delta: int) -> None:
-        """A replicated batch at ``base`` after a gap (a compacted leader): the log end jumps
-        there. Offsets of one segment must stay within 2^31 of its base, so a non-empty active
-        segment rolls when the batch would not fit, and an empty one is replaced."""
-        active = self._segments.active
-        assert active is not None
-        if active.size > 0 and base - active.base_offset > 2**31 - 1 - last_offset_delta:
-            self._roll()
-            active = self._segments.active
-            assert active is not None
-        if active.size == 0 and active.base_offset != base:
-            self._set_active(self._segments.replace_empty_active(base, self._appender.partition_leader_epoch))
-            if len(self._segments) == 1:  # the log was empty: it now starts at base
-                self._log_start_offset = base
-                self._recovery_point = max(self._recovery_point, base)
-                self._flushed_offset = max(self._flushed_offset, base)
-        else:
-            self._appender.next_offset = base
 
     # ------------------------------------------------------------------ truncation
     def truncate_to(self, offset: int) -> None:

@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("records", {"codecbase", "xerial", "lz4frame", "zstdframe", "compression", "config", "records", "batching",
                  "offsets"}),
     ("segment", {"index", "segmentnames", "activation", "segmentrecovery", "truncation", "segment"}),
-    ("log", {"logsegments", "logloader", "retention", "flusher", "shared", "waiters", "epochs", "producerstate",
+    ("log", {"logsegments", "logloader", "logappends", "retention", "flusher", "shared", "waiters", "epochs", "producerstate",
              "cleaner", "log"}),
     ("store", {"store", "logdirs", "logview"}),
     ("client", {"producer", "consumer", "workqueue"}),
