@@ -257,8 +257,8 @@ class LogStore:
             ops.remove_tree(staging)
             ops.makedirs_durable(staging)
             for topic in topics.values():
-                lines = [f"partitions={topic.partitions}"] + [f"{k}={v}" for k, v in sorted(topic.overrides.items())]
-                ops.write_file_atomic(os.path.join(staging, topic.name), ("\n".join(lines) + "\n").encode(),
+                ops.write_file_atomic(os.path.join(staging, topic.name),
+                                      _topic_file_text(topic.partitions, topic.overrides),
                                       tmp=os.path.join(self.root, TOPICS_DIR + ".tmp"))
             if foreign:
                 ops.makedirs_durable(aside)
@@ -362,8 +362,7 @@ class LogStore:
                 if exist_ok:
                     return
                 raise TopicExistsError(f"topic {name!r} already exists in {self.root}")
-            lines = [f"partitions={partitions}"] + [f"{k}={v}" for k, v in sorted(overrides.items())]
-            _fileio.ops.write_file_atomic(self._topic_file(name), ("\n".join(lines) + "\n").encode(),
+            _fileio.ops.write_file_atomic(self._topic_file(name), _topic_file_text(partitions, overrides),
                                           tmp=os.path.join(self.root, TOPICS_DIR + ".tmp"))
             with self._lock:
                 self._topics_cache.pop(name, None)
@@ -700,6 +699,12 @@ class _FileLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _topic_file_text(partitions: int, overrides: Mapping[str, str]) -> bytes:
+    """A ``.topics/<topic>`` file: the partition count, then the config overrides, sorted."""
+    lines = [f"partitions={partitions}"] + [f"{k}={v}" for k, v in sorted(overrides.items())]
+    return ("\n".join(lines) + "\n").encode()
 
 
 def _refuse_kafka_broker(root: str) -> None:
