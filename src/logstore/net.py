@@ -8,6 +8,7 @@ spoken on the wire is the :class:`Protocol`'s business: how long a frame is (rea
 fixed-size prefix and checked against a cap before anything is allocated), the authentication
 state machine (:class:`Handshake`), and how a request is answered. The replication protocol
 (``wire.ReplicationProtocol``) is one; Kafka's protocol (4-byte size prefix, SASL) is the next.
+A request the protocol knows does not block (:meth:`Protocol.inline`) is answered on the loop.
 
 Life of a connection::
 
@@ -34,13 +35,14 @@ Invariants:
 A handler may also return a ``concurrent.futures.Future`` (a deferred answer: the worker is free
 at once, and the loop writes the result when the future completes).
 
-Cost: a request crosses threads twice (loop -> worker -> loop), which a thread per connection
-did not. Measured on this project's 2-core machine (loaded by other work, so the spread is
-wide), a 16-byte echo's round trip takes about 130-200 microseconds against 30-50 with a
-thread per connection. bench/bench_replication.py (acks="all" produces of 1000 records, which
-take milliseconds each) showed no difference beyond its run-to-run spread. A worker writing its
-own answer was tried and saved nothing (the next request still waits for the loop to unmute the
-connection), so the loop writes every answer, as Kafka's network threads do.
+Cost: a request crosses threads once on its way in (loop -> worker). On the way out, the thread
+that has the answer writes it: a handler's worker, or whoever completes a deferred answer (the
+thread whose append wakes a held fetch, see ``purgatory``), straight to the socket when the
+connection is plain TCP and the socket takes the bytes (what it does not take, and every TLS
+answer, the loop writes). The loop then only unmutes the connection, which is off the request's
+path: the peer's next request takes longer than that to arrive. Writing through the loop cost a
+second crossing per request, 100-150 microseconds on this project's 2-core machine, which cut
+replicated acks="all" produce throughput by a quarter (bench/bench_replication.py).
 
 Thread-safety: :class:`Server` methods may be called from any thread; :meth:`Protocol.handle`
 runs on worker threads (several at once) and :meth:`Protocol.frame_size`, :meth:`Protocol.handshake`
@@ -153,6 +155,13 @@ class Protocol(abc.ABC):
         when requests may follow at once."""
         return None
 
+    def inline(self, session: Session, request: bytearray) -> bool:
+        """Whether :meth:`handle` answers ``request`` without blocking (at once, or with a
+        Future), so that the loop runs it itself: a hand-off to a worker costs a thread
+        wake-up, about half of a small request's round trip. Called on the loop thread; must
+        not block. The default: False (every request goes to a worker)."""
+        return False
+
     @abc.abstractmethod
     def handle(self, session: Session, request: bytearray) -> Response:
         """Answer one request: the whole frame after its size prefix (the handler may keep the
@@ -187,6 +196,17 @@ class _Failed:
         self.exc = exc
 
 
+class _Sent:
+    """An answer written by the thread that had it: how many bytes went, and what the socket
+    did not take (the loop writes it)."""
+
+    __slots__ = ("sent", "rest")
+
+    def __init__(self, sent: int, rest: list[memoryview]) -> None:
+        self.sent = sent
+        self.rest = rest
+
+
 # Connection states.
 _TLS, _AUTH, _OPEN, _CLOSED = "tls", "auth", "open", "closed"
 
@@ -211,6 +231,9 @@ class _Conn:
         self.tls_want = selectors.EVENT_READ  # during the TLS handshake
         self.read_wants_write = False         # TLS: a read needs the socket writable first
         self.write_wants_read = False         # TLS: a write needs the socket readable first
+        # Held while another thread than the loop writes an answer, and by the loop to close:
+        # the socket is never closed under a write.
+        self.write_lock = threading.Lock()
 
 
 class _Workers:
@@ -328,8 +351,13 @@ class Server:
         self._closing = False
         self._stopped = False
         self._thread: threading.Thread | None = None
+        self._loop_ident = -1
+        self._sleep_until = float("inf")  # when the loop's select() returns at the latest
         self._workers = _Workers(f"{self._thread_name}-worker", limits.max_connections)
         self._counts = _Counters()
+        self._handed_back = _Counters()  # answers written off the loop (under _lock)
+        # epoll and kqueue see a registration made while another thread waits in select().
+        self._register_anywhere = type(self._selector).__name__ in ("EpollSelector", "KqueueSelector")
 
     # ------------------------------------------------------------------ public
     def start(self) -> "Server":
@@ -368,6 +396,9 @@ class Server:
         (``kafka.server:type=socket-server-metrics,listener=<name>,name=connection-count`` ...)
         and the same shape under ``logstore`` otherwise."""
         c = self._counts
+        with self._lock:
+            responses = c.responses + self._handed_back.responses
+            bytes_out = c.bytes_out + self._handed_back.bytes_out
         kafka = f"kafka.server:type=socket-server-metrics,listener={self.name},name="
         ours = f"logstore:type=socket-server-metrics,listener={self.name},name="
         return {
@@ -377,9 +408,9 @@ class Server:
             kafka + "successful-authentication-total": c.auth_ok,
             kafka + "failed-authentication-total": c.auth_failed,
             kafka + "request-total": c.requests,
-            kafka + "response-total": c.responses,
+            kafka + "response-total": responses,
             kafka + "incoming-byte-total": c.bytes_in,
-            kafka + "outgoing-byte-total": c.bytes_out,
+            kafka + "outgoing-byte-total": bytes_out,
             ours + "connection-refused-total": c.refused,
             ours + "connection-expired-total": c.expired,
             f"kafka.network:type=RequestChannel,listener={self.name},name=RequestQueueSize": self._workers.queued,
@@ -387,9 +418,12 @@ class Server:
 
     # ------------------------------------------------------------------ the loop
     def _run(self) -> None:
+        self._loop_ident = threading.get_ident()
         try:
             while not self._closing:
-                timeout = self._expire(time.monotonic())
+                now = time.monotonic()
+                timeout = self._expire(now)
+                self._sleep_until = now + timeout if timeout is not None else float("inf")
                 for key, mask in self._selector.select(timeout):
                     if key.data is _LISTENER:
                         self._accept()
@@ -490,7 +524,7 @@ class Server:
                 self._read(conn)
         except Exception as exc:  # noqa: BLE001 - one connection's failure is not the server's
             self._fail(conn, exc)
-        self._interest(conn)
+        self._interest(conn, read_while_muted=conn.muted and bool(mask & selectors.EVENT_READ))
 
     def _fail(self, conn: _Conn, exc: BaseException) -> None:
         if conn.state is _CLOSED:
@@ -506,14 +540,15 @@ class Server:
     def _close(self, conn: _Conn) -> None:
         if conn.state is _CLOSED:
             return
-        if conn.events:
-            self._selector.unregister(conn.sock)
-            conn.events = 0
-        conn.state = _CLOSED
-        try:
-            conn.sock.close()
-        except OSError:
-            pass
+        with conn.write_lock:
+            if conn.events:
+                self._selector.unregister(conn.sock)
+                conn.events = 0
+            conn.state = _CLOSED
+            try:
+                conn.sock.close()
+            except OSError:
+                pass
         with self._lock:
             del self._conns[conn.session.id]
         conn.out.clear()
@@ -521,27 +556,33 @@ class Server:
             self._lingering += 1
         self._counts.closed += 1
 
-    def _interest(self, conn: _Conn) -> None:
-        """Register the events the connection waits for now."""
+    def _interest(self, conn: _Conn, read_while_muted: bool = False) -> None:
+        """Register the events the connection waits for now. A plain TCP connection stays
+        registered for reading while its request is in a worker (two epoll_ctl calls fewer per
+        request), until it turns readable meanwhile (``read_while_muted``: a pipelined request or
+        the peer's close), when it leaves the selector until the answer is written."""
         if conn.state is _CLOSED:
             return
-        if conn.state is _TLS:
-            want = conn.tls_want
-        else:
-            want = 0
-            if conn.out or conn.read_wants_write:
-                want |= selectors.EVENT_WRITE
-            if (not conn.muted and not conn.out) or conn.write_wants_read:
-                want |= selectors.EVENT_READ
-        if want == conn.events:
-            return
-        if conn.events == 0:
-            self._selector.register(conn.sock, want, conn)
-        elif want == 0:
-            self._selector.unregister(conn.sock)
-        else:
-            self._selector.modify(conn.sock, want, conn)
-        conn.events = want
+        with conn.write_lock:  # against a worker handing the connection back (_hand_back)
+            if conn.state is _TLS:
+                want = conn.tls_want
+            else:
+                want = 0
+                if conn.out or conn.read_wants_write:
+                    want |= selectors.EVENT_WRITE
+                if (not conn.muted and not conn.out) or conn.write_wants_read:
+                    want |= selectors.EVENT_READ
+                elif conn.in_flight and not conn.out and not conn.session.tls and not read_while_muted:
+                    want |= conn.events & selectors.EVENT_READ
+            if want == conn.events:
+                return
+            if conn.events == 0:
+                self._selector.register(conn.sock, want, conn)
+            elif want == 0:
+                self._selector.unregister(conn.sock)
+            else:
+                self._selector.modify(conn.sock, want, conn)
+            conn.events = want
 
     # ------------------------------------------------------------------ handshakes
     def _tls_handshake(self, conn: _Conn) -> None:
@@ -633,11 +674,15 @@ class Server:
             return
         conn.muted = conn.in_flight = True
         self._counts.requests += 1
-        self._workers.submit(self._work, conn, frame)
+        if self.protocol.inline(conn.session, frame):
+            self._work(conn, frame)  # its answer is delivered at the end of this turn
+        else:
+            self._workers.submit(self._work, conn, frame)
 
     # ------------------------------------------------------------------ handlers and responses
     def _work(self, conn: _Conn, frame: bytearray) -> None:
-        """Run on a worker: answer one request and hand the answer to the loop."""
+        """Answer one request (on a worker, or on the loop when the protocol says it does not
+        block) and hand the answer to the loop."""
         try:
             result: Any = self.protocol.handle(conn.session, frame)
         except BaseException as exc:  # noqa: BLE001 - reported by the loop, which closes the connection
@@ -648,9 +693,66 @@ class Server:
             self._complete(conn, result)
 
     def _complete(self, conn: _Conn, result: Any) -> None:
+        """Hand an answer to the loop; off the loop, write it first when the socket takes it."""
+        if threading.get_ident() == self._loop_ident:
+            with self._lock:
+                self._done.append((conn, result))  # the loop delivers at the end of this turn
+            return
+        if result is not None and not isinstance(result, _Failed) and not conn.session.tls:
+            result = self._send_now(conn, result)
+            if isinstance(result, _Sent) and not result.rest and self._hand_back(conn, result.sent):
+                return
         with self._lock:
             self._done.append((conn, result))
         self._wake()
+
+    def _hand_back(self, conn: _Conn, sent: int) -> bool:
+        """After a whole answer was written off the loop: unmute the connection and give it
+        back to the loop from this thread, so that the loop need not wake. It is still
+        registered for reading (see _interest), or is registered here where the selector takes
+        registrations while another thread waits in it (epoll, kqueue). False: the loop must
+        do it."""
+        with conn.write_lock:
+            if conn.state is not _OPEN or conn.close_after_write or conn.events & ~selectors.EVENT_READ:
+                return False
+            if not conn.events and not self._register_anywhere:
+                return False
+            with self._lock:
+                self._handed_back.responses += 1
+                self._handed_back.bytes_out += sent
+            # The loop takes the connection back when it sees it unmuted: every field is set
+            # before.
+            conn.deadline = time.monotonic() + self.limits.idle_timeout_s
+            conn.in_flight = conn.muted = False
+            if not conn.events:
+                conn.events = selectors.EVENT_READ
+                self._selector.register(conn.sock, selectors.EVENT_READ, conn)
+        if conn.deadline < self._sleep_until:
+            self._wake()  # the loop sleeps past this connection's idle deadline
+        return True
+
+    @staticmethod
+    def _send_now(conn: _Conn, result: Any) -> Any:
+        """Write an answer from the thread that has it (plain TCP only: the connection is muted
+        and out of the selector, so no other thread writes to it); returns a :class:`_Sent`."""
+        buffers = [memoryview(b).cast("B") for b in _buffers(result) if len(b)]
+        with conn.write_lock:
+            if conn.state is not _OPEN:
+                return result  # closed meanwhile: the loop drops it
+            try:
+                sent = conn.sock.sendmsg(buffers) if len(buffers) > 1 else conn.sock.send(buffers[0]) if buffers else 0
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError as exc:
+                return _Failed(exc)
+        rest, skip = [], sent
+        for buf in buffers:
+            if skip >= len(buf):
+                skip -= len(buf)
+            else:
+                rest.append(buf[skip:])
+                skip = 0
+        return _Sent(sent, rest)
 
     def _deliver(self) -> None:
         """Write the answers the workers finished (on the loop thread)."""
@@ -671,6 +773,11 @@ class Server:
             try:
                 if result is None:      # no response (Kafka's acks=0)
                     self._unmute(conn)
+                elif isinstance(result, _Sent):  # written (all or part) by the thread that had it
+                    self._counts.responses += 1
+                    self._counts.bytes_out += result.sent
+                    conn.out.extend(result.rest)
+                    self._write(conn)   # unmutes once all is written
                 else:
                     self._queue(conn, _buffers(result))
                     self._counts.responses += 1

@@ -79,7 +79,7 @@ class ElectionDriver:
             with rep.cond:
                 rep.election.step_down()
                 rep.deadline = self.next_deadline(now)
-                rep.cond.notify_all()
+                rep.changed()
             logger.info("node %d steps down from %s-%d (epoch %d): lost its majority", node.node_id,
                         rep.topic, rep.partition, rep.election.epoch)
 
@@ -202,7 +202,7 @@ class ElectionDriver:
                              node.node_id, rep.topic, rep.partition, rep.election.epoch)
             rep.election.step_down()
             rep.deadline = self.next_deadline()
-            rep.cond.notify_all()
+            rep.changed()
 
     def announce(self, rep: PartitionReplica) -> None:
         """Tell every peer at once (a dead peer delays nothing) that this node leads the epoch."""
@@ -252,7 +252,7 @@ class ElectionDriver:
             granted, now_epoch = rep.election.on_vote_request(epoch, candidate, last_epoch, end,
                                                               rep.log.latest_epoch, rep.log.log_end_offset)
             if was_leader and rep.election.role is not Role.LEADER:
-                rep.cond.notify_all()
+                rep.changed()
             if granted:
                 rep.deadline = self.next_deadline()
         return Writer().int32(now_epoch).int8(1 if granted else 0).payload()
@@ -268,7 +268,7 @@ class ElectionDriver:
                     rep.leader_seen = time.monotonic()
                     rep.leader_lost = False
                 rep.deadline = self.next_deadline()
-                rep.cond.notify_all()
+                rep.changed()
         return b""
 
 

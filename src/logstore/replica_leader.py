@@ -5,11 +5,12 @@ high watermark and in-sync replicas they move.
   control record, so that records of earlier epochs can commit (Raft §5.4.2).
 * A follower's FETCH (replica id >= 0) tells the leader how far the follower holds the log; the
   answer is batches from its offset, or the diverging epoch it must truncate to (KIP-101/279). A
-  caught-up follower's fetch is held until records arrive (replica.fetch.wait.max.ms).
+  caught-up follower's fetch is held until records arrive (replica.fetch.wait.max.ms), in the
+  node's purgatory: no thread waits, and the append that ends the wait writes the answer.
 * A client's FETCH (replica id -1) is answered with committed batches only.
 * PRODUCE validates the client's batch whole, appends it as it is (a retry with the same producer
-  id and sequence gets the offsets it already has), and with acks="all" waits until the high
-  watermark passes it.
+  id and sequence gets the offsets it already has), and with acks="all" is held in the purgatory
+  until the high watermark passes it (the follower fetch that moves it writes the answer).
 * The high watermark is the largest offset a majority holds, counted over the leader's own epoch;
   a follower is in sync while it reached the leader's end within replica.lag.time.max.ms.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from .election import NONE, Role
@@ -63,6 +65,11 @@ def _produce_answer(code: int, leader: int, first: int = -1, last: int = -1) -> 
     return Writer().int16(code).int32(leader).int64(first).int64(last).payload()
 
 
+def _now_or_later(answer: "Future[bytes]") -> "bytes | Future[bytes]":
+    """A delayed answer as it is when it is already there, else its Future."""
+    return answer.result() if answer.done() else answer
+
+
 class LeaderSide:
     """What a node does for the partitions it leads (its settings are read from the node at
     each use). Thread-safe."""
@@ -103,14 +110,14 @@ class LeaderSide:
         if majority_end > rep.hw and majority_end > rep.epoch_start:
             rep.hw = majority_end
             rep.log.high_watermark = majority_end
-            rep.cond.notify_all()
+            rep.changed()
 
     def in_sync_followers(self, rep: PartitionReplica, now: float) -> list[int]:
         """The followers in sync with this leader (caller holds rep.cond)."""
         return rep.in_sync_followers(self._node.peers, now, self._node.replica_lag_s)
 
     # ------------------------------------------------------------------ fetch
-    def on_fetch(self, r: Reader) -> bytes:
+    def on_fetch(self, r: Reader) -> "bytes | Future[bytes]":
         """Answer a FETCH: a follower's (replica id >= 0) or a client's (-1)."""
         node = self._node
         replica_id = r.int32("replica id")
@@ -131,7 +138,7 @@ class LeaderSide:
                 return _fetch_answer(INVALID, election.leader, election.epoch)
             if epoch > election.epoch:
                 election.observe_epoch(epoch)
-                rep.cond.notify_all()
+                rep.changed()
             if election.role is not Role.LEADER or epoch < election.epoch:
                 code = NOT_LEADER if election.role is not Role.LEADER else FENCED_EPOCH
                 return _fetch_answer(code, election.leader, election.epoch)
@@ -153,25 +160,36 @@ class LeaderSide:
             if offset >= end:
                 rep.caught_up[replica_id] = now
             self.advance_hw(rep)
-            if offset == end:
-                # Caught up: hold the fetch until a produce appends (or leadership changes), as
-                # Kafka's replica.fetch.wait.max.ms does, instead of letting the follower poll.
-                deadline = now + node.fetch_wait_s
-                while (log.log_end_offset == offset and election.role is Role.LEADER and election.epoch == epoch
-                       and not node._stop.is_set()):
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    rep.cond.wait(remaining)
-                if election.role is not Role.LEADER or election.epoch != epoch:
-                    return _fetch_answer(NOT_LEADER, election.leader, election.epoch)
-                end = log.log_end_offset
-                rep.caught_up[replica_id] = time.monotonic()
-            try:
-                data = log.read_raw(offset, max_bytes) if offset < end else b""
-            except OffsetOutOfRangeError:
-                return _fetch_answer(OUT_OF_RANGE, node.node_id, election.epoch, rep.hw, -1, log.log_start_offset)
-            return _fetch_answer(OK, node.node_id, election.epoch, rep.hw, data=data)
+            if offset != end:
+                return self._records(rep, offset, end, max_bytes)
+        # Caught up: hold the fetch until a produce appends (or leadership changes), as Kafka's
+        # replica.fetch.wait.max.ms does, instead of letting the follower poll. No thread waits.
+        return _now_or_later(node.purgatory.watch(
+            rep.key, lambda expired: self._held_fetch(rep, replica_id, epoch, offset, max_bytes, expired),
+            node.fetch_wait_s))
+
+    def _held_fetch(self, rep: PartitionReplica, replica_id: int, epoch: int, offset: int, max_bytes: int,
+                    expired: bool) -> bytes | None:
+        """A held follower fetch's answer once records arrived past ``offset``, leadership
+        changed or its wait ran out; None while it waits (see purgatory)."""
+        with rep.cond:
+            election = rep.election
+            if election.role is not Role.LEADER or election.epoch != epoch:
+                return _fetch_answer(NOT_LEADER, election.leader, election.epoch)
+            end = rep.log.log_end_offset
+            if end == offset and not expired and not self._node._stop.is_set():
+                return None
+            rep.caught_up[replica_id] = time.monotonic()
+            return self._records(rep, offset, end, max_bytes)
+
+    def _records(self, rep: PartitionReplica, offset: int, end: int, max_bytes: int) -> bytes:
+        """A follower fetch's answer: the batches from ``offset`` (caller holds rep.cond)."""
+        node, log = self._node, rep.log
+        try:
+            data = log.read_raw(offset, max_bytes) if offset < end else b""
+        except OffsetOutOfRangeError:
+            return _fetch_answer(OUT_OF_RANGE, node.node_id, rep.election.epoch, rep.hw, -1, log.log_start_offset)
+        return _fetch_answer(OK, node.node_id, rep.election.epoch, rep.hw, data=data)
 
     def _on_consumer_fetch(self, rep: PartitionReplica, offset: int, max_bytes: int) -> bytes:
         """A client's fetch, answered by the leader only (so that a produce acknowledged with
@@ -197,7 +215,7 @@ class LeaderSide:
         return _fetch_answer(OK, leader, election.epoch, hw, data=data[:position])
 
     # ------------------------------------------------------------------ produce
-    def on_produce(self, r: Reader) -> bytes:
+    def on_produce(self, r: Reader) -> "bytes | Future[bytes]":
         """Answer a PRODUCE: validate the batch, append it (once), and with acks="all" wait
         until it is committed or the request's timeout passes."""
         node = self._node
@@ -235,18 +253,22 @@ class LeaderSide:
                 last = first + header.records_count - 1
                 rep.producers.record(producer_id, base_sequence, first, last)
                 self.advance_hw(rep)  # a set of one commits on its own append
-                rep.cond.notify_all()  # wake the followers' held fetches
-            if acks == -1:
-                deadline = time.monotonic() + timeout_ms / 1000.0
-                while True:
-                    # Role and epoch first: a node deposed meanwhile may have learnt a high
-                    # watermark past `last` from the new leader, for records that replaced ours.
-                    if election.role is not Role.LEADER or election.epoch != epoch or node._stop.is_set():
-                        return _produce_answer(NOT_LEADER, election.leader, first, last)
-                    if rep.hw > last:
-                        break
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        return _produce_answer(TIMEOUT, node.node_id, first, last)
-                    rep.cond.wait(min(remaining, 0.05))
-        return _produce_answer(OK, node.node_id, first, last)
+                rep.changed()  # answer the followers' held fetches
+        if acks != -1:
+            return _produce_answer(OK, node.node_id, first, last)
+        # acks="all": answered once the high watermark passes the batch. No thread waits.
+        return _now_or_later(node.purgatory.watch(
+            rep.key, lambda expired: self._committed(rep, epoch, first, last, expired), timeout_ms / 1000.0))
+
+    def _committed(self, rep: PartitionReplica, epoch: int, first: int, last: int, expired: bool) -> bytes | None:
+        """An acks="all" produce's answer once the high watermark passed ``last``, leadership
+        changed or its timeout ran out; None while it waits (see purgatory)."""
+        with rep.cond:
+            election = rep.election
+            # Role and epoch first: a node deposed meanwhile may have learnt a high watermark
+            # past `last` from the new leader, for records that replaced ours.
+            if election.role is not Role.LEADER or election.epoch != epoch or self._node._stop.is_set():
+                return _produce_answer(NOT_LEADER, election.leader, first, last)
+            if rep.hw > last:
+                return _produce_answer(OK, self._node.node_id, first, last)
+            return _produce_answer(TIMEOUT, self._node.node_id, first, last) if expired else None

@@ -3,15 +3,16 @@
 One :class:`PartitionReplica` per (topic, partition): its Log, its Raft election, the election
 timer, the high watermark, what the leader knows of each follower (log end, last fetch, last
 time caught up) and the producer state. The node's election driver, leader side and fetchers
-all read and change it, always under its ``cond`` (a Condition whose lock serialises them and
-whose notifications wake produce handlers waiting for the high watermark and held fetches).
+all read and change it, always under its ``cond`` (a Condition whose lock serialises them), and
+call :meth:`PartitionReplica.changed` after a change that a waiting request may wait for (the
+node's purgatory then answers the held fetches and acks="all" produces that can be answered).
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .election import Election
 from .producerstate import ProducerStateTable
@@ -52,6 +53,20 @@ class PartitionReplica:
     #: the offsets it already has
     producers: ProducerStateTable = field(default_factory=ProducerStateTable)
     cond: threading.Condition = field(default_factory=threading.Condition)
+    #: called by :meth:`changed` (the node checks its purgatory for this partition)
+    on_change: Callable[["PartitionReplica"], Any] | None = None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """(topic, partition)."""
+        return self.topic, self.partition
+
+    def changed(self) -> None:
+        """Wake what waits for this partition: threads waiting on ``cond`` and the node's
+        delayed requests (the caller holds ``cond``, which is re-entrant)."""
+        self.cond.notify_all()
+        if self.on_change is not None:
+            self.on_change(self)
 
     def in_sync_followers(self, followers: Iterable[int], now: float, lag_s: float) -> list[int]:
         """The followers in sync (Kafka's ISR less the leader): each at the leader's log end,

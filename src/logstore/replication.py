@@ -32,9 +32,11 @@ import logging
 import random
 import threading
 import time
+from concurrent.futures import Future
 from typing import Any, Callable, Iterable
 
 from . import net
+from .purgatory import Purgatory
 from .checkpoint import REPLICATION_OFFSET_CHECKPOINT, OffsetCheckpoints
 from .election import NONE, Election, QuorumStateFile, Role
 from .errors import LogstoreError, OffsetOutOfRangeError
@@ -70,6 +72,7 @@ from .wire import (
     RECORD_TOO_LARGE,
     TIMEOUT,
     UNKNOWN_PARTITION,
+    Handler,
     Reader,
     ReplicationProtocol,
     RequestType,
@@ -167,6 +170,8 @@ class ReplicaNode:
         self._hw_checkpoint = OffsetCheckpoints(data_dir, REPLICATION_OFFSET_CHECKPOINT)
         self._hw_written: dict[tuple[str, int], int] = self._hw_checkpoint.read()
         self._hw_written_at = time.monotonic()
+        # Held fetches and acks="all" produces, keyed by partition (see purgatory).
+        self.purgatory = Purgatory(f"replica-{node_id}")
         for topic, count in partitions:
             self.store.create_topic(topic, count, exist_ok=True)
             for p in range(count):
@@ -178,7 +183,8 @@ class ReplicaNode:
                 # The producer table is rebuilt from the batch headers once, here; appends and
                 # truncations keep it from then on, so an election never scans the log.
                 self._replicas[(topic, p)] = PartitionReplica(topic, p, log, election, hw=hw,
-                                                              producers=ProducerStateTable.rebuild(log))
+                                                              producers=ProducerStateTable.rebuild(log),
+                                                              on_change=self._partition_changed)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._rng = random.Random()
@@ -186,7 +192,11 @@ class ReplicaNode:
         self._elections = ElectionDriver(self)
         self._leader = LeaderSide(self)
         self._fetchers = Fetchers(self)
-        self._server = net.Server(listen, ReplicationProtocol(secret, max_frame, self._handler), tls=self._server_tls,
+        # A fetch never blocks (a caught-up follower's is held in the purgatory) and is answered
+        # on the network loop; a produce may wait for the disk, and goes to a worker.
+        protocol = ReplicationProtocol(secret, max_frame, self._handler,
+                                       inline_types=frozenset({RequestType.FETCH, RequestType.METADATA}))
+        self._server = net.Server(listen, protocol, tls=self._server_tls,
                                   limits=net.Limits(max_connections, self.handshake_s, self.idle_s),
                                   name="replication", thread_name=f"replica-{node_id}-net")
         self.address = self._server.address
@@ -215,9 +225,10 @@ class ReplicaNode:
         self._stop.set()
         self.peer_connections.close()  # requests blocked on a peer fail at once
         self._fetchers.close()
-        for r in self._replicas.values():  # held fetches and acks="all" produces see the stop flag
+        for r in self._replicas.values():  # threads waiting on a partition see the stop flag
             with r.cond:
                 r.cond.notify_all()
+        self.purgatory.close()  # held fetches and acks="all" produces are answered now
         self._server.stop()  # closes the listener and every connection; waits for the handlers
         for t in self._threads:
             t.join(5)
@@ -248,21 +259,25 @@ class ReplicaNode:
             for rep in self._replicas.values():
                 self._elections.tick(rep, now)
 
+    def _partition_changed(self, rep: PartitionReplica) -> None:
+        """Answer the delayed requests of ``rep`` that can be answered now."""
+        self.purgatory.check(rep.key)
+
     @property
     def _served(self) -> list[net.Session]:
         """The connections served now (handshaking ones included)."""
         return self._server.sessions()
 
     # ------------------------------------------------------------------ requests
-    def _handler(self, type: int) -> Callable[[Reader], bytes] | None:
+    def _handler(self, type: int) -> "Handler | None":
         """The handler of a request type, looked up now (so a replaced one serves at once)."""
         name = self._HANDLERS.get(type)  # type: ignore[call-overload]
         return getattr(self, name) if name is not None else None
 
-    def _on_fetch(self, r: Reader) -> bytes:
+    def _on_fetch(self, r: Reader) -> "bytes | Future[bytes]":
         return self._leader.on_fetch(r)
 
-    def _on_produce(self, r: Reader) -> bytes:
+    def _on_produce(self, r: Reader) -> "bytes | Future[bytes]":
         return self._leader.on_produce(r)
 
     def _on_vote(self, r: Reader) -> bytes:

@@ -41,6 +41,7 @@ import socket
 import ssl
 import struct
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
@@ -445,8 +446,9 @@ class ServerHandshake(net.Handshake):
         return encode_frame(RequestType.AUTH_OK, 0)
 
 
-#: A request handler: the request's payload fields in, the response payload out.
-Handler = Callable[[Reader], bytes]
+#: A request handler: the request's payload fields in, the response payload out (or its Future,
+#: for an answer that waits: see ``purgatory``).
+Handler = Callable[[Reader], "bytes | Future[bytes]"]
 
 
 class ReplicationProtocol(net.Protocol):
@@ -456,15 +458,22 @@ class ReplicationProtocol(net.Protocol):
 
     ``lookup(type)`` returns the handler of a request type (None: unknown, answered with an
     ERROR frame). It is called for every request, so a handler replaced at run time is used from
-    the next request on. Thread-safety: thread-safe (it holds no state of its own).
+    the next request on. The request types in ``inline_types`` have handlers that never block
+    (they answer at once or with a Future), and are run on the network loop. Thread-safety:
+    thread-safe (it holds no state of its own).
     """
 
     header_size = 4
 
-    def __init__(self, secret: bytes, max_frame: int, lookup: Callable[[int], Handler | None]) -> None:
+    def __init__(self, secret: bytes, max_frame: int, lookup: Callable[[int], Handler | None],
+                 inline_types: frozenset[int] = frozenset()) -> None:
         self.secret = secret
         self.max_frame = max_frame
         self._lookup = lookup
+        self._inline_types = inline_types
+
+    def inline(self, session: net.Session, request: bytearray) -> bool:
+        return _AFTER_LENGTH.unpack_from(request, 0)[0] in self._inline_types
 
     def frame_size(self, header: bytes, authenticated: bool) -> int:
         (length,) = _I32.unpack(header)
@@ -474,13 +483,30 @@ class ReplicationProtocol(net.Protocol):
     def handshake(self, session: net.Session) -> ServerHandshake:
         return ServerHandshake(self.secret)
 
-    def handle(self, session: net.Session, request: bytes | bytearray) -> bytes:
+    def handle(self, session: net.Session, request: bytes | bytearray) -> "bytes | Future[bytes]":
         frame = frame_of(request)
         handler = self._lookup(frame.type)
         if handler is None:
             return encode_frame(RequestType.ERROR, frame.correlation_id,
                                 Writer().string(f"unknown request type {frame.type}").payload())
-        return encode_frame(frame.type, frame.correlation_id, handler(frame.reader()))
+        payload = handler(frame.reader())
+        if not isinstance(payload, Future):
+            return encode_frame(frame.type, frame.correlation_id, payload)
+        # A deferred answer: framed by whichever thread completes it.
+        framed: Future[bytes] = Future()
+
+        def frame_answer(done: Future[bytes]) -> None:
+            if done.cancelled():
+                framed.cancel()
+                return
+            exc = done.exception()
+            if exc is not None:
+                framed.set_exception(exc)
+            else:
+                framed.set_result(encode_frame(frame.type, frame.correlation_id, done.result()))
+
+        payload.add_done_callback(frame_answer)
+        return framed
 
 
 # ---------------------------------------------------------------------- TLS

@@ -213,6 +213,49 @@ def test_no_response_unmutes_the_connection_and_deferred_answers_arrive_in_order
     wait_for(lambda: metric(server, "response-total") == 2)   # counted by the loop once it heard
 
 
+class InlineProtocol(EchoProtocol):
+    """EchoProtocol whose echo and defer requests are run on the loop (they never block)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: dict[bytes, str] = {}
+
+    def inline(self, session, request):
+        return bytes(request).split(b":")[0] in (b"echo", b"defer")
+
+    def handle(self, session, request):
+        self.threads[bytes(request).split(b":")[0]] = threading.current_thread().name
+        return super().handle(session, request)
+
+
+def test_requests_the_protocol_calls_non_blocking_are_answered_on_the_loop(serve):
+    protocol = InlineProtocol()
+    server = serve(protocol, thread_name="inline-loop")
+    with connect(server) as s:
+        # Pipelined, mixing the loop's requests with a worker's and a deferred answer.
+        s.sendall(b"".join(framed(b) for b in (b"sleep:0.2:a", b"echo:b", b"defer:c", b"echo:d")))
+        assert [recv_frame(s) for _ in range(4)] == [b"a", b"b", b"c", b"d"]
+        assert call(s, b"echo:again") == b"again"
+    assert protocol.threads[b"echo"] == "inline-loop"
+    assert protocol.threads[b"defer"] == "inline-loop"
+    assert protocol.threads[b"sleep"].startswith("inline-loop-worker")
+    assert metric(server, "request-total") == 5
+    wait_for(lambda: metric(server, "response-total") == 5)
+
+
+def test_a_connection_closed_by_its_peer_while_its_request_runs_is_closed_after(serve):
+    """The peer's close arrives while the connection is muted: the loop notices it once the
+    answer is written (the connection does not linger, and the server keeps serving)."""
+    server = serve()
+    s = connect(server)
+    s.sendall(framed(b"sleep:0.3:gone"))
+    time.sleep(0.05)
+    s.close()
+    wait_for(lambda: metric(server, "connection-count") == 0, timeout=5)
+    with connect(server) as other:
+        assert call(other, b"echo:still here") == b"still here"
+
+
 # ---------------------------------------------------------------------- failures close one connection
 @pytest.mark.parametrize("authenticated, size", [(False, PRE_AUTH_CAP + 1), (True, CAP + 1), (True, 2**31 - 1),
                                                  (True, -1)])
