@@ -120,7 +120,7 @@ class Fetchers:
         r = conn.request(RequestType.FETCH, payload, timeout=node.election_timeout_s + node.fetch_wait_s)
         code, leader_id, epoch, hw = r.int16(), r.int32(), r.int32(), r.int64()
         div_epoch, div_end = r.int32(), r.int64()
-        data = r.blob()
+        data = r.blob_view()  # appended as it is: no copy
         with rep.cond:
             if epoch > rep.election.epoch:
                 rep.election.observe_epoch(epoch, leader_id if code in (OK, FENCED_EPOCH) else NONE)

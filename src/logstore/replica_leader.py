@@ -221,7 +221,7 @@ class LeaderSide:
         node = self._node
         rep = partition_of(node._replicas, r)
         acks, timeout_ms = r.int8(), r.int32()
-        batch = r.blob("record batch")
+        batch = r.blob_view("record batch")
         r.end()
         if rep is None or batch is None:
             return _produce_answer(UNKNOWN_PARTITION if rep is None else INVALID, NONE)

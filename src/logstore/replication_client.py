@@ -292,7 +292,7 @@ class Client:
                                     base_sequence=sequence, codec=self._codec)
         self._sequences[(topic, partition)] = (sequence + len(values)) % (1 << 31)
         payload = (Writer().string(topic).int32(partition).int8(code).int32(int((timeout or self.timeout) * 1000))
-                   .blob(bytes(batch)).payload())
+                   .blob(batch).payload())
         err, leader, r = self._leader_request((topic, partition), RequestType.PRODUCE, payload,
                                               timeout or self.timeout, f"produce to {topic}-{partition}",
                                               wait=(timeout or self.timeout) if code == -1 else 0.0)

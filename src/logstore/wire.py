@@ -115,11 +115,12 @@ class AuthenticationError(net.HandshakeError):
 
 
 class Frame:
-    """A decoded frame: its type, version, correlation id and payload bytes."""
+    """A decoded frame: its type, version, correlation id and payload bytes (a view of the
+    frame's buffer when read from a socket)."""
 
     __slots__ = ("type", "version", "correlation_id", "payload")
 
-    def __init__(self, type: int, version: int, correlation_id: int, payload: bytes) -> None:
+    def __init__(self, type: int, version: int, correlation_id: int, payload: bytes | memoryview) -> None:
         self.type = type
         self.version = version
         self.correlation_id = correlation_id
@@ -156,7 +157,12 @@ class Reader:
         return bytes(self._buf[start:self._pos])
 
     def _unpack(self, fmt: struct.Struct, what: str) -> int:
-        return fmt.unpack(self._take(fmt.size, what))[0]  # type: ignore[no-any-return]
+        pos = self._pos
+        end = pos + fmt.size
+        if end > len(self._buf):
+            raise FrameError(f"{what}: needs {fmt.size} bytes, {len(self._buf) - pos} left")
+        self._pos = end
+        return fmt.unpack_from(self._buf, pos)[0]  # type: ignore[no-any-return]
 
     def int8(self, what: str = "int8") -> int:
         """An int8 field."""
@@ -186,6 +192,20 @@ class Reader:
         if n < -1:
             raise FrameError(f"{what}: negative length {n}")
         return self._take(n, what)
+
+    def blob_view(self, what: str = "bytes") -> memoryview | None:
+        """A ``bytes`` field as a view of the payload (no copy: for a record batch that is
+        validated and stored as it is). The view keeps the payload's buffer alive."""
+        n = self.int32(what + " length")
+        if n == -1:
+            return None
+        if n < -1:
+            raise FrameError(f"{what}: negative length {n}")
+        if n > self.remaining:
+            raise FrameError(f"{what}: needs {n} bytes, {self.remaining} left")
+        start = self._pos
+        self._pos += n
+        return memoryview(self._buf)[start:self._pos]
 
     def string(self, what: str = "string") -> str:
         """A string field: int16 length + UTF-8."""
@@ -238,17 +258,19 @@ class Writer:
         self._parts.append(_I64.pack(v))
         return self
 
-    def raw(self, b: bytes) -> "Writer":
-        """``n`` bytes as they are (Reader) / appended as they are (Writer)."""
-        self._parts.append(bytes(b))
+    def raw(self, b: bytes | bytearray | memoryview) -> "Writer":
+        """``n`` bytes as they are (Reader) / appended as they are (Writer). The bytes are
+        read by :meth:`payload`, not copied before."""
+        self._parts.append(b)  # type: ignore[arg-type]
         return self
 
-    def blob(self, b: bytes | None) -> "Writer":
-        """A bytes field: int32 length (-1 for None) + bytes."""
+    def blob(self, b: bytes | bytearray | memoryview | None) -> "Writer":
+        """A bytes field: int32 length (-1 for None) + bytes (read by :meth:`payload`, not
+        copied before)."""
         if b is None:
             return self.int32(-1)
         self.int32(len(b))
-        self._parts.append(bytes(b))
+        self._parts.append(b)  # type: ignore[arg-type]
         return self
 
     def string(self, s: str) -> "Writer":
@@ -337,12 +359,28 @@ def frame_of(body: bytes | bytearray) -> Frame:
     """The frame whose bytes after the length prefix are ``body`` (at least the 8-byte header:
     the length was checked)."""
     type_, version, correlation = _AFTER_LENGTH.unpack_from(body, 0)
-    return Frame(type_, version, correlation, bytes(memoryview(body)[HEADER_AFTER_LENGTH:]))
+    return Frame(type_, version, correlation, memoryview(body)[HEADER_AFTER_LENGTH:])
 
 
 def send_frame(sock: socket.socket, type: int, correlation_id: int, payload: bytes = b"", version: int = 0) -> None:
-    """Send one frame on a socket (all of it)."""
-    sock.sendall(encode_frame(type, correlation_id, payload, version))
+    """Send one frame on a socket (all of it). A large payload on a plain socket is sent after
+    its header without being copied into one buffer."""
+    if len(payload) < _JOIN_BELOW or isinstance(sock, ssl.SSLSocket):
+        sock.sendall(encode_frame(type, correlation_id, payload, version))
+        return
+    header = HEADER.pack(HEADER_AFTER_LENGTH + len(payload), type, version, correlation_id)
+    views = [memoryview(header), memoryview(payload).cast("B")]
+    while views:
+        sent = sock.sendmsg(views)
+        while views and sent >= len(views[0]):
+            sent -= len(views[0])
+            views.pop(0)
+        if views:
+            views[0] = views[0][sent:]
+
+
+#: Payloads smaller than this are joined to their header (one send() is cheaper than sendmsg).
+_JOIN_BELOW = 64 * 1024
 
 
 # ---------------------------------------------------------------------- handshake
@@ -483,17 +521,18 @@ class ReplicationProtocol(net.Protocol):
     def handshake(self, session: net.Session) -> ServerHandshake:
         return ServerHandshake(self.secret)
 
-    def handle(self, session: net.Session, request: bytes | bytearray) -> "bytes | Future[bytes]":
-        frame = frame_of(request)
-        handler = self._lookup(frame.type)
+    def handle(self, session: net.Session, request: bytes | bytearray) -> "list[bytes] | Future[list[bytes]]":
+        # The request's bytes are read where they are (a produce's batch is never copied), and
+        # the answer is written as its header and payload (never joined).
+        type_, _, correlation = _AFTER_LENGTH.unpack_from(request, 0)
+        handler = self._lookup(type_)
         if handler is None:
-            return encode_frame(RequestType.ERROR, frame.correlation_id,
-                                Writer().string(f"unknown request type {frame.type}").payload())
-        payload = handler(frame.reader())
+            return _framed(RequestType.ERROR, correlation, Writer().string(f"unknown request type {type_}").payload())
+        payload = handler(Reader(memoryview(request)[HEADER_AFTER_LENGTH:]))
         if not isinstance(payload, Future):
-            return encode_frame(frame.type, frame.correlation_id, payload)
+            return _framed(type_, correlation, payload)
         # A deferred answer: framed by whichever thread completes it.
-        framed: Future[bytes] = Future()
+        framed: Future[list[bytes]] = Future()
 
         def frame_answer(done: Future[bytes]) -> None:
             if done.cancelled():
@@ -503,10 +542,15 @@ class ReplicationProtocol(net.Protocol):
             if exc is not None:
                 framed.set_exception(exc)
             else:
-                framed.set_result(encode_frame(frame.type, frame.correlation_id, done.result()))
+                framed.set_result(_framed(type_, correlation, done.result()))
 
         payload.add_done_callback(frame_answer)
         return framed
+
+
+def _framed(type: int, correlation_id: int, payload: bytes) -> list[bytes]:
+    """A frame as two buffers: its header and ``payload`` (see encode_frame)."""
+    return [HEADER.pack(HEADER_AFTER_LENGTH + len(payload), type, 0, correlation_id), payload]
 
 
 # ---------------------------------------------------------------------- TLS
