@@ -77,6 +77,8 @@ Response = Union[bytes, bytearray, memoryview, Sequence[Union[bytes, bytearray, 
 
 #: The most bytes handed to one send() (a TLS write of this size is retried with the same bytes).
 _SEND_CHUNK = 256 * 1024
+#: The most buffers handed to one sendmsg() (below every system's IOV_MAX).
+_SENDMSG_BUFFERS = 512
 #: How long accepting pauses after accept() itself failed (out of file descriptors).
 _ACCEPT_BACKOFF_S = 0.1
 #: How long an idle worker thread waits for a request before it exits.
@@ -734,13 +736,16 @@ class Server:
     @staticmethod
     def _send_now(conn: _Conn, result: Any) -> Any:
         """Write an answer from the thread that has it (plain TCP only: the connection is muted
-        and out of the selector, so no other thread writes to it); returns a :class:`_Sent`."""
+        with nothing queued, so the loop does not write to it); returns a :class:`_Sent`."""
         buffers = [memoryview(b).cast("B") for b in _buffers(result) if len(b)]
         with conn.write_lock:
             if conn.state is not _OPEN:
                 return result  # closed meanwhile: the loop drops it
             try:
-                sent = conn.sock.sendmsg(buffers) if len(buffers) > 1 else conn.sock.send(buffers[0]) if buffers else 0
+                if len(buffers) > 1:
+                    sent = conn.sock.sendmsg(buffers[:_SENDMSG_BUFFERS])
+                else:
+                    sent = conn.sock.send(buffers[0]) if buffers else 0
             except (BlockingIOError, InterruptedError):
                 sent = 0
             except OSError as exc:

@@ -82,6 +82,9 @@ class EchoProtocol(net.Protocol):
                 seconds, _, size = arg.partition(b":")
                 time.sleep(float(seconds))
                 return framed(b"x" * int(size))
+            if command == b"many":  # many:N answers N one-byte buffers (more than one sendmsg takes)
+                n = int(arg)
+                return [struct.pack(">i", n)] + [b"y"] * n
             if command == b"whoami":
                 return framed(f"{session.principal} tls={session.tls}".encode())
             if command == b"none":
@@ -241,6 +244,13 @@ def test_requests_the_protocol_calls_non_blocking_are_answered_on_the_loop(serve
     assert protocol.threads[b"sleep"].startswith("inline-loop-worker")
     assert metric(server, "request-total") == 5
     wait_for(lambda: metric(server, "response-total") == 5)
+
+
+def test_an_answer_of_more_buffers_than_one_sendmsg_takes_is_written_whole(serve):
+    server = serve()
+    with connect(server) as s:
+        assert call(s, b"many:3000") == b"y" * 3000
+        assert call(s, b"echo:next") == b"next"
 
 
 def test_a_connection_closed_by_its_peer_while_its_request_runs_is_closed_after(serve):
