@@ -1,4 +1,4 @@
-"""Log compaction: the offset map, the cleaning pass over a log's segments and its swap, the cleaner thread.
+"""Log compaction: the offset map, a pass over a segment set and its swap, each log's compaction, the cleaner thread.
 
 Semantics (Kafka's): a record with key K at offset O is obsolete iff the log holds a record with
 key K at an offset O' > O. A cleaning pass first indexes the dirty section of the log into an
@@ -11,6 +11,11 @@ The map itself is mechanism in C (``ls_offset_map_*``): open addressing with lin
 over 20-byte slots (the key's 128-bit xxh3 hash and its offset relative to the pass's first
 dirty offset as 32 bits), so memory per distinct key is 20 bytes / load factor (22.2 bytes at
 Kafka's default load factor of 0.9).
+
+:class:`LogCompaction` is one log's side of it, behind ``Log.compact``, ``Log.dirty_ratio`` and
+``Log.needs_compaction``: where the dirty section starts (its entry in
+``cleaner-offset-checkpoint``), whether the log needs a pass, running one under the log's locks,
+and what the last pass did. The :class:`Cleaner` thread picks the dirtiest log that needs one.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from weakref import WeakKeyDictionary
 from typing import Any, Iterable, Sequence
 
@@ -27,13 +32,14 @@ import xxhash
 
 from . import _fileio
 from ._native import check, ffi, lib
+from .checkpoint import OffsetCheckpoints
 from .errors import LogstoreError
 from .logsegments import LogSegments
 from .records import BatchBuilder, BatchHeader, Record, RecordDecoder, parse_header
 from .segment import CLEANED_SUFFIX, DELETED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, LogSegment, segment_name
 
-__all__ = ["OffsetMap", "key_hash", "Cleaner", "CleanerReport", "CleanerState", "build_offset_map", "clean_batches",
-           "compact_segments", "dirty_bytes", "oldest_dirty_timestamp", "earliest_delete_horizon"]
+__all__ = ["OffsetMap", "key_hash", "Cleaner", "CleanerReport", "CleanerState", "LogCompaction", "build_offset_map",
+           "clean_batches", "compact_segments", "dirty_bytes", "oldest_dirty_timestamp", "earliest_delete_horizon"]
 
 logger = logging.getLogger("logstore.cleaner")
 
@@ -160,6 +166,82 @@ class CleanerState:
     last_run_ms: int | None = None
     last_report: CleanerReport | None = None
     uncleanable_reason: str | None = None
+
+
+class LogCompaction:
+    """One log's compaction: its first dirty offset, whether it needs a pass, running one.
+
+    Args:
+        log: the owning :class:`~logstore.log.Log` (its lock, segments, log start, config).
+        checkpoints: the log directory's ``cleaner-offset-checkpoint`` file.
+
+    Thread-safety: thread-safe; each method takes the log's lock (a pass also its writers'
+    lock). :attr:`state` is replaced whole, never changed in place.
+    """
+
+    def __init__(self, log: Any, checkpoints: OffsetCheckpoints) -> None:
+        self._log = log
+        self.checkpoints = checkpoints
+        #: the cleaner's view of the log: last run, last report, uncleanable reason
+        self.state = CleanerState()
+        #: passes run since the log was opened
+        self.runs = 0
+
+    def first_dirty_offset(self) -> int:
+        """Where the dirty section starts: the checkpointed offset, or the log start if later
+        (the log's lock held)."""
+        log = self._log
+        return max(self.checkpoints.get(log._key) or 0, log._log_start_offset)
+
+    def compact(self, now_ms: int | None) -> CleanerReport:
+        """Log.compact: one pass (:func:`compact_segments`) from the first dirty offset, then
+        the checkpoint of where the next one starts."""
+        started = time.monotonic()
+        now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+        log = self._log
+        with log._lock, log._w:
+            log._check_open()
+            with log._io_guard():
+                first_dirty = self.first_dirty_offset()
+                report = compact_segments(log._segments, log.config, log._decoder, log._builder, first_dirty, now,
+                                          started)
+                if report.cleaned_up_to > first_dirty:
+                    self.checkpoints.update({log._key: report.cleaned_up_to})
+            self.runs += 1
+            self.state = replace(self.state, last_run_ms=now, last_report=report)
+            return report
+
+    def dirty_ratio(self) -> float:
+        """Log.dirty_ratio: dirty over all bytes of the sealed segments."""
+        log = self._log
+        with log._lock:
+            log._check_open()
+            log._follow()
+            dirty, total = dirty_bytes(log._segments, self.first_dirty_offset())
+            return dirty / total if total else 0.0
+
+    def needs_compaction(self, now_ms: int | None) -> bool:
+        """Log.needs_compaction: the dirty ratio, the oldest dirty segment's age, or a passed
+        delete horizon (KIP-534) says so, for a compacted log not marked uncleanable."""
+        now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+        log = self._log
+        cfg = log.config
+        if not cfg.compacted or self.state.uncleanable_reason is not None:
+            return False
+        ratio = self.dirty_ratio()
+        if ratio > 0 and ratio >= cfg.min_cleanable_dirty_ratio:
+            return True
+        with log._lock:
+            first_dirty = self.first_dirty_offset()
+            oldest = oldest_dirty_timestamp(log._segments, first_dirty)
+            if oldest is not None and now - oldest > cfg.max_compaction_lag_ms:
+                return True
+            horizon = earliest_delete_horizon(log._segments, first_dirty)
+        return horizon is not None and horizon <= now
+
+    def mark_uncleanable(self, reason: str) -> None:
+        """Keep the cleaner away from this log until it is reopened (Kafka's KIP-346)."""
+        self.state = replace(self.state, uncleanable_reason=reason)
 
 
 class Cleaner:

@@ -8,8 +8,8 @@ if it covered them, else the next leader's fsync covers all of them at once. (A 
 around the fsync lets the thread that just released it take it again before the waiters wake
 up, which degrades to one fsync per append.)
 
-The Flusher holds no offsets. It asks its Log what to fsync (``_flush_target``) and tells it what
-became durable (``_flushed``); the Log advances its flushed offset and recovery point.
+The Flusher holds no offsets: under its Log's lock it reads what to fsync (the active segment up
+to the log end) and, once the fsync returned, advances the Log's flushed offset and recovery point.
 
 Thread-safety: thread-safe. :attr:`lock` is held for the whole of a leader's fsync; the Log's
 close takes it to wait for a running fsync.
@@ -24,6 +24,7 @@ from typing import Any
 
 from .errors import LogClosedError
 from .metrics import Histogram
+from .segment import LogSegment
 
 __all__ = ["Flusher", "NEVER"]
 
@@ -31,13 +32,15 @@ logger = logging.getLogger("logstore.log")
 
 #: an offset no append reaches: no flush threshold
 NEVER = 2**63 - 1
+#: after an fsync, the checkpoint files are rewritten when the last write is this old
+CHECKPOINT_INTERVAL_S = 60.0
 
 
 class Flusher:
     """The flush policy and group commit of one :class:`~logstore.log.Log`.
 
     Args:
-        log: the owning log (provides ``_flush_target``, ``_flushed``, ``_flushed_offset``).
+        log: the owning log (its lock, active segment, log end, flushed offset, recovery point).
         flush_messages: fsync once this many records are unflushed (None: never for that).
         flush_ms: fsync once an unflushed record is this old (None: never for that).
         timers: False when the owner calls :meth:`due` from its own scheduler instead of
@@ -91,6 +94,15 @@ class Flusher:
         return self.ms is not None and time.monotonic() - self.last_flush >= self.ms / 1000.0
 
     # ------------------------------------------------------------------ group commit
+    def flush(self) -> None:
+        """:meth:`Log.flush`: make everything appended so far durable."""
+        log = self._log
+        with log._lock:
+            log._check_open()
+            log._follow()
+            end = log._appender.next_offset
+        self.sync(end)
+
     def sync(self, end_offset: int) -> None:
         """Make offsets below ``end_offset`` durable (sharing an fsync with concurrent callers).
 
@@ -129,10 +141,11 @@ class Flusher:
                 # Other threads asked for fsyncs lately: let them append before this fsync
                 # starts, so that it covers them too (PostgreSQL's commit_delay, adaptively).
                 time.sleep(0)
-            target = log._flush_target()
-            if target is None:
-                return  # closed: close() flushes everything itself
-            segment, offset = target
+            with log._lock:
+                if log._closed:
+                    return  # close() flushes everything itself
+                log._check_open()
+                segment, offset = log._segments.active, log._appender.next_offset
             # Segments before the active one were fsynced when they rolled. fdatasync is
             # enough for the data; the index files are derived and rebuilt by recovery.
             try:
@@ -144,9 +157,23 @@ class Flusher:
                 with log._lock:
                     log._go_offline(exc)
                 raise
-            if log._flushed(segment, offset):
+            if self._flushed(segment, offset):
                 self.last_flush = time.monotonic()
-                log._maybe_checkpoint()
+                if self.last_flush - log._last_checkpoint >= CHECKPOINT_INTERVAL_S:
+                    log._write_checkpoints()  # the recovery point moved
+
+    def _flushed(self, segment: LogSegment, target: int) -> bool:
+        """``segment`` is fsynced up to ``target``: advance the log's flushed offset and recovery
+        point. False when the log was closed meanwhile."""
+        log = self._log
+        with log._lock, log._w:
+            if log._closed:
+                return False
+            log._flushed_offset = max(log._flushed_offset, target)
+            if target > log._recovery_point and segment is log._segments.active:
+                log._recovery_point = target
+            log._update_flush_at()
+            return True
 
     # ------------------------------------------------------------------ timers
     def _schedule_timed_flush(self) -> None:

@@ -11,13 +11,17 @@ for a log without replication), ``recovery_point`` the offset below which every 
 be fsynced.
 
 The Log tells the partition's story and keeps its offsets; the work is done by its parts, as
-Kafka split its own log: :class:`~logstore.logloader.LogLoader` recovers the files at open,
+Kafka split its own log: :mod:`~logstore.loglifecycle` opens and closes it (the ``.lock`` file,
+the clean close), :class:`~logstore.logloader.LogLoader` recovers the files at open,
 :class:`~logstore.logsegments.LogSegments` holds the ordered segments (roll, read lookup,
-truncation, deletion with its delay), :mod:`~logstore.retention` decides what retention
-removes, :class:`~logstore.flusher.Flusher` applies the flush policy with group commit,
-:class:`~logstore.shared.SharedCoordinator` keeps processes sharing the partition in step,
-:mod:`~logstore.cleaner` runs a compaction pass, :class:`~logstore.epochs.LeaderEpochCache`
-holds the leader epochs, and :class:`~logstore.waiters.AppendWaiters` the long-polls.
+truncation, deletion with its delay), :mod:`~logstore.logappends` holds the append paths other
+than the fast one, :mod:`~logstore.logtruncation` moves the log's ends (truncation, DeleteRecords,
+retention, which :mod:`~logstore.retention` decides), :class:`~logstore.flusher.Flusher` applies
+the flush policy with group commit, :class:`~logstore.shared.SharedCoordinator` keeps processes
+sharing the partition in step, :class:`~logstore.cleaner.LogCompaction` runs compaction passes,
+:class:`~logstore.epochs.LeaderEpochCache` holds the leader epochs,
+:class:`~logstore.waiters.AppendWaiters` the long-polls, and :mod:`~logstore.logmetrics` the
+metrics.
 
 Thread-safety: every public method may be called from any thread. Appends, reads and
 maintenance are serialised by one lock; fsyncs run outside it, and concurrent durable appends
@@ -27,34 +31,31 @@ is published after each append completes.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import re
 import threading
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import replace
 from itertools import chain
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from . import _fileio, compression
+from . import loglifecycle, logreplication, logtruncation
 from ._native import ffi, lib
-from .batching import as_bytes, check_available, check_offset, check_timestamp, codec_for, encode_batches
+from .batching import check_offset, check_timestamp, codec_for, encode_batches
 from .checkpoint import CLEANER_OFFSET_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, RECOVERY_POINT_CHECKPOINT, \
     OffsetCheckpoints
-from .cleaner import CleanerReport, CleanerState, compact_segments, dirty_bytes, earliest_delete_horizon, \
-    oldest_dirty_timestamp
+from .cleaner import CleanerReport, CleanerState, LogCompaction
 from .config import LogConfig
 from .epochs import LeaderEpochCache
-from .errors import InvalidRecordError, LogClosedError, LogLockedError, LogOfflineError, OffsetOutOfRangeError
+from .errors import LogClosedError, LogOfflineError, OffsetOutOfRangeError
 from .flusher import NEVER, Flusher
-from .logappends import DEADLINE_UNSET, append_encoded_locked, append_record_slow, append_replicated_locked, \
-    make_room, roll_for_time
+from .logappends import CLOSED_APPENDER, DEADLINE_UNSET, TS_MAX, TS_MIN, append_encoded, append_encoded_locked, \
+    append_general, append_record_slow, append_settings, keyless_record_error, roll_for_time, roll_segment
 from .logloader import CLEAN_SHUTDOWN_FILE, LogLoader, RecoveryReport
+from .logmetrics import AppendMeter, log_metrics
 from .logsegments import LogSegments
-from .records import BatchBuilder, Record, RecordDecoder, decode_batches, encode_headers, validate_client_batch
-from .retention import log_start_after, segments_to_delete
+from .records import BatchBuilder, Record, RecordDecoder
 from .segment import LogSegment, SegmentInfo
 from .shared import SharedCoordinator, SharedState
 from .waiters import AppendWaiters
@@ -67,16 +68,11 @@ logger = logging.getLogger("logstore.log")
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
 
-LOCK_FILE = ".lock"
 _PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
-_TS_MIN, _TS_MAX = -(2**63), 2**63 - 1  # an explicit timestamp the append fast path takes as it is
+_TS_MIN, _TS_MAX = TS_MIN, TS_MAX  # an explicit timestamp the append fast path takes as it is
 _DEFAULT_MAX_BYTES = 1 << 20
 _ITER_CHUNK_BYTES = 256 << 10
-_CHECKPOINT_INTERVAL_S = 60.0
 _append_record = lib.ls_appender_append_record
-#: Stands in for the appender of a closed log: the C core rejects it (no buffer), and the slow
-#: path then raises LogClosedError, so the append fast path needs no closed check.
-_CLOSED_APPENDER = ffi.new("ls_appender *")
 _NULL = ffi.NULL
 _time_ns = time.time_ns
 _NO_WRITER = nullcontext()
@@ -126,7 +122,7 @@ class Log:
         self._recovery_points = OffsetCheckpoints(self.log_dir, RECOVERY_POINT_CHECKPOINT)
         self._start_offsets = OffsetCheckpoints(self.log_dir, LOG_START_OFFSET_CHECKPOINT)
         self._cleaner_offsets = OffsetCheckpoints(self.log_dir, CLEANER_OFFSET_CHECKPOINT)
-        self._cleaner_state = CleanerState()
+        self._compaction = LogCompaction(self, self._cleaner_offsets)
         self.leader_epochs: LeaderEpochCache | None = None
         # The partition's offsets (the active segment's appender holds the log end).
         self._log_start_offset = 0
@@ -134,22 +130,12 @@ class Log:
         self._recovery_point = 0
         self._flushed_offset = 0
         self._last_checkpoint = 0.0
-        self._segments = LogSegments(self.path, dict(
-            segment_bytes=config.segment_bytes, index_bytes=config.segment_index_bytes,
-            index_interval_bytes=config.index_interval_bytes, max_batch_bytes=config.max_message_bytes,
-            preallocate=config.preallocate), self._lock, config.file_delete_delay_ms, timers)
+        self._segments = LogSegments.for_config(self.path, config, self._lock, timers)
         self._loader = LogLoader(self._segments, self._key, self._recovery_points, self._start_offsets)
-        self._appender: Any = _CLOSED_APPENDER
-        self._ts_type = config.timestamp_type_code
-        self._record_attrs = lib.LS_ATTR_TIMESTAMP_TYPE if self._ts_type else 0
-        codec = config.compression_type
-        self._forced_codec = None if codec == "producer" else compression.codec_from_name(codec)
-        if self._forced_codec is not None:
-            check_available(self._forced_codec)
-        self._keys_required = config.compacted
-        # append() fast path: no codec to apply, CreateTime stamps, keys optional, one process.
-        self._plain_appends = (self._forced_codec in (None, compression.NONE) and not self._ts_type
-                               and not self._keys_required and not shared)
+        self._appender: Any = CLOSED_APPENDER
+        # What the append paths take from the config; "plain" appends take append()'s fast path.
+        (self._ts_type, self._record_attrs, self._forced_codec, self._keys_required,
+         self._plain_appends) = append_settings(config, shared)
         self._roll_deadline = NEVER
         self._flusher = Flusher(self, config.flush_messages, config.flush_ms, timers)
         #: the offset at which an append must apply the flush policy (see Flusher.threshold)
@@ -158,22 +144,15 @@ class Log:
         # Multi-process mode (see shared.py): every change goes through the writers' lock.
         self._share = SharedCoordinator(self) if shared else None
         self._w: Any = self._share if shared else _NO_WRITER
-        if self._share is not None:
-            self._segments.on_layout_change = self._share.begin_layout_change
         self._exclusive = _Exclusive(self)
-        # Metrics (see metrics.py): bytes appended into segments that are no longer active, and
-        # the size the active segment had when this process started counting it.
-        self._in_bytes_sealed = 0
-        self._active_counted_from = 0
-        self._end_at_open = 0
-        self._cleaner_runs = 0
+        self._meter = AppendMeter()  # what was appended since the open (logmetrics.py)
         self.recovery_report: RecoveryReport | None = None
         #: seconds the last open spent loading and recovering the segments
         self.recovery_seconds = 0.0
         started = time.monotonic()
-        self._open()
+        loglifecycle.open_log(self)  # the .lock file, then the segments loaded and recovered (loglifecycle.py)
         self.recovery_seconds = time.monotonic() - started
-        self._end_at_open = self._appender.next_offset
+        self._meter.end_at_open = self._appender.next_offset
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], config: LogConfig | Mapping[str, Any] | None = None,
@@ -217,57 +196,6 @@ class Log:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _open(self) -> None:
-        ops = _fileio.ops
-        ops.makedirs_durable(self.path)
-        self._lock_fd = ops.open(os.path.join(self.path, LOCK_FILE), os.O_RDWR | os.O_CREAT)
-        try:
-            if self._share is not None:
-                self._share.open(self._lock_fd)
-                self._waiters.use_page(self._share.state.page)  # type: ignore[union-attr]
-            elif ops.lock(self._lock_fd):
-                self._load()
-            else:
-                raise LogLockedError(f"{self.path} is open for writing in another process")
-        except BaseException:
-            self._segments.abandon_all()
-            if self._share is not None:
-                self._share.release()
-            ops.close(self._lock_fd)
-            self._lock_fd = -1
-            raise
-        self._closed = False
-
-    def _load(self, recovery_point: int | None = None, log_start_offset: int | None = None) -> None:
-        """Load and recover the segments (:class:`LogLoader`), then take up the offsets they
-        give: the log start, the recovery point, the log end, and the leader epochs."""
-        loaded = self._loader.load(recovery_point, log_start_offset)
-        if loaded.start_past_end:
-            self._set_active(self._segments.replace_all(loaded.log_start_offset))
-        last = self._segments.last
-        if not last.active:
-            last.activate()
-        self._set_active(last)
-        self._log_start_offset = loaded.log_start_offset
-        self._recovery_point = self._flushed_offset = loaded.recovery_point
-        self._update_flush_at()
-        cache = self.leader_epochs = self._loader.load_leader_epochs(loaded.log_start_offset,
-                                                                     self._appender.next_offset)
-        if cache.latest_epoch >= 0:
-            self._appender.partition_leader_epoch = cache.latest_epoch
-        _fileio.ops.fsync_dir(self.path)
-        try:
-            self._write_checkpoints(force=True)
-        except OSError as exc:
-            if exc.errno != errno.ENOSPC:
-                raise
-            # A full disk: the checkpoint files stay as they were (an older recovery point only
-            # makes the next open scan more), so the log still opens and can be read.
-            logger.warning("%s: no space to update the checkpoint files at open: %s", self.path, exc)
-        self.recovery_report = report = loaded.report
-        if report.bytes_truncated:
-            logger.warning("%s: recovery dropped %d bytes of invalid data", self.path, report.bytes_truncated)
-
     # ------------------------------------------------------------------ multi-process mode
     @property
     def _state(self) -> SharedState | None:
@@ -307,10 +235,7 @@ class Log:
         return self._segments.active
 
     def _set_active(self, segment: LogSegment) -> None:
-        old = self._segments.active
-        if old is not None and old is not segment:
-            self._in_bytes_sealed += max(0, old.size - self._active_counted_from)
-        self._active_counted_from = segment.size
+        self._meter.switch(self._segments.active, segment)
         self._segments.active = segment
         self._appender = segment.appender
         # The next append computes the deadline from the segment's first batch (roll_for_time).
@@ -406,7 +331,7 @@ class Log:
     def _go_offline(self, exc: BaseException) -> None:
         logger.error("%s: taking the log offline after an I/O error: %s", self.path, exc)
         self._offline = exc
-        self._appender = _CLOSED_APPENDER
+        self._appender = CLOSED_APPENDER
         self._roll_deadline = NEVER
 
     # ------------------------------------------------------------------ appends
@@ -449,40 +374,7 @@ class Log:
             finally:
                 lock.release()
             return self._after_append(offset)
-        return self._append_general(value, key, headers, timestamp)
-
-    def _append_general(self, value: Any, key: Any, headers: Any, timestamp: Any) -> int:
-        """append() for everything off the fast path: conversions, headers, timestamps, codecs."""
-        if key is None and self._keys_required:
-            raise InvalidRecordError(f"{self.path}: a compacted log (cleanup_policy="
-                                     f"{self.config.cleanup_policy!r}) does not accept records without a key")
-        if value is not None and value.__class__ is not bytes:
-            value = as_bytes(value, "value")
-        if key is not None and key.__class__ is not bytes:
-            key = as_bytes(key, "key")
-        hbytes, hcount = encode_headers(headers) if headers else (_NULL, 0)
-        if timestamp is None or self._ts_type:
-            ts = _time_ns() // 1_000_000
-        elif timestamp.__class__ is int and _TS_MIN <= timestamp <= _TS_MAX:
-            ts = timestamp
-        else:
-            ts = check_timestamp(timestamp)
-        if self._forced_codec:
-            return self.append_batch([value], [key], [list(headers)] if headers else None, [ts])
-        with self._lock, self._w:
-            if ts > self._roll_deadline:
-                roll_for_time(self, ts)
-            offset = _append_record(
-                self._appender, ts, self._record_attrs,
-                _NULL if key is None else key, -1 if key is None else len(key),
-                _NULL if value is None else value, -1 if value is None else len(value),
-                hbytes, 0 if hcount == 0 else len(hbytes), hcount,
-            )
-            if offset < 0:
-                offset = append_record_slow(self, offset, ts, key, value, hbytes, hcount)
-            if offset < self._flush_at:
-                return offset
-        return self._after_append(offset)
+        return append_general(self, value, key, headers, timestamp)
 
     def append_batch(self, values: Sequence[bytes | None], keys: Sequence[bytes | None] | None = None,
                      headers: Sequence[Iterable[tuple[str, bytes | None]] | None] | None = None,
@@ -514,8 +406,7 @@ class Log:
         if not values:
             raise ValueError("append_batch needs at least one record")
         if self._keys_required and (keys is None or any(k is None for k in keys)):
-            raise InvalidRecordError(f"{self.path}: a compacted log (cleanup_policy="
-                                     f"{self.config.cleanup_policy!r}) does not accept records without a key")
+            raise keyless_record_error(self)
         codec = self._forced_codec
         if codec is None or control:
             codec = codec_for(None if control else compression)  # control batches: never compressed
@@ -554,24 +445,7 @@ class Log:
 
         Durability and thread-safety as :meth:`append`.
         """
-        header = validate_client_batch(batch, self.config.max_message_bytes)
-        codec = header.compression
-        if self._keys_required or self._ts_type or (self._forced_codec is not None and self._forced_codec != codec):
-            records = decode_batches(batch)
-            return self.append_batch([r.value for r in records], [r.key for r in records],
-                                     [r.headers for r in records], [r.timestamp for r in records],
-                                     compression=codec if self._forced_codec is None else None,
-                                     producer_id=header.producer_id if header.producer_id >= 0 else -1,
-                                     base_sequence=header.base_sequence if header.producer_id >= 0 else -1)
-        data = bytearray(batch)  # stamped in place with the offsets and epoch
-        with self._lock, self._w:
-            self._check_open()
-            offset = append_encoded_locked(self, data, header.max_timestamp)
-            last = self._appender.next_offset - 1
-            if last < self._flush_at:
-                return offset
-        self._after_append(last)
-        return offset
+        return append_encoded(self, batch)
 
     def _after_append(self, last_offset: int) -> int:
         """An append reached ``_flush_at`` (called without the lock): wake long-polls, apply
@@ -594,31 +468,7 @@ class Log:
         Durability: on return every record appended before the call survives power loss.
         Thread-safe; concurrent callers share one fsync.
         """
-        with self._lock:
-            self._check_open()
-            self._follow()
-            end = self._appender.next_offset
-        self._flusher.sync(end)
-
-    def _flush_target(self) -> tuple[LogSegment, int] | None:
-        """(active segment, log end) for the flusher's fsync; None once closed."""
-        with self._lock:
-            if self._closed:
-                return None
-            self._check_open()
-            return self._segments.active, self._appender.next_offset  # type: ignore[return-value]
-
-    def _flushed(self, segment: LogSegment, target: int) -> bool:
-        """The flusher fsynced ``segment`` up to ``target``: advance the flushed offset and the
-        recovery point. False when the log was closed meanwhile."""
-        with self._lock, self._w:
-            if self._closed:
-                return False
-            self._flushed_offset = max(self._flushed_offset, target)
-            if target > self._recovery_point and segment is self._segments.active:
-                self._recovery_point = target
-            self._update_flush_at()
-            return True
+        self._flusher.flush()
 
     def run_due_tasks(self) -> bool:
         """Do what the timers of a log opened with ``timers=False`` would have done by now:
@@ -655,14 +505,11 @@ class Log:
 
         return self._waiters.wait(reached, timeout)
 
-    def _maybe_checkpoint(self, force: bool = False) -> None:
-        if force or time.monotonic() - self._last_checkpoint >= _CHECKPOINT_INTERVAL_S:
-            self._write_checkpoints(force=True)
-
-    def _write_checkpoints(self, force: bool = False) -> None:
+    def _write_checkpoints(self) -> None:
+        """Write this partition's recovery point and log start into the log directory's
+        checkpoint files (leader epochs wholly below the log start are dropped first)."""
         self._last_checkpoint = time.monotonic()
-        if self.leader_epochs is not None and self.leader_epochs.entries and \
-                self.leader_epochs.entries[0][1] < self._log_start_offset:
+        if self.leader_epochs is not None:
             self.leader_epochs.truncate_from_start(self._log_start_offset)
         self._recovery_points.update({self._key: self._recovery_point})
         self._start_offsets.update({self._key: self._log_start_offset})
@@ -673,22 +520,7 @@ class Log:
         with self._lock, self._w:
             self._check_open()
             if self._active is not None and self._active.size > 0:
-                self._roll()
-
-    def _roll(self) -> None:
-        """Seal (trim + fsync) the active segment and create the next one. Holds the lock."""
-        with self._io_guard():
-            if self._segments.active.size == 0:  # type: ignore[union-attr]
-                self._roll_deadline = NEVER
-                return
-            segment = self._segments.roll(self._appender.partition_leader_epoch)
-            self._set_active(segment)
-            # Everything below the new segment is fsynced now.
-            base = segment.base_offset
-            if base > self._recovery_point:
-                self._recovery_point = base
-                self._flushed_offset = max(self._flushed_offset, base)
-            self._maybe_checkpoint(force=True)
+                roll_segment(self)
 
     # ------------------------------------------------------------------ reads
     def read(self, offset: int, max_bytes: int = _DEFAULT_MAX_BYTES, max_records: int | None = None,
@@ -768,7 +600,7 @@ class Log:
                 return self._appender.next_offset
             return self._segments.offset_for_timestamp(self._decoder, timestamp, self._log_start_offset)
 
-    # ------------------------------------------------------------------ replication primitives
+    # ------------------------------------------------------------------ replication primitives (logreplication.py)
     def assign_leader_epoch(self, epoch: int) -> None:
         """Become the leader of ``epoch``: record (epoch, log end offset) in
         leader-epoch-checkpoint (fsynced) and stamp the epoch into every batch appended from now
@@ -777,32 +609,17 @@ class Log:
         Raises:
             ValueError: ``epoch`` is older than the latest epoch of the log.
         """
-        with self._lock, self._w:
-            self._check_open()
-            cache = self.leader_epochs
-            assert cache is not None
-            if epoch < cache.latest_epoch:
-                raise ValueError(f"{self.path}: leader epoch {epoch} is older than the log's latest "
-                                 f"epoch {cache.latest_epoch}")
-            cache.assign(epoch, self._appender.next_offset)
-            self._appender.partition_leader_epoch = epoch
+        logreplication.assign_leader_epoch(self, epoch)
 
     @property
     def latest_epoch(self) -> int:
         """The newest leader epoch in the log's history, -1 when none."""
-        with self._lock:
-            self._check_open()
-            assert self.leader_epochs is not None
-            return self.leader_epochs.latest_epoch
+        return logreplication.latest_epoch(self)
 
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
         """(epoch, end offset) as Kafka's OffsetsForLeaderEpoch answers it (see
         :meth:`LeaderEpochCache.end_offset_for`). Thread-safe."""
-        with self._lock:
-            self._check_open()
-            self._follow()
-            assert self.leader_epochs is not None
-            return self.leader_epochs.end_offset_for(epoch, self._appender.next_offset)
+        return logreplication.end_offset_for_epoch(self, epoch)
 
     def read_raw(self, offset: int, max_bytes: int = _DEFAULT_MAX_BYTES) -> bytes:
         """Whole batches, byte for byte as stored, from the one holding ``offset`` on (at least
@@ -813,14 +630,7 @@ class Log:
             OffsetOutOfRangeError: ``offset`` outside [log start, log end].
             CorruptRecordError: a batch on the way is invalid.
         """
-        offset = check_offset(offset)
-        with self._lock:
-            self._check_open()
-            self._follow()
-            end = self._appender.next_offset
-            if offset < self._log_start_offset or offset > end:
-                raise OffsetOutOfRangeError(offset, self._log_start_offset, end, f"read_raw from {self.path}")
-            return self._segments.read_raw(offset, max_bytes)
+        return logreplication.read_raw(self, offset, max_bytes)
 
     def append_replicated(self, data: bytes | bytearray | memoryview) -> int:
         """Append batches copied from a leader byte for byte: offsets, timestamps and
@@ -832,96 +642,32 @@ class Log:
             CorruptRecordError: a batch is invalid (the valid batches before it are appended).
             OffsetOutOfRangeError: a batch starts below the log end (truncate first).
         """
-        view = memoryview(data).cast("B")
-        with self._lock, self._w:
-            self._check_open()
-            cache = self.leader_epochs
-            assert cache is not None
-            own_epoch = self._appender.partition_leader_epoch
-            try:
-                with self._io_guard():
-                    append_replicated_locked(self, view, cache)
-            finally:
-                if self._appender is not _CLOSED_APPENDER:
-                    self._appender.partition_leader_epoch = max(own_epoch, cache.latest_epoch)
-            last = self._appender.next_offset
-        if last - 1 >= self._flush_at:
-            self._after_append(last - 1)
-        return last
+        return logreplication.append_replicated(self, data)
 
-    # ------------------------------------------------------------------ truncation
+    # ------------------------------------------------------------------ truncation (logtruncation.py)
     def truncate_to(self, offset: int) -> None:
         """Remove every record with offset >= ``offset`` (the log end becomes ``offset``).
 
         Below the log start this empties the log and restarts it at ``offset``. Durable on
         return. Thread-safe.
         """
-        offset = check_offset(offset)
-        if offset < 0:
-            raise ValueError(f"cannot truncate to negative offset {offset}")
-        with self._lock, self._w:
-            self._check_open()
-            if offset >= self._appender.next_offset:
-                return
-            with self._io_guard():
-                self._begin_layout_change()
-                if offset <= self._log_start_offset:
-                    self._set_active(self._segments.replace_all(offset))
-                    self._log_start_offset = offset
-                else:
-                    self._set_active(self._segments.truncate_to(offset, self._builder, self._decoder))
-                _fileio.ops.fsync_dir(self.path)
-                end = self._appender.next_offset
-                self._recovery_point = min(self._recovery_point, end)
-                self._flushed_offset = min(self._flushed_offset, self._recovery_point)
-                if self._high_watermark is not None:
-                    self._high_watermark = min(self._high_watermark, end)
-                if self.leader_epochs is not None:
-                    self.leader_epochs.truncate_from_end(end)
-                    if offset <= self._log_start_offset:
-                        self.leader_epochs.truncate_from_start(offset)
-                self._write_checkpoints(force=True)
+        logtruncation.truncate_to(self, offset)
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Drop every record and restart the log, empty, at ``offset`` (any offset >= 0; Kafka's
         truncateFullyAndStartAt): what a follower does when the leader's log start has moved
         past its log end, so that no record it holds can be kept. The leader epoch history is
         cleared too. Durable on return. Thread-safe."""
-        offset = check_offset(offset)
-        if offset < 0:
-            raise ValueError(f"cannot start a log at negative offset {offset}")
-        with self._lock, self._w:
-            self._check_open()
-            with self._io_guard():
-                self._set_active(self._segments.replace_all(offset))
-                self._log_start_offset = offset
-                self._recovery_point = self._flushed_offset = offset
-                if self._high_watermark is not None:
-                    self._high_watermark = offset
-                if self.leader_epochs is not None:
-                    self.leader_epochs.truncate_from_end(0)
-                self._write_checkpoints(force=True)
+        logtruncation.truncate_fully_and_start_at(self, offset)
 
-    # ------------------------------------------------------------------ retention
+    # ------------------------------------------------------------------ retention (logtruncation.py)
     def delete_records_before(self, offset: int) -> int:
         """Advance the log start offset to ``offset`` (Kafka's DeleteRecords); return it.
 
         Records below become unreadable at once and whole segments below are deleted.
         ``offset`` may not exceed the high watermark. Durable on return. Thread-safe.
         """
-        offset = check_offset(offset)
-        with self._lock, self._w:
-            self._check_open()
-            hw = self._high_watermark if self._high_watermark is not None else self._appender.next_offset
-            if offset > hw or offset < 0:
-                raise OffsetOutOfRangeError(offset, self._log_start_offset, hw, "delete_records_before")
-            if offset <= self._log_start_offset:
-                return self._log_start_offset
-            self._log_start_offset = offset
-            # Durable before the segments below it go (see _delete_segments).
-            self._write_checkpoints(force=True)
-            self._delete_segments(self._segments.below(self._log_start_offset))
-            return self._log_start_offset
+        return logtruncation.delete_records_before(self, offset)
 
     def enforce_retention(self, now_ms: int | None = None) -> int:
         """Delete whole segments past retention_ms / retention_bytes / the log start; return
@@ -933,36 +679,9 @@ class Log:
         policy that includes "delete". Files are renamed ``.deleted`` and unlinked after
         file_delete_delay_ms. Thread-safe.
         """
-        now = _time_ns() // 1_000_000 if now_ms is None else now_ms
-        with self._lock, self._w:
-            self._check_open()
-            doomed = segments_to_delete(self._segments, self._log_start_offset, self.config, now)
-            if not doomed:
-                return 0
-            self._delete_segments(doomed)
-            self._segments.unlink_due()
-            return len(doomed)
+        return logtruncation.enforce_retention(self, _time_ns() // 1_000_000 if now_ms is None else now_ms)
 
-    def _delete_segments(self, doomed: list[LogSegment]) -> None:
-        """Remove segments from the log (rolling first when the active one is among them):
-        move the log start past them durably, then rename their files .deleted (unlinked
-        after file_delete_delay_ms)."""
-        with self._io_guard():
-            self._begin_layout_change()
-            doomed = sorted(doomed, key=lambda s: s.base_offset)
-            if any(segment is self._segments.active for segment in doomed):
-                self._roll()
-            first = log_start_after(self._segments, doomed, self._log_start_offset)
-            if first > self._log_start_offset:
-                # The new log start is durable before any segment goes. The renames may reach
-                # the disk in any order before the directory fsync; a crash that keeps some of
-                # them and not others leaves a hole, but the reopened log starts at this
-                # checkpoint, past all of it.
-                self._log_start_offset = first
-                self._write_checkpoints(force=True)
-            self._segments.delete(doomed)
-
-    # ------------------------------------------------------------------ compaction
+    # ------------------------------------------------------------------ compaction (cleaner.LogCompaction)
     def compact(self, now_ms: int | None = None) -> CleanerReport:
         """Run one compaction pass now and report what it did.
 
@@ -979,161 +698,52 @@ class Log:
         whose cleanup policy does not include "compact" is left alone. Holds the log's lock for
         the pass (appends wait). Thread-safe.
         """
-        started = time.monotonic()
-        now = _time_ns() // 1_000_000 if now_ms is None else now_ms
-        with self._lock, self._w:
-            self._check_open()
-            with self._io_guard():
-                first_dirty = self._first_dirty_offset()
-                report = compact_segments(self._segments, self.config, self._decoder, self._builder,
-                                          first_dirty, now, started)
-                if report.cleaned_up_to > first_dirty:
-                    self._cleaner_offsets.update({self._key: report.cleaned_up_to})
-            self._cleaner_runs += 1
-            self._cleaner_state = replace(self._cleaner_state, last_run_ms=now, last_report=report)
-            return report
-
-    def _first_dirty_offset(self) -> int:
-        return max(self._cleaner_offsets.get(self._key) or 0, self._log_start_offset)
+        return self._compaction.compact(now_ms)
 
     def dirty_ratio(self) -> float:
         """Bytes of sealed segments at or after the cleaner's first dirty offset over all sealed
         bytes (Kafka's cleanable ratio). Thread-safe."""
-        with self._lock:
-            self._check_open()
-            self._follow()
-            dirty, total = dirty_bytes(self._segments, self._first_dirty_offset())
-            return dirty / total if total else 0.0
+        return self._compaction.dirty_ratio()
 
     def needs_compaction(self, now_ms: int | None = None) -> bool:
         """True when the cleaner should pick this log: a compacted log, not marked uncleanable,
         whose dirty ratio reaches min_cleanable_dirty_ratio, whose oldest dirty segment is
         older than max_compaction_lag_ms, or that holds tombstones whose delete horizon has
         passed (Kafka's KIP-534: they go even when nothing is dirty). Thread-safe."""
-        now = _time_ns() // 1_000_000 if now_ms is None else now_ms
-        cfg = self.config
-        if not cfg.compacted or self.cleaner_state.uncleanable_reason is not None:
-            return False
-        ratio = self.dirty_ratio()
-        if ratio > 0 and ratio >= cfg.min_cleanable_dirty_ratio:
-            return True
-        with self._lock:
-            first_dirty = self._first_dirty_offset()
-            oldest = oldest_dirty_timestamp(self._segments, first_dirty)
-            if oldest is not None and now - oldest > cfg.max_compaction_lag_ms:
-                return True
-            horizon = earliest_delete_horizon(self._segments, first_dirty)
-        return horizon is not None and horizon <= now
+        return self._compaction.needs_compaction(now_ms)
 
     @property
     def cleaner_state(self) -> CleanerState:
         """The cleaner's view of this log: last run, last report, uncleanable reason."""
-        return self._cleaner_state
+        return self._compaction.state
 
     def mark_uncleanable(self, reason: str) -> None:
         """Stop the background cleaner from picking this log (after an error), as Kafka's
         KIP-346 does; reopening the log clears it."""
-        self._cleaner_state = replace(self._cleaner_state, uncleanable_reason=reason)
+        self._compaction.mark_uncleanable(reason)
         logger.error("%s: marked uncleanable: %s", self.path, reason)
 
-    # ------------------------------------------------------------------ metrics
+    # ------------------------------------------------------------------ metrics (logmetrics.py)
     def metrics(self) -> dict[str, Any]:
         """This partition's metrics by name (see metrics.py for the names and meanings):
         appends and bytes in since this process opened the log (by any process), records and
         bytes this process read, offsets, size, segments, the fsync latency histogram, what the
         last open's recovery took and cut, and for compacted logs cleaner runs and dirty ratio.
         Thread-safe."""
-        report = self.recovery_report
-        with self._lock:
-            self._check_open()
-            self._follow()
-            active = self._segments.active
-            assert active is not None
-            end = self._appender.next_offset
-            out: dict[str, Any] = {
-                "kafka.server:type=BrokerTopicMetrics,name=MessagesInPerSec": max(0, end - self._end_at_open),
-                "kafka.server:type=BrokerTopicMetrics,name=BytesInPerSec":
-                    self._in_bytes_sealed + max(0, active.size - self._active_counted_from),
-                "kafka.server:type=BrokerTopicMetrics,name=BytesOutPerSec": self._decoder.bytes_decoded,
-                "logstore:type=Log,name=MessagesOut": self._decoder.records_decoded,
-                "kafka.log:type=Log,name=LogStartOffset": self._log_start_offset,
-                "kafka.log:type=Log,name=LogEndOffset": end,
-                "kafka.log:type=Log,name=Size": self._segments.size_in_bytes,
-                "kafka.log:type=Log,name=NumLogSegments": len(self._segments),
-                "kafka.log:type=LogFlushStats,name=LogFlushRateAndTimeMs": self._flusher.times.snapshot(),
-                "logstore:type=Log,name=RecoveryTimeMs": self.recovery_seconds * 1000.0,
-                "logstore:type=Log,name=RecoveryBytesTruncated": report.bytes_truncated if report else 0,
-            }
-        if self.config.compacted:
-            out["logstore:type=LogCleaner,name=CleanerRuns"] = self._cleaner_runs
-            out["logstore:type=LogCleaner,name=DirtyRatio"] = self.dirty_ratio()
-        return out
+        return log_metrics(self)
 
-    # ------------------------------------------------------------------ closing
+    # ------------------------------------------------------------------ closing (loglifecycle.py)
     def close(self) -> None:
         """Flush, trim the active segment, write checkpoints and the clean-shutdown marker.
 
         Idempotent. After close every method raises LogClosedError. Thread-safe.
         """
-        with self._flusher.lock, self._lock:
-            if self._closed:
-                return
-            self._cancel_timers()
-            self._waiters.wake_all()
-            try:
-                if self._share is not None:
-                    self._share.close(self._lock_fd)
-                elif self._offline is None:
-                    self._close_cleanly()
-                # (offline: no clean-shutdown marker; the next open recovers from the disk)
-            finally:
-                self._release()
-
-    def _close_cleanly(self) -> None:
-        """Trim and fsync every segment, write the checkpoints, then the clean-shutdown marker."""
-        self._segments.close_all()
-        self._recovery_point = self._segments.last.next_offset
-        try:
-            self._write_checkpoints(force=True)
-        except OSError as exc:
-            if exc.errno != errno.ENOSPC:
-                raise
-            # A full disk: every segment is fsynced, only the checkpoint files are stale. No
-            # clean-shutdown marker, so the next open checks the segments past the old
-            # recovery point instead of trusting them.
-            logger.warning("%s: no space to update the checkpoint files at close; the next open "
-                           "will run recovery: %s", self.path, exc)
-            return
-        self._loader.write_clean_shutdown_marker()
+        loglifecycle.close(self)
 
     def _abandon(self) -> None:
         """Drop maps and descriptors without flushing or marking a clean shutdown (tests:
         simulates the process dying)."""
-        with self._lock:
-            if self._closed:
-                return
-            self._cancel_timers()
-            self._waiters.wake_all()
-            self._release()
-
-    def _cancel_timers(self) -> None:
-        self._flusher.cancel()
-        self._segments.cancel_timers()
-
-    def _release(self) -> None:
-        """Release every descriptor and map (segments not closed yet are abandoned)."""
-        self._segments.abandon_all(closing=True)
-        self._closed = True
-        self._appender = _CLOSED_APPENDER
-        # .lock before .shared: a process opening the log waits on the writers' lock (.shared)
-        # and then tries .lock; released the other way round, the last process out could still
-        # hold .lock exclusively when the opener gets there, which would refuse it.
-        if self._lock_fd >= 0:
-            _fileio.ops.close(self._lock_fd)
-            self._lock_fd = -1
-        if self._share is not None and self._share.state is not None:
-            self._waiters.use_private_page()
-            self._share.release()
+        loglifecycle.abandon(self)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"[{self._log_start_offset}, {self._appender.next_offset})"

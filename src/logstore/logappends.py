@@ -1,35 +1,99 @@
-"""The slow paths of a Log's appends: rolls for time and room, full and too-large records, batches from a leader.
+"""The Log's append paths other than the fast one: the general record path, client batches, rolls for time and room.
 
 :class:`~logstore.log.Log` keeps the append fast path (one lock, one clock read, one C call into
-the active segment's map) and its public append methods. What they fall back to lives here, as
-functions of the log: rolling when a record is past the segment's time limit (Kafka's
-segment.ms), making room when the active segment reports FULL (grow its map, or roll),
-explaining a record too large for max_message_bytes, appending one encoded batch, and copying a
-leader's batches byte for byte with their offsets and epochs (a follower's append, which may
-jump over a compacted leader's gaps).
+the active segment's map) and the common path of ``append_batch``. What they fall back to lives
+here, as functions of the log: the settings the append paths take from the config, the general
+single-record path (conversions, headers, LogAppendTime, a forced codec), a client's encoded
+batch (validated whole, stored as it is or re-encoded when the log's policy needs other bytes),
+rolling when a record is past the segment's time limit (Kafka's segment.ms) and the roll itself,
+making room when the active segment reports FULL (grow its map, or roll), explaining a record
+too large for max_message_bytes, and appending one encoded batch. A follower's copy of its
+leader's batches is in :mod:`~logstore.logreplication`.
 
-Thread-safety: every function runs with the log's lock and writers' lock held (the caller's);
-they read and set the log's offsets and active segment, as its own methods would.
+Thread-safety: :func:`append_general` and :func:`append_encoded` are called without the log's
+locks and take them; every other function runs with the log's lock and writers' lock held (the
+caller's). They read and set the log's offsets and active segment, as its own methods would.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from . import compression
 from ._native import check, ffi, lib
-from .batching import one_record_batch_size
-from .epochs import LeaderEpochCache
-from .errors import OffsetOutOfRangeError, RecordTooLargeError
+from .batching import as_bytes, check_available, check_timestamp, one_record_batch_size
+from .errors import InvalidRecordError, RecordTooLargeError
 from .flusher import NEVER
-from .records import parse_header
+from .records import BatchHeader, decode_batches, encode_headers, parse_header, validate_client_batch
 
-__all__ = ["DEADLINE_UNSET", "roll_for_time", "append_record_slow", "make_room", "append_encoded_locked",
-           "append_replicated_locked"]
+__all__ = ["DEADLINE_UNSET", "CLOSED_APPENDER", "TS_MIN", "TS_MAX", "append_settings", "keyless_record_error",
+           "append_general", "append_encoded", "roll_for_time", "roll_segment", "append_record_slow",
+           "make_room", "append_encoded_locked"]
 
 #: below every timestamp: the next append computes the real roll deadline
 DEADLINE_UNSET = -(2**63)
+#: Stands in for the appender of a closed log: the C core rejects it (no buffer), and the slow
+#: path then raises LogClosedError, so the append fast path needs no closed check.
+CLOSED_APPENDER = ffi.new("ls_appender *")
+#: the range of an explicit timestamp the append paths take as it is
+TS_MIN, TS_MAX = -(2**63), 2**63 - 1
 _append_record = lib.ls_appender_append_record
 _NULL = ffi.NULL
+_time_ns = time.time_ns
+
+
+def append_settings(config: Any, shared: bool) -> tuple[int, int, int | None, bool, bool]:
+    """What the append paths take from ``config``: (timestamp type code, record attributes, the
+    codec the log forces or None for the producer's, keys required, plain). Plain appends take
+    Log.append's fast path: no codec to apply, CreateTime stamps, keys optional, one process."""
+    ts_type = config.timestamp_type_code
+    codec = config.compression_type
+    forced = None if codec == "producer" else compression.codec_from_name(codec)
+    if forced is not None:
+        check_available(forced)
+    keys_required = config.compacted
+    plain = forced in (None, compression.NONE) and not ts_type and not keys_required and not shared
+    return ts_type, lib.LS_ATTR_TIMESTAMP_TYPE if ts_type else 0, forced, keys_required, plain
+
+
+def keyless_record_error(log: Any) -> InvalidRecordError:
+    """The error for a record without a key in a compacted log (nothing is written)."""
+    return InvalidRecordError(f"{log.path}: a compacted log (cleanup_policy={log.config.cleanup_policy!r}) "
+                              "does not accept records without a key")
+
+
+def append_general(log: Any, value: Any, key: Any, headers: Any, timestamp: Any) -> int:
+    """Log.append for everything off its fast path: conversions, headers, timestamps, codecs."""
+    if key is None and log._keys_required:
+        raise keyless_record_error(log)
+    if value is not None and value.__class__ is not bytes:
+        value = as_bytes(value, "value")
+    if key is not None and key.__class__ is not bytes:
+        key = as_bytes(key, "key")
+    hbytes, hcount = encode_headers(headers) if headers else (_NULL, 0)
+    if timestamp is None or log._ts_type:
+        ts = _time_ns() // 1_000_000
+    elif timestamp.__class__ is int and TS_MIN <= timestamp <= TS_MAX:
+        ts = timestamp
+    else:
+        ts = check_timestamp(timestamp)
+    if log._forced_codec:
+        return log.append_batch([value], [key], [list(headers)] if headers else None, [ts])
+    with log._lock, log._w:
+        if ts > log._roll_deadline:
+            roll_for_time(log, ts)
+        offset = _append_record(
+            log._appender, ts, log._record_attrs,
+            _NULL if key is None else key, -1 if key is None else len(key),
+            _NULL if value is None else value, -1 if value is None else len(value),
+            hbytes, 0 if hcount == 0 else len(hbytes), hcount,
+        )
+        if offset < 0:
+            offset = append_record_slow(log, offset, ts, key, value, hbytes, hcount)
+        if offset < log._flush_at:
+            return offset
+    return log._after_append(offset)
 
 
 def _deadline_after(log: Any, first_timestamp: int) -> int:
@@ -50,8 +114,24 @@ def roll_for_time(log: Any, timestamp: int) -> None:
         log._roll_deadline = _deadline_after(log, parse_header(segment.buffer, 0).max_timestamp)
         if timestamp <= log._roll_deadline:
             return
-    log._roll()
+    roll_segment(log)
     log._roll_deadline = _deadline_after(log, timestamp)
+
+
+def roll_segment(log: Any) -> None:
+    """Seal (trim + fsync) the active segment and create the next one (nothing when the active
+    segment is empty); everything below the new segment is durable, and the checkpoints say so."""
+    with log._io_guard():
+        if log._segments.active.size == 0:
+            log._roll_deadline = NEVER
+            return
+        segment = log._segments.roll(log._appender.partition_leader_epoch)
+        log._set_active(segment)
+        base = segment.base_offset
+        if base > log._recovery_point:
+            log._recovery_point = base
+            log._flushed_offset = max(log._flushed_offset, base)
+        log._write_checkpoints()
 
 
 def append_record_slow(log: Any, rc: int, ts: int, key: bytes | None, value: bytes | None,
@@ -86,7 +166,7 @@ def make_room(log: Any, needed: int) -> None:
     assert segment is not None
     with log._io_guard():
         if segment.should_roll_for(needed) or not segment.grow_for(needed):
-            log._roll()
+            roll_segment(log)
 
 
 def append_encoded_locked(log: Any, batch: Any, max_timestamp: int) -> int:
@@ -103,62 +183,32 @@ def append_encoded_locked(log: Any, batch: Any, max_timestamp: int) -> int:
     return offset
 
 
-def append_replicated_locked(log: Any, view: memoryview, cache: LeaderEpochCache) -> None:
-    """Append the batches in ``view`` as a leader stored them (offsets, timestamps and
-    partitionLeaderEpoch kept), teaching ``cache`` every new epoch. Each batch is validated
-    first; the valid batches before an invalid one stay appended.
-
-    Raises:
-        CorruptRecordError: a batch is invalid.
-        OffsetOutOfRangeError: a batch starts below the log end.
-    """
-    n = len(view)
-    hdr = ffi.new("ls_batch_header *")
-    crc = ffi.new("uint32_t *")
-    limit = log.config.max_message_bytes
-    position = 0
-    while position < n:
-        chunk = view[position:]
-        size = lib.ls_batch_validate(ffi.from_buffer(chunk), n - position, limit, hdr, crc)
-        if size < 0:
-            check(size, "<replicated data>", position, stored_crc=hdr.crc, computed_crc=crc[0],
-                  size=hdr.batch_length + lib.LS_LOG_OVERHEAD, limit=limit)
-        end = log._appender.next_offset
-        if hdr.base_offset < end:
-            raise OffsetOutOfRangeError(hdr.base_offset, log._log_start_offset, end,
-                                        f"replicated batch for {log.path} overlaps the log")
-        epoch = hdr.partition_leader_epoch
-        if epoch > cache.latest_epoch:
-            cache.assign(epoch, hdr.base_offset)
-        if hdr.base_offset > end:
-            _skip_to(log, hdr.base_offset, hdr.last_offset_delta)
-        log._appender.partition_leader_epoch = epoch
-        batch = bytes(chunk[:size])
-        offset = log._active.append_batch(batch)
-        if offset == lib.LS_ERR_FULL:
-            make_room(log, size)
-            log._appender.partition_leader_epoch = epoch
-            offset = log._active.append_batch(batch)
-        if offset < 0:
-            check(offset, log._active.path, size=size, limit=limit)
-        position += size
+def append_encoded(log: Any, batch: Any) -> int:
+    """Log.append_encoded: validate a client's batch whole, then store its bytes with the
+    offsets and leader epoch assigned (re-encoded when the log's policy needs other bytes)."""
+    header = validate_client_batch(batch, log.config.max_message_bytes)
+    forced = log._forced_codec
+    if log._keys_required or log._ts_type or (forced is not None and forced != header.compression):
+        return _append_reencoded(log, batch, header)
+    data = bytearray(batch)  # stamped in place with the offsets and epoch
+    with log._lock, log._w:
+        log._check_open()
+        offset = append_encoded_locked(log, data, header.max_timestamp)
+        last = log._appender.next_offset - 1
+        if last < log._flush_at:
+            return offset
+    log._after_append(last)
+    return offset
 
 
-def _skip_to(log: Any, base: int, last_offset_delta: int) -> None:
-    """A replicated batch at ``base`` after a gap (a compacted leader): the log end jumps
-    there. Offsets of one segment must stay within 2^31 of its base, so a non-empty active
-    segment rolls when the batch would not fit, and an empty one is replaced."""
-    active = log._segments.active
-    assert active is not None
-    if active.size > 0 and base - active.base_offset > 2**31 - 1 - last_offset_delta:
-        log._roll()
-        active = log._segments.active
-        assert active is not None
-    if active.size == 0 and active.base_offset != base:
-        log._set_active(log._segments.replace_empty_active(base, log._appender.partition_leader_epoch))
-        if len(log._segments) == 1:  # the log was empty: it now starts at base
-            log._log_start_offset = base
-            log._recovery_point = max(log._recovery_point, base)
-            log._flushed_offset = max(log._flushed_offset, base)
-    else:
-        log._appender.next_offset = base
+def _append_reencoded(log: Any, batch: Any, header: BatchHeader) -> int:
+    """Log.append_encoded for a batch whose bytes the log's policy changes (a forced codec,
+    LogAppendTime, a compacted log's key check): its records go through ``append_batch``,
+    keeping the producer id and sequence."""
+    records = decode_batches(batch)
+    idempotent = header.producer_id >= 0
+    return log.append_batch([r.value for r in records], [r.key for r in records],
+                            [r.headers for r in records], [r.timestamp for r in records],
+                            compression=header.compression if log._forced_codec is None else None,
+                            producer_id=header.producer_id if idempotent else -1,
+                            base_sequence=header.base_sequence if idempotent else -1)

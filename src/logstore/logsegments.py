@@ -77,6 +77,14 @@ class LogSegments:
         self._timers: set[threading.Timer] = set()
         self._closed = False
 
+    @classmethod
+    def for_config(cls, path: str, config: Any, lock: Any, timers: bool = True) -> "LogSegments":
+        """The segment set of a log with LogConfig ``config``."""
+        settings = dict(segment_bytes=config.segment_bytes, index_bytes=config.segment_index_bytes,
+                        index_interval_bytes=config.index_interval_bytes, max_batch_bytes=config.max_message_bytes,
+                        preallocate=config.preallocate)
+        return cls(path, settings, lock, config.file_delete_delay_ms, timers)
+
     # ------------------------------------------------------------------ the set
     def __len__(self) -> int:
         return len(self._segments)

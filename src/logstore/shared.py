@@ -35,6 +35,7 @@ from typing import Any
 from . import _fileio
 from ._native import ffi, lib
 from .errors import LogLockedError, LogstoreError
+from .loglifecycle import close_cleanly, load
 
 __all__ = ["SharedState", "SharedCoordinator", "SHARED_FILE", "new_view", "new_notify_page"]
 
@@ -134,7 +135,8 @@ class SharedCoordinator:
     process's changes. Reentrant; used only with the Log's thread lock held. The coordinator
     reads and sets the Log's offsets (log start, recovery point, flushed offset, high
     watermark) and its segment set as published state dictates; it owns the page, the views
-    and the layout generation.
+    and the layout generation, and hooks every change of the segment files
+    (``LogSegments.on_layout_change``).
     """
 
     __slots__ = ("_log", "state", "_view", "_out", "generation", "_layout_changed", "_depth")
@@ -148,6 +150,7 @@ class SharedCoordinator:
         self.generation = 0
         self._layout_changed = False
         self._depth = 0
+        log._segments.on_layout_change = self.begin_layout_change
 
     # ------------------------------------------------------------------ open and close
     def open(self, lock_fd: int) -> None:
@@ -164,7 +167,7 @@ class SharedCoordinator:
             if ops.lock(lock_fd):
                 # Nobody else has the log open: recover it and format the page.
                 generation = state.formatted_generation() + 1
-                log._load()
+                load(log)
                 self.generation = generation
                 state.format(self._export_view(self._out))
                 self._layout_changed = False
@@ -190,13 +193,13 @@ class SharedCoordinator:
         self._adopt_published()
         # Converting our shared hold of .lock to exclusive succeeds only for the last one.
         if _fileio.ops.lock(lock_fd):
-            log._close_cleanly()
+            close_cleanly(log)
         else:
             segment = log._segments.active
             if segment is not None and not segment.closed and segment.next_offset > log._flushed_offset:
                 segment.flush_data()
             log._segments.unlink_due(everything=True)
-            log._write_checkpoints(force=True)
+            log._write_checkpoints()
 
     def release(self) -> None:
         """Close the page (releasing the flocks this process holds on it)."""
@@ -323,6 +326,6 @@ class SharedCoordinator:
         log = self._log
         logger.warning("%s: a process died while changing the segment files; reloading them", log.path)
         log._segments.abandon_all()
-        log._load(recovery_point=view.recovery_point, log_start_offset=view.log_start_offset)
+        load(log, recovery_point=view.recovery_point, log_start_offset=view.log_start_offset)
         self.generation = view.generation
         self.begin_layout_change()
