@@ -66,6 +66,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence, Union
 
 from .errors import LogstoreError
+from .workerpool import WorkerPool
 
 __all__ = ["Server", "Protocol", "Handshake", "HandshakeError", "Session", "Limits", "Response"]
 
@@ -81,8 +82,6 @@ _SEND_CHUNK = 256 * 1024
 _SENDMSG_BUFFERS = 512
 #: How long accepting pauses after accept() itself failed (out of file descriptors).
 _ACCEPT_BACKOFF_S = 0.1
-#: How long an idle worker thread waits for a request before it exits.
-_WORKER_LINGER_S = 30.0
 
 
 class HandshakeError(LogstoreError):
@@ -238,70 +237,6 @@ class _Conn:
         self.write_lock = threading.Lock()
 
 
-class _Workers:
-    """Threads that run request handlers: started on demand up to ``limit``; an idle one exits
-    after ``_WORKER_LINGER_S``. Thread-safe."""
-
-    def __init__(self, name: str, limit: int) -> None:
-        self._name = name
-        self._limit = limit
-        self._cond = threading.Condition()
-        self._jobs: collections.deque[tuple[Callable[..., None], tuple[Any, ...]]] = collections.deque()
-        self._idle = 0
-        self._threads: set[threading.Thread] = set()
-        self._closed = False
-        self._numbers = itertools.count(1)
-
-    def submit(self, fn: Callable[..., None], *args: Any) -> None:
-        with self._cond:
-            if self._closed:
-                return
-            self._jobs.append((fn, args))
-            # Invariant: every queued job has an idle thread to take it, or a thread is started.
-            if len(self._jobs) > self._idle and len(self._threads) < self._limit:
-                t = threading.Thread(target=self._run, name=f"{self._name}-{next(self._numbers)}", daemon=True)
-                self._threads.add(t)
-                t.start()
-            self._cond.notify()
-
-    @property
-    def queued(self) -> int:
-        """Requests waiting for a thread."""
-        return len(self._jobs)
-
-    def _run(self) -> None:
-        me = threading.current_thread()
-        while True:
-            with self._cond:
-                self._idle += 1
-                try:
-                    deadline = time.monotonic() + _WORKER_LINGER_S
-                    while not self._jobs and not self._closed:
-                        remaining = deadline - time.monotonic()
-                        if remaining <= 0:
-                            break
-                        self._cond.wait(remaining)
-                    if not self._jobs:
-                        self._threads.discard(me)
-                        return
-                    fn, args = self._jobs.popleft()
-                finally:
-                    self._idle -= 1
-            fn(*args)  # never raises: Server._work catches everything
-
-    def close(self, timeout: float) -> None:
-        """Drop queued jobs and wait up to ``timeout`` seconds for the running ones."""
-        with self._cond:
-            self._closed = True
-            self._jobs.clear()
-            self._cond.notify_all()
-            threads = list(self._threads)
-        deadline = time.monotonic() + timeout
-        for t in threads:
-            if t is not threading.current_thread():
-                t.join(max(0.0, deadline - time.monotonic()))
-
-
 class _Counters:
     """The server's counters; written by the loop thread only."""
 
@@ -355,7 +290,7 @@ class Server:
         self._thread: threading.Thread | None = None
         self._loop_ident = -1
         self._sleep_until = float("inf")  # when the loop's select() returns at the latest
-        self._workers = _Workers(f"{self._thread_name}-worker", limits.max_connections)
+        self._workers = WorkerPool(f"{self._thread_name}-worker", limits.max_connections)
         self._counts = _Counters()
         self._handed_back = _Counters()  # answers written off the loop (under _lock)
         # epoll and kqueue see a registration made while another thread waits in select().

@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, set[str]]] = [
              "epochs", "producerstate", "cleaner", "loglifecycle", "logmetrics", "logreplication", "log"}),
     ("store", {"store", "logdirs", "logview"}),
     ("client", {"producer", "consumer", "workqueue"}),
-    ("net", {"net", "purgatory", "wire"}),
+    ("net", {"workerpool", "net", "purgatory", "wire"}),
     ("replication", {"election", "replica_partition", "replica_election", "replica_leader", "replica_follower",
                      "replication_client", "replication"}),
     ("apps", {"sparkoptions", "sparkplan", "sparkread", "sparkwrite", "spark", "sparkenv", "cli", "tools", "progress",

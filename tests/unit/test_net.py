@@ -474,4 +474,11 @@ def test_net_imports_nothing_above_errors():
 
     tree = ast.parse(pathlib.Path(module.__file__).read_text())
     ours = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level > 0}
-    assert ours == {"errors"}
+    assert ours == {"errors", "workerpool"}  # the worker pool, moved out of net.py, imports nothing
+
+
+def test_the_worker_pool_imports_nothing_of_logstore():
+    import logstore.workerpool as module
+
+    tree = ast.parse(pathlib.Path(module.__file__).read_text())
+    assert not [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level > 0]
