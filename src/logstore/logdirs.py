@@ -48,12 +48,15 @@ a partition directory created after the listing is simply not seen.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import logging
 import mmap
 import os
 import re
+import uuid
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, ContextManager, Mapping
 
 from . import _fileio
 from .checkpoint import (
@@ -62,12 +65,15 @@ from .checkpoint import (
     RECOVERY_POINT_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
 )
-from .errors import CorruptRecordError, LogstoreError
+from .errors import CorruptRecordError, LogLockedError, LogstoreError
 
 __all__ = ["AdoptedTopic", "SkippedDir", "LogDirScan", "scan", "looks_like_log_dir", "parse_partition_dir",
-           "OFFSETS_ASIDE_DIR", "OFFSETS_TOPIC_OVERRIDES"]
+           "OFFSETS_ASIDE_DIR", "OFFSETS_TOPIC_OVERRIDES", "adopt", "refuse_kafka_broker"]
 
 logger = logging.getLogger("logstore.logdirs")
+
+#: The lock file a Kafka broker holds in each of its log directories (a Java FileLock).
+BROKER_LOCK_FILE = ".lock"
 
 #: Where a LogStore moves a Kafka ``__consumer_offsets`` its consumer groups cannot share.
 OFFSETS_ASIDE_DIR = ".kafka-consumer-offsets"
@@ -287,3 +293,84 @@ def _ranges(numbers: tuple[int, ...]) -> str:
             out.append(str(start) if start == prev else f"{start}-{prev}")
         start = prev = n
     return ", ".join(out)
+
+
+def adopt(root: str, topics_dir_name: str, lock: Callable[[], ContextManager[Any]],
+          topic_file_text: Callable[[int, Mapping[str, str]], bytes]) -> tuple[str, ...]:
+    """Create a store's topics directory ``root/<topics_dir_name>``, adopting the partition
+    directories of a Kafka log directory found in ``root`` as topics (each topic file written by
+    ``topic_file_text(partitions, overrides)``, under ``lock()``, the store's metadata lock);
+    return the names of the topics adopted. Raises LogLockedError when a Kafka broker runs on
+    the directory.
+
+    Crash reasoning: the topic files are written into ``.topics.adopt/`` and that directory
+    is renamed to ``.topics`` last, so a crash leaves no ``.topics/`` (the next open adopts
+    again, from scratch) or a complete one. An incompatible ``__consumer_offsets`` is moved
+    into :data:`~logstore.OFFSETS_ASIDE_DIR` before the rename; once that
+    directory has entries, ``__consumer_offsets-<n>`` directories still in the root are the
+    rest of the same topic (a crash interrupted the moving) and follow them.
+    """
+    ops = _fileio.ops
+    topics_dir = os.path.join(root, topics_dir_name)
+    if ops.exists(topics_dir):
+        return ()
+    with lock():
+        if ops.exists(topics_dir):  # another process adopted meanwhile
+            return ()
+        found = scan(root)
+        topics = dict(found.topics)
+        foreign = list(found.foreign_offsets)
+        aside = os.path.join(root, OFFSETS_ASIDE_DIR)
+        if _OFFSETS_TOPIC in topics and ops.exists(aside) and ops.listdir(aside):
+            foreign = [f"{_OFFSETS_TOPIC}-{p}" for p in topics.pop(_OFFSETS_TOPIC).present]
+        if not topics and not foreign:
+            ops.makedirs_durable(topics_dir)
+            return ()
+        refuse_kafka_broker(root)
+        staging = topics_dir + ".adopt"
+        ops.remove_tree(staging)
+        ops.makedirs_durable(staging)
+        for topic in topics.values():
+            ops.write_file_atomic(os.path.join(staging, topic.name),
+                                  topic_file_text(topic.partitions, topic.overrides),
+                                  tmp=os.path.join(root, topics_dir_name + ".tmp"))
+        if foreign:
+            ops.makedirs_durable(aside)
+            for name in foreign:
+                target = os.path.join(aside, name)
+                if ops.exists(target):
+                    target += f".{uuid.uuid4().hex}"
+                ops.rename(os.path.join(root, name), target)
+            ops.fsync_dir(aside)
+            ops.fsync_dir(root)
+            logger.warning("%s: moved Kafka's %s (%d partition director%s) into %s/: logstore's consumer "
+                           "groups cannot share it", root, _OFFSETS_TOPIC, len(foreign),
+                           "y" if len(foreign) == 1 else "ies", OFFSETS_ASIDE_DIR)
+        ops.rename(staging, topics_dir)
+        ops.fsync_dir(root)
+    logger.warning("%s: adopted the partition directories of a Kafka log directory as %d topic(s) (%s) and "
+                   "wrote %s/; Kafka does not load a log directory holding it", root, len(topics),
+                   ", ".join(sorted(topics)), topics_dir_name)
+    return tuple(sorted(topics))
+
+
+def refuse_kafka_broker(root: str) -> None:
+    """Raise LogLockedError when a running Kafka broker holds its log directory lock.
+
+    A Kafka broker locks ``<log dir>/.lock`` with a Java FileLock, a POSIX record lock, which
+    Linux keeps apart from the ``flock`` logstore takes on the same file; probing with a
+    POSIX lock (taken and released at once) is what sees it.
+    """
+    path = os.path.join(root, BROKER_LOCK_FILE)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            raise LogLockedError(f"{root} is in use by a Kafka broker (it holds a lock on {path}); stop the broker, "
+                                 "or open a copy of the directory") from None
+        fcntl.lockf(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

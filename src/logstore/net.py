@@ -63,7 +63,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Sequence, Union
 
 from .errors import LogstoreError
 from .workerpool import WorkerPool

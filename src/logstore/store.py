@@ -33,8 +33,6 @@ root at once (the default, ``shared=True``): partitions are opened with :meth:`L
 from __future__ import annotations
 
 import asyncio
-import errno
-import fcntl
 import logging
 import mmap
 import os
@@ -66,7 +64,6 @@ from .errors import (
     UnknownTopicOrPartitionError,
 )
 from .log import Log
-from .offsets import OFFSETS_TOPIC
 from .shared import new_notify_page
 
 __all__ = ["LogStore", "TopicDescription", "validate_topic_name", "register_client"]
@@ -226,58 +223,9 @@ class LogStore:
                 ops.write_file_atomic(path, text.encode())
 
     def _ensure_topics_dir(self) -> tuple[str, ...]:
-        """Create ``.topics/``, adopting the partition directories of a Kafka log directory
-        (see :mod:`logstore.logdirs`); return the names of the topics adopted.
-
-        Crash reasoning: the topic files are written into ``.topics.adopt/`` and that directory
-        is renamed to ``.topics`` last, so a crash leaves no ``.topics/`` (the next open adopts
-        again, from scratch) or a complete one. An incompatible ``__consumer_offsets`` is moved
-        into :data:`~logstore.logdirs.OFFSETS_ASIDE_DIR` before the rename; once that
-        directory has entries, ``__consumer_offsets-<n>`` directories still in the root are the
-        rest of the same topic (a crash interrupted the moving) and follow them.
-        """
-        ops = _fileio.ops
-        topics_dir = os.path.join(self.root, TOPICS_DIR)
-        if ops.exists(topics_dir):
-            return ()
-        with self._metadata_lock():
-            if ops.exists(topics_dir):  # another process adopted meanwhile
-                return ()
-            found = logdirs.scan(self.root)
-            topics = dict(found.topics)
-            foreign = list(found.foreign_offsets)
-            aside = os.path.join(self.root, logdirs.OFFSETS_ASIDE_DIR)
-            if OFFSETS_TOPIC in topics and ops.exists(aside) and ops.listdir(aside):
-                foreign = [f"{OFFSETS_TOPIC}-{p}" for p in topics.pop(OFFSETS_TOPIC).present]
-            if not topics and not foreign:
-                ops.makedirs_durable(topics_dir)
-                return ()
-            _refuse_kafka_broker(self.root)
-            staging = topics_dir + ".adopt"
-            ops.remove_tree(staging)
-            ops.makedirs_durable(staging)
-            for topic in topics.values():
-                ops.write_file_atomic(os.path.join(staging, topic.name),
-                                      _topic_file_text(topic.partitions, topic.overrides),
-                                      tmp=os.path.join(self.root, TOPICS_DIR + ".tmp"))
-            if foreign:
-                ops.makedirs_durable(aside)
-                for name in foreign:
-                    target = os.path.join(aside, name)
-                    if ops.exists(target):
-                        target += f".{uuid.uuid4().hex}"
-                    ops.rename(os.path.join(self.root, name), target)
-                ops.fsync_dir(aside)
-                ops.fsync_dir(self.root)
-                logger.warning("%s: moved Kafka's %s (%d partition director%s) into %s/: logstore's consumer "
-                               "groups cannot share it", self.root, OFFSETS_TOPIC, len(foreign),
-                               "y" if len(foreign) == 1 else "ies", logdirs.OFFSETS_ASIDE_DIR)
-            ops.rename(staging, topics_dir)
-            ops.fsync_dir(self.root)
-        logger.warning("%s: adopted the partition directories of a Kafka log directory as %d topic(s) (%s) and "
-                       "wrote %s/; Kafka does not load a log directory holding it", self.root, len(topics),
-                       ", ".join(sorted(topics)), TOPICS_DIR)
-        return tuple(sorted(topics))
+        """Create ``.topics/``, adopting the partition directories of a Kafka log directory;
+        return the names of the topics adopted (see :func:`logstore.logdirs.adopt`)."""
+        return logdirs.adopt(self.root, TOPICS_DIR, self._metadata_lock, _topic_file_text)
 
     def _map_notify_page(self) -> Any:
         if not self.shared:
@@ -705,28 +653,6 @@ def _topic_file_text(partitions: int, overrides: Mapping[str, str]) -> bytes:
     """A ``.topics/<topic>`` file: the partition count, then the config overrides, sorted."""
     lines = [f"partitions={partitions}"] + [f"{k}={v}" for k, v in sorted(overrides.items())]
     return ("\n".join(lines) + "\n").encode()
-
-
-def _refuse_kafka_broker(root: str) -> None:
-    """Raise LogLockedError when a running Kafka broker holds its log directory lock.
-
-    A Kafka broker locks ``<log dir>/.lock`` with a Java FileLock, a POSIX record lock, which
-    Linux keeps apart from the ``flock`` logstore takes on the same file; probing with a
-    POSIX lock (taken and released at once) is what sees it.
-    """
-    path = os.path.join(root, LOCK_FILE)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
-    try:
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
-            raise LogLockedError(f"{root} is in use by a Kafka broker (it holds a lock on {path}); stop the broker, "
-                                 "or open a copy of the directory") from None
-        fcntl.lockf(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
 
 
 def _positive(name: str, value: Any) -> int:
