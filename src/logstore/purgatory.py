@@ -17,7 +17,9 @@ closes that connection).
 
 Lock order: the purgatory's own lock is never held while an attempt runs, so an attempt may
 take the locks of whoever calls :meth:`check` (the replication leader checks while holding a
-partition's lock, which its attempts take again: it is re-entrant).
+partition's lock, which its attempts take again: it is re-entrant). Inside
+:meth:`Purgatory.deferred`, the answers a thread's checks produce are completed (and so written)
+when the block ends, after the caller released its locks.
 
 Thread-safety: every method may be called from any thread.
 """
@@ -30,7 +32,8 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Callable, Hashable
+from contextlib import contextmanager
+from typing import Any, Callable, Hashable, Iterator
 
 __all__ = ["Purgatory"]
 
@@ -70,6 +73,24 @@ class Purgatory:
         self._timer: threading.Thread | None = None
         self._closed = False
         self._finished = 0  # completed requests still in the timeout heap
+        self._local = threading.local()  # .pending: completions deferred by deferred()
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        """Within the block, answers that this thread's checks and watches produce are completed
+        when it ends (outermost block), so that no socket is written while the caller holds a
+        lock taken inside the block."""
+        local = self._local
+        outermost = getattr(local, "pending", None) is None
+        if outermost:
+            local.pending = []
+        try:
+            yield
+        finally:
+            if outermost:
+                pending, local.pending = local.pending, None
+                for op, answer, exc in pending:
+                    self._settle(op, answer, exc)
 
     def watch(self, key: Hashable, attempt: Attempt, timeout_s: float) -> Future:
         """Answer with ``attempt`` as soon as it can, or with ``attempt(True)`` after
@@ -157,12 +178,20 @@ class Purgatory:
                 self._timeouts = [entry for entry in self._timeouts if not entry[2].done]
                 heapq.heapify(self._timeouts)
                 self._finished = 0
-        # Outside the lock: the Future's callbacks write the answer.
+        pending = getattr(self._local, "pending", None)
+        if pending is not None:
+            pending.append((op, answer, exc))
+        else:
+            self._settle(op, answer, exc)
+        return True
+
+    @staticmethod
+    def _settle(op: _Delayed, answer: Any, exc: BaseException | None) -> None:
+        # Outside every lock of ours: the Future's callbacks write the answer.
         if exc is not None:
             op.future.set_exception(exc)
         else:
             op.future.set_result(answer)
-        return True
 
     def _run_timer(self) -> None:
         while True:

@@ -132,7 +132,7 @@ class LeaderSide:
         max_bytes = min(max_bytes, node.fetch_max_bytes)
         if replica_id < 0:
             return self._on_consumer_fetch(rep, offset, max_bytes)
-        with rep.cond:
+        with node.purgatory.deferred(), rep.cond:  # answers written after the lock
             election = rep.election
             if replica_id not in node.peers:  # only a voter's fetch may move our epoch
                 return _fetch_answer(INVALID, election.leader, election.epoch)
@@ -235,7 +235,7 @@ class LeaderSide:
         except InvalidRecordError:
             return _produce_answer(INVALID_RECORD, node.node_id)
         producer_id, base_sequence = header.producer_id, header.base_sequence
-        with rep.cond:
+        with node.purgatory.deferred(), rep.cond:  # answers written after the lock
             election = rep.election
             if election.role is not Role.LEADER:
                 return _produce_answer(NOT_LEADER, election.leader)

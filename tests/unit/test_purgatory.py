@@ -141,3 +141,32 @@ def test_requests_answered_early_do_not_pile_up_in_the_timer(purgatory):
     assert purgatory.pending == 0
     assert len(purgatory._timeouts) < 200
     assert purgatory.watch("k", Waiter("short"), 0.05).result(5) == "short: expired"
+
+
+def test_answers_made_inside_a_deferred_block_are_completed_when_it_ends(purgatory):
+    w = Waiter("w")
+    future = purgatory.watch("k", w, 10)
+    lock = threading.Lock()
+    seen_locked: list[bool] = []
+    future.add_done_callback(lambda f: seen_locked.append(lock.locked()))
+    with purgatory.deferred():
+        with purgatory.deferred():  # nested: only the outermost block completes
+            with lock:
+                w.ready = True
+                assert purgatory.check("k") == 1
+            assert not future.done()
+        assert not future.done()
+    assert future.result(0) == "w: ready"
+    assert seen_locked == [False]   # the answer was written after the lock was released
+    assert purgatory.pending == 0
+
+
+def test_a_deferred_block_defers_only_its_own_threads_answers(purgatory):
+    w = Waiter("w")
+    future = purgatory.watch("k", w, 10)
+    with purgatory.deferred():
+        w.ready = True
+        other = threading.Thread(target=purgatory.check, args=("k",))
+        other.start()
+        other.join()
+        assert future.done()   # completed by the other thread, which defers nothing
