@@ -42,6 +42,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "LogStore",
+    "KafkaServer",
     "TopicDescription",
     "Producer",
     "SendFuture",
@@ -76,3 +77,12 @@ __all__ = [
     "TopicExistsError",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # KafkaServer is imported on first use: ``import logstore`` does not load the Kafka codec.
+    if name == "KafkaServer":
+        from .kafkaserver import KafkaServer
+
+        return KafkaServer
+    raise AttributeError(f"module 'logstore' has no attribute {name!r}")

@@ -14,6 +14,7 @@
     logstore compact ROOT [TOPIC ...]      (one cleaner pass over compacted topics)
     logstore retention ROOT [TOPIC ...]    (delete segments past retention now)
     logstore node ...                      (one replication node: logstore node --help)
+    logstore serve ROOT [--listen H:P]     (serve a store to Kafka clients: logstore serve --help)
 
 Read-only commands (``topics list``/``describe``, ``dump``, ``verify``, ``stats``) also take a
 Kafka log directory — a broker's ``log.dirs`` entry, or a copy of it — whose partition
@@ -404,6 +405,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 _EPILOG = """\
+'logstore serve --help' describes serving a store to Kafka clients (logstore serve ROOT ...).
 'logstore COMMAND --help' describes a command and its options.
 'logstore node --help' describes the replication node (logstore node ...).
 """
@@ -488,6 +490,10 @@ def main(argv: list[str] | None = None, stdout: TextIO | None = None, stdin: Tex
         from .replication import main as node_main
 
         return node_main(args_list[1:], prog="logstore node")
+    if args_list and args_list[0] == "serve":
+        from .kafkaserver import main as serve_main
+
+        return serve_main(args_list[1:], prog="logstore serve")
     parser = _parser(out)
     if not args_list:
         parser.print_usage(sys.stderr)

@@ -24,10 +24,11 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("store", {"store", "logdirs", "logview"}),
     ("client", {"producer", "consumer", "workqueue"}),
     ("net", {"workerpool", "net", "purgatory", "wire"}),
+    ("kafka", {"kafkawire", "kafkaapis", "kafkaserver"}),
     ("replication", {"election", "replica_partition", "replica_election", "replica_leader", "replica_follower",
                      "replication_client", "replication"}),
     ("apps", {"sparkoptions", "sparkplan", "sparkread", "sparkwrite", "spark", "sparkenv", "cli", "tools", "progress",
-              "__main__", "__init__"}),
+              "testing", "__main__", "__init__"}),
 ]
 #: modules of these layers may import only what is listed (the network layer knows no logs)
 ONLY: dict[str, set[str]] = {"net": {"base", "net"}}

@@ -1,0 +1,427 @@
+"""What a Kafka-protocol server answers, API by API, over a LogStore (Kafka's KafkaApis).
+
+Each ``on_<api>`` method takes a parsed :class:`~logstore.kafkawire.KafkaRequest` and returns the
+response's fields as a mapping (named as in the latest version; :func:`kafkawire.build` keeps
+what the request's version has), a Future of one (a fetch that waits for records), or None (a
+produce with acks=0, which gets no response).
+
+- Produce: each partition's batch is validated whole (CRC, every record, sizes) and stored
+  byte for byte (``Log.append_encoded``); a refused batch writes nothing and gets Kafka's error
+  for its partition. An idempotent producer's retry of its last batch gets the offsets that
+  batch already has.
+- Fetch: whole batches from the one holding the fetch offset, at least one batch per partition
+  even past the byte limits (KIP-74); a fetch with fewer than ``min_bytes`` waits up to
+  ``max_wait_ms`` in the purgatory for an append through this server.
+- Metadata names this one broker as the leader, replica and in-sync replica of every
+  partition; a topic asked for that does not exist is created when the server auto-creates
+  topics (Kafka's ``auto.create.topics.enable``).
+
+Thread-safety: every method may be called from several threads at once; each partition's
+producer state is kept under its own lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import Future
+from typing import Any, Callable
+
+from . import _fileio
+from .errors import (
+    CorruptRecordError,
+    InvalidConfigError,
+    InvalidRecordError,
+    InvalidTopicError,
+    LogstoreError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+    TopicExistsError,
+    UnknownTopicOrPartitionError,
+)
+from .kafkawire import SUPPORTED, KafkaRequest
+from .producerstate import ProducerStateTable
+from .purgatory import Purgatory
+from .records import validate_client_batch
+from .store import LogStore
+
+__all__ = ["KafkaApis", "ProducerIds"]
+
+logger = logging.getLogger("logstore.kafka")
+
+# Kafka's error codes (org.apache.kafka.common.protocol.Errors) used here.
+NONE = 0
+OFFSET_OUT_OF_RANGE = 1
+CORRUPT_MESSAGE = 2
+UNKNOWN_TOPIC_OR_PARTITION = 3
+MESSAGE_TOO_LARGE = 10
+INVALID_TOPIC_EXCEPTION = 17
+INVALID_REQUIRED_ACKS = 21
+TOPIC_ALREADY_EXISTS = 36
+INVALID_PARTITIONS = 37
+INVALID_REPLICATION_FACTOR = 38
+INVALID_CONFIG = 40
+UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
+INVALID_RECORD = 87
+UNKNOWN_SERVER_ERROR = -1
+
+#: The file in a store's root that keeps the next block of producer ids.
+PRODUCER_IDS_FILE = ".kafka-producer-ids"
+_ID_BLOCK = 1000
+
+
+class ProducerIds:
+    """Producer ids that never repeat across restarts: handed out from blocks of
+    ``_ID_BLOCK`` whose end is made durable (``PRODUCER_IDS_FILE``, written atomically) before
+    the first id of the block is given (Kafka's ProducerIdManager). Thread-safe."""
+
+    def __init__(self, root: str) -> None:
+        self._path = f"{root}/{PRODUCER_IDS_FILE}"
+        self._lock = threading.Lock()
+        self._next = 0
+        self._end = 0  # exclusive end of the block taken
+
+    def next_id(self) -> int:
+        """A new producer id (durable: a restart never gives it again)."""
+        with self._lock:
+            if self._next >= self._end:
+                ops = _fileio.ops
+                start = 0
+                if ops.exists(self._path):
+                    text = ops.read_file(self._path).decode("ascii", "replace").strip()
+                    if not text.isdigit():
+                        raise LogstoreError(f"{self._path}: not a producer id block ({text[:40]!r})")
+                    start = int(text)
+                ops.write_file_atomic(self._path, f"{start + _ID_BLOCK}\n".encode())
+                self._next, self._end = start, start + _ID_BLOCK
+            pid = self._next
+            self._next += 1
+            return pid
+
+
+class _PartitionState:
+    """A partition's producer state and the lock that orders its appends."""
+
+    __slots__ = ("lock", "producers")
+
+    def __init__(self, producers: ProducerStateTable) -> None:
+        self.lock = threading.Lock()
+        self.producers = producers
+
+
+class KafkaApis:
+    """The request handlers of one server over ``store`` (see the module docstring).
+
+    Args:
+        store: the LogStore served.
+        node_id, host, port: how Metadata names this broker (the advertised listener).
+        cluster_id: Metadata's cluster id.
+        auto_create_topics, num_partitions: Kafka's ``auto.create.topics.enable`` and
+            ``num.partitions``.
+    """
+
+    def __init__(self, store: LogStore, *, node_id: int, host: str, port: int, cluster_id: str,
+                 auto_create_topics: bool = True, num_partitions: int = 1) -> None:
+        self.store = store
+        self.node_id = node_id
+        self.host = host
+        self.port = port
+        self.cluster_id = cluster_id
+        self.auto_create_topics = auto_create_topics
+        self.num_partitions = num_partitions
+        self.purgatory = Purgatory(f"kafka-{node_id}")
+        self.producer_ids = ProducerIds(store.root)
+        self._states: dict[tuple[str, int], _PartitionState] = {}
+        self._states_lock = threading.Lock()
+        self.handlers: dict[int, Callable[[KafkaRequest], Any]] = {
+            0: self.on_produce, 1: self.on_fetch, 2: self.on_list_offsets, 3: self.on_metadata,
+            18: self.on_api_versions, 19: self.on_create_topics, 20: self.on_delete_topics,
+            22: self.on_init_producer_id,
+        }
+
+    def close(self) -> None:
+        """Answer the fetches still waiting (the server is stopping)."""
+        self.purgatory.close()
+
+    # ------------------------------------------------------------------ ApiVersions
+    def on_api_versions(self, request: KafkaRequest) -> dict[str, Any]:
+        return {"error_code": NONE, "api_keys": api_version_ranges(), "throttle_time": 0}
+
+    # ------------------------------------------------------------------ Metadata
+    def on_metadata(self, request: KafkaRequest) -> dict[str, Any]:
+        body = request.body
+        requested = None if body.topics is None else [t.name for t in body.topics]
+        if request.api_version == 0 and requested == []:
+            requested = None  # v0: an empty list means every topic
+        allow_create = self.auto_create_topics and getattr(body, "allow_auto_topic_creation", True)
+        names = self.store.topics() if requested is None else requested
+        topics = [self._topic_metadata(name, allow_create and requested is not None) for name in names]
+        return {
+            "throttle_time": 0,
+            "brokers": [{"node_id": self.node_id, "host": self.host, "port": self.port, "rack": None}],
+            "cluster_id": self.cluster_id,
+            "controller_id": self.node_id,
+            "topics": topics,
+            "cluster_authorized_operations": -2147483648,
+        }
+
+    def _topic_metadata(self, name: str, create: bool) -> dict[str, Any]:
+        try:
+            count = self.store.partitions_for(name)
+        except UnknownTopicOrPartitionError:
+            count = 0
+        except InvalidTopicError:
+            return {"error_code": INVALID_TOPIC_EXCEPTION, "name": name, "is_internal": False, "partitions": []}
+        if count == 0 and create:
+            try:
+                self.store.create_topic(name, self.num_partitions, exist_ok=True)
+                count = self.store.partitions_for(name)
+                logger.info("created topic %s (%d partitions) for a metadata request", name, count)
+            except InvalidTopicError:
+                return {"error_code": INVALID_TOPIC_EXCEPTION, "name": name, "is_internal": False, "partitions": []}
+        if count == 0:
+            return {"error_code": UNKNOWN_TOPIC_OR_PARTITION, "name": name, "is_internal": False, "partitions": []}
+        me = [self.node_id]
+        return {
+            "error_code": NONE, "name": name, "is_internal": name.startswith("__"),
+            "partitions": [{"error_code": NONE, "partition_index": p, "leader_id": self.node_id,
+                            "leader_epoch": 0, "replica_nodes": me, "isr_nodes": me, "offline_replicas": []}
+                           for p in range(count)],
+            "topic_authorized_operations": -2147483648,
+        }
+
+    # ------------------------------------------------------------------ Produce
+    def on_produce(self, request: KafkaRequest) -> dict[str, Any] | None:
+        body = request.body
+        acks = body.acks
+        answers = []
+        for topic in body.topic_data:
+            partitions = []
+            for data in topic.partition_data:
+                if request.api_version < 3:  # magic v0/v1 message sets: never stored
+                    error, base = UNSUPPORTED_FOR_MESSAGE_FORMAT, -1
+                elif acks not in (0, 1, -1):
+                    error, base = INVALID_REQUIRED_ACKS, -1
+                else:
+                    error, base = self._append(topic.name, data.index, data.records)
+                partitions.append({"index": data.index, "error_code": error, "base_offset": base,
+                                   "log_append_time": None, "log_start_offset": self._log_start(topic.name, data.index),
+                                   "record_errors": [], "error_message": None})
+            answers.append({"name": topic.name, "partition_responses": partitions})
+        if acks == 0:
+            return None
+        return {"responses": answers, "throttle_time": 0}
+
+    def _append(self, topic: str, partition: int, records: bytes | None) -> tuple[int, int]:
+        """Validate and append one partition's batch; (error code, base offset)."""
+        try:
+            log = self.store.partition(topic, partition)
+        except (UnknownTopicOrPartitionError, InvalidTopicError):
+            return UNKNOWN_TOPIC_OR_PARTITION, -1
+        if records is None:
+            return CORRUPT_MESSAGE, -1
+        try:
+            header = validate_client_batch(records, log.config.max_message_bytes)
+        except CorruptRecordError as exc:
+            logger.info("refused a produce to %s-%d: %s", topic, partition, exc)
+            return CORRUPT_MESSAGE, -1
+        except RecordTooLargeError:
+            return MESSAGE_TOO_LARGE, -1
+        except InvalidRecordError as exc:
+            logger.info("refused a produce to %s-%d: %s", topic, partition, exc)
+            return INVALID_RECORD, -1
+        state = self._state(topic, partition, log)
+        with state.lock:
+            known = state.producers.duplicate_of(header.producer_id, header.base_sequence)
+            if known is not None:
+                return NONE, known.first_offset  # a retry: the offsets it already has
+            try:
+                first = log.append_encoded(records)
+            except InvalidRecordError:  # e.g. a record without a key in a compacted topic
+                return INVALID_RECORD, -1
+            state.producers.record(header.producer_id, header.base_sequence, first,
+                                   first + header.records_count - 1)
+        self.purgatory.check((topic, partition))
+        return NONE, first
+
+    def _state(self, topic: str, partition: int, log: Any) -> _PartitionState:
+        key = (topic, partition)
+        state = self._states.get(key)
+        if state is None:
+            with self._states_lock:
+                state = self._states.get(key)
+                if state is None:
+                    state = self._states[key] = _PartitionState(ProducerStateTable.rebuild(log))
+        return state
+
+    def _log_start(self, topic: str, partition: int) -> int:
+        try:
+            return self.store.partition(topic, partition).log_start_offset
+        except LogstoreError:
+            return -1
+
+    # ------------------------------------------------------------------ Fetch
+    def on_fetch(self, request: KafkaRequest) -> dict[str, Any] | Future:
+        body = request.body
+        max_wait_ms = int(body.max_wait.total_seconds() * 1000)
+        wanted = [(t.topic, p.partition, p.fetch_offset, p.partition_max_bytes)
+                  for t in body.topics for p in t.partitions]
+
+        def attempt(expired: bool) -> dict[str, Any] | None:
+            answer, size = self._fetch(wanted, body.max_bytes)
+            if expired or size >= body.min_bytes or size < 0:
+                return answer
+            return None
+
+        answer, size = self._fetch(wanted, body.max_bytes)
+        if size >= body.min_bytes or size < 0 or max_wait_ms <= 0 or not wanted:
+            return answer
+        keys = {(topic, partition) for topic, partition, _, _ in wanted}
+        if len(keys) == 1:
+            return self.purgatory.watch(next(iter(keys)), attempt, max_wait_ms / 1000.0)
+        # Several partitions: one wait, checked by an append to any of them.
+        return _watch_any(self.purgatory, keys, attempt, max_wait_ms / 1000.0)
+
+    def _fetch(self, wanted: list[tuple[str, int, int, int]], max_bytes: int) -> tuple[dict[str, Any], int]:
+        """The answer to a fetch now, and the record bytes in it (-1: an error to report now)."""
+        topics: dict[str, list[dict[str, Any]]] = {}
+        total = 0
+        errors = False
+        for topic, partition, offset, partition_max in wanted:
+            entry = {"partition_index": partition, "error_code": NONE, "high_watermark": -1,
+                     "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": [],
+                     "preferred_read_replica": -1, "records": b""}
+            topics.setdefault(topic, []).append(entry)
+            try:
+                log = self.store.partition(topic, partition)
+            except (UnknownTopicOrPartitionError, InvalidTopicError):
+                entry["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
+                errors = True
+                continue
+            hw = log.high_watermark
+            entry.update(high_watermark=hw, last_stable_offset=hw, log_start_offset=log.log_start_offset)
+            if offset < log.log_start_offset or offset > hw:
+                entry["error_code"] = OFFSET_OUT_OF_RANGE
+                errors = True
+                continue
+            if offset == hw:
+                continue
+            # KIP-74: the first partition with records gets at least one batch whatever the limits.
+            limit = min(partition_max, max_bytes - total) if total else partition_max
+            if limit <= 0:
+                continue
+            try:
+                data = log.read_raw(offset, max(limit, 1))
+            except OffsetOutOfRangeError:
+                entry["error_code"] = OFFSET_OUT_OF_RANGE
+                errors = True
+                continue
+            except CorruptRecordError as exc:
+                logger.error("fetch from %s-%d at %d: %s", topic, partition, offset, exc)
+                entry["error_code"] = UNKNOWN_SERVER_ERROR
+                errors = True
+                continue
+            entry["records"] = data
+            total += len(data)
+        answer = {"throttle_time": 0, "error_code": NONE, "session_id": 0,
+                  "responses": [{"topic": t, "partitions": parts} for t, parts in topics.items()]}
+        return answer, (-1 if errors else total)
+
+    # ------------------------------------------------------------------ ListOffsets
+    def on_list_offsets(self, request: KafkaRequest) -> dict[str, Any]:
+        topics = []
+        for topic in request.body.topics:
+            partitions = []
+            for p in topic.partitions:
+                entry = {"partition_index": p.partition_index, "error_code": NONE, "timestamp": -1, "offset": -1,
+                         "leader_epoch": 0}
+                try:
+                    log = self.store.partition(topic.name, p.partition_index)
+                except (UnknownTopicOrPartitionError, InvalidTopicError):
+                    entry["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
+                else:
+                    ts = int(p.timestamp.timestamp() * 1000) if hasattr(p.timestamp, "timestamp") else int(p.timestamp)
+                    if ts == -1:
+                        entry["offset"] = log.high_watermark
+                    elif ts == -2:
+                        entry["offset"] = log.log_start_offset
+                    else:
+                        found = log.offset_for_timestamp(ts)
+                        if found is not None:
+                            entry["offset"], entry["timestamp"] = found, ts
+                partitions.append(entry)
+            topics.append({"name": topic.name, "partitions": partitions})
+        return {"throttle_time": 0, "topics": topics}
+
+    # ------------------------------------------------------------------ topics
+    def on_create_topics(self, request: KafkaRequest) -> dict[str, Any]:
+        body = request.body
+        results = []
+        for topic in body.topics:
+            error, message = NONE, None
+            partitions = topic.num_partitions if topic.num_partitions != -1 else self.num_partitions
+            configs = {c.name: c.value for c in topic.configs}
+            if topic.replication_factor not in (-1, 1) or topic.assignments:
+                error, message = INVALID_REPLICATION_FACTOR, "this broker has one replica of each partition"
+            elif partitions <= 0:
+                error, message = INVALID_PARTITIONS, f"{partitions} partitions"
+            elif not body.validate_only:
+                error, message = self._create(topic.name, partitions, configs)
+            results.append({"name": topic.name, "error_code": error, "error_message": message})
+        return {"throttle_time": 0, "topics": results}
+
+    def _create(self, name: str, partitions: int, configs: dict[str, str | None]) -> tuple[int, str | None]:
+        try:
+            self.store.create_topic(name, partitions, **{k: v for k, v in configs.items() if v is not None})
+        except TopicExistsError:
+            return TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
+        except InvalidTopicError as exc:
+            return INVALID_TOPIC_EXCEPTION, str(exc)
+        except (InvalidConfigError, TypeError, ValueError) as exc:
+            return INVALID_CONFIG, str(exc)
+        return NONE, None
+
+    def on_delete_topics(self, request: KafkaRequest) -> dict[str, Any]:
+        results = []
+        for name in request.body.topic_names:
+            try:
+                self.store.delete_topic(name)
+                error = NONE
+            except (UnknownTopicOrPartitionError, InvalidTopicError):
+                error = UNKNOWN_TOPIC_OR_PARTITION
+            results.append({"name": name, "error_code": error})
+        return {"throttle_time": 0, "responses": results}
+
+    # ------------------------------------------------------------------ producers
+    def on_init_producer_id(self, request: KafkaRequest) -> dict[str, Any]:
+        return {"throttle_time": 0, "error_code": NONE, "producer_id": self.producer_ids.next_id(),
+                "producer_epoch": 0}
+
+
+def api_version_ranges() -> list[dict[str, int]]:
+    """ApiVersions' list: every API served and its version range."""
+    return [{"api_key": key, "min_version": low, "max_version": high} for key, (low, high) in sorted(SUPPORTED.items())]
+
+
+def _watch_any(purgatory: Purgatory, keys: set[tuple[str, int]], attempt: Callable[[bool], Any],
+               timeout_s: float) -> Future:
+    """Watch several keys with one answer: the first completion wins, the others are dropped."""
+    answer: Future = Future()
+    lock = threading.Lock()
+
+    def settle(done: Future) -> None:
+        with lock:
+            if answer.done():
+                return
+            exc = done.exception()
+            if exc is not None:
+                answer.set_exception(exc)
+            else:
+                answer.set_result(done.result())
+
+    def once(expired: bool) -> Any:
+        return True if answer.done() else attempt(expired)  # answered through another key: drop
+
+    for key in keys:
+        purgatory.watch(key, once, timeout_s).add_done_callback(settle)
+    return answer

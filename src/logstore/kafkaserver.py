@@ -1,0 +1,284 @@
+"""A store served to Kafka clients: :class:`KafkaServer`, its protocol on ``net``, and ``logstore serve``.
+
+Unmodified Kafka clients (librdkafka/confluent-kafka, kafka-python, aiokafka, kcat) produce to
+and fetch from a :class:`~logstore.store.LogStore` through Kafka's wire protocol, on the same
+files the library, the CLI and Spark read (the store is opened shared). The server is one
+``net.Server`` (an event loop and a worker pool, no thread per connection) speaking
+:class:`KafkaProtocol`; :mod:`~logstore.kafkawire` reads and writes the messages and
+:mod:`~logstore.kafkaapis` answers them.
+
+Limits: a request larger than ``max_request_bytes`` (Kafka's ``socket.request.max.bytes``, 100 MiB)
+closes its connection before any of it is allocated; so does a malformed request, after a log
+line (the server and its other connections go on, and nothing of that request is written).
+The listener binds to loopback unless told otherwise; without authentication (SASL is not
+served yet), binding another address needs ``allow_anonymous=True``.
+
+Thread-safety: :class:`KafkaServer` methods may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import ipaddress
+import logging
+import os
+import signal
+import struct
+import sys
+import threading
+import uuid
+from concurrent.futures import Future
+from typing import Any, Sequence
+
+from . import _fileio, net
+from .errors import LogstoreError
+from .kafkaapis import KafkaApis, api_version_ranges
+from .kafkawire import (
+    KafkaProtocolError,
+    KafkaRequest,
+    UnsupportedVersionError,
+    build,
+    encode,
+    encode_produce_v0_2,
+    parse_request,
+    response_class,
+)
+from .store import LogStore
+
+__all__ = ["KafkaServer", "KafkaProtocol", "main"]
+
+logger = logging.getLogger("logstore.kafka")
+
+#: Kafka's socket.request.max.bytes default.
+DEFAULT_MAX_REQUEST_BYTES = 100 * 1024 * 1024
+_I32 = struct.Struct(">i")
+_I16 = struct.Struct(">h")
+_API_VERSIONS = 18
+_UNSUPPORTED_VERSION = 35
+#: Requests the loop answers itself: they never block.
+_INLINE = frozenset({_API_VERSIONS})
+
+
+class KafkaProtocol(net.Protocol):
+    """Kafka's framing (a 4-byte size, then the request) and dispatch to :class:`KafkaApis`.
+
+    Thread-safety: thread-safe (handlers run on several workers at once).
+    """
+
+    header_size = 4
+
+    def __init__(self, apis: KafkaApis, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> None:
+        self.apis = apis
+        self.max_request_bytes = max_request_bytes
+
+    def frame_size(self, header: bytes, authenticated: bool) -> int:
+        (size,) = _I32.unpack(header)
+        if size < 8 or size > self.max_request_bytes:
+            raise KafkaProtocolError(f"a request of {size} bytes (the limit is {self.max_request_bytes}, "
+                                     "socket.request.max.bytes)")
+        return size  # type: ignore[no-any-return]
+
+    def inline(self, session: net.Session, request: bytearray) -> bool:
+        return _I16.unpack_from(request, 0)[0] in _INLINE
+
+    def handle(self, session: net.Session, request: bytearray) -> Any:
+        try:
+            parsed = parse_request(request)
+        except UnsupportedVersionError as exc:
+            if exc.api_key == _API_VERSIONS:
+                return _api_versions_unsupported(exc.correlation_id)
+            logger.warning("closing connection %d from %s: %s", session.id, session.peer, exc)
+            raise
+        except KafkaProtocolError as exc:
+            logger.warning("closing connection %d from %s: %s", session.id, session.peer, exc)
+            raise
+        fields = self.apis.handlers[parsed.api_key](parsed)
+        if fields is None:
+            return None  # acks=0: no response at all
+        if isinstance(fields, Future):
+            return _mapped(fields, lambda done: _encode(parsed, done))
+        return _encode(parsed, fields)
+
+
+def _encode(request: KafkaRequest, fields: Any) -> list[bytes]:
+    if request.api_key == 0 and request.api_version < 3:
+        topics = [(t["name"], [(p["index"], p["error_code"]) for p in t["partition_responses"]])
+                  for t in fields["responses"]]
+        return encode_produce_v0_2(request.correlation_id, request.api_version, topics)
+    return encode(request.correlation_id, build(response_class(request.api_key, request.api_version), fields))
+
+
+def _api_versions_unsupported(correlation_id: int) -> list[bytes]:
+    """Error 35 in ApiVersions' v0 format, still listing the ranges (a client then retries with
+    a version it shares: KIP-511)."""
+    fields = {"error_code": _UNSUPPORTED_VERSION, "api_keys": api_version_ranges()}
+    return encode(correlation_id, build(response_class(_API_VERSIONS, 0), fields))
+
+
+def _mapped(future: Future, fn: Any) -> Future:
+    out: Future = Future()
+
+    def done(f: Future) -> None:
+        exc = f.exception()
+        if exc is not None:
+            out.set_exception(exc)
+            return
+        try:
+            out.set_result(fn(f.result()))
+        except BaseException as err:  # noqa: BLE001 - fails the request, closing its connection
+            out.set_exception(err)
+
+    future.add_done_callback(done)
+    return out
+
+
+class KafkaServer:
+    """Serve ``root_or_store`` to Kafka clients on ``listen``.
+
+    Args:
+        root_or_store: a store directory (opened shared, closed by :meth:`stop`) or an open
+            :class:`LogStore` (left open).
+        listen: (host, port); port 0 picks a free one. Loopback by default.
+        advertised: (host, port) that Metadata names (default: the bound address).
+        node_id: this broker's id in Metadata.
+        auto_create_topics, num_partitions: Kafka's ``auto.create.topics.enable`` (a topic a
+            client asks metadata for is created) and ``num.partitions``.
+        max_request_bytes: Kafka's ``socket.request.max.bytes``.
+        limits: connection limits (``max.connections``, ``connections.max.idle.ms``).
+        allow_anonymous: allow a non-loopback bind (no authentication is served yet).
+
+    Durability: a produce is answered once its batch is in the log (acks=1 and acks=all alike),
+    durable as the topic's flush policy makes it. Thread-safety: thread-safe.
+    """
+
+    def __init__(self, root_or_store: str | os.PathLike[str] | LogStore, listen: tuple[str, int] = ("127.0.0.1", 9092),
+                 *, advertised: tuple[str, int] | None = None, node_id: int = 0, auto_create_topics: bool = True,
+                 num_partitions: int = 1, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+                 limits: net.Limits = net.Limits(), allow_anonymous: bool = False) -> None:
+        if not _is_loopback(listen[0]) and not allow_anonymous:
+            raise LogstoreError(f"refusing to serve {listen[0]} without authentication: bind a loopback address, "
+                                "or pass allow_anonymous=True (--allow-anonymous)")
+        if isinstance(root_or_store, LogStore):
+            self.store, self._owns_store = root_or_store, False
+        else:
+            self.store, self._owns_store = LogStore(root_or_store, shared=True), True
+        try:
+            self._apis = KafkaApis(self.store, node_id=node_id, host="", port=0, cluster_id=_cluster_id(self.store.root),
+                                   auto_create_topics=auto_create_topics, num_partitions=num_partitions)
+            self._server = net.Server(listen, KafkaProtocol(self._apis, max_request_bytes), limits=limits,
+                                      name="kafka", thread_name=f"kafka-{node_id}-net")
+        except BaseException:
+            if self._owns_store:
+                self.store.close()
+            raise
+        self.address: tuple[str, int] = self._server.address
+        host, port = advertised or self.address
+        self._apis.host, self._apis.port = host, port
+        self._stopped = threading.Event()
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """``host:port`` for a client's ``bootstrap.servers``."""
+        host, port = self.address
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    def start(self) -> "KafkaServer":
+        """Start accepting; returns self."""
+        self._server.start()
+        logger.info("serving %s to Kafka clients on %s", self.store.root, self.bootstrap_servers)
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Close every connection, answer the waiting fetches, and close the store if this
+        server opened it. Idempotent."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self._apis.close()
+        self._server.stop(timeout)
+        if self._owns_store:
+            self.store.close()
+
+    def metrics(self) -> dict[str, Any]:
+        """The listener's counters under Kafka's names (see ``net.Server.metrics``)."""
+        return self._server.metrics()
+
+    def __enter__(self) -> "KafkaServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"KafkaServer({self.store.root!r}, {self.bootstrap_servers})"
+
+
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _cluster_id(root: str) -> str:
+    """Kafka's cluster id (22 characters of URL-safe base64): ``cluster.id`` in a Kafka log
+    directory's meta.properties, else one derived from the store's ``directory.id``."""
+    path = os.path.join(root, "meta.properties")
+    props: dict[str, str] = {}
+    if _fileio.ops.exists(path):
+        for line in _fileio.ops.read_file(path).decode("utf-8", "replace").splitlines():
+            key, sep, value = line.partition("=")
+            if sep and not key.startswith("#"):
+                props[key.strip()] = value.strip()
+    if props.get("cluster.id"):
+        return props["cluster.id"]
+    try:
+        raw = uuid.UUID(props.get("directory.id", "")).bytes
+    except ValueError:
+        raw = uuid.uuid5(uuid.NAMESPACE_URL, os.path.abspath(root)).bytes
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+# ---------------------------------------------------------------------- logstore serve
+def _address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int:
+    """``logstore serve ROOT [--listen HOST:PORT] [--advertised-listener HOST:PORT] [--node-id N]``:
+    print the bound address once it accepts, serve until SIGTERM or SIGINT, close cleanly."""
+    parser = argparse.ArgumentParser(prog=prog, description="Serve a store to Kafka clients.")
+    parser.add_argument("root", help="the store's directory (created if missing)")
+    parser.add_argument("--listen", type=_address, default=("127.0.0.1", 9092), metavar="HOST:PORT")
+    parser.add_argument("--advertised-listener", type=_address, metavar="HOST:PORT",
+                        help="the address Metadata gives clients (default: the bound one)")
+    parser.add_argument("--node-id", type=int, default=0)
+    parser.add_argument("--no-auto-create-topics", action="store_true")
+    parser.add_argument("--num-partitions", type=int, default=1, help="partitions of an auto-created topic")
+    parser.add_argument("--allow-anonymous", action="store_true", help="allow a non-loopback bind")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    logging.basicConfig(level=logging.WARNING, format=f"{prog}: %(levelname)s: %(message)s")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        server = KafkaServer(args.root, args.listen, advertised=args.advertised_listener, node_id=args.node_id,
+                             auto_create_topics=not args.no_auto_create_topics, num_partitions=args.num_partitions,
+                             allow_anonymous=args.allow_anonymous)
+    except (LogstoreError, OSError) as exc:
+        sys.stderr.write(f"{prog}: {exc}\n")
+        return 1
+    with server:
+        sys.stdout.write(f"serving {args.root} on {server.bootstrap_servers}\n")
+        sys.stdout.flush()
+        stop.wait()
+    return 0

@@ -1,0 +1,220 @@
+"""Kafka's wire protocol: request headers, the versions served, and the message codec (kio).
+
+Every request and response is as Kafka's JSON message specs define it; the classes come from
+`kio <https://pypi.org/project/kio/>`_, which is generated from those specs (one dataclass per
+message and version, e.g. ``kio.schema.metadata.v1.response.MetadataResponse``). This module
+adds what a server needs around it:
+
+- :data:`SUPPORTED`, the version range of every API the server answers (what ApiVersions
+  advertises), and :func:`parse_request`, which reads a frame's request header and body and
+  refuses what is outside those ranges, malformed, or followed by stray bytes.
+- :func:`build`, which makes the response class of a given version from a mapping of fields
+  named as in the latest version: a field the version does not have is left out, a field it
+  needs and the mapping lacks is an error. Milliseconds become ``timedelta``, error codes
+  ``ErrorCode``, timestamps (-1: none) aware datetimes, as kio types them.
+- :func:`encode`, a response as the buffers of one frame (size, response header v0, body).
+- Produce v0-v2, which Kafka 4 dropped from its specs but librdkafka before 2.11.1 needs
+  advertised (it compresses only when Produce's minimum version is 0): the request is read as
+  v3 without its transactional id, and the response written by hand (those versions carry
+  magic v0/v1 message sets, which this server refuses).
+
+Thread-safety: every function may be called from any thread (the caches are filled
+idempotently).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import io
+import struct
+import typing
+from typing import Any, Mapping, Sequence
+
+from kio.index import KioIndexError, load_request_schema, load_response_schema
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_reader, entity_writer
+from kio.serial.errors import SerialError
+
+from .errors import LogstoreError
+
+__all__ = ["SUPPORTED", "API_NAMES", "KafkaRequest", "KafkaProtocolError", "UnsupportedVersionError",
+           "parse_request", "build", "encode", "encode_produce_v0_2", "ErrorCode"]
+
+#: api key -> (lowest, highest) version served. Non-flexible versions only: every client this
+#: server is tested with speaks them (aiokafka speaks nothing else).
+SUPPORTED: dict[int, tuple[int, int]] = {
+    0: (0, 8),    # Produce (v0-v2 answered with UNSUPPORTED_FOR_MESSAGE_FORMAT)
+    1: (4, 11),   # Fetch
+    2: (1, 5),    # ListOffsets
+    3: (0, 8),    # Metadata
+    18: (0, 2),   # ApiVersions
+    19: (2, 4),   # CreateTopics
+    20: (1, 3),   # DeleteTopics
+    22: (0, 1),   # InitProducerId
+}
+
+API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "OffsetCommit", 9: "OffsetFetch",
+             10: "FindCoordinator", 11: "JoinGroup", 12: "Heartbeat", 13: "LeaveGroup", 14: "SyncGroup",
+             17: "SaslHandshake", 18: "ApiVersions", 19: "CreateTopics", 20: "DeleteTopics", 22: "InitProducerId",
+             32: "DescribeConfigs", 36: "SaslAuthenticate"}
+
+_HEADER = struct.Struct(">hhi")  # api key, api version, correlation id
+_I32 = struct.Struct(">i")
+_PRODUCE = 0
+_NULL_TRANSACTIONAL_ID = b"\xff\xff"
+
+
+class KafkaProtocolError(LogstoreError):
+    """A request that breaks Kafka's protocol: truncated, malformed, stray bytes after it. The
+    server closes the connection it came on (as Kafka does)."""
+
+
+class UnsupportedVersionError(KafkaProtocolError):
+    """An API key or version outside :data:`SUPPORTED`. An ApiVersions request gets an answer
+    (error 35 with the ranges, so the client can retry with one it shares); any other request
+    closes its connection."""
+
+    def __init__(self, api_key: int, api_version: int, correlation_id: int) -> None:
+        name = API_NAMES.get(api_key, f"api key {api_key}")
+        super().__init__(f"{name} v{api_version} is not supported")
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+
+
+class KafkaRequest:
+    """One parsed request: header fields and the kio body. Immutable by convention."""
+
+    __slots__ = ("api_key", "api_version", "correlation_id", "client_id", "body")
+
+    def __init__(self, api_key: int, api_version: int, correlation_id: int, client_id: str | None,
+                 body: Any) -> None:
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+        self.client_id = client_id
+        self.body = body
+
+    @property
+    def name(self) -> str:
+        """The API's name (``Produce``, ``Fetch`` ...)."""
+        return API_NAMES.get(self.api_key, str(self.api_key))
+
+    def __repr__(self) -> str:
+        return f"KafkaRequest({self.name} v{self.api_version}, id={self.correlation_id}, client={self.client_id!r})"
+
+
+def parse_request(frame: bytes | bytearray | memoryview) -> KafkaRequest:
+    """Read one request (the frame after its 4-byte size).
+
+    Raises:
+        UnsupportedVersionError: an API or version this server does not speak.
+        KafkaProtocolError: a truncated or malformed request, or bytes after its end.
+    """
+    data: Any = memoryview(frame).toreadonly()  # kio reads read-only buffers (no copy of a produce's batches)
+    if len(data) < _HEADER.size:
+        raise KafkaProtocolError(f"a request of {len(data)} bytes is shorter than its header")
+    api_key, api_version, correlation_id = _HEADER.unpack_from(data, 0)
+    served = SUPPORTED.get(api_key)
+    if served is None or not served[0] <= api_version <= served[1]:
+        raise UnsupportedVersionError(api_key, api_version, correlation_id)
+    legacy_produce = api_key == _PRODUCE and api_version < 3
+    try:
+        cls = load_request_schema(api_key, 3 if legacy_produce else api_version)
+        header, offset = entity_reader(cls.__header_schema__)(data, 0)
+        if legacy_produce:  # v0-v2: v3 without the transactional id
+            data = bytes(data[:offset]) + _NULL_TRANSACTIONAL_ID + bytes(data[offset:])
+        body, size = entity_reader(cls)(data, offset)
+    except (KioIndexError, SerialError, ValueError, struct.error) as exc:
+        raise KafkaProtocolError(f"{API_NAMES.get(api_key, api_key)} v{api_version}: malformed request: "
+                                 f"{exc}") from None
+    if offset + size != len(data):
+        raise KafkaProtocolError(f"{API_NAMES.get(api_key, api_key)} v{api_version}: "
+                                 f"{len(data) - offset - size} bytes after the request")
+    return KafkaRequest(api_key, api_version, correlation_id, header.client_id, body)
+
+
+# ---------------------------------------------------------------------- building responses
+_UTC = datetime.timezone.utc
+#: class -> [(field name, kafka type, entity class of its items or None, required)]
+_PLANS: dict[type, list[tuple[str, str, type | None, bool]]] = {}
+
+
+def _plan(cls: type) -> list[tuple[str, str, type | None, bool]]:
+    plan = _PLANS.get(cls)
+    if plan is None:
+        hints = typing.get_type_hints(cls)
+        plan = []
+        for f in dataclasses.fields(cls):
+            item = _entity_item(hints[f.name])
+            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            plan.append((f.name, f.metadata.get("kafka_type", ""), item, required))
+        _PLANS[cls] = plan
+    return plan
+
+
+def _entity_item(hint: Any) -> type | None:
+    """The entity class of a ``tuple[Entity, ...]`` field (or of its Optional), else None."""
+    for arg in (hint, *typing.get_args(hint)):
+        if typing.get_origin(arg) is tuple:
+            item = typing.get_args(arg)[0]
+            if dataclasses.is_dataclass(item):
+                return item  # type: ignore[return-value]
+    return None
+
+
+def build(cls: type, fields: Mapping[str, Any]) -> Any:
+    """An instance of the kio entity ``cls`` from ``fields`` (nested entities as mappings)."""
+    kwargs = {}
+    for name, kind, item, required in _plan(cls):
+        if name not in fields:
+            if required:
+                raise KeyError(f"{cls.__module__}.{cls.__qualname__} needs the field {name!r}")
+            continue
+        value = fields[name]
+        if item is not None and value is not None:
+            value = tuple(build(item, v) for v in value)
+        elif kind in ("timedelta_i32", "timedelta_i64") and isinstance(value, int):
+            value = datetime.timedelta(milliseconds=value)
+        elif kind == "error_code" and isinstance(value, int):
+            value = ErrorCode(value)
+        elif kind == "datetime_i64" and (value is None or isinstance(value, int)):
+            value = None if value is None or value < 0 else datetime.datetime.fromtimestamp(value / 1000, _UTC)
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def response_class(api_key: int, api_version: int) -> type:
+    """The kio response class of an API version."""
+    return load_response_schema(api_key, api_version)  # type: ignore[no-any-return]
+
+
+def encode(correlation_id: int, response: Any) -> list[bytes]:
+    """A response frame (size, response header, body) as buffers to write in order."""
+    header_cls = type(response).__header_schema__
+    out = io.BytesIO()
+    out.write(b"\0\0\0\0")
+    entity_writer(header_cls)(out, header_cls(correlation_id=correlation_id))
+    entity_writer(type(response))(out, response)
+    frame = out.getbuffer()
+    _I32.pack_into(frame, 0, len(frame) - 4)
+    del frame
+    return [out.getvalue()]
+
+
+def encode_produce_v0_2(correlation_id: int, api_version: int,
+                        topics: Sequence[tuple[str, Sequence[tuple[int, int]]]]) -> list[bytes]:
+    """A Produce v0-v2 response: per topic, (partition, error code) pairs, no offsets."""
+    out = [_I32.pack(correlation_id), _I32.pack(len(topics))]
+    for name, partitions in topics:
+        raw = name.encode()
+        out += [struct.pack(">h", len(raw)), raw, _I32.pack(len(partitions))]
+        for partition, error in partitions:
+            out.append(struct.pack(">ihq", partition, error, -1))
+            if api_version >= 2:
+                out.append(struct.pack(">q", -1))  # log_append_time
+    if api_version >= 1:
+        out.append(_I32.pack(0))  # throttle_time_ms
+    body = b"".join(out)
+    return [_I32.pack(len(body)) + body]

@@ -1,0 +1,52 @@
+"""pytest fixtures for testing an application's Kafka code against a served store, no broker needed.
+
+Installed as a pytest plugin (entry point ``pytest11``): any test session in an environment
+where logstore is installed has the fixtures below.
+
+- ``kafka_server``: a :class:`~logstore.KafkaServer` serving a fresh temporary store on a free
+  loopback port, started for one test and stopped after it.
+- ``kafka_server_session``: the same, shared by every test of the session (faster; tests see
+  each other's topics).
+
+Both expose ``bootstrap_servers`` (``"127.0.0.1:PORT"``) and ``store`` (the served
+:class:`~logstore.LogStore`, to check what a client wrote)::
+
+    def test_my_producer(kafka_server):
+        from confluent_kafka import Producer
+        p = Producer({"bootstrap.servers": kafka_server.bootstrap_servers})
+        p.produce("orders", b"order-1")
+        p.flush()
+        assert [r.value for r in kafka_server.store.partition("orders", 0).iter()] == [b"order-1"]
+
+Thread-safety: as :class:`~logstore.KafkaServer`.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+from .kafkaserver import KafkaServer
+
+__all__ = ["kafka_server", "kafka_server_session"]
+
+
+@pytest.fixture
+def kafka_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaServer]:
+    """A served temporary store for one test (see the module docstring)."""
+    server = KafkaServer(str(tmp_path_factory.mktemp("kafka")), ("127.0.0.1", 0)).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_server_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaServer]:
+    """A served temporary store shared by the whole test session."""
+    server = KafkaServer(str(tmp_path_factory.mktemp("kafka-session")), ("127.0.0.1", 0)).start()
+    try:
+        yield server
+    finally:
+        server.stop()

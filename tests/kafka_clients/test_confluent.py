@@ -1,0 +1,87 @@
+"""confluent-kafka (librdkafka) against a served store: idempotent and plain produce with every
+codec, consumption by assignment, offsets for times, admin create/delete."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+ck = pytest.importorskip("confluent_kafka")
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+
+def consume(server, topic, count, partition=0, start=0, timeout_s=15.0):
+    c = Consumer({"bootstrap.servers": server.bootstrap_servers, "group.id": "unused", "enable.auto.commit": False})
+    try:
+        c.assign([TopicPartition(topic, partition, start)])
+        out = []
+        deadline = time.monotonic() + timeout_s
+        while len(out) < count and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            assert m.error() is None, m.error()
+            out.append(m)
+        return out
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
+@pytest.mark.parametrize("idempotent", [False, True])
+def test_produce_and_consume_with_every_codec(kafka_server, codec, idempotent):
+    p = Producer({"bootstrap.servers": kafka_server.bootstrap_servers, "compression.type": codec,
+                  "enable.idempotence": idempotent, "acks": "all", "linger.ms": 5})
+    delivered = []
+    for i in range(300):
+        p.produce("events", key=b"k%d" % (i % 7), value=b"event %d" % i, headers={"n": b"%d" % i},
+                  on_delivery=lambda err, msg: delivered.append((err, msg.offset())))
+    assert p.flush(15) == 0
+    assert [err for err, _ in delivered if err is not None] == []
+    assert sorted(o for _, o in delivered) == list(range(300))
+    got = consume(kafka_server, "events", 300)
+    assert [(m.offset(), m.key(), m.value()) for m in got] == [(i, b"k%d" % (i % 7), b"event %d" % i)
+                                                                for i in range(300)]
+    assert got[5].headers() == [("n", b"5")]
+    log = kafka_server.store.partition("events", 0)
+    assert [r.value for r in log.iter()] == [b"event %d" % i for i in range(300)]
+
+
+def test_unknown_partition_is_refused_and_nothing_is_written(kafka_server):
+    kafka_server.store.create_topic("two", 2)
+    p = Producer({"bootstrap.servers": kafka_server.bootstrap_servers, "message.timeout.ms": 3000})
+    errors = []
+    p.produce("two", value=b"x", partition=5, on_delivery=lambda err, msg: errors.append(err))
+    p.flush(10)
+    assert errors and errors[0] is not None and errors[0].code() == KafkaError._UNKNOWN_PARTITION
+    assert [kafka_server.store.partition("two", i).log_end_offset for i in range(2)] == [0, 0]
+
+
+def test_offsets_for_times_and_watermarks(kafka_server):
+    p = Producer({"bootstrap.servers": kafka_server.bootstrap_servers})
+    for i in range(10):
+        p.produce("ts", value=b"%d" % i, timestamp=5_000 + i * 100)
+    p.flush(10)
+    c = Consumer({"bootstrap.servers": kafka_server.bootstrap_servers, "group.id": "unused"})
+    try:
+        assert c.get_watermark_offsets(TopicPartition("ts", 0), timeout=10) == (0, 10)
+        (found,) = c.offsets_for_times([TopicPartition("ts", 0, 5_450)], timeout=10)
+        assert found.offset == 5
+    finally:
+        c.close()
+
+
+def test_admin_create_and_delete(kafka_server):
+    admin = AdminClient({"bootstrap.servers": kafka_server.bootstrap_servers})
+    admin.create_topics([NewTopic("admin-made", 4, 1)])["admin-made"].result(10)
+    assert kafka_server.store.partitions_for("admin-made") == 4
+    with pytest.raises(ck.KafkaException) as info:
+        admin.create_topics([NewTopic("admin-made", 1, 1)])["admin-made"].result(10)
+    assert info.value.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS
+    with pytest.raises(ck.KafkaException) as info:
+        admin.create_topics([NewTopic("replicated", 1, 3)])["replicated"].result(10)
+    assert info.value.args[0].code() == KafkaError.INVALID_REPLICATION_FACTOR
+    admin.delete_topics(["admin-made"])["admin-made"].result(10)
+    assert "admin-made" not in kafka_server.store.topics()

@@ -1,0 +1,138 @@
+"""kafka-python (a pure-Python Kafka client, independent of the server's codec) against a served
+store: produce with every acks setting and codec, idempotent by default, consume with
+assign/seek and offsets_for_times, admin create/delete, and the records as the library reads
+them."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from logstore import LogStore
+
+kafka = pytest.importorskip("kafka")
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition  # noqa: E402
+from kafka.admin import NewTopic  # noqa: E402
+from kafka.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError  # noqa: E402
+
+
+def producer(server, **options):
+    return KafkaProducer(bootstrap_servers=server.bootstrap_servers, request_timeout_ms=10_000, **options)
+
+
+def consume(server, topic, partition=0, start=0, count=None, timeout_s=10.0):
+    consumer = KafkaConsumer(bootstrap_servers=server.bootstrap_servers, enable_auto_commit=False,
+                             consumer_timeout_ms=1000)
+    try:
+        tp = TopicPartition(topic, partition)
+        consumer.assign([tp])
+        consumer.seek(tp, start)
+        out = []
+        deadline = time.monotonic() + timeout_s
+        while (count is None or len(out) < count) and time.monotonic() < deadline:
+            batch = consumer.poll(timeout_ms=500)
+            for records in batch.values():
+                out.extend(records)
+            if count is None and not batch:
+                break
+        return out
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize("acks", [0, 1, "all"])
+def test_produce_with_every_acks_setting_and_consume(kafka_server, acks):
+    p = producer(kafka_server, acks=acks)
+    try:
+        futures = [p.send("orders", key=b"k%d" % i, value=b"order-%d" % i, headers=[("h", b"%d" % i)],
+                          timestamp_ms=1_700_000_000_000 + i) for i in range(50)]
+        p.flush(10)
+        if acks != 0:
+            offsets = [f.get(10).offset for f in futures]
+            assert offsets == list(range(50))
+    finally:
+        p.close()
+    records = consume(kafka_server, "orders", count=50)
+    assert [(r.offset, r.key, r.value, r.timestamp) for r in records] == [
+        (i, b"k%d" % i, b"order-%d" % i, 1_700_000_000_000 + i) for i in range(50)]
+    assert [list(r.headers) for r in records][:2] == [[("h", b"0")], [("h", b"1")]]
+    # The same records as the library reads them from the files.
+    log = kafka_server.store.partition("orders", 0)
+    assert [(r.offset, r.key, r.value) for r in log.iter()] == [(i, b"k%d" % i, b"order-%d" % i) for i in range(50)]
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_every_codec_is_stored_as_sent_and_read_back(kafka_server, codec):
+    p = producer(kafka_server, compression_type=codec, linger_ms=50)
+    try:
+        for i in range(200):
+            p.send("compressed", value=b"value %d " % i * 10)
+        p.flush(10)
+    finally:
+        p.close()
+    records = consume(kafka_server, "compressed", count=200)
+    assert [r.value for r in records] == [b"value %d " % i * 10 for i in range(200)]
+    log = kafka_server.store.partition("compressed", 0)
+    assert [r.value for r in log.iter()] == [b"value %d " % i * 10 for i in range(200)]
+
+
+def test_records_appended_by_the_library_are_consumed_by_kafka_python(kafka_server):
+    kafka_server.store.create_topic("from-library", 2)
+    log = kafka_server.store.partition("from-library", 1)
+    log.append_batch([b"a", b"b", b"c"], keys=[b"1", b"2", b"3"])
+    records = consume(kafka_server, "from-library", partition=1, count=3)
+    assert [(r.offset, r.key, r.value) for r in records] == [(0, b"1", b"a"), (1, b"2", b"b"), (2, b"3", b"c")]
+
+
+def test_consume_from_an_offset_and_a_timestamp(kafka_server):
+    p = producer(kafka_server)
+    try:
+        for i in range(20):
+            p.send("timed", value=b"%d" % i, timestamp_ms=1_000_000 + i * 1000)
+        p.flush(10)
+    finally:
+        p.close()
+    assert [r.value for r in consume(kafka_server, "timed", start=15, count=5)] == [b"%d" % i for i in range(15, 20)]
+    consumer = KafkaConsumer(bootstrap_servers=kafka_server.bootstrap_servers)
+    try:
+        tp = TopicPartition("timed", 0)
+        found = consumer.offsets_for_times({tp: 1_000_000 + 7_500})
+        assert found[tp].offset == 8
+        assert consumer.beginning_offsets([tp]) == {tp: 0}
+        assert consumer.end_offsets([tp]) == {tp: 20}
+        assert consumer.offsets_for_times({tp: 10**13})[tp] is None
+    finally:
+        consumer.close()
+
+
+def test_admin_creates_lists_and_deletes_topics_with_kafkas_errors(kafka_server):
+    admin = KafkaAdminClient(bootstrap_servers=kafka_server.bootstrap_servers, request_timeout_ms=10_000)
+    try:
+        admin.create_topics([NewTopic("created", num_partitions=3, replication_factor=1,
+                                      topic_configs={"retention.ms": "3600000"})])
+        assert kafka_server.store.partitions_for("created") == 3
+        assert kafka_server.store.partition("created", 0).config.retention_ms == 3_600_000
+        with pytest.raises(TopicAlreadyExistsError):
+            admin.create_topics([NewTopic("created", num_partitions=1, replication_factor=1)])
+        assert "created" in admin.list_topics()
+        admin.delete_topics(["created"])
+        assert "created" not in kafka_server.store.topics()
+        with pytest.raises(UnknownTopicOrPartitionError):
+            admin.delete_topics(["created"])
+    finally:
+        admin.close()
+
+
+def test_a_store_served_while_the_library_uses_it(tmp_path):
+    """The store stays usable by the library (another LogStore on the same directory) while served."""
+    from logstore import KafkaServer
+
+    with KafkaServer(str(tmp_path), ("127.0.0.1", 0)) as server:
+        p = producer(server)
+        try:
+            p.send("shared", value=b"from kafka").get(10)
+        finally:
+            p.close()
+        with LogStore(str(tmp_path)) as store:
+            assert [r.value for r in store.partition("shared", 0).iter()] == [b"from kafka"]

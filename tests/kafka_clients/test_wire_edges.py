@@ -1,0 +1,116 @@
+"""Protocol edges on raw sockets (bytes written by hand from Kafka's protocol guide, not by the
+server's codec): ApiVersions of an unknown version, acks=0, malformed and oversized requests
+closing only their own connection."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import pytest
+
+from logstore.kafkaserver import KafkaServer
+
+
+@pytest.fixture
+def server(tmp_path):
+    s = KafkaServer(str(tmp_path), ("127.0.0.1", 0), max_request_bytes=1 << 20).start()
+    yield s
+    s.stop()
+
+
+def request(api_key, version, correlation, body=b"", client_id=b"test"):
+    frame = struct.pack(">hhih", api_key, version, correlation, len(client_id)) + client_id + body
+    return struct.pack(">i", len(frame)) + frame
+
+
+def recv_exactly(sock, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(buf)} of {n} bytes")
+        buf += chunk
+    return buf
+
+
+def response(sock):
+    (n,) = struct.unpack(">i", recv_exactly(sock, 4))
+    return recv_exactly(sock, n)
+
+
+def closed(sock):
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def connect(server):
+    return socket.create_connection(server.address, timeout=5)
+
+
+def api_versions_v0(payload):
+    """(correlation id, error code, {api key: (min, max)}) of an ApiVersions v0 response."""
+    correlation, error, count = struct.unpack_from(">ihi", payload, 0)
+    ranges = {}
+    for i in range(count):
+        key, low, high = struct.unpack_from(">hhh", payload, 10 + 6 * i)
+        ranges[key] = (low, high)
+    return correlation, error, ranges
+
+
+def test_api_versions_v0_lists_the_ranges_librdkafka_needs(server):
+    with connect(server) as s:
+        s.sendall(request(18, 0, 7))
+        correlation, error, ranges = api_versions_v0(response(s))
+    assert (correlation, error) == (7, 0)
+    # librdkafka before 2.11.1 enables v2 batches with Produce 3 and Fetch 4 in range, and
+    # compresses only when Produce's minimum is 0.
+    assert ranges[0][0] == 0 and ranges[0][1] >= 3
+    assert ranges[1][0] <= 4 <= ranges[1][1]
+    assert ranges[2][0] <= 1 <= ranges[2][1]
+    assert ranges[22][0] == 0
+
+
+def test_an_unsupported_api_versions_version_gets_error_35_in_v0_format(server):
+    with connect(server) as s:
+        s.sendall(request(18, 99, 11, body=b"\x00garbage"))
+        correlation, error, ranges = api_versions_v0(response(s))
+        assert (correlation, error) == (11, 35)
+        assert ranges[18] == (0, 2)
+        s.sendall(request(18, 1, 12))   # the connection stays usable
+        assert api_versions_v0(response(s))[:2] == (12, 0)
+
+
+def test_an_unknown_api_or_malformed_request_closes_only_its_connection(server):
+    with connect(server) as good, connect(server) as bad1, connect(server) as bad2, connect(server) as bad3:
+        bad1.sendall(request(999, 0, 1))                                 # unknown api key
+        bad2.sendall(request(3, 1, 2, body=struct.pack(">i", 1000)))     # 1000 topics, no bytes for them
+        bad3.sendall(struct.pack(">i", (1 << 20) + 1))                   # over max_request_bytes
+        assert closed(bad1) and closed(bad2) and closed(bad3)
+        good.sendall(request(18, 0, 3))
+        assert api_versions_v0(response(good))[:2] == (3, 0)
+
+
+def test_acks_0_produce_gets_no_response(server):
+    server.store.create_topic("quiet")
+    from logstore.records import BatchBuilder
+
+    batch = bytes(BatchBuilder().build([b"v"]))
+    topic = b"quiet"
+    # Produce v3: transactional_id (null), acks=0, timeout, [topic [partition records]]
+    body = (struct.pack(">hhi", -1, 0, 1000) + struct.pack(">ih", 1, len(topic)) + topic
+            + struct.pack(">iii", 1, 0, len(batch)) + batch)
+    with connect(server) as s:
+        s.sendall(request(0, 3, 21, body) + request(18, 0, 22))
+        # The next answer on the connection is ApiVersions': the produce got none.
+        assert api_versions_v0(response(s))[0] == 22
+    assert [r.value for r in server.store.partition("quiet", 0).iter()] == [b"v"]
+
+
+def test_a_non_loopback_bind_needs_allow_anonymous(tmp_path):
+    from logstore import LogstoreError
+
+    with pytest.raises(LogstoreError, match="without authentication"):
+        KafkaServer(str(tmp_path), ("0.0.0.0", 0))
