@@ -196,9 +196,14 @@ class ReplicaNode:
         # on the network loop; a produce may wait for the disk, and goes to a worker.
         protocol = ReplicationProtocol(secret, max_frame, self._handler,
                                        inline_types=frozenset({RequestType.FETCH, RequestType.METADATA}))
-        self._server = net.Server(listen, protocol, tls=self._server_tls,
-                                  limits=net.Limits(max_connections, self.handshake_s, self.idle_s),
-                                  name="replication", thread_name=f"replica-{node_id}-net")
+        try:
+            self._server = net.Server(listen, protocol, tls=self._server_tls,
+                                      limits=net.Limits(max_connections, self.handshake_s, self.idle_s),
+                                      name="replication", thread_name=f"replica-{node_id}-net")
+        except BaseException:  # e.g. the port is taken: the store must not stay open (and locked)
+            self.purgatory.close()
+            self.store.close()
+            raise
         self.address = self._server.address
 
     # ------------------------------------------------------------------ life cycle

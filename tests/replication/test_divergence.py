@@ -31,6 +31,7 @@ The scenarios:
 
 from __future__ import annotations
 
+import errno
 import struct
 import sys
 import threading
@@ -82,8 +83,18 @@ class Cluster:
     def start(self, i, election_timeout_ms=RESTART_MS):
         assert i not in self.nodes
         peers = {j: self.links[(i, j)].address for j in self.addrs if j != i}
-        node = ReplicaNode(i, str(self.tmp / f"node{i}"), self.addrs[i], peers, SECRET,
-                           election_timeout_ms=election_timeout_ms, min_insync_replicas=1)
+        # A restarted node binds its old port, which the kernel may have lent meanwhile to an
+        # outgoing connection as its local port (the proxies' connections): wait until free.
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                node = ReplicaNode(i, str(self.tmp / f"node{i}"), self.addrs[i], peers, SECRET,
+                                   election_timeout_ms=election_timeout_ms, min_insync_replicas=1)
+                break
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
         self._every.append(node)
         self.nodes[i] = node.start()
         return node
