@@ -636,7 +636,7 @@ class Server:
                 self._done.append((conn, result))  # the loop delivers at the end of this turn
             return
         if result is not None and not isinstance(result, _Failed) and not conn.session.tls:
-            result = self._send_now(conn, result)
+            result = _send_now(conn, result)
             if isinstance(result, _Sent) and not result.rest and self._hand_back(conn, result.sent):
                 return
         with self._lock:
@@ -667,32 +667,6 @@ class Server:
         if conn.deadline < self._sleep_until:
             self._wake()  # the loop sleeps past this connection's idle deadline
         return True
-
-    @staticmethod
-    def _send_now(conn: _Conn, result: Any) -> Any:
-        """Write an answer from the thread that has it (plain TCP only: the connection is muted
-        with nothing queued, so the loop does not write to it); returns a :class:`_Sent`."""
-        buffers = [memoryview(b).cast("B") for b in _buffers(result) if len(b)]
-        with conn.write_lock:
-            if conn.state is not _OPEN:
-                return result  # closed meanwhile: the loop drops it
-            try:
-                if len(buffers) > 1:
-                    sent = conn.sock.sendmsg(buffers[:_SENDMSG_BUFFERS])
-                else:
-                    sent = conn.sock.send(buffers[0]) if buffers else 0
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError as exc:
-                return _Failed(exc)
-        rest, skip = [], sent
-        for buf in buffers:
-            if skip >= len(buf):
-                skip -= len(buf)
-            else:
-                rest.append(buf[skip:])
-                skip = 0
-        return _Sent(sent, rest)
 
     def _deliver(self) -> None:
         """Write the answers the workers finished (on the loop thread)."""
@@ -772,6 +746,32 @@ class Server:
             except OSError:
                 pass
         self._selector.close()
+
+
+def _send_now(conn: _Conn, result: Any) -> Any:
+    """Write an answer from the thread that has it (plain TCP only: the connection is muted
+    with nothing queued, so the loop does not write to it); returns a :class:`_Sent`."""
+    buffers = [memoryview(b).cast("B") for b in _buffers(result) if len(b)]
+    with conn.write_lock:
+        if conn.state is not _OPEN:
+            return result  # closed meanwhile: the loop drops it
+        try:
+            if len(buffers) > 1:
+                sent = conn.sock.sendmsg(buffers[:_SENDMSG_BUFFERS])
+            else:
+                sent = conn.sock.send(buffers[0]) if buffers else 0
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            return _Failed(exc)
+    rest, skip = [], sent
+    for buf in buffers:
+        if skip >= len(buf):
+            skip -= len(buf)
+        else:
+            rest.append(buf[skip:])
+            skip = 0
+    return _Sent(sent, rest)
 
 
 def _buffers(result: Any) -> Sequence[bytes | bytearray | memoryview]:

@@ -32,21 +32,21 @@ from .kafkaserver import KafkaServer
 __all__ = ["kafka_server", "kafka_server_session"]
 
 
-@pytest.fixture
-def kafka_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaServer]:
-    """A served temporary store for one test (see the module docstring)."""
-    server = KafkaServer(str(tmp_path_factory.mktemp("kafka")), ("127.0.0.1", 0)).start()
+def _served(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[KafkaServer]:
+    server = KafkaServer(str(tmp_path_factory.mktemp(name)), ("127.0.0.1", 0)).start()
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def kafka_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaServer]:
+    """A served temporary store for one test (see the module docstring)."""
+    yield from _served(tmp_path_factory, "kafka")
 
 
 @pytest.fixture(scope="session")
 def kafka_server_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaServer]:
     """A served temporary store shared by the whole test session."""
-    server = KafkaServer(str(tmp_path_factory.mktemp("kafka-session")), ("127.0.0.1", 0)).start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from _served(tmp_path_factory, "kafka-session")
