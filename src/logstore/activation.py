@@ -34,7 +34,13 @@ _GROWTH_STEP = 8 << 20  # first map of a non-preallocated active segment; double
 def map_writable(segment: LogSegment, capacity: int, reserve_indexes: bool = True) -> None:
     """Map ``capacity`` bytes of the .log writable, its blocks (and the index room) reserved first."""
     # Reserve the blocks first: if the disk is full this fails while the old map is valid.
-    _fileio.ops.fallocate(segment._fd, capacity)
+    # The first store into a page allocates every block of the page that lies inside the file
+    # (a block can be smaller than a page), and the file may be longer than the map (a segment
+    # file from an earlier life): reserve to the end of the last page, within the file.
+    in_page = -(-capacity // mmap.PAGESIZE) * mmap.PAGESIZE
+    if in_page > capacity:
+        in_page = max(capacity, min(in_page, _fileio.ops.fsize(segment._fd)))
+    _fileio.ops.fallocate(segment._fd, in_page)
     if reserve_indexes:
         reserve_index_room(segment, capacity)
     written = segment._size if segment._appender is None else segment._appender.position

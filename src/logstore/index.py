@@ -185,7 +185,10 @@ class _Index:
         """
         if not self.writable:
             return
+        # In whole pages: the first store into a page of the map allocates every block of the
+        # page (on ext4 under 512 MiB a block is 1 KiB), not only the one the entry is in.
         size = min(entries, self.capacity) * self.entry_size
+        size = min(-(-size // mmap.PAGESIZE) * mmap.PAGESIZE, self.capacity * self.entry_size)
         if size > self._reserved:
             _fileio.ops.fallocate(self._fd, size)
             self._reserved = size

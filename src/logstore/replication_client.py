@@ -9,6 +9,7 @@ connection, which both use (and the follower's fetchers). The errors a replicati
 
 from __future__ import annotations
 
+import errno
 import random
 import socket
 import ssl
@@ -93,6 +94,11 @@ class NodeConnection:
                  max_frame: int, tls: ssl.SSLContext | None = None) -> None:
         sock = socket.create_connection(address, timeout=timeout)
         try:
+            if sock.getsockname() == sock.getpeername():
+                # TCP simultaneous open: a connect to a loopback port that nothing listens on
+                # can get that very port as its local port and connect to itself, holding
+                # the port that the node we wanted is about to bind.
+                raise ConnectionRefusedError(errno.ECONNREFUSED, f"{address[0]}:{address[1]}: connected to itself")
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if tls is not None:
                 sock = tls.wrap_socket(sock)

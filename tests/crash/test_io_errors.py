@@ -346,12 +346,12 @@ def small_disk(tmp_path, request):
 
 
 def _fill(path, chunk=64 << 10):
-    """Write a file until the filesystem is full."""
-    with open(path, "wb") as f:
+    """Write a file until the filesystem is full (unbuffered: a buffered file would raise
+    ENOSPC again from close, flushing the rest of the chunk that did not fit)."""
+    with open(path, "wb", buffering=0) as f:
         try:
             while True:
                 f.write(b"\xff" * chunk)
-                f.flush()
         except OSError as exc:
             assert exc.errno == errno.ENOSPC
 
@@ -449,6 +449,45 @@ def _read_back(path: str, wfd: int) -> None:
 def test_a_log_closed_before_the_disk_filled_opens_and_reads_on_the_full_disk(small_disk):
     messages = _run_child(_reopen_on_a_full_disk, str(small_disk))
     assert (b"E", 0) in messages and (b"N", 0) in messages
+
+
+@pytest.mark.regression(reason=("fixed: an index reserved room for a number of entries that ended inside a "
+    "page; on a file system with blocks smaller than a page (ext4 under 512 MiB: 1 KiB blocks) the first "
+    "store into that page needs the page's other blocks too, and on a full disk that was a SIGBUS "
+    "(seen once in CI, at the first index entry of a segment rolled while the disk filled)"))
+def test_index_room_is_reserved_in_whole_pages(small_disk):
+    messages = _run_child(_store_at_the_end_of_reserved_room, str(small_disk))
+    assert (b"W", 0) in messages
+
+
+def _exhaust_with_mapped_stores(path: str) -> None:
+    """Take the blocks a full ext4 still keeps for page faults: a child stores into a sparse
+    map until it dies of SIGBUS (write() stops with ENOSPC while a few hundred remain)."""
+    import mmap
+
+    pid = os.fork()
+    if pid == 0:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT)
+            os.ftruncate(fd, 8 << 20)
+            mm = mmap.mmap(fd, 8 << 20)
+            for off in range(0, 8 << 20, 1024):
+                mm[off] = 1
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def _store_at_the_end_of_reserved_room(root: str, wfd: int) -> None:
+    from logstore.index import OffsetIndex
+
+    index = OffsetIndex(os.path.join(root, "00000000000000000000.index"), 0, 1 << 20, True)
+    index.reserve(100)  # 800 bytes: on 1 KiB blocks, one block of the first page's four
+    _fill(os.path.join(root, "filler"))
+    _exhaust_with_mapped_stores(os.path.join(root, "sparse"))
+    index._mm[792:800] = struct.pack(">ii", 99, 4096)  # the last reserved slot
+    os.write(wfd, _MSG.pack(b"W", 0))
+    index.close()
 
 
 # ---------------------------------------------------------------------------- retention and recovery

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import time
@@ -13,14 +14,37 @@ from logstore.replication import Client, ReplicaNode
 SECRET = b"test-secret"
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+    """``n`` distinct loopback ports that are free now and outside the kernel's ephemeral range.
+
+    A port picked in advance and bound later must not be one the kernel can lend meanwhile as
+    the local port of an outgoing connection: a proxy retrying a connect to a node that is not
+    listening yet can even connect to itself (TCP simultaneous open) and hold the port. Ports
+    below the ephemeral range are only ever taken by an explicit bind.
+    """
+    low, high = _ephemeral_range()
+    candidates = list(range(10000, low)) if low > 10000 + 4 * n else list(range(high + 1, 65536))
+    random.shuffle(candidates)
+    ports: list[int] = []
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == n:
+            return ports
+    raise RuntimeError(f"no {n} free loopback ports outside the ephemeral range {low}-{high}")
 
 
 def cluster(tmp_path, n=3, election_timeout_ms=300, **kw):

@@ -633,3 +633,24 @@ def test_a_deposed_leaders_produce_handler_never_acknowledges_a_replaced_record(
     finally:
         release.set()
         net.stop()
+
+
+@pytest.mark.regression(reason=("fixed: a connect to a peer that was not listening yet could connect to "
+    "itself (TCP simultaneous open on loopback) and hold the port the peer was about to bind"))
+def test_a_connection_to_itself_is_refused_and_frees_the_port(monkeypatch):
+    from logstore import replication_client
+
+    made: list[socket.socket] = []
+
+    def self_connected(address, timeout=None):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.settimeout(timeout)
+        sock.connect(sock.getsockname())  # Linux: a socket connecting to its own address
+        made.append(sock)
+        return sock
+
+    monkeypatch.setattr(replication_client.socket, "create_connection", self_connected)
+    with pytest.raises(ConnectionRefusedError, match="connected to itself"):
+        replication_client.NodeConnection(("127.0.0.1", 1), SECRET, 0, 1.0, DEFAULT_MAX_FRAME)
+    assert made and made[0].fileno() == -1  # closed: the port is free again
