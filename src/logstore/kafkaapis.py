@@ -39,6 +39,8 @@ from .errors import (
     TopicExistsError,
     UnknownTopicOrPartitionError,
 )
+from .consumer import offset_store
+from .kafkagroups import GroupConfig, GroupCoordinator
 from .kafkawire import SUPPORTED, KafkaRequest
 from .producerstate import ProducerStateTable
 from .purgatory import Purgatory
@@ -63,6 +65,8 @@ INVALID_REPLICATION_FACTOR = 38
 INVALID_CONFIG = 40
 UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
 INVALID_RECORD = 87
+COORDINATOR_NOT_AVAILABLE = 15
+INVALID_GROUP_ID = 24
 UNKNOWN_SERVER_ERROR = -1
 
 #: The file in a store's root that keeps the next block of producer ids.
@@ -121,7 +125,8 @@ class KafkaApis:
     """
 
     def __init__(self, store: LogStore, *, node_id: int, host: str, port: int, cluster_id: str,
-                 auto_create_topics: bool = True, num_partitions: int = 1) -> None:
+                 auto_create_topics: bool = True, num_partitions: int = 1,
+                 group_config: GroupConfig = GroupConfig()) -> None:
         self.store = store
         self.node_id = node_id
         self.host = host
@@ -133,15 +138,37 @@ class KafkaApis:
         self.producer_ids = ProducerIds(store.root)
         self._states: dict[tuple[str, int], _PartitionState] = {}
         self._states_lock = threading.Lock()
+        self.group_config = group_config
+        self._groups: GroupCoordinator | None = None
         self.handlers: dict[int, Callable[[KafkaRequest], Any]] = {
             0: self.on_produce, 1: self.on_fetch, 2: self.on_list_offsets, 3: self.on_metadata,
             18: self.on_api_versions, 19: self.on_create_topics, 20: self.on_delete_topics,
-            22: self.on_init_producer_id,
+            22: self.on_init_producer_id, 8: self.on_offset_commit, 9: self.on_offset_fetch,
+            10: self.on_find_coordinator, 11: self.on_join_group, 12: self.on_heartbeat, 13: self.on_leave_group,
+            14: self.on_sync_group, 15: self.on_describe_groups, 16: self.on_list_groups,
         }
 
     def close(self) -> None:
-        """Answer the fetches still waiting (the server is stopping)."""
+        """Answer the fetches, joins and syncs still waiting (the server is stopping)."""
+        if self._groups is not None:
+            self._groups.close()
         self.purgatory.close()
+
+    @property
+    def groups(self) -> GroupCoordinator:
+        """The group coordinator (``__consumer_offsets`` is created on first use)."""
+        if self._groups is None:
+            with self._states_lock:
+                if self._groups is None:
+                    self._groups = GroupCoordinator(offset_store(self.store), self.purgatory, self._partition_exists,
+                                                    self.group_config)
+        return self._groups
+
+    def _partition_exists(self, topic: str, partition: int) -> bool:
+        try:
+            return 0 <= partition < self.store.partitions_for(topic)
+        except (UnknownTopicOrPartitionError, InvalidTopicError):
+            return False
 
     # ------------------------------------------------------------------ ApiVersions
     def on_api_versions(self, request: KafkaRequest) -> dict[str, Any]:
@@ -396,6 +423,95 @@ class KafkaApis:
     def on_init_producer_id(self, request: KafkaRequest) -> dict[str, Any]:
         return {"throttle_time": 0, "error_code": NONE, "producer_id": self.producer_ids.next_id(),
                 "producer_epoch": 0}
+
+
+    # ------------------------------------------------------------------ consumer groups
+    def on_find_coordinator(self, request: KafkaRequest) -> dict[str, Any]:
+        if getattr(request.body, "key_type", 0) != 0:
+            return {"throttle_time": 0, "error_code": COORDINATOR_NOT_AVAILABLE, "node_id": -1, "host": "", "port": -1,
+                    "error_message": "transactions are not supported by this broker"}
+        return {"throttle_time": 0, "error_code": NONE, "error_message": None, "node_id": self.node_id,
+                "host": self.host, "port": self.port}
+
+    def on_join_group(self, request: KafkaRequest) -> dict[str, Any] | Future:
+        body = request.body
+        session_ms = _ms(body.session_timeout)
+        rebalance_ms = _ms(body.rebalance_timeout) if request.api_version >= 1 else session_ms
+        return self.groups.join(body.group_id, body.member_id, getattr(body, "group_instance_id", None),
+                                request.client_id or "", request.client_host, session_ms, rebalance_ms,
+                                body.protocol_type,
+                                [(p.name, p.metadata) for p in body.protocols], request.api_version >= 4)
+
+    def on_sync_group(self, request: KafkaRequest) -> dict[str, Any] | Future:
+        body = request.body
+        return self.groups.sync(body.group_id, body.generation_id, body.member_id,
+                                getattr(body, "group_instance_id", None),
+                                {a.member_id: a.assignment for a in body.assignments})
+
+    def on_heartbeat(self, request: KafkaRequest) -> dict[str, Any]:
+        body = request.body
+        error = self.groups.heartbeat(body.group_id, body.generation_id, body.member_id,
+                                      getattr(body, "group_instance_id", None))
+        return {"throttle_time": 0, "error_code": error}
+
+    def on_leave_group(self, request: KafkaRequest) -> dict[str, Any]:
+        body = request.body
+        if request.api_version < 3:
+            (error,) = self.groups.leave(body.group_id, [(body.member_id, None)])
+            return {"throttle_time": 0, "error_code": error}
+        members = [(m.member_id, m.group_instance_id) for m in body.members]
+        errors = self.groups.leave(body.group_id, members)
+        return {"throttle_time": 0, "error_code": NONE,
+                "members": [{"member_id": member_id, "group_instance_id": instance_id, "error_code": error}
+                            for (member_id, instance_id), error in zip(members, errors)]}
+
+    def on_offset_commit(self, request: KafkaRequest) -> dict[str, Any]:
+        body = request.body
+        items = [(t.name, p.partition_index, p.committed_offset, p.committed_metadata)
+                 for t in body.topics for p in t.partitions]
+        errors = self.groups.commit_offsets(body.group_id, body.generation_id_or_member_epoch, body.member_id,
+                                            getattr(body, "group_instance_id", None), items)
+        topics: dict[str, list[dict[str, Any]]] = {}
+        for (topic, partition, _, _), error in zip(items, errors):
+            topics.setdefault(topic, []).append({"partition_index": partition, "error_code": error})
+        return {"throttle_time": 0, "topics": [{"name": t, "partitions": parts} for t, parts in topics.items()]}
+
+    def on_offset_fetch(self, request: KafkaRequest) -> dict[str, Any]:
+        body = request.body
+        wanted = None if body.topics is None else [(t.name, p) for t in body.topics for p in t.partition_indexes]
+        if not body.group_id:
+            return {"throttle_time": 0, "topics": [], "error_code": INVALID_GROUP_ID}
+        topics: dict[str, list[dict[str, Any]]] = {}
+        for topic, partition, offset, metadata in self.groups.fetch_offsets(body.group_id, wanted):
+            topics.setdefault(topic, []).append({"partition_index": partition, "committed_offset": offset,
+                                                 "committed_leader_epoch": -1, "metadata": metadata,
+                                                 "error_code": NONE})
+        return {"throttle_time": 0, "error_code": NONE,
+                "topics": [{"name": t, "partitions": parts} for t, parts in topics.items()]}
+
+    def on_describe_groups(self, request: KafkaRequest) -> dict[str, Any]:
+        groups = []
+        for group_id in request.body.groups:
+            found = self.groups.describe(group_id)
+            if found is None:  # Kafka describes an unknown group as a dead one
+                found = {"state": "Dead", "protocol_type": "", "protocol": "", "members": []}
+            groups.append({"error_code": NONE, "group_id": group_id, "group_state": found["state"],
+                           "protocol_type": found["protocol_type"], "protocol_data": found["protocol"],
+                           "members": [{"member_id": m["member_id"], "group_instance_id": m["group_instance_id"],
+                                        "client_id": m["client_id"], "client_host": m["client_host"],
+                                        "member_metadata": m["metadata"], "member_assignment": m["assignment"]}
+                                       for m in found["members"]],
+                           "authorized_operations": -2147483648})
+        return {"throttle_time": 0, "groups": groups}
+
+    def on_list_groups(self, request: KafkaRequest) -> dict[str, Any]:
+        return {"throttle_time": 0, "error_code": NONE,
+                "groups": [{"group_id": g, "protocol_type": t} for g, t, _ in self.groups.groups()]}
+
+
+def _ms(value: Any) -> int:
+    """Milliseconds of a kio duration (a timedelta) or an int."""
+    return int(value.total_seconds() * 1000) if hasattr(value, "total_seconds") else int(value)
 
 
 def api_version_ranges() -> list[dict[str, int]]:

@@ -34,6 +34,7 @@ from typing import Any, Sequence
 from . import _fileio, net
 from .errors import LogstoreError
 from .kafkaapis import KafkaApis, api_version_ranges
+from .kafkagroups import GroupConfig
 from .kafkawire import (
     KafkaProtocolError,
     KafkaRequest,
@@ -93,8 +94,12 @@ class KafkaProtocol(net.Protocol):
         except KafkaProtocolError as exc:
             logger.warning("closing connection %d from %s: %s", session.id, session.peer, exc)
             raise
+        if isinstance(session.peer, tuple):
+            parsed.client_host = f"/{session.peer[0]}"
         fields = self.apis.handlers[parsed.api_key](parsed)
         if fields is None:
+            if parsed.api_key != 0:
+                raise KafkaProtocolError(f"{parsed.name} v{parsed.api_version}: the handler gave no answer")
             return None  # acks=0: no response at all
         if isinstance(fields, Future):
             return _mapped(fields, lambda done: _encode(parsed, done))
@@ -147,6 +152,9 @@ class KafkaServer:
         max_request_bytes: Kafka's ``socket.request.max.bytes``.
         limits: connection limits (``max.connections``, ``connections.max.idle.ms``).
         allow_anonymous: allow a non-loopback bind (no authentication is served yet).
+        group_min_session_timeout_ms, group_max_session_timeout_ms, group_initial_rebalance_delay_ms:
+            Kafka's ``group.min.session.timeout.ms`` (6000), ``group.max.session.timeout.ms``
+            (1800000) and ``group.initial.rebalance.delay.ms`` (0 here; Kafka's is 3000).
 
     Durability: a produce is answered once its batch is in the log (acks=1 and acks=all alike),
     durable as the topic's flush policy makes it. Thread-safety: thread-safe.
@@ -155,7 +163,9 @@ class KafkaServer:
     def __init__(self, root_or_store: str | os.PathLike[str] | LogStore, listen: tuple[str, int] = ("127.0.0.1", 9092),
                  *, advertised: tuple[str, int] | None = None, node_id: int = 0, auto_create_topics: bool = True,
                  num_partitions: int = 1, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-                 limits: net.Limits = net.Limits(), allow_anonymous: bool = False) -> None:
+                 limits: net.Limits = net.Limits(), allow_anonymous: bool = False,
+                 group_min_session_timeout_ms: int = 6000, group_max_session_timeout_ms: int = 1_800_000,
+                 group_initial_rebalance_delay_ms: int = 0) -> None:
         if not _is_loopback(listen[0]) and not allow_anonymous:
             raise LogstoreError(f"refusing to serve {listen[0]} without authentication: bind a loopback address, "
                                 "or pass allow_anonymous=True (--allow-anonymous)")
@@ -165,7 +175,9 @@ class KafkaServer:
             self.store, self._owns_store = LogStore(root_or_store, shared=True), True
         try:
             self._apis = KafkaApis(self.store, node_id=node_id, host="", port=0, cluster_id=_cluster_id(self.store.root),
-                                   auto_create_topics=auto_create_topics, num_partitions=num_partitions)
+                                   auto_create_topics=auto_create_topics, num_partitions=num_partitions,
+                                   group_config=GroupConfig(group_min_session_timeout_ms, group_max_session_timeout_ms,
+                                                            group_initial_rebalance_delay_ms))
             self._server = net.Server(listen, KafkaProtocol(self._apis, max_request_bytes), limits=limits,
                                       name="kafka", thread_name=f"kafka-{node_id}-net")
         except BaseException:
@@ -199,6 +211,11 @@ class KafkaServer:
         self._server.stop(timeout)
         if self._owns_store:
             self.store.close()
+
+    @property
+    def node_id(self) -> int:
+        """This broker's id (Metadata's and FindCoordinator's)."""
+        return self._apis.node_id
 
     def metrics(self) -> dict[str, Any]:
         """The listener's counters under Kafka's names (see ``net.Server.metrics``)."""

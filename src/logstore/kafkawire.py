@@ -48,6 +48,15 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     1: (4, 11),   # Fetch
     2: (1, 5),    # ListOffsets
     3: (0, 8),    # Metadata
+    8: (2, 7),    # OffsetCommit
+    9: (1, 5),    # OffsetFetch
+    10: (0, 2),   # FindCoordinator
+    11: (0, 5),   # JoinGroup
+    12: (0, 3),   # Heartbeat
+    13: (0, 3),   # LeaveGroup
+    14: (0, 3),   # SyncGroup
+    15: (0, 4),   # DescribeGroups
+    16: (0, 2),   # ListGroups
     18: (0, 2),   # ApiVersions
     19: (2, 4),   # CreateTopics
     20: (1, 3),   # DeleteTopics
@@ -56,6 +65,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
 
 API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "OffsetCommit", 9: "OffsetFetch",
              10: "FindCoordinator", 11: "JoinGroup", 12: "Heartbeat", 13: "LeaveGroup", 14: "SyncGroup",
+             15: "DescribeGroups", 16: "ListGroups",
              17: "SaslHandshake", 18: "ApiVersions", 19: "CreateTopics", 20: "DeleteTopics", 22: "InitProducerId",
              32: "DescribeConfigs", 36: "SaslAuthenticate"}
 
@@ -86,7 +96,7 @@ class UnsupportedVersionError(KafkaProtocolError):
 class KafkaRequest:
     """One parsed request: header fields and the kio body. Immutable by convention."""
 
-    __slots__ = ("api_key", "api_version", "correlation_id", "client_id", "body")
+    __slots__ = ("api_key", "api_version", "correlation_id", "client_id", "body", "client_host")
 
     def __init__(self, api_key: int, api_version: int, correlation_id: int, client_id: str | None,
                  body: Any) -> None:
@@ -95,6 +105,8 @@ class KafkaRequest:
         self.correlation_id = correlation_id
         self.client_id = client_id
         self.body = body
+        #: the client's address as Kafka shows it ("/127.0.0.1"); set by the server
+        self.client_host = ""
 
     @property
     def name(self) -> str:

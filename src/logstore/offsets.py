@@ -196,6 +196,12 @@ class OffsetStore:
             self._catch_up()
             return self._offsets.get((group, topic, partition))
 
+    def group_offsets(self, group: str) -> dict[tuple[str, int], tuple[int, str]]:
+        """The group's committed ``{(topic, partition): (offset, metadata)}``."""
+        with self._lock:
+            self._catch_up()
+            return {(t, p): found for (g, t, p), found in self._offsets.items() if g == group}
+
     def groups(self) -> dict[str, dict[tuple[str, int], int]]:
         """Every group's committed offsets."""
         with self._lock:

@@ -85,3 +85,64 @@ def test_admin_create_and_delete(kafka_server):
     assert info.value.args[0].code() == KafkaError.INVALID_REPLICATION_FACTOR
     admin.delete_topics(["admin-made"])["admin-made"].result(10)
     assert "admin-made" not in kafka_server.store.topics()
+
+
+def test_a_group_consumer_commits_what_the_library_reads_and_resumes_from_the_librarys_commits(kafka_server):
+    store = kafka_server.store
+    store.create_topic("grouped", 2)
+    for p in range(2):
+        store.partition("grouped", p).append_batch([b"first %d-%d" % (p, i) for i in range(5)])
+    config = {"bootstrap.servers": kafka_server.bootstrap_servers, "group.id": "cg", "enable.auto.commit": False,
+              "auto.offset.reset": "earliest", "session.timeout.ms": 6000}
+    c = Consumer(config)
+    c.subscribe(["grouped"])
+    got = []
+    deadline = time.monotonic() + 20
+    while len(got) < 10 and time.monotonic() < deadline:
+        m = c.poll(0.2)
+        if m is not None and m.error() is None:
+            got.append(m.value())
+    c.commit(asynchronous=False)
+    c.close()  # LeaveGroup
+    assert sorted(got) == sorted(b"first %d-%d" % (p, i) for p in range(2) for i in range(5))
+    library = store.consumer("cg", ["grouped"], enable_auto_commit=False)
+    assert [library.committed("grouped", p) for p in range(2)] == [5, 5]
+    for p in range(2):
+        store.partition("grouped", p).append(b"second %d" % p)
+    seen = []
+    deadline = time.monotonic() + 10
+    while len(seen) < 2 and time.monotonic() < deadline:
+        seen += [r.value for r in library.poll(timeout=0.5)]
+    assert sorted(seen) == [b"second 0", b"second 1"]  # resumed where the Kafka client committed
+    library.commit()
+    library.close()
+    c = Consumer(config)
+    c.subscribe(["grouped"])
+    store.partition("grouped", 0).append(b"third")
+    deadline = time.monotonic() + 20
+    m = None
+    while time.monotonic() < deadline:
+        m = c.poll(0.2)
+        if m is not None and m.error() is None:
+            break
+    c.close()
+    assert m is not None and m.value() == b"third"  # not "second 0": resumed from the library's commit
+
+
+def test_admin_lists_and_describes_groups(kafka_server):
+    kafka_server.store.create_topic("listed", 1)
+    c = Consumer({"bootstrap.servers": kafka_server.bootstrap_servers, "group.id": "described",
+                  "session.timeout.ms": 6000})
+    c.subscribe(["listed"])
+    admin = AdminClient({"bootstrap.servers": kafka_server.bootstrap_servers})
+    try:
+        deadline = time.monotonic() + 20
+        while not c.assignment() and time.monotonic() < deadline:
+            c.poll(0.2)
+        listed = admin.list_consumer_groups().result(timeout=10)
+        assert "described" in {g.group_id for g in listed.valid}
+        described = admin.describe_consumer_groups(["described"])["described"].result(timeout=10)
+        assert str(described.state).endswith("STABLE") and len(described.members) == 1
+        assert [tp.partition for tp in described.members[0].assignment.topic_partitions] == [0]
+    finally:
+        c.close()

@@ -136,3 +136,48 @@ def test_a_store_served_while_the_library_uses_it(tmp_path):
             p.close()
         with LogStore(str(tmp_path)) as store:
             assert [r.value for r in store.partition("shared", 0).iter()] == [b"from kafka"]
+
+
+def test_two_group_members_split_the_partitions_and_the_admin_sees_their_offsets(kafka_server):
+    store = kafka_server.store
+    store.create_topic("split", 4)
+    for p in range(4):
+        store.partition("split", p).append_batch([b"%d-%d" % (p, i) for i in range(3)])
+
+    def member():
+        return KafkaConsumer("split", bootstrap_servers=kafka_server.bootstrap_servers, group_id="pair",
+                             enable_auto_commit=False, auto_offset_reset="earliest", session_timeout_ms=6000,
+                             heartbeat_interval_ms=200)
+
+    a, b = member(), member()
+    got = {id(a): [], id(b): []}
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (len(a.assignment()) == len(b.assignment()) == 2
+                                                  and sum(map(len, got.values())) == 12):
+            for c in (a, b):
+                for records in c.poll(timeout_ms=100).values():
+                    got[id(c)] += [r.value for r in records]
+        assert {tp.partition for tp in a.assignment()} | {tp.partition for tp in b.assignment()} == {0, 1, 2, 3}
+        assert not {tp.partition for tp in a.assignment()} & {tp.partition for tp in b.assignment()}
+        assert sorted(got[id(a)] + got[id(b)]) == sorted(b"%d-%d" % (p, i) for p in range(4) for i in range(3))
+        a.commit()
+        b.commit()
+        admin = KafkaAdminClient(bootstrap_servers=kafka_server.bootstrap_servers)
+        try:
+            assert {"group_id": "pair", "protocol_type": "consumer"} in admin.list_groups()
+            described = admin.describe_groups(["pair"])["pair"]
+            assert (described["error"], described["group_state"], described["protocol_data"]) == \
+                (None, "Stable", "range")
+            assignments = sorted(p for m in described["members"] for t in m["member_assignment"]["assigned_partitions"]
+                                 for p in t["partitions"])
+            assert assignments == [0, 1, 2, 3]
+            assert {m["client_host"] for m in described["members"]} == {"/127.0.0.1"}
+            offsets = admin.list_group_offsets({"pair": None})["pair"]
+            assert {tp.partition: meta.offset for tp, meta in offsets.items()} == {0: 3, 1: 3, 2: 3, 3: 3}
+        finally:
+            admin.close()
+    finally:
+        a.close()
+        b.close()
+    assert [store.consumer("pair", ["split"]).committed("split", p) for p in range(4)] == [3, 3, 3, 3]
