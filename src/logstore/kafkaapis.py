@@ -39,6 +39,7 @@ from .errors import (
     TopicExistsError,
     UnknownTopicOrPartitionError,
 )
+from . import kafkaconfigs
 from .consumer import offset_store
 from .kafkagroups import GroupConfig, GroupCoordinator
 from .kafkawire import SUPPORTED, KafkaRequest
@@ -67,6 +68,7 @@ UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
 INVALID_RECORD = 87
 COORDINATOR_NOT_AVAILABLE = 15
 INVALID_GROUP_ID = 24
+INVALID_REQUEST = 42
 UNKNOWN_SERVER_ERROR = -1
 
 #: The file in a store's root that keeps the next block of producer ids.
@@ -146,6 +148,7 @@ class KafkaApis:
             22: self.on_init_producer_id, 8: self.on_offset_commit, 9: self.on_offset_fetch,
             10: self.on_find_coordinator, 11: self.on_join_group, 12: self.on_heartbeat, 13: self.on_leave_group,
             14: self.on_sync_group, 15: self.on_describe_groups, 16: self.on_list_groups,
+            32: self.on_describe_configs,
         }
 
     def close(self) -> None:
@@ -424,6 +427,36 @@ class KafkaApis:
         return {"throttle_time": 0, "error_code": NONE, "producer_id": self.producer_ids.next_id(),
                 "producer_epoch": 0}
 
+
+    # ------------------------------------------------------------------ configs
+    def on_describe_configs(self, request: KafkaRequest) -> dict[str, Any]:
+        body = request.body
+        results = []
+        for resource in body.resources:
+            keys = None if resource.configuration_keys is None else list(resource.configuration_keys)
+            if resource.resource_type == kafkaconfigs.TOPIC:
+                error, message, configs = kafkaconfigs.describe_topic(self.store, resource.resource_name, keys,
+                                                                      body.include_synonyms)
+            elif resource.resource_type == kafkaconfigs.BROKER:
+                error, message, configs = kafkaconfigs.describe_broker(self.node_id, resource.resource_name,
+                                                                       self.broker_settings(), keys,
+                                                                       body.include_synonyms)
+            else:
+                error, message, configs = INVALID_REQUEST, f"resource type {resource.resource_type} has no configs", []
+            results.append({"error_code": error, "error_message": message, "resource_type": resource.resource_type,
+                            "resource_name": resource.resource_name, "configs": configs})
+        return {"throttle_time": 0, "results": results}
+
+    def broker_settings(self) -> dict[str, Any]:
+        """This broker's settings by Kafka's names (DescribeConfigs of the broker)."""
+        group = self.group_config
+        return {"node.id": self.node_id, "broker.id": self.node_id, "num.partitions": self.num_partitions,
+                "auto.create.topics.enable": self.auto_create_topics, "default.replication.factor": 1,
+                "offsets.topic.num.partitions": 1, "offsets.topic.replication.factor": 1,
+                "group.min.session.timeout.ms": group.min_session_timeout_ms,
+                "group.max.session.timeout.ms": group.max_session_timeout_ms,
+                "group.initial.rebalance.delay.ms": group.initial_rebalance_delay_ms,
+                "log.dirs": self.store.root}
 
     # ------------------------------------------------------------------ consumer groups
     def on_find_coordinator(self, request: KafkaRequest) -> dict[str, Any]:

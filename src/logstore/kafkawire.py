@@ -61,6 +61,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     19: (2, 4),   # CreateTopics
     20: (1, 3),   # DeleteTopics
     22: (0, 1),   # InitProducerId
+    32: (1, 3),   # DescribeConfigs
 }
 
 API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "OffsetCommit", 9: "OffsetFetch",

@@ -146,3 +146,27 @@ def test_admin_lists_and_describes_groups(kafka_server):
         assert [tp.partition for tp in described.members[0].assignment.topic_partitions] == [0]
     finally:
         c.close()
+
+
+def test_describe_configs_marks_the_topics_own_settings_and_kafkas_defaults(kafka_server):
+    from confluent_kafka.admin import ConfigResource, ConfigSource
+
+    admin = AdminClient({"bootstrap.servers": kafka_server.bootstrap_servers})
+    created = admin.create_topics([NewTopic("configured", 1, 1, config={"retention.ms": "1234",
+                                                                         "cleanup.policy": "compact"})])
+    created["configured"].result(timeout=10)
+    resource = ConfigResource("topic", "configured")
+    entries = admin.describe_configs([resource])[resource].result(timeout=10)
+    assert (entries["retention.ms"].value, entries["retention.ms"].source) == \
+        ("1234", ConfigSource.DYNAMIC_TOPIC_CONFIG.value)
+    assert entries["cleanup.policy"].value == "compact" and not entries["cleanup.policy"].is_default
+    assert (entries["segment.bytes"].value, entries["segment.bytes"].is_default) == ("1073741824", True)
+    assert entries["segment.bytes"].source == ConfigSource.DEFAULT_CONFIG.value
+    assert entries["max.message.bytes"].value == "1048588"
+    missing = ConfigResource("topic", "no-such-topic")
+    with pytest.raises(ck.KafkaException) as failure:
+        admin.describe_configs([missing])[missing].result(timeout=10)
+    assert failure.value.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    broker = ConfigResource("broker", "0")
+    settings = admin.describe_configs([broker])[broker].result(timeout=10)
+    assert settings["num.partitions"].value == "1" and settings["auto.create.topics.enable"].value == "true"

@@ -5,6 +5,7 @@ them."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -139,30 +140,58 @@ def test_a_store_served_while_the_library_uses_it(tmp_path):
 
 
 def test_two_group_members_split_the_partitions_and_the_admin_sees_their_offsets(kafka_server):
+    """A kafka-python member and a confluent-kafka one (two kafka-python consumers in one
+    process sometimes stall in kafka-python 3.0.12 after a rebalance, with every answer sent)."""
+    ck = pytest.importorskip("confluent_kafka")
     store = kafka_server.store
     store.create_topic("split", 4)
-    for p in range(4):
-        store.partition("split", p).append_batch([b"%d-%d" % (p, i) for i in range(3)])
+    got: dict[int, list[bytes]] = {0: [], 1: []}
+    a = KafkaConsumer("split", bootstrap_servers=kafka_server.bootstrap_servers, group_id="pair",
+                      enable_auto_commit=False, auto_offset_reset="earliest", session_timeout_ms=6000,
+                      heartbeat_interval_ms=200)
+    b = ck.Consumer({"bootstrap.servers": kafka_server.bootstrap_servers, "group.id": "pair",
+                     "enable.auto.commit": False, "auto.offset.reset": "earliest", "session.timeout.ms": 6000,
+                     "heartbeat.interval.ms": 200, "partition.assignment.strategy": "range"})
+    b.subscribe(["split"])
+    owned = {0: set(), 1: set()}
+    split, done = threading.Event(), threading.Event()
 
-    def member():
-        return KafkaConsumer("split", bootstrap_servers=kafka_server.bootstrap_servers, group_id="pair",
-                             enable_auto_commit=False, auto_offset_reset="earliest", session_timeout_ms=6000,
-                             heartbeat_interval_ms=200)
+    def settle():
+        if len(owned[0]) == len(owned[1]) == 2 and not owned[0] & owned[1]:
+            split.set()
+        if sum(map(len, got.values())) >= 12:
+            done.set()
 
-    a, b = member(), member()
-    got = {id(a): [], id(b): []}
-    try:
+    def run_a():  # each member polls on its own thread, as a service would
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not (len(a.assignment()) == len(b.assignment()) == 2
-                                                  and sum(map(len, got.values())) == 12):
-            for c in (a, b):
-                for records in c.poll(timeout_ms=100).values():
-                    got[id(c)] += [r.value for r in records]
-        assert {tp.partition for tp in a.assignment()} | {tp.partition for tp in b.assignment()} == {0, 1, 2, 3}
-        assert not {tp.partition for tp in a.assignment()} & {tp.partition for tp in b.assignment()}
-        assert sorted(got[id(a)] + got[id(b)]) == sorted(b"%d-%d" % (p, i) for p in range(4) for i in range(3))
+        while time.monotonic() < deadline and not done.is_set():
+            for records in a.poll(timeout_ms=100).values():
+                got[0] += [r.value for r in records]
+            owned[0] = {tp.partition for tp in a.assignment()}
+            settle()
         a.commit()
-        b.commit()
+
+    def run_b():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not done.is_set():
+            m = b.poll(0.1)
+            if m is not None and m.error() is None:
+                got[1].append(m.value())
+            owned[1] = {tp.partition for tp in b.assignment()}
+            settle()
+        b.commit(asynchronous=False)
+
+    threads = [threading.Thread(target=run_a), threading.Thread(target=run_b)]
+    try:
+        for t in threads:
+            t.start()
+        assert split.wait(30), f"the two members never split the partitions: {owned}"
+        for p in range(4):  # appended once the group is stable: no rebalance re-reads them
+            store.partition("split", p).append_batch([b"%d-%d" % (p, i) for i in range(3)])
+        for t in threads:
+            t.join()
+        assert owned[0] | owned[1] == {0, 1, 2, 3} and not owned[0] & owned[1]
+        assert sorted(got[0] + got[1]) == sorted(b"%d-%d" % (p, i) for p in range(4) for i in range(3))
         admin = KafkaAdminClient(bootstrap_servers=kafka_server.bootstrap_servers)
         try:
             assert {"group_id": "pair", "protocol_type": "consumer"} in admin.list_groups()
@@ -173,6 +202,7 @@ def test_two_group_members_split_the_partitions_and_the_admin_sees_their_offsets
                                  for p in t["partitions"])
             assert assignments == [0, 1, 2, 3]
             assert {m["client_host"] for m in described["members"]} == {"/127.0.0.1"}
+            assert len({m["client_id"] for m in described["members"]}) == 2
             offsets = admin.list_group_offsets({"pair": None})["pair"]
             assert {tp.partition: meta.offset for tp, meta in offsets.items()} == {0: 3, 1: 3, 2: 3, 3: 3}
         finally:
@@ -181,3 +211,25 @@ def test_two_group_members_split_the_partitions_and_the_admin_sees_their_offsets
         a.close()
         b.close()
     assert [store.consumer("pair", ["split"]).committed("split", p) for p in range(4)] == [3, 3, 3, 3]
+
+
+def test_describe_configs_with_synonyms(tmp_path):
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    from logstore.kafkaserver import KafkaServer
+
+    with LogStore(str(tmp_path), retention_ms=3_600_000) as store, KafkaServer(store, ("127.0.0.1", 0)) as server:
+        store.create_topic("syn", 1, segment_bytes=1 << 20)
+        admin = KafkaAdminClient(bootstrap_servers=server.bootstrap_servers)
+        try:
+            found = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, "syn")], include_synonyms=True,
+                                           config_filter="all")
+        finally:
+            admin.close()
+    configs = found["topic"]["syn"]
+    assert configs["segment.bytes"]["config_source"] == "DYNAMIC_TOPIC_CONFIG"
+    assert [(s["name"], s["value"], s["source"]) for s in configs["segment.bytes"]["synonyms"]] == \
+        [("segment.bytes", "1048576", "DYNAMIC_TOPIC_CONFIG"), ("log.segment.bytes", "1073741824", "DEFAULT_CONFIG")]
+    assert configs["retention.ms"]["config_source"] == "STATIC_BROKER_CONFIG"  # the store's default
+    assert [s["value"] for s in configs["retention.ms"]["synonyms"]] == ["3600000", "604800000"]
+    assert configs["compression.zstd.level"]["value"] == "3" and configs["cleanup.policy"]["config_type"] == "LIST"

@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("store", {"store", "logdirs", "logview"}),
     ("client", {"producer", "consumer", "workqueue"}),
     ("net", {"workerpool", "net", "purgatory", "wire"}),
-    ("kafka", {"kafkawire", "kafkagroups", "kafkaapis", "kafkaserver"}),
+    ("kafka", {"kafkawire", "kafkagroups", "kafkaconfigs", "kafkaapis", "kafkaserver"}),
     ("replication", {"election", "replica_partition", "replica_election", "replica_leader", "replica_follower",
                      "replication_client", "replication"}),
     ("apps", {"sparkoptions", "sparkplan", "sparkread", "sparkwrite", "spark", "sparkenv", "cli", "tools", "progress",
