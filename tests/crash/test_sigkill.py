@@ -178,11 +178,11 @@ def _run_kill_cycles(tmp_path, config: dict, cycles: int, max_acks: int, seed: i
 
 
 def test_sigkill_at_random_points_keeps_every_acknowledged_fsynced_record(tmp_path):
-    """200 writers with flush_messages=1 killed at random points, all in one log directory."""
-    stats = _run_kill_cycles(tmp_path, dict(CONFIG, flush_messages=1), cycles=200, max_acks=30, seed=20240611)
+    """120 writers with flush_messages=1 killed at random points, all in one log directory."""
+    stats = _run_kill_cycles(tmp_path, dict(CONFIG, flush_messages=1), cycles=120, max_acks=30, seed=20240611)
     print(stats)
     # The random points must cover both kills mid-appends and kills before the first append.
-    assert stats["killed_before_first_ack"] >= 5 and stats["killed_after_acks"] >= 100, stats
+    assert stats["killed_before_first_ack"] >= 3 and stats["killed_after_acks"] >= 60, stats
 
 
 def test_sigkill_without_fsync_keeps_every_append_that_returned(tmp_path):
@@ -274,8 +274,8 @@ def _kill_at_every_call(mem_path, clean_template: bool, stride: int = 1) -> list
     return failures
 
 
-#: make test kills at every third file operation after the open's first 60; make soak at every one.
-STRIDES = [pytest.param(3, id="sampled"), pytest.param(1, id="every", marks=pytest.mark.slow)]
+#: make test kills at every fifth file operation after the open's first 60; make soak at every one.
+STRIDES = [pytest.param(5, id="sampled"), pytest.param(1, id="every", marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("stride", STRIDES)
