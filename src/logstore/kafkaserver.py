@@ -27,11 +27,13 @@ import signal
 import struct
 import sys
 import threading
+import time
 import uuid
 from concurrent.futures import Future
 from typing import Any, Sequence
 
 from . import _fileio, net
+from .metrics import Histogram
 from .errors import LogstoreError
 from .kafkaapis import KafkaApis, api_version_ranges
 from .kafkagroups import GroupConfig
@@ -47,7 +49,7 @@ from .kafkawire import (
 )
 from .store import LogStore
 
-__all__ = ["KafkaServer", "KafkaProtocol", "main"]
+__all__ = ["KafkaServer", "KafkaProtocol", "RequestMetrics", "main"]
 
 logger = logging.getLogger("logstore.kafka")
 
@@ -59,6 +61,38 @@ _API_VERSIONS = 18
 _UNSUPPORTED_VERSION = 35
 #: Requests the loop answers itself: they never block.
 _INLINE = frozenset({_API_VERSIONS})
+#: Upper bounds (ms) of the request time histograms (a fetch may wait up to its max_wait_ms).
+REQUEST_BUCKETS_MS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0,
+                      5000.0, 10000.0, 30000.0)
+
+
+class RequestMetrics:
+    """Kafka's request metrics, per API: ``RequestsPerSec`` (a count) and ``TotalTimeMs`` (a
+    histogram of the time from the handler taking a request to its answer being ready; a
+    long-poll fetch counts its wait). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._times: dict[str, Histogram] = {}
+
+    def record(self, api: str, ms: float) -> None:
+        """Count one answered request of ``api`` that took ``ms``."""
+        histogram = self._times.get(api)
+        if histogram is None:
+            with self._lock:
+                histogram = self._times.setdefault(api, Histogram(REQUEST_BUCKETS_MS))
+        histogram.observe(ms)
+
+    def snapshot(self) -> dict[str, Any]:
+        """``kafka.network:type=RequestMetrics,name=...,request=<API>`` -> value."""
+        with self._lock:
+            times = dict(self._times)
+        out: dict[str, Any] = {}
+        for api, histogram in sorted(times.items()):
+            snap = histogram.snapshot()
+            out[f"kafka.network:type=RequestMetrics,name=RequestsPerSec,request={api}"] = snap.count
+            out[f"kafka.network:type=RequestMetrics,name=TotalTimeMs,request={api}"] = snap
+        return out
 
 
 class KafkaProtocol(net.Protocol):
@@ -72,6 +106,7 @@ class KafkaProtocol(net.Protocol):
     def __init__(self, apis: KafkaApis, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> None:
         self.apis = apis
         self.max_request_bytes = max_request_bytes
+        self.request_metrics = RequestMetrics()
 
     def frame_size(self, header: bytes, authenticated: bool) -> int:
         (size,) = _I32.unpack(header)
@@ -96,14 +131,21 @@ class KafkaProtocol(net.Protocol):
             raise
         if isinstance(session.peer, tuple):
             parsed.client_host = f"/{session.peer[0]}"
+        started = time.monotonic()
         fields = self.apis.handlers[parsed.api_key](parsed)
         if fields is None:
             if parsed.api_key != 0:
                 raise KafkaProtocolError(f"{parsed.name} v{parsed.api_version}: the handler gave no answer")
+            self.request_metrics.record(parsed.name, (time.monotonic() - started) * 1000)
             return None  # acks=0: no response at all
         if isinstance(fields, Future):
-            return _mapped(fields, lambda done: _encode(parsed, done))
-        return _encode(parsed, fields)
+            return _mapped(fields, lambda done: self._encode_timed(parsed, done, started))
+        return self._encode_timed(parsed, fields, started)
+
+    def _encode_timed(self, request: KafkaRequest, fields: Any, started: float) -> list[bytes]:
+        frame = _encode(request, fields)
+        self.request_metrics.record(request.name, (time.monotonic() - started) * 1000)
+        return frame
 
 
 def _encode(request: KafkaRequest, fields: Any) -> list[bytes]:
@@ -178,7 +220,8 @@ class KafkaServer:
                                    auto_create_topics=auto_create_topics, num_partitions=num_partitions,
                                    group_config=GroupConfig(group_min_session_timeout_ms, group_max_session_timeout_ms,
                                                             group_initial_rebalance_delay_ms))
-            self._server = net.Server(listen, KafkaProtocol(self._apis, max_request_bytes), limits=limits,
+            self._protocol = KafkaProtocol(self._apis, max_request_bytes)
+            self._server = net.Server(listen, self._protocol, limits=limits,
                                       name="kafka", thread_name=f"kafka-{node_id}-net")
         except BaseException:
             if self._owns_store:
@@ -218,8 +261,15 @@ class KafkaServer:
         return self._apis.node_id
 
     def metrics(self) -> dict[str, Any]:
-        """The listener's counters under Kafka's names (see ``net.Server.metrics``)."""
-        return self._server.metrics()
+        """Everything a broker reports, under Kafka's names: the listener's counters (see
+        ``net.Server.metrics``), request counts and times per API
+        (``kafka.network:type=RequestMetrics,name=RequestsPerSec|TotalTimeMs,request=Produce``),
+        and the store's (``kafka.server:type=BrokerTopicMetrics`` ... per partition; see
+        :meth:`LogStore.metrics`). Render with :func:`logstore.metrics.prometheus_text`."""
+        out = dict(self._server.metrics())
+        out.update(self._protocol.request_metrics.snapshot())
+        out.update(self.store.metrics())
+        return out
 
     def __enter__(self) -> "KafkaServer":
         return self.start()

@@ -30,7 +30,12 @@ kafka.server:type=socket-server-metrics,listener=L,name=...         network laye
 logstore:type=socket-server-metrics,listener=L,name=...             connection-refused-total (max_connections),
     connection-expired-total (handshake or idle timeout)
 kafka.network:type=RequestChannel,listener=L,name=RequestQueueSize  requests waiting for a worker thread
+kafka.network:type=RequestMetrics,name=RequestsPerSec,request=API   Kafka server (KafkaServer.metrics): requests answered
+kafka.network:type=RequestMetrics,name=TotalTimeMs,request=API      Kafka server: handler to answer, histogram (ms)
 ==================================================================== ==============================
+
+In the Prometheus text, a JMX name's domain, ``type`` and ``name`` make the metric's name and its
+other key properties (``listener``, ``request``) labels.
 
 Thread-safety: :class:`Histogram` is thread-safe; snapshots are plain values.
 """
@@ -90,24 +95,39 @@ class Histogram:
         return HistogramSnapshot(tuple(cumulative), total, running)
 
 
-def _prom_name(name: str) -> str:
-    """``kafka.log:type=Log,name=LogEndOffset`` -> ``kafka_log_log_logendoffset``."""
+def _prom_name(name: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """``kafka.network:type=RequestMetrics,name=RequestsPerSec,request=Produce`` ->
+    (``kafka_network_requestmetrics_requestspersec``, (("request", "Produce"),)): the domain,
+    type and name make the metric's name, the other key properties its labels (as Prometheus'
+    JMX exporter does)."""
     domain, _, props = name.partition(":")
-    parts = [domain] + [v for k, v in (p.split("=", 1) for p in props.split(",") if "=" in p) if k in ("type", "name")]
-    extra = [f"{k}_{v}" for k, v in (p.split("=", 1) for p in props.split(",") if "=" in p) if k not in ("type", "name")]
-    return re.sub(r"[^a-zA-Z0-9_]", "_", "_".join(parts + extra)).lower()
+    pairs = [tuple(p.split("=", 1)) for p in props.split(",") if "=" in p]
+    parts = [domain] + [v for k, v in pairs if k in ("type", "name")]
+    labels = tuple((re.sub(r"[^a-zA-Z0-9_]", "_", k).lower(), v) for k, v in pairs if k not in ("type", "name"))
+    return re.sub(r"[^a-zA-Z0-9_]", "_", "_".join(parts)).lower(), labels
+
+
+def _jmx_name(name: str) -> str:
+    """The ``name`` key property of a JMX name."""
+    for prop in name.partition(":")[2].split(","):
+        if prop.startswith("name="):
+            return prop[5:]
+    return ""
 
 
 _LABELS = {2: ("topic", "partition"), 3: ("topic", "partition", "replica")}
 
 
-def _labels(key: Any) -> str:
-    if key == ():
-        return ""
+def _escape(value: Any) -> str:
+    return str(value).replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34)).replace("\n", "\\n")
+
+
+def _labels(key: Any, fixed: tuple[tuple[str, str], ...] = ()) -> str:
     names = _LABELS.get(len(key), tuple(f"label{i}" for i in range(len(key))))
-    inner = ",".join(f'{n}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
-                     for n, v in zip(names, key))
-    return "{" + inner + "}"
+    pairs = list(fixed) + list(zip(names, key))
+    if not pairs:
+        return ""
+    return "{" + ",".join(f'{n}="{_escape(v)}"' for n, v in pairs) + "}"
 
 
 def _with(labels: str, extra: str) -> str:
@@ -117,25 +137,25 @@ def _with(labels: str, extra: str) -> str:
 def prometheus_text(metrics: Mapping[str, Any]) -> str:
     """Render a metrics snapshot (``store.metrics()``) in Prometheus' text exposition format
     (version 0.0.4): counters for ``...PerSec`` meters and totals, histograms as ``_bucket``
-    / ``_sum`` / ``_count``, gauges for the rest."""
-    lines: list[str] = []
+    / ``_sum`` / ``_count``, gauges for the rest. Key properties besides ``type`` and ``name``
+    (``listener``, ``request``) are labels, so that one family holds every request's series."""
+    families: dict[str, tuple[str, str, list[str]]] = {}  # name -> (kind, JMX name, lines)
     for name in sorted(metrics):
         value = metrics[name]
         series = value if isinstance(value, dict) else {(): value}
-        prom = _prom_name(name)
+        prom, fixed = _prom_name(name)
         sample = next(iter(series.values()), None)
         if isinstance(sample, HistogramSnapshot):
             kind = "histogram"
-        elif name.endswith("PerSec") or name.endswith("Out") or "Runs" in name:
+        elif _jmx_name(name).endswith(("PerSec", "Out", "-total")) or "Runs" in name:
             kind = "counter"
-            prom = prom.removesuffix("persec") + "_total"
+            prom = prom.removesuffix("persec").removesuffix("_total") + "_total"
         else:
             kind = "gauge"
-        lines.append(f"# HELP {prom} {name}")
-        lines.append(f"# TYPE {prom} {kind}")
+        lines = families.setdefault(prom, (kind, name.split(",")[0] + f",name={_jmx_name(name)}", []))[2]
         for key in sorted(series, key=lambda k: tuple(str(x) for x in k)):
             v = series[key]
-            labels = _labels(key)
+            labels = _labels(key, fixed)
             if isinstance(v, HistogramSnapshot):
                 for bound, count in v.buckets:
                     le = "+Inf" if bound == float("inf") else repr(float(bound))
@@ -144,4 +164,8 @@ def prometheus_text(metrics: Mapping[str, Any]) -> str:
                 lines.append(f"{prom}_count{labels} {v.count}")
             elif v is not None:
                 lines.append(f"{prom}{labels} {float(v)!r}" if isinstance(v, float) else f"{prom}{labels} {int(v)}")
-    return "\n".join(lines) + "\n"
+    out: list[str] = []
+    for prom in sorted(families):
+        kind, jmx, lines = families[prom]
+        out += [f"# HELP {prom} {jmx}", f"# TYPE {prom} {kind}", *lines]
+    return "\n".join(out) + "\n"

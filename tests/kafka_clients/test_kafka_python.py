@@ -233,3 +233,26 @@ def test_describe_configs_with_synonyms(tmp_path):
     assert configs["retention.ms"]["config_source"] == "STATIC_BROKER_CONFIG"  # the store's default
     assert [s["value"] for s in configs["retention.ms"]["synonyms"]] == ["3600000", "604800000"]
     assert configs["compression.zstd.level"]["value"] == "3" and configs["cleanup.policy"]["config_type"] == "LIST"
+
+
+def test_metrics_by_kafkas_names_and_as_prometheus_text(kafka_server):
+    from logstore.metrics import prometheus_text
+
+    p = producer(kafka_server)
+    for i in range(5):
+        p.send("metered", b"m%d" % i)
+    p.flush()
+    p.close()
+    assert len(consume(kafka_server, "metered", count=5)) == 5
+    metrics = kafka_server.metrics()
+    assert metrics["kafka.network:type=RequestMetrics,name=RequestsPerSec,request=Produce"] >= 1
+    assert metrics["kafka.network:type=RequestMetrics,name=RequestsPerSec,request=Fetch"] >= 1
+    times = metrics["kafka.network:type=RequestMetrics,name=TotalTimeMs,request=Produce"]
+    assert times.count >= 1 and times.sum >= 0
+    assert metrics["kafka.server:type=BrokerTopicMetrics,name=MessagesInPerSec"][("metered", 0)] == 5
+    assert metrics["kafka.server:type=socket-server-metrics,listener=kafka,name=request-total"] >= 4
+    text = prometheus_text(metrics)
+    assert '\nkafka_network_requestmetrics_requests_total{request="Produce"} ' in text
+    assert 'kafka_network_requestmetrics_totaltimems_bucket{request="Fetch",le="+Inf"}' in text
+    assert 'kafka_server_socket_server_metrics_request_total{listener="kafka"}' in text
+    assert text.count("# TYPE kafka_network_requestmetrics_requests_total counter") == 1
