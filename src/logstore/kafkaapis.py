@@ -69,6 +69,7 @@ INVALID_RECORD = 87
 COORDINATOR_NOT_AVAILABLE = 15
 INVALID_GROUP_ID = 24
 INVALID_REQUEST = 42
+KAFKA_STORAGE_ERROR = 56
 UNKNOWN_SERVER_ERROR = -1
 
 #: The file in a store's root that keeps the next block of producer ids.
@@ -124,11 +125,13 @@ class KafkaApis:
         cluster_id: Metadata's cluster id.
         auto_create_topics, num_partitions: Kafka's ``auto.create.topics.enable`` and
             ``num.partitions``.
+        group_config: the group coordinator's settings.
+        fsync_acks_all: answer an acks=all produce only once its batches are fsynced.
     """
 
     def __init__(self, store: LogStore, *, node_id: int, host: str, port: int, cluster_id: str,
                  auto_create_topics: bool = True, num_partitions: int = 1,
-                 group_config: GroupConfig = GroupConfig()) -> None:
+                 group_config: GroupConfig = GroupConfig(), fsync_acks_all: bool = False) -> None:
         self.store = store
         self.node_id = node_id
         self.host = host
@@ -141,6 +144,8 @@ class KafkaApis:
         self._states: dict[tuple[str, int], _PartitionState] = {}
         self._states_lock = threading.Lock()
         self.group_config = group_config
+        #: acks=all answers after an fsync of the partitions written (else once in the log)
+        self.fsync_acks_all = fsync_acks_all
         self._groups: GroupCoordinator | None = None
         self.handlers: dict[int, Callable[[KafkaRequest], Any]] = {
             0: self.on_produce, 1: self.on_fetch, 2: self.on_list_offsets, 3: self.on_metadata,
@@ -238,9 +243,24 @@ class KafkaApis:
                                    "log_append_time": None, "log_start_offset": self._log_start(topic.name, data.index),
                                    "record_errors": [], "error_message": None})
             answers.append({"name": topic.name, "partition_responses": partitions})
+        if acks == -1 and self.fsync_acks_all:
+            self._fsync(answers)
         if acks == 0:
             return None
         return {"responses": answers, "throttle_time": 0}
+
+    def _fsync(self, answers: list[dict[str, Any]]) -> None:
+        """acks=all means fsynced (``fsync_acks_all``): flush every partition appended to before
+        answering. Log.flush shares one fsync between the requests that wait at once."""
+        for topic in answers:
+            for part in topic["partition_responses"]:
+                if part["error_code"] != NONE:
+                    continue
+                try:
+                    self.store.partition(topic["name"], part["index"]).flush()
+                except (OSError, LogstoreError) as exc:
+                    logger.error("fsync of %s-%d failed: %s", topic["name"], part["index"], exc)
+                    part["error_code"], part["error_message"] = KAFKA_STORAGE_ERROR, f"fsync failed: {exc}"
 
     def _append(self, topic: str, partition: int, records: bytes | None) -> tuple[int, int]:
         """Validate and append one partition's batch; (error code, base offset)."""

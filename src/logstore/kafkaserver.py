@@ -197,9 +197,14 @@ class KafkaServer:
         group_min_session_timeout_ms, group_max_session_timeout_ms, group_initial_rebalance_delay_ms:
             Kafka's ``group.min.session.timeout.ms`` (6000), ``group.max.session.timeout.ms``
             (1800000) and ``group.initial.rebalance.delay.ms`` (0 here; Kafka's is 3000).
+        fsync_acks_all: make acks=all mean fsynced: the answer waits for an fsync of every
+            partition the request wrote (one fsync shared by the requests waiting at once).
 
-    Durability: a produce is answered once its batch is in the log (acks=1 and acks=all alike),
-    durable as the topic's flush policy makes it. Thread-safety: thread-safe.
+    Durability: a produce is answered once its batch is in the log (acks=1; acks=all too unless
+    ``fsync_acks_all``): in the page cache, which survives the death of the process, and
+    fsynced when the topic's flush policy (``flush.messages``, ``flush.ms``) says so; with
+    ``fsync_acks_all`` an acks=all answer means the batch survives power loss.
+    Thread-safety: thread-safe.
     """
 
     def __init__(self, root_or_store: str | os.PathLike[str] | LogStore, listen: tuple[str, int] = ("127.0.0.1", 9092),
@@ -207,7 +212,7 @@ class KafkaServer:
                  num_partitions: int = 1, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                  limits: net.Limits = net.Limits(), allow_anonymous: bool = False,
                  group_min_session_timeout_ms: int = 6000, group_max_session_timeout_ms: int = 1_800_000,
-                 group_initial_rebalance_delay_ms: int = 0) -> None:
+                 group_initial_rebalance_delay_ms: int = 0, fsync_acks_all: bool = False) -> None:
         if not _is_loopback(listen[0]) and not allow_anonymous:
             raise LogstoreError(f"refusing to serve {listen[0]} without authentication: bind a loopback address, "
                                 "or pass allow_anonymous=True (--allow-anonymous)")
@@ -219,7 +224,8 @@ class KafkaServer:
             self._apis = KafkaApis(self.store, node_id=node_id, host="", port=0, cluster_id=_cluster_id(self.store.root),
                                    auto_create_topics=auto_create_topics, num_partitions=num_partitions,
                                    group_config=GroupConfig(group_min_session_timeout_ms, group_max_session_timeout_ms,
-                                                            group_initial_rebalance_delay_ms))
+                                                            group_initial_rebalance_delay_ms),
+                                   fsync_acks_all=fsync_acks_all)
             self._protocol = KafkaProtocol(self._apis, max_request_bytes)
             self._server = net.Server(listen, self._protocol, limits=limits,
                                       name="kafka", thread_name=f"kafka-{node_id}-net")
@@ -329,6 +335,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
     parser.add_argument("--no-auto-create-topics", action="store_true")
     parser.add_argument("--num-partitions", type=int, default=1, help="partitions of an auto-created topic")
     parser.add_argument("--allow-anonymous", action="store_true", help="allow a non-loopback bind")
+    parser.add_argument("--fsync-acks-all", action="store_true",
+                        help="answer acks=all produces once their batches are fsynced")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -340,7 +348,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
     try:
         server = KafkaServer(args.root, args.listen, advertised=args.advertised_listener, node_id=args.node_id,
                              auto_create_topics=not args.no_auto_create_topics, num_partitions=args.num_partitions,
-                             allow_anonymous=args.allow_anonymous)
+                             allow_anonymous=args.allow_anonymous, fsync_acks_all=args.fsync_acks_all)
     except (LogstoreError, OSError) as exc:
         sys.stderr.write(f"{prog}: {exc}\n")
         return 1

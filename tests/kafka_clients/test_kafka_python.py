@@ -256,3 +256,41 @@ def test_metrics_by_kafkas_names_and_as_prometheus_text(kafka_server):
     assert 'kafka_network_requestmetrics_totaltimems_bucket{request="Fetch",le="+Inf"}' in text
     assert 'kafka_server_socket_server_metrics_request_total{listener="kafka"}' in text
     assert text.count("# TYPE kafka_network_requestmetrics_requests_total counter") == 1
+
+
+@pytest.mark.parametrize("fsync_acks_all", [False, True])
+def test_acks_all_means_fsynced_when_asked(tmp_path, fsync_acks_all):
+    from logstore.kafkaserver import KafkaServer
+
+    with KafkaServer(str(tmp_path), ("127.0.0.1", 0), fsync_acks_all=fsync_acks_all) as server:
+        server.store.create_topic("durable", 1)
+        p = producer(server, acks="all")
+        for i in range(3):
+            p.send("durable", b"d%d" % i).get(timeout=10)
+        p.close()
+        log = server.store.partition("durable", 0)
+        assert log.log_end_offset == 3
+        assert (log.recovery_point == 3) is fsync_acks_all  # fsynced before each answer, or left to the policy
+
+
+def test_a_failed_fsync_is_a_storage_error_for_acks_all(tmp_path):
+    from kafka.errors import KafkaError
+
+    from logstore import _fileio
+    from logstore._fileio import FileOps
+    from logstore.kafkaserver import KafkaServer
+
+    class FailingSync(FileOps):
+        def fsync(self, fd):
+            raise OSError(5, "injected EIO")
+
+        fdatasync = fsync
+
+    with KafkaServer(str(tmp_path), ("127.0.0.1", 0), fsync_acks_all=True) as server:
+        server.store.create_topic("doomed", 1)
+        p = producer(server, acks="all", retries=0, enable_idempotence=False)
+        with _fileio.install(FailingSync()):
+            with pytest.raises(KafkaError) as failure:
+                p.send("doomed", b"x").get(timeout=10)
+        p.close()
+    assert "storage" in type(failure.value).__name__.lower() or "56" in str(failure.value)
