@@ -19,7 +19,7 @@ import os
 from contextlib import contextmanager
 from typing import Iterator
 
-__all__ = ["FileOps", "ops", "install"]
+__all__ = ["FileOps", "FileRegion", "ops", "install"]
 
 
 class FileOps:
@@ -37,6 +37,16 @@ class FileOps:
     def pread(self, fd: int, size: int, position: int) -> bytes:
         """Read up to ``size`` bytes at ``position``."""
         return os.pread(fd, size, position)
+
+    def dup(self, fd: int) -> int:
+        """A second descriptor of the same open file (close-on-exec)."""
+        return os.dup(fd)
+
+    def sendfile(self, out_fd: int, in_fd: int, position: int, count: int) -> int:
+        """Copy up to ``count`` bytes of ``in_fd`` at ``position`` to the socket ``out_fd`` in
+        the kernel (os.sendfile); returns the bytes sent (raises BlockingIOError when the
+        socket takes none now)."""
+        return os.sendfile(out_fd, in_fd, position, count)
 
     def pwrite(self, fd: int, data: bytes | bytearray | memoryview, position: int) -> int:
         """Write all of ``data`` at ``position`` (looping over short writes); returns the bytes written."""
@@ -246,6 +256,60 @@ class FileOps:
 
 
 #: The FileOps every module uses. Replace it only through :func:`install`.
+class FileRegion:
+    """``length`` bytes of an open file from ``position``: a part of an answer that the network
+    layer writes to a socket with ``sendfile`` (the file's pages go to the socket in the kernel,
+    never through Python objects: Kafka's zero-copy fetch).
+
+    The region owns its descriptor (a ``dup`` of the file's, so that the file may be closed or
+    deleted meanwhile and the bytes stay readable): :meth:`close` releases it, and a region
+    dropped unclosed closes it when collected. Not thread-safe: one owner at a time (the
+    handler that made it, then the connection writing it).
+    """
+
+    __slots__ = ("fd", "position", "length")
+
+    def __init__(self, fd: int, position: int, length: int) -> None:
+        self.fd = fd
+        self.position = position
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __repr__(self) -> str:
+        return f"FileRegion(fd={self.fd}, position={self.position}, length={self.length})"
+
+    def read(self) -> bytes:
+        """The region's bytes (for a socket sendfile cannot write to: TLS); closes the region."""
+        try:
+            out = bytearray()
+            while len(out) < self.length:
+                chunk = ops.pread(self.fd, self.length - len(out), self.position + len(out))
+                if not chunk:
+                    raise OSError(errno.EIO, f"a file region ends {self.length - len(out)} bytes early")
+                out += chunk
+            return bytes(out)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Release the descriptor (idempotent)."""
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            try:
+                ops.close(fd)
+            except OSError:
+                pass
+
+    def __del__(self) -> None:
+        if self.fd >= 0:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+
+
 ops: FileOps = FileOps()
 
 

@@ -25,9 +25,10 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from . import _fileio
+from ._fileio import FileRegion
 from .errors import (
     CorruptRecordError,
     InvalidConfigError,
@@ -321,11 +322,13 @@ class KafkaApis:
             answer, size = self._fetch(wanted, body.max_bytes)
             if expired or size >= body.min_bytes or size < 0:
                 return answer
+            _release(answer)
             return None
 
         answer, size = self._fetch(wanted, body.max_bytes)
         if size >= body.min_bytes or size < 0 or max_wait_ms <= 0 or not wanted:
             return answer
+        _release(answer)
         keys = {(topic, partition) for topic, partition, _, _ in wanted}
         if len(keys) == 1:
             return self.purgatory.watch(next(iter(keys)), attempt, max_wait_ms / 1000.0)
@@ -361,7 +364,7 @@ class KafkaApis:
             if limit <= 0:
                 continue
             try:
-                data = log.read_raw(offset, max(limit, 1))
+                data = log.read_region(offset, max(limit, 1))  # written with sendfile
             except OffsetOutOfRangeError:
                 entry["error_code"] = OFFSET_OUT_OF_RANGE
                 errors = True
@@ -371,8 +374,9 @@ class KafkaApis:
                 entry["error_code"] = UNKNOWN_SERVER_ERROR
                 errors = True
                 continue
-            entry["records"] = data
-            total += len(data)
+            if data is not None:
+                entry["records"] = data
+                total += len(data)
         answer = {"throttle_time": 0, "error_code": NONE, "session_id": 0,
                   "responses": [{"topic": t, "partitions": parts} for t, parts in topics.items()]}
         return answer, (-1 if errors else total)
@@ -570,6 +574,14 @@ def _ms(value: Any) -> int:
 def api_version_ranges() -> list[dict[str, int]]:
     """ApiVersions' list: every API served and its version range."""
     return [{"api_key": key, "min_version": low, "max_version": high} for key, (low, high) in sorted(SUPPORTED.items())]
+
+
+def _release(answer: Mapping[str, Any]) -> None:
+    """Close the file regions of a fetch answer that will not be sent."""
+    for topic in answer["responses"]:
+        for partition in topic["partitions"]:
+            if isinstance(partition["records"], FileRegion):
+                partition["records"].close()
 
 
 def _watch_any(purgatory: Purgatory, keys: set[tuple[str, int]], attempt: Callable[[bool], Any],

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import io
 import struct
 import typing
 from typing import Any, Mapping, Sequence
@@ -36,6 +35,7 @@ from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import SerialError
 
+from ._fileio import FileRegion
 from .errors import LogstoreError
 
 __all__ = ["SUPPORTED", "API_NAMES", "KafkaRequest", "KafkaProtocolError", "UnsupportedVersionError",
@@ -203,17 +203,40 @@ def response_class(api_key: int, api_version: int) -> type:
     return load_response_schema(api_key, api_version)  # type: ignore[no-any-return]
 
 
-def encode(correlation_id: int, response: Any) -> list[bytes]:
-    """A response frame (size, response header, body) as buffers to write in order."""
+class _Segments:
+    """What kio writes a frame into: bytes gathered in runs, each file region (a fetch's
+    records, see ``Log.read_region``) kept as a buffer of its own for sendfile."""
+
+    __slots__ = ("parts", "run", "size")
+
+    def __init__(self) -> None:
+        self.parts: list[Any] = []
+        self.run = bytearray(4)  # the size, filled in at the end
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        if isinstance(data, FileRegion):
+            self.parts += [bytes(self.run), data]
+            self.run = bytearray()
+        else:
+            self.run += data
+        self.size += len(data)
+        return len(data)
+
+
+def encode(correlation_id: int, response: Any) -> list[Any]:
+    """A response frame (size, response header, body) as buffers to write in order; a
+    :class:`~logstore._fileio.FileRegion` given as a field's bytes stays a buffer of its own."""
     header_cls = type(response).__header_schema__
-    out = io.BytesIO()
-    out.write(b"\0\0\0\0")
+    out = _Segments()
     entity_writer(header_cls)(out, header_cls(correlation_id=correlation_id))
     entity_writer(type(response))(out, response)
-    frame = out.getbuffer()
-    _I32.pack_into(frame, 0, len(frame) - 4)
-    del frame
-    return [out.getvalue()]
+    if not out.parts:
+        _I32.pack_into(out.run, 0, out.size)
+        return [bytes(out.run)]
+    parts = out.parts + ([bytes(out.run)] if out.run else [])
+    parts[0] = _I32.pack(out.size) + parts[0][4:]
+    return parts
 
 
 def encode_produce_v0_2(correlation_id: int, api_version: int,

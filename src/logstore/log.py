@@ -41,6 +41,7 @@ from itertools import chain
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from . import loglifecycle, logreplication, logtruncation
+from ._fileio import FileRegion
 from ._native import ffi, lib
 from .batching import check_offset, check_timestamp, codec_for, encode_batches
 from .checkpoint import CLEANER_OFFSET_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, RECOVERY_POINT_CHECKPOINT, \
@@ -631,6 +632,17 @@ class Log:
             CorruptRecordError: a batch on the way is invalid.
         """
         return logreplication.read_raw(self, offset, max_bytes)
+
+    def read_region(self, offset: int, max_bytes: int = _DEFAULT_MAX_BYTES) -> FileRegion | None:
+        """The batches :meth:`read_raw` returns, as a region of the segment file instead of
+        bytes (None past the end), for a server to write with ``sendfile`` (zero copy). The
+        caller owns the region and must close it (see :class:`logstore._fileio.FileRegion`);
+        it stays readable if the segment is deleted meanwhile. CRCs are checked. Thread-safe.
+
+        Raises:
+            OffsetOutOfRangeError, CorruptRecordError: as :meth:`read_raw`.
+        """
+        return logreplication.read_region(self, offset, max_bytes)
 
     def append_replicated(self, data: bytes | bytearray | memoryview) -> int:
         """Append batches copied from a leader byte for byte: offsets, timestamps and

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import _fileio
+from ._fileio import FileRegion
 from ._native import check, ffi, lib
 from .batching import check_offset
 from .errors import OffsetOutOfRangeError
@@ -66,6 +68,23 @@ def read_raw(log: Any, offset: int, max_bytes: int) -> bytes:
         if offset < log._log_start_offset or offset > end:
             raise OffsetOutOfRangeError(offset, log._log_start_offset, end, f"read_raw from {log.path}")
         return log._segments.read_raw(offset, max_bytes)
+
+
+def read_region(log: Any, offset: int, max_bytes: int) -> FileRegion | None:
+    """Log.read_region: read_raw's batches as a region of the segment file (None past the end)."""
+    offset = check_offset(offset)
+    with log._lock:
+        log._check_open()
+        log._follow()
+        end = log._appender.next_offset
+        if offset < log._log_start_offset or offset > end:
+            raise OffsetOutOfRangeError(offset, log._log_start_offset, end, f"read_region from {log.path}")
+        segment, position, length = log._segments.locate_raw(offset, max_bytes)
+        if segment is None:
+            return None
+        # A descriptor of its own: the segment may be closed, rolled or deleted before the
+        # region is written (its pages stay readable through it).
+        return FileRegion(_fileio.ops.dup(segment.fd), position, length)
 
 
 def append_replicated(log: Any, data: bytes | bytearray | memoryview) -> int:

@@ -195,6 +195,12 @@ class LogSegments:
 
     def read_raw(self, offset: int, max_bytes: int) -> bytes:
         """Whole batches as stored, from the one holding ``offset`` on (b"" past the end)."""
+        segment, position, length = self.locate_raw(offset, max_bytes)
+        return bytes(segment.buffer[position:position + length]) if segment is not None else b""
+
+    def locate_raw(self, offset: int, max_bytes: int) -> tuple[LogSegment | None, int, int]:
+        """(segment, position, length) of the whole batches :meth:`read_raw` returns, all in one
+        segment, each CRC-checked; (None, 0, 0) past the end."""
         segments = self._segments
         i = self.floor_index(offset)
         keys = segments.keys()
@@ -202,9 +208,9 @@ class LogSegments:
             segment = segments[keys[i]]
             position, length = segment.read_raw(offset, max_bytes)
             if length:
-                return bytes(segment.buffer[position:position + length])
+                return segment, position, length
             i += 1
-        return b""
+        return None, 0, 0
 
     def offset_for_timestamp(self, decoder: RecordDecoder, timestamp: int, start: int) -> int | None:
         """The earliest offset >= ``start`` whose timestamp is >= ``timestamp``, or None."""

@@ -52,8 +52,8 @@ logstore above ``errors``.
 
 from __future__ import annotations
 
-import abc
 import collections
+import errno
 import itertools
 import logging
 import selectors
@@ -62,19 +62,17 @@ import ssl
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Any, Sequence, Union
+from typing import Any, Sequence
 
+from . import _fileio
+from ._fileio import FileRegion
 from .errors import LogstoreError
+from .netprotocol import Handshake, HandshakeError, Limits, Protocol, Response, Session
 from .workerpool import WorkerPool
 
 __all__ = ["Server", "Protocol", "Handshake", "HandshakeError", "Session", "Limits", "Response"]
 
 logger = logging.getLogger("logstore.net")
-
-#: What a handler returns: bytes to write (whole frames), several buffers written in order, None
-#: for no response at all, or a Future of one of those.
-Response = Union[bytes, bytearray, memoryview, Sequence[Union[bytes, bytearray, memoryview]], None, Future]
 
 #: The most bytes handed to one send() (a TLS write of this size is retried with the same bytes).
 _SEND_CHUNK = 256 * 1024
@@ -82,110 +80,6 @@ _SEND_CHUNK = 256 * 1024
 _SENDMSG_BUFFERS = 512
 #: How long accepting pauses after accept() itself failed (out of file descriptors).
 _ACCEPT_BACKOFF_S = 0.1
-
-
-class HandshakeError(LogstoreError):
-    """A peer failed the handshake. ``reply`` (whole frames, may be empty) is sent to it before
-    the connection is closed."""
-
-    def __init__(self, message: str, reply: bytes = b"") -> None:
-        super().__init__(message)
-        self.reply = reply
-
-
-class Session:
-    """A served connection as a protocol sees it: an id unique in the server, the peer's
-    address, whether it came over TLS, and who it authenticated as (``principal``, set by the
-    handshake; None before). Thread-safety: read it from any thread; the loop sets
-    ``principal`` once, before the first request."""
-
-    __slots__ = ("id", "peer", "tls", "principal")
-
-    def __init__(self, id: int, peer: Any, tls: bool) -> None:
-        self.id = id
-        self.peer = peer
-        self.tls = tls
-        self.principal: Any = None
-
-    def __repr__(self) -> str:
-        return f"Session({self.id}, peer={self.peer!r}, tls={self.tls}, principal={self.principal!r})"
-
-
-class Handshake(abc.ABC):
-    """One connection's authentication, driven by the loop one frame at a time.
-
-    Every frame that arrives before ``done`` is true goes to :meth:`receive`; frames are capped
-    with ``authenticated=False`` meanwhile. Not thread-safe (the loop thread alone calls it), and
-    it must not block.
-    """
-
-    #: True once the peer authenticated: frames from then on are requests.
-    done: bool = False
-    #: Who the peer authenticated as (copied to :attr:`Session.principal` when done).
-    principal: Any = None
-
-    @abc.abstractmethod
-    def receive(self, frame: bytearray) -> bytes:
-        """Take one frame (its body, after the size prefix; the loop does not reuse the buffer)
-        and return the bytes to send back (whole frames; may be empty).
-
-        Raises:
-            HandshakeError: the peer failed; its ``reply`` is sent, then the connection closed.
-            Exception: anything else closes the connection at once.
-        """
-
-
-class Protocol(abc.ABC):
-    """What a listener speaks. One instance serves every connection of a :class:`Server`.
-
-    Thread-safety: :meth:`handle` is called from several worker threads at once; the other
-    methods from the loop thread, where they must not block.
-    """
-
-    #: Bytes of the size prefix that starts every frame.
-    header_size: int = 4
-
-    @abc.abstractmethod
-    def frame_size(self, header: bytes, authenticated: bool) -> int:
-        """How many bytes follow the size prefix ``header`` (``header_size`` bytes). Called
-        before the frame's buffer is allocated: raise (any exception closes the connection)
-        for a malformed size or one over the cap (``authenticated`` tells which cap)."""
-
-    def handshake(self, session: Session) -> Handshake | None:
-        """A new handshake state machine for a connection (after its TLS handshake), or None
-        when requests may follow at once."""
-        return None
-
-    def inline(self, session: Session, request: bytearray) -> bool:
-        """Whether :meth:`handle` answers ``request`` without blocking (at once, or with a
-        Future), so that the loop runs it itself: a hand-off to a worker costs a thread
-        wake-up, about half of a small request's round trip. Called on the loop thread; must
-        not block. The default: False (every request goes to a worker)."""
-        return False
-
-    @abc.abstractmethod
-    def handle(self, session: Session, request: bytearray) -> Response:
-        """Answer one request: the whole frame after its size prefix (the handler may keep the
-        buffer). Runs on a worker thread
-        and may block. Returns what to write (see :data:`Response`); raising closes the
-        connection (an OSError or LogstoreError is logged at debug level, anything else as an
-        error)."""
-
-
-@dataclass(frozen=True)
-class Limits:
-    """A server's connection limits (Kafka's max.connections, connections.max.idle.ms).
-    Immutable."""
-
-    max_connections: int = 256
-    handshake_timeout_s: float = 10.0
-    idle_timeout_s: float = 600.0
-
-    def __post_init__(self) -> None:
-        if self.max_connections < 1:
-            raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
-        if self.handshake_timeout_s <= 0 or self.idle_timeout_s <= 0:
-            raise ValueError("the handshake and idle timeouts must be > 0")
 
 
 class _Failed:
@@ -203,7 +97,7 @@ class _Sent:
 
     __slots__ = ("sent", "rest")
 
-    def __init__(self, sent: int, rest: list[memoryview]) -> None:
+    def __init__(self, sent: int, rest: list[Any]) -> None:
         self.sent = sent
         self.rest = rest
 
@@ -488,6 +382,7 @@ class Server:
                 pass
         with self._lock:
             del self._conns[conn.session.id]
+        _release(conn.out)
         conn.out.clear()
         if conn.in_flight:
             self._lingering += 1
@@ -678,6 +573,8 @@ class Server:
             conn.in_flight = False
             if conn.state is _CLOSED:
                 self._lingering -= 1
+                _release(result.rest if isinstance(result, _Sent) else _buffers(result) if result is not None
+                         and not isinstance(result, _Failed) else ())
                 continue
             # The idle clock restarts with the answer (the request may have taken longer).
             conn.deadline = time.monotonic() + self.limits.idle_timeout_s
@@ -702,14 +599,32 @@ class Server:
 
     # ------------------------------------------------------------------ writing
     @staticmethod
-    def _queue(conn: _Conn, buffers: Sequence[bytes | bytearray | memoryview]) -> None:
-        """Append whole frames to the connection's output."""
-        conn.out.extend(memoryview(b).cast("B") for b in buffers if len(b))
+    def _queue(conn: _Conn, buffers: Sequence[Any]) -> None:
+        """Append whole frames to the connection's output (file regions are read into bytes on
+        a TLS connection, which sendfile cannot write)."""
+        for b in buffers:
+            if isinstance(b, FileRegion):
+                if conn.session.tls:
+                    b = b.read()
+                elif b.length:
+                    conn.out.append(b)
+                    continue
+            if len(b):
+                conn.out.append(memoryview(b).cast("B"))
 
     def _write(self, conn: _Conn) -> None:
         conn.write_wants_read = False
         while conn.out:
             buf = conn.out[0]
+            if isinstance(buf, FileRegion):
+                try:
+                    n = _send_region(conn.sock, buf)
+                except (BlockingIOError, InterruptedError):
+                    return
+                self._counts.bytes_out += n
+                if not buf.length:
+                    conn.out.popleft().close()
+                continue
             try:
                 n = conn.sock.send(buf[:_SEND_CHUNK])
             except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError):
@@ -751,11 +666,13 @@ class Server:
 def _send_now(conn: _Conn, result: Any) -> Any:
     """Write an answer from the thread that has it (plain TCP only: the connection is muted
     with nothing queued, so the loop does not write to it); returns a :class:`_Sent`."""
-    buffers = [memoryview(b).cast("B") for b in _buffers(result) if len(b)]
+    buffers = [b if isinstance(b, FileRegion) else memoryview(b).cast("B") for b in _buffers(result) if len(b)]
     with conn.write_lock:
         if conn.state is not _OPEN:
             return result  # closed meanwhile: the loop drops it
         try:
+            if any(isinstance(b, FileRegion) for b in buffers):
+                return _send_with_regions(conn.sock, buffers)
             if len(buffers) > 1:
                 sent = conn.sock.sendmsg(buffers[:_SENDMSG_BUFFERS])
             else:
@@ -763,6 +680,7 @@ def _send_now(conn: _Conn, result: Any) -> Any:
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError as exc:
+            _release(buffers)
             return _Failed(exc)
     rest, skip = [], sent
     for buf in buffers:
@@ -772,6 +690,44 @@ def _send_now(conn: _Conn, result: Any) -> Any:
             rest.append(buf[skip:])
             skip = 0
     return _Sent(sent, rest)
+
+
+def _send_region(sock: socket.socket, region: FileRegion) -> int:
+    """One sendfile of a region's next bytes; advances it. Raises BlockingIOError when the
+    socket takes nothing now, OSError when the file ends before the region does."""
+    n = _fileio.ops.sendfile(sock.fileno(), region.fd, region.position, min(region.length, 4 * _SEND_CHUNK))
+    if n == 0:
+        raise OSError(errno.EIO, f"a file region ends {region.length} bytes early")
+    region.position += n
+    region.length -= n
+    return n
+
+
+def _send_with_regions(sock: socket.socket, buffers: list[Any]) -> _Sent:
+    """Write buffers and file regions in order until the socket takes no more: the bytes sent,
+    and what is left (a partly sent buffer or region first)."""
+    sent = 0
+    for i, buf in enumerate(buffers):
+        try:
+            if isinstance(buf, FileRegion):
+                while buf.length:
+                    sent += _send_region(sock, buf)
+                buf.close()
+                continue
+            n = sock.send(buf)
+        except (BlockingIOError, InterruptedError):
+            return _Sent(sent, buffers[i:])
+        sent += n
+        if n < len(buf):
+            return _Sent(sent, [buf[n:]] + buffers[i + 1:])
+    return _Sent(sent, [])
+
+
+def _release(buffers: Any) -> None:
+    """Close the file regions among answers that will not be written."""
+    for buf in buffers:
+        if isinstance(buf, FileRegion):
+            buf.close()
 
 
 def _buffers(result: Any) -> Sequence[bytes | bytearray | memoryview]:

@@ -332,6 +332,11 @@ class LogSegment:
             return position
         return segmentrecovery.position_after_bad_entry(self, offset, entry_offset, position)
 
+    @property
+    def fd(self) -> int:
+        """The ``.log`` file's descriptor (the segment owns it: dup it to keep it)."""
+        return self._fd
+
     def read_raw(self, offset: int, max_bytes: int) -> tuple[int, int]:
         """(position, length) of the whole batches from the one holding ``offset`` on: at least
         one batch when any holds offsets >= ``offset``, then more while the total stays within

@@ -294,3 +294,25 @@ def test_a_failed_fsync_is_a_storage_error_for_acks_all(tmp_path):
                 p.send("doomed", b"x").get(timeout=10)
         p.close()
     assert "storage" in type(failure.value).__name__.lower() or "56" in str(failure.value)
+
+
+def test_fetched_records_go_from_the_segment_file_to_the_socket_with_sendfile(kafka_server):
+    from logstore import _fileio
+    from logstore._fileio import FileOps
+
+    kafka_server.store.create_topic("zero-copy", 1)
+    log = kafka_server.store.partition("zero-copy", 0)
+    log.append_batch([b"z" * 1000] * 500)
+    stored = len(log.read_raw(0, 1 << 30))
+    sent = []
+
+    class Counting(FileOps):
+        def sendfile(self, out_fd, in_fd, position, count):
+            n = super().sendfile(out_fd, in_fd, position, count)
+            sent.append(n)
+            return n
+
+    with _fileio.install(Counting()):
+        got = consume(kafka_server, "zero-copy", count=500)
+    assert [r.value for r in got] == [b"z" * 1000] * 500
+    assert sum(sent) >= stored  # every batch byte went through sendfile

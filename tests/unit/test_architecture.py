@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, set[str]]] = [
              "epochs", "producerstate", "cleaner", "loglifecycle", "logmetrics", "logreplication", "log"}),
     ("store", {"store", "logdirs", "logview"}),
     ("client", {"producer", "consumer", "workqueue"}),
-    ("net", {"workerpool", "net", "purgatory", "wire"}),
+    ("net", {"workerpool", "netprotocol", "net", "purgatory", "wire"}),
     ("kafka", {"kafkawire", "kafkagroups", "kafkaconfigs", "kafkaapis", "kafkaserver"}),
     ("replication", {"election", "replica_partition", "replica_election", "replica_leader", "replica_follower",
                      "replication_client", "replication"}),

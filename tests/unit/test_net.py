@@ -8,12 +8,14 @@ Every server binds to 127.0.0.1 and is stopped by the fixture; waits are bounded
 from __future__ import annotations
 
 import ast
+import os
 import pathlib
 import shutil
 import socket
 import ssl
 import struct
 import subprocess
+import tempfile
 import threading
 import time
 from concurrent.futures import Future
@@ -21,6 +23,7 @@ from concurrent.futures import Future
 import pytest
 
 from logstore import net
+from logstore._fileio import FileRegion
 
 SECRET = b"HELLO open-sesame"
 PRE_AUTH_CAP = 64
@@ -85,6 +88,13 @@ class EchoProtocol(net.Protocol):
             if command == b"many":  # many:N answers N one-byte buffers (more than one sendmsg takes)
                 n = int(arg)
                 return [struct.pack(">i", n)] + [b"y"] * n
+            if command == b"file":  # file:N answers N bytes of a file, as a region (sendfile)
+                n = int(arg)
+                with tempfile.TemporaryFile() as f:
+                    f.write(b"<" + bytes(i % 251 for i in range(n)) + b">")
+                    f.flush()
+                    region = FileRegion(os.dup(f.fileno()), 1, n)  # the file is unlinked: the dup keeps it
+                return [struct.pack(">i", n + 2), b"[", region, b"]"]
             if command == b"whoami":
                 return framed(f"{session.principal} tls={session.tls}".encode())
             if command == b"none":
@@ -380,6 +390,27 @@ def test_limits_are_checked():
         net.Limits(handshake_timeout_s=-1)
 
 
+@pytest.mark.parametrize("size", [0, 1000, 3 << 20])
+def test_a_file_region_in_an_answer_is_written_with_sendfile_and_closed(serve, size):
+    server = serve()
+    fds = len(os.listdir("/proc/self/fd"))
+    with connect(server) as s:
+        assert call(s, b"file:%d" % size) == b"[" + bytes(i % 251 for i in range(size)) + b"]"
+        assert call(s, b"echo:after") == b"after"
+    wait_for(lambda: len(os.listdir("/proc/self/fd")) <= fds)  # every region's descriptor closed
+
+
+def test_a_file_region_for_a_closed_connection_is_closed(serve):
+    server = serve()
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        s = connect(server)
+        s.sendall(framed(b"file:%d" % (8 << 20)))  # more than the socket takes: the loop finishes it
+        s.close()
+    wait_for(lambda: metric(server, "connection-count") == 0)
+    wait_for(lambda: len(os.listdir("/proc/self/fd")) <= fds)
+
+
 # ---------------------------------------------------------------------- TLS
 def _openssl(*args, cwd):
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
@@ -423,6 +454,7 @@ def test_tls_round_trip_and_plain_clients_are_refused(serve, tls):
         assert hung_up(plain)
     with connect(server, tls=client_ctx) as s:  # still serving
         assert call(s, b"echo:again") == b"again"
+        assert call(s, b"file:100000") == b"[" + bytes(i % 251 for i in range(100000)) + b"]"  # read, not sendfile
 
 
 # ---------------------------------------------------------------------- stop and metrics
@@ -469,12 +501,15 @@ def test_metrics_count_connections_requests_and_bytes(serve):
     assert "kafka.server:type=socket-server-metrics,listener=test,name=connection-count" in server.metrics()
 
 
-def test_net_imports_nothing_above_errors():
+def test_net_imports_nothing_above_the_base_layer():
     import logstore.net as module
 
     tree = ast.parse(pathlib.Path(module.__file__).read_text())
-    ours = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level > 0}
-    assert ours == {"errors", "workerpool"}  # the worker pool, moved out of net.py, imports nothing
+    ours = {node.module or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level > 0
+            for alias in node.names}
+    # the worker pool and netprotocol (the protocol contract), moved out of net.py, import nothing
+    # above the base; _fileio (base) for the file regions an answer may hold, written with sendfile
+    assert ours == {"errors", "workerpool", "_fileio", "netprotocol"}
 
 
 def test_the_worker_pool_imports_nothing_of_logstore():
