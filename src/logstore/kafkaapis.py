@@ -10,8 +10,9 @@ produce with acks=0, which gets no response).
   for its partition. An idempotent producer's retry of its last batch gets the offsets that
   batch already has.
 - Fetch: whole batches from the one holding the fetch offset, at least one batch per partition
-  even past the byte limits (KIP-74); a fetch with fewer than ``min_bytes`` waits up to
-  ``max_wait_ms`` in the purgatory for an append through this server.
+  even past the byte limits (KIP-74), as file regions that the network layer writes with
+  sendfile; a fetch with fewer than ``min_bytes`` waits up to ``max_wait_ms`` in the purgatory
+  for an append, through this server or by any process sharing the store.
 - Metadata names this one broker as the leader, replica and in-sync replica of every
   partition; a topic asked for that does not exist is created when the server auto-creates
   topics (Kafka's ``auto.create.topics.enable``).
@@ -141,6 +142,7 @@ class KafkaApis:
         self.auto_create_topics = auto_create_topics
         self.num_partitions = num_partitions
         self.purgatory = Purgatory(f"kafka-{node_id}")
+        self._appends = _AppendWatcher(store, self.purgatory, f"kafka-{node_id}-appends")
         self.producer_ids = ProducerIds(store.root)
         self._states: dict[tuple[str, int], _PartitionState] = {}
         self._states_lock = threading.Lock()
@@ -159,6 +161,7 @@ class KafkaApis:
 
     def close(self) -> None:
         """Answer the fetches, joins and syncs still waiting (the server is stopping)."""
+        self._appends.close()
         if self._groups is not None:
             self._groups.close()
         self.purgatory.close()
@@ -325,15 +328,18 @@ class KafkaApis:
             _release(answer)
             return None
 
+        counter = self.store.notification()  # appends from here on wake the wait below
         answer, size = self._fetch(wanted, body.max_bytes)
         if size >= body.min_bytes or size < 0 or max_wait_ms <= 0 or not wanted:
             return answer
         _release(answer)
         keys = {(topic, partition) for topic, partition, _, _ in wanted}
         if len(keys) == 1:
-            return self.purgatory.watch(next(iter(keys)), attempt, max_wait_ms / 1000.0)
-        # Several partitions: one wait, checked by an append to any of them.
-        return _watch_any(self.purgatory, keys, attempt, max_wait_ms / 1000.0)
+            waiting = self.purgatory.watch(next(iter(keys)), attempt, max_wait_ms / 1000.0)
+        else:  # several partitions: one wait, checked by an append to any of them
+            waiting = _watch_any(self.purgatory, keys, attempt, max_wait_ms / 1000.0)
+        self._appends.watch(counter, keys)
+        return waiting
 
     def _fetch(self, wanted: list[tuple[str, int, int, int]], max_bytes: int) -> tuple[dict[str, Any], int]:
         """The answer to a fetch now, and the record bytes in it (-1: an error to report now)."""
@@ -574,6 +580,65 @@ def _ms(value: Any) -> int:
 def api_version_ranges() -> list[dict[str, int]]:
     """ApiVersions' list: every API served and its version range."""
     return [{"api_key": key, "min_version": low, "max_version": high} for key, (low, high) in sorted(SUPPORTED.items())]
+
+
+class _AppendWatcher:
+    """Wakes the fetches waiting in the purgatory when any process appends to the store: a
+    thread sleeps on the store's notification page (a futex every append bumps, in this process
+    or another sharing the store) while fetches wait, and checks their partitions when it moves.
+    Appends made through this server check their partition themselves, at once."""
+
+    def __init__(self, store: LogStore, purgatory: Purgatory, name: str) -> None:
+        self.store = store
+        self.purgatory = purgatory
+        self.name = name
+        self._wanted = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def watch(self, counter: int, keys: set[tuple[str, int]]) -> None:
+        """A fetch waits on ``keys`` since the notification counter read ``counter``: make sure
+        the thread watches, and check at once if an append came meanwhile (before the thread
+        could have seen it)."""
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None and not self._closed:
+                    thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                    thread.start()
+                    self._thread = thread
+        self._wanted.set()
+        if self.store.notification() != counter:
+            for key in keys:
+                self.purgatory.check(key)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        self._wanted.set()
+        if thread is not None:
+            thread.join(2)
+
+    def _run(self) -> None:
+        seen = self.store.notification()
+        while not self._closed:
+            fetches = [key for key in self.purgatory.keys() if isinstance(key, tuple) and len(key) == 2]
+            if not fetches:
+                self._wanted.clear()
+                if not any(isinstance(k, tuple) and len(k) == 2 for k in self.purgatory.keys()):
+                    self._wanted.wait(1.0)
+                seen = self.store.notification()
+                continue
+            try:
+                self.store.wait(seen, 0.25)
+                now = self.store.notification()
+            except LogstoreError:  # the store is closing
+                return
+            if now != seen:
+                seen = now
+                for key in fetches:
+                    self.purgatory.check(key)
 
 
 def _release(answer: Mapping[str, Any]) -> None:

@@ -124,6 +124,11 @@ class Purgatory:
             ops = list(self._watchers.get(key, ()))
         return sum(self._try(op, False) for op in ops)
 
+    def keys(self) -> list[Hashable]:
+        """The keys that requests are watching now."""
+        with self._lock:
+            return list(self._watchers)
+
     @property
     def pending(self) -> int:
         """Requests waiting now."""

@@ -316,3 +316,38 @@ def test_fetched_records_go_from_the_segment_file_to_the_socket_with_sendfile(ka
         got = consume(kafka_server, "zero-copy", count=500)
     assert [r.value for r in got] == [b"z" * 1000] * 500
     assert sum(sent) >= stored  # every batch byte went through sendfile
+
+
+def test_a_long_poll_is_woken_by_appends_from_the_library_and_other_processes(tmp_path):
+    """fetch_max_wait_ms of 10 s: records appended meanwhile by the library, in this process or
+    in another one sharing the store, reach the consumer at once, not at the end of the wait."""
+    import subprocess
+    import sys
+
+    from logstore.kafkaserver import KafkaServer
+
+    with KafkaServer(str(tmp_path), ("127.0.0.1", 0)) as server:
+        server.store.create_topic("woken", 1)
+        consumer = KafkaConsumer(bootstrap_servers=server.bootstrap_servers, enable_auto_commit=False,
+                                 fetch_max_wait_ms=10_000, request_timeout_ms=30_000)
+        tp = TopicPartition("woken", 0)
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        try:
+            consumer.poll(timeout_ms=300)  # the first fetch is now waiting on the server
+            script = ("import sys; from logstore import LogStore\n"
+                      "with LogStore(sys.argv[1], shared=True) as s: s.partition('woken', 0).append(b'from afar')")
+            started = time.monotonic()
+            subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, timeout=60)
+            got = []
+            while not got and time.monotonic() - started < 8:
+                got = [r.value for records in consumer.poll(timeout_ms=200).values() for r in records]
+            assert got == [b"from afar"] and time.monotonic() - started < 8
+            started = time.monotonic()
+            server.store.partition("woken", 0).append(b"from here")
+            got = []
+            while not got and time.monotonic() - started < 8:
+                got = [r.value for records in consumer.poll(timeout_ms=200).values() for r in records]
+            assert got == [b"from here"] and time.monotonic() - started < 2
+        finally:
+            consumer.close()
