@@ -66,10 +66,11 @@ class _Index:
 
     @classmethod
     def open_readonly(cls, path: str, base_offset: int) -> "Any":
-        """Map an index file read-only without changing anything (readers in other processes,
-        see logview.py); None when the file does not exist. The entries are the leading
-        non-zero ones (an active index is preallocated with a zero tail); an index failing the
-        sanity check reads as empty, since an index is only a hint that readers verify."""
+        """Read an index file without changing anything (readers in other processes, see
+        logview.py): a copy of its written part; None when the file does not exist. The
+        entries are the leading non-zero ones (an active index is preallocated with a zero
+        tail); an index failing the sanity check reads as empty, since an index is only a hint
+        that readers verify."""
         ops = _fileio.ops
         try:
             fd = ops.open(path, os.O_RDONLY)
@@ -80,9 +81,17 @@ class _Index:
         self.writable, self._fd, self._mm, self._ptr = False, fd, None, ffi.NULL
         self.entries = self.capacity = self._reserved = 0
         try:
-            size = ops.fsize(fd)
-            self.partial_entry = size % self.entry_size != 0
-            self._map(size - size % self.entry_size, False)
+            # A copy of the written part, not a map: the owner trims an active index when its
+            # segment rolls, and a map of a file cut meanwhile is a SIGBUS where it is touched
+            # past the new end (the scan for the zero tail reads one entry past the last).
+            size = min(ops.fsize(fd), ops.data_end(fd))
+            data = ops.pread(fd, size, 0) if size > 0 else b""
+            self.partial_entry = len(data) % self.entry_size != 0
+            data = data[:len(data) - len(data) % self.entry_size]
+            self.capacity = len(data) // self.entry_size
+            if data:
+                self._mm = data  # type: ignore[assignment]
+                self._ptr = ffi.from_buffer(data)
             if self.capacity:
                 self.entries = lib.ls_index_entries(self._ptr, self.capacity, self.is_time)
             if self.entries and lib.ls_index_check(self._ptr, self.entries, self.is_time, 2**31 - 1) != -1:
@@ -98,7 +107,8 @@ class _Index:
             ffi.release(self._ptr)
             self._ptr = ffi.NULL
         if self._mm is not None:
-            self._mm.close()
+            if isinstance(self._mm, mmap.mmap):
+                self._mm.close()
             self._mm = None
 
     def _map(self, size: int, writable: bool) -> None:

@@ -398,3 +398,42 @@ def test_close_keeps_the_file_as_it_is(make_offset_index) -> None:
     ix.close()
     ix.close()  # idempotent
     assert pathlib.Path(ix.path).read_bytes() == data
+
+
+@pytest.mark.regression(reason=("fixed: a reader in another process mapped an active (preallocated) index "
+    "and scanned it for its zero tail; when the owner trimmed the index at a roll meanwhile, the map "
+    "failed ('mmap length is greater than file size', seen under load in the Spark source's read of a "
+    "store being written) or, trimmed after the map, the scan touched a page past the end: SIGBUS. "
+    "Readers now copy the index's written part"))
+def test_a_reader_survives_the_owner_trimming_the_index_under_it(tmp_path: pathlib.Path) -> None:
+    import signal
+
+    from logstore import _fileio
+    from logstore._fileio import FileOps
+
+    path = str(tmp_path / "00000000000000000000.index")
+    owner = OffsetIndex(path, 0, 1 << 20, True)  # preallocated: 1 MiB, mostly a hole
+    for i in range(512):  # exactly one page of entries: the zero tail starts on the next page
+        struct.pack_into(">ii", owner._mm, i * 8, i + 1, (i + 1) * 100)
+    owner.entries = 512
+
+    class TrimAfterSize(FileOps):
+        def fsize(self, fd):
+            size = super().fsize(fd)
+            os.truncate(path, 512 * 8)  # the owner's roll lands between the reader's steps
+            return size
+
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            with _fileio.install(TrimAfterSize()):
+                reader = OffsetIndex.open_readonly(path, 0)
+            code = 0 if reader.entries == 512 and reader.lookup(300) == (300, 30000) else 2
+            reader.close()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    owner.close()
+    assert not os.WIFSIGNALED(status), f"the reader died of {signal.Signals(os.WTERMSIG(status)).name}"
+    assert os.WEXITSTATUS(status) == 0

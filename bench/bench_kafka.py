@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""Kafka clients against ``logstore serve``, and against librdkafka's in-process mock cluster.
+
+    .venv/bin/python bench/bench_kafka.py            # ~1-2 minutes
+    .venv/bin/python bench/bench_kafka.py --quick    # fewer records
+
+Figures (each the median of ``--repeat`` runs, same run, same machine):
+
+  produce       confluent-kafka Producer, linger.ms=5, batch.size=1 MB, 200-byte values, acks=1,
+                no compression, into (a) ``logstore serve`` in its own process and (b) librdkafka's
+                mock cluster (``test.mock.num.brokers=1``, in the producer's process: a broker
+                that keeps batches in memory and writes nothing). Records/s from the first
+                produce() until flush() returns (every record acknowledged).
+  produce, acks=all + fsync   the same into ``logstore serve --fsync-acks-all``.
+  consume       the records just produced read back whole by a confluent-kafka Consumer
+                (assign from offset 0, until the last), by kafka-python and aiokafka (fewer
+                records), and by the library itself, ``Log.iter`` over the same partition
+                directory, in this process (the files are in the page cache for every reader).
+  latency       produce-to-consume latency at 10,000 records/s for 5 s (confluent producer with
+                linger.ms=0 and a confluent consumer long-polling): p50 and p99.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from logstore import LogStore
+
+VALUE = b"v" * 200
+
+
+def serve(root: str, *extra: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "logstore", "serve", root, "--listen", "127.0.0.1:0", *extra],
+                            stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()  # "serving ROOT on HOST:PORT"
+    return proc, line.rsplit(" ", 1)[1].strip()
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    proc.wait(30)
+
+
+def produce(config: dict, n: int, topic: str = "bench") -> float:
+    p = Producer({"linger.ms": 5, "batch.size": 1_000_000, "acks": 1, "queue.buffering.max.messages": 2_000_000,
+                  "queue.buffering.max.kbytes": 2_000_000, **config})
+    p.produce(topic, VALUE)  # connect and learn the partition leader before the clock starts
+    p.flush(30)
+    started = time.perf_counter()
+    for _ in range(n):
+        try:
+            p.produce(topic, VALUE)
+        except BufferError:
+            p.poll(0.01)
+            p.produce(topic, VALUE)
+    remaining = p.flush(120)
+    elapsed = time.perf_counter() - started
+    assert remaining == 0, f"{remaining} records not acknowledged"
+    return n / elapsed
+
+
+def consume_confluent(bootstrap: str, n: int, topic: str = "bench") -> float:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench", "enable.auto.commit": False,
+                  "fetch.max.bytes": 50 << 20, "max.partition.fetch.bytes": 10 << 20})
+    c.assign([TopicPartition(topic, 0, 0)])
+    got = 0
+    started = time.perf_counter()
+    while got < n:
+        for m in c.consume(10_000, 1.0):
+            if m.error() is None:
+                got += 1
+    elapsed = time.perf_counter() - started
+    c.close()
+    return got / elapsed
+
+
+def consume_kafka_python(bootstrap: str, n: int, topic: str = "bench") -> float:
+    from kafka import KafkaConsumer
+    from kafka import TopicPartition as TP
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_bytes=50 << 20,
+                      max_partition_fetch_bytes=10 << 20)
+    tp = TP(topic, 0)
+    c.assign([tp])
+    c.seek(tp, 0)
+    got = 0
+    started = time.perf_counter()
+    while got < n:
+        got += sum(len(v) for v in c.poll(timeout_ms=1000, max_records=100_000).values())
+    elapsed = time.perf_counter() - started
+    c.close()
+    return got / elapsed
+
+
+def consume_aiokafka(bootstrap: str, n: int, topic: str = "bench") -> float:
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka import TopicPartition as TP
+
+    async def run() -> float:
+        c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_bytes=50 << 20,
+                             max_partition_fetch_bytes=10 << 20)
+        await c.start()
+        tp = TP(topic, 0)
+        c.assign([tp])
+        c.seek(tp, 0)
+        got = 0
+        started = time.perf_counter()
+        while got < n:
+            got += sum(len(v) for v in (await c.getmany(tp, timeout_ms=1000, max_records=100_000)).values())
+        elapsed = time.perf_counter() - started
+        await c.stop()
+        return got / elapsed
+
+    return asyncio.run(run())
+
+
+def iter_library(root: str, n: int, topic: str = "bench") -> float:
+    with LogStore(root, shared=True) as store:
+        log = store.partition(topic, 0)
+        started = time.perf_counter()
+        got = sum(1 for _ in log.iter(max_offset=n + 1))
+        elapsed = time.perf_counter() - started
+    return got / elapsed
+
+
+def latency(bootstrap: str, rate: int = 10_000, seconds: float = 5.0) -> tuple[float, float]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "lat", "enable.auto.commit": False,
+                  "fetch.wait.max.ms": 500, "fetch.min.bytes": 1})
+    c.assign([TopicPartition("latency", 0, 0)])
+    samples: list[float] = []
+    total = int(rate * seconds)
+    done = threading.Event()
+
+    def reader() -> None:
+        while len(samples) < total and not done.is_set():
+            for m in c.consume(1000, 0.5):
+                if m.error() is None:
+                    samples.append(time.time() - float(m.value()))
+
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": 1})
+    p.produce("latency", b"%f" % time.time())
+    p.flush(10)
+    t = threading.Thread(target=reader)
+    t.start()
+    time.sleep(1.0)
+    samples.clear()
+    started = time.perf_counter()
+    for i in range(total):
+        target = started + i / rate
+        delay = target - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        p.produce("latency", b"%f" % time.time())
+        p.poll(0)
+    p.flush(10)
+    t.join(30)
+    done.set()
+    c.close()
+    samples.sort()
+    return samples[len(samples) // 2] * 1000, samples[int(len(samples) * 0.99)] * 1000
+
+
+def median(fn, repeat: int) -> float:
+    return statistics.median(fn() for _ in range(repeat))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    n = 200_000 if args.quick else 1_000_000
+    small = n // 5
+    repeat = 1 if args.quick else args.repeat
+    base = os.environ.get("LOGSTORE_BENCH_DIR", tempfile.gettempdir())
+    rows = []
+
+    def fresh() -> str:
+        return tempfile.mkdtemp(prefix="kafka-bench-", dir=base)
+
+    def served(extra=(), records=n) -> float:
+        root = fresh()
+        proc, bootstrap = serve(root, *extra)
+        try:
+            return produce({"bootstrap.servers": bootstrap}, records)
+        finally:
+            stop(proc)
+            shutil.rmtree(root, ignore_errors=True)
+
+    mock = median(lambda: produce({"test.mock.num.brokers": 1}, n), repeat)
+    ours = median(served, repeat)
+    rows.append(("produce, acks=1: confluent-kafka -> logstore serve", ours, "records/s"))
+    rows.append(("produce, acks=1: confluent-kafka -> librdkafka mock cluster", mock, "records/s"))
+    rows.append(("  logstore serve / mock cluster", ours / mock, "x"))
+    fsynced = median(lambda: served(("--fsync-acks-all",), small), repeat)
+    rows.append(("produce, acks=all, fsync before the answer (--fsync-acks-all)", fsynced, "records/s"))
+
+    root = fresh()
+    proc, bootstrap = serve(root)
+    try:
+        produce({"bootstrap.servers": bootstrap}, n)
+        library = median(lambda: iter_library(root, n), repeat)
+        confluent = median(lambda: consume_confluent(bootstrap, n), repeat)
+        kafka_python = median(lambda: consume_kafka_python(bootstrap, small), repeat)
+        aiokafka = median(lambda: consume_aiokafka(bootstrap, small), repeat)
+        p50, p99 = latency(bootstrap)
+    finally:
+        stop(proc)
+        shutil.rmtree(root, ignore_errors=True)
+    rows.append(("consume: confluent-kafka <- logstore serve", confluent, "records/s"))
+    rows.append(("consume: the library, Log.iter, same partition", library, "records/s"))
+    rows.append(("  confluent-kafka / Log.iter", confluent / library, "x"))
+    rows.append(("consume: kafka-python <- logstore serve", kafka_python, "records/s"))
+    rows.append(("consume: aiokafka <- logstore serve", aiokafka, "records/s"))
+    rows.append(("produce-to-consume latency at 10k records/s, p50", p50, "ms"))
+    rows.append(("produce-to-consume latency at 10k records/s, p99", p99, "ms"))
+    print(f"{n:,} records of {len(VALUE)} bytes ({small:,} for kafka-python, aiokafka and fsync), "
+          f"median of {repeat}")
+    for name, value, unit in rows:
+        shown = f"{value:,.2f}" if unit in ("x", "ms") else f"{value:,.0f}"
+        print(f"{name:<66} {shown:>14} {unit}")
+
+
+if __name__ == "__main__":
+    main()
