@@ -228,19 +228,10 @@ class ProducerStateManager:
             if offset in self._snapshots():
                 return
             data = self.current(log_start, offset).to_snapshot()
-            _fileio.ops.write_file_atomic(self._file(offset), data)
-            offsets = self._snapshots()
-            if offset not in offsets:
-                offsets.append(offset)
-                offsets.sort()
-            self._prune()
-        except (OSError, LogstoreError) as exc:
-            logger.warning("%s: could not write the producer snapshot at %d: %s", self.path, offset, exc)
-            self._offsets = None
-            try:
-                _fileio.ops.unlink(self._file(offset) + ".tmp")
-            except OSError:
-                pass
+        except LogstoreError as exc:  # a batch that cannot be read (shared logs replay)
+            logger.warning("%s: no producer snapshot at %d: %s", self.path, offset, exc)
+            return
+        self.write_snapshot(offset, data)
 
     def snapshot_data(self, log_start: int, log_end: int) -> bytes | None:
         """The snapshot of the table at ``log_end`` (None when not loaded), computed while the
@@ -254,13 +245,24 @@ class ProducerStateManager:
             return None
 
     def write_snapshot(self, offset: int, data: bytes | None) -> None:
-        """Write ``data`` (from :meth:`snapshot_data`) as the snapshot at ``offset``; log a failure."""
+        """Write ``data`` (from :meth:`snapshot_data`) as the snapshot at ``offset`` and prune;
+        log a failure."""
         if data is None:
             return
         try:
             _fileio.ops.write_file_atomic(self._file(offset), data)
+            offsets = self._snapshots()
+            if offset not in offsets:
+                offsets.append(offset)
+                offsets.sort()
+            self._prune()
         except OSError as exc:
             logger.warning("%s: could not write the producer snapshot at %d: %s", self.path, offset, exc)
+            self._offsets = None
+            try:
+                _fileio.ops.unlink(self._file(offset) + ".tmp")
+            except OSError:
+                pass
 
     # ------------------------------------------------------------------ the log's ends move
     def before_truncation(self, offset: int) -> None:
