@@ -1,7 +1,8 @@
 """Log: one partition's public face (offsets, appends, reads, epochs, truncation, retention, compaction).
 
-Log owns a partition directory ``<log dir>/<topic>-<partition>/``: its segment files, the
-``.lock`` file that keeps a second process from writing, the ``.kafka_cleanshutdown`` marker, and
+Log owns a partition directory ``<log dir>/<topic>-<partition>/``: its segment files and
+producer state snapshots, the ``.lock`` file that keeps a second process from writing, the
+``.kafka_cleanshutdown`` marker, and
 this partition's entries in the log directory's ``recovery-point-offset-checkpoint`` and
 ``log-start-offset-checkpoint`` files.
 
@@ -20,6 +21,8 @@ retention, which :mod:`~logstore.retention` decides), :class:`~logstore.flusher.
 the flush policy with group commit, :class:`~logstore.shared.SharedCoordinator` keeps processes
 sharing the partition in step, :class:`~logstore.cleaner.LogCompaction` runs compaction passes,
 :class:`~logstore.epochs.LeaderEpochCache` holds the leader epochs,
+:class:`~logstore.logproducers.ProducerStateManager` each idempotent producer's state and the
+``.snapshot`` files,
 :class:`~logstore.waiters.AppendWaiters` the long-polls, and :mod:`~logstore.logmetrics` the
 metrics.
 

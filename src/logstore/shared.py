@@ -19,8 +19,10 @@ a crash: it is never fsynced.
 page: it opens the log (the first process in recovers it), takes and releases the writers' lock
 around every change (adopting on entry what other processes published, publishing on exit what
 this one changed), follows other processes' appends lock-free, reloads the segment layout when
-its generation moved, repairs it when a writer died mid-change, and closes the log (the last
-process out closes it cleanly).
+its generation moved (which also makes this process reload its producer state before the
+next check, see :mod:`~logstore.logproducers`), repairs it when a writer died mid-change, and
+closes the log (the last process out closes it cleanly). :class:`ExclusiveHold` is what
+``log.exclusive()`` returns: the Log's thread lock, then the writers' lock.
 
 Thread-safety: not thread-safe; the owning Log serialises access with its own lock.
 """
