@@ -215,7 +215,7 @@ def append_records_locked(log: Any, values: Any, keys: Any, headers: Any, timest
         offset = append_encoded_locked(log, batch, max_ts)
         if first < 0:
             first = offset
-        if producer_id >= 0:
+        if producer_id >= 0 and log._producers.loaded:
             log._producers.learn(producer_id, parse_header(batch), offset)
     return first
 

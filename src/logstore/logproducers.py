@@ -189,6 +189,11 @@ class ProducerStateManager:
         self._start, self._end = log_start, log_end
         return table
 
+    @property
+    def loaded(self) -> bool:
+        """Whether the table is loaded (appends teach it their batches only then)."""
+        return self.table is not None
+
     def invalidate(self) -> None:
         """Another process changed the segment layout: reload the table before its next use."""
         self.table = None
@@ -206,15 +211,6 @@ class ProducerStateManager:
                 return
             self._end = first_offset + header.last_offset_delta + 1
         table.record_header(header, first_offset)
-
-    def learn_batches(self, data: Any, first_offset: int) -> None:
-        """The whole batches ``data`` (offsets assigned) were appended from ``first_offset`` on."""
-        table = self.table
-        if table is None or (self._shared and first_offset != self._end):
-            return
-        end = table.record_batches(data, first_offset)
-        if self._shared:
-            self._end = end
 
     # ------------------------------------------------------------------ snapshots
     def take_snapshot(self, log_start: int, offset: int) -> None:
@@ -270,7 +266,7 @@ class ProducerStateManager:
         durably, before any segment changes (see the invariant in the module docstring)."""
         self._delete([o for o in self._snapshots() if o > offset], durable=True)
 
-    def truncated(self, log_start: int, log_end: int) -> None:
+    def truncated(self, log_end: int) -> None:
         """The log was truncated to end at ``log_end``: forget what went, reloading the table
         from a snapshot when it lost a batch."""
         table = self.table

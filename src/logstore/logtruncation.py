@@ -53,7 +53,7 @@ def truncate_to(log: Any, offset: int) -> None:
                 log._set_active(log._segments.truncate_to(offset, log._builder, log._decoder))
             _fileio.ops.fsync_dir(log.path)
             end = log._appender.next_offset
-            log._producers.truncated(log._log_start_offset, end)
+            log._producers.truncated(end)
             log._recovery_point = min(log._recovery_point, end)
             log._flushed_offset = min(log._flushed_offset, log._recovery_point)
             if log._high_watermark is not None:
