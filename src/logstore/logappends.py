@@ -1,18 +1,19 @@
 """The Log's append paths other than the fast one: the general record path, client batches, rolls for time and room.
 
 :class:`~logstore.log.Log` keeps the append fast path (one lock, one clock read, one C call into
-the active segment's map) and the common path of ``append_batch``. What they fall back to lives
-here, as functions of the log: the settings the append paths take from the config, the general
-single-record path (conversions, headers, LogAppendTime, a forced codec), a client's encoded
-batch (validated whole, stored as it is or re-encoded when the log's policy needs other bytes),
-rolling when a record is past the segment's time limit (Kafka's segment.ms) and the roll itself,
-making room when the active segment reports FULL (grow its map, or roll), explaining a record
-too large for max_message_bytes, and appending one encoded batch. A follower's copy of its
-leader's batches is in :mod:`~logstore.logreplication`.
+the active segment's map) and ``append_batch``'s argument checks. The rest lives here, as functions of the log: the settings the append paths take from the config, the general
+single-record path (conversions, headers, LogAppendTime, a forced codec), the encoding and
+append of ``append_batch``'s records, a client's encoded batch (validated whole, checked against
+the producer state of :mod:`~logstore.logproducers` under the same locks as its append, stored
+as it is or re-encoded when the log's policy needs other bytes), rolling when a record is past
+the segment's time limit (Kafka's segment.ms) and the roll itself, making room when the active
+segment reports FULL (grow its map, or roll), explaining a record too large for
+max_message_bytes, and appending one encoded batch. A follower's copy of its leader's batches is
+in :mod:`~logstore.logreplication`.
 
-Thread-safety: :func:`append_general` and :func:`append_encoded` are called without the log's
-locks and take them; every other function runs with the log's lock and writers' lock held (the
-caller's). They read and set the log's offsets and active segment, as its own methods would.
+Thread-safety: :func:`append_general` and :func:`append_client_batch` are called without the
+log's locks and take them; every other function runs with the log's lock and writers' lock held
+(the caller's). They read and set the log's offsets and active segment, as its own methods would.
 """
 
 from __future__ import annotations
@@ -133,7 +134,8 @@ def roll_for_time(log: Any, timestamp: int) -> None:
 
 def roll_segment(log: Any) -> None:
     """Seal (trim + fsync) the active segment and create the next one (nothing when the active
-    segment is empty); everything below the new segment is durable, and the checkpoints say so."""
+    segment is empty); everything below the new segment is durable, and the checkpoints say so
+    (and a loaded producer state is written as the snapshot at the new segment's base)."""
     with log._io_guard():
         if log._segments.active.size == 0:
             log._roll_deadline = NEVER
