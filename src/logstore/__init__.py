@@ -18,6 +18,7 @@ from .errors import (
     CorruptIndexError,
     CorruptRecordError,
     InvalidConfigError,
+    InvalidProducerEpochError,
     InvalidRecordError,
     InvalidTopicError,
     LogClosedError,
@@ -25,6 +26,7 @@ from .errors import (
     LogOfflineError,
     LogstoreError,
     OffsetOutOfRangeError,
+    OutOfOrderSequenceError,
     RecordTooLargeError,
     TopicExistsError,
     UnknownTopicOrPartitionError,
@@ -75,6 +77,8 @@ __all__ = [
     "UnsupportedCodecError",
     "UnknownTopicOrPartitionError",
     "TopicExistsError",
+    "InvalidProducerEpochError",
+    "OutOfOrderSequenceError",
     "__version__",
 ]
 

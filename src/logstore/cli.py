@@ -276,6 +276,12 @@ def _describe(item: dict[str, Any]) -> str:
         return f"{item['topic']} {item['partition']} {item['offset']}"
     if kind == "leader-epoch":
         return f"epoch: {item['epoch']} startOffset: {item['start_offset']}"
+    if kind == "producer":  # as kafka-dump-log prints a producer snapshot's entries
+        return (f"producerId: {item['producer_id']} producerEpoch: {item['epoch']} coordinatorEpoch: -1 "
+                f"currentTxnFirstOffset: None lastTimestamp: {item['last_timestamp']} "
+                f"firstSequence: {item['first_sequence']} lastSequence: {item['last_sequence']} "
+                f"lastOffset: {item['last_offset']} offsetDelta: {item['offset_delta']} timestamp: "
+                f"{item['last_timestamp']}")
     if kind == "zero-tail":
         return f"position: {item['position']}: {item['bytes']} zero bytes (the unwritten end of an active segment)"
     return f"position: {item['position']}: invalid batch ({item['error']}); {item['bytes']} bytes not shown"
@@ -456,7 +462,7 @@ def _parser(out: TextIO | None = None) -> argparse.ArgumentParser:
     p.add_argument("--key-separator", default="\t")
     p.add_argument("--json", action="store_true")
 
-    p = command("dump", "print the batches and records of segment, index and checkpoint files")
+    p = command("dump", "print the batches and records of segment, index, producer snapshot and checkpoint files")
     p.add_argument("files", nargs="+")
     p.add_argument("--print-data", action="store_true", help="print keys, values and headers")
     p.add_argument("--deep", action="store_true", help="list the records of every batch")

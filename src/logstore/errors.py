@@ -24,6 +24,8 @@ __all__ = [
     "InvalidConfigError",
     "UnknownTopicOrPartitionError",
     "TopicExistsError",
+    "InvalidProducerEpochError",
+    "OutOfOrderSequenceError",
 ]
 
 
@@ -161,3 +163,54 @@ class UnknownTopicOrPartitionError(LogstoreError, KeyError):
 
 class TopicExistsError(LogstoreError):
     """create_topic() of a topic that already exists (Kafka's TopicExistsException)."""
+
+
+class InvalidProducerEpochError(InvalidRecordError):
+    """An idempotent producer's batch carries an epoch older than the producer's latest one in
+    the partition: a fenced producer (Kafka's InvalidProducerEpochException, error 47
+    INVALID_PRODUCER_EPOCH). Nothing is written.
+
+    Attributes:
+        producer_id: the batch's producer id.
+        epoch: the batch's producer epoch.
+        current_epoch: the producer's latest epoch in the partition.
+    """
+
+    def __init__(self, producer_id: int, epoch: int, current_epoch: int, where: str = "") -> None:
+        self.producer_id = producer_id
+        self.epoch = epoch
+        self.current_epoch = current_epoch
+        self.where = where
+        prefix = f"{where}: " if where else ""
+        super().__init__(f"{prefix}producer {producer_id} sent epoch {epoch}, older than its current epoch "
+                         f"{current_epoch}; nothing was written")
+
+    def __reduce__(self):
+        return (type(self), (self.producer_id, self.epoch, self.current_epoch, self.where))
+
+
+class OutOfOrderSequenceError(InvalidRecordError):
+    """An idempotent producer's batch does not continue its sequence: its first sequence is not
+    the producer's last one + 1 (or 0 with a new epoch), so a batch before it is missing (Kafka's
+    OutOfOrderSequenceException, error 45 OUT_OF_ORDER_SEQUENCE_NUMBER). Nothing is written.
+
+    Attributes:
+        producer_id, epoch: the batch's producer id and epoch.
+        first_sequence: the batch's first sequence number.
+        last_sequence: the producer's last sequence in the partition (-1: none in this epoch).
+    """
+
+    def __init__(self, producer_id: int, epoch: int, first_sequence: int, last_sequence: int,
+                 where: str = "") -> None:
+        self.producer_id = producer_id
+        self.epoch = epoch
+        self.first_sequence = first_sequence
+        self.last_sequence = last_sequence
+        self.where = where
+        prefix = f"{where}: " if where else ""
+        expected = "0 (a new epoch)" if last_sequence < 0 else f"{(last_sequence + 1) % 2**31}"
+        super().__init__(f"{prefix}out of order sequence for producer {producer_id} (epoch {epoch}): the batch "
+                         f"starts at {first_sequence}, expected {expected}; nothing was written")
+
+    def __reduce__(self):
+        return (type(self), (self.producer_id, self.epoch, self.first_sequence, self.last_sequence, self.where))

@@ -5,10 +5,12 @@ response's fields as a mapping (named as in the latest version; :func:`kafkawire
 what the request's version has), a Future of one (a fetch that waits for records), or None (a
 produce with acks=0, which gets no response).
 
-- Produce: each partition's batch is validated whole (CRC, every record, sizes) and stored
-  byte for byte (``Log.append_encoded``); a refused batch writes nothing and gets Kafka's error
-  for its partition. An idempotent producer's retry of its last batch gets the offsets that
-  batch already has.
+- Produce: each partition's batch is validated whole (CRC, every record, sizes), checked
+  against the log's producer state and stored byte for byte (``Log.append_idempotent``); a
+  refused batch writes nothing and gets Kafka's error for its partition (an idempotent
+  producer's old epoch INVALID_PRODUCER_EPOCH, a gap in its sequence
+  OUT_OF_ORDER_SEQUENCE_NUMBER). A retry of one of a producer's last five batches gets the
+  offsets that batch already has.
 - Fetch: whole batches from the one holding the fetch offset, at least one batch per partition
   even past the byte limits (KIP-74), as file regions that the network layer writes with
   sendfile; a fetch with fewer than ``min_bytes`` waits up to ``max_wait_ms`` in the purgatory
@@ -18,7 +20,7 @@ produce with acks=0, which gets no response).
   topics (Kafka's ``auto.create.topics.enable``).
 
 Thread-safety: every method may be called from several threads at once; each partition's
-producer state is kept under its own lock.
+producer state is the log's, checked and changed under the log's lock.
 """
 
 from __future__ import annotations
@@ -33,10 +35,12 @@ from ._fileio import FileRegion
 from .errors import (
     CorruptRecordError,
     InvalidConfigError,
+    InvalidProducerEpochError,
     InvalidRecordError,
     InvalidTopicError,
     LogstoreError,
     OffsetOutOfRangeError,
+    OutOfOrderSequenceError,
     RecordTooLargeError,
     TopicExistsError,
     UnknownTopicOrPartitionError,
@@ -45,9 +49,7 @@ from . import kafkaconfigs
 from .consumer import offset_store
 from .kafkagroups import GroupConfig, GroupCoordinator
 from .kafkawire import SUPPORTED, KafkaRequest
-from .producerstate import ProducerStateTable
 from .purgatory import Purgatory
-from .records import validate_client_batch
 from .store import LogStore
 
 __all__ = ["KafkaApis", "ProducerIds"]
@@ -67,6 +69,8 @@ INVALID_PARTITIONS = 37
 INVALID_REPLICATION_FACTOR = 38
 INVALID_CONFIG = 40
 UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
+OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+INVALID_PRODUCER_EPOCH = 47
 INVALID_RECORD = 87
 COORDINATOR_NOT_AVAILABLE = 15
 INVALID_GROUP_ID = 24
@@ -108,16 +112,6 @@ class ProducerIds:
             return pid
 
 
-class _PartitionState:
-    """A partition's producer state and the lock that orders its appends."""
-
-    __slots__ = ("lock", "producers")
-
-    def __init__(self, producers: ProducerStateTable) -> None:
-        self.lock = threading.Lock()
-        self.producers = producers
-
-
 class KafkaApis:
     """The request handlers of one server over ``store`` (see the module docstring).
 
@@ -144,8 +138,7 @@ class KafkaApis:
         self.purgatory = Purgatory(f"kafka-{node_id}")
         self._appends = _AppendWatcher(store, self.purgatory, f"kafka-{node_id}-appends")
         self.producer_ids = ProducerIds(store.root)
-        self._states: dict[tuple[str, int], _PartitionState] = {}
-        self._states_lock = threading.Lock()
+        self._groups_lock = threading.Lock()
         self.group_config = group_config
         #: acks=all answers after an fsync of the partitions written (else once in the log)
         self.fsync_acks_all = fsync_acks_all
@@ -170,7 +163,7 @@ class KafkaApis:
     def groups(self) -> GroupCoordinator:
         """The group coordinator (``__consumer_offsets`` is created on first use)."""
         if self._groups is None:
-            with self._states_lock:
+            with self._groups_lock:
                 if self._groups is None:
                     self._groups = GroupCoordinator(offset_store(self.store), self.purgatory, self._partition_exists,
                                                     self.group_config)
@@ -267,7 +260,8 @@ class KafkaApis:
                     part["error_code"], part["error_message"] = KAFKA_STORAGE_ERROR, f"fsync failed: {exc}"
 
     def _append(self, topic: str, partition: int, records: bytes | None) -> tuple[int, int]:
-        """Validate and append one partition's batch; (error code, base offset)."""
+        """Validate and append one partition's batch; (error code, base offset). A retry of a
+        batch already in the log gets that batch's base offset (Kafka answers a duplicate so)."""
         try:
             log = self.store.partition(topic, partition)
         except (UnknownTopicOrPartitionError, InvalidTopicError):
@@ -275,38 +269,24 @@ class KafkaApis:
         if records is None:
             return CORRUPT_MESSAGE, -1
         try:
-            header = validate_client_batch(records, log.config.max_message_bytes)
+            first, _, duplicate = log.append_idempotent(records)
         except CorruptRecordError as exc:
             logger.info("refused a produce to %s-%d: %s", topic, partition, exc)
             return CORRUPT_MESSAGE, -1
         except RecordTooLargeError:
             return MESSAGE_TOO_LARGE, -1
-        except InvalidRecordError as exc:
+        except OutOfOrderSequenceError as exc:
+            logger.info("refused a produce to %s-%d: %s", topic, partition, exc)
+            return OUT_OF_ORDER_SEQUENCE_NUMBER, -1
+        except InvalidProducerEpochError as exc:
+            logger.info("refused a produce to %s-%d: %s", topic, partition, exc)
+            return INVALID_PRODUCER_EPOCH, -1
+        except InvalidRecordError as exc:  # e.g. a record without a key in a compacted topic
             logger.info("refused a produce to %s-%d: %s", topic, partition, exc)
             return INVALID_RECORD, -1
-        state = self._state(topic, partition, log)
-        with state.lock:
-            known = state.producers.duplicate_of(header.producer_id, header.base_sequence)
-            if known is not None:
-                return NONE, known.first_offset  # a retry: the offsets it already has
-            try:
-                first = log.append_encoded(records)
-            except InvalidRecordError:  # e.g. a record without a key in a compacted topic
-                return INVALID_RECORD, -1
-            state.producers.record(header.producer_id, header.base_sequence, first,
-                                   first + header.records_count - 1)
-        self.purgatory.check((topic, partition))
+        if not duplicate:
+            self.purgatory.check((topic, partition))
         return NONE, first
-
-    def _state(self, topic: str, partition: int, log: Any) -> _PartitionState:
-        key = (topic, partition)
-        state = self._states.get(key)
-        if state is None:
-            with self._states_lock:
-                state = self._states.get(key)
-                if state is None:
-                    state = self._states[key] = _PartitionState(ProducerStateTable.rebuild(log))
-        return state
 
     def _log_start(self, topic: str, partition: int) -> int:
         try:

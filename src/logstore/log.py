@@ -1,7 +1,8 @@
 """Log: one partition's public face (offsets, appends, reads, epochs, truncation, retention, compaction).
 
-Log owns a partition directory ``<log dir>/<topic>-<partition>/``: its segment files, the
-``.lock`` file that keeps a second process from writing, the ``.kafka_cleanshutdown`` marker, and
+Log owns a partition directory ``<log dir>/<topic>-<partition>/``: its segment files and
+producer state snapshots, the ``.lock`` file that keeps a second process from writing, the
+``.kafka_cleanshutdown`` marker, and
 this partition's entries in the log directory's ``recovery-point-offset-checkpoint`` and
 ``log-start-offset-checkpoint`` files.
 
@@ -20,6 +21,8 @@ retention, which :mod:`~logstore.retention` decides), :class:`~logstore.flusher.
 the flush policy with group commit, :class:`~logstore.shared.SharedCoordinator` keeps processes
 sharing the partition in step, :class:`~logstore.cleaner.LogCompaction` runs compaction passes,
 :class:`~logstore.epochs.LeaderEpochCache` holds the leader epochs,
+:class:`~logstore.logproducers.ProducerStateManager` each idempotent producer's state and the
+``.snapshot`` files,
 :class:`~logstore.waiters.AppendWaiters` the long-polls, and :mod:`~logstore.logmetrics` the
 metrics.
 
@@ -43,7 +46,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 from . import loglifecycle, logreplication, logtruncation
 from ._fileio import FileRegion
 from ._native import ffi, lib
-from .batching import check_offset, check_timestamp, codec_for, encode_batches
+from .batching import check_offset, check_timestamp, codec_for
 from .checkpoint import CLEANER_OFFSET_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, RECOVERY_POINT_CHECKPOINT, \
     OffsetCheckpoints
 from .cleaner import CleanerReport, CleanerState, LogCompaction
@@ -51,17 +54,20 @@ from .config import LogConfig
 from .epochs import LeaderEpochCache
 from .errors import LogClosedError, LogOfflineError, OffsetOutOfRangeError
 from .flusher import NEVER, Flusher
-from .logappends import CLOSED_APPENDER, DEADLINE_UNSET, TS_MAX, TS_MIN, append_encoded, append_encoded_locked, \
-    append_general, append_record_slow, append_settings, keyless_record_error, roll_for_time, roll_segment
+from .logappends import CLOSED_APPENDER, DEADLINE_UNSET, TS_MAX, TS_MIN, AppendInfo, append_client_batch, \
+    append_general, append_record_slow, append_records_locked, append_settings, keyless_record_error, \
+    roll_for_time, roll_segment
 from .logloader import CLEAN_SHUTDOWN_FILE, LogLoader, RecoveryReport
 from .logmetrics import AppendMeter, log_metrics
+from .logproducers import ProducerStateManager
+from .producerstate import ProducerStateEntry
 from .logsegments import LogSegments
 from .records import BatchBuilder, Record, RecordDecoder
 from .segment import LogSegment, SegmentInfo
-from .shared import SharedCoordinator, SharedState
+from .shared import ExclusiveHold, SharedCoordinator, SharedState
 from .waiters import AppendWaiters
 
-__all__ = ["Log", "EARLIEST_TIMESTAMP", "LATEST_TIMESTAMP", "RecoveryReport", "CLEAN_SHUTDOWN_FILE"]
+__all__ = ["Log", "AppendInfo", "EARLIEST_TIMESTAMP", "LATEST_TIMESTAMP", "RecoveryReport", "CLEAN_SHUTDOWN_FILE"]
 
 logger = logging.getLogger("logstore.log")
 
@@ -133,6 +139,8 @@ class Log:
         self._last_checkpoint = 0.0
         self._segments = LogSegments.for_config(self.path, config, self._lock, timers)
         self._loader = LogLoader(self._segments, self._key, self._recovery_points, self._start_offsets)
+        #: each idempotent producer's state and the .snapshot files (logproducers.py)
+        self._producers = ProducerStateManager(self.path, self._segments, shared)
         self._appender: Any = CLOSED_APPENDER
         # What the append paths take from the config; "plain" appends take append()'s fast path.
         (self._ts_type, self._record_attrs, self._forced_codec, self._keys_required,
@@ -145,7 +153,7 @@ class Log:
         # Multi-process mode (see shared.py): every change goes through the writers' lock.
         self._share = SharedCoordinator(self) if shared else None
         self._w: Any = self._share if shared else _NO_WRITER
-        self._exclusive = _Exclusive(self)
+        self._exclusive = ExclusiveHold(self)
         self._meter = AppendMeter()  # what was appended since the open (logmetrics.py)
         self.recovery_report: RecoveryReport | None = None
         #: seconds the last open spent loading and recovering the segments
@@ -218,7 +226,7 @@ class Log:
         if self._share is not None:
             self._share.begin_layout_change()
 
-    def exclusive(self) -> "_Exclusive":
+    def exclusive(self) -> ExclusiveHold:
         """Hold the log across several calls (``with log.exclusive():``): other threads, and for
         a shared log other processes, can neither append nor change the segments until the
         block ends. Reads and appends inside the block see each other, which makes
@@ -380,7 +388,8 @@ class Log:
     def append_batch(self, values: Sequence[bytes | None], keys: Sequence[bytes | None] | None = None,
                      headers: Sequence[Iterable[tuple[str, bytes | None]] | None] | None = None,
                      timestamps: Sequence[int] | None = None, compression: str | int | None = None,
-                     producer_id: int = -1, base_sequence: int = -1, control: bool = False) -> int:
+                     producer_id: int = -1, base_sequence: int = -1, control: bool = False,
+                     producer_epoch: int = 0) -> int:
         """Append records as one RecordBatch (split only above max_message_bytes); return the first offset.
 
         Args:
@@ -388,8 +397,9 @@ class Log:
             keys, headers, timestamps: per-record sequences of the same length, or None.
             compression: codec name ("none", "gzip", "snappy", "lz4", "zstd"); None for none.
                 A log whose compression_type is not "producer" always uses its own codec.
-            producer_id, base_sequence: written into the batch header (Kafka's idempotent
-                producer fields; replication uses them to recognise retried produces).
+            producer_id, producer_epoch, base_sequence: written into the batch header (Kafka's
+                idempotent producer fields), and learnt by the producer state (not checked:
+                :meth:`append_idempotent` checks a client's batch).
             control: write a control batch (metadata such as replication's leader change
                 record, which reads pass over; Kafka's consumers skip such batches too).
 
@@ -411,19 +421,10 @@ class Log:
         codec = self._forced_codec
         if codec is None or control:
             codec = codec_for(None if control else compression)  # control batches: never compressed
-        log_append_time = _time_ns() // 1_000_000 if self._ts_type else None
         with self._lock, self._w:
             self._check_open()
-            batches = encode_batches(self._builder, values, keys, headers, timestamps,
-                                     limit=self.config.max_message_bytes, codec=codec,
-                                     level=self.config.level_for(codec), timestamp_type=self._ts_type,
-                                     log_append_time=log_append_time, producer_id=producer_id,
-                                     base_sequence=base_sequence, control=control)
-            first = -1
-            for batch, max_ts in batches:
-                offset = append_encoded_locked(self, batch, max_ts)
-                if first < 0:
-                    first = offset
+            first = append_records_locked(self, values, keys, headers, timestamps, codec, producer_id,
+                                          producer_epoch, base_sequence, control)
             last = self._appender.next_offset - 1
             if last < self._flush_at:
                 return first
@@ -431,22 +432,44 @@ class Log:
         return first
 
     def append_encoded(self, batch: bytes | bytearray | memoryview) -> int:
-        """Append one record batch a client encoded (Kafka's produce path); return its first offset.
+        """Append one record batch a client encoded (Kafka's produce path); return its first
+        offset. :meth:`append_idempotent` with its answer's ``first_offset``: a retry of a
+        producer's batch already in the log returns that batch's first offset, unwritten.
+
+        Raises:
+            CorruptRecordError, InvalidRecordError, RecordTooLargeError, OutOfOrderSequenceError,
+                InvalidProducerEpochError: as :meth:`append_idempotent` (nothing written).
+        """
+        return append_client_batch(self, batch).first_offset
+
+    def append_idempotent(self, batch: bytes | bytearray | memoryview, check_sequence: bool = True) -> AppendInfo:
+        """Append one record batch a client encoded, once; return ``(first_offset, last_offset,
+        duplicate)`` (:class:`~logstore.logappends.AppendInfo`).
 
         The batch is checked whole first (:func:`~logstore.records.validate_client_batch`: CRC,
-        every record, flags, size), then stored byte for byte with its offsets and the leader
-        epoch assigned (they lie outside the CRC). When the log's policy needs other bytes (a
-        compression_type other than "producer" that differs from the batch's codec,
-        LogAppendTime, or a compacted log, whose keys are checked) its records are re-encoded
-        through :meth:`append_batch`, keeping the producer id and sequence.
+        every record, flags, size). A batch with a producer id is then checked against the
+        producer state (:mod:`~logstore.producerstate`: the producer's epoch and last five
+        batches) under the lock that orders appends: a retry of one of those batches (same
+        producer, epoch and sequences) is a duplicate, not appended again, answered with the
+        offsets that batch has and ``duplicate=True``. Otherwise the batch is stored byte for
+        byte with its offsets and the leader epoch assigned (they lie outside the CRC), or, when
+        the log's policy needs other bytes (a compression_type other than "producer" that
+        differs from the batch's codec, LogAppendTime, or a compacted log, whose keys are
+        checked), its records are encoded again keeping the producer id, epoch and sequence.
+
+        ``check_sequence=False`` recognises duplicates and fences old epochs but accepts any
+        sequence (replication's client skips the sequences of produces that were refused).
 
         Raises:
             CorruptRecordError, InvalidRecordError, RecordTooLargeError: a batch that may not be
                 appended (nothing written).
+            InvalidProducerEpochError: its producer has a newer epoch (Kafka's error 47).
+            OutOfOrderSequenceError: its first sequence does not follow the producer's last
+                (Kafka's error 45).
 
-        Durability and thread-safety as :meth:`append`.
+        Durability and thread-safety as :meth:`append`; the check and the append are atomic.
         """
-        return append_encoded(self, batch)
+        return append_client_batch(self, batch, check_sequence)
 
     def _after_append(self, last_offset: int) -> int:
         """An append reached ``_flush_at`` (called without the lock): wake long-polls, apply
@@ -656,6 +679,15 @@ class Log:
         """
         return logreplication.append_replicated(self, data)
 
+    def active_producers(self) -> dict[int, ProducerStateEntry]:
+        """Each idempotent producer's state in this log by producer id (copies): its epoch and
+        last batches, as :meth:`append_idempotent` checks them. The first use loads the state
+        (the newest ``.snapshot``, then the batch headers after it). Thread-safe."""
+        with self._lock, self._w:
+            self._check_open()
+            table = self._producers.current(self._log_start_offset, self._appender.next_offset)
+            return {entry.producer_id: entry.copy() for entry in table.entries()}
+
     # ------------------------------------------------------------------ truncation (logtruncation.py)
     def truncate_to(self, offset: int) -> None:
         """Remove every record with offset >= ``offset`` (the log end becomes ``offset``).
@@ -760,35 +792,3 @@ class Log:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"[{self._log_start_offset}, {self._appender.next_offset})"
         return f"Log({self.path!r}, {state})"
-
-
-class _Exclusive:
-    """``with log.exclusive()``: the Log's thread lock, then its writers' lock. A plain object
-    rather than a generator context manager: the Queue enters it for every get and ack."""
-
-    __slots__ = ("_log",)
-
-    def __init__(self, log: Log) -> None:
-        self._log = log
-
-    def __enter__(self) -> Log:
-        log = self._log
-        log._lock.acquire()
-        try:
-            log._w.__enter__()
-        except BaseException:
-            log._lock.release()
-            raise
-        try:
-            log._check_open()
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
-        return log
-
-    def __exit__(self, *exc: object) -> None:
-        log = self._log
-        try:
-            log._w.__exit__(None, None, None)
-        finally:
-            log._lock.release()

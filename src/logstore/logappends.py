@@ -1,18 +1,19 @@
 """The Log's append paths other than the fast one: the general record path, client batches, rolls for time and room.
 
 :class:`~logstore.log.Log` keeps the append fast path (one lock, one clock read, one C call into
-the active segment's map) and the common path of ``append_batch``. What they fall back to lives
-here, as functions of the log: the settings the append paths take from the config, the general
-single-record path (conversions, headers, LogAppendTime, a forced codec), a client's encoded
-batch (validated whole, stored as it is or re-encoded when the log's policy needs other bytes),
-rolling when a record is past the segment's time limit (Kafka's segment.ms) and the roll itself,
-making room when the active segment reports FULL (grow its map, or roll), explaining a record
-too large for max_message_bytes, and appending one encoded batch. A follower's copy of its
-leader's batches is in :mod:`~logstore.logreplication`.
+the active segment's map) and ``append_batch``'s argument checks. The rest lives here, as functions of the log: the settings the append paths take from the config, the general
+single-record path (conversions, headers, LogAppendTime, a forced codec), the encoding and
+append of ``append_batch``'s records, a client's encoded batch (validated whole, checked against
+the producer state of :mod:`~logstore.logproducers` under the same locks as its append, stored
+as it is or re-encoded when the log's policy needs other bytes), rolling when a record is past
+the segment's time limit (Kafka's segment.ms) and the roll itself, making room when the active
+segment reports FULL (grow its map, or roll), explaining a record too large for
+max_message_bytes, and appending one encoded batch. A follower's copy of its leader's batches is
+in :mod:`~logstore.logreplication`.
 
-Thread-safety: :func:`append_general` and :func:`append_encoded` are called without the log's
-locks and take them; every other function runs with the log's lock and writers' lock held (the
-caller's). They read and set the log's offsets and active segment, as its own methods would.
+Thread-safety: :func:`append_general` and :func:`append_client_batch` are called without the
+log's locks and take them; every other function runs with the log's lock and writers' lock held
+(the caller's). They read and set the log's offsets and active segment, as its own methods would.
 """
 
 from __future__ import annotations
@@ -20,16 +21,19 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from typing import NamedTuple
+
 from . import compression
 from ._native import check, ffi, lib
-from .batching import as_bytes, check_available, check_timestamp, one_record_batch_size
+from .batching import as_bytes, check_available, check_timestamp, encode_batches, one_record_batch_size
 from .errors import InvalidRecordError, RecordTooLargeError
 from .flusher import NEVER
-from .records import BatchHeader, decode_batches, encode_headers, parse_header, validate_client_batch
+from .producerstate import increment_sequence
+from .records import decode_batches, encode_headers, parse_header, validate_client_batch
 
-__all__ = ["DEADLINE_UNSET", "CLOSED_APPENDER", "TS_MIN", "TS_MAX", "append_settings", "keyless_record_error",
-           "append_general", "append_encoded", "roll_for_time", "roll_segment", "append_record_slow",
-           "make_room", "append_encoded_locked"]
+__all__ = ["DEADLINE_UNSET", "CLOSED_APPENDER", "TS_MIN", "TS_MAX", "AppendInfo", "append_settings",
+           "keyless_record_error", "append_general", "append_client_batch", "append_records_locked",
+           "roll_for_time", "roll_segment", "append_record_slow", "make_room", "append_encoded_locked"]
 
 #: below every timestamp: the next append computes the real roll deadline
 DEADLINE_UNSET = -(2**63)
@@ -41,6 +45,16 @@ TS_MIN, TS_MAX = -(2**63), 2**63 - 1
 _append_record = lib.ls_appender_append_record
 _NULL = ffi.NULL
 _time_ns = time.time_ns
+
+
+class AppendInfo(NamedTuple):
+    """What :meth:`Log.append_idempotent <logstore.log.Log.append_idempotent>` did with a
+    client's batch: the offsets its records have, and whether it was a duplicate (a retry of a
+    batch already in the log, which was not appended again: the offsets are that batch's)."""
+
+    first_offset: int
+    last_offset: int
+    duplicate: bool
 
 
 def append_settings(config: Any, shared: bool) -> tuple[int, int, int | None, bool, bool]:
@@ -120,7 +134,8 @@ def roll_for_time(log: Any, timestamp: int) -> None:
 
 def roll_segment(log: Any) -> None:
     """Seal (trim + fsync) the active segment and create the next one (nothing when the active
-    segment is empty); everything below the new segment is durable, and the checkpoints say so."""
+    segment is empty); everything below the new segment is durable, and the checkpoints say so
+    (and a loaded producer state is written as the snapshot at the new segment's base)."""
     with log._io_guard():
         if log._segments.active.size == 0:
             log._roll_deadline = NEVER
@@ -132,6 +147,8 @@ def roll_segment(log: Any) -> None:
             log._recovery_point = base
             log._flushed_offset = max(log._flushed_offset, base)
         log._write_checkpoints()
+        # Everything below base is fsynced: a snapshot of the producer state there is sound.
+        log._producers.take_snapshot(log._log_start_offset, base)
 
 
 def append_record_slow(log: Any, rc: int, ts: int, key: bytes | None, value: bytes | None,
@@ -183,32 +200,65 @@ def append_encoded_locked(log: Any, batch: Any, max_timestamp: int) -> int:
     return offset
 
 
-def append_encoded(log: Any, batch: Any) -> int:
-    """Log.append_encoded: validate a client's batch whole, then store its bytes with the
-    offsets and leader epoch assigned (re-encoded when the log's policy needs other bytes)."""
+def append_records_locked(log: Any, values: Any, keys: Any, headers: Any, timestamps: Any, codec: int,
+                          producer_id: int = -1, producer_epoch: int = 0, base_sequence: int = -1,
+                          control: bool = False) -> int:
+    """Log.append_batch's work under the log's locks: encode the records (as several batches
+    above max_message_bytes), append them, teach the producer state each batch of a producer;
+    return the first offset."""
+    batches = encode_batches(log._builder, values, keys, headers, timestamps,
+                             limit=log.config.max_message_bytes, codec=codec,
+                             level=log.config.level_for(codec), timestamp_type=log._ts_type,
+                             log_append_time=_time_ns() // 1_000_000 if log._ts_type else None,
+                             producer_id=producer_id, base_sequence=base_sequence, control=control,
+                             producer_epoch=producer_epoch)
+    first = -1
+    for batch, max_ts in batches:
+        offset = append_encoded_locked(log, batch, max_ts)
+        if first < 0:
+            first = offset
+        if producer_id >= 0 and log._producers.loaded:
+            log._producers.learn(producer_id, parse_header(batch), offset)
+    return first
+
+
+def append_client_batch(log: Any, batch: Any, check_sequence: bool = True) -> AppendInfo:
+    """Log.append_idempotent: validate a client's batch whole; for a producer's batch, check it
+    against the producer state (a duplicate is answered with its offsets, nothing appended);
+    store its bytes with the offsets and leader epoch assigned (re-encoded when the log's policy
+    needs other bytes) and teach the producer state the batch, all under the log's locks."""
     header = validate_client_batch(batch, log.config.max_message_bytes)
     forced = log._forced_codec
+    records = data = None
     if log._keys_required or log._ts_type or (forced is not None and forced != header.compression):
-        return _append_reencoded(log, batch, header)
-    data = bytearray(batch)  # stamped in place with the offsets and epoch
+        # The log's policy changes the bytes: the records are encoded again (keeping the
+        # producer id, epoch and sequence), decoded here, outside the locks.
+        records = decode_batches(batch)
+        if log._keys_required and any(r.key is None for r in records):
+            raise keyless_record_error(log)
+    else:
+        data = bytearray(batch)  # stamped in place with the offsets and epoch
+    pid = header.producer_id
     with log._lock, log._w:
         log._check_open()
-        offset = append_encoded_locked(log, data, header.max_timestamp)
+        if pid >= 0:
+            table = log._producers.current(log._log_start_offset, log._appender.next_offset)
+            last_sequence = increment_sequence(header.base_sequence, header.last_offset_delta)
+            known = table.check(pid, header.producer_epoch, header.base_sequence, last_sequence, check_sequence,
+                                log.path)
+            if known is not None:
+                return AppendInfo(known.first_offset, known.last_offset, True)
+        if records is None:
+            first = append_encoded_locked(log, data, header.max_timestamp)
+            if pid >= 0:
+                log._producers.learn(pid, header, first)
+        else:
+            first = append_records_locked(
+                log, [r.value for r in records], [r.key for r in records], [r.headers for r in records],
+                [r.timestamp for r in records], header.compression if forced is None else forced,
+                pid, header.producer_epoch, header.base_sequence if pid >= 0 else -1)
         last = log._appender.next_offset - 1
         if last < log._flush_at:
-            return offset
+            return AppendInfo(first, last, False)
     log._after_append(last)
-    return offset
-
-
-def _append_reencoded(log: Any, batch: Any, header: BatchHeader) -> int:
-    """Log.append_encoded for a batch whose bytes the log's policy changes (a forced codec,
-    LogAppendTime, a compacted log's key check): its records go through ``append_batch``,
-    keeping the producer id and sequence."""
-    records = decode_batches(batch)
-    idempotent = header.producer_id >= 0
-    return log.append_batch([r.value for r in records], [r.key for r in records],
-                            [r.headers for r in records], [r.timestamp for r in records],
-                            compression=header.compression if log._forced_codec is None else None,
-                            producer_id=header.producer_id if idempotent else -1,
-                            base_sequence=header.base_sequence if idempotent else -1)
+    return AppendInfo(first, last, False)

@@ -8,8 +8,8 @@ up what recovery established: the log start, the recovery point, the active segm
 log end, and the leader epochs, then writes the checkpoints.
 
 Closing (:func:`close`) stops the timers, wakes the long-polls, and for an exclusive log that is
-not offline trims and fsyncs every segment, writes the checkpoints and then the clean-shutdown
-marker (:func:`close_cleanly`; a shared log's last process out does the same). Every map and
+not offline trims and fsyncs every segment, writes the checkpoints, the producer state snapshot
+and then the clean-shutdown marker (:func:`close_cleanly`; a shared log's last process out does the same). Every map and
 descriptor is released whatever happens; :func:`abandon` only releases them, as a process that
 dies would (tests).
 
@@ -77,6 +77,7 @@ def load(log: Any, recovery_point: int | None = None, log_start_offset: int | No
     cache = log.leader_epochs = log._loader.load_leader_epochs(loaded.log_start_offset, log._appender.next_offset)
     if cache.latest_epoch >= 0:
         log._appender.partition_leader_epoch = cache.latest_epoch
+    log._producers.open(log._appender.next_offset)  # (the table itself loads on first use)
     _fileio.ops.fsync_dir(log.path)
     try:
         log._write_checkpoints()
@@ -109,9 +110,13 @@ def close(log: Any) -> None:
 
 
 def close_cleanly(log: Any) -> None:
-    """Trim and fsync every segment, write the checkpoints, then the clean-shutdown marker."""
+    """Trim and fsync every segment, write the checkpoints and the producer state snapshot at
+    the log end, then the clean-shutdown marker."""
+    end = log._segments.last.next_offset
+    producers = log._producers.snapshot_data(log._log_start_offset, end)  # (reads the segments)
     log._segments.close_all()
-    log._recovery_point = log._segments.last.next_offset
+    log._recovery_point = end
+    log._producers.write_snapshot(end, producers)  # every segment is fsynced: sound at the end
     try:
         log._write_checkpoints()
     except OSError as exc:

@@ -4,8 +4,9 @@ A leader stamps its epoch into every batch it appends (:func:`assign_leader_epoc
 the epoch starts in ``leader-epoch-checkpoint``) and answers Kafka's OffsetsForLeaderEpoch from
 that history (:func:`end_offset_for_epoch`). A follower fetches whole batches byte for byte
 (:func:`read_raw`) and appends them as they are (:func:`append_replicated`): offsets, timestamps
-and partitionLeaderEpoch kept, every new epoch learnt, and the log end jumping over the gaps a
-compacted leader has.
+and partitionLeaderEpoch kept, every new epoch learnt, the producer state taught each batch
+(as Kafka's replication origin: remembered, never checked), and the log end jumping over the gaps
+a compacted leader has.
 
 Each function implements the :class:`~logstore.log.Log` method of its name, as a function of
 the log: it reads and sets the log's offsets, active segment and epoch cache.
@@ -145,6 +146,8 @@ def _copy_batches(log: Any, view: memoryview, cache: Any) -> None:
             offset = log._active.append_batch(batch)
         if offset < 0:
             check(offset, log._active.path, size=size, limit=limit)
+        if hdr.producer_id >= 0:
+            log._producers.learn(hdr.producer_id, hdr, offset)  # learnt as it is, never checked
         position += size
 
 

@@ -9,8 +9,9 @@ move the log start and remove the segments below it through :func:`delete_segmen
 
 Each is a function of the :class:`~logstore.log.Log` it implements a method of: it sets the
 log's offsets (log start, recovery point, flushed offset, high watermark) and its active segment,
-trims the leader epoch history to match, and writes the checkpoints before returning, so the
-change is durable on return.
+trims the leader epoch history and the producer state (:mod:`~logstore.logproducers`: the
+snapshots above a new end go first) to match, and writes the checkpoints before returning, so
+the change is durable on return.
 
 Invariant: the log start moves durably before any segment below it goes, so a crash that keeps
 some of the file renames and not others leaves a hole that the reopened log starts past.
@@ -43,13 +44,16 @@ def truncate_to(log: Any, offset: int) -> None:
             return
         with log._io_guard():
             log._begin_layout_change()
+            log._producers.before_truncation(offset)  # (durably, before the segments change)
             if offset <= log._log_start_offset:
                 log._set_active(log._segments.replace_all(offset))
                 log._log_start_offset = offset
+                log._producers.restarted(offset)
             else:
                 log._set_active(log._segments.truncate_to(offset, log._builder, log._decoder))
             _fileio.ops.fsync_dir(log.path)
             end = log._appender.next_offset
+            log._producers.truncated(end)
             log._recovery_point = min(log._recovery_point, end)
             log._flushed_offset = min(log._flushed_offset, log._recovery_point)
             if log._high_watermark is not None:
@@ -67,7 +71,9 @@ def truncate_fully_and_start_at(log: Any, offset: int) -> None:
     with log._lock, log._w:
         log._check_open()
         with log._io_guard():
+            log._producers.before_truncation(-1)  # every snapshot goes, durably, first
             log._set_active(log._segments.replace_all(offset))
+            log._producers.restarted(offset)
             log._log_start_offset = offset
             log._recovery_point = log._flushed_offset = offset
             if log._high_watermark is not None:
@@ -130,3 +136,4 @@ def delete_segments(log: Any, doomed: list[LogSegment]) -> None:
             log._log_start_offset = first
             log._write_checkpoints()
         log._segments.delete(doomed)
+        log._producers.log_start_moved()

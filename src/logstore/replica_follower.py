@@ -130,7 +130,6 @@ class Fetchers:
                 logger.warning("node %d: %s-%d: the leader's log starts at %d, past our end %d; restarting there",
                                node.node_id, rep.topic, rep.partition, div_end, offset)
                 log.truncate_fully_and_start_at(div_end)
-                rep.producers.forget_from(log.log_start_offset)
                 return True
             if code != OK or epoch != rep.election.epoch:
                 if code == NOT_LEADER and leader_id != NONE and leader_id != leader:
@@ -150,8 +149,6 @@ class Fetchers:
             logger.info("node %d: %s-%d diverges from the leader (its epoch %d ends at %d); truncating to %d",
                         node.node_id, rep.topic, rep.partition, div_epoch, div_end, target)
             log.truncate_to(max(target, 0))
-            with rep.cond:
-                rep.producers.forget_from(log.log_end_offset)
             return True
         if data:
             base = parse_header(data, 0).base_offset
@@ -159,11 +156,7 @@ class Fetchers:
                 # Restarted past its end, the log is empty, but the leader's log start lies
                 # inside this batch: start at the batch instead (as Kafka's follower does).
                 log.truncate_fully_and_start_at(base)
-                with rep.cond:
-                    rep.producers.forget_from(base)
-            log.append_replicated(data)
-            with rep.cond:
-                rep.producers.record_batches(data)
+            log.append_replicated(data)  # (the log's producer state learns the batches)
         with rep.cond:
             if rep.election.role is Role.FOLLOWER and rep.election.epoch == epoch:
                 end = log.log_end_offset

@@ -8,8 +8,9 @@ high watermark and in-sync replicas they move.
   caught-up follower's fetch is held until records arrive (replica.fetch.wait.max.ms), in the
   node's purgatory: no thread waits, and the append that ends the wait writes the answer.
 * A client's FETCH (replica id -1) is answered with committed batches only.
-* PRODUCE validates the client's batch whole, appends it as it is (a retry with the same producer
-  id and sequence gets the offsets it already has), and with acks="all" is held in the purgatory
+* PRODUCE validates the client's batch whole, appends it as it is (a retry of one of the
+  producer's last five batches, known to the log's producer state, gets the offsets it already
+  has), and with acks="all" is held in the purgatory
   until the high watermark passes it (the follower fetch that moves it writes the answer).
 * The high watermark is the largest offset a majority holds, counted over the leader's own epoch;
   a follower is in sync while it reached the leader's end within replica.lag.time.max.ms.
@@ -227,14 +228,13 @@ class LeaderSide:
             return _produce_answer(UNKNOWN_PARTITION if rep is None else INVALID, NONE)
         try:
             # Checked before the lock: a bad batch costs the sender, not the partition.
-            header = validate_client_batch(batch, rep.log.config.max_message_bytes)
+            validate_client_batch(batch, rep.log.config.max_message_bytes)
         except CorruptRecordError:
             return _produce_answer(CORRUPT_BATCH, node.node_id)
         except RecordTooLargeError:
             return _produce_answer(RECORD_TOO_LARGE, node.node_id)
         except InvalidRecordError:
             return _produce_answer(INVALID_RECORD, node.node_id)
-        producer_id, base_sequence = header.producer_id, header.base_sequence
         with node.purgatory.deferred(), rep.cond:  # answers written after the lock
             election = rep.election
             if election.role is not Role.LEADER:
@@ -242,16 +242,13 @@ class LeaderSide:
             epoch = election.epoch
             if acks == -1 and 1 + len(self.in_sync_followers(rep, time.monotonic())) < node.min_insync:
                 return _produce_answer(NOT_ENOUGH_REPLICAS, node.node_id)
-            known = rep.producers.duplicate_of(producer_id, base_sequence)
-            if known is not None:
-                first, last = known.first_offset, known.last_offset  # a retry of a produce already appended
-            else:
-                try:
-                    first = rep.log.append_encoded(batch)
-                except InvalidRecordError:  # e.g. a record without a key in a compacted log
-                    return _produce_answer(INVALID_RECORD, node.node_id)
-                last = first + header.records_count - 1
-                rep.producers.record(producer_id, base_sequence, first, last)
+            try:
+                # The client's sequence skips the numbers of refused produces: duplicates are
+                # recognised (a retry gets the offsets it already has), gaps accepted.
+                first, last, duplicate = rep.log.append_idempotent(batch, check_sequence=False)
+            except InvalidRecordError:  # e.g. a record without a key in a compacted log
+                return _produce_answer(INVALID_RECORD, node.node_id)
+            if not duplicate:
                 self.advance_hw(rep)  # a set of one commits on its own append
                 rep.changed()  # answer the followers' held fetches
         if acks != -1:

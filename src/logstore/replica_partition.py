@@ -2,10 +2,11 @@
 
 One :class:`PartitionReplica` per (topic, partition): its Log, its Raft election, the election
 timer, the high watermark, what the leader knows of each follower (log end, last fetch, last
-time caught up) and the producer state. The node's election driver, leader side and fetchers
-all read and change it, always under its ``cond`` (a Condition whose lock serialises them), and
-call :meth:`PartitionReplica.changed` after a change that a waiting request may wait for (the
-node's purgatory then answers the held fetches and acks="all" produces that can be answered).
+time caught up); the producer state is the Log's own (:mod:`~logstore.logproducers`). The
+node's election driver, leader side and fetchers all read and change it, always under its
+``cond`` (a Condition whose lock serialises them), and call :meth:`PartitionReplica.changed`
+after a change that a waiting request may wait for (the node's purgatory then answers the held
+fetches and acks="all" produces that can be answered).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from .election import Election
-from .producerstate import ProducerStateTable
 from .wire import Reader
 
 __all__ = ["PartitionReplica", "partition_of"]
@@ -49,9 +49,6 @@ class PartitionReplica:
     #: the leader was refused or dropped since: a pre-vote is granted only without a live leader
     leader_seen: float = 0.0
     leader_lost: bool = False
-    #: each producer's last batch: a retried produce (same id and sequence) is answered with
-    #: the offsets it already has
-    producers: ProducerStateTable = field(default_factory=ProducerStateTable)
     cond: threading.Condition = field(default_factory=threading.Condition)
     #: called by :meth:`changed` (the node checks its purgatory for this partition)
     on_change: Callable[["PartitionReplica"], Any] | None = None

@@ -19,7 +19,7 @@ replica_follower.py         the follower's fetcher threads
 replication_client.py       ``Client``, connections to nodes and peers, the replication errors
 wire.py                     frames, field codecs, error codes, the handshake, the protocol object
 net.py                      the event-driven listener every connection is served by
-producerstate.py            (log layer) each producer's last batch, for idempotent produces
+logproducers.py             (log layer) each producer's epoch and last batches, for idempotent produces
 ==========================  =====================================================================
 
 This module re-exports the public names of those modules, so ``from logstore.replication
@@ -40,7 +40,6 @@ from .purgatory import Purgatory
 from .checkpoint import REPLICATION_OFFSET_CHECKPOINT, OffsetCheckpoints
 from .election import NONE, Election, QuorumStateFile, Role
 from .errors import LogstoreError, OffsetOutOfRangeError
-from .producerstate import ProducerStateTable
 from .records import Record
 from .replica_election import ElectionDriver
 from .replica_follower import Fetchers
@@ -180,10 +179,11 @@ class ReplicaNode:
                 saved = self._hw_written.get((topic, p), log.log_start_offset)
                 hw = max(log.log_start_offset, min(saved, log.log_end_offset))
                 log.high_watermark = hw
-                # The producer table is rebuilt from the batch headers once, here; appends and
-                # truncations keep it from then on, so an election never scans the log.
+                # The log's producer state is loaded once, here (from its newest snapshot);
+                # appends, copies and truncations keep it from then on, so a new leader's first
+                # produce never replays the log.
+                log.active_producers()
                 self._replicas[(topic, p)] = PartitionReplica(topic, p, log, election, hw=hw,
-                                                              producers=ProducerStateTable.rebuild(log),
                                                               on_change=self._partition_changed)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []

@@ -1,9 +1,10 @@
 """File names of a segment's artefacts: the suffixes and the 20-digit base-offset stem.
 
 A segment with base offset 42 is ``00000000000000000042.log`` with ``.index`` and ``.timeindex``
-beside it, as Kafka names them; the other suffixes mark a file on its way somewhere (``.deleted``
-awaiting removal, ``.cleaned`` and ``.swap`` during a compaction swap, ``.truncating`` the journal
-of an unfinished truncation). :mod:`logstore.segment` re-exports every name here. Thread-safe:
+beside it, as Kafka names them, and a producer state snapshot taken at offset 42 is
+``00000000000000000042.snapshot`` (:mod:`logstore.logproducers`); the other suffixes mark a file
+on its way somewhere (``.deleted`` awaiting removal, ``.cleaned`` and ``.swap`` during a
+compaction swap, ``.truncating`` the journal of an unfinished truncation). :mod:`logstore.segment` re-exports the segment's names. Thread-safe:
 constants and pure functions.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 from ._native import lib
 
 __all__ = ["LOG_SUFFIX", "INDEX_SUFFIX", "TIMEINDEX_SUFFIX", "DELETED_SUFFIX", "CLEANED_SUFFIX",
-           "SWAP_SUFFIX", "TRUNCATION_SUFFIX", "segment_name", "parse_segment_name"]
+           "SWAP_SUFFIX", "TRUNCATION_SUFFIX", "SNAPSHOT_SUFFIX", "segment_name", "parse_segment_name"]
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -21,6 +22,7 @@ DELETED_SUFFIX = ".deleted"
 CLEANED_SUFFIX = ".cleaned"
 SWAP_SUFFIX = ".swap"
 TRUNCATION_SUFFIX = ".truncating"
+SNAPSHOT_SUFFIX = ".snapshot"
 
 _DIGITS = lib.LS_SEGMENT_NAME_DIGITS
 

@@ -19,8 +19,10 @@ a crash: it is never fsynced.
 page: it opens the log (the first process in recovers it), takes and releases the writers' lock
 around every change (adopting on entry what other processes published, publishing on exit what
 this one changed), follows other processes' appends lock-free, reloads the segment layout when
-its generation moved, repairs it when a writer died mid-change, and closes the log (the last
-process out closes it cleanly).
+its generation moved (which also makes this process reload its producer state before the
+next check, see :mod:`~logstore.logproducers`), repairs it when a writer died mid-change, and
+closes the log (the last process out closes it cleanly). :class:`ExclusiveHold` is what
+``log.exclusive()`` returns: the Log's thread lock, then the writers' lock.
 
 Thread-safety: not thread-safe; the owning Log serialises access with its own lock.
 """
@@ -37,7 +39,7 @@ from ._native import ffi, lib
 from .errors import LogLockedError, LogstoreError
 from .loglifecycle import close_cleanly, load
 
-__all__ = ["SharedState", "SharedCoordinator", "SHARED_FILE", "new_view", "new_notify_page"]
+__all__ = ["SharedState", "SharedCoordinator", "ExclusiveHold", "SHARED_FILE", "new_view", "new_notify_page"]
 
 logger = logging.getLogger("logstore.log")
 
@@ -317,6 +319,7 @@ class SharedCoordinator:
         """Another process changed the segment files: reopen what changed, keep the rest."""
         log = self._log
         log._set_active(log._segments.reload(view))
+        log._producers.invalidate()  # (a truncation may hide among the changes: reload it when used)
         self.generation = view.generation
         self._adopt_view(view)
 
@@ -329,3 +332,37 @@ class SharedCoordinator:
         load(log, recovery_point=view.recovery_point, log_start_offset=view.log_start_offset)
         self.generation = view.generation
         self.begin_layout_change()
+
+
+class ExclusiveHold:
+    """``with log.exclusive()``: the Log's thread lock, then its writers' lock (for a shared
+    log, this module's :class:`SharedCoordinator`). A plain object rather than a generator
+    context manager: the Queue enters it for every get and ack. Reentrant; thread-safe as the
+    Log's lock is."""
+
+    __slots__ = ("_log",)
+
+    def __init__(self, log: Any) -> None:
+        self._log = log
+
+    def __enter__(self) -> Any:
+        log = self._log
+        log._lock.acquire()
+        try:
+            log._w.__enter__()
+        except BaseException:
+            log._lock.release()
+            raise
+        try:
+            log._check_open()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return log
+
+    def __exit__(self, *exc: object) -> None:
+        log = self._log
+        try:
+            log._w.__exit__(None, None, None)
+        finally:
+            log._lock.release()

@@ -7,10 +7,12 @@ as text or JSON; recovery, which does change files, is :meth:`Log.open` itself (
 recover``).
 
 * :func:`dump_file` - the batches and records of a ``.log`` file (like kafka-dump-log), the
-  entries of ``.index`` / ``.timeindex`` files, or the entries of a checkpoint file;
+  entries of ``.index`` / ``.timeindex`` files, the producers of a ``.snapshot`` file, or the
+  entries of a checkpoint file;
 * :func:`verify` - every batch of every segment validated (CRC) and decoded (compressed ones
   decompressed), offsets increasing within and across segments, every index entry pointing at
-  the batch it names, checkpoints parseable; each problem names file, position and offset;
+  the batch it names, checkpoints and producer snapshots parseable; each problem names file,
+  position and offset;
 * :func:`stats` - per partition: offsets, segments, bytes, records, compression ratio, dirty
   ratio of compacted topics and the lag of every consumer group.
 
@@ -40,11 +42,14 @@ from .checkpoint import (
 )
 from .errors import CorruptRecordError, LogstoreError
 from .logdirs import looks_like_log_dir
+from .logproducers import snapshot_offsets
 from .logview import PartitionView, StoreView
 from .offsets import OFFSETS_TOPIC, decode_offset_key, decode_offset_value
+from .producerstate import CorruptSnapshotError, ProducerStateTable
 from .progress import SILENT, Progress
 from .records import HEADER_SIZE, BatchHeader, RecordDecoder, validate_batch
 from .segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, parse_segment_name, segment_name
+from .segmentnames import SNAPSHOT_SUFFIX
 from .store import TOPICS_DIR
 
 __all__ = ["dump_file", "verify", "stats", "partition_key", "Problem", "VerifyReport", "PartitionStats"]
@@ -74,9 +79,10 @@ def _text(data: bytes | None) -> str | None:
 # ---------------------------------------------------------------------- dump
 def dump_file(path: str, *, print_data: bool = False, deep: bool = False,
               progress: Progress = SILENT) -> Iterator[dict[str, Any]]:
-    """Describe the file at ``path`` as a stream of dicts (one per batch, index entry or
-    checkpoint entry). ``deep`` lists the records of every batch (compressed ones
-    decompressed); ``print_data`` adds keys, values and headers (text when printable, else hex).
+    """Describe the file at ``path`` as a stream of dicts (one per batch, index entry,
+    checkpoint entry or producer of a snapshot). ``deep`` lists the records of every batch
+    (compressed ones decompressed); ``print_data`` adds keys, values and headers (text when
+    printable, else hex).
 
     Raises:
         LogstoreError: a file kind the tool does not know.
@@ -96,8 +102,17 @@ def dump_file(path: str, *, print_data: bool = False, deep: bool = False,
     elif name == LEADER_EPOCH_CHECKPOINT:
         for entry in CheckpointFile(path, 2).read():
             yield {"kind": "leader-epoch", "epoch": int(entry[0]), "start_offset": int(entry[1])}
+    elif name.endswith(SNAPSHOT_SUFFIX):
+        for e in ProducerStateTable.from_snapshot(_fileio.ops.read_file(path), path).entries():
+            last = e.last_batch
+            yield {"kind": "producer", "producer_id": e.producer_id, "epoch": e.epoch,
+                   "first_sequence": -1 if last is None else last.first_sequence, "last_sequence": e.last_sequence,
+                   "last_offset": -1 if last is None else last.last_offset,
+                   "offset_delta": 0 if last is None else last.last_offset - last.first_offset,
+                   "last_timestamp": e.last_timestamp}
     else:
-        raise LogstoreError(f"{path}: not a segment (.log), index (.index, .timeindex) or checkpoint file")
+        raise LogstoreError(f"{path}: not a segment (.log), index (.index, .timeindex), producer snapshot "
+                            "(.snapshot) or checkpoint file")
 
 
 def _batch_dict(position: int, h: BatchHeader) -> dict[str, Any]:
@@ -272,6 +287,12 @@ def _verify_partition(directory: str, report: VerifyReport, progress: Progress) 
         CheckpointFile(epochs, 2).read()
     except CorruptCheckpointError as exc:
         report.problems.append(Problem(epochs, str(exc)))
+    for offset in snapshot_offsets(directory):
+        snapshot = os.path.join(directory, segment_name(offset) + SNAPSHOT_SUFFIX)
+        try:
+            ProducerStateTable.from_snapshot(_fileio.ops.read_file(snapshot), snapshot)
+        except CorruptSnapshotError as exc:  # (the log deletes it and replays instead)
+            report.problems.append(Problem(snapshot, str(exc)))
 
 
 def _verify_segment(path: str, base: int, previous_last: int, last_segment: bool, report: VerifyReport,

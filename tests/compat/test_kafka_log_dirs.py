@@ -417,3 +417,45 @@ def test_the_command_line_warns_about_what_it_does_not_adopt(tmp_path):
     assert len(warnings) == 2 and all(w.startswith("logstore topics: warning: ") for w in warnings)
     assert "not adopting __consumer_offsets (50 partition directories)" in warnings[0]
     assert "partition(s) 1 (held by another broker?)" in warnings[1]
+
+
+# ---------------------------------------------------------------------- producer state snapshots
+def idempotent_batch(values: list[bytes], base_offset: int, producer_id: int, epoch: int, sequence: int) -> bytes:
+    builder = DefaultRecordBatchBuilder(2, 0, False, producer_id, epoch, sequence, 1 << 20)
+    for i, value in enumerate(values):
+        builder.append(i, timestamp=1726045960000 + i, key=None, value=value, headers=[])
+    out = bytearray(builder.build())
+    out[0:8] = base_offset.to_bytes(8, "big")
+    return bytes(out)
+
+
+def kafka_snapshot(entries: list[tuple[int, int, int, int, int, int]]) -> bytes:
+    """Kafka's ProducerSnapshot v1 (struct and kafka-python's CRC32C): version, crc, then the
+    array of (producer id, epoch, last sequence, last offset, offset delta, timestamp,
+    coordinator epoch -1, current transaction first offset -1)."""
+    body = struct.pack(">i", len(entries)) + b"".join(struct.pack(">qhiqiqiq", *e, -1, -1) for e in entries)
+    return struct.pack(">hI", 1, calc_crc32c(body)) + body
+
+
+def test_an_adopted_partition_reads_kafkas_producer_snapshot(tmp_path):
+    root = make_kafka_log_dir(tmp_path / "kafka", offsets_partitions=0)
+    batches = [idempotent_batch([b"a", b"b"], 0, 4000, 1, 0), idempotent_batch([b"c", b"d", b"e"], 2, 4000, 1, 2)]
+    part = _partition(root, "payments-0", segment=b"".join(batches))  # (with Kafka's empty snapshot at 0)
+    # Kafka's clean shutdown wrote the state at the log end (5): producer 4000's last batch is
+    # offsets 2..4, sequences 2..4. (Kafka writes the batch's largest timestamp; a distinct one
+    # here shows that the snapshot, not a replay of the log, is what the state came from.)
+    (part / f"{5:020d}.snapshot").write_bytes(kafka_snapshot([(4000, 1, 4, 4, 2, 1726045999999)]))
+    with LogStore(root, maintenance=False) as store:
+        log = store.partition("payments", 0)
+        assert log.log_end_offset == 5
+        entry = log.active_producers()[4000]
+        assert (entry.epoch, entry.last_sequence, entry.last_timestamp) == (1, 4, 1726045999999)
+        assert log.append_idempotent(batches[1]) == (2, 4, True)
+        nxt = idempotent_batch([b"f"], 0, 4000, 1, 5)
+        assert log.append_idempotent(nxt) == (5, 5, False)
+    assert sorted(p.name for p in part.iterdir() if p.suffix == ".snapshot") == [
+        f"{0:020d}.snapshot", f"{5:020d}.snapshot", f"{6:020d}.snapshot"]
+    # Reading the directory (views, tools) never touches the snapshots.
+    before = tree(root)
+    assert main(["verify", str(root), "--quiet"]) == 0
+    assert tree(root) == before

@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, set[str]]] = [
                  "offsets"}),
     ("segment", {"index", "segmentnames", "activation", "segmentrecovery", "truncation", "segment"}),
     ("log", {"logsegments", "logloader", "logappends", "logtruncation", "retention", "flusher", "shared", "waiters",
-             "epochs", "producerstate", "cleaner", "loglifecycle", "logmetrics", "logreplication", "log"}),
+             "epochs", "producerstate", "logproducers", "cleaner", "loglifecycle", "logmetrics", "logreplication", "log"}),
     ("store", {"store", "logdirs", "logview"}),
     ("client", {"producer", "consumer", "workqueue"}),
     ("net", {"workerpool", "netprotocol", "net", "purgatory", "wire"}),

@@ -357,3 +357,25 @@ def test_stats_of_a_partition_directory_ignores_an_unrelated_parent(tmp_path, ca
         rows = stats(str(tmp_path / "audit-3"))
     assert [(r.topic, r.partition, r.records, r.group_lag) for r in rows] == [("audit", 3, 1, {})]
     assert "holiday" not in caplog.text
+
+
+def test_dump_and_verify_a_producer_snapshot(tmp_path):
+    from logstore import Log
+    from logstore.records import BatchBuilder
+
+    path = tmp_path / "idem-0"
+    with Log.open(str(path)) as log:
+        for seq in (0, 2):
+            log.append_idempotent(bytes(BatchBuilder().build([b"a", b"b"], producer_id=31, producer_epoch=2,
+                                                             base_sequence=seq)))
+    snapshot = path / f"{4:020d}.snapshot"
+    out = ok("dump", str(snapshot))
+    assert "producerId: 31 producerEpoch: 2" in out and "firstSequence: 2 lastSequence: 3 lastOffset: 3" in out
+    (entry,) = [json.loads(line) for line in ok("dump", str(snapshot), "--json").splitlines()]
+    assert (entry["kind"], entry["offset_delta"]) == ("producer", 1)
+    assert ok("verify", str(path), "--quiet").endswith("OK\n")
+    data = bytearray(snapshot.read_bytes())
+    data[-20] ^= 1
+    snapshot.write_bytes(data)
+    r = run("verify", str(path), "--quiet")
+    assert r.returncode != 0 and "snapshot is corrupt" in r.stdout
