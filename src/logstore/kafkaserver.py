@@ -192,7 +192,9 @@ class KafkaServer:
         auto_create_topics, num_partitions: Kafka's ``auto.create.topics.enable`` (a topic a
             client asks metadata for is created) and ``num.partitions``.
         max_request_bytes: Kafka's ``socket.request.max.bytes``.
-        limits: connection limits (``max.connections``, ``connections.max.idle.ms``).
+        limits: connection limits (``max.connections``: 4096 here; ``connections.max.idle.ms``).
+            Idle connections cost no thread: one loop serves them all, and worker threads are
+            started for requests being answered, up to ``max_connections``.
         allow_anonymous: allow a non-loopback bind (no authentication is served yet).
         group_min_session_timeout_ms, group_max_session_timeout_ms, group_initial_rebalance_delay_ms:
             Kafka's ``group.min.session.timeout.ms`` (6000), ``group.max.session.timeout.ms``
@@ -210,7 +212,7 @@ class KafkaServer:
     def __init__(self, root_or_store: str | os.PathLike[str] | LogStore, listen: tuple[str, int] = ("127.0.0.1", 9092),
                  *, advertised: tuple[str, int] | None = None, node_id: int = 0, auto_create_topics: bool = True,
                  num_partitions: int = 1, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-                 limits: net.Limits = net.Limits(), allow_anonymous: bool = False,
+                 limits: net.Limits = net.Limits(max_connections=4096), allow_anonymous: bool = False,
                  group_min_session_timeout_ms: int = 6000, group_max_session_timeout_ms: int = 1_800_000,
                  group_initial_rebalance_delay_ms: int = 0, fsync_acks_all: bool = False) -> None:
         if not _is_loopback(listen[0]) and not allow_anonymous:

@@ -10,14 +10,15 @@ aiokafka = pytest.importorskip("aiokafka")
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402
 
 
-@pytest.mark.parametrize("codec", [None, "gzip", "zstd"])
+@pytest.mark.parametrize("codec", [None, "gzip", "snappy", "lz4", "zstd"])
 def test_produce_and_consume(kafka_server, codec):
     async def run():
         producer = AIOKafkaProducer(bootstrap_servers=kafka_server.bootstrap_servers, compression_type=codec,
                                     acks="all", enable_idempotence=True)
         await producer.start()
         try:
-            sent = [await producer.send_and_wait("aio", key=b"k", value=b"value %d" % i) for i in range(100)]
+            sent = [await producer.send_and_wait("aio", key=b"k", value=b"value %d" % i, headers=[("h", b"%d" % i)],
+                                                 timestamp_ms=1_700_000_000_000 + i) for i in range(100)]
         finally:
             await producer.stop()
         assert [m.offset for m in sent] == list(range(100))
@@ -36,7 +37,8 @@ def test_produce_and_consume(kafka_server, codec):
             await consumer.stop()
 
     got = asyncio.run(run())
-    assert [(m.offset, m.key, m.value) for m in got] == [(i, b"k", b"value %d" % i) for i in range(100)]
+    assert [(m.offset, m.key, m.value, list(m.headers), m.timestamp) for m in got] == \
+        [(i, b"k", b"value %d" % i, [("h", b"%d" % i)], 1_700_000_000_000 + i) for i in range(100)]
     assert [r.value for r in kafka_server.store.partition("aio", 0).iter()] == [b"value %d" % i for i in range(100)]
 
 

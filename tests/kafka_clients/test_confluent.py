@@ -170,3 +170,19 @@ def test_describe_configs_marks_the_topics_own_settings_and_kafkas_defaults(kafk
     broker = ConfigResource("broker", "0")
     settings = admin.describe_configs([broker])[broker].result(timeout=10)
     assert settings["num.partitions"].value == "1" and settings["auto.create.topics.enable"].value == "true"
+
+
+def test_the_cli_reads_what_confluent_kafka_produced(kafka_server):
+    import json
+    import subprocess
+    import sys
+
+    p = Producer({"bootstrap.servers": kafka_server.bootstrap_servers, "compression.type": "lz4", "linger.ms": 10})
+    for i in range(50):
+        p.produce("cli-read", key=b"k%d" % i, value=b"v%d" % i, headers=[("h", b"x")])
+    assert p.flush(10) == 0
+    done = subprocess.run([sys.executable, "-m", "logstore", "consume", kafka_server.store.root, "cli-read",
+                           "--from-beginning", "--json"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(r["offset"], r["key"], r["value"]) for r in records] == [(i, f"k{i}", f"v{i}") for i in range(50)]

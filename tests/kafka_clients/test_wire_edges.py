@@ -114,3 +114,34 @@ def test_a_non_loopback_bind_needs_allow_anonymous(tmp_path):
 
     with pytest.raises(LogstoreError, match="without authentication"):
         KafkaServer(str(tmp_path), ("0.0.0.0", 0))
+
+
+def test_a_thousand_idle_connections_cost_no_thread_each(tmp_path):
+    import resource
+    import threading
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 2600  # a client and a server descriptor per connection, and some
+    if soft < want:
+        if hard != resource.RLIM_INFINITY and hard < want:
+            pytest.skip(f"the descriptor limit ({hard}) is too low for 1000 connections")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    with KafkaServer(str(tmp_path), ("127.0.0.1", 0)) as server:
+        threads = threading.active_count()
+        idle = []
+        try:
+            for i in range(1000):
+                s = connect(server)
+                s.sendall(request(18, 0, i))  # each one answered once, then idle
+                idle.append(s)
+            for i, s in enumerate(idle):
+                assert api_versions_v0(response(s))[:2] == (i, 0)
+            assert server.metrics()["kafka.server:type=socket-server-metrics,listener=kafka,name=connection-count"] \
+                == 1000
+            assert threading.active_count() - threads < 20  # a loop and a few workers, not a thread each
+            with connect(server) as fresh:  # the 1001st is served as the first was
+                fresh.sendall(request(18, 0, 7))
+                assert api_versions_v0(response(fresh))[:2] == (7, 0)
+        finally:
+            for s in idle:
+                s.close()

@@ -334,3 +334,26 @@ def test_reads_a_kafka_log_directory_without_writing_into_it(spark, tmp_path):
     assert sorted((r.partition, r.offset) for r in rows) == [(p, o) for p in (0, 2) for o in range(4)]
     assert sorted(len(r.value) for r in rows if r.partition == 0) == [23, 24, 65, 65]
     assert sorted((str(p), p.stat().st_mtime_ns) for p in root.rglob("*")) == before
+
+
+def test_reads_what_kafka_clients_produced_to_a_served_store(spark, tmp_path):
+    """confluent-kafka (librdkafka's encoder, not ours) produces compressed, keyed records with
+    headers to a served store; Spark reads them back from the files."""
+    ck = pytest.importorskip("confluent_kafka")
+    from logstore.kafkaserver import KafkaServer
+
+    root = str(tmp_path / "served")
+    with KafkaServer(root, ("127.0.0.1", 0)) as server:
+        server.store.create_topic("clients", 2)
+        p = ck.Producer({"bootstrap.servers": server.bootstrap_servers, "compression.type": "zstd",
+                         "linger.ms": 20, "enable.idempotence": True})
+        for i in range(300):
+            p.produce("clients", key=b"k%d" % (i % 10), value=b"value %d" % i, partition=i % 2,
+                      headers=[("n", b"%d" % i)], timestamp=T0 + i)
+        assert p.flush(20) == 0
+    rows = read(spark, root, subscribe="clients", includeHeaders="true").collect()
+    got = sorted((r.partition, r.offset, r.key, r.value, [(h.key, h.value) for h in r.headers]) for r in rows)
+    want = sorted((i % 2, i // 2, b"k%d" % (i % 10), b"value %d" % i, [("n", b"%d" % i)]) for i in range(300))
+    assert got == want
+    assert {int(r.timestamp.replace(tzinfo=datetime.timezone.utc).timestamp() * 1000) - T0 for r in rows} == \
+        set(range(300))

@@ -1,0 +1,94 @@
+"""Produce errors per partition, on the wire: batches built by kafka-python's own record builder
+and requests encoded by its protocol structs (independent of the server's codec). A refused
+batch writes nothing; the other partitions of the same request are written."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import pytest
+from kafka.protocol.old.produce import ProduceRequest, ProduceResponse
+from kafka.record.default_records import DefaultRecordBatchBuilder
+
+from logstore.kafkaserver import KafkaServer
+
+NONE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION, MESSAGE_TOO_LARGE, INVALID_RECORD = 0, 2, 3, 10, 87
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = KafkaServer(str(tmp_path_factory.mktemp("errors")), ("127.0.0.1", 0), auto_create_topics=False).start()
+    s.store.create_topic("plain", 2)
+    s.store.create_topic("small", 1, max_message_bytes=1000)
+    s.store.create_topic("keyed", 1, cleanup_policy="compact")
+    yield s
+    s.stop()
+
+
+def batch(records, codec=0):
+    """A v2 batch of (key, value) records, by kafka-python's builder."""
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=codec, is_transactional=False, producer_id=-1,
+                                        producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+    for i, (key, value) in enumerate(records):
+        builder.append(i, timestamp=1_700_000_000_000 + i, key=key, value=value, headers=[])
+    return bytes(builder.build())
+
+
+def produce(server, topics, version=8):
+    """Send one Produce request ({topic: {partition: batch}}); {(topic, partition): error}."""
+    request = ProduceRequest[version](None, -1, 10_000, [(t, list(parts.items())) for t, parts in topics.items()])
+    request.with_header(1, "errors-test")
+    with socket.create_connection(server.address, timeout=10) as s:
+        s.sendall(request.encode(header=True, framed=True))
+        size = struct.unpack(">i", s.recv(4, socket.MSG_WAITALL))[0]
+        payload = b""
+        while len(payload) < size:
+            payload += s.recv(size - len(payload))
+    answer = ProduceResponse[version].decode(payload, header=True)
+    return {(t, p[0]): p[1] for t, parts in answer.topics for p in parts}
+
+
+def end(server, topic, partition=0):
+    return server.store.partition(topic, partition).log_end_offset
+
+
+def test_a_keyless_record_in_a_compacted_topic_is_invalid_record(server):
+    before = end(server, "keyed")
+    errors = produce(server, {"keyed": {0: batch([(b"k", b"v"), (None, b"no key")])}})
+    assert errors == {("keyed", 0): INVALID_RECORD} and end(server, "keyed") == before
+
+
+def test_a_batch_over_max_message_bytes_is_message_too_large(server):
+    errors = produce(server, {"small": {0: batch([(None, b"x" * 2000)])}})
+    assert errors == {("small", 0): MESSAGE_TOO_LARGE} and end(server, "small") == 0
+
+
+def test_a_batch_with_a_bad_crc_is_corrupt_message(server):
+    good = bytearray(batch([(None, b"fine")]))
+    good[-1] ^= 0xFF  # a record byte, covered by the CRC
+    errors = produce(server, {"plain": {1: bytes(good)}})
+    assert errors == {("plain", 1): CORRUPT_MESSAGE} and end(server, "plain", 1) == 0
+
+
+def test_an_unknown_partition_and_topic(server):
+    errors = produce(server, {"plain": {7: batch([(None, b"v")])}, "nowhere": {0: batch([(None, b"v")])}})
+    assert errors == {("plain", 7): UNKNOWN_TOPIC_OR_PARTITION, ("nowhere", 0): UNKNOWN_TOPIC_OR_PARTITION}
+    assert "nowhere" not in server.store.topics()
+
+
+def test_one_refused_partition_does_not_stop_the_others(server):
+    before = end(server, "plain", 0)
+    errors = produce(server, {"plain": {0: batch([(b"a", b"kept"), (b"b", b"kept too")])},
+                              "small": {0: batch([(None, b"y" * 5000)])}})
+    assert errors == {("plain", 0): NONE, ("small", 0): MESSAGE_TOO_LARGE}
+    log = server.store.partition("plain", 0)
+    assert [r.value for r in log.iter(start=before)] == [b"kept", b"kept too"]
+
+
+@pytest.mark.parametrize("version", [3, 5, 7, 8])
+def test_every_version_writes_a_valid_batch(server, version):
+    before = end(server, "plain", 1)
+    assert produce(server, {"plain": {1: batch([(b"v", b"version %d" % version)], codec=1)}}, version) == \
+        {("plain", 1): NONE}
+    assert [r.value for r in server.store.partition("plain", 1).iter(start=before)] == [b"version %d" % version]
