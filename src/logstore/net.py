@@ -86,11 +86,15 @@ _ACCEPT_BACKOFF_S = 0.1
 
 class HandshakeError(LogstoreError):
     """A peer failed the handshake. ``reply`` (whole frames, may be empty) is sent to it before
-    the connection is closed."""
+    the connection is closed, ``close_delay_s`` after the reply is written (Kafka's
+    ``connection.failed.authentication.delay.ms``: a client that stops reading when it sees the
+    peer close still reads the reply, and a guesser is slowed down). Nothing more is read from
+    the connection meanwhile."""
 
-    def __init__(self, message: str, reply: bytes = b"") -> None:
+    def __init__(self, message: str, reply: bytes = b"", close_delay_s: float = 0.0) -> None:
         super().__init__(message)
         self.reply = reply
+        self.close_delay_s = close_delay_s
 
 
 class Session:
@@ -228,6 +232,8 @@ class _Conn:
         self.muted = False                    # a request is in a worker or its response is being written
         self.in_flight = False                # a request is in a worker (or its deferred answer pending)
         self.close_after_write = False
+        self.close_delay_s = 0.0              # after a failed handshake: linger this long once written
+        self.lingering = False                # written; waiting for the delayed close (deadline)
         self.events = 0                       # registered with the selector
         self.tls_want = selectors.EVENT_READ  # during the TLS handshake
         self.read_wants_write = False         # TLS: a read needs the socket writable first
@@ -399,6 +405,9 @@ class Server:
         for conn in list(self._conns.values()):
             if conn.in_flight:
                 continue  # the handler may take as long as it needs
+            if now >= conn.deadline and conn.lingering:
+                self._close(conn)  # the delayed close after a failed handshake
+                continue
             if now >= conn.deadline:
                 what = "finish its handshake" if conn.state is not _OPEN else "send a request"
                 logger.debug("%s: closing connection %d: it did not %s in time", self.name, conn.session.id, what)
@@ -601,6 +610,7 @@ class Server:
                     self._close(conn)
                     return
                 reply, conn.close_after_write, conn.muted = exc.reply, True, True
+                conn.close_delay_s = exc.close_delay_s
             else:
                 if conn.handshake.done:
                     self._counts.auth_ok += 1
@@ -725,6 +735,11 @@ class Server:
             if conn.state is _OPEN:
                 conn.deadline = time.monotonic() + self.limits.idle_timeout_s
         if conn.close_after_write:
+            if conn.close_delay_s > 0:  # closed by _expire at the deadline; read nothing meanwhile
+                if not conn.lingering:
+                    conn.lingering = True
+                    conn.deadline = time.monotonic() + conn.close_delay_s
+                return
             self._close(conn)
         elif conn.muted and not conn.in_flight:
             self._unmute(conn)
