@@ -7,7 +7,8 @@ writes responses; request handlers run on a pool of worker threads, because a ha
 spoken on the wire is the :class:`Protocol`'s business: how long a frame is (read from a
 fixed-size prefix and checked against a cap before anything is allocated), the authentication
 state machine (:class:`Handshake`), and how a request is answered. The replication protocol
-(``wire.ReplicationProtocol``) is one; Kafka's protocol (4-byte size prefix, SASL) is the next.
+(``wire.ReplicationProtocol``) is one; Kafka's protocol (``kafkaserver.KafkaProtocol``, its SASL
+handshake ``kafkaauth.SaslHandshake``) is the other.
 A request the protocol knows does not block (:meth:`Protocol.inline`) is answered on the loop.
 
 Life of a connection::
