@@ -7,8 +7,7 @@ writes responses; request handlers run on a pool of worker threads, because a ha
 spoken on the wire is the :class:`Protocol`'s business: how long a frame is (read from a
 fixed-size prefix and checked against a cap before anything is allocated), the authentication
 state machine (:class:`Handshake`), and how a request is answered. The replication protocol
-(``wire.ReplicationProtocol``) is one; Kafka's protocol (``kafkaserver.KafkaProtocol``, its SASL
-handshake ``kafkaauth.SaslHandshake``) is the other.
+(``wire.ReplicationProtocol``) is one, Kafka's (``kafkaserver.KafkaProtocol``, SASL: ``kafkaauth``) the other.
 A request the protocol knows does not block (:meth:`Protocol.inline`) is answered on the loop.
 
 Life of a connection::
@@ -86,11 +85,9 @@ _ACCEPT_BACKOFF_S = 0.1
 
 
 class HandshakeError(LogstoreError):
-    """A peer failed the handshake. ``reply`` (whole frames, may be empty) is sent to it before
-    the connection is closed, ``close_delay_s`` after the reply is written (Kafka's
-    ``connection.failed.authentication.delay.ms``: a client that stops reading when it sees the
-    peer close still reads the reply, and a guesser is slowed down). Nothing more is read from
-    the connection meanwhile."""
+    """A peer failed the handshake. ``reply`` (whole frames, may be empty) is sent to it, and the
+    connection closed ``close_delay_s`` after (Kafka's ``connection.failed.authentication.delay.ms``:
+    a client that drops what it read with the close still reads the reply), reading nothing more."""
 
     def __init__(self, message: str, reply: bytes = b"", close_delay_s: float = 0.0) -> None:
         super().__init__(message)
@@ -233,8 +230,8 @@ class _Conn:
         self.muted = False                    # a request is in a worker or its response is being written
         self.in_flight = False                # a request is in a worker (or its deferred answer pending)
         self.close_after_write = False
-        self.close_delay_s = 0.0              # after a failed handshake: linger this long once written
-        self.lingering = False                # written; waiting for the delayed close (deadline)
+        self.close_delay_s = 0.0              # a failed handshake's reply written: close this much later
+        self.lingering = False                # ... at the deadline (see _expire)
         self.events = 0                       # registered with the selector
         self.tls_want = selectors.EVENT_READ  # during the TLS handshake
         self.read_wants_write = False         # TLS: a read needs the socket writable first
@@ -406,13 +403,12 @@ class Server:
         for conn in list(self._conns.values()):
             if conn.in_flight:
                 continue  # the handler may take as long as it needs
-            if now >= conn.deadline and conn.lingering:
-                self._close(conn)  # the delayed close after a failed handshake
-                continue
             if now >= conn.deadline:
-                what = "finish its handshake" if conn.state is not _OPEN else "send a request"
-                logger.debug("%s: closing connection %d: it did not %s in time", self.name, conn.session.id, what)
-                self._counts.expired += 1
+                if not conn.lingering:  # (lingering: the delayed close after a failed handshake)
+                    what = "finish its handshake" if conn.state is not _OPEN else "send a request"
+                    logger.debug("%s: closing connection %d: it did not %s in time", self.name, conn.session.id,
+                                 what)
+                    self._counts.expired += 1
                 self._close(conn)
                 continue
             next_at = conn.deadline if next_at is None else min(next_at, conn.deadline)
@@ -736,12 +732,10 @@ class Server:
             if conn.state is _OPEN:
                 conn.deadline = time.monotonic() + self.limits.idle_timeout_s
         if conn.close_after_write:
-            if conn.close_delay_s > 0:  # closed by _expire at the deadline; read nothing meanwhile
-                if not conn.lingering:
-                    conn.lingering = True
-                    conn.deadline = time.monotonic() + conn.close_delay_s
-                return
-            self._close(conn)
+            if conn.close_delay_s > 0:  # _expire closes it at the deadline; nothing is read meanwhile
+                conn.deadline, conn.close_delay_s, conn.lingering = time.monotonic() + conn.close_delay_s, 0.0, True
+            elif not conn.lingering:
+                self._close(conn)
         elif conn.muted and not conn.in_flight:
             self._unmute(conn)
 
