@@ -407,7 +407,7 @@ class _Parser(argparse.ArgumentParser):
 
 _EPILOG = """\
 'logstore serve --help' describes serving a store to Kafka clients (logstore serve ROOT ...).
-'logstore kafka-user --help' describes its SASL credentials file (logstore kafka-user add|delete|list).
+'logstore kafka-user --help' describes the SASL users of logstore serve (add, delete, list).
 'logstore COMMAND --help' describes a command and its options.
 'logstore node --help' describes the replication node (logstore node ...).
 """
