@@ -95,6 +95,13 @@ def aiokafka_config(server, mechanism, user, password):
     return config
 
 
+def every_mechanism_then_ssl_with(mechanism):
+    """Each mechanism over SASL_PLAINTEXT, and ``mechanism`` over SASL_SSL (each client takes
+    another one there, so that every mechanism runs over TLS too)."""
+    return pytest.mark.parametrize("listener,mechanism", [("SASL_PLAINTEXT", m) for m in MECHANISMS]
+                                   + [("SASL_SSL", mechanism)], indirect=["listener"])
+
+
 def stored(server, topic):
     if topic not in server.store.topics():
         return []
@@ -102,7 +109,7 @@ def stored(server, topic):
 
 
 # ---------------------------------------------------------------------- each client, each mechanism
-@pytest.mark.parametrize("mechanism", MECHANISMS)
+@every_mechanism_then_ssl_with("SCRAM-SHA-512")
 def test_kafka_python_produces_and_consumes(listener, mechanism):
     topic = f"kp-{mechanism}-{listener.security_protocol}"
     config = kafka_python_config(listener, mechanism, "alice", USERS["alice"])
@@ -126,7 +133,7 @@ def test_kafka_python_produces_and_consumes(listener, mechanism):
     assert got == [b"kp 0", b"kp 1", b"kp 2"] == stored(listener, topic)
 
 
-@pytest.mark.parametrize("mechanism", MECHANISMS)
+@every_mechanism_then_ssl_with("SCRAM-SHA-256")
 def test_confluent_produces_and_consumes(listener, mechanism):
     topic = f"ck-{mechanism}-{listener.security_protocol}"
     config = confluent_config(listener, mechanism, "bob", USERS["bob"])
@@ -151,7 +158,7 @@ def test_confluent_produces_and_consumes(listener, mechanism):
     assert got == [b"ck 0", b"ck 1", b"ck 2"] == stored(listener, topic)
 
 
-@pytest.mark.parametrize("mechanism", MECHANISMS)
+@every_mechanism_then_ssl_with("PLAIN")
 def test_aiokafka_produces_and_consumes(listener, mechanism):
     topic = f"aio-{mechanism}-{listener.security_protocol}"
 
