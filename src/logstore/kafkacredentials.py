@@ -68,6 +68,7 @@ DEFAULT_ITERATIONS = 4096
 MAX_ITERATIONS = 1_000_000
 #: Bytes of a new salt.
 SALT_BYTES = 16
+#: One line of the credentials file (see the module docstring).
 FILE_FORMAT = "USER:MECHANISM:key=value,..."
 _SAFE = "-._~@+"
 
@@ -78,7 +79,8 @@ class CredentialsError(LogstoreError, ValueError):
 
 @dataclass(frozen=True)
 class ScramCredential:
-    """A SCRAM credential (RFC 5802): salt, iterations, StoredKey, ServerKey. Immutable."""
+    """A SCRAM credential (RFC 5802): salt, iterations, StoredKey, ServerKey. Immutable
+    (thread-safe); in memory only (:func:`add_user` makes it durable)."""
 
     salt: bytes
     iterations: int
@@ -89,7 +91,7 @@ class ScramCredential:
 @dataclass(frozen=True)
 class PlainCredential:
     """A PLAIN credential: PBKDF2-HMAC-SHA256 of the password with ``salt`` and ``iterations``.
-    Immutable."""
+    Immutable (thread-safe); in memory only (:func:`add_user` makes it durable)."""
 
     salt: bytes
     iterations: int

@@ -18,6 +18,8 @@ SCRAM-SHA-256, SCRAM-SHA-512: :mod:`~logstore.kafkaauth`, credentials in
 binds to loopback unless told otherwise; binding another address needs authentication (SASL,
 or TLS that requires client certificates: a ``TLSConfig`` with ``cafile``), or
 ``allow_anonymous=True``. TLS without client certificates encrypts but identifies no one.
+A connection's ``net.Session.principal`` is ``User:<name>`` after SASL, None otherwise (a
+client certificate's subject is not made a principal); there are no ACLs.
 
 Thread-safety: :class:`KafkaServer` methods may be called from any thread.
 """
