@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["logstore", "logstore.store", "logstore.config", "logstore.logdirs"]
+MODULES = ["logstore", "logstore.store", "logstore.config", "logstore.logdirs", "logstore.kafkacredentials"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -15,6 +15,7 @@
     logstore retention ROOT [TOPIC ...]    (delete segments past retention now)
     logstore node ...                      (one replication node: logstore node --help)
     logstore serve ROOT [--listen H:P]     (serve a store to Kafka clients: logstore serve --help)
+    logstore kafka-user add FILE USER --mechanism M   (SASL credentials for serve; password on stdin)
 
 Read-only commands (``topics list``/``describe``, ``dump``, ``verify``, ``stats``) also take a
 Kafka log directory — a broker's ``log.dirs`` entry, or a copy of it — whose partition
@@ -412,6 +413,7 @@ class _Parser(argparse.ArgumentParser):
 
 _EPILOG = """\
 'logstore serve --help' describes serving a store to Kafka clients (logstore serve ROOT ...).
+'logstore kafka-user --help' describes the SASL users of logstore serve (add, delete, list).
 'logstore COMMAND --help' describes a command and its options.
 'logstore node --help' describes the replication node (logstore node ...).
 """
@@ -500,6 +502,10 @@ def main(argv: list[str] | None = None, stdout: TextIO | None = None, stdin: Tex
         from .kafkaserver import main as serve_main
 
         return serve_main(args_list[1:], prog="logstore serve")
+    if args_list and args_list[0] == "kafka-user":
+        from .kafkacredentials import main as kafka_user_main
+
+        return kafka_user_main(args_list[1:], prog="logstore kafka-user", stdin=stdin)
     parser = _parser(out)
     if not args_list:
         parser.print_usage(sys.stderr)

@@ -71,6 +71,7 @@ INVALID_CONFIG = 40
 UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
 OUT_OF_ORDER_SEQUENCE_NUMBER = 45
 INVALID_PRODUCER_EPOCH = 47
+ILLEGAL_SASL_STATE = 34
 INVALID_RECORD = 87
 COORDINATOR_NOT_AVAILABLE = 15
 INVALID_GROUP_ID = 24
@@ -149,7 +150,7 @@ class KafkaApis:
             22: self.on_init_producer_id, 8: self.on_offset_commit, 9: self.on_offset_fetch,
             10: self.on_find_coordinator, 11: self.on_join_group, 12: self.on_heartbeat, 13: self.on_leave_group,
             14: self.on_sync_group, 15: self.on_describe_groups, 16: self.on_list_groups,
-            32: self.on_describe_configs,
+            32: self.on_describe_configs, 17: self.on_sasl_handshake, 36: self.on_sasl_authenticate,
         }
 
     def close(self) -> None:
@@ -431,6 +432,16 @@ class KafkaApis:
                 error = UNKNOWN_TOPIC_OR_PARTITION
             results.append({"name": name, "error_code": error})
         return {"throttle_time": 0, "responses": results}
+
+    def on_sasl_handshake(self, request: KafkaRequest) -> dict[str, Any]:
+        """SASL is answered before authentication (:mod:`~logstore.kafkaauth`); here, after it or
+        on a listener without SASL, it is Kafka's ILLEGAL_SASL_STATE."""
+        return {"error_code": ILLEGAL_SASL_STATE, "mechanisms": []}
+
+    def on_sasl_authenticate(self, request: KafkaRequest) -> dict[str, Any]:
+        """As :meth:`on_sasl_handshake` (no re-authentication: sessions do not expire)."""
+        return {"error_code": ILLEGAL_SASL_STATE, "auth_bytes": b"", "session_lifetime": 0,
+                "error_message": "SaslAuthenticate after authentication, or on a listener without SASL"}
 
     # ------------------------------------------------------------------ producers
     def on_init_producer_id(self, request: KafkaRequest) -> dict[str, Any]:

@@ -10,8 +10,16 @@ files the library, the CLI and Spark read (the store is opened shared). The serv
 Limits: a request larger than ``max_request_bytes`` (Kafka's ``socket.request.max.bytes``, 100 MiB)
 closes its connection before any of it is allocated; so does a malformed request, after a log
 line (the server and its other connections go on, and nothing of that request is written).
-The listener binds to loopback unless told otherwise; without authentication (SASL is not
-served yet), binding another address needs ``allow_anonymous=True``.
+
+Security (Kafka's security protocols): ``tls`` makes the listener SSL, ``sasl_credentials``
+makes it SASL_PLAINTEXT, both SASL_SSL. With SASL, a connection must authenticate (PLAIN,
+SCRAM-SHA-256, SCRAM-SHA-512: :mod:`~logstore.kafkaauth`, credentials in
+:mod:`~logstore.kafkacredentials`) before anything but ApiVersions is answered. The listener
+binds to loopback unless told otherwise; binding another address needs authentication (SASL,
+or TLS that requires client certificates: a ``TLSConfig`` with ``cafile``), or
+``allow_anonymous=True``. TLS without client certificates encrypts but identifies no one.
+A connection's ``net.Session.principal`` is ``User:<name>`` after SASL, None otherwise (a
+client certificate's subject is not made a principal); there are no ACLs.
 
 Thread-safety: :class:`KafkaServer` methods may be called from any thread.
 """
@@ -24,18 +32,21 @@ import ipaddress
 import logging
 import os
 import signal
+import ssl
 import struct
 import sys
 import threading
 import time
 import uuid
 from concurrent.futures import Future
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from . import _fileio, net
 from .metrics import Histogram
 from .errors import LogstoreError
 from .kafkaapis import KafkaApis, api_version_ranges
+from .kafkaauth import SaslAuthenticator
+from .kafkacredentials import MECHANISMS, Credentials, CredentialsFile
 from .kafkagroups import GroupConfig
 from .kafkawire import (
     KafkaProtocolError,
@@ -48,6 +59,7 @@ from .kafkawire import (
     response_class,
 )
 from .store import LogStore
+from .wire import TLSConfig
 
 __all__ = ["KafkaServer", "KafkaProtocol", "RequestMetrics", "main"]
 
@@ -55,6 +67,8 @@ logger = logging.getLogger("logstore.kafka")
 
 #: Kafka's socket.request.max.bytes default.
 DEFAULT_MAX_REQUEST_BYTES = 100 * 1024 * 1024
+#: The largest frame before SASL authentication (Kafka's sasl.server.max.receive.size is 512 KiB).
+DEFAULT_SASL_MAX_RECEIVE_BYTES = 64 * 1024
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
 _API_VERSIONS = 18
@@ -96,24 +110,40 @@ class RequestMetrics:
 
 
 class KafkaProtocol(net.Protocol):
-    """Kafka's framing (a 4-byte size, then the request) and dispatch to :class:`KafkaApis`.
+    """Kafka's framing (a 4-byte size, then the request) and dispatch to :class:`KafkaApis`;
+    with ``sasl``, each connection first runs :class:`~logstore.kafkaauth.SaslHandshake`, its
+    frames capped at ``sasl_max_receive_bytes`` until it succeeds.
 
     Thread-safety: thread-safe (handlers run on several workers at once).
     """
 
     header_size = 4
 
-    def __init__(self, apis: KafkaApis, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> None:
+    def __init__(self, apis: KafkaApis, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+                 sasl: SaslAuthenticator | None = None,
+                 sasl_max_receive_bytes: int = DEFAULT_SASL_MAX_RECEIVE_BYTES) -> None:
         self.apis = apis
         self.max_request_bytes = max_request_bytes
+        self.sasl = sasl
+        self.sasl_max_receive_bytes = sasl_max_receive_bytes
         self.request_metrics = RequestMetrics()
 
     def frame_size(self, header: bytes, authenticated: bool) -> int:
         (size,) = _I32.unpack(header)
+        if not authenticated:  # a raw SASL token (after SaslHandshake v0) may be short
+            if size < 0 or size > self.sasl_max_receive_bytes:
+                raise KafkaProtocolError(f"a frame of {size} bytes before authentication (the limit is "
+                                         f"{self.sasl_max_receive_bytes})")
+            return size  # type: ignore[no-any-return]
         if size < 8 or size > self.max_request_bytes:
             raise KafkaProtocolError(f"a request of {size} bytes (the limit is {self.max_request_bytes}, "
                                      "socket.request.max.bytes)")
         return size  # type: ignore[no-any-return]
+
+    def handshake(self, session: net.Session) -> net.Handshake | None:
+        if self.sasl is None:
+            return None
+        return self.sasl.handshake(session, lambda frame: b"".join(self.handle(session, frame)))
 
     def inline(self, session: net.Session, request: bytearray) -> bool:
         return _I16.unpack_from(request, 0)[0] in _INLINE
@@ -195,7 +225,21 @@ class KafkaServer:
         limits: connection limits (``max.connections``: 4096 here; ``connections.max.idle.ms``).
             Idle connections cost no thread: one loop serves them all, and worker threads are
             started for requests being answered, up to ``max_connections``.
-        allow_anonymous: allow a non-loopback bind (no authentication is served yet).
+        tls: a :class:`~logstore.wire.TLSConfig` (``cafile`` set: client certificates required,
+            Kafka's ``ssl.client.auth=required``; None: none asked for) or a server-side
+            ``ssl.SSLContext``; None for plain TCP.
+        sasl_credentials: enables SASL: a credentials file (re-read when it changes, see
+            :class:`~logstore.kafkacredentials.CredentialsFile`), a mapping ``{user: password}``
+            (salted keys are derived for each mechanism and the passwords dropped) or
+            ``{user: {mechanism: credential}}``, a
+            :class:`~logstore.kafkacredentials.Credentials` (fixed) or a ``CredentialsFile``.
+        sasl_mechanisms: the mechanisms enabled (Kafka's ``sasl.enabled.mechanisms``); a user
+            authenticates with those it has a credential for.
+        sasl_max_receive_bytes: the largest frame before authentication.
+        failed_authentication_delay_ms: how long a connection that failed authentication stays
+            open after its answer, reading nothing (Kafka's
+            ``connection.failed.authentication.delay.ms``).
+        allow_anonymous: allow a non-loopback bind without authentication.
         group_min_session_timeout_ms, group_max_session_timeout_ms, group_initial_rebalance_delay_ms:
             Kafka's ``group.min.session.timeout.ms`` (6000), ``group.max.session.timeout.ms``
             (1800000) and ``group.initial.rebalance.delay.ms`` (0 here; Kafka's is 3000).
@@ -213,11 +257,27 @@ class KafkaServer:
                  *, advertised: tuple[str, int] | None = None, node_id: int = 0, auto_create_topics: bool = True,
                  num_partitions: int = 1, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                  limits: net.Limits = net.Limits(max_connections=4096), allow_anonymous: bool = False,
+                 tls: TLSConfig | ssl.SSLContext | None = None,
+                 sasl_credentials: (str | os.PathLike[str] | Mapping[str, Any] | Credentials | CredentialsFile
+                                    | None) = None,
+                 sasl_mechanisms: Sequence[str] = MECHANISMS,
+                 sasl_max_receive_bytes: int = DEFAULT_SASL_MAX_RECEIVE_BYTES,
+                 failed_authentication_delay_ms: int = 100,
                  group_min_session_timeout_ms: int = 6000, group_max_session_timeout_ms: int = 1_800_000,
                  group_initial_rebalance_delay_ms: int = 0, fsync_acks_all: bool = False) -> None:
-        if not _is_loopback(listen[0]) and not allow_anonymous:
+        context = tls.server_context() if isinstance(tls, TLSConfig) else tls
+        client_certs = context is not None and context.verify_mode == ssl.CERT_REQUIRED
+        if not _is_loopback(listen[0]) and not allow_anonymous and sasl_credentials is None and not client_certs:
             raise LogstoreError(f"refusing to serve {listen[0]} without authentication: bind a loopback address, "
-                                "or pass allow_anonymous=True (--allow-anonymous)")
+                                "configure SASL (sasl_credentials, --sasl-credentials) or TLS client certificates "
+                                "(--tls-ca), or pass allow_anonymous=True (--allow-anonymous)")
+        sasl = (SaslAuthenticator(sasl_credentials, sasl_mechanisms, failed_authentication_delay_ms / 1000)
+                if sasl_credentials is not None else None)
+        if sasl is not None and context is None and "PLAIN" in sasl.mechanisms and not _is_loopback(listen[0]):
+            logger.warning("SASL PLAIN without TLS on %s: passwords cross the network in clear", listen[0])
+        #: Kafka's name for what the listener speaks: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.
+        self.security_protocol = ("SASL_" if sasl is not None else "") + ("SSL" if context is not None else
+                                                                          "PLAINTEXT")
         if isinstance(root_or_store, LogStore):
             self.store, self._owns_store = root_or_store, False
         else:
@@ -228,8 +288,8 @@ class KafkaServer:
                                    group_config=GroupConfig(group_min_session_timeout_ms, group_max_session_timeout_ms,
                                                             group_initial_rebalance_delay_ms),
                                    fsync_acks_all=fsync_acks_all)
-            self._protocol = KafkaProtocol(self._apis, max_request_bytes)
-            self._server = net.Server(listen, self._protocol, limits=limits,
+            self._protocol = KafkaProtocol(self._apis, max_request_bytes, sasl, sasl_max_receive_bytes)
+            self._server = net.Server(listen, self._protocol, tls=context, limits=limits,
                                       name="kafka", thread_name=f"kafka-{node_id}-net")
         except BaseException:
             if self._owns_store:
@@ -249,7 +309,8 @@ class KafkaServer:
     def start(self) -> "KafkaServer":
         """Start accepting; returns self."""
         self._server.start()
-        logger.info("serving %s to Kafka clients on %s", self.store.root, self.bootstrap_servers)
+        logger.info("serving %s to Kafka clients on %s (%s)", self.store.root, self.bootstrap_servers,
+                    self.security_protocol)
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -326,7 +387,8 @@ def _address(text: str) -> tuple[str, int]:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int:
-    """``logstore serve ROOT [--listen HOST:PORT] [--advertised-listener HOST:PORT] [--node-id N]``:
+    """``logstore serve ROOT [--listen HOST:PORT] [--advertised-listener HOST:PORT] [--node-id N]
+    [--sasl-credentials FILE [--sasl-mechanisms M,M]] [--tls-cert F --tls-key F [--tls-ca F]]``:
     print the bound address once it accepts, serve until SIGTERM or SIGINT, close cleanly."""
     parser = argparse.ArgumentParser(prog=prog, description="Serve a store to Kafka clients.")
     parser.add_argument("root", help="the store's directory (created if missing)")
@@ -336,13 +398,26 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
     parser.add_argument("--node-id", type=int, default=0)
     parser.add_argument("--no-auto-create-topics", action="store_true")
     parser.add_argument("--num-partitions", type=int, default=1, help="partitions of an auto-created topic")
-    parser.add_argument("--allow-anonymous", action="store_true", help="allow a non-loopback bind")
+    parser.add_argument("--allow-anonymous", action="store_true",
+                        help="allow a non-loopback bind without authentication")
+    parser.add_argument("--sasl-credentials", metavar="FILE",
+                        help="enable SASL with the users of FILE (made by 'logstore kafka-user add'; re-read when "
+                             "it changes)")
+    parser.add_argument("--sasl-mechanisms", default=",".join(MECHANISMS), metavar="M,M",
+                        help=f"the SASL mechanisms enabled (default {','.join(MECHANISMS)})")
+    parser.add_argument("--tls-cert", metavar="FILE", help="PEM certificate (chain) of the listener: SSL")
+    parser.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
+    parser.add_argument("--tls-ca", metavar="FILE",
+                        help="require client certificates that chain to these PEM CA certificates")
     parser.add_argument("--fsync-acks-all", action="store_true",
                         help="answer acks=all produces once their batches are fsynced")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
+    if bool(args.tls_cert) != bool(args.tls_key) or (args.tls_ca and not args.tls_cert):
+        sys.stderr.write(f"{prog}: --tls-cert and --tls-key go together (--tls-ca needs them)\n")
+        return 2
     logging.basicConfig(level=logging.WARNING, format=f"{prog}: %(levelname)s: %(message)s")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -350,8 +425,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
     try:
         server = KafkaServer(args.root, args.listen, advertised=args.advertised_listener, node_id=args.node_id,
                              auto_create_topics=not args.no_auto_create_topics, num_partitions=args.num_partitions,
-                             allow_anonymous=args.allow_anonymous, fsync_acks_all=args.fsync_acks_all)
-    except (LogstoreError, OSError) as exc:
+                             allow_anonymous=args.allow_anonymous, fsync_acks_all=args.fsync_acks_all,
+                             tls=TLSConfig(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None,
+                             sasl_credentials=args.sasl_credentials,
+                             sasl_mechanisms=[m.strip() for m in args.sasl_mechanisms.split(",") if m.strip()])
+    except (LogstoreError, OSError, ValueError) as exc:
         sys.stderr.write(f"{prog}: {exc}\n")
         return 1
     with server:

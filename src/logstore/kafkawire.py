@@ -57,11 +57,13 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     14: (0, 3),   # SyncGroup
     15: (0, 4),   # DescribeGroups
     16: (0, 2),   # ListGroups
+    17: (0, 1),   # SaslHandshake (answered by kafkaauth before authentication)
     18: (0, 2),   # ApiVersions
     19: (2, 4),   # CreateTopics
     20: (1, 3),   # DeleteTopics
     22: (0, 1),   # InitProducerId
     32: (1, 3),   # DescribeConfigs
+    36: (0, 1),   # SaslAuthenticate (answered by kafkaauth before authentication)
 }
 
 API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "OffsetCommit", 9: "OffsetFetch",

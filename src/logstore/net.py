@@ -7,7 +7,7 @@ writes responses; request handlers run on a pool of worker threads, because a ha
 spoken on the wire is the :class:`Protocol`'s business: how long a frame is (read from a
 fixed-size prefix and checked against a cap before anything is allocated), the authentication
 state machine (:class:`Handshake`), and how a request is answered. The replication protocol
-(``wire.ReplicationProtocol``) is one; Kafka's protocol (4-byte size prefix, SASL) is the next.
+(``wire.ReplicationProtocol``) is one, Kafka's (``kafkaserver.KafkaProtocol``, SASL: ``kafkaauth``) the other.
 A request the protocol knows does not block (:meth:`Protocol.inline`) is answered on the loop.
 
 Life of a connection::
@@ -122,6 +122,8 @@ class _Conn:
         self.muted = False                    # a request is in a worker or its response is being written
         self.in_flight = False                # a request is in a worker (or its deferred answer pending)
         self.close_after_write = False
+        self.close_delay_s = 0.0              # a failed handshake's reply written: close this much later
+        self.lingering = False                # ... at the deadline (see _expire)
         self.events = 0                       # registered with the selector
         self.tls_want = selectors.EVENT_READ  # during the TLS handshake
         self.read_wants_write = False         # TLS: a read needs the socket writable first
@@ -294,9 +296,11 @@ class Server:
             if conn.in_flight:
                 continue  # the handler may take as long as it needs
             if now >= conn.deadline:
-                what = "finish its handshake" if conn.state is not _OPEN else "send a request"
-                logger.debug("%s: closing connection %d: it did not %s in time", self.name, conn.session.id, what)
-                self._counts.expired += 1
+                if not conn.lingering:  # (lingering: the delayed close after a failed handshake)
+                    what = "finish its handshake" if conn.state is not _OPEN else "send a request"
+                    logger.debug("%s: closing connection %d: it did not %s in time", self.name, conn.session.id,
+                                 what)
+                    self._counts.expired += 1
                 self._close(conn)
                 continue
             next_at = conn.deadline if next_at is None else min(next_at, conn.deadline)
@@ -496,6 +500,7 @@ class Server:
                     self._close(conn)
                     return
                 reply, conn.close_after_write, conn.muted = exc.reply, True, True
+                conn.close_delay_s = exc.close_delay_s
             else:
                 if conn.handshake.done:
                     self._counts.auth_ok += 1
@@ -640,7 +645,10 @@ class Server:
             if conn.state is _OPEN:
                 conn.deadline = time.monotonic() + self.limits.idle_timeout_s
         if conn.close_after_write:
-            self._close(conn)
+            if conn.close_delay_s > 0:  # _expire closes it at the deadline; nothing is read meanwhile
+                conn.deadline, conn.close_delay_s, conn.lingering = time.monotonic() + conn.close_delay_s, 0.0, True
+            elif not conn.lingering:
+                self._close(conn)
         elif conn.muted and not conn.in_flight:
             self._unmute(conn)
 

@@ -30,12 +30,14 @@ Response = Union[bytes, bytearray, memoryview, Sequence[Union[bytes, bytearray, 
 
 
 class HandshakeError(LogstoreError):
-    """A peer failed the handshake. ``reply`` (whole frames, may be empty) is sent to it before
-    the connection is closed."""
+    """A peer failed the handshake. ``reply`` (whole frames, may be empty) is sent to it, and the
+    connection closed ``close_delay_s`` after (Kafka's ``connection.failed.authentication.delay.ms``:
+    a client that drops what it read with the close still reads the reply), reading nothing more."""
 
-    def __init__(self, message: str, reply: bytes = b"") -> None:
+    def __init__(self, message: str, reply: bytes = b"", close_delay_s: float = 0.0) -> None:
         super().__init__(message)
         self.reply = reply
+        self.close_delay_s = close_delay_s
 
 
 class Session:

@@ -158,6 +158,8 @@ class ReplicaNode:
         self.max_connections = max_connections
         self.idle_s = connections_max_idle_ms / 1000.0
         self.handshake_s = handshake_timeout_ms / 1000.0
+        if tls is not None and not tls.mutual:
+            raise ValueError("replication needs mutual TLS: TLSConfig.cafile (the CA peers' certificates chain to)")
         self._server_tls = tls.server_context() if tls is not None else None
         self._client_tls = tls.client_context() if tls is not None else None
         self.store = LogStore(data_dir, shared=False, maintenance=False)

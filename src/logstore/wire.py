@@ -556,7 +556,8 @@ def _framed(type: int, correlation_id: int, payload: bytes) -> list[bytes]:
 # ---------------------------------------------------------------------- TLS
 @dataclass(frozen=True)
 class TLSConfig:
-    """Mutual TLS for replication connections (the ``ssl`` module), under the handshake above.
+    """TLS for a listener and its clients (the ``ssl`` module); mutual TLS for replication,
+    under the handshake above.
 
     Every node and client presents ``certfile``/``keyfile`` and accepts only peers whose
     certificate chains to ``cafile``: a server requires a client certificate
@@ -564,12 +565,16 @@ class TLSConfig:
     names are not checked against the certificate (replicas are addressed by IP); the identity
     check is the private CA plus the shared secret. TLS 1.2 is the minimum.
 
+    ``cafile`` None (the Kafka listener only: replication refuses it) asks clients for no
+    certificate (Kafka's ``ssl.client.auth=none``); a client context then verifies servers
+    against the system's CAs.
+
     Thread-safety: immutable; the contexts it builds are shared by every connection.
     """
 
     certfile: str
     keyfile: str
-    cafile: str
+    cafile: str | None = None
 
     def _context(self, purpose: ssl.Purpose) -> ssl.SSLContext:
         side = ssl.PROTOCOL_TLS_SERVER if purpose is ssl.Purpose.CLIENT_AUTH else ssl.PROTOCOL_TLS_CLIENT
@@ -579,14 +584,25 @@ class TLSConfig:
         ctx.verify_mode = ssl.CERT_REQUIRED
         try:
             ctx.load_cert_chain(self.certfile, self.keyfile)
-            ctx.load_verify_locations(cafile=self.cafile)
+            if self.cafile is not None:
+                ctx.load_verify_locations(cafile=self.cafile)
+            elif purpose is ssl.Purpose.CLIENT_AUTH:
+                ctx.verify_mode = ssl.CERT_NONE
+            else:
+                ctx.load_default_certs(purpose)
         except (OSError, ssl.SSLError) as exc:
             raise ValueError(f"TLS configuration: cannot load {self.certfile}, {self.keyfile} or "
                              f"{self.cafile}: {exc}") from None
         return ctx
 
+    @property
+    def mutual(self) -> bool:
+        """Whether a server requires client certificates (``cafile`` is set)."""
+        return self.cafile is not None
+
     def server_context(self) -> ssl.SSLContext:
-        """The context a node wraps accepted connections in (client certificates required)."""
+        """The context a node wraps accepted connections in (client certificates required
+        when ``cafile`` is set)."""
         return self._context(ssl.Purpose.CLIENT_AUTH)
 
     def client_context(self) -> ssl.SSLContext:

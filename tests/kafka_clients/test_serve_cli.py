@@ -33,3 +33,44 @@ def test_serve_prints_its_address_serves_and_stops_on_sigterm(tmp_path):
 
     with LogStore(str(tmp_path / "store")) as store:
         assert [r.value for r in store.partition("cli", 0).iter()] == [b"hello"]
+
+
+def test_serve_with_sasl_and_tls(tmp_path):
+    """``logstore serve --sasl-credentials FILE --tls-cert F --tls-key F``: a SASL_SSL listener; the
+    users come from ``logstore kafka-user add``."""
+    from .tls_certs import make_certs
+
+    certs = make_certs(tmp_path / "certs")
+    users = tmp_path / "users"
+    added = subprocess.run([sys.executable, "-m", "logstore", "kafka-user", "add", str(users), "alice",
+                            "--mechanism", "SCRAM-SHA-512"], input="alice-pw\n", capture_output=True, text=True)
+    assert added.returncode == 0, added.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "logstore", "serve", str(tmp_path / "store"), "--listen",
+                             "127.0.0.1:0", "--sasl-credentials", str(users), "--tls-cert", certs.server_cert,
+                             "--tls-key", certs.server_key], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("serving "), (line, proc.stderr.read() if proc.poll() is not None else "")
+        producer = kafka.KafkaProducer(bootstrap_servers=line.split(" on ")[1].strip(), security_protocol="SASL_SSL",
+                                       ssl_cafile=certs.ca, sasl_mechanism="SCRAM-SHA-512", sasl_plain_username="alice",
+                                       sasl_plain_password="alice-pw", request_timeout_ms=10_000)
+        try:
+            assert producer.send("secure", value=b"hello").get(10).offset == 0
+        finally:
+            producer.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_serve_refuses_half_a_tls_configuration_and_a_bad_credentials_file(tmp_path):
+    half = subprocess.run([sys.executable, "-m", "logstore", "serve", str(tmp_path / "s"), "--tls-key", "k.pem"],
+                          capture_output=True, text=True, timeout=30)
+    assert half.returncode == 2 and "--tls-cert and --tls-key go together" in half.stderr
+    (tmp_path / "users").write_text("alice:PLAIN:salt=AA==\n")
+    bad = subprocess.run([sys.executable, "-m", "logstore", "serve", str(tmp_path / "s"), "--sasl-credentials",
+                          str(tmp_path / "users")], capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 1 and "users, line 1: PLAIN needs salt, iterations, hash" in bad.stderr

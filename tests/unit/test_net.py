@@ -316,6 +316,33 @@ def test_a_failed_handshake_gets_its_reply_then_the_connection_closes(serve):
     assert metric(server, "request-total") == 0
 
 
+class _SlowCloseHandshake(_Handshake):
+    def receive(self, frame):
+        if bytes(frame) != SECRET:
+            raise net.HandshakeError("wrong secret", reply=framed(b"DENIED"), close_delay_s=0.3)
+        return super().receive(frame)
+
+
+class SlowCloseProtocol(EchoProtocol):
+    def handshake(self, session):
+        return _SlowCloseHandshake()
+
+
+def test_a_failed_handshake_may_close_after_a_delay_reading_nothing_meanwhile(serve):
+    server = serve(SlowCloseProtocol())
+    with socket.create_connection(server.address, timeout=5) as s:
+        s.sendall(framed(b"HELLO wrong"))
+        assert recv_frame(s) == b"DENIED"
+        started = time.monotonic()
+        s.sendall(framed(SECRET))  # too late: not read
+        assert hung_up(s)
+        assert 0.25 <= time.monotonic() - started < 2.0
+    assert metric(server, "failed-authentication-total") == 1
+    assert metric(server, "successful-authentication-total") == 0
+    assert metric(server, "connection-expired-total") == 0
+    wait_for(lambda: metric(server, "connection-count") == 0)
+
+
 # ---------------------------------------------------------------------- limits
 def test_a_connection_that_does_not_finish_its_handshake_in_time_is_closed(serve):
     server = serve(limits=net.Limits(handshake_timeout_s=0.3))

@@ -1,0 +1,165 @@
+"""SASL credentials (logstore.kafkacredentials): the file format and its errors, the mapping
+form, adding and removing users, logstore kafka-user, re-reading a replaced file."""
+
+from __future__ import annotations
+
+import base64
+import io
+import logging
+
+import pytest
+
+from logstore import LogstoreError
+from logstore.cli import main as cli_main
+from logstore.kafkacredentials import (
+    Credentials,
+    CredentialsError,
+    CredentialsFile,
+    PlainCredential,
+    ScramCredential,
+    add_user,
+    plain_credential,
+    remove_user,
+    scram_credential,
+)
+
+SALT = base64.b64decode("W22ZaJ0SNY7soEsUEjb6gQ==")
+
+
+def test_scram_keys_are_rfc_5802s():
+    import hashlib
+    import hmac
+
+    c = scram_credential("SCRAM-SHA-512", "pencil", SALT, 4096)
+    salted = hashlib.pbkdf2_hmac("sha512", b"pencil", SALT, 4096)
+    assert c.stored_key == hashlib.sha512(hmac.new(salted, b"Client Key", "sha512").digest()).digest()
+    assert c.server_key == hmac.new(salted, b"Server Key", "sha512").digest()
+    assert scram_credential("SCRAM-SHA-256", "pencil").salt != scram_credential("SCRAM-SHA-256", "pencil").salt
+    with pytest.raises(ValueError):
+        scram_credential("SCRAM-SHA-1", "x")
+    with pytest.raises(ValueError):
+        scram_credential("SCRAM-SHA-256", "x", iterations=4095)
+
+
+def test_plain_credential_checks_a_password():
+    c = plain_credential("s3cret")
+    assert c.check(b"s3cret") and not c.check(b"s3cret ") and not c.check(b"")
+    assert len(c.hash) == 32 and c.iterations == 4096
+
+
+@pytest.mark.parametrize("user", ["alice", "a:b", "50%", "with space", "zoë", "x,y=z", "#hash", "@+~"])
+def test_text_round_trip_for_any_user_name(user):
+    entries = {(user, "SCRAM-SHA-256"): scram_credential("SCRAM-SHA-256", "pw", SALT),
+               (user, "SCRAM-SHA-512"): scram_credential("SCRAM-SHA-512", "pw", SALT),
+               (user, "PLAIN"): plain_credential("pw", SALT)}
+    text = Credentials(entries).to_text()
+    assert Credentials.parse(text).entries() == entries
+    written = {line.split(":")[0] for line in text.splitlines()[1:]}
+    assert len(written) == 1 and ":" not in written.pop().replace("%3A", "")
+    if user in ("alice", "@+~"):
+        assert text.splitlines()[1].startswith(user + ":")
+
+
+GOOD_SCRAM = Credentials({("u", "SCRAM-SHA-256"): scram_credential("SCRAM-SHA-256", "pw", SALT)}).to_text().splitlines()[1]
+GOOD_PLAIN = Credentials({("u", "PLAIN"): plain_credential("pw", SALT)}).to_text().splitlines()[1]
+
+
+@pytest.mark.parametrize("line,message", [
+    ("alice", "expected USER:MECHANISM"),
+    ("a:b:c:d", "expected USER:MECHANISM"),
+    (":PLAIN:salt=AA==", "an empty user name"),
+    ("%FF:PLAIN:salt=AA==", "not percent-encoded UTF-8"),
+    ("u:GSSAPI:salt=AA==", "unknown mechanism 'GSSAPI'"),
+    ("u:PLAIN:salt", "expected key=value"),
+    ("u:PLAIN:salt=AA==,salt=AA==", "salt twice"),
+    ("u:PLAIN:salt=AA==,iterations=4096", "missing hash"),
+    (GOOD_PLAIN + ",extra=1", "unknown extra"),
+    (GOOD_PLAIN.replace("iterations=4096", "iterations=4k"), "not a number"),
+    (GOOD_PLAIN.replace("iterations=4096", "iterations=100"), "iterations=100"),
+    (GOOD_SCRAM.replace("salt=", "salt=!"), "salt is not base64"),
+    (GOOD_SCRAM.replace("SCRAM-SHA-256", "SCRAM-SHA-512"), "must be 64 bytes"),
+])
+def test_a_bad_line_is_named(line, message):
+    text = "# users\n\n" + GOOD_SCRAM.replace("u:", "v:") + "\n" + line + "\n"
+    with pytest.raises(CredentialsError) as failed:
+        Credentials.parse(text, "users.txt")
+    assert str(failed.value).startswith("users.txt, line 4: ")
+    assert message in str(failed.value)
+    assert isinstance(failed.value, LogstoreError)
+
+
+def test_a_duplicate_names_both_lines():
+    with pytest.raises(CredentialsError, match=r"x, line 3: a second SCRAM-SHA-256 credential for 'u' \(the first "
+                                               r"is on line 1\)"):
+        Credentials.parse(f"{GOOD_SCRAM}\n{GOOD_PLAIN}\n{GOOD_SCRAM}\n", "x")
+
+
+def test_from_mapping():
+    c = Credentials.from_mapping({"alice": "pw", "bob": {"PLAIN": plain_credential("x")}}, ["PLAIN", "SCRAM-SHA-512"])
+    assert sorted(c.entries()) == [("alice", "PLAIN"), ("alice", "SCRAM-SHA-512"), ("bob", "PLAIN")]
+    assert isinstance(c.lookup("alice", "SCRAM-SHA-512"), ScramCredential)
+    assert isinstance(c.lookup("bob", "PLAIN"), PlainCredential)
+    assert c.lookup("bob", "SCRAM-SHA-512") is None and c.users() == ["alice", "bob"]
+    for bad in ({"": "pw"}, {"u": 3}, {"u": {"PLAIN": scram_credential("SCRAM-SHA-256", "x")}},
+                {"u": {"SCRAM-SHA-512": scram_credential("SCRAM-SHA-256", "x")}}):
+        with pytest.raises(CredentialsError):
+            Credentials.from_mapping(bad)
+
+
+def test_add_and_remove_users(tmp_path):
+    path = tmp_path / "users"
+    add_user(path, "alice", "pw1", ["SCRAM-SHA-256", "PLAIN"])
+    add_user(path, "bob", "pw2", ["SCRAM-SHA-512"])
+    first = Credentials.load(path)
+    add_user(path, "alice", "pw3", ["PLAIN"])  # replaces alice's PLAIN only
+    again = Credentials.load(path)
+    assert again.lookup("alice", "SCRAM-SHA-256") == first.lookup("alice", "SCRAM-SHA-256")
+    assert again.lookup("alice", "PLAIN").check(b"pw3")
+    assert (path.stat().st_mode & 0o777) == 0o600
+    assert not (tmp_path / "users.tmp").exists()
+    assert remove_user(path, "alice", ["PLAIN"]) == 1
+    assert sorted(Credentials.load(path).entries()) == [("alice", "SCRAM-SHA-256"), ("bob", "SCRAM-SHA-512")]
+    assert remove_user(path, "alice") == 1 and remove_user(path, "alice") == 0
+    with pytest.raises(ValueError):
+        add_user(path, "carol", "", ["PLAIN"])
+    with pytest.raises(ValueError):
+        add_user(path, "carol", "pw", ["GSSAPI"])
+
+
+def test_the_cli(tmp_path, capsys):
+    path = str(tmp_path / "users")
+    assert cli_main(["kafka-user", "add", path, "alice", "--mechanism", "SCRAM-SHA-512"],
+                    stdin=io.StringIO("from stdin\nignored\n")) == 0
+    (tmp_path / "pw").write_text("from a file\n")
+    assert cli_main(["kafka-user", "add", path, "bob", "--mechanism", "PLAIN", "--mechanism", "SCRAM-SHA-256",
+                     "--password-file", str(tmp_path / "pw"), "--iterations", "8192"]) == 0
+    c = Credentials.load(path)
+    assert c.lookup("bob", "PLAIN").check(b"from a file") and c.lookup("bob", "PLAIN").iterations == 8192
+    text = (tmp_path / "users").read_text()
+    assert "from stdin" not in text and "from a file" not in text
+    capsys.readouterr()
+    assert cli_main(["kafka-user", "list", path]) == 0
+    assert capsys.readouterr().out.splitlines() == ["alice\tSCRAM-SHA-512", "bob\tPLAIN", "bob\tSCRAM-SHA-256"]
+    assert cli_main(["kafka-user", "delete", path, "bob", "--mechanism", "PLAIN"]) == 0
+    assert cli_main(["kafka-user", "delete", path, "nobody"]) == 1
+    assert cli_main(["kafka-user", "add", path, "carol", "--mechanism", "PLAIN"], stdin=io.StringIO("")) == 1
+    assert "must not be empty" in capsys.readouterr().err
+    assert cli_main(["kafka-user", "add", path, "carol"], stdin=io.StringIO("x\n")) == 2  # --mechanism required
+
+
+def test_a_replaced_file_is_reread_and_a_broken_one_ignored(tmp_path, caplog):
+    path = tmp_path / "users"
+    add_user(path, "alice", "pw", ["PLAIN"])
+    users = CredentialsFile(path, check_interval_s=0.0)
+    assert users.current().users() == ["alice"]
+    add_user(path, "bob", "pw", ["PLAIN"])
+    assert users.current().users() == ["alice", "bob"]
+    path.write_text("broken line\n")
+    with caplog.at_level(logging.ERROR, logger="logstore.kafka"):
+        assert users.current().users() == ["alice", "bob"]
+    assert "line 1" in caplog.text
+    with pytest.raises(CredentialsError, match="cannot read"):
+        CredentialsFile(tmp_path / "missing")
+    (tmp_path / "latin1").write_bytes(b"\xe9:PLAIN:x=y\n")
+    with pytest.raises(CredentialsError, match="not UTF-8"):
+        Credentials.load(tmp_path / "latin1")
