@@ -430,9 +430,9 @@ def test_a_file_region_in_an_answer_is_written_with_sendfile_and_closed(serve, s
 def test_a_file_region_for_a_closed_connection_is_closed(serve):
     server = serve()
     fds = len(os.listdir("/proc/self/fd"))
-    for _ in range(5):
+    for _ in range(3):
         s = connect(server)
-        s.sendall(framed(b"file:%d" % (8 << 20)))  # more than the socket takes: the loop finishes it
+        s.sendall(framed(b"file:%d" % (4 << 20)))  # more than the socket takes: the loop finishes it
         s.close()
     wait_for(lambda: metric(server, "connection-count") == 0)
     wait_for(lambda: len(os.listdir("/proc/self/fd")) <= fds)
