@@ -14,6 +14,10 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DEPS   := pyproject.toml setup.py $(wildcard src/logstore/_native/*.c src/logstore/_native/*.h src/logstore/_native/build_native.py)
 PYTEST_FLAGS ?= -q
+# make test runs the test files on two worker processes (pytest-xdist; a file's tests stay on one
+# worker, so module fixtures are built once). make soak runs serially: its reports (crash states,
+# kill -9 figures) are printed by the process that ran the tests.
+PARALLEL ?= -n 2 --dist loadfile
 
 .PHONY: demo test bench soak asan sanitize fuzz venv clean
 
@@ -34,11 +38,12 @@ demo: $(STAMP)
 	$(PY) examples/spark_batch.py
 
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_FLAGS) tests
+	$(PY) -m pytest $(PYTEST_FLAGS) $(PARALLEL) tests
 
 bench: $(STAMP)
 	$(PY) -m pytest -q bench --benchmark-only --benchmark-columns=min,mean,ops
 	$(PY) bench/compare.py
+	$(PY) bench/bench_kafka.py
 
 SOAK_SECONDS ?= 300
 soak: $(STAMP)

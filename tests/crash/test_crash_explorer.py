@@ -53,7 +53,11 @@ def _run(mem_path, name: str, workload, oracle, check, depth: str, minimum_state
     with _fileio.install(recorder):
         workload()
         recorder.mark("the end of the workload")
-    limits = SOAK if depth == "soak" else dict(random_states=random_states, max_states_per_point=max_states_per_point)
+    # make test samples each crash point more thinly (a third of the states); make soak explores them all
+    limits = SOAK if depth == "soak" else dict(random_states=max(1, random_states // 2),
+                                               max_states_per_point=max(4, max_states_per_point // 3))
+    if depth != "soak":
+        minimum_states //= 3
     report = explore(recorder.points, str(mem_path / "scratch"), check, **limits)
     REPORTS.append((f"{name} [{depth}]", report))
     assert not report.violations, (f"{report.summary(name)}:\n" + "\n".join(report.violations))

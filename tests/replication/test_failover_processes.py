@@ -21,7 +21,7 @@ from logstore.replication import Client, NotEnoughReplicasError, NotLeaderError,
 from .test_inprocess import free_ports
 
 SECRET = b"failover-secret"
-FAILOVERS = int(os.environ.get("LOGSTORE_FAILOVERS", "10"))
+FAILOVERS = int(os.environ.get("LOGSTORE_FAILOVERS", "6"))
 
 
 class Cluster:
