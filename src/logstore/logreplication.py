@@ -17,7 +17,8 @@ as the Log's methods say.
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from . import _fileio
 from ._fileio import FileRegion
@@ -61,31 +62,32 @@ def end_offset_for_epoch(log: Any, epoch: int) -> tuple[int, int]:
 
 def read_raw(log: Any, offset: int, max_bytes: int) -> bytes:
     """Log.read_raw: whole batches as stored, from the one holding ``offset`` on."""
-    offset = check_offset(offset)
-    with log._lock:
-        log._check_open()
-        log._follow()
-        end = log._appender.next_offset
-        if offset < log._log_start_offset or offset > end:
-            raise OffsetOutOfRangeError(offset, log._log_start_offset, end, f"read_raw from {log.path}")
-        return log._segments.read_raw(offset, max_bytes)
+    with _reading(log, offset, "read_raw") as start:
+        return log._segments.read_raw(start, max_bytes)  # type: ignore[no-any-return]
 
 
 def read_region(log: Any, offset: int, max_bytes: int) -> FileRegion | None:
     """Log.read_region: read_raw's batches as a region of the segment file (None past the end)."""
-    offset = check_offset(offset)
-    with log._lock:
-        log._check_open()
-        log._follow()
-        end = log._appender.next_offset
-        if offset < log._log_start_offset or offset > end:
-            raise OffsetOutOfRangeError(offset, log._log_start_offset, end, f"read_region from {log.path}")
-        segment, position, length = log._segments.locate_raw(offset, max_bytes)
+    with _reading(log, offset, "read_region") as start:
+        segment, position, length = log._segments.locate_raw(start, max_bytes)
         if segment is None:
             return None
         # A descriptor of its own: the segment may be closed, rolled or deleted before the
         # region is written (its pages stay readable through it).
         return FileRegion(_fileio.ops.dup(segment.fd), position, length)
+
+
+@contextmanager
+def _reading(log: Any, offset: int, what: str) -> Iterator[int]:
+    """Hold the log's lock for a raw read at ``offset`` (checked: within [log start, log end])."""
+    offset = check_offset(offset)
+    with log._lock:
+        log._check_open()
+        log._follow()
+        end = log._appender.next_offset
+        if offset < log._log_start_offset or offset > end:
+            raise OffsetOutOfRangeError(offset, log._log_start_offset, end, f"{what} from {log.path}")
+        yield offset
 
 
 def append_replicated(log: Any, data: bytes | bytearray | memoryview) -> int:
