@@ -1,7 +1,7 @@
 """What a Kafka-protocol server answers, API by API, over a LogStore (Kafka's KafkaApis).
 
 Each ``on_<api>`` method takes a parsed :class:`~logstore.kafkawire.KafkaRequest` and returns the
-response's fields as a mapping (named as in the latest version; :func:`kafkawire.build` keeps
+response's fields as a mapping (named as in the latest version; :func:`kafkawire.encode` writes
 what the request's version has), a Future of one (a fetch that waits for records), or None (a
 produce with acks=0, which gets no response).
 

@@ -57,7 +57,7 @@ from .kafkacredentials import (
     PlainCredential,
     ScramCredential,
 )
-from .kafkawire import API_NAMES, KafkaProtocolError, build, encode, parse_request, response_class
+from .kafkawire import API_NAMES, KafkaProtocolError, encode, parse_request
 
 __all__ = ["SaslAuthenticationError", "PlainServer", "ScramServer", "SaslAuthenticator", "SaslHandshake",
            "SASL_HANDSHAKE", "SASL_AUTHENTICATE"]
@@ -351,29 +351,24 @@ class SaslHandshake(net.Handshake):
     def _handshake(self, request: Any) -> bytes:
         name = request.body.mechanism
         enabled = self._authenticator.mechanisms
-        cls = response_class(SASL_HANDSHAKE, request.api_version)
         if name not in enabled:
-            reply = _frame(request.correlation_id, build(cls, {"error_code": UNSUPPORTED_SASL_MECHANISM,
-                                                               "mechanisms": enabled}))
+            reply = _frame(request, {"error_code": UNSUPPORTED_SASL_MECHANISM, "mechanisms": enabled})
             logger.info("connection %d from %s: SASL mechanism %r is not enabled", self._session.id,
                         self._session.peer, name)
             raise net.HandshakeError(f"unsupported SASL mechanism {name!r}", reply,
                                      self._authenticator.failed_authentication_delay_s)
         self._mechanism = self._authenticator.mechanism(name)
         self._state = _TOKENS if request.api_version >= 1 else _RAW_TOKENS
-        return _frame(request.correlation_id, build(cls, {"error_code": 0, "mechanisms": enabled}))
+        return _frame(request, {"error_code": 0, "mechanisms": enabled})
 
     def _authenticate(self, request: Any) -> bytes:
-        cls = response_class(SASL_AUTHENTICATE, request.api_version)
         try:
             token = self._step(request.body.auth_bytes)
         except SaslAuthenticationError as exc:
-            reply = _frame(request.correlation_id, build(cls, {"error_code": SASL_AUTHENTICATION_FAILED,
-                                                               "error_message": str(exc), "auth_bytes": b"",
-                                                               "session_lifetime": 0}))
+            reply = _frame(request, {"error_code": SASL_AUTHENTICATION_FAILED, "error_message": str(exc),
+                                     "auth_bytes": b"", "session_lifetime": 0})
             raise net.HandshakeError(str(exc), reply, self._authenticator.failed_authentication_delay_s) from None
-        return _frame(request.correlation_id, build(cls, {"error_code": 0, "error_message": None, "auth_bytes": token,
-                                                          "session_lifetime": 0}))
+        return _frame(request, {"error_code": 0, "error_message": None, "auth_bytes": token, "session_lifetime": 0})
 
     def _raw_token(self, frame: bytearray) -> bytes:
         try:
@@ -400,5 +395,5 @@ class SaslHandshake(net.Handshake):
         return answer
 
 
-def _frame(correlation_id: int, response: Any) -> bytes:
-    return b"".join(encode(correlation_id, response))
+def _frame(request: Any, fields: dict[str, Any]) -> bytes:
+    return b"".join(encode(request.correlation_id, request.api_key, request.api_version, fields))

@@ -52,11 +52,8 @@ from .kafkawire import (
     KafkaProtocolError,
     KafkaRequest,
     UnsupportedVersionError,
-    build,
     encode,
-    encode_produce_v0_2,
     parse_request,
-    response_class,
 )
 from .store import LogStore
 from .wire import TLSConfig
@@ -179,18 +176,13 @@ class KafkaProtocol(net.Protocol):
 
 
 def _encode(request: KafkaRequest, fields: Any) -> list[bytes]:
-    if request.api_key == 0 and request.api_version < 3:
-        topics = [(t["name"], [(p["index"], p["error_code"]) for p in t["partition_responses"]])
-                  for t in fields["responses"]]
-        return encode_produce_v0_2(request.correlation_id, request.api_version, topics)
-    return encode(request.correlation_id, build(response_class(request.api_key, request.api_version), fields))
+    return encode(request.correlation_id, request.api_key, request.api_version, fields)
 
 
 def _api_versions_unsupported(correlation_id: int) -> list[bytes]:
     """Error 35 in ApiVersions' v0 format, still listing the ranges (a client then retries with
     a version it shares: KIP-511)."""
-    fields = {"error_code": _UNSUPPORTED_VERSION, "api_keys": api_version_ranges()}
-    return encode(correlation_id, build(response_class(_API_VERSIONS, 0), fields))
+    return encode(correlation_id, _API_VERSIONS, 0, {"error_code": _UNSUPPORTED_VERSION, "api_keys": api_version_ranges()})
 
 
 def _mapped(future: Future, fn: Any) -> Future:

@@ -8,11 +8,11 @@ adds what a server needs around it:
 - :data:`SUPPORTED`, the version range of every API the server answers (what ApiVersions
   advertises), and :func:`parse_request`, which reads a frame's request header and body and
   refuses what is outside those ranges, malformed, or followed by stray bytes.
-- :func:`build`, which makes the response class of a given version from a mapping of fields
-  named as in the latest version: a field the version does not have is left out, a field it
-  needs and the mapping lacks is an error. Milliseconds become ``timedelta``, error codes
-  ``ErrorCode``, timestamps (-1: none) aware datetimes, as kio types them.
-- :func:`encode`, a response as the buffers of one frame (size, response header v0, body).
+- :func:`encode`, a response as the buffers of one frame (size, response header v0, body),
+  from a mapping of fields named as in the latest version: a field the version does not have
+  is left out, a field it needs and the mapping lacks is an error. The bytes are written by
+  :mod:`logstore.kafkawriter` (kio's classes give the schema; kio's own writer is the tests'
+  oracle).
 - Produce v0-v2, which Kafka 4 dropped from its specs but librdkafka before 2.11.1 needs
   advertised (it compresses only when Produce's minimum version is 0): the request is read as
   v3 without its transactional id, and the response written by hand (those versions carry
@@ -24,22 +24,19 @@ idempotently).
 
 from __future__ import annotations
 
-import dataclasses
-import datetime
 import struct
-import typing
 from typing import Any, Mapping, Sequence
 
 from kio.index import KioIndexError, load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
-from kio.serial import entity_reader, entity_writer
+from kio.serial import entity_reader
 from kio.serial.errors import SerialError
 
-from ._fileio import FileRegion
 from .errors import LogstoreError
+from .kafkawriter import write_response
 
 __all__ = ["SUPPORTED", "API_NAMES", "KafkaRequest", "KafkaProtocolError", "UnsupportedVersionError",
-           "parse_request", "build", "encode", "encode_produce_v0_2", "ErrorCode"]
+           "parse_request", "response_class", "encode", "encode_produce_v0_2", "ErrorCode"]
 
 #: api key -> (lowest, highest) version served. Non-flexible versions only: every client this
 #: server is tested with speaks them (aiokafka speaks nothing else).
@@ -120,6 +117,18 @@ class KafkaRequest:
         return f"KafkaRequest({self.name} v{self.api_version}, id={self.correlation_id}, client={self.client_id!r})"
 
 
+_READERS: dict[tuple[int, int], tuple[Any, Any]] = {}
+
+
+def _readers(api_key: int, api_version: int) -> tuple[Any, Any]:
+    """kio's readers of a request version's header and body (looked up once)."""
+    readers = _READERS.get((api_key, api_version))
+    if readers is None:
+        cls = load_request_schema(api_key, api_version)
+        readers = _READERS[(api_key, api_version)] = (entity_reader(cls.__header_schema__), entity_reader(cls))
+    return readers
+
+
 def parse_request(frame: bytes | bytearray | memoryview) -> KafkaRequest:
     """Read one request (the frame after its 4-byte size).
 
@@ -136,11 +145,11 @@ def parse_request(frame: bytes | bytearray | memoryview) -> KafkaRequest:
         raise UnsupportedVersionError(api_key, api_version, correlation_id)
     legacy_produce = api_key == _PRODUCE and api_version < 3
     try:
-        cls = load_request_schema(api_key, 3 if legacy_produce else api_version)
-        header, offset = entity_reader(cls.__header_schema__)(data, 0)
+        read_header, read_body = _readers(api_key, 3 if legacy_produce else api_version)
+        header, offset = read_header(data, 0)
         if legacy_produce:  # v0-v2: v3 without the transactional id
             data = bytes(data[:offset]) + _NULL_TRANSACTIONAL_ID + bytes(data[offset:])
-        body, size = entity_reader(cls)(data, offset)
+        body, size = read_body(data, offset)
     except (KioIndexError, SerialError, ValueError, struct.error) as exc:
         raise KafkaProtocolError(f"{API_NAMES.get(api_key, api_key)} v{api_version}: malformed request: "
                                  f"{exc}") from None
@@ -150,95 +159,31 @@ def parse_request(frame: bytes | bytearray | memoryview) -> KafkaRequest:
     return KafkaRequest(api_key, api_version, correlation_id, header.client_id, body)
 
 
-# ---------------------------------------------------------------------- building responses
-_UTC = datetime.timezone.utc
-#: class -> [(field name, kafka type, entity class of its items or None, required)]
-_PLANS: dict[type, list[tuple[str, str, type | None, bool]]] = {}
-
-
-def _plan(cls: type) -> list[tuple[str, str, type | None, bool]]:
-    plan = _PLANS.get(cls)
-    if plan is None:
-        hints = typing.get_type_hints(cls)
-        plan = []
-        for f in dataclasses.fields(cls):
-            item = _entity_item(hints[f.name])
-            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-            plan.append((f.name, f.metadata.get("kafka_type", ""), item, required))
-        _PLANS[cls] = plan
-    return plan
-
-
-def _entity_item(hint: Any) -> type | None:
-    """The entity class of a ``tuple[Entity, ...]`` field (or of its Optional), else None."""
-    for arg in (hint, *typing.get_args(hint)):
-        if typing.get_origin(arg) is tuple:
-            item = typing.get_args(arg)[0]
-            if dataclasses.is_dataclass(item):
-                return item  # type: ignore[return-value]
-    return None
-
-
-def build(cls: type, fields: Mapping[str, Any]) -> Any:
-    """An instance of the kio entity ``cls`` from ``fields`` (nested entities as mappings)."""
-    kwargs = {}
-    for name, kind, item, required in _plan(cls):
-        if name not in fields:
-            if required:
-                raise KeyError(f"{cls.__module__}.{cls.__qualname__} needs the field {name!r}")
-            continue
-        value = fields[name]
-        if item is not None and value is not None:
-            value = tuple(build(item, v) for v in value)
-        elif kind in ("timedelta_i32", "timedelta_i64") and isinstance(value, int):
-            value = datetime.timedelta(milliseconds=value)
-        elif kind == "error_code" and isinstance(value, int):
-            value = ErrorCode(value)
-        elif kind == "datetime_i64" and (value is None or isinstance(value, int)):
-            value = None if value is None or value < 0 else datetime.datetime.fromtimestamp(value / 1000, _UTC)
-        kwargs[name] = value
-    return cls(**kwargs)
+# ---------------------------------------------------------------------- writing responses
+_RESPONSE_CLASSES: dict[tuple[int, int], type] = {}
 
 
 def response_class(api_key: int, api_version: int) -> type:
     """The kio response class of an API version."""
-    return load_response_schema(api_key, api_version)  # type: ignore[no-any-return]
+    cls = _RESPONSE_CLASSES.get((api_key, api_version))
+    if cls is None:
+        cls = _RESPONSE_CLASSES[(api_key, api_version)] = load_response_schema(api_key, api_version)
+    return cls
 
 
-class _Segments:
-    """What kio writes a frame into: bytes gathered in runs, each file region (a fetch's
-    records, see ``Log.read_region``) kept as a buffer of its own for sendfile."""
+def encode(correlation_id: int, api_key: int, api_version: int, fields: Mapping[str, Any]) -> list[Any]:
+    """A response frame (size, response header v0, body) as buffers to write in order, from
+    the response's fields named as in the latest version (see :mod:`logstore.kafkawriter`); a
+    :class:`~logstore._fileio.FileRegion` given as a field's bytes stays a buffer of its own.
 
-    __slots__ = ("parts", "run", "size")
-
-    def __init__(self) -> None:
-        self.parts: list[Any] = []
-        self.run = bytearray(4)  # the size, filled in at the end
-        self.size = 0
-
-    def write(self, data: Any) -> int:
-        if isinstance(data, FileRegion):
-            self.parts += [bytes(self.run), data]
-            self.run = bytearray()
-        else:
-            self.run += data
-        self.size += len(data)
-        return len(data)
-
-
-def encode(correlation_id: int, response: Any) -> list[Any]:
-    """A response frame (size, response header, body) as buffers to write in order; a
-    :class:`~logstore._fileio.FileRegion` given as a field's bytes stays a buffer of its own."""
-    header_cls = type(response).__header_schema__
-    out = _Segments()
-    entity_writer(header_cls)(out, header_cls(correlation_id=correlation_id))
-    entity_writer(type(response))(out, response)
-    if not out.parts:
-        _I32.pack_into(out.run, 0, out.size)
-        return [bytes(out.run)]
-    parts = out.parts + ([bytes(out.run)] if out.run else [])
-    parts[0] = _I32.pack(out.size) + parts[0][4:]
-    return parts
+    Raises:
+        KeyError: a field the version needs is missing from ``fields``.
+    """
+    if api_key == _PRODUCE and api_version < 3:
+        topics = [(t["name"], [(p["index"], p["error_code"]) for p in t["partition_responses"]])
+                  for t in fields["responses"]]
+        return encode_produce_v0_2(correlation_id, api_version, topics)
+    return write_response(correlation_id, response_class(api_key, api_version), fields)
 
 
 def encode_produce_v0_2(correlation_id: int, api_version: int,

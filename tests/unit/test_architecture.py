@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("store", {"store", "logdirs", "logview"}),
     ("client", {"producer", "consumer", "workqueue"}),
     ("net", {"workerpool", "netprotocol", "net", "purgatory", "wire"}),
-    ("kafka", {"kafkawire", "kafkagroups", "kafkaconfigs", "kafkaapis", "kafkacredentials", "kafkaauth",
+    ("kafka", {"kafkawriter", "kafkawire", "kafkagroups", "kafkaconfigs", "kafkaapis", "kafkacredentials", "kafkaauth",
                "kafkaserver"}),
     ("replication", {"election", "replica_partition", "replica_election", "replica_leader", "replica_follower",
                      "replication_client", "replication"}),
