@@ -346,7 +346,8 @@ class KafkaApis:
                 continue
             if offset == hw:
                 continue
-            # KIP-74: the first partition with records gets at least one batch whatever the limits.
+            # KIP-74: the first partition with records gets at least one batch whatever the
+            # limits; the others get whole batches within theirs, or none.
             limit = min(partition_max, max_bytes - total) if total else partition_max
             if limit <= 0:
                 continue
@@ -361,6 +362,9 @@ class KafkaApis:
                 entry["error_code"] = UNKNOWN_SERVER_ERROR
                 errors = True
                 continue
+            if data is not None and total and len(data) > limit:
+                data.close()  # a later partition's first batch alone is over what is left: none
+                data = None
             if data is not None:
                 entry["records"] = data
                 total += len(data)

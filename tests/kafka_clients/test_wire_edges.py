@@ -1,6 +1,7 @@
-"""Protocol edges on raw sockets (bytes written by hand from Kafka's protocol guide, not by the
-server's codec): ApiVersions of an unknown version, acks=0, malformed and oversized requests
-closing only their own connection."""
+"""Protocol edges on raw sockets (bytes written by hand from Kafka's protocol guide, or by
+kafka-python's structs; never by the server's codec): ApiVersions of an unknown version,
+acks=0, malformed and oversized requests closing only their own connection, and the byte
+limits of a fetch (KIP-74)."""
 
 from __future__ import annotations
 
@@ -145,3 +146,44 @@ def test_a_thousand_idle_connections_cost_no_thread_each(tmp_path):
         finally:
             for s in idle:
                 s.close()
+
+
+def fetch_v4(server, partitions, max_bytes, partition_max_bytes):
+    """One Fetch v4 (kafka-python's structs encode and decode it) of ``partitions`` of topic
+    "limits" from offset 0; {partition: record bytes in the answer}."""
+    from kafka.protocol.old.fetch import FetchRequest, FetchResponse
+
+    ask = FetchRequest[4](-1, 0, 1, max_bytes, 0, [("limits", [(p, 0, partition_max_bytes) for p in partitions])])
+    ask.with_header(7, "limits-test")
+    with connect(server) as sock:
+        sock.sendall(ask.encode(header=True, framed=True))
+        answer = FetchResponse[4].decode(response(sock), header=True)
+    [(topic, parts)] = answer.responses
+    assert topic == "limits" and all(p[1] == 0 for p in parts)
+    return {p[0]: p[-1] or b"" for p in parts}
+
+
+def test_fetch_limits_give_the_first_partition_one_batch_and_the_others_whole_batches_within_them(server):
+    """KIP-74: the first partition with records gets its first batch even past both limits; a
+    later partition gets whole batches within what is left of the response limit and its own,
+    or nothing (never a batch past them)."""
+    store = server.store
+    store.create_topic("limits", 3)
+    batches = {}
+    for p in range(3):
+        store.partition("limits", p).append_batch([b"x" * 200] * 5)  # one batch of ~1.1 kB
+        batches[p] = store.partition("limits", p).read_raw(0, 1 << 20)
+    size = len(batches[0])
+    assert size > 1000 and all(len(b) == size for b in batches.values())
+
+    tiny = fetch_v4(server, [0, 1, 2], max_bytes=100, partition_max_bytes=50)
+    assert tiny == {0: batches[0], 1: b"", 2: b""}  # the one batch past both limits, then nothing
+
+    two = fetch_v4(server, [0, 1, 2], max_bytes=2 * size + size // 2, partition_max_bytes=10 * size)
+    assert two == {0: batches[0], 1: batches[1], 2: b""}  # the third does not fit in what is left
+
+    by_partition = fetch_v4(server, [1, 0, 2], max_bytes=10 * size, partition_max_bytes=size - 1)
+    assert by_partition == {1: batches[1], 0: b"", 2: b""}  # only the first gets a batch over its limit
+
+    everything = fetch_v4(server, [0, 1, 2], max_bytes=10 * size, partition_max_bytes=size)
+    assert everything == batches
