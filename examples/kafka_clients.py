@@ -38,7 +38,10 @@ def main() -> None:
         seen = 0
         deadline = time.monotonic() + 30
         while seen < 1000 and time.monotonic() < deadline:
-            seen += sum(len(records) for records in consumer.poll(timeout_ms=100).values())
+            # A poll long enough to finish a rebalance within it: kafka-python 3.0 can lose the
+            # outcome of a join that a shorter poll gave up waiting for (the consumer then owns
+            # nothing until the next rebalance).
+            seen += sum(len(records) for records in consumer.poll(timeout_ms=1000).values())
         consumer.commit()
         owned = sorted(tp.partition for tp in consumer.assignment())
         consumer.close()  # leaves the group

@@ -165,7 +165,7 @@ def test_two_group_members_split_the_partitions_and_the_admin_sees_their_offsets
     def run_a():  # each member polls on its own thread, as a service would
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not done.is_set():
-            for records in a.poll(timeout_ms=100).values():
+            for records in a.poll(timeout_ms=1000).values():  # (a shorter poll: see examples/kafka_clients.py)
                 got[0] += [r.value for r in records]
             owned[0] = {tp.partition for tp in a.assignment()}
             settle()
