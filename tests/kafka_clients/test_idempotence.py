@@ -1,6 +1,7 @@
 """An idempotent producer's batches on the raw wire: a retry gets the base offset its batch
 already has and is stored once, a gap in the sequence is OUT_OF_ORDER_SEQUENCE_NUMBER (45), an
-older epoch INVALID_PRODUCER_EPOCH (47), and the producer state outlives a server restart.
+older epoch INVALID_PRODUCER_EPOCH (47), and the producer state outlives a server restart and a
+kill -9 of ``logstore serve``.
 
 The requests are written by hand from Kafka's protocol guide (Produce v3) and the record batches
 by kafka-python's own builder, not by logstore's codec.
@@ -8,11 +9,16 @@ by kafka-python's own builder, not by logstore's codec.
 
 from __future__ import annotations
 
+import signal
+import socket
 import struct
+import subprocess
+import sys
 import time
 
 import pytest
 
+from logstore import LogStore
 from logstore.kafkaserver import KafkaServer
 
 from .test_wire_edges import connect, request, response
@@ -116,3 +122,41 @@ def test_a_retry_after_the_server_restarts_is_still_recognised(tmp_path):
         assert len(stored(server)) == 9
     finally:
         server.stop()
+
+
+def test_a_retry_on_a_new_connection_after_kill_9_of_the_server_is_still_recognised(tmp_path):
+    """``logstore serve`` killed with SIGKILL after acknowledging batches (no clean close, no
+    snapshot written at exit): after a restart, a producer replaying its last batch on a new
+    connection gets the batch's original offset and nothing is stored twice; the producer state
+    is rebuilt from the log."""
+
+    def serve():
+        proc = subprocess.Popen([sys.executable, "-m", "logstore", "serve", str(tmp_path), "--listen", "127.0.0.1:0"],
+                                stdout=subprocess.PIPE, text=True)
+        host, port = proc.stdout.readline().rsplit(" ", 1)[1].strip().rsplit(":", 1)
+        return proc, (host, int(port))
+
+    with LogStore(str(tmp_path)) as store:
+        store.create_topic(TOPIC)
+    batches = [kafka_batch([b"k%d" % i] * 3, 2000, 0, 3 * i) for i in range(5)]
+    proc, address = serve()
+    try:
+        with socket.create_connection(address, timeout=10) as s:
+            for i, batch in enumerate(batches):
+                assert produce(s, batch, i) == (0, 3 * i)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    proc, address = serve()
+    try:
+        with socket.create_connection(address, timeout=10) as s:  # the producer reconnects and retries its last batch
+            assert produce(s, batches[-1], 20) == (0, 12)
+            assert produce(s, batches[2], 21) == (0, 6)  # one of its last five batches
+            assert produce(s, kafka_batch([b"next"], 2000, 0, 16), 22) == (OUT_OF_ORDER_SEQUENCE_NUMBER, -1)
+            assert produce(s, kafka_batch([b"next"], 2000, 0, 15), 23) == (0, 15)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    with LogStore(str(tmp_path)) as store:
+        values = [r.value for r in store.partition(TOPIC, 0).iter()]
+    assert values == [b"k%d" % i for i in range(5) for _ in range(3)] + [b"next"]

@@ -5,6 +5,7 @@ batch writes nothing; the other partitions of the same request are written."""
 from __future__ import annotations
 
 import socket
+import threading
 import struct
 
 import pytest
@@ -92,3 +93,21 @@ def test_every_version_writes_a_valid_batch(server, version):
     assert produce(server, {"plain": {1: batch([(b"v", b"version %d" % version)], codec=1)}}, version) == \
         {("plain", 1): NONE}
     assert [r.value for r in server.store.partition("plain", 1).iter(start=before)] == [b"version %d" % version]
+
+
+def test_a_stuck_partition_holds_up_no_other(server):
+    """Partitions are not served behind one lock: while an append to one partition cannot go
+    on (its log held, as by a slow disk), another client's produce to another partition of the
+    same topic is answered."""
+    stuck = server.store.partition("plain", 0)
+    answers = {}
+    with stuck._lock:  # the log's own lock: an append to plain-0 waits for it
+        first = threading.Thread(target=lambda: answers.update(produce(server, {"plain": {0: batch([(b"k", b"late")])}})))
+        first.start()
+        first.join(0.5)
+        assert first.is_alive() and not answers  # waiting for plain-0
+        before = end(server, "plain", 1)
+        assert produce(server, {"plain": {1: batch([(b"k", b"on time")])}}) == {("plain", 1): NONE}
+        assert [r.value for r in server.store.partition("plain", 1).iter(start=before)] == [b"on time"]
+    first.join(10)
+    assert answers == {("plain", 0): NONE}
