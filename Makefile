@@ -1,6 +1,7 @@
 # logstore — developer entry points. Needs only Python 3.11+, gcc and a C library.
 #   make demo   create .venv, build the C core, run the examples (quickstart, producer/consumer, worker pool,
-#               replicated cluster, Kafka clients on a served store, Spark batch source)
+#               replicated cluster, Kafka clients on a served store, Arrow for pandas/polars/DuckDB,
+#               Spark batch source)
 #   make test   same setup, run the whole test suite (< 10 minutes on 2 cores)
 #   make bench  run the pytest-benchmark suite in bench/ and bench/compare.py
 #   make soak   long-running suites (marker "slow"): full fault sweeps, deep crash-state exploration, and a
@@ -35,6 +36,7 @@ demo: $(STAMP)
 	$(PY) examples/worker_pool.py
 	$(PY) examples/replicated_cluster.py
 	$(PY) examples/kafka_clients.py
+	$(PY) examples/arrow_analytics.py
 	$(PY) examples/spark_batch.py
 
 test: $(STAMP)

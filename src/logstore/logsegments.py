@@ -27,7 +27,8 @@ from typing import Any, Callable, Iterator
 from sortedcontainers import SortedDict
 
 from . import _fileio
-from .errors import LogOfflineError
+from ._native import lib
+from .errors import CorruptRecordError, LogOfflineError
 from .records import BatchBuilder, Record, RecordDecoder
 from .segment import (
     DELETED_SUFFIX,
@@ -192,6 +193,39 @@ class LogSegments:
                 if offset >= limit:
                     break
         return []
+
+    def decode_columns(self, decoder: RecordDecoder, offset: int, limit: int,
+                       sink: Callable[[Any, Any, int], None]) -> int:
+        """Hand the rows from ``offset`` on, out of the first segment that has any, to ``sink``
+        as C columns (:meth:`RecordDecoder.decode_columns`), up to the first batch whose base
+        offset is ``limit`` or more; rows of a batch straddling ``limit`` reach the sink too.
+        Returns the offset to go on from: after the last batch decoded, or ``limit`` when no
+        segment holds anything from ``offset`` on.
+
+        Raises:
+            CorruptRecordError: an invalid batch among the log's written bytes.
+        """
+        segments = self._segments
+        i = self.floor_index(offset)
+        keys = segments.keys()
+        while i < len(keys):
+            segment = segments[keys[i]]
+            if offset < segment.next_offset:
+                position = segment.find_position(offset) if offset > segment.base_offset else 0
+                stop = decoder.decode_columns(segment.buffer, position, segment.size, sink, min_offset=offset,
+                                              max_offset=limit, path=segment.path)
+                if decoder.last_stop == lib.LS_STOP_ERROR:
+                    raise CorruptRecordError(segment.path, stop, "an invalid batch among the log's written bytes")
+                if decoder.last_batch_offset >= offset:
+                    return decoder.last_batch_offset + 1
+                if decoder.last_stop == lib.LS_STOP_MAX_OFFSET:
+                    return limit  # the next batch starts at limit or later
+            i += 1
+            if i < len(keys):
+                offset = max(offset, keys[i])
+                if offset >= limit:
+                    break
+        return limit
 
     def read_raw(self, offset: int, max_bytes: int) -> bytes:
         """Whole batches as stored, from the one holding ``offset`` on (b"" past the end)."""

@@ -33,6 +33,7 @@ root at once (the default, ``shared=True``): partitions are opened with :meth:`L
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import mmap
 import os
@@ -42,9 +43,9 @@ import time
 import uuid
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Generator, Iterator, Mapping, TypeVar
+from typing import Any, Generator, Iterator, Mapping, Sequence, TypeVar
 
-from . import _fileio, logdirs
+from . import _fileio, logarrow, logdirs
 from ._native import ffi, lib
 from .checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
@@ -473,6 +474,53 @@ class LogStore:
         out["kafka.log:type=LogCleanerManager,name=uncleanable-partitions-count"] = uncleanable
         out["kafka.log:type=LogCleaner,name=max-clean-time-secs"] = clean_time
         return out
+
+    # ------------------------------------------------------------------ Arrow
+    def iter_arrow(self, topic: str, partitions: Sequence[int] | None = None, start: int | Mapping[int, int] | None = None,
+                   end: int | Mapping[int, int] | None = None, start_timestamp: int | None = None,
+                   end_timestamp: int | None = None, columns: Sequence[str] | None = None) -> Iterator[Any]:
+        """A topic's records as ``pyarrow.RecordBatch`` es, partition after partition
+        (default: every partition, in order), each through :meth:`Log.iter_arrow` (same schema,
+        columns and guarantees).
+
+        Per partition the records run from ``start`` (an offset, or {partition: offset};
+        default: the log start) up to ``end`` (exclusive; default: the log end). Timestamps
+        narrow that as Kafka's ListOffsets does: from the first offset whose timestamp is at
+        least ``start_timestamp``, up to the first whose timestamp is at least
+        ``end_timestamp`` (milliseconds since the epoch). Needs pyarrow. Thread-safe.
+
+        Raises:
+            UnknownTopicOrPartitionError: no such topic or partition.
+            OffsetOutOfRangeError: a start outside a partition's log.
+            ValueError: an unknown column name.
+        """
+        count = self.partitions_for(topic)
+        chosen = list(range(count)) if partitions is None else [int(p) for p in partitions]
+        readers = []  # every partition and range checked before anything is read
+        for p in chosen:
+            log = self.partition(topic, p)
+            first = start.get(p) if isinstance(start, Mapping) else start
+            last = end.get(p) if isinstance(end, Mapping) else end
+            if start_timestamp is not None:
+                at = log.offset_for_timestamp(start_timestamp)
+                first = max(first if first is not None else log.log_start_offset, at if at is not None else log.log_end_offset)
+            if end_timestamp is not None:
+                at = log.offset_for_timestamp(end_timestamp)
+                if at is not None:
+                    last = at if last is None else min(last, at)
+            if first is not None and last is not None and last <= first:
+                continue
+            readers.append(log.iter_arrow(first, last, columns))
+        return itertools.chain.from_iterable(readers)
+
+    def read_arrow(self, topic: str, partitions: Sequence[int] | None = None, start: int | Mapping[int, int] | None = None,
+                   end: int | Mapping[int, int] | None = None, start_timestamp: int | None = None,
+                   end_timestamp: int | None = None, columns: Sequence[str] | None = None) -> Any:
+        """:meth:`iter_arrow`'s batches as one ``pyarrow.Table`` (the same arguments); the
+        table holds every record asked for in memory. Query it with pandas (``to_pandas()``),
+        polars (``polars.from_arrow``) or DuckDB (by the variable's name)."""
+        batches = list(self.iter_arrow(topic, partitions, start, end, start_timestamp, end_timestamp, columns))
+        return logarrow.table(batches, columns)
 
     # ------------------------------------------------------------------ clients
     def producer(self, **options: Any) -> Any:

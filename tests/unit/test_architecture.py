@@ -16,10 +16,10 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "src" / "logstore"
 #: layer -> modules, bottom up (the order of ARCHITECTURE.md's table)
 LAYERS: list[tuple[str, set[str]]] = [
     ("base", {"errors", "_fileio", "metrics", "checkpoint", "_native"}),
-    ("records", {"codecbase", "xerial", "lz4frame", "zstdframe", "compression", "config", "records", "batching",
+    ("records", {"arrowread", "codecbase", "xerial", "lz4frame", "zstdframe", "compression", "config", "records", "batching",
                  "offsets"}),
     ("segment", {"index", "segmentnames", "activation", "segmentrecovery", "truncation", "segment"}),
-    ("log", {"logsegments", "logloader", "logappends", "logtruncation", "retention", "flusher", "shared", "waiters",
+    ("log", {"logsegments", "logarrow", "logloader", "logappends", "logtruncation", "retention", "flusher", "shared", "waiters",
              "epochs", "producerstate", "logproducers", "cleaner", "loglifecycle", "logmetrics", "logreplication", "log"}),
     ("store", {"store", "logdirs", "logview"}),
     ("client", {"producer", "consumer", "workqueue"}),
