@@ -25,6 +25,9 @@ Workloads and what each system does:
                          key, value) objects: logstore Log.iter() -> Record | sqlite3 SELECT
                          ORDER BY offset -> row tuple | lmdb cursor -> tuple decoded from the
                          value | persist-queue get() + task_done() (a destructive consume)
+  read as Arrow          the same records as one Arrow table (key, value, topic, partition,
+                         offset, timestamp, timestampType): logstore Log.read_arrow() | sqlite3
+                         and lmdb have no columnar read: their sequential read again
 
 Durability differs even inside one row, which is the point of listing it: "no fsync" means
 the data is in the OS page cache (survives a process crash, not a power loss) for logstore,
@@ -59,7 +62,9 @@ except ImportError:  # pragma: no cover
 
 PAYLOAD = 200
 BATCH = 1000
-WORKLOADS = ("batch-1000, no fsync", "batch-1000, fsync per batch", "single, no fsync", "sequential read")
+WORKLOADS = ("batch-1000, no fsync", "batch-1000, fsync per batch", "single, no fsync", "sequential read",
+             "read as Arrow")
+READS = ("sequential read", "read as Arrow")
 SYSTEMS = ("logstore", "sqlite3", "lmdb", "pq.Queue", "pq.SQLiteQueue")
 
 # Records per measurement (full run); --quick divides by 5. persist-queue is 10-1000x slower, so
@@ -84,6 +89,9 @@ COUNTS = {
     ("sequential read", "lmdb"): 500_000,
     ("sequential read", "pq.Queue"): 3_000,
     ("sequential read", "pq.SQLiteQueue"): 5_000,
+    ("read as Arrow", "logstore"): 500_000,  # only logstore has a columnar read: the others
+    ("read as Arrow", "sqlite3"): 500_000,   # are measured as in "sequential read" (their
+    ("read as Arrow", "lmdb"): 500_000,      # fastest way to every record's four fields)
 }
 BATCHED = ("logstore", "sqlite3", "lmdb")  # write (and pre-write for reads) in batches of 1000
 # Marked with * in the table: no batch API, so the batch rows are per-record puts.
@@ -135,13 +143,18 @@ def logstore_write(path: str, data: Data, workload: str, count: int) -> float:
     return elapsed
 
 
-def logstore_read(path: str, data: Data, count: int) -> float:
+def logstore_read(path: str, data: Data, count: int, arrow: bool = False) -> float:
     log = Log.open(os.path.join(path, "bench-0"))
     try:
         for values, keys in data.batches(count):
             log.append_batch(values, keys)
+        if arrow:
+            import logstore.arrowread  # noqa: F401 - pyarrow's import is not part of the read
         t = time.perf_counter()
-        collections.deque(log.iter(), maxlen=0)
+        if arrow:
+            assert log.read_arrow().num_rows == count
+        else:
+            collections.deque(log.iter(), maxlen=0)
         elapsed = time.perf_counter() - t
     finally:
         log._abandon()
@@ -326,7 +339,9 @@ def runners() -> dict[str, tuple[Callable, Callable] | None]:
 def measure_once(workload: str, fns, data: Data, count: int) -> float:
     write, read = fns
     with _workload.scratch_dir("logstore-compare-") as path:
-        if workload == "sequential read":
+        if workload == "read as Arrow" and read is logstore_read:
+            elapsed = read(path, data, count, arrow=True)
+        elif workload in READS:
             elapsed = read(path, data, count)
         else:
             elapsed = write(path, data, workload, count)
@@ -357,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
 
     fns = runners()
-    data = Data(10_000)
+    data = Data(300_000)  # distinct values: none is reused before 300,000 records
     results: dict[tuple[str, str], float | None] = {}
     started = time.perf_counter()
     # Repetitions go round-robin over the systems, so that a burst of load from elsewhere on the
