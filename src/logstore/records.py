@@ -434,6 +434,7 @@ class RecordDecoder:
         self.last_stop = lib.LS_STOP_END
         self._key_columns: tuple[list[bytes | None], list[int], list[bool]] | None = None
         self._sink: Callable[[Any, Any, int], None] | None = None
+        self._want: int | None = None  # decode(max_records=..., exact=True): Records past it are not built
         #: running totals of what decode() consumed: batch bytes, and records returned
         self.bytes_decoded = 0
         self.records_decoded = 0
@@ -476,6 +477,12 @@ class RecordDecoder:
                 out.count = 0
             return
         out.count = 0
+        if self._want is not None and self._key_columns is None:
+            # decode(exact=True): a batch is walked whole (its CRC covers it), but Records past
+            # max_records are not built: a point read builds one Record, not its batch's 1,000.
+            n = min(n, self._want - len(into))
+            if n <= 0:
+                return
         first = out.offsets[0]
         if out.offsets[n - 1] - first == n - 1:
             offsets: Any = range(first, first + n)  # offsets strictly increase, so contiguous
@@ -534,6 +541,7 @@ class RecordDecoder:
         path: str | None = None,
         partial_tail_ok: bool = False,
         stop_before_damage: bool = False,
+        exact: bool = False,
     ) -> tuple[list[Record], int]:
         """Decode the batches in ``buf[start, end)``.
 
@@ -548,6 +556,9 @@ class RecordDecoder:
                 (reads with a byte budget cut the range at an arbitrary position).
             stop_before_damage: an invalid batch after good ones ends the range, returning the
                 good records (Kafka's reads do this; the read starting at the bad batch raises).
+            exact: build at most ``max_records`` Records (batches are still validated and
+                walked whole, and the position returned is after the last one): a read of one
+                record then builds one Record, not the whole batch's.
 
         Returns:
             (records, position after the last batch consumed).
@@ -556,6 +567,7 @@ class RecordDecoder:
             CorruptRecordError: an invalid batch inside the range.
         """
         records: list[Record] = []
+        self._want = max_records if exact else None
         cur = self._cur
         cur.position = start
         cur.batches = 0
@@ -570,8 +582,14 @@ class RecordDecoder:
                     out.capacity = self.capacity
                 else:
                     # Limit the rows so that the C walk stops about where max_records is met
-                    # (it stops before a batch that does not fit, and batches come whole).
-                    out.capacity = min(self.capacity, max(max_records - len(records), next_batch, 1))
+                    # (it stops before a batch that does not fit, and batches come whole), with
+                    # room for the next batch's records: a point read then validates its batch
+                    # once, not once to find it does not fit and again to decode it. (The count
+                    # is read before validation, so it is only a hint, capped by the capacity.)
+                    room = max(max_records - len(records), next_batch, 1)
+                    if end - cur.position >= HEADER_SIZE:
+                        room = max(room, _RECORDS_COUNT.unpack_from(buf, cur.position + _RECORDS_COUNT_AT)[0])
+                    out.capacity = min(self.capacity, room)
                 rc = lib.ls_segment_decode(cptr, end, min_offset, max_offset, self.max_batch_bytes, cur, out)
                 self._rows(buf, records)
                 next_batch = 0
@@ -612,6 +630,7 @@ class RecordDecoder:
         finally:
             ffi.release(cptr)
             self._out.capacity = self.capacity
+            self._want = None
         self.bytes_decoded += cur.position - start
         self.records_decoded += len(records)
         return records, cur.position
@@ -730,6 +749,8 @@ def parse_header(buf: Any, position: int = 0) -> BatchHeader:
 
 #: The 61-byte header, big-endian, in ls_header_load's field order and signedness.
 _HEADER = struct.Struct(">qiibIhiqqqhii")
+_RECORDS_COUNT = struct.Struct(">i")
+_RECORDS_COUNT_AT = HEADER_SIZE - 4  # the last field of a batch header
 
 
 def batch_headers(buf: Any) -> Iterator[tuple[int, BatchHeader]]:

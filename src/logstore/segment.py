@@ -414,8 +414,8 @@ class LogSegment:
             # The window starts at the index floor, up to index_interval_bytes before the batch
             # holding offset; widen it by that much so max_bytes counts from about there.
             end = min(size, start + budget + self.index_interval_bytes)
-            records, stopped = decoder.decode(buf, start, end, offset, max_offset, max_records,
-                                              self.path, partial_tail_ok=end < size, stop_before_damage=True)
+            records, stopped = decoder.decode(buf, start, end, offset, max_offset, max_records, self.path,
+                                              partial_tail_ok=end < size, stop_before_damage=True, exact=True)
             if not records and decoder.last_stop == lib.LS_STOP_MAX_OFFSET:
                 self._check_not_beyond_end(buf, stopped)
             if records or decoder.last_stop == lib.LS_STOP_MAX_OFFSET or stopped >= size:
@@ -432,7 +432,7 @@ class LogSegment:
                     return []
                 end = min(size, start + max(header.size, HEADER_SIZE))
             records, stopped = decoder.decode(buf, start, end, offset, max_offset, max_records, self.path,
-                                              stop_before_damage=True)
+                                              stop_before_damage=True, exact=True)
             if records or stopped <= start:
                 return records
             start = stopped

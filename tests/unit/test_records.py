@@ -562,3 +562,12 @@ def test_client_batches_are_checked_whole_before_a_leader_stores_them(builder: B
         validate_client_batch(bytes(builder.build([b"c"], [b"k"], control=True)), 1 << 20)
     with pytest.raises(InvalidRecordError, match="last offset delta"):
         validate_client_batch(bytes(builder.build([b"a", b"b"], offset_deltas=[0, 2])), 1 << 20)
+
+
+def test_exact_max_records_builds_no_more_records_but_consumes_whole_batches(builder: BatchBuilder) -> None:
+    buf, starts = batches(builder, 5, per_batch=3)
+    records, stopped = RecordDecoder().decode(buf, 0, len(buf), min_offset=4, max_records=1, exact=True)
+    assert [r.offset for r in records] == [4]  # inside the second batch [3, 5]
+    assert stopped == starts[2]  # after that whole batch
+    records, stopped = RecordDecoder().decode(buf, 0, len(buf), max_records=4, exact=True)
+    assert [r.offset for r in records] == [0, 1, 2, 3] and stopped == starts[2]
