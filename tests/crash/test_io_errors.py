@@ -620,3 +620,22 @@ def test_io_error_at_every_file_operation_of_recovery(mem_path, persistent, dept
     faults, failures = _sweep(mem_path, template, history, _recover_with_error, (), persistent, depth, "recover")
     assert not failures, f"{len(failures)} error points broke the log:\n" + "\n".join(failures)
     assert faults >= 60 // depth
+
+
+def _append_into_reserved_room_on_an_exhausted_disk(root: str, wfd: int) -> None:
+    path = os.path.join(root, "t-0")
+    with Log.open(path, segment_bytes=1 << 20) as log:
+        log.append(b"first")  # maps and reserves the segment's first growth step
+        _fill(os.path.join(root, "filler"))
+        _exhaust_with_mapped_stores(os.path.join(root, "sparse"))
+        for i in range(500):  # ~500 kB into the room reserved before the disk filled
+            log.append(b"%04d" % i + b"z" * 996)
+        os.write(wfd, _MSG.pack(b"W", log.log_end_offset))
+        log._abandon()
+
+
+def test_appends_into_reserved_room_survive_an_exhausted_disk(small_disk):
+    """Room reserved for a segment before the disk filled stays usable once it is full, even
+    with the blocks ext4 keeps for page faults taken: appends into it do not fault."""
+    messages = _run_child(_append_into_reserved_room_on_an_exhausted_disk, str(small_disk))
+    assert (b"W", 501) in messages
