@@ -201,3 +201,48 @@ def test_pandas_polars_and_duckdb_read_the_table(store):
     con.register("clicks", table)
     assert con.sql('select "partition", count(*), max("offset") from clicks group by 1 order by 1').fetchall() == \
         [(0, 100, 99), (1, 100, 99)]
+
+
+def _anonymous_kib() -> int:
+    """This process's anonymous resident memory (the mapped segment pages are file-backed and
+    the kernel may drop them at will: they do not count)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1])
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+@pytest.mark.slow
+def test_reading_a_log_over_2_gib_holds_constant_memory(tmp_path):
+    """Log.iter_arrow and Log.iter over 2.2 GiB of records (make soak): the anonymous memory
+    stays within a few record batches' worth, whatever the log's size."""
+    log_dir = tmp_path / "big-0"
+    from logstore import Log
+
+    value = b"m" * 1000
+    with Log.open(str(log_dir), segment_bytes=256 << 20) as log:
+        for _ in range(2200):
+            log.append_batch([value] * 1000)
+        total = log.log_end_offset
+        assert log.size_in_bytes > 2.2e9
+        before = _anonymous_kib()
+        peak = before
+        rows = 0
+        for i, batch in enumerate(log.iter_arrow(columns=["offset", "value"])):
+            rows += batch.num_rows
+            if i % 8 == 0:
+                peak = max(peak, _anonymous_kib())
+            del batch
+        assert rows == total
+        arrow_growth = peak - before
+        peak = before = _anonymous_kib()
+        count = 0
+        for count, _ in enumerate(log.iter(), 1):
+            if count % 100_000 == 0:
+                peak = max(peak, _anonymous_kib())
+        assert count == total
+        iter_growth = peak - before
+    # One Arrow batch of 32k rows of 1 kB values is 32 MB; a log read held whole would be 2.2 GB.
+    assert arrow_growth < 200_000, f"iter_arrow grew anonymous memory by {arrow_growth} KiB"
+    assert iter_growth < 200_000, f"iter grew anonymous memory by {iter_growth} KiB"
