@@ -19,9 +19,6 @@ import os
 from contextlib import contextmanager
 from typing import Iterator
 
-#: Below this much free space, reserve() writes zeros over what it reserves (see there).
-LOW_SPACE_BYTES = 256 << 20
-
 __all__ = ["FileOps", "FileRegion", "ops", "install"]
 
 
@@ -80,29 +77,6 @@ class FileOps:
                 raise
             if os.fstat(fd).st_size < size:
                 os.ftruncate(fd, size)
-
-    def reserve(self, fd: int, start: int, size: int) -> None:
-        """Reserve disk blocks for [0, size) of a file written through a shared map, where
-        [start, size) holds no data yet: ``posix_fallocate``, and where the file system has
-        less than LOW_SPACE_BYTES free, zeros written over [start, size) as well.
-
-        On ext4 a fallocated block stays unwritten until written; on a nearly full disk a
-        process appending through the map was seen to die of SIGBUS while write-back ran (once
-        in 45 runs of the full-disk test with a concurrent sync; the exact kernel path is not
-        pinned down). Zeros written with pwrite take their space when written, or fail here
-        with ENOSPC, so later stores into those pages find them already written."""
-        self.fallocate(fd, size)
-        if start >= size:
-            return
-        st = os.fstatvfs(fd)
-        if st.f_bavail * st.f_frsize >= LOW_SPACE_BYTES:
-            return
-        zeros = bytes(min(size - start, 1 << 20))
-        position = start
-        while position < size:
-            n = min(len(zeros), size - position)
-            self.pwrite(fd, memoryview(zeros)[:n], position)
-            position += n
 
     def fsize(self, fd: int) -> int:
         """A descriptor's file size in bytes."""

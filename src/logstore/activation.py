@@ -40,10 +40,10 @@ def map_writable(segment: LogSegment, capacity: int, reserve_indexes: bool = Tru
     in_page = -(-capacity // mmap.PAGESIZE) * mmap.PAGESIZE
     if in_page > capacity:
         in_page = max(capacity, min(in_page, _fileio.ops.fsize(segment._fd)))
-    written = segment._size if segment._appender is None else segment._appender.position
-    _fileio.ops.reserve(segment._fd, written, in_page)  # nothing past `written` is data
+    _fileio.ops.fallocate(segment._fd, in_page)
     if reserve_indexes:
         reserve_index_room(segment, capacity)
+    written = segment._size if segment._appender is None else segment._appender.position
     segment._unmap()
     segment._mm = _fileio.ops.mmap(segment._fd, capacity, True)
     # Fault the unwritten pages in ahead: first-touch stores into fresh pages of a shared
@@ -63,9 +63,8 @@ def reserve_index_room(segment: LogSegment, log_bytes: int) -> None:
     index_interval_bytes), so that no index store hits an unallocated page (see
     OffsetIndex.reserve)."""
     entries = log_bytes // max(segment.index_interval_bytes, 1) + 2
-    a = segment._appender
-    segment.offset_index.reserve(entries, a.index_entries if a is not None else segment.offset_index.entries)
-    segment.time_index.reserve(entries, a.timeindex_entries if a is not None else segment.time_index.entries)
+    segment.offset_index.reserve(entries)
+    segment.time_index.reserve(entries)
 
 
 def _initial_capacity(segment: LogSegment, needed: int) -> int:

@@ -186,10 +186,8 @@ class _Index:
                 self.path, f"entry {bad} is out of order or out of range (of {self.entries} entries)"
             )
 
-    def reserve(self, entries: int, written: int | None = None) -> None:
-        """Allocate disk blocks for the first ``entries`` slots of a writable index, of which
-        the first ``written`` hold entries (default :attr:`entries`; the owner passes the
-        appender's count, which may be ahead of it).
+    def reserve(self, entries: int) -> None:
+        """Allocate disk blocks for the first ``entries`` slots of a writable index.
 
         A preallocated index is a sparse file, and a store into an unallocated page of its map
         on a full disk kills the process with SIGBUS. The owner reserves room ahead of the
@@ -202,9 +200,7 @@ class _Index:
         size = min(entries, self.capacity) * self.entry_size
         size = min(-(-size // mmap.PAGESIZE) * mmap.PAGESIZE, self.capacity * self.entry_size)
         if size > self._reserved:
-            # Past the written entries and what an earlier reservation took, all is zeros.
-            held = self.entries if written is None else written
-            _fileio.ops.reserve(self._fd, max(self._reserved, held * self.entry_size), size)
+            _fileio.ops.fallocate(self._fd, size)
             self._reserved = size
 
     def reset(self) -> None:

@@ -8,9 +8,8 @@ the C appender (``ls_appender``) copies each batch into the map and updates the 
 so an append costs no system call and its bytes are in the OS page cache when it returns (they
 survive the death of the process; fsync makes them survive the machine). The map grows in steps
 up to ``segment_bytes`` (or is taken whole with ``preallocate``), and blocks are reserved with
-``posix_fallocate`` (and, on a file system with little room left, written with zeros: see
-``_fileio.FileOps.reserve``) so that a full disk fails the growth step with an exception instead
-of a SIGBUS on a later store. The bytes past ``size`` are zero until written, which recovery
+``posix_fallocate`` so that a full disk fails the growth step with an exception instead of a
+SIGBUS on a later store. The bytes past ``size`` are zero until written, which recovery
 recognises as the end of the data rather than as corruption.
 
 When the segment rolls, its ``.log`` is truncated to ``size``, its indexes are trimmed, and it is

@@ -294,33 +294,3 @@ def test_data_end_is_where_the_first_hole_starts(ops: FileOps) -> None:
             assert ops.data_end(fd) == 4096  # the first hole, not the last
         finally:
             ops.close(fd)
-
-
-class _RecordingOps(FileOps):
-    def __init__(self) -> None:
-        self.pwrites: list[tuple[int, int]] = []
-
-    def pwrite(self, fd, data, position):
-        self.pwrites.append((position, len(data)))
-        return super().pwrite(fd, data, position)
-
-
-@pytest.mark.parametrize("low", [True, False], ids=["low-on-space", "room"])
-def test_reserve_writes_zeros_past_the_data_only_when_space_is_low(tmp_path, monkeypatch, low):
-    monkeypatch.setattr(_fileio, "LOW_SPACE_BYTES", 1 << 62 if low else 0)
-    ops = _RecordingOps()
-    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
-    try:
-        os.pwrite(fd, b"D" * 100, 0)
-        ops.reserve(fd, 100, 3 << 20)
-        assert os.fstat(fd).st_size == 3 << 20
-        assert os.pread(fd, 100, 0) == b"D" * 100  # the data before start is never touched
-        if low:
-            assert ops.pwrites and min(p for p, _ in ops.pwrites) == 100
-            assert sum(n for _, n in ops.pwrites) == (3 << 20) - 100
-            assert os.lseek(fd, 0, os.SEEK_HOLE) == 3 << 20  # written: no hole, no unwritten extent
-        else:
-            assert ops.pwrites == []
-        assert os.pread(fd, (3 << 20) - 100, 100) == bytes((3 << 20) - 100)
-    finally:
-        os.close(fd)
