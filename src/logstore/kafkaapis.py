@@ -616,14 +616,16 @@ class _AppendWatcher:
             thread.join(2)
 
     def _run(self) -> None:
+        # ``seen`` is only ever replaced by a value read before the keys that are then checked:
+        # an append after that read is caught by the next wait, and every fetch registered
+        # before it by the check. Re-reading it while idle would lose an append that lands
+        # between a fetch's own check (watch) and that read.
         seen = self.store.notification()
         while not self._closed:
-            fetches = [key for key in self.purgatory.keys() if isinstance(key, tuple) and len(key) == 2]
-            if not fetches:
+            if not self._fetch_keys():
                 self._wanted.clear()
-                if not any(isinstance(k, tuple) and len(k) == 2 for k in self.purgatory.keys()):
+                if not self._fetch_keys():
                     self._wanted.wait(1.0)
-                seen = self.store.notification()
                 continue
             try:
                 self.store.wait(seen, 0.25)
@@ -632,8 +634,11 @@ class _AppendWatcher:
                 return
             if now != seen:
                 seen = now
-                for key in fetches:
+                for key in self._fetch_keys():
                     self.purgatory.check(key)
+
+    def _fetch_keys(self) -> list[tuple[str, int]]:
+        return [key for key in self.purgatory.keys() if isinstance(key, tuple) and len(key) == 2]
 
 
 def _release(answer: Mapping[str, Any]) -> None:
