@@ -63,13 +63,15 @@ sanitize: asan
 
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := batch segment index varint columns
+# The C core's sources (pyrecords.c is the CPython extension beside it: it needs Python.h).
+CORE_SOURCES := $(filter-out src/logstore/_native/pyrecords.c,$(wildcard src/logstore/_native/*.c))
 fuzz:
 	@command -v clang >/dev/null || { echo "make fuzz needs clang with libFuzzer: apt-get install clang"; exit 2; }
 	mkdir -p build/fuzz
 	@for t in $(FUZZ_TARGETS); do \
 		T=$$(echo $$t | tr a-z A-Z); \
 		clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -DFUZZ_$$T \
-			-Isrc/logstore/_native tests/fuzz/fuzz_targets.c src/logstore/_native/*.c -o build/fuzz/$$t || exit 1; \
+			-Isrc/logstore/_native tests/fuzz/fuzz_targets.c $(CORE_SOURCES) -o build/fuzz/$$t || exit 1; \
 		mkdir -p build/fuzz/corpus-$$t; \
 		echo "== fuzz $$t ($(FUZZ_SECONDS) s)"; \
 		ASAN_OPTIONS=detect_leaks=0 build/fuzz/$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \

@@ -28,6 +28,10 @@ Workloads and what each system does:
   read as Arrow          the same records as one Arrow table (key, value, topic, partition,
                          offset, timestamp, timestampType): logstore Log.read_arrow() | sqlite3
                          and lmdb have no columnar read: their sequential read again
+  random read            one record by offset, at 1 in 10 of the offsets written, in a random
+                         order (the same for every system): logstore Log.read(offset,
+                         max_records=1)[0] | sqlite3 SELECT ... WHERE "offset" = ? | lmdb
+                         txn.get(key) decoded into the four fields; rate = lookups per second
 
 Durability differs even inside one row, which is the point of listing it: "no fsync" means
 the data is in the OS page cache (survives a process crash, not a power loss) for logstore,
@@ -40,6 +44,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import random
 import sqlite3
 import statistics
 import sys
@@ -63,8 +68,9 @@ except ImportError:  # pragma: no cover
 PAYLOAD = 200
 BATCH = 1000
 WORKLOADS = ("batch-1000, no fsync", "batch-1000, fsync per batch", "single, no fsync", "sequential read",
-             "read as Arrow")
-READS = ("sequential read", "read as Arrow")
+             "read as Arrow", "random read")
+READS = ("sequential read", "read as Arrow", "random read")
+LOOKUP_FRACTION = 10  # random read: count // 10 lookups
 SYSTEMS = ("logstore", "sqlite3", "lmdb", "pq.Queue", "pq.SQLiteQueue")
 
 # Records per measurement (full run); --quick divides by 5. persist-queue is 10-1000x slower, so
@@ -92,6 +98,9 @@ COUNTS = {
     ("read as Arrow", "logstore"): 500_000,  # only logstore has a columnar read: the others
     ("read as Arrow", "sqlite3"): 500_000,   # are measured as in "sequential read" (their
     ("read as Arrow", "lmdb"): 500_000,      # fastest way to every record's four fields)
+    ("random read", "logstore"): 500_000,
+    ("random read", "sqlite3"): 500_000,
+    ("random read", "lmdb"): 500_000,
 }
 BATCHED = ("logstore", "sqlite3", "lmdb")  # write (and pre-write for reads) in batches of 1000
 # Marked with * in the table: no batch API, so the batch rows are per-record puts.
@@ -116,6 +125,11 @@ class Data:
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _lookups(count: int) -> list[int]:
+    """The offsets a random read looks up: a tenth of them, in one fixed random order."""
+    return random.Random(count).sample(range(count), count // LOOKUP_FRACTION)
 
 
 # ---------------------------------------------------------------------- logstore
@@ -143,16 +157,21 @@ def logstore_write(path: str, data: Data, workload: str, count: int) -> float:
     return elapsed
 
 
-def logstore_read(path: str, data: Data, count: int, arrow: bool = False) -> float:
+def logstore_read(path: str, data: Data, count: int, how: str = "sequential read") -> float:
     log = Log.open(os.path.join(path, "bench-0"))
     try:
         for values, keys in data.batches(count):
             log.append_batch(values, keys)
-        if arrow:
+        if how == "read as Arrow":
             import logstore.arrowread  # noqa: F401 - pyarrow's import is not part of the read
+        lookups = _lookups(count) if how == "random read" else []
+        read = log.read
         t = time.perf_counter()
-        if arrow:
+        if how == "read as Arrow":
             assert log.read_arrow().num_rows == count
+        elif how == "random read":
+            for offset in lookups:
+                read(offset, max_records=1)[0]
         else:
             collections.deque(log.iter(), maxlen=0)
         elapsed = time.perf_counter() - t
@@ -201,7 +220,7 @@ def sqlite_write(path: str, data: Data, workload: str, count: int) -> float:
     return elapsed
 
 
-def sqlite_read(path: str, data: Data, count: int) -> float:
+def sqlite_read(path: str, data: Data, count: int, how: str = "sequential read") -> float:
     conn = _sqlite(path, "NORMAL")
     offset = 0
     for values, keys in data.batches(count):
@@ -211,8 +230,16 @@ def sqlite_read(path: str, data: Data, count: int) -> float:
         conn.execute("COMMIT")
         offset += len(values)
     try:
-        t = time.perf_counter()
-        collections.deque(conn.execute('SELECT "offset", ts, key, value FROM records ORDER BY "offset"'), maxlen=0)
+        if how == "random read":
+            lookups = _lookups(count)
+            execute = conn.execute
+            query = 'SELECT "offset", ts, key, value FROM records WHERE "offset" = ?'
+            t = time.perf_counter()
+            for offset in lookups:
+                execute(query, (offset,)).fetchone()
+        else:
+            t = time.perf_counter()
+            collections.deque(conn.execute('SELECT "offset", ts, key, value FROM records ORDER BY "offset"'), maxlen=0)
         elapsed = time.perf_counter() - t
     finally:
         conn.close()
@@ -257,7 +284,7 @@ def lmdb_write(path: str, data: Data, workload: str, count: int) -> float:
     return elapsed
 
 
-def lmdb_read(path: str, data: Data, count: int) -> float:
+def lmdb_read(path: str, data: Data, count: int, how: str = "sequential read") -> float:
     env = _lmdb(path, False)
     offset = 0
     for values, keys in data.batches(count):
@@ -268,6 +295,16 @@ def lmdb_read(path: str, data: Data, count: int) -> float:
         offset += len(values)
     try:
         from_bytes = int.from_bytes
+        if how == "random read":
+            keys = [offset.to_bytes(8, "big") for offset in _lookups(count)]
+            t = time.perf_counter()
+            with env.begin(buffers=False) as txn:
+                get = txn.get
+                for k in keys:
+                    v = get(k)
+                    (from_bytes(k, "big"), from_bytes(v[:8], "big"), v[8:24], v[24:])
+            elapsed = time.perf_counter() - t
+            return elapsed
         t = time.perf_counter()
         with env.begin(buffers=False) as txn:
             collections.deque(((from_bytes(k, "big"), from_bytes(v[:8], "big"), v[8:24], v[24:])
@@ -339,13 +376,13 @@ def runners() -> dict[str, tuple[Callable, Callable] | None]:
 def measure_once(workload: str, fns, data: Data, count: int) -> float:
     write, read = fns
     with _workload.scratch_dir("logstore-compare-") as path:
-        if workload == "read as Arrow" and read is logstore_read:
-            elapsed = read(path, data, count, arrow=True)
+        if workload == "read as Arrow" and read is not logstore_read:
+            elapsed = read(path, data, count)  # no columnar read: the sequential one
         elif workload in READS:
-            elapsed = read(path, data, count)
+            elapsed = read(path, data, count, workload)
         else:
             elapsed = write(path, data, workload, count)
-    return count / elapsed
+    return (count // LOOKUP_FRACTION if workload == "random read" else count) / elapsed
 
 
 def main(argv: list[str] | None = None) -> int:

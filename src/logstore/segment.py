@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,10 @@ from .truncation import replay_truncation_journal, write_truncation_journal  # n
 __all__ = ["LogSegment", "SegmentInfo", "segment_name", "parse_segment_name", "RecoveryResult"]
 
 _APPENDER_SIZE = ffi.sizeof("ls_appender")
+#: A batch header's baseOffset, magic and lastOffsetDelta (positions 0, 16 and 23).
+_OFFSETS_AND_MAGIC = struct.Struct(">q8xb6xi")
+_MEMO_SLOTS = 1024  # batches a segment's point reads remember as validated (a power of two)
+_MEMO_MARKS = 16    # record positions remembered per batch
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,7 @@ class LogSegment:
         self._saved = ffi.new("ls_appender *")
         self._position_out = ffi.new("int64_t *")
         self._leader_epoch = leader_epoch
+        self._crc_memo: tuple[Any, tuple[Any, ...]] | None = None  # see _point_memo()
         self.closed = False
 
     # ------------------------------------------------------------------ construction
@@ -390,8 +396,24 @@ class LogSegment:
         buf = self.buffer
         if buf is None or position + HEADER_SIZE > self.size:
             return False
-        header = parse_header(buf, position)
-        return header.magic == lib.LS_MAGIC and header.last_offset == entry_offset
+        base_offset, magic, last_offset_delta = _OFFSETS_AND_MAGIC.unpack_from(buf, position)
+        return magic == lib.LS_MAGIC and base_offset + last_offset_delta == entry_offset
+
+    def _point_memo(self) -> Any:
+        """The ``ls_crc_memo`` of this segment's reads of a few records (made on first use,
+        76 KiB): the batches they validated whole, by position and stored CRC, with the
+        positions of 16 records in each, so that the next read of a record in such a batch
+        skips its CRC and walks from the nearest of those records to it. A batch rewritten at
+        the same position after a truncation has another CRC and is validated again; the memo
+        is dropped at truncation all the same."""
+        if self._crc_memo is None:
+            memo = ffi.new("ls_crc_memo *")
+            arrays = (ffi.new("int64_t[]", _MEMO_SLOTS), ffi.new("uint32_t[]", _MEMO_SLOTS),
+                      ffi.new("int32_t[]", _MEMO_SLOTS * _MEMO_MARKS))
+            memo.positions, memo.crcs, memo.marks = arrays
+            memo.slots, memo.nmarks = _MEMO_SLOTS, _MEMO_MARKS
+            self._crc_memo = (memo, arrays)
+        return self._crc_memo[0]
 
     def read(self, decoder: RecordDecoder, offset: int, max_bytes: int, max_offset: int,
              max_records: int | None) -> list[Record]:
@@ -410,12 +432,14 @@ class LogSegment:
         start = self.find_position(offset)  # may rebuild the indexes (and remap) first
         buf = self.buffer
         budget = max(max_bytes, 1)
+        memo = None if max_records is None else self._point_memo()
         while start < size:
             # The window starts at the index floor, up to index_interval_bytes before the batch
             # holding offset; widen it by that much so max_bytes counts from about there.
             end = min(size, start + budget + self.index_interval_bytes)
             records, stopped = decoder.decode(buf, start, end, offset, max_offset, max_records, self.path,
-                                              partial_tail_ok=end < size, stop_before_damage=True, exact=True)
+                                              partial_tail_ok=end < size, stop_before_damage=True, exact=True,
+                                              memo=memo)
             if not records and decoder.last_stop == lib.LS_STOP_MAX_OFFSET:
                 self._check_not_beyond_end(buf, stopped)
             if records or decoder.last_stop == lib.LS_STOP_MAX_OFFSET or stopped >= size:
@@ -432,7 +456,7 @@ class LogSegment:
                     return []
                 end = min(size, start + max(header.size, HEADER_SIZE))
             records, stopped = decoder.decode(buf, start, end, offset, max_offset, max_records, self.path,
-                                              stop_before_damage=True, exact=True)
+                                              stop_before_damage=True, exact=True, memo=memo)
             if records or stopped <= start:
                 return records
             start = stopped
@@ -496,6 +520,7 @@ class LogSegment:
         timestamps, producer fields and offsets), so the log ends exactly at ``offset``.
         Durability: the change is fsynced before returning.
         """
+        self._crc_memo = None
         return truncation.truncate(self, offset, builder, decoder)
 
     # ------------------------------------------------------------------ durability / lifecycle

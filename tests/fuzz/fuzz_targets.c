@@ -117,6 +117,39 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (rc < 0 || cur.stop != LS_STOP_FULL)
             break;
     }
+    /* Partial reads with a memo: the first pass validates and remembers, the second trusts
+     * what it remembered; then every slot is made to trust whatever header sits at a position
+     * taken from the input, with marks from the input, so that trusted walks over arbitrary
+     * bytes are exercised too (they must stay inside the buffer whatever the memo says). */
+    static int64_t positions[8];
+    static uint32_t crcs[8];
+    static int32_t marks[8 * 4];
+    ls_crc_memo memo = {positions, crcs, marks, 8, 4};
+    memset(positions, 0, sizeof positions);
+    for (int pass = 0; pass < 3; pass++) {
+        if (pass == 2) {
+            for (int s = 0; s < 8; s++) {
+                int64_t at = len > 0 ? (int64_t)((uint32_t)rd64(data) * 31u + (uint32_t)s * 977u) % len : 0;
+                positions[s] = at + 1;
+                crcs[s] = len - at >= LS_BATCH_HEADER_SIZE ? (uint32_t)rd64((const uint8_t *)buf + at + 9) : 0;
+            }
+            for (int m = 0; m < 8 * 4; m++)
+                marks[m] = (int32_t)(rd64(data + 8) >> (m % 32)) ^ m;
+        }
+        memset(&cur, 0, sizeof cur);
+        cur.prev_last_offset = -1;
+        cur.partial = 1;
+        cur.memo = &memo;
+        for (int round = 0; round < 16; round++) {
+            init_out(&out, &rows);
+            out.capacity = 1 + round % 3;
+            int rc = ls_segment_decode(buf, len, min_offset + round, max_offset, 1 << 20, &cur, &out);
+            check_spans(&out, len);
+            decode_headers(buf, len, &out);
+            if (rc < 0 || cur.stop != LS_STOP_FULL)
+                break;
+        }
+    }
     static char index[8 * 256], timeindex[12 * 256];
     ls_scan_result res;
     ls_segment_scan(buf, len, min_offset, 64, 1 << 20, index, 256, timeindex, 256, &res);

@@ -15,7 +15,7 @@
  */
 
 /* Bumped whenever a struct or a signature below changes; checked by logstore._native at import. */
-#define LS_ABI_VERSION 10
+#define LS_ABI_VERSION 11
 
 /* ---- Error codes (every function returning int/int64 uses negative values from this list) ---- */
 #define LS_OK 0
@@ -235,6 +235,22 @@ void ls_widen_int8(const int8_t *in, int32_t n, int32_t *out);
 /* Index of the first of n values that is >= target, or -1 (values in any order). */
 int32_t ls_first_at_least(const int64_t *values, int32_t n, int64_t target);
 
+/* Batches that a partial decode validated whole (CRC and every record), remembered by position
+ * and stored CRC, direct-mapped: a later partial decode of the batch at that position whose stored
+ * CRC is still the remembered one skips the CRC and walks its records only as far as it returns
+ * rows, starting at the nearest mark before the record wanted (the positions of nmarks evenly
+ * spaced records, noted by the validating walk; used in batches without offset gaps). A batch
+ * replaced at the same position (truncation, then new appends) carries another CRC and is
+ * validated again. Every position read from the memo is checked against the batch before use.
+ * The caller owns the arrays (slots entries; slots * nmarks marks) and zeroes them to start. */
+typedef struct {
+    int64_t *positions;        /* per slot: position + 1 of a validated batch; 0 = empty */
+    uint32_t *crcs;            /* per slot: that batch's stored CRC */
+    int32_t *marks;            /* per slot, nmarks record positions relative to the records */
+    int32_t slots;             /* a power of two */
+    int32_t nmarks;            /* >= 0 (0: no marks; marks may be NULL) */
+} ls_crc_memo;
+
 /* Cursor for walking consecutive batches of a segment byte range. */
 typedef struct {
     int64_t position;          /* in/out: position of the next batch to look at */
@@ -245,6 +261,11 @@ typedef struct {
     ls_batch_header header;    /* out: header of the batch at `position` when the walk stopped on it */
     uint32_t computed_crc;     /* out: with LS_ERR_CRC */
     int32_t stop;              /* out: one of the LS_STOP_ values */
+    int32_t partial;           /* in: 0 = batches come whole (LS_STOP_FULL before a batch whose
+                                  records do not fit in out); 1 = a batch's rows are returned up
+                                  to out's free rows and the walk stops (LS_STOP_FULL, after the
+                                  batch) once out is full: a point read decodes one record */
+    ls_crc_memo *memo;         /* in: NULL, or the memo of validated batches (partial decodes) */
 } ls_cursor;
 
 #define LS_STOP_END 0          /* position reached len */
@@ -264,6 +285,9 @@ typedef struct {
  * Stops (setting cur->stop) at the end of buf, before a batch whose base offset is >= max_offset
  * (when max_offset >= 0), before a compressed batch, before a batch whose records do not fit in
  * out, or at an invalid batch (cur->position stays at its start and the error code is returned).
+ * With cur->partial, a batch's rows are returned only up to out's free rows (the batch is still
+ * validated whole, unless cur->memo remembers it: see ls_crc_memo), and the walk stops after the
+ * batch that filled out. A memo must have a power-of-two slot count (else LS_ERR_ARG).
  * Returns LS_OK or a negative LS_ERR_ code. */
 int ls_segment_decode(const char *buf, int64_t len, int64_t min_offset, int64_t max_offset,
                       int64_t max_batch_bytes, ls_cursor *cur, ls_records_out *out);

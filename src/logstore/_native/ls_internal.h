@@ -183,12 +183,31 @@ LS_INLINE void ls_timeindex_put(char *index, int64_t slot, int64_t timestamp,
 /* Fills *hdr from the 61 header bytes at buf (no checks). */
 void ls_header_load(const char *buf, ls_batch_header *hdr);
 
+/* How ls_records_walk reads one batch, beyond checking it (see ls_crc_memo in logstore.h). */
+typedef struct {
+    int64_t max_rows;   /* rows to append at most */
+    int trusted;        /* the batch was validated whole before: the walk ends once max_rows rows
+                           are appended, records below min_offset are passed over on their length
+                           (every length still checked against the section), and for a batch
+                           with as many records as offset deltas the walk starts at a mark */
+    int32_t *marks;     /* NULL, or nmarks record positions (relative to the section) of records
+                           0, stride, 2 * stride, ... (stride = ceil(records_count / nmarks)):
+                           written by a walk that is not trusted, read by one that is (and
+                           checked against the section before use) */
+    int32_t nmarks;
+} ls_walk;
+
 /* Checks the framing of an uncompressed records section [buf + start, buf + end) against *hdr and,
- * when out is non-NULL, appends the rows with offset >= min_offset (positions relative to buf).
- * The caller has checked that out has records_count free rows. Returns rows appended (0 when out
- * is NULL) or LS_ERR_TRUNCATED / LS_ERR_CORRUPT; on error out->count is unchanged. */
+ * when out is non-NULL, appends the rows with offset >= min_offset (positions relative to buf); the
+ * caller has checked that out has records_count (or walk->max_rows) free rows. walk may be NULL
+ * (every row, batch not trusted). Returns rows appended (0 when out is NULL) or LS_ERR_TRUNCATED /
+ * LS_ERR_CORRUPT; on error out->count is unchanged. */
 int64_t ls_records_walk(const char *buf, int64_t start, int64_t end, const ls_batch_header *hdr,
-                        int64_t min_offset, ls_records_out *out);
+                        int64_t min_offset, const ls_walk *walk, ls_records_out *out);
+
+/* ls_batch_validate, with the CRC computed and compared only when verify_crc is non-zero. */
+int64_t ls_batch_check(const char *buf, int64_t len, int64_t max_batch_bytes, ls_batch_header *hdr,
+                       uint32_t *computed_crc, int verify_crc);
 
 /* LS_OK when buf[0, len) holds exactly `count` well-formed headers, else LS_ERR_CORRUPT. */
 int ls_headers_check(const char *buf, int64_t len, int32_t count);

@@ -49,11 +49,41 @@ static int64_t skippable(const char *b, int64_t avail, int64_t min_offset, ls_ba
     return size;
 }
 
+static int memo_ok(const ls_crc_memo *memo)
+{
+    return !memo || (memo->positions && memo->crcs && memo->slots > 0 &&
+                     (memo->slots & (memo->slots - 1)) == 0 && memo->nmarks >= 0 &&
+                     (memo->nmarks == 0 || memo->marks));
+}
+
+static int32_t memo_slot(const ls_crc_memo *memo, int64_t position)
+{
+    return (int32_t)(((uint64_t)position * 0x9E3779B97F4A7C15ull) >> 32) & (memo->slots - 1);
+}
+
+/* 1 when the memo remembers the batch at `position` with this stored CRC. */
+static int memo_trusts(const ls_crc_memo *memo, int64_t position, uint32_t stored_crc)
+{
+    if (!memo)
+        return 0;
+    int32_t slot = memo_slot(memo, position);
+    return memo->positions[slot] == position + 1 && memo->crcs[slot] == stored_crc;
+}
+
+static void memo_put(ls_crc_memo *memo, int64_t position, uint32_t stored_crc)
+{
+    if (!memo)
+        return;
+    int32_t slot = memo_slot(memo, position);
+    memo->positions[slot] = position + 1;
+    memo->crcs[slot] = stored_crc;
+}
+
 int ls_segment_decode(const char *buf, int64_t len, int64_t min_offset, int64_t max_offset,
                       int64_t max_batch_bytes, ls_cursor *cur, ls_records_out *out)
 {
     if (!cur || !ls_records_out_ok(out) || len < 0 || len > INT32_MAX || (!buf && len) ||
-        cur->position < 0 || cur->position > len)
+        cur->position < 0 || cur->position > len || !memo_ok(cur->memo))
         return LS_ERR_ARG;
     ls_batch_header *hdr = &cur->header;
     for (;;) {
@@ -73,9 +103,14 @@ int ls_segment_decode(const char *buf, int64_t len, int64_t min_offset, int64_t 
             }
         }
         int64_t size = skippable(b, len - pos, min_offset, hdr);
-        int skipped = size > 0;
-        if (!skipped)
-            size = ls_batch_validate(b, len - pos, max_batch_bytes, hdr, &cur->computed_crc);
+        int skipped = size > 0, trusted = 0;
+        if (!skipped) {
+            if (cur->partial && cur->memo && len - pos >= LS_BATCH_HEADER_SIZE) {
+                ls_header_load(b, hdr);
+                trusted = memo_trusts(cur->memo, pos, hdr->crc);
+            }
+            size = ls_batch_check(b, len - pos, max_batch_bytes, hdr, &cur->computed_crc, !trusted);
+        }
         if (size < 0) {
             cur->stop = LS_STOP_ERROR;
             return (int)size;
@@ -92,21 +127,47 @@ int ls_segment_decode(const char *buf, int64_t len, int64_t min_offset, int64_t 
                 cur->stop = LS_STOP_COMPRESSED;
                 return LS_OK;
             }
-            if (hdr->records_count > out->capacity - out->count) {
+            int64_t room = (int64_t)out->capacity - out->count;
+            if (cur->partial ? room == 0 : hdr->records_count > room) {
                 cur->stop = LS_STOP_FULL;
                 return LS_OK;
             }
+            ls_walk walk = {room, trusted, NULL, 0};
+            if (cur->partial && cur->memo && cur->memo->nmarks > 0) {
+                int32_t slot = memo_slot(cur->memo, pos);
+                walk.marks = cur->memo->marks + (int64_t)slot * cur->memo->nmarks;
+                walk.nmarks = cur->memo->nmarks;
+                if (!trusted)
+                    cur->memo->positions[slot] = 0; /* its marks are rewritten below */
+            }
             int64_t n = ls_records_walk(buf, pos + LS_BATCH_HEADER_SIZE, pos + size, hdr,
-                                        min_offset, out);
+                                        min_offset, &walk, out);
             if (n < 0) {
                 cur->stop = LS_STOP_ERROR;
                 return (int)n;
             }
+            if (cur->partial && !trusted)
+                memo_put(cur->memo, pos, hdr->crc); /* validated whole: CRC, every record, marks */
         }
         /* A skipped batch's lastOffsetDelta is unchecked: only its base offset is trusted. */
         cur->prev_last_offset = skipped ? hdr->base_offset : hdr->base_offset + hdr->last_offset_delta;
         cur->position = pos + size;
         cur->batches++;
+        if (cur->partial && out->count == out->capacity) {
+            /* The baseOffset lies outside the CRC: one damaged upwards makes the batch overlap
+             * the next, which a walk over whole batches finds at the next batch. A partial walk
+             * stops here, so it looks at the next header: its base offset must lie above. */
+            if (len - cur->position >= LS_BATCH_HEADER_SIZE) {
+                int64_t last = cur->prev_last_offset;
+                ls_header_load(buf + cur->position, hdr);
+                if (hdr->magic == LS_MAGIC && hdr->base_offset <= last) {
+                    cur->stop = LS_STOP_ERROR;
+                    return LS_ERR_CORRUPT;
+                }
+            }
+            cur->stop = LS_STOP_FULL;
+            return LS_OK;
+        }
     }
 }
 
@@ -143,7 +204,7 @@ int ls_segment_scan(const char *buf, int64_t len, int64_t base_offset, int64_t i
                 last - base_offset > INT32_MAX)
                 size = LS_ERR_CORRUPT;
             else if (!(h.attributes & LS_ATTR_COMPRESSION_MASK)) {
-                int64_t rc = ls_records_walk(buf, pos + LS_BATCH_HEADER_SIZE, pos + size, &h, 0,
+                int64_t rc = ls_records_walk(buf, pos + LS_BATCH_HEADER_SIZE, pos + size, &h, 0, NULL,
                                              NULL);
                 if (rc < 0)
                     size = rc;
