@@ -559,6 +559,12 @@ class Log:
             OffsetOutOfRangeError: offset below log_start_offset or above log_end_offset.
             CorruptRecordError: a batch on the way fails its CRC or structure checks.
 
+        Every batch a read takes records from is validated first, CRC included. With
+        ``max_records``, only the records asked for are decoded, and a batch validated whole
+        once is remembered (by position and stored CRC, per segment, while the log is open): a
+        later such read of it skips the CRC, so a point read costs microseconds rather than its
+        batch's CRC; reads without ``max_records`` check every batch every time.
+
         Thread-safe; never returns a record of a partially written batch.
         """
         if offset.__class__ is not int:
