@@ -477,8 +477,8 @@ class RecordDecoder:
             return
         out.count = 0
         if self._want is not None and self._key_columns is None:
-            # decode(exact=True): a batch is walked whole (its CRC covers it), but Records past
-            # max_records are not built: a point read builds one Record, not its batch's 1,000.
+            # decode(exact=True): the C walk returns at most the rows still wanted (partial
+            # cursor); a compressed batch comes whole, and its Records past them are not built.
             n = min(n, self._want - len(into))
             if n <= 0:
                 return
