@@ -390,7 +390,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="1/5 of the records, one repetition (~30 s)")
     parser.add_argument("--repeat", type=int, default=None, help="runs per figure (median); default 3, quick 1")
     parser.add_argument("--only", default=None, help="comma-separated systems to run (logstore always runs)")
+    parser.add_argument("--workloads", default=None,
+                        help="comma-separated workloads to run, by name or a part of it (e.g. 'random,Arrow')")
     args = parser.parse_args(argv)
+    workloads = [w for w in WORKLOADS
+                 if args.workloads is None or any(part in w for part in args.workloads.split(","))]
+    if not workloads:
+        parser.error(f"no workload matches {args.workloads!r}; workloads: {', '.join(WORKLOADS)}")
     repeat = args.repeat or (1 if args.quick else 3)
     scale = 5 if args.quick else 1
     systems = [s for s in SYSTEMS if args.only is None or s == "logstore" or s in args.only.split(",")]
@@ -414,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     # Repetitions go round-robin over the systems, so that a burst of load from elsewhere on the
     # machine hits every system of a workload alike instead of one system's whole median.
-    for workload in WORKLOADS:
+    for workload in workloads:
         runnable = {}
         for system in systems:
             count = COUNTS.get((workload, system))
@@ -438,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     width = 16
     print("records/s (* = per-record puts: persist-queue has no batch API; - = not applicable)")
     print(f"{'workload':<28}" + "".join(f"{s:>{width}}" for s in systems))
-    for workload in WORKLOADS:
+    for workload in workloads:
         cells = []
         for system in systems:
             rate = results.get((workload, system))
@@ -449,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     print("logstore's speed-up over each (logstore records/s / theirs)")
     others = [s for s in systems if s != "logstore"]
     print(f"{'workload':<28}" + "".join(f"{s:>{width}}" for s in others))
-    for workload in WORKLOADS:
+    for workload in workloads:
         mine = results.get((workload, "logstore"))
         cells = []
         for system in others:

@@ -159,6 +159,11 @@ class _Index:
         self._map(size, False)
 
     @property
+    def data(self) -> Any:
+        """The mapped entries (an mmap, or bytes for a read-only copy), None when empty."""
+        return self._mm
+
+    @property
     def pointer(self) -> Any:
         """The cffi pointer to the mapped entries (for the C appender and scan)."""
         return self._ptr

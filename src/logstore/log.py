@@ -567,6 +567,15 @@ class Log:
 
         Thread-safe; never returns a record of a partially written batch.
         """
+        if max_records == 1 and max_offset is None and offset.__class__ is int:
+            # A point read: one call into C when nothing is unusual; else the general read below.
+            # (Every record a segment holds lies below the log end: no bound is needed.)
+            with self._lock:
+                if self._share is None and not self._closed and self._offline is None \
+                        and offset >= self._log_start_offset:
+                    record = self._segments.read_one(offset)
+                    if record is not None:
+                        return [record]
         if offset.__class__ is not int:
             offset = check_offset(offset)
         if max_records is not None and max_records <= 0:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from operator import attrgetter
 from typing import Any, Callable, Iterator
 
@@ -70,6 +70,9 @@ class LogSegments:
         self._delete_delay_ms = file_delete_delay_ms
         self._timers_enabled = timers
         self._segments: SortedDict = SortedDict()
+        # (bases, segments) as plain lists for read_one's bisect, rebuilt after any change (a
+        # SortedDict lookup costs a microsecond, as much as the rest of a point read)
+        self._lookup: tuple[list[int], list[LogSegment]] | None = None
         #: the segment appends go to (the last one), None while the log is closed
         self.active: LogSegment | None = None
         #: called before any change of the segment files (shared logs flag it, see shared.py)
@@ -129,22 +132,30 @@ class LogSegments:
         return self._segments.keys()[i] if i < len(self._segments) else None
 
     def add(self, segment: LogSegment) -> None:
-        self._segments[segment.base_offset] = segment
+        self._put(segment)
 
     def pop(self, base: int) -> LogSegment:
+        return self._remove(base)
+
+    def _put(self, segment: LogSegment) -> None:
+        self._segments[segment.base_offset] = segment
+        self._lookup = None
+
+    def _remove(self, base: int) -> LogSegment:
+        self._lookup = None
         return self._segments.pop(base)
 
     def open_segment(self, base: int) -> LogSegment:
         """Open the existing segment at ``base`` (sealed) and add it."""
         segment = LogSegment.open(self.path, base, **self.settings)
-        self._segments[base] = segment
+        self._put(segment)
         return segment
 
     def create_segment(self, base: int, **extra: Any) -> LogSegment:
         """Create an empty segment at ``base``, fsync the directory, and add it."""
         segment = LogSegment.create(self.path, base, **extra, **self.settings)
         _fileio.ops.fsync_dir(self.path)
-        self._segments[base] = segment
+        self._put(segment)
         return segment
 
     def link_next_offsets(self) -> None:
@@ -193,6 +204,16 @@ class LogSegments:
                 if offset >= limit:
                     break
         return []
+
+    def read_one(self, offset: int) -> Record | None:
+        """The record at or after ``offset`` in the segment that would hold it, by the
+        segment's short path (:meth:`LogSegment.read_one`), or None when :meth:`read` must
+        decide (also when the record is in a later segment)."""
+        lookup = self._lookup
+        if lookup is None:
+            lookup = self._lookup = (list(self._segments.keys()), list(self._segments.values()))
+        i = bisect_right(lookup[0], offset) - 1
+        return lookup[1][i if i > 0 else 0].read_one(offset)
 
     def decode_columns(self, decoder: RecordDecoder, offset: int, limit: int,
                        sink: Callable[[Any, Any, int], None]) -> int:
@@ -271,7 +292,7 @@ class LogSegments:
         truncateFullyAndStartAt); return it."""
         self.on_layout_change()
         for b in list(self._segments.keys()):
-            self._segments.pop(b).abandon()
+            self._remove(b).abandon()
             self.delete_files_now(b)
         return self.create_segment(base)
 
@@ -280,7 +301,7 @@ class LogSegments:
         self.on_layout_change()
         old = self.active
         assert old is not None and old.size == 0
-        del self._segments[old.base_offset]
+        self._remove(old.base_offset)
         old.abandon()
         self.delete_files_now(old.base_offset)
         return self.create_segment(base, leader_epoch=leader_epoch)
@@ -294,7 +315,7 @@ class LogSegments:
         if doomed and doomed[0] == self._segments.keys()[0]:
             doomed = doomed[1:]
         for base in reversed(doomed):
-            self._segments.pop(base).abandon()
+            self._remove(base).abandon()
             self.delete_files_now(base)
         last = self.last
         if not last.active:
@@ -308,7 +329,7 @@ class LogSegments:
         following = self.following_base(segment.base_offset)
         if following is not None:
             segment.assume_next_offset(following)
-        self._segments[segment.base_offset] = segment
+        self._put(segment)
 
     def reload(self, view: Any) -> LogSegment:
         """Another process changed the segment files (a shared log): reopen what changed, keep
@@ -320,7 +341,7 @@ class LogSegments:
             segment = self._segments[base]
             if (base not in bases or base > view.active_base
                     or ops.path_identity(segment.path) != segment.identity()):
-                self._segments.pop(base).abandon()
+                self._remove(base).abandon()
         for base in sorted(bases):
             if base <= view.active_base and base not in self._segments:
                 self.open_segment(base)
@@ -348,7 +369,7 @@ class LogSegments:
         some of the renames and not others leaves a hole the reopened log starts past.
         """
         for segment in doomed:
-            del self._segments[segment.base_offset]
+            self._remove(segment.base_offset)
             segment.close(trim=False)
             names = []
             for path in segment.file_paths():

@@ -39,6 +39,7 @@ from . import _fileio, activation, segmentrecovery, truncation
 from ._native import ffi, lib
 from .errors import CorruptRecordError
 from .index import OffsetIndex, TimeIndex
+from .pointread import PointReads, read_point, read_point_active
 from .records import HEADER_SIZE, BatchBuilder, Record, RecordDecoder, parse_header
 from .segmentnames import (CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX,  # noqa: F401
                            TIMEINDEX_SUFFIX, TRUNCATION_SUFFIX, parse_segment_name, segment_name)
@@ -50,8 +51,6 @@ __all__ = ["LogSegment", "SegmentInfo", "segment_name", "parse_segment_name", "R
 _APPENDER_SIZE = ffi.sizeof("ls_appender")
 #: A batch header's baseOffset, magic and lastOffsetDelta (positions 0, 16 and 23).
 _OFFSETS_AND_MAGIC = struct.Struct(">q8xb6xi")
-_MEMO_SLOTS = 1024  # batches a segment's point reads remember as validated (a power of two)
-_MEMO_MARKS = 16    # record positions remembered per batch
 
 
 @dataclass(frozen=True)
@@ -98,7 +97,7 @@ class LogSegment:
         self._saved = ffi.new("ls_appender *")
         self._position_out = ffi.new("int64_t *")
         self._leader_epoch = leader_epoch
-        self._crc_memo: tuple[Any, tuple[Any, ...]] | None = None  # see _point_memo()
+        self._points: PointReads | None = None  # reads of one record (made on first use)
         self.closed = False
 
     # ------------------------------------------------------------------ construction
@@ -400,20 +399,30 @@ class LogSegment:
         return magic == lib.LS_MAGIC and base_offset + last_offset_delta == entry_offset
 
     def _point_memo(self) -> Any:
-        """The ``ls_crc_memo`` of this segment's reads of a few records (made on first use,
-        76 KiB): the batches they validated whole, by position and stored CRC, with the
-        positions of 16 records in each, so that the next read of a record in such a batch
-        skips its CRC and walks from the nearest of those records to it. A batch rewritten at
-        the same position after a truncation has another CRC and is validated again; the memo
-        is dropped at truncation all the same."""
-        if self._crc_memo is None:
-            memo = ffi.new("ls_crc_memo *")
-            arrays = (ffi.new("int64_t[]", _MEMO_SLOTS), ffi.new("uint32_t[]", _MEMO_SLOTS),
-                      ffi.new("int32_t[]", _MEMO_SLOTS * _MEMO_MARKS))
-            memo.positions, memo.crcs, memo.marks = arrays
-            memo.slots, memo.nmarks = _MEMO_SLOTS, _MEMO_MARKS
-            self._crc_memo = (memo, arrays)
-        return self._crc_memo[0]
+        """The memo of the batches that reads of a few records validated whole (see
+        :mod:`logstore.pointread`): made on first use, dropped at truncation."""
+        if self._points is None:
+            self._points = PointReads(self.max_batch_bytes)
+        return self._points.memo
+
+    def read_one(self, offset: int, max_offset: int = -1) -> Record | None:
+        """The record at or after ``offset`` (below ``max_offset`` unless -1) by the short path
+        of :mod:`logstore.pointread`, or None when :meth:`read` must decide (nothing unusual is
+        reported here: the general read does that)."""
+        points = self._points
+        if points is None:
+            points = self._points = PointReads(self.max_batch_bytes)
+        a = self._appender
+        if a is not None:
+            if points.appender is not a:
+                points.bind(a)
+            return read_point_active(points.appender_address, points.address, offset, max_offset, self._mm)
+        buf = self._mm if self._mm is not None else self.buffer
+        if buf is None:
+            return None
+        index = self.offset_index
+        return read_point(buf, self._size, index.data, index.entries, self.base_offset, offset, max_offset,
+                          points.address)
 
     def read(self, decoder: RecordDecoder, offset: int, max_bytes: int, max_offset: int,
              max_records: int | None) -> list[Record]:
@@ -520,7 +529,7 @@ class LogSegment:
         timestamps, producer fields and offsets), so the log ends exactly at ``offset``.
         Durability: the change is fsynced before returning.
         """
-        self._crc_memo = None
+        self._points = None
         return truncation.truncate(self, offset, builder, decoder)
 
     # ------------------------------------------------------------------ durability / lifecycle

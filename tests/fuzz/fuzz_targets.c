@@ -153,6 +153,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static char index[8 * 256], timeindex[12 * 256];
     ls_scan_result res;
     ls_segment_scan(buf, len, min_offset, 64, 1 << 20, index, 256, timeindex, 256, &res);
+    /* Point reads (ls_point_read) through the index the scan rebuilt, then through entries taken
+     * from the input itself (arbitrary positions and offsets), with the memo as the passes above
+     * left it: a row must lie inside the buffer. */
+    ls_point point;
+    memset(&point, 0, sizeof point);
+    point.memo = &memo;
+    point.max_batch_bytes = 1 << 20;
+    for (int k = 0; k < 4; k++) {
+        const char *entries = k < 2 ? index : buf;
+        int64_t n = k < 2 ? res.index_entries : (len / LS_INDEX_ENTRY_SIZE < 8 ? len / LS_INDEX_ENTRY_SIZE : 8);
+        init_out(&point.out, &rows);
+        int rc = ls_point_read(buf, len, entries, n, min_offset >> (k % 2), min_offset + k, max_offset, &point);
+        if (rc == 1)
+            check_spans(&point.out, len);
+    }
     return 0;
 }
 #elif defined(FUZZ_INDEX)

@@ -18,7 +18,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("base", {"errors", "_fileio", "metrics", "checkpoint", "_native"}),
     ("records", {"arrowread", "codecbase", "xerial", "lz4frame", "zstdframe", "compression", "config", "records", "batching",
                  "offsets"}),
-    ("segment", {"index", "segmentnames", "activation", "segmentrecovery", "truncation", "segment"}),
+    ("segment", {"index", "segmentnames", "activation", "segmentrecovery", "truncation", "pointread", "segment"}),
     ("log", {"logsegments", "logarrow", "logloader", "logappends", "logtruncation", "retention", "flusher", "shared", "waiters",
              "epochs", "producerstate", "logproducers", "cleaner", "loglifecycle", "logmetrics", "logreplication", "log"}),
     ("store", {"store", "logdirs", "logview"}),

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from logstore import Log
-from logstore.errors import CorruptRecordError
+from logstore.errors import CorruptRecordError, OffsetOutOfRangeError
+from logstore.pointread import PointReads, read_point, read_point_active
 from logstore._native import ffi
 from logstore.records import BatchBuilder, RecordDecoder, parse_header
 
@@ -91,7 +92,8 @@ def test_a_remembered_batch_is_validated_again_when_rewritten_at_its_position():
 
 
 def _slot(position: int, slots: int) -> int:
-    """The memo slot of a batch position (scan.c's memo_slot)."""
+    """A memo slot of the bucket of a batch position (scan.c's memo_bucket; with 4 slots or
+    fewer, the memo is one bucket)."""
     return ((position * 0x9E3779B97F4A7C15) % 2**64 >> 32) & (slots - 1)
 
 
@@ -161,3 +163,136 @@ def test_log_point_reads_equal_iteration_across_segments_compression_and_headers
                 assert three and three == everything[offset : offset + len(three)]
     finally:
         log.close()
+
+
+def test_the_memo_keeps_batches_that_share_a_bucket():
+    """The memo is set associative: four batches hashing to one bucket (a 4-slot memo is one
+    bucket) are all remembered, where a direct-mapped memo made them evict each other; a fifth
+    replaces one of them, and every read stays right."""
+    buf = _dense_segment(batches=5, count=20)
+    whole, _ = RecordDecoder().decode(buf, 0, len(buf))
+    positions, position = [], 0
+    while position < len(buf):
+        positions.append(position)
+        position += parse_header(buf, position).size
+    memo, (remembered, crcs, _marks) = make_memo(slots=4, marks=4)
+    decoder = RecordDecoder()
+    for b in range(4):
+        assert decoder.decode(buf, 0, len(buf), b * 20 + 7, -1, 1, exact=True, memo=memo)[0] == [whole[b * 20 + 7]]
+    assert sorted(remembered[i] for i in range(4)) == [p + 1 for p in positions[:4]]
+    for offset in [99, 3, 45, 81, 60, 17]:
+        assert decoder.decode(buf, 0, len(buf), offset, -1, 1, exact=True, memo=memo)[0] == [whole[offset]]
+    assert len({remembered[i] for i in range(4)} - {0}) == 4
+
+
+# ---------------------------------------------------------------------- the short path (pointread)
+def _filled(tmp_path, name="p-0", batches=30, count=100, **config):
+    log = Log.open(os.path.join(tmp_path, name), **config)
+    for b in range(batches):
+        log.append_batch([b"value-%d-%d" % (b, j) for j in range(count)], [b"k%d" % (j % 7) for j in range(count)])
+    return log
+
+
+def _general(log, offset):
+    """The general read's answer for max_records=1 (max_records=2 never takes the short path)."""
+    return log.read(offset, max_records=2)[:1]
+
+
+def test_the_short_path_answers_as_the_general_read_in_active_and_sealed_segments(tmp_path):
+    log = _filled(tmp_path, segment_bytes=8 << 10)
+    try:
+        assert len(log.segments) > 3
+        end = log.log_end_offset
+        for offset in range(0, end, 37):
+            assert log.read(offset, max_records=1) == _general(log, offset)
+        assert log.read(end, max_records=1) == []
+        with pytest.raises(OffsetOutOfRangeError):
+            log.read(end + 1, max_records=1)
+        log.roll()  # the active segment's appender, bound by the short path, is gone
+        log.append_batch([b"after-roll"])
+        assert log.read(end, max_records=1)[0].value == b"after-roll"
+        assert log.read(end - 1, max_records=1) == _general(log, end - 1)
+    finally:
+        log.close()
+    log = Log.open(os.path.join(tmp_path, "p-0"), segment_bytes=8 << 10)
+    try:  # reopened: every segment is read through its map and copy of the index
+        for offset in range(3, log.log_end_offset, 41):
+            assert log.read(offset, max_records=1) == _general(log, offset)
+    finally:
+        log.close()
+
+
+def test_the_short_path_respects_the_log_start_gaps_and_truncation(tmp_path):
+    log = _filled(tmp_path, cleanup_policy="compact", segment_bytes=16 << 10)
+    try:
+        log.delete_records_before(150)  # inside a segment: records below stay in the file
+        with pytest.raises(OffsetOutOfRangeError):
+            log.read(149, max_records=1)
+        assert log.read(150, max_records=1)[0].offset == 150
+        log.roll()
+        log.compact(now_ms=2**62)  # keeps the last record of each key: gaps everywhere
+        offsets = [r.offset for r in log.iter()]
+        assert len(offsets) < 100
+        for offset in range(log.log_start_offset, log.log_end_offset):
+            expected = [r for r in offsets if r >= offset][:1]
+            assert [r.offset for r in log.read(offset, max_records=1)] == expected
+        log.truncate_to(offsets[-1])  # the memo of the segment cut is dropped
+        log.append_batch([b"new"], [b"k1"])
+        assert log.read(offsets[-1], max_records=1)[0].value == b"new"
+    finally:
+        log.close()
+
+
+def test_the_short_path_hands_damage_to_the_general_read(tmp_path):
+    log = _filled(tmp_path, batches=10)
+    path = [s.path for s in log._segments][0]
+    log.close()
+    with open(path, "r+b") as f:  # a value byte of the fourth batch (records 300..399)
+        data = f.read()
+        at = data.index(b"value-3-50")
+        f.seek(at)
+        f.write(b"VALUE")
+    log = Log.open(os.path.join(tmp_path, "p-0"))
+    try:
+        assert log.read(250, max_records=1)[0].value == b"value-2-50"
+        with pytest.raises(CorruptRecordError):
+            log.read(350, max_records=1)
+    finally:
+        log.close()
+
+
+def test_the_short_path_refuses_bad_arguments():
+    points = PointReads(1 << 20)
+    buf = _dense_segment(2, 10)
+    assert read_point(buf, len(buf), None, 0, 0, 13, -1, points.address).value == b"value-1-3"
+    assert read_point(buf, len(buf), None, 0, 0, 20, -1, points.address) is None  # nothing at or after 20
+    for args, error in [((buf, len(buf) + 1, None, 0, 0, 3, -1, points.address), ValueError),
+                        ((buf, -1, None, 0, 0, 3, -1, points.address), ValueError),
+                        ((buf, len(buf), b"\0" * 8, 2, 0, 3, -1, points.address), ValueError),
+                        ((buf, len(buf), None, -1, 0, 3, -1, points.address), ValueError),
+                        ((buf, len(buf), None, 0, 0, 3, -1, 0), ValueError),
+                        ((buf, len(buf), None, 0, 0, 3, -1, -1), OverflowError),
+                        ((buf, len(buf), None, 0, 0, "3", -1, points.address), TypeError),
+                        ((buf, len(buf), None, 0, 0, 3, -1), TypeError)]:
+        with pytest.raises(error):
+            read_point(*args)
+    with pytest.raises(ValueError):
+        read_point_active(0, points.address, 3, -1, buf)
+    with pytest.raises(OverflowError):
+        read_point_active(-5, points.address, 3, -1, buf)
+
+
+def test_an_index_entry_that_does_not_match_its_batch_is_not_followed():
+    """ls_point_read checks the floor entry (an entry is a batch's last offset and position)
+    against the batch at its position: an entry that points inside a batch, or at a batch
+    ending elsewhere, sends the read to the general path, which rebuilds the index."""
+    buf = _dense_segment(3, 10)
+    second = parse_header(buf, 0).size
+    points = PointReads(1 << 20)
+    good = (19).to_bytes(4, "big") + second.to_bytes(4, "big")
+    assert read_point(buf, len(buf), good, 1, 0, 25, -1, points.address).value == b"value-2-5"
+    for entry in [(19).to_bytes(4, "big") + (second + 5).to_bytes(4, "big"),   # inside the batch
+                  (12).to_bytes(4, "big") + second.to_bytes(4, "big"),        # wrong offset
+                  (19).to_bytes(4, "big") + (len(buf) - 10).to_bytes(4, "big"),  # no room for a header
+                  (19).to_bytes(4, "big") + (2**31 + 5).to_bytes(4, "big")]:   # negative position
+        assert read_point(buf, len(buf), entry, 1, 0, 25, -1, points.address) is None

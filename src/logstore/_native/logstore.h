@@ -15,7 +15,7 @@
  */
 
 /* Bumped whenever a struct or a signature below changes; checked by logstore._native at import. */
-#define LS_ABI_VERSION 11
+#define LS_ABI_VERSION 12
 
 /* ---- Error codes (every function returning int/int64 uses negative values from this list) ---- */
 #define LS_OK 0
@@ -236,7 +236,7 @@ void ls_widen_int8(const int8_t *in, int32_t n, int32_t *out);
 int32_t ls_first_at_least(const int64_t *values, int32_t n, int64_t target);
 
 /* Batches that a partial decode validated whole (CRC and every record), remembered by position
- * and stored CRC, direct-mapped: a later partial decode of the batch at that position whose stored
+ * and stored CRC, in buckets of 4 slots (set associative): a later partial decode of the batch at that position whose stored
  * CRC is still the remembered one skips the CRC and walks its records only as far as it returns
  * rows, starting at the nearest mark before the record wanted (the positions of nmarks evenly
  * spaced records, noted by the validating walk; used in batches without offset gaps). A batch
@@ -291,6 +291,28 @@ typedef struct {
  * Returns LS_OK or a negative LS_ERR_ code. */
 int ls_segment_decode(const char *buf, int64_t len, int64_t min_offset, int64_t max_offset,
                       int64_t max_batch_bytes, ls_cursor *cur, ls_records_out *out);
+
+/* One record by offset, for reads of a single record (Log.read(offset, max_records=1)): what a
+ * segment keeps for them. The caller owns it and the row arrays of `out` (capacity >= 1). */
+typedef struct {
+    ls_crc_memo *memo;         /* the segment's memo of validated batches, or NULL */
+    int64_t max_batch_bytes;   /* as for ls_segment_decode */
+    ls_cursor cur;             /* scratch */
+    ls_records_out out;        /* out: row 0 is the record */
+} ls_point;
+
+/* The first record at or after `offset` (below max_offset when max_offset >= 0) of the segment
+ * buf[0, len) whose base offset is base_offset and whose offset index is `index` (`entries`
+ * entries of LS_INDEX_ENTRY_SIZE bytes): the index floor entry of `offset` is looked up and
+ * checked (the batch at its position must be a magic-2 batch ending exactly at the entry's
+ * offset), then ls_segment_decode walks from there as a partial decode of one row with p->memo.
+ * Returns 1 with the record as row 0 of p->out; 0 when the general read must decide instead (an
+ * entry that does not match its batch, no record at or after `offset` in this segment, a
+ * compressed batch first, an invalid batch: the general read reports it); LS_ERR_ARG for unusable
+ * arguments. A record is returned only from a batch validated whole (CRC and every record) by
+ * this call, or remembered by the memo as validated whole. */
+int ls_point_read(const char *buf, int64_t len, const char *index, int64_t entries, int64_t base_offset,
+                  int64_t offset, int64_t max_offset, ls_point *p);
 
 /* ======================================================================== */
 /* Recovery scan of one segment's bytes. Walks batches from position 0, validating each; stops at

@@ -56,27 +56,40 @@ static int memo_ok(const ls_crc_memo *memo)
                      (memo->nmarks == 0 || memo->marks));
 }
 
-static int32_t memo_slot(const ls_crc_memo *memo, int64_t position)
+/* The memo is 4-way set associative: a batch's position hashes to a bucket of MEMO_WAYS
+ * consecutive slots (fewer when the memo has fewer slots). Direct mapping made two batches that
+ * share a slot evict each other on every alternate read, each eviction a CRC of the batch. */
+#define MEMO_WAYS 4
+
+static int32_t memo_bucket(const ls_crc_memo *memo, int64_t position, int32_t *ways)
 {
-    return (int32_t)(((uint64_t)position * 0x9E3779B97F4A7C15ull) >> 32) & (memo->slots - 1);
+    *ways = memo->slots < MEMO_WAYS ? memo->slots : MEMO_WAYS;
+    int32_t slot = (int32_t)(((uint64_t)position * 0x9E3779B97F4A7C15ull) >> 32) & (memo->slots - 1);
+    return slot & ~(*ways - 1);
 }
 
-/* 1 when the memo remembers the batch at `position` with this stored CRC. */
-static int memo_trusts(const ls_crc_memo *memo, int64_t position, uint32_t stored_crc)
+/* The slot remembering the batch at `position` with this stored CRC, or -1. */
+static int32_t memo_find(const ls_crc_memo *memo, int64_t position, uint32_t stored_crc)
 {
-    if (!memo)
-        return 0;
-    int32_t slot = memo_slot(memo, position);
-    return memo->positions[slot] == position + 1 && memo->crcs[slot] == stored_crc;
+    int32_t ways, b = memo_bucket(memo, position, &ways);
+    for (int32_t i = 0; i < ways; i++)
+        if (memo->positions[b + i] == position + 1 && memo->crcs[b + i] == stored_crc)
+            return b + i;
+    return -1;
 }
 
-static void memo_put(ls_crc_memo *memo, int64_t position, uint32_t stored_crc)
+/* The slot to remember the batch at `position` in: the one that held that position, else an
+ * empty one, else one picked by the stored CRC (random replacement). */
+static int32_t memo_claim(const ls_crc_memo *memo, int64_t position, uint32_t stored_crc)
 {
-    if (!memo)
-        return;
-    int32_t slot = memo_slot(memo, position);
-    memo->positions[slot] = position + 1;
-    memo->crcs[slot] = stored_crc;
+    int32_t ways, b = memo_bucket(memo, position, &ways), empty = -1;
+    for (int32_t i = 0; i < ways; i++) {
+        if (memo->positions[b + i] == position + 1)
+            return b + i;
+        if (memo->positions[b + i] == 0 && empty < 0)
+            empty = b + i;
+    }
+    return empty >= 0 ? empty : b + (int32_t)(stored_crc % (uint32_t)ways);
 }
 
 int ls_segment_decode(const char *buf, int64_t len, int64_t min_offset, int64_t max_offset,
@@ -104,10 +117,12 @@ int ls_segment_decode(const char *buf, int64_t len, int64_t min_offset, int64_t 
         }
         int64_t size = skippable(b, len - pos, min_offset, hdr);
         int skipped = size > 0, trusted = 0;
+        int32_t slot = -1;
         if (!skipped) {
             if (cur->partial && cur->memo && len - pos >= LS_BATCH_HEADER_SIZE) {
                 ls_header_load(b, hdr);
-                trusted = memo_trusts(cur->memo, pos, hdr->crc);
+                slot = memo_find(cur->memo, pos, hdr->crc);
+                trusted = slot >= 0;
             }
             size = ls_batch_check(b, len - pos, max_batch_bytes, hdr, &cur->computed_crc, !trusted);
         }
@@ -133,12 +148,15 @@ int ls_segment_decode(const char *buf, int64_t len, int64_t min_offset, int64_t 
                 return LS_OK;
             }
             ls_walk walk = {room, trusted, NULL, 0};
-            if (cur->partial && cur->memo && cur->memo->nmarks > 0) {
-                int32_t slot = memo_slot(cur->memo, pos);
-                walk.marks = cur->memo->marks + (int64_t)slot * cur->memo->nmarks;
-                walk.nmarks = cur->memo->nmarks;
-                if (!trusted)
+            if (cur->partial && cur->memo) {
+                if (!trusted) {
+                    slot = memo_claim(cur->memo, pos, hdr->crc);
                     cur->memo->positions[slot] = 0; /* its marks are rewritten below */
+                }
+                if (cur->memo->nmarks > 0) {
+                    walk.marks = cur->memo->marks + (int64_t)slot * cur->memo->nmarks;
+                    walk.nmarks = cur->memo->nmarks;
+                }
             }
             int64_t n = ls_records_walk(buf, pos + LS_BATCH_HEADER_SIZE, pos + size, hdr,
                                         min_offset, &walk, out);
@@ -146,8 +164,11 @@ int ls_segment_decode(const char *buf, int64_t len, int64_t min_offset, int64_t 
                 cur->stop = LS_STOP_ERROR;
                 return (int)n;
             }
-            if (cur->partial && !trusted)
-                memo_put(cur->memo, pos, hdr->crc); /* validated whole: CRC, every record, marks */
+            if (cur->partial && cur->memo && !trusted) {
+                /* validated whole: CRC, every record, marks */
+                cur->memo->positions[slot] = pos + 1;
+                cur->memo->crcs[slot] = hdr->crc;
+            }
         }
         /* A skipped batch's lastOffsetDelta is unchecked: only its base offset is trusted. */
         cur->prev_last_offset = skipped ? hdr->base_offset : hdr->base_offset + hdr->last_offset_delta;
@@ -169,6 +190,48 @@ int ls_segment_decode(const char *buf, int64_t len, int64_t min_offset, int64_t 
             return LS_OK;
         }
     }
+}
+
+int ls_point_read(const char *buf, int64_t len, const char *index, int64_t entries, int64_t base_offset,
+                  int64_t offset, int64_t max_offset, ls_point *p)
+{
+    if (!p)
+        return LS_ERR_ARG;
+    p->out.count = 0;
+    if (len < 0 || len > INT32_MAX || (!buf && len) || entries < 0 || (!index && entries) ||
+        !ls_records_out_ok(&p->out) || p->out.capacity < 1)
+        return LS_ERR_ARG;
+    if (offset < base_offset || len == 0)
+        return 0;
+    int64_t position = 0;
+    int64_t rel = offset - base_offset;
+    int64_t slot = ls_index_lookup(index, entries, rel > INT32_MAX ? INT32_MAX : rel);
+    if (slot >= 0) {
+        const char *e = index + slot * LS_INDEX_ENTRY_SIZE;
+        int64_t entry_offset = base_offset + ls_load_i32(e);
+        position = ls_load_i32(e + 4);
+        if (position < 0 || position > len - LS_BATCH_HEADER_SIZE)
+            return 0;
+        if (position > 0) {
+            ls_batch_header h;
+            ls_header_load(buf + position, &h);
+            if (h.magic != LS_MAGIC || h.last_offset_delta < 0 || h.base_offset < 0 ||
+                h.base_offset > INT64_MAX - h.last_offset_delta ||
+                h.base_offset + h.last_offset_delta != entry_offset)
+                return 0;
+        }
+    }
+    ls_cursor *cur = &p->cur;
+    memset(cur, 0, sizeof *cur);
+    cur->position = position;
+    cur->prev_last_offset = -1;
+    cur->partial = 1;
+    cur->memo = p->memo;
+    int32_t capacity = p->out.capacity;
+    p->out.capacity = 1;
+    int rc = ls_segment_decode(buf, len, offset, max_offset, p->max_batch_bytes, cur, &p->out);
+    p->out.capacity = capacity;
+    return rc == LS_OK && p->out.count == 1 ? 1 : 0;
 }
 
 /* A segment prefix is valid iff it is a sequence of batches each of which passes
