@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 from . import compression
 from ._native import check, ffi, lib, reason
 from ._native._records import build as build_records
+from ._native._records import column as _c_column
 from .errors import CorruptRecordError, InvalidRecordError, RecordTooLargeError
 
 __all__ = [
@@ -124,11 +125,17 @@ def now_ms() -> int:
 
 # ====================================================================== encoding
 def _column(items: Sequence[Any], what: str, nullable: bool) -> tuple[bytes, Any]:
-    """Concatenate byte strings and their lengths (-1 for None) for the C encoder.
+    """Concatenate byte strings and their lengths (-1 for None, int32 native order) for the C
+    encoder.
 
-    The lengths are packed with struct (int32, native order): for 1000 items that takes 19 us
-    where array("i", map(len, items)) takes 40 us, a fifth of a whole batch append.
+    A list or tuple of bytes (and None) is walked once in C (``_records.column``): for 1000
+    items that takes a few microseconds, where b"".join and struct.pack(*map(len, items)) took
+    70 us, the larger part of a whole batch append. Other sequences and items take the general
+    path, which names what is wrong.
     """
+    got = _c_column(items, nullable)
+    if got is not None:
+        return got
     try:
         data = b"".join(items)
         lens = struct.pack(f"={len(items)}i", *map(len, items))

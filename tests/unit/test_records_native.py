@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import gc
 import pickle
+import struct
 import sys
 
 import pytest
 from logstore._native import ffi
-from logstore._native._records import build
+from logstore._native._records import build, column
 from logstore.records import NO_HEADERS, BatchBuilder, Record, RecordDecoder, TimestampType
 
 TYPES = (TimestampType.CREATE_TIME, TimestampType.LOG_APPEND_TIME)
@@ -119,3 +120,28 @@ def test_nothing_is_leaked():
         assert [r.value for r in records] == values
         del records
     assert (sys.getrefcount(NO_HEADERS), sys.getrefcount(TimestampType.CREATE_TIME)) == before
+
+
+def test_columns_for_the_encoder_are_gathered_in_c_or_left_to_the_general_path():
+    items = [b"abc", None, b"", b"x" * 300]
+    for seq in (items, tuple(items)):
+        data, lens = column(seq, True)
+        assert data == b"abc" + b"x" * 300
+        assert struct.unpack(f"={len(items)}i", lens) == (3, -1, 0, 300)
+    assert column([], True) == (b"", b"")
+    # Anything else is the general path's to judge (and to name in its error).
+    for other, nullable in [([b"a", None], False), ([b"a", bytearray(b"b")], True), ([b"a", memoryview(b"b")], True),
+                            ([b"a", "str"], True), (iter([b"a"]), True), ([b"a", 5], True)]:
+        assert column(other, nullable) is None
+    with pytest.raises(TypeError):
+        column([b"a"])
+
+
+def test_the_batch_encoder_takes_both_paths_alike():
+    values = [b"v%d" % i if i % 3 else None for i in range(50)]
+    keys = [b"k%d" % i for i in range(50)]
+    fast = bytes(BatchBuilder().build(values, keys, timestamps=[7] * 50))
+    slow = bytes(BatchBuilder().build([bytearray(v) if v else v for v in values], keys, timestamps=[7] * 50))
+    assert fast == slow
+    with pytest.raises(TypeError, match=r"keys\[2\]"):
+        BatchBuilder().build(values, keys[:2] + ["str"] + keys[3:])

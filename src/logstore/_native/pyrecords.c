@@ -21,6 +21,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <stddef.h>
+#include <string.h>
 #include "logstore.h"
 
 #define RECORD_FIELDS 6
@@ -373,11 +374,81 @@ static PyObject *point_active(PyObject *self, PyObject *const *args, Py_ssize_t 
                      point_config.headers_fn);
 }
 
+PyDoc_STRVAR(column_doc,
+"column(items, nullable)\n"
+"\n"
+"For the batch encoder: a list or tuple of bytes (and None when ``nullable``) as (data, lens):\n"
+"the items concatenated, and their lengths as native int32 (-1 for None). Returns None for\n"
+"anything else (another sequence type, another item type, None where not nullable, an item\n"
+"over 2 GiB): the caller's general path handles it and names what is wrong.");
+
+static PyObject *column(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "column() takes 2 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *items = args[0];
+    int nullable = PyObject_IsTrue(args[1]);
+    if (nullable < 0) {
+        return NULL;
+    }
+    if (!PyList_CheckExact(items) && !PyTuple_CheckExact(items)) {
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
+    PyObject **item = PySequence_Fast_ITEMS(items);
+    if (n > INT32_MAX) {
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (item[i] == Py_None) {
+            if (!nullable) {
+                Py_RETURN_NONE;
+            }
+            continue;
+        }
+        if (!PyBytes_CheckExact(item[i])) {
+            Py_RETURN_NONE;
+        }
+        Py_ssize_t len = PyBytes_GET_SIZE(item[i]);
+        if (len > INT32_MAX || total > PY_SSIZE_T_MAX - len) {
+            Py_RETURN_NONE;
+        }
+        total += len;
+    }
+    PyObject *data = PyBytes_FromStringAndSize(NULL, total);
+    PyObject *lens = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int32_t));
+    if (data == NULL || lens == NULL) {
+        Py_XDECREF(data);
+        Py_XDECREF(lens);
+        return NULL;
+    }
+    char *d = PyBytes_AS_STRING(data);
+    char *l = PyBytes_AS_STRING(lens);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* The list cannot change meanwhile: nothing here runs Python code. */
+        int32_t len = -1;
+        if (item[i] != Py_None) {
+            len = (int32_t)PyBytes_GET_SIZE(item[i]);
+            memcpy(d, PyBytes_AS_STRING(item[i]), (size_t)len);
+            d += len;
+        }
+        memcpy(l + i * (Py_ssize_t)sizeof(int32_t), &len, sizeof len);
+    }
+    PyObject *result = PyTuple_Pack(2, data, lens);
+    Py_DECREF(data);
+    Py_DECREF(lens);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"build", (PyCFunction)(void (*)(void))build, METH_FASTCALL, build_doc},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL, configure_doc},
     {"point", (PyCFunction)(void (*)(void))point, METH_FASTCALL, point_doc},
     {"point_active", (PyCFunction)(void (*)(void))point_active, METH_FASTCALL, point_active_doc},
+    {"column", (PyCFunction)(void (*)(void))column, METH_FASTCALL, column_doc},
     {NULL, NULL, 0, NULL},
 };
 
