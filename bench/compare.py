@@ -127,6 +127,14 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _settled() -> float:
+    """The start of a timed read: the writes that set it up are flushed to disk first (os.sync),
+    so that the kernel's background writeback of them does not run during the read, then the
+    clock is read. Done alike for every system; the pages stay in the page cache."""
+    os.sync()
+    return time.perf_counter()
+
+
 def _lookups(count: int) -> list[int]:
     """The offsets a random read looks up: a tenth of them, in one fixed random order."""
     return random.Random(count).sample(range(count), count // LOOKUP_FRACTION)
@@ -166,7 +174,7 @@ def logstore_read(path: str, data: Data, count: int, how: str = "sequential read
             import logstore.arrowread  # noqa: F401 - pyarrow's import is not part of the read
         lookups = _lookups(count) if how == "random read" else []
         read = log.read
-        t = time.perf_counter()
+        t = _settled()
         if how == "read as Arrow":
             assert log.read_arrow().num_rows == count
         elif how == "random read":
@@ -234,11 +242,11 @@ def sqlite_read(path: str, data: Data, count: int, how: str = "sequential read")
             lookups = _lookups(count)
             execute = conn.execute
             query = 'SELECT "offset", ts, key, value FROM records WHERE "offset" = ?'
-            t = time.perf_counter()
+            t = _settled()
             for offset in lookups:
                 execute(query, (offset,)).fetchone()
         else:
-            t = time.perf_counter()
+            t = _settled()
             collections.deque(conn.execute('SELECT "offset", ts, key, value FROM records ORDER BY "offset"'), maxlen=0)
         elapsed = time.perf_counter() - t
     finally:
@@ -297,7 +305,7 @@ def lmdb_read(path: str, data: Data, count: int, how: str = "sequential read") -
         from_bytes = int.from_bytes
         if how == "random read":
             keys = [offset.to_bytes(8, "big") for offset in _lookups(count)]
-            t = time.perf_counter()
+            t = _settled()
             with env.begin(buffers=False) as txn:
                 get = txn.get
                 for k in keys:
@@ -305,7 +313,7 @@ def lmdb_read(path: str, data: Data, count: int, how: str = "sequential read") -
                     (from_bytes(k, "big"), from_bytes(v[:8], "big"), v[8:24], v[24:])
             elapsed = time.perf_counter() - t
             return elapsed
-        t = time.perf_counter()
+        t = _settled()
         with env.begin(buffers=False) as txn:
             collections.deque(((from_bytes(k, "big"), from_bytes(v[:8], "big"), v[8:24], v[24:])
                                for k, v in txn.cursor()), maxlen=0)
@@ -349,7 +357,7 @@ def pq_read(system: str) -> Callable[[str, Data, int], float]:
         for value, key in data.pairs(count):
             q.put((_now_ms(), key, value))
         get, task_done = q.get, q.task_done
-        t = time.perf_counter()
+        t = _settled()
         for _ in range(count):
             get()
             task_done()

@@ -19,6 +19,8 @@ to one reader; the module's functions may be called from any thread.
 
 from __future__ import annotations
 
+import functools
+from array import array
 from bisect import bisect_left
 from typing import Any, Sequence
 
@@ -94,8 +96,8 @@ class ArrowBuilder:
         self.next_offset = start
         #: rows taken so far
         self.rows = 0
-        self._topic = pa.scalar(topic, pa.string())
-        self._partition = pa.scalar(partition, pa.int32())
+        self._topic = topic.encode("utf-8")
+        self._partition = partition
 
     def take(self) -> list[pa.RecordBatch]:
         """The record batches built since the last call."""
@@ -142,10 +144,8 @@ class ArrowBuilder:
                     arrays.append(_binary(cbuf, len(buf), out.key_pos + first, out.key_len + first, k))
                 elif name == "value":
                     arrays.append(_binary(cbuf, len(buf), out.value_pos + first, out.value_len + first, k))
-                elif name == "topic":
-                    arrays.append(pa.repeat(self._topic, k))
-                elif name == "partition":
-                    arrays.append(pa.repeat(self._partition, k))
+                elif name in ("topic", "partition"):
+                    arrays.append(self._constant(name, k))
                 elif name == "offset":
                     data, ptr = _buffer(8 * k)
                     ffi.memmove(ptr, out.offsets + first, 8 * k)
@@ -163,6 +163,24 @@ class ArrowBuilder:
         finally:
             ffi.release(cbuf)
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+
+    def _constant(self, name: str, k: int) -> pa.Array:
+        """The topic or partition column of k rows (a slice of a cached longer one)."""
+        n = 1 << max(k, ROWS_PER_BATCH + 1).bit_length()  # a few sizes only, each cached
+        return _constant_column(name, self._topic if name == "topic" else self._partition, n).slice(0, k)
+
+
+@functools.lru_cache(maxsize=32)
+def _constant_column(name: str, value: bytes | int, n: int) -> pa.Array:
+    """n rows of one topic (utf-8 bytes) or partition, built from buffers. (Not pa.repeat of a
+    pa.scalar: the first pa.scalar of a process imports pandas, half a second.)"""
+    if name == "topic":
+        assert isinstance(value, bytes)
+        size = len(value)
+        offsets = array("i", range(0, (n + 1) * size, size)) if size else array("i", [0]) * (n + 1)
+        return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(value * n)])
+    return pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(array("i", [value]) * n)])
 
 
 def _headers(buf: Any, out: Any, first: int, last: int) -> pa.Array:

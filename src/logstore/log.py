@@ -627,7 +627,10 @@ class Log:
         32,768 rows, in the Spark Kafka source's schema (see :mod:`logstore.arrowread`):
         ``columns`` names the columns to build (default: all but ``headers``), ``max_records``
         caps the rows. Keys and values are gathered by C from the mapped segments, every batch
-        CRC-checked; memory stays bounded by one record batch whatever the log's size.
+        CRC-checked; memory stays bounded by two record batches whatever the log's size. On
+        more than one core and without ``max_records``, chunks are decoded in pairs, the second
+        by a helper thread, so the records of a batch may have been read (under the log's lock,
+        consistently) one chunk before it is yielded.
 
         Needs pyarrow (``pip install logstore[arrow]``). Thread-safe; concurrent appends past
         ``end`` are not yielded.

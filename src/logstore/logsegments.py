@@ -22,7 +22,7 @@ import threading
 import time
 from bisect import bisect_left, bisect_right
 from operator import attrgetter
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 from sortedcontainers import SortedDict
 
@@ -41,13 +41,51 @@ from .segment import (
     segment_name,
 )
 
-__all__ = ["LogSegments"]
+__all__ = ["LogSegments", "ColumnsFrom", "decode_columns_from"]
 
 _offset_of = attrgetter("offset")
 
 
 def _nothing() -> None:
     pass
+
+
+class ColumnsFrom(NamedTuple):
+    """Where a decode of one segment's columns starts: its mapped bytes, the position of the
+    batch to start at, its size and its path (for errors)."""
+
+    buffer: Any
+    position: int
+    size: int
+    path: str
+
+
+def _columns_from(segment: LogSegment, offset: int) -> ColumnsFrom | None:
+    if offset >= segment.next_offset:
+        return None
+    position = segment.find_position(offset) if offset > segment.base_offset else 0
+    return ColumnsFrom(segment.buffer, position, segment.size, segment.path)
+
+
+def decode_columns_from(decoder: RecordDecoder, at: ColumnsFrom, offset: int, limit: int,
+                        sink: Callable[[Any, Any, int], None]) -> int | None:
+    """Decode one segment's rows from ``offset`` on (as :meth:`LogSegments.decode_columns`)
+    from where ``at`` says; returns the offset to go on from, or None when the segment holds
+    nothing from ``offset`` on below ``limit``'s batch. Touches nothing but the bytes, the
+    decoder and the sink: another thread may run it while the log's lock is held for it.
+
+    Raises:
+        CorruptRecordError: an invalid batch among the segment's written bytes.
+    """
+    stop = decoder.decode_columns(at.buffer, at.position, at.size, sink, min_offset=offset, max_offset=limit,
+                                  path=at.path)
+    if decoder.last_stop == lib.LS_STOP_ERROR:
+        raise CorruptRecordError(at.path, stop, "an invalid batch among the log's written bytes")
+    if decoder.last_batch_offset >= offset:
+        return decoder.last_batch_offset + 1
+    if decoder.last_stop == lib.LS_STOP_MAX_OFFSET:
+        return limit  # the next batch starts at limit or later
+    return None
 
 
 class LogSegments:
@@ -230,23 +268,24 @@ class LogSegments:
         i = self.floor_index(offset)
         keys = segments.keys()
         while i < len(keys):
-            segment = segments[keys[i]]
-            if offset < segment.next_offset:
-                position = segment.find_position(offset) if offset > segment.base_offset else 0
-                stop = decoder.decode_columns(segment.buffer, position, segment.size, sink, min_offset=offset,
-                                              max_offset=limit, path=segment.path)
-                if decoder.last_stop == lib.LS_STOP_ERROR:
-                    raise CorruptRecordError(segment.path, stop, "an invalid batch among the log's written bytes")
-                if decoder.last_batch_offset >= offset:
-                    return decoder.last_batch_offset + 1
-                if decoder.last_stop == lib.LS_STOP_MAX_OFFSET:
-                    return limit  # the next batch starts at limit or later
+            at = _columns_from(segments[keys[i]], offset)
+            if at is not None:
+                after = decode_columns_from(decoder, at, offset, limit, sink)
+                if after is not None:
+                    return after
             i += 1
             if i < len(keys):
                 offset = max(offset, keys[i])
                 if offset >= limit:
                     break
         return limit
+
+    def columns_from(self, offset: int) -> ColumnsFrom | None:
+        """Where a decode of the columns from ``offset`` on starts in the segment that would
+        hold it (its map made and its index entry checked here), for :func:`decode_columns_from`
+        in another thread while the caller holds the log's lock; None when that segment ends at
+        or before ``offset``."""
+        return _columns_from(self._segments.peekitem(self.floor_index(offset))[1], offset)
 
     def read_raw(self, offset: int, max_bytes: int) -> bytes:
         """Whole batches as stored, from the one holding ``offset`` on (b"" past the end)."""

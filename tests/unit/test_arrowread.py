@@ -108,7 +108,7 @@ def test_batches_are_bounded_and_appends_after_the_call_are_not_read(store):
 def test_retention_moving_the_log_start_past_a_reader_is_an_error(store):
     store.create_topic("t", 1, segment_bytes=100_000)
     log = store.partition("t", 0)
-    fill(log, 20)
+    fill(log, 100)  # more than two decoder chunks: the reader reads on after the deletion
     batches = log.iter_arrow(columns=["offset"])
     next(batches)
     log.delete_records_before(log.log_end_offset - 10)
@@ -246,3 +246,52 @@ def test_reading_a_log_over_2_gib_holds_constant_memory(tmp_path):
     # One Arrow batch of 32k rows of 1 kB values is 32 MB; a log read held whole would be 2.2 GB.
     assert arrow_growth < 200_000, f"iter_arrow grew anonymous memory by {arrow_growth} KiB"
     assert iter_growth < 200_000, f"iter grew anonymous memory by {iter_growth} KiB"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sizes=st.lists(st.integers(1, 300), min_size=1, max_size=8), data=st.data())
+def test_chunks_decoded_in_pairs_match_iter(tmp_path_factory, monkeypatch, sizes, data):
+    """With small decoder chunks, read_arrow decodes many chunk pairs (the second in a helper
+    thread): across batch and segment boundaries, compressed batches and compaction's gaps, the
+    table is what iter reads; the serial loop (one core, or max_records) agrees."""
+    from logstore import arrowread, logarrow
+
+    monkeypatch.setattr(arrowread, "ROWS_PER_BATCH", data.draw(st.sampled_from([1, 7, 64, 999])))
+    with LogStore(str(tmp_path_factory.mktemp("pairs"))) as store:
+        compact = data.draw(st.booleans())
+        store.create_topic("p", 1, segment_bytes=data.draw(st.sampled_from([4096, 1 << 20])),
+                           cleanup_policy="compact" if compact else "delete")
+        log = store.partition("p", 0)
+        for n in sizes:
+            values = data.draw(st.lists(st.one_of(st.none(), st.binary(max_size=50)), min_size=n, max_size=n))
+            keys = [b"k%d" % data.draw(st.integers(0, 20)) for _ in range(n)]
+            log.append_batch(values, keys=keys, compression=data.draw(st.sampled_from([None, None, "zstd"])))
+        if compact:
+            log.roll()
+            log.compact(now_ms=2**62)
+        end = log.log_end_offset
+        start = data.draw(st.integers(log.log_start_offset, end))
+        assert log.read_arrow(start).to_pydict() == expected(log, start)
+        monkeypatch.setattr(logarrow.os, "cpu_count", lambda: 1)
+        assert log.read_arrow(start).to_pydict() == expected(log, start)
+
+
+def test_damage_found_by_the_helper_thread_is_reported(store, monkeypatch):
+    from logstore import arrowread
+
+    monkeypatch.setattr(arrowread, "ROWS_PER_BATCH", 1000)
+    store.create_topic("t", 1)
+    log = store.partition("t", 0)
+    fill(log, 6)  # batches of 1000: chunk pairs [0, 1000) + [1000, 2000), ...
+    path = f"{log.path}/{log.segments[0].base_offset:020d}.log"
+    store.close()
+    with open(path, "r+b") as f:
+        data = f.read()
+        at = data.index(b"v3-10")  # in the fourth batch: the second chunk of the second pair
+        f.seek(at)
+        f.write(b"V")
+    with LogStore(store.root) as again:
+        with pytest.raises(CorruptRecordError):
+            again.partition("t", 0).read_arrow(columns=["offset"])
+        batches = again.partition("t", 0).iter_arrow(0, 3000, columns=["offset"])
+        assert sum(b.num_rows for b in batches) == 3000  # the damage lies past the range
