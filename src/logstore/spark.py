@@ -236,7 +236,8 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if stop > begin:
                 ranges.append(OffsetRange(self.planner.root, tp[0], tp[1], begin, stop,
                                           fail_on_data_loss=self.planner.fail_on_data_loss,
-                                          include_headers=self.planner.include_headers).stopping_at(view.log_end()))
+                                          include_headers=self.planner.include_headers,
+                                          columns=self.planner.columns).stopping_at(view.log_end()))
         return self.planner.split(ranges)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -31,7 +31,7 @@ from .logview import DataLossError, LogEnd, StoreView
 from .sparkoptions import (EARLIEST, LATEST, NEVER_NULL, READ_OPTIONS, SparkOptionError, bool_option, int_option,
                            parse_options, per_partition, schema_struct, timestamp_ms, topic_partitions)
 
-__all__ = ["OffsetRange", "Planner"]
+__all__ = ["schema_columns", "OffsetRange", "Planner"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,8 @@ class OffsetRange(InputPartition):
     find_end_ts: int | None = None
     fail_on_data_loss: bool = True
     include_headers: bool = False
+    #: the columns to build, in the schema's order (empty: the source's, by include_headers)
+    columns: tuple[str, ...] = ()
     #: when ``end`` is the log end: its segment and the byte position after its last batch,
     #: past which the reader never looks (-1: the range ends before the log end)
     stop_segment: int = -1
@@ -62,6 +64,30 @@ class OffsetRange(InputPartition):
         if self.end != log_end.offset or log_end.segment < 0:
             return self
         return replace(self, stop_segment=log_end.segment, stop_position=log_end.position)
+
+
+def schema_columns(schema: StructType | None, include_headers: bool) -> tuple[str, ...]:
+    """The columns a read builds: the source's schema, or the columns a user-specified schema
+    names (``spark.read.format("logstore").schema("value binary")``), each with the source's
+    type for it, in any order. pyspark's Python data source API does not tell a source which
+    columns a query uses, so a schema is how a query that needs few of them says so: the others
+    are neither built nor handed to the JVM.
+
+    Raises:
+        SparkOptionError: a field the source does not have, of another type, or named twice.
+    """
+    full = schema_struct(include_headers)
+    if schema is None or schema == full:
+        return tuple(full.fieldNames())
+    known = {f.name: f.dataType for f in schema_struct(True).fields}
+    names = [f.name for f in schema.fields]
+    wrong = [f.simpleString() for f in schema.fields if known.get(f.name) != f.dataType]
+    if wrong or not names or len(set(names)) != len(names):
+        raise SparkOptionError(
+            f"a user-specified schema must name columns of the logstore source's schema "
+            f"{schema_struct(True).simpleString()} with their types, each once; "
+            f"got {schema.simpleString()}" + (f" ({', '.join(wrong)} not in the source's schema)" if wrong else ""))
+    return tuple(names)
 
 
 class Planner:
@@ -90,10 +116,8 @@ class Planner:
                                        LATEST if streaming else EARLIEST,
                                        ("earliest", "latest") if streaming else ("earliest",))
         self.ending = per_partition(self.opts, "endingoffsets", self.partitions, LATEST, ("latest",))
-        expected = schema_struct(self.include_headers)
-        if schema is not None and schema != expected:
-            raise SparkOptionError(f"the logstore source has the fixed schema {expected.simpleString()}; "
-                                   f"a user-specified schema {schema.simpleString()} is not supported")
+        #: the columns the reader builds, in the order of the schema Spark expects
+        self.columns = schema_columns(schema, self.include_headers)
         self.prune = bool_option(self.opts, "pruneonpushdown", False)
         self.reset_filters()
 
@@ -220,7 +244,7 @@ class Planner:
             return None
         return OffsetRange(self.root, topic, p, start, end, find_start_ts=find_start, find_end_ts=find_end,
                            fail_on_data_loss=self.fail_on_data_loss,
-                           include_headers=self.include_headers).stopping_at(log_end)
+                           include_headers=self.include_headers, columns=self.columns).stopping_at(log_end)
 
     def split(self, ranges: list[OffsetRange]) -> list[OffsetRange]:
         """Split ranges (maxRecordsPerPartition, minPartitions) at offset index entries."""

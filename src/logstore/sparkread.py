@@ -37,8 +37,17 @@ def read_range(r: OffsetRange) -> Iterator[pa.RecordBatch]:
     """Decode one OffsetRange into Arrow record batches (what an executor runs)."""
     if r.end <= r.start:
         return
-    builder = ArrowBuilder(r.topic, r.partition, r.start, r.end, _columns(r.include_headers),
+    columns = r.columns or _columns(r.include_headers)
+    builder = ArrowBuilder(r.topic, r.partition, r.start, r.end, columns,
                            start_timestamp=r.find_start_ts, end_timestamp=r.find_end_ts)
+    if builder.columns != columns:  # a user-specified schema's order: a zero-copy selection
+        for batch in _batches(r, builder):
+            yield batch.select(list(columns))
+        return
+    yield from _batches(r, builder)
+
+
+def _batches(r: OffsetRange, builder: ArrowBuilder) -> Iterator[pa.RecordBatch]:
     view = PartitionView(r.root, r.topic, r.partition)
     start = r.start
     hint = SegmentPosition(r.segment, r.position) if r.segment >= 0 else None

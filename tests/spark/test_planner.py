@@ -110,3 +110,27 @@ def test_ending_before_starting_is_an_error(root):
                         "endingOffsets": '{"b":{"0":0}}'}, None, False)
     with pytest.raises(SparkOptionError, match="before its starting offset"):
         planner.bounds(("b", 0))
+
+
+def test_a_user_specified_schema_chooses_the_columns_built(root):
+    """Spark's Python source API does not say which columns a query uses; a user-specified
+    schema does: the ranges carry its columns and the reader builds those, in its order."""
+    from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
+
+    schema = StructType([StructField("offset", LongType()), StructField("value", BinaryType())])
+    planner = _Planner({"path": root, "subscribe": "a"}, schema, streaming=False)
+    assert planner.columns == ("offset", "value")
+    batches = [b for r in plan(planner) for b in read_range(r)]
+    assert all(b.schema.names == ["offset", "value"] for b in batches)
+    assert sum(b.num_rows for b in batches) == 3000
+    assert sorted(o for b in batches for o in b.column("offset").to_pylist()) == sorted(list(range(1000)) * 3)
+    values = {v for b in batches for v in b.column("value").to_pylist()}
+    assert b"1-999" + b"x" * 50 in values
+    full = _Planner({"path": root, "subscribe": "a"}, None, streaming=False)
+    assert full.columns == ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType")
+    for bad, message in [(StructType([StructField("offset", StringType())]), "offset:string not in"),
+                         (StructType([StructField("nope", BinaryType())]), "nope"),
+                         (StructType([StructField("value", BinaryType()), StructField("value", BinaryType())]),
+                          "each once")]:
+        with pytest.raises(SparkOptionError, match=message):
+            _Planner({"path": root, "subscribe": "a"}, bad, streaming=False)

@@ -357,3 +357,21 @@ def test_reads_what_kafka_clients_produced_to_a_served_store(spark, tmp_path):
     assert got == want
     assert {int(r.timestamp.replace(tzinfo=datetime.timezone.utc).timestamp() * 1000) - T0 for r in rows} == \
         set(range(300))
+
+
+def test_a_user_specified_schema_reads_only_its_columns(spark, store):
+    """pyspark's Python source API has no column pruning; a schema naming some of the source's
+    columns (any order) makes the source build and hand over only those."""
+    root, expected = store
+    df = (spark.read.format("logstore").option("path", root).option("subscribe", "plain")
+          .schema("value binary, offset long").load())
+    assert df.columns == ["value", "offset"]
+    got = sorted(((row.offset, row.value or b"") for row in df.collect()))
+    want = sorted((r.offset, r.value or b"") for p in range(3) for r in expected[("plain", p)])
+    assert got == want
+    total = df.selectExpr("count(*) AS n", "sum(length(value)) AS bytes").first()
+    assert (total.n, total.bytes) == (len(want), sum(len(r.value) for p in range(3) for r in expected[("plain", p)]
+                                                     if r.value is not None))
+    with pytest.raises(Exception, match="user-specified schema"):
+        (spark.read.format("logstore").option("path", root).option("subscribe", "plain")
+         .schema("value string").load().count())
