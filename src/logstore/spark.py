@@ -39,6 +39,11 @@ add ``maxOffsetsPerTrigger`` and honour ``Trigger.AvailableNow``. Writes take ``
 ``partition``, ``headers`` and ``timestamp``. Unknown options and bad values raise
 :class:`SparkOptionError`.
 
+Columns: pyspark's Python data source API does not tell a source which columns a query uses. A
+user-specified schema naming some of the source's columns with their types, in any order
+(``.schema("value binary, offset long")``), is read as asked: only those columns are built and
+handed to the JVM. Any other schema raises :class:`SparkOptionError`.
+
 How it runs: the driver plans input partitions from segment file names, sparse index entries
 and the batch headers after the last index entry (:mod:`logstore.logview`); no record is read
 on the driver. Each input partition is a picklable :class:`OffsetRange`; the executor that
