@@ -33,6 +33,12 @@ Workloads and what each system does:
                          max_records=1)[0] | sqlite3 SELECT ... WHERE "offset" = ? | lmdb
                          txn.get(key) decoded into the four fields; rate = lookups per second
 
+After the tables, the physical limits measured in the same run (one core): CRC32C, memcpy, a
+page-cache read through a fresh map, the first touch of fresh memory (every new page faults in;
+an Arrow table of 500,000 records needs 120 MB of it) and a 230 kB write with fdatasync (the
+disk's floor under the fsync row). Every timed read starts after os.sync(), so that the
+writeback of the records it reads does not run during it.
+
 Durability differs even inside one row, which is the point of listing it: "no fsync" means
 the data is in the OS page cache (survives a process crash, not a power loss) for logstore,
 sqlite3 NORMAL (WAL) and lmdb sync=False; persistqueue.Queue fsyncs a chunk file every 100
@@ -393,6 +399,68 @@ def measure_once(workload: str, fns, data: Data, count: int) -> float:
     return (count // LOOKUP_FRACTION if workload == "random read" else count) / elapsed
 
 
+def _best(fn: Callable[[], None], rounds: int = 3) -> float:
+    best = float("inf")
+    for _ in range(rounds):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def physical_limits() -> None:
+    """What this machine allows, measured in the same run (one core, best of 3): the bounds
+    under the read and write figures above."""
+    import ctypes
+    import mmap
+
+    from logstore._native import ffi, lib
+
+    size = 64 << 20
+    src = os.urandom(size)
+    dst = bytearray(size)  # touched: the copy measures memcpy, not page faults
+    crc = _best(lambda: lib.ls_crc32c(0, src, size))
+    copy = _best(lambda: ctypes.memmove((ctypes.c_char * size).from_buffer(dst), src, size))
+
+    def first_touch() -> None:
+        m = mmap.mmap(-1, size)
+        m[:] = src  # every page faulted in for the first time
+        m.close()
+
+    touch = _best(first_touch)
+    with _workload.scratch_dir("logstore-limits-") as path:
+        name = os.path.join(path, "f")
+        with open(name, "wb") as f:
+            f.write(src * 4)
+        fd = os.open(name, os.O_RDONLY)
+        try:
+            def cached_read() -> None:  # as a reader does: a fresh map of the file, every byte read
+                m = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+                p = ffi.from_buffer(m)
+                lib.ls_crc32c(0, p, len(m))
+                ffi.release(p)
+                m.close()
+            cached = _best(cached_read)  # the file was just written: it is in the page cache
+        finally:
+            os.close(fd)
+        wfd = os.open(os.path.join(path, "g"), os.O_WRONLY | os.O_CREAT)
+        piece = src[:230_000]  # one batch of the fsync row
+        try:
+            def write_sync() -> None:
+                for i in range(20):
+                    os.pwrite(wfd, piece, i * len(piece))
+                    os.fdatasync(wfd)
+            sync = _best(write_sync) / 20
+        finally:
+            os.close(wfd)
+    gb = 1e9
+    print("physical limits (one core, best of 3, this run):")
+    print(f"  CRC32C {size / crc / gb:.1f} GB/s, memcpy {size / copy / gb:.1f} GB/s, page-cache read "
+          f"(fresh map, CRC'd) {4 * size / cached / gb:.1f} GB/s, first touch of fresh memory {size / touch / gb:.2f} GB/s, "
+          f"write + fdatasync of 230 kB {sync * 1e3:.2f} ms")
+    print()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1/5 of the records, one repetition (~30 s)")
@@ -471,6 +539,7 @@ def main(argv: list[str] | None = None) -> int:
             cells.append(f"{(f'{mine / theirs:.1f}x') if mine and theirs else '-':>{width}}")
         print(f"{workload:<28}" + "".join(cells))
     print()
+    physical_limits()
     print(f"elapsed {time.perf_counter() - started:.0f} s; load average {load_start:.2f} at start, "
           f"{os.getloadavg()[0]:.2f} at end ({os.cpu_count()} cores; above ~1 the figures are disturbed)")
     return 0
