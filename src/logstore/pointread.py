@@ -8,10 +8,12 @@ segment's offset index, checks the entry against its batch, decodes the one reco
 ordinary (an entry that does not match, a compressed or invalid batch, no record at or after the
 offset in the segment) returns None, and the caller takes the general read, which reports it.
 
-The memo (``ls_crc_memo``) remembers the batches validated whole, by position and stored CRC,
-with the positions of 16 records in each: a later read of a record in such a batch skips its CRC
-and walks from the nearest of them. Both paths of the segment share it. It lives while the log
-is open and is dropped when the segment is truncated (a rewritten batch carries another CRC and
+The memo (``ls_crc_memo``, 4-way set associative) is made on a segment's first point read with a
+slot per 32 KiB of the segment (of ``segment_bytes`` for the active one), 16 to 1,024 slots
+(4-274 KiB). It remembers batches validated whole, by position and stored CRC, with the
+positions of 64 records in each: a later read of a record in such a batch skips its CRC and
+walks from the nearest of them. Both paths of the segment share it. It lives while the log is
+open and is dropped when the segment is truncated (a rewritten batch carries another CRC and
 would be validated again all the same).
 
 Not thread-safe: the Log's lock serialises the reads of a segment.
@@ -29,7 +31,9 @@ from .records import _TIMESTAMP_TYPES, NO_HEADERS, Record, RecordDecoder
 
 __all__ = ["PointReads", "read_point", "read_point_active"]
 
-MEMO_SLOTS = 1024  # batches remembered as validated (a power of two)
+MEMO_SLOTS = 1024  # at most, batches remembered as validated (a power of two)
+MEMO_MIN_SLOTS = 16
+MEMO_BYTES_PER_SLOT = 32 << 10  # a slot per 32 KiB of the segment when the memo is made
 MEMO_MARKS = 64    # record positions remembered per batch
 _ROW_ARRAYS = (("offsets", "int64_t[]"), ("timestamps", "int64_t[]"), ("timestamp_types", "int8_t[]"),
                ("key_pos", "int32_t[]"), ("key_len", "int32_t[]"), ("value_pos", "int32_t[]"),
@@ -53,12 +57,12 @@ class PointReads:
 
     __slots__ = ("memo", "address", "appender", "appender_address", "_keep")
 
-    def __init__(self, max_batch_bytes: int) -> None:
+    def __init__(self, max_batch_bytes: int, segment_size: int = 0) -> None:
+        slots = max(MEMO_MIN_SLOTS, min(MEMO_SLOTS, 1 << max(0, (segment_size // MEMO_BYTES_PER_SLOT) - 1).bit_length()))
         memo = ffi.new("ls_crc_memo *")
-        arrays = [ffi.new("int64_t[]", MEMO_SLOTS), ffi.new("uint32_t[]", MEMO_SLOTS),
-                  ffi.new("int32_t[]", MEMO_SLOTS * MEMO_MARKS)]
+        arrays = [ffi.new("int64_t[]", slots), ffi.new("uint32_t[]", slots), ffi.new("int32_t[]", slots * MEMO_MARKS)]
         memo.positions, memo.crcs, memo.marks = arrays
-        memo.slots, memo.nmarks = MEMO_SLOTS, MEMO_MARKS
+        memo.slots, memo.nmarks = slots, MEMO_MARKS
         state = ffi.new("ls_point *")
         state.memo = memo
         state.max_batch_bytes = max_batch_bytes

@@ -402,8 +402,12 @@ class LogSegment:
         """The memo of the batches that reads of a few records validated whole (see
         :mod:`logstore.pointread`): made on first use, dropped at truncation."""
         if self._points is None:
-            self._points = PointReads(self.max_batch_bytes)
+            self._points = self._new_point_reads()
         return self._points.memo
+
+    def _new_point_reads(self) -> PointReads:
+        """The memo sized for the segment: the active one may grow to segment_bytes."""
+        return PointReads(self.max_batch_bytes, self.segment_bytes if self._appender is not None else self.size)
 
     def read_one(self, offset: int, max_offset: int = -1) -> Record | None:
         """The record at or after ``offset`` (below ``max_offset`` unless -1) by the short path
@@ -411,7 +415,7 @@ class LogSegment:
         reported here: the general read does that)."""
         points = self._points
         if points is None:
-            points = self._points = PointReads(self.max_batch_bytes)
+            points = self._points = self._new_point_reads()
         a = self._appender
         if a is not None:
             if points.appender is not a:

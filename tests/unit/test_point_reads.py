@@ -296,3 +296,19 @@ def test_an_index_entry_that_does_not_match_its_batch_is_not_followed():
                   (19).to_bytes(4, "big") + (len(buf) - 10).to_bytes(4, "big"),  # no room for a header
                   (19).to_bytes(4, "big") + (2**31 + 5).to_bytes(4, "big")]:   # negative position
         assert read_point(buf, len(buf), entry, 1, 0, 25, -1, points.address) is None
+
+
+def test_the_memo_is_sized_by_the_segment(tmp_path):
+    assert [PointReads(1 << 20, size).memo.slots for size in (0, 32 << 10, 1 << 20, 100 << 20, 1 << 40)] == \
+        [16, 16, 32, 1024, 1024]
+    log = _filled(tmp_path, segment_bytes=4 << 20)  # about 75 kB of records
+    try:
+        log.roll()
+        log.append_batch([b"after"])
+        log.read(5, max_records=1)
+        log.read(log.log_end_offset - 1, max_records=1)
+        sealed, active = log._segments.first, log._segments.last
+        assert sealed._points.memo.slots == 16  # by its size
+        assert active._points.memo.slots == 128  # by what it may grow to: 4 MiB / 32 KiB
+    finally:
+        log.close()
