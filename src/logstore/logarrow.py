@@ -89,6 +89,10 @@ def _batches_in_pairs(log: Any, arrowread: Any, offset: int, stop: int, columns:
             mid = min(stop, offset + rows)
             first = arrowread.ArrowBuilder(log.topic, log.partition, offset, mid, columns)
             second, helper = None, None
+            # Both starts are located before the helper runs: a lookup that finds a damaged
+            # index entry rebuilds that segment's indexes, which unmaps its log for a moment,
+            # so it must not happen while the helper reads the segment.
+            log._segments.columns_from(offset)
             at = log._segments.columns_from(mid) if mid < stop else None
             if at is not None:
                 second = arrowread.ArrowBuilder(log.topic, log.partition, mid, stop, columns)

@@ -425,17 +425,35 @@ static PyObject *column(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_XDECREF(lens);
         return NULL;
     }
+    /* Allocating two bytes objects runs no Python code (they are not tracked by the cyclic
+     * collector, so no collection starts), but the copy checks the items again all the same: a
+     * list changed meanwhile would make the sizes above wrong. */
+    item = PySequence_Fast_ITEMS(items);
     char *d = PyBytes_AS_STRING(data);
     char *l = PyBytes_AS_STRING(lens);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        /* The list cannot change meanwhile: nothing here runs Python code. */
+    Py_ssize_t room = total;
+    int changed = PySequence_Fast_GET_SIZE(items) != n;
+    for (Py_ssize_t i = 0; i < n && !changed; i++) {
         int32_t len = -1;
         if (item[i] != Py_None) {
+            if (!PyBytes_CheckExact(item[i]) || PyBytes_GET_SIZE(item[i]) > room) {
+                changed = 1;
+                break;
+            }
             len = (int32_t)PyBytes_GET_SIZE(item[i]);
             memcpy(d, PyBytes_AS_STRING(item[i]), (size_t)len);
             d += len;
+            room -= len;
+        } else if (!nullable) {
+            changed = 1;
+            break;
         }
         memcpy(l + i * (Py_ssize_t)sizeof(int32_t), &len, sizeof len);
+    }
+    if (changed || room != 0) {
+        Py_DECREF(data);
+        Py_DECREF(lens);
+        Py_RETURN_NONE;
     }
     PyObject *result = PyTuple_Pack(2, data, lens);
     Py_DECREF(data);
