@@ -74,3 +74,58 @@ def test_serve_refuses_half_a_tls_configuration_and_a_bad_credentials_file(tmp_p
     bad = subprocess.run([sys.executable, "-m", "logstore", "serve", str(tmp_path / "s"), "--sasl-credentials",
                           str(tmp_path / "users")], capture_output=True, text=True, timeout=30)
     assert bad.returncode == 1 and "users, line 1: PLAIN needs salt, iterations, hash" in bad.stderr
+
+
+
+
+def test_serve_names_its_advertised_listener_and_node_id(tmp_path):
+    """Metadata names the broker as ``--advertised-listener`` and ``--node-id`` say (read by
+    confluent-kafka from the bootstrap connection; the advertised name need not resolve)."""
+    pytest.importorskip("confluent_kafka")
+    from confluent_kafka.admin import AdminClient
+
+    from logstore import LogStore
+
+    with LogStore(str(tmp_path / "store")) as store:
+        store.create_topic("t", 2)
+    proc = subprocess.Popen([sys.executable, "-m", "logstore", "serve", str(tmp_path / "store"), "--listen",
+                             "127.0.0.1:0", "--advertised-listener", "broker.example:19092", "--node-id", "7"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("serving "), line
+        metadata = AdminClient({"bootstrap.servers": line.split(" on ")[1].strip()}).list_topics(timeout=10)
+        assert metadata.controller_id == 7
+        assert {(b.id, b.host, b.port) for b in metadata.brokers.values()} == {(7, "broker.example", 19092)}
+        assert sorted((p.id, p.leader, p.replicas, p.isrs) for p in metadata.topics["t"].partitions.values()) == \
+            [(0, 7, [7], [7]), (1, 7, [7], [7])]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_serve_stops_cleanly_on_sigint(tmp_path):
+    """SIGINT closes the store as SIGTERM does: the partition a client wrote to is closed with
+    Kafka's clean-shutdown marker (absent while it is open)."""
+    marker = tmp_path / "store" / "cli-0" / ".kafka_cleanshutdown"
+    proc = subprocess.Popen([sys.executable, "-m", "logstore", "serve", str(tmp_path / "store"),
+                             "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("serving "), line
+        producer = kafka.KafkaProducer(bootstrap_servers=line.split(" on ")[1].strip(), request_timeout_ms=10_000)
+        try:
+            assert producer.send("cli", value=b"hello").get(10).offset == 0
+        finally:
+            producer.close()
+        assert (tmp_path / "store" / "cli-0").is_dir() and not marker.exists()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert marker.exists()

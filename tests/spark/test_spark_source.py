@@ -359,6 +359,32 @@ def test_reads_what_kafka_clients_produced_to_a_served_store(spark, tmp_path):
         set(range(300))
 
 
+
+def test_reads_a_store_while_it_is_served(spark, tmp_path):
+    """A served store stays readable by Spark: a read sees what Kafka clients have produced so
+    far, and a later read sees what they produced after it."""
+    kafka = pytest.importorskip("kafka")
+    from logstore.kafkaserver import KafkaServer
+
+    root = str(tmp_path / "served")
+    with KafkaServer(root, ("127.0.0.1", 0)) as server:
+        producer = kafka.KafkaProducer(bootstrap_servers=server.bootstrap_servers)
+        try:
+            for i in range(50):
+                producer.send("live", value=b"first %d" % i)
+            producer.flush(10)
+            first = read(spark, root, subscribe="live").collect()
+            for i in range(20):
+                producer.send("live", value=b"second %d" % i)
+            producer.flush(10)
+            second = read(spark, root, subscribe="live").collect()
+        finally:
+            producer.close()
+    assert sorted((r.offset, r.value) for r in first) == [(i, b"first %d" % i) for i in range(50)]
+    assert sorted((r.offset, r.value) for r in second) == \
+        [(i, b"first %d" % i) for i in range(50)] + [(50 + i, b"second %d" % i) for i in range(20)]
+
+
 def test_a_user_specified_schema_reads_only_its_columns(spark, store):
     """pyspark's Python source API has no column pruning; a schema naming some of the source's
     columns (any order) makes the source build and hand over only those."""
