@@ -393,7 +393,12 @@ class KafkaApis:
                     else:
                         found = log.offset_for_timestamp(ts)
                         if found is not None:
-                            entry["offset"], entry["timestamp"] = found, ts
+                            # Kafka answers with the found record's own timestamp, not the one asked.
+                            try:
+                                record = log.read(found, max_records=1)
+                            except OffsetOutOfRangeError:  # deleted by retention meanwhile
+                                record = []
+                            entry["offset"], entry["timestamp"] = found, record[0].timestamp if record else ts
                 partitions.append(entry)
             topics.append({"name": topic.name, "partitions": partitions})
         return {"throttle_time": 0, "topics": topics}

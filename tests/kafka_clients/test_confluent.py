@@ -1,5 +1,6 @@
 """confluent-kafka (librdkafka) against a served store: idempotent and plain produce with every
-codec, consumption by assignment, offsets for times, admin create/delete."""
+codec and acks 0, 1 and all, consumption by assignment and seek, offsets for times, admin
+create/delete."""
 
 from __future__ import annotations
 
@@ -47,6 +48,59 @@ def test_produce_and_consume_with_every_codec(kafka_server, codec, idempotent):
     assert got[5].headers() == [("n", b"5")]
     log = kafka_server.store.partition("events", 0)
     assert [r.value for r in log.iter()] == [b"event %d" % i for i in range(300)]
+
+
+@pytest.mark.parametrize("acks", [0, 1])
+def test_plain_produce_with_acks_0_and_1(kafka_server, acks):
+    """acks=0 gets no answer (no offsets reported back) but the records still arrive; acks=1
+    reports each record's offset. Keys, headers and CreateTime timestamps are kept either way."""
+    topic = f"acks-{acks}"
+    kafka_server.store.create_topic(topic, 1)
+    p = Producer({"bootstrap.servers": kafka_server.bootstrap_servers, "acks": acks, "enable.idempotence": False,
+                  "linger.ms": 5})
+    delivered = []
+    for i in range(40):
+        p.produce(topic, key=b"k%d" % i, value=b"v%d" % i, headers=[("h", b"%d" % i)], timestamp=1_600_000_000_000 + i,
+                  on_delivery=lambda err, msg: delivered.append((err, msg.offset())))
+    assert p.flush(10) == 0
+    assert [err for err, _ in delivered] == [None] * 40
+    assert [o for _, o in delivered] == ([None] * 40 if acks == 0 else list(range(40)))
+    log = kafka_server.store.partition(topic, 0)
+    assert log.wait_for_append(39, timeout=10)  # acks=0: flush() returns once sent, not once stored
+    assert [(r.offset, r.key, r.value, r.timestamp, list(r.headers)) for r in log.iter()] == \
+        [(i, b"k%d" % i, b"v%d" % i, 1_600_000_000_000 + i, [("h", b"%d" % i)]) for i in range(40)]
+
+
+def test_consume_from_an_assigned_offset_and_after_seek_with_the_produced_timestamps(kafka_server):
+    p = Producer({"bootstrap.servers": kafka_server.bootstrap_servers, "linger.ms": 5})
+    for i in range(30):
+        p.produce("seeked", value=b"%d" % i, timestamp=1_650_000_000_000 + i * 1000)
+    assert p.flush(10) == 0
+    got = consume(kafka_server, "seeked", 5, start=12)
+    assert [(m.offset(), m.value(), m.timestamp()) for m in got] == \
+        [(i, b"%d" % i, (ck.TIMESTAMP_CREATE_TIME, 1_650_000_000_000 + i * 1000)) for i in range(12, 17)]
+    c = Consumer({"bootstrap.servers": kafka_server.bootstrap_servers, "group.id": "unused",
+                  "enable.auto.commit": False})
+    try:
+        c.assign([TopicPartition("seeked", 0, 0)])
+        first = None
+        deadline = time.monotonic() + 15
+        while first is None and time.monotonic() < deadline:
+            first = c.poll(0.5)
+        assert first is not None and first.error() is None and first.offset() == 0
+        c.seek(TopicPartition("seeked", 0, 25))  # back and forth on an assigned partition
+        after = []
+        deadline = time.monotonic() + 15
+        while len(after) < 5 and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None:
+                assert m.error() is None, m.error()
+                after.append(m)
+        assert [(m.offset(), m.timestamp()) for m in after] == \
+            [(i, (ck.TIMESTAMP_CREATE_TIME, 1_650_000_000_000 + i * 1000)) for i in range(25, 30)]
+        assert c.position([TopicPartition("seeked", 0)])[0].offset == 30
+    finally:
+        c.close()
 
 
 def test_unknown_partition_is_refused_and_nothing_is_written(kafka_server):

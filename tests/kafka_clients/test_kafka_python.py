@@ -99,12 +99,72 @@ def test_consume_from_an_offset_and_a_timestamp(kafka_server):
     try:
         tp = TopicPartition("timed", 0)
         found = consumer.offsets_for_times({tp: 1_000_000 + 7_500})
-        assert found[tp].offset == 8
+        assert (found[tp].offset, found[tp].timestamp) == (8, 1_008_000)  # the found record's own timestamp
         assert consumer.beginning_offsets([tp]) == {tp: 0}
         assert consumer.end_offsets([tp]) == {tp: 20}
         assert consumer.offsets_for_times({tp: 10**13})[tp] is None
     finally:
         consumer.close()
+
+
+def stored_batch_headers(log):
+    """(baseOffset, producerId, producerEpoch, baseSequence, recordCount) of each stored batch, read
+    from the raw bytes by Kafka's v2 batch layout (not through the server's own decoder)."""
+    import struct
+
+    raw = log.read_raw(0, 1 << 20)
+    out, position = [], 0
+    while position < len(raw):
+        base_offset, length = struct.unpack_from(">qi", raw, position)
+        assert raw[position + 16] == 2  # magic
+        out.append((base_offset, *struct.unpack_from(">qhii", raw, position + 43)))
+        position += 12 + length
+    assert position == len(raw)
+    return out
+
+
+def test_a_default_producer_guesses_a_recent_broker_and_writes_idempotent_batches(kafka_server):
+    """kafka-python 3.x guesses the broker version from the ApiVersions ranges: at least 2.1 or it
+    would refuse zstd, at least 0.11 or it would quietly turn idempotence (on by default) off."""
+    from kafka.net.compat import KafkaNetClient
+
+    client = KafkaNetClient(bootstrap_servers=kafka_server.bootstrap_servers)
+    try:
+        assert client.check_version(node_id=0) >= (2, 1)
+    finally:
+        client.close()
+    kafka_server.store.create_topic("idem-default", 1)
+    producers = [producer(kafka_server), producer(kafka_server)]
+    try:
+        assert [(p.config["api_version"] >= (2, 1), p.config["enable_idempotence"], p.config["acks"])
+                for p in producers] == [(True, True, -1)] * 2
+        for i in range(3):
+            for n, p in enumerate(producers):  # one batch per send: each waits for its answer
+                assert p.send("idem-default", value=b"p%d-%d" % (n, i)).get(10).offset == 2 * i + n
+    finally:
+        for p in producers:
+            p.close()
+    headers = stored_batch_headers(kafka_server.store.partition("idem-default", 0))
+    assert [h[0] for h in headers] == list(range(6)) and [h[4] for h in headers] == [1] * 6
+    first, second = headers[0][1], headers[1][1]
+    assert first >= 0 and second >= 0 and first != second  # a producer id each, never -1 (not idempotent)
+    assert [h[1:4] for h in headers] == [(pid, 0, seq) for seq in range(3) for pid in (first, second)]
+
+
+def test_the_session_scoped_server_fixture(kafka_server_session):
+    """The shared server: a unique topic keeps this test apart from any other using it."""
+    import uuid
+
+    topic = f"session-{uuid.uuid4().hex}"
+    p = producer(kafka_server_session)
+    try:
+        sent = p.send(topic, key=b"k", value=b"shared", timestamp_ms=1_700_000_000_000).get(10)
+    finally:
+        p.close()
+    assert (sent.topic, sent.partition, sent.offset) == (topic, 0, 0)
+    records = consume(kafka_server_session, topic, count=1)
+    assert [(r.offset, r.key, r.value, r.timestamp) for r in records] == [(0, b"k", b"shared", 1_700_000_000_000)]
+    assert [r.value for r in kafka_server_session.store.partition(topic, 0).iter()] == [b"shared"]
 
 
 def test_admin_creates_lists_and_deletes_topics_with_kafkas_errors(kafka_server):
