@@ -7,10 +7,10 @@ produce with acks=0, which gets no response).
 
 - Produce: each partition's batch is validated whole (CRC, every record, sizes), checked
   against the log's producer state and stored byte for byte (``Log.append_idempotent``); a
-  refused batch writes nothing and gets Kafka's error for its partition (an idempotent
-  producer's old epoch INVALID_PRODUCER_EPOCH, a gap in its sequence
-  OUT_OF_ORDER_SEQUENCE_NUMBER). A retry of one of a producer's last five batches gets the
-  offsets that batch already has.
+  refused batch writes nothing and gets Kafka's error for its partition (a magic v0/v1
+  message set INVALID_RECORD, an idempotent producer's old epoch INVALID_PRODUCER_EPOCH, a gap
+  in its sequence OUT_OF_ORDER_SEQUENCE_NUMBER). A retry of one of a producer's last five
+  batches gets the offsets that batch already has.
 - Fetch: whole batches from the one holding the fetch offset, at least one batch per partition
   even past the byte limits (KIP-74), as file regions that the network layer writes with
   sendfile; a fetch with fewer than ``min_bytes`` waits up to ``max_wait_ms`` in the purgatory
@@ -46,6 +46,7 @@ from .errors import (
     UnknownTopicOrPartitionError,
 )
 from . import kafkaconfigs
+from .config import LogConfig
 from .consumer import offset_store
 from .kafkagroups import GroupConfig, GroupCoordinator
 from .kafkawire import SUPPORTED, KafkaRequest
@@ -68,7 +69,6 @@ TOPIC_ALREADY_EXISTS = 36
 INVALID_PARTITIONS = 37
 INVALID_REPLICATION_FACTOR = 38
 INVALID_CONFIG = 40
-UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
 OUT_OF_ORDER_SEQUENCE_NUMBER = 45
 INVALID_PRODUCER_EPOCH = 47
 ILLEGAL_SASL_STATE = 34
@@ -78,6 +78,13 @@ INVALID_GROUP_ID = 24
 INVALID_REQUEST = 42
 KAFKA_STORAGE_ERROR = 56
 UNKNOWN_SERVER_ERROR = -1
+
+#: Where a batch (or a message set's first message) has its magic byte, and the one stored.
+_MAGIC_OFFSET = 16
+_MAGIC_V2 = 2
+
+#: A fetched partition's offsets when it is answered with an error (Kafka's: unknown).
+_NO_OFFSETS = {"high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None}
 
 #: The file in a store's root that keeps the next block of producer ids.
 PRODUCER_IDS_FILE = ".kafka-producer-ids"
@@ -231,9 +238,7 @@ class KafkaApis:
         for topic in body.topic_data:
             partitions = []
             for data in topic.partition_data:
-                if request.api_version < 3:  # magic v0/v1 message sets: never stored
-                    error, base = UNSUPPORTED_FOR_MESSAGE_FORMAT, -1
-                elif acks not in (0, 1, -1):
+                if acks not in (0, 1, -1):
                     error, base = INVALID_REQUIRED_ACKS, -1
                 else:
                     error, base = self._append(topic.name, data.index, data.records)
@@ -269,6 +274,10 @@ class KafkaApis:
             return UNKNOWN_TOPIC_OR_PARTITION, -1
         if records is None:
             return CORRUPT_MESSAGE, -1
+        if len(records) > _MAGIC_OFFSET and records[_MAGIC_OFFSET] != _MAGIC_V2:
+            # Kafka's ProduceRequest.validateRecords: Produce v3+ carries magic 2 batches only
+            logger.info("refused a produce to %s-%d: a magic %d message set", topic, partition, records[_MAGIC_OFFSET])
+            return INVALID_RECORD, -1
         try:
             first, _, duplicate = log.append_idempotent(records)
         except CorruptRecordError as exc:
@@ -302,15 +311,17 @@ class KafkaApis:
         wanted = [(t.topic, p.partition, p.fetch_offset, p.partition_max_bytes)
                   for t in body.topics for p in t.partitions]
 
+        read_committed = body.isolation_level == 1
+
         def attempt(expired: bool) -> dict[str, Any] | None:
-            answer, size = self._fetch(wanted, body.max_bytes)
+            answer, size = self._fetch(wanted, body.max_bytes, read_committed)
             if expired or size >= body.min_bytes or size < 0:
                 return answer
             _release(answer)
             return None
 
         counter = self.store.notification()  # appends from here on wake the wait below
-        answer, size = self._fetch(wanted, body.max_bytes)
+        answer, size = self._fetch(wanted, body.max_bytes, read_committed)
         if size >= body.min_bytes or size < 0 or max_wait_ms <= 0 or not wanted:
             return answer
         _release(answer)
@@ -322,14 +333,18 @@ class KafkaApis:
         self._appends.watch(counter, keys)
         return waiting
 
-    def _fetch(self, wanted: list[tuple[str, int, int, int]], max_bytes: int) -> tuple[dict[str, Any], int]:
-        """The answer to a fetch now, and the record bytes in it (-1: an error to report now)."""
+    def _fetch(self, wanted: list[tuple[str, int, int, int]], max_bytes: int,
+               read_committed: bool = False) -> tuple[dict[str, Any], int]:
+        """The answer to a fetch now, and the record bytes in it (-1: an error to report now).
+
+        As Kafka's: a partition in error has no offsets (-1); aborted transactions (there are
+        none: no transactions) are an empty list for read_committed, else null."""
         topics: dict[str, list[dict[str, Any]]] = {}
         total = 0
         errors = False
         for topic, partition, offset, partition_max in wanted:
             entry = {"partition_index": partition, "error_code": NONE, "high_watermark": -1,
-                     "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": [],
+                     "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
                      "preferred_read_replica": -1, "records": b""}
             topics.setdefault(topic, []).append(entry)
             try:
@@ -338,12 +353,13 @@ class KafkaApis:
                 entry["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
                 errors = True
                 continue
-            hw = log.high_watermark
-            entry.update(high_watermark=hw, last_stable_offset=hw, log_start_offset=log.log_start_offset)
-            if offset < log.log_start_offset or offset > hw:
+            hw, start = log.high_watermark, log.log_start_offset
+            if offset < start or offset > hw:
                 entry["error_code"] = OFFSET_OUT_OF_RANGE
                 errors = True
                 continue
+            entry.update(high_watermark=hw, last_stable_offset=hw, log_start_offset=start,
+                         aborted_transactions=[] if read_committed else None)
             if offset == hw:
                 continue
             # KIP-74: the first partition with records gets at least one batch whatever the
@@ -354,12 +370,12 @@ class KafkaApis:
             try:
                 data = log.read_region(offset, max(limit, 1))  # written with sendfile
             except OffsetOutOfRangeError:
-                entry["error_code"] = OFFSET_OUT_OF_RANGE
+                entry.update(_NO_OFFSETS, error_code=OFFSET_OUT_OF_RANGE)
                 errors = True
                 continue
             except CorruptRecordError as exc:
                 logger.error("fetch from %s-%d at %d: %s", topic, partition, offset, exc)
-                entry["error_code"] = UNKNOWN_SERVER_ERROR
+                entry.update(_NO_OFFSETS, error_code=UNKNOWN_SERVER_ERROR)
                 errors = True
                 continue
             if data is not None and total and len(data) > limit:
@@ -408,10 +424,13 @@ class KafkaApis:
         body = request.body
         results = []
         for topic in body.topics:
-            error, message = NONE, None
             partitions = topic.num_partitions if topic.num_partitions != -1 else self.num_partitions
             configs = {c.name: c.value for c in topic.configs}
-            if topic.replication_factor not in (-1, 1) or topic.assignments:
+            # Kafka's checks in its order (ReplicationControlManager.createTopics), validate_only too
+            error, message = self._check_new_topic(topic.name, configs)
+            if error != NONE:
+                pass  # the name is taken or illegal, or a config is
+            elif topic.replication_factor not in (-1, 1) or topic.assignments:
                 error, message = INVALID_REPLICATION_FACTOR, "this broker has one replica of each partition"
             elif partitions <= 0:
                 error, message = INVALID_PARTITIONS, f"{partitions} partitions"
@@ -420,9 +439,37 @@ class KafkaApis:
             results.append({"name": topic.name, "error_code": error, "error_message": message})
         return {"throttle_time": 0, "topics": results}
 
-    def _create(self, name: str, partitions: int, configs: dict[str, str | None]) -> tuple[int, str | None]:
+    def _check_new_topic(self, name: str, configs: dict[str, str | None]) -> tuple[int, str | None]:
+        """A legal name not taken, and topic configs by Kafka's names with valid values (a null
+        value is INVALID_CONFIG, as in Kafka)."""
         try:
-            self.store.create_topic(name, partitions, **{k: v for k, v in configs.items() if v is not None})
+            self.store.partitions_for(name)
+            return TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
+        except InvalidTopicError as exc:
+            return INVALID_TOPIC_EXCEPTION, str(exc)
+        except UnknownTopicOrPartitionError:
+            pass
+        if name.startswith("__"):  # as LogStore.create_topic
+            return INVALID_TOPIC_EXCEPTION, f"topic names starting with '__' are reserved for internal topics: {name!r}"
+        nulls = sorted(k for k, v in configs.items() if v is None)
+        unknown = sorted(k for k in configs if k in kafkaconfigs.NOT_TOPIC_CONFIGS)
+        if nulls:
+            return INVALID_CONFIG, f"null value not supported for topic configs: {', '.join(nulls)}"
+        if unknown:
+            return INVALID_CONFIG, f"unknown topic config name: {', '.join(unknown)}"
+        try:
+            LogConfig.from_kafka({**self.store.defaults.to_kafka(), **configs})
+        except (InvalidConfigError, TypeError, ValueError) as exc:
+            return INVALID_CONFIG, str(exc)
+        return NONE, None
+
+    def _create(self, name: str, partitions: int, configs: dict[str, str | None]) -> tuple[int, str | None]:
+        # By Kafka's names, as strings: the store reads a dotted name as Kafka's; the one without
+        # a dot (preallocate) is also a LogConfig field, which takes the typed value.
+        try:
+            typed = LogConfig.from_kafka({k: v for k, v in configs.items() if "." not in k})
+            overrides = {k: v if "." in k else getattr(typed, k) for k, v in configs.items()}
+            self.store.create_topic(name, partitions, **overrides)
         except TopicExistsError:
             return TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
         except InvalidTopicError as exc:

@@ -18,7 +18,7 @@ from .config import LogConfig
 from .errors import InvalidTopicError, UnknownTopicOrPartitionError
 from .store import LogStore
 
-__all__ = ["TOPIC", "BROKER", "describe_topic", "describe_broker"]
+__all__ = ["TOPIC", "BROKER", "NOT_TOPIC_CONFIGS", "describe_topic", "describe_broker"]
 
 #: Kafka's ConfigResource types.
 TOPIC = 2
@@ -63,6 +63,10 @@ _BROKER_NAMES = {
     "max.compaction.lag.ms": "log.cleaner.max.compaction.lag.ms",
 }
 
+#: Settings a store keeps per topic that Kafka has only as broker settings: not among a topic's
+#: configs as Kafka describes them.
+NOT_TOPIC_CONFIGS = frozenset({"log.cleaner.dedupe.buffer.size"})
+
 UNKNOWN_TOPIC_OR_PARTITION = 3
 INVALID_TOPIC_EXCEPTION = 17
 INVALID_REQUEST = 42
@@ -88,7 +92,7 @@ def describe_topic(store: LogStore, topic: str, keys: Sequence[str] | None,
     store_defaults = _kafka_view(store.defaults)
     entries = []
     for name, value in effective.items():
-        if keys is not None and name not in keys:
+        if name in NOT_TOPIC_CONFIGS or (keys is not None and name not in keys):
             continue
         synonyms = []
         if name in described.overrides:

@@ -13,10 +13,10 @@ adds what a server needs around it:
   is left out, a field it needs and the mapping lacks is an error. The bytes are written by
   :mod:`logstore.kafkawriter` (kio's classes give the schema; kio's own writer is the tests'
   oracle).
-- Produce v0-v2, which Kafka 4 dropped from its specs but librdkafka before 2.11.1 needs
-  advertised (it compresses only when Produce's minimum version is 0): the request is read as
-  v3 without its transactional id, and the response written by hand (those versions carry
-  magic v0/v1 message sets, which this server refuses).
+- Produce v0-v2 (magic v0/v1 message sets), which Kafka 4 dropped but still advertises
+  because librdkafka before 2.11.1 compresses only when Produce's minimum version is 0: in the
+  ranges, but a request of one of them is refused as an unsupported version, which closes its
+  connection without an answer, as Kafka 4 does (SocketServer.parseRequestHeader).
 
 Thread-safety: every function may be called from any thread (the caches are filled
 idempotently).
@@ -25,7 +25,7 @@ idempotently).
 from __future__ import annotations
 
 import struct
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from kio.index import KioIndexError, load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
@@ -36,12 +36,12 @@ from .errors import LogstoreError
 from .kafkawriter import write_response
 
 __all__ = ["SUPPORTED", "API_NAMES", "KafkaRequest", "KafkaProtocolError", "UnsupportedVersionError",
-           "parse_request", "response_class", "encode", "encode_produce_v0_2", "ErrorCode"]
+           "parse_request", "response_class", "encode", "ErrorCode"]
 
 #: api key -> (lowest, highest) version served. Non-flexible versions only: every client this
 #: server is tested with speaks them (aiokafka speaks nothing else).
 SUPPORTED: dict[int, tuple[int, int]] = {
-    0: (0, 8),    # Produce (v0-v2 answered with UNSUPPORTED_FOR_MESSAGE_FORMAT)
+    0: (0, 8),    # Produce (v0-v2 advertised, refused: see _REFUSED_PRODUCE)
     1: (4, 11),   # Fetch
     2: (1, 5),    # ListOffsets
     3: (0, 8),    # Metadata
@@ -70,9 +70,9 @@ API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "Offs
              32: "DescribeConfigs", 36: "SaslAuthenticate"}
 
 _HEADER = struct.Struct(">hhi")  # api key, api version, correlation id
-_I32 = struct.Struct(">i")
 _PRODUCE = 0
-_NULL_TRANSACTIONAL_ID = b"\xff\xff"
+#: Produce versions advertised but refused (closing the connection), as Kafka 4 does.
+_REFUSED_PRODUCE = range(0, 3)
 
 
 class KafkaProtocolError(LogstoreError):
@@ -141,14 +141,12 @@ def parse_request(frame: bytes | bytearray | memoryview) -> KafkaRequest:
         raise KafkaProtocolError(f"a request of {len(data)} bytes is shorter than its header")
     api_key, api_version, correlation_id = _HEADER.unpack_from(data, 0)
     served = SUPPORTED.get(api_key)
-    if served is None or not served[0] <= api_version <= served[1]:
+    if served is None or not served[0] <= api_version <= served[1] or (
+            api_key == _PRODUCE and api_version in _REFUSED_PRODUCE):
         raise UnsupportedVersionError(api_key, api_version, correlation_id)
-    legacy_produce = api_key == _PRODUCE and api_version < 3
     try:
-        read_header, read_body = _readers(api_key, 3 if legacy_produce else api_version)
+        read_header, read_body = _readers(api_key, api_version)
         header, offset = read_header(data, 0)
-        if legacy_produce:  # v0-v2: v3 without the transactional id
-            data = bytes(data[:offset]) + _NULL_TRANSACTIONAL_ID + bytes(data[offset:])
         body, size = read_body(data, offset)
     except (KioIndexError, SerialError, ValueError, struct.error) as exc:
         raise KafkaProtocolError(f"{API_NAMES.get(api_key, api_key)} v{api_version}: malformed request: "
@@ -179,25 +177,4 @@ def encode(correlation_id: int, api_key: int, api_version: int, fields: Mapping[
     Raises:
         KeyError: a field the version needs is missing from ``fields``.
     """
-    if api_key == _PRODUCE and api_version < 3:
-        topics = [(t["name"], [(p["index"], p["error_code"]) for p in t["partition_responses"]])
-                  for t in fields["responses"]]
-        return encode_produce_v0_2(correlation_id, api_version, topics)
     return write_response(correlation_id, response_class(api_key, api_version), fields)
-
-
-def encode_produce_v0_2(correlation_id: int, api_version: int,
-                        topics: Sequence[tuple[str, Sequence[tuple[int, int]]]]) -> list[bytes]:
-    """A Produce v0-v2 response: per topic, (partition, error code) pairs, no offsets."""
-    out = [_I32.pack(correlation_id), _I32.pack(len(topics))]
-    for name, partitions in topics:
-        raw = name.encode()
-        out += [struct.pack(">h", len(raw)), raw, _I32.pack(len(partitions))]
-        for partition, error in partitions:
-            out.append(struct.pack(">ihq", partition, error, -1))
-            if api_version >= 2:
-                out.append(struct.pack(">q", -1))  # log_append_time
-    if api_version >= 1:
-        out.append(_I32.pack(0))  # throttle_time_ms
-    body = b"".join(out)
-    return [_I32.pack(len(body)) + body]

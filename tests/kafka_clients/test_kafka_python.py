@@ -293,6 +293,7 @@ def test_describe_configs_with_synonyms(tmp_path):
     assert configs["retention.ms"]["config_source"] == "STATIC_BROKER_CONFIG"  # the store's default
     assert [s["value"] for s in configs["retention.ms"]["synonyms"]] == ["3600000", "604800000"]
     assert configs["compression.zstd.level"]["value"] == "3" and configs["cleanup.policy"]["config_type"] == "LIST"
+    assert "log.cleaner.dedupe.buffer.size" not in configs  # a broker setting in Kafka, not a topic's
 
 
 def test_metrics_by_kafkas_names_and_as_prometheus_text(kafka_server):

@@ -71,6 +71,7 @@ def test_api_versions_v0_lists_the_ranges_librdkafka_needs(server):
     assert ranges[0][0] == 0 and ranges[0][1] >= 3
     assert ranges[1][0] <= 4 <= ranges[1][1]
     assert ranges[2][0] <= 1 <= ranges[2][1]
+    assert ranges[10][0] <= 0 <= ranges[10][1]  # FindCoordinator v0: consumer groups
     assert ranges[22][0] == 0
 
 

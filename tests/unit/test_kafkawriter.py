@@ -26,7 +26,7 @@ _UNSIGNED = {"uint8": 8, "uint16": 16, "uint32": 32, "uint64": 64}
 _CODES = sorted(code.value for code in ErrorCode)
 
 #: (api key, version) of every response the server writes through the writer (Produce v0-v2
-#: are written by hand: kio has no classes for them).
+#: are advertised but refused without an answer: kio has no classes for them).
 CLASSES = [(key, version) for key, (low, high) in sorted(SUPPORTED.items()) for version in range(low, high + 1)
            if not (key == 0 and version < 3)]
 
