@@ -18,6 +18,10 @@ run in turn within each round, and a ratio is the median of the rounds' ratios):
                 fetch.queue.backoff.ms=10 (see main()), by kafka-python and aiokafka (fewer
                 records), and by the library itself, ``Log.iter`` over the same partition
                 directory, in this process (written back and in the page cache for every reader).
+  fetch loop    the server's own delivery rate, without a client library's per-record work:
+                Fetch v4 requests of 10 MB written by hand on one socket, one at a time, each
+                answer read whole and its batch headers walked for the next offset (records
+                not decoded). A client reading slower than this is held up by itself.
   latency       produce-to-consume latency at 10,000 records/s for 5 s (confluent producer with
                 linger.ms=5 and a confluent consumer long-polling, one poll() per record): p50
                 and p99.
@@ -29,7 +33,9 @@ import argparse
 import asyncio
 import os
 import shutil
+import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -137,6 +143,51 @@ def iter_library(root: str, n: int, topic: str = "bench") -> float:
     return got / elapsed
 
 
+def fetch_loop(bootstrap: str, n: int, topic: str = "bench") -> float:
+    """Records/s of back-to-back Fetch v4 requests (10 MB each) on a raw socket."""
+    host, port = bootstrap.rsplit(":", 1)
+    name = topic.encode()
+
+    def request(correlation: int, offset: int) -> bytes:
+        body = (struct.pack(">iiiib", -1, 500, 1, 50 << 20, 0) + struct.pack(">ih", 1, len(name)) + name
+                + struct.pack(">iiqi", 1, 0, offset, 10 << 20))
+        frame = struct.pack(">hhih", 1, 4, correlation, 5) + b"bench" + body
+        return struct.pack(">i", len(frame)) + frame
+
+    def read(sock: socket.socket, size: int) -> bytearray:
+        buf, got = bytearray(size), 0
+        view = memoryview(buf)
+        while got < size:
+            k = sock.recv_into(view[got:])
+            if not k:
+                raise ConnectionError("closed by the server")
+            got += k
+        return buf
+
+    offset, correlation = 0, 0
+    with socket.create_connection((host, int(port))) as sock:
+        started = time.perf_counter()
+        while offset < n:
+            sock.sendall(request(correlation, offset))
+            correlation += 1
+            answer = read(sock, struct.unpack(">i", read(sock, 4))[0])
+            # correlation, throttle, topic count, topic name, partition count, then the partition
+            at = 14 + struct.unpack_from(">h", answer, 12)[0] + 4
+            error, aborted = struct.unpack_from(">h", answer, at + 4)[0], struct.unpack_from(">i", answer, at + 22)[0]
+            assert error == 0, f"fetch at {offset}: error {error}"
+            at += 26 + max(aborted, 0) * 16
+            size = struct.unpack_from(">i", answer, at)[0]
+            records, at = answer[at + 4:at + 4 + size], 0
+            while at + 61 <= len(records):  # batch: base offset, length, ..., record count at 57
+                base, length = struct.unpack_from(">qi", records, at)
+                if at + 12 + length > len(records):
+                    break  # a partial batch at the end of the limit
+                offset = base + struct.unpack_from(">i", records, at + 57)[0]
+                at += 12 + length
+        elapsed = time.perf_counter() - started
+    return n / elapsed
+
+
 def latency(bootstrap: str, rate: int = 10_000, seconds: float = 5.0) -> tuple[float, float]:
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "lat", "enable.auto.commit": False,
                   "fetch.wait.max.ms": 500, "fetch.min.bytes": 1})
@@ -237,7 +288,8 @@ def main() -> None:
         # the queue: with its defaults a consumer faster than 100,000 records/s idles for most of
         # every second, against any broker. A short backoff is the client's knob for throughput.
         read = rounds(repeat, library=lambda: iter_library(root, n), confluent=lambda: consume_confluent(bootstrap, n),
-                      tuned=lambda: consume_confluent(bootstrap, n, **{"fetch.queue.backoff.ms": 10}))
+                      tuned=lambda: consume_confluent(bootstrap, n, **{"fetch.queue.backoff.ms": 10}),
+                      raw=lambda: fetch_loop(bootstrap, n))
         kafka_python = median(lambda: consume_kafka_python(bootstrap, small), repeat)
         aiokafka = median(lambda: consume_aiokafka(bootstrap, small), repeat)
         p50, p99 = latency(bootstrap)
@@ -251,6 +303,9 @@ def main() -> None:
     rows.append(("  confluent-kafka / Log.iter", ratio(read["confluent"], library), "x"))
     rows.append(("consume: confluent-kafka, fetch.queue.backoff.ms=10", statistics.median(read["tuned"]), "records/s"))
     rows.append(("  confluent-kafka (fetch.queue.backoff.ms=10) / Log.iter", ratio(read["tuned"], library), "x"))
+    rows.append(("fetch loop on a raw socket (the server's delivery rate)", statistics.median(read["raw"]),
+                 "records/s"))
+    rows.append(("  fetch loop / Log.iter", ratio(read["raw"], library), "x"))
     rows.append(("consume: kafka-python <- logstore serve", kafka_python, "records/s"))
     rows.append(("consume: aiokafka <- logstore serve", aiokafka, "records/s"))
     rows.append(("produce-to-consume latency at 10k records/s, p50", p50, "ms"))
