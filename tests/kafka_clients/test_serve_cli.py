@@ -1,7 +1,9 @@
-"""``logstore serve``: prints the bound address once it accepts, serves, stops cleanly on SIGTERM."""
+"""``logstore serve``: prints the bound address once it accepts, serves, stops cleanly on SIGTERM
+or SIGINT; its listener and TLS/SASL flags."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -76,6 +78,22 @@ def test_serve_refuses_half_a_tls_configuration_and_a_bad_credentials_file(tmp_p
     assert bad.returncode == 1 and "users, line 1: PLAIN needs salt, iterations, hash" in bad.stderr
 
 
+@contextlib.contextmanager
+def served(root, *args, stop=signal.SIGTERM):
+    """``logstore serve ROOT --listen 127.0.0.1:0 ARGS`` in a process: yields its bootstrap
+    address once it prints it; on leaving, sends ``stop`` and checks a clean exit."""
+    proc = subprocess.Popen([sys.executable, "-m", "logstore", "serve", str(root), "--listen", "127.0.0.1:0", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("serving "), (line, proc.stderr.read() if proc.poll() is not None else "")
+        yield line.split(" on ")[1].strip()
+        proc.send_signal(stop)
+        assert proc.wait(15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_serve_names_its_advertised_listener_and_node_id(tmp_path):
@@ -88,44 +106,23 @@ def test_serve_names_its_advertised_listener_and_node_id(tmp_path):
 
     with LogStore(str(tmp_path / "store")) as store:
         store.create_topic("t", 2)
-    proc = subprocess.Popen([sys.executable, "-m", "logstore", "serve", str(tmp_path / "store"), "--listen",
-                             "127.0.0.1:0", "--advertised-listener", "broker.example:19092", "--node-id", "7"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("serving "), line
-        metadata = AdminClient({"bootstrap.servers": line.split(" on ")[1].strip()}).list_topics(timeout=10)
-        assert metadata.controller_id == 7
-        assert {(b.id, b.host, b.port) for b in metadata.brokers.values()} == {(7, "broker.example", 19092)}
-        assert sorted((p.id, p.leader, p.replicas, p.isrs) for p in metadata.topics["t"].partitions.values()) == \
-            [(0, 7, [7], [7]), (1, 7, [7], [7])]
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(15) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    with served(tmp_path / "store", "--advertised-listener", "broker.example:19092", "--node-id", "7") as bootstrap:
+        metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10)
+    assert metadata.controller_id == 7
+    assert {(b.id, b.host, b.port) for b in metadata.brokers.values()} == {(7, "broker.example", 19092)}
+    assert sorted((p.id, p.leader, p.replicas, p.isrs) for p in metadata.topics["t"].partitions.values()) == \
+        [(0, 7, [7], [7]), (1, 7, [7], [7])]
 
 
 def test_serve_stops_cleanly_on_sigint(tmp_path):
     """SIGINT closes the store as SIGTERM does: the partition a client wrote to is closed with
     Kafka's clean-shutdown marker (absent while it is open)."""
     marker = tmp_path / "store" / "cli-0" / ".kafka_cleanshutdown"
-    proc = subprocess.Popen([sys.executable, "-m", "logstore", "serve", str(tmp_path / "store"),
-                             "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("serving "), line
-        producer = kafka.KafkaProducer(bootstrap_servers=line.split(" on ")[1].strip(), request_timeout_ms=10_000)
+    with served(tmp_path / "store", stop=signal.SIGINT) as bootstrap:
+        producer = kafka.KafkaProducer(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
         try:
             assert producer.send("cli", value=b"hello").get(10).offset == 0
         finally:
             producer.close()
         assert (tmp_path / "store" / "cli-0").is_dir() and not marker.exists()
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(15) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert marker.exists()
