@@ -86,6 +86,8 @@ UNKNOWN_SERVER_ERROR = -1
 #: Where a batch (or a message set's first message) has its magic byte, and the one stored.
 _MAGIC_OFFSET = 16
 _MAGIC_V2 = 2
+#: Where a batch header holds its length (of the bytes after it).
+_BATCH_LENGTH_OFFSET, _BATCH_LENGTH_END = 8, 12
 
 #: A fetched partition's offsets when it is answered with an error (Kafka's: unknown).
 _NO_OFFSETS = {"high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None}
@@ -163,6 +165,26 @@ def _above_known_producers(root: str) -> int:
             continue
         highest = max([highest, *table])
     return highest + 1
+
+
+#: A refused append's error as Kafka names it (the most specific class in an error's MRO wins).
+_PRODUCE_ERRORS = {CorruptRecordError: CORRUPT_MESSAGE, RecordTooLargeError: MESSAGE_TOO_LARGE,
+                   OutOfOrderSequenceError: OUT_OF_ORDER_SEQUENCE_NUMBER,
+                   InvalidProducerEpochError: INVALID_PRODUCER_EPOCH, InvalidRecordError: INVALID_RECORD}
+
+
+def _one_v2_batch(records: bytes | memoryview) -> str | None:
+    """Why a Produce (v3+) partition's records are not one magic 2 batch, or None. Only the
+    framing is looked at here: the batch itself is validated whole by the append."""
+    if len(records) == 0:
+        return "no record batch: Produce v3 and later carry exactly one per partition"
+    if len(records) > _MAGIC_OFFSET and records[_MAGIC_OFFSET] != _MAGIC_V2:
+        return f"a magic {records[_MAGIC_OFFSET]} message set: Produce v3 and later carry magic 2 batches only"
+    if len(records) >= _BATCH_LENGTH_END:
+        size = _BATCH_LENGTH_END + int.from_bytes(records[_BATCH_LENGTH_OFFSET:_BATCH_LENGTH_END], "big", signed=True)
+        if _BATCH_LENGTH_END < size < len(records):
+            return f"{len(records) - size} bytes after the first batch: Produce v3 and later carry exactly one"
+    return None
 
 
 class KafkaApis:
@@ -284,12 +306,14 @@ class KafkaApis:
             partitions = []
             for data in topic.partition_data:
                 if acks not in (0, 1, -1):
-                    error, base = INVALID_REQUIRED_ACKS, -1
+                    error, base, message = INVALID_REQUIRED_ACKS, -1, f"acks must be 0, 1 or -1, not {acks}"
                 else:
-                    error, base = self._append(topic.name, data.index, data.records)
+                    error, base, message = self._append(topic.name, data.index, data.records)
+                # As Kafka: a refused partition's log start offset is unknown (-1).
+                start = self._log_start(topic.name, data.index) if error == NONE else -1
                 partitions.append({"index": data.index, "error_code": error, "base_offset": base,
-                                   "log_append_time": None, "log_start_offset": self._log_start(topic.name, data.index),
-                                   "record_errors": [], "error_message": None})
+                                   "log_append_time": None, "log_start_offset": start,
+                                   "record_errors": [], "error_message": message})
             answers.append({"name": topic.name, "partition_responses": partitions})
         if acks == -1 and self.fsync_acks_all:
             self._fsync(answers)
@@ -310,38 +334,30 @@ class KafkaApis:
                     logger.error("fsync of %s-%d failed: %s", topic["name"], part["index"], exc)
                     part["error_code"], part["error_message"] = KAFKA_STORAGE_ERROR, f"fsync failed: {exc}"
 
-    def _append(self, topic: str, partition: int, records: bytes | None) -> tuple[int, int]:
-        """Validate and append one partition's batch; (error code, base offset). A retry of a
-        batch already in the log gets that batch's base offset (Kafka answers a duplicate so)."""
+    def _append(self, topic: str, partition: int, records: bytes | None) -> tuple[int, int, str | None]:
+        """Validate and append one partition's batch: (error code, base offset, error message).
+        A retry of a batch already in the log gets that batch's base offset (Kafka answers a
+        duplicate so). As Kafka's ProduceRequest.validateRecords: exactly one magic 2 batch."""
         try:
             log = self.store.partition(topic, partition)
         except (UnknownTopicOrPartitionError, InvalidTopicError):
-            return UNKNOWN_TOPIC_OR_PARTITION, -1
+            return UNKNOWN_TOPIC_OR_PARTITION, -1, f"{topic}-{partition} does not exist"
         if records is None:
-            return CORRUPT_MESSAGE, -1
-        if len(records) > _MAGIC_OFFSET and records[_MAGIC_OFFSET] != _MAGIC_V2:
-            # Kafka's ProduceRequest.validateRecords: Produce v3+ carries magic 2 batches only
-            logger.info("refused a produce to %s-%d: a magic %d message set", topic, partition, records[_MAGIC_OFFSET])
-            return INVALID_RECORD, -1
+            return CORRUPT_MESSAGE, -1, "null records"
+        refused = _one_v2_batch(records)
+        if refused is not None:
+            logger.info("refused a produce to %s-%d: %s", topic, partition, refused)
+            return INVALID_RECORD, -1, refused
         try:
             first, _, duplicate = log.append_idempotent(records)
-        except CorruptRecordError as exc:
+        except (CorruptRecordError, RecordTooLargeError, OutOfOrderSequenceError, InvalidProducerEpochError,
+                InvalidRecordError) as exc:  # InvalidRecordError: e.g. a keyless record in a compacted topic
             logger.info("refused a produce to %s-%d: %s", topic, partition, exc)
-            return CORRUPT_MESSAGE, -1
-        except RecordTooLargeError:
-            return MESSAGE_TOO_LARGE, -1
-        except OutOfOrderSequenceError as exc:
-            logger.info("refused a produce to %s-%d: %s", topic, partition, exc)
-            return OUT_OF_ORDER_SEQUENCE_NUMBER, -1
-        except InvalidProducerEpochError as exc:
-            logger.info("refused a produce to %s-%d: %s", topic, partition, exc)
-            return INVALID_PRODUCER_EPOCH, -1
-        except InvalidRecordError as exc:  # e.g. a record without a key in a compacted topic
-            logger.info("refused a produce to %s-%d: %s", topic, partition, exc)
-            return INVALID_RECORD, -1
+            code = next(_PRODUCE_ERRORS[c] for c in type(exc).__mro__ if c in _PRODUCE_ERRORS)
+            return code, -1, str(exc)
         if not duplicate:
             self.purgatory.check((topic, partition))
-        return NONE, first
+        return NONE, first, None
 
     def _log_start(self, topic: str, partition: int) -> int:
         try:

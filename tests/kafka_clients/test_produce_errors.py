@@ -111,3 +111,29 @@ def test_a_stuck_partition_holds_up_no_other(server):
         assert [r.value for r in server.store.partition("plain", 1).iter(start=before)] == [b"on time"]
     first.join(10)
     assert answers == {("plain", 0): NONE}
+
+
+def produce_answers(server, topics, version=8):
+    """As produce(), but each partition's whole answer: (error, base offset, log start, message)."""
+    request = ProduceRequest[version](None, -1, 10_000, [(t, list(parts.items())) for t, parts in topics.items()])
+    request.with_header(1, "errors-test")
+    with socket.create_connection(server.address, timeout=10) as s:
+        s.sendall(request.encode(header=True, framed=True))
+        size = struct.unpack(">i", s.recv(4, socket.MSG_WAITALL))[0]
+        payload = s.recv(size, socket.MSG_WAITALL)
+    answer = ProduceResponse[version].decode(payload, header=True)
+    return {(t, p[0]): (p[1], p[2], p[4], p[6]) for t, parts in answer.topics for p in parts}
+
+
+def test_no_batch_or_two_batches_in_a_partition_are_invalid_record_with_a_message(server):
+    """Kafka's ProduceRequest.validateRecords: exactly one batch per partition (v3+); a refused
+    partition's base offset and log start offset are -1, and v8 says why."""
+    before = end(server, "plain", 0)
+    two = batch([(None, b"one")]) + batch([(None, b"two")])
+    answers = produce_answers(server, {"plain": {0: two, 1: b""}})
+    (error0, base0, start0, message0), (error1, base1, start1, message1) = answers["plain", 0], answers["plain", 1]
+    assert (error0, base0, start0) == (INVALID_RECORD, -1, -1) and "exactly one" in message0
+    assert (error1, base1, start1) == (INVALID_RECORD, -1, -1) and "no record batch" in message1
+    assert end(server, "plain", 0) == before
+    good = produce_answers(server, {"plain": {0: batch([(None, b"alone")])}})
+    assert good["plain", 0] == (NONE, before, 0, None)
