@@ -26,12 +26,10 @@ producer state is the log's, checked and changed under the log's lock.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from concurrent.futures import Future
 from typing import Any, Callable, Mapping
 
-from . import _fileio
 from ._fileio import FileRegion
 from .errors import (
     CorruptRecordError,
@@ -48,9 +46,7 @@ from .errors import (
 )
 from . import kafkaconfigs
 from .config import LogConfig
-from .logproducers import snapshot_offsets
-from .producerstate import CorruptSnapshotError, ProducerStateTable
-from .segmentnames import SNAPSHOT_SUFFIX, segment_name
+from .kafkaproducerids import ProducerIds
 from .consumer import offset_store
 from .kafkagroups import GroupConfig, GroupCoordinator
 from .kafkawire import SUPPORTED, KafkaRequest
@@ -91,81 +87,6 @@ _BATCH_LENGTH_OFFSET, _BATCH_LENGTH_END = 8, 12
 
 #: A fetched partition's offsets when it is answered with an error (Kafka's: unknown).
 _NO_OFFSETS = {"high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None}
-
-#: The file in a store's root that keeps the next block of producer ids.
-PRODUCER_IDS_FILE = ".kafka-producer-ids"
-#: Held (flock) while a process takes a block, so that servers sharing a store never take the same.
-PRODUCER_IDS_LOCK = ".lock-kafka-producer-ids"
-_ID_BLOCK = 1000
-
-
-class ProducerIds:
-    """Producer ids that never repeat across restarts: handed out from blocks of
-    ``_ID_BLOCK`` whose end is made durable (``PRODUCER_IDS_FILE``, written atomically) before
-    the first id of the block is given (Kafka's ProducerIdManager). Thread-safe, and
-    process-safe: a block is taken under an advisory lock (``PRODUCER_IDS_LOCK``), so servers
-    sharing a store never hand out the same id.
-
-    A store's first block starts above every producer id named by the newest producer state
-    snapshot of each partition: a Kafka log directory adopted with its producers' state must
-    not see their ids handed to new producers (whose sequence numbers would then be out of
-    order for the old state)."""
-
-    def __init__(self, root: str) -> None:
-        self._root = root
-        self._path = f"{root}/{PRODUCER_IDS_FILE}"
-        self._lock = threading.Lock()
-        self._next = 0
-        self._end = 0  # exclusive end of the block taken
-
-    def next_id(self) -> int:
-        """A new producer id (durable: a restart never gives it again)."""
-        with self._lock:
-            if self._next >= self._end:
-                self._next, self._end = self._take_block()
-            pid = self._next
-            self._next += 1
-            return pid
-
-    def _take_block(self) -> tuple[int, int]:
-        ops = _fileio.ops
-        fd = ops.open(f"{self._root}/{PRODUCER_IDS_LOCK}", os.O_RDWR | os.O_CREAT)
-        try:
-            ops.lock(fd, blocking=True)
-            if ops.exists(self._path):
-                text = ops.read_file(self._path).decode("ascii", "replace").strip()
-                if not text.isdigit():
-                    raise LogstoreError(f"{self._path}: not a producer id block ({text[:40]!r})")
-                start = int(text)
-            else:
-                start = _above_known_producers(self._root)
-            ops.write_file_atomic(self._path, f"{start + _ID_BLOCK}\n".encode())
-        finally:
-            ops.close(fd)  # closing the descriptor releases the flock
-        return start, start + _ID_BLOCK
-
-
-def _above_known_producers(root: str) -> int:
-    """The first producer id above those the newest snapshot of each partition directory under
-    ``root`` names (0 when there are none); an unreadable snapshot is skipped with a warning."""
-    ops = _fileio.ops
-    highest = -1
-    for name in ops.listdir(root):
-        directory = os.path.join(root, name)
-        if name.startswith(".") or not os.path.isdir(directory):
-            continue
-        offsets = snapshot_offsets(directory)
-        if not offsets:
-            continue
-        path = os.path.join(directory, segment_name(offsets[-1]) + SNAPSHOT_SUFFIX)
-        try:
-            table = ProducerStateTable.from_snapshot(ops.read_file(path), path)
-        except (OSError, CorruptSnapshotError) as exc:
-            logger.warning("producer ids: skipped %s: %s", path, exc)
-            continue
-        highest = max([highest, *table])
-    return highest + 1
-
 
 #: A refused append's error as Kafka names it (the most specific class in an error's MRO wins).
 _PRODUCE_ERRORS = {CorruptRecordError: CORRUPT_MESSAGE, RecordTooLargeError: MESSAGE_TOO_LARGE,

@@ -1,4 +1,4 @@
-"""kafkaapis.ProducerIds: InitProducerId's ids never repeat across restarts, across processes
+"""kafkaproducerids.ProducerIds: InitProducerId's ids never repeat across restarts, across processes
 sharing a store, or with the producers of an adopted Kafka log directory."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 import pytest
 
 from logstore.errors import LogstoreError
-from logstore.kafkaapis import PRODUCER_IDS_FILE, ProducerIds
+from logstore.kafkaproducerids import PRODUCER_IDS_FILE, ProducerIds
 from logstore.producerstate import ProducerStateTable
 
 
