@@ -396,6 +396,10 @@ class KafkaApis:
                                 record = log.read(found, max_records=1)
                             except OffsetOutOfRangeError:  # deleted by retention meanwhile
                                 record = []
+                            except CorruptRecordError as exc:  # a fetch from there reports it
+                                logger.error("list offsets of %s-%d at %d: %s", topic.name, p.partition_index,
+                                             found, exc)
+                                record = []
                             entry["offset"], entry["timestamp"] = found, record[0].timestamp if record else ts
                 partitions.append(entry)
             topics.append({"name": topic.name, "partitions": partitions})

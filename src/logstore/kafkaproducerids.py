@@ -83,10 +83,13 @@ def _above_known_producers(root: str) -> int:
     ops = _fileio.ops
     highest = -1
     for name in ops.listdir(root):
-        directory = os.path.join(root, name)
-        if name.startswith(".") or not os.path.isdir(directory):
+        if name.startswith("."):
             continue
-        offsets = snapshot_offsets(directory)
+        directory = os.path.join(root, name)
+        try:
+            offsets = snapshot_offsets(directory)
+        except NotADirectoryError:  # a file of the store's root (a checkpoint, meta.properties)
+            continue
         if not offsets:
             continue
         path = os.path.join(directory, segment_name(offsets[-1]) + SNAPSHOT_SUFFIX)
