@@ -36,8 +36,10 @@ def batch(records, codec=0):
     return bytes(builder.build())
 
 
-def produce(server, topics, version=8):
-    """Send one Produce request ({topic: {partition: batch}}); {(topic, partition): error}."""
+def produce_answers(server, topics, version=8):
+    """Send one Produce request ({topic: {partition: batch}}); each partition's answer as
+    {(topic, partition): (error, base offset, log start offset, error message)}, None for a field
+    the version does not have (log start from v5, message from v8)."""
     request = ProduceRequest[version](None, -1, 10_000, [(t, list(parts.items())) for t, parts in topics.items()])
     request.with_header(1, "errors-test")
     with socket.create_connection(server.address, timeout=10) as s:
@@ -47,7 +49,13 @@ def produce(server, topics, version=8):
         while len(payload) < size:
             payload += s.recv(size - len(payload))
     answer = ProduceResponse[version].decode(payload, header=True)
-    return {(t, p[0]): p[1] for t, parts in answer.topics for p in parts}
+    return {(t, p[0]): (p[1], p[2], p[4] if len(p) > 4 else None, p[6] if len(p) > 6 else None)
+            for t, parts in answer.topics for p in parts}
+
+
+def produce(server, topics, version=8):
+    """Send one Produce request ({topic: {partition: batch}}); {(topic, partition): error}."""
+    return {key: answer[0] for key, answer in produce_answers(server, topics, version).items()}
 
 
 def end(server, topic, partition=0):
@@ -111,18 +119,6 @@ def test_a_stuck_partition_holds_up_no_other(server):
         assert [r.value for r in server.store.partition("plain", 1).iter(start=before)] == [b"on time"]
     first.join(10)
     assert answers == {("plain", 0): NONE}
-
-
-def produce_answers(server, topics, version=8):
-    """As produce(), but each partition's whole answer: (error, base offset, log start, message)."""
-    request = ProduceRequest[version](None, -1, 10_000, [(t, list(parts.items())) for t, parts in topics.items()])
-    request.with_header(1, "errors-test")
-    with socket.create_connection(server.address, timeout=10) as s:
-        s.sendall(request.encode(header=True, framed=True))
-        size = struct.unpack(">i", s.recv(4, socket.MSG_WAITALL))[0]
-        payload = s.recv(size, socket.MSG_WAITALL)
-    answer = ProduceResponse[version].decode(payload, header=True)
-    return {(t, p[0]): (p[1], p[2], p[4], p[6]) for t, parts in answer.topics for p in parts}
 
 
 def test_no_batch_or_two_batches_in_a_partition_are_invalid_record_with_a_message(server):
