@@ -26,7 +26,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from weakref import WeakKeyDictionary
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import xxhash
 
@@ -203,8 +203,11 @@ class LogCompaction:
             log._check_open()
             with log._io_guard():
                 first_dirty = self.first_dirty_offset()
+                table = log._producers.current(log._log_start_offset, log._appender.next_offset)
+                last_batches = {e.producer_id: e.last_batch.last_offset for e in table.entries()
+                                if e.last_batch is not None}
                 report = compact_segments(log._segments, log.config, log._decoder, log._builder, first_dirty, now,
-                                          started)
+                                          started, last_batches)
                 if report.cleaned_up_to > first_dirty:
                     self.checkpoints.update({log._key: report.cleaned_up_to})
             self.runs += 1
@@ -366,7 +369,8 @@ def _horizon_batches(segment: LogSegment) -> list[tuple[int, int]]:
 
 
 def compact_segments(segments: LogSegments, config: Any, decoder: RecordDecoder, builder: BatchBuilder,
-                     first_dirty: int, now: int, started: float) -> CleanerReport:
+                     first_dirty: int, now: int, started: float,
+                     last_batches: Mapping[int, int] | None = None) -> CleanerReport:
     """One compaction pass over the sealed segments of ``segments`` from ``first_dirty`` on.
 
     The dirty section ends at the active segment, or earlier at the first segment holding
@@ -375,7 +379,8 @@ def compact_segments(segments: LogSegments, config: Any, decoder: RecordDecoder,
     neighbours while their total stays under segment_bytes, and swapped in (:func:`swap_in`).
     With nothing dirty, the segments of the clean section holding tombstones whose delete
     horizon passed are rewritten without them. The report's ``cleaned_up_to`` is the new first
-    dirty offset; the caller checkpoints it.
+    dirty offset; the caller checkpoints it. ``last_batches`` (producer id -> last offset of its
+    last batch) names the batches kept even when emptied (see :func:`clean_batches`).
     """
     sealed = segments.sealed()
     nothing = CleanerReport(first_dirty_offset=first_dirty, cleaned_up_to=first_dirty)
@@ -417,7 +422,8 @@ def compact_segments(segments: LogSegments, config: Any, decoder: RecordDecoder,
     read = written = kept = dropped = tombstones = 0
     for group in groups:
         data = bytearray()
-        r, k, d, t = clean_batches(group, decoder, builder, offset_map, end, now, config.delete_retention_ms, data)
+        r, k, d, t = clean_batches(group, decoder, builder, offset_map, end, now, config.delete_retention_ms, data,
+                                   last_batches)
         read, kept, dropped, tombstones = read + r, kept + k, dropped + d, tombstones + t
         written += len(data)
         swap_in(segments, group, data)
@@ -492,14 +498,18 @@ def _keep(offset: int, offset_map_offset: int, end: int) -> bool:
 
 def clean_batches(segments: Sequence[LogSegment], decoder: RecordDecoder, builder: BatchBuilder,
                   offset_map: OffsetMap, end: int, now_ms: int, delete_retention_ms: int,
-                  out: bytearray) -> tuple[int, int, int, int]:
+                  out: bytearray, last_batches: Mapping[int, int] | None = None) -> tuple[int, int, int, int]:
     """Append to ``out`` the surviving batches of ``segments`` (oldest first).
 
     Survivors keep their offsets, timestamps, codec and producer fields. A tombstone survives
     until the delete horizon of its batch has passed; a batch holding tombstones gets a horizon
     (now + delete_retention_ms, attribute bit 6 with the horizon as base timestamp) the first
     time it is cleaned. A batch emptied entirely is dropped, except the group's last batch,
-    which is kept as an empty batch so that the group still ends at the same offset.
+    which is kept as an empty batch so that the group still ends at the same offset, and an
+    idempotent producer's last batch (its producer id maps to the batch's last offset in
+    ``last_batches``), kept as Kafka's cleaner keeps it: the producer's state can still be
+    rebuilt from the log (its epoch and last sequence), so that a retry of that batch is known
+    as a duplicate even without a producer state snapshot.
 
     Returns (bytes read, records kept, records dropped, tombstones dropped).
     """
@@ -534,7 +544,9 @@ def clean_batches(segments: Sequence[LogSegment], decoder: RecordDecoder, builde
         if n_keep == len(keep) and (horizon_set or not has_tombstone):
             out += buf[position : position + header.size]  # unchanged: copy the bytes as they are
             continue
-        if n_keep == 0 and not last_in_group:
+        producers_last = last_batches is not None and header.producer_id >= 0 and \
+            last_batches.get(header.producer_id) == header.base_offset + header.last_offset_delta
+        if n_keep == 0 and not last_in_group and not producers_last:
             continue
         survivors = []
         if n_keep:

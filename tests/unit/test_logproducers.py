@@ -342,3 +342,51 @@ def test_a_shared_log_checks_against_what_other_processes_appended(path):
         b.close()
     with Log.open(path, **SMALL) as log:
         assert log.append_idempotent(p.sent[-3]).duplicate
+
+
+# ---------------------------------------------------------------------- compaction
+@pytest.mark.parametrize("retain", [True, False])
+def test_compaction_keeps_a_producers_last_batch_so_its_state_survives_without_snapshots(path, retain, monkeypatch):
+    """As Kafka's cleaner: an idempotent producer's last batch is kept (as an empty batch when
+    every record in it is superseded), so that the state rebuilt from the log alone still knows
+    its last sequence and a retry of that batch is a duplicate. retain=False shows what is lost
+    without it (the same scenario with the rule switched off)."""
+    from logstore import cleaner
+
+    if not retain:
+        real = cleaner.compact_segments
+        monkeypatch.setattr(cleaner, "compact_segments", lambda *args, **kw: real(*args[:7]))
+    keyed = BatchBuilder()
+    mine = bytes(keyed.build([b"old"], [b"k"], producer_id=7, producer_epoch=0, base_sequence=0))
+    with Log.open(path, cleanup_policy="compact", min_cleanable_dirty_ratio=0.0, **SMALL) as log:
+        first, last, duplicate = log.append_idempotent(mine)
+        assert (first, last, duplicate) == (0, 0, False)
+        for i in range(60):  # key k superseded, then enough other records to seal the segments
+            log.append_batch([b"new %d" % i], [b"k" if i == 0 else b"other %d" % i])
+        log.roll()
+        log.compact()
+        headers = [parse_header(data, at) for data, at in _batches(log)]
+        ours = [h for h in headers if h.producer_id == 7]
+        assert [(h.base_offset, h.records_count, h.base_sequence) for h in ours] == \
+            ([(0, 0, 0)] if retain else [])
+        assert [r.value for r in log.iter()][:1] == [b"new 0"]  # the record itself is gone
+    for offset in snapshot_offsets(path):  # the state must come from the log alone
+        os.unlink(os.path.join(path, f"{offset:020d}.snapshot"))
+    with Log.open(path, cleanup_policy="compact", **SMALL) as log:
+        end = log.log_end_offset
+        assert log.append_idempotent(mine)[2] is retain
+        assert log.log_end_offset == (end if retain else end + 1)
+
+
+def _batches(log):
+    """(segment bytes, position) of every batch in the log, oldest first."""
+    out = []
+    for data, _ in [(s.buffer, s) for s in log._segments.sealed()] + [(log._segments.last.buffer, None)]:
+        at = 0
+        while at + 61 <= len(data):
+            length = struct.unpack_from(">i", data, at + 8)[0]
+            if length <= 0:
+                break
+            out.append((data, at))
+            at += 12 + length
+    return out
