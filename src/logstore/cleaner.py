@@ -20,13 +20,14 @@ and what the last pass did. The :class:`Cleaner` thread picks the dirtiest log t
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
 import time
 from dataclasses import dataclass, replace
 from weakref import WeakKeyDictionary
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import xxhash
 
@@ -203,16 +204,21 @@ class LogCompaction:
             log._check_open()
             with log._io_guard():
                 first_dirty = self.first_dirty_offset()
-                table = log._producers.current(log._log_start_offset, log._appender.next_offset)
-                last_batches = {e.producer_id: e.last_batch.last_offset for e in table.entries()
-                                if e.last_batch is not None}
                 report = compact_segments(log._segments, log.config, log._decoder, log._builder, first_dirty, now,
-                                          started, last_batches)
+                                          started, functools.cache(self._producers_last_batches))
                 if report.cleaned_up_to > first_dirty:
                     self.checkpoints.update({log._key: report.cleaned_up_to})
             self.runs += 1
             self.state = replace(self.state, last_run_ms=now, last_report=report)
             return report
+
+    def _producers_last_batches(self) -> dict[int, int]:
+        """Producer id -> last offset of its last batch, from the log's producer state (loaded
+        on first use, as an idempotent append loads it: asked only when a pass would drop a
+        batch that carries a producer id)."""
+        log = self._log
+        table = log._producers.current(log._log_start_offset, log._appender.next_offset)
+        return {e.producer_id: e.last_batch.last_offset for e in table.entries() if e.last_batch is not None}
 
     def dirty_ratio(self) -> float:
         """Log.dirty_ratio: dirty over all bytes of the sealed segments."""
@@ -370,7 +376,7 @@ def _horizon_batches(segment: LogSegment) -> list[tuple[int, int]]:
 
 def compact_segments(segments: LogSegments, config: Any, decoder: RecordDecoder, builder: BatchBuilder,
                      first_dirty: int, now: int, started: float,
-                     last_batches: Mapping[int, int] | None = None) -> CleanerReport:
+                     last_batches: Callable[[], Mapping[int, int]] | None = None) -> CleanerReport:
     """One compaction pass over the sealed segments of ``segments`` from ``first_dirty`` on.
 
     The dirty section ends at the active segment, or earlier at the first segment holding
@@ -379,7 +385,7 @@ def compact_segments(segments: LogSegments, config: Any, decoder: RecordDecoder,
     neighbours while their total stays under segment_bytes, and swapped in (:func:`swap_in`).
     With nothing dirty, the segments of the clean section holding tombstones whose delete
     horizon passed are rewritten without them. The report's ``cleaned_up_to`` is the new first
-    dirty offset; the caller checkpoints it. ``last_batches`` (producer id -> last offset of its
+    dirty offset; the caller checkpoints it. ``last_batches()`` (producer id -> last offset of its
     last batch) names the batches kept even when emptied (see :func:`clean_batches`).
     """
     sealed = segments.sealed()
@@ -498,7 +504,8 @@ def _keep(offset: int, offset_map_offset: int, end: int) -> bool:
 
 def clean_batches(segments: Sequence[LogSegment], decoder: RecordDecoder, builder: BatchBuilder,
                   offset_map: OffsetMap, end: int, now_ms: int, delete_retention_ms: int,
-                  out: bytearray, last_batches: Mapping[int, int] | None = None) -> tuple[int, int, int, int]:
+                  out: bytearray,
+                  last_batches: Callable[[], Mapping[int, int]] | None = None) -> tuple[int, int, int, int]:
     """Append to ``out`` the surviving batches of ``segments`` (oldest first).
 
     Survivors keep their offsets, timestamps, codec and producer fields. A tombstone survives
@@ -507,9 +514,10 @@ def clean_batches(segments: Sequence[LogSegment], decoder: RecordDecoder, builde
     time it is cleaned. A batch emptied entirely is dropped, except the group's last batch,
     which is kept as an empty batch so that the group still ends at the same offset, and an
     idempotent producer's last batch (its producer id maps to the batch's last offset in
-    ``last_batches``), kept as Kafka's cleaner keeps it: the producer's state can still be
-    rebuilt from the log (its epoch and last sequence), so that a retry of that batch is known
-    as a duplicate even without a producer state snapshot.
+    ``last_batches()``, called only when such a batch would be dropped), kept as Kafka's cleaner
+    keeps it: the producer's state can still be rebuilt from the log (its epoch and last
+    sequence), so that a retry of that batch is known as a duplicate even without a producer
+    state snapshot.
 
     Returns (bytes read, records kept, records dropped, tombstones dropped).
     """
@@ -544,9 +552,9 @@ def clean_batches(segments: Sequence[LogSegment], decoder: RecordDecoder, builde
         if n_keep == len(keep) and (horizon_set or not has_tombstone):
             out += buf[position : position + header.size]  # unchanged: copy the bytes as they are
             continue
-        producers_last = last_batches is not None and header.producer_id >= 0 and \
-            last_batches.get(header.producer_id) == header.base_offset + header.last_offset_delta
-        if n_keep == 0 and not last_in_group and not producers_last:
+        if n_keep == 0 and not last_in_group and not (
+                last_batches is not None and header.producer_id >= 0
+                and last_batches().get(header.producer_id) == header.base_offset + header.last_offset_delta):
             continue
         survivors = []
         if n_keep:

@@ -378,6 +378,19 @@ def test_compaction_keeps_a_producers_last_batch_so_its_state_survives_without_s
         assert log.log_end_offset == (end if retain else end + 1)
 
 
+
+def test_compacting_a_log_without_producer_ids_loads_no_producer_state(path):
+    """The rule above asks for the producer state only when a pass would drop a batch that
+    carries a producer id: a compacted log that never sees one still writes no snapshot."""
+    with Log.open(path, cleanup_policy="compact", min_cleanable_dirty_ratio=0.0, **SMALL) as log:
+        for i in range(80):
+            log.append_batch([b"v %d" % i], [b"k %d" % (i % 5)])
+        log.roll()
+        assert log.compact().records_dropped > 0
+        assert not log._producers.loaded
+        log.append_batch([b"after"], [b"k 0"])
+    assert snapshot_offsets(path) == []
+
 def _batches(log):
     """(segment bytes, position) of every batch in the log, oldest first."""
     out = []
