@@ -45,6 +45,7 @@ from .errors import (
     UnknownTopicOrPartitionError,
 )
 from . import kafkaconfigs
+from ._native import lib
 from .config import LogConfig
 from .kafkaproducerids import ProducerIds
 from .consumer import offset_store
@@ -79,11 +80,6 @@ INVALID_REQUEST = 42
 KAFKA_STORAGE_ERROR = 56
 UNKNOWN_SERVER_ERROR = -1
 
-#: Where a batch (or a message set's first message) has its magic byte, and the one stored.
-_MAGIC_OFFSET = 16
-_MAGIC_V2 = 2
-#: Where a batch header holds its length (of the bytes after it).
-_BATCH_LENGTH_OFFSET, _BATCH_LENGTH_END = 8, 12
 
 #: A fetched partition's offsets when it is answered with an error (Kafka's: unknown).
 _NO_OFFSETS = {"high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None}
@@ -96,14 +92,16 @@ _PRODUCE_ERRORS = {CorruptRecordError: CORRUPT_MESSAGE, RecordTooLargeError: MES
 
 def _one_v2_batch(records: bytes | memoryview) -> str | None:
     """Why a Produce (v3+) partition's records are not one magic 2 batch, or None. Only the
-    framing is looked at here: the batch itself is validated whole by the append."""
+    framing is looked at here (a message set's first message has its magic byte where a batch
+    has it): the batch itself is validated whole by the append."""
     if len(records) == 0:
         return "no record batch: Produce v3 and later carry exactly one per partition"
-    if len(records) > _MAGIC_OFFSET and records[_MAGIC_OFFSET] != _MAGIC_V2:
-        return f"a magic {records[_MAGIC_OFFSET]} message set: Produce v3 and later carry magic 2 batches only"
-    if len(records) >= _BATCH_LENGTH_END:
-        size = _BATCH_LENGTH_END + int.from_bytes(records[_BATCH_LENGTH_OFFSET:_BATCH_LENGTH_END], "big", signed=True)
-        if _BATCH_LENGTH_END < size < len(records):
+    if len(records) > lib.LS_POS_MAGIC and records[lib.LS_POS_MAGIC] != lib.LS_MAGIC:
+        return f"a magic {records[lib.LS_POS_MAGIC]} message set: Produce v3 and later carry magic 2 batches only"
+    if len(records) >= lib.LS_LOG_OVERHEAD:
+        length = int.from_bytes(records[lib.LS_POS_BATCH_LENGTH:lib.LS_LOG_OVERHEAD], "big", signed=True)
+        size = lib.LS_LOG_OVERHEAD + length
+        if lib.LS_LOG_OVERHEAD < size < len(records):
             return f"{len(records) - size} bytes after the first batch: Produce v3 and later carry exactly one"
     return None
 
@@ -414,13 +412,11 @@ class KafkaApis:
             configs = {c.name: c.value for c in topic.configs}
             # Kafka's checks in its order (ReplicationControlManager.createTopics), validate_only too
             error, message = self._check_new_topic(topic.name, configs)
-            if error != NONE:
-                pass  # the name is taken or illegal, or a config is
-            elif topic.replication_factor not in (-1, 1) or topic.assignments:
+            if error == NONE and (topic.replication_factor not in (-1, 1) or topic.assignments):
                 error, message = INVALID_REPLICATION_FACTOR, "this broker has one replica of each partition"
-            elif partitions <= 0:
+            if error == NONE and partitions <= 0:
                 error, message = INVALID_PARTITIONS, f"{partitions} partitions"
-            elif not body.validate_only:
+            if error == NONE and not body.validate_only:
                 error, message = self._create(topic.name, partitions, configs)
             results.append({"name": topic.name, "error_code": error, "error_message": message})
         return {"throttle_time": 0, "topics": results}

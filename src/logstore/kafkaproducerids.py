@@ -16,9 +16,8 @@ import threading
 
 from . import _fileio
 from .errors import LogstoreError
-from .logproducers import snapshot_offsets
+from .logproducers import snapshot_offsets, snapshot_path
 from .producerstate import CorruptSnapshotError, ProducerStateTable
-from .segmentnames import SNAPSHOT_SUFFIX, segment_name
 
 __all__ = ["PRODUCER_IDS_FILE", "PRODUCER_IDS_LOCK", "ProducerIds"]
 
@@ -92,7 +91,7 @@ def _above_known_producers(root: str) -> int:
             continue
         if not offsets:
             continue
-        path = os.path.join(directory, segment_name(offsets[-1]) + SNAPSHOT_SUFFIX)
+        path = snapshot_path(directory, offsets[-1])
         try:
             table = ProducerStateTable.from_snapshot(ops.read_file(path), path)
         except (OSError, CorruptSnapshotError) as exc:

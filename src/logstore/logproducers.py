@@ -56,12 +56,17 @@ from .errors import LogstoreError
 from .producerstate import CorruptSnapshotError, ProducerStateTable, replay
 from .segmentnames import SNAPSHOT_SUFFIX, parse_segment_name, segment_name
 
-__all__ = ["ProducerStateManager", "SNAPSHOTS_KEPT", "snapshot_offsets"]
+__all__ = ["ProducerStateManager", "SNAPSHOTS_KEPT", "snapshot_offsets", "snapshot_path"]
 
 logger = logging.getLogger("logstore.log")
 
 #: How many snapshot files a partition keeps (the newest ones).
 SNAPSHOTS_KEPT = 3
+
+
+def snapshot_path(directory: str, offset: int) -> str:
+    """The path of the producer state snapshot at ``offset`` in a partition directory."""
+    return os.path.join(directory, segment_name(offset) + SNAPSHOT_SUFFIX)
 
 
 def snapshot_offsets(directory: str) -> list[int]:
@@ -97,7 +102,7 @@ class ProducerStateManager:
 
     # ------------------------------------------------------------------ files
     def _file(self, offset: int) -> str:
-        return os.path.join(self.path, segment_name(offset) + SNAPSHOT_SUFFIX)
+        return snapshot_path(self.path, offset)
 
     def _snapshots(self) -> list[int]:
         if self._offsets is None or self._shared:

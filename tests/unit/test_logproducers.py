@@ -12,7 +12,7 @@ import crc32c
 import pytest
 
 from logstore import InvalidProducerEpochError, Log, OutOfOrderSequenceError
-from logstore.logproducers import SNAPSHOTS_KEPT, snapshot_offsets
+from logstore.logproducers import SNAPSHOTS_KEPT, snapshot_offsets, snapshot_path
 from logstore.records import BatchBuilder, parse_header
 
 SMALL = dict(segment_bytes=2048, index_interval_bytes=256, file_delete_delay_ms=0)
@@ -301,7 +301,7 @@ def test_a_kafka_written_snapshot_is_read(path):
             log.append_idempotent(p.next(2))
         end = log.log_end_offset
     for offset in snapshot_offsets(path):
-        os.unlink(os.path.join(path, f"{offset:020d}.snapshot"))
+        os.unlink(snapshot_path(path, offset))
     last = parse_header(p.sent[-1])
     body = struct.pack(">i", 1) + struct.pack(">qhiqiqiq", 4242, 3, 5, end - 1, 1, last.max_timestamp, -1, -1)
     with open(os.path.join(path, f"{end:020d}.snapshot"), "wb") as f:
@@ -371,7 +371,7 @@ def test_compaction_keeps_a_producers_last_batch_so_its_state_survives_without_s
             ([(0, 0, 0)] if retain else [])
         assert [r.value for r in log.iter()][:1] == [b"new 0"]  # the record itself is gone
     for offset in snapshot_offsets(path):  # the state must come from the log alone
-        os.unlink(os.path.join(path, f"{offset:020d}.snapshot"))
+        os.unlink(snapshot_path(path, offset))
     with Log.open(path, cleanup_policy="compact", **SMALL) as log:
         end = log.log_end_offset
         assert log.append_idempotent(mine)[2] is retain
