@@ -63,8 +63,8 @@ sanitize: asan
 
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := batch segment index varint columns
-# The C core's sources (pyrecords.c is the CPython extension beside it: it needs Python.h).
-CORE_SOURCES := $(filter-out src/logstore/_native/pyrecords.c,$(wildcard src/logstore/_native/*.c))
+# The C core's sources (py*.c are the CPython extension beside it: they need Python.h).
+CORE_SOURCES := $(filter-out src/logstore/_native/py%.c,$(wildcard src/logstore/_native/*.c))
 fuzz:
 	@command -v clang >/dev/null || { echo "make fuzz needs clang with libFuzzer: apt-get install clang"; exit 2; }
 	mkdir -p build/fuzz

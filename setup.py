@@ -3,7 +3,7 @@ pyproject.toml.
 
 Two native modules are built from src/logstore/_native/: the cffi core (``_lib``: every parser,
 the appender, CRC32C, the indexes) and a small CPython extension (``_records``: Record objects
-built in C from the core's decoded rows), with the same compiler flags (build_native.py reads
+built in C from the core's decoded rows, and reads of one record), with the same compiler flags (build_native.py reads
 LOGSTORE_SANITIZE and LOGSTORE_DEBUG for both).
 """
 
@@ -22,7 +22,7 @@ setup(
     ext_modules=[
         Extension(
             "logstore._native._records",
-            sources=[str(NATIVE / "pyrecords.c")],
+            sources=[str(NATIVE / "pyrecords.c"), str(NATIVE / "pypoint.c")],
             include_dirs=[str(NATIVE)],
             extra_compile_args=build_native.extension_compile_args(),
             extra_link_args=build_native.link_args(),

@@ -340,6 +340,7 @@ class Log:
     def _go_offline(self, exc: BaseException) -> None:
         logger.error("%s: taking the log offline after an I/O error: %s", self.path, exc)
         self._offline = exc
+        self._segments.points = None
         self._appender = CLOSED_APPENDER
         self._roll_deadline = NEVER
 
@@ -567,15 +568,20 @@ class Log:
 
         Thread-safe; never returns a record of a partially written batch.
         """
-        if max_records == 1 and max_offset is None and offset.__class__ is int:
-            # A point read: one call into C when nothing is unusual; else the general read below.
-            # (Every record a segment holds lies below the log end: no bound is needed.)
-            with self._lock:
-                if self._share is None and not self._closed and self._offline is None \
-                        and offset >= self._log_start_offset:
-                    record = self._segments.read_one(offset)
-                    if record is not None:
-                        return [record]
+        if max_records == 1 and max_offset is None:
+            # A point read: one call into C (the segments' PointLog) when nothing is unusual;
+            # None from it sends the read down the general path below, which decides.
+            lock = self._lock
+            lock.acquire()  # explicit acquire/release: cheaper than `with` per call
+            try:
+                points = self._segments.points
+                if points is None:
+                    points = self._point_reader()
+                record = None if points is None else points.read(offset, self._log_start_offset)
+            finally:
+                lock.release()
+            if record is not None:
+                return [record]
         if offset.__class__ is not int:
             offset = check_offset(offset)
         if max_records is not None and max_records <= 0:
@@ -590,6 +596,13 @@ class Log:
             if offset >= limit:
                 return []
             return self._segments.read(self._decoder, offset, max_bytes, limit, max_records)
+
+    def _point_reader(self) -> Any:
+        """The segments' reader of one record (made now), or None while point reads must take
+        the general path: a closed, offline or shared log. Called under the lock."""
+        if self._share is not None or self._closed or self._offline is not None:
+            return None
+        return self._segments.point_reader()
 
     def iter(self, start: int | None = None, end: int | None = None,
              max_bytes: int = _ITER_CHUNK_BYTES) -> Iterator[Record]:

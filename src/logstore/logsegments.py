@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from operator import attrgetter
 from typing import Any, Callable, Iterator, NamedTuple
 
@@ -29,6 +29,7 @@ from sortedcontainers import SortedDict
 from . import _fileio
 from ._native import lib
 from .errors import CorruptRecordError, LogOfflineError
+from .pointread import PointLog
 from .records import BatchBuilder, Record, RecordDecoder
 from .segment import (
     DELETED_SUFFIX,
@@ -108,9 +109,9 @@ class LogSegments:
         self._delete_delay_ms = file_delete_delay_ms
         self._timers_enabled = timers
         self._segments: SortedDict = SortedDict()
-        # (bases, segments) as plain lists for read_one's bisect, rebuilt after any change (a
-        # SortedDict lookup costs a microsecond, as much as the rest of a point read)
-        self._lookup: tuple[list[int], list[LogSegment]] | None = None
+        #: reads of one record (:class:`~logstore.pointread.PointLog`), made by
+        #: :meth:`point_reader` and dropped at any change of the set
+        self.points: PointLog | None = None
         #: the segment appends go to (the last one), None while the log is closed
         self.active: LogSegment | None = None
         #: called before any change of the segment files (shared logs flag it, see shared.py)
@@ -177,10 +178,10 @@ class LogSegments:
 
     def _put(self, segment: LogSegment) -> None:
         self._segments[segment.base_offset] = segment
-        self._lookup = None
+        self.points = None
 
     def _remove(self, base: int) -> LogSegment:
-        self._lookup = None
+        self.points = None
         return self._segments.pop(base)
 
     def open_segment(self, base: int) -> LogSegment:
@@ -243,15 +244,11 @@ class LogSegments:
                     break
         return []
 
-    def read_one(self, offset: int) -> Record | None:
-        """The record at or after ``offset`` in the segment that would hold it, by the
-        segment's short path (:meth:`LogSegment.read_one`), or None when :meth:`read` must
-        decide (also when the record is in a later segment)."""
-        lookup = self._lookup
-        if lookup is None:
-            lookup = self._lookup = (list(self._segments.keys()), list(self._segments.values()))
-        i = bisect_right(lookup[0], offset) - 1
-        return lookup[1][i if i > 0 else 0].read_one(offset)
+    def point_reader(self) -> PointLog:
+        """The reader of one record by offset over the segments as they are now (kept as
+        :attr:`points` until the set changes)."""
+        self.points = PointLog(list(self._segments.keys()), list(self._segments.values()), LogSegment.point_entry)
+        return self.points
 
     def decode_columns(self, decoder: RecordDecoder, offset: int, limit: int,
                        sink: Callable[[Any, Any, int], None]) -> int:
@@ -357,6 +354,7 @@ class LogSegments:
             self._remove(base).abandon()
             self.delete_files_now(base)
         last = self.last
+        self.points = None  # its memo is dropped below
         if not last.active:
             last.activate()
         last.truncate_to(offset, builder, decoder)
@@ -466,6 +464,7 @@ class LogSegments:
 
     def close_all(self) -> None:
         """Trim and fsync every segment, then unlink every pending ``.deleted`` file."""
+        self.points = None
         for segment in self._segments.values():
             segment.close(trim=True)
         self.unlink_due(everything=True)
@@ -473,6 +472,7 @@ class LogSegments:
     def abandon_all(self, closing: bool = False) -> None:
         """Release every map and descriptor without flushing (segments not closed yet are
         abandoned); with ``closing`` the set is done for good."""
+        self.points = None
         for segment in self._segments.values():
             segment.abandon()
         if closing:
@@ -481,3 +481,4 @@ class LogSegments:
         else:
             self._segments.clear()
             self.active = None
+        self.points = None

@@ -1,20 +1,24 @@
-"""Reads of one record by offset from a segment: the memo of validated batches and the C state.
+"""Reads of one record by offset: the log's reader (PointLog), a segment's memo and C state.
 
 A read of one record (``Log.read(offset, max_records=1)``) through the general path costs a
-dozen Python calls around the C decoder. :class:`PointReads` is what a segment keeps for the
-short path instead: one call into the ``_records`` extension, which looks the offset up in the
+dozen Python calls around the C decoder. The short path is one call into the ``_records``
+extension instead (pypoint.c): :class:`PointLog`, kept by the log's :class:`LogSegments` until
+the set of segments changes, finds the segment by base offset, looks the offset up in the
 segment's offset index, checks the entry against its batch, decodes the one record (the core's
 ``ls_point_read``, a partial ``ls_segment_decode``) and builds its Record. Anything out of the
 ordinary (an entry that does not match, a compressed or invalid batch, no record at or after the
-offset in the segment) returns None, and the caller takes the general read, which reports it.
+offset in the segment, an offset not an int at or above the log start) returns None, and the
+caller takes the general read, which reports it. What PointLog knows of a segment comes from
+``LogSegment.point_entry`` and is asked again whenever the map it was given has been closed (a
+remap at growth, sealing, truncation): it never reads through a map that is gone.
 
-The memo (``ls_crc_memo``, 4-way set associative) is made on a segment's first point read with a
-slot per 32 KiB of the segment (of ``segment_bytes`` for the active one), 16 to 1,024 slots
-(4-274 KiB). It remembers batches validated whole, by position and stored CRC, with the
-positions of 64 records in each: a later read of a record in such a batch skips its CRC and
-walks from the nearest of them. Both paths of the segment share it. It lives while the log is
-open and is dropped when the segment is truncated (a rewritten batch carries another CRC and
-would be validated again all the same).
+:class:`PointReads` is what a segment keeps for these reads. Its memo (``ls_crc_memo``, 4-way
+set associative) is made on a segment's first point read with a slot per 32 KiB of the segment
+(of ``segment_bytes`` for the active one), 16 to 1,024 slots (4-274 KiB). It remembers batches
+validated whole, by position and stored CRC, with the positions of 64 records in each: a later
+read of a record in such a batch skips its CRC and walks from the nearest of them. Both paths of
+the segment share it. It lives while the log is open and is dropped when the segment is
+truncated (a rewritten batch carries another CRC and would be validated again all the same).
 
 Not thread-safe: the Log's lock serialises the reads of a segment.
 """
@@ -24,12 +28,13 @@ from __future__ import annotations
 from typing import Any
 
 from ._native import ffi, lib
+from ._native._records import PointLog
 from ._native._records import configure as _configure
 from ._native._records import point as _point
 from ._native._records import point_active as _point_active
 from .records import _TIMESTAMP_TYPES, NO_HEADERS, Record, RecordDecoder
 
-__all__ = ["PointReads", "read_point", "read_point_active"]
+__all__ = ["PointLog", "PointReads", "read_point", "read_point_active"]
 
 MEMO_SLOTS = 1024  # at most, batches remembered as validated (a power of two)
 MEMO_MIN_SLOTS = 16

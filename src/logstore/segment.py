@@ -39,7 +39,7 @@ from . import _fileio, activation, segmentrecovery, truncation
 from ._native import ffi, lib
 from .errors import CorruptRecordError
 from .index import OffsetIndex, TimeIndex
-from .pointread import PointReads, read_point, read_point_active
+from .pointread import PointReads
 from .records import HEADER_SIZE, BatchBuilder, Record, RecordDecoder, parse_header
 from .segmentnames import (CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX,  # noqa: F401
                            TIMEINDEX_SUFFIX, TRUNCATION_SUFFIX, parse_segment_name, segment_name)
@@ -409,10 +409,11 @@ class LogSegment:
         """The memo sized for the segment: the active one may grow to segment_bytes."""
         return PointReads(self.max_batch_bytes, self.segment_bytes if self._appender is not None else self.size)
 
-    def read_one(self, offset: int, max_offset: int = -1) -> Record | None:
-        """The record at or after ``offset`` (below ``max_offset`` unless -1) by the short path
-        of :mod:`logstore.pointread`, or None when :meth:`read` must decide (nothing unusual is
-        reported here: the general read does that)."""
+    def point_entry(self) -> tuple[Any, int, int, Any, int, Any, int, int] | None:
+        """What a log's :class:`~logstore.pointread.PointLog` reads this segment with (its
+        ``describe``): the point-read state and, for the active segment, its appender (read at
+        each call), else the map, size and offset index; None for an empty sealed segment. Maps a
+        sealed segment on first use."""
         points = self._points
         if points is None:
             points = self._points = self._new_point_reads()
@@ -420,13 +421,12 @@ class LogSegment:
         if a is not None:
             if points.appender is not a:
                 points.bind(a)
-            return read_point_active(points.appender_address, points.address, offset, max_offset, self._mm)
-        buf = self._mm if self._mm is not None else self.buffer
+            return ((points, a), points.address, points.appender_address, self._mm, 0, None, 0, self.base_offset)
+        buf = self.buffer
         if buf is None:
             return None
         index = self.offset_index
-        return read_point(buf, self._size, index.data, index.entries, self.base_offset, offset, max_offset,
-                          points.address)
+        return (points, points.address, 0, buf, self._size, index.data, index.entries, self.base_offset)
 
     def read(self, decoder: RecordDecoder, offset: int, max_bytes: int, max_offset: int,
              max_records: int | None) -> list[Record]:

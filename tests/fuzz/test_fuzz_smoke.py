@@ -30,8 +30,8 @@ def core(tmp_path_factory):
         pytest.skip("gcc is not installed")
     out = tmp_path_factory.mktemp("fuzz")
     objects = []
-    # The C core only: pyrecords.c is the CPython extension (it needs Python.h and builds objects).
-    sources = [s for s in sorted(NATIVE.glob("*.c")) if s.name != "pyrecords.c"]
+    # The C core only: py*.c are the CPython extension (they need Python.h and build objects).
+    sources = [s for s in sorted(NATIVE.glob("*.c")) if not s.name.startswith("py")]
     for source in sources:
         obj = out / (source.stem + ".o")
         subprocess.run(["gcc", "-std=c11", "-O1", "-g", *SANITIZE, "-I", str(NATIVE), "-c", str(source),

@@ -5,32 +5,25 @@
  * per-record cost in Python (a list per column, a slice per key and value, a zip and a tuple per
  * record). This module does that one step in C: for each row it creates the offset and timestamp
  * ints, the key and value bytes (copied out of the caller's buffer) and the Record tuple, and
- * appends it to a list. point() and point_active() serve reads of one record: one call from
- * Python runs the core's ls_point_read (through its address, handed over once by configure(): the
- * core is compiled once, into the cffi module) and builds the Record, where the same read through
- * cffi cost a dozen Python-level steps. Nothing else lives here: validation, walking and policy
- * stay in the cffi core and in Python. The module is a regular CPython extension beside the cffi one (the way
- * python-zstandard ships both), because cffi cannot create Python objects without a round trip
- * through Python per object.
+ * appends it to a list. Reads of one record are pypoint.c's, the other file of this extension.
+ * Nothing else lives here: validation, walking and policy stay in the cffi core and in Python.
+ * The module is a regular CPython extension beside the cffi one (the way python-zstandard ships
+ * both), because cffi cannot create Python objects without a round trip through Python per object.
  *
  * Every position and length is checked against the buffer before bytes are copied, although the
  * decoder that produced them already checked them: this module does not trust its caller.
  */
 
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
 #include <stddef.h>
 #include <string.h>
-#include "logstore.h"
+#include "pyrecords.h"
 
 #define RECORD_FIELDS 6
 
 _Static_assert(sizeof(size_t) == sizeof(uintptr_t), "addresses are passed as size_t");
 
-/* An address from cffi (an int): OverflowError for a negative one or one too large. (The
- * unsigned long long conversion is slower: it goes through a byte array.) */
-static uintptr_t arg_address(PyObject *arg) {
+/* (The unsigned long long conversion is slower: it goes through a byte array.) */
+uintptr_t arg_address(PyObject *arg) {
     return (uintptr_t)PyLong_AsSize_t(arg);
 }
 
@@ -48,10 +41,9 @@ static PyObject *span_bytes(const char *base, Py_ssize_t size, int32_t pos, int3
     return PyBytes_FromStringAndSize(base + pos, len);
 }
 
-/* One Record for row i, or NULL with an exception set. */
-static PyObject *build_one(PyTypeObject *record_type, const ls_records_out *out, Py_ssize_t i,
-                           PyObject *buf, const char *base, Py_ssize_t size, PyObject *ttypes,
-                           PyObject *no_headers, PyObject *headers_fn) {
+PyObject *build_one(PyTypeObject *record_type, const ls_records_out *out, Py_ssize_t i, PyObject *buf,
+                    const char *base, Py_ssize_t size, PyObject *ttypes, PyObject *no_headers,
+                    PyObject *headers_fn) {
     PyObject *fields[RECORD_FIELDS] = {NULL};
     fields[0] = PyLong_FromLongLong(out->offsets[i]);
     fields[1] = PyLong_FromLongLong(out->timestamps[i]);
@@ -101,8 +93,7 @@ fail:
     return NULL;
 }
 
-/* 0 when the Record arguments are usable, else -1 with TypeError set. */
-static int check_record_args(PyObject *record_type, PyObject *ttypes, PyObject *headers_fn) {
+int check_record_args(PyObject *record_type, PyObject *ttypes, PyObject *headers_fn) {
     if (!PyType_Check(record_type) || !PyType_IsSubtype((PyTypeObject *)record_type, &PyTuple_Type)) {
         PyErr_SetString(PyExc_TypeError, "record_type must be a tuple subclass");
         return -1;
@@ -180,198 +171,6 @@ static PyObject *build(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     PyBuffer_Release(&view);
     Py_XINCREF(result);
     return result;
-}
-
-/* What point() builds its Record with, and the core's ls_point_read (set once by configure()). */
-typedef int (*point_read_fn)(const char *, int64_t, const char *, int64_t, int64_t, int64_t, int64_t,
-                             ls_point *);
-static struct {
-    PyObject *record_type, *ttypes, *no_headers, *headers_fn;
-    point_read_fn read;
-} point_config;
-
-PyDoc_STRVAR(configure_doc,
-"configure(record_type, timestamp_types, no_headers, headers_fn, point_read_address)\n"
-"\n"
-"Set what point() uses: the Record arguments as for build(), and the address of the cffi\n"
-"core's ls_point_read (an int from cffi). Called once, by logstore.pointread at import.");
-
-static PyObject *configure(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 5) {
-        PyErr_Format(PyExc_TypeError, "configure() takes 5 arguments (%zd given)", nargs);
-        return NULL;
-    }
-    if (check_record_args(args[0], args[1], args[3]) < 0) {
-        return NULL;
-    }
-    uintptr_t address = arg_address(args[4]);
-    if (PyErr_Occurred()) {
-        return NULL;
-    }
-    if (address == 0) {
-        PyErr_SetString(PyExc_ValueError, "point_read_address is NULL");
-        return NULL;
-    }
-    Py_INCREF(args[0]);
-    Py_INCREF(args[1]);
-    Py_INCREF(args[2]);
-    Py_INCREF(args[3]);
-    Py_XSETREF(point_config.record_type, args[0]);
-    Py_XSETREF(point_config.ttypes, args[1]);
-    Py_XSETREF(point_config.no_headers, args[2]);
-    Py_XSETREF(point_config.headers_fn, args[3]);
-    point_config.read = (point_read_fn)address;
-    Py_RETURN_NONE;
-}
-
-PyDoc_STRVAR(point_doc,
-"point(buf, size, index, entries, base_offset, offset, max_offset, state_address)\n"
-"\n"
-"The Record at or after ``offset`` in a segment, or None when the general read must decide:\n"
-"ls_point_read over ``buf[0, size)`` (the segment's bytes; any object with the buffer protocol)\n"
-"and ``entries`` offset index entries in ``index`` (a buffer, or None with no entries), with\n"
-"the ls_point at ``state_address`` (an int from cffi; its memo and row arrays). Raises\n"
-"ValueError when ``size`` or ``entries`` exceed their buffers, or the core refuses the\n"
-"arguments. Holds the GIL; the caller serializes calls that share a state.");
-
-/* An int64 argument; once *failed is set (an exception pending), nothing more is converted. */
-static int64_t arg_i64(PyObject *arg, int *failed) {
-    if (*failed) {
-        return 0;
-    }
-    long long v = PyLong_AsLongLong(arg);
-    if (v == -1 && PyErr_Occurred()) {
-        *failed = 1;
-    }
-    return (int64_t)v;
-}
-
-static PyObject *point(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 8) {
-        PyErr_Format(PyExc_TypeError, "point() takes 8 arguments (%zd given)", nargs);
-        return NULL;
-    }
-    if (point_config.read == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "point() before configure()");
-        return NULL;
-    }
-    int failed = 0;
-    int64_t size = arg_i64(args[1], &failed), entries = arg_i64(args[3], &failed);
-    int64_t base_offset = arg_i64(args[4], &failed), offset = arg_i64(args[5], &failed);
-    int64_t max_offset = arg_i64(args[6], &failed);
-    if (failed) {
-        return NULL;
-    }
-    uintptr_t address = arg_address(args[7]);
-    if (PyErr_Occurred()) {
-        return NULL;
-    }
-    if (address == 0) {
-        PyErr_SetString(PyExc_ValueError, "state_address is NULL");
-        return NULL;
-    }
-    Py_buffer view, index_view = {0};
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
-        return NULL;
-    }
-    PyObject *result = NULL;
-    int have_index = 0;
-    if (size < 0 || size > view.len) {
-        PyErr_Format(PyExc_ValueError, "size %lld outside the %zd-byte buffer", (long long)size, view.len);
-        goto done;
-    }
-    if (entries > 0) {
-        if (PyObject_GetBuffer(args[2], &index_view, PyBUF_SIMPLE) < 0) {
-            goto done;
-        }
-        have_index = 1;
-        if (entries > index_view.len / LS_INDEX_ENTRY_SIZE) {
-            PyErr_Format(PyExc_ValueError, "%lld index entries do not fit the %zd-byte index", (long long)entries,
-                         index_view.len);
-            goto done;
-        }
-    } else if (entries < 0) {
-        PyErr_SetString(PyExc_ValueError, "entries is negative");
-        goto done;
-    }
-    ls_point *state = (ls_point *)address;
-    int rc = point_config.read((const char *)view.buf, size, have_index ? (const char *)index_view.buf : NULL,
-                               entries, base_offset, offset, max_offset, state);
-    if (rc < 0) {
-        PyErr_Format(PyExc_ValueError, "ls_point_read refused its arguments (%d)", rc);
-        goto done;
-    }
-    if (rc == 0) {
-        result = Py_None;
-        Py_INCREF(result);
-        goto done;
-    }
-    result = build_one((PyTypeObject *)point_config.record_type, &state->out, 0, args[0], (const char *)view.buf,
-                       size, point_config.ttypes, point_config.no_headers, point_config.headers_fn);
-done:
-    if (have_index) {
-        PyBuffer_Release(&index_view);
-    }
-    PyBuffer_Release(&view);
-    return result;
-}
-
-PyDoc_STRVAR(point_active_doc,
-"point_active(appender_address, state_address, offset, max_offset, buf)\n"
-"\n"
-"point() for the active segment, whose bytes and offset index entries the ls_appender at\n"
-"``appender_address`` describes (its log, position, index and index_entries, read at the\n"
-"call). ``buf`` is the segment's map, handed to headers_fn for a record with headers. The\n"
-"caller holds the appender alive and serializes this call with appends.");
-
-static PyObject *point_active(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 5) {
-        PyErr_Format(PyExc_TypeError, "point_active() takes 5 arguments (%zd given)", nargs);
-        return NULL;
-    }
-    if (point_config.read == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "point_active() before configure()");
-        return NULL;
-    }
-    uintptr_t appender_address = arg_address(args[0]);
-    if (PyErr_Occurred()) {
-        return NULL;
-    }
-    uintptr_t state_address = arg_address(args[1]);
-    if (PyErr_Occurred()) {
-        return NULL;
-    }
-    int failed = 0;
-    int64_t offset = arg_i64(args[2], &failed), max_offset = arg_i64(args[3], &failed);
-    if (failed) {
-        return NULL;
-    }
-    if (appender_address == 0 || state_address == 0) {
-        PyErr_SetString(PyExc_ValueError, "appender_address and state_address must not be NULL");
-        return NULL;
-    }
-    const ls_appender *a = (const ls_appender *)appender_address;
-    ls_point *state = (ls_point *)state_address;
-    if (a->position < 0 || a->position > a->log_capacity || a->index_entries < 0 ||
-        a->index_entries > a->index_capacity) {
-        PyErr_SetString(PyExc_ValueError, "the appender's position or index entries are outside its maps");
-        return NULL;
-    }
-    int rc = point_config.read(a->log, a->position, a->index, a->index_entries, a->base_offset, offset,
-                               max_offset, state);
-    if (rc < 0) {
-        PyErr_Format(PyExc_ValueError, "ls_point_read refused its arguments (%d)", rc);
-        return NULL;
-    }
-    if (rc == 0) {
-        Py_RETURN_NONE;
-    }
-    return build_one((PyTypeObject *)point_config.record_type, &state->out, 0, args[4], a->log,
-                     (Py_ssize_t)a->position, point_config.ttypes, point_config.no_headers,
-                     point_config.headers_fn);
 }
 
 PyDoc_STRVAR(column_doc,
@@ -463,9 +262,6 @@ static PyObject *column(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 static PyMethodDef methods[] = {
     {"build", (PyCFunction)(void (*)(void))build, METH_FASTCALL, build_doc},
-    {"configure", (PyCFunction)(void (*)(void))configure, METH_FASTCALL, configure_doc},
-    {"point", (PyCFunction)(void (*)(void))point, METH_FASTCALL, point_doc},
-    {"point_active", (PyCFunction)(void (*)(void))point_active, METH_FASTCALL, point_active_doc},
     {"column", (PyCFunction)(void (*)(void))column, METH_FASTCALL, column_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -477,5 +273,13 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__records(void) {
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) {
+        return NULL;
+    }
+    if (PyModule_AddFunctions(m, point_methods) < 0 || add_point_types(m) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }
