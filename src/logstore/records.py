@@ -568,7 +568,6 @@ class RecordDecoder:
         cur.position = start
         cur.batches = 0
         cur.prev_last_offset = -1
-        cur.partial = partial
         cur.memo = memo if partial and memo is not None else ffi.NULL
         self.last_stop = lib.LS_STOP_END
         cptr = ffi.from_buffer(buf)
@@ -576,9 +575,12 @@ class RecordDecoder:
         next_batch = 0  # records of a batch that must fit whole in the next call
         try:
             while True:
-                if partial:
-                    # The C walk returns rows up to the capacity, then stops after that batch.
-                    out.capacity = min(self.capacity, max(max_records - len(records), 1))  # type: ignore[operator]
+                # A partial walk returns a batch's rows up to the capacity and moves past the
+                # batch: it may run only when every row still wanted fits (else the rest of a
+                # batch that fills the arrays would be skipped); whole batches otherwise.
+                cur.partial = partial and max_records - len(records) <= self.capacity  # type: ignore[operator]
+                if cur.partial:
+                    out.capacity = max(max_records - len(records), 1)  # type: ignore[operator]
                 elif max_records is None:
                     out.capacity = self.capacity
                 else:

@@ -312,3 +312,37 @@ def test_the_memo_is_sized_by_the_segment(tmp_path):
         assert active._points.memo.slots == 128  # by what it may grow to: 4 MiB / 32 KiB
     finally:
         log.close()
+
+
+@pytest.mark.regression(reason="fixed: a read with max_records above the decoder's row capacity (4,096) "
+                               "skipped the rest of the batch that filled the rows (a partial walk moves past "
+                               "its batch), e.g. 905 of every 5,000 records of a consumer with "
+                               "max_poll_records=10000; found by the mirror's kill -9 test")
+@pytest.mark.parametrize("max_records", [4095, 4096, 4097, 5000, 115_000])
+def test_reads_of_more_records_than_the_decoder_holds_skip_none(tmp_path, max_records):
+    log = _filled(tmp_path, batches=40, count=1000)
+    try:
+        for start in (0, 12_345):
+            records = log.read(start, max_bytes=512 << 10, max_records=max_records)
+            assert [r.offset for r in records] == list(range(start, start + len(records)))
+            assert 0 < len(records) <= max_records
+        offset, seen = 7, []
+        while offset < log.log_end_offset:
+            records = log.read(offset, max_bytes=1 << 20, max_records=max_records)
+            seen += [r.offset for r in records]
+            offset = records[-1].offset + 1
+        assert seen == list(range(7, log.log_end_offset))
+    finally:
+        log.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(specs_st, st.integers(1, 60), st.integers(1, 16))
+def test_a_decoder_with_few_rows_returns_every_record_asked_for(specs, k, capacity):
+    buf, offsets = segment(specs)
+    whole, _ = RecordDecoder().decode(buf, 0, len(buf))
+    decoder = RecordDecoder(capacity=capacity)
+    memo, _keep = make_memo()
+    for start in range(0, offsets[-1] + 1, 3):
+        got, _ = decoder.decode(buf, 0, len(buf), start, -1, k, exact=True, memo=memo)
+        assert got == [r for r in whole if r.offset >= start][:k]
