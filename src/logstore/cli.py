@@ -16,6 +16,7 @@
     logstore node ...                      (one replication node: logstore node --help)
     logstore serve ROOT [--listen H:P]     (serve a store to Kafka clients: logstore serve --help)
     logstore kafka-user add FILE USER --mechanism M   (SASL credentials for serve; password on stdin)
+    logstore mirror ROOT --to BOOTSTRAP    (copy topics to a Kafka cluster: logstore mirror --help)
 
 Read-only commands (``topics list``/``describe``, ``dump``, ``verify``, ``stats``) also take a
 Kafka log directory — a broker's ``log.dirs`` entry, or a copy of it — whose partition
@@ -413,6 +414,7 @@ class _Parser(argparse.ArgumentParser):
 
 _EPILOG = """\
 'logstore serve --help' describes serving a store to Kafka clients (logstore serve ROOT ...).
+'logstore mirror --help' describes copying topics to a Kafka cluster (logstore mirror ROOT --to ...).
 'logstore kafka-user --help' describes the SASL users of logstore serve (add, delete, list).
 'logstore COMMAND --help' describes a command and its options.
 'logstore node --help' describes the replication node (logstore node ...).
@@ -502,6 +504,10 @@ def main(argv: list[str] | None = None, stdout: TextIO | None = None, stdin: Tex
         from .kafkaserver import main as serve_main
 
         return serve_main(args_list[1:], prog="logstore serve")
+    if args_list and args_list[0] == "mirror":
+        from .mirror import main as mirror_main
+
+        return mirror_main(args_list[1:], prog="logstore mirror")
     if args_list and args_list[0] == "kafka-user":
         from .kafkacredentials import main as kafka_user_main
 

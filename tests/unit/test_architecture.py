@@ -25,11 +25,11 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("client", {"producer", "consumer", "workqueue"}),
     ("net", {"workerpool", "netprotocol", "net", "purgatory", "wire"}),
     ("kafka", {"kafkawriter", "kafkawire", "kafkagroups", "kafkaconfigs", "kafkaapis", "kafkaproducerids",
-               "kafkacredentials", "kafkaauth", "kafkaserver"}),
+               "kafkacredentials", "kafkaauth", "kafkaserver", "kafkaclient"}),
     ("replication", {"election", "replica_partition", "replica_election", "replica_leader", "replica_follower",
                      "replication_client", "replication"}),
     ("apps", {"sparkoptions", "sparkplan", "sparkread", "sparkwrite", "spark", "sparkenv", "cli", "tools", "progress",
-              "testing", "__main__", "__init__"}),
+              "testing", "mirror", "__main__", "__init__"}),
 ]
 #: modules of these layers may import only what is listed (the network layer knows no logs)
 ONLY: dict[str, set[str]] = {"net": {"base", "net"}}

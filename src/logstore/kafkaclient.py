@@ -1,0 +1,294 @@
+"""A small blocking client of Kafka's wire protocol: what ``logstore mirror`` sends to a cluster.
+
+:class:`KafkaClient` connects to a bootstrap server, checks with ApiVersions that the cluster
+speaks the versions used here, learns the brokers and partition leaders from Metadata, and sends
+CreateTopics, ListOffsets and Produce to the broker that must answer each. Requests are written
+and responses read by kio (the classes generated from Kafka's message specs), with the versions
+below: non-flexible ones, spoken by Apache Kafka 2.4 to 4.x and by ``logstore serve``.
+
+It is deliberately small: PLAINTEXT only, one request in flight per connection, no idempotent
+producer (the mirror reconciles with the target's log end offsets instead, see
+:mod:`logstore.mirror`). Every response frame is size-checked before it is read; a broker that
+answers garbage, closes the connection or does not answer within ``timeout`` raises
+:class:`KafkaClientError` and that connection is dropped.
+
+Not thread-safe: one thread uses a client.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import io
+import socket
+import struct
+import typing
+from typing import Any, Mapping
+
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_reader, entity_writer
+from kio.serial.errors import SerialError
+
+from .errors import LogstoreError
+
+__all__ = ["KafkaClient", "KafkaClientError", "KafkaErrorResponse", "Broker", "VERSIONS"]
+
+API_VERSIONS, METADATA, PRODUCE, LIST_OFFSETS, CREATE_TOPICS = 18, 3, 0, 2, 19
+#: api key -> the version this client sends
+VERSIONS: dict[int, int] = {API_VERSIONS: 0, METADATA: 8, PRODUCE: 8, LIST_OFFSETS: 5, CREATE_TOPICS: 4}
+_NAMES = {API_VERSIONS: "ApiVersions", METADATA: "Metadata", PRODUCE: "Produce", LIST_OFFSETS: "ListOffsets",
+          CREATE_TOPICS: "CreateTopics"}
+MAX_RESPONSE_BYTES = 100 << 20  # a larger size prefix is a broken or hostile peer
+LATEST = -1  # ListOffsets: the log end offset
+_SIZE = struct.Struct(">i")
+
+
+class KafkaClientError(LogstoreError):
+    """The cluster cannot be reached, does not speak the versions needed, or answered badly."""
+
+
+class KafkaErrorResponse(KafkaClientError):
+    """A broker answered with one of Kafka's error codes (``code``, an ErrorCode)."""
+
+    def __init__(self, what: str, code: ErrorCode) -> None:
+        super().__init__(f"{what}: {code.name} ({int(code)})")
+        self.code = code
+
+
+@dataclasses.dataclass(frozen=True)
+class Broker:
+    """A broker of the cluster as Metadata names it (immutable)."""
+    node_id: int
+    host: str
+    port: int
+
+
+class _Connection:
+    def __init__(self, host: str, port: int, timeout: float, client_id: str) -> None:
+        self.address = f"{host}:{port}"
+        try:
+            self.sock = socket.create_connection((host, port), timeout=timeout)
+        except OSError as exc:
+            raise KafkaClientError(f"cannot connect to {self.address}: {exc}") from None
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.client_id = client_id
+        self.correlation_id = 0
+
+    def request(self, api_key: int, fields: Mapping[str, Any]) -> Any:
+        version = VERSIONS[api_key]
+        cls = load_request_schema(api_key, version)
+        self.correlation_id = (self.correlation_id + 1) & 0x7FFFFFFF
+        out = io.BytesIO()
+        header = cls.__header_schema__
+        entity_writer(header)(out, header(request_api_key=api_key, request_api_version=version,
+                                          correlation_id=self.correlation_id, client_id=self.client_id))
+        entity_writer(cls)(out, _instance(cls, fields))
+        body = out.getvalue()
+        what = f"{_NAMES[api_key]} v{version} to {self.address}"
+        try:
+            self.sock.sendall(_SIZE.pack(len(body)) + body)
+            size = _SIZE.unpack(self._read(4))[0]
+            if not 4 <= size <= MAX_RESPONSE_BYTES:
+                raise KafkaClientError(f"{what}: a response of {size} bytes")
+            frame = memoryview(self._read(size)).toreadonly()
+        except OSError as exc:
+            raise KafkaClientError(f"{what}: {exc}") from None
+        response_cls = load_response_schema(api_key, version)
+        try:
+            head, offset = entity_reader(response_cls.__header_schema__)(frame, 0)
+            body_obj, used = entity_reader(response_cls)(frame, offset)
+        except (SerialError, ValueError, struct.error) as exc:
+            raise KafkaClientError(f"{what}: malformed response: {exc}") from None
+        if head.correlation_id != self.correlation_id or offset + used != len(frame):
+            raise KafkaClientError(f"{what}: a response that does not answer the request")
+        return body_obj
+
+    def _read(self, n: int) -> bytes:
+        chunks, left = [], n
+        while left:
+            chunk = self.sock.recv(min(left, 1 << 20))
+            if not chunk:
+                raise OSError("the connection was closed")
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class KafkaClient:
+    """A blocking client of one Kafka-protocol cluster (see the module docstring).
+
+    Args:
+        bootstrap: ``"host:port[,host:port...]"``; the first that answers is used.
+        timeout: seconds to wait for a connection or an answer.
+        client_id: sent in every request header.
+
+    Not thread-safe: one thread uses a client (and closes it).
+
+    Raises:
+        KafkaClientError: no bootstrap server answers, or one lacks a version this client needs.
+    """
+
+    def __init__(self, bootstrap: str, timeout: float = 30.0, client_id: str = "logstore-mirror") -> None:
+        self.timeout = timeout
+        self.client_id = client_id
+        self._connections: dict[int, _Connection] = {}
+        self.brokers: dict[int, Broker] = {}
+        self.leaders: dict[tuple[str, int], int] = {}
+        self.partitions: dict[str, int] = {}
+        #: the cluster's id (Metadata), known after :meth:`refresh`
+        self.cluster_id: str | None = None
+        errors = []
+        for address in bootstrap.split(","):
+            host, _, port = address.strip().rpartition(":")
+            if not host or not port.isdigit():
+                raise KafkaClientError(f"bootstrap server {address!r} is not host:port")
+            try:
+                self._bootstrap = _Connection(host, int(port), timeout, client_id)
+                break
+            except KafkaClientError as exc:
+                errors.append(str(exc))
+        else:
+            raise KafkaClientError("; ".join(errors))
+        self._check_versions()
+
+    def _check_versions(self) -> None:
+        answer = self._bootstrap.request(API_VERSIONS, {})
+        if answer.error_code != ErrorCode.none:
+            raise KafkaErrorResponse(f"ApiVersions from {self._bootstrap.address}", answer.error_code)
+        ranges = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in answer.api_keys}
+        for key, version in VERSIONS.items():
+            low, high = ranges.get(key, (0, -1))
+            if not low <= version <= high:
+                raise KafkaClientError(f"{self._bootstrap.address} does not speak {_NAMES[key]} v{version} "
+                                       f"(it speaks {low}-{high})")
+
+    # ------------------------------------------------------------------ metadata
+    def refresh(self, topics: list[str] | None = None) -> None:
+        """Learn the brokers, and the partition count and leaders of ``topics`` (None: all)."""
+        answer = self._bootstrap.request(METADATA, {
+            "topics": None if topics is None else [{"name": t} for t in topics],
+            "allow_auto_topic_creation": False, "include_cluster_authorized_operations": False,
+            "include_topic_authorized_operations": False})
+        self.brokers = {int(b.node_id): Broker(int(b.node_id), b.host, int(b.port)) for b in answer.brokers}
+        self.cluster_id = answer.cluster_id
+        for topic in answer.topics:
+            if topic.error_code == ErrorCode.unknown_topic_or_partition:
+                self.partitions.pop(topic.name, None)
+                continue
+            if topic.error_code != ErrorCode.none:
+                raise KafkaErrorResponse(f"Metadata of topic {topic.name!r}", topic.error_code)
+            self.partitions[topic.name] = len(topic.partitions)
+            for p in topic.partitions:
+                self.leaders[(topic.name, int(p.partition_index))] = int(p.leader_id)
+
+    def create_topic(self, topic: str, partitions: int) -> None:
+        """Create ``topic`` with ``partitions`` partitions and the cluster's defaults (a topic
+        that exists already is not an error). Raises KafkaErrorResponse for any other refusal."""
+        answer = self._bootstrap.request(CREATE_TOPICS, {
+            "topics": [{"name": topic, "num_partitions": partitions, "replication_factor": -1,
+                        "assignments": [], "configs": []}],
+            "timeout": int(self.timeout * 1000), "validate_only": False})
+        for result in answer.topics:
+            if result.error_code not in (ErrorCode.none, ErrorCode.topic_already_exists):
+                raise KafkaErrorResponse(f"CreateTopics {topic!r}", result.error_code)
+        self.refresh([topic])
+
+    # ------------------------------------------------------------------ partitions
+    def _leader(self, topic: str, partition: int) -> _Connection:
+        leader = self.leaders.get((topic, partition))
+        if leader is None or leader not in self.brokers:
+            self.refresh([topic])
+            leader = self.leaders.get((topic, partition))
+            if leader is None or leader < 0 or leader not in self.brokers:
+                raise KafkaClientError(f"{topic}-{partition} has no leader")
+        connection = self._connections.get(leader)
+        if connection is None:
+            broker = self.brokers[leader]
+            connection = self._connections[leader] = _Connection(broker.host, broker.port, self.timeout,
+                                                                 self.client_id)
+        return connection
+
+    def _call(self, topic: str, partition: int, api_key: int, fields: Mapping[str, Any]) -> Any:
+        connection = self._leader(topic, partition)
+        try:
+            return connection.request(api_key, fields)
+        except KafkaClientError:
+            self._drop(connection)
+            raise
+
+    def _drop(self, connection: _Connection) -> None:
+        for node, known in list(self._connections.items()):
+            if known is connection:
+                del self._connections[node]
+        connection.close()
+
+    def end_offset(self, topic: str, partition: int) -> int:
+        """The partition's log end offset on its leader (ListOffsets, latest)."""
+        answer = self._call(topic, partition, LIST_OFFSETS, {
+            "replica_id": -1, "isolation_level": 0,
+            "topics": [{"name": topic, "partitions": [{"partition_index": partition, "current_leader_epoch": -1,
+                                                       "timestamp": LATEST}]}]})
+        found = answer.topics[0].partitions[0]
+        self._check(f"ListOffsets of {topic}-{partition}", found.error_code, topic)
+        return int(found.offset)
+
+    def produce(self, topic: str, partition: int, batch: bytes, acks: int = -1) -> int:
+        """Append one encoded record batch to the partition; returns its base offset there."""
+        answer = self._call(topic, partition, PRODUCE, {
+            "transactional_id": None, "acks": acks, "timeout": int(self.timeout * 1000),
+            "topic_data": [{"name": topic, "partition_data": [{"index": partition, "records": batch}]}]})
+        result = answer.responses[0].partition_responses[0]
+        self._check(f"Produce to {topic}-{partition}", result.error_code, topic)
+        return int(result.base_offset)
+
+    def _check(self, what: str, code: ErrorCode, topic: str) -> None:
+        if code == ErrorCode.none:
+            return
+        if code in (ErrorCode.not_leader_or_follower, ErrorCode.leader_not_available,
+                    ErrorCode.unknown_topic_or_partition):
+            self.leaders = {k: v for k, v in self.leaders.items() if k[0] != topic}  # learn them again
+        raise KafkaErrorResponse(what, code)
+
+    def close(self) -> None:
+        """Close every connection."""
+        for connection in self._connections.values():
+            connection.close()
+        self._connections.clear()
+        self._bootstrap.close()
+
+    def __enter__(self) -> "KafkaClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _instance(cls: type, fields: Mapping[str, Any]) -> Any:
+    """The kio dataclass ``cls`` from plain values (ints, strings, lists, dicts for structs)."""
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        value = fields[f.name]
+        kind = f.metadata.get("kafka_type", "")
+        item = _struct_of(hints[f.name])
+        if value is not None and item is not None:
+            value = tuple(_instance(item, v) for v in value) if isinstance(value, list) else _instance(item, value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        elif kind in ("timedelta_i32", "timedelta_i64"):
+            value = datetime.timedelta(milliseconds=value)
+        kwargs[f.name] = value
+    return cls(**kwargs)
+
+
+def _struct_of(hint: Any) -> type | None:
+    """The dataclass a field holds (alone or as a tuple of them), else None."""
+    for arg in (hint, *typing.get_args(hint)):
+        for inner in (arg, *typing.get_args(arg)):
+            if dataclasses.is_dataclass(inner):
+                return inner  # type: ignore[return-value]
+    return None
