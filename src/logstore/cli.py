@@ -414,7 +414,7 @@ class _Parser(argparse.ArgumentParser):
 
 _EPILOG = """\
 'logstore serve --help' describes serving a store to Kafka clients (logstore serve ROOT ...).
-'logstore mirror --help' describes copying topics to a Kafka cluster (logstore mirror ROOT --to ...).
+'logstore mirror --help' describes copying topics to a Kafka cluster (mirror ROOT --to ...).
 'logstore kafka-user --help' describes the SASL users of logstore serve (add, delete, list).
 'logstore COMMAND --help' describes a command and its options.
 'logstore node --help' describes the replication node (logstore node ...).

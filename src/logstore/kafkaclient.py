@@ -6,9 +6,11 @@ CreateTopics, ListOffsets and Produce to the broker that must answer each. Reque
 and responses read by kio (the classes generated from Kafka's message specs), with the versions
 below: non-flexible ones, spoken by Apache Kafka 2.4 to 4.x and by ``logstore serve``.
 
-It is deliberately small: PLAINTEXT only, one request in flight per connection, no idempotent
-producer (the mirror reconciles with the target's log end offsets instead, see
-:mod:`logstore.mirror`). Every response frame is size-checked before it is read; a broker that
+It is deliberately small: one request in flight per connection, no idempotent producer (the
+mirror reconciles with the target's log end offsets instead, see :mod:`logstore.mirror`).
+:class:`Security` says how to reach the cluster: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL,
+with SASL PLAIN or SCRAM-SHA-256/512 (RFC 5802, the server's signature checked), as Kafka's
+clients configure them (:meth:`Security.from_properties` reads their property names). Every response frame is size-checked before it is read; a broker that
 answers garbage, closes the connection or does not answer within ``timeout`` raises
 :class:`KafkaClientError` and that connection is dropped.
 
@@ -17,10 +19,16 @@ Not thread-safe: one thread uses a client.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import datetime
+import hashlib
+import hmac
 import io
+import re
+import secrets
 import socket
+import ssl
 import struct
 import typing
 from typing import Any, Mapping
@@ -32,13 +40,18 @@ from kio.serial.errors import SerialError
 
 from .errors import LogstoreError
 
-__all__ = ["KafkaClient", "KafkaClientError", "KafkaErrorResponse", "Broker", "VERSIONS"]
+__all__ = ["KafkaClient", "KafkaClientError", "KafkaErrorResponse", "Broker", "Security", "VERSIONS"]
 
 API_VERSIONS, METADATA, PRODUCE, LIST_OFFSETS, CREATE_TOPICS = 18, 3, 0, 2, 19
+SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
 #: api key -> the version this client sends
-VERSIONS: dict[int, int] = {API_VERSIONS: 0, METADATA: 8, PRODUCE: 8, LIST_OFFSETS: 5, CREATE_TOPICS: 4}
+VERSIONS: dict[int, int] = {API_VERSIONS: 0, METADATA: 8, PRODUCE: 8, LIST_OFFSETS: 5, CREATE_TOPICS: 4,
+                            SASL_HANDSHAKE: 1, SASL_AUTHENTICATE: 1}
 _NAMES = {API_VERSIONS: "ApiVersions", METADATA: "Metadata", PRODUCE: "Produce", LIST_OFFSETS: "ListOffsets",
-          CREATE_TOPICS: "CreateTopics"}
+          CREATE_TOPICS: "CreateTopics", SASL_HANDSHAKE: "SaslHandshake", SASL_AUTHENTICATE: "SaslAuthenticate"}
+PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+_SCRAM = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
+MECHANISMS = ("PLAIN", *_SCRAM)
 MAX_RESPONSE_BYTES = 100 << 20  # a larger size prefix is a broken or hostile peer
 LATEST = -1  # ListOffsets: the log end offset
 _SIZE = struct.Struct(">i")
@@ -57,6 +70,63 @@ class KafkaErrorResponse(KafkaClientError):
 
 
 @dataclasses.dataclass(frozen=True)
+class Security:
+    """How to reach a cluster (immutable): ``protocol`` one of PLAINTEXT, SSL, SASL_PLAINTEXT,
+    SASL_SSL; for SASL a ``mechanism`` (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) with ``username``
+    and ``password``; for TLS the CA file to verify brokers with (default: the system's) and
+    whether their host name must match their certificate.
+
+    Raises:
+        ValueError: an unknown protocol or mechanism, or SASL without a user and password.
+    """
+    protocol: str = "PLAINTEXT"
+    mechanism: str | None = None
+    username: str | None = None
+    password: str | None = dataclasses.field(default=None, repr=False)
+    ca_file: str | None = None
+    check_hostname: bool = True
+
+    def __post_init__(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"security.protocol must be one of {', '.join(PROTOCOLS)}, not {self.protocol!r}")
+        if self.sasl:
+            if self.mechanism not in MECHANISMS:
+                raise ValueError(f"sasl.mechanism must be one of {', '.join(MECHANISMS)}, not {self.mechanism!r}")
+            if not self.username or self.password is None:
+                raise ValueError(f"{self.protocol} needs sasl.username and sasl.password")
+
+    @property
+    def sasl(self) -> bool:
+        return self.protocol.startswith("SASL_")
+
+    @property
+    def tls(self) -> bool:
+        return self.protocol.endswith("SSL")
+
+    @classmethod
+    def from_properties(cls, properties: typing.Mapping[str, str]) -> "Security":
+        """From Kafka client properties: ``security.protocol``, ``sasl.mechanism`` (or
+        librdkafka's ``sasl.mechanisms``), ``sasl.username``/``sasl.password`` or the Java
+        clients' ``sasl.jaas.config`` (its ``username="..."`` and ``password="..."``),
+        ``ssl.ca.location`` (or ``ssl.truststore.location`` holding PEM), and
+        ``ssl.endpoint.identification.algorithm`` (empty or ``none``: no host name check).
+        Other properties are ignored."""
+        get = properties.get
+        username, password = get("sasl.username"), get("sasl.password")
+        jaas = get("sasl.jaas.config")
+        if jaas and username is None:
+            found = dict(re.findall(r'(username|password)\s*=\s*"((?:[^"\\]|\\.)*)"', jaas))
+            unescape = lambda v: None if v is None else re.sub(r"\\(.)", r"\1", v)  # noqa: E731
+            username, password = unescape(found.get("username")), unescape(found.get("password"))
+        identification = get("ssl.endpoint.identification.algorithm", "https").strip().lower()
+        return cls(protocol=get("security.protocol", "PLAINTEXT").upper(),
+                   mechanism=get("sasl.mechanism", get("sasl.mechanisms")),
+                   username=username, password=password,
+                   ca_file=get("ssl.ca.location", get("ssl.truststore.location")),
+                   check_hostname=identification not in ("", "none"))
+
+
+@dataclasses.dataclass(frozen=True)
 class Broker:
     """A broker of the cluster as Metadata names it (immutable)."""
     node_id: int
@@ -65,15 +135,66 @@ class Broker:
 
 
 class _Connection:
-    def __init__(self, host: str, port: int, timeout: float, client_id: str) -> None:
+    def __init__(self, host: str, port: int, timeout: float, client_id: str, security: Security) -> None:
         self.address = f"{host}:{port}"
         try:
-            self.sock = socket.create_connection((host, port), timeout=timeout)
-        except OSError as exc:
+            sock = socket.create_connection((host, port), timeout=timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if security.tls:
+                context = ssl.create_default_context(cafile=security.ca_file)
+                context.check_hostname = security.check_hostname
+                sock = context.wrap_socket(sock, server_hostname=host)
+        except (OSError, ssl.SSLError) as exc:
             raise KafkaClientError(f"cannot connect to {self.address}: {exc}") from None
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock: socket.socket = sock
         self.client_id = client_id
         self.correlation_id = 0
+        if security.sasl:
+            try:
+                self._authenticate(security)
+            except BaseException:
+                self.close()
+                raise
+
+    def _authenticate(self, security: Security) -> None:
+        mechanism = typing.cast(str, security.mechanism)
+        answer = self.request(SASL_HANDSHAKE, {"mechanism": mechanism})
+        if answer.error_code != ErrorCode.none:
+            raise KafkaErrorResponse(f"SaslHandshake {mechanism} with {self.address} (it offers "
+                                     f"{', '.join(answer.mechanisms)})", answer.error_code)
+        user, password = typing.cast(str, security.username), typing.cast(str, security.password)
+        if mechanism == "PLAIN":
+            self._sasl_token(f"\0{user}\0{password}".encode())
+            return
+        digest = _SCRAM[mechanism]
+        nonce = base64.b64encode(secrets.token_bytes(24)).decode()
+        first_bare = f"n={user.replace('=', '=3D').replace(',', '=2C')},r={nonce}"
+        server_first = self._sasl_token(f"n,,{first_bare}".encode()).decode("utf-8", "replace")
+        fields = dict(item.split("=", 1) for item in server_first.split(",") if "=" in item)
+        try:
+            combined, salt, iterations = fields["r"], base64.b64decode(fields["s"]), int(fields["i"])
+        except (KeyError, ValueError) as exc:  # (binascii.Error is a ValueError)
+            raise KafkaClientError(f"SCRAM with {self.address}: a malformed server-first message") from exc
+        if not combined.startswith(nonce) or not 1 <= iterations <= 1_000_000:
+            raise KafkaClientError(f"SCRAM with {self.address}: the server's nonce or iteration count is wrong")
+        salted = hashlib.pbkdf2_hmac(digest, password.encode(), salt, iterations)
+        client_key = hmac.digest(salted, b"Client Key", digest)
+        without_proof = f"c=biws,r={combined}"
+        auth_message = f"{first_bare},{server_first},{without_proof}".encode()
+        signature = hmac.digest(hashlib.new(digest, client_key).digest(), auth_message, digest)
+        proof = base64.b64encode(bytes(a ^ b for a, b in zip(client_key, signature))).decode()
+        server_final = self._sasl_token(f"{without_proof},p={proof}".encode()).decode("utf-8", "replace")
+        expected = base64.b64encode(hmac.digest(hmac.digest(salted, b"Server Key", digest), auth_message,
+                                                digest)).decode()
+        if not hmac.compare_digest(server_final, f"v={expected}"):
+            raise KafkaClientError(f"SCRAM with {self.address}: the server did not prove it knows the password")
+
+    def _sasl_token(self, token: bytes) -> bytes:
+        answer = self.request(SASL_AUTHENTICATE, {"auth_bytes": token})
+        if answer.error_code != ErrorCode.none:
+            raise KafkaClientError(f"SASL authentication with {self.address} failed: "
+                                   f"{answer.error_message or answer.error_code.name}")
+        return bytes(answer.auth_bytes)
 
     def request(self, api_key: int, fields: Mapping[str, Any]) -> Any:
         version = VERSIONS[api_key]
@@ -125,6 +246,7 @@ class KafkaClient:
         bootstrap: ``"host:port[,host:port...]"``; the first that answers is used.
         timeout: seconds to wait for a connection or an answer.
         client_id: sent in every request header.
+        security: TLS and SASL settings (default: PLAINTEXT).
 
     Not thread-safe: one thread uses a client (and closes it).
 
@@ -132,9 +254,11 @@ class KafkaClient:
         KafkaClientError: no bootstrap server answers, or one lacks a version this client needs.
     """
 
-    def __init__(self, bootstrap: str, timeout: float = 30.0, client_id: str = "logstore-mirror") -> None:
+    def __init__(self, bootstrap: str, timeout: float = 30.0, client_id: str = "logstore-mirror",
+                 security: Security | None = None) -> None:
         self.timeout = timeout
         self.client_id = client_id
+        self.security = security if security is not None else Security()
         self._connections: dict[int, _Connection] = {}
         self.brokers: dict[int, Broker] = {}
         self.leaders: dict[tuple[str, int], int] = {}
@@ -147,7 +271,7 @@ class KafkaClient:
             if not host or not port.isdigit():
                 raise KafkaClientError(f"bootstrap server {address!r} is not host:port")
             try:
-                self._bootstrap = _Connection(host, int(port), timeout, client_id)
+                self._bootstrap = _Connection(host, int(port), timeout, client_id, self.security)
                 break
             except KafkaClientError as exc:
                 errors.append(str(exc))
@@ -161,6 +285,8 @@ class KafkaClient:
             raise KafkaErrorResponse(f"ApiVersions from {self._bootstrap.address}", answer.error_code)
         ranges = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in answer.api_keys}
         for key, version in VERSIONS.items():
+            if key in (SASL_HANDSHAKE, SASL_AUTHENTICATE):
+                continue  # spoken already, or not needed
             low, high = ranges.get(key, (0, -1))
             if not low <= version <= high:
                 raise KafkaClientError(f"{self._bootstrap.address} does not speak {_NAMES[key]} v{version} "
@@ -209,7 +335,7 @@ class KafkaClient:
         if connection is None:
             broker = self.brokers[leader]
             connection = self._connections[leader] = _Connection(broker.host, broker.port, self.timeout,
-                                                                 self.client_id)
+                                                                 self.client_id, self.security)
         return connection
 
     def _call(self, topic: str, partition: int, api_key: int, fields: Mapping[str, Any]) -> Any:

@@ -36,7 +36,7 @@ from typing import Any, Iterable
 
 from .consumer import offset_store
 from .errors import LogstoreError, OffsetOutOfRangeError
-from .kafkaclient import KafkaClient, KafkaClientError, KafkaErrorResponse
+from .kafkaclient import KafkaClient, KafkaClientError, KafkaErrorResponse, Security
 from .records import BatchBuilder, Record
 
 __all__ = ["Mirror", "MirrorError", "MirrorStats", "DEFAULT_GROUP"]
@@ -83,6 +83,7 @@ class Mirror:
         batch_records, batch_bytes: the most records and bytes per Produce.
         commit_interval: seconds between progress commits (also committed at the end).
         client: a connected KafkaClient to use instead of one made from ``bootstrap``.
+        security: TLS and SASL for the target (:class:`~logstore.kafkaclient.Security`).
 
     Durability: progress is committed with an fsync; what the target acknowledged is as
     durable as the target makes it. Not thread-safe: one thread runs a Mirror (another may
@@ -91,7 +92,8 @@ class Mirror:
 
     def __init__(self, store: Any, bootstrap: str, topics: Iterable[str] | None = None, *,
                  group: str = DEFAULT_GROUP, batch_records: int = 1000, batch_bytes: int = 512 << 10,
-                 commit_interval: float = 1.0, client: KafkaClient | None = None) -> None:
+                 commit_interval: float = 1.0, client: KafkaClient | None = None,
+                 security: Security | None = None) -> None:
         if batch_records < 1 or batch_bytes < 1:
             raise ValueError("batch_records and batch_bytes must be >= 1")
         self.store = store
@@ -102,7 +104,7 @@ class Mirror:
         self.batch_records = batch_records
         self.batch_bytes = batch_bytes
         self.commit_interval = commit_interval
-        self.client = client if client is not None else KafkaClient(bootstrap)
+        self.client = client if client is not None else KafkaClient(bootstrap, security=security)
         self._offsets = offset_store(store)
         self._builder = BatchBuilder()
         self._partitions: list[_Partition] = []
@@ -322,6 +324,11 @@ def main(argv: list[str] | None = None, prog: str = "logstore mirror") -> int:
                         "one per target)")
     parser.add_argument("--follow", "-f", action="store_true", help="keep copying new records until interrupted")
     parser.add_argument("--batch-records", type=int, default=1000, help="records per Produce (default 1000)")
+    parser.add_argument("--config-file", metavar="FILE", help="Kafka client properties for the target: "
+                        "security.protocol, sasl.mechanism, sasl.username/sasl.password or sasl.jaas.config, "
+                        "ssl.ca.location, ssl.endpoint.identification.algorithm")
+    parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                        help="one such property (repeat; after --config-file)")
     parser.add_argument("--quiet", "-q", action="store_true", help="no summary on standard error")
     try:
         args = parser.parse_args(argv)
@@ -335,8 +342,11 @@ def main(argv: list[str] | None = None, prog: str = "logstore mirror") -> int:
     previous = {s: signal.signal(s, interrupted) for s in (signal.SIGINT, signal.SIGTERM)} \
         if threading.current_thread() is threading.main_thread() else {}
     try:
+        properties = _properties(args.config_file, args.config)
+        security = Security.from_properties(properties)
         with LogStore(args.root, maintenance=False) as store:
-            mirror = Mirror(store, args.to, args.topics, group=args.group, batch_records=args.batch_records)
+            mirror = Mirror(store, args.to, args.topics, group=args.group, batch_records=args.batch_records,
+                            security=security)
             try:
                 stats = mirror.run(follow=args.follow, stop=stop)
             finally:
@@ -352,3 +362,24 @@ def main(argv: list[str] | None = None, prog: str = "logstore mirror") -> int:
                          f"{f', {stats.skipped} found already on the target' if stats.skipped else ''}"
                          f" ({len(stats.partitions)} partitions)\n")
     return 130 if not args.follow and not stats.done else 0
+
+
+def _properties(path: str | None, items: list[str]) -> dict[str, str]:
+    """Java-style properties: ``key=value`` (or ``key: value``) lines of ``path``, ``#`` and ``!``
+    comments, then ``items`` of ``KEY=VALUE``. Raises ValueError for a line without a key."""
+    lines: list[str] = []
+    if path is not None:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    out = {}
+    for line in [*lines, *items]:
+        text = line.strip()
+        if not text or text[0] in "#!":
+            continue
+        key, sep, value = text.partition("=")
+        if not sep:
+            key, sep, value = text.partition(":")
+        if not sep or not key.strip():
+            raise ValueError(f"not a KEY=VALUE property: {text!r}")
+        out[key.strip()] = value.strip()
+    return out

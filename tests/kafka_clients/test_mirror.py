@@ -223,3 +223,68 @@ def test_kill_9_halfway_through_a_million_records_then_resume(tmp_path, target):
     for p in range(partitions):
         values = [r.value for r in target.store.partition("big", p).iter()]
         assert values == [b"%d" % i for i in range(total // partitions)], f"big-{p}: not each record once, in order"
+
+
+# ---------------------------------------------------------------------- TLS and SASL targets
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory):
+    """A SASL_SSL and a SASL_PLAINTEXT target, user alice with every mechanism."""
+    import io
+
+    from logstore.cli import main as cli_main
+    from logstore.wire import TLSConfig
+
+    from .tls_certs import make_certs
+
+    base = tmp_path_factory.mktemp("secured")
+    users = base / "kafka-users"
+    argv = ["kafka-user", "add", str(users), "alice"] + [a for m in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+                                                         for a in ("--mechanism", m)]
+    assert cli_main(argv, stdin=io.StringIO("alice's secret\n")) == 0
+    certs = make_certs(base / "certs")
+    with KafkaServer(str(base / "ssl"), ("127.0.0.1", 0), sasl_credentials=users,
+                     tls=TLSConfig(certs.server_cert, certs.server_key)) as sasl_ssl, \
+            KafkaServer(str(base / "plain"), ("127.0.0.1", 0), sasl_credentials=users) as sasl_plaintext:
+        yield {"SASL_SSL": sasl_ssl, "SASL_PLAINTEXT": sasl_plaintext, "ca": certs.ca}
+
+
+@pytest.mark.parametrize("protocol,mechanism", [("SASL_PLAINTEXT", "PLAIN"), ("SASL_PLAINTEXT", "SCRAM-SHA-256"),
+                                                ("SASL_SSL", "SCRAM-SHA-512")])
+def test_a_target_behind_tls_and_sasl(source, secured, protocol, mechanism):
+    from logstore.kafkaclient import Security
+
+    server = secured[protocol]
+    topic = f"secure-{mechanism}".lower()
+    _fill(source, topic, partitions=2, per_partition=40)
+    security = Security(protocol, mechanism, "alice", "alice's secret", ca_file=secured["ca"])
+    with Mirror(source, server.bootstrap_servers, [topic], security=security, group=f"m-{topic}") as mirror:
+        assert mirror.run().records == 80
+    _same(source, server.store, topic)
+    wrong = Security(protocol, mechanism, "alice", "not it", ca_file=secured["ca"])
+    with pytest.raises(KafkaClientError, match="authentication with .* failed"):
+        Mirror(source, server.bootstrap_servers, [topic], security=wrong)
+    if protocol == "SASL_SSL":
+        with pytest.raises(KafkaClientError, match="cannot connect"):  # the system's CAs do not know ours
+            Mirror(source, server.bootstrap_servers, [topic], security=Security(protocol, mechanism, "alice", "x"))
+
+
+def test_the_command_reads_kafka_client_properties(source, secured, tmp_path, capsys):
+    _fill(source, "props", partitions=1, per_partition=25)
+    root = source.root
+    source.close()
+    config = tmp_path / "client.properties"
+    config.write_text("# as for kafka-console-producer --producer.config\n"
+                      "security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\n"
+                      'sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required '
+                      'username="alice" password="alice\'s secret";\n'
+                      f"ssl.ca.location={secured['ca']}\n")
+    server = secured["SASL_SSL"]
+    assert main([root, "--to", server.bootstrap_servers, "--topic", "props", "--config-file", str(config)]) == 0
+    assert "25 records copied" in capsys.readouterr().err
+    assert [r.value for r in server.store.partition("props", 0).iter()] == \
+        [b"props-0-%d" % i if i % 17 != 5 else None for i in range(25)]
+    assert main([root, "--to", server.bootstrap_servers, "--config", "security.protocol=SASL_SSL", "--config",
+                 "sasl.mechanism=PLAIN"]) == 1
+    assert "needs sasl.username and sasl.password" in capsys.readouterr().err
+    assert main([root, "--to", server.bootstrap_servers, "--config", "oops"]) == 1
+    assert "not a KEY=VALUE property" in capsys.readouterr().err

@@ -79,3 +79,26 @@ def test_a_silent_broker_times_out_and_bad_addresses_are_named():
         KafkaClient("localhost")
     with pytest.raises(KafkaClientError, match="cannot connect"):
         KafkaClient("127.0.0.1:1,127.0.0.1:2", timeout=1)
+
+
+def test_security_settings_are_checked_and_read_from_kafka_properties():
+    from logstore.kafkaclient import Security
+
+    assert Security().protocol == "PLAINTEXT" and not Security().sasl and not Security().tls
+    with pytest.raises(ValueError, match="security.protocol must be one of"):
+        Security("SASL")
+    with pytest.raises(ValueError, match="sasl.mechanism must be one of"):
+        Security("SASL_SSL", "GSSAPI", "u", "p")
+    with pytest.raises(ValueError, match="needs sasl.username and sasl.password"):
+        Security("SASL_PLAINTEXT", "PLAIN", "u")
+    librdkafka = Security.from_properties({"security.protocol": "sasl_plaintext", "sasl.mechanisms": "SCRAM-SHA-256",
+                                           "sasl.username": "u", "sasl.password": "p", "linger.ms": "5"})
+    assert (librdkafka.protocol, librdkafka.mechanism, librdkafka.username, librdkafka.password) == \
+        ("SASL_PLAINTEXT", "SCRAM-SHA-256", "u", "p")
+    java = Security.from_properties({
+        "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "ssl.truststore.location": "/ca.pem",
+        "ssl.endpoint.identification.algorithm": "",
+        "sasl.jaas.config": 'org.apache.kafka.common.security.plain.PlainLoginModule required '
+                            'username="a\\"b" password="p=w;";'})
+    assert (java.username, java.password, java.ca_file, java.check_hostname) == ('a"b', "p=w;", "/ca.pem", False)
+    assert "p=w" not in repr(java)  # the password stays out of logs
