@@ -19,7 +19,8 @@ any instant (``kill -9``) and restarted, the target holds each source record onc
 What it needs: acks=all answers (the end offset must not go backwards: a target that lost
 acknowledged records is detected and refused, naming the partition), and no other writer of the
 target partitions. Records are re-encoded in batches of up to ``batch_records`` records and
-``batch_bytes`` bytes, uncompressed; LogAppendTime records arrive as CreateTime with the same
+``batch_bytes`` bytes (before compression), compressed with the source topic's codec unless
+``compression`` names another; LogAppendTime records arrive as CreateTime with the same
 timestamp. Transaction control records are not copied (the store's reads skip them).
 
 Not thread-safe: one :class:`Mirror` runs in one thread (``--follow`` until stopped).
@@ -34,6 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from .compression import codec_from_name
 from .consumer import offset_store
 from .errors import LogstoreError, OffsetOutOfRangeError
 from .kafkaclient import KafkaClient, KafkaClientError, KafkaErrorResponse, Security
@@ -84,6 +86,8 @@ class Mirror:
         commit_interval: seconds between progress commits (also committed at the end).
         client: a connected KafkaClient to use instead of one made from ``bootstrap``.
         security: TLS and SASL for the target (:class:`~logstore.kafkaclient.Security`).
+        compression: the codec of the batches sent ("none", "gzip", "snappy", "lz4", "zstd");
+            default: each source topic's ``compression.type`` when it names one, else none.
 
     Durability: progress is committed with an fsync; what the target acknowledged is as
     durable as the target makes it. Not thread-safe: one thread runs a Mirror (another may
@@ -93,13 +97,16 @@ class Mirror:
     def __init__(self, store: Any, bootstrap: str, topics: Iterable[str] | None = None, *,
                  group: str = DEFAULT_GROUP, batch_records: int = 1000, batch_bytes: int = 512 << 10,
                  commit_interval: float = 1.0, client: KafkaClient | None = None,
-                 security: Security | None = None) -> None:
+                 security: Security | None = None, compression: str | None = None) -> None:
         if batch_records < 1 or batch_bytes < 1:
             raise ValueError("batch_records and batch_bytes must be >= 1")
         self.store = store
         self.topics = sorted(store.topics()) if topics is None else list(dict.fromkeys(topics))
+        self._codecs: dict[str, int] = {}
         for topic in self.topics:
             store.partitions_for(topic)  # raises for an unknown topic
+            name = compression if compression is not None else store.describe(topic).config.compression_type
+            self._codecs[topic] = codec_from_name("none" if name == "producer" else name)
         self.group = group
         self.batch_records = batch_records
         self.batch_bytes = batch_bytes
@@ -229,7 +236,8 @@ class Mirror:
         if not records:
             return False
         batch = bytes(self._builder.build([r.value for r in records], [r.key for r in records],
-                                          [r.headers or None for r in records], [r.timestamp for r in records]))
+                                          [r.headers or None for r in records], [r.timestamp for r in records],
+                                          codec=self._codecs[part.topic]))
         before = part.target_end
         self._produce(part, batch, len(records), before)
         part.next_offset = records[-1].offset + 1
@@ -324,6 +332,8 @@ def main(argv: list[str] | None = None, prog: str = "logstore mirror") -> int:
                         "one per target)")
     parser.add_argument("--follow", "-f", action="store_true", help="keep copying new records until interrupted")
     parser.add_argument("--batch-records", type=int, default=1000, help="records per Produce (default 1000)")
+    parser.add_argument("--compression", choices=["none", "gzip", "snappy", "lz4", "zstd"],
+                        help="the codec of the batches sent (default: each topic's compression.type)")
     parser.add_argument("--config-file", metavar="FILE", help="Kafka client properties for the target: "
                         "security.protocol, sasl.mechanism, sasl.username/sasl.password or sasl.jaas.config, "
                         "ssl.ca.location, ssl.endpoint.identification.algorithm")
@@ -346,7 +356,7 @@ def main(argv: list[str] | None = None, prog: str = "logstore mirror") -> int:
         security = Security.from_properties(properties)
         with LogStore(args.root, maintenance=False) as store:
             mirror = Mirror(store, args.to, args.topics, group=args.group, batch_records=args.batch_records,
-                            security=security)
+                            security=security, compression=args.compression)
             try:
                 stats = mirror.run(follow=args.follow, stop=stop)
             finally:

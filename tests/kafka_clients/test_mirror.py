@@ -67,6 +67,13 @@ def test_topics_are_copied_with_keys_values_headers_and_timestamps(source, targe
     assert target.store.partitions_for("events") == 3 and target.store.partitions_for("zipped") == 2
     _same(source, target.store, "events")
     _same(source, target.store, "zipped")
+    from logstore.records import parse_header
+
+    def first_codec(topic):
+        path = os.path.join(target.store.partition(topic, 0).path, "00000000000000000000.log")
+        with open(path, "rb") as f:
+            return parse_header(f.read(4096), 0).compression
+    assert (first_codec("events"), first_codec("zipped")) == (0, 4)  # as the source topics say
     # An independent reader of the target: confluent-kafka, partition 1 of events.
     consumer = confluent_kafka.Consumer({"bootstrap.servers": target.bootstrap_servers, "group.id": "check",
                                          "enable.auto.commit": False})
@@ -190,8 +197,11 @@ def test_the_command_copies_and_reports(source, target, capsys):
     _fill(source, "other", partitions=1, per_partition=5)
     root = source.root
     source.close()
-    assert main([root, "--to", target.bootstrap_servers, "--topic", "events"]) == 0
+    assert main([root, "--to", target.bootstrap_servers, "--topic", "events", "--compression", "gzip"]) == 0
     assert "30 records copied" in capsys.readouterr().err
+    with open(os.path.join(target.store.partition("events", 0).path, "00000000000000000000.log"), "rb") as f:
+        from logstore.records import parse_header
+        assert parse_header(f.read(4096), 0).compression == 1  # gzip, as asked
     assert "other" not in target.store.topics()
     assert main([root, "--to", "127.0.0.1:1"]) == 1
     assert "cannot connect" in capsys.readouterr().err
