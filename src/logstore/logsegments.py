@@ -481,4 +481,3 @@ class LogSegments:
         else:
             self._segments.clear()
             self.active = None
-        self.points = None

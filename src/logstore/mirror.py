@@ -128,7 +128,8 @@ class Mirror:
         """
         stats = MirrorStats()
         self._start(stats)
-        stopped = stop.is_set if stop is not None else (lambda: False)
+        stop = stop if stop is not None else threading.Event()  # never set: run until done
+        stopped = stop.is_set
         try:
             while not stopped():
                 moved = False
@@ -143,10 +144,7 @@ class Mirror:
                 if not follow:
                     stats.done = True
                     break
-                if stop is not None:
-                    stop.wait(poll)
-                else:
-                    time.sleep(poll)
+                stop.wait(poll)
         finally:
             self._commit()
         stats.partitions = {(p.topic, p.partition): p.next_offset for p in self._partitions}
