@@ -39,7 +39,7 @@ from .errors import (
     OffsetOutOfRangeError,
     UnknownTopicOrPartitionError,
 )
-from .offsets import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIG, OffsetStore
+from .offsets import OffsetStore, offset_store
 from .records import Record, TimestampType
 from .store import register_client
 
@@ -130,19 +130,6 @@ def _group(store: Any, name: str) -> _Group:
         if group is None:
             group = groups[name] = _Group(name)
         return group
-
-
-_OFFSET_STORES: "weakref.WeakKeyDictionary[Any, OffsetStore]" = weakref.WeakKeyDictionary()
-
-
-def offset_store(store: Any) -> OffsetStore:
-    """The store's OffsetStore over ``__consumer_offsets`` (the topic is created on first use)."""
-    with _GROUPS_LOCK:
-        found = _OFFSET_STORES.get(store)
-        if found is None:
-            store.create_topic(OFFSETS_TOPIC, 1, exist_ok=True, internal=True, **OFFSETS_TOPIC_CONFIG)
-            found = _OFFSET_STORES[store] = OffsetStore(store.partition(OFFSETS_TOPIC, 0))
-        return found
 
 
 class Consumer:

@@ -48,7 +48,7 @@ from . import kafkaconfigs
 from ._native import lib
 from .config import LogConfig
 from .kafkaproducerids import ProducerIds
-from .consumer import offset_store
+from .offsets import offset_store
 from .kafkagroups import GroupConfig, GroupCoordinator
 from .kafkawire import SUPPORTED, KafkaRequest
 from .purgatory import Purgatory

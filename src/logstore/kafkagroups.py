@@ -24,9 +24,14 @@ The rules, as Kafka's:
   with generation -1 (assign-only consumers, admin tools) is accepted while the group has no
   members. A commit returns after its batch is fsynced.
 
-Durability: offsets are durable; membership is not (Kafka keeps it in ``__consumer_offsets``
-too). After a restart the members' heartbeats get UNKNOWN_MEMBER_ID and they join again, resuming
-from the committed offsets.
+Durability: offsets are durable, and so is membership, as in Kafka: each stable generation (and
+a group becoming empty) is written to ``__consumer_offsets`` as a group metadata record
+(:mod:`~logstore.groupmetadata`), fsynced before the leader's SyncGroup is answered. A coordinator
+that starts over the same store (a restart, or another process taking over the store's group
+lock) loads every group as stable at its last generation, with every member's subscription and
+assignment: the members' heartbeats go on, and a member that died with the old coordinator is
+removed when its session times out, from the load on. A join or sync under way when the old
+coordinator stopped is simply answered again from that generation.
 
 Timers (session, rebalance and pending-member timeouts) are watches in the server's
 :class:`~logstore.purgatory.Purgatory`; no thread waits per group or member.
@@ -46,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 from .errors import LogstoreError
+from .groupmetadata import GroupMember, GroupMetadata
 from .offsets import OffsetStore
 from .purgatory import Purgatory
 
@@ -201,6 +207,45 @@ class GroupCoordinator:
         self.max_session_ms = config.max_session_timeout_ms
         self._groups: dict[str, _Group] = {}
         self._lock = threading.Lock()
+        self._load()
+
+    def _load(self) -> None:
+        """Take up every group's last stored generation (see the module docstring)."""
+        for group_id, stored in self.offsets.group_metadata().items():
+            if not stored.members:
+                continue
+            group = self._groups[group_id] = _Group(group_id)
+            group.state = STABLE
+            group.generation = stored.generation
+            group.protocol_type = stored.protocol_type
+            group.protocol = stored.protocol or ""
+            group.leader = stored.leader if stored.leader in {m.member_id for m in stored.members} else None
+            for m in stored.members:
+                rebalance_ms = m.rebalance_timeout_ms if m.rebalance_timeout_ms >= 0 else m.session_timeout_ms
+                member = _Member(m.member_id, m.group_instance_id, m.client_id, m.client_host, m.session_timeout_ms,
+                                 rebalance_ms, [(group.protocol, m.subscription)])
+                member.assignment = m.assignment
+                group.members[m.member_id] = member
+                if m.group_instance_id is not None:
+                    group.static[m.group_instance_id] = m.member_id
+                self._touch(group, member)
+            if group.leader is None:
+                group.leader = next(iter(group.members))
+            logger.info("group %s: loaded generation %d with %d members", group_id, group.generation,
+                        len(group.members))
+
+    def _store(self, group: _Group) -> None:
+        """Write the group's membership (holds the group's lock); a failure is logged: offsets
+        are unaffected, and after a takeover the members would join again."""
+        members = tuple(GroupMember(m.member_id, m.instance_id, m.client_id, m.client_host, m.rebalance_ms,
+                                    m.session_ms, m.metadata(group.protocol) if group.protocol else b"", m.assignment)
+                        for m in group.members.values())
+        stored = GroupMetadata(group.protocol_type or "", group.generation, group.protocol if members else None,
+                               group.leader if members else None, int(time.time() * 1000), members)
+        try:
+            self.offsets.store_group(group.group_id, stored)
+        except (LogstoreError, OSError, ValueError) as exc:
+            logger.error("group %s: its generation %d could not be stored: %s", group.group_id, group.generation, exc)
 
     def _group(self, group_id: str, create: bool) -> _Group | None:
         with self._lock:
@@ -361,6 +406,7 @@ class GroupCoordinator:
         if not group.members:
             group.state, group.protocol, group.leader = EMPTY, None, None
             logger.info("group %s: empty at generation %d", group.group_id, group.generation)
+            self._store(group)
             return
         group.protocol = group.select_protocol()
         if group.leader not in group.members or group.members[group.leader].join is None:
@@ -508,6 +554,7 @@ class GroupCoordinator:
                         other.sync = None
                 group.state = STABLE
                 logger.info("group %s: generation %d is stable", group_id, group.generation)
+                self._store(group)
             self._touch(group, member)
         _complete(done)
         return answer

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from .compression import codec_from_name
-from .consumer import offset_store
+from .offsets import offset_store
 from .errors import LogstoreError, OffsetOutOfRangeError
 from .kafkaclient import KafkaClient, KafkaClientError, KafkaErrorResponse, Security
 from .records import BatchBuilder, Record

@@ -21,15 +21,18 @@ Thread-safety: OffsetStore is thread-safe.
 
 from __future__ import annotations
 
+import logging
 import struct
 import threading
 import time
+import weakref
 from typing import Any, Iterable, Mapping
 
 from .errors import CorruptRecordError, OffsetOutOfRangeError
+from .groupmetadata import GroupMetadata, decode_group_key, decode_group_value, encode_group_key, encode_group_value
 
 __all__ = ["OffsetStore", "OFFSETS_TOPIC", "encode_offset_key", "encode_offset_value", "decode_offset_key", "decode_offset_value",
-           "OFFSETS_TOPIC_CONFIG"]
+           "OFFSETS_TOPIC_CONFIG", "offset_store"]
 
 #: Kafka's internal topic of committed consumer offsets.
 OFFSETS_TOPIC = "__consumer_offsets"
@@ -39,6 +42,7 @@ _I16 = struct.Struct(">h")
 _VALUE_HEAD = struct.Struct(">hqi")
 _I64 = struct.Struct(">q")
 _I32 = struct.Struct(">i")
+logger = logging.getLogger("logstore.offsets")
 
 #: Settings of the offsets topic (Kafka's offsets.topic.* defaults).
 OFFSETS_TOPIC_CONFIG = dict(cleanup_policy="compact", segment_bytes=100 * 1024 * 1024,
@@ -72,7 +76,7 @@ def encode_offset_key(group: str, topic: str, partition: int) -> bytes:
 
 def decode_offset_key(key: bytes) -> tuple[str, str, int] | None:
     """(group, topic, partition) of an offset-commit key; None for Kafka's other key versions
-    (group metadata, version 2), which logstore neither writes nor needs."""
+    (group metadata, version 2: :mod:`logstore.groupmetadata`)."""
     if len(key) < 2:
         raise CorruptRecordError(None, None, "offset commit key shorter than its version")
     (version,) = _I16.unpack_from(key, 0)
@@ -125,6 +129,7 @@ class OffsetStore:
         self._log = log
         self._lock = threading.Lock()
         self._offsets: dict[tuple[str, str, int], tuple[int, str]] = {}
+        self._groups: dict[str, GroupMetadata] = {}
         self._position = 0
 
     def _catch_up(self) -> None:
@@ -145,6 +150,7 @@ class OffsetStore:
                     continue
                 parsed = decode_offset_key(r.key)
                 if parsed is None:
+                    self._take_group(r.key, r.value, r.offset)
                     continue
                 if r.value is None:
                     self._offsets.pop(parsed, None)
@@ -152,6 +158,21 @@ class OffsetStore:
                     offset, metadata, _ = decode_offset_value(r.value)
                     self._offsets[parsed] = (offset, metadata)
             self._position = records[-1].offset + 1
+
+    def _take_group(self, key: bytes, value: bytes | None, offset: int) -> None:
+        try:
+            group = decode_group_key(key)
+            if group is None:
+                return
+            if value is None:
+                self._groups.pop(group, None)
+                return
+            metadata = decode_group_value(value)
+        except CorruptRecordError as exc:  # membership only: its members join again
+            logger.warning("skipping the group metadata record at offset %d of %s: %s", offset, OFFSETS_TOPIC, exc)
+            return
+        if metadata is not None:
+            self._groups[group] = metadata
 
     def commit(self, group: str, offsets: Mapping[Any, int | tuple[int, str]], durable: bool = True) -> None:
         """Commit ``{(topic, partition): offset or (offset, metadata)}`` for ``group`` atomically."""
@@ -174,6 +195,26 @@ class OffsetStore:
             self._log.flush()  # type: ignore[attr-defined]
         with self._lock:
             self._catch_up()
+
+    def store_group(self, group: str, metadata: GroupMetadata | None, durable: bool = True) -> None:
+        """Write ``group``'s membership (None: a tombstone, the group is gone).
+
+        Durability: fsynced on return unless ``durable`` is False.
+        """
+        key = encode_group_key(group)
+        value = None if metadata is None else encode_group_value(metadata)
+        with self._lock:
+            self._log.append_batch([value], [key])  # type: ignore[attr-defined]
+        if durable:
+            self._log.flush()  # type: ignore[attr-defined]
+        with self._lock:
+            self._catch_up()
+
+    def group_metadata(self) -> dict[str, GroupMetadata]:
+        """Every group's last stored membership (:mod:`logstore.groupmetadata`)."""
+        with self._lock:
+            self._catch_up()
+            return dict(self._groups)
 
     def delete(self, group: str, partitions: Iterable[tuple[str, int]]) -> None:
         """Remove the group's committed offsets for ``partitions`` (tombstones)."""
@@ -210,3 +251,21 @@ class OffsetStore:
             for (group, topic, partition), (offset, _) in self._offsets.items():
                 out.setdefault(group, {})[(topic, partition)] = offset
             return out
+
+
+_OFFSET_STORES: "weakref.WeakKeyDictionary[Any, OffsetStore]" = weakref.WeakKeyDictionary()
+_OFFSET_STORES_LOCK = threading.Lock()
+
+
+def offset_store(store: Any) -> OffsetStore:
+    """The store's one OffsetStore over ``__consumer_offsets`` partition 0, shared by its
+    consumers, its Kafka listener and the mirror (the topic is created on first use).
+
+    Thread-safety: thread-safe.
+    """
+    with _OFFSET_STORES_LOCK:
+        found = _OFFSET_STORES.get(store)
+        if found is None:
+            store.create_topic(OFFSETS_TOPIC, 1, exist_ok=True, internal=True, **OFFSETS_TOPIC_CONFIG)
+            found = _OFFSET_STORES[store] = OffsetStore(store.partition(OFFSETS_TOPIC, 0))
+        return found

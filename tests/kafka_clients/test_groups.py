@@ -369,3 +369,65 @@ def test_a_commit_for_a_generation_the_coordinator_does_not_know_is_refused(serv
     assert m.commit({("t", 0): 1}) == {("t", 0): ILLEGAL_GENERATION}
     assert offset_store(server.store).committed("after-restart", "t", 0) is None
     m.close()
+
+
+def test_a_restarted_coordinator_keeps_the_generation_and_expires_the_dead(tmp_path):
+    """Membership is stored in __consumer_offsets (Kafka's group metadata record): a new
+    coordinator over the same store takes the stable generation up, the live member's heartbeats
+    and commits go on, and the member that never comes back is removed after its session."""
+    first = KafkaServer(str(tmp_path), ("127.0.0.1", 0), group_min_session_timeout_ms=100).start()
+    first.store.create_topic("t", 4, exist_ok=True)
+    a, b = Member(first, group="kept", session_ms=1500), Member(first, group="kept", session_ms=1500)
+    assert [a.join().error_code, b.join().error_code] == [MEMBER_ID_REQUIRED, MEMBER_ID_REQUIRED]
+    assert [r.error_code for r in join_together(a, b)] == [NONE, NONE]
+    with ThreadPoolExecutor(2) as pool:
+        syncs = list(pool.map(lambda m: m.sync([(a.member_id, b"for-a"), (b.member_id, b"for-b")]), (a, b)))
+    assert sorted(s.assignment for s in syncs) == [b"for-a", b"for-b"]
+    generation = a.generation
+    a.close()
+    b.close()
+    first.stop()
+
+    second = KafkaServer(str(tmp_path), ("127.0.0.1", 0), group_min_session_timeout_ms=100).start()
+    try:
+        a.conn = Conn(second)
+        assert a.heartbeat() == NONE
+        assert a.generation == generation
+        assert a.commit({("t", 1): 7}) == {("t", 1): NONE}
+        assert offset_store(second.store).committed("kept", "t", 1) == 7
+        assert a.sync().assignment == b"for-a"  # a lost sync answer, asked again
+        described = second._apis.groups.describe("kept")
+        assert described["generation"] == generation and described["state"] == "Stable"
+        assert {m["member_id"] for m in described["members"]} == {a.member_id, b.member_id}
+        deadline = time.monotonic() + 10
+        while a.heartbeat() == NONE:  # b never heartbeats again: its session ends
+            assert time.monotonic() < deadline, "the dead member was never removed"
+            time.sleep(0.2)
+        assert a.heartbeat() == REBALANCE_IN_PROGRESS
+        answer = a.join()
+        assert answer.error_code == NONE and answer.generation_id == generation + 1
+        assert [m[0] for m in answer.members] == [a.member_id]
+        a.close()
+    finally:
+        second.stop()
+
+
+def test_an_empty_group_is_stored_empty(tmp_path):
+    first = KafkaServer(str(tmp_path), ("127.0.0.1", 0), group_min_session_timeout_ms=100).start()
+    a = Member(first, group="emptied")
+    a.join_fully()
+    assert a.sync([(a.member_id, b"x")]).error_code == NONE
+    stored = offset_store(first.store).group_metadata()["emptied"]
+    assert stored.generation == a.generation and [m.member_id for m in stored.members] == [a.member_id]
+    assert stored.members[0].assignment == b"x" and stored.members[0].subscription == b"m"
+    assert stored.protocol == "range" and stored.leader == a.member_id
+    assert a.conn.call(LeaveGroupRequest[1]("emptied", a.member_id), LeaveGroupResponse[1]).error_code == NONE
+    stored = offset_store(first.store).group_metadata()["emptied"]
+    assert stored.members == () and stored.generation == a.generation + 1 and stored.protocol is None
+    a.close()
+    first.stop()
+    second = KafkaServer(str(tmp_path), ("127.0.0.1", 0)).start()
+    try:
+        assert second._apis.groups.describe("emptied") is None  # nothing to take up
+    finally:
+        second.stop()
