@@ -37,7 +37,7 @@ from .records import Record, TimestampType
 from .segment import SegmentInfo
 from .store import LogStore, TopicDescription
 from .producer import Producer, RecordMetadata, SendFuture
-from .consumer import Consumer, ConsumerRecord, PartitionNotAssignedError, TopicPartition
+from .consumer import CommitFailedError, Consumer, ConsumerRecord, PartitionNotAssignedError, TopicPartition
 from .workqueue import Message, Queue
 
 __version__ = "0.1.0"
@@ -53,6 +53,7 @@ __all__ = [
     "ConsumerRecord",
     "TopicPartition",
     "PartitionNotAssignedError",
+    "CommitFailedError",
     "Queue",
     "Message",
     "Log",

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import threading
 import time
 import uuid
@@ -39,11 +40,14 @@ from .errors import (
     OffsetOutOfRangeError,
     UnknownTopicOrPartitionError,
 )
-from .offsets import OffsetStore, offset_store
+from .groupservice import CommitFailedError, Membership
+from .offsets import offset_store
 from .records import Record, TimestampType
 from .store import register_client
 
-__all__ = ["Consumer", "ConsumerRecord", "TopicPartition", "PartitionNotAssignedError"]
+__all__ = ["Consumer", "ConsumerRecord", "TopicPartition", "PartitionNotAssignedError", "CommitFailedError"]
+
+logger = logging.getLogger("logstore.consumer")
 
 _RESETS = ("earliest", "latest")
 _member_seq = itertools.count()
@@ -74,7 +78,9 @@ class PartitionNotAssignedError(LogstoreError, ValueError):
 
 
 class _Group:
-    """The members of one consumer group in this process, and their range assignment."""
+    """The members of one consumer group in this store object, and their range assignment of
+    the partitions the group gives this store object: every partition of their topics, or with
+    a shared store this process's share of the cross-process group (:mod:`logstore.groupservice`)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -83,28 +89,74 @@ class _Group:
         #: (generation, assignment by member id), replaced as a whole by each rebalance so
         #: that members read it without the group's lock.
         self.state: tuple[int, dict[str, list[TopicPartition]]] = (0, {})
+        self.membership: Membership | None = None
+        #: the partitions the cross-process group gave this store object (None: not shared)
+        self.share: set[tuple[str, int]] | None = None
+
+    def topics(self) -> frozenset[str]:
+        return frozenset(t for m in self.members.values() for t in m.subscription)
 
     def join(self, member: "Consumer") -> None:
         with self.lock:
             self.members[member.member_id] = member
+            if member.store.shared:
+                if self.membership is None:
+                    self.share = set()
+                    self.membership = Membership(member.store, self.name, self.lock, self._give_up, self._take,
+                                                 member.session_timeout_ms, member.heartbeat_interval_ms)
+                try:
+                    self.membership.subscribe(self.topics())  # a (re)join calls _take, which rebalances
+                except BaseException:
+                    del self.members[member.member_id]
+                    raise
             self._rebalance(member.store)
 
     def leave(self, member: "Consumer") -> None:
         with self.lock:
-            if self.members.pop(member.member_id, None) is not None:
-                self._rebalance(member.store)
+            if self.members.pop(member.member_id, None) is None:
+                return
+            if self.membership is not None:
+                if not self.members:
+                    self.membership.leave()
+                    self.share = set()
+                elif not member.store.closed:
+                    self.membership.subscribe(self.topics())
+            self._rebalance(member.store)
 
-    def _rebalance(self, store: Any) -> None:
+    def commit(self, store: Any, offsets: dict[TopicPartition, int]) -> None:
+        """Commit for the group: through the coordinator with this process's generation when
+        the store is shared, else straight to ``__consumer_offsets``."""
+        if self.membership is not None:
+            self.membership.commit({tp: (offset, "") for tp, offset in offsets.items()})
+        else:
+            offset_store(store).commit(self.name, offsets)
+
+    def _give_up(self, commit: bool) -> None:
+        """The membership gives up every partition (it rejoins); with the lock held."""
+        self.share = set()
+        if self.members:
+            self._rebalance(next(iter(self.members.values())).store, commit)
+
+    def _take(self, share: set[tuple[str, int]]) -> None:
+        """The membership's new share; with the lock held."""
+        self.share = share
+        if self.members:
+            self._rebalance(next(iter(self.members.values())).store)
+
+    def _rebalance(self, store: Any, commit: bool = True) -> None:
         new: dict[str, list[TopicPartition]] = {m: [] for m in self.members}
         topics = sorted({t for m in self.members.values() for t in m.subscription})
         for topic in topics:
             subscribers = [mid for mid, m in self.members.items() if topic in m.subscription]
-            count = store.partitions_for(topic)
-            per, extra = divmod(count, len(subscribers))
+            if self.share is None:
+                partitions = list(range(store.partitions_for(topic)))
+            else:
+                partitions = sorted(p for t, p in self.share if t == topic)
+            per, extra = divmod(len(partitions), len(subscribers))
             start = 0
             for i, mid in enumerate(subscribers):
                 n = per + (1 if i < extra else 0)
-                new[mid].extend(TopicPartition(topic, p) for p in range(start, start + n))
+                new[mid].extend(TopicPartition(topic, p) for p in partitions[start:start + n])
                 start += n
         # Two steps, so that no partition ever has two owners and positions are committed before
         # anyone takes a partition over: first publish the old assignment minus what moves and
@@ -115,7 +167,10 @@ class _Group:
         for mid, member in self.members.items():
             revoked = set(old.get(mid, ())) - set(new[mid])
             if revoked:
-                member._revoke(revoked)
+                if commit:
+                    member._revoke(revoked)
+                else:
+                    member._revoke(revoked, commit=False)
         self.state = (generation + 2, new)
 
 
@@ -146,6 +201,10 @@ class Consumer:
             on rebalance and on close.
         max_poll_records: the most records one poll returns.
         fetch_max_bytes: bytes read per partition per fetch.
+        session_timeout_ms, heartbeat_interval_ms: with a shared store (the default), how long
+            the group waits for a silent process before giving its partitions to the others,
+            and how often this process tells it that it lives (Kafka's consumer settings; the
+            first consumer of the group in this store object sets them).
 
     Durability: commits are fsynced before :meth:`commit` returns.
     """
@@ -153,13 +212,20 @@ class Consumer:
     def __init__(self, store: Any, group: str, topics: str | Iterable[str], *,
                  auto_offset_reset: str = "earliest", enable_auto_commit: bool = True,
                  auto_commit_interval_ms: int = 5000, max_poll_records: int = 500,
-                 fetch_max_bytes: int = 1 << 20) -> None:
+                 fetch_max_bytes: int = 1 << 20, session_timeout_ms: int = 10_000,
+                 heartbeat_interval_ms: int = 1_000) -> None:
         if not isinstance(group, str) or not group:
             raise InvalidConfigError(f"group must be a non-empty str, got {group!r}")
         if auto_offset_reset not in _RESETS:
             raise InvalidConfigError(f"auto_offset_reset must be 'earliest' or 'latest', got {auto_offset_reset!r}")
         if isinstance(max_poll_records, bool) or not isinstance(max_poll_records, int) or max_poll_records < 1:
             raise InvalidConfigError(f"max_poll_records must be a positive int, got {max_poll_records!r}")
+        for name, value in (("session_timeout_ms", session_timeout_ms), ("heartbeat_interval_ms", heartbeat_interval_ms)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidConfigError(f"{name} must be a positive int, got {value!r}")
+        if heartbeat_interval_ms >= session_timeout_ms:
+            raise InvalidConfigError(f"heartbeat_interval_ms ({heartbeat_interval_ms}) must be below "
+                                     f"session_timeout_ms ({session_timeout_ms})")
         names = [topics] if isinstance(topics, str) else list(topics)
         if not names:
             raise InvalidConfigError("a consumer needs at least one topic")
@@ -173,6 +239,8 @@ class Consumer:
         self.auto_commit_interval_s = auto_commit_interval_ms / 1000.0
         self.max_poll_records = max_poll_records
         self.fetch_max_bytes = fetch_max_bytes
+        self.session_timeout_ms = session_timeout_ms
+        self.heartbeat_interval_ms = heartbeat_interval_ms
         self.member_id = f"{group}-{next(_member_seq):08d}-{uuid.uuid4().hex[:8]}"
         self._lock = threading.RLock()
         self._offsets = offset_store(store)
@@ -214,12 +282,14 @@ class Consumer:
         log = self.store.partition(tp.topic, tp.partition)
         return log.log_start_offset if self.auto_offset_reset == "earliest" else log.high_watermark
 
-    def _revoke(self, partitions: set[TopicPartition]) -> None:
-        """Called by the group on a rebalance (from the joining or leaving thread)."""
+    def _revoke(self, partitions: set[TopicPartition], commit: bool = True) -> None:
+        """Called by the group on a rebalance (from the joining or leaving thread, or the
+        heartbeat thread): with auto-commit, commit the positions (unless the group already
+        dropped this process: ``commit`` False), then forget the partitions."""
         with self._lock:
             mine = {tp: self._positions[tp] for tp in partitions if tp in self._positions}
-            if self.enable_auto_commit and mine and not self._closed:
-                self._offsets.commit(self.group, mine)
+            if self.enable_auto_commit and commit and mine and not self._closed:
+                self._commit_quietly(mine, "on a rebalance")
             for tp in partitions:
                 self._positions.pop(tp, None)
             self._assigned = [tp for tp in self._assigned if tp not in partitions]
@@ -373,6 +443,10 @@ class Consumer:
 
         Durability: fsynced on return; committed offsets survive a crash of the process or the
         machine. A commit is one batch: all of its partitions are committed, or none.
+
+        Raises:
+            CommitFailedError: (shared stores) the group rebalanced and this process's
+                generation is over: its partitions may be another process's now.
         """
         with self._lock:
             self._sync()
@@ -386,13 +460,21 @@ class Consumer:
                     if partition.__class__ is not int or not 0 <= partition < count:
                         raise UnknownTopicOrPartitionError(f"topic {topic!r} has no partition {partition!r}")
                     to_commit[TopicPartition(topic, partition)] = off
-            self._offsets.commit(self.group, to_commit)
+            self._group.commit(self.store, to_commit)
             self._last_commit = time.monotonic()
+
+    def _commit_quietly(self, positions: dict[TopicPartition, int], when: str) -> None:
+        """An automatic commit: refused because the group rebalanced, it is logged (the
+        partitions' new owners start from the last commit), not raised."""
+        try:
+            self._group.commit(self.store, positions)
+        except CommitFailedError as exc:
+            logger.warning("consumer %s: auto-commit %s refused: %s", self.member_id, when, exc)
 
     def _maybe_auto_commit(self) -> None:
         if self.enable_auto_commit and time.monotonic() - self._last_commit >= self.auto_commit_interval_s:
             if self._positions:
-                self._offsets.commit(self.group, dict(self._positions))
+                self._commit_quietly(dict(self._positions), "by interval")
             self._last_commit = time.monotonic()
 
     def committed(self, topic: str, partition: int) -> int | None:
@@ -413,7 +495,7 @@ class Consumer:
                 return
             try:
                 if self.enable_auto_commit and self._positions and not self.store.closed:
-                    self._offsets.commit(self.group, dict(self._positions))
+                    self._commit_quietly(dict(self._positions), "on close")
             finally:
                 self._closed = True
                 self._positions.clear()

@@ -49,6 +49,11 @@ VERSIONS: dict[int, int] = {API_VERSIONS: 0, METADATA: 8, PRODUCE: 8, LIST_OFFSE
                             SASL_HANDSHAKE: 1, SASL_AUTHENTICATE: 1}
 _NAMES = {API_VERSIONS: "ApiVersions", METADATA: "Metadata", PRODUCE: "Produce", LIST_OFFSETS: "ListOffsets",
           CREATE_TOPICS: "CreateTopics", SASL_HANDSHAKE: "SaslHandshake", SASL_AUTHENTICATE: "SaslAuthenticate"}
+OFFSET_COMMIT, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 8, 11, 12, 13, 14
+#: the group coordinator's APIs (what :mod:`logstore.groupclient` sends), checked by their user
+GROUP_VERSIONS: dict[int, int] = {OFFSET_COMMIT: 7, JOIN_GROUP: 5, HEARTBEAT: 3, LEAVE_GROUP: 3, SYNC_GROUP: 3}
+_NAMES.update({OFFSET_COMMIT: "OffsetCommit", JOIN_GROUP: "JoinGroup", HEARTBEAT: "Heartbeat",
+               LEAVE_GROUP: "LeaveGroup", SYNC_GROUP: "SyncGroup"})
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 _SCRAM = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
 MECHANISMS = ("PLAIN", *_SCRAM)
@@ -135,11 +140,16 @@ class Broker:
 
 
 class _Connection:
-    def __init__(self, host: str, port: int, timeout: float, client_id: str, security: Security) -> None:
-        self.address = f"{host}:{port}"
+    """One connection to a broker: requests written and responses read by kio, one at a time.
+    ``sock``: a socket already connected (a Unix socket), used as it is."""
+
+    def __init__(self, host: str, port: int, timeout: float, client_id: str, security: Security,
+                 sock: socket.socket | None = None) -> None:
+        self.address = f"{host}:{port}" if sock is None else host
         try:
-            sock = socket.create_connection((host, port), timeout=timeout)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if sock is None:
+                sock = socket.create_connection((host, port), timeout=timeout)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if security.tls:
                 context = ssl.create_default_context(cafile=security.ca_file)
                 context.check_hostname = security.check_hostname
@@ -197,7 +207,7 @@ class _Connection:
         return bytes(answer.auth_bytes)
 
     def request(self, api_key: int, fields: Mapping[str, Any]) -> Any:
-        version = VERSIONS[api_key]
+        version = VERSIONS[api_key] if api_key in VERSIONS else GROUP_VERSIONS[api_key]
         cls = load_request_schema(api_key, version)
         self.correlation_id = (self.correlation_id + 1) & 0x7FFFFFFF
         out = io.BytesIO()

@@ -24,14 +24,15 @@ The rules, as Kafka's:
   with generation -1 (assign-only consumers, admin tools) is accepted while the group has no
   members. A commit returns after its batch is fsynced.
 
-Durability: offsets are durable, and so is membership, as in Kafka: each stable generation (and
-a group becoming empty) is written to ``__consumer_offsets`` as a group metadata record
-(:mod:`~logstore.groupmetadata`), fsynced before the leader's SyncGroup is answered. A coordinator
-that starts over the same store (a restart, or another process taking over the store's group
-lock) loads every group as stable at its last generation, with every member's subscription and
-assignment: the members' heartbeats go on, and a member that died with the old coordinator is
-removed when its session times out, from the load on. A join or sync under way when the old
-coordinator stopped is simply answered again from that generation.
+Durability: offsets are durable, and so is membership, as in Kafka: each stable generation, each
+member's removal (it left, or its session ended) and a group becoming empty are written to
+``__consumer_offsets`` as a group metadata record (:mod:`~logstore.groupmetadata`), fsynced
+before the answer that follows from it. A coordinator that starts over the same store (a restart,
+or another process taking over the store's group lock) loads every group at its last generation
+with its members, and, unlike Kafka, starts a rebalance at once: the live members learn it from
+their next heartbeat and join again (their commits of the old generation are still accepted
+meanwhile), so a removal or a rebalance that the old coordinator had under way is never lost,
+and a member that died with it is dropped when the rebalance timeout passes without its join.
 
 Timers (session, rebalance and pending-member timeouts) are watches in the server's
 :class:`~logstore.purgatory.Purgatory`; no thread waits per group or member.
@@ -185,6 +186,10 @@ class GroupConfig:
     min_session_timeout_ms: int = 6000
     max_session_timeout_ms: int = 1_800_000
     initial_rebalance_delay_ms: int = 0
+    #: ``liveness(client_id)``: False when the member's process is known to be gone (the store's
+    #: own coordinator asks the member's lock file, see :mod:`logstore.groupservice`); a rebalance
+    #: then does not wait for that member's join. None: no such knowledge (Kafka's rules only).
+    liveness: Callable[[str], bool] | None = None
 
 
 class GroupCoordinator:
@@ -205,6 +210,7 @@ class GroupCoordinator:
         self.initial_delay_s = config.initial_rebalance_delay_ms / 1000.0
         self.min_session_ms = config.min_session_timeout_ms
         self.max_session_ms = config.max_session_timeout_ms
+        self.liveness = config.liveness
         self._groups: dict[str, _Group] = {}
         self._lock = threading.Lock()
         self._load()
@@ -233,6 +239,10 @@ class GroupCoordinator:
                 group.leader = next(iter(group.members))
             logger.info("group %s: loaded generation %d with %d members", group_id, group.generation,
                         len(group.members))
+            done: Done = []
+            with group.lock:
+                self._prepare_rebalance(group, "a new coordinator took the group over", done)
+            _complete(done)
 
     def _store(self, group: _Group) -> None:
         """Write the group's membership (holds the group's lock); a failure is logged: offsets
@@ -362,6 +372,7 @@ class GroupCoordinator:
         group.join_not_before = min(now + self.initial_delay_s, group.join_deadline) if first else now
         logger.info("group %s: preparing to rebalance after generation %d (%s)", group.group_id, group.generation,
                     reason)
+        self._drop_dead(group)
         self._maybe_complete_join(group, done)
         if group.state == PREPARING_REBALANCE:
             self._watch_join(group)
@@ -370,11 +381,29 @@ class GroupCoordinator:
         if group.all_joined() and time.monotonic() >= group.join_not_before:
             self._complete_join(group, done)
 
+    def _drop_dead(self, group: _Group) -> None:
+        """Forget the members yet to join whose process is gone (with ``liveness`` only)."""
+        if self.liveness is None:
+            return
+        for member in list(group.members.values()):
+            if member.join is None and member.sync is None:
+                try:
+                    alive = self.liveness(member.client_id)
+                except Exception:  # noqa: BLE001 - a failed probe proves nothing
+                    logger.exception("group %s: the liveness probe of %s failed", group.group_id, member.member_id)
+                    alive = True
+                if not alive:
+                    logger.info("group %s: member %s is gone (its process ended)", group.group_id, member.member_id)
+                    self._forget(group, member)
+
     def _watch_join(self, group: _Group) -> None:
-        """A timer for the join: at its first point in time it completes, or watches again."""
+        """A timer for the join: at its first point in time it completes, or watches again (and
+        with ``liveness``, every 100 ms, to drop the members whose process ended)."""
         round_ = group.round
         now = time.monotonic()
         at = group.join_not_before if now < group.join_not_before else group.join_deadline
+        if self.liveness is not None:
+            at = min(at, now + 0.1)
 
         def attempt(expired: bool) -> bool | None:
             if not expired:
@@ -382,6 +411,7 @@ class GroupCoordinator:
             done: Done = []
             with group.lock:
                 if group.round == round_ and group.state == PREPARING_REBALANCE:
+                    self._drop_dead(group)
                     now = time.monotonic()
                     if now >= group.join_deadline or (group.all_joined() and now >= group.join_not_before):
                         self._complete_join(group, done)
@@ -465,6 +495,8 @@ class GroupCoordinator:
     def _remove_and_rebalance(self, group: _Group, member: _Member, reason: str, done: Done) -> None:
         self._drop(group, member, UNKNOWN_MEMBER_ID, done)
         logger.info("group %s: member %s removed: %s", group.group_id, member.member_id, reason)
+        if group.members:
+            self._store(group)  # a coordinator taking over must not wait for it
         if group.state in (STABLE, COMPLETING_REBALANCE):
             self._prepare_rebalance(group, reason, done)
         elif group.state == PREPARING_REBALANCE:

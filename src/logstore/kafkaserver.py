@@ -39,7 +39,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from . import _fileio, net
 from .metrics import Histogram
@@ -208,7 +208,8 @@ class KafkaServer:
     Args:
         root_or_store: a store directory (opened shared, closed by :meth:`stop`) or an open
             :class:`LogStore` (left open).
-        listen: (host, port); port 0 picks a free one. Loopback by default.
+        listen: (host, port); port 0 picks a free one. Loopback by default. A path instead
+            serves a Unix socket there (local clients only; Metadata then names localhost:0).
         advertised: (host, port) that Metadata names (default: the bound address).
         node_id: this broker's id in Metadata.
         auto_create_topics, num_partitions: Kafka's ``auto.create.topics.enable`` (a topic a
@@ -235,6 +236,8 @@ class KafkaServer:
         group_min_session_timeout_ms, group_max_session_timeout_ms, group_initial_rebalance_delay_ms:
             Kafka's ``group.min.session.timeout.ms`` (6000), ``group.max.session.timeout.ms``
             (1800000) and ``group.initial.rebalance.delay.ms`` (0 here; Kafka's is 3000).
+        group_liveness: ``liveness(client_id)`` for the group coordinator
+            (:class:`~logstore.kafkagroups.GroupConfig`): the store's own coordinator passes it.
         fsync_acks_all: make acks=all mean fsynced: the answer waits for an fsync of every
             partition the request wrote (one fsync shared by the requests waiting at once).
 
@@ -245,7 +248,8 @@ class KafkaServer:
     Thread-safety: thread-safe.
     """
 
-    def __init__(self, root_or_store: str | os.PathLike[str] | LogStore, listen: tuple[str, int] = ("127.0.0.1", 9092),
+    def __init__(self, root_or_store: str | os.PathLike[str] | LogStore,
+                 listen: tuple[str, int] | str | os.PathLike[str] = ("127.0.0.1", 9092),
                  *, advertised: tuple[str, int] | None = None, node_id: int = 0, auto_create_topics: bool = True,
                  num_partitions: int = 1, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                  limits: net.Limits = net.Limits(max_connections=4096), allow_anonymous: bool = False,
@@ -256,16 +260,19 @@ class KafkaServer:
                  sasl_max_receive_bytes: int = DEFAULT_SASL_MAX_RECEIVE_BYTES,
                  failed_authentication_delay_ms: int = 100,
                  group_min_session_timeout_ms: int = 6000, group_max_session_timeout_ms: int = 1_800_000,
-                 group_initial_rebalance_delay_ms: int = 0, fsync_acks_all: bool = False) -> None:
+                 group_initial_rebalance_delay_ms: int = 0, fsync_acks_all: bool = False,
+                 group_liveness: Callable[[str], bool] | None = None) -> None:
         context = tls.server_context() if isinstance(tls, TLSConfig) else tls
         client_certs = context is not None and context.verify_mode == ssl.CERT_REQUIRED
-        if not _is_loopback(listen[0]) and not allow_anonymous and sasl_credentials is None and not client_certs:
+        local = isinstance(listen, (str, os.PathLike))  # a Unix socket: its file's permissions guard it
+        if not local and not _is_loopback(listen[0]) and not allow_anonymous and sasl_credentials is None and not client_certs:
             raise LogstoreError(f"refusing to serve {listen[0]} without authentication: bind a loopback address, "
                                 "configure SASL (sasl_credentials, --sasl-credentials) or TLS client certificates "
                                 "(--tls-ca), or pass allow_anonymous=True (--allow-anonymous)")
         sasl = (SaslAuthenticator(sasl_credentials, sasl_mechanisms, failed_authentication_delay_ms / 1000)
                 if sasl_credentials is not None else None)
-        if sasl is not None and context is None and "PLAIN" in sasl.mechanisms and not _is_loopback(listen[0]):
+        if sasl is not None and context is None and "PLAIN" in sasl.mechanisms and not local and \
+                not _is_loopback(listen[0]):
             logger.warning("SASL PLAIN without TLS on %s: passwords cross the network in clear", listen[0])
         #: Kafka's name for what the listener speaks: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.
         self.security_protocol = ("SASL_" if sasl is not None else "") + ("SSL" if context is not None else
@@ -278,7 +285,7 @@ class KafkaServer:
             self._apis = KafkaApis(self.store, node_id=node_id, host="", port=0, cluster_id=_cluster_id(self.store.root),
                                    auto_create_topics=auto_create_topics, num_partitions=num_partitions,
                                    group_config=GroupConfig(group_min_session_timeout_ms, group_max_session_timeout_ms,
-                                                            group_initial_rebalance_delay_ms),
+                                                            group_initial_rebalance_delay_ms, group_liveness),
                                    fsync_acks_all=fsync_acks_all)
             self._protocol = KafkaProtocol(self._apis, max_request_bytes, sasl, sasl_max_receive_bytes)
             self._server = net.Server(listen, self._protocol, tls=context, limits=limits,
@@ -287,14 +294,17 @@ class KafkaServer:
             if self._owns_store:
                 self.store.close()
             raise
-        self.address: tuple[str, int] = self._server.address
-        host, port = advertised or self.address
+        #: (host, port) bound, or the Unix socket's path
+        self.address: Any = self._server.address
+        host, port = advertised or (("localhost", 0) if local else self.address)
         self._apis.host, self._apis.port = host, port
         self._stopped = threading.Event()
 
     @property
     def bootstrap_servers(self) -> str:
         """``host:port`` for a client's ``bootstrap.servers``."""
+        if isinstance(self.address, str):
+            return self.address
         host, port = self.address
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 

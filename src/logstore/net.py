@@ -1,4 +1,4 @@
-"""The network layer: one event-driven TCP listener serving a pluggable framed protocol.
+"""The network layer: one event-driven TCP or Unix-socket listener serving a pluggable framed protocol.
 
 A :class:`Server` owns a listening socket and one loop thread. The loop accepts connections,
 runs each one's TLS handshake and authentication handshake without blocking, reads frames, and
@@ -9,6 +9,13 @@ fixed-size prefix and checked against a cap before anything is allocated), the a
 state machine (:class:`Handshake`), and how a request is answered. The replication protocol
 (``wire.ReplicationProtocol``) is one, Kafka's (``kafkaserver.KafkaProtocol``, SASL: ``kafkaauth``) the other.
 A request the protocol knows does not block (:meth:`Protocol.inline`) is answered on the loop.
+
+A server listens on TCP (a ``(host, port)`` address) or on a Unix domain socket (a path); both
+serve the same way, TLS included, except that TCP_NODELAY is set on TCP connections only, and
+that a Unix connection's :attr:`Session.peer` is what ``accept()`` reports (usually ``''``), not
+a ``(host, port)`` tuple. A path longer than a socket address holds (``sun_path``: 107 bytes on
+Linux) is bound through its directory (``/proc/self/fd/<directory fd>/<name>``); clients reach
+such a path the same way with :func:`connect_unix`.
 
 Life of a connection::
 
@@ -38,7 +45,7 @@ at once, and the loop writes the result when the future completes).
 Cost: a request crosses threads once on its way in (loop -> worker). On the way out, the thread
 that has the answer writes it: a handler's worker, or whoever completes a deferred answer (the
 thread whose append wakes a held fetch, see ``purgatory``), straight to the socket when the
-connection is plain TCP and the socket takes the bytes (what it does not take, and every TLS
+connection is plain (not TLS) and the socket takes the bytes (what it does not take, and every TLS
 answer, the loop writes). The loop then only unmutes the connection, which is off the request's
 path: the peer's next request takes longer than that to arrive. Writing through the loop cost a
 second crossing per request, 100-150 microseconds on this project's 2-core machine, which cut
@@ -56,9 +63,11 @@ import collections
 import errno
 import itertools
 import logging
+import os
 import selectors
 import socket
 import ssl
+import stat
 import threading
 import time
 from concurrent.futures import Future
@@ -70,7 +79,7 @@ from .errors import LogstoreError
 from .netprotocol import Handshake, HandshakeError, Limits, Protocol, Response, Session
 from .workerpool import WorkerPool
 
-__all__ = ["Server", "Protocol", "Handshake", "HandshakeError", "Session", "Limits", "Response"]
+__all__ = ["Server", "Protocol", "Handshake", "HandshakeError", "Session", "Limits", "Response", "connect_unix"]
 
 logger = logging.getLogger("logstore.net")
 
@@ -80,6 +89,9 @@ _SEND_CHUNK = 256 * 1024
 _SENDMSG_BUFFERS = 512
 #: How long accepting pauses after accept() itself failed (out of file descriptors).
 _ACCEPT_BACKOFF_S = 0.1
+#: The longest path a Unix socket address holds (Linux's sun_path is 108 bytes, NUL included);
+#: a longer one is reached through its directory (see _unix_call).
+_SUN_PATH_MAX = 107
 
 
 class _Failed:
@@ -149,9 +161,17 @@ class Server:
 
     The socket is bound (and :attr:`address` known) at construction; :meth:`start` starts the
     loop. Args:
-        address: (host, port) to listen on (port 0: any free port).
+        address: (host, port) to listen on over TCP (port 0: any free port), or a path (``str`` or
+            ``os.PathLike``) to listen on as a Unix domain socket (SOCK_STREAM); :attr:`address`
+            is then that path as a str. A path longer than ``sun_path`` holds (107 bytes) is bound
+            through its directory; clients connect to it with :func:`connect_unix`. Binding to a
+            path where a file already exists (a stale socket included) raises OSError
+            (EADDRINUSE): the server never removes what it did not create, so whether to unlink
+            a stale socket first is the caller's decision. :meth:`stop` removes the socket file
+            the server bound (if it is still that socket).
         protocol: the :class:`Protocol` spoken.
-        tls: a server-side ``ssl.SSLContext`` every connection is wrapped in first (None: TCP).
+        tls: a server-side ``ssl.SSLContext`` every connection is wrapped in first (None: plain
+            TCP or Unix socket).
         limits: :class:`Limits`.
         name: the listener's name in metrics and logs (Kafka's listener name).
         thread_name: the loop thread's name; workers are ``<thread_name>-worker-N``.
@@ -159,15 +179,25 @@ class Server:
     Thread-safety: every method may be called from any thread; :meth:`stop` is final.
     """
 
-    def __init__(self, address: tuple[str, int], protocol: Protocol, *, tls: ssl.SSLContext | None = None,
-                 limits: Limits = Limits(), name: str = "listener", thread_name: str | None = None) -> None:
+    def __init__(self, address: tuple[str, int] | str | os.PathLike[str], protocol: Protocol, *,
+                 tls: ssl.SSLContext | None = None, limits: Limits = Limits(), name: str = "listener",
+                 thread_name: str | None = None) -> None:
         self.protocol = protocol
         self.limits = limits
         self.name = name
         self._tls = tls
-        self._listener = socket.create_server(address)
+        # The Unix socket this server bound: its absolute path (the working directory may change
+        # before stop()) and (st_dev, st_ino), so that stop() unlinks that socket and no other.
+        self._unix: tuple[str, tuple[int, int]] | None = None
+        self.address: tuple[str, int] | str
+        if isinstance(address, (str, os.PathLike)):
+            self.address = os.fsdecode(address)
+            self._listener, identity = _listen_unix(self.address)
+            self._unix = (os.path.abspath(self.address), identity)
+        else:
+            self._listener = socket.create_server(address)
+            self.address = self._listener.getsockname()[:2]
         self._listener.setblocking(False)
-        self.address: tuple[str, int] = self._listener.getsockname()[:2]
         self._thread_name = thread_name or f"net-{name}"
         self._selector = selectors.DefaultSelector()
         self._waker_r, self._waker_w = socket.socketpair()
@@ -204,7 +234,9 @@ class Server:
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop accepting, close every connection, and wait up to ``timeout`` seconds for the
-        loop and for the handlers still running (their answers are dropped). Idempotent."""
+        loop and for the handlers still running (their answers are dropped). A Unix socket's
+        file is removed once the listener is closed (if it is still the socket this server
+        bound). Idempotent."""
         with self._lock:
             if self._stopped:
                 return
@@ -326,12 +358,13 @@ class Server:
             try:
                 self._open(sock, peer)
             except (OSError, ValueError) as exc:
-                logger.debug("%s: could not set up a connection from %s: %s", self.name, peer, exc)
+                logger.debug("%s: could not set up a connection from %r: %s", self.name, peer, exc)
                 sock.close()
 
     def _open(self, sock: socket.socket, peer: Any) -> None:
         sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):  # not a Unix socket's option
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self._tls is not None:
             sock = self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
         now = time.monotonic()
@@ -393,7 +426,7 @@ class Server:
         self._counts.closed += 1
 
     def _interest(self, conn: _Conn, read_while_muted: bool = False) -> None:
-        """Register the events the connection waits for now. A plain TCP connection stays
+        """Register the events the connection waits for now. A plain (not TLS) connection stays
         registered for reading while its request is in a worker (two epoll_ctl calls fewer per
         request), until it turns readable meanwhile (``read_while_muted``: a pipelined request or
         the peer's close), when it leaves the selector until the answer is written."""
@@ -669,10 +702,85 @@ class Server:
             except OSError:
                 pass
         self._selector.close()
+        self._unlink_unix()
+
+    def _unlink_unix(self) -> None:
+        """Remove the Unix socket file this server bound (after the listener is closed), unless
+        something else is at its path by now."""
+        if self._unix is None:
+            return
+        path, identity = self._unix
+        self._unix = None
+        try:
+            st = os.lstat(path)
+            if stat.S_ISSOCK(st.st_mode) and (st.st_dev, st.st_ino) == identity:
+                os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            logger.warning("%s: could not remove the socket file %s: %s", self.name, path, exc)
+
+
+def connect_unix(path: str | os.PathLike[str], timeout: float | None = None) -> socket.socket:
+    """A stream socket connected to the Unix socket at ``path``, with ``timeout`` set (None:
+    blocking). A path longer than a socket address holds (107 bytes) is reached through its
+    directory, as :class:`Server` binds it. Raises OSError (FileNotFoundError, ConnectionRefusedError,
+    ...) when nothing listens there."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        _unix_call(sock.connect, os.fsdecode(path))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _listen_unix(path: str) -> tuple[socket.socket, tuple[int, int]]:
+    """A Unix stream socket bound at ``path`` and listening, with the (st_dev, st_ino) of its
+    file. Raises OSError (EADDRINUSE when a file is already there: it is not removed)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    bound = False
+    try:
+        _unix_call(sock.bind, path)
+        bound = True
+        st = os.stat(path)
+        sock.listen()
+    except BaseException:
+        sock.close()
+        if bound:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        raise
+    return sock, (st.st_dev, st.st_ino)
+
+
+def _unix_call(call: Any, path: str) -> None:
+    """``call`` (a socket's bind or connect) with the address ``path``; a path longer than
+    ``sun_path`` holds goes through its directory: /proc/self/fd/<directory fd>/<name>, the
+    directory's descriptor closed after the call."""
+    raw = os.fsencode(path)
+    if len(raw) <= _SUN_PATH_MAX:
+        call(raw)
+        return
+    directory, name = os.path.split(raw)
+    if not name:
+        raise OSError(errno.EINVAL, f"not a socket path (it names a directory): {path}")
+    dirfd = os.open(directory or b".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        via = b"/proc/self/fd/%d/%s" % (dirfd, name)
+        if len(via) > _SUN_PATH_MAX:
+            raise OSError(errno.ENAMETOOLONG, f"a Unix socket's name is too long even reached through its directory"
+                                              f" ({len(name)} bytes): {path}")
+        call(via)
+    finally:
+        os.close(dirfd)
 
 
 def _send_now(conn: _Conn, result: Any) -> Any:
-    """Write an answer from the thread that has it (plain TCP only: the connection is muted
+    """Write an answer from the thread that has it (not TLS: the connection is muted
     with nothing queued, so the loop does not write to it); returns a :class:`_Sent`."""
     buffers = [b if isinstance(b, FileRegion) else memoryview(b).cast("B") for b in _buffers(result) if len(b)]
     with conn.write_lock:

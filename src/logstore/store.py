@@ -180,6 +180,7 @@ class LogStore:
         self._lock = threading.RLock()
         self._logs: dict[tuple[str, int], Log] = {}
         self._clients: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self._closers: list[Any] = []
         self._topics_cache: dict[str, tuple[int, dict[str, str]]] = {}
         self._closed = False
         self._closing = False
@@ -631,6 +632,12 @@ class LogStore:
                 logger.exception("%s: maintenance task failed", self.root)
 
     # ------------------------------------------------------------------ closing
+    def add_closer(self, close: Any) -> None:
+        """Call ``close()`` when the store closes, after its producers and consumers (for the
+        client layer's services). Thread-safe."""
+        with self._lock:
+            self._closers.append(close)
+
     @property
     def closed(self) -> bool:
         """True once close() was called."""
@@ -647,6 +654,11 @@ class LogStore:
         for client in list(self._clients):
             try:
                 client.close()
+            except Exception as exc:  # noqa: BLE001 - close the rest, then report
+                errors.append(exc)
+        for closer in self._closers:  # services of the clients (a group coordinator): after them
+            try:
+                closer()
             except Exception as exc:  # noqa: BLE001 - close the rest, then report
                 errors.append(exc)
         with self._lock:
