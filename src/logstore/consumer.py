@@ -86,9 +86,9 @@ class _Group:
         self.name = name
         self.lock = threading.RLock()
         self.members: dict[str, "Consumer"] = {}
-        #: (generation, assignment by member id), replaced as a whole by each rebalance so
-        #: that members read it without the group's lock.
-        self.state: tuple[int, dict[str, list[TopicPartition]]] = (0, {})
+        #: (generation, assignment by member id, the cross-process group's generation it comes
+        #: from), replaced as a whole by each rebalance so that members read it without the lock.
+        self.state: tuple[int, dict[str, list[TopicPartition]], int] = (0, {}, -1)
         self.membership: Membership | None = None
         #: the partitions the cross-process group gave this store object (None: not shared)
         self.share: set[tuple[str, int]] | None = None
@@ -123,11 +123,12 @@ class _Group:
                     self.membership.subscribe(self.topics())
             self._rebalance(member.store)
 
-    def commit(self, store: Any, offsets: dict[TopicPartition, int]) -> None:
-        """Commit for the group: through the coordinator with this process's generation when
-        the store is shared, else straight to ``__consumer_offsets``."""
+    def commit(self, store: Any, offsets: dict[TopicPartition, int], generation: int) -> None:
+        """Commit for the group: through the coordinator with the cross-process group's
+        ``generation`` that the records were given in when the store is shared, else straight
+        to ``__consumer_offsets``."""
         if self.membership is not None:
-            self.membership.commit({tp: (offset, "") for tp, offset in offsets.items()})
+            self.membership.commit({tp: (offset, "") for tp, offset in offsets.items()}, generation)
         else:
             offset_store(store).commit(self.name, offsets)
 
@@ -161,9 +162,10 @@ class _Group:
         # Two steps, so that no partition ever has two owners and positions are committed before
         # anyone takes a partition over: first publish the old assignment minus what moves and
         # let the losers commit, then publish the new assignment.
-        generation, old = self.state
+        generation, old, _ = self.state
+        member_generation = self.membership.generation if self.membership is not None else -1
         kept = {mid: [tp for tp in old.get(mid, ()) if tp in set(new[mid])] for mid in self.members}
-        self.state = (generation + 1, kept)
+        self.state = (generation + 1, kept, member_generation)
         for mid, member in self.members.items():
             revoked = set(old.get(mid, ())) - set(new[mid])
             if revoked:
@@ -171,7 +173,7 @@ class _Group:
                     member._revoke(revoked)
                 else:
                     member._revoke(revoked, commit=False)
-        self.state = (generation + 2, new)
+        self.state = (generation + 2, new, member_generation)
 
 
 _GROUPS: "weakref.WeakKeyDictionary[Any, dict[str, _Group]]" = weakref.WeakKeyDictionary()
@@ -247,6 +249,7 @@ class Consumer:
         self._positions: dict[TopicPartition, int] = {}
         self._assigned: list[TopicPartition] = []
         self._generation = -1
+        self._member_generation = -1  # the cross-process group's generation of the assignment
         self._next = 0
         self._last_commit = time.monotonic()
         self._closed = False
@@ -258,11 +261,12 @@ class Consumer:
         """Pick up the group's current assignment (holds the lock)."""
         if self._closed:
             raise LogClosedError(f"consumer {self.member_id} is closed")
-        generation, assignment = self._group.state
+        generation, assignment, member_generation = self._group.state
         if generation == self._generation:
             return
         assigned = list(assignment.get(self.member_id, ()))
         self._generation = generation
+        self._member_generation = member_generation
         for tp in list(self._positions):
             if tp not in assigned:
                 del self._positions[tp]
@@ -449,7 +453,12 @@ class Consumer:
                 generation is over: its partitions may be another process's now.
         """
         with self._lock:
+            given_in = self._member_generation
             self._sync()
+            if self._member_generation != given_in and self._group.membership is not None and given_in >= 0:
+                raise CommitFailedError(f"group {self.group}: the group rebalanced (generation {given_in} -> "
+                                        f"{self._member_generation}) since this consumer's records were given: "
+                                        "their partitions may be another process's now")
             to_commit: dict[TopicPartition, int]
             if offsets is None:
                 to_commit = dict(self._positions)
@@ -460,14 +469,14 @@ class Consumer:
                     if partition.__class__ is not int or not 0 <= partition < count:
                         raise UnknownTopicOrPartitionError(f"topic {topic!r} has no partition {partition!r}")
                     to_commit[TopicPartition(topic, partition)] = off
-            self._group.commit(self.store, to_commit)
+            self._group.commit(self.store, to_commit, self._member_generation)
             self._last_commit = time.monotonic()
 
     def _commit_quietly(self, positions: dict[TopicPartition, int], when: str) -> None:
         """An automatic commit: refused because the group rebalanced, it is logged (the
         partitions' new owners start from the last commit), not raised."""
         try:
-            self._group.commit(self.store, positions)
+            self._group.commit(self.store, positions, self._member_generation)
         except CommitFailedError as exc:
             logger.warning("consumer %s: auto-commit %s refused: %s", self.member_id, when, exc)
 

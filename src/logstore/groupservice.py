@@ -383,15 +383,16 @@ class Membership:
                 except LogClosedError:
                     return
 
-    def commit(self, offsets: dict[tuple[str, int], tuple[int, str]]) -> None:
-        """Commit through the coordinator with this member's generation.
+    def commit(self, offsets: dict[tuple[str, int], tuple[int, str]], generation: int) -> None:
+        """Commit through the coordinator as this member of ``generation`` (the one its
+        records were given in).
 
         Raises:
-            CommitFailedError: the group no longer has this member in this generation.
+            CommitFailedError: the group no longer has this member in that generation.
         """
         if not offsets:
             return
-        generation, member_id = self.generation, self.member_id
+        member_id = self.member_id
         if generation < 0:
             raise CommitFailedError(f"group {self.group}: this process is rejoining the group; its partitions "
                                     "were given up")
