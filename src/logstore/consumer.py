@@ -6,13 +6,22 @@ and commits positions to the internal topic ``__consumer_offsets`` (see offsets.
 ``enable_auto_commit`` (as Kafka's clients do), and when a partition is taken away from it. A
 partition without a committed offset starts at ``auto_offset_reset``: "earliest" or "latest".
 
-Groups: the consumers of one group *in one process* split the partitions of their topics with
-Kafka's range assignor (per topic, partitions in order, members in join order: each gets
-``n // m`` and the first ``n % m`` one more), rebalanced when a member joins or closes. On a
-rebalance a member that loses a partition commits its position first (with auto-commit), so the
-new owner continues where it stopped. Consumers of one group in *different* processes do not
-coordinate: each process's members split the partitions among themselves. For work shared by
-several processes use :class:`logstore.Queue`.
+Groups: the consumers of a group form one group across processes, by Kafka's classic protocol.
+Each store object (so each process) is one member of the group, joined through the store's own
+coordinator (:mod:`logstore.groupservice`: served by one of the processes on a Unix socket in the
+store directory, and taken over by another when that one closes or dies); the group's leader
+splits the partitions among the processes with Kafka's range assignor, and a process's own
+consumers of the group split its share among themselves, also by range (per topic, partitions in
+order, members in join order: each gets ``n // m`` and the first ``n % m`` one more), at once
+when one of them joins or closes. The group rebalances when a process joins, leaves (its last
+consumer closes) or dies (its session times out, ``session_timeout_ms``; a process that died
+while the group rebalances is dropped at once, its lock file tells). On a rebalance a process
+gives up its partitions first, committing its positions (with auto-commit), so the new owner
+continues where it stopped. A commit carries the group generation its records were given in: once
+the group has moved on it raises :class:`CommitFailedError` and changes nothing. A store opened
+with ``shared=False`` is one process's alone: its consumers split every partition among
+themselves, with no coordinator. For work items rather than partitions, see
+:class:`logstore.Queue`.
 
 Long-poll: :meth:`Consumer.poll` returns as soon as a record is available or when its timeout
 ends; while waiting it sleeps on the store's notification counter (a futex), which every append

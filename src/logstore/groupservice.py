@@ -13,8 +13,12 @@ Kafka listener, :mod:`logstore.kafkagroups`). The others connect to it. When the
 away (it closes the store, or dies: the kernel drops its lock), its members' connections end,
 and the first to ask takes the lock and serves in its place; since membership is stored in
 ``__consumer_offsets`` (:mod:`logstore.groupmetadata`), the new coordinator knows the group,
-the live members go on, and the members of a dead process are removed when their session times
-out, after which the group rebalances.
+the new coordinator rebalances it at once: the live members join the next generation, and the
+members of a dead process are dropped without waiting. A process's liveness is its flock on
+``<root>/.groups/<token>`` (its members' client id is ``logstore-<token>``): the kernel drops
+the lock when the process dies, however it dies, and the coordinator's ``liveness`` probe
+(:class:`~logstore.kafkagroups.GroupConfig`) tries the lock while a rebalance waits for members.
+In a stable group a dead process's partitions move after its session timeout, as in Kafka.
 
 A membership (:class:`Membership`): joins (the leader computes Kafka's range assignment over
 the members' topics), then heartbeats from a daemon thread every ``heartbeat_interval_ms``.

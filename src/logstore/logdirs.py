@@ -35,8 +35,9 @@ Rules, as :func:`scan` applies them:
 * ``__consumer_offsets`` is adopted as the internal offsets topic (with the settings logstore
   gives it) only if logstore's consumer groups can share it: it has exactly one partition, and
   every batch in it is a plain (not transactional, not control) batch of records whose offset
-  commit keys and values logstore decodes (:mod:`logstore.offsets`; Kafka's group metadata and
-  other record types are ignored, as logstore ignores them). Kafka's default topic has 50
+  commit keys and values logstore decodes (:mod:`logstore.offsets`; Kafka's group metadata
+  records are taken up by the store's group coordinator when it reads them, see
+  :mod:`logstore.groupmetadata`, and other record types are ignored). Kafka's default topic has 50
   partitions and places a group's commits in partition ``hash(group) % 50``, while logstore
   keeps every group in partition 0, so the default is not compatible: :func:`scan` skips it
   with a warning (see :attr:`LogDirScan.foreign_offsets`) and a :class:`~logstore.LogStore`

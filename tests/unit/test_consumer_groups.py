@@ -282,3 +282,43 @@ def test_three_processes_one_killed_each_record_consumed_once_while_stable(root,
                 proc.kill()
                 proc.wait()
         writer.close()
+
+
+def test_the_liveness_probe_reads_the_members_locks(root):
+    a = LogStore(root, maintenance=False)
+    b = LogStore(root, maintenance=False)
+    try:
+        sa, sb = group_service(a), group_service(b)
+        mine = sb.client_id  # b's liveness file, flocked by b
+        assert mine.startswith("logstore-") and os.path.exists(os.path.join(root, ALIVE_DIR, sb.token))
+        assert sa.alive(mine)
+        gone = "f" * 32
+        open(os.path.join(root, ALIVE_DIR, gone), "w").close()  # a process that died: nobody holds it
+        assert not sa.alive("logstore-" + gone)
+        assert not os.path.exists(os.path.join(root, ALIVE_DIR, gone))  # and its file is removed
+        assert not sa.alive("logstore-" + "0" * 32)  # no file at all
+        assert sa.alive("rdkafka") and sa.alive("logstore-not-a-token")  # not ours: Kafka's rules
+        b.close()
+        assert not sa.alive(mine)  # a closed store object removed its file
+    finally:
+        b.close()
+        a.close()
+
+
+def test_a_rebalance_does_not_wait_for_a_dead_process(root, tmp_path):
+    """A member killed while the group is stable holds its partitions until its session times out;
+    but when the group rebalances meanwhile (a process joins), its join is not waited for."""
+    with LogStore(root, maintenance=False) as store:
+        store.create_topic("t", 4)
+    out = tmp_path / "w.txt"
+    proc = _start(root, out, session_ms=60_000)  # a session far longer than the test
+    a = LogStore(root, maintenance=False)
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        began = time.monotonic()
+        ca = a.consumer("g", "t", session_timeout_ms=60_000, heartbeat_interval_ms=100)
+        assert len(ca.assignment()) == 4
+        assert time.monotonic() - began < 30  # not the dead member's 60 s
+    finally:
+        a.close()
