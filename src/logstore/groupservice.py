@@ -279,20 +279,24 @@ class Membership:
 
     # ------------------------------------------------------------------ requests
     def _request(self, call: Callable[[GroupClient], Any]) -> Any:
-        """One request, reconnecting (and taking the coordinator over) once if the connection
-        is gone."""
-        for attempt in (1, 2):
+        """One request, on a new connection (and a coordinator taken over) when the old one is
+        gone. Retried for up to a session timeout: a coordinator's process that is dying may
+        still accept a connection and then reset it. Every request here may be sent twice."""
+        deadline = time.monotonic() + self.session_ms / 1000.0
+        while True:
             with self._io:
                 if self._client is None or self._pid != os.getpid():
                     self._pid = os.getpid()
+                    self._client = None
                     self._client = self.service.connect(self.service.client_id, self.session_ms / 1000.0)
                 try:
                     return call(self._client)
-                except KafkaClientError:
+                except KafkaClientError as exc:
                     self._client = None
-                    if attempt == 2:
+                    if time.monotonic() >= deadline:
                         raise
-        raise AssertionError("unreachable")
+                    logger.info("group %s: the coordinator's connection failed (%s); trying again", self.group, exc)
+            time.sleep(0.02)
 
     # ------------------------------------------------------------------ membership
     def subscribe(self, topics: frozenset[str]) -> None:

@@ -322,3 +322,30 @@ def test_a_rebalance_does_not_wait_for_a_dead_process(root, tmp_path):
         assert time.monotonic() - began < 30  # not the dead member's 60 s
     finally:
         a.close()
+
+
+def test_a_connection_reset_by_a_dying_coordinator_is_retried(root, monkeypatch):
+    """A dying coordinator's process may accept a connection and then reset it: the request is
+    sent again on a new connection (a regression: a commit raised the reset to the caller)."""
+    from logstore import groupclient
+
+    store = LogStore(root, maintenance=False)
+    try:
+        fill(store, "t", 1, 3)
+        c = store.consumer("g", "t", enable_auto_commit=False)
+        assert len(c.poll(0, 10)) == 3
+        real = groupclient.GroupClient.commit
+        failures = []
+
+        def reset_once(self, *args):
+            if len(failures) < 2:  # the old connection, then one to the dying listener
+                failures.append(1)
+                self.close()
+                raise groupclient.KafkaClientError("OffsetCommit v7: [Errno 104] Connection reset by peer")
+            return real(self, *args)
+
+        monkeypatch.setattr(groupclient.GroupClient, "commit", reset_once)
+        c.commit()
+        assert failures == [1, 1] and c.committed("t", 0) == 3
+    finally:
+        store.close()
