@@ -117,11 +117,18 @@ class KafkaApis:
             ``num.partitions``.
         group_config: the group coordinator's settings.
         fsync_acks_all: answer an acks=all produce only once its batches are fsynced.
+        purgatory: the purgatory to hold fetches in (a replica node's, whose partitions' changes
+            wake them); None: one of its own, closed by :meth:`close`.
+
+    A subclass serving a replicated store (``replica_kafka``) says per partition whether this
+    broker may answer for it (:meth:`partition_error`); fetches stop at the log's high
+    watermark in any case.
     """
 
     def __init__(self, store: LogStore, *, node_id: int, host: str, port: int, cluster_id: str,
                  auto_create_topics: bool = True, num_partitions: int = 1,
-                 group_config: GroupConfig = GroupConfig(), fsync_acks_all: bool = False) -> None:
+                 group_config: GroupConfig = GroupConfig(), fsync_acks_all: bool = False,
+                 purgatory: Purgatory | None = None) -> None:
         self.store = store
         self.node_id = node_id
         self.host = host
@@ -129,7 +136,8 @@ class KafkaApis:
         self.cluster_id = cluster_id
         self.auto_create_topics = auto_create_topics
         self.num_partitions = num_partitions
-        self.purgatory = Purgatory(f"kafka-{node_id}")
+        self._owns_purgatory = purgatory is None
+        self.purgatory = purgatory if purgatory is not None else Purgatory(f"kafka-{node_id}")
         self._appends = _AppendWatcher(store, self.purgatory, f"kafka-{node_id}-appends")
         self.producer_ids = ProducerIds(store.root)
         self._groups_lock = threading.Lock()
@@ -151,7 +159,8 @@ class KafkaApis:
         self._appends.close()
         if self._groups is not None:
             self._groups.close()
-        self.purgatory.close()
+        if self._owns_purgatory:
+            self.purgatory.close()
 
     @property
     def groups(self) -> GroupCoordinator:
@@ -278,6 +287,11 @@ class KafkaApis:
             self.purgatory.check((topic, partition))
         return NONE, first, None
 
+    def partition_error(self, topic: str, partition: int) -> int:
+        """Why this broker does not answer for the partition (Kafka's error code), or 0: a
+        single store answers for all of its partitions; a replica only for those it leads."""
+        return NONE
+
     def _log_start(self, topic: str, partition: int) -> int:
         try:
             return self.store.partition(topic, partition).log_start_offset
@@ -327,6 +341,11 @@ class KafkaApis:
                      "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
                      "preferred_read_replica": -1, "records": b""}
             topics.setdefault(topic, []).append(entry)
+            refused = self.partition_error(topic, partition)
+            if refused:
+                entry["error_code"] = refused
+                errors = True
+                continue
             try:
                 log = self.store.partition(topic, partition)
             except (UnknownTopicOrPartitionError, InvalidTopicError):
@@ -334,13 +353,13 @@ class KafkaApis:
                 errors = True
                 continue
             hw, start = log.high_watermark, log.log_start_offset
-            if offset < start or offset > hw:
+            if offset < start or offset > max(hw, log.log_end_offset):
                 entry["error_code"] = OFFSET_OUT_OF_RANGE
                 errors = True
                 continue
             entry.update(high_watermark=hw, last_stable_offset=hw, log_start_offset=start,
                          aborted_transactions=[] if read_committed else None)
-            if offset == hw:
+            if offset >= hw:  # nothing committed there yet (a replica's tail): an empty answer
                 continue
             # KIP-74: the first partition with records gets at least one batch whatever the
             # limits; the others get whole batches within theirs, or none.
@@ -348,7 +367,7 @@ class KafkaApis:
             if limit <= 0:
                 continue
             try:
-                data = log.read_region(offset, max(limit, 1))  # written with sendfile
+                data = log.read_region(offset, max(limit, 1), max_offset=hw)  # written with sendfile
             except OffsetOutOfRangeError:
                 entry.update(_NO_OFFSETS, error_code=OFFSET_OUT_OF_RANGE)
                 errors = True
@@ -376,10 +395,13 @@ class KafkaApis:
             for p in topic.partitions:
                 entry = {"partition_index": p.partition_index, "error_code": NONE, "timestamp": -1, "offset": -1,
                          "leader_epoch": 0}
+                refused = self.partition_error(topic.name, p.partition_index)
                 try:
+                    if refused:
+                        raise UnknownTopicOrPartitionError(f"{topic.name}-{p.partition_index}")
                     log = self.store.partition(topic.name, p.partition_index)
                 except (UnknownTopicOrPartitionError, InvalidTopicError):
-                    entry["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
+                    entry["error_code"] = refused or UNKNOWN_TOPIC_OR_PARTITION
                 else:
                     ts = int(p.timestamp.timestamp() * 1000) if hasattr(p.timestamp, "timestamp") else int(p.timestamp)
                     if ts == -1:
@@ -388,6 +410,8 @@ class KafkaApis:
                         entry["offset"] = log.log_start_offset
                     else:
                         found = log.offset_for_timestamp(ts)
+                        if found is not None and found >= log.high_watermark:
+                            found = None  # not committed yet: not to be seen
                         if found is not None:
                             # Kafka answers with the found record's own timestamp, not the one asked.
                             try:

@@ -236,6 +236,8 @@ class KafkaServer:
         group_min_session_timeout_ms, group_max_session_timeout_ms, group_initial_rebalance_delay_ms:
             Kafka's ``group.min.session.timeout.ms`` (6000), ``group.max.session.timeout.ms``
             (1800000) and ``group.initial.rebalance.delay.ms`` (0 here; Kafka's is 3000).
+        apis_factory: makes the request handlers from KafkaApis' arguments (a replica node's
+            Kafka listener passes one that answers for its replicated partitions).
         group_liveness: ``liveness(client_id)`` for the group coordinator
             (:class:`~logstore.kafkagroups.GroupConfig`): the store's own coordinator passes it.
         fsync_acks_all: make acks=all mean fsynced: the answer waits for an fsync of every
@@ -261,7 +263,8 @@ class KafkaServer:
                  failed_authentication_delay_ms: int = 100,
                  group_min_session_timeout_ms: int = 6000, group_max_session_timeout_ms: int = 1_800_000,
                  group_initial_rebalance_delay_ms: int = 0, fsync_acks_all: bool = False,
-                 group_liveness: Callable[[str], bool] | None = None) -> None:
+                 group_liveness: Callable[[str], bool] | None = None,
+                 apis_factory: Callable[..., KafkaApis] = KafkaApis) -> None:
         context = tls.server_context() if isinstance(tls, TLSConfig) else tls
         client_certs = context is not None and context.verify_mode == ssl.CERT_REQUIRED
         local = isinstance(listen, (str, os.PathLike))  # a Unix socket: its file's permissions guard it
@@ -282,7 +285,7 @@ class KafkaServer:
         else:
             self.store, self._owns_store = LogStore(root_or_store, shared=True), True
         try:
-            self._apis = KafkaApis(self.store, node_id=node_id, host="", port=0, cluster_id=_cluster_id(self.store.root),
+            self._apis = apis_factory(self.store, node_id=node_id, host="", port=0, cluster_id=_cluster_id(self.store.root),
                                    auto_create_topics=auto_create_topics, num_partitions=num_partitions,
                                    group_config=GroupConfig(group_min_session_timeout_ms, group_max_session_timeout_ms,
                                                             group_initial_rebalance_delay_ms, group_liveness),

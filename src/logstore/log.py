@@ -712,16 +712,18 @@ class Log:
         """
         return logreplication.read_raw(self, offset, max_bytes)
 
-    def read_region(self, offset: int, max_bytes: int = _DEFAULT_MAX_BYTES) -> FileRegion | None:
+    def read_region(self, offset: int, max_bytes: int = _DEFAULT_MAX_BYTES,
+                    max_offset: int | None = None) -> FileRegion | None:
         """The batches :meth:`read_raw` returns, as a region of the segment file instead of
-        bytes (None past the end), for a server to write with ``sendfile`` (zero copy). The
+        bytes (None past the end), for a server to write with ``sendfile`` (zero copy), none at
+        or above ``max_offset`` (a batch boundary, such as a replicated high watermark). The
         caller owns the region and must close it (see :class:`logstore._fileio.FileRegion`);
         it stays readable if the segment is deleted meanwhile. CRCs are checked. Thread-safe.
 
         Raises:
             OffsetOutOfRangeError, CorruptRecordError: as :meth:`read_raw`.
         """
-        return logreplication.read_region(self, offset, max_bytes)
+        return logreplication.read_region(self, offset, max_bytes, max_offset)
 
     def append_replicated(self, data: bytes | bytearray | memoryview) -> int:
         """Append batches copied from a leader byte for byte: offsets, timestamps and

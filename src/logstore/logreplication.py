@@ -66,15 +66,32 @@ def read_raw(log: Any, offset: int, max_bytes: int) -> bytes:
         return log._segments.read_raw(start, max_bytes)  # type: ignore[no-any-return]
 
 
-def read_region(log: Any, offset: int, max_bytes: int) -> FileRegion | None:
-    """Log.read_region: read_raw's batches as a region of the segment file (None past the end)."""
+def read_region(log: Any, offset: int, max_bytes: int, max_offset: int | None = None) -> FileRegion | None:
+    """Log.read_region: read_raw's batches as a region of the segment file (None past the end),
+    without the batches at or above ``max_offset`` (a batch boundary: a high watermark)."""
     with _reading(log, offset, "read_region") as start:
         segment, position, length = log._segments.locate_raw(start, max_bytes)
         if segment is None:
             return None
+        if max_offset is not None and max_offset < log._appender.next_offset:
+            length = _cut_at(segment.fd, position, length, max_offset)
+            if not length:
+                return None
         # A descriptor of its own: the segment may be closed, rolled or deleted before the
         # region is written (its pages stay readable through it).
         return FileRegion(_fileio.ops.dup(segment.fd), position, length)
+
+
+def _cut_at(fd: int, position: int, length: int, max_offset: int) -> int:
+    """The bytes of the region's whole batches below ``max_offset`` (their headers read again:
+    the region's batches were checked whole, so each header is sound)."""
+    cut = 0
+    while cut + 12 <= length:
+        head = _fileio.ops.pread(fd, 12, position + cut)
+        if len(head) < 12 or int.from_bytes(head[:8], "big") >= max_offset:
+            break
+        cut += 12 + int.from_bytes(head[8:12], "big")
+    return min(cut, length)
 
 
 @contextmanager

@@ -40,7 +40,9 @@ from .purgatory import Purgatory
 from .checkpoint import REPLICATION_OFFSET_CHECKPOINT, OffsetCheckpoints
 from .election import NONE, Election, QuorumStateFile, Role
 from .errors import LogstoreError, OffsetOutOfRangeError
+from .kafkaserver import KafkaServer
 from .records import Record
+from .replica_kafka import ReplicaKafkaApis
 from .replica_election import ElectionDriver
 from .replica_follower import Fetchers
 from .replica_leader import LeaderSide
@@ -138,7 +140,10 @@ class ReplicaNode:
                  replica_fetch_wait_max_ms: int = 500,
                  min_insync_replicas: int = 2, fetch_max_bytes: int = 1 << 20, max_frame: int = DEFAULT_MAX_FRAME,
                  tls: TLSConfig | None = None, max_connections: int = 256,
-                 connections_max_idle_ms: int = 600_000, handshake_timeout_ms: int = 10_000) -> None:
+                 connections_max_idle_ms: int = 600_000, handshake_timeout_ms: int = 10_000,
+                 kafka_listen: tuple[str, int] | None = None, kafka_advertised: tuple[str, int] | None = None,
+                 kafka_peers: dict[int, tuple[str, int]] | None = None,
+                 kafka_options: dict[str, Any] | None = None) -> None:
         if not secret:
             raise ValueError("a shared secret is required")
         if max_connections < 1:
@@ -207,6 +212,25 @@ class ReplicaNode:
             self.store.close()
             raise
         self.address = self._server.address
+        #: the Kafka listener (``kafka_listen``), or None
+        self.kafka: KafkaServer | None = None
+        if kafka_listen is not None:
+            if kafka_peers is not None and set(kafka_peers) != set(self.peers):
+                self._server.stop()
+                self.purgatory.close()
+                self.store.close()
+                raise ValueError(f"kafka_peers names nodes {sorted(kafka_peers)}, the peers are {sorted(self.peers)}")
+            brokers = dict(kafka_peers or {})
+            try:
+                self.kafka = KafkaServer(self.store, kafka_listen, advertised=kafka_advertised, node_id=node_id,
+                                         auto_create_topics=False, **(kafka_options or {}),
+                                         apis_factory=lambda *a, **kw: ReplicaKafkaApis(self, brokers, *a, **kw))
+            except BaseException:
+                self._server.stop()
+                self.purgatory.close()
+                self.store.close()
+                raise
+            brokers[node_id] = kafka_advertised or self.kafka.address
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> "ReplicaNode":
@@ -217,6 +241,8 @@ class ReplicaNode:
             if r.election.leader != NONE and r.election.leader != self.node_id:
                 r.log.high_watermark = min(r.hw, r.log.log_end_offset)
         self._server.start()
+        if self.kafka is not None:
+            self.kafka.start()
         targets: list[tuple[Callable[..., None], tuple[Any, ...], str]] = [(self._tick_loop, (), "tick")]
         # One fetcher per partition, each on its own connection, so that a long-polling fetch
         # of one partition never holds up another's.
@@ -230,6 +256,8 @@ class ReplicaNode:
     def stop(self) -> None:
         """Stop every thread, close connections and the store. Not resumable."""
         self._stop.set()
+        if self.kafka is not None:
+            self.kafka.stop()  # before the purgatory and the store it shares
         self.peer_connections.close()  # requests blocked on a peer fail at once
         self._fetchers.close()
         for r in self._replicas.values():  # threads waiting on a partition see the stop flag

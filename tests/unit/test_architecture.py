@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("kafka", {"kafkawriter", "kafkawire", "kafkagroups", "kafkaconfigs", "kafkaapis", "kafkaproducerids",
                "kafkacredentials", "kafkaauth", "kafkaserver", "kafkaclient", "groupclient"}),
     ("client", {"groupservice", "producer", "consumer", "workqueue"}),
-    ("replication", {"election", "replica_partition", "replica_election", "replica_leader", "replica_follower",
+    ("replication", {"replica_kafka", "election", "replica_partition", "replica_election", "replica_leader", "replica_follower",
                      "replication_client", "replication"}),
     ("apps", {"sparkoptions", "sparkplan", "sparkread", "sparkwrite", "spark", "sparkenv", "cli", "tools", "progress",
               "testing", "mirror", "__main__", "__init__"}),

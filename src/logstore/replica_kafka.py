@@ -1,0 +1,259 @@
+"""A replica node's Kafka listener: Kafka clients talk to a replica set as to a Kafka cluster.
+
+:class:`ReplicaKafkaApis` is :class:`~logstore.kafkaapis.KafkaApis` over a
+:class:`~logstore.replication.ReplicaNode`'s store, answering for its replicated partitions as a
+broker of a Kafka cluster does:
+
+- **Metadata** names every node's Kafka listener (``kafka_brokers``: this node's and its peers')
+  and, per partition, the elected leader and its epoch, the replicas (the voters) and the
+  in-sync replicas (the leader's view; a follower names the voters). A partition without a
+  leader, or whose leader's listener is unknown, is LEADER_NOT_AVAILABLE.
+- **Produce** goes to the leader; any other node answers NOT_LEADER_OR_FOLLOWER, and clients
+  refresh their metadata and follow. The batch is appended by the leader's idempotent path
+  (duplicates of an idempotent producer's retries are recognised, by the producer state that
+  followers rebuild from the batches they copy, so also after a failover); acks=1 is answered
+  once the leader holds it, acks=all (-1) once the high watermark (the majority's end) passed
+  it, with NOT_ENOUGH_REPLICAS when fewer than ``min_insync_replicas`` are in sync, and
+  REQUEST_TIMED_OUT when the request's timeout runs out first. A duplicate is answered as its
+  first append would be: with acks=all, once it is committed.
+- **Fetch** and **ListOffsets** go to the leader too, and stop at the high watermark: a
+  consumer sees committed records only.
+- Topics are the node's replicated partitions: CreateTopics and DeleteTopics are refused.
+- **InitProducerId** hands out ids unique across the replica set (``id * (max voter + 1) +
+  node id``), so producers that start on different nodes never share an id.
+
+Consumer groups and their offsets are each node's own (not replicated).
+
+Thread-safety: as KafkaApis. Appends take the partition's lock inside the node's purgatory's
+deferred block, as the replication protocol's produce does; fetch attempts, which run inside
+partition changes, take no partition lock.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any
+
+from .election import NONE as NO_LEADER, Role
+from .errors import (
+    CorruptRecordError,
+    InvalidProducerEpochError,
+    InvalidRecordError,
+    OutOfOrderSequenceError,
+    RecordTooLargeError,
+)
+from .kafkaapis import KafkaApis, _one_v2_batch
+from .kafkawire import KafkaRequest
+from .records import validate_client_batch
+
+__all__ = ["ReplicaKafkaApis"]
+
+logger = logging.getLogger("logstore.replication.kafka")
+
+NONE = 0
+CORRUPT_MESSAGE = 2
+UNKNOWN_TOPIC_OR_PARTITION = 3
+LEADER_NOT_AVAILABLE = 5
+NOT_LEADER_OR_FOLLOWER = 6
+REQUEST_TIMED_OUT = 7
+MESSAGE_TOO_LARGE = 10
+NOT_ENOUGH_REPLICAS = 19
+INVALID_REQUIRED_ACKS = 21
+POLICY_VIOLATION = 44
+OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+INVALID_PRODUCER_EPOCH = 47
+INVALID_RECORD = 87
+_ERRORS = ((CorruptRecordError, CORRUPT_MESSAGE), (RecordTooLargeError, MESSAGE_TOO_LARGE),
+           (OutOfOrderSequenceError, OUT_OF_ORDER_SEQUENCE_NUMBER), (InvalidProducerEpochError, INVALID_PRODUCER_EPOCH),
+           (InvalidRecordError, INVALID_RECORD))
+
+
+class ReplicaKafkaApis(KafkaApis):
+    """KafkaApis answering for a replica node's partitions (see the module docstring).
+
+    Args:
+        node: the ReplicaNode.
+        kafka_brokers: ``{node id: (host, port)}``: every node's advertised Kafka listener.
+        **kwargs: KafkaApis' arguments (the store is the node's; the purgatory is the node's,
+            so that its partitions' changes wake held fetches and acks=all produces).
+    """
+
+    def __init__(self, node: Any, kafka_brokers: dict[int, tuple[str, int]], *args: Any, **kwargs: Any) -> None:
+        kwargs["purgatory"] = node.purgatory
+        kwargs["auto_create_topics"] = False
+        super().__init__(*args, **kwargs)
+        self.node = node
+        self.kafka_brokers = kafka_brokers
+        self._stride = max(node.voters) + 1
+        # One cluster id for every node of the set (clients check that brokers agree on it).
+        digest = hashlib.sha256(node.secret + repr((node.voters, sorted(node._replicas))).encode()).digest()
+        self.cluster_id = base64.urlsafe_b64encode(digest[:16]).decode().rstrip("=")
+
+    def _replica(self, topic: str, partition: int) -> Any:
+        return self.node._replicas.get((topic, partition))
+
+    def partition_error(self, topic: str, partition: int) -> int:
+        rep = self._replica(topic, partition)
+        if rep is None:
+            return UNKNOWN_TOPIC_OR_PARTITION
+        return NONE if rep.election.role is Role.LEADER else NOT_LEADER_OR_FOLLOWER  # read without its lock
+
+    # ------------------------------------------------------------------ Metadata
+    def on_metadata(self, request: KafkaRequest) -> dict[str, Any]:
+        body = request.body
+        requested = None if body.topics is None else [t.name for t in body.topics]
+        if request.api_version == 0 and requested == []:
+            requested = None
+        topics = sorted({t for t, _ in self.node._replicas}) if requested is None else requested
+        brokers = [{"node_id": n, "host": host, "port": port, "rack": None}
+                   for n, (host, port) in sorted(self.kafka_brokers.items())]
+        return {"throttle_time": 0, "brokers": brokers, "cluster_id": self.cluster_id, "controller_id": self.node_id,
+                "topics": [self._replicated_topic(name) for name in topics],
+                "cluster_authorized_operations": -2147483648}
+
+    def _replicated_topic(self, name: str) -> dict[str, Any]:
+        partitions = sorted(p for t, p in self.node._replicas if t == name)
+        if not partitions:
+            return {"error_code": UNKNOWN_TOPIC_OR_PARTITION, "name": name, "is_internal": False, "partitions": []}
+        return {"error_code": NONE, "name": name, "is_internal": False,
+                "partitions": [self._partition(name, p) for p in partitions],
+                "topic_authorized_operations": -2147483648}
+
+    def _partition(self, topic: str, partition: int) -> dict[str, Any]:
+        rep = self._replica(topic, partition)
+        voters = list(self.node.voters)
+        with rep.cond:
+            election = rep.election
+            leader, epoch = election.leader, election.epoch
+            isr = voters
+            if election.role is Role.LEADER:
+                isr = sorted([self.node_id] + self.node._leader.in_sync_followers(rep, time.monotonic()))
+        if leader == NO_LEADER or leader not in self.kafka_brokers:
+            return {"error_code": LEADER_NOT_AVAILABLE, "partition_index": partition, "leader_id": -1,
+                    "leader_epoch": epoch, "replica_nodes": voters, "isr_nodes": [], "offline_replicas": []}
+        return {"error_code": NONE, "partition_index": partition, "leader_id": leader, "leader_epoch": epoch,
+                "replica_nodes": voters, "isr_nodes": isr, "offline_replicas": []}
+
+    # ------------------------------------------------------------------ Produce
+    def on_produce(self, request: KafkaRequest) -> dict[str, Any] | Future | None:
+        body = request.body
+        acks = body.acks
+        timeout_s = max(0.0, body.timeout.total_seconds()) if hasattr(body.timeout, "total_seconds") \
+            else body.timeout / 1000.0
+        answers: list[dict[str, Any]] = []
+        waiting: list[tuple[dict[str, Any], Future]] = []
+        for topic in body.topic_data:
+            partitions = []
+            for data in topic.partition_data:
+                entry = {"index": data.index, "error_code": NONE, "base_offset": -1, "log_append_time": None,
+                         "log_start_offset": -1, "record_errors": [], "error_message": None}
+                if acks not in (0, 1, -1):
+                    entry.update(error_code=INVALID_REQUIRED_ACKS, error_message=f"acks must be 0, 1 or -1, not {acks}")
+                else:
+                    outcome = self._replicated_append(topic.name, data.index, data.records, acks, timeout_s)
+                    if isinstance(outcome, Future):
+                        waiting.append((entry, outcome))
+                    else:
+                        self._settle(entry, topic.name, outcome)
+                partitions.append(entry)
+            answers.append({"name": topic.name, "partition_responses": partitions})
+        answer = {"responses": answers, "throttle_time": 0}
+        if acks == 0:
+            return None
+        if not waiting:
+            return answer
+        done: Future = Future()
+        left = [len(waiting)]
+        lock = threading.Lock()
+
+        def one(entry: dict[str, Any], topic: str, future: Future) -> None:
+            self._settle(entry, topic, future.result())
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                done.set_result(answer)
+
+        names = {id(entry): t["name"] for t in answers for entry in t["partition_responses"]}
+        for entry, future in waiting:
+            future.add_done_callback(lambda f, e=entry: one(e, names[id(e)], f))
+        return done
+
+    def _settle(self, entry: dict[str, Any], topic: str, outcome: tuple[int, int, str | None]) -> None:
+        error, base, message = outcome
+        entry.update(error_code=error, base_offset=base, error_message=message)
+        if error == NONE:
+            entry["log_start_offset"] = self._log_start(topic, entry["index"])
+
+    def _replicated_append(self, topic: str, partition: int, records: bytes | None, acks: int,
+                           timeout_s: float) -> tuple[int, int, str | None] | Future:
+        """Append on the leader: an outcome (error, base offset, message) now, or its Future
+        (acks=all, until the high watermark passes the batch)."""
+        rep = self._replica(topic, partition)
+        if rep is None:
+            return UNKNOWN_TOPIC_OR_PARTITION, -1, f"{topic}-{partition} is not replicated by this cluster"
+        if records is None:
+            return CORRUPT_MESSAGE, -1, "null records"
+        refused = _one_v2_batch(records)
+        if refused is None:
+            try:  # checked before the lock: a bad batch costs the sender, not the partition
+                validate_client_batch(records, rep.log.config.max_message_bytes)
+            except (CorruptRecordError, RecordTooLargeError, InvalidRecordError) as exc:
+                return _code(exc), -1, str(exc)
+        else:
+            return INVALID_RECORD, -1, refused
+        node = self.node
+        with node.purgatory.deferred(), rep.cond:
+            election = rep.election
+            if election.role is not Role.LEADER:
+                return NOT_LEADER_OR_FOLLOWER, -1, f"node {self.node_id} does not lead {topic}-{partition}"
+            epoch = election.epoch
+            if acks == -1:
+                in_sync = 1 + len(node._leader.in_sync_followers(rep, time.monotonic()))
+                if in_sync < node.min_insync:
+                    return NOT_ENOUGH_REPLICAS, -1, f"{in_sync} in-sync replicas, min.insync.replicas is {node.min_insync}"
+            try:
+                first, last, duplicate = rep.log.append_idempotent(records)
+            except (CorruptRecordError, RecordTooLargeError, OutOfOrderSequenceError, InvalidProducerEpochError,
+                    InvalidRecordError) as exc:
+                logger.info("refused a produce to %s-%d: %s", topic, partition, exc)
+                return _code(exc), -1, str(exc)
+            if not duplicate:
+                node._leader.advance_hw(rep)  # a set of one commits on its own append
+                rep.changed()  # answer the followers' held fetches
+        if acks != -1:
+            return NONE, first, None
+
+        def committed(expired: bool) -> tuple[int, int, str | None] | None:
+            with rep.cond:
+                election = rep.election
+                if election.role is not Role.LEADER or election.epoch != epoch or node._stop.is_set():
+                    return NOT_LEADER_OR_FOLLOWER, -1, f"node {self.node_id} lost the leadership of {topic}-{partition}"
+                if rep.hw > last:
+                    return NONE, first, None
+            return (REQUEST_TIMED_OUT, -1, "not replicated to a majority in time") if expired else None
+
+        return node.purgatory.watch(rep.key, committed, timeout_s)
+
+    # ------------------------------------------------------------------ topics and producer ids
+    def on_create_topics(self, request: KafkaRequest) -> dict[str, Any]:
+        return {"throttle_time": 0, "topics": [
+            {"name": t.name, "error_code": POLICY_VIOLATION,
+             "error_message": "a replica set's partitions are fixed when its nodes start"} for t in request.body.topics]}
+
+    def on_delete_topics(self, request: KafkaRequest) -> dict[str, Any]:
+        return {"throttle_time": 0, "responses": [{"name": name, "error_code": POLICY_VIOLATION}
+                                                  for name in request.body.topic_names]}
+
+    def on_init_producer_id(self, request: KafkaRequest) -> dict[str, Any]:
+        return {"throttle_time": 0, "error_code": NONE,
+                "producer_id": self.producer_ids.next_id() * self._stride + self.node_id, "producer_epoch": 0}
+
+
+def _code(exc: BaseException) -> int:
+    return next(code for cls, code in _ERRORS if isinstance(exc, cls))

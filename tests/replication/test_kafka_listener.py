@@ -1,0 +1,213 @@
+"""A replica set served to Kafka clients: every node has a Kafka listener (ReplicaNode's
+``kafka_listen``), Metadata names the elected leaders, produce and fetch go to them, acks=all
+means held by a majority, consumers see committed records only, and an idempotent producer's
+retries after a failover are not appended twice. The clients (kafka-python's protocol structs,
+confluent-kafka) are independent implementations of the protocol."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+import pytest
+from kafka.protocol.old.metadata import MetadataRequest, MetadataResponse
+from kafka.protocol.old.produce import ProduceRequest, ProduceResponse
+from kafka.record.default_records import DefaultRecordBatchBuilder
+
+from logstore.replication import ReplicaNode
+
+from .test_inprocess import SECRET, free_ports, wait_for
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+
+NONE, LEADER_NOT_AVAILABLE, NOT_LEADER, NOT_ENOUGH_REPLICAS, POLICY_VIOLATION = 0, 5, 6, 19, 44
+KEY = ("replicated", 0)
+
+
+def kafka_cluster(tmp_path, n=3, election_timeout_ms=300, partitions=(("replicated", 1),), **kw):
+    ports = free_ports(2 * n)
+    addrs = {i: ("127.0.0.1", ports[i]) for i in range(n)}
+    kafka = {i: ("127.0.0.1", ports[n + i]) for i in range(n)}
+    nodes = {}
+    for i in range(n):
+        nodes[i] = ReplicaNode(i, str(tmp_path / f"node{i}"), addrs[i], {j: a for j, a in addrs.items() if j != i},
+                               SECRET, election_timeout_ms=election_timeout_ms, partitions=partitions,
+                               kafka_listen=kafka[i], kafka_peers={j: a for j, a in kafka.items() if j != i},
+                               **kw).start()
+    return nodes, kafka
+
+
+def leader_of(nodes, key=KEY, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        leaders = [i for i, n in nodes.items() if not n._stop.is_set() and n.describe()[key]["role"] == "leader"]
+        if len(leaders) == 1:
+            return leaders[0]
+        time.sleep(0.05)
+    raise AssertionError("no single leader elected")
+
+
+def stop_all(nodes):
+    for n in nodes.values():
+        if not n._stop.is_set():
+            n.stop()
+
+
+class Conn:
+    def __init__(self, address):
+        self.sock = socket.create_connection(address, timeout=20)
+        self.correlation = 0
+
+    def call(self, request, response_cls):
+        self.correlation += 1
+        request.with_header(self.correlation, "listener-test")
+        self.sock.sendall(request.encode(header=True, framed=True))
+        (size,) = struct.unpack(">i", self._exactly(4))
+        answer = response_cls.decode(self._exactly(size), header=True)
+        assert answer.header.correlation_id == self.correlation
+        return answer
+
+    def _exactly(self, n):
+        buf = b""
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("closed")
+            buf += chunk
+        return buf
+
+    def close(self):
+        self.sock.close()
+
+
+def batch(values, producer_id=-1, epoch=-1, sequence=-1):
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False, producer_id=producer_id,
+                                        producer_epoch=epoch, base_sequence=sequence, batch_size=1 << 20)
+    for i, value in enumerate(values):
+        builder.append(i, timestamp=int(time.time() * 1000), key=None, value=value, headers=[])
+    return bytes(builder.build())
+
+
+def produce(conn, records, acks=-1, timeout_ms=5000):
+    answer = conn.call(ProduceRequest[3](None, acks, timeout_ms, [("replicated", [(0, records)])]),
+                       ProduceResponse[3])
+    (_, [(partition, error, base, *_)]), = answer.topics
+    return error, base
+
+
+def test_metadata_names_every_node_and_the_elected_leader(tmp_path):
+    nodes, kafka = kafka_cluster(tmp_path)
+    try:
+        leader = leader_of(nodes)
+        wait_for(lambda: all(n.describe()[KEY]["leader"] == leader for n in nodes.values()))
+        for i in nodes:
+            conn = Conn(kafka[i])
+            answer = conn.call(MetadataRequest[8](None, False, False, False), MetadataResponse[8])
+            conn.close()
+            assert sorted((b[0], b[1], b[2]) for b in answer.brokers) == sorted(
+                (j, host, port) for j, (host, port) in kafka.items())
+            (error, name, internal, partitions, *_), = answer.topics
+            assert (error, name) == (NONE, "replicated")
+            (p_error, index, leader_id, epoch, replicas, isr, offline), = partitions
+            assert (p_error, index, leader_id, replicas) == (NONE, 0, leader, [0, 1, 2])
+            assert epoch == nodes[leader].describe()[KEY]["epoch"]
+            if i == leader:
+                assert leader in isr
+        ids = set()
+        for i in nodes:  # producer ids are unique across the set
+            from kafka.protocol.old.init_producer_id import InitProducerIdRequest, InitProducerIdResponse
+            conn = Conn(kafka[i])
+            got = conn.call(InitProducerIdRequest[0](None, 60000), InitProducerIdResponse[0])
+            conn.close()
+            assert got.error_code == NONE
+            ids.add(got.producer_id)
+        assert len(ids) == 3
+    finally:
+        stop_all(nodes)
+
+
+def test_followers_refuse_produce_fetch_and_topic_changes(tmp_path):
+    nodes, kafka = kafka_cluster(tmp_path)
+    try:
+        leader = leader_of(nodes)
+        follower = next(i for i in nodes if i != leader)
+        conn = Conn(kafka[follower])
+        assert produce(conn, batch([b"x"]))[0] == NOT_LEADER
+        conn.close()
+        conn = Conn(kafka[leader])
+        error, base = produce(conn, batch([b"a", b"b"]))
+        assert error == NONE and base >= 1  # after the leader's LeaderChange control record
+        conn.close()
+        for i in nodes:
+            assert nodes[i].store.partition(*KEY).log_end_offset >= 1
+    finally:
+        stop_all(nodes)
+
+
+def test_confluent_kafka_idempotent_producer_and_consumer_across_a_failover(tmp_path):
+    nodes, kafka = kafka_cluster(tmp_path)
+    bootstrap = ",".join(f"{h}:{p}" for h, p in kafka.values())
+    try:
+        first = leader_of(nodes)
+        producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+                                             "acks": "all", "linger.ms": 5, "message.timeout.ms": 30000,
+                                             "topic.metadata.refresh.interval.ms": 500})
+        delivered, failed = [], []
+
+        def report(err, msg):
+            (failed if err else delivered).append(err or msg.value())
+
+        for i in range(200):
+            producer.produce("replicated", value=b"v%d" % i, partition=0, on_delivery=report)
+        assert producer.flush(30) == 0
+        nodes[first].stop()  # the leader goes; the client follows the new metadata
+        for i in range(200, 400):
+            producer.produce("replicated", value=b"v%d" % i, partition=0, on_delivery=report)
+        assert producer.flush(60) == 0
+        assert failed == [] and len(delivered) == 400
+        second = leader_of({i: n for i, n in nodes.items() if i != first})
+        assert second != first
+        consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": "check",
+                                             "enable.auto.commit": False})
+        consumer.assign([confluent_kafka.TopicPartition("replicated", 0, confluent_kafka.OFFSET_BEGINNING)])
+        got = []
+        deadline = time.monotonic() + 30
+        while len(got) < 400 and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                got.append(msg.value())
+        consumer.close()
+        assert got == [b"v%d" % i for i in range(400)]  # each once, in order: no retry appended twice
+    finally:
+        stop_all(nodes)
+
+
+def test_consumers_see_committed_records_only(tmp_path):
+    nodes, kafka = kafka_cluster(tmp_path, election_timeout_ms=1000, min_insync_replicas=1)
+    try:
+        leader = leader_of(nodes)
+        for i, n in nodes.items():
+            if i != leader:
+                n.stop()  # the leader alone cannot commit anything new
+        conn = Conn(kafka[leader])
+        error, base = produce(conn, batch([b"uncommitted"]), acks=1)
+        assert error == NONE  # acks=1: the leader holds it
+        log = nodes[leader].store.partition(*KEY)
+        assert log.log_end_offset > base and log.high_watermark <= base
+        error, _ = produce(conn, batch([b"again"]), acks=-1, timeout_ms=500)
+        assert error in (7, NOT_ENOUGH_REPLICAS)  # never "done" without a majority
+        conn.close()
+        consumer = confluent_kafka.Consumer({"bootstrap.servers": f"{kafka[leader][0]}:{kafka[leader][1]}",
+                                             "group.id": "c", "enable.auto.commit": False})
+        consumer.assign([confluent_kafka.TopicPartition("replicated", 0, confluent_kafka.OFFSET_BEGINNING)])
+        seen = []
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is not None and not msg.error():
+                seen.append(msg.value())
+        consumer.close()
+        assert seen == []
+    finally:
+        stop_all(nodes)
