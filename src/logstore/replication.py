@@ -396,8 +396,9 @@ class ReplicaNode:
 def main(argv: list[str] | None = None, prog: str = "python -m logstore.replication") -> int:
     """Run one replica node until SIGTERM/SIGINT: ``logstore node --node-id 0 --data-dir DIR
     --listen 127.0.0.1:9000 --peer 1=127.0.0.1:9001 --peer 2=127.0.0.1:9002 --secret-file FILE
-    [--topic NAME:PARTITIONS] [--tls-cert F --tls-key F --tls-ca F]``. Prints one "serving"
-    line on stdout once it listens."""
+    [--topic NAME:PARTITIONS] [--tls-cert F --tls-key F --tls-ca F] [--kafka-listen HOST:PORT
+    --kafka-peer 1=HOST:PORT ...]``. Prints one "serving" line on stdout once it listens (with
+    the Kafka listener's address when there is one)."""
     import argparse
     import signal
 
@@ -416,6 +417,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
     parser.add_argument("--tls-ca", help="PEM CA certificate(s) that peers' and clients' certificates must chain to")
     parser.add_argument("--max-connections", type=int, default=256)
     parser.add_argument("--connections-max-idle-ms", type=int, default=600_000)
+    parser.add_argument("--kafka-listen", help="host:port of this node's Kafka listener (Kafka clients)")
+    parser.add_argument("--kafka-advertised", help="host:port that Metadata names for it (default: the bound one)")
+    parser.add_argument("--kafka-peer", action="append", default=[],
+                        help="id=host:port: a peer's advertised Kafka listener (repeat, one per --peer)")
     args = parser.parse_args(argv)
     tls_files = (args.tls_cert, args.tls_key, args.tls_ca)
     if any(tls_files) and not all(tls_files):
@@ -428,12 +433,19 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
             parser.error(f"expected host:port, got {text!r}")
         return host, int(port)
 
-    peers = {}
-    for item in args.peer:
-        node, _, addr = item.partition("=")
-        if not node.isdigit():
-            parser.error(f"expected id=host:port, got {item!r}")
-        peers[int(node)] = address(addr)
+    def id_addresses(items: list[str]) -> dict[int, tuple[str, int]]:
+        out = {}
+        for item in items:
+            node, _, addr = item.partition("=")
+            if not node.isdigit():
+                parser.error(f"expected id=host:port, got {item!r}")
+            out[int(node)] = address(addr)
+        return out
+
+    peers = id_addresses(args.peer)
+    kafka_peers = id_addresses(args.kafka_peer)
+    if args.kafka_peer and not args.kafka_listen:
+        parser.error("--kafka-peer needs --kafka-listen")
     topics = []
     for item in args.topic or ["replicated:1"]:
         name, _, count = item.partition(":")
@@ -449,7 +461,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
                            min_insync_replicas=args.min_insync_replicas,
                            tls=TLSConfig(*tls_files) if all(tls_files) else None,
                            max_connections=args.max_connections,
-                           connections_max_idle_ms=args.connections_max_idle_ms).start()
+                           connections_max_idle_ms=args.connections_max_idle_ms,
+                           kafka_listen=address(args.kafka_listen) if args.kafka_listen else None,
+                           kafka_advertised=address(args.kafka_advertised) if args.kafka_advertised else None,
+                           kafka_peers=kafka_peers if args.kafka_listen else None).start()
     except (ValueError, OSError, LogstoreError) as exc:
         parser.error(str(exc))
     import faulthandler
@@ -458,7 +473,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
-    print(f"node {args.node_id} serving on {node.address[0]}:{node.address[1]}", flush=True)
+    kafka = f", Kafka clients on {node.kafka.bootstrap_servers}" if node.kafka is not None else ""
+    print(f"node {args.node_id} serving on {node.address[0]}:{node.address[1]}{kafka}", flush=True)
     done.wait()
     node.stop()
     return 0

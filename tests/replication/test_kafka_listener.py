@@ -211,3 +211,142 @@ def test_consumers_see_committed_records_only(tmp_path):
         assert seen == []
     finally:
         stop_all(nodes)
+
+
+def test_a_retry_after_a_failover_is_answered_with_the_first_offsets(tmp_path):
+    """The producer state travels with the log: the new leader knows the batch its predecessor
+    appended and answers the retry with its offsets instead of appending it again."""
+    nodes, kafka = kafka_cluster(tmp_path)
+    try:
+        first = leader_of(nodes)
+        from kafka.protocol.old.init_producer_id import InitProducerIdRequest, InitProducerIdResponse
+        conn = Conn(kafka[first])
+        pid = conn.call(InitProducerIdRequest[0](None, 60000), InitProducerIdResponse[0]).producer_id
+        records = batch([b"once-a", b"once-b"], producer_id=pid, epoch=0, sequence=0)
+        error, base = produce(conn, records)
+        conn.close()
+        assert error == NONE
+        end = nodes[first].store.partition(*KEY).log_end_offset
+        wait_for(lambda: all(n.store.partition(*KEY).log_end_offset >= end for n in nodes.values()))
+        nodes[first].stop()
+        rest = {i: n for i, n in nodes.items() if i != first}
+        second = leader_of(rest)
+        conn = Conn(kafka[second])
+        assert produce(conn, records) == (NONE, base)  # the retry: the same offsets
+        error, after = produce(conn, batch([b"next"], producer_id=pid, epoch=0, sequence=2))
+        conn.close()
+        assert error == NONE and after > base + 1
+        values = [r.value for r in nodes[second].store.partition(*KEY).read(0)]
+        assert values.count(b"once-a") == 1 and values[-1] == b"next"
+    finally:
+        stop_all(nodes)
+
+
+class NodeProcesses:
+    """Three `logstore node` processes with Kafka listeners (the CLI's flags)."""
+
+    def __init__(self, tmp_path, n=3):
+        self.tmp = tmp_path
+        ports = free_ports(2 * n)
+        self.addrs = {i: ("127.0.0.1", ports[i]) for i in range(n)}
+        self.kafka = {i: ("127.0.0.1", ports[n + i]) for i in range(n)}
+        (tmp_path / "secret").write_bytes(SECRET)
+        self.procs = {}
+
+    def start(self, i):
+        import subprocess
+        import sys
+        peers = [f"--peer={j}={h}:{p}" for j, (h, p) in self.addrs.items() if j != i]
+        kafka_peers = [f"--kafka-peer={j}={h}:{p}" for j, (h, p) in self.kafka.items() if j != i]
+        h, p = self.addrs[i]
+        kh, kp = self.kafka[i]
+        self.procs[i] = subprocess.Popen(
+            [sys.executable, "-m", "logstore", "node", f"--node-id={i}", f"--data-dir={self.tmp / f'n{i}'}",
+             f"--listen={h}:{p}", f"--secret-file={self.tmp / 'secret'}", "--election-timeout-ms=300",
+             f"--kafka-listen={kh}:{kp}", "--log-level=INFO", *peers, *kafka_peers],
+            stdout=subprocess.PIPE, stderr=open(self.tmp / f"node{i}.log", "ab"))
+        line = self.procs[i].stdout.readline()
+        assert b"serving" in line and f"Kafka clients on {kh}:{kp}".encode() in line, line
+
+    def leader(self, timeout=20.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for i, proc in self.procs.items():
+                if proc.poll() is not None:
+                    continue
+                try:
+                    conn = Conn(self.kafka[i])
+                    answer = conn.call(MetadataRequest[8](["replicated"], False, False, False), MetadataResponse[8])
+                    conn.close()
+                except OSError:
+                    continue
+                (_, _, _, partitions, *_), = answer.topics
+                (error, _, leader, *_), = partitions
+                if error == NONE and leader in self.procs and self.procs[leader].poll() is None:
+                    return leader
+            time.sleep(0.1)
+        raise AssertionError("no leader named by any node")
+
+    def stop_all(self):
+        import signal
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(10)
+            except Exception:  # noqa: BLE001 - a hung node is killed
+                proc.kill()
+
+
+def test_sigkill_of_the_leader_under_an_idempotent_confluent_kafka_producer(tmp_path):
+    """Node processes; the leader is SIGKILLed and restarted while confluent-kafka produces with
+    acks=all and idempotence: every acknowledged value is read back, each exactly once, in order."""
+    import os
+    import signal
+
+    cluster = NodeProcesses(tmp_path)
+    for i in range(3):
+        cluster.start(i)
+    bootstrap = ",".join(f"{h}:{p}" for h, p in cluster.kafka.values())
+    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+                                         "linger.ms": 2, "message.timeout.ms": 60000,
+                                         "topic.metadata.refresh.interval.ms": 500})
+    acked, failed = [], []
+
+    def report(err, msg):
+        (failed if err else acked).append(err or msg.value())
+
+    kills = int(os.environ.get("LOGSTORE_KAFKA_FAILOVERS", "3"))
+    try:
+        sent = 0
+        for _ in range(kills):
+            for _ in range(150):
+                producer.produce("replicated", value=b"v%06d" % sent, partition=0, on_delivery=report)
+                sent += 1
+                producer.poll(0)
+            time.sleep(0.2)
+            victim = cluster.leader()
+            cluster.procs[victim].send_signal(signal.SIGKILL)
+            cluster.procs[victim].wait()
+            for _ in range(150):  # produced while the set elects a new leader
+                producer.produce("replicated", value=b"v%06d" % sent, partition=0, on_delivery=report)
+                sent += 1
+                producer.poll(0)
+            cluster.start(victim)
+        assert producer.flush(90) == 0
+        assert failed == []
+        consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": "audit",
+                                             "enable.auto.commit": False})
+        consumer.assign([confluent_kafka.TopicPartition("replicated", 0, confluent_kafka.OFFSET_BEGINNING)])
+        got = []
+        deadline = time.monotonic() + 60
+        while len(got) < len(acked) and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                got.append(msg.value())
+        consumer.close()
+        assert len(acked) == sent
+        assert got == [b"v%06d" % i for i in range(sent)]  # each once and in order
+    finally:
+        cluster.stop_all()
