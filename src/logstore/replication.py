@@ -114,6 +114,13 @@ class ReplicaNode:
         max_connections: connections served at once; more are closed as they arrive.
         connections_max_idle_ms: a served connection that sends no request for this long is
             closed (Kafka's name); the handshake must finish within ``handshake_timeout_ms``.
+        kafka_listen: (host, port) of a Kafka listener for Kafka clients (None: none), whose
+            answers are :class:`~logstore.replica_kafka.ReplicaKafkaApis`'; ``kafka_advertised``
+            is what Metadata names for it (default: the bound address).
+        kafka_peers: {node id: (host, port)}: each peer's advertised Kafka listener (the same
+            ids as ``peers``), so that Metadata names every broker.
+        kafka_options: more :class:`~logstore.kafkaserver.KafkaServer` arguments (TLS, SASL,
+            limits).
 
     Connections are served by one event loop (``net.Server``); requests run on its worker
     threads. The node's own threads are the tick thread (election timers, the high watermark
