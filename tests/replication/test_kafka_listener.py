@@ -11,6 +11,8 @@ import struct
 import time
 
 import pytest
+from kafka.protocol.admin.topics import CreateTopicsRequest, CreateTopicsResponse
+from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
 from kafka.protocol.old.metadata import MetadataRequest, MetadataResponse
 from kafka.protocol.old.produce import ProduceRequest, ProduceResponse
 from kafka.record.default_records import DefaultRecordBatchBuilder
@@ -127,6 +129,17 @@ def test_metadata_names_every_node_and_the_elected_leader(tmp_path):
         stop_all(nodes)
 
 
+def _fetch(conn, offset):
+    ask = FetchRequest[4](replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20, isolation_level=0,
+                          session_id=0, session_epoch=-1, forgotten_topics_data=[], rack_id="", topics=[FetchRequest.FetchTopic(topic="replicated", partitions=[
+                              FetchRequest.FetchTopic.FetchPartition(partition=0, fetch_offset=offset,
+                                                                      partition_max_bytes=1 << 20)])])
+    answer = conn.call(ask, FetchResponse[4])
+    (topic,) = answer.responses
+    (partition,) = topic.partitions
+    return partition
+
+
 def test_followers_refuse_produce_fetch_and_topic_changes(tmp_path):
     nodes, kafka = kafka_cluster(tmp_path)
     try:
@@ -134,13 +147,19 @@ def test_followers_refuse_produce_fetch_and_topic_changes(tmp_path):
         follower = next(i for i in nodes if i != leader)
         conn = Conn(kafka[follower])
         assert produce(conn, batch([b"x"]))[0] == NOT_LEADER
+        assert _fetch(conn, 0).error_code == NOT_LEADER
+        T = CreateTopicsRequest.CreatableTopic
+        made = conn.call(CreateTopicsRequest[2](topics=[T(name="new", num_partitions=1, replication_factor=-1,
+                                                          assignments=[], configs=[])],
+                                                timeout_ms=5000, validate_only=False), CreateTopicsResponse[2])
+        assert [t.error_code for t in made.topics] == [POLICY_VIOLATION]
         conn.close()
         conn = Conn(kafka[leader])
         error, base = produce(conn, batch([b"a", b"b"]))
         assert error == NONE and base >= 1  # after the leader's LeaderChange control record
+        got = _fetch(conn, base)
+        assert got.error_code == NONE and got.high_watermark == base + 2 and got.records
         conn.close()
-        for i in nodes:
-            assert nodes[i].store.partition(*KEY).log_end_offset >= 1
     finally:
         stop_all(nodes)
 
