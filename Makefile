@@ -46,6 +46,7 @@ bench: $(STAMP)
 	$(PY) -m pytest -q bench --benchmark-only --benchmark-columns=min,mean,ops
 	$(PY) bench/compare.py
 	$(PY) bench/bench_kafka.py
+	$(PY) bench/bench_replica_kafka.py
 
 SOAK_SECONDS ?= 300
 soak: $(STAMP)
