@@ -22,7 +22,16 @@ broker of a Kafka cluster does:
 - **InitProducerId** hands out ids unique across the replica set (``id * (max voter + 1) +
   node id``), so producers that start on different nodes never share an id.
 
-Consumer groups and their offsets are each node's own (not replicated).
+**Consumer groups** are coordinated by the leader of ``__consumer_offsets`` partition 0, which
+the set replicates like any partition (Kafka's rule: a group's coordinator leads the offsets
+partition its id hashes to; here there is one). FindCoordinator names that leader (or answers
+COORDINATOR_NOT_AVAILABLE while there is none), and the other nodes answer the group requests
+with NOT_COORDINATOR, so clients find it again after a failover. The coordinator is
+:class:`~logstore.kafkagroups.GroupCoordinator` over an OffsetStore whose writes are appended
+by the leader and return once the high watermark passed them: a commit that was answered
+survives the loss of any minority. A node that becomes the leader takes the groups up from the
+replicated log (membership included) in a new coordinator, and one that loses the leadership
+drops its own.
 
 Thread-safety: as KafkaApis. Appends take the partition's lock inside the node's purgatory's
 deferred block, as the replication protocol's produce does; fetch attempts, which run inside
@@ -47,8 +56,11 @@ from .errors import (
     OutOfOrderSequenceError,
     RecordTooLargeError,
 )
+from .errors import LogstoreError
 from .kafkaapis import KafkaApis, _one_v2_batch
+from .kafkagroups import GroupCoordinator
 from .kafkawire import KafkaRequest
+from .offsets import OFFSETS_TOPIC, OffsetStore
 from .records import validate_client_batch
 
 __all__ = ["ReplicaKafkaApis"]
@@ -68,6 +80,11 @@ POLICY_VIOLATION = 44
 OUT_OF_ORDER_SEQUENCE_NUMBER = 45
 INVALID_PRODUCER_EPOCH = 47
 INVALID_RECORD = 87
+COORDINATOR_NOT_AVAILABLE = 15
+NOT_COORDINATOR = 16
+OFFSETS_KEY = (OFFSETS_TOPIC, 0)
+#: how long a group write waits for the majority (then the request fails; the client retries)
+GROUP_WRITE_TIMEOUT_S = 10.0
 _ERRORS = ((CorruptRecordError, CORRUPT_MESSAGE), (RecordTooLargeError, MESSAGE_TOO_LARGE),
            (OutOfOrderSequenceError, OUT_OF_ORDER_SEQUENCE_NUMBER), (InvalidProducerEpochError, INVALID_PRODUCER_EPOCH),
            (InvalidRecordError, INVALID_RECORD))
@@ -93,6 +110,53 @@ class ReplicaKafkaApis(KafkaApis):
         # One cluster id for every node of the set (clients check that brokers agree on it).
         digest = hashlib.sha256(node.secret + repr((node.voters, sorted(node._replicas))).encode()).digest()
         self.cluster_id = base64.urlsafe_b64encode(digest[:16]).decode().rstrip("=")
+        self._groups_epoch = -1
+        for key, refusal in _GROUP_REFUSALS.items():
+            self.handlers[key] = self._coordinated(self.handlers[key], refusal)
+
+    # ------------------------------------------------------------------ groups
+    def _coordinator(self) -> tuple[int, int]:
+        """(leader, epoch) of the offsets partition; leader -1 when none is known."""
+        rep = self._replica(*OFFSETS_KEY)
+        if rep is None:
+            return -1, -1
+        election = rep.election
+        return (election.leader if election.leader != NO_LEADER else -1), election.epoch
+
+    def _coordinated(self, handler: Any, refusal: Any) -> Any:
+        def answer(request: KafkaRequest) -> Any:
+            leader, _ = self._coordinator()
+            if leader != self.node_id:
+                return refusal(request)
+            return handler(request)
+        return answer
+
+    @property
+    def groups(self) -> GroupCoordinator:
+        """This node's group coordinator while it leads the offsets partition: a new one for
+        each of its epochs (the groups taken up from the replicated log)."""
+        rep = self._replica(*OFFSETS_KEY)
+        with self._groups_lock:
+            epoch = rep.election.epoch
+            if self._groups is None or self._groups_epoch != epoch:
+                old, self._groups = self._groups, None
+                if old is not None:
+                    old.close()
+                store = OffsetStore(_ReplicatedOffsets(self.node, rep, epoch))
+                self._groups = GroupCoordinator(store, self.purgatory, self._partition_exists, self.group_config)
+                self._groups_epoch = epoch
+            return self._groups
+
+    def on_find_coordinator(self, request: KafkaRequest) -> dict[str, Any]:
+        if getattr(request.body, "key_type", 0) != 0:
+            return super().on_find_coordinator(request)
+        leader, _ = self._coordinator()
+        if leader not in self.kafka_brokers:
+            return {"throttle_time": 0, "error_code": COORDINATOR_NOT_AVAILABLE, "error_message": "no leader of "
+                    f"{OFFSETS_TOPIC}-0 yet", "node_id": -1, "host": "", "port": -1}
+        host, port = self.kafka_brokers[leader]
+        return {"throttle_time": 0, "error_code": NONE, "error_message": None, "node_id": leader, "host": host,
+                "port": port}
 
     def _replica(self, topic: str, partition: int) -> Any:
         return self.node._replicas.get((topic, partition))
@@ -120,7 +184,7 @@ class ReplicaKafkaApis(KafkaApis):
         partitions = sorted(p for t, p in self.node._replicas if t == name)
         if not partitions:
             return {"error_code": UNKNOWN_TOPIC_OR_PARTITION, "name": name, "is_internal": False, "partitions": []}
-        return {"error_code": NONE, "name": name, "is_internal": False,
+        return {"error_code": NONE, "name": name, "is_internal": name.startswith("__"),
                 "partitions": [self._partition(name, p) for p in partitions],
                 "topic_authorized_operations": -2147483648}
 
@@ -257,3 +321,83 @@ class ReplicaKafkaApis(KafkaApis):
 
 def _code(exc: BaseException) -> int:
     return next(code for cls, code in _ERRORS if isinstance(exc, cls))
+
+
+class _ReplicatedOffsets:
+    """What an OffsetStore needs of its log, over the replicated offsets partition: reads of
+    the leader's log, and appends made as the leader's produce makes them, returning once the
+    high watermark passed them (LogstoreError when the leadership of ``epoch`` is lost or no
+    majority takes them in time: the coordinator answers COORDINATOR_NOT_AVAILABLE)."""
+
+    def __init__(self, node: Any, rep: Any, epoch: int) -> None:
+        self.node = node
+        self.rep = rep
+        self.epoch = epoch
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.rep.log.log_end_offset  # type: ignore[no-any-return]
+
+    def read(self, offset: int, **kwargs: Any) -> Any:
+        return self.rep.log.read(offset, **kwargs)
+
+    def _leading(self) -> bool:
+        election = self.rep.election
+        return election.role is Role.LEADER and election.epoch == self.epoch and not self.node._stop.is_set()
+
+    def append_batch(self, values: list[bytes | None], keys: list[bytes | None]) -> None:
+        rep = self.rep
+        with self.node.purgatory.deferred(), rep.cond:
+            if not self._leading():
+                raise LogstoreError(f"node {self.node.node_id} no longer leads {OFFSETS_TOPIC}-0")
+            rep.log.append_batch(values, keys)
+            last = rep.log.log_end_offset - 1
+            self.node._leader.advance_hw(rep)
+            rep.changed()
+        deadline = time.monotonic() + GROUP_WRITE_TIMEOUT_S
+        with rep.cond:
+            while rep.hw <= last:
+                left = deadline - time.monotonic()
+                if not self._leading() or left <= 0:
+                    raise LogstoreError(f"the {OFFSETS_TOPIC}-0 write at {last} was not replicated to a majority")
+                rep.cond.wait(min(left, 0.1))
+
+    def flush(self) -> None:
+        """Nothing: a write is durable once a majority holds it (as acks=all)."""
+
+
+def _refuse_join(request: KafkaRequest) -> dict[str, Any]:
+    return {"throttle_time": 0, "error_code": NOT_COORDINATOR, "generation_id": -1, "protocol_name": "",
+            "leader": "", "member_id": request.body.member_id, "members": []}
+
+
+def _refuse_leave(request: KafkaRequest) -> dict[str, Any]:
+    members = getattr(request.body, "members", None) or []
+    return {"throttle_time": 0, "error_code": NOT_COORDINATOR,
+            "members": [{"member_id": m.member_id, "group_instance_id": m.group_instance_id,
+                         "error_code": NOT_COORDINATOR} for m in members]}
+
+
+def _refuse_commit(request: KafkaRequest) -> dict[str, Any]:
+    return {"throttle_time": 0, "topics": [
+        {"name": t.name, "partitions": [{"partition_index": p.partition_index, "error_code": NOT_COORDINATOR}
+                                        for p in t.partitions]} for t in request.body.topics]}
+
+
+def _refuse_describe(request: KafkaRequest) -> dict[str, Any]:
+    return {"throttle_time": 0, "groups": [
+        {"error_code": NOT_COORDINATOR, "group_id": g, "group_state": "", "protocol_type": "", "protocol_data": "",
+         "members": [], "authorized_operations": -2147483648} for g in request.body.groups]}
+
+
+#: the group requests only the coordinator answers, and the others' NOT_COORDINATOR answer
+_GROUP_REFUSALS: dict[int, Any] = {
+    11: _refuse_join,
+    14: lambda request: {"throttle_time": 0, "error_code": NOT_COORDINATOR, "assignment": b""},
+    12: lambda request: {"throttle_time": 0, "error_code": NOT_COORDINATOR},
+    13: _refuse_leave,
+    8: _refuse_commit,
+    9: lambda request: {"throttle_time": 0, "error_code": NOT_COORDINATOR, "topics": []},
+    15: _refuse_describe,
+    16: lambda request: {"throttle_time": 0, "error_code": NONE, "groups": []},
+}

@@ -41,6 +41,7 @@ from .checkpoint import REPLICATION_OFFSET_CHECKPOINT, OffsetCheckpoints
 from .election import NONE, Election, QuorumStateFile, Role
 from .errors import LogstoreError, OffsetOutOfRangeError
 from .kafkaserver import KafkaServer
+from .offsets import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIG
 from .records import Record
 from .replica_kafka import ReplicaKafkaApis
 from .replica_election import ElectionDriver
@@ -185,8 +186,14 @@ class ReplicaNode:
         self._hw_written_at = time.monotonic()
         # Held fetches and acks="all" produces, keyed by partition (see purgatory).
         self.purgatory = Purgatory(f"replica-{node_id}")
+        partitions = list(partitions)
+        if kafka_listen is not None and OFFSETS_TOPIC not in {t for t, _ in partitions}:
+            partitions.append((OFFSETS_TOPIC, 1))  # the Kafka listener's consumer groups
         for topic, count in partitions:
-            self.store.create_topic(topic, count, exist_ok=True)
+            if topic == OFFSETS_TOPIC:
+                self.store.create_topic(topic, 1, exist_ok=True, internal=True, **OFFSETS_TOPIC_CONFIG)
+            else:
+                self.store.create_topic(topic, count, exist_ok=True)
             for p in range(count):
                 log = self.store.partition(topic, p)
                 election = Election(node_id, self.voters, QuorumStateFile(log.path, self.voters))

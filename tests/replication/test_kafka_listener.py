@@ -109,8 +109,11 @@ def test_metadata_names_every_node_and_the_elected_leader(tmp_path):
             conn.close()
             assert sorted((b[0], b[1], b[2]) for b in answer.brokers) == sorted(
                 (j, host, port) for j, (host, port) in kafka.items())
-            (error, name, internal, partitions, *_), = answer.topics
-            assert (error, name) == (NONE, "replicated")
+            topics = {t[1]: t for t in answer.topics}
+            assert sorted(topics) == ["__consumer_offsets", "replicated"]  # groups' offsets are replicated too
+            assert topics["__consumer_offsets"][2] is True  # is_internal
+            (error, name, internal, partitions, *_) = topics["replicated"]
+            assert (error, internal) == (NONE, False)
             (p_error, index, leader_id, epoch, replicas, isr, offline), = partitions
             assert (p_error, index, leader_id, replicas) == (NONE, 0, leader, [0, 1, 2])
             assert epoch == nodes[leader].describe()[KEY]["epoch"]
@@ -369,3 +372,81 @@ def test_sigkill_of_the_leader_under_an_idempotent_confluent_kafka_producer(tmp_
         assert got == [b"v%06d" % i for i in range(sent)]  # each once and in order
     finally:
         cluster.stop_all()
+
+
+def test_a_kafka_python_group_keeps_its_offsets_when_the_coordinator_node_stops(tmp_path):
+    """Two kafka-python consumers in one group on the replica set. The group's coordinator is the
+    leader of __consumer_offsets-0; it is stopped: the consumers find the new coordinator (the
+    group's membership and commits were replicated), go on, and the committed offsets are there."""
+    import threading
+
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.errors import CommitFailedError as KafkaCommitFailed
+
+    nodes, kafka = kafka_cluster(tmp_path, partitions=(("replicated", 2),))
+    bootstrap = [f"{h}:{p}" for h, p in kafka.values()]
+    stop = threading.Event()
+    seen: dict[int, list[tuple[int, int, bytes]]] = {0: [], 1: []}
+    errors: list[BaseException] = []
+
+    def consume(i):
+        try:
+            c = KafkaConsumer("replicated", group_id="g", bootstrap_servers=bootstrap, enable_auto_commit=False,
+                              auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=500,
+                              request_timeout_ms=10000, client_id=f"c{i}")
+            while not stop.is_set():
+                batches = c.poll(timeout_ms=200)
+                for tp, records in batches.items():
+                    seen[i].extend((tp.partition, r.offset, r.value) for r in records)
+                if batches:
+                    try:
+                        c.commit()
+                    except KafkaCommitFailed:
+                        pass  # the group rebalanced: the next owner reads them again
+            c.close()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    def produce_values(start, count):
+        p = confluent_kafka.Producer({"bootstrap.servers": ",".join(bootstrap), "enable.idempotence": True,
+                                      "acks": "all", "topic.metadata.refresh.interval.ms": 500})
+        for i in range(start, start + count):
+            p.produce("replicated", value=b"g%d" % i, partition=i % 2)
+        assert p.flush(60) == 0
+
+    def values():
+        return {v for got in seen.values() for _, _, v in got}
+
+    threads = [threading.Thread(target=consume, args=(i,), daemon=True) for i in (0, 1)]
+    try:
+        leader_of(nodes, key=OFFSETS_KEY)
+        for t in threads:
+            t.start()
+        produce_values(0, 200)
+        wait_for(lambda: len(values()) == 200, timeout=60)
+        coordinator = leader_of(nodes, key=OFFSETS_KEY)
+        nodes[coordinator].stop()
+        rest = {i: n for i, n in nodes.items() if i != coordinator}
+        assert leader_of(rest, key=OFFSETS_KEY) != coordinator
+        produce_values(200, 200)
+        wait_for(lambda: len(values()) == 400, timeout=90)
+        assert values() == {b"g%d" % i for i in range(400)}
+        stop.set()
+        for t in threads:
+            t.join(30)
+        assert errors == []
+        assert seen[0] and seen[1]  # both members had partitions
+        last = {}
+        for got in seen.values():
+            for partition, offset, _ in got:
+                last[partition] = max(last.get(partition, -1), offset)
+        check = KafkaConsumer(group_id="g", bootstrap_servers=bootstrap, enable_auto_commit=False)
+        committed = {p: check.committed(TopicPartition("replicated", p)) for p in (0, 1)}
+        check.close()
+        assert committed == {p: last[p] + 1 for p in (0, 1)}  # every commit answered survived the stop
+    finally:
+        stop.set()
+        stop_all(nodes)
+
+
+OFFSETS_KEY = ("__consumer_offsets", 0)
