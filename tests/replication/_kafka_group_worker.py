@@ -1,0 +1,40 @@
+"""A kafka-python consumer of group argv[2] on bootstrap argv[1] (comma-separated), topic
+argv[3]: writes ``R partition offset value`` for each record it is given and ``C`` after each
+commit that returned, flushed line by line, to argv[4]; stops on SIGTERM (closing: a clean
+leave). Used by test_jepsen_kafka."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+from kafka import KafkaConsumer
+from kafka.errors import CommitFailedError, KafkaError
+
+
+def main() -> None:
+    bootstrap, group, topic, out_path = sys.argv[1:5]
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    consumer = KafkaConsumer(topic, group_id=group, bootstrap_servers=bootstrap.split(","), enable_auto_commit=False,
+                             auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=500,
+                             request_timeout_ms=10000, retry_backoff_ms=50)
+    with open(out_path, "a", buffering=1) as out:
+        out.write("S\n")
+        while not stop.is_set():
+            batches = consumer.poll(timeout_ms=200)
+            for tp, records in batches.items():
+                for r in records:
+                    out.write(f"R {tp.partition} {r.offset} {r.value.decode()}\n")
+            if batches:
+                try:
+                    consumer.commit()
+                    out.write("C\n")
+                except (CommitFailedError, KafkaError) as exc:
+                    out.write(f"F {type(exc).__name__}\n")
+        consumer.close()
+
+
+if __name__ == "__main__":
+    main()
