@@ -464,6 +464,8 @@ class Consumer:
         with self._lock:
             given_in = self._member_generation
             self._sync()
+            # Records given in a generation that is over (or given up for a rejoin) cannot be
+            # committed; positions taken up afresh since then (from committed offsets) can.
             if self._member_generation != given_in and self._group.membership is not None and given_in >= 0:
                 raise CommitFailedError(f"group {self.group}: the group rebalanced (generation {given_in} -> "
                                         f"{self._member_generation}) since this consumer's records were given: "
@@ -486,8 +488,8 @@ class Consumer:
         partitions' new owners start from the last commit), not raised."""
         try:
             self._group.commit(self.store, positions, self._member_generation)
-        except CommitFailedError as exc:
-            logger.warning("consumer %s: auto-commit %s refused: %s", self.member_id, when, exc)
+        except LogstoreError as exc:  # CommitFailedError, or the coordinator out of reach
+            logger.warning("consumer %s: auto-commit %s failed: %s", self.member_id, when, exc)
 
     def _maybe_auto_commit(self) -> None:
         if self.enable_auto_commit and time.monotonic() - self._last_commit >= self.auto_commit_interval_s:

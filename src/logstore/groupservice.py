@@ -138,7 +138,10 @@ class GroupService:
         try:
             if not _fileio.ops.lock(fd, blocking=False):
                 return True
-            _fileio.ops.unlink(path)  # dead: its file goes while we hold the lock
+            try:
+                _fileio.ops.unlink(path)  # dead: its file goes while we hold the lock
+            except FileNotFoundError:
+                pass  # its owner closed and removed it meanwhile
             return False
         finally:
             _fileio.ops.close(fd)
@@ -194,10 +197,15 @@ class GroupService:
             os.unlink(self.path)  # a dead coordinator's socket
         except FileNotFoundError:
             pass
-        self._sweep()
-        self._server = KafkaServer(store, self.path, auto_create_topics=False,
-                                   group_min_session_timeout_ms=MIN_SESSION_TIMEOUT_MS,
-                                   group_initial_rebalance_delay_ms=0, group_liveness=self.alive).start()
+        try:
+            self._sweep()
+            self._server = KafkaServer(store, self.path, auto_create_topics=False,
+                                       group_min_session_timeout_ms=MIN_SESSION_TIMEOUT_MS,
+                                       group_initial_rebalance_delay_ms=0, group_liveness=self.alive).start()
+        except BaseException:  # serve, or let another take the lock
+            _fileio.ops.close(self._lock_fd)
+            self._lock_fd = -1
+            raise
         logger.info("%s: serving the store's group coordinator on %s", self.root, self.path)
 
     def close(self) -> None:
@@ -222,6 +230,26 @@ class GroupService:
 
 _SERVICES: "weakref.WeakKeyDictionary[Any, GroupService]" = weakref.WeakKeyDictionary()
 _SERVICES_LOCK = threading.Lock()
+_MEMBERSHIPS: "weakref.WeakSet[Membership]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child holds none of its parent's group state: the inherited lock and liveness
+    descriptors are closed (the flocks stay the parent's, so a dead parent's coordinator is
+    taken over), and each membership starts over as a new member of the child's own."""
+    global _SERVICES_LOCK
+    _SERVICES_LOCK = threading.Lock()
+    for service in list(_SERVICES.values()):
+        service._lock = threading.Lock()
+        service._check_fork()
+    for membership in list(_MEMBERSHIPS):
+        membership._io = threading.Lock()
+        membership._client = None
+        membership._thread = None
+        membership.member_id, membership.generation = "", -1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def group_service(store: Any) -> GroupService:
@@ -268,6 +296,7 @@ class Membership:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
+        _MEMBERSHIPS.add(self)
 
     @property
     def store(self) -> Any:
@@ -320,8 +349,9 @@ class Membership:
     def rejoin(self, commit: bool) -> None:
         """Give up every partition, join the group's next generation and take this process's
         share (holds the lock). Retries until it has one, or the store closes."""
-        self._revoke(commit and self.generation >= 0)
-        self.generation = -1
+        was_member = self.generation >= 0
+        self.generation = -1  # what the consumers take up now comes from no generation
+        self._revoke(commit and was_member)  # their commits carry their own (old) generation
         while True:
             try:
                 if self._join_once():
@@ -367,9 +397,22 @@ class Membership:
         while not stop.wait(self.interval_s):
             if stop.is_set():
                 return
+            if self.generation < 0:  # a rejoin failed (or another thread's is under way): join
+                with self._lock:
+                    if stop.is_set():
+                        return
+                    if self.generation < 0:
+                        try:
+                            self.rejoin(commit=False)
+                        except LogClosedError:
+                            return
+                        except Exception:  # noqa: BLE001 - the thread must outlive one failed rejoin
+                            logger.exception("group %s: rejoining failed; trying again", self.group)
+                continue
+            sent = (self.generation, self.member_id)
             try:
-                error = self._request(lambda c: c.heartbeat(self.group, self.generation, self.member_id))
-            except (KafkaClientError, LogClosedError) as exc:
+                error = self._request(lambda c: c.heartbeat(self.group, sent[0], sent[1]))
+            except LogstoreError as exc:  # the coordinator out of reach (KafkaClientError) or the store closed
                 store = self._store()
                 if stop.is_set() or store is None or store.closed:
                     return
@@ -381,6 +424,8 @@ class Membership:
             with self._lock:
                 if stop.is_set():
                     return
+                if (self.generation, self.member_id) != sent:
+                    continue  # answered for a generation a rejoin has replaced meanwhile
                 lost = error in (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, FENCED_INSTANCE_ID)
                 if error == UNKNOWN_MEMBER_ID:
                     self.member_id = ""
@@ -390,6 +435,9 @@ class Membership:
                     self.rejoin(commit=not lost)
                 except LogClosedError:
                     return
+                except Exception:  # noqa: BLE001 - the thread must outlive one failed rejoin
+                    logger.exception("group %s: rejoining failed; trying again at the next heartbeat", self.group)
+                    self.generation = -1
 
     def commit(self, offsets: dict[tuple[str, int], tuple[int, str]], generation: int) -> None:
         """Commit through the coordinator as this member of ``generation`` (the one its

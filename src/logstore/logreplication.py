@@ -87,8 +87,13 @@ def _cut_at(fd: int, position: int, length: int, max_offset: int) -> int:
     the region's batches were checked whole, so each header is sound)."""
     cut = 0
     while cut + 12 <= length:
-        head = _fileio.ops.pread(fd, 12, position + cut)
-        if len(head) < 12 or int.from_bytes(head[:8], "big") >= max_offset:
+        head = _fileio.ops.pread(fd, min(27, length - cut), position + cut)
+        if len(head) < 12:
+            break
+        last = int.from_bytes(head[:8], "big")  # a legacy message's own (or its wrapper's last) offset
+        if len(head) == 27 and head[16] == 2:  # magic 2: the base offset plus the last offset delta
+            last += int.from_bytes(head[23:27], "big")
+        if last >= max_offset:  # a batch that reaches max_offset is not taken
             break
         cut += 12 + int.from_bytes(head[8:12], "big")
     return min(cut, length)

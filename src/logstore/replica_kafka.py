@@ -127,9 +127,19 @@ class ReplicaKafkaApis(KafkaApis):
         def answer(request: KafkaRequest) -> Any:
             leader, _ = self._coordinator()
             if leader != self.node_id:
+                self._drop_groups()
                 return refusal(request)
             return handler(request)
         return answer
+
+    def _drop_groups(self) -> None:
+        """No longer the coordinator: the joins and syncs waiting here are answered (the members
+        look for the coordinator again) and the groups are forgotten."""
+        with self._groups_lock:
+            old, self._groups = self._groups, None
+            self._groups_epoch = -1
+        if old is not None:
+            old.close()
 
     @property
     def groups(self) -> GroupCoordinator:
@@ -138,6 +148,8 @@ class ReplicaKafkaApis(KafkaApis):
         rep = self._replica(*OFFSETS_KEY)
         with self._groups_lock:
             epoch = rep.election.epoch
+            if rep.election.role is not Role.LEADER:  # lost between the check and here
+                raise LogstoreError(f"node {self.node_id} does not lead {OFFSETS_TOPIC}-0")
             if self._groups is None or self._groups_epoch != epoch:
                 old, self._groups = self._groups, None
                 if old is not None:
@@ -333,6 +345,7 @@ class _ReplicatedOffsets:
         self.node = node
         self.rep = rep
         self.epoch = epoch
+        self._pending = threading.local()  # each thread's last append, for its flush
 
     @property
     def log_end_offset(self) -> int:
@@ -346,14 +359,25 @@ class _ReplicatedOffsets:
         return election.role is Role.LEADER and election.epoch == self.epoch and not self.node._stop.is_set()
 
     def append_batch(self, values: list[bytes | None], keys: list[bytes | None]) -> None:
+        """Append as the leader (the OffsetStore holds its lock); :meth:`flush` then waits for
+        the majority, outside that lock."""
         rep = self.rep
         with self.node.purgatory.deferred(), rep.cond:
             if not self._leading():
                 raise LogstoreError(f"node {self.node.node_id} no longer leads {OFFSETS_TOPIC}-0")
             rep.log.append_batch(values, keys)
-            last = rep.log.log_end_offset - 1
+            self._pending.last = rep.log.log_end_offset - 1
             self.node._leader.advance_hw(rep)
             rep.changed()
+
+    def flush(self) -> None:
+        """Wait until this thread's last append is below the high watermark: durable as acks=all
+        (held by a majority)."""
+        last = getattr(self._pending, "last", None)
+        if last is None:
+            return
+        self._pending.last = None
+        rep = self.rep
         deadline = time.monotonic() + GROUP_WRITE_TIMEOUT_S
         with rep.cond:
             while rep.hw <= last:
@@ -361,9 +385,6 @@ class _ReplicatedOffsets:
                 if not self._leading() or left <= 0:
                     raise LogstoreError(f"the {OFFSETS_TOPIC}-0 write at {last} was not replicated to a majority")
                 rep.cond.wait(min(left, 0.1))
-
-    def flush(self) -> None:
-        """Nothing: a write is durable once a majority holds it (as acks=all)."""
 
 
 def _refuse_join(request: KafkaRequest) -> dict[str, Any]:
@@ -384,6 +405,15 @@ def _refuse_commit(request: KafkaRequest) -> dict[str, Any]:
                                         for p in t.partitions]} for t in request.body.topics]}
 
 
+def _refuse_offset_fetch(request: KafkaRequest) -> dict[str, Any]:
+    """As Kafka's: each partition asked for with the error too (clients read those first)."""
+    topics = request.body.topics or []
+    return {"throttle_time": 0, "error_code": NOT_COORDINATOR, "topics": [
+        {"name": t.name, "partitions": [{"partition_index": p, "committed_offset": -1, "committed_leader_epoch": -1,
+                                         "metadata": "", "error_code": NOT_COORDINATOR} for p in t.partition_indexes]}
+        for t in topics]}
+
+
 def _refuse_describe(request: KafkaRequest) -> dict[str, Any]:
     return {"throttle_time": 0, "groups": [
         {"error_code": NOT_COORDINATOR, "group_id": g, "group_state": "", "protocol_type": "", "protocol_data": "",
@@ -397,7 +427,7 @@ _GROUP_REFUSALS: dict[int, Any] = {
     12: lambda request: {"throttle_time": 0, "error_code": NOT_COORDINATOR},
     13: _refuse_leave,
     8: _refuse_commit,
-    9: lambda request: {"throttle_time": 0, "error_code": NOT_COORDINATOR, "topics": []},
+    9: _refuse_offset_fetch,
     15: _refuse_describe,
     16: lambda request: {"throttle_time": 0, "error_code": NONE, "groups": []},
 }

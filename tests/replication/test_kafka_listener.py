@@ -450,3 +450,28 @@ def test_a_kafka_python_group_keeps_its_offsets_when_the_coordinator_node_stops(
 
 
 OFFSETS_KEY = ("__consumer_offsets", 0)
+
+
+def test_a_node_that_is_not_the_coordinator_says_so_for_each_partition(tmp_path):
+    """OffsetFetch to a node other than the group coordinator: NOT_COORDINATOR for every
+    partition asked for (clients read those), and FindCoordinator names the leader of
+    __consumer_offsets-0."""
+    from kafka.protocol.old.commit import OffsetFetchRequest, OffsetFetchResponse
+    from kafka.protocol.old.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse
+
+    nodes, kafka = kafka_cluster(tmp_path)
+    try:
+        coordinator = leader_of(nodes, key=OFFSETS_KEY)
+        other = next(i for i in nodes if i != coordinator)
+        conn = Conn(kafka[other])
+        found = conn.call(FindCoordinatorRequest[1]("g", 0), FindCoordinatorResponse[1])
+        assert (found.error_code, found.coordinator_id) == (NONE, coordinator)
+        assert (found.host, found.port) == kafka[coordinator]
+        answer = conn.call(OffsetFetchRequest[3]("g", [("replicated", [0])]), OffsetFetchResponse[3])
+        conn.close()
+        assert answer.error_code == 16
+        assert [(p[0], p[-1]) for _, parts in answer.topics for p in parts] == [(0, 16)]
+    finally:
+        stop_all(nodes)
+
+

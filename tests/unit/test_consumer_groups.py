@@ -349,3 +349,24 @@ def test_a_connection_reset_by_a_dying_coordinator_is_retried(root, monkeypatch)
         assert failures == [1, 1] and c.committed("t", 0) == 3
     finally:
         store.close()
+
+
+def test_a_forked_child_drops_the_inherited_lock_and_membership(root):
+    """The parent serves the coordinator; its forked child holds none of it (so a dead parent's
+    coordinator can be taken over) and its memberships start over."""
+    store = LogStore(root, maintenance=False)
+    try:
+        fill(store, "t", 2, 1)
+        c = store.consumer("g", "t", heartbeat_interval_ms=100)
+        service = group_service(store)
+        assert service.leading and c._group.membership.generation >= 0
+        pid = os.fork()
+        if pid == 0:
+            ok = (service._lock_fd == -1 and service._server is None and service._alive_fd == -1
+                  and c._group.membership.generation == -1 and c._group.membership.member_id == "")
+            os._exit(0 if ok else 3)
+        _, status = os.waitpid(pid, 0)
+        assert os.WEXITSTATUS(status) == 0
+        assert service.leading and len(c.assignment()) == 2  # the parent's own state is untouched
+    finally:
+        store.close()

@@ -346,3 +346,34 @@ def test_a_decoder_with_few_rows_returns_every_record_asked_for(specs, k, capaci
     for start in range(0, offsets[-1] + 1, 3):
         got, _ = decoder.decode(buf, 0, len(buf), start, -1, k, exact=True, memo=memo)
         assert got == [r for r in whole if r.offset >= start][:k]
+
+
+def test_read_region_stops_below_max_offset_at_a_batch_boundary(tmp_path):
+    """Log.read_region(max_offset=) (a replica's high watermark): whole batches below it only;
+    a batch that reaches it is not taken."""
+    from logstore import Log
+
+    def bases(data):
+        out, pos = [], 0
+        while pos < len(data):
+            out.append(int.from_bytes(data[pos:pos + 8], "big"))
+            pos += 12 + int.from_bytes(data[pos + 8:pos + 12], "big")
+        assert pos == len(data)  # whole batches only
+        return out
+
+    log = Log.open(str(tmp_path / "t-0"))
+    try:
+        for i in range(4):
+            log.append_batch([b"a%d" % i, b"b%d" % i, b"c%d" % i])  # batches at 0, 3, 6, 9
+        for start, max_offset, expected in ((0, None, [0, 3, 6, 9]), (0, 12, [0, 3, 6, 9]), (0, 9, [0, 3, 6]),
+                                            (0, 8, [0, 3]), (0, 3, [0]), (3, 9, [3, 6]), (4, 9, [3, 6])):
+            region = log.read_region(start, 1 << 20, max_offset=max_offset)
+            assert region is not None
+            try:
+                assert bases(region.read()) == expected, (start, max_offset)
+            finally:
+                region.close()
+        for start, max_offset in ((0, 2), (0, 0), (6, 8)):  # the first batch reaches max_offset: none
+            assert log.read_region(start, 1 << 20, max_offset=max_offset) is None
+    finally:
+        log.close()
