@@ -637,8 +637,26 @@ class GroupCoordinator:
                        offsets: Sequence[tuple[str, int, int, str | None]]) -> list[int]:
         """An OffsetCommit of ``(topic, partition, offset, metadata)``: an error code for each.
 
-        The accepted ones are committed in one batch, fsynced before this returns.
+        The accepted ones are committed in one batch, fsynced before this returns. The check
+        of the member's generation and the append happen under the group's lock, so that no
+        commit of a member the group has just removed lands after its successor's.
         """
+        group = self._group(group_id, create=False) if group_id else None
+        if group is None:
+            errors = self._commit(group_id, generation, member_id, instance_id, offsets)
+        else:
+            with group.lock:
+                errors = self._commit(group_id, generation, member_id, instance_id, offsets)
+        if NONE in errors:
+            try:
+                self.offsets.sync()  # fsynced (or held by a majority), outside the group's lock
+            except (LogstoreError, OSError, ValueError) as exc:
+                logger.error("group %s: offset commit failed: %s", group_id, exc)
+                return [COORDINATOR_NOT_AVAILABLE if e == NONE else e for e in errors]
+        return errors
+
+    def _commit(self, group_id: str, generation: int, member_id: str, instance_id: str | None,
+                offsets: Sequence[tuple[str, int, int, str | None]]) -> list[int]:
         error = self._check_committer(group_id, generation, member_id, instance_id)
         if error:
             return [error] * len(offsets)
@@ -656,7 +674,7 @@ class GroupCoordinator:
                 errors.append(NONE)
         if accepted:
             try:
-                self.offsets.commit(group_id, accepted)
+                self.offsets.commit(group_id, accepted, durable=False)
             except (LogstoreError, OSError, ValueError) as exc:  # the store refused: nothing committed
                 logger.error("group %s: offset commit failed: %s", group_id, exc)
                 return [COORDINATOR_NOT_AVAILABLE if e == NONE else e for e in errors]

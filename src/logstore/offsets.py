@@ -196,6 +196,11 @@ class OffsetStore:
         with self._lock:
             self._catch_up()
 
+    def sync(self) -> None:
+        """Make what this thread appended durable, as :meth:`commit` with ``durable`` does
+        (after ``durable=False`` commits)."""
+        self._log.flush()  # type: ignore[attr-defined]
+
     def store_group(self, group: str, metadata: GroupMetadata | None, durable: bool = True) -> None:
         """Write ``group``'s membership (None: a tombstone, the group is gone).
 
