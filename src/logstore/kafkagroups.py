@@ -244,9 +244,9 @@ class GroupCoordinator:
                 self._prepare_rebalance(group, "a new coordinator took the group over", done)
             _complete(done)
 
-    def _store(self, group: _Group) -> None:
-        """Write the group's membership (holds the group's lock); a failure is logged: offsets
-        are unaffected, and after a takeover the members would join again."""
+    def _store(self, group: _Group) -> bool:
+        """Write the group's membership (holds the group's lock); whether it was written (a
+        failure is logged: offsets are unaffected)."""
         members = tuple(GroupMember(m.member_id, m.instance_id, m.client_id, m.client_host, m.rebalance_ms,
                                     m.session_ms, m.metadata(group.protocol) if group.protocol else b"", m.assignment)
                         for m in group.members.values())
@@ -256,6 +256,8 @@ class GroupCoordinator:
             self.offsets.store_group(group.group_id, stored)
         except (LogstoreError, OSError, ValueError) as exc:
             logger.error("group %s: its generation %d could not be stored: %s", group.group_id, group.generation, exc)
+            return False
+        return True
 
     def _group(self, group_id: str, create: bool) -> _Group | None:
         with self._lock:
@@ -581,12 +583,17 @@ class GroupCoordinator:
             if member_id == group.leader:
                 for other in group.members.values():
                     other.assignment = assignments.get(other.member_id, b"")
+                stored = self._store(group)
+                for other in group.members.values():
                     if other.sync is not None:
-                        done.append((other.sync, _sync_answer(NONE, other.assignment)))
+                        done.append((other.sync, _sync_answer(NONE if stored else COORDINATOR_NOT_AVAILABLE,
+                                                              other.assignment if stored else b"")))
                         other.sync = None
-                group.state = STABLE
-                logger.info("group %s: generation %d is stable", group_id, group.generation)
-                self._store(group)
+                if stored:
+                    group.state = STABLE
+                    logger.info("group %s: generation %d is stable", group_id, group.generation)
+                else:  # as Kafka: the members join again rather than go on unrecorded
+                    self._prepare_rebalance(group, "its generation could not be stored", done)
             self._touch(group, member)
         _complete(done)
         return answer

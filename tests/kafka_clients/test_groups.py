@@ -453,3 +453,31 @@ def test_an_empty_group_is_stored_empty(tmp_path):
         assert second._apis.groups.describe("emptied") is None  # nothing to take up
     finally:
         second.stop()
+
+
+def test_a_generation_that_cannot_be_stored_is_not_made_stable(server, monkeypatch):
+    """As Kafka: the leader's SyncGroup fails (COORDINATOR_NOT_AVAILABLE) when the group's
+    membership record cannot be written, and the group rebalances instead of going on
+    unrecorded."""
+    from logstore.errors import LogstoreError
+
+    offsets = offset_store(server.store)
+    real = offsets.store_group
+    calls = []
+
+    def failing(group, metadata, durable=True):
+        calls.append(group)
+        raise LogstoreError("disk full (injected)")
+
+    a = Member(server, group="unstored")
+    a.join_fully()
+    monkeypatch.setattr(offsets, "store_group", failing)
+    assert a.sync([(a.member_id, b"x")]).error_code == COORDINATOR_NOT_AVAILABLE
+    assert calls == ["unstored"]
+    assert a.heartbeat() == REBALANCE_IN_PROGRESS
+    monkeypatch.setattr(offsets, "store_group", real)
+    answer = a.join()
+    assert answer.error_code == NONE
+    assert a.sync([(a.member_id, b"x")]).error_code == NONE
+    assert a.heartbeat() == NONE
+    a.close()
