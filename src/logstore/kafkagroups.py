@@ -26,8 +26,10 @@ The rules, as Kafka's:
 
 Durability: offsets are durable, and so is membership, as in Kafka: each stable generation, each
 member's removal (it left, or its session ended) and a group becoming empty are written to
-``__consumer_offsets`` as a group metadata record (:mod:`~logstore.groupmetadata`), fsynced
-before the answer that follows from it. A coordinator that starts over the same store (a restart,
+``__consumer_offsets`` as a group metadata record (:mod:`~logstore.groupmetadata`): a stable
+generation fsynced before the leader's SyncGroup is answered (if it cannot be written, the sync
+fails and the group rebalances), removals and emptying written without waiting (timers make
+them). A coordinator that starts over the same store (a restart,
 or another process taking over the store's group lock) loads every group at its last generation
 with its members, and, unlike Kafka, starts a rebalance at once: the live members learn it from
 their next heartbeat and join again (their commits of the old generation are still accepted
@@ -244,16 +246,18 @@ class GroupCoordinator:
                 self._prepare_rebalance(group, "a new coordinator took the group over", done)
             _complete(done)
 
-    def _store(self, group: _Group) -> bool:
+    def _store(self, group: _Group, durable: bool = True) -> bool:
         """Write the group's membership (holds the group's lock); whether it was written (a
-        failure is logged: offsets are unaffected)."""
+        failure is logged: offsets are unaffected). ``durable`` False (removals and emptying,
+        which timers make): written, not waited for, so that no timer waits on the disk or a
+        majority."""
         members = tuple(GroupMember(m.member_id, m.instance_id, m.client_id, m.client_host, m.rebalance_ms,
                                     m.session_ms, m.metadata(group.protocol) if group.protocol else b"", m.assignment)
                         for m in group.members.values())
         stored = GroupMetadata(group.protocol_type or "", group.generation, group.protocol if members else None,
                                group.leader if members else None, int(time.time() * 1000), members)
         try:
-            self.offsets.store_group(group.group_id, stored)
+            self.offsets.store_group(group.group_id, stored, durable=durable)
         except (LogstoreError, OSError, ValueError) as exc:
             logger.error("group %s: its generation %d could not be stored: %s", group.group_id, group.generation, exc)
             return False
@@ -438,7 +442,7 @@ class GroupCoordinator:
         if not group.members:
             group.state, group.protocol, group.leader = EMPTY, None, None
             logger.info("group %s: empty at generation %d", group.group_id, group.generation)
-            self._store(group)
+            self._store(group, durable=False)
             return
         group.protocol = group.select_protocol()
         if group.leader not in group.members or group.members[group.leader].join is None:
@@ -498,7 +502,7 @@ class GroupCoordinator:
         self._drop(group, member, UNKNOWN_MEMBER_ID, done)
         logger.info("group %s: member %s removed: %s", group.group_id, member.member_id, reason)
         if group.members:
-            self._store(group)  # a coordinator taking over must not wait for it
+            self._store(group, durable=False)  # a coordinator taking over must not wait for it
         if group.state in (STABLE, COMPLETING_REBALANCE):
             self._prepare_rebalance(group, reason, done)
         elif group.state == PREPARING_REBALANCE:
