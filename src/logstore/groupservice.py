@@ -93,6 +93,8 @@ class GroupService:
         """The client id of this store object's members: names its liveness file."""
         with self._lock:
             self._check_fork()
+            if self._closed:  # no new liveness file once closed
+                raise LogClosedError(f"store {self.root} is closed")
             if self._alive_fd < 0:
                 self._take_alive_file()
             return _CLIENT_PREFIX + self.token
