@@ -38,64 +38,10 @@ import time
 from confluent_kafka import Producer
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from replication.test_inprocess import free_ports  # noqa: E402 - the ports helper of the suites
+from replication.kafkanodes import KafkaNodes  # noqa: E402 - the suites' node processes
 
 VALUE = b"v" * 200
 SECRET = b"bench-secret"
-
-
-class NodeSet:
-    """Three ``logstore node`` processes with Kafka listeners."""
-
-    def __init__(self, root: str, n: int = 3, election_timeout_ms: int = 300) -> None:
-        self.root = root
-        ports = free_ports(2 * n)
-        self.addrs = {i: ("127.0.0.1", ports[i]) for i in range(n)}
-        self.kafka = {i: ("127.0.0.1", ports[n + i]) for i in range(n)}
-        self.election_timeout_ms = election_timeout_ms
-        with open(os.path.join(root, "secret"), "wb") as f:
-            f.write(SECRET)
-        self.procs: dict[int, subprocess.Popen] = {}
-
-    @property
-    def bootstrap(self) -> str:
-        return ",".join(f"{h}:{p}" for h, p in self.kafka.values())
-
-    def start(self, i: int) -> None:
-        peers = [f"--peer={j}={h}:{p}" for j, (h, p) in self.addrs.items() if j != i]
-        kafka_peers = [f"--kafka-peer={j}={h}:{p}" for j, (h, p) in self.kafka.items() if j != i]
-        h, p = self.addrs[i]
-        kh, kp = self.kafka[i]
-        self.procs[i] = subprocess.Popen(
-            [sys.executable, "-m", "logstore", "node", f"--node-id={i}", f"--data-dir={self.root}/n{i}",
-             f"--listen={h}:{p}", f"--secret-file={self.root}/secret",
-             f"--election-timeout-ms={self.election_timeout_ms}", f"--kafka-listen={kh}:{kp}",
-             "--topic=bench:1", *peers, *kafka_peers], stdout=subprocess.PIPE)
-        assert b"serving" in self.procs[i].stdout.readline()
-
-    def leader(self, timeout: float = 20.0) -> int:
-        """The node the live nodes name as the leader of bench-0 (by each node's describe via
-        Metadata, read with confluent-kafka's admin client)."""
-        from confluent_kafka.admin import AdminClient
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            admin = AdminClient({"bootstrap.servers": self.bootstrap})
-            try:
-                meta = admin.list_topics("bench", timeout=2)
-                leader = meta.topics["bench"].partitions[0].leader
-                if leader in self.procs and self.procs[leader].poll() is None:
-                    return leader
-            except Exception:  # noqa: BLE001 - no answer yet: ask again
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("no leader")
-
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.procs.values():
-            proc.wait(30)
 
 
 def serve(root: str) -> tuple[subprocess.Popen, str]:
@@ -124,7 +70,7 @@ def produce(bootstrap: str, n: int) -> float:
     return n / elapsed
 
 
-def failover(nodes: NodeSet) -> float:
+def failover(nodes: KafkaNodes) -> float:
     """Seconds from the leader's SIGKILL to the first acknowledgement of a record sent after it."""
     p = Producer({"bootstrap.servers": nodes.bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 0})
     p.produce("bench", b"warm", partition=0)
@@ -138,7 +84,8 @@ def failover(nodes: NodeSet) -> float:
             with lock:
                 acked_at.append(time.monotonic())
 
-    victim = nodes.leader()
+    victim = nodes.leader("bench")
+    assert victim is not None, "no leader"
     nodes.procs[victim].send_signal(signal.SIGKILL)
     killed_at.append(time.monotonic())
     deadline = time.monotonic() + 30
@@ -161,12 +108,12 @@ def main() -> int:
     n = 50_000 if args.quick else 200_000
     failovers = 5 if args.quick else args.failovers
     with tempfile.TemporaryDirectory(prefix="bench-replica-kafka-") as root:
-        nodes = NodeSet(root)
+        nodes = KafkaNodes(root, SECRET, topics="bench:1", log_level="WARNING")
         single, bootstrap = serve(os.path.join(root, "single"))
         try:
             for i in range(3):
                 nodes.start(i)
-            nodes.leader()
+            assert nodes.leader("bench") is not None
             rows = []
             for _ in range(args.repeat):
                 replicated = produce(nodes.bootstrap, n)
@@ -188,7 +135,7 @@ def main() -> int:
             print(f"failover ({failovers} SIGKILLs of the leader): p50 {statistics.median(times) * 1000:.0f} ms, "
                   f"p99 {p99 * 1000:.0f} ms, max {times[-1] * 1000:.0f} ms (target p99 <= 2000 ms)")
         finally:
-            nodes.stop()
+            nodes.stop_all()
             single.terminate()
             single.wait(30)
     return 0

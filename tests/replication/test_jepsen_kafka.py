@@ -25,8 +25,7 @@ from logstore import Log
 from logstore.checkpoint import REPLICATION_OFFSET_CHECKPOINT, OffsetCheckpoints
 from logstore.offsets import decode_offset_key, decode_offset_value
 
-from .proxy import LinkProxy
-from .test_inprocess import free_ports
+from .kafkanodes import KafkaNodes
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 pytest.importorskip("kafka")
@@ -35,61 +34,6 @@ SECRET = b"jepsen-secret"
 TOPIC, PARTITIONS, GROUP = "jepsen", 2, "jg"
 KILLS = int(os.environ.get("LOGSTORE_JEPSEN_KILLS", "20"))
 WORKER = Path(__file__).with_name("_kafka_group_worker.py")
-
-
-class Cluster:
-    def __init__(self, tmp: Path, n: int = 3) -> None:
-        self.tmp = tmp
-        ports = free_ports(2 * n)
-        self.addrs = {i: ("127.0.0.1", ports[i]) for i in range(n)}
-        self.kafka = {i: ("127.0.0.1", ports[n + i]) for i in range(n)}
-        self.proxies = {(i, j): LinkProxy(self.addrs[j], f"{i}->{j}") for i in range(n) for j in range(n) if i != j}
-        (tmp / "secret").write_bytes(SECRET)
-        self.procs: dict[int, subprocess.Popen] = {}
-
-    @property
-    def bootstrap(self) -> str:
-        return ",".join(f"{h}:{p}" for h, p in self.kafka.values())
-
-    def start(self, i: int) -> None:
-        peers = [f"--peer={j}={self.proxies[(i, j)].address[0]}:{self.proxies[(i, j)].address[1]}"
-                 for j in self.addrs if j != i]
-        kafka_peers = [f"--kafka-peer={j}={h}:{p}" for j, (h, p) in self.kafka.items() if j != i]
-        h, p = self.addrs[i]
-        kh, kp = self.kafka[i]
-        self.procs[i] = subprocess.Popen(
-            [sys.executable, "-m", "logstore", "node", f"--node-id={i}", f"--data-dir={self.tmp / f'n{i}'}",
-             f"--listen={h}:{p}", f"--secret-file={self.tmp / 'secret'}", "--election-timeout-ms=300",
-             f"--kafka-listen={kh}:{kp}", f"--topic={TOPIC}:{PARTITIONS}", "--log-level=INFO", *peers, *kafka_peers],
-            stdout=subprocess.PIPE, stderr=open(self.tmp / f"node{i}.log", "ab"))
-        assert b"serving" in self.procs[i].stdout.readline()
-
-    def leader(self, topic: str, partition: int, timeout: float = 20.0) -> int | None:
-        from confluent_kafka.admin import AdminClient
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                meta = AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(topic, timeout=2)
-                leader = meta.topics[topic].partitions[partition].leader
-                if leader in self.procs and self.procs[leader].poll() is None:
-                    return leader
-            except Exception:  # noqa: BLE001 - no answer yet
-                pass
-            time.sleep(0.1)
-        return None
-
-    def stop_all(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for proxy in self.proxies.values():
-            proxy.close()
 
 
 def _consumed(outs):
@@ -112,7 +56,7 @@ def test_jepsen_kafka_soak(tmp_path):
 
 def _jepsen(tmp_path, kills_wanted):
     rng = random.Random(int(os.environ.get("LOGSTORE_JEPSEN_SEED", "1834")))
-    cluster = Cluster(tmp_path)
+    cluster = KafkaNodes(tmp_path, SECRET, topics=f"{TOPIC}:{PARTITIONS}", proxies=True)
     for i in range(3):
         cluster.start(i)
     outs = [tmp_path / f"consumer{i}.txt" for i in range(2)]
@@ -159,8 +103,7 @@ def _jepsen(tmp_path, kills_wanted):
             target = rng.choice([(TOPIC, 0), (TOPIC, 1), ("__consumer_offsets", 0)])
             victim = cluster.leader(*target)
             assert victim is not None, f"no leader of {target}"
-            cluster.procs[victim].send_signal(signal.SIGKILL)
-            cluster.procs[victim].wait()
+            cluster.kill(victim)
             kills += 1
             time.sleep(rng.uniform(0.1, 0.6))
             cluster.start(victim)

@@ -19,6 +19,7 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from logstore.replication import ReplicaNode
 
+from .kafkanodes import KafkaNodes
 from .test_inprocess import SECRET, free_ports, wait_for
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -263,73 +264,15 @@ def test_a_retry_after_a_failover_is_answered_with_the_first_offsets(tmp_path):
         stop_all(nodes)
 
 
-class NodeProcesses:
-    """Three `logstore node` processes with Kafka listeners (the CLI's flags)."""
-
-    def __init__(self, tmp_path, n=3):
-        self.tmp = tmp_path
-        ports = free_ports(2 * n)
-        self.addrs = {i: ("127.0.0.1", ports[i]) for i in range(n)}
-        self.kafka = {i: ("127.0.0.1", ports[n + i]) for i in range(n)}
-        (tmp_path / "secret").write_bytes(SECRET)
-        self.procs = {}
-
-    def start(self, i):
-        import subprocess
-        import sys
-        peers = [f"--peer={j}={h}:{p}" for j, (h, p) in self.addrs.items() if j != i]
-        kafka_peers = [f"--kafka-peer={j}={h}:{p}" for j, (h, p) in self.kafka.items() if j != i]
-        h, p = self.addrs[i]
-        kh, kp = self.kafka[i]
-        self.procs[i] = subprocess.Popen(
-            [sys.executable, "-m", "logstore", "node", f"--node-id={i}", f"--data-dir={self.tmp / f'n{i}'}",
-             f"--listen={h}:{p}", f"--secret-file={self.tmp / 'secret'}", "--election-timeout-ms=300",
-             f"--kafka-listen={kh}:{kp}", "--log-level=INFO", *peers, *kafka_peers],
-            stdout=subprocess.PIPE, stderr=open(self.tmp / f"node{i}.log", "ab"))
-        line = self.procs[i].stdout.readline()
-        assert b"serving" in line and f"Kafka clients on {kh}:{kp}".encode() in line, line
-
-    def leader(self, timeout=20.0):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for i, proc in self.procs.items():
-                if proc.poll() is not None:
-                    continue
-                try:
-                    conn = Conn(self.kafka[i])
-                    answer = conn.call(MetadataRequest[8](["replicated"], False, False, False), MetadataResponse[8])
-                    conn.close()
-                except OSError:
-                    continue
-                (_, _, _, partitions, *_), = answer.topics
-                (error, _, leader, *_), = partitions
-                if error == NONE and leader in self.procs and self.procs[leader].poll() is None:
-                    return leader
-            time.sleep(0.1)
-        raise AssertionError("no leader named by any node")
-
-    def stop_all(self):
-        import signal
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(10)
-            except Exception:  # noqa: BLE001 - a hung node is killed
-                proc.kill()
-
-
 def test_sigkill_of_the_leader_under_an_idempotent_confluent_kafka_producer(tmp_path):
     """Node processes; the leader is SIGKILLed and restarted while confluent-kafka produces with
     acks=all and idempotence: every acknowledged value is read back, each exactly once, in order."""
     import os
-    import signal
 
-    cluster = NodeProcesses(tmp_path)
+    cluster = KafkaNodes(tmp_path, SECRET)
     for i in range(3):
         cluster.start(i)
-    bootstrap = ",".join(f"{h}:{p}" for h, p in cluster.kafka.values())
+    bootstrap = cluster.bootstrap
     producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
                                          "linger.ms": 2, "message.timeout.ms": 60000,
                                          "topic.metadata.refresh.interval.ms": 500})
@@ -347,9 +290,9 @@ def test_sigkill_of_the_leader_under_an_idempotent_confluent_kafka_producer(tmp_
                 sent += 1
                 producer.poll(0)
             time.sleep(0.2)
-            victim = cluster.leader()
-            cluster.procs[victim].send_signal(signal.SIGKILL)
-            cluster.procs[victim].wait()
+            victim = cluster.leader("replicated")
+            assert victim is not None, "no leader named by any node"
+            cluster.kill(victim)
             for _ in range(150):  # produced while the set elects a new leader
                 producer.produce("replicated", value=b"v%06d" % sent, partition=0, on_delivery=report)
                 sent += 1
