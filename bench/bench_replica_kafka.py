@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A Kafka client against a three-node replica set (``logstore node --kafka-listen``), and
+"""A Kafka client against a three-node replica set (``logstore node``, one Kafka listener each), and
 against one served store (``logstore serve``), in the same run.
 
     .venv/bin/python bench/bench_replica_kafka.py            # ~1-2 minutes
@@ -51,8 +51,8 @@ def serve(root: str) -> tuple[subprocess.Popen, str]:
     return proc, line.rsplit(" ", 1)[1].strip()
 
 
-def produce(bootstrap: str, n: int) -> float:
-    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5,
+def produce(bootstrap: str, n: int, login: dict[str, str] | None = None) -> float:
+    p = Producer({**(login or {}), "bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5,
                   "batch.size": 1_000_000, "queue.buffering.max.messages": 2_000_000,
                   "queue.buffering.max.kbytes": 2_000_000})
     p.produce("bench", VALUE, partition=0)  # connect and learn the leader before the clock starts
@@ -72,7 +72,8 @@ def produce(bootstrap: str, n: int) -> float:
 
 def failover(nodes: KafkaNodes) -> float:
     """Seconds from the leader's SIGKILL to the first acknowledgement of a record sent after it."""
-    p = Producer({"bootstrap.servers": nodes.bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 0})
+    p = Producer({**nodes.client_config, "bootstrap.servers": nodes.bootstrap, "enable.idempotence": True,
+                  "acks": "all", "linger.ms": 0})
     p.produce("bench", b"warm", partition=0)
     p.flush(30)
     killed_at: list[float] = []
@@ -116,7 +117,7 @@ def main() -> int:
             assert nodes.leader("bench") is not None
             rows = []
             for _ in range(args.repeat):
-                replicated = produce(nodes.bootstrap, n)
+                replicated = produce(nodes.bootstrap, n, nodes.client_config)
                 one = produce(bootstrap, n)
                 rows.append((replicated, one))
                 print(f"  round: replica set {replicated:,.0f}/s, one served store {one:,.0f}/s, "

@@ -145,6 +145,8 @@ class KafkaApis:
         #: acks=all answers after an fsync of the partitions written (else once in the log)
         self.fsync_acks_all = fsync_acks_all
         self._groups: GroupCoordinator | None = None
+        #: api key -> (lowest, highest) version served (what ApiVersions advertises)
+        self.supported: dict[int, tuple[int, int]] = dict(SUPPORTED)
         self.handlers: dict[int, Callable[[KafkaRequest], Any]] = {
             0: self.on_produce, 1: self.on_fetch, 2: self.on_list_offsets, 3: self.on_metadata,
             18: self.on_api_versions, 19: self.on_create_topics, 20: self.on_delete_topics,
@@ -180,7 +182,7 @@ class KafkaApis:
 
     # ------------------------------------------------------------------ ApiVersions
     def on_api_versions(self, request: KafkaRequest) -> dict[str, Any]:
-        return {"error_code": NONE, "api_keys": api_version_ranges(), "throttle_time": 0}
+        return {"error_code": NONE, "api_keys": api_version_ranges(self.supported), "throttle_time": 0}
 
     # ------------------------------------------------------------------ Metadata
     def on_metadata(self, request: KafkaRequest) -> dict[str, Any]:
@@ -630,9 +632,10 @@ def _ms(value: Any) -> int:
     return int(value.total_seconds() * 1000) if hasattr(value, "total_seconds") else int(value)
 
 
-def api_version_ranges() -> list[dict[str, int]]:
+def api_version_ranges(supported: Mapping[int, tuple[int, int]] = SUPPORTED) -> list[dict[str, int]]:
     """ApiVersions' list: every API served and its version range."""
-    return [{"api_key": key, "min_version": low, "max_version": high} for key, (low, high) in sorted(SUPPORTED.items())]
+    return [{"api_key": key, "min_version": low, "max_version": high}
+            for key, (low, high) in sorted(supported.items())]
 
 
 class _AppendWatcher:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import errno
 import datetime
 import hashlib
 import hmac
@@ -144,18 +145,25 @@ class _Connection:
     ``sock``: a socket already connected (a Unix socket), used as it is."""
 
     def __init__(self, host: str, port: int, timeout: float, client_id: str, security: Security,
-                 sock: socket.socket | None = None) -> None:
+                 sock: socket.socket | None = None, context: ssl.SSLContext | None = None) -> None:
         self.address = f"{host}:{port}" if sock is None else host
         try:
             if sock is None:
                 sock = socket.create_connection((host, port), timeout=timeout)
+                if sock.getsockname() == sock.getpeername():
+                    # TCP simultaneous open: a connect to a loopback port that nothing listens
+                    # on can get that very port as its own and connect to itself, holding the
+                    # port that the server we wanted is about to bind.
+                    sock.close()
+                    raise ConnectionRefusedError(errno.ECONNREFUSED, "connected to itself")
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if security.tls:
-                context = ssl.create_default_context(cafile=security.ca_file)
-                context.check_hostname = security.check_hostname
-                sock = context.wrap_socket(sock, server_hostname=host)
-        except (OSError, ssl.SSLError) as exc:
-            raise KafkaClientError(f"cannot connect to {self.address}: {exc}") from None
+                if context is None:
+                    context = ssl.create_default_context(cafile=security.ca_file)
+                    context.check_hostname = security.check_hostname
+                sock = context.wrap_socket(sock, server_hostname=host if context.check_hostname else None)
+        except (OSError, ssl.SSLError) as exc:  # (the cause kept: a refusal is a ConnectionError)
+            raise KafkaClientError(f"cannot connect to {self.address}: {exc}") from exc
         self.sock: socket.socket = sock
         self.client_id = client_id
         self.correlation_id = 0
@@ -206,25 +214,24 @@ class _Connection:
                                    f"{answer.error_message or answer.error_code.name}")
         return bytes(answer.auth_bytes)
 
-    def request(self, api_key: int, fields: Mapping[str, Any]) -> Any:
-        version = VERSIONS[api_key] if api_key in VERSIONS else GROUP_VERSIONS[api_key]
-        cls = load_request_schema(api_key, version)
-        self.correlation_id = (self.correlation_id + 1) & 0x7FFFFFFF
-        out = io.BytesIO()
-        header = cls.__header_schema__
-        entity_writer(header)(out, header(request_api_key=api_key, request_api_version=version,
-                                          correlation_id=self.correlation_id, client_id=self.client_id))
-        entity_writer(cls)(out, _instance(cls, fields))
-        body = out.getvalue()
-        what = f"{_NAMES[api_key]} v{version} to {self.address}"
+    def request(self, api_key: int, fields: Mapping[str, Any], version: int | None = None,
+                timeout: float | None = None) -> Any:
+        """Send one request and read its answer (kio's response object). ``version``: the
+        API's version (default :data:`VERSIONS`'); ``timeout``: seconds for this exchange
+        (default the connection's). Raises KafkaClientError (the connection is unusable)."""
+        if version is None:
+            version = VERSIONS[api_key] if api_key in VERSIONS else GROUP_VERSIONS[api_key]
+        if timeout is not None:
+            self.sock.settimeout(timeout)
+        what = f"{_NAMES.get(api_key, f'API {api_key}')} v{version} to {self.address}"
         try:
-            self.sock.sendall(_SIZE.pack(len(body)) + body)
+            self.send_only(api_key, fields, version)
             size = _SIZE.unpack(self._read(4))[0]
             if not 4 <= size <= MAX_RESPONSE_BYTES:
                 raise KafkaClientError(f"{what}: a response of {size} bytes")
             frame = memoryview(self._read(size)).toreadonly()
         except OSError as exc:
-            raise KafkaClientError(f"{what}: {exc}") from None
+            raise KafkaClientError(f"{what}: {exc}") from exc
         response_cls = load_response_schema(api_key, version)
         try:
             head, offset = entity_reader(response_cls.__header_schema__)(frame, 0)
@@ -234,6 +241,22 @@ class _Connection:
         if head.correlation_id != self.correlation_id or offset + used != len(frame):
             raise KafkaClientError(f"{what}: a response that does not answer the request")
         return body_obj
+
+    def send_only(self, api_key: int, fields: Mapping[str, Any], version: int) -> None:
+        """Write one request and read nothing (a Produce with acks=0 has no answer).
+
+        Raises:
+            OSError: the connection failed.
+        """
+        cls = load_request_schema(api_key, version)
+        self.correlation_id = (self.correlation_id + 1) & 0x7FFFFFFF
+        out = io.BytesIO()
+        header = cls.__header_schema__
+        entity_writer(header)(out, header(request_api_key=api_key, request_api_version=version,
+                                          correlation_id=self.correlation_id, client_id=self.client_id))
+        entity_writer(cls)(out, _instance(cls, fields))
+        body = out.getvalue()
+        self.sock.sendall(_SIZE.pack(len(body)) + body)
 
     def _read(self, n: int) -> bytes:
         chunks, left = [], n
@@ -408,6 +431,9 @@ def _instance(cls: type, fields: Mapping[str, Any]) -> Any:
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):
+        if f.name not in fields and (f.default is not dataclasses.MISSING or
+                                     f.default_factory is not dataclasses.MISSING):
+            continue  # the field's default
         value = fields[f.name]
         kind = f.metadata.get("kafka_type", "")
         item = _struct_of(hints[f.name])

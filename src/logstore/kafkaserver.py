@@ -56,7 +56,7 @@ from .kafkawire import (
     parse_request,
 )
 from .store import LogStore
-from .wire import TLSConfig
+from .netprotocol import TLSConfig
 
 __all__ = ["KafkaServer", "KafkaProtocol", "RequestMetrics", "main"]
 
@@ -147,10 +147,10 @@ class KafkaProtocol(net.Protocol):
 
     def handle(self, session: net.Session, request: bytearray) -> Any:
         try:
-            parsed = parse_request(request)
+            parsed = parse_request(request, self.apis.supported)
         except UnsupportedVersionError as exc:
             if exc.api_key == _API_VERSIONS:
-                return _api_versions_unsupported(exc.correlation_id)
+                return _api_versions_unsupported(exc.correlation_id, self.apis.supported)
             logger.warning("closing connection %d from %s: %s", session.id, session.peer, exc)
             raise
         except KafkaProtocolError as exc:
@@ -158,6 +158,7 @@ class KafkaProtocol(net.Protocol):
             raise
         if isinstance(session.peer, tuple):
             parsed.client_host = f"/{session.peer[0]}"
+        parsed.principal = session.principal
         started = time.monotonic()
         fields = self.apis.handlers[parsed.api_key](parsed)
         if fields is None:
@@ -179,10 +180,11 @@ def _encode(request: KafkaRequest, fields: Any) -> list[bytes]:
     return encode(request.correlation_id, request.api_key, request.api_version, fields)
 
 
-def _api_versions_unsupported(correlation_id: int) -> list[bytes]:
+def _api_versions_unsupported(correlation_id: int, supported: Any) -> list[bytes]:
     """Error 35 in ApiVersions' v0 format, still listing the ranges (a client then retries with
     a version it shares: KIP-511)."""
-    return encode(correlation_id, _API_VERSIONS, 0, {"error_code": _UNSUPPORTED_VERSION, "api_keys": api_version_ranges()})
+    return encode(correlation_id, _API_VERSIONS, 0, {"error_code": _UNSUPPORTED_VERSION,
+                                                     "api_keys": api_version_ranges(supported)})
 
 
 def _mapped(future: Future, fn: Any) -> Future:
@@ -218,7 +220,7 @@ class KafkaServer:
         limits: connection limits (``max.connections``: 4096 here; ``connections.max.idle.ms``).
             Idle connections cost no thread: one loop serves them all, and worker threads are
             started for requests being answered, up to ``max_connections``.
-        tls: a :class:`~logstore.wire.TLSConfig` (``cafile`` set: client certificates required,
+        tls: a :class:`~logstore.netprotocol.TLSConfig` (``cafile`` set: client certificates required,
             Kafka's ``ssl.client.auth=required``; None: none asked for) or a server-side
             ``ssl.SSLContext``; None for plain TCP.
         sasl_credentials: enables SASL: a credentials file (re-read when it changes, see

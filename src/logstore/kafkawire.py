@@ -7,10 +7,13 @@ adds what a server needs around it:
 
 - :data:`SUPPORTED`, the version range of every API the server answers (what ApiVersions
   advertises), and :func:`parse_request`, which reads a frame's request header and body and
-  refuses what is outside those ranges, malformed, or followed by stray bytes.
-- :func:`encode`, a response as the buffers of one frame (size, response header v0, body),
-  from a mapping of fields named as in the latest version: a field the version does not have
-  is left out, a field it needs and the mapping lacks is an error. The bytes are written by
+  refuses what is outside those ranges (or others a caller gives it: a server may serve more
+  APIs, e.g. Vote, BeginQuorumEpoch or Fetch v12, between its brokers), malformed, or followed
+  by stray bytes. A flexible version's request header is v2 (client id, then tagged fields).
+- :func:`encode`, a response as the buffers of one frame (size, response header, body), from a
+  mapping of fields named as in the latest version: a field the version does not have is left
+  out, a field it needs and the mapping lacks is an error. The header is v0, or v1 for a
+  flexible version (except ApiVersions', always v0). The bytes are written by
   :mod:`logstore.kafkawriter` (kio's classes give the schema; kio's own writer is the tests'
   oracle).
 - Produce v0-v2 (magic v0/v1 message sets), which Kafka 4 dropped but still advertises
@@ -39,7 +42,8 @@ __all__ = ["SUPPORTED", "API_NAMES", "KafkaRequest", "KafkaProtocolError", "Unsu
            "parse_request", "response_class", "encode", "ErrorCode"]
 
 #: api key -> (lowest, highest) version served. Non-flexible versions only: every client this
-#: server is tested with speaks them (aiokafka speaks nothing else).
+#: server is tested with speaks them (aiokafka speaks nothing else). (:func:`parse_request`
+#: takes other ranges from a caller that serves more.)
 SUPPORTED: dict[int, tuple[int, int]] = {
     0: (0, 8),    # Produce (v0-v2 advertised, refused: see _REFUSED_PRODUCE)
     1: (4, 11),   # Fetch
@@ -67,7 +71,8 @@ API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "Offs
              10: "FindCoordinator", 11: "JoinGroup", 12: "Heartbeat", 13: "LeaveGroup", 14: "SyncGroup",
              15: "DescribeGroups", 16: "ListGroups",
              17: "SaslHandshake", 18: "ApiVersions", 19: "CreateTopics", 20: "DeleteTopics", 22: "InitProducerId",
-             32: "DescribeConfigs", 36: "SaslAuthenticate"}
+             23: "OffsetForLeaderEpoch", 32: "DescribeConfigs", 36: "SaslAuthenticate",
+             52: "Vote", 53: "BeginQuorumEpoch", 54: "EndQuorumEpoch"}
 
 _HEADER = struct.Struct(">hhi")  # api key, api version, correlation id
 _PRODUCE = 0
@@ -81,7 +86,8 @@ class KafkaProtocolError(LogstoreError):
 
 
 class UnsupportedVersionError(KafkaProtocolError):
-    """An API key or version outside :data:`SUPPORTED`. An ApiVersions request gets an answer
+    """An API key or version outside :data:`SUPPORTED` (or the ranges given to
+    :func:`parse_request`). An ApiVersions request gets an answer
     (error 35 with the ranges, so the client can retry with one it shares); any other request
     closes its connection."""
 
@@ -96,7 +102,7 @@ class UnsupportedVersionError(KafkaProtocolError):
 class KafkaRequest:
     """One parsed request: header fields and the kio body. Immutable by convention."""
 
-    __slots__ = ("api_key", "api_version", "correlation_id", "client_id", "body", "client_host")
+    __slots__ = ("api_key", "api_version", "correlation_id", "client_id", "body", "client_host", "principal")
 
     def __init__(self, api_key: int, api_version: int, correlation_id: int, client_id: str | None,
                  body: Any) -> None:
@@ -107,6 +113,8 @@ class KafkaRequest:
         self.body = body
         #: the client's address as Kafka shows it ("/127.0.0.1"); set by the server
         self.client_host = ""
+        #: who the connection authenticated as (``User:<name>`` after SASL), None if no one; set by the server
+        self.principal: Any = None
 
     @property
     def name(self) -> str:
@@ -129,18 +137,22 @@ def _readers(api_key: int, api_version: int) -> tuple[Any, Any]:
     return readers
 
 
-def parse_request(frame: bytes | bytearray | memoryview) -> KafkaRequest:
-    """Read one request (the frame after its 4-byte size).
+def parse_request(frame: bytes | bytearray | memoryview,
+                  supported: Mapping[int, tuple[int, int]] | None = None) -> KafkaRequest:
+    """Read one request (the frame after its 4-byte size), of an API and version in
+    ``supported`` (api key -> lowest and highest version; :data:`SUPPORTED` if None). Request
+    header v1, or v2 for a flexible version. kio reads only the tagged fields its classes know:
+    a request with another is refused as malformed (Kafka would skip it).
 
     Raises:
-        UnsupportedVersionError: an API or version this server does not speak.
+        UnsupportedVersionError: an API or version outside ``supported`` (or a refused Produce).
         KafkaProtocolError: a truncated or malformed request, or bytes after its end.
     """
     data: Any = memoryview(frame).toreadonly()  # kio reads read-only buffers (no copy of a produce's batches)
     if len(data) < _HEADER.size:
         raise KafkaProtocolError(f"a request of {len(data)} bytes is shorter than its header")
     api_key, api_version, correlation_id = _HEADER.unpack_from(data, 0)
-    served = SUPPORTED.get(api_key)
+    served = (SUPPORTED if supported is None else supported).get(api_key)
     if served is None or not served[0] <= api_version <= served[1] or (
             api_key == _PRODUCE and api_version in _REFUSED_PRODUCE):
         raise UnsupportedVersionError(api_key, api_version, correlation_id)
@@ -148,7 +160,7 @@ def parse_request(frame: bytes | bytearray | memoryview) -> KafkaRequest:
         read_header, read_body = _readers(api_key, api_version)
         header, offset = read_header(data, 0)
         body, size = read_body(data, offset)
-    except (KioIndexError, SerialError, ValueError, struct.error) as exc:
+    except (KioIndexError, SerialError, ValueError, struct.error, KeyError) as exc:  # KeyError: an unknown tag
         raise KafkaProtocolError(f"{API_NAMES.get(api_key, api_key)} v{api_version}: malformed request: "
                                  f"{exc}") from None
     if offset + size != len(data):
@@ -170,9 +182,11 @@ def response_class(api_key: int, api_version: int) -> type:
 
 
 def encode(correlation_id: int, api_key: int, api_version: int, fields: Mapping[str, Any]) -> list[Any]:
-    """A response frame (size, response header v0, body) as buffers to write in order, from
-    the response's fields named as in the latest version (see :mod:`logstore.kafkawriter`); a
+    """A response frame (size, response header, body) as buffers to write in order, from the
+    response's fields named as in the latest version (see :mod:`logstore.kafkawriter`); a
     :class:`~logstore._fileio.FileRegion` given as a field's bytes stays a buffer of its own.
+    The header is v0, or v1 (an empty tagged-field section after the correlation id) for a
+    flexible version of any API but ApiVersions.
 
     Raises:
         KeyError: a field the version needs is missing from ``fields``.

@@ -13,6 +13,7 @@ of logstore above the base layer.
 from __future__ import annotations
 
 import abc
+import ssl
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Sequence, Union
@@ -20,7 +21,7 @@ from typing import Any, Sequence, Union
 from ._fileio import FileRegion
 from .errors import LogstoreError
 
-__all__ = ["Protocol", "Handshake", "HandshakeError", "Session", "Limits", "Response"]
+__all__ = ["Protocol", "Handshake", "HandshakeError", "Session", "Limits", "Response", "TLSConfig"]
 
 #: What a handler returns: bytes to write (whole frames), several buffers written in order (a
 #: :class:`~logstore._fileio.FileRegion` among them is written with sendfile, and closed), None
@@ -133,3 +134,59 @@ class Limits:
             raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
         if self.handshake_timeout_s <= 0 or self.idle_timeout_s <= 0:
             raise ValueError("the handshake and idle timeouts must be > 0")
+
+
+# ---------------------------------------------------------------------- TLS
+@dataclass(frozen=True)
+class TLSConfig:
+    """TLS for a listener and its clients (the ``ssl`` module); mutual TLS for replication.
+
+    Every node and client presents ``certfile``/``keyfile`` and accepts only peers whose
+    certificate chains to ``cafile``: a server requires a client certificate
+    (``ssl.CERT_REQUIRED``), so a peer without one is refused during the TLS handshake. Peer
+    names are not checked against the certificate (replicas are addressed by IP); the identity
+    check is the private CA (and, for replication, the shared secret's SASL login). TLS 1.2 is the minimum.
+
+    ``cafile`` None (the Kafka listener only: replication refuses it) asks clients for no
+    certificate (Kafka's ``ssl.client.auth=none``); a client context then verifies servers
+    against the system's CAs.
+
+    Thread-safety: immutable; the contexts it builds are shared by every connection.
+    """
+
+    certfile: str
+    keyfile: str
+    cafile: str | None = None
+
+    def _context(self, purpose: ssl.Purpose) -> ssl.SSLContext:
+        side = ssl.PROTOCOL_TLS_SERVER if purpose is ssl.Purpose.CLIENT_AUTH else ssl.PROTOCOL_TLS_CLIENT
+        ctx = ssl.SSLContext(side)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        try:
+            ctx.load_cert_chain(self.certfile, self.keyfile)
+            if self.cafile is not None:
+                ctx.load_verify_locations(cafile=self.cafile)
+            elif purpose is ssl.Purpose.CLIENT_AUTH:
+                ctx.verify_mode = ssl.CERT_NONE
+            else:
+                ctx.load_default_certs(purpose)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"TLS configuration: cannot load {self.certfile}, {self.keyfile} or "
+                             f"{self.cafile}: {exc}") from None
+        return ctx
+
+    @property
+    def mutual(self) -> bool:
+        """Whether a server requires client certificates (``cafile`` is set)."""
+        return self.cafile is not None
+
+    def server_context(self) -> ssl.SSLContext:
+        """The context a node wraps accepted connections in (client certificates required
+        when ``cafile`` is set)."""
+        return self._context(ssl.Purpose.CLIENT_AUTH)
+
+    def client_context(self) -> ssl.SSLContext:
+        """The context outgoing connections (to peers, from clients) are wrapped in."""
+        return self._context(ssl.Purpose.SERVER_AUTH)

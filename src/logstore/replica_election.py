@@ -1,4 +1,4 @@
-"""Election driving of a replica node: timers, pre-vote, campaigns, votes and BEGIN_EPOCH.
+"""Election driving of a replica node: timers, pre-vote, campaigns, Vote and BeginQuorumEpoch.
 
 ``election.py`` holds the pure Raft rules (KIP-595) and the persisted ``quorum-state``; this
 module runs them over the network for each partition of a :class:`~logstore.replication.ReplicaNode`:
@@ -9,7 +9,9 @@ module runs them over the network for each partition of a :class:`~logstore.repl
 * a campaign is preceded by a pre-vote (nothing persisted anywhere), so that a node that was cut
   off, or restarted, cannot depose a leader the others still hear from;
 * every peer is asked at once (one thread each), so that a dead peer delays nothing;
-* the VOTE and BEGIN_EPOCH requests of other nodes are answered here.
+* the votes (Kafka's Vote v2, whose ``pre_vote`` flag marks a pre-vote: KIP-996) and
+  BeginQuorumEpoch announcements of other nodes are answered here (their Kafka requests are
+  read and written by :mod:`~logstore.replica_peerapis`).
 
 Thread-safety: every method may be called from any thread; each partition's state is changed
 under its ``cond``.
@@ -24,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .election import NONE, Election, Role
 from .errors import LogstoreError
-from .replica_partition import PartitionReplica, partition_of
-from .wire import Reader, RequestType, Writer
+from .replica_partition import PartitionReplica
+from .replication_client import BEGIN_QUORUM_EPOCH, METADATA, VOTE, _metadata_request
 
 if TYPE_CHECKING:
     from .replication import ReplicaNode
@@ -90,18 +92,19 @@ class ElectionDriver:
         node = self._node
         for peer in node.peers:
             try:
-                r = node.peer_connections.request(peer, RequestType.METADATA, b"", timeout=node.election_timeout_s / 4)
-                r.int32()
-                rows = r.array(lambda x: (x.string(), x.int32(), x.int32(), x.int32(), x.int64()), 22)
+                answer = node.peer_connections.request(peer, METADATA, _metadata_request([rep.topic]),
+                                                       timeout=node.election_timeout_s / 4)
             except (OSError, LogstoreError):
                 continue
-            for topic, partition, leader, epoch, _ in rows:
-                if (topic, partition) != (rep.topic, rep.partition) or leader in (NONE, node.node_id):
-                    continue
-                if epoch > rep.election.epoch or (epoch == rep.election.epoch and rep.election.leader == NONE):
-                    with rep.cond:
-                        rep.election.observe_epoch(epoch, leader)
-                    return rep.election.leader == leader
+            for t in answer.topics:
+                for p in t.partitions:
+                    leader, epoch = int(p.leader_id), int(p.leader_epoch)
+                    if (t.name, p.partition_index) != (rep.topic, rep.partition) or leader in (-1, NONE, node.node_id):
+                        continue
+                    if epoch > rep.election.epoch or (epoch == rep.election.epoch and rep.election.leader == NONE):
+                        with rep.cond:
+                            rep.election.observe_epoch(epoch, leader)
+                        return rep.election.leader == leader
         return False
 
     # ------------------------------------------------------------------ campaigns
@@ -127,10 +130,10 @@ class ElectionDriver:
                 self.lead_or_step_down(rep)
                 return
             last_epoch, end = rep.log.latest_epoch, rep.log.log_end_offset
-        payload = _vote_request(rep, state.epoch, node.node_id, last_epoch, end, pre_vote=False)
+        payload = self._vote_request(rep, state.epoch, last_epoch, end, pre_vote=False)
         won = threading.Event()
 
-        def count(peer: int, epoch: int, granted: int) -> None:
+        def count(peer: int, epoch: int, granted: bool) -> None:
             try:
                 with rep.cond:
                     if rep.election.epoch == state.epoch and rep.election.on_vote_response(epoch, peer, bool(granted)):
@@ -154,11 +157,11 @@ class ElectionDriver:
         node = self._node
         with rep.cond:
             last_epoch, end = rep.log.latest_epoch, rep.log.log_end_offset
-        payload = _vote_request(rep, epoch, node.node_id, last_epoch, end, pre_vote=True)
+        payload = self._vote_request(rep, epoch, last_epoch, end, pre_vote=True)
         grants = [node.node_id]
         lock = threading.Lock()
 
-        def count(peer: int, their_epoch: int, granted: int) -> None:
+        def count(peer: int, their_epoch: int, granted: bool) -> None:
             if granted:
                 with lock:
                     grants.append(peer)
@@ -173,18 +176,34 @@ class ElectionDriver:
             return False
         return True
 
-    def _vote_round(self, payload: bytes, on_answer: Callable[[int, int, int], None]) -> None:
-        """Send the VOTE request ``payload`` to every peer at once and call on_answer(peer, its
+    def _vote_request(self, rep: PartitionReplica, epoch: int, last_epoch: int, end: int,
+                      pre_vote: bool) -> dict[str, Any]:
+        """A Vote request's fields (KIP-595; ``pre_vote``: KIP-996)."""
+        node = self._node
+        return {"cluster_id": node.cluster_id, "voter_id": -1, "topics": [
+            {"topic_name": rep.topic, "partitions": [
+                {"partition_index": rep.partition, "replica_epoch": epoch, "replica_id": node.node_id,
+                 "replica_directory_id": None, "voter_directory_id": None, "last_offset_epoch": last_epoch,
+                 "last_offset": end, "pre_vote": pre_vote}]}]}
+
+    def _vote_round(self, fields: dict[str, Any], on_answer: Callable[[int, int, bool], None]) -> None:
+        """Send the Vote request ``fields`` to every peer at once and call on_answer(peer, its
         epoch, granted) for each answer (on the asking thread); a peer that does not answer
         within half an election timeout is left out."""
         node = self._node
 
         def ask(peer: int) -> None:
             try:
-                resp = node.peer_connections.request(peer, RequestType.VOTE, payload,
-                                                     timeout=node.election_timeout_s / 2)
-                epoch, granted = resp.int32(), resp.int8()
-            except (OSError, LogstoreError):
+                answer = node.peer_connections.request(peer, VOTE, fields, timeout=node.election_timeout_s / 2)
+                if answer.error_code:
+                    logger.warning("node %d: node %d refused a vote request: error %d", node.node_id, peer,
+                                   int(answer.error_code))
+                    return
+                p = answer.topics[0].partitions[0]
+                if p.error_code:
+                    return
+                epoch, granted = int(p.leader_epoch), bool(p.vote_granted)
+            except (OSError, LogstoreError, IndexError):
                 return
             on_answer(peer, epoch, granted)
 
@@ -207,13 +226,14 @@ class ElectionDriver:
     def announce(self, rep: PartitionReplica) -> None:
         """Tell every peer at once (a dead peer delays nothing) that this node leads the epoch."""
         node = self._node
-        payload = (Writer().string(rep.topic).int32(rep.partition).int32(rep.election.epoch).int32(node.node_id)
-                   .payload())
+        fields = {"cluster_id": node.cluster_id, "voter_id": -1, "topics": [
+            {"topic_name": rep.topic, "partitions": [
+                {"partition_index": rep.partition, "voter_directory_id": None, "leader_id": node.node_id,
+                 "leader_epoch": rep.election.epoch}]}], "leader_endpoints": []}
 
         def tell(peer: int) -> None:
             try:
-                node.peer_connections.request(peer, RequestType.BEGIN_EPOCH, payload,
-                                              timeout=node.election_timeout_s / 2)
+                node.peer_connections.request(peer, BEGIN_QUORUM_EPOCH, fields, timeout=node.election_timeout_s / 2)
             except (OSError, LogstoreError):
                 pass
 
@@ -229,15 +249,14 @@ class ElectionDriver:
             t.join()
 
     # ------------------------------------------------------------------ requests of other nodes
-    def on_vote(self, r: Reader) -> bytes:
-        """Answer a VOTE request (a pre-vote, or a vote that may be persisted)."""
+    def on_vote(self, rep: PartitionReplica, epoch: int, candidate: int, last_epoch: int, end: int,
+                pre_vote: bool) -> tuple[int, bool, int]:
+        """Answer a vote request (a pre-vote, or a vote that may be persisted): (this node's
+        epoch, granted, the leader it knows)."""
         node = self._node
-        rep = partition_of(node._replicas, r)
-        epoch, candidate, last_epoch, end = r.int32(), r.int32(), r.int32(), r.int64()
-        pre_vote = r.int8("pre-vote flag") == 1
-        r.end()
-        if rep is None:
-            return Writer().int32(-1).int8(0).payload()
+        if candidate not in node.peers:
+            with rep.cond:
+                return rep.election.epoch, False, rep.election.leader
         if pre_vote:
             with rep.cond:
                 election = rep.election
@@ -246,7 +265,7 @@ class ElectionDriver:
                     and time.monotonic() - rep.leader_seen < node.election_timeout_s)
                 granted = not alive and election.would_grant_pre_vote(
                     epoch, candidate, last_epoch, end, rep.log.latest_epoch, rep.log.log_end_offset)
-                return Writer().int32(election.epoch).int8(1 if granted else 0).payload()
+                return election.epoch, granted, election.leader
         with rep.cond:
             was_leader = rep.election.role is Role.LEADER
             granted, now_epoch = rep.election.on_vote_request(epoch, candidate, last_epoch, end,
@@ -255,25 +274,19 @@ class ElectionDriver:
                 rep.changed()
             if granted:
                 rep.deadline = self.next_deadline()
-        return Writer().int32(now_epoch).int8(1 if granted else 0).payload()
+            return now_epoch, bool(granted), rep.election.leader
 
-    def on_begin_epoch(self, r: Reader) -> bytes:
-        """Answer BEGIN_EPOCH: a leader announces the epoch it won."""
-        rep = partition_of(self._node._replicas, r)
-        epoch, leader = r.int32(), r.int32()
-        if rep is not None:
+    def on_begin_epoch(self, rep: PartitionReplica, epoch: int, leader: int) -> tuple[int, int]:
+        """Answer BeginQuorumEpoch: a leader announces the epoch it won. Returns (this node's
+        epoch, the leader it knows)."""
+        if leader not in self._node.peers:
             with rep.cond:
-                rep.election.observe_epoch(epoch, leader)
-                if rep.election.epoch == epoch and rep.election.leader == leader:
-                    rep.leader_seen = time.monotonic()
-                    rep.leader_lost = False
-                rep.deadline = self.next_deadline()
-                rep.changed()
-        return b""
-
-
-def _vote_request(rep: PartitionReplica, epoch: int, candidate: int, last_epoch: int, end: int,
-                  pre_vote: bool) -> bytes:
-    """A VOTE request's payload (FORMAT.md §13)."""
-    return (Writer().string(rep.topic).int32(rep.partition).int32(epoch).int32(candidate)
-            .int32(last_epoch).int64(end).int8(1 if pre_vote else 0).payload())
+                return rep.election.epoch, rep.election.leader
+        with rep.cond:
+            rep.election.observe_epoch(epoch, leader)
+            if rep.election.epoch == epoch and rep.election.leader == leader:
+                rep.leader_seen = time.monotonic()
+                rep.leader_lost = False
+            rep.deadline = self.next_deadline()
+            rep.changed()
+            return rep.election.epoch, rep.election.leader

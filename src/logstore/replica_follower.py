@@ -1,10 +1,11 @@
 """The follower's side of replication: one fetcher thread per partition, copying the leader's log.
 
-A fetcher follows its partition's leader while this node is one of its followers: it fetches
-with (log end offset, last epoch) on its own connection (so that one partition's long-polling
-fetch never holds up another's), appends the batches byte for byte, and takes the leader's high
-watermark. When the leader names a diverging epoch it truncates (KIP-101/279); when the leader's
-log starts past its end it restarts empty there. A refused or dropped connection to the leader
+A fetcher follows its partition's leader while this node is one of its followers: it sends
+Kafka's Fetch (v12) with its replica id, its epoch, its log end offset and last fetched epoch on
+its own connection to the leader's listener (so that one partition's long-polling fetch never
+holds up another's), appends the batches byte for byte, and takes the leader's high watermark.
+When the leader names a diverging epoch it truncates (KIP-101/279/320); when the leader's log
+starts past its end it restarts empty there. A refused or dropped connection to the leader
 makes the node campaign soon rather than after a whole election timeout.
 
 Thread-safety: :meth:`Fetchers.run` is each fetcher thread's body; :meth:`Fetchers.close` may be
@@ -21,9 +22,8 @@ from typing import TYPE_CHECKING
 from .election import NONE, Role
 from .errors import LogstoreError
 from .records import parse_header
-from .replica_partition import PartitionReplica
-from .replication_client import NodeConnection
-from .wire import FENCED_EPOCH, NOT_LEADER, OK, OUT_OF_RANGE, RequestType, Writer
+from .replica_partition import FENCED_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER, OFFSET_OUT_OF_RANGE, OK, PartitionReplica
+from .replication_client import FETCH, NodeConnection, refused
 
 if TYPE_CHECKING:
     from .replication import ReplicaNode
@@ -68,7 +68,7 @@ class Fetchers:
                             conn.close()
                         conn, conn_peer = None, leader
                         conn = NodeConnection(node.peers[leader], node.secret, node.node_id, node.election_timeout_s,
-                                           node.max_frame, node._client_tls)
+                                              node._client_tls)
                         with self._lock:
                             if node._stop.is_set():
                                 conn.close()
@@ -81,7 +81,7 @@ class Fetchers:
                     if conn is not None:
                         conn.close()
                         conn = None
-                    if isinstance(exc, ConnectionError):
+                    if refused(exc):
                         self.leader_gone(rep, leader)
                     node._stop.wait(0.01)
                 except Exception:  # noqa: BLE001 - the fetcher must outlive one bad answer
@@ -114,25 +114,36 @@ class Fetchers:
         log = rep.log
         offset = log.log_end_offset
         last_epoch = log.latest_epoch
-        payload = (Writer().int32(node.node_id).string(rep.topic).int32(rep.partition).int32(rep.election.epoch)
-                   .int64(offset).int32(last_epoch).int32(node.fetch_max_bytes).payload())
+        fields = {"cluster_id": node.cluster_id, "replica_id": node.node_id, "max_wait": int(node.fetch_wait_s * 1000),
+                  "min_bytes": 1, "max_bytes": node.fetch_max_bytes, "isolation_level": 0, "session_id": 0,
+                  "session_epoch": -1, "rack_id": "", "forgotten_topics_data": [], "topics": [
+                      {"topic": rep.topic, "partitions": [
+                          {"partition": rep.partition, "current_leader_epoch": rep.election.epoch,
+                           "fetch_offset": offset, "last_fetched_epoch": last_epoch, "log_start_offset": -1,
+                           "partition_max_bytes": node.fetch_max_bytes}]}]}
         # The leader holds a caught-up fetch for up to fetch_wait_s: allow for that.
-        r = conn.request(RequestType.FETCH, payload, timeout=node.election_timeout_s + node.fetch_wait_s)
-        code, leader_id, epoch, hw = r.int16(), r.int32(), r.int32(), r.int64()
-        div_epoch, div_end = r.int32(), r.int64()
-        data = r.blob_view()  # appended as it is: no copy
+        answer = conn.request(FETCH, fields, timeout=node.election_timeout_s + node.fetch_wait_s)
+        if answer.error_code:
+            logger.warning("node %d: node %d refused a fetch: error %d", node.node_id, leader, int(answer.error_code))
+            return False
+        p = answer.responses[0].partitions[0]
+        code, hw, log_start = int(p.error_code), int(p.high_watermark), int(p.log_start_offset)
+        leader_id, epoch = int(p.current_leader.leader_id), int(p.current_leader.leader_epoch)
+        div_epoch, div_end = int(p.diverging_epoch.epoch), int(p.diverging_epoch.end_offset)
+        data = p.records  # appended as it is
         with rep.cond:
             if epoch > rep.election.epoch:
-                rep.election.observe_epoch(epoch, leader_id if code in (OK, FENCED_EPOCH) else NONE)
-            if code == OUT_OF_RANGE and epoch == rep.election.epoch and div_end > offset:
+                rep.election.observe_epoch(epoch, leader_id if code in (OK, FENCED_LEADER_EPOCH) and leader_id >= 0
+                                           else NONE)
+            if code == OFFSET_OUT_OF_RANGE and epoch == rep.election.epoch and log_start > offset:
                 # The leader's log now starts past our end (retention or DeleteRecords there):
                 # nothing we hold can be kept; restart empty at its log start and fetch from it.
                 logger.warning("node %d: %s-%d: the leader's log starts at %d, past our end %d; restarting there",
-                               node.node_id, rep.topic, rep.partition, div_end, offset)
-                log.truncate_fully_and_start_at(div_end)
+                               node.node_id, rep.topic, rep.partition, log_start, offset)
+                log.truncate_fully_and_start_at(log_start)
                 return True
             if code != OK or epoch != rep.election.epoch:
-                if code == NOT_LEADER and leader_id != NONE and leader_id != leader:
+                if code == NOT_LEADER_OR_FOLLOWER and leader_id >= 0 and leader_id != leader:
                     rep.election.observe_epoch(epoch, leader_id)
                 return False
             rep.deadline = node._elections.next_deadline()

@@ -40,8 +40,6 @@ partition changes, take no partition lock.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import logging
 import threading
 import time
@@ -62,6 +60,7 @@ from .kafkagroups import GroupCoordinator
 from .kafkawire import KafkaRequest
 from .offsets import OFFSETS_TOPIC, OffsetStore
 from .records import validate_client_batch
+from .replica_peerapis import PEER_VERSIONS, PeerApis
 
 __all__ = ["ReplicaKafkaApis"]
 
@@ -107,12 +106,20 @@ class ReplicaKafkaApis(KafkaApis):
         self.node = node
         self.kafka_brokers = kafka_brokers
         self._stride = max(node.voters) + 1
-        # One cluster id for every node of the set (clients check that brokers agree on it).
-        digest = hashlib.sha256(node.secret + repr((node.voters, sorted(node._replicas))).encode()).digest()
-        self.cluster_id = base64.urlsafe_b64encode(digest[:16]).decode().rstrip("=")
+        self.cluster_id = node.cluster_id  # one for every node of the set
         self._groups_epoch = -1
         for key, refusal in _GROUP_REFUSALS.items():
             self.handlers[key] = self._coordinated(self.handlers[key], refusal)
+        # The peers' requests, on the same listener.
+        self.peer_apis = PeerApis(node, self.cluster_id)
+        self.supported = {**self.supported, **PEER_VERSIONS}
+        self.handlers.update({52: self.peer_apis.on_vote, 53: self.peer_apis.on_begin_quorum_epoch,
+                              55: self.peer_apis.on_describe_quorum})
+
+    def on_fetch(self, request: KafkaRequest) -> dict[str, Any] | Future:
+        if request.body.replica_id >= 0:  # a follower's
+            return self.peer_apis.on_replica_fetch(request)
+        return super().on_fetch(request)
 
     # ------------------------------------------------------------------ groups
     def _coordinator(self) -> tuple[int, int]:
@@ -304,17 +311,9 @@ class ReplicaKafkaApis(KafkaApis):
                 rep.changed()  # answer the followers' held fetches
         if acks != -1:
             return NONE, first, None
-
-        def committed(expired: bool) -> tuple[int, int, str | None] | None:
-            with rep.cond:
-                election = rep.election
-                if election.role is not Role.LEADER or election.epoch != epoch or node._stop.is_set():
-                    return NOT_LEADER_OR_FOLLOWER, -1, f"node {self.node_id} lost the leadership of {topic}-{partition}"
-                if rep.hw > last:
-                    return NONE, first, None
-            return (REQUEST_TIMED_OUT, -1, "not replicated to a majority in time") if expired else None
-
-        return node.purgatory.watch(rep.key, committed, timeout_s)
+        leader = node._leader
+        return node.purgatory.watch(rep.key, lambda expired: leader._committed(rep, epoch, first, last, expired),
+                                    timeout_s)
 
     # ------------------------------------------------------------------ topics and producer ids
     def on_create_topics(self, request: KafkaRequest) -> dict[str, Any]:

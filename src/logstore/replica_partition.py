@@ -16,9 +16,22 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from .election import Election
-from .wire import Reader
 
-__all__ = ["PartitionReplica", "partition_of"]
+__all__ = ["PartitionReplica"]
+
+# Kafka's error codes, as replication's requests and answers carry them (kio's ErrorCode).
+OK = 0
+OFFSET_OUT_OF_RANGE = 1
+UNKNOWN_TOPIC_OR_PARTITION = 3
+NOT_LEADER_OR_FOLLOWER = 6
+REQUEST_TIMED_OUT = 7
+NOT_ENOUGH_REPLICAS = 19
+CLUSTER_AUTHORIZATION_FAILED = 31
+INVALID_REQUEST = 42
+FENCED_LEADER_EPOCH = 74
+UNKNOWN_LEADER_EPOCH = 75
+INCONSISTENT_VOTER_SET = 81
+INCONSISTENT_CLUSTER_ID = 104
 
 
 @dataclass
@@ -73,10 +86,3 @@ class PartitionReplica:
         return [p for p in followers
                 if self.leo.get(p, -1) >= end or now - self.caught_up.get(p, -1e9) < lag_s]
 
-
-def partition_of(replicas: dict[tuple[str, int], PartitionReplica], r: Reader) -> PartitionReplica | None:
-    """Read a request's (string topic, int32 partition) fields; the partition's state, or None
-    when this node does not replicate it."""
-    topic = r.string("topic")
-    partition = r.int32("partition")
-    return replicas.get((topic, partition))

@@ -2,23 +2,30 @@
 the ``logstore node`` command.
 
 Each replicated partition is its own Raft group (KIP-595's rules, election.py): its replicas
-elect a leader per epoch; the leader stamps its epoch into every batch it appends; followers
-fetch from the leader with (fetch offset, last fetched epoch) and either get batches (copied byte
-for byte), or a diverging (epoch, end offset) that makes them truncate (KIP-101/KIP-279); the
-high watermark is the offset held by a majority and only advances over records of the leader's
-own epoch. acks=all waits for the high watermark; a leader that a higher epoch deposed can never
+elect a leader per epoch (Kafka's Vote and BeginQuorumEpoch requests); the leader stamps its
+epoch into every batch it appends; followers fetch from the leader with Kafka's Fetch (replica
+id, fetch offset, last fetched epoch) and either get batches (copied byte for byte), or a
+diverging (epoch, end offset) that makes them truncate (KIP-101/KIP-279/KIP-320); the high
+watermark is the offset held by a majority and only advances over records of the leader's own
+epoch. acks=all waits for the high watermark; a leader that a higher epoch deposed can never
 advance it again, so it can never acknowledge.
+
+A node serves one listener, Kafka's protocol, to Kafka clients and its peers alike: a replica
+set is a Kafka cluster to its clients (:mod:`~logstore.replica_kafka`), and its peers' requests
+are Kafka's (:mod:`~logstore.replica_peerapis`), authenticated with SASL as
+:data:`~logstore.replication_client.REPLICA_USER` and the set's shared secret.
 
 The node is a facade over modules named for what they hold:
 
 ==========================  =====================================================================
 replica_partition.py        per-partition state (log, election, timers, follower progress)
-replica_election.py         election driving: timers, pre-vote, campaigns, VOTE, BEGIN_EPOCH
-replica_leader.py           the leader's side: taking up an epoch, FETCH and PRODUCE, HW, ISR
+replica_election.py         election driving: timers, pre-vote, campaigns, Vote, BeginQuorumEpoch
+replica_leader.py           the leader's side: taking up an epoch, followers' fetches, HW, ISR
 replica_follower.py         the follower's fetcher threads
+replica_kafka.py            the listener's answers to Kafka clients (Metadata, Produce, Fetch, groups)
+replica_peerapis.py         the listener's answers to peers (Fetch, Vote, BeginQuorumEpoch, DescribeQuorum)
 replication_client.py       ``Client``, connections to nodes and peers, the replication errors
-wire.py                     frames, field codecs, error codes, the handshake, the protocol object
-net.py                      the event-driven listener every connection is served by
+kafkaserver.py, net.py      the listener every connection is served by
 logproducers.py             (log layer) each producer's epoch and last batches, for idempotent produces
 ==========================  =====================================================================
 
@@ -28,7 +35,10 @@ import ReplicaNode, Client, NotLeaderError, NOT_LEADER`` keeps working.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import logging
+import os
 import random
 import threading
 import time
@@ -40,7 +50,9 @@ from .purgatory import Purgatory
 from .checkpoint import REPLICATION_OFFSET_CHECKPOINT, OffsetCheckpoints
 from .election import NONE, Election, QuorumStateFile, Role
 from .errors import LogstoreError, OffsetOutOfRangeError
+from .kafkacredentials import Credentials, CredentialsFile
 from .kafkaserver import KafkaServer
+from .netprotocol import TLSConfig
 from .offsets import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIG
 from .records import Record
 from .replica_kafka import ReplicaKafkaApis
@@ -49,20 +61,7 @@ from .replica_follower import Fetchers
 from .replica_leader import LeaderSide
 from .replica_partition import PartitionReplica
 from .replication_client import (
-    Client,
-    Fetched,
-    NotEnoughReplicasError,
-    NotLeaderError,
-    PeerConnections,
-    ReplicationError,
-    ReplicationTimeoutError,
-    _Connection,
-    _raise_for,
-)
-from .store import LogStore
-from .wire import (
     CORRUPT_BATCH,
-    DEFAULT_MAX_FRAME,
     ERROR_TEXT,
     FENCED_EPOCH,
     INVALID,
@@ -72,22 +71,32 @@ from .wire import (
     OK,
     OUT_OF_RANGE,
     RECORD_TOO_LARGE,
+    REPLICA_USER,
     TIMEOUT,
     UNKNOWN_PARTITION,
-    Handler,
-    Reader,
-    ReplicationProtocol,
-    RequestType,
-    TLSConfig,
-    Writer,
+    Client,
+    Fetched,
+    NodeConnection,
+    NotEnoughReplicasError,
+    NotLeaderError,
+    PeerConnections,
+    ReplicationError,
+    ReplicationTimeoutError,
+    _raise_for,
+    replica_password,
 )
+from .store import LogStore
 
 __all__ = ["ReplicaNode", "Client", "Fetched", "TLSConfig", "NotLeaderError", "NotEnoughReplicasError",
            "ReplicationTimeoutError", "ReplicationError"]
 
-# Re-exported: these lived in this module before the split (tests import _Connection and the
-# error codes from here).
-_REEXPORTED = (_Connection, _raise_for, ERROR_TEXT, OK, NOT_LEADER, NOT_ENOUGH_REPLICAS, FENCED_EPOCH, TIMEOUT,
+#: the largest request a node's listener accepts by default (a fetch answer's batches are
+#: bounded by ``fetch_max_bytes``; a produce's by the topic's max.message.bytes)
+DEFAULT_MAX_FRAME = 100 * 1024 * 1024
+
+# Re-exported: these lived in this module before the split (tests import the error codes from
+# here).
+_REEXPORTED = (NodeConnection, _raise_for, ERROR_TEXT, OK, NOT_LEADER, NOT_ENOUGH_REPLICAS, FENCED_EPOCH, TIMEOUT,
                UNKNOWN_PARTITION, OUT_OF_RANGE, INVALID, CORRUPT_BATCH, RECORD_TOO_LARGE, INVALID_RECORD)
 
 logger = logging.getLogger("logstore.replication")
@@ -99,47 +108,48 @@ class ReplicaNode:
     Args:
         node_id: this node's id (an int >= 0), unique in the set.
         data_dir: its LogStore root.
-        listen: (host, port) to serve on (loopback unless told otherwise).
-        peers: {node id: (host, port)} of the other replicas.
-        secret: the shared secret (bytes) peers and clients authenticate with.
+        listen: (host, port) of its listener (loopback unless told otherwise): Kafka's protocol,
+            for Kafka clients, :class:`Client` and the peers, with SASL (over TLS with ``tls``).
+        peers: {node id: (host, port)}: the other replicas' listeners, as this node reaches
+            them and as Metadata names them to clients.
+        secret: the shared secret (UTF-8 text): the password of the SASL user
+            :data:`~logstore.replication_client.REPLICA_USER`, which peers and :class:`Client`
+            log in as and which alone may send replication's requests.
         partitions: [(topic, partitions)] to replicate (created when missing).
         election_timeout_ms: base election timeout (randomised up to twice it).
         replica_lag_time_max_ms: a follower is in sync while it reached the leader's end this
             recently.
-        replica_fetch_wait_max_ms: how long the leader holds a caught-up follower's fetch
-            waiting for new records (at most half the election timeout).
-        min_insync_replicas: acks="all" needs this many in-sync replicas (leader included).
-        fetch_max_bytes: the most batch bytes one fetch answer carries (at least one batch).
-        max_frame: the largest frame accepted from an authenticated peer.
-        tls: mutual TLS for every connection, served and made (None: plain TCP).
+        replica_fetch_wait_max_ms: how long a caught-up follower's fetch waits at the leader
+            for new records (at most half the election timeout).
+        min_insync_replicas: acks=all needs this many in-sync replicas (leader included).
+        fetch_max_bytes: the most batch bytes one follower fetch answer carries (at least one
+            batch).
+        max_frame: the largest request the listener accepts (Kafka's socket.request.max.bytes).
+        tls: TLS for the listener and the connections to peers; with ``cafile``, client
+            certificates are required (mutual TLS).
         max_connections: connections served at once; more are closed as they arrive.
         connections_max_idle_ms: a served connection that sends no request for this long is
-            closed (Kafka's name); the handshake must finish within ``handshake_timeout_ms``.
-        kafka_listen: (host, port) of a Kafka listener for Kafka clients (None: none), whose
-            answers are :class:`~logstore.replica_kafka.ReplicaKafkaApis`'; ``kafka_advertised``
-            is what Metadata names for it (default: the bound address).
-        kafka_peers: {node id: (host, port)}: each peer's advertised Kafka listener (the same
-            ids as ``peers``), so that Metadata names every broker.
-        kafka_options: more :class:`~logstore.kafkaserver.KafkaServer` arguments (TLS, SASL,
-            limits).
+            closed (Kafka's name); the SASL login must finish within ``handshake_timeout_ms``.
+        advertised: (host, port) that Metadata names for this node (default: the bound one).
+        advertised_peers: {node id: (host, port)} that Metadata names for the peers (default:
+            ``peers``; differs when this node reaches its peers another way, e.g. a proxy).
+        kafka_options: more :class:`~logstore.kafkaserver.KafkaServer` arguments, e.g.
+            ``sasl_credentials`` (Kafka clients' users, besides the replica user),
+            ``sasl_mechanisms``, group settings.
 
-    Connections are served by one event loop (``net.Server``); requests run on its worker
-    threads. The node's own threads are the tick thread (election timers, the high watermark
-    checkpoint) and one fetcher per partition.
+    Connections are served by one event loop (``net.Server``, under ``KafkaServer``); requests
+    run on its worker threads. The node's own threads are the tick thread (election timers, the
+    high watermark checkpoint) and one fetcher per partition.
 
     Durability: records are appended with the store's flush policy (page cache by default);
-    acks="all" means held by a majority, not fsynced by one. Thread-safety: start() and stop()
+    acks=all means held by a majority, not fsynced by one. Thread-safety: start() and stop()
     from one thread; every other method may be called from any thread.
 
     The replica_* modules read the node's settings (``node_id``, ``peers``, ``voters``,
-    ``secret``, ``election_timeout_s``, ``replica_lag_s``, ``fetch_wait_s``, ``min_insync``,
-    ``fetch_max_bytes``, ``max_frame``) at each use, and share ``_replicas``, ``_stop``,
+    ``secret``, ``cluster_id``, ``election_timeout_s``, ``replica_lag_s``, ``fetch_wait_s``,
+    ``min_insync``, ``fetch_max_bytes``) at each use, and share ``_replicas``, ``_stop``,
     ``_rng``, ``_client_tls`` and ``peer_connections``.
     """
-
-    #: Request type -> the method answering it, looked up for every request.
-    _HANDLERS = {RequestType.FETCH: "_on_fetch", RequestType.PRODUCE: "_on_produce", RequestType.VOTE: "_on_vote",
-                 RequestType.BEGIN_EPOCH: "_on_begin_epoch", RequestType.METADATA: "_on_metadata"}
 
     def __init__(self, node_id: int, data_dir: str, listen: tuple[str, int] = ("127.0.0.1", 0),
                  peers: dict[int, tuple[str, int]] | None = None, secret: bytes = b"", *,
@@ -149,19 +159,31 @@ class ReplicaNode:
                  min_insync_replicas: int = 2, fetch_max_bytes: int = 1 << 20, max_frame: int = DEFAULT_MAX_FRAME,
                  tls: TLSConfig | None = None, max_connections: int = 256,
                  connections_max_idle_ms: int = 600_000, handshake_timeout_ms: int = 10_000,
-                 kafka_listen: tuple[str, int] | None = None, kafka_advertised: tuple[str, int] | None = None,
-                 kafka_peers: dict[int, tuple[str, int]] | None = None,
+                 advertised: tuple[str, int] | None = None,
+                 advertised_peers: dict[int, tuple[str, int]] | None = None,
                  kafka_options: dict[str, Any] | None = None) -> None:
         if not secret:
             raise ValueError("a shared secret is required")
+        password = replica_password(secret)
         if max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {max_connections}")
         if connections_max_idle_ms <= 0 or handshake_timeout_ms <= 0:
             raise ValueError("connections_max_idle_ms and handshake_timeout_ms must be > 0")
+        options = dict(kafka_options or {})
+        for reserved in ("tls", "limits", "advertised", "node_id", "apis_factory", "max_request_bytes"):
+            if reserved in options:
+                raise ValueError(f"kafka_options may not set {reserved!r}: it is the node's own setting")
         self.node_id = node_id
         self.peers = dict(peers or {})
+        if advertised_peers is not None and set(advertised_peers) != set(self.peers):
+            raise ValueError(f"advertised_peers names nodes {sorted(advertised_peers)}, the peers are "
+                             f"{sorted(self.peers)}")
         self.voters = sorted(set(self.peers) | {node_id})
         self.secret = secret
+        # One cluster id for every node of the set (clients check that brokers agree on it, and
+        # peers' requests carry it).
+        digest = hashlib.sha256(secret + repr(self.voters).encode()).digest()
+        self.cluster_id = base64.urlsafe_b64encode(digest[:16]).decode().rstrip("=")
         self.election_timeout_s = election_timeout_ms / 1000.0
         self.replica_lag_s = replica_lag_time_max_ms / 1000.0
         self.fetch_wait_s = max(0.0, min(replica_fetch_wait_max_ms / 1000.0, self.election_timeout_s / 2))
@@ -171,10 +193,9 @@ class ReplicaNode:
         self.max_connections = max_connections
         self.idle_s = connections_max_idle_ms / 1000.0
         self.handshake_s = handshake_timeout_ms / 1000.0
-        if tls is not None and not tls.mutual:
-            raise ValueError("replication needs mutual TLS: TLSConfig.cafile (the CA peers' certificates chain to)")
-        self._server_tls = tls.server_context() if tls is not None else None
         self._client_tls = tls.client_context() if tls is not None else None
+        credentials = _ReplicaCredentials(password, options.pop("sasl_credentials", None),
+                                          options.get("sasl_mechanisms"))
         self.store = LogStore(data_dir, shared=False, maintenance=False)
         self._replicas: dict[tuple[str, int], PartitionReplica] = {}
         # The high watermark each partition had (Kafka's replication-offset-checkpoint): a
@@ -184,67 +205,57 @@ class ReplicaNode:
         self._hw_checkpoint = OffsetCheckpoints(data_dir, REPLICATION_OFFSET_CHECKPOINT)
         self._hw_written: dict[tuple[str, int], int] = self._hw_checkpoint.read()
         self._hw_written_at = time.monotonic()
-        # Held fetches and acks="all" produces, keyed by partition (see purgatory).
+        # Held fetches and acks=all produces, keyed by partition (see purgatory).
         self.purgatory = Purgatory(f"replica-{node_id}")
         partitions = list(partitions)
-        if kafka_listen is not None and OFFSETS_TOPIC not in {t for t, _ in partitions}:
-            partitions.append((OFFSETS_TOPIC, 1))  # the Kafka listener's consumer groups
-        for topic, count in partitions:
-            if topic == OFFSETS_TOPIC:
-                self.store.create_topic(topic, 1, exist_ok=True, internal=True, **OFFSETS_TOPIC_CONFIG)
-            else:
-                self.store.create_topic(topic, count, exist_ok=True)
-            for p in range(count):
-                log = self.store.partition(topic, p)
-                election = Election(node_id, self.voters, QuorumStateFile(log.path, self.voters))
-                saved = self._hw_written.get((topic, p), log.log_start_offset)
-                hw = max(log.log_start_offset, min(saved, log.log_end_offset))
-                log.high_watermark = hw
-                # The log's producer state is loaded once, here (from its newest snapshot);
-                # appends, copies and truncations keep it from then on, so a new leader's first
-                # produce never replays the log.
-                log.active_producers()
-                self._replicas[(topic, p)] = PartitionReplica(topic, p, log, election, hw=hw,
-                                                              on_change=self._partition_changed)
+        if OFFSETS_TOPIC not in {t for t, _ in partitions}:
+            partitions.append((OFFSETS_TOPIC, 1))  # Kafka clients' consumer groups
+        try:
+            for topic, count in partitions:
+                if topic == OFFSETS_TOPIC:
+                    self.store.create_topic(topic, 1, exist_ok=True, internal=True, **OFFSETS_TOPIC_CONFIG)
+                else:
+                    self.store.create_topic(topic, count, exist_ok=True)
+                for p in range(count):
+                    self._add_replica(topic, p)
+        except BaseException:
+            self.purgatory.close()
+            self.store.close()
+            raise
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._rng = random.Random()
-        self.peer_connections = PeerConnections(self.peers, secret, node_id, max_frame, self._client_tls, self._stop)
+        self.peer_connections = PeerConnections(self.peers, secret, node_id, self._client_tls, self._stop)
         self._elections = ElectionDriver(self)
         self._leader = LeaderSide(self)
         self._fetchers = Fetchers(self)
-        # A fetch never blocks (a caught-up follower's is held in the purgatory) and is answered
-        # on the network loop; a produce may wait for the disk, and goes to a worker.
-        protocol = ReplicationProtocol(secret, max_frame, self._handler,
-                                       inline_types=frozenset({RequestType.FETCH, RequestType.METADATA}))
+        #: every node's advertised listener, by id (what Metadata names)
+        self._brokers: dict[int, tuple[str, int]] = dict(advertised_peers or self.peers)
         try:
-            self._server = net.Server(listen, protocol, tls=self._server_tls,
-                                      limits=net.Limits(max_connections, self.handshake_s, self.idle_s),
-                                      name="replication", thread_name=f"replica-{node_id}-net")
+            #: the listener (Kafka's protocol, for clients and peers)
+            self.kafka = KafkaServer(self.store, listen, advertised=advertised, node_id=node_id,
+                                     auto_create_topics=False, tls=tls, max_request_bytes=max_frame,
+                                     limits=net.Limits(max_connections, self.handshake_s, self.idle_s),
+                                     sasl_credentials=credentials, **options,
+                                     apis_factory=lambda *a, **kw: ReplicaKafkaApis(self, self._brokers, *a, **kw))
         except BaseException:  # e.g. the port is taken: the store must not stay open (and locked)
             self.purgatory.close()
             self.store.close()
             raise
-        self.address = self._server.address
-        #: the Kafka listener (``kafka_listen``), or None
-        self.kafka: KafkaServer | None = None
-        if kafka_listen is not None:
-            if kafka_peers is not None and set(kafka_peers) != set(self.peers):
-                self._server.stop()
-                self.purgatory.close()
-                self.store.close()
-                raise ValueError(f"kafka_peers names nodes {sorted(kafka_peers)}, the peers are {sorted(self.peers)}")
-            brokers = dict(kafka_peers or {})
-            try:
-                self.kafka = KafkaServer(self.store, kafka_listen, advertised=kafka_advertised, node_id=node_id,
-                                         auto_create_topics=False, **(kafka_options or {}),
-                                         apis_factory=lambda *a, **kw: ReplicaKafkaApis(self, brokers, *a, **kw))
-            except BaseException:
-                self._server.stop()
-                self.purgatory.close()
-                self.store.close()
-                raise
-            brokers[node_id] = kafka_advertised or self.kafka.address
+        self.address: tuple[str, int] = self.kafka.address
+        self._brokers[node_id] = advertised or self.address
+
+    def _add_replica(self, topic: str, p: int) -> None:
+        log = self.store.partition(topic, p)
+        election = Election(self.node_id, self.voters, QuorumStateFile(log.path, self.voters))
+        saved = self._hw_written.get((topic, p), log.log_start_offset)
+        hw = max(log.log_start_offset, min(saved, log.log_end_offset))
+        log.high_watermark = hw
+        # The log's producer state is loaded once, here (from its newest snapshot); appends,
+        # copies and truncations keep it from then on, so a new leader's first produce never
+        # replays the log.
+        log.active_producers()
+        self._replicas[(topic, p)] = PartitionReplica(topic, p, log, election, hw=hw, on_change=self._partition_changed)
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> "ReplicaNode":
@@ -254,9 +265,7 @@ class ReplicaNode:
             r.deadline = self._elections.next_deadline(now)
             if r.election.leader != NONE and r.election.leader != self.node_id:
                 r.log.high_watermark = min(r.hw, r.log.log_end_offset)
-        self._server.start()
-        if self.kafka is not None:
-            self.kafka.start()
+        self.kafka.start()
         targets: list[tuple[Callable[..., None], tuple[Any, ...], str]] = [(self._tick_loop, (), "tick")]
         # One fetcher per partition, each on its own connection, so that a long-polling fetch
         # of one partition never holds up another's.
@@ -270,15 +279,13 @@ class ReplicaNode:
     def stop(self) -> None:
         """Stop every thread, close connections and the store. Not resumable."""
         self._stop.set()
-        if self.kafka is not None:
-            self.kafka.stop()  # before the purgatory and the store it shares
         self.peer_connections.close()  # requests blocked on a peer fail at once
         self._fetchers.close()
         for r in self._replicas.values():  # threads waiting on a partition see the stop flag
             with r.cond:
                 r.cond.notify_all()
-        self.purgatory.close()  # held fetches and acks="all" produces are answered now
-        self._server.stop()  # closes the listener and every connection; waits for the handlers
+        self.purgatory.close()  # held fetches and acks=all produces are answered now
+        self.kafka.stop()  # closes the listener and every connection; waits for the handlers
         for t in self._threads:
             t.join(5)
         self.peer_connections.close()  # any made meanwhile
@@ -315,35 +322,7 @@ class ReplicaNode:
     @property
     def _served(self) -> list[net.Session]:
         """The connections served now (handshaking ones included)."""
-        return self._server.sessions()
-
-    # ------------------------------------------------------------------ requests
-    def _handler(self, type: int) -> "Handler | None":
-        """The handler of a request type, looked up now (so a replaced one serves at once)."""
-        name = self._HANDLERS.get(type)  # type: ignore[call-overload]
-        return getattr(self, name) if name is not None else None
-
-    def _on_fetch(self, r: Reader) -> "bytes | Future[bytes]":
-        return self._leader.on_fetch(r)
-
-    def _on_produce(self, r: Reader) -> "bytes | Future[bytes]":
-        return self._leader.on_produce(r)
-
-    def _on_vote(self, r: Reader) -> bytes:
-        return self._elections.on_vote(r)
-
-    def _on_begin_epoch(self, r: Reader) -> bytes:
-        return self._elections.on_begin_epoch(r)
-
-    def _on_metadata(self, r: Reader) -> bytes:
-        out = Writer().int32(self.node_id)
-        reps = list(self._replicas.values())
-        out.array(reps, lambda w, rep: w.string(rep.topic).int32(rep.partition)
-                  .int32(rep.election.leader).int32(rep.election.epoch).int64(rep.hw))
-        # Where every voter listens (as this node reaches it), so that a client told "node N
-        # leads" can go straight to N.
-        nodes = [(self.node_id, self.address)] + sorted(self.peers.items())
-        return out.array(nodes, lambda w, n: w.int32(n[0]).string(str(n[1][0])).int32(int(n[1][1]))).payload()
+        return self.kafka._server.sessions()
 
     def _become_leader(self, rep: PartitionReplica) -> None:
         """Take up the epoch ``rep`` just won (caller holds rep.cond)."""
@@ -403,16 +382,46 @@ class ReplicaNode:
         out["kafka.server:type=ReplicaManager,name=UnderReplicatedPartitions"] = under
         out["kafka.server:type=ReplicaFetcherManager,name=MaxLag,clientId=Replica"] = max(lag.values(), default=0)
         out["logstore:type=Replica,name=FollowerLag"] = lag
-        out.update(self._server.metrics())
+        out.update(self.kafka._server.metrics())
         return out
+
+
+class _ReplicaCredentials(CredentialsFile):
+    """The listener's SASL users: the replica user (the shared secret) and Kafka clients' own
+    (``users``: a credentials file, re-read when it changes, a mapping or a Credentials; None:
+    none). A user of ``users`` named as the replica user is refused. Thread-safety: as
+    CredentialsFile."""
+
+    def __init__(self, password: str, users: Any, mechanisms: Any = None) -> None:  # no file of its own
+        from .kafkacredentials import MECHANISMS
+        self._replica = Credentials.from_mapping({REPLICA_USER: password}, ("SCRAM-SHA-256",))
+        if isinstance(users, (str, os.PathLike)):
+            users = CredentialsFile(users)
+        elif users is not None and not isinstance(users, (Credentials, CredentialsFile)):
+            users = Credentials.from_mapping(users, mechanisms or MECHANISMS)
+        self._users = users
+        self._seen: Any = None
+        self._merged = self._replica
+        self.current()
+
+    def current(self) -> Credentials:
+        users = self._users.current() if isinstance(self._users, CredentialsFile) else self._users
+        if users is not self._seen:
+            entries = dict(users.entries()) if users is not None else {}
+            if any(user == REPLICA_USER for user, _ in entries):
+                raise ValueError(f"the user {REPLICA_USER!r} is the replica set's own: choose another name")
+            entries.update(self._replica.entries())
+            self._merged, self._seen = Credentials(entries), users
+        return self._merged
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m logstore.replication") -> int:
     """Run one replica node until SIGTERM/SIGINT: ``logstore node --node-id 0 --data-dir DIR
     --listen 127.0.0.1:9000 --peer 1=127.0.0.1:9001 --peer 2=127.0.0.1:9002 --secret-file FILE
-    [--topic NAME:PARTITIONS] [--tls-cert F --tls-key F --tls-ca F] [--kafka-listen HOST:PORT
-    --kafka-peer 1=HOST:PORT ...]``. Prints one "serving" line on stdout once it listens (with
-    the Kafka listener's address when there is one)."""
+    [--topic NAME:PARTITIONS] [--tls-cert F --tls-key F --tls-ca F] [--advertised HOST:PORT]
+    [--sasl-credentials FILE]``. ``--listen`` is the node's one listener, Kafka's protocol, for
+    Kafka clients and peers; ``--peer`` names the peers' listeners. Prints one "serving" line on
+    stdout once it listens."""
     import argparse
     import signal
 
@@ -431,10 +440,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
     parser.add_argument("--tls-ca", help="PEM CA certificate(s) that peers' and clients' certificates must chain to")
     parser.add_argument("--max-connections", type=int, default=256)
     parser.add_argument("--connections-max-idle-ms", type=int, default=600_000)
-    parser.add_argument("--kafka-listen", help="host:port of this node's Kafka listener (Kafka clients)")
-    parser.add_argument("--kafka-advertised", help="host:port that Metadata names for it (default: the bound one)")
-    parser.add_argument("--kafka-peer", action="append", default=[],
-                        help="id=host:port: a peer's advertised Kafka listener (repeat, one per --peer)")
+    parser.add_argument("--advertised", help="host:port that Metadata names for this node (default: the bound one)")
+    parser.add_argument("--advertised-peer", action="append", default=[],
+                        help="id=host:port: what Metadata names for a peer (default: its --peer)")
+    parser.add_argument("--sasl-credentials", help="Kafka clients' SASL users (a file written by logstore "
+                        "kafka-user); the replica user logs in with the secret")
     args = parser.parse_args(argv)
     tls_files = (args.tls_cert, args.tls_key, args.tls_ca)
     if any(tls_files) and not all(tls_files):
@@ -457,9 +467,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
         return out
 
     peers = id_addresses(args.peer)
-    kafka_peers = id_addresses(args.kafka_peer)
-    if args.kafka_peer and not args.kafka_listen:
-        parser.error("--kafka-peer needs --kafka-listen")
     topics = []
     for item in args.topic or ["replicated:1"]:
         name, _, count = item.partition(":")
@@ -476,9 +483,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
                            tls=TLSConfig(*tls_files) if all(tls_files) else None,
                            max_connections=args.max_connections,
                            connections_max_idle_ms=args.connections_max_idle_ms,
-                           kafka_listen=address(args.kafka_listen) if args.kafka_listen else None,
-                           kafka_advertised=address(args.kafka_advertised) if args.kafka_advertised else None,
-                           kafka_peers=kafka_peers if args.kafka_listen else None).start()
+                           advertised=address(args.advertised) if args.advertised else None,
+                           advertised_peers=id_addresses(args.advertised_peer) if args.advertised_peer else None,
+                           kafka_options={"sasl_credentials": args.sasl_credentials} if args.sasl_credentials
+                           else None).start()
     except (ValueError, OSError, LogstoreError) as exc:
         parser.error(str(exc))
     import faulthandler
@@ -487,8 +495,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
-    kafka = f", Kafka clients on {node.kafka.bootstrap_servers}" if node.kafka is not None else ""
-    print(f"node {args.node_id} serving on {node.address[0]}:{node.address[1]}{kafka}", flush=True)
+    print(f"node {args.node_id} serving on {node.address[0]}:{node.address[1]} ({node.kafka.security_protocol})",
+          flush=True)
     done.wait()
     node.stop()
     return 0

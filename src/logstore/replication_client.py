@@ -1,52 +1,71 @@
-"""The replication client side: connections to nodes, the peer connection pool, and ``Client``.
+"""The replication client side, over Kafka's protocol: connections to nodes, the peer connection
+pool, and ``Client``.
 
-:class:`Client` produces to and fetches from a replica set, following its leader;
-:class:`PeerConnections` is a node's set of connections to the other voters (for votes,
-BEGIN_EPOCH and leader discovery); :class:`NodeConnection` is one authenticated blocking
-connection, which both use (and the follower's fetchers). The errors a replication request raises
-(:class:`ReplicationError` and its subclasses) live here too.
+Every node serves one Kafka listener (SASL, over TLS when configured) to Kafka clients and to
+its peers alike. Peers and :class:`Client` log in as the user :data:`REPLICA_USER` with the
+set's shared secret as the password (SCRAM-SHA-256: the secret never crosses the wire), the
+principal the nodes allow the replication requests (a follower's Fetch, Vote,
+BeginQuorumEpoch). :class:`NodeConnection` is one such blocking connection;
+:class:`PeerConnections` is a node's set of them to the other voters (votes, BeginQuorumEpoch,
+leader discovery); :class:`Client` produces to and fetches from a replica set, following its
+leader. The errors a replication request raises (:class:`ReplicationError` and its
+subclasses) live here too; their ``code`` is Kafka's error code.
 """
 
 from __future__ import annotations
 
-import errno
 import random
-import socket
 import ssl
 import threading
 import time
-from typing import Iterable, NamedTuple
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from . import compression
 from .election import NONE
 from .errors import LogstoreError, OffsetOutOfRangeError
+from .kafkaclient import Security, _Connection
+from .netprotocol import TLSConfig
 from .records import BatchBuilder, Record, decode_batches, end_offset_of
-from .wire import (
-    DEFAULT_MAX_FRAME,
-    ERROR_TEXT,
-    INVALID,
-    NOT_ENOUGH_REPLICAS,
-    NOT_LEADER,
-    OK,
-    OUT_OF_RANGE,
-    TIMEOUT,
-    FrameError,
-    Reader,
-    RequestType,
-    TLSConfig,
-    Writer,
-    client_handshake,
-    recv_frame,
-    send_frame,
-)
 
 __all__ = ["Client", "Fetched", "NodeConnection", "PeerConnections", "ReplicationError", "NotLeaderError",
-           "NotEnoughReplicasError", "ReplicationTimeoutError"]
+           "NotEnoughReplicasError", "ReplicationTimeoutError", "REPLICA_USER", "replica_password"]
+
+#: The SASL user that peers and :class:`Client` authenticate as, with the shared secret.
+REPLICA_USER = "replica"
+REPLICA_MECHANISM = "SCRAM-SHA-256"
+
+# API keys and the versions replication speaks.
+PRODUCE, FETCH, LIST_OFFSETS, METADATA, VOTE, BEGIN_QUORUM_EPOCH, DESCRIBE_QUORUM = 0, 1, 2, 3, 52, 53, 55
+VERSIONS = {PRODUCE: 8, FETCH: 12, LIST_OFFSETS: 5, METADATA: 8, VOTE: 2, BEGIN_QUORUM_EPOCH: 1,
+            DESCRIBE_QUORUM: 1}
+
+# Kafka's error codes under the names replication has always used.
+OK = 0
+OUT_OF_RANGE = 1
+CORRUPT_BATCH = 2
+UNKNOWN_PARTITION = 3
+NOT_LEADER = 6
+TIMEOUT = 7
+RECORD_TOO_LARGE = 10
+NOT_ENOUGH_REPLICAS = 19
+INVALID = 42
+OUT_OF_ORDER_SEQUENCE = 45
+FENCED_EPOCH = 74
+INVALID_RECORD = 87
+ERROR_TEXT = {NOT_LEADER: "not the leader", NOT_ENOUGH_REPLICAS: "not enough in-sync replicas",
+              FENCED_EPOCH: "fenced leader epoch", TIMEOUT: "timed out waiting for a majority",
+              UNKNOWN_PARTITION: "unknown partition", OUT_OF_RANGE: "offset out of range",
+              INVALID: "invalid request", CORRUPT_BATCH: "corrupt record batch",
+              RECORD_TOO_LARGE: "record batch too large", INVALID_RECORD: "invalid record",
+              OUT_OF_ORDER_SEQUENCE: "out of order sequence number"}
+#: errors after which the leader surely did not append the batch
+_NOT_APPENDED = frozenset({NOT_ENOUGH_REPLICAS, CORRUPT_BATCH, RECORD_TOO_LARGE, INVALID_RECORD, UNKNOWN_PARTITION,
+                           INVALID, OUT_OF_ORDER_SEQUENCE})
 
 
 # ---------------------------------------------------------------------- errors
 class ReplicationError(LogstoreError):
-    """A replication request failed (the message says why)."""
+    """A replication request failed (the message says why; ``code`` is Kafka's error code)."""
 
     def __init__(self, message: str, code: int = INVALID, leader: int = NONE) -> None:
         super().__init__(message)
@@ -69,10 +88,10 @@ class ReplicationTimeoutError(ReplicationError):
     new ``produce`` call is a new write.)"""
 
 
-def _raise_for(code: int, leader: int, what: str) -> None:
+def _raise_for(code: int, leader: int, what: str, message: str | None = None) -> None:
     if code == OK:
         return
-    text = f"{what}: {ERROR_TEXT.get(code, f'error {code}')}"
+    text = f"{what}: {message or ERROR_TEXT.get(code, f'error {code}')}"
     if code == NOT_LEADER:
         raise NotLeaderError(text + (f" (leader: node {leader})" if leader != NONE else ""), code, leader)
     if code == NOT_ENOUGH_REPLICAS:
@@ -82,62 +101,55 @@ def _raise_for(code: int, leader: int, what: str) -> None:
     raise ReplicationError(text, code, leader)
 
 
+def replica_password(secret: bytes) -> str:
+    """The shared secret as :data:`REPLICA_USER`'s SASL password (it must be UTF-8 text)."""
+    try:
+        return secret.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("the shared secret must be UTF-8 text") from None
+
+
 # ---------------------------------------------------------------------- connections
 class NodeConnection:
-    """One authenticated client connection to a node (request/response, one at a time).
+    """One authenticated connection to a node's Kafka listener (request/response, one at a
+    time), logged in as :data:`REPLICA_USER`.
 
     Thread-safety: not thread-safe; threads that share one take ``lock`` around
     :meth:`request`. Blocking: every call waits on the socket (its timeout bounds each wait).
+
+    Raises (constructor): KafkaClientError: the node could not be reached or refused the login
+    (its ``__cause__`` is the OSError, a ConnectionError when the node refused the connection).
     """
 
     def __init__(self, address: tuple[str, int], secret: bytes, node_id: int, timeout: float,
-                 max_frame: int, tls: ssl.SSLContext | None = None) -> None:
-        sock = socket.create_connection(address, timeout=timeout)
-        try:
-            if sock.getsockname() == sock.getpeername():
-                # TCP simultaneous open: a connect to a loopback port that nothing listens on
-                # can get that very port as its local port and connect to itself, holding
-                # the port that the node we wanted is about to bind.
-                raise ConnectionRefusedError(errno.ECONNREFUSED, f"{address[0]}:{address[1]}: connected to itself")
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if tls is not None:
-                sock = tls.wrap_socket(sock)
-            client_handshake(sock, secret, node_id)
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
-        self.max_frame = max_frame
-        self._next = 1
+                 tls: ssl.SSLContext | None = None) -> None:
+        security = Security("SASL_SSL" if tls is not None else "SASL_PLAINTEXT", REPLICA_MECHANISM, REPLICA_USER,
+                            replica_password(secret))
+        self.conn = _Connection(str(address[0]), int(address[1]), timeout, f"logstore-node-{node_id}", security,
+                                context=tls)
         #: one request at a time on this connection (several threads of a node share it)
         self.lock = threading.Lock()
 
-    def request(self, type: int, payload: bytes, timeout: float | None = None) -> Reader:
-        """Send one request and return a Reader over the answer's payload.
+    def request(self, api_key: int, fields: Mapping[str, Any], timeout: float | None = None) -> Any:
+        """Send one request (at replication's version of the API) and return kio's answer.
 
         Raises:
-            OSError: the connection failed or timed out. FrameError: a bad answer.
+            KafkaClientError: the connection failed or timed out, or a malformed answer.
         """
-        cid = self._next
-        self._next += 1
-        if timeout is not None:
-            self.sock.settimeout(timeout)
-        send_frame(self.sock, type, cid, payload)
-        frame = recv_frame(self.sock, self.max_frame)
-        if frame.correlation_id != cid:
-            raise FrameError(f"response {frame.correlation_id} to request {cid}")
-        return frame.reader()
+        return self.conn.request(api_key, fields, VERSIONS[api_key], timeout)
 
     def close(self) -> None:
         """Close the connection."""
         try:
-            self.sock.close()
+            self.conn.close()
         except OSError:
             pass
 
 
-#: The name NodeConnection had while it lived in replication.py (tests import it from there).
-_Connection = NodeConnection
+def refused(exc: BaseException) -> bool:
+    """Whether a failed request or connection means the node refused or dropped it (its
+    process is most likely gone), not a timeout."""
+    return isinstance(exc, ConnectionError) or isinstance(exc.__cause__, ConnectionError)
 
 
 class PeerConnections:
@@ -147,19 +159,18 @@ class PeerConnections:
     Thread-safety: thread-safe. Blocking: :meth:`request` waits for the peer's answer.
     """
 
-    def __init__(self, peers: dict[int, tuple[str, int]], secret: bytes, node_id: int, max_frame: int,
+    def __init__(self, peers: dict[int, tuple[str, int]], secret: bytes, node_id: int,
                  tls: ssl.SSLContext | None, stopping: threading.Event) -> None:
         self._peers = peers
         self._secret = secret
         self._node_id = node_id
-        self._max_frame = max_frame
         self._tls = tls
         self._stopping = stopping
         self._lock = threading.Lock()
         self._conns: dict[int, NodeConnection] = {}
 
-    def request(self, peer: int, type: int, payload: bytes, timeout: float) -> Reader:
-        """One request to ``peer``; its answer's payload.
+    def request(self, peer: int, api_key: int, fields: Mapping[str, Any], timeout: float) -> Any:
+        """One request to ``peer``; kio's answer.
 
         Raises:
             OSError, LogstoreError: the peer could not answer (the connection is dropped), or
@@ -170,7 +181,7 @@ class PeerConnections:
         if conn is None:
             # Connect and authenticate without holding the lock (a slow peer must not hold up
             # requests to the others); the first connection registered wins.
-            fresh = NodeConnection(self._peers[peer], self._secret, self._node_id, timeout, self._max_frame, self._tls)
+            fresh = NodeConnection(self._peers[peer], self._secret, self._node_id, timeout, self._tls)
             with self._lock:
                 conn = self._conns.setdefault(peer, fresh)
                 stopped = self._stopping.is_set()
@@ -180,7 +191,7 @@ class PeerConnections:
                 raise ConnectionError(f"node {self._node_id} is stopping")
         try:
             with conn.lock:
-                return conn.request(type, payload, timeout)
+                return conn.request(api_key, fields, timeout)
         except (OSError, LogstoreError):
             self.drop(peer)
             raise
@@ -213,33 +224,39 @@ class Fetched(NamedTuple):
 
 
 class Client:
-    """Produces to and reads from a replica set, following its leader.
+    """Produces to and reads from a replica set over Kafka's protocol, following its leader.
 
     Args:
-        bootstrap: [(host, port)] of some nodes.
-        secret: the shared secret.
+        bootstrap: [(host, port)] of some nodes' listeners.
+        secret: the shared secret (the client logs in as :data:`REPLICA_USER`).
         timeout: seconds for a connection or a request, and the default for produce/fetch.
-        tls: mutual TLS (required when the nodes use it).
+        tls: TLS (required when the nodes use it; with a client certificate when they ask).
         compression_type: codec of produced batches ("gzip", "snappy", "lz4", "zstd"; None: none).
+
+    Produces are idempotent as Kafka's producer makes them: each batch carries this client's
+    producer id and a sequence number per partition, so a retry after a lost answer is
+    recognised by the leader (also after a failover) instead of appended twice. After a
+    produce whose outcome is unknown (a timeout, a lost leader) the client takes a new
+    producer id: a new ``produce`` call is a new write.
 
     Thread-safety: one thread at a time (give each thread its own Client).
     """
 
     def __init__(self, bootstrap: Iterable[tuple[str, int]], secret: bytes, timeout: float = 10.0,
                  tls: TLSConfig | None = None, compression_type: str | None = None) -> None:
-        self.bootstrap = list(bootstrap)
+        self.bootstrap = [(str(h), int(p)) for h, p in bootstrap]
         if not self.bootstrap:
             raise ValueError("bootstrap needs at least one (host, port)")
+        replica_password(secret)
         self.secret = secret
         self.timeout = timeout
         self._tls = tls.client_context() if tls is not None else None
         self._conns: dict[tuple[str, int], NodeConnection] = {}
-        #: Idempotence: every produce carries this id and a per-partition sequence number, so a
-        #: retry after a lost response is recognised by the leader instead of appended again.
-        self.producer_id = random.SystemRandom().getrandbits(62)
+        self._rng = random.SystemRandom()
+        self.producer_id = self._rng.getrandbits(62)
         self._sequences: dict[tuple[str, int], int] = {}
         self._builder = BatchBuilder()
-        #: node id -> address, learnt from METADATA answers
+        #: node id -> address, learnt from Metadata answers
         self._nodes: dict[int, tuple[str, int]] = {}
         #: (topic, partition) -> the node last seen leading it
         self._leaders: dict[tuple[str, int], int] = {}
@@ -248,11 +265,10 @@ class Client:
     def _conn(self, address: tuple[str, int]) -> NodeConnection:
         conn = self._conns.get(address)
         if conn is None:
-            conn = self._conns[address] = NodeConnection(address, self.secret, NONE, self.timeout, DEFAULT_MAX_FRAME,
-                                                      self._tls)
+            conn = self._conns[address] = NodeConnection(address, self.secret, NONE, self.timeout, self._tls)
         return conn
 
-    def _call(self, address: tuple[str, int], type: int, payload: bytes, wait: float = 0.0) -> Reader:
+    def _call(self, address: tuple[str, int], api_key: int, fields: Mapping[str, Any], wait: float = 0.0) -> Any:
         """One request; a cached connection the node closed meanwhile (idle limit, restart) is
         replaced once. ``wait`` is how long the node may hold the request (an acks="all"
         produce): the socket waits that much longer. Raises OSError/LogstoreError when the
@@ -260,16 +276,13 @@ class Client:
         reused = address in self._conns
         timeout = self.timeout + wait
         try:
-            return self._conn(address).request(type, payload, timeout=timeout)
-        except socket.timeout:
+            return self._conn(address).request(api_key, fields, timeout)
+        except (OSError, LogstoreError) as exc:
             self._drop(address)
-            raise  # the node may still be working on it: never send it twice from here
-        except (OSError, LogstoreError):
-            self._drop(address)
-            if not reused:
-                raise
+            if not reused or isinstance(exc.__cause__, TimeoutError):
+                raise  # a timeout: the node may still be working on it, never send it twice here
         try:
-            return self._conn(address).request(type, payload, timeout=timeout)
+            return self._conn(address).request(api_key, fields, timeout)
         except (OSError, LogstoreError):
             self._drop(address)
             raise
@@ -279,10 +292,12 @@ class Client:
         if conn is not None:
             conn.close()
 
+    # ------------------------------------------------------------------ produce
     def produce(self, topic: str, partition: int, values: list[bytes | None], keys: list[bytes | None] | None = None,
                 acks: int | str = "all", timeout: float | None = None) -> list[int]:
-        """Append records on the leader; returns their offsets. With acks="all" it returns once
-        they are committed (held by a majority).
+        """Append records on the leader; returns their offsets (none with acks=0, which waits
+        for no answer). With acks="all" it returns once they are committed (held by a
+        majority).
 
         Raises:
             NotEnoughReplicasError, ReplicationError: as the leader answers; NotLeaderError when no
@@ -291,46 +306,77 @@ class Client:
         code = {0: 0, 1: 1, "all": -1, -1: -1}.get(acks)  # type: ignore[call-overload]
         if code is None:
             raise ValueError(f"acks must be 0, 1 or 'all', got {acks!r}")
-        sequence = self._sequences.get((topic, partition), 0)
-        # One record batch, encoded here by the C encoder and stored by the leader as it is
-        # (as Kafka's producer does); the producer id and sequence travel in its header.
-        batch = self._builder.build(values, keys, producer_id=self.producer_id, producer_epoch=0,
-                                    base_sequence=sequence, codec=self._codec)
-        self._sequences[(topic, partition)] = (sequence + len(values)) % (1 << 31)
-        payload = (Writer().string(topic).int32(partition).int8(code).int32(int((timeout or self.timeout) * 1000))
-                   .blob(batch).payload())
-        err, leader, r = self._leader_request((topic, partition), RequestType.PRODUCE, payload,
-                                              timeout or self.timeout, f"produce to {topic}-{partition}",
-                                              wait=(timeout or self.timeout) if code == -1 else 0.0)
-        first, last = r.int64(), r.int64()
-        _raise_for(err, leader, f"produce to {topic}-{partition}")
-        return list(range(first, last + 1))
+        key = (topic, partition)
+        timeout = timeout or self.timeout
+        for attempt in range(2):
+            sequence = self._sequences.get(key, 0)
+            # One record batch, encoded here by the C encoder and stored by the leader as it
+            # is (as Kafka's producer does); the producer id and sequence travel in its header.
+            batch = self._builder.build(values, keys, producer_id=self.producer_id, producer_epoch=0,
+                                        base_sequence=sequence, codec=self._codec)
+            self._sequences[key] = (sequence + len(values)) % (1 << 31)
+            fields = {"transactional_id": None, "acks": code, "timeout": int(timeout * 1000),
+                      "topic_data": [{"name": topic, "partition_data": [{"index": partition, "records": batch}]}]}
+            if code == 0:
+                return self._produce_unanswered(key, fields)
+            try:
+                err, leader, entry = self._leader_request(key, PRODUCE, fields, timeout, f"produce to {topic}-{partition}",
+                                                          _produce_entry, wait=timeout if code == -1 else 0.0)
+            except BaseException:
+                self._new_producer()  # the outcome is unknown: later batches must not depend on it
+                raise
+            if err == OUT_OF_ORDER_SEQUENCE and attempt == 0:
+                self._new_producer()  # not appended: an earlier batch was lost with a leader
+                continue
+            if err in _NOT_APPENDED:
+                self._sequences[key] = sequence
+            elif err != OK:
+                self._new_producer()
+            _raise_for(err, leader, f"produce to {topic}-{partition}", entry.error_message)
+            return list(range(entry.base_offset, entry.base_offset + len(values)))
+        raise AssertionError("unreachable")
 
+    def _new_producer(self) -> None:
+        self.producer_id = self._rng.getrandbits(62)
+        self._sequences.clear()
+
+    def _produce_unanswered(self, key: tuple[str, int], fields: Mapping[str, Any]) -> list[int]:
+        """acks=0: written to the leader's connection, no answer read."""
+        address = self._candidates(key)[0]
+        conn = self._conn(address)
+        try:
+            conn.conn.send_only(PRODUCE, fields, VERSIONS[PRODUCE])
+        except (OSError, LogstoreError):
+            self._drop(address)
+            raise
+        return []
+
+    # ------------------------------------------------------------------ following the leader
     def _candidates(self, key: tuple[str, int]) -> list[tuple[str, int]]:
         """Addresses to try: the partition's last known leader first, then the bootstrap list."""
         leader = self._leaders.get(key)
         first = [self._nodes[leader]] if leader is not None and leader in self._nodes else []
         return first + [a for a in self.bootstrap if a not in first]
 
-    def _follow(self, key: tuple[str, int], leader: int, refused_by: tuple[str, int]) -> bool:
-        """A node refused a request naming ``leader`` (-1: unknown). Remember it, learning its
-        address from the refusing node when needed; True when there is a new address to try."""
+    def _follow(self, key: tuple[str, int], refused_by: tuple[str, int]) -> bool:
+        """A node refused a request as not the leader: ask it who leads; True when that is a
+        node at another address."""
+        try:
+            leaders = self._read_metadata(self._call(refused_by, METADATA, _metadata_request([key[0]])))
+        except (OSError, LogstoreError):
+            return False
+        leader = leaders.get(key, (NONE, -1))[0]
         if leader < 0:
             self._leaders.pop(key, None)
             return False
         self._leaders[key] = leader
-        if leader not in self._nodes:
-            try:
-                self._read_metadata(self._call(refused_by, RequestType.METADATA, b""))
-            except (OSError, LogstoreError):
-                return False
         return self._nodes.get(leader, refused_by) != refused_by
 
-    def _leader_request(self, key: tuple[str, int], type: int, payload: bytes, timeout: float,
-                        what: str, wait: float = 0.0) -> tuple[int, int, Reader]:
+    def _leader_request(self, key: tuple[str, int], api_key: int, fields: Mapping[str, Any], timeout: float,
+                        what: str, entry_of: Callable[[Any], Any], wait: float = 0.0) -> tuple[int, int, Any]:
         """Send a request the partition's leader must answer, following "not the leader"
-        answers that name the leader, until a node accepts it or ``timeout`` passes. Returns
-        (error code, leader id, the rest of the answer)."""
+        answers, until a node accepts it or ``timeout`` passes. Returns (error code, leader id,
+        the partition's entry in the answer)."""
         deadline = time.monotonic() + timeout
         last_error: Exception | None = None
         redirects = 0
@@ -338,35 +384,36 @@ class Client:
             redirected = False
             for address in self._candidates(key):
                 try:
-                    r = self._call(address, type, payload, wait)
+                    entry = entry_of(self._call(address, api_key, fields, wait))
                 except (OSError, LogstoreError) as exc:
                     last_error = exc
                     continue
-                err, leader = r.int16(), r.int32()
+                err = int(entry.error_code)
                 if err != NOT_LEADER:
-                    if err == OK and leader >= 0:
-                        self._leaders[key] = leader
-                        self._nodes.setdefault(leader, address)
-                    return err, leader, r
-                last_error = NotLeaderError(f"node at {address[0]}:{address[1]} is not the leader"
-                                            + (f" (node {leader} is)" if leader >= 0 else ""), err, leader)
-                if redirects < 8 and self._follow(key, leader, address):
+                    leader = self._leaders.get(key, NONE)
+                    if err == OK:
+                        node = next((n for n, a in self._nodes.items() if a == address), None)
+                        if node is not None:
+                            self._leaders[key] = leader = node
+                    return err, leader, entry
+                last_error = NotLeaderError(f"node at {address[0]}:{address[1]} is not the leader", err)
+                if redirects < 8 and self._follow(key, address):
                     redirects += 1
                     redirected = True
                     break  # straight to the leader it named
             if not redirected:
                 time.sleep(0.05)
         raise NotLeaderError(f"{what}: no leader answered within the timeout ({last_error})", NOT_LEADER,
-                             getattr(last_error, "leader", NONE))
+                             self._leaders.get(key, NONE))
 
-    def _read_metadata(self, r: Reader) -> dict[tuple[str, int], tuple[int, int, int]]:
-        r.int32()
-        rows = r.array(lambda x: (x.string(), x.int32(), x.int32(), x.int32(), x.int64()), 22)
-        nodes = r.array(lambda x: (x.int32(), x.string(), x.int32()), 10)
-        for node, host, port in nodes:
-            self._nodes.setdefault(node, (host, port))
-        return {(t, p): (leader, epoch, hw) for t, p, leader, epoch, hw in rows}
+    def _read_metadata(self, answer: Any) -> dict[tuple[str, int], tuple[int, int]]:
+        """Learn the brokers' addresses; {(topic, partition): (leader, epoch)}."""
+        for broker in answer.brokers:
+            self._nodes[int(broker.node_id)] = (broker.host, int(broker.port))
+        return {(t.name, int(p.partition_index)): (int(p.leader_id), int(p.leader_epoch))
+                for t in answer.topics for p in t.partitions}
 
+    # ------------------------------------------------------------------ fetch and metadata
     def fetch(self, topic: str, partition: int, offset: int, max_bytes: int = 1 << 20,
               timeout: float | None = None) -> Fetched:
         """Committed records of a partition from ``offset`` on (about ``max_bytes`` of batches,
@@ -380,29 +427,78 @@ class Client:
         """
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
-        payload = (Writer().int32(-1).string(topic).int32(partition).int32(-1).int64(offset).int32(-1)
-                   .int32(min(max_bytes, DEFAULT_MAX_FRAME - 4096)).payload())
-        err, leader, r = self._leader_request((topic, partition), RequestType.FETCH, payload,
-                                              timeout or self.timeout, f"fetch from {topic}-{partition}")
-        _epoch, hw = r.int32(), r.int64()
-        _div_epoch, start = r.int32(), r.int64()
-        data = r.blob() or b""
+        fields = {"replica_id": -1, "max_wait": 0, "min_bytes": 0, "max_bytes": max_bytes, "isolation_level": 0,
+                  "session_id": 0, "session_epoch": -1, "rack_id": "", "forgotten_topics_data": [],
+                  "topics": [{"topic": topic, "partitions": [
+                      {"partition": partition, "current_leader_epoch": -1, "fetch_offset": offset,
+                       "last_fetched_epoch": -1, "log_start_offset": -1, "partition_max_bytes": max_bytes}]}]}
+        what = f"fetch from {topic}-{partition}"
+        err, leader, entry = self._leader_request((topic, partition), FETCH, fields, timeout or self.timeout, what,
+                                                  _fetch_entry)
         if err == OUT_OF_RANGE:
-            raise OffsetOutOfRangeError(offset, start, hw, f"fetch from {topic}-{partition}")
-        _raise_for(err, leader, f"fetch from {topic}-{partition}")
-        return Fetched(decode_batches(data, offset), end_offset_of(data, offset), hw)
+            start, end = self._bounds(topic, partition)
+            raise OffsetOutOfRangeError(offset, start, end, what)
+        _raise_for(err, leader, what)
+        data = bytes(entry.records or b"")
+        return Fetched(decode_batches(data, offset), end_offset_of(data, offset), int(entry.high_watermark))
+
+    def _bounds(self, topic: str, partition: int) -> tuple[int, int]:
+        """(log start, high watermark) of a partition, from its leader (ListOffsets)."""
+        out = []
+        for timestamp in (-2, -1):
+            fields = {"replica_id": -1, "isolation_level": 0, "topics": [
+                {"name": topic, "partitions": [{"partition_index": partition, "current_leader_epoch": -1,
+                                                "timestamp": timestamp}]}]}
+            err, leader, entry = self._leader_request((topic, partition), LIST_OFFSETS, fields, self.timeout,
+                                                      f"offsets of {topic}-{partition}", _list_offsets_entry)
+            _raise_for(err, leader, f"offsets of {topic}-{partition}")
+            out.append(int(entry.offset))
+        return out[0], out[1]
 
     def metadata(self) -> dict[tuple[str, int], tuple[int, int, int]]:
-        """{(topic, partition): (leader, epoch, high watermark)} as the first reachable node knows it."""
+        """{(topic, partition): (leader, epoch, high watermark)} as the first reachable node
+        knows them (Metadata, then DescribeQuorum: each node answers with its own view)."""
         for address in self.bootstrap:
             try:
-                r = self._call(address, RequestType.METADATA, b"")
+                leaders = self._read_metadata(self._call(address, METADATA, _metadata_request(None)))
+                topics: dict[str, list[int]] = {}
+                for t, p in sorted(leaders):
+                    topics.setdefault(t, []).append(p)
+                quorum = self._call(address, DESCRIBE_QUORUM, {"topics": [
+                    {"topic_name": t, "partitions": [{"partition_index": p} for p in ps]} for t, ps in topics.items()]})
             except (OSError, LogstoreError):
                 continue
-            return self._read_metadata(r)
+            return {(t.topic_name, int(p.partition_index)): (int(p.leader_id), int(p.leader_epoch),
+                                                             int(p.high_watermark))
+                    for t in quorum.topics for p in t.partitions}
         raise ReplicationError("no node reachable")
 
     def close(self) -> None:
         """Close every connection."""
         for address in list(self._conns):
             self._drop(address)
+
+
+def _metadata_request(topics: list[str] | None) -> dict[str, Any]:
+    return {"topics": None if topics is None else [{"name": t} for t in topics], "allow_auto_topic_creation": False,
+            "include_cluster_authorized_operations": False, "include_topic_authorized_operations": False}
+
+
+def _only(answer: Any, topics: str, partitions: str) -> Any:
+    """The one partition entry of a one-partition answer."""
+    return getattr(getattr(answer, topics)[0], partitions)[0]
+
+
+def _produce_entry(answer: Any) -> Any:
+    return _only(answer, "responses", "partition_responses")
+
+
+def _fetch_entry(answer: Any) -> Any:
+    if answer.error_code:
+        raise ReplicationError(f"fetch refused: error {int(answer.error_code)}", int(answer.error_code))
+    return _only(answer, "responses", "partitions")
+
+
+def _list_offsets_entry(answer: Any) -> Any:
+    return _only(answer, "topics", "partitions")
+

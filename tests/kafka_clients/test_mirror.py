@@ -242,7 +242,7 @@ def secured(tmp_path_factory):
     import io
 
     from logstore.cli import main as cli_main
-    from logstore.wire import TLSConfig
+    from logstore.netprotocol import TLSConfig
 
     from .tls_certs import make_certs
 

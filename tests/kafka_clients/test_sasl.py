@@ -16,7 +16,7 @@ import pytest
 from logstore.cli import main as cli_main
 from logstore.kafkacredentials import CredentialsFile
 from logstore.kafkaserver import KafkaServer
-from logstore.wire import TLSConfig
+from logstore.netprotocol import TLSConfig
 
 from .tls_certs import make_certs
 

@@ -1,5 +1,5 @@
 """A kafka-python consumer of group argv[2] on bootstrap argv[1] (comma-separated), topic
-argv[3]: writes ``R partition offset value`` for each record it is given and ``C`` after each
+argv[3], logged in as the replica user with the secret argv[5] (SCRAM): writes ``R partition offset value`` for each record it is given and ``C`` after each
 commit that returned, flushed line by line, to argv[4]; stops on SIGTERM (closing: a clean
 leave). Used by test_jepsen_kafka."""
 
@@ -14,10 +14,12 @@ from kafka.errors import CommitFailedError, KafkaError
 
 
 def main() -> None:
-    bootstrap, group, topic, out_path = sys.argv[1:5]
+    bootstrap, group, topic, out_path, secret = sys.argv[1:6]
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     consumer = KafkaConsumer(topic, group_id=group, bootstrap_servers=bootstrap.split(","), enable_auto_commit=False,
+                             security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-256",
+                             sasl_plain_username="replica", sasl_plain_password=secret,
                              auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=500,
                              request_timeout_ms=10000, retry_backoff_ms=50)
     with open(out_path, "a", buffering=1) as out:

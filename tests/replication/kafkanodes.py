@@ -1,5 +1,6 @@
-"""`logstore node` processes with Kafka listeners on loopback, for the suites and the benchmark:
-the one way they are started, asked for a partition's leader, and stopped."""
+"""`logstore node` processes on loopback (each one listener, Kafka's protocol, for clients and
+peers), for the suites and the benchmark: the one way they are started, asked for a
+partition's leader, and stopped."""
 
 from __future__ import annotations
 
@@ -14,15 +15,18 @@ from .test_inprocess import free_ports
 
 
 class KafkaNodes:
-    """``n`` node processes, each with a Kafka listener. With ``proxies``, each node reaches each
-    peer's replication listener through a :class:`LinkProxy` (``proxies[(i, j)]``: i -> j)."""
+    """``n`` node processes. With ``proxies``, each node reaches each peer's listener through a
+    :class:`LinkProxy` (``proxies[(i, j)]``: i -> j); Metadata still names the listeners
+    themselves to clients. Clients log in with :attr:`client_config` (SASL SCRAM as the
+    replica user)."""
 
     def __init__(self, tmp: Path, secret: bytes, topics: str = "replicated:1", n: int = 3,
                  election_timeout_ms: int = 300, proxies: bool = False, log_level: str = "INFO") -> None:
         self.tmp = Path(tmp)
-        ports = free_ports(2 * n)
+        ports = free_ports(n)
         self.addrs = {i: ("127.0.0.1", ports[i]) for i in range(n)}
-        self.kafka = {i: ("127.0.0.1", ports[n + i]) for i in range(n)}
+        self.kafka = self.addrs
+        self.secret = secret
         self.topics = topics
         self.election_timeout_ms = election_timeout_ms
         self.log_level = log_level
@@ -30,6 +34,18 @@ class KafkaNodes:
                         if proxies else {})
         (self.tmp / "secret").write_bytes(secret)
         self.procs: dict[int, subprocess.Popen] = {}
+
+    @property
+    def client_config(self) -> dict[str, str]:
+        """confluent-kafka's (librdkafka's) settings to log in."""
+        return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256",
+                "sasl.username": "replica", "sasl.password": self.secret.decode()}
+
+    @property
+    def kafka_python_config(self) -> dict[str, str]:
+        """kafka-python's and aiokafka's settings to log in."""
+        return {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "SCRAM-SHA-256",
+                "sasl_plain_username": "replica", "sasl_plain_password": self.secret.decode()}
 
     @property
     def bootstrap(self) -> str:
@@ -41,17 +57,16 @@ class KafkaNodes:
     def start(self, i: int) -> None:
         """Start node ``i`` (again, on its data directory) and wait for its "serving" line."""
         peers = [f"--peer={j}={self._peer(i, j)[0]}:{self._peer(i, j)[1]}" for j in self.addrs if j != i]
-        kafka_peers = [f"--kafka-peer={j}={h}:{p}" for j, (h, p) in self.kafka.items() if j != i]
+        advertised = [f"--advertised-peer={j}={h}:{p}" for j, (h, p) in self.addrs.items() if j != i]
         h, p = self.addrs[i]
-        kh, kp = self.kafka[i]
         self.procs[i] = subprocess.Popen(
             [sys.executable, "-m", "logstore", "node", f"--node-id={i}", f"--data-dir={self.tmp / f'n{i}'}",
              f"--listen={h}:{p}", f"--secret-file={self.tmp / 'secret'}",
-             f"--election-timeout-ms={self.election_timeout_ms}", f"--kafka-listen={kh}:{kp}",
-             f"--topic={self.topics}", f"--log-level={self.log_level}", *peers, *kafka_peers],
+             f"--election-timeout-ms={self.election_timeout_ms}",
+             f"--topic={self.topics}", f"--log-level={self.log_level}", *peers, *advertised],
             stdout=subprocess.PIPE, stderr=open(self.tmp / f"node{i}.log", "ab"))
         line = self.procs[i].stdout.readline()
-        assert b"serving" in line and f"Kafka clients on {kh}:{kp}".encode() in line, line
+        assert f"serving on {h}:{p}".encode() in line, line
 
     def kill(self, i: int) -> None:
         self.procs[i].send_signal(signal.SIGKILL)
@@ -64,7 +79,8 @@ class KafkaNodes:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                meta = AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(topic, timeout=2)
+                meta = AdminClient({"bootstrap.servers": self.bootstrap, **self.client_config}).list_topics(
+                    topic, timeout=2)
                 leader = meta.topics[topic].partitions[partition].leader
                 if leader in self.procs and self.procs[leader].poll() is None:
                     return leader

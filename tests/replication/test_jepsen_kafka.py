@@ -60,14 +60,16 @@ def _jepsen(tmp_path, kills_wanted):
     for i in range(3):
         cluster.start(i)
     outs = [tmp_path / f"consumer{i}.txt" for i in range(2)]
-    consumers = [subprocess.Popen([sys.executable, str(WORKER), cluster.bootstrap, GROUP, TOPIC, str(out)])
+    consumers = [subprocess.Popen([sys.executable, str(WORKER), cluster.bootstrap, GROUP, TOPIC, str(out),
+                                   SECRET.decode()])
                  for out in outs]
     acked: list[tuple[int, int, str]] = []
     failed: list[str] = []
     stop = threading.Event()
 
     def produce() -> None:
-        p = confluent_kafka.Producer({"bootstrap.servers": cluster.bootstrap, "enable.idempotence": True,
+        p = confluent_kafka.Producer({**cluster.client_config, "bootstrap.servers": cluster.bootstrap,
+                                      "enable.idempotence": True,
                                       "acks": "all", "linger.ms": 2, "message.timeout.ms": 120000,
                                       "topic.metadata.refresh.interval.ms": 500})
 

@@ -1,5 +1,5 @@
-"""A replica set served to Kafka clients: every node has a Kafka listener (ReplicaNode's
-``kafka_listen``), Metadata names the elected leaders, produce and fetch go to them, acks=all
+"""A replica set served to Kafka clients: every node's listener speaks Kafka's protocol to
+clients and peers alike (SASL: clients log in as the replica user here), Metadata names the elected leaders, produce and fetch go to them, acks=all
 means held by a majority, consumers see committed records only, and an idempotent producer's
 retries after a failover are not appended twice. The clients (kafka-python's protocol structs,
 confluent-kafka) are independent implementations of the protocol."""
@@ -15,6 +15,9 @@ from kafka.protocol.admin.topics import CreateTopicsRequest, CreateTopicsRespons
 from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
 from kafka.protocol.old.metadata import MetadataRequest, MetadataResponse
 from kafka.protocol.old.produce import ProduceRequest, ProduceResponse
+from kafka.net.sasl.scram import ScramClient
+from kafka.protocol.sasl import SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest, \
+    SaslHandshakeResponse
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from logstore.replication import ReplicaNode
@@ -28,17 +31,21 @@ NONE, LEADER_NOT_AVAILABLE, NOT_LEADER, NOT_ENOUGH_REPLICAS, POLICY_VIOLATION = 
 KEY = ("replicated", 0)
 
 
+#: librdkafka's and kafka-python's settings to log in as the replica user
+CONFLUENT_LOGIN = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256",
+                   "sasl.username": "replica", "sasl.password": SECRET.decode()}
+KAFKA_PYTHON_LOGIN = {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "SCRAM-SHA-256",
+                      "sasl_plain_username": "replica", "sasl_plain_password": SECRET.decode()}
+
+
 def kafka_cluster(tmp_path, n=3, election_timeout_ms=300, partitions=(("replicated", 1),), **kw):
-    ports = free_ports(2 * n)
+    ports = free_ports(n)
     addrs = {i: ("127.0.0.1", ports[i]) for i in range(n)}
-    kafka = {i: ("127.0.0.1", ports[n + i]) for i in range(n)}
     nodes = {}
     for i in range(n):
         nodes[i] = ReplicaNode(i, str(tmp_path / f"node{i}"), addrs[i], {j: a for j, a in addrs.items() if j != i},
-                               SECRET, election_timeout_ms=election_timeout_ms, partitions=partitions,
-                               kafka_listen=kafka[i], kafka_peers={j: a for j, a in kafka.items() if j != i},
-                               **kw).start()
-    return nodes, kafka
+                               SECRET, election_timeout_ms=election_timeout_ms, partitions=partitions, **kw).start()
+    return nodes, addrs
 
 
 def leader_of(nodes, key=KEY, timeout=10.0):
@@ -58,16 +65,33 @@ def stop_all(nodes):
 
 
 class Conn:
-    def __init__(self, address):
+    """kafka-python's protocol structs over a socket, logged in with SCRAM (kafka-python's)."""
+
+    def __init__(self, address, user="replica", password=SECRET.decode()):
         self.sock = socket.create_connection(address, timeout=20)
         self.correlation = 0
+        if user is not None:
+            self.login(user, password)
+
+    def login(self, user, password):
+        answer = self.call(SaslHandshakeRequest(mechanism="SCRAM-SHA-256", version=1), SaslHandshakeResponse)
+        assert answer.error_code == 0, answer
+        scram = ScramClient(user, password, "SCRAM-SHA-256")
+        first = self.call(SaslAuthenticateRequest(auth_bytes=scram.first_message(), version=1), SaslAuthenticateResponse)
+        assert first.error_code == 0, first
+        scram.process_server_first_message(first.auth_bytes)
+        final = self.call(SaslAuthenticateRequest(auth_bytes=scram.final_message(), version=1), SaslAuthenticateResponse)
+        assert final.error_code == 0, final
 
     def call(self, request, response_cls):
         self.correlation += 1
         request.with_header(self.correlation, "listener-test")
         self.sock.sendall(request.encode(header=True, framed=True))
         (size,) = struct.unpack(">i", self._exactly(4))
-        answer = response_cls.decode(self._exactly(size), header=True)
+        data = self._exactly(size)
+        version = getattr(request, "version", None)  # kafka-python's newer structs carry it per instance
+        answer = response_cls.decode(data, header=True) if version is None else \
+            response_cls.decode(data, version=version, header=True)
         assert answer.header.correlation_id == self.correlation
         return answer
 
@@ -173,7 +197,7 @@ def test_confluent_kafka_idempotent_producer_and_consumer_across_a_failover(tmp_
     bootstrap = ",".join(f"{h}:{p}" for h, p in kafka.values())
     try:
         first = leader_of(nodes)
-        producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
+        producer = confluent_kafka.Producer({**CONFLUENT_LOGIN, "bootstrap.servers": bootstrap, "enable.idempotence": True,
                                              "acks": "all", "linger.ms": 5, "message.timeout.ms": 30000,
                                              "topic.metadata.refresh.interval.ms": 500})
         delivered, failed = [], []
@@ -190,7 +214,7 @@ def test_confluent_kafka_idempotent_producer_and_consumer_across_a_failover(tmp_
         assert producer.flush(60) == 0
         assert failed == [] and len(delivered) == 400
         leader_of({i: n for i, n in nodes.items() if i != first})  # the survivors elected a leader
-        consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": "check",
+        consumer = confluent_kafka.Consumer({**CONFLUENT_LOGIN, "bootstrap.servers": bootstrap, "group.id": "check",
                                              "enable.auto.commit": False})
         consumer.assign([confluent_kafka.TopicPartition("replicated", 0, confluent_kafka.OFFSET_BEGINNING)])
         got = []
@@ -220,7 +244,7 @@ def test_consumers_see_committed_records_only(tmp_path):
         error, _ = produce(conn, batch([b"again"]), acks=-1, timeout_ms=500)
         assert error in (7, NOT_ENOUGH_REPLICAS)  # never "done" without a majority
         conn.close()
-        consumer = confluent_kafka.Consumer({"bootstrap.servers": f"{kafka[leader][0]}:{kafka[leader][1]}",
+        consumer = confluent_kafka.Consumer({**CONFLUENT_LOGIN, "bootstrap.servers": f"{kafka[leader][0]}:{kafka[leader][1]}",
                                              "group.id": "c", "enable.auto.commit": False})
         consumer.assign([confluent_kafka.TopicPartition("replicated", 0, confluent_kafka.OFFSET_BEGINNING)])
         seen = []
@@ -273,7 +297,7 @@ def test_sigkill_of_the_leader_under_an_idempotent_confluent_kafka_producer(tmp_
     for i in range(3):
         cluster.start(i)
     bootstrap = cluster.bootstrap
-    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+    producer = confluent_kafka.Producer({**CONFLUENT_LOGIN, "bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
                                          "linger.ms": 2, "message.timeout.ms": 60000,
                                          "topic.metadata.refresh.interval.ms": 500})
     acked, failed = [], []
@@ -300,7 +324,7 @@ def test_sigkill_of_the_leader_under_an_idempotent_confluent_kafka_producer(tmp_
             cluster.start(victim)
         assert producer.flush(90) == 0
         assert failed == []
-        consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": "audit",
+        consumer = confluent_kafka.Consumer({**CONFLUENT_LOGIN, "bootstrap.servers": bootstrap, "group.id": "audit",
                                              "enable.auto.commit": False})
         consumer.assign([confluent_kafka.TopicPartition("replicated", 0, confluent_kafka.OFFSET_BEGINNING)])
         got = []
@@ -334,7 +358,7 @@ def test_a_kafka_python_group_keeps_its_offsets_when_the_coordinator_node_stops(
 
     def consume(i):
         try:
-            c = KafkaConsumer("replicated", group_id="g", bootstrap_servers=bootstrap, enable_auto_commit=False,
+            c = KafkaConsumer("replicated", group_id="g", bootstrap_servers=bootstrap, **KAFKA_PYTHON_LOGIN, enable_auto_commit=False,
                               auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=500,
                               request_timeout_ms=10000, client_id=f"c{i}")
             while not stop.is_set():
@@ -351,7 +375,7 @@ def test_a_kafka_python_group_keeps_its_offsets_when_the_coordinator_node_stops(
             errors.append(exc)
 
     def produce_values(start, count):
-        p = confluent_kafka.Producer({"bootstrap.servers": ",".join(bootstrap), "enable.idempotence": True,
+        p = confluent_kafka.Producer({**CONFLUENT_LOGIN, "bootstrap.servers": ",".join(bootstrap), "enable.idempotence": True,
                                       "acks": "all", "topic.metadata.refresh.interval.ms": 500})
         for i in range(start, start + count):
             p.produce("replicated", value=b"g%d" % i, partition=i % 2)
@@ -383,7 +407,7 @@ def test_a_kafka_python_group_keeps_its_offsets_when_the_coordinator_node_stops(
             for partition, offset, _ in got:
                 last[partition] = max(last.get(partition, -1), offset)
         live = [f"{h}:{p}" for i, (h, p) in kafka.items() if i != coordinator]  # not the stopped node
-        check = KafkaConsumer(group_id="g", bootstrap_servers=live, enable_auto_commit=False)
+        check = KafkaConsumer(group_id="g", bootstrap_servers=live, **KAFKA_PYTHON_LOGIN, enable_auto_commit=False)
         # Metadata still names the stopped node (brokers are the configured ones), and
         # kafka-python raises when it happens to try it: ask again, as an application would.
         for attempt in range(20):

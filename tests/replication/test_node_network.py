@@ -1,16 +1,19 @@
 """The node on the network layer: its metrics include the listener's, handlers are looked up per
-request, and an unknown request type is answered with an ERROR frame on a connection that
-stays usable."""
+request, and a request of an API the node does not serve closes only its own connection."""
 
 from __future__ import annotations
 
-from logstore.replication import Client, _Connection
-from logstore.wire import RequestType, Writer
+import socket
+import struct
+
+from logstore.replication import Client
+from logstore.replication_client import DESCRIBE_QUORUM, NodeConnection
 
 from .test_inprocess import SECRET
 from .test_server import single
 
-NET = "kafka.server:type=socket-server-metrics,listener=replication,name="
+NET = "kafka.server:type=socket-server-metrics,listener=kafka,name="
+QUORUM = {"topics": [{"topic_name": "replicated", "partitions": [{"partition_index": 0}]}]}
 
 
 def test_node_metrics_include_the_network_layers(tmp_path):
@@ -30,24 +33,37 @@ def test_node_metrics_include_the_network_layers(tmp_path):
         node.stop()
 
 
-def test_handlers_are_looked_up_for_every_request(tmp_path, monkeypatch):
+def test_handlers_are_looked_up_for_every_request(tmp_path):
     node = single(tmp_path)
-    conn = _Connection(node.address, SECRET, -1, 5.0, 1 << 20)
+    conn = NodeConnection(node.address, SECRET, -1, 5.0)
+    handlers = node.kafka._apis.handlers
+    original = handlers[DESCRIBE_QUORUM]
     try:
-        assert conn.request(RequestType.METADATA, b"").int32() == 0
-        monkeypatch.setattr(node, "_on_metadata", lambda r: Writer().int32(42).payload())
-        assert conn.request(RequestType.METADATA, b"").int32() == 42   # same connection, new handler
+        assert conn.request(DESCRIBE_QUORUM, QUORUM).topics[0].partitions[0].leader_id == 0
+
+        def replaced(request):
+            answer = original(request)
+            answer["topics"][0]["partitions"][0]["leader_id"] = 42
+            return answer
+
+        handlers[DESCRIBE_QUORUM] = replaced
+        assert conn.request(DESCRIBE_QUORUM, QUORUM).topics[0].partitions[0].leader_id == 42  # same connection
     finally:
+        handlers[DESCRIBE_QUORUM] = original
         conn.close()
         node.stop()
 
 
-def test_an_unknown_request_type_is_answered_with_an_error_and_the_connection_stays(tmp_path):
+def test_an_unserved_api_closes_only_its_own_connection(tmp_path):
     node = single(tmp_path)
-    conn = _Connection(node.address, SECRET, -1, 5.0, 1 << 20)
+    other = NodeConnection(node.address, SECRET, -1, 5.0)
     try:
-        assert conn.request(99, b"").string() == "unknown request type 99"   # an ERROR frame
-        assert conn.request(RequestType.METADATA, b"").int32() == 0
+        with socket.create_connection(node.address, timeout=5) as sock:
+            # ApiVersions is answered before the login; API key 99 is no API at all.
+            header = struct.pack(">hhih", 99, 0, 7, -1)
+            sock.sendall(struct.pack(">i", len(header)) + header)
+            assert sock.recv(100) == b""  # closed without an answer
+        assert other.request(DESCRIBE_QUORUM, QUORUM).topics[0].partitions[0].error_code == 0
     finally:
-        conn.close()
+        other.close()
         node.stop()

@@ -1,5 +1,6 @@
 """Regression tests for the replication bugs a code review found (replication.py, election.py,
-wire.py), one per reproduction script of the review:
+the network layer), one per reproduction script of the review (ported to Kafka's protocol when
+replication moved onto it):
 
 1. a follower whose leader-epoch-checkpoint was damaged kept records the leader never had, and
    the leader counted offsets that follower did not really hold towards acks="all";
@@ -33,15 +34,17 @@ import pytest
 from logstore import Log
 from logstore.election import NONE, Election, QuorumStateFile
 from logstore.records import BatchBuilder
+from logstore.kafkaapis import KafkaApis
+from logstore.kafkaclient import KafkaClientError
+from logstore.kafkaserver import KafkaServer
 from logstore.replication import (
     NOT_LEADER,
     Client,
     ReplicaNode,
     ReplicationError,
     ReplicationTimeoutError,
-    _Connection,
 )
-from logstore.wire import DEFAULT_MAX_FRAME, Reader, RequestType, Writer, recv_frame, send_frame, server_handshake
+from logstore.replication_client import BEGIN_QUORUM_EPOCH, FETCH, NodeConnection
 
 from .proxy import LinkProxy
 from .test_divergence import (
@@ -63,7 +66,7 @@ from .test_divergence import (
 from .test_divergence import leader_of as sole_leader_of
 from .test_inprocess import SECRET, cluster, free_ports, leader_of, wait_for
 from .test_network_faults import NetCluster
-from .test_server import _raw_produce, single, stop_all
+from .test_server import _raw_produce, begin_epoch_fields, replica_fetch_fields, single, stop_all
 
 TOPIC, PART = KEY
 
@@ -89,9 +92,8 @@ def dead_threads(nodes):
             if any(not t.is_alive() for t in n._threads)}
 
 
-def produce_payload(value, acks=1):
-    batch = bytes(BatchBuilder().build([value]))
-    return Writer().string(TOPIC).int32(PART).int8(acks).int32(2000).blob(batch).payload()
+def produce_payload(value):
+    return bytes(BatchBuilder().build([value]))
 
 
 def assert_leads_with_its_own_epoch(node):
@@ -220,19 +222,18 @@ def test_begin_epoch_naming_itself_or_a_non_voter_does_not_make_a_leader(tmp_pat
         # f must not campaign during the test (on a loaded machine its peer may miss a fetch
         # answer and grant a pre-vote): whatever leadership it shows comes from the messages.
         monkeypatch.setattr(nodes[f], "election_timeout_s", 60.0)
-        conn = _Connection(addrs[f], SECRET, -1, 5.0, DEFAULT_MAX_FRAME)
+        conn = NodeConnection(addrs[f], SECRET, -1, 5.0)
         epoch = nodes[f].describe()[KEY]["epoch"]
         if named == "itself":
-            # A fetch of a higher epoch moves f to that epoch with no leader; then BEGIN_EPOCH of
-            # that epoch names f itself.
+            # A fetch of a higher epoch from a voter moves f to that epoch with no leader; then
+            # BeginQuorumEpoch of that epoch names f itself.
             epoch += 5
-            conn.request(RequestType.FETCH, Writer().int32(7).string(TOPIC).int32(PART).int32(epoch).int64(0)
-                         .int32(-1).int32(1000).payload())
+            conn.request(FETCH, replica_fetch_fields(first, epoch))
             leader_id = f
         else:
             epoch += 1
             leader_id = 99
-        conn.request(RequestType.BEGIN_EPOCH, Writer().string(TOPIC).int32(PART).int32(epoch).int32(leader_id).payload())
+        conn.request(BEGIN_QUORUM_EPOCH, begin_epoch_fields(epoch, leader_id))
         d = nodes[f].describe()[KEY]
         assert d["role"] != "leader" and d["leader"] not in (f, 99), d
         end = leo(nodes[f])
@@ -247,57 +248,46 @@ def test_begin_epoch_naming_itself_or_a_non_voter_does_not_make_a_leader(tmp_pat
         stop_all(nodes)
 
 
+class _FakeLeaderApis(KafkaApis):
+    """Answers the first follower Fetch with NOT_LEADER_OR_FOLLOWER in the next epoch, naming
+    ``named`` as the leader; every later one is refused the same way, naming no leader."""
+
+    named = -1
+    answered: threading.Event
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.supported = {**self.supported, 1: (4, 12)}
+
+    def on_fetch(self, request):
+        p = request.body.topics[0].partitions[0]
+        first = not self.answered.is_set()
+        self.answered.set()
+        return {"throttle_time": 0, "error_code": 0, "session_id": 0, "responses": [{"topic": TOPIC, "partitions": [
+            {"partition_index": p.partition, "error_code": 6, "high_watermark": -1, "log_start_offset": -1,
+             "current_leader": {"leader_id": self.named if first else -1,
+                                "leader_epoch": p.current_leader_epoch + 1},
+             "aborted_transactions": None, "records": None}]}]}
+
+
 class _FakeLeader:
-    """A peer that authenticates and answers the first FETCH with NOT_LEADER in the next epoch,
-    naming ``named`` as the leader; every other request gets its connection closed."""
+    """A peer (a Kafka listener the node logs in to as the replica user) whose fetch answers
+    are :class:`_FakeLeaderApis`'."""
 
-    def __init__(self, named: int) -> None:
-        self.named = named
+    def __init__(self, tmp_path, named: int) -> None:
         self.answered = threading.Event()
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self._server.settimeout(0.1)
-        self.address = self._server.getsockname()[:2]
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._accept, daemon=True)]
-        self._threads[0].start()
+        answered = self.answered
 
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                sock, _ = self._server.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            t = threading.Thread(target=self._serve, args=(sock,), daemon=True)
-            self._threads.append(t)
-            t.start()
-
-    def _serve(self, sock: socket.socket) -> None:
-        try:
-            sock.settimeout(2.0)
-            server_handshake(sock, SECRET)
-            frame = recv_frame(sock, DEFAULT_MAX_FRAME)
-            if frame.type != RequestType.FETCH or self.answered.is_set():
-                return
-            r = frame.reader()
-            r.int32(), r.string(), r.int32()
-            epoch = r.int32()
-            send_frame(sock, frame.type, frame.correlation_id,
-                       Writer().int16(NOT_LEADER).int32(self.named).int32(epoch + 1).int64(0).int32(-1).int64(-1)
-                       .blob(None).payload())
-            self.answered.set()
-            sock.recv(1)   # until the node hangs up (or the timeout)
-        except Exception:  # noqa: BLE001 - a fake peer: any failure just ends the connection
+        class Apis(_FakeLeaderApis):
             pass
-        finally:
-            sock.close()
+
+        Apis.named, Apis.answered = named, answered
+        self.server = KafkaServer(str(tmp_path / "fake"), ("127.0.0.1", 0), sasl_credentials={"replica": SECRET.decode()},
+                                  sasl_mechanisms=("SCRAM-SHA-256",), apis_factory=Apis).start()
+        self.address = self.server.address
 
     def close(self) -> None:
-        self._stop.set()
-        self._server.close()
-        for t in self._threads:
-            t.join(5)
+        self.server.stop()
 
 
 @pytest.mark.regression(reason="fixed: a fetch answer naming the node itself or a non-voter made it leader or killed its fetcher")
@@ -306,16 +296,16 @@ def test_a_fetch_answer_naming_itself_or_a_non_voter_does_not_make_a_leader(tmp_
     """Node 0 follows node 1 (a fake peer), whose fetch answer says "not the leader, epoch + 1,
     the leader is X" with X node 0 itself or node 99."""
     x = 0 if named == "itself" else 99
-    fake = _FakeLeader(x)
+    fake = _FakeLeader(tmp_path, x)
     (dead,) = free_ports(1)
     node = None
     conn = None
     try:
         node = ReplicaNode(0, str(tmp_path / "node0"), ("127.0.0.1", 0), {1: fake.address, 2: ("127.0.0.1", dead)},
                            SECRET, election_timeout_ms=300).start()
-        conn = _Connection(node.address, SECRET, -1, 5.0, DEFAULT_MAX_FRAME)
+        conn = NodeConnection(node.address, SECRET, -1, 5.0)
         epoch = node.describe()[KEY]["epoch"] + 1
-        conn.request(RequestType.BEGIN_EPOCH, Writer().string(TOPIC).int32(PART).int32(epoch).int32(1).payload())
+        conn.request(BEGIN_QUORUM_EPOCH, begin_epoch_fields(epoch, 1))
         assert fake.answered.wait(10), node.describe()
         assert watch_for_leadership(node, 0.5) == []
         d = node.describe()[KEY]
@@ -477,12 +467,10 @@ def test_a_new_leader_does_not_count_follower_offsets_of_an_earlier_epoch(tmp_pa
         assert rep.hw == hw_before <= rep.epoch_start, (rep.hw, rep.epoch_start, rep.leo)
         assert rep.log.high_watermark <= rep.epoch_start
         # A fetch of this epoch from follower 1 at the leader's end commits the new record.
-        answer = node._on_fetch(Reader(Writer().int32(1).string(TOPIC).int32(PART).int32(epoch).int64(3)
-                                       .int32(epoch).int32(1 << 20).payload()))
+        answer = node._leader.follower_fetch(rep, 1, epoch, 3, epoch, 1 << 20, 0.05)
         if isinstance(answer, Future):  # a caught-up fetch is held until records come or its wait ends
             answer = answer.result(10)
-        answer = Reader(answer)
-        assert answer.int16() == 0
+        assert answer.code == 0
         assert rep.hw == 3
     finally:
         node.stop()
@@ -638,7 +626,7 @@ def test_a_deposed_leaders_produce_handler_never_acknowledges_a_replaced_record(
 @pytest.mark.regression(reason=("fixed: a connect to a peer that was not listening yet could connect to "
     "itself (TCP simultaneous open on loopback) and hold the port the peer was about to bind"))
 def test_a_connection_to_itself_is_refused_and_frees_the_port(monkeypatch):
-    from logstore import replication_client
+    from logstore import kafkaclient, replication_client
 
     made: list[socket.socket] = []
 
@@ -650,7 +638,8 @@ def test_a_connection_to_itself_is_refused_and_frees_the_port(monkeypatch):
         made.append(sock)
         return sock
 
-    monkeypatch.setattr(replication_client.socket, "create_connection", self_connected)
-    with pytest.raises(ConnectionRefusedError, match="connected to itself"):
-        replication_client.NodeConnection(("127.0.0.1", 1), SECRET, 0, 1.0, DEFAULT_MAX_FRAME)
+    monkeypatch.setattr(kafkaclient.socket, "create_connection", self_connected)
+    with pytest.raises(KafkaClientError, match="connected to itself") as info:
+        replication_client.NodeConnection(("127.0.0.1", 1), SECRET, 0, 1.0)
+    assert isinstance(info.value.__cause__, ConnectionRefusedError)
     assert made and made[0].fileno() == -1  # closed: the port is free again

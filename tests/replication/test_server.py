@@ -10,8 +10,9 @@ import subprocess
 import pytest
 
 from logstore import OffsetOutOfRangeError
+from logstore.kafkaclient import KafkaClientError
 from logstore.replication import Client, NotLeaderError, ReplicaNode, TLSConfig
-from logstore.wire import AuthenticationError
+from logstore.replication_client import BEGIN_QUORUM_EPOCH, FETCH, PRODUCE, VERSIONS, VOTE, NodeConnection
 
 from .test_inprocess import SECRET, cluster, free_ports, leader_of, wait_for
 
@@ -20,6 +21,52 @@ def stop_all(nodes):
     for n in nodes.values():
         if not n._stop.is_set():
             n.stop()
+
+
+def kafka_frame(api_key, fields, correlation_id=1, version=None):
+    """One framed request (size, header, body) as kio writes it."""
+    import io
+    import struct
+
+    from kio.index import load_request_schema
+    from kio.serial import entity_writer
+
+    from logstore.kafkaclient import _instance
+
+    version = VERSIONS[api_key] if version is None else version
+    cls = load_request_schema(api_key, version)
+    out = io.BytesIO()
+    header = cls.__header_schema__
+    entity_writer(header)(out, header(request_api_key=api_key, request_api_version=version,
+                                      correlation_id=correlation_id, client_id="test"))
+    entity_writer(cls)(out, _instance(cls, fields))
+    return struct.pack(">i", len(out.getvalue())) + out.getvalue()
+
+
+def produce_fields(topic, records, partition=0, acks=1):
+    return {"transactional_id": None, "acks": acks, "timeout": 1000,
+            "topic_data": [{"name": topic, "partition_data": [{"index": partition, "records": records}]}]}
+
+
+def replica_fetch_fields(replica_id, epoch, offset=0, last_epoch=-1, topic="replicated"):
+    return {"replica_id": replica_id, "max_wait": 0, "min_bytes": 0, "max_bytes": 1 << 20, "isolation_level": 0,
+            "session_id": 0, "session_epoch": -1, "rack_id": "", "forgotten_topics_data": [],
+            "topics": [{"topic": topic, "partitions": [
+                {"partition": 0, "current_leader_epoch": epoch, "fetch_offset": offset,
+                 "last_fetched_epoch": last_epoch, "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}]}
+
+
+def vote_fields(epoch, candidate, last_epoch, last_offset, pre_vote=False, cluster_id=None):
+    return {"cluster_id": cluster_id, "voter_id": -1, "topics": [{"topic_name": "replicated", "partitions": [
+        {"partition_index": 0, "replica_epoch": epoch, "replica_id": candidate, "replica_directory_id": None,
+         "voter_directory_id": None, "last_offset_epoch": last_epoch, "last_offset": last_offset,
+         "pre_vote": pre_vote}]}]}
+
+
+def begin_epoch_fields(epoch, leader):
+    return {"cluster_id": None, "voter_id": -1, "leader_endpoints": [], "topics": [
+        {"topic_name": "replicated", "partitions": [{"partition_index": 0, "voter_directory_id": None,
+                                                     "leader_id": leader, "leader_epoch": epoch}]}]}
 
 
 def single(tmp_path, **kw):
@@ -80,10 +127,8 @@ def test_fetch_and_follower_reads_never_show_uncommitted_records(tmp_path):
         stop_all(nodes)
 
 
-def test_a_follower_refuses_client_requests_naming_the_leader_and_the_client_follows(tmp_path):
+def test_a_follower_refuses_client_requests_and_the_client_follows_the_leader(tmp_path):
     from logstore import replication
-    from logstore.replication import _Connection
-    from logstore.wire import RequestType, Writer
 
     nodes, addrs = cluster(tmp_path)
     try:
@@ -93,11 +138,10 @@ def test_a_follower_refuses_client_requests_naming_the_leader_and_the_client_fol
         writer.close()
         follower = next(i for i in nodes if i != first)
         wait_for(lambda: nodes[follower].describe()[("replicated", 0)]["leader"] == first)
-        # The follower answers "not the leader" and names it...
-        conn = _Connection(addrs[follower], SECRET, -1, 5.0, 1 << 20)
-        r = conn.request(RequestType.FETCH, Writer().int32(-1).string("replicated").int32(0).int32(-1)
-                         .int64(0).int32(-1).int32(1 << 20).payload())
-        assert (r.int16(), r.int32()) == (replication.NOT_LEADER, first)
+        # The follower answers a consumer's fetch "not the leader or follower"...
+        conn = NodeConnection(addrs[follower], SECRET, -1, 5.0)
+        answer = conn.request(FETCH, replica_fetch_fields(-1, -1))
+        assert answer.responses[0].partitions[0].error_code == replication.NOT_LEADER
         conn.close()
         # ...and a client that knows only the follower goes to the leader it names.
         client = Client([addrs[follower]], SECRET)
@@ -244,12 +288,11 @@ def test_tls_refuses_plain_clients_and_certificates_of_another_ca(tmp_path, pki)
         node.stop()
 
 
-def test_tls_with_a_wrong_secret_still_fails_the_handshake(tmp_path, pki):
+def test_tls_with_a_wrong_secret_still_fails_the_login(tmp_path, pki):
     node = single(tmp_path, tls=pki["node"])
     try:
-        from logstore.replication import _Connection
-        with pytest.raises(AuthenticationError):
-            _Connection(node.address, b"wrong", -1, 2.0, 1 << 20, pki["client"].client_context())
+        with pytest.raises(KafkaClientError, match="authentication"):
+            NodeConnection(node.address, b"wrong", -1, 2.0, pki["client"].client_context())
     finally:
         node.stop()
 
@@ -268,14 +311,10 @@ def hung_up(sock):
     except ConnectionResetError:
         return True
 
-def _raw_produce(address, payload, secret=SECRET):
-    from logstore.replication import _Connection
-    from logstore.wire import RequestType
-
-    conn = _Connection(address, secret, -1, 5.0, 1 << 20)
+def _raw_produce(address, records, topic="replicated", secret=SECRET):
+    conn = NodeConnection(address, secret, -1, 5.0)
     try:
-        r = conn.request(RequestType.PRODUCE, payload)
-        return r.int16()
+        return conn.request(PRODUCE, produce_fields(topic, records)).responses[0].partition_responses[0].error_code
     finally:
         conn.close()
 
@@ -283,25 +322,20 @@ def _raw_produce(address, payload, secret=SECRET):
 def test_corrupt_or_forbidden_produced_batches_are_refused_and_change_nothing(tmp_path):
     from logstore import replication
     from logstore.records import BatchBuilder
-    from logstore.wire import Writer
 
     node = single(tmp_path)
     try:
         log = node.store.partition("replicated", 0)
         end = log.log_end_offset
         good = bytes(BatchBuilder().build([b"a"]))
-        head = Writer().string("replicated").int32(0).int8(1).int32(1000)
         bad_crc = bytearray(good)
         bad_crc[-1] ^= 1
-        assert _raw_produce(node.address, Writer().string("replicated").int32(0).int8(1).int32(1000)
-                            .blob(bytes(bad_crc)).payload()) == replication.CORRUPT_BATCH
+        assert _raw_produce(node.address, bytes(bad_crc)) == replication.CORRUPT_BATCH
         control = bytes(BatchBuilder().build([b"c"], [b"k"], control=True))
-        assert _raw_produce(node.address, Writer().string("replicated").int32(0).int8(1).int32(1000)
-                            .blob(control).payload()) == replication.INVALID_RECORD
-        assert _raw_produce(node.address, Writer().string("nope").int32(0).int8(1).int32(1000)
-                            .blob(good).payload()) == replication.UNKNOWN_PARTITION
+        assert _raw_produce(node.address, control) == replication.INVALID_RECORD
+        assert _raw_produce(node.address, good, topic="nope") == replication.UNKNOWN_PARTITION
         assert log.log_end_offset == end
-        assert _raw_produce(node.address, head.blob(good).payload()) == replication.OK
+        assert _raw_produce(node.address, good) == replication.OK
         assert log.log_end_offset == end + 1
     finally:
         node.stop()
@@ -309,19 +343,18 @@ def test_corrupt_or_forbidden_produced_batches_are_refused_and_change_nothing(tm
 
 def test_unauthenticated_and_wrong_secret_peers_are_refused_and_change_nothing(tmp_path):
     from logstore.records import BatchBuilder
-    from logstore.wire import RequestType, Writer, encode_frame
 
     node = single(tmp_path)
     try:
         log = node.store.partition("replicated", 0)
         end, epoch = log.log_end_offset, node.describe()[("replicated", 0)]["epoch"]
-        payload = Writer().string("replicated").int32(0).int8(1).int32(1000).blob(bytes(BatchBuilder().build([b"x"]))).payload()
-        with pytest.raises(AuthenticationError):
-            _raw_produce(node.address, payload, secret=b"not the secret")
-        # Skipping the handshake: the first frame must be HELLO; anything else ends the connection.
-        for frame in (encode_frame(RequestType.PRODUCE, 1, payload),
-                      encode_frame(RequestType.VOTE, 1, Writer().string("replicated").int32(0).int32(epoch + 5)
-                                   .int32(7).int32(99).int64(10**9).payload())):
+        batch = bytes(BatchBuilder().build([b"x"]))
+        with pytest.raises(KafkaClientError, match="authentication"):
+            _raw_produce(node.address, batch, secret=b"not the secret")
+        # Skipping the login: before it only ApiVersions and the SASL requests are read; anything
+        # else ends the connection unanswered.
+        for frame in (kafka_frame(PRODUCE, produce_fields("replicated", batch)),
+                      kafka_frame(VOTE, vote_fields(epoch + 5, 7, 99, 10**9))):
             with socket.create_connection(node.address, timeout=5) as s:
                 s.sendall(frame)
                 assert hung_up(s)
@@ -332,7 +365,48 @@ def test_unauthenticated_and_wrong_secret_peers_are_refused_and_change_nothing(t
         node.stop()
 
 
-@pytest.mark.parametrize("length", [2**31 - 1, -1, -(2**31), 5000])
+def test_kafka_clients_users_may_not_send_replication_requests(tmp_path):
+    from logstore.kafkaclient import Security, _Connection
+
+    node = single(tmp_path, kafka_options={"sasl_credentials": {"alice": "alice-secret"}})
+    try:
+        epoch = node.describe()[("replicated", 0)]["epoch"]
+        alice = _Connection(*node.address, 5.0, "alice", Security("SASL_PLAINTEXT", "SCRAM-SHA-256", "alice",
+                                                                  "alice-secret"))
+        try:
+            # A Kafka client's user may produce...
+            from logstore.records import BatchBuilder
+            answer = alice.request(PRODUCE, produce_fields("replicated", bytes(BatchBuilder().build([b"a"]))))
+            assert answer.responses[0].partition_responses[0].error_code == 0
+            # ...but not vote, announce an epoch or fetch as a replica (CLUSTER_AUTHORIZATION_FAILED).
+            assert alice.request(VOTE, vote_fields(epoch + 5, 1, 99, 10**9), VERSIONS[VOTE]).error_code == 31
+            assert alice.request(BEGIN_QUORUM_EPOCH, begin_epoch_fields(epoch + 5, 1),
+                                 VERSIONS[BEGIN_QUORUM_EPOCH]).error_code == 31
+            assert alice.request(FETCH, replica_fetch_fields(1, epoch), VERSIONS[FETCH]).error_code == 31
+        finally:
+            alice.close()
+        d = node.describe()[("replicated", 0)]
+        assert (d["role"], d["epoch"]) == ("leader", epoch)
+        with pytest.raises(ValueError, match="replica"):
+            ReplicaNode(1, str(tmp_path / "other"), ("127.0.0.1", 0), {}, SECRET,
+                        kafka_options={"sasl_credentials": {"replica": "mine"}})
+    finally:
+        node.stop()
+
+
+def test_a_request_naming_another_cluster_is_refused(tmp_path):
+    node = single(tmp_path)
+    conn = NodeConnection(node.address, SECRET, -1, 5.0)
+    try:
+        epoch = node.describe()[("replicated", 0)]["epoch"]
+        assert conn.request(VOTE, vote_fields(epoch + 5, 1, 99, 10**9, cluster_id="another")).error_code == 104
+        assert node.describe()[("replicated", 0)]["epoch"] == epoch
+    finally:
+        conn.close()
+        node.stop()
+
+
+@pytest.mark.parametrize("length", [2**31 - 1, -1, -(2**31), 65 * 1024])
 def test_bogus_length_prefixes_before_authentication_close_the_connection_without_allocating(tmp_path, length):
     import resource
     import struct
@@ -354,23 +428,22 @@ def test_huge_lengths_and_counts_inside_an_authenticated_frame_are_rejected(tmp_
     import resource
     import struct
 
-    from logstore.replication import _Connection
-    from logstore.wire import FrameError, RequestType, Writer
-
     node = single(tmp_path)
     try:
         end = node.store.partition("replicated", 0).log_end_offset
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        # A bytes field claiming 2^31-1 bytes inside a small frame.
-        payload = Writer().string("replicated").int32(0).int8(1).int32(1000).payload() + struct.pack(">i", 2**31 - 1)
-        conn = _Connection(node.address, SECRET, -1, 5.0, 1 << 20)
-        with pytest.raises((FrameError, ConnectionError, OSError)):
-            conn.request(RequestType.PRODUCE, payload + b"\0" * 16)
+        # A records field claiming 2^31-1 bytes inside a small frame.
+        frame = bytearray(kafka_frame(PRODUCE, produce_fields("replicated", b"\0" * 16)))
+        at = bytes(frame).index(struct.pack(">i", 16) + b"\0" * 16)
+        frame[at:at + 4] = struct.pack(">i", 2**31 - 1)
+        conn = NodeConnection(node.address, SECRET, -1, 5.0)
+        conn.conn.sock.sendall(bytes(frame))
+        assert hung_up(conn.conn.sock)
         conn.close()
         # A frame larger than the node's limit after authentication.
-        conn = _Connection(node.address, SECRET, -1, 5.0, 1 << 20)
-        conn.sock.sendall(struct.pack(">ihhi", 2**31 - 1, int(RequestType.PRODUCE), 0, 1))
-        assert hung_up(conn.sock)
+        conn = NodeConnection(node.address, SECRET, -1, 5.0)
+        conn.conn.sock.sendall(struct.pack(">ihhi", 2**31 - 1, PRODUCE, 8, 1))
+        assert hung_up(conn.conn.sock)
         conn.close()
         grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
         assert grown_kib < 64 * 1024, f"the node grew by {grown_kib} KiB"
@@ -382,8 +455,6 @@ def test_huge_lengths_and_counts_inside_an_authenticated_frame_are_rejected(tmp_
 
 def test_requests_from_a_stale_epoch_are_fenced(tmp_path):
     from logstore import replication
-    from logstore.replication import _Connection
-    from logstore.wire import RequestType, Writer
 
     nodes, addrs = cluster(tmp_path)
     try:
@@ -393,21 +464,20 @@ def test_requests_from_a_stale_epoch_are_fenced(tmp_path):
         client.close()
         epoch = nodes[leader].describe()[("replicated", 0)]["epoch"]
         end = nodes[leader].store.partition("replicated", 0).log_end_offset
-        conn = _Connection(addrs[leader], SECRET, 9, 5.0, 1 << 20)
+        conn = NodeConnection(addrs[leader], SECRET, 9, 5.0)
         try:
             # A fetch from a replica still in an older epoch is fenced, not served. (The replica
-            # must be a voter other than the leader: the leader answers its own id with INVALID.)
+            # must be a voter other than the leader: the leader refuses its own id.)
             follower = next(i for i in nodes if i != leader)
-            r = conn.request(RequestType.FETCH, Writer().int32(follower).string("replicated").int32(0).int32(epoch - 1)
-                             .int64(0).int32(-1).int32(1 << 20).payload())
-            assert r.int16() == replication.FENCED_EPOCH
+            answer = conn.request(FETCH, replica_fetch_fields(follower, epoch - 1))
+            p = answer.responses[0].partitions[0]
+            assert p.error_code == replication.FENCED_EPOCH
+            assert (p.current_leader.leader_id, p.current_leader.leader_epoch) == (leader, epoch)
             # A vote request of an older epoch is not granted and changes nothing.
-            r = conn.request(RequestType.VOTE, Writer().string("replicated").int32(0).int32(epoch - 1).int32(follower)
-                             .int32(epoch - 1).int64(10**6).int8(0).payload())
-            assert (r.int32(), r.int8()) == (epoch, 0)
-            # A stale BEGIN_EPOCH naming another leader is ignored.
-            conn.request(RequestType.BEGIN_EPOCH, Writer().string("replicated").int32(0).int32(epoch - 1)
-                         .int32(next(i for i in nodes if i != leader)).payload())
+            p = conn.request(VOTE, vote_fields(epoch - 1, follower, epoch - 1, 10**6)).topics[0].partitions[0]
+            assert (p.leader_epoch, p.vote_granted) == (epoch, False)
+            # A stale BeginQuorumEpoch naming another leader is ignored.
+            conn.request(BEGIN_QUORUM_EPOCH, begin_epoch_fields(epoch - 1, follower))
         finally:
             conn.close()
         d = nodes[leader].describe()[("replicated", 0)]
