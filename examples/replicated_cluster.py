@@ -1,7 +1,7 @@
 """A 3-node replica set on loopback that survives losing its leader.
 
-Starts three ``logstore node`` processes (each its own data directory, mutual authentication
-with a shared secret), writes with acks="all" (acknowledged once a majority holds the records),
+Starts three ``logstore node`` processes (each its own data directory and one listener speaking
+Kafka's protocol; peers and clients log in with a shared secret, SASL SCRAM), writes with acks="all" (acknowledged once a majority holds the records),
 kills the leader with SIGKILL, shows the new leader taking over, writes again, restarts the
 killed node and shows it catching up to the same log. Run: ``python examples/replicated_cluster.py``.
 """

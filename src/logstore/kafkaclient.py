@@ -40,6 +40,7 @@ from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import SerialError
 
 from .errors import LogstoreError
+from .kafkabounds import check_response
 
 __all__ = ["KafkaClient", "KafkaClientError", "KafkaErrorResponse", "Broker", "Security", "VERSIONS"]
 
@@ -234,9 +235,10 @@ class _Connection:
             raise KafkaClientError(f"{what}: {exc}") from exc
         response_cls = load_response_schema(api_key, version)
         try:
+            check_response(response_cls, frame)  # before kio, whose native reader trusts compact counts
             head, offset = entity_reader(response_cls.__header_schema__)(frame, 0)
             body_obj, used = entity_reader(response_cls)(frame, offset)
-        except (SerialError, ValueError, struct.error) as exc:
+        except (SerialError, ValueError, KeyError, struct.error) as exc:  # KeyError: an unknown tag
             raise KafkaClientError(f"{what}: malformed response: {exc}") from None
         if head.correlation_id != self.correlation_id or offset + used != len(frame):
             raise KafkaClientError(f"{what}: a response that does not answer the request")

@@ -36,6 +36,7 @@ from kio.serial import entity_reader
 from kio.serial.errors import SerialError
 
 from .errors import LogstoreError
+from .kafkabounds import check_flexible, check_flexible_header
 from .kafkawriter import write_response
 
 __all__ = ["SUPPORTED", "API_NAMES", "KafkaRequest", "KafkaProtocolError", "UnsupportedVersionError",
@@ -126,6 +127,8 @@ class KafkaRequest:
 
 
 _READERS: dict[tuple[int, int], tuple[Any, Any]] = {}
+#: (api key, version) -> its kio class when the version is flexible, else None
+_FLEXIBLE: dict[tuple[int, int], Any] = {}
 
 
 def _readers(api_key: int, api_version: int) -> tuple[Any, Any]:
@@ -133,6 +136,7 @@ def _readers(api_key: int, api_version: int) -> tuple[Any, Any]:
     readers = _READERS.get((api_key, api_version))
     if readers is None:
         cls = load_request_schema(api_key, api_version)
+        _FLEXIBLE[(api_key, api_version)] = cls if getattr(cls, "__flexible__", False) else None
         readers = _READERS[(api_key, api_version)] = (entity_reader(cls.__header_schema__), entity_reader(cls))
     return readers
 
@@ -158,7 +162,12 @@ def parse_request(frame: bytes | bytearray | memoryview,
         raise UnsupportedVersionError(api_key, api_version, correlation_id)
     try:
         read_header, read_body = _readers(api_key, api_version)
+        flexible = _FLEXIBLE[(api_key, api_version)]
+        if flexible is not None:  # kio's native reader trusts compact counts: check them first
+            check_flexible_header(data)
         header, offset = read_header(data, 0)
+        if flexible is not None:
+            check_flexible(flexible, data, offset)
         body, size = read_body(data, offset)
     except (KioIndexError, SerialError, ValueError, struct.error, KeyError) as exc:  # KeyError: an unknown tag
         raise KafkaProtocolError(f"{API_NAMES.get(api_key, api_key)} v{api_version}: malformed request: "

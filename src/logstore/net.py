@@ -6,8 +6,9 @@ writes responses; request handlers run on a pool of worker threads, because a ha
 (an acks="all" produce waits for the high watermark, a follower's fetch long-polls). What is
 spoken on the wire is the :class:`Protocol`'s business: how long a frame is (read from a
 fixed-size prefix and checked against a cap before anything is allocated), the authentication
-state machine (:class:`Handshake`), and how a request is answered. The replication protocol
-(``wire.ReplicationProtocol``) is one, Kafka's (``kafkaserver.KafkaProtocol``, SASL: ``kafkaauth``) the other.
+state machine (:class:`Handshake`), and how a request is answered. Kafka's
+(``kafkaserver.KafkaProtocol``, SASL: ``kafkaauth``) is the one served, to clients and replica
+nodes' peers alike.
 A request the protocol knows does not block (:meth:`Protocol.inline`) is answered on the loop.
 
 A server listens on TCP (a ``(host, port)`` address) or on a Unix domain socket (a path); both

@@ -170,7 +170,8 @@ class ReplicaNode:
         if connections_max_idle_ms <= 0 or handshake_timeout_ms <= 0:
             raise ValueError("connections_max_idle_ms and handshake_timeout_ms must be > 0")
         options = dict(kafka_options or {})
-        for reserved in ("tls", "limits", "advertised", "node_id", "apis_factory", "max_request_bytes"):
+        for reserved in ("tls", "limits", "advertised", "node_id", "apis_factory", "max_request_bytes",
+                         "auto_create_topics"):
             if reserved in options:
                 raise ValueError(f"kafka_options may not set {reserved!r}: it is the node's own setting")
         self.node_id = node_id

@@ -129,3 +129,26 @@ def test_replication_requests(api, body):
         parse_request(frame, PEER_VERSIONS)
     except KafkaProtocolError:
         pass
+
+
+@FUZZ
+@given(st.sampled_from([(1, 12), (52, 2), (53, 1), (55, 1)]), st.binary(max_size=96))
+def test_replication_responses(api, body):
+    """What a peer or client reads of a node's answers: checked, then read by kio, or refused;
+    never an allocation from an unchecked count (kio's native reader would abort)."""
+    import struct
+
+    from kio.index import load_response_schema
+    from kio.serial import entity_reader
+    from kio.serial.errors import SerialError
+
+    from logstore.kafkabounds import BoundsError, check_response
+
+    cls = load_response_schema(*api)
+    frame = struct.pack(">i", 1) + b"\0" + body  # response header v1: no tags
+    try:
+        check_response(cls, frame)
+        _, offset = entity_reader(cls.__header_schema__)(frame, 0)
+        entity_reader(cls)(frame, offset)
+    except (BoundsError, SerialError, ValueError, KeyError, struct.error):  # refused (KeyError: an unknown tag)
+        pass

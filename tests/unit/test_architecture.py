@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, set[str]]] = [
              "epochs", "producerstate", "logproducers", "cleaner", "loglifecycle", "logmetrics", "logreplication", "log"}),
     ("store", {"store", "logdirs", "logview"}),
     ("net", {"workerpool", "netprotocol", "net", "purgatory"}),
-    ("kafka", {"kafkawriter", "kafkawire", "kafkagroups", "kafkaconfigs", "kafkaapis", "kafkaproducerids",
+    ("kafka", {"kafkawriter", "kafkabounds", "kafkawire", "kafkagroups", "kafkaconfigs", "kafkaapis", "kafkaproducerids",
                "kafkacredentials", "kafkaauth", "kafkaserver", "kafkaclient", "groupclient"}),
     ("client", {"groupservice", "producer", "consumer", "workqueue"}),
     ("replication", {"replica_kafka", "replica_peerapis", "election", "replica_partition", "replica_election", "replica_leader", "replica_follower",

@@ -1,0 +1,102 @@
+"""kafkabounds: flexible requests and responses are walked before kio's native reader sees them,
+so a compact count or length the bytes cannot hold is refused instead of aborting the process
+(kio allocates a compact array's items from its count). Requests and responses that kio writes
+pass unchanged."""
+
+from __future__ import annotations
+
+import io
+import struct
+
+import pytest
+from kio.index import load_request_schema, load_response_schema
+from kio.serial import entity_writer
+
+from logstore.kafkabounds import BoundsError, check_flexible, check_flexible_header, check_response
+from logstore.kafkaclient import _instance
+from logstore.kafkawire import KafkaProtocolError, parse_request
+
+SERVED = {1: (4, 12), 52: (2, 2), 53: (1, 1), 55: (1, 1)}
+HUGE = bytes([0xFF, 0xFF, 0xFF, 0xFF, 0x0F])  # uvarint 2^32 - 1: an array of 2^32 - 2 items
+
+
+def request(api_key, version, fields, client_id="t"):
+    cls = load_request_schema(api_key, version)
+    out = io.BytesIO()
+    header = cls.__header_schema__
+    entity_writer(header)(out, header(request_api_key=api_key, request_api_version=version, correlation_id=3,
+                                      client_id=client_id))
+    offset = out.tell()
+    entity_writer(cls)(out, _instance(cls, fields))
+    return out.getvalue(), offset
+
+
+FETCH = {"replica_id": 1, "max_wait": 500, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0,
+         "session_id": 0, "session_epoch": -1, "rack_id": "", "cluster_id": "c", "forgotten_topics_data": [],
+         "topics": [{"topic": "t", "partitions": [{"partition": 0, "current_leader_epoch": 2, "fetch_offset": 5,
+                                                   "last_fetched_epoch": 2, "log_start_offset": -1,
+                                                   "partition_max_bytes": 1000}]}]}
+VOTE = {"cluster_id": "c", "voter_id": -1, "topics": [{"topic_name": "t", "partitions": [
+    {"partition_index": 0, "replica_epoch": 3, "replica_id": 1, "replica_directory_id": None,
+     "voter_directory_id": None, "last_offset_epoch": 2, "last_offset": 9, "pre_vote": True}]}]}
+
+
+@pytest.mark.parametrize("api_key,version,fields", [(1, 12, FETCH), (52, 2, VOTE)])
+@pytest.mark.parametrize("client_id", ["t", None])
+def test_requests_written_by_kio_pass(api_key, version, fields, client_id):
+    frame, offset = request(api_key, version, fields, client_id)
+    check_flexible_header(frame)
+    check_flexible(load_request_schema(api_key, version), frame, offset)
+    parsed = parse_request(frame, SERVED)
+    assert parsed.api_key == api_key and parsed.client_id == client_id
+
+
+def test_a_huge_compact_array_count_is_refused_not_allocated():
+    frame, offset = request(1, 12, {**FETCH, "topics": []})
+    # The topics array (count 0 -> one byte 0x01) becomes 2^32 - 2 items.
+    at = offset + 25  # after replica id, max wait, min and max bytes, isolation, session id and epoch
+    assert frame[at] == 1
+    bad = frame[:at] + HUGE + frame[at + 1:]
+    with pytest.raises(BoundsError, match="array of 4294967294 items"):
+        check_flexible(load_request_schema(1, 12), bad, offset)
+    with pytest.raises(KafkaProtocolError, match="malformed"):
+        parse_request(bad, SERVED)
+
+
+@pytest.mark.parametrize("tail", [
+    b"\x05",            # a tagged-field count past what is left
+    HUGE[:3],           # a varint cut short
+    b"\x01\x00\x7f",    # one tagged field claiming 127 bytes
+])
+def test_lengths_past_the_end_are_refused(tail):
+    frame, offset = request(53, 1, {"cluster_id": None, "voter_id": -1, "leader_endpoints": [], "topics": []})
+    # Replace the body's tagged-field section (its last byte) with the tail.
+    bad = frame[:-1] + tail
+    with pytest.raises((BoundsError, KafkaProtocolError)):
+        check_flexible(load_request_schema(53, 1), bad, offset)
+    with pytest.raises(KafkaProtocolError):
+        parse_request(bad, SERVED)
+
+
+def test_a_header_whose_client_id_or_tags_run_past_the_end_is_refused():
+    head = struct.pack(">hhi", 52, 2, 1)
+    with pytest.raises(BoundsError, match="client id"):
+        check_flexible_header(head + struct.pack(">h", 50) + b"abc")
+    with pytest.raises(BoundsError, match="tagged fields"):
+        check_flexible_header(head + struct.pack(">h", -1) + HUGE)
+    with pytest.raises(KafkaProtocolError):
+        parse_request(head + struct.pack(">h", -1) + HUGE, SERVED)
+
+
+def test_responses_are_checked_too():
+    cls = load_response_schema(52, 2)
+    out = io.BytesIO()
+    from kio.schema.errors import ErrorCode
+    entity_writer(cls)(out, _instance(cls, {"error_code": ErrorCode.none, "topics": [], "node_endpoints": []}))
+    good = struct.pack(">i", 7) + b"\x00" + out.getvalue()  # header v1: correlation id, no tags
+    check_response(cls, good)
+    # error code (2 bytes), then the topics array: make it 2^32 - 2 items.
+    bad = good[:7] + HUGE + good[8:]
+    with pytest.raises(BoundsError):
+        check_response(cls, bad)
+    check_response(load_response_schema(1, 11), b"anything: a legacy version is kio's to check")
