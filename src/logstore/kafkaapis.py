@@ -147,6 +147,8 @@ class KafkaApis:
         self._groups: GroupCoordinator | None = None
         #: api key -> (lowest, highest) version served (what ApiVersions advertises)
         self.supported: dict[int, tuple[int, int]] = dict(SUPPORTED)
+        #: the APIs answered on the network loop (they never block), not on a worker
+        self.inline: frozenset[int] = frozenset({18})
         self.handlers: dict[int, Callable[[KafkaRequest], Any]] = {
             0: self.on_produce, 1: self.on_fetch, 2: self.on_list_offsets, 3: self.on_metadata,
             18: self.on_api_versions, 19: self.on_create_topics, 20: self.on_delete_topics,

@@ -22,10 +22,8 @@ from __future__ import annotations
 import base64
 import dataclasses
 import errno
-import datetime
 import hashlib
 import hmac
-import io
 import re
 import secrets
 import socket
@@ -36,11 +34,12 @@ from typing import Any, Mapping
 
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
-from kio.serial import entity_reader, entity_writer
+from kio.serial import entity_reader
 from kio.serial.errors import SerialError
 
 from .errors import LogstoreError
 from .kafkabounds import check_response
+from .kafkawriter import write_request
 
 __all__ = ["KafkaClient", "KafkaClientError", "KafkaErrorResponse", "Broker", "Security", "VERSIONS"]
 
@@ -252,13 +251,7 @@ class _Connection:
         """
         cls = load_request_schema(api_key, version)
         self.correlation_id = (self.correlation_id + 1) & 0x7FFFFFFF
-        out = io.BytesIO()
-        header = cls.__header_schema__
-        entity_writer(header)(out, header(request_api_key=api_key, request_api_version=version,
-                                          correlation_id=self.correlation_id, client_id=self.client_id))
-        entity_writer(cls)(out, _instance(cls, fields))
-        body = out.getvalue()
-        self.sock.sendall(_SIZE.pack(len(body)) + body)
+        self.sock.sendall(write_request(self.correlation_id, cls, self.client_id, fields))
 
     def _read(self, n: int) -> bytes:
         chunks, left = [], n
@@ -426,33 +419,3 @@ class KafkaClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _instance(cls: type, fields: Mapping[str, Any]) -> Any:
-    """The kio dataclass ``cls`` from plain values (ints, strings, lists, dicts for structs)."""
-    hints = typing.get_type_hints(cls)
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in fields and (f.default is not dataclasses.MISSING or
-                                     f.default_factory is not dataclasses.MISSING):
-            continue  # the field's default
-        value = fields[f.name]
-        kind = f.metadata.get("kafka_type", "")
-        item = _struct_of(hints[f.name])
-        if value is not None and item is not None:
-            value = tuple(_instance(item, v) for v in value) if isinstance(value, list) else _instance(item, value)
-        elif isinstance(value, list):
-            value = tuple(value)
-        elif kind in ("timedelta_i32", "timedelta_i64"):
-            value = datetime.timedelta(milliseconds=value)
-        kwargs[f.name] = value
-    return cls(**kwargs)
-
-
-def _struct_of(hint: Any) -> type | None:
-    """The dataclass a field holds (alone or as a tuple of them), else None."""
-    for arg in (hint, *typing.get_args(hint)):
-        for inner in (arg, *typing.get_args(arg)):
-            if dataclasses.is_dataclass(inner):
-                return inner  # type: ignore[return-value]
-    return None

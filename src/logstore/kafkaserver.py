@@ -71,7 +71,6 @@ _I16 = struct.Struct(">h")
 _API_VERSIONS = 18
 _UNSUPPORTED_VERSION = 35
 #: Requests the loop answers itself: they never block.
-_INLINE = frozenset({_API_VERSIONS})
 #: Upper bounds (ms) of the request time histograms (a fetch may wait up to its max_wait_ms).
 REQUEST_BUCKETS_MS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0,
                       5000.0, 10000.0, 30000.0)
@@ -143,7 +142,7 @@ class KafkaProtocol(net.Protocol):
         return self.sasl.handshake(session, lambda frame: b"".join(self.handle(session, frame)))
 
     def inline(self, session: net.Session, request: bytearray) -> bool:
-        return _I16.unpack_from(request, 0)[0] in _INLINE
+        return _I16.unpack_from(request, 0)[0] in self.apis.inline
 
     def handle(self, session: net.Session, request: bytearray) -> Any:
         try:

@@ -39,7 +39,7 @@ from typing import Any, Callable, Mapping
 
 from ._fileio import FileRegion
 
-__all__ = ["write_response", "plan_of"]
+__all__ = ["write_response", "write_request", "plan_of"]
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
@@ -416,3 +416,32 @@ def write_response(correlation_id: int, cls: type, fields: Mapping[str, Any]) ->
     parts = out.parts + ([out.run] if out.run else [])
     _I32.pack_into(parts[0], 0, out.size)
     return [p if isinstance(p, FileRegion) else bytes(p) for p in parts]
+
+
+def write_request(correlation_id: int, cls: type, client_id: str | None, fields: Mapping[str, Any]) -> bytes:
+    """A request frame (size, request header, body) of kio request class ``cls``: header v1
+    (api key, version, correlation id, client id), or v2 (and its empty tagged fields) for a
+    flexible version; the client id is a legacy nullable string in both (Kafka's rule). What
+    :mod:`logstore.kafkaclient` sends; kio's writer, about 15x slower, is the tests' oracle.
+
+    Raises:
+        KeyError: a field the version needs is missing from ``fields``.
+        TypeError, ValueError, struct.error: a value that the field's type cannot hold.
+    """
+    plan = plan_of(cls)
+    out = _Out()
+    raw = None if client_id is None else client_id.encode("utf-8")
+    head = _REQUEST_HEADER.pack(cls.__api_key__, cls.__version__, correlation_id)  # type: ignore[attr-defined]
+    head += b"\xff\xff" if raw is None else _I16.pack(len(raw)) + raw
+    if getattr(cls, "__flexible__", False):
+        head += b"\x00"
+    out.run += head
+    out.size = len(head)
+    plan.write(out, fields)
+    if out.parts:
+        raise TypeError(f"{cls.__qualname__}: a request cannot carry a file region")
+    _I32.pack_into(out.run, 0, out.size)
+    return bytes(out.run)
+
+
+_REQUEST_HEADER = struct.Struct(">hhi")

@@ -115,6 +115,10 @@ class ReplicaKafkaApis(KafkaApis):
         self.supported = {**self.supported, **PEER_VERSIONS}
         self.handlers.update({52: self.peer_apis.on_vote, 53: self.peer_apis.on_begin_quorum_epoch,
                               55: self.peer_apis.on_describe_quorum})
+        # A fetch never blocks (a caught-up one waits in the purgatory; the store's flush
+        # policy fsyncs outside the log's lock): answered on the network loop, no thread
+        # hand-off per follower fetch.
+        self.inline = self.inline | {1}
 
     def on_fetch(self, request: KafkaRequest) -> dict[str, Any] | Future:
         if request.body.replica_id >= 0:  # a follower's

@@ -79,10 +79,9 @@ class PartitionReplica:
             self.on_change(self)
 
     def in_sync_followers(self, followers: Iterable[int], now: float, lag_s: float) -> list[int]:
-        """The followers in sync (Kafka's ISR less the leader): each at the leader's log end,
-        or there within the last ``lag_s`` seconds (replica.lag.time.max.ms). Meaningful on
-        the leader only; the caller holds ``cond``."""
-        end = self.log.log_end_offset
-        return [p for p in followers
-                if self.leo.get(p, -1) >= end or now - self.caught_up.get(p, -1e9) < lag_s]
+        """The followers in sync (Kafka's ISR less the leader): each fetched up to the leader's
+        log end within the last ``lag_s`` seconds (replica.lag.time.max.ms), as Kafka's
+        lastCaughtUpTime rule says: a follower that stops fetching drops out even while the
+        partition is idle. Meaningful on the leader only; the caller holds ``cond``."""
+        return [p for p in followers if now - self.caught_up.get(p, -1e9) < lag_s]
 

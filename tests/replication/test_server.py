@@ -24,23 +24,13 @@ def stop_all(nodes):
 
 
 def kafka_frame(api_key, fields, correlation_id=1, version=None):
-    """One framed request (size, header, body) as kio writes it."""
-    import io
-    import struct
-
+    """One framed request (size, header, body)."""
     from kio.index import load_request_schema
-    from kio.serial import entity_writer
 
-    from logstore.kafkaclient import _instance
+    from logstore.kafkawriter import write_request
 
     version = VERSIONS[api_key] if version is None else version
-    cls = load_request_schema(api_key, version)
-    out = io.BytesIO()
-    header = cls.__header_schema__
-    entity_writer(header)(out, header(request_api_key=api_key, request_api_version=version,
-                                      correlation_id=correlation_id, client_id="test"))
-    entity_writer(cls)(out, _instance(cls, fields))
-    return struct.pack(">i", len(out.getvalue())) + out.getvalue()
+    return write_request(correlation_id, load_request_schema(api_key, version), "test", fields)
 
 
 def produce_fields(topic, records, partition=0, acks=1):

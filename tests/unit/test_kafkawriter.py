@@ -13,13 +13,13 @@ import typing
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kio.index import KioIndexError, load_response_schema
+from kio.index import KioIndexError, load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_writer
 
 from logstore._fileio import FileRegion
 from logstore.kafkawire import SUPPORTED, encode
-from logstore.kafkawriter import write_response
+from logstore.kafkawriter import write_request, write_response
 
 _UTC = datetime.timezone.utc
 _BOUNDS = {"int8": 8, "int16": 16, "int32": 32, "int64": 64}
@@ -364,3 +364,25 @@ def test_a_null_where_a_flexible_version_allows_none_is_refused():
         write_response(1, cls, {"error_code": 0, "topics": None})
     with pytest.raises(TypeError, match="topic_name may not be null"):
         write_response(1, cls, {"error_code": 0, "topics": [{"topic_name": None, "partitions": []}]})
+
+
+#: the requests logstore sends (kafkaclient: the mirror, group members, replication's peers and Client)
+REQUESTS = [(18, 0), (3, 8), (0, 8), (2, 5), (19, 4), (17, 1), (36, 1), (8, 7), (11, 5), (12, 3), (13, 3), (14, 3),
+            (1, 12), (52, 2), (53, 1), (55, 1)]
+
+
+@pytest.mark.parametrize("key,version", REQUESTS, ids=[f"{k}v{v}" for k, v in REQUESTS])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_every_request_sent_is_written_as_kio_writes_it(key, version, data):
+    cls = load_request_schema(key, version)
+    fields = data.draw(fields_of(cls))
+    correlation_id = data.draw(st.integers(-(1 << 31), (1 << 31) - 1))
+    client_id = data.draw(st.one_of(st.none(), st.text(max_size=8)))
+    out = io.BytesIO()
+    header = cls.__header_schema__
+    entity_writer(header)(out, header(request_api_key=key, request_api_version=version, correlation_id=correlation_id,
+                                      client_id=client_id))
+    entity_writer(cls)(out, kio_instance(cls, fields))
+    body = out.getvalue()
+    assert write_request(correlation_id, cls, client_id, fields) == len(body).to_bytes(4, "big") + body
