@@ -51,6 +51,8 @@ _FIXED = {"int8": "b", "int16": "h", "int32": "i", "int64": "q", "uint8": "B", "
 #: a tagged field's default when its class gives none (kio's implicit defaults)
 _IMPLICIT = {"string": "", "bytes": b"", "uuid": uuid.UUID(int=0), "bool": False, "float64": 0.0}
 _MISSING = object()
+#: bytes values this long are kept as parts of their own, not copied into the frame's run
+_APART = 16 * 1024
 _VARINT1 = [bytes((n,)) for n in range(0x80)]
 
 
@@ -95,7 +97,9 @@ class _Out:
         self.run = bytearray(reserve)  # the frame's size, filled in at the end
         self.size = 0
 
-    def region(self, region: FileRegion) -> None:
+    def region(self, region: FileRegion | bytes) -> None:
+        """A part of its own: a file region (written with sendfile), or large immutable bytes
+        (not copied into the run)."""
         self.parts += [self.run, region]
         self.run = bytearray()
         self.size += len(region)
@@ -166,7 +170,7 @@ class _Plan:
                     continue
                 run += _I32.pack(len(value))
                 out.size += 4
-                if isinstance(value, FileRegion):
+                if isinstance(value, FileRegion) or (type(value) is bytes and len(value) >= _APART):
                     out.region(value)
                     run = out.run
                 else:
@@ -214,7 +218,7 @@ class _Plan:
                 length = _uvarint(len(value) + 1)
                 run += length
                 out.size += len(length)
-                if isinstance(value, FileRegion):
+                if isinstance(value, FileRegion) or (type(value) is bytes and len(value) >= _APART):
                     out.region(value)
                     run = out.run
                 else:
@@ -438,10 +442,13 @@ def write_request(correlation_id: int, cls: type, client_id: str | None, fields:
     out.run += head
     out.size = len(head)
     plan.write(out, fields)
-    if out.parts:
+    if not out.parts:
+        _I32.pack_into(out.run, 0, out.size)
+        return bytes(out.run)
+    if any(isinstance(p, FileRegion) for p in out.parts):
         raise TypeError(f"{cls.__qualname__}: a request cannot carry a file region")
-    _I32.pack_into(out.run, 0, out.size)
-    return bytes(out.run)
+    _I32.pack_into(out.parts[0], 0, out.size)
+    return b"".join(out.parts + [out.run])
 
 
 _REQUEST_HEADER = struct.Struct(">hhi")

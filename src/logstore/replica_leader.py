@@ -26,6 +26,7 @@ import time
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, NamedTuple
 
+from ._fileio import FileRegion
 from .election import NONE, Role
 from .errors import OffsetOutOfRangeError
 from .records import leader_change_record
@@ -61,8 +62,9 @@ class FetchAnswer(NamedTuple):
     diverging_epoch: int = -1
     diverging_end: int = -1
     log_start_offset: int = -1
-    #: the batches from the follower's offset (None with an error or a divergence)
-    records: bytes | None = None
+    #: the batches from the follower's offset, as a file region to send with sendfile (the
+    #: answer's owner closes it) or bytes; None with an error or a divergence
+    records: "FileRegion | bytes | None" = None
 
 
 def _now_or_later(answer: "Future[FetchAnswer]") -> "FetchAnswer | Future[FetchAnswer]":
@@ -198,7 +200,8 @@ class LeaderSide:
         """A follower fetch's answer: the batches from ``offset`` (caller holds rep.cond)."""
         node, log = self._node, rep.log
         try:
-            data = log.read_raw(offset, max_bytes) if offset < end else b""
+            # A region of the segment file, written to the follower's socket with sendfile.
+            data = (log.read_region(offset, max_bytes) or b"") if offset < end else b""
         except OffsetOutOfRangeError:
             return FetchAnswer(OFFSET_OUT_OF_RANGE, node.node_id, rep.election.epoch, rep.hw, -1, -1,
                                log.log_start_offset)
