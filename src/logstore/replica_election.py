@@ -86,7 +86,7 @@ class ElectionDriver:
                         rep.topic, rep.partition, rep.election.epoch)
 
     def discover_leader(self, rep: PartitionReplica) -> bool:
-        """A node that does not know the leader (it restarted, or missed BEGIN_EPOCH) first asks
+        """A node that does not know the leader (it restarted, or missed BeginQuorumEpoch) first asks
         its peers: following a live leader of a newer epoch beats starting an election that would
         depose it. Returns True when it found one."""
         node = self._node
@@ -194,7 +194,8 @@ class ElectionDriver:
 
         def ask(peer: int) -> None:
             try:
-                answer = node.peer_connections.request(peer, VOTE, fields, timeout=node.election_timeout_s / 2)
+                answer = node.peer_connections.request(peer, VOTE, {**fields, "voter_id": peer},
+                                                       timeout=node.election_timeout_s / 2)
                 if answer.error_code:
                     logger.warning("node %d: node %d refused a vote request: error %d", node.node_id, peer,
                                    int(answer.error_code))
@@ -233,7 +234,8 @@ class ElectionDriver:
 
         def tell(peer: int) -> None:
             try:
-                node.peer_connections.request(peer, BEGIN_QUORUM_EPOCH, fields, timeout=node.election_timeout_s / 2)
+                node.peer_connections.request(peer, BEGIN_QUORUM_EPOCH, {**fields, "voter_id": peer},
+                                              timeout=node.election_timeout_s / 2)
             except (OSError, LogstoreError):
                 pass
 

@@ -123,8 +123,9 @@ class Fetchers:
                            "partition_max_bytes": node.fetch_max_bytes}]}]}
         # The leader holds a caught-up fetch for up to fetch_wait_s: allow for that.
         answer = conn.request(FETCH, fields, timeout=node.election_timeout_s + node.fetch_wait_s)
-        if answer.error_code:
+        if answer.error_code:  # not authorized, another cluster: a configuration error
             logger.warning("node %d: node %d refused a fetch: error %d", node.node_id, leader, int(answer.error_code))
+            node._stop.wait(node.election_timeout_s)  # (not a warning every 10 ms)
             return False
         p = answer.responses[0].partitions[0]
         code, hw, log_start = int(p.error_code), int(p.high_watermark), int(p.log_start_offset)

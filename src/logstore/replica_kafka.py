@@ -34,8 +34,8 @@ replicated log (membership included) in a new coordinator, and one that loses th
 drops its own.
 
 Thread-safety: as KafkaApis. Appends take the partition's lock inside the node's purgatory's
-deferred block, as the replication protocol's produce does; fetch attempts, which run inside
-partition changes, take no partition lock.
+deferred block, as a follower's fetch does; fetch attempts, which run inside partition changes,
+take no partition lock.
 """
 
 from __future__ import annotations

@@ -99,6 +99,7 @@ class LeaderSide:
         # Every replica starts in sync (as Kafka's new leader keeps the ISR it inherits); one
         # that does not catch up within replica_lag_time_max_ms drops out.
         rep.caught_up = {p: now for p in node.peers}
+        rep.fetch_marks = {}
         key, value = leader_change_record(node.node_id, node.voters, rep.election.granted_by)
         rep.log.append_batch([value], [key], control=True)
         self.advance_hw(rep)  # a set of one commits at once
@@ -171,8 +172,12 @@ class LeaderSide:
             rep.contact[replica_id] = now
             end = log.log_end_offset
             rep.leo[replica_id] = min(offset, end)  # never count what we do not hold ourselves
+            mark = rep.fetch_marks.get(replica_id)
             if offset >= end:
                 rep.caught_up[replica_id] = now
+            elif mark is not None and offset >= mark[0]:  # caught up as of its previous fetch
+                rep.caught_up[replica_id] = max(rep.caught_up.get(replica_id, 0.0), mark[1])
+            rep.fetch_marks[replica_id] = (end, now)
             self.advance_hw(rep)
             if offset != end or max_wait_s <= 0:
                 return self._records(rep, offset, end, max_bytes)

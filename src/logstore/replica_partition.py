@@ -56,6 +56,9 @@ class PartitionReplica:
     contact: dict[int, float] = field(default_factory=dict)
     #: follower -> the last time it was at the leader's log end (monotonic)
     caught_up: dict[int, float] = field(default_factory=dict)
+    #: follower -> (the leader's log end, the time) at its previous fetch: a fetch from at least
+    #: that end means the follower was caught up then (Kafka's lastFetchLeaderLogEndOffset)
+    fetch_marks: dict[int, tuple[int, float]] = field(default_factory=dict)
     #: the leader's log end when its epoch began: the high watermark only counts records past it
     epoch_start: int = 0
     #: when a leader last answered this follower (monotonic), and whether its connection to
@@ -79,9 +82,11 @@ class PartitionReplica:
             self.on_change(self)
 
     def in_sync_followers(self, followers: Iterable[int], now: float, lag_s: float) -> list[int]:
-        """The followers in sync (Kafka's ISR less the leader): each fetched up to the leader's
-        log end within the last ``lag_s`` seconds (replica.lag.time.max.ms), as Kafka's
-        lastCaughtUpTime rule says: a follower that stops fetching drops out even while the
-        partition is idle. Meaningful on the leader only; the caller holds ``cond``."""
+        """The followers in sync (Kafka's ISR less the leader): each caught up within the last
+        ``lag_s`` seconds (replica.lag.time.max.ms) by Kafka's lastCaughtUpTime rule (a fetch
+        from the leader's log end, or from where that end was at the follower's previous fetch,
+        which counts from that previous fetch's time): a follower that stops fetching drops out
+        even while the partition is idle, and one that keeps up under a steady load stays in.
+        Meaningful on the leader only; the caller holds ``cond``."""
         return [p for p in followers if now - self.caught_up.get(p, -1e9) < lag_s]
 

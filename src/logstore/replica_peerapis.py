@@ -15,7 +15,9 @@
 Every one of them but DescribeQuorum is the peers' business: a connection must have logged in
 as :data:`~logstore.replication_client.REPLICA_USER` (with the set's shared secret), else the
 answer is CLUSTER_AUTHORIZATION_FAILED, as Kafka's authorizer answers a ClusterAction a
-principal lacks. A request naming another cluster id gets INCONSISTENT_CLUSTER_ID.
+principal lacks. A request naming another cluster id gets INCONSISTENT_CLUSTER_ID, and a Vote or
+BeginQuorumEpoch whose ``voter_id`` names another node INCONSISTENT_VOTER_SET (a peer address
+that leads to the wrong node must not count as that node's vote).
 
 Thread-safety: every method may be called from any thread (the listener's workers).
 """
@@ -32,6 +34,7 @@ from .replica_leader import FetchAnswer
 from .replica_partition import (
     CLUSTER_AUTHORIZATION_FAILED,
     INCONSISTENT_CLUSTER_ID,
+    INCONSISTENT_VOTER_SET,
     INVALID_REQUEST,
     OK,
     UNKNOWN_TOPIC_OR_PARTITION,
@@ -63,6 +66,9 @@ class PeerApis:
         cluster = getattr(request.body, "cluster_id", None)
         if cluster is not None and cluster != self.cluster_id:
             return INCONSISTENT_CLUSTER_ID
+        voter = getattr(request.body, "voter_id", -1)
+        if voter >= 0 and voter != self.node.node_id:  # meant for another voter (KIP-853)
+            return INCONSISTENT_VOTER_SET
         return OK
 
     # ------------------------------------------------------------------ Fetch from a follower
@@ -86,7 +92,15 @@ class PeerApis:
                                                       body.max_wait.total_seconds())
         if isinstance(answer, Future):
             out: Future = Future()
-            answer.add_done_callback(lambda f: out.set_result(_fetch_response(topic, p.partition, f.result())))
+
+            def settle(f: Future) -> None:
+                error = f.exception()
+                if error is not None:  # the connection is closed, as for any failed handler
+                    out.set_exception(error)
+                else:
+                    out.set_result(_fetch_response(topic, p.partition, f.result()))
+
+            answer.add_done_callback(settle)
             return out
         return _fetch_response(topic, p.partition, answer)
 

@@ -194,6 +194,12 @@ class ReplicaNode:
         self.max_connections = max_connections
         self.idle_s = connections_max_idle_ms / 1000.0
         self.handshake_s = handshake_timeout_ms / 1000.0
+        if tls is not None and not tls.mutual:
+            # Without a private CA, peers would accept any publicly issued certificate.
+            raise ValueError("replication needs mutual TLS: TLSConfig.cafile (the CA peers' certificates chain to)")
+        mechanisms = options.get("sasl_mechanisms")
+        if mechanisms is not None and "SCRAM-SHA-256" not in mechanisms:
+            raise ValueError("kafka_options' sasl_mechanisms must include SCRAM-SHA-256 (the peers log in with it)")
         self._client_tls = tls.client_context() if tls is not None else None
         credentials = _ReplicaCredentials(password, options.pop("sasl_credentials", None),
                                           options.get("sasl_mechanisms"))
@@ -410,7 +416,10 @@ class _ReplicaCredentials(CredentialsFile):
         if users is not self._seen:
             entries = dict(users.entries()) if users is not None else {}
             if any(user == REPLICA_USER for user, _ in entries):
-                raise ValueError(f"the user {REPLICA_USER!r} is the replica set's own: choose another name")
+                if self._seen is None:  # at the start: refuse the configuration
+                    raise ValueError(f"the user {REPLICA_USER!r} is the replica set's own: choose another name")
+                logger.error("the credentials file names the user %r, the replica set's own: ignored", REPLICA_USER)
+                entries = {key: value for key, value in entries.items() if key[0] != REPLICA_USER}
             entries.update(self._replica.entries())
             self._merged, self._seen = Credentials(entries), users
         return self._merged

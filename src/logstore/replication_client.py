@@ -58,9 +58,6 @@ ERROR_TEXT = {NOT_LEADER: "not the leader", NOT_ENOUGH_REPLICAS: "not enough in-
               INVALID: "invalid request", CORRUPT_BATCH: "corrupt record batch",
               RECORD_TOO_LARGE: "record batch too large", INVALID_RECORD: "invalid record",
               OUT_OF_ORDER_SEQUENCE: "out of order sequence number"}
-#: errors after which the leader surely did not append the batch
-_NOT_APPENDED = frozenset({NOT_ENOUGH_REPLICAS, CORRUPT_BATCH, RECORD_TOO_LARGE, INVALID_RECORD, UNKNOWN_PARTITION,
-                           INVALID, OUT_OF_ORDER_SEQUENCE})
 
 
 # ---------------------------------------------------------------------- errors
@@ -236,8 +233,8 @@ class Client:
     Produces are idempotent as Kafka's producer makes them: each batch carries this client's
     producer id and a sequence number per partition, so a retry after a lost answer is
     recognised by the leader (also after a failover) instead of appended twice. After a
-    produce whose outcome is unknown (a timeout, a lost leader) the client takes a new
-    producer id: a new ``produce`` call is a new write.
+    produce that failed, whatever the error, the client takes a new producer id (a sequence
+    number is never used for two batches): a new ``produce`` call is a new write.
 
     Thread-safety: one thread at a time (give each thread its own Client).
     """
@@ -328,9 +325,10 @@ class Client:
             if err == OUT_OF_ORDER_SEQUENCE and attempt == 0:
                 self._new_producer()  # not appended: an earlier batch was lost with a leader
                 continue
-            if err in _NOT_APPENDED:
-                self._sequences[key] = sequence
-            elif err != OK:
+            if err != OK:
+                # Never reuse the sequence: an earlier send of this very batch (a lost answer,
+                # then a resend) may be in the log even when this answer says it is not (the
+                # leader checks the in-sync replicas before it recognises a duplicate).
                 self._new_producer()
             _raise_for(err, leader, f"produce to {topic}-{partition}", entry.error_message)
             return list(range(entry.base_offset, entry.base_offset + len(values)))
@@ -418,10 +416,11 @@ class Client:
               timeout: float | None = None) -> Fetched:
         """Committed records of a partition from ``offset`` on (about ``max_bytes`` of batches,
         at least one when any is committed), from its leader. An empty answer means nothing is
-        committed at or after ``offset`` yet; fetch again from ``next_offset``.
+        committed at or after ``offset`` yet (also between the high watermark and the log end);
+        fetch again from ``next_offset``.
 
         Raises:
-            OffsetOutOfRangeError: ``offset`` below the log start or above the high watermark.
+            OffsetOutOfRangeError: ``offset`` below the log start or above the leader's log end.
             NotLeaderError: no leader answered before ``timeout``.
             CorruptRecordError: a batch failed its CRC on arrival.
         """

@@ -187,3 +187,91 @@ def test_the_replica_user_has_scram_only_and_a_wrong_password_fails(tmp_path):
             ReplicaNode(1, str(tmp_path / "n1"), ("127.0.0.1", 0), {}, b"\xff\xfe")
     finally:
         node.stop()
+
+
+def test_requests_meant_for_another_voter_or_cluster_are_refused(tmp_path):
+    ports = free_ports(3)
+    node = ReplicaNode(0, str(tmp_path / "n0"), ("127.0.0.1", ports[0]),
+                       {1: ("127.0.0.1", ports[1]), 2: ("127.0.0.1", ports[2])}, SECRET,
+                       election_timeout_ms=60_000).start()
+    conn = NodeConnection(node.address, SECRET, 1, 5.0)
+    try:
+        epoch = node.describe()[KEY]["epoch"]
+        # A vote or an announcement addressed to node 2 but delivered to node 0 (a wrong peer
+        # address): INCONSISTENT_VOTER_SET, nothing changes.
+        fields = {**vote_fields(epoch + 1, 1, 0, 10**6), "voter_id": 2}
+        assert conn.request(VOTE, fields).error_code == 81
+        assert conn.request(BEGIN_QUORUM_EPOCH, {**begin_epoch_fields(epoch + 1, 1), "voter_id": 2}).error_code == 81
+        # Another cluster's requests: INCONSISTENT_CLUSTER_ID, for each of them.
+        assert conn.request(BEGIN_QUORUM_EPOCH, {**begin_epoch_fields(epoch + 1, 1), "cluster_id": "x"}).error_code == 104
+        assert conn.request(FETCH, {**replica_fetch_fields(1, epoch + 1), "cluster_id": "x"}).error_code == 104
+        # Addressed to this node: taken.
+        fields = {**vote_fields(epoch + 1, 1, 0, 10**6), "voter_id": 0, "cluster_id": node.cluster_id}
+        assert conn.request(VOTE, fields).topics[0].partitions[0].vote_granted
+        d = node.describe()[KEY]
+        assert d["epoch"] == epoch + 1 and d["leader"] == -1
+        # A BeginQuorumEpoch naming a non-voter changes neither the leader nor the epoch.
+        answer = conn.request(BEGIN_QUORUM_EPOCH, begin_epoch_fields(epoch + 2, 99)).topics[0].partitions[0]
+        assert answer.leader_id == -1 and node.describe()[KEY]["epoch"] == epoch + 1
+    finally:
+        conn.close()
+        node.stop()
+
+
+def test_an_unserved_api_after_the_login_closes_only_its_own_connection(tmp_path):
+    import struct
+
+    node = ReplicaNode(0, str(tmp_path / "n0"), ("127.0.0.1", 0), {}, SECRET, min_insync_replicas=1).start()
+    other = NodeConnection(node.address, SECRET, -1, 5.0)
+    bad = NodeConnection(node.address, SECRET, -1, 5.0)
+    try:
+        header = struct.pack(">hhih", 99, 0, 7, -1)
+        bad.conn.sock.sendall(struct.pack(">i", len(header)) + header)
+        assert bad.conn.sock.recv(100) == b""  # closed without an answer
+        (p,) = quorum(other)
+        assert p.error_code == 0
+    finally:
+        bad.close()
+        other.close()
+        node.stop()
+
+
+def test_a_held_follower_fetch_that_fails_closes_its_connection(tmp_path, monkeypatch):
+    """A caught-up follower's fetch waits at the leader; when its answer cannot be made (the
+    segment read fails), the connection is closed at once rather than left unanswered."""
+    nodes, addrs = cluster(tmp_path)
+    try:
+        leader = leader_of(nodes)
+        epoch = nodes[leader].describe()[KEY]["epoch"]
+        follower = next(i for i in nodes if i != leader)
+        log = nodes[leader].store.partition(*KEY)
+        end = log.log_end_offset
+
+        def failing(*args, **kwargs):
+            raise OSError(5, "Input/output error (injected)")
+
+        conn = NodeConnection(addrs[leader], SECRET, follower, 5.0)
+        outcome = {}
+
+        def fetch():
+            fields = {**replica_fetch_fields(follower, epoch, end, log.latest_epoch), "max_wait": 4000}
+            try:
+                outcome["answer"] = conn.request(FETCH, fields, timeout=30)
+            except Exception as exc:  # noqa: BLE001 - reported below
+                outcome["error"] = exc
+
+        import threading
+        t = threading.Thread(target=fetch)
+        t.start()
+        wait_for(lambda: KEY in nodes[leader].purgatory.keys() or not t.is_alive(), timeout=5)
+        monkeypatch.setattr(log, "read_region", failing)
+        client = Client([addrs[leader]], SECRET)
+        client.produce(*KEY, [b"wakes the fetch"], acks=1)
+        client.close()
+        t.join(30)
+        assert not t.is_alive()
+        # Closed by the leader (the read failed), not timed out waiting for an answer.
+        assert "error" in outcome and not isinstance(outcome["error"].__cause__, TimeoutError), outcome
+        conn.close()
+    finally:
+        stop_all(nodes)

@@ -643,3 +643,48 @@ def test_a_connection_to_itself_is_refused_and_frees_the_port(monkeypatch):
         replication_client.NodeConnection(("127.0.0.1", 1), SECRET, 0, 1.0)
     assert isinstance(info.value.__cause__, ConnectionRefusedError)
     assert made and made[0].fileno() == -1  # closed: the port is free again
+
+
+@pytest.mark.regression(reason=("fixed: after a lost answer and a resend refused with NOT_ENOUGH_REPLICAS, the Client "
+                                "reused the sequence of a batch already in the log, so the next batch was answered as "
+                                "its duplicate and never written"))
+def test_a_refused_resend_never_lets_the_next_batch_pass_for_a_duplicate(tmp_path, monkeypatch):
+    from logstore.kafkaclient import KafkaClientError
+    from logstore.replication import NotEnoughReplicasError
+    from logstore.replication_client import PRODUCE, NodeConnection
+
+    node = single(tmp_path)
+    client = Client([node.address], SECRET)
+    try:
+        client.produce(TOPIC, PART, [b"warm"], acks=1)  # a cached connection, so a failure is resent once
+        real = NodeConnection.request
+        lost = []
+
+        def lose_the_answer(self, api_key, fields, timeout=None):
+            answer = real(self, api_key, fields, timeout)
+            if api_key == PRODUCE and not lost:
+                lost.append(answer)
+                node.min_insync = 2  # the resend is refused before the leader looks for a duplicate
+                raise KafkaClientError("Produce: the connection was reset (injected, after the append)")
+            return answer
+
+        monkeypatch.setattr(NodeConnection, "request", lose_the_answer)
+        with pytest.raises(NotEnoughReplicasError):
+            client.produce(TOPIC, PART, [b"A1", b"A2"], acks="all")
+        node.min_insync = 1
+        offsets = client.produce(TOPIC, PART, [b"B1", b"B2"], acks="all")
+        values = by_offset(node)
+        assert [values[o] for o in offsets] == [b"B1", b"B2"]
+        assert sorted(v for v in values.values() if v != b"warm" and v is not None) == [b"A1", b"A2", b"B1", b"B2"]
+    finally:
+        client.close()
+        node.stop()
+
+
+def test_replication_refuses_tls_without_a_private_ca(tmp_path):
+    with pytest.raises(ValueError, match="mutual TLS"):
+        ReplicaNode(0, str(tmp_path / "n0"), ("127.0.0.1", 0), {}, SECRET,
+                    tls=__import__("logstore.netprotocol", fromlist=["TLSConfig"]).TLSConfig("cert.pem", "key.pem"))
+    with pytest.raises(ValueError, match="SCRAM-SHA-256"):
+        ReplicaNode(0, str(tmp_path / "n1"), ("127.0.0.1", 0), {}, SECRET,
+                    kafka_options={"sasl_mechanisms": ("PLAIN",)})
