@@ -681,10 +681,12 @@ def test_a_refused_resend_never_lets_the_next_batch_pass_for_a_duplicate(tmp_pat
         node.stop()
 
 
+@pytest.mark.regression(reason="fixed: replication accepted TLS without a private CA (any public certificate passed)")
 def test_replication_refuses_tls_without_a_private_ca(tmp_path):
+    from logstore.netprotocol import TLSConfig
+
     with pytest.raises(ValueError, match="mutual TLS"):
-        ReplicaNode(0, str(tmp_path / "n0"), ("127.0.0.1", 0), {}, SECRET,
-                    tls=__import__("logstore.netprotocol", fromlist=["TLSConfig"]).TLSConfig("cert.pem", "key.pem"))
+        ReplicaNode(0, str(tmp_path / "n0"), ("127.0.0.1", 0), {}, SECRET, tls=TLSConfig("cert.pem", "key.pem"))
     with pytest.raises(ValueError, match="SCRAM-SHA-256"):
         ReplicaNode(0, str(tmp_path / "n1"), ("127.0.0.1", 0), {}, SECRET,
                     kafka_options={"sasl_mechanisms": ("PLAIN",)})
