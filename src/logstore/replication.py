@@ -42,7 +42,6 @@ import os
 import random
 import threading
 import time
-from concurrent.futures import Future
 from typing import Any, Callable, Iterable
 
 from . import net

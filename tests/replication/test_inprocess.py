@@ -258,9 +258,10 @@ def test_a_follower_behind_the_leaders_log_start_restarts_its_log_there(tmp_path
         assert leader_log.delete_records_before(start) == start
         peers = {j: a for j, a in addrs.items() if j != lagging}
         restarted[lagging] = ReplicaNode(lagging, str(tmp_path / f"node{lagging}"), addrs[lagging], peers, SECRET,
-                                         election_timeout_ms=300).start()
+                                         election_timeout_ms=300)
         log = restarted[lagging].store.partition("replicated", 0)
         assert log.log_end_offset < start  # what it kept ends below the leader's log start
+        restarted[lagging].start()  # (checked before its fetcher runs: it may catch up at once)
         # It restarts at the start of the leader's first batch (which may hold offsets below
         # the leader's log start, as Kafka's follower does), holding nothing it had before.
         wait_for(lambda: log.log_end_offset == leader_log.log_end_offset)
