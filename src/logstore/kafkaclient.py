@@ -258,7 +258,7 @@ class _Connection:
         while left:
             chunk = self.sock.recv(min(left, 1 << 20))
             if not chunk:
-                raise OSError("the connection was closed")
+                raise ConnectionResetError("the connection was closed")  # (a ConnectionError: the peer is gone)
             chunks.append(chunk)
             left -= len(chunk)
         return b"".join(chunks)

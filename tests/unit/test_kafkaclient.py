@@ -64,8 +64,10 @@ def test_bad_answers_are_errors(answer, message):
 
 def test_a_broker_closing_mid_answer_is_an_error():
     address = _fake_broker(lambda cid: struct.pack(">ii", 8, cid) + b"\xff\xff", linger=False)
-    with pytest.raises(KafkaClientError, match="the connection was closed"):
+    with pytest.raises(KafkaClientError, match="the connection was closed") as info:
         KafkaClient(address, timeout=5)
+    # A ConnectionError underneath: a replica's fetcher takes it for its leader's death.
+    assert isinstance(info.value.__cause__, ConnectionError)
 
 
 def test_a_silent_broker_times_out_and_bad_addresses_are_named():
