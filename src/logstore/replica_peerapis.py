@@ -105,81 +105,75 @@ class PeerApis:
         return _fetch_response(topic, p.partition, answer)
 
     # ------------------------------------------------------------------ elections
-    def on_vote(self, request: KafkaRequest) -> dict[str, Any]:
-        error = self._refusal(request)
-        if error:
-            return {"error_code": error, "topics": []}
+    def _each_partition(self, request: KafkaRequest, empty: dict[str, Any],
+                        answer: Any) -> dict[str, Any]:
+        """The answer to a request of topics and partitions: for each partition ``empty``'s
+        fields, updated by ``answer(replica, partition data)`` when this node replicates it,
+        else UNKNOWN_TOPIC_OR_PARTITION."""
         topics = []
         for t in request.body.topics:
             partitions = []
             for p in t.partitions:
                 rep = self.node._replicas.get((t.topic_name, p.partition_index))
-                entry = {"partition_index": p.partition_index, "error_code": OK, "leader_id": -1, "leader_epoch": -1,
-                         "vote_granted": False}
+                entry = {"partition_index": p.partition_index, "error_code": OK, **empty}
                 if rep is None:
                     entry["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
                 else:
-                    epoch, granted, leader = self.node._elections.on_vote(
-                        rep, int(p.replica_epoch), int(p.replica_id), int(p.last_offset_epoch), int(p.last_offset),
-                        bool(p.pre_vote))
-                    entry.update(leader_id=leader if leader != NONE else -1, leader_epoch=epoch, vote_granted=granted)
+                    entry.update(answer(rep, p))
                 partitions.append(entry)
             topics.append({"topic_name": t.topic_name, "partitions": partitions})
         return {"error_code": OK, "topics": topics}
+
+    def on_vote(self, request: KafkaRequest) -> dict[str, Any]:
+        error = self._refusal(request)
+        if error:
+            return {"error_code": error, "topics": []}
+
+        def vote(rep: Any, p: Any) -> dict[str, Any]:
+            epoch, granted, leader = self.node._elections.on_vote(
+                rep, int(p.replica_epoch), int(p.replica_id), int(p.last_offset_epoch), int(p.last_offset),
+                bool(p.pre_vote))
+            return {"leader_id": leader if leader != NONE else -1, "leader_epoch": epoch, "vote_granted": granted}
+
+        return self._each_partition(request, {"leader_id": -1, "leader_epoch": -1, "vote_granted": False}, vote)
 
     def on_begin_quorum_epoch(self, request: KafkaRequest) -> dict[str, Any]:
         error = self._refusal(request)
         if error:
             return {"error_code": error, "topics": []}
-        topics = []
-        for t in request.body.topics:
-            partitions = []
-            for p in t.partitions:
-                rep = self.node._replicas.get((t.topic_name, p.partition_index))
-                entry = {"partition_index": p.partition_index, "error_code": OK, "leader_id": -1, "leader_epoch": -1}
-                if rep is None:
-                    entry["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
-                else:
-                    epoch, leader = self.node._elections.on_begin_epoch(rep, int(p.leader_epoch), int(p.leader_id))
-                    entry.update(leader_id=leader if leader != NONE else -1, leader_epoch=epoch)
-                partitions.append(entry)
-            topics.append({"topic_name": t.topic_name, "partitions": partitions})
-        return {"error_code": OK, "topics": topics}
+
+        def begin(rep: Any, p: Any) -> dict[str, Any]:
+            epoch, leader = self.node._elections.on_begin_epoch(rep, int(p.leader_epoch), int(p.leader_id))
+            return {"leader_id": leader if leader != NONE else -1, "leader_epoch": epoch}
+
+        return self._each_partition(request, {"leader_id": -1, "leader_epoch": -1}, begin)
 
     def on_describe_quorum(self, request: KafkaRequest) -> dict[str, Any]:
         node = self.node
         now = time.monotonic()
         wall = time.time()
-        topics = []
-        for t in request.body.topics:
-            partitions = []
-            for p in t.partitions:
-                rep = node._replicas.get((t.topic_name, p.partition_index))
-                entry: dict[str, Any] = {"partition_index": p.partition_index, "error_code": OK, "leader_id": -1,
-                                         "leader_epoch": -1, "high_watermark": -1, "current_voters": [],
-                                         "observers": []}
-                if rep is None:
-                    entry["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
-                    partitions.append(entry)
-                    continue
-                with rep.cond:
-                    election = rep.election
-                    entry.update(leader_id=election.leader if election.leader != NONE else -1,
-                                 leader_epoch=election.epoch, high_watermark=rep.hw)
-                    if election.role is Role.LEADER:
-                        def ms(at: float | None) -> int:
-                            return -1 if at is None else int((wall - (now - at)) * 1000)
-                        entry["current_voters"] = [
-                            {"replica_id": node.node_id, "log_end_offset": rep.log.log_end_offset,
-                             "last_fetch_timestamp": int(wall * 1000), "last_caught_up_timestamp": int(wall * 1000)}
-                        ] + [{"replica_id": peer, "log_end_offset": rep.leo.get(peer, -1),
-                              "last_fetch_timestamp": ms(rep.contact.get(peer)),
-                              "last_caught_up_timestamp": ms(rep.caught_up.get(peer))} for peer in sorted(node.peers)]
-                    else:
-                        entry["current_voters"] = [{"replica_id": v, "log_end_offset": -1} for v in node.voters]
-                partitions.append(entry)
-            topics.append({"topic_name": t.topic_name, "partitions": partitions})
-        return {"error_code": OK, "topics": topics}
+
+        def ms(at: float | None) -> int:
+            return -1 if at is None else int((wall - (now - at)) * 1000)
+
+        def describe(rep: Any, p: Any) -> dict[str, Any]:
+            with rep.cond:
+                election = rep.election
+                entry: dict[str, Any] = {"leader_id": election.leader if election.leader != NONE else -1,
+                                         "leader_epoch": election.epoch, "high_watermark": rep.hw}
+                if election.role is not Role.LEADER:
+                    entry["current_voters"] = [{"replica_id": v, "log_end_offset": -1} for v in node.voters]
+                    return entry
+                entry["current_voters"] = [
+                    {"replica_id": node.node_id, "log_end_offset": rep.log.log_end_offset,
+                     "last_fetch_timestamp": int(wall * 1000), "last_caught_up_timestamp": int(wall * 1000)}
+                ] + [{"replica_id": peer, "log_end_offset": rep.leo.get(peer, -1),
+                      "last_fetch_timestamp": ms(rep.contact.get(peer)),
+                      "last_caught_up_timestamp": ms(rep.caught_up.get(peer))} for peer in sorted(node.peers)]
+                return entry
+
+        return self._each_partition(request, {"leader_id": -1, "leader_epoch": -1, "high_watermark": -1,
+                                              "current_voters": [], "observers": []}, describe)
 
 
 def _fetch_response(topic: str, partition: int, answer: FetchAnswer) -> dict[str, Any]:
