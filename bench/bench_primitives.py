@@ -13,9 +13,9 @@ import os
 import pytest
 
 import _report
-from logstore import compression
+from logstore.records import compression
 from logstore._native import lib
-from logstore.records import BatchBuilder, RecordDecoder, decode_batches
+from logstore.records.batch import BatchBuilder, RecordDecoder, decode_batches
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 # Payload sizes for the uncompressed batch; the codecs are compared at the 200 bytes.

@@ -28,7 +28,7 @@ import _workload
 from logstore import Log
 from logstore._native import ffi, lib
 from logstore.checkpoint import RECOVERY_POINT_CHECKPOINT
-from logstore.log import CLEAN_SHUTDOWN_FILE
+from logstore.log.log import CLEAN_SHUTDOWN_FILE
 
 SEGMENT_BYTES = 128 << 20
 TOTAL_BYTES = int(os.environ.get("LOGSTORE_BENCH_RECOVERY_MB", "1024")) << 20

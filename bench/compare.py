@@ -177,7 +177,7 @@ def logstore_read(path: str, data: Data, count: int, how: str = "sequential read
         for values, keys in data.batches(count):
             log.append_batch(values, keys)
         if how == "read as Arrow":
-            import logstore.arrowread  # noqa: F401 - pyarrow's import is not part of the read
+            import logstore.records.arrow  # noqa: F401 - pyarrow's import is not part of the read
         lookups = _lookups(count) if how == "random read" else []
         read = log.read
         t = _settled()

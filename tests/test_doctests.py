@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["logstore", "logstore.store", "logstore.config", "logstore.logdirs", "logstore.kafkacredentials"]
+MODULES = ["logstore", "logstore.store.store", "logstore.log.config", "logstore.store.kafkadirs", "logstore.kafka.credentials"]
 
 
 @pytest.mark.parametrize("name", MODULES)

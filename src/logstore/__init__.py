@@ -13,7 +13,7 @@ so Kafka's tools can read logstore's files and logstore can open Kafka's. See FO
 
 from __future__ import annotations
 
-from .config import LogConfig
+from .log.config import LogConfig
 from .errors import (
     CorruptIndexError,
     CorruptRecordError,
@@ -32,13 +32,13 @@ from .errors import (
     UnknownTopicOrPartitionError,
     UnsupportedCodecError,
 )
-from .log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, Log, RecoveryReport
-from .records import Record, TimestampType
+from .log.log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, Log, RecoveryReport
+from .records.batch import Record, TimestampType
 from .segment import SegmentInfo
-from .store import LogStore, TopicDescription
-from .producer import Producer, RecordMetadata, SendFuture
-from .consumer import CommitFailedError, Consumer, ConsumerRecord, PartitionNotAssignedError, TopicPartition
-from .workqueue import Message, Queue
+from .store.store import LogStore, TopicDescription
+from .client.producer import Producer, RecordMetadata, SendFuture
+from .client.consumer import CommitFailedError, Consumer, ConsumerRecord, PartitionNotAssignedError, TopicPartition
+from .client.queue import Message, Queue
 
 __version__ = "0.1.0"
 
@@ -87,7 +87,7 @@ __all__ = [
 def __getattr__(name: str) -> object:
     # KafkaServer is imported on first use: ``import logstore`` does not load the Kafka codec.
     if name == "KafkaServer":
-        from .kafkaserver import KafkaServer
+        from .kafka.server import KafkaServer
 
         return KafkaServer
     raise AttributeError(f"module 'logstore' has no attribute {name!r}")

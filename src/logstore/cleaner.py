@@ -35,8 +35,8 @@ from . import _fileio
 from ._native import check, ffi, lib
 from .checkpoint import OffsetCheckpoints
 from .errors import LogstoreError
-from .logsegments import LogSegments
-from .records import BatchBuilder, BatchHeader, Record, RecordDecoder, parse_header
+from .log.segments import LogSegments
+from .records.batch import BatchBuilder, BatchHeader, Record, RecordDecoder, parse_header
 from .segment import CLEANED_SUFFIX, DELETED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, LogSegment, segment_name
 
 __all__ = ["OffsetMap", "key_hash", "Cleaner", "CleanerReport", "CleanerState", "LogCompaction", "build_offset_map",
@@ -173,7 +173,7 @@ class LogCompaction:
     """One log's compaction: its first dirty offset, whether it needs a pass, running one.
 
     Args:
-        log: the owning :class:`~logstore.log.Log` (its lock, segments, log start, config).
+        log: the owning :class:`~logstore.log.log.Log` (its lock, segments, log start, config).
         checkpoints: the log directory's ``cleaner-offset-checkpoint`` file.
 
     Thread-safety: thread-safe; each method takes the log's lock (a pass also its writers'

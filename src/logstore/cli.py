@@ -20,7 +20,7 @@
 
 Read-only commands (``topics list``/``describe``, ``dump``, ``verify``, ``stats``) also take a
 Kafka log directory — a broker's ``log.dirs`` entry, or a copy of it — whose partition
-directories they adopt in memory (:mod:`logstore.logdirs`) without writing anything into it;
+directories they adopt in memory (:mod:`logstore.store.kafkadirs`) without writing anything into it;
 ``topics list`` and ``stats`` also take a single partition directory. The other commands open
 the store for writing, and a LogStore opened on a Kafka log directory adopts its partitions for
 good (it writes ``.topics/``; see :class:`logstore.LogStore`).
@@ -43,7 +43,7 @@ from dataclasses import asdict
 from typing import Any, Callable, Iterable, TextIO
 
 from .errors import LogstoreError
-from .progress import Progress
+from .tools.progress import Progress
 
 __all__ = ["main"]
 
@@ -65,7 +65,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def _open_store(root: str, **kw: Any) -> Any:
-    from .store import LogStore
+    from .store.store import LogStore
 
     if not os.path.isdir(root):
         raise LogstoreError(f"{root}: no such store directory (create one with 'logstore topics create')")
@@ -84,7 +84,7 @@ def _config_pairs(pairs: Iterable[str]) -> dict[str, str]:
 
 # ---------------------------------------------------------------------- topics
 def _topics(args: argparse.Namespace, out: TextIO) -> int:
-    from .store import LogStore
+    from .store.store import LogStore
 
     if args.action in ("list", "describe"):
         return _topics_read(args, out)
@@ -107,9 +107,9 @@ def _topics(args: argparse.Namespace, out: TextIO) -> int:
 def _topics_read(args: argparse.Namespace, out: TextIO) -> int:
     """topics list / describe: read-only, through StoreView (a Kafka log directory stays as it
     is), or on a single partition directory."""
-    from .config import LogConfig
-    from .logview import StoreView
-    from .tools import _is_partition_dir, partition_key
+    from .log.config import LogConfig
+    from .store.views import StoreView
+    from .tools.inspect import _is_partition_dir, partition_key
 
     root = os.path.abspath(args.root)
     if not os.path.isdir(root):
@@ -219,7 +219,7 @@ def _consume(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _print_record(out: TextIO, r: Any, args: argparse.Namespace) -> None:
-    from .tools import _text
+    from .tools.inspect import _text
 
     if args.json:
         _print_json(out, {"topic": r.topic, "partition": r.partition, "offset": r.offset, "timestamp": r.timestamp,
@@ -236,7 +236,7 @@ def _print_record(out: TextIO, r: Any, args: argparse.Namespace) -> None:
 
 # ---------------------------------------------------------------------- inspection
 def _dump(args: argparse.Namespace, out: TextIO) -> int:
-    from .tools import dump_file
+    from .tools.inspect import dump_file
 
     for path in args.files:
         if not args.json:
@@ -290,7 +290,7 @@ def _describe(item: dict[str, Any]) -> str:
 
 
 def _verify(args: argparse.Namespace, out: TextIO) -> int:
-    from .tools import verify
+    from .tools.inspect import verify
 
     started = time.monotonic()
     report = verify(args.path, progress=_progress(args))
@@ -306,11 +306,11 @@ def _verify(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _recover(args: argparse.Namespace, out: TextIO) -> int:
-    from .log import Log
-    from .store import LogStore, TOPICS_DIR
+    from .log.log import Log
+    from .store.store import LogStore, TOPICS_DIR
 
-    from .logdirs import looks_like_log_dir
-    from .tools import _is_partition_dir
+    from .store.kafkadirs import looks_like_log_dir
+    from .tools.inspect import _is_partition_dir
 
     path = os.path.abspath(args.path)
     parent = os.path.dirname(path)
@@ -360,7 +360,7 @@ def _recovery(name: str, log: Any, started: float) -> dict[str, Any]:
 
 
 def _stats(args: argparse.Namespace, out: TextIO) -> int:
-    from .tools import stats
+    from .tools.inspect import stats
 
     rows = stats(args.path, progress=_progress(args))
     if args.json:
@@ -501,7 +501,7 @@ def main(argv: list[str] | None = None, stdout: TextIO | None = None, stdin: Tex
 
         return node_main(args_list[1:], prog="logstore node")
     if args_list and args_list[0] == "serve":
-        from .kafkaserver import main as serve_main
+        from .kafka.server import main as serve_main
 
         return serve_main(args_list[1:], prog="logstore serve")
     if args_list and args_list[0] == "mirror":
@@ -509,7 +509,7 @@ def main(argv: list[str] | None = None, stdout: TextIO | None = None, stdin: Tex
 
         return mirror_main(args_list[1:], prog="logstore mirror")
     if args_list and args_list[0] == "kafka-user":
-        from .kafkacredentials import main as kafka_user_main
+        from .kafka.credentials import main as kafka_user_main
 
         return kafka_user_main(args_list[1:], prog="logstore kafka-user", stdin=stdin)
     parser = _parser(out)

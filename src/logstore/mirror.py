@@ -35,11 +35,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .compression import codec_from_name
-from .offsets import offset_store
+from .records.compression import codec_from_name
+from .groups.offsets import offset_store
 from .errors import LogstoreError, OffsetOutOfRangeError
-from .kafkaclient import KafkaClient, KafkaClientError, KafkaErrorResponse, Security
-from .records import BatchBuilder, Record
+from .kafka.client import KafkaClient, KafkaClientError, KafkaErrorResponse, Security
+from .records.batch import BatchBuilder, Record
 
 __all__ = ["Mirror", "MirrorError", "MirrorStats", "DEFAULT_GROUP"]
 
@@ -85,7 +85,7 @@ class Mirror:
         batch_records, batch_bytes: the most records and bytes per Produce.
         commit_interval: seconds between progress commits (also committed at the end).
         client: a connected KafkaClient to use instead of one made from ``bootstrap``.
-        security: TLS and SASL for the target (:class:`~logstore.kafkaclient.Security`).
+        security: TLS and SASL for the target (:class:`~logstore.kafka.client.Security`).
         compression: the codec of the batches sent ("none", "gzip", "snappy", "lz4", "zstd");
             default: each source topic's ``compression.type`` when it names one, else none.
 
@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None, prog: str = "logstore mirror") -> int:
     import signal
     import sys
 
-    from .store import LogStore
+    from .store.store import LogStore
 
     parser = argparse.ArgumentParser(prog=prog, description="Copy a store's topics to a Kafka-protocol cluster "
                                      "(Apache Kafka, or another logstore serve), exactly once, resumable: "

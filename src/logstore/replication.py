@@ -11,9 +11,9 @@ epoch. acks=all waits for the high watermark; a leader that a higher epoch depos
 advance it again, so it can never acknowledge.
 
 A node serves one listener, Kafka's protocol, to Kafka clients and its peers alike: a replica
-set is a Kafka cluster to its clients (:mod:`~logstore.replica_kafka`), and its peers' requests
-are Kafka's (:mod:`~logstore.replica_peerapis`), authenticated with SASL as
-:data:`~logstore.replication_client.REPLICA_USER` and the set's shared secret.
+set is a Kafka cluster to its clients (:mod:`~logstore.replica.kafkaapis`), and its peers' requests
+are Kafka's (:mod:`~logstore.replica.peerapis`), authenticated with SASL as
+:data:`~logstore.replica.client.REPLICA_USER` and the set's shared secret.
 
 The node is a facade over modules named for what they hold:
 
@@ -44,22 +44,22 @@ import threading
 import time
 from typing import Any, Callable, Iterable
 
-from . import net
-from .purgatory import Purgatory
+from .net import server as net
+from .net.purgatory import Purgatory
 from .checkpoint import REPLICATION_OFFSET_CHECKPOINT, OffsetCheckpoints
-from .election import NONE, Election, QuorumStateFile, Role
+from .replica.quorum import NONE, Election, QuorumStateFile, Role
 from .errors import LogstoreError, OffsetOutOfRangeError
-from .kafkacredentials import Credentials, CredentialsFile
-from .kafkaserver import KafkaServer
-from .netprotocol import TLSConfig
-from .offsets import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIG
-from .records import Record
-from .replica_kafka import ReplicaKafkaApis
-from .replica_election import ElectionDriver
-from .replica_follower import Fetchers
-from .replica_leader import LeaderSide
-from .replica_partition import PartitionReplica
-from .replication_client import (
+from .kafka.credentials import Credentials, CredentialsFile
+from .kafka.server import KafkaServer
+from .net.protocol import TLSConfig
+from .groups.offsets import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIG
+from .records.batch import Record
+from .replica.kafkaapis import ReplicaKafkaApis
+from .replica.elections import ElectionDriver
+from .replica.follower import Fetchers
+from .replica.leader import LeaderSide
+from .replica.partition import PartitionReplica
+from .replica.client import (
     CORRUPT_BATCH,
     ERROR_TEXT,
     FENCED_EPOCH,
@@ -84,7 +84,7 @@ from .replication_client import (
     _raise_for,
     replica_password,
 )
-from .store import LogStore
+from .store.store import LogStore
 
 __all__ = ["ReplicaNode", "Client", "Fetched", "TLSConfig", "NotLeaderError", "NotEnoughReplicasError",
            "ReplicationTimeoutError", "ReplicationError"]
@@ -112,7 +112,7 @@ class ReplicaNode:
         peers: {node id: (host, port)}: the other replicas' listeners, as this node reaches
             them and as Metadata names them to clients.
         secret: the shared secret (UTF-8 text): the password of the SASL user
-            :data:`~logstore.replication_client.REPLICA_USER`, which peers and :class:`Client`
+            :data:`~logstore.replica.client.REPLICA_USER`, which peers and :class:`Client`
             log in as and which alone may send replication's requests.
         partitions: [(topic, partitions)] to replicate (created when missing).
         election_timeout_ms: base election timeout (randomised up to twice it).
@@ -132,7 +132,7 @@ class ReplicaNode:
         advertised: (host, port) that Metadata names for this node (default: the bound one).
         advertised_peers: {node id: (host, port)} that Metadata names for the peers (default:
             ``peers``; differs when this node reaches its peers another way, e.g. a proxy).
-        kafka_options: more :class:`~logstore.kafkaserver.KafkaServer` arguments, e.g.
+        kafka_options: more :class:`~logstore.kafka.server.KafkaServer` arguments, e.g.
             ``sasl_credentials`` (Kafka clients' users, besides the replica user),
             ``sasl_mechanisms``, group settings.
 
@@ -399,7 +399,7 @@ class _ReplicaCredentials(CredentialsFile):
     CredentialsFile."""
 
     def __init__(self, password: str, users: Any, mechanisms: Any = None) -> None:  # no file of its own
-        from .kafkacredentials import MECHANISMS
+        from .kafka.credentials import MECHANISMS
         self._replica = Credentials.from_mapping({REPLICA_USER: password}, ("SCRAM-SHA-256",))
         if isinstance(users, (str, os.PathLike)):
             users = CredentialsFile(users)

@@ -1,7 +1,7 @@
 """One log segment: a ``.log`` file of record batches plus its sparse indexes.
 
 LogSegment owns ``NNN.log``, ``NNN.index`` and ``NNN.timeindex`` where NNN is the segment's base
-offset in 20 digits. Not thread-safe; :class:`logstore.log.Log` serialises writers and readers.
+offset in 20 digits. Not thread-safe; :class:`logstore.log.log.Log` serialises writers and readers.
 
 The active (last) segment is written through a shared memory map of its preallocated ``.log``:
 the C appender (``ls_appender``) copies each batch into the map and updates the mapped indexes,
@@ -20,10 +20,10 @@ sequence of valid batches (header sanity, CRC32C, well-formed records) whose off
 and whose last offsets are within ``base_offset + INT32_MAX``.
 
 The class holds the segment's state, its facts and its hot paths (append, read). Its slow paths
-live beside it as functions of the segment: :mod:`logstore.activation` (the active segment's
-appender and writable map, growth, shared views), :mod:`logstore.segmentrecovery` (the C scan:
-recovery, index rebuilds and checks, a sealed segment's tail) and :mod:`logstore.truncation`
-(truncation and its journal). The file names are in :mod:`logstore.segmentnames`; this module
+live beside it as functions of the segment: :mod:`logstore.log.activation` (the active segment's
+appender and writable map, growth, shared views), :mod:`logstore.log.segmentscan` (the C scan:
+recovery, index rebuilds and checks, a sealed segment's tail) and :mod:`logstore.log.segmenttruncation`
+(truncation and its journal). The file names are in :mod:`logstore.log.filenames`; this module
 re-exports them, with RecoveryResult and the truncation journal's functions.
 """
 
@@ -35,16 +35,28 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from . import _fileio, activation, segmentrecovery, truncation
+from . import _fileio
+from .log import activation
+from .log import segmentscan as segmentrecovery
+from .log import segmenttruncation as truncation
 from ._native import ffi, lib
 from .errors import CorruptRecordError
 from .index import OffsetIndex, TimeIndex
-from .pointread import PointReads
-from .records import HEADER_SIZE, BatchBuilder, Record, RecordDecoder, parse_header
-from .segmentnames import (CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX,  # noqa: F401
-                           TIMEINDEX_SUFFIX, TRUNCATION_SUFFIX, parse_segment_name, segment_name)
-from .segmentrecovery import RecoveryResult, status_words
-from .truncation import replay_truncation_journal, write_truncation_journal  # noqa: F401
+from .log.pointread import PointReads
+from .records.batch import HEADER_SIZE, BatchBuilder, Record, RecordDecoder, parse_header
+from .log.filenames import (
+    CLEANED_SUFFIX,
+    DELETED_SUFFIX,
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    SWAP_SUFFIX,
+    TIMEINDEX_SUFFIX,
+    TRUNCATION_SUFFIX,
+    parse_segment_name,
+    segment_name,
+)
+from .log.segmentscan import RecoveryResult, status_words
+from .log.segmenttruncation import replay_truncation_journal, write_truncation_journal  # noqa: F401
 
 __all__ = ["LogSegment", "SegmentInfo", "segment_name", "parse_segment_name", "RecoveryResult"]
 
@@ -400,7 +412,7 @@ class LogSegment:
 
     def _point_memo(self) -> Any:
         """The memo of the batches that reads of a few records validated whole (see
-        :mod:`logstore.pointread`): made on first use, dropped at truncation."""
+        :mod:`logstore.log.pointread`): made on first use, dropped at truncation."""
         if self._points is None:
             self._points = self._new_point_reads()
         return self._points.memo
@@ -410,7 +422,7 @@ class LogSegment:
         return PointReads(self.max_batch_bytes, self.segment_bytes if self._appender is not None else self.size)
 
     def point_entry(self) -> tuple[Any, int, int, Any, int, Any, int, int] | None:
-        """What a log's :class:`~logstore.pointread.PointLog` reads this segment with (its
+        """What a log's :class:`~logstore.log.pointread.PointLog` reads this segment with (its
         ``describe``): the point-read state and, for the active segment, its appender (read at
         each call), else the map, size and offset index; None for an empty sealed segment. Maps a
         sealed segment on first use."""

@@ -27,7 +27,7 @@ from typing import Iterator
 
 import pytest
 
-from .kafkaserver import KafkaServer
+from .kafka.server import KafkaServer
 
 __all__ = ["kafka_server", "kafka_server_session"]
 

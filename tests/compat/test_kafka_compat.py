@@ -13,7 +13,8 @@ import shutil
 
 import pytest
 
-from logstore import Log, TimestampType, compression
+from logstore import Log, TimestampType
+from logstore.records import compression
 
 kafka_records = pytest.importorskip("kafka.record")
 from kafka.record import MemoryRecords  # noqa: E402
@@ -175,7 +176,7 @@ def test_kafka_fixture_is_byte_identical_after_open_and_close(tmp_path: pathlib.
 
 
 def test_leader_change_control_batch_is_a_control_batch_to_kafka_python(tmp_path: pathlib.Path) -> None:
-    from logstore.records import leader_change_record
+    from logstore.records.batch import leader_change_record
 
     key, value = leader_change_record(2, [0, 1, 2], [0, 2])
     with Log.open(tmp_path / "ctl-0", compression_type="gzip") as log:

@@ -7,7 +7,7 @@ checkpoint files, partition directories holding the segment Apache Kafka wrote
 ``partition.metadata`` and a producer-state ``.snapshot``; partition 1 of ``orders`` lives on
 another broker (a gap); Kafka's 50-partition ``__consumer_offsets``; a deleted, a future and a
 stray replica; the KRaft metadata log. Offset commits in Kafka's own schema are written here
-with struct, not with logstore.offsets, and batches with kafka-python's builder.
+with struct, not with logstore.groups.offsets, and batches with kafka-python's builder.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import pytest
 from logstore import LogStore
 from logstore.cli import main
 from logstore.errors import LogLockedError, UnknownTopicOrPartitionError
-from logstore.logdirs import OFFSETS_ASIDE_DIR, OFFSETS_TOPIC_OVERRIDES, scan
-from logstore.logview import StoreView
-from logstore.tools import stats, verify
+from logstore.store.kafkadirs import OFFSETS_ASIDE_DIR, OFFSETS_TOPIC_OVERRIDES, scan
+from logstore.store.views import StoreView
+from logstore.tools.inspect import stats, verify
 
 kafka_records = pytest.importorskip("kafka.record")
 from kafka.record.default_records import DefaultRecordBatchBuilder  # noqa: E402
@@ -211,7 +211,7 @@ def test_skipped_directories_are_logged_with_their_reason(tmp_path, caplog):
     root = make_kafka_log_dir(tmp_path / "kafka")
     (root / "bad topic-0").mkdir()
     (root / "orders-007").mkdir()
-    with caplog.at_level(logging.INFO, logger="logstore.logdirs"):
+    with caplog.at_level(logging.INFO, logger="logstore.store.kafkadirs"):
         found = scan(str(root))
     reasons = {s.name.split(".")[0] if "." in s.name else s.name: s.reason for s in found.skipped}
     assert "deleted partition" in reasons["orders-1"]
@@ -379,7 +379,7 @@ def test_kafka_meta_properties_is_kept(tmp_path):
 
 
 def test_adopted_offsets_topic_settings_match_what_the_store_gives_it(tmp_path):
-    from logstore.offsets import OFFSETS_TOPIC_CONFIG
+    from logstore.groups.offsets import OFFSETS_TOPIC_CONFIG
 
     with LogStore(tmp_path / "s", maintenance=False) as store:
         assert store._overrides(OFFSETS_TOPIC_CONFIG) == dict(OFFSETS_TOPIC_OVERRIDES)

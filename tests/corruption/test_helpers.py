@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from logstore.records import validate_batch
+from logstore.records.batch import validate_batch
 
 from .helpers import (
     CONFIG,

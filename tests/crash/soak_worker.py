@@ -31,8 +31,8 @@ import random
 import sys
 
 from logstore import LogStore
-from logstore.consumer import offset_store
-from logstore.offsets import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIG
+from logstore.client.consumer import offset_store
+from logstore.groups.offsets import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIG
 
 STORE = dict(segment_bytes=16 * 1024, segment_index_bytes=8192, index_interval_bytes=1024)
 TOPICS = {

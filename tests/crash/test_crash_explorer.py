@@ -7,7 +7,7 @@ FileOps, and checked against what the workload had been told was durable at that
 * every record acknowledged as durable is present with its key and value, the log is a prefix
   of history (no gap, no duplicate, nothing invented) between the acknowledged and the
   attempted log start;
-* the recovered log is internally consistent: ``logstore.tools.verify`` (every batch CRC,
+* the recovered log is internally consistent: ``logstore.tools.inspect.verify`` (every batch CRC,
   every offset-index entry on a batch boundary, every time-index entry the maximum timestamp
   so far, the checkpoint files parse) reports nothing, random reads through the offset index
   return the right record, and the next append gets the next offset;
@@ -29,9 +29,10 @@ import random
 
 import pytest
 
-from logstore import Log, LogStore, _fileio, tools
-from logstore.consumer import offset_store
-from logstore.offsets import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIG
+from logstore import Log, LogStore, _fileio
+from logstore.tools import inspect as tools
+from logstore.client.consumer import offset_store
+from logstore.groups.offsets import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIG
 
 from crashcheck import CONFIG, Writer, check_log, key_for, value_for
 from explorer import REPORTS, Recorder, Report, dir_variants, explore, file_variants

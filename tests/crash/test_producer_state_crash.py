@@ -28,7 +28,7 @@ import pytest
 import random
 
 from logstore import Log, _fileio
-from logstore.records import BatchBuilder
+from logstore.records.batch import BatchBuilder
 
 from crashcheck import OP_NAMES, AtNthCall, NoSyncFileOps, fork_child
 from crashcheck import describe as _describe

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from logstore.consumer import offset_store
+from logstore.client.consumer import offset_store
 
 from soak_worker import event_value, open_store
 

@@ -18,9 +18,10 @@ import tempfile
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "src"))
 
-from logstore import Log, LogstoreError, compression  # noqa: E402
+from logstore import Log, LogstoreError
+from logstore.records import compression  # noqa: E402
 from logstore._native import ffi, lib  # noqa: E402
-from logstore.records import BatchBuilder  # noqa: E402
+from logstore.records.batch import BatchBuilder  # noqa: E402
 
 
 def write(target: str, name: str, data: bytes) -> None:

@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 
 from logstore import LogstoreError
 from logstore.checkpoint import CheckpointFile, CorruptCheckpointError, OffsetCheckpoints
-from logstore.election import QuorumStateFile
-from logstore.epochs import LeaderEpochCache
+from logstore.replica.quorum import QuorumStateFile
+from logstore.log.epochs import LeaderEpochCache
 from logstore.errors import CorruptRecordError
-from logstore.offsets import decode_offset_key, decode_offset_value, encode_offset_key, encode_offset_value
-from logstore.workqueue import _State
+from logstore.groups.offsets import decode_offset_key, decode_offset_value, encode_offset_key, encode_offset_value
+from logstore.client.queue import _State
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
 TMP = pathlib.Path(tempfile.mkdtemp(prefix="logstore-fuzz-"))
@@ -120,8 +120,8 @@ def test_replication_requests(api, body):
     with arbitrary bodies: parsed, or refused as malformed; nothing else escapes."""
     import struct
 
-    from logstore.kafkawire import KafkaProtocolError, parse_request
-    from logstore.replica_peerapis import PEER_VERSIONS
+    from logstore.kafka.wire import KafkaProtocolError, parse_request
+    from logstore.replica.peerapis import PEER_VERSIONS
 
     key, version = api
     frame = struct.pack(">hhih", key, version, 1, -1) + b"\0" + body  # header v2: no client id, no tags
@@ -142,7 +142,7 @@ def test_replication_responses(api, body):
     from kio.serial import entity_reader
     from kio.serial.errors import SerialError
 
-    from logstore.kafkabounds import BoundsError, check_response
+    from logstore.kafka.bounds import BoundsError, check_response
 
     cls = load_response_schema(*api)
     frame = struct.pack(">i", 1) + b"\0" + body  # response header v1: no tags

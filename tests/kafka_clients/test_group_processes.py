@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from logstore.consumer import offset_store
-from logstore.kafkaserver import KafkaServer
+from logstore.client.consumer import offset_store
+from logstore.kafka.server import KafkaServer
 
 pytest.importorskip("confluent_kafka")
 pytest.importorskip("aiokafka")

@@ -29,8 +29,8 @@ from kafka.protocol.old.group import (
     SyncGroupResponse,
 )
 
-from logstore.consumer import offset_store
-from logstore.kafkaserver import KafkaServer
+from logstore.client.consumer import offset_store
+from logstore.kafka.server import KafkaServer
 
 NONE, UNKNOWN_TOPIC = 0, 3
 ILLEGAL_GENERATION, INCONSISTENT_PROTOCOL, INVALID_GROUP_ID, UNKNOWN_MEMBER_ID = 22, 23, 24, 25

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from logstore.kafkaserver import KafkaServer
-from logstore.kafkawire import SUPPORTED
+from logstore.kafka.server import KafkaServer
+from logstore.kafka.wire import SUPPORTED
 
 from .test_wire_edges import api_versions_v0, closed, request, response
 

@@ -19,7 +19,7 @@ import time
 import pytest
 
 from logstore import LogStore
-from logstore.kafkaserver import KafkaServer
+from logstore.kafka.server import KafkaServer
 
 from .test_wire_edges import connect, request, response
 

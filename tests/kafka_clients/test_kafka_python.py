@@ -276,7 +276,7 @@ def test_two_group_members_split_the_partitions_and_the_admin_sees_their_offsets
 def test_describe_configs_with_synonyms(tmp_path):
     from kafka.admin import ConfigResource, ConfigResourceType
 
-    from logstore.kafkaserver import KafkaServer
+    from logstore.kafka.server import KafkaServer
 
     with LogStore(str(tmp_path), retention_ms=3_600_000) as store, KafkaServer(store, ("127.0.0.1", 0)) as server:
         store.create_topic("syn", 1, segment_bytes=1 << 20)
@@ -321,7 +321,7 @@ def test_metrics_by_kafkas_names_and_as_prometheus_text(kafka_server):
 
 @pytest.mark.parametrize("fsync_acks_all", [False, True])
 def test_acks_all_means_fsynced_when_asked(tmp_path, fsync_acks_all):
-    from logstore.kafkaserver import KafkaServer
+    from logstore.kafka.server import KafkaServer
 
     with KafkaServer(str(tmp_path), ("127.0.0.1", 0), fsync_acks_all=fsync_acks_all) as server:
         server.store.create_topic("durable", 1)
@@ -339,7 +339,7 @@ def test_a_failed_fsync_is_a_storage_error_for_acks_all(tmp_path):
 
     from logstore import _fileio
     from logstore._fileio import FileOps
-    from logstore.kafkaserver import KafkaServer
+    from logstore.kafka.server import KafkaServer
 
     class FailingSync(FileOps):
         def fsync(self, fd):
@@ -385,7 +385,7 @@ def test_a_long_poll_is_woken_by_appends_from_the_library_and_other_processes(tm
     import subprocess
     import sys
 
-    from logstore.kafkaserver import KafkaServer
+    from logstore.kafka.server import KafkaServer
 
     with KafkaServer(str(tmp_path), ("127.0.0.1", 0)) as server:
         server.store.create_topic("woken", 1)

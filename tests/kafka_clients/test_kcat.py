@@ -11,8 +11,8 @@ import subprocess
 
 import pytest
 
-from logstore.consumer import offset_store
-from logstore.records import batch_headers, parse_header
+from logstore.client.consumer import offset_store
+from logstore.records.batch import batch_headers, parse_header
 
 KCAT = shutil.which("kcat") or shutil.which("kafkacat")
 pytestmark = pytest.mark.skipif(KCAT is None, reason="kcat is not installed (apt-get install kcat)")

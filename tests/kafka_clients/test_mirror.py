@@ -15,7 +15,7 @@ import time
 
 import pytest
 from logstore import KafkaServer, LogStore
-from logstore.kafkaclient import KafkaClient, KafkaClientError
+from logstore.kafka.client import KafkaClient, KafkaClientError
 from logstore.mirror import Mirror, MirrorError, main
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -67,7 +67,7 @@ def test_topics_are_copied_with_keys_values_headers_and_timestamps(source, targe
     assert target.store.partitions_for("events") == 3 and target.store.partitions_for("zipped") == 2
     _same(source, target.store, "events")
     _same(source, target.store, "zipped")
-    from logstore.records import parse_header
+    from logstore.records.batch import parse_header
 
     def first_codec(topic):
         path = os.path.join(target.store.partition(topic, 0).path, "00000000000000000000.log")
@@ -200,7 +200,7 @@ def test_the_command_copies_and_reports(source, target, capsys):
     assert main([root, "--to", target.bootstrap_servers, "--topic", "events", "--compression", "gzip"]) == 0
     assert "30 records copied" in capsys.readouterr().err
     with open(os.path.join(target.store.partition("events", 0).path, "00000000000000000000.log"), "rb") as f:
-        from logstore.records import parse_header
+        from logstore.records.batch import parse_header
         assert parse_header(f.read(4096), 0).compression == 1  # gzip, as asked
     assert "other" not in target.store.topics()
     assert main([root, "--to", "127.0.0.1:1"]) == 1
@@ -242,7 +242,7 @@ def secured(tmp_path_factory):
     import io
 
     from logstore.cli import main as cli_main
-    from logstore.netprotocol import TLSConfig
+    from logstore.net.protocol import TLSConfig
 
     from .tls_certs import make_certs
 
@@ -261,7 +261,7 @@ def secured(tmp_path_factory):
 @pytest.mark.parametrize("protocol,mechanism", [("SASL_PLAINTEXT", "PLAIN"), ("SASL_PLAINTEXT", "SCRAM-SHA-256"),
                                                 ("SASL_SSL", "SCRAM-SHA-512")])
 def test_a_target_behind_tls_and_sasl(source, secured, protocol, mechanism):
-    from logstore.kafkaclient import Security
+    from logstore.kafka.client import Security
 
     server = secured[protocol]
     topic = f"secure-{mechanism}".lower()

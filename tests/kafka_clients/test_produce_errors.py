@@ -12,7 +12,7 @@ import pytest
 from kafka.protocol.old.produce import ProduceRequest, ProduceResponse
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from logstore.kafkaserver import KafkaServer
+from logstore.kafka.server import KafkaServer
 
 NONE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION, MESSAGE_TOO_LARGE, INVALID_RECORD = 0, 2, 3, 10, 87
 

@@ -14,9 +14,9 @@ import time
 import pytest
 
 from logstore.cli import main as cli_main
-from logstore.kafkacredentials import CredentialsFile
-from logstore.kafkaserver import KafkaServer
-from logstore.netprotocol import TLSConfig
+from logstore.kafka.credentials import CredentialsFile
+from logstore.kafka.server import KafkaServer
+from logstore.net.protocol import TLSConfig
 
 from .tls_certs import make_certs
 

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from logstore.kafkaserver import KafkaServer
+from logstore.kafka.server import KafkaServer
 
 from .test_wire_edges import api_versions_v0, closed, recv_exactly, request, response
 

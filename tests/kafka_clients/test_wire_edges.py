@@ -10,7 +10,7 @@ import struct
 
 import pytest
 
-from logstore.kafkaserver import KafkaServer
+from logstore.kafka.server import KafkaServer
 
 
 @pytest.fixture
@@ -97,7 +97,7 @@ def test_an_unknown_api_or_malformed_request_closes_only_its_connection(server):
 
 def test_acks_0_produce_gets_no_response(server):
     server.store.create_topic("quiet")
-    from logstore.records import BatchBuilder
+    from logstore.records.batch import BatchBuilder
 
     batch = bytes(BatchBuilder().build([b"v"]))
     topic = b"quiet"

@@ -23,7 +23,7 @@ from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProdu
 from kafka.record.legacy_records import LegacyRecordBatchBuilder
 from kafka.record.memory_records import MemoryRecords, MemoryRecordsBuilder
 
-from logstore.kafkaserver import KafkaServer
+from logstore.kafka.server import KafkaServer
 
 from .test_wire_edges import api_versions_v0, closed, request, response
 

@@ -27,7 +27,8 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from logstore import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, Log, OffsetOutOfRangeError, compression
+from logstore import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, Log, OffsetOutOfRangeError
+from logstore.records import compression
 
 CODEC_NAMES = [compression.codec_name(c) for c in sorted(compression.available_codecs())]
 T0 = 1_600_000_000_000

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from logstore import LogStore, Queue
-from logstore import workqueue
+from logstore.client import queue as workqueue
 
 
 class QueueMachine(RuleBasedStateMachine):

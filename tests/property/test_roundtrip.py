@@ -18,15 +18,9 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from logstore import Log, RecordTooLargeError, TimestampType, compression
-from logstore.records import (
-    BatchBuilder,
-    RecordDecoder,
-    decode_batches,
-    now_ms,
-    parse_header,
-    validate_batch,
-)
+from logstore import Log, RecordTooLargeError, TimestampType
+from logstore.records import compression
+from logstore.records.batch import BatchBuilder, RecordDecoder, decode_batches, now_ms, parse_header, validate_batch
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MAX = 2**31 - 1
@@ -467,8 +461,8 @@ def test_record_too_large_writes_nothing(cols, codec, limit, prefill, seed, data
 
 
 _DECODER_GROWTH_SCRIPT = """
-from logstore import compression
-from logstore.records import BatchBuilder, RecordDecoder
+from logstore.records import compression
+from logstore.records.batch import BatchBuilder, RecordDecoder
 b = BatchBuilder()
 buf = (b.build([b"x"] * 7, codec=compression.GZIP, base_offset=0)
        + b.build([b"y"] * 2, base_offset=7))

@@ -41,8 +41,8 @@ import traceback
 import pytest
 
 from logstore import Log
-from logstore.epochs import LeaderEpochCache
-from logstore.records import parse_header
+from logstore.log.epochs import LeaderEpochCache
+from logstore.records.batch import parse_header
 from logstore.replication import Client, ReplicaNode
 
 from .proxy import LinkProxy

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from logstore import Log
-from logstore.records import parse_header
+from logstore.records.batch import parse_header
 from logstore.replication import Client, NotEnoughReplicasError, NotLeaderError, ReplicationError
 
 from .test_inprocess import free_ports

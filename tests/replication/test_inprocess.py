@@ -104,7 +104,7 @@ def test_elect_replicate_and_fail_over(tmp_path):
 
 
 def _crcs(node):
-    from logstore.records import parse_header
+    from logstore.records.batch import parse_header
     log = node.store.partition("replicated", 0)
     out, offset = [], log.log_start_offset
     while offset < log.log_end_offset:
@@ -198,7 +198,7 @@ def _history(path, epochs, quorum_epoch, voters=(0, 1, 2), truncate_to=None):
     truncating an existing log to ``truncate_to``) and its election state (epoch
     ``quorum_epoch``, no vote, no leader)."""
     from logstore import LogStore
-    from logstore.election import NONE, QuorumState, QuorumStateFile
+    from logstore.replica.quorum import NONE, QuorumState, QuorumStateFile
 
     store = LogStore(str(path), shared=False, maintenance=False)
     try:

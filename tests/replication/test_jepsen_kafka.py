@@ -23,7 +23,7 @@ import pytest
 
 from logstore import Log
 from logstore.checkpoint import REPLICATION_OFFSET_CHECKPOINT, OffsetCheckpoints
-from logstore.offsets import decode_offset_key, decode_offset_value
+from logstore.groups.offsets import decode_offset_key, decode_offset_value
 
 from .kafkanodes import KafkaNodes
 

@@ -21,7 +21,7 @@ import pytest
 
 from logstore import Log
 from logstore.errors import LogstoreError
-from logstore.records import parse_header
+from logstore.records.batch import parse_header
 from logstore.replication import Client, ReplicaNode, ReplicationError
 
 from .proxy import LinkProxy

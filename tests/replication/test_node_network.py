@@ -7,7 +7,7 @@ import socket
 import struct
 
 from logstore.replication import Client
-from logstore.replication_client import DESCRIBE_QUORUM, NodeConnection
+from logstore.replica.client import DESCRIBE_QUORUM, NodeConnection
 
 from .test_inprocess import SECRET
 from .test_server import single

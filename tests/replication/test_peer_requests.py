@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from logstore.kafkaclient import _Connection
+from logstore.kafka.client import _Connection
 from logstore.replication import Client, ReplicaNode
-from logstore.replication_client import (
+from logstore.replica.client import (
     BEGIN_QUORUM_EPOCH,
     DESCRIBE_QUORUM,
     FETCH,
@@ -19,7 +19,7 @@ from logstore.replication_client import (
     REPLICA_MECHANISM,
     REPLICA_USER,
 )
-from logstore.kafkaclient import Security
+from logstore.kafka.client import Security
 
 from .test_inprocess import SECRET, cluster, free_ports, leader_of, wait_for
 from .test_server import begin_epoch_fields, replica_fetch_fields, stop_all, vote_fields
@@ -180,7 +180,7 @@ def test_the_replica_user_has_scram_only_and_a_wrong_password_fails(tmp_path):
         good = _Connection(*node.address, 5.0, "t", Security("SASL_PLAINTEXT", REPLICA_MECHANISM, REPLICA_USER,
                                                              SECRET.decode()))
         good.close()
-        from logstore.kafkaclient import KafkaClientError
+        from logstore.kafka.client import KafkaClientError
         with pytest.raises(KafkaClientError):
             _Connection(*node.address, 5.0, "t", Security("SASL_PLAINTEXT", "PLAIN", REPLICA_USER, SECRET.decode()))
         with pytest.raises(ValueError, match="UTF-8"):

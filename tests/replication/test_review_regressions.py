@@ -32,19 +32,13 @@ from concurrent.futures import Future
 import pytest
 
 from logstore import Log
-from logstore.election import NONE, Election, QuorumStateFile
-from logstore.records import BatchBuilder
-from logstore.kafkaapis import KafkaApis
-from logstore.kafkaclient import KafkaClientError
-from logstore.kafkaserver import KafkaServer
-from logstore.replication import (
-    NOT_LEADER,
-    Client,
-    ReplicaNode,
-    ReplicationError,
-    ReplicationTimeoutError,
-)
-from logstore.replication_client import BEGIN_QUORUM_EPOCH, FETCH, NodeConnection
+from logstore.replica.quorum import NONE, Election, QuorumStateFile
+from logstore.records.batch import BatchBuilder
+from logstore.kafka.apis import KafkaApis
+from logstore.kafka.client import KafkaClientError
+from logstore.kafka.server import KafkaServer
+from logstore.replication import NOT_LEADER, Client, ReplicaNode, ReplicationError, ReplicationTimeoutError
+from logstore.replica.client import BEGIN_QUORUM_EPOCH, FETCH, NodeConnection
 
 from .proxy import LinkProxy
 from .test_divergence import (
@@ -626,7 +620,8 @@ def test_a_deposed_leaders_produce_handler_never_acknowledges_a_replaced_record(
 @pytest.mark.regression(reason=("fixed: a connect to a peer that was not listening yet could connect to "
     "itself (TCP simultaneous open on loopback) and hold the port the peer was about to bind"))
 def test_a_connection_to_itself_is_refused_and_frees_the_port(monkeypatch):
-    from logstore import kafkaclient, replication_client
+    from logstore.kafka import client as kafkaclient
+    from logstore.replica import client as replication_client
 
     made: list[socket.socket] = []
 
@@ -649,9 +644,9 @@ def test_a_connection_to_itself_is_refused_and_frees_the_port(monkeypatch):
                                 "reused the sequence of a batch already in the log, so the next batch was answered as "
                                 "its duplicate and never written"))
 def test_a_refused_resend_never_lets_the_next_batch_pass_for_a_duplicate(tmp_path, monkeypatch):
-    from logstore.kafkaclient import KafkaClientError
+    from logstore.kafka.client import KafkaClientError
     from logstore.replication import NotEnoughReplicasError
-    from logstore.replication_client import PRODUCE, NodeConnection
+    from logstore.replica.client import PRODUCE, NodeConnection
 
     node = single(tmp_path)
     client = Client([node.address], SECRET)
@@ -683,7 +678,7 @@ def test_a_refused_resend_never_lets_the_next_batch_pass_for_a_duplicate(tmp_pat
 
 @pytest.mark.regression(reason="fixed: replication accepted TLS without a private CA (any public certificate passed)")
 def test_replication_refuses_tls_without_a_private_ca(tmp_path):
-    from logstore.netprotocol import TLSConfig
+    from logstore.net.protocol import TLSConfig
 
     with pytest.raises(ValueError, match="mutual TLS"):
         ReplicaNode(0, str(tmp_path / "n0"), ("127.0.0.1", 0), {}, SECRET, tls=TLSConfig("cert.pem", "key.pem"))

@@ -10,9 +10,9 @@ import subprocess
 import pytest
 
 from logstore import OffsetOutOfRangeError
-from logstore.kafkaclient import KafkaClientError
+from logstore.kafka.client import KafkaClientError
 from logstore.replication import Client, NotLeaderError, ReplicaNode, TLSConfig
-from logstore.replication_client import BEGIN_QUORUM_EPOCH, FETCH, PRODUCE, VERSIONS, VOTE, NodeConnection
+from logstore.replica.client import BEGIN_QUORUM_EPOCH, FETCH, PRODUCE, VERSIONS, VOTE, NodeConnection
 
 from .test_inprocess import SECRET, cluster, free_ports, leader_of, wait_for
 
@@ -27,7 +27,7 @@ def kafka_frame(api_key, fields, correlation_id=1, version=None):
     """One framed request (size, header, body)."""
     from kio.index import load_request_schema
 
-    from logstore.kafkawriter import write_request
+    from logstore.kafka.writer import write_request
 
     version = VERSIONS[api_key] if version is None else version
     return write_request(correlation_id, load_request_schema(api_key, version), "test", fields)
@@ -311,7 +311,7 @@ def _raw_produce(address, records, topic="replicated", secret=SECRET):
 
 def test_corrupt_or_forbidden_produced_batches_are_refused_and_change_nothing(tmp_path):
     from logstore import replication
-    from logstore.records import BatchBuilder
+    from logstore.records.batch import BatchBuilder
 
     node = single(tmp_path)
     try:
@@ -332,7 +332,7 @@ def test_corrupt_or_forbidden_produced_batches_are_refused_and_change_nothing(tm
 
 
 def test_unauthenticated_and_wrong_secret_peers_are_refused_and_change_nothing(tmp_path):
-    from logstore.records import BatchBuilder
+    from logstore.records.batch import BatchBuilder
 
     node = single(tmp_path)
     try:
@@ -356,7 +356,7 @@ def test_unauthenticated_and_wrong_secret_peers_are_refused_and_change_nothing(t
 
 
 def test_kafka_clients_users_may_not_send_replication_requests(tmp_path):
-    from logstore.kafkaclient import Security, _Connection
+    from logstore.kafka.client import Security, _Connection
 
     node = single(tmp_path, kafka_options={"sasl_credentials": {"alice": "alice-secret"}})
     try:
@@ -365,7 +365,7 @@ def test_kafka_clients_users_may_not_send_replication_requests(tmp_path):
                                                                   "alice-secret"))
         try:
             # A Kafka client's user may produce...
-            from logstore.records import BatchBuilder
+            from logstore.records.batch import BatchBuilder
             answer = alice.request(PRODUCE, produce_fields("replicated", bytes(BatchBuilder().build([b"a"]))))
             assert answer.responses[0].partition_responses[0].error_code == 0
             # ...but not vote, announce an epoch or fetch as a replica (CLUSTER_AUTHORIZATION_FAILED).

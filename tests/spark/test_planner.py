@@ -12,7 +12,7 @@ from pyspark.sql.datasource import (EqualTo, GreaterThan, GreaterThanOrEqual, In
                                     LessThan, StringStartsWith)
 
 from logstore import LogStore  # noqa: E402
-from logstore.spark import OffsetRange, SparkOptionError, _Planner, read_range  # noqa: E402
+from logstore.spark.source import OffsetRange, SparkOptionError, _Planner, read_range  # noqa: E402
 
 T0 = 1_700_000_000_000
 

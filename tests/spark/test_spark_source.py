@@ -209,7 +209,7 @@ def test_write_then_read_back(spark, tmp_path):
     assert sorted((r.key or b"", r.value or b"", [(h.key, h.value) for h in r.headers]) for r in back) == \
         sorted((k or b"", v or b"", h) for k, v, _, h in rows)
     # Rows with a partition column went to that partition; keyed rows went where Kafka puts them.
-    from logstore.producer import default_partition
+    from logstore.client.producer import default_partition
     for r in back:
         n = int(r.value[1:]) if r.value else None
         if n is not None and n % 2:
@@ -259,7 +259,7 @@ def test_stream_reads_everything_once_in_bounded_micro_batches(spark, tmp_path):
 
 
 def test_explicit_registration(spark, store):
-    from logstore.spark import LogstoreDataSource
+    from logstore.spark.source import LogstoreDataSource
     spark.dataSource.register(LogstoreDataSource)
     root, expected = store
     assert read(spark, root, subscribe="lz4").count() == sum(len(v) for (t, _), v in expected.items() if t == "lz4")
@@ -301,7 +301,7 @@ def test_reads_a_store_that_is_being_written(spark, tmp_path):
 
 def test_registering_with_workers_that_cannot_import_logstore_names_the_fix(spark, tmp_path):
     from logstore import LogstoreError
-    from logstore.spark import LogstoreDataSource
+    from logstore.spark.source import LogstoreDataSource
 
     bare = tmp_path / "python3"
     bare.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'logstore'\" >&2\nexit 1\n")
@@ -340,7 +340,7 @@ def test_reads_what_kafka_clients_produced_to_a_served_store(spark, tmp_path):
     """confluent-kafka (librdkafka's encoder, not ours) produces compressed, keyed records with
     headers to a served store; Spark reads them back from the files."""
     ck = pytest.importorskip("confluent_kafka")
-    from logstore.kafkaserver import KafkaServer
+    from logstore.kafka.server import KafkaServer
 
     root = str(tmp_path / "served")
     with KafkaServer(root, ("127.0.0.1", 0)) as server:
@@ -364,7 +364,7 @@ def test_reads_a_store_while_it_is_served(spark, tmp_path):
     """A served store stays readable by Spark: a read sees what Kafka clients have produced so
     far, and a later read sees what they produced after it."""
     kafka = pytest.importorskip("kafka")
-    from logstore.kafkaserver import KafkaServer
+    from logstore.kafka.server import KafkaServer
 
     root = str(tmp_path / "served")
     with KafkaServer(root, ("127.0.0.1", 0)) as server:

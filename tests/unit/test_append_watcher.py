@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import threading
 
-from logstore.kafkaapis import _AppendWatcher
-from logstore.purgatory import Purgatory
+from logstore.kafka.apis import _AppendWatcher
+from logstore.net.purgatory import Purgatory
 
 
 class _Store:

@@ -1,80 +1,233 @@
-"""The house rules of ARCHITECTURE.md: every module sits in a layer, and no import runs upward.
+"""The house rules of ARCHITECTURE.md: every module sits on a floor, no import runs up a floor,
+there are no import circles, and no module reaches into another object's private state.
 
-A new module must be added to LAYERS below (and to ARCHITECTURE.md); a module importing one of a
-higher layer, or the network layer importing anything but the base, fails here.
+The floors are the wings of ``src/logstore`` (one subpackage each, plus the few modules the
+project's layout keeps at the top). A new module lands on the floor of its package; a module
+outside every package must be added to FLOORS (and to ARCHITECTURE.md).
 """
 
 from __future__ import annotations
 
 import ast
+import collections
 import pathlib
 
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "src" / "logstore"
 
-#: layer -> modules, bottom up (the order of ARCHITECTURE.md's table)
-LAYERS: list[tuple[str, set[str]]] = [
+#: floor -> the modules and packages on it, bottom up (ARCHITECTURE.md's order). A name stands
+#: for the module of that name and, for a package, every module inside it; the longest name that
+#: matches a module decides its floor ("" is the package's own ``__init__``).
+FLOORS: list[tuple[str, set[str]]] = [
     ("base", {"errors", "_fileio", "metrics", "checkpoint", "_native"}),
-    ("records", {"arrowread", "codecbase", "xerial", "lz4frame", "zstdframe", "compression", "config", "records", "batching",
-                 "offsets", "groupmetadata"}),
-    ("segment", {"index", "segmentnames", "activation", "segmentrecovery", "truncation", "pointread", "segment"}),
-    ("log", {"logsegments", "logarrow", "logloader", "logappends", "logtruncation", "retention", "flusher", "shared", "waiters",
-             "epochs", "producerstate", "logproducers", "cleaner", "loglifecycle", "logmetrics", "logreplication", "log"}),
-    ("store", {"store", "logdirs", "logview"}),
-    ("net", {"workerpool", "netprotocol", "net", "purgatory"}),
-    ("kafka", {"kafkawriter", "kafkabounds", "kafkawire", "kafkagroups", "kafkaconfigs", "kafkaapis", "kafkaproducerids",
-               "kafkacredentials", "kafkaauth", "kafkaserver", "kafkaclient", "groupclient"}),
-    ("client", {"groupservice", "producer", "consumer", "workqueue"}),
-    ("replication", {"replica_kafka", "replica_peerapis", "election", "replica_partition", "replica_election", "replica_leader", "replica_follower",
-                     "replication_client", "replication"}),
-    ("apps", {"sparkoptions", "sparkplan", "sparkread", "sparkwrite", "spark", "sparkenv", "cli", "tools", "progress",
-              "testing", "mirror", "__main__", "__init__"}),
+    ("records", {"records"}),
+    ("net", {"net"}),
+    ("segment", {"index", "segment", "log.filenames", "log.pointread", "log.activation", "log.segmentscan",
+                 "log.segmenttruncation"}),
+    ("log", {"log", "cleaner"}),
+    ("groups", {"groups"}),
+    ("store", {"store"}),
+    ("kafka", {"kafka"}),
+    ("client", {"client"}),
+    ("replication", {"replica", "replication"}),
+    ("apps", {"spark", "tools", "mirror", "cli", "testing", "__main__", "netprotocol", ""}),
 ]
-#: modules of these layers may import only what is listed (the network layer knows no logs)
+#: modules of these floors may import only from the floors listed (the network layer knows no logs)
 ONLY: dict[str, set[str]] = {"net": {"base", "net"}}
 
+#: Reads and writes of another object's single-underscore attributes (``name._x`` where ``name``
+#: is not ``self``/``cls``, and ``self.part._x``), per module: the budget only goes down. Each
+#: access that stays for good is listed with its reason in ARCHITECTURE.md.
+PRIVATE_ACCESS_BUDGET: dict[str, int] = {
+    "log.truncation": 71, "log.appends": 60, "log.lifecycle": 59, "log.replicated": 50,
+    "log.activation": 44, "log.segmentscan": 41, "log.shared": 35, "log.flusher": 32, "cleaner": 20,
+    "log.arrow": 18, "log.metrics": 14, "replica.follower": 10, "replica.kafkaapis": 10,
+    "log.segmenttruncation": 10, "client.groupservice": 5, "replica.peerapis": 5, "segment": 5,
+    "client.consumer": 2, "replica.elections": 2, "replica.leader": 2, "replication": 2, "tools.inspect": 2,
+    "records.arrow": 1, "log.pointread": 1, "spark.env": 1,
+}
+#: underscore names that are public by convention (namedtuple's API, the standard library's)
+_CONVENTIONAL = {"_make", "_replace", "_asdict", "_fields", "_exit", "_getframe"}
 
-def _layer_of(module: str) -> int:
-    for rank, (_, modules) in enumerate(LAYERS):
-        if module in modules:
-            return rank
-    raise AssertionError(f"module logstore.{module} is in no layer: add it to LAYERS in {__file__} "
-                         "and to ARCHITECTURE.md")
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
 
 
-def _imports(path: pathlib.Path) -> set[str]:
-    """The logstore modules ``path`` imports, at module level or inside functions."""
+MODULES: dict[str, pathlib.Path] = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))
+                                    if "_native" not in p.parts[len(PACKAGE.parts):-1] or p.name == "__init__.py"}
+MODULES = {name: path for name, path in MODULES.items() if not name.startswith("_native.")}
+
+
+def _floor_of(module: str) -> int:
+    best, rank = -1, -1
+    for i, (_, names) in enumerate(FLOORS):
+        for name in names:
+            if (module == name or name == "" and module == "" or module.startswith(name + ".")) and len(name) > best:
+                best, rank = len(name), i
+    if rank < 0:
+        raise AssertionError(f"module logstore.{module} is on no floor: add it to FLOORS in {__file__} "
+                             "and to ARCHITECTURE.md")
+    return rank
+
+
+def _owner(target: str) -> str:
+    """The module ``target`` (a dotted name under logstore) names, or the module it is an attribute of."""
+    while target and target not in MODULES and not target.startswith("_native"):
+        target = target.rpartition(".")[0]
+    return "_native" if target.startswith("_native") else target
+
+
+def _imports(module: str) -> set[str]:
+    """The logstore modules ``module`` imports, at module level, inside functions or for typing."""
+    path = MODULES[module]
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    if module == "":
+        package = []
     out = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            if node.module:
-                out.add(node.module.split(".")[0])
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - (node.level - 1)]
+            elif (node.module or "").split(".")[0] == "logstore":
+                base, node_module = [], node.module.partition(".")[2]  # type: ignore[union-attr]
+                base = node_module.split(".") if node_module else []
+                for alias in node.names:
+                    out.add(_owner(".".join([*base, alias.name])))
+                continue
             else:
-                out.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("logstore."):
-            out.add(node.module.split(".")[1])  # type: ignore[union-attr]
+                continue
+            prefix = [*base, *(node.module.split(".") if node.module else [])]
+            for alias in node.names:
+                out.add(_owner(".".join([*prefix, alias.name])))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "logstore":
+                    out.add(_owner(alias.name.partition(".")[2]))
+    out.discard(module)
     return out
 
 
-MODULES = sorted(p for p in PACKAGE.glob("*.py"))
+GRAPH = {module: _imports(module) for module in MODULES}
 
 
-@pytest.mark.parametrize("path", MODULES, ids=[p.stem for p in MODULES])
-def test_no_import_runs_upward(path: pathlib.Path) -> None:
-    module = path.stem
-    rank = _layer_of(module)
-    layer = LAYERS[rank][0]
-    for imported in sorted(_imports(path)):
-        other = _layer_of(imported)
-        assert other <= rank, (f"logstore.{module} ({layer}) imports logstore.{imported} "
-                               f"({LAYERS[other][0]}), a higher layer")
-        if layer in ONLY:
-            assert LAYERS[other][0] in ONLY[layer], (
-                f"logstore.{module} ({layer}) may import only {sorted(ONLY[layer])}, not logstore.{imported}")
+@pytest.mark.parametrize("module", sorted(MODULES), ids=lambda m: m or "__init__")
+def test_no_import_runs_up_a_floor(module: str) -> None:
+    rank = _floor_of(module)
+    floor = FLOORS[rank][0]
+    for imported in sorted(GRAPH[module]):
+        other = _floor_of(imported)
+        assert other <= rank, (f"logstore.{module} ({floor}) imports logstore.{imported} "
+                               f"({FLOORS[other][0]}), a higher floor")
+        if floor in ONLY:
+            assert FLOORS[other][0] in ONLY[floor], (
+                f"logstore.{module} ({floor}) may import only {sorted(ONLY[floor])}, not logstore.{imported}")
 
 
-@pytest.mark.parametrize("path", MODULES, ids=[p.stem for p in MODULES])
-def test_module_docstring_says_what_it_holds(path: pathlib.Path) -> None:
-    doc = ast.get_docstring(ast.parse(path.read_text()))
-    assert doc and doc.strip().splitlines()[0].strip(), f"logstore.{path.stem} has no module docstring"
+def _circles() -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in GRAPH[v]:
+            if w not in MODULES:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in MODULES:
+        if v not in index:
+            visit(v)
+    return found
+
+
+#: circles still to break (issue 27): the list only shrinks
+CIRCLES_LEFT: list[list[str]] = [
+    ["log.activation", "log.segmentscan", "log.segmenttruncation", "segment"],
+    ["store.kafkadirs", "store.store"],
+    ["replica.elections", "replica.follower", "replica.kafkaapis", "replica.leader", "replica.peerapis",
+     "replication"],
+]
+
+
+def test_no_import_circles() -> None:
+    circles = _circles()
+    assert [c for c in circles if c not in CIRCLES_LEFT] == []
+    assert [c for c in CIRCLES_LEFT if c not in circles] == [], "a circle is gone: take it off CIRCLES_LEFT"
+
+
+def test_the_check_sees_a_circle_and_an_upward_import() -> None:
+    # The checks above must be able to fail: a made-up circle is found, an upward import ranked.
+    saved = dict(GRAPH)
+    try:
+        GRAPH["errors"] = {"metrics"}
+        GRAPH["metrics"] = {"errors"}
+        assert ["errors", "metrics"] in _circles()
+    finally:
+        GRAPH.clear()
+        GRAPH.update(saved)
+    assert _floor_of("log.log") > _floor_of("records.batch") > _floor_of("errors")
+    assert _floor_of("kafka.server") > _floor_of("store.store")
+
+
+@pytest.mark.parametrize("module", sorted(MODULES), ids=lambda m: m or "__init__")
+def test_module_docstring_says_what_it_holds(module: str) -> None:
+    doc = ast.get_docstring(ast.parse(MODULES[module].read_text()))
+    assert doc and doc.strip().splitlines()[0].strip(), f"logstore.{module} has no module docstring"
+
+
+def private_accesses(source: str) -> list[str]:
+    """Each ``x._name`` in ``source`` whose ``x`` is not ``self`` or ``cls`` (``self.part._name``
+    counts: the part is another object)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                and node.attr not in _CONVENTIONAL
+                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_private_access_finder() -> None:
+    assert private_accesses("self._a; cls._b; x.__len__; t._replace()") == []
+    assert private_accesses("log._segments\nself.node._stop") == ["1: log._segments", "2: self.node._stop"]
+
+
+@pytest.mark.parametrize("module", sorted(MODULES), ids=lambda m: m or "__init__")
+def test_no_new_reach_into_private_state(module: str) -> None:
+    found = private_accesses(MODULES[module].read_text())
+    budget = PRIVATE_ACCESS_BUDGET.get(module, 0)
+    assert len(found) <= budget, (
+        f"logstore.{module} reads or writes another object's private attributes {len(found)} times "
+        f"(budget {budget}): give that state an owner with methods instead\n" + "\n".join(found))
+
+
+def test_private_access_budget_names_modules_that_exist() -> None:
+    assert set(PRIVATE_ACCESS_BUDGET) <= set(MODULES), set(PRIVATE_ACCESS_BUDGET) - set(MODULES)
+    counts = collections.Counter({m: len(private_accesses(MODULES[m].read_text())) for m in PRIVATE_ACCESS_BUDGET})
+    stale = {m: (counts[m], budget) for m, budget in PRIVATE_ACCESS_BUDGET.items() if counts[m] < budget}
+    assert not stale, f"lower these budgets to what the modules now have (count, budget): {stale}"

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 pa = pytest.importorskip("pyarrow")
 
 from logstore import LogStore  # noqa: E402
-from logstore.arrowread import COLUMNS, DEFAULT_COLUMNS, ROWS_PER_BATCH, schema  # noqa: E402
+from logstore.records.arrow import COLUMNS, DEFAULT_COLUMNS, ROWS_PER_BATCH, schema  # noqa: E402
 from logstore.errors import CorruptRecordError, OffsetOutOfRangeError  # noqa: E402
 
 _UTC = datetime.timezone.utc
@@ -138,7 +138,7 @@ def test_the_schema_is_the_spark_sources():
     pytest.importorskip("pyspark")
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    from logstore.sparkoptions import schema_struct
+    from logstore.spark.options import schema_struct
 
     assert schema(COLUMNS) == to_arrow_schema(schema_struct(True), timezone="UTC")
     assert schema() == to_arrow_schema(schema_struct(False), timezone="UTC")
@@ -254,7 +254,8 @@ def test_chunks_decoded_in_pairs_match_iter(tmp_path_factory, monkeypatch, sizes
     """With small decoder chunks, read_arrow decodes many chunk pairs (the second in a helper
     thread): across batch and segment boundaries, compressed batches and compaction's gaps, the
     table is what iter reads; the serial loop (one core, or max_records) agrees."""
-    from logstore import arrowread, logarrow
+    from logstore.records import arrow as arrowread
+    from logstore.log import arrow as logarrow
 
     monkeypatch.setattr(arrowread, "ROWS_PER_BATCH", data.draw(st.sampled_from([1, 7, 64, 999])))
     with LogStore(str(tmp_path_factory.mktemp("pairs"))) as store:
@@ -277,7 +278,7 @@ def test_chunks_decoded_in_pairs_match_iter(tmp_path_factory, monkeypatch, sizes
 
 
 def test_damage_found_by_the_helper_thread_is_reported(store, monkeypatch):
-    from logstore import arrowread
+    from logstore.records import arrow as arrowread
 
     monkeypatch.setattr(arrowread, "ROWS_PER_BATCH", 1000)
     store.create_topic("t", 1)

@@ -121,7 +121,7 @@ def test_produce_through_the_cli(tmp_path):
     ok("produce", root, "t", "--key-separator", ":", input="".join(f"key-{i}:value {i}\n" for i in range(50)))
     ok("produce", root, "t", "--partition", "2", input="plain line\n")
     from logstore import LogStore
-    from logstore.producer import default_partition
+    from logstore.client.producer import default_partition
 
     with LogStore(root, maintenance=False) as s:
         got = {(r.key, r.value): p for p in range(3) for r in s.partition("t", p).iter()}
@@ -322,7 +322,8 @@ def test_verify_finds_offsets_going_backwards_and_dump_goes_deep_into_compressed
     "segment left by a crash as an entry (timestamp 0, offset 0) and reported it as past the "
     "segment's last offset"))
 def test_verify_accepts_the_preallocated_indexes_of_an_empty_segment_after_a_crash(tmp_path):
-    from logstore import Log, tools
+    from logstore import Log
+    from logstore.tools import inspect as tools
 
     path = tmp_path / "t-0"
     log = Log.open(str(path), segment_index_bytes=4096)
@@ -338,7 +339,7 @@ def test_verify_accepts_the_preallocated_indexes_of_an_empty_segment_after_a_cra
 
 def test_stats_of_an_empty_store_is_empty(tmp_path):
     from logstore import LogStore
-    from logstore.tools import stats
+    from logstore.tools.inspect import stats
 
     LogStore(str(tmp_path / "empty"), maintenance=False).close()
     assert stats(str(tmp_path / "empty")) == []
@@ -348,7 +349,7 @@ def test_stats_of_a_partition_directory_ignores_an_unrelated_parent(tmp_path, ca
     import logging
 
     from logstore import Log
-    from logstore.tools import stats
+    from logstore.tools.inspect import stats
 
     (tmp_path / "holiday-2024").mkdir()  # looks like a partition name, but tmp_path is no log dir
     with Log.open(tmp_path / "audit-3") as log:
@@ -361,7 +362,7 @@ def test_stats_of_a_partition_directory_ignores_an_unrelated_parent(tmp_path, ca
 
 def test_dump_and_verify_a_producer_snapshot(tmp_path):
     from logstore import Log
-    from logstore.records import BatchBuilder
+    from logstore.records.batch import BatchBuilder
 
     path = tmp_path / "idem-0"
     with Log.open(str(path)) as log:

@@ -1,4 +1,4 @@
-"""Tests for logstore.compression: Kafka-compatible codecs, framing bytes, bounds and errors."""
+"""Tests for logstore.records.compression: Kafka-compatible codecs, framing bytes, bounds and errors."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from logstore import compression as c
+from logstore.records import compression as c
 from logstore.errors import CorruptRecordError, LogstoreError, UnsupportedCodecError
 
 hypothesis = pytest.importorskip("hypothesis")

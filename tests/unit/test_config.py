@@ -1,4 +1,4 @@
-"""Unit tests of logstore.config: LogConfig defaults, Kafka names, coercion and validation."""
+"""Unit tests of logstore.log.config: LogConfig defaults, Kafka names, coercion and validation."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from logstore.config import CLEANUP_POLICIES, LONG_MAX, LogConfig
+from logstore.log.config import CLEANUP_POLICIES, LONG_MAX, LogConfig
 from logstore.errors import InvalidConfigError, LogstoreError
 
 

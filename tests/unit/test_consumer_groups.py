@@ -1,5 +1,5 @@
 """The library's consumers in several processes (or several store objects, which take part as
-processes do) forming one group through the store's coordinator (logstore.groupservice)."""
+processes do) forming one group through the store's coordinator (logstore.client.groupservice)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from logstore import CommitFailedError, LogStore
-from logstore.groupservice import ALIVE_DIR, SOCKET_NAME, group_service
-from logstore.offsets import offset_store
+from logstore.client.groupservice import ALIVE_DIR, SOCKET_NAME, group_service
+from logstore.groups.offsets import offset_store
 
 WORKER = Path(__file__).with_name("_group_worker.py")
 
@@ -327,7 +327,7 @@ def test_a_rebalance_does_not_wait_for_a_dead_process(root, tmp_path):
 def test_a_connection_reset_by_a_dying_coordinator_is_retried(root, monkeypatch):
     """A dying coordinator's process may accept a connection and then reset it: the request is
     sent again on a new connection (a regression: a commit raised the reset to the caller)."""
-    from logstore import groupclient
+    from logstore.kafka import groupclient
 
     store = LogStore(root, maintenance=False)
     try:

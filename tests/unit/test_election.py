@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from logstore import LogstoreError
-from logstore.election import NONE, Election, QuorumStateFile, Role
+from logstore.replica.quorum import NONE, Election, QuorumStateFile, Role
 
 
 def node(tmp_path, node_id, voters=(1, 2, 3)):
@@ -98,7 +98,7 @@ def test_at_most_one_vote_per_epoch(tmp_path_factory, requests):
 
 
 def test_pre_vote_checks_the_log_and_epoch_and_persists_nothing(tmp_path):
-    from logstore.election import Election, QuorumStateFile
+    from logstore.replica.quorum import Election, QuorumStateFile
 
     path = tmp_path / "p"
     path.mkdir()

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from logstore import CorruptRecordError, Log, OffsetOutOfRangeError
-from logstore.epochs import UNDEFINED_EPOCH, UNDEFINED_OFFSET, LeaderEpochCache
-from logstore.records import parse_header
+from logstore.log.epochs import UNDEFINED_EPOCH, UNDEFINED_OFFSET, LeaderEpochCache
+from logstore.records.batch import parse_header
 
 
 def test_cache_assign_persist_and_kafka_file_format(tmp_path):

@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given, strategies as st
 from kafka.protocol.old.consumer_protocol import ConsumerProtocolMemberAssignment_v0, ConsumerProtocolMemberMetadata_v0
 
-from logstore.groupclient import (
+from logstore.kafka.groupclient import (
     decode_assignment,
     decode_subscription,
     encode_assignment,
     encode_subscription,
     range_assign,
 )
-from logstore.kafkaclient import KafkaClientError
+from logstore.kafka.client import KafkaClientError
 
 topic = st.text(alphabet="abcxyz-_.0", min_size=1, max_size=12)
 

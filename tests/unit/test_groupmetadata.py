@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from logstore.errors import CorruptRecordError
-from logstore.groupmetadata import (
+from logstore.groups.metadata import (
     GroupMember,
     GroupMetadata,
     decode_group_key,
@@ -18,7 +18,7 @@ from logstore.groupmetadata import (
     encode_group_key,
     encode_group_value,
 )
-from logstore.offsets import decode_offset_key, encode_offset_key
+from logstore.groups.offsets import decode_offset_key, encode_offset_key
 
 
 def s(text):
@@ -100,7 +100,7 @@ def test_round_trip(metadata):
 
 def test_offset_store_follows_group_records_and_tombstones(tmp_path):
     from logstore import LogStore
-    from logstore.offsets import offset_store
+    from logstore.groups.offsets import offset_store
 
     with LogStore(str(tmp_path)) as store:
         offsets = offset_store(store)

@@ -9,8 +9,8 @@ import os
 import pytest
 
 from logstore.errors import LogstoreError
-from logstore.kafkaproducerids import PRODUCER_IDS_FILE, ProducerIds
-from logstore.producerstate import ProducerStateTable
+from logstore.kafka.producerids import PRODUCER_IDS_FILE, ProducerIds
+from logstore.log.producerstate import ProducerStateTable
 
 
 def test_blocks_are_durable_and_restarts_never_repeat_an_id(tmp_path):

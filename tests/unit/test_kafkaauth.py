@@ -1,4 +1,4 @@
-"""The SASL mechanism servers (logstore.kafkaauth): SCRAM-SHA-256 against RFC 7677's published
+"""The SASL mechanism servers (logstore.kafka.auth): SCRAM-SHA-256 against RFC 7677's published
 exchange, SCRAM-SHA-512 round trips with a client written here from RFC 5802, unknown users
 failing exactly as a wrong password, malformed messages, PLAIN (RFC 4616)."""
 
@@ -10,8 +10,8 @@ import hmac
 
 import pytest
 
-from logstore.kafkaauth import PlainServer, SaslAuthenticationError, SaslAuthenticator, ScramServer
-from logstore.kafkacredentials import Credentials, plain_credential, scram_credential
+from logstore.kafka.auth import PlainServer, SaslAuthenticationError, SaslAuthenticator, ScramServer
+from logstore.kafka.credentials import Credentials, plain_credential, scram_credential
 
 # RFC 7677, section 3: user "user", password "pencil".
 RFC_CLIENT_FIRST = b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO"

@@ -10,9 +10,9 @@ import struct
 import pytest
 from kio.index import load_request_schema, load_response_schema
 
-from logstore.kafkabounds import BoundsError, check_flexible, check_flexible_header, check_response
-from logstore.kafkawire import KafkaProtocolError, parse_request
-from logstore.kafkawriter import write_request, write_response
+from logstore.kafka.bounds import BoundsError, check_flexible, check_flexible_header, check_response
+from logstore.kafka.wire import KafkaProtocolError, parse_request
+from logstore.kafka.writer import write_request, write_response
 
 SERVED = {1: (4, 12), 52: (2, 2), 53: (1, 1), 55: (1, 1)}
 HUGE = bytes([0xFF, 0xFF, 0xFF, 0xFF, 0x0F])  # uvarint 2^32 - 1: an array of 2^32 - 2 items

@@ -8,8 +8,8 @@ import struct
 import threading
 
 import pytest
-from logstore.kafkaclient import KafkaClient, KafkaClientError, VERSIONS
-from logstore.kafkawire import encode
+from logstore.kafka.client import KafkaClient, KafkaClientError, VERSIONS
+from logstore.kafka.wire import encode
 
 
 def _fake_broker(answer, linger=True):
@@ -84,7 +84,7 @@ def test_a_silent_broker_times_out_and_bad_addresses_are_named():
 
 
 def test_security_settings_are_checked_and_read_from_kafka_properties():
-    from logstore.kafkaclient import Security
+    from logstore.kafka.client import Security
 
     assert Security().protocol == "PLAINTEXT" and not Security().sasl and not Security().tls
     with pytest.raises(ValueError, match="security.protocol must be one of"):

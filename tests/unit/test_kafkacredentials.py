@@ -1,4 +1,4 @@
-"""SASL credentials (logstore.kafkacredentials): the file format and its errors, the mapping
+"""SASL credentials (logstore.kafka.credentials): the file format and its errors, the mapping
 form, adding and removing users, logstore kafka-user, re-reading a replaced file."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from logstore import LogstoreError
 from logstore.cli import main as cli_main
-from logstore.kafkacredentials import (
+from logstore.kafka.credentials import (
     Credentials,
     CredentialsError,
     CredentialsFile,

@@ -15,8 +15,7 @@ from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_writer
 
-from logstore.kafkawire import (API_NAMES, SUPPORTED, KafkaProtocolError, UnsupportedVersionError, encode,
-                                parse_request)
+from logstore.kafka.wire import API_NAMES, SUPPORTED, KafkaProtocolError, UnsupportedVersionError, encode, parse_request
 
 #: what a server serving the KRaft APIs and Fetch up to v15 would give parse_request
 EXTRA = {**SUPPORTED, 1: (4, 15), 52: (0, 2), 53: (0, 1), 54: (0, 1), 23: (3, 4)}

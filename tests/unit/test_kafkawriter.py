@@ -18,8 +18,8 @@ from kio.schema.errors import ErrorCode
 from kio.serial import entity_writer
 
 from logstore._fileio import FileRegion
-from logstore.kafkawire import SUPPORTED, encode
-from logstore.kafkawriter import write_request, write_response
+from logstore.kafka.wire import SUPPORTED, encode
+from logstore.kafka.writer import write_request, write_response
 
 _UTC = datetime.timezone.utc
 _BOUNDS = {"int8": 8, "int16": 16, "int32": 32, "int64": 64}

@@ -635,7 +635,7 @@ def test_compacted_log_rejects_records_without_key_and_writes_nothing(path: path
 
 
 def test_control_batches_take_offsets_but_reads_pass_over_them(tmp_path: pathlib.Path) -> None:
-    from logstore.records import leader_change_record
+    from logstore.records.batch import leader_change_record
 
     key, value = leader_change_record(0, [0], [0])
     with Log.open(tmp_path / "ctl-0", segment_bytes=4096) as log:
@@ -651,7 +651,7 @@ def test_control_batches_take_offsets_but_reads_pass_over_them(tmp_path: pathlib
 
 
 def test_append_encoded_stores_a_client_batch_as_it_is_with_offsets_assigned(tmp_path: pathlib.Path) -> None:
-    from logstore.records import BatchBuilder, parse_header
+    from logstore.records.batch import BatchBuilder, parse_header
 
     builder = BatchBuilder()
     batch = bytes(builder.build([b"a", b"b", b"c"], [b"k1", None, b"k3"], headers=[[("h", b"1")], None, None],
@@ -673,8 +673,9 @@ def test_append_encoded_stores_a_client_batch_as_it_is_with_offsets_assigned(tmp
 
 
 def test_append_encoded_follows_the_logs_policy_when_it_must(tmp_path: pathlib.Path) -> None:
-    from logstore import InvalidRecordError, compression
-    from logstore.records import BatchBuilder, parse_header
+    from logstore import InvalidRecordError
+    from logstore.records import compression
+    from logstore.records.batch import BatchBuilder, parse_header
 
     builder = BatchBuilder()
     plain = bytes(builder.build([b"v" * 50] * 4, [b"k"] * 4, producer_id=5, producer_epoch=0, base_sequence=8))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from logstore import Log, LogstoreError
-from logstore.logdirs import looks_like_log_dir, parse_partition_dir, scan
-from logstore.logdirs import _ranges
+from logstore.store.kafkadirs import looks_like_log_dir, parse_partition_dir, scan
+from logstore.store.kafkadirs import _ranges
 
 
 @pytest.mark.parametrize("name, expected", [

@@ -12,8 +12,8 @@ import crc32c
 import pytest
 
 from logstore import InvalidProducerEpochError, Log, OutOfOrderSequenceError
-from logstore.logproducers import SNAPSHOTS_KEPT, snapshot_offsets, snapshot_path
-from logstore.records import BatchBuilder, parse_header
+from logstore.log.producers import SNAPSHOTS_KEPT, snapshot_offsets, snapshot_path
+from logstore.records.batch import BatchBuilder, parse_header
 
 SMALL = dict(segment_bytes=2048, index_interval_bytes=256, file_delete_delay_ms=0)
 
@@ -223,7 +223,7 @@ def test_a_corrupt_snapshot_is_deleted_and_an_older_one_or_the_log_used(path, ca
         data[-9] ^= 1  # a bit of the timestamp
         f.seek(0)
         f.write(data)
-    with caplog.at_level(logging.WARNING, logger="logstore.log"), Log.open(path, **SMALL) as log:
+    with caplog.at_level(logging.WARNING, logger="logstore.log.log"), Log.open(path, **SMALL) as log:
         # The older snapshot's last batch and the batches replayed after it.
         for sent in p.sent[older - 1:]:
             assert log.append_idempotent(sent).duplicate

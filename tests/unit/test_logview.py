@@ -8,7 +8,7 @@ import random
 import pytest
 
 from logstore import CorruptRecordError, LogStore, LogstoreError, UnknownTopicOrPartitionError
-from logstore.logview import DataLossError, LogEnd, PartitionView, SegmentPosition, StoreView
+from logstore.store.views import DataLossError, LogEnd, PartitionView, SegmentPosition, StoreView
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from logstore import net
+from logstore.net import server as net
 from logstore._fileio import FileRegion
 
 SECRET = b"HELLO open-sesame"
@@ -535,18 +535,18 @@ def test_metrics_count_connections_requests_and_bytes(serve):
 
 
 def test_net_imports_nothing_above_the_base_layer():
-    import logstore.net as module
+    import logstore.net.server as module
 
     tree = ast.parse(pathlib.Path(module.__file__).read_text())
     ours = {node.module or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level > 0
             for alias in node.names}
-    # the worker pool and netprotocol (the protocol contract), moved out of net.py, import nothing
+    # the worker pool and the protocol contract, beside the server in net/, import nothing
     # above the base; _fileio (base) for the file regions an answer may hold, written with sendfile
-    assert ours == {"errors", "workerpool", "_fileio", "netprotocol"}
+    assert ours == {"errors", "workers", "_fileio", "protocol"}
 
 
 def test_the_worker_pool_imports_nothing_of_logstore():
-    import logstore.workerpool as module
+    import logstore.net.workers as module
 
     tree = ast.parse(pathlib.Path(module.__file__).read_text())
     assert not [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level > 0]

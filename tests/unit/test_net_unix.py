@@ -24,7 +24,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from logstore import net
+from logstore.net import server as net
 from logstore._fileio import FileRegion
 
 SECRET = b"HELLO open-sesame"

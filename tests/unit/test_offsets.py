@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 import logstore
 from logstore import CorruptRecordError, Log, LogStore
-from logstore.records import parse_header
-from logstore.offsets import (
+from logstore.records.batch import parse_header
+from logstore.groups.offsets import (
     OFFSETS_TOPIC,
     OFFSETS_TOPIC_CONFIG,
     OffsetStore,

@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from logstore import Log
 from logstore.errors import CorruptRecordError, OffsetOutOfRangeError
-from logstore.pointread import PointReads, read_point, read_point_active
+from logstore.log.pointread import PointReads, read_point, read_point_active
 from logstore._native import ffi
-from logstore.records import BatchBuilder, RecordDecoder, parse_header
+from logstore.records.batch import BatchBuilder, RecordDecoder, parse_header
 
 
 def make_memo(slots: int = 64, marks: int = 4):

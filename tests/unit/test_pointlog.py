@@ -19,8 +19,8 @@ from logstore import Log, LogOfflineError, _fileio
 from logstore._fileio import FileOps
 from logstore._native import ffi
 from logstore.errors import LogClosedError, OffsetOutOfRangeError
-from logstore.pointread import PointLog, PointReads
-from logstore.records import BatchBuilder
+from logstore.log.pointread import PointLog, PointReads
+from logstore.records.batch import BatchBuilder
 from logstore.segment import LogSegment
 
 

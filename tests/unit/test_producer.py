@@ -23,9 +23,9 @@ from logstore import (
     SendFuture,
     UnknownTopicOrPartitionError,
 )
-from logstore import compression
-from logstore.producer import default_partition, murmur2
-from logstore.records import parse_header
+from logstore.records import compression
+from logstore.client.producer import default_partition, murmur2
+from logstore.records.batch import parse_header
 
 PARTITIONS = 4
 

@@ -11,8 +11,9 @@ import struct
 import crc32c
 import pytest
 
-from logstore import InvalidProducerEpochError, InvalidRecordError, Log, OutOfOrderSequenceError, producerstate
-from logstore.producerstate import (
+from logstore import InvalidProducerEpochError, InvalidRecordError, Log, OutOfOrderSequenceError
+from logstore.log import producerstate
+from logstore.log.producerstate import (
     BATCHES_RETAINED,
     BatchMetadata,
     CorruptSnapshotError,
@@ -22,7 +23,7 @@ from logstore.producerstate import (
     increment_sequence,
     replay,
 )
-from logstore.records import BatchBuilder
+from logstore.records.batch import BatchBuilder
 
 MAX_SEQ = 2**31 - 1
 
@@ -262,4 +263,4 @@ def test_a_logs_active_producers_after_appends(tmp_path):
 def test_producerstate_imports_nothing_above_the_log_layer():
     tree = ast.parse(pathlib.Path(producerstate.__file__).read_text())
     ours = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level > 0}
-    assert ours <= {"records", "errors", "_native"}
+    assert ours <= {"records.batch", "errors", "_native"}

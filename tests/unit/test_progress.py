@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from logstore.progress import SILENT, Progress
+from logstore.tools.progress import SILENT, Progress
 
 
 class Terminal(io.StringIO):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from logstore.purgatory import Purgatory
+from logstore.net.purgatory import Purgatory
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from logstore import InvalidConfigError, LogOfflineError, LogStore, Queue
-from logstore import workqueue
+from logstore.client import queue as workqueue
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Unit tests of logstore.records: BatchBuilder, RecordDecoder and the batch helpers."""
+"""Unit tests of logstore.records.batch: BatchBuilder, RecordDecoder and the batch helpers."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import struct
 
 import pytest
 
-from logstore import compression
+from logstore.records import compression
 from logstore._native import lib
 from logstore.errors import CorruptRecordError, RecordTooLargeError
-from logstore.records import (
+from logstore.records.batch import (
     HEADER_SIZE,
     LOG_OVERHEAD,
     NO_HEADERS,
@@ -501,7 +501,7 @@ def test_records_are_immutable_tuples(builder: BatchBuilder) -> None:
 
 # ---------------------------------------------------------------------- control batches
 def test_leader_change_record_is_kafkas_control_key_and_flexible_message() -> None:
-    from logstore.records import leader_change_record
+    from logstore.records.batch import leader_change_record
 
     key, value = leader_change_record(1, [0, 1, 2], [1, 2])
     assert key == bytes.fromhex("0000 0002")  # ControlRecordType version 0, type 2 (LEADER_CHANGE)
@@ -533,7 +533,7 @@ def test_control_batches_are_validated_and_passed_over_by_the_decoder(builder: B
 # ---------------------------------------------------------------------- client batches
 def test_client_batches_are_checked_whole_before_a_leader_stores_them(builder: BatchBuilder) -> None:
     from logstore.errors import InvalidRecordError
-    from logstore.records import validate_client_batch
+    from logstore.records.batch import validate_client_batch
 
     good = bytes(builder.build([b"a", b"b"], [b"k", None], producer_id=7, producer_epoch=0, base_sequence=3))
     h = validate_client_batch(good, 1 << 20)

@@ -11,7 +11,7 @@ import sys
 import pytest
 from logstore._native import ffi
 from logstore._native._records import build, column
-from logstore.records import NO_HEADERS, BatchBuilder, Record, RecordDecoder, TimestampType
+from logstore.records.batch import NO_HEADERS, BatchBuilder, Record, RecordDecoder, TimestampType
 
 TYPES = (TimestampType.CREATE_TIME, TimestampType.LOG_APPEND_TIME)
 

@@ -10,10 +10,10 @@ from typing import Any, Iterator
 
 import pytest
 
-from logstore import compression
+from logstore.records import compression
 from logstore._native import lib
 from logstore.errors import CorruptIndexError, CorruptRecordError
-from logstore.records import HEADER_SIZE, BatchBuilder, RecordDecoder, TimestampType, parse_header
+from logstore.records.batch import HEADER_SIZE, BatchBuilder, RecordDecoder, TimestampType, parse_header
 from logstore.segment import LogSegment, SegmentInfo, parse_segment_name, segment_name
 
 SETTINGS: dict[str, Any] = dict(segment_bytes=1 << 20, index_bytes=4096, index_interval_bytes=0,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from logstore.sparkenv import worker_python_problem
+from logstore.spark.env import worker_python_problem
 
 
 def _fake_python(tmp_path, name, exit_status, stderr=""):

@@ -1,0 +1,1 @@
+"""Consumer groups as Kafka keeps them: committed offsets, membership records, the group coordinator."""

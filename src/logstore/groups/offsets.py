@@ -1,0 +1,276 @@
+"""Committed consumer-group offsets, kept in the internal compacted topic ``__consumer_offsets``.
+
+A commit is one record per partition, in Kafka's own schema (kafka.coordinator.group's
+GroupMetadataManager), so Kafka tooling that reads that topic understands our records:
+
+* key, version 1 (offset commit): ``int16 version=1, string group, string topic, int32 partition``
+* value, version 3: ``int16 version=3, int64 offset, int32 leader_epoch (-1), string metadata,
+  int64 commit_timestamp``
+* a null value (tombstone) removes the group's offset for that partition.
+
+Strings are ``int16 length`` + UTF-8 bytes, integers big-endian. Every record of one commit goes
+into one batch, and a batch is written whole or not at all (its CRC covers it), so a commit
+interrupted by a crash leaves every partition's previous offset or every new one, never a mix
+and never garbage. The topic is compacted: only the latest commit per key survives cleaning.
+
+Reading: :class:`OffsetStore` replays the topic once and then follows it (commits made by other
+processes included), so ``committed()`` is a dictionary lookup after catching up.
+
+Thread-safety: OffsetStore is thread-safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+import time
+import weakref
+from typing import Any, Iterable, Mapping
+
+from ..errors import CorruptRecordError, OffsetOutOfRangeError
+from .metadata import GroupMetadata, decode_group_key, decode_group_value, encode_group_key, encode_group_value
+
+__all__ = ["OffsetStore", "OFFSETS_TOPIC", "encode_offset_key", "encode_offset_value", "decode_offset_key", "decode_offset_value",
+           "OFFSETS_TOPIC_CONFIG", "offset_store"]
+
+#: Kafka's internal topic of committed consumer offsets.
+OFFSETS_TOPIC = "__consumer_offsets"
+KEY_VERSION = 1
+VALUE_VERSION = 3
+_I16 = struct.Struct(">h")
+_VALUE_HEAD = struct.Struct(">hqi")
+_I64 = struct.Struct(">q")
+_I32 = struct.Struct(">i")
+logger = logging.getLogger("logstore.groups.offsets")
+
+#: Settings of the offsets topic (Kafka's offsets.topic.* defaults).
+OFFSETS_TOPIC_CONFIG = dict(cleanup_policy="compact", segment_bytes=100 * 1024 * 1024,
+                            min_cleanable_dirty_ratio=0.5)
+
+
+def _string(text: str) -> bytes:
+    raw = text.encode("utf-8")
+    if len(raw) > 32767:
+        raise ValueError(f"string of {len(raw)} bytes does not fit Kafka's int16 length")
+    return _I16.pack(len(raw)) + raw
+
+
+def _read_string(buf: bytes, pos: int, what: str) -> tuple[str, int]:
+    if pos + 2 > len(buf):
+        raise CorruptRecordError(None, None, f"offset commit {what}: truncated string length")
+    (n,) = _I16.unpack_from(buf, pos)
+    pos += 2
+    if n < 0 or pos + n > len(buf):
+        raise CorruptRecordError(None, None, f"offset commit {what}: string length {n} out of range")
+    try:
+        return buf[pos:pos + n].decode("utf-8"), pos + n
+    except UnicodeDecodeError as exc:
+        raise CorruptRecordError(None, None, f"offset commit {what}: {exc}") from None
+
+
+def encode_offset_key(group: str, topic: str, partition: int) -> bytes:
+    """The ``__consumer_offsets`` key of a group's commit for one partition (Kafka's version 1)."""
+    return _I16.pack(KEY_VERSION) + _string(group) + _string(topic) + _I32.pack(partition)
+
+
+def decode_offset_key(key: bytes) -> tuple[str, str, int] | None:
+    """(group, topic, partition) of an offset-commit key; None for Kafka's other key versions
+    (group metadata, version 2: :mod:`logstore.groups.metadata`)."""
+    if len(key) < 2:
+        raise CorruptRecordError(None, None, "offset commit key shorter than its version")
+    (version,) = _I16.unpack_from(key, 0)
+    if version not in (0, 1):
+        return None
+    group, pos = _read_string(key, 2, "key group")
+    topic, pos = _read_string(key, pos, "key topic")
+    if pos + 4 != len(key):
+        raise CorruptRecordError(None, None, "offset commit key has a bad length")
+    return group, topic, _I32.unpack_from(key, pos)[0]
+
+
+def encode_offset_value(offset: int, metadata: str = "", commit_timestamp: int | None = None,
+                        leader_epoch: int = -1) -> bytes:
+    """The ``__consumer_offsets`` value of a commit (Kafka's version 3); commit time now by default."""
+    ts = int(time.time() * 1000) if commit_timestamp is None else commit_timestamp
+    return _VALUE_HEAD.pack(VALUE_VERSION, offset, leader_epoch) + _string(metadata) + _I64.pack(ts)
+
+
+def decode_offset_value(value: bytes) -> tuple[int, str, int]:
+    """(offset, metadata, commit timestamp) of a value of version 1 or 3."""
+    if len(value) < 2:
+        raise CorruptRecordError(None, None, "offset commit value shorter than its version")
+    (version,) = _I16.unpack_from(value, 0)
+    if version == 3:
+        if len(value) < 14:
+            raise CorruptRecordError(None, None, "offset commit value truncated")
+        _, offset, _ = _VALUE_HEAD.unpack_from(value, 0)
+        metadata, pos = _read_string(value, 14, "value metadata")
+    elif version in (0, 1):
+        if len(value) < 10:
+            raise CorruptRecordError(None, None, "offset commit value truncated")
+        (offset,) = _I64.unpack_from(value, 2)
+        metadata, pos = _read_string(value, 10, "value metadata")
+    else:
+        raise CorruptRecordError(None, None, f"offset commit value version {version} is not supported")
+    if pos + 8 > len(value):
+        raise CorruptRecordError(None, None, "offset commit value lacks its timestamp")
+    return offset, metadata, _I64.unpack_from(value, pos)[0]
+
+
+class OffsetStore:
+    """Committed offsets of every group, backed by one partition of ``__consumer_offsets``.
+
+    Durability: :meth:`commit` returns after the commit batch is fsynced (unless durable=False:
+    then in the page cache, which survives a crash of the process but not of the machine).
+    """
+
+    def __init__(self, log: object) -> None:
+        self._log = log
+        self._lock = threading.Lock()
+        self._offsets: dict[tuple[str, str, int], tuple[int, str]] = {}
+        self._groups: dict[str, GroupMetadata] = {}
+        self._position = 0
+
+    def _catch_up(self) -> None:
+        log = self._log
+        end = log.log_end_offset  # type: ignore[attr-defined]
+        while self._position < end:
+            try:
+                records = log.read(self._position, max_offset=end)  # type: ignore[attr-defined]
+            except OffsetOutOfRangeError as exc:
+                # Retention or compaction moved the start past us: everything live is after it.
+                self._position = exc.log_start_offset
+                continue
+            if not records:
+                self._position = end
+                break
+            for r in records:
+                if r.key is None:
+                    continue
+                parsed = decode_offset_key(r.key)
+                if parsed is None:
+                    self._take_group(r.key, r.value, r.offset)
+                    continue
+                if r.value is None:
+                    self._offsets.pop(parsed, None)
+                else:
+                    offset, metadata, _ = decode_offset_value(r.value)
+                    self._offsets[parsed] = (offset, metadata)
+            self._position = records[-1].offset + 1
+
+    def _take_group(self, key: bytes, value: bytes | None, offset: int) -> None:
+        try:
+            group = decode_group_key(key)
+            if group is None:
+                return
+            if value is None:
+                self._groups.pop(group, None)
+                return
+            metadata = decode_group_value(value)
+        except CorruptRecordError as exc:  # membership only: its members join again
+            logger.warning("skipping the group metadata record at offset %d of %s: %s", offset, OFFSETS_TOPIC, exc)
+            return
+        if metadata is not None:
+            self._groups[group] = metadata
+
+    def commit(self, group: str, offsets: Mapping[Any, int | tuple[int, str]], durable: bool = True) -> None:
+        """Commit ``{(topic, partition): offset or (offset, metadata)}`` for ``group`` atomically."""
+        if not offsets:
+            return
+        keys: list[bytes | None] = []
+        values: list[bytes | None] = []
+        now = int(time.time() * 1000)
+        parsed = {}
+        for (topic, partition), item in offsets.items():
+            offset, metadata = item if isinstance(item, tuple) else (item, "")
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+                raise ValueError(f"offset for {topic}-{partition} must be an int >= 0, got {offset!r}")
+            keys.append(encode_offset_key(group, topic, partition))
+            values.append(encode_offset_value(offset, metadata, now))
+            parsed[(group, topic, partition)] = (offset, metadata)
+        with self._lock:
+            self._log.append_batch(values, keys)  # type: ignore[attr-defined]
+        if durable:
+            self._log.flush()  # type: ignore[attr-defined]
+        with self._lock:
+            self._catch_up()
+
+    def sync(self) -> None:
+        """Make what this thread appended durable, as :meth:`commit` with ``durable`` does
+        (after ``durable=False`` commits)."""
+        self._log.flush()  # type: ignore[attr-defined]
+
+    def store_group(self, group: str, metadata: GroupMetadata | None, durable: bool = True) -> None:
+        """Write ``group``'s membership (None: a tombstone, the group is gone).
+
+        Durability: fsynced on return unless ``durable`` is False.
+        """
+        key = encode_group_key(group)
+        value = None if metadata is None else encode_group_value(metadata)
+        with self._lock:
+            self._log.append_batch([value], [key])  # type: ignore[attr-defined]
+        if durable:
+            self._log.flush()  # type: ignore[attr-defined]
+        with self._lock:
+            self._catch_up()
+
+    def group_metadata(self) -> dict[str, GroupMetadata]:
+        """Every group's last stored membership (:mod:`logstore.groups.metadata`)."""
+        with self._lock:
+            self._catch_up()
+            return dict(self._groups)
+
+    def delete(self, group: str, partitions: Iterable[tuple[str, int]]) -> None:
+        """Remove the group's committed offsets for ``partitions`` (tombstones)."""
+        keys: list[bytes | None] = [encode_offset_key(group, t, p) for t, p in partitions]
+        if keys:
+            with self._lock:
+                self._log.append_batch([None] * len(keys), keys)  # type: ignore[attr-defined]
+                self._catch_up()
+
+    def committed(self, group: str, topic: str, partition: int) -> int | None:
+        """The group's last committed offset for the partition, or None."""
+        with self._lock:
+            self._catch_up()
+            found = self._offsets.get((group, topic, partition))
+        return None if found is None else found[0]
+
+    def committed_with_metadata(self, group: str, topic: str, partition: int) -> tuple[int, str] | None:
+        """The group's last committed (offset, metadata) for the partition, or None."""
+        with self._lock:
+            self._catch_up()
+            return self._offsets.get((group, topic, partition))
+
+    def group_offsets(self, group: str) -> dict[tuple[str, int], tuple[int, str]]:
+        """The group's committed ``{(topic, partition): (offset, metadata)}``."""
+        with self._lock:
+            self._catch_up()
+            return {(t, p): found for (g, t, p), found in self._offsets.items() if g == group}
+
+    def groups(self) -> dict[str, dict[tuple[str, int], int]]:
+        """Every group's committed offsets."""
+        with self._lock:
+            self._catch_up()
+            out: dict[str, dict[tuple[str, int], int]] = {}
+            for (group, topic, partition), (offset, _) in self._offsets.items():
+                out.setdefault(group, {})[(topic, partition)] = offset
+            return out
+
+
+_OFFSET_STORES: "weakref.WeakKeyDictionary[Any, OffsetStore]" = weakref.WeakKeyDictionary()
+_OFFSET_STORES_LOCK = threading.Lock()
+
+
+def offset_store(store: Any) -> OffsetStore:
+    """The store's one OffsetStore over ``__consumer_offsets`` partition 0, shared by its
+    consumers, its Kafka listener and the mirror (the topic is created on first use).
+
+    Thread-safety: thread-safe.
+    """
+    with _OFFSET_STORES_LOCK:
+        found = _OFFSET_STORES.get(store)
+        if found is None:
+            store.create_topic(OFFSETS_TOPIC, 1, exist_ok=True, internal=True, **OFFSETS_TOPIC_CONFIG)
+            found = _OFFSET_STORES[store] = OffsetStore(store.partition(OFFSETS_TOPIC, 0))
+        return found

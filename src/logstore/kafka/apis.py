@@ -1,0 +1,736 @@
+"""What a Kafka-protocol server answers, API by API, over a LogStore (Kafka's KafkaApis).
+
+Each ``on_<api>`` method takes a parsed :class:`~logstore.kafka.wire.KafkaRequest` and returns the
+response's fields as a mapping (named as in the latest version; :func:`kafkawire.encode` writes
+what the request's version has), a Future of one (a fetch that waits for records), or None (a
+produce with acks=0, which gets no response).
+
+- Produce: each partition's batch is validated whole (CRC, every record, sizes), checked
+  against the log's producer state and stored byte for byte (``Log.append_idempotent``); a
+  refused batch writes nothing and gets Kafka's error for its partition (a magic v0/v1
+  message set INVALID_RECORD, an idempotent producer's old epoch INVALID_PRODUCER_EPOCH, a gap
+  in its sequence OUT_OF_ORDER_SEQUENCE_NUMBER). A retry of one of a producer's last five
+  batches gets the offsets that batch already has.
+- Fetch: whole batches from the one holding the fetch offset, at least one batch per partition
+  even past the byte limits (KIP-74), as file regions that the network layer writes with
+  sendfile; a fetch with fewer than ``min_bytes`` waits up to ``max_wait_ms`` in the purgatory
+  for an append, through this server or by any process sharing the store.
+- Metadata names this one broker as the leader, replica and in-sync replica of every
+  partition; a topic asked for that does not exist is created when the server auto-creates
+  topics (Kafka's ``auto.create.topics.enable``).
+
+Thread-safety: every method may be called from several threads at once; each partition's
+producer state is the log's, checked and changed under the log's lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import Future
+from typing import Any, Callable, Mapping
+
+from .._fileio import FileRegion
+from ..errors import (
+    CorruptRecordError,
+    InvalidConfigError,
+    InvalidProducerEpochError,
+    InvalidRecordError,
+    InvalidTopicError,
+    LogstoreError,
+    OffsetOutOfRangeError,
+    OutOfOrderSequenceError,
+    RecordTooLargeError,
+    TopicExistsError,
+    UnknownTopicOrPartitionError,
+)
+from . import configs as kafkaconfigs
+from .._native import lib
+from ..log.config import LogConfig
+from .producerids import ProducerIds
+from ..groups.offsets import offset_store
+from ..groups.coordinator import GroupConfig, GroupCoordinator
+from .wire import SUPPORTED, KafkaRequest
+from ..net.purgatory import Purgatory
+from ..store.store import LogStore
+
+__all__ = ["KafkaApis", "ProducerIds"]
+
+logger = logging.getLogger("logstore.kafka")
+
+# Kafka's error codes (org.apache.kafka.common.protocol.Errors) used here.
+NONE = 0
+OFFSET_OUT_OF_RANGE = 1
+CORRUPT_MESSAGE = 2
+UNKNOWN_TOPIC_OR_PARTITION = 3
+MESSAGE_TOO_LARGE = 10
+INVALID_TOPIC_EXCEPTION = 17
+INVALID_REQUIRED_ACKS = 21
+TOPIC_ALREADY_EXISTS = 36
+INVALID_PARTITIONS = 37
+INVALID_REPLICATION_FACTOR = 38
+INVALID_CONFIG = 40
+OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+INVALID_PRODUCER_EPOCH = 47
+ILLEGAL_SASL_STATE = 34
+INVALID_RECORD = 87
+COORDINATOR_NOT_AVAILABLE = 15
+INVALID_GROUP_ID = 24
+INVALID_REQUEST = 42
+KAFKA_STORAGE_ERROR = 56
+UNKNOWN_SERVER_ERROR = -1
+
+
+#: A fetched partition's offsets when it is answered with an error (Kafka's: unknown).
+_NO_OFFSETS = {"high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None}
+
+#: A refused append's error as Kafka names it (the most specific class in an error's MRO wins).
+_PRODUCE_ERRORS = {CorruptRecordError: CORRUPT_MESSAGE, RecordTooLargeError: MESSAGE_TOO_LARGE,
+                   OutOfOrderSequenceError: OUT_OF_ORDER_SEQUENCE_NUMBER,
+                   InvalidProducerEpochError: INVALID_PRODUCER_EPOCH, InvalidRecordError: INVALID_RECORD}
+
+
+def _one_v2_batch(records: bytes | memoryview) -> str | None:
+    """Why a Produce (v3+) partition's records are not one magic 2 batch, or None. Only the
+    framing is looked at here (a message set's first message has its magic byte where a batch
+    has it): the batch itself is validated whole by the append."""
+    if len(records) == 0:
+        return "no record batch: Produce v3 and later carry exactly one per partition"
+    if len(records) > lib.LS_POS_MAGIC and records[lib.LS_POS_MAGIC] != lib.LS_MAGIC:
+        return f"a magic {records[lib.LS_POS_MAGIC]} message set: Produce v3 and later carry magic 2 batches only"
+    if len(records) >= lib.LS_LOG_OVERHEAD:
+        length = int.from_bytes(records[lib.LS_POS_BATCH_LENGTH:lib.LS_LOG_OVERHEAD], "big", signed=True)
+        size = lib.LS_LOG_OVERHEAD + length
+        if lib.LS_LOG_OVERHEAD < size < len(records):
+            return f"{len(records) - size} bytes after the first batch: Produce v3 and later carry exactly one"
+    return None
+
+
+class KafkaApis:
+    """The request handlers of one server over ``store`` (see the module docstring).
+
+    Args:
+        store: the LogStore served.
+        node_id, host, port: how Metadata names this broker (the advertised listener).
+        cluster_id: Metadata's cluster id.
+        auto_create_topics, num_partitions: Kafka's ``auto.create.topics.enable`` and
+            ``num.partitions``.
+        group_config: the group coordinator's settings.
+        fsync_acks_all: answer an acks=all produce only once its batches are fsynced.
+        purgatory: the purgatory to hold fetches in (a replica node's, whose partitions' changes
+            wake them); None: one of its own, closed by :meth:`close`.
+
+    A subclass serving a replicated store (``replica_kafka``) says per partition whether this
+    broker may answer for it (:meth:`partition_error`); fetches stop at the log's high
+    watermark in any case.
+    """
+
+    def __init__(self, store: LogStore, *, node_id: int, host: str, port: int, cluster_id: str,
+                 auto_create_topics: bool = True, num_partitions: int = 1,
+                 group_config: GroupConfig = GroupConfig(), fsync_acks_all: bool = False,
+                 purgatory: Purgatory | None = None) -> None:
+        self.store = store
+        self.node_id = node_id
+        self.host = host
+        self.port = port
+        self.cluster_id = cluster_id
+        self.auto_create_topics = auto_create_topics
+        self.num_partitions = num_partitions
+        self._owns_purgatory = purgatory is None
+        self.purgatory = purgatory if purgatory is not None else Purgatory(f"kafka-{node_id}")
+        self._appends = _AppendWatcher(store, self.purgatory, f"kafka-{node_id}-appends")
+        self.producer_ids = ProducerIds(store.root)
+        self._groups_lock = threading.Lock()
+        self.group_config = group_config
+        #: acks=all answers after an fsync of the partitions written (else once in the log)
+        self.fsync_acks_all = fsync_acks_all
+        self._groups: GroupCoordinator | None = None
+        #: api key -> (lowest, highest) version served (what ApiVersions advertises)
+        self.supported: dict[int, tuple[int, int]] = dict(SUPPORTED)
+        #: the APIs answered on the network loop (they never block), not on a worker
+        self.inline: frozenset[int] = frozenset({18})
+        self.handlers: dict[int, Callable[[KafkaRequest], Any]] = {
+            0: self.on_produce, 1: self.on_fetch, 2: self.on_list_offsets, 3: self.on_metadata,
+            18: self.on_api_versions, 19: self.on_create_topics, 20: self.on_delete_topics,
+            22: self.on_init_producer_id, 8: self.on_offset_commit, 9: self.on_offset_fetch,
+            10: self.on_find_coordinator, 11: self.on_join_group, 12: self.on_heartbeat, 13: self.on_leave_group,
+            14: self.on_sync_group, 15: self.on_describe_groups, 16: self.on_list_groups,
+            32: self.on_describe_configs, 17: self.on_sasl_handshake, 36: self.on_sasl_authenticate,
+        }
+
+    def close(self) -> None:
+        """Answer the fetches, joins and syncs still waiting (the server is stopping)."""
+        self._appends.close()
+        if self._groups is not None:
+            self._groups.close()
+        if self._owns_purgatory:
+            self.purgatory.close()
+
+    @property
+    def groups(self) -> GroupCoordinator:
+        """The group coordinator (``__consumer_offsets`` is created on first use)."""
+        if self._groups is None:
+            with self._groups_lock:
+                if self._groups is None:
+                    self._groups = GroupCoordinator(offset_store(self.store), self.purgatory, self._partition_exists,
+                                                    self.group_config)
+        return self._groups
+
+    def _partition_exists(self, topic: str, partition: int) -> bool:
+        try:
+            return 0 <= partition < self.store.partitions_for(topic)
+        except (UnknownTopicOrPartitionError, InvalidTopicError):
+            return False
+
+    # ------------------------------------------------------------------ ApiVersions
+    def on_api_versions(self, request: KafkaRequest) -> dict[str, Any]:
+        return {"error_code": NONE, "api_keys": api_version_ranges(self.supported), "throttle_time": 0}
+
+    # ------------------------------------------------------------------ Metadata
+    def on_metadata(self, request: KafkaRequest) -> dict[str, Any]:
+        body = request.body
+        requested = None if body.topics is None else [t.name for t in body.topics]
+        if request.api_version == 0 and requested == []:
+            requested = None  # v0: an empty list means every topic
+        allow_create = self.auto_create_topics and getattr(body, "allow_auto_topic_creation", True)
+        names = self.store.topics() if requested is None else requested
+        topics = [self._topic_metadata(name, allow_create and requested is not None) for name in names]
+        return {
+            "throttle_time": 0,
+            "brokers": [{"node_id": self.node_id, "host": self.host, "port": self.port, "rack": None}],
+            "cluster_id": self.cluster_id,
+            "controller_id": self.node_id,
+            "topics": topics,
+            "cluster_authorized_operations": -2147483648,
+        }
+
+    def _topic_metadata(self, name: str, create: bool) -> dict[str, Any]:
+        try:
+            count = self.store.partitions_for(name)
+        except UnknownTopicOrPartitionError:
+            count = 0
+        except InvalidTopicError:
+            return {"error_code": INVALID_TOPIC_EXCEPTION, "name": name, "is_internal": False, "partitions": []}
+        if count == 0 and create:
+            try:
+                self.store.create_topic(name, self.num_partitions, exist_ok=True)
+                count = self.store.partitions_for(name)
+                logger.info("created topic %s (%d partitions) for a metadata request", name, count)
+            except InvalidTopicError:
+                return {"error_code": INVALID_TOPIC_EXCEPTION, "name": name, "is_internal": False, "partitions": []}
+        if count == 0:
+            return {"error_code": UNKNOWN_TOPIC_OR_PARTITION, "name": name, "is_internal": False, "partitions": []}
+        me = [self.node_id]
+        return {
+            "error_code": NONE, "name": name, "is_internal": name.startswith("__"),
+            "partitions": [{"error_code": NONE, "partition_index": p, "leader_id": self.node_id,
+                            "leader_epoch": 0, "replica_nodes": me, "isr_nodes": me, "offline_replicas": []}
+                           for p in range(count)],
+            "topic_authorized_operations": -2147483648,
+        }
+
+    # ------------------------------------------------------------------ Produce
+    def on_produce(self, request: KafkaRequest) -> dict[str, Any] | None:
+        body = request.body
+        acks = body.acks
+        answers = []
+        for topic in body.topic_data:
+            partitions = []
+            for data in topic.partition_data:
+                if acks not in (0, 1, -1):
+                    error, base, message = INVALID_REQUIRED_ACKS, -1, f"acks must be 0, 1 or -1, not {acks}"
+                else:
+                    error, base, message = self._append(topic.name, data.index, data.records)
+                # As Kafka: a refused partition's log start offset is unknown (-1).
+                start = self._log_start(topic.name, data.index) if error == NONE else -1
+                partitions.append({"index": data.index, "error_code": error, "base_offset": base,
+                                   "log_append_time": None, "log_start_offset": start,
+                                   "record_errors": [], "error_message": message})
+            answers.append({"name": topic.name, "partition_responses": partitions})
+        if acks == -1 and self.fsync_acks_all:
+            self._fsync(answers)
+        if acks == 0:
+            return None
+        return {"responses": answers, "throttle_time": 0}
+
+    def _fsync(self, answers: list[dict[str, Any]]) -> None:
+        """acks=all means fsynced (``fsync_acks_all``): flush every partition appended to before
+        answering. Log.flush shares one fsync between the requests that wait at once."""
+        for topic in answers:
+            for part in topic["partition_responses"]:
+                if part["error_code"] != NONE:
+                    continue
+                try:
+                    self.store.partition(topic["name"], part["index"]).flush()
+                except (OSError, LogstoreError) as exc:
+                    logger.error("fsync of %s-%d failed: %s", topic["name"], part["index"], exc)
+                    part["error_code"], part["error_message"] = KAFKA_STORAGE_ERROR, f"fsync failed: {exc}"
+
+    def _append(self, topic: str, partition: int, records: bytes | None) -> tuple[int, int, str | None]:
+        """Validate and append one partition's batch: (error code, base offset, error message).
+        A retry of a batch already in the log gets that batch's base offset (Kafka answers a
+        duplicate so). As Kafka's ProduceRequest.validateRecords: exactly one magic 2 batch."""
+        try:
+            log = self.store.partition(topic, partition)
+        except (UnknownTopicOrPartitionError, InvalidTopicError):
+            return UNKNOWN_TOPIC_OR_PARTITION, -1, f"{topic}-{partition} does not exist"
+        if records is None:
+            return CORRUPT_MESSAGE, -1, "null records"
+        refused = _one_v2_batch(records)
+        if refused is not None:
+            logger.info("refused a produce to %s-%d: %s", topic, partition, refused)
+            return INVALID_RECORD, -1, refused
+        try:
+            first, _, duplicate = log.append_idempotent(records)
+        except (CorruptRecordError, RecordTooLargeError, OutOfOrderSequenceError, InvalidProducerEpochError,
+                InvalidRecordError) as exc:  # InvalidRecordError: e.g. a keyless record in a compacted topic
+            logger.info("refused a produce to %s-%d: %s", topic, partition, exc)
+            code = next(_PRODUCE_ERRORS[c] for c in type(exc).__mro__ if c in _PRODUCE_ERRORS)
+            return code, -1, str(exc)
+        if not duplicate:
+            self.purgatory.check((topic, partition))
+        return NONE, first, None
+
+    def partition_error(self, topic: str, partition: int) -> int:
+        """Why this broker does not answer for the partition (Kafka's error code), or 0: a
+        single store answers for all of its partitions; a replica only for those it leads."""
+        return NONE
+
+    def _log_start(self, topic: str, partition: int) -> int:
+        try:
+            return self.store.partition(topic, partition).log_start_offset
+        except LogstoreError:
+            return -1
+
+    # ------------------------------------------------------------------ Fetch
+    def on_fetch(self, request: KafkaRequest) -> dict[str, Any] | Future:
+        body = request.body
+        max_wait_ms = int(body.max_wait.total_seconds() * 1000)
+        wanted = [(t.topic, p.partition, p.fetch_offset, p.partition_max_bytes)
+                  for t in body.topics for p in t.partitions]
+
+        read_committed = body.isolation_level == 1
+
+        def attempt(expired: bool) -> dict[str, Any] | None:
+            answer, size = self._fetch(wanted, body.max_bytes, read_committed)
+            if expired or size >= body.min_bytes or size < 0:
+                return answer
+            _release(answer)
+            return None
+
+        counter = self.store.notification()  # appends from here on wake the wait below
+        answer, size = self._fetch(wanted, body.max_bytes, read_committed)
+        if size >= body.min_bytes or size < 0 or max_wait_ms <= 0 or not wanted:
+            return answer
+        _release(answer)
+        keys = {(topic, partition) for topic, partition, _, _ in wanted}
+        if len(keys) == 1:
+            waiting = self.purgatory.watch(next(iter(keys)), attempt, max_wait_ms / 1000.0)
+        else:  # several partitions: one wait, checked by an append to any of them
+            waiting = _watch_any(self.purgatory, keys, attempt, max_wait_ms / 1000.0)
+        self._appends.watch(counter, keys)
+        return waiting
+
+    def _fetch(self, wanted: list[tuple[str, int, int, int]], max_bytes: int,
+               read_committed: bool = False) -> tuple[dict[str, Any], int]:
+        """The answer to a fetch now, and the record bytes in it (-1: an error to report now).
+
+        As Kafka's: a partition in error has no offsets (-1); aborted transactions (there are
+        none: no transactions) are an empty list for read_committed, else null."""
+        topics: dict[str, list[dict[str, Any]]] = {}
+        total = 0
+        errors = False
+        for topic, partition, offset, partition_max in wanted:
+            entry = {"partition_index": partition, "error_code": NONE, "high_watermark": -1,
+                     "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
+                     "preferred_read_replica": -1, "records": b""}
+            topics.setdefault(topic, []).append(entry)
+            refused = self.partition_error(topic, partition)
+            if refused:
+                entry["error_code"] = refused
+                errors = True
+                continue
+            try:
+                log = self.store.partition(topic, partition)
+            except (UnknownTopicOrPartitionError, InvalidTopicError):
+                entry["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
+                errors = True
+                continue
+            hw, start = log.high_watermark, log.log_start_offset
+            if offset < start or offset > max(hw, log.log_end_offset):
+                entry["error_code"] = OFFSET_OUT_OF_RANGE
+                errors = True
+                continue
+            entry.update(high_watermark=hw, last_stable_offset=hw, log_start_offset=start,
+                         aborted_transactions=[] if read_committed else None)
+            if offset >= hw:  # nothing committed there yet (a replica's tail): an empty answer
+                continue
+            # KIP-74: the first partition with records gets at least one batch whatever the
+            # limits; the others get whole batches within theirs, or none.
+            limit = min(partition_max, max_bytes - total) if total else partition_max
+            if limit <= 0:
+                continue
+            try:
+                data = log.read_region(offset, max(limit, 1), max_offset=hw)  # written with sendfile
+            except OffsetOutOfRangeError:
+                entry.update(_NO_OFFSETS, error_code=OFFSET_OUT_OF_RANGE)
+                errors = True
+                continue
+            except CorruptRecordError as exc:
+                logger.error("fetch from %s-%d at %d: %s", topic, partition, offset, exc)
+                entry.update(_NO_OFFSETS, error_code=UNKNOWN_SERVER_ERROR)
+                errors = True
+                continue
+            if data is not None and total and len(data) > limit:
+                data.close()  # a later partition's first batch alone is over what is left: none
+                data = None
+            if data is not None:
+                entry["records"] = data
+                total += len(data)
+        answer = {"throttle_time": 0, "error_code": NONE, "session_id": 0,
+                  "responses": [{"topic": t, "partitions": parts} for t, parts in topics.items()]}
+        return answer, (-1 if errors else total)
+
+    # ------------------------------------------------------------------ ListOffsets
+    def on_list_offsets(self, request: KafkaRequest) -> dict[str, Any]:
+        topics = []
+        for topic in request.body.topics:
+            partitions = []
+            for p in topic.partitions:
+                entry = {"partition_index": p.partition_index, "error_code": NONE, "timestamp": -1, "offset": -1,
+                         "leader_epoch": 0}
+                refused = self.partition_error(topic.name, p.partition_index)
+                try:
+                    if refused:
+                        raise UnknownTopicOrPartitionError(f"{topic.name}-{p.partition_index}")
+                    log = self.store.partition(topic.name, p.partition_index)
+                except (UnknownTopicOrPartitionError, InvalidTopicError):
+                    entry["error_code"] = refused or UNKNOWN_TOPIC_OR_PARTITION
+                else:
+                    ts = int(p.timestamp.timestamp() * 1000) if hasattr(p.timestamp, "timestamp") else int(p.timestamp)
+                    if ts == -1:
+                        entry["offset"] = log.high_watermark
+                    elif ts == -2:
+                        entry["offset"] = log.log_start_offset
+                    else:
+                        found = log.offset_for_timestamp(ts)
+                        if found is not None and found >= log.high_watermark:
+                            found = None  # not committed yet: not to be seen
+                        if found is not None:
+                            # Kafka answers with the found record's own timestamp, not the one asked.
+                            try:
+                                record = log.read(found, max_records=1)
+                            except OffsetOutOfRangeError:  # deleted by retention meanwhile
+                                record = []
+                            except CorruptRecordError as exc:  # a fetch from there reports it
+                                logger.error("list offsets of %s-%d at %d: %s", topic.name, p.partition_index,
+                                             found, exc)
+                                record = []
+                            entry["offset"], entry["timestamp"] = found, record[0].timestamp if record else ts
+                partitions.append(entry)
+            topics.append({"name": topic.name, "partitions": partitions})
+        return {"throttle_time": 0, "topics": topics}
+
+    # ------------------------------------------------------------------ topics
+    def on_create_topics(self, request: KafkaRequest) -> dict[str, Any]:
+        body = request.body
+        results = []
+        for topic in body.topics:
+            partitions = topic.num_partitions if topic.num_partitions != -1 else self.num_partitions
+            configs = {c.name: c.value for c in topic.configs}
+            # Kafka's checks in its order (ReplicationControlManager.createTopics), validate_only too
+            error, message = self._check_new_topic(topic.name, configs)
+            if error == NONE and (topic.replication_factor not in (-1, 1) or topic.assignments):
+                error, message = INVALID_REPLICATION_FACTOR, "this broker has one replica of each partition"
+            if error == NONE and partitions <= 0:
+                error, message = INVALID_PARTITIONS, f"{partitions} partitions"
+            if error == NONE and not body.validate_only:
+                error, message = self._create(topic.name, partitions, configs)
+            results.append({"name": topic.name, "error_code": error, "error_message": message})
+        return {"throttle_time": 0, "topics": results}
+
+    def _check_new_topic(self, name: str, configs: dict[str, str | None]) -> tuple[int, str | None]:
+        """A legal name not taken, and topic configs by Kafka's names with valid values (a null
+        value is INVALID_CONFIG, as in Kafka)."""
+        try:
+            self.store.partitions_for(name)
+            return TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
+        except InvalidTopicError as exc:
+            return INVALID_TOPIC_EXCEPTION, str(exc)
+        except UnknownTopicOrPartitionError:
+            pass
+        if name.startswith("__"):  # as LogStore.create_topic
+            return INVALID_TOPIC_EXCEPTION, f"topic names starting with '__' are reserved for internal topics: {name!r}"
+        nulls = sorted(k for k, v in configs.items() if v is None)
+        unknown = sorted(k for k in configs if k in kafkaconfigs.NOT_TOPIC_CONFIGS)
+        if nulls:
+            return INVALID_CONFIG, f"null value not supported for topic configs: {', '.join(nulls)}"
+        if unknown:
+            return INVALID_CONFIG, f"unknown topic config name: {', '.join(unknown)}"
+        try:
+            LogConfig.from_kafka({**self.store.defaults.to_kafka(), **configs})
+        except (InvalidConfigError, TypeError, ValueError) as exc:
+            return INVALID_CONFIG, str(exc)
+        return NONE, None
+
+    def _create(self, name: str, partitions: int, configs: dict[str, str | None]) -> tuple[int, str | None]:
+        # By Kafka's names, as strings: the store reads a dotted name as Kafka's; the one without
+        # a dot (preallocate) is also a LogConfig field, which takes the typed value.
+        try:
+            typed = LogConfig.from_kafka({k: v for k, v in configs.items() if "." not in k})
+            overrides = {k: v if "." in k else getattr(typed, k) for k, v in configs.items()}
+            self.store.create_topic(name, partitions, **overrides)
+        except TopicExistsError:
+            return TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
+        except InvalidTopicError as exc:
+            return INVALID_TOPIC_EXCEPTION, str(exc)
+        except (InvalidConfigError, TypeError, ValueError) as exc:
+            return INVALID_CONFIG, str(exc)
+        return NONE, None
+
+    def on_delete_topics(self, request: KafkaRequest) -> dict[str, Any]:
+        results = []
+        for name in request.body.topic_names:
+            try:
+                self.store.delete_topic(name)
+                error = NONE
+            except (UnknownTopicOrPartitionError, InvalidTopicError):
+                error = UNKNOWN_TOPIC_OR_PARTITION
+            results.append({"name": name, "error_code": error})
+        return {"throttle_time": 0, "responses": results}
+
+    def on_sasl_handshake(self, request: KafkaRequest) -> dict[str, Any]:
+        """SASL is answered before authentication (:mod:`~logstore.kafka.auth`); here, after it or
+        on a listener without SASL, it is Kafka's ILLEGAL_SASL_STATE."""
+        return {"error_code": ILLEGAL_SASL_STATE, "mechanisms": []}
+
+    def on_sasl_authenticate(self, request: KafkaRequest) -> dict[str, Any]:
+        """As :meth:`on_sasl_handshake` (no re-authentication: sessions do not expire)."""
+        return {"error_code": ILLEGAL_SASL_STATE, "auth_bytes": b"", "session_lifetime": 0,
+                "error_message": "SaslAuthenticate after authentication, or on a listener without SASL"}
+
+    # ------------------------------------------------------------------ producers
+    def on_init_producer_id(self, request: KafkaRequest) -> dict[str, Any]:
+        return {"throttle_time": 0, "error_code": NONE, "producer_id": self.producer_ids.next_id(),
+                "producer_epoch": 0}
+
+
+    # ------------------------------------------------------------------ configs
+    def on_describe_configs(self, request: KafkaRequest) -> dict[str, Any]:
+        body = request.body
+        results = []
+        for resource in body.resources:
+            keys = None if resource.configuration_keys is None else list(resource.configuration_keys)
+            if resource.resource_type == kafkaconfigs.TOPIC:
+                error, message, configs = kafkaconfigs.describe_topic(self.store, resource.resource_name, keys,
+                                                                      body.include_synonyms)
+            elif resource.resource_type == kafkaconfigs.BROKER:
+                error, message, configs = kafkaconfigs.describe_broker(self.node_id, resource.resource_name,
+                                                                       self.broker_settings(), keys,
+                                                                       body.include_synonyms)
+            else:
+                error, message, configs = INVALID_REQUEST, f"resource type {resource.resource_type} has no configs", []
+            results.append({"error_code": error, "error_message": message, "resource_type": resource.resource_type,
+                            "resource_name": resource.resource_name, "configs": configs})
+        return {"throttle_time": 0, "results": results}
+
+    def broker_settings(self) -> dict[str, Any]:
+        """This broker's settings by Kafka's names (DescribeConfigs of the broker)."""
+        group = self.group_config
+        return {"node.id": self.node_id, "broker.id": self.node_id, "num.partitions": self.num_partitions,
+                "auto.create.topics.enable": self.auto_create_topics, "default.replication.factor": 1,
+                "offsets.topic.num.partitions": 1, "offsets.topic.replication.factor": 1,
+                "group.min.session.timeout.ms": group.min_session_timeout_ms,
+                "group.max.session.timeout.ms": group.max_session_timeout_ms,
+                "group.initial.rebalance.delay.ms": group.initial_rebalance_delay_ms,
+                "log.dirs": self.store.root}
+
+    # ------------------------------------------------------------------ consumer groups
+    def on_find_coordinator(self, request: KafkaRequest) -> dict[str, Any]:
+        if getattr(request.body, "key_type", 0) != 0:
+            return {"throttle_time": 0, "error_code": COORDINATOR_NOT_AVAILABLE, "node_id": -1, "host": "", "port": -1,
+                    "error_message": "transactions are not supported by this broker"}
+        return {"throttle_time": 0, "error_code": NONE, "error_message": None, "node_id": self.node_id,
+                "host": self.host, "port": self.port}
+
+    def on_join_group(self, request: KafkaRequest) -> dict[str, Any] | Future:
+        body = request.body
+        session_ms = _ms(body.session_timeout)
+        rebalance_ms = _ms(body.rebalance_timeout) if request.api_version >= 1 else session_ms
+        return self.groups.join(body.group_id, body.member_id, getattr(body, "group_instance_id", None),
+                                request.client_id or "", request.client_host, session_ms, rebalance_ms,
+                                body.protocol_type,
+                                [(p.name, p.metadata) for p in body.protocols], request.api_version >= 4)
+
+    def on_sync_group(self, request: KafkaRequest) -> dict[str, Any] | Future:
+        body = request.body
+        return self.groups.sync(body.group_id, body.generation_id, body.member_id,
+                                getattr(body, "group_instance_id", None),
+                                {a.member_id: a.assignment for a in body.assignments})
+
+    def on_heartbeat(self, request: KafkaRequest) -> dict[str, Any]:
+        body = request.body
+        error = self.groups.heartbeat(body.group_id, body.generation_id, body.member_id,
+                                      getattr(body, "group_instance_id", None))
+        return {"throttle_time": 0, "error_code": error}
+
+    def on_leave_group(self, request: KafkaRequest) -> dict[str, Any]:
+        body = request.body
+        if request.api_version < 3:
+            (error,) = self.groups.leave(body.group_id, [(body.member_id, None)])
+            return {"throttle_time": 0, "error_code": error}
+        members = [(m.member_id, m.group_instance_id) for m in body.members]
+        errors = self.groups.leave(body.group_id, members)
+        return {"throttle_time": 0, "error_code": NONE,
+                "members": [{"member_id": member_id, "group_instance_id": instance_id, "error_code": error}
+                            for (member_id, instance_id), error in zip(members, errors)]}
+
+    def on_offset_commit(self, request: KafkaRequest) -> dict[str, Any]:
+        body = request.body
+        items = [(t.name, p.partition_index, p.committed_offset, p.committed_metadata)
+                 for t in body.topics for p in t.partitions]
+        errors = self.groups.commit_offsets(body.group_id, body.generation_id_or_member_epoch, body.member_id,
+                                            getattr(body, "group_instance_id", None), items)
+        topics: dict[str, list[dict[str, Any]]] = {}
+        for (topic, partition, _, _), error in zip(items, errors):
+            topics.setdefault(topic, []).append({"partition_index": partition, "error_code": error})
+        return {"throttle_time": 0, "topics": [{"name": t, "partitions": parts} for t, parts in topics.items()]}
+
+    def on_offset_fetch(self, request: KafkaRequest) -> dict[str, Any]:
+        body = request.body
+        wanted = None if body.topics is None else [(t.name, p) for t in body.topics for p in t.partition_indexes]
+        if not body.group_id:
+            return {"throttle_time": 0, "topics": [], "error_code": INVALID_GROUP_ID}
+        topics: dict[str, list[dict[str, Any]]] = {}
+        for topic, partition, offset, metadata in self.groups.fetch_offsets(body.group_id, wanted):
+            topics.setdefault(topic, []).append({"partition_index": partition, "committed_offset": offset,
+                                                 "committed_leader_epoch": -1, "metadata": metadata,
+                                                 "error_code": NONE})
+        return {"throttle_time": 0, "error_code": NONE,
+                "topics": [{"name": t, "partitions": parts} for t, parts in topics.items()]}
+
+    def on_describe_groups(self, request: KafkaRequest) -> dict[str, Any]:
+        groups = []
+        for group_id in request.body.groups:
+            found = self.groups.describe(group_id)
+            if found is None:  # Kafka describes an unknown group as a dead one
+                found = {"state": "Dead", "protocol_type": "", "protocol": "", "members": []}
+            groups.append({"error_code": NONE, "group_id": group_id, "group_state": found["state"],
+                           "protocol_type": found["protocol_type"], "protocol_data": found["protocol"],
+                           "members": [{"member_id": m["member_id"], "group_instance_id": m["group_instance_id"],
+                                        "client_id": m["client_id"], "client_host": m["client_host"],
+                                        "member_metadata": m["metadata"], "member_assignment": m["assignment"]}
+                                       for m in found["members"]],
+                           "authorized_operations": -2147483648})
+        return {"throttle_time": 0, "groups": groups}
+
+    def on_list_groups(self, request: KafkaRequest) -> dict[str, Any]:
+        return {"throttle_time": 0, "error_code": NONE,
+                "groups": [{"group_id": g, "protocol_type": t} for g, t, _ in self.groups.groups()]}
+
+
+def _ms(value: Any) -> int:
+    """Milliseconds of a kio duration (a timedelta) or an int."""
+    return int(value.total_seconds() * 1000) if hasattr(value, "total_seconds") else int(value)
+
+
+def api_version_ranges(supported: Mapping[int, tuple[int, int]] = SUPPORTED) -> list[dict[str, int]]:
+    """ApiVersions' list: every API served and its version range."""
+    return [{"api_key": key, "min_version": low, "max_version": high}
+            for key, (low, high) in sorted(supported.items())]
+
+
+class _AppendWatcher:
+    """Wakes the fetches waiting in the purgatory when any process appends to the store: a
+    thread sleeps on the store's notification page (a futex every append bumps, in this process
+    or another sharing the store) while fetches wait, and checks their partitions when it moves.
+    Appends made through this server check their partition themselves, at once."""
+
+    def __init__(self, store: LogStore, purgatory: Purgatory, name: str) -> None:
+        self.store = store
+        self.purgatory = purgatory
+        self.name = name
+        self._wanted = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def watch(self, counter: int, keys: set[tuple[str, int]]) -> None:
+        """A fetch waits on ``keys`` since the notification counter read ``counter``: make sure
+        the thread watches, and check at once if an append came meanwhile (before the thread
+        could have seen it)."""
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None and not self._closed:
+                    thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                    thread.start()
+                    self._thread = thread
+        self._wanted.set()
+        if self.store.notification() != counter:
+            for key in keys:
+                self.purgatory.check(key)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        self._wanted.set()
+        if thread is not None:
+            thread.join(2)
+
+    def _run(self) -> None:
+        # ``seen`` is only ever replaced by a value read before the keys that are then checked:
+        # an append after that read is caught by the next wait, and every fetch registered
+        # before it by the check. Re-reading it while idle would lose an append that lands
+        # between a fetch's own check (watch) and that read.
+        seen = self.store.notification()
+        while not self._closed:
+            if not self._fetch_keys():
+                self._wanted.clear()
+                if not self._fetch_keys():
+                    self._wanted.wait(1.0)
+                continue
+            try:
+                self.store.wait(seen, 0.25)
+                now = self.store.notification()
+            except LogstoreError:  # the store is closing
+                return
+            if now != seen:
+                seen = now
+                for key in self._fetch_keys():
+                    self.purgatory.check(key)
+
+    def _fetch_keys(self) -> list[tuple[str, int]]:
+        return [key for key in self.purgatory.keys() if isinstance(key, tuple) and len(key) == 2]
+
+
+def _release(answer: Mapping[str, Any]) -> None:
+    """Close the file regions of a fetch answer that will not be sent."""
+    for topic in answer["responses"]:
+        for partition in topic["partitions"]:
+            if isinstance(partition["records"], FileRegion):
+                partition["records"].close()
+
+
+def _watch_any(purgatory: Purgatory, keys: set[tuple[str, int]], attempt: Callable[[bool], Any],
+               timeout_s: float) -> Future:
+    """Watch several keys with one answer: the first completion wins, the others are dropped."""
+    answer: Future = Future()
+    lock = threading.Lock()
+
+    def settle(done: Future) -> None:
+        with lock:
+            if answer.done():
+                return
+            exc = done.exception()
+            if exc is not None:
+                answer.set_exception(exc)
+            else:
+                answer.set_result(done.result())
+
+    def once(expired: bool) -> Any:
+        return True if answer.done() else attempt(expired)  # answered through another key: drop
+
+    for key in keys:
+        purgatory.watch(key, once, timeout_s).add_done_callback(settle)
+    return answer

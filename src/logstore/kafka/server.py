@@ -1,0 +1,440 @@
+"""A store served to Kafka clients: :class:`KafkaServer`, its protocol on ``net``, and ``logstore serve``.
+
+Unmodified Kafka clients (librdkafka/confluent-kafka, kafka-python, aiokafka, kcat) produce to
+and fetch from a :class:`~logstore.store.store.LogStore` through Kafka's wire protocol, on the same
+files the library, the CLI and Spark read (the store is opened shared). The server is one
+``net.Server`` (an event loop and a worker pool, no thread per connection) speaking
+:class:`KafkaProtocol`; :mod:`~logstore.kafka.wire` reads and writes the messages and
+:mod:`~logstore.kafka.apis` answers them.
+
+Limits: a request larger than ``max_request_bytes`` (Kafka's ``socket.request.max.bytes``, 100 MiB)
+closes its connection before any of it is allocated; so does a malformed request, after a log
+line (the server and its other connections go on, and nothing of that request is written).
+
+Security (Kafka's security protocols): ``tls`` makes the listener SSL, ``sasl_credentials``
+makes it SASL_PLAINTEXT, both SASL_SSL. With SASL, a connection must authenticate (PLAIN,
+SCRAM-SHA-256, SCRAM-SHA-512: :mod:`~logstore.kafka.auth`, credentials in
+:mod:`~logstore.kafka.credentials`) before anything but ApiVersions is answered. The listener
+binds to loopback unless told otherwise; binding another address needs authentication (SASL,
+or TLS that requires client certificates: a ``TLSConfig`` with ``cafile``), or
+``allow_anonymous=True``. TLS without client certificates encrypts but identifies no one.
+A connection's ``net.Session.principal`` is ``User:<name>`` after SASL, None otherwise (a
+client certificate's subject is not made a principal); there are no ACLs.
+
+Thread-safety: :class:`KafkaServer` methods may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import ipaddress
+import logging
+import os
+import signal
+import ssl
+import struct
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from typing import Any, Callable, Mapping, Sequence
+
+from .. import _fileio
+from ..net import server as net
+from ..metrics import Histogram
+from ..errors import LogstoreError
+from .apis import KafkaApis, api_version_ranges
+from .auth import SaslAuthenticator
+from .credentials import MECHANISMS, Credentials, CredentialsFile
+from ..groups.coordinator import GroupConfig
+from .wire import KafkaProtocolError, KafkaRequest, UnsupportedVersionError, encode, parse_request
+from ..store.store import LogStore
+from ..net.protocol import TLSConfig
+
+__all__ = ["KafkaServer", "KafkaProtocol", "RequestMetrics", "main"]
+
+logger = logging.getLogger("logstore.kafka")
+
+#: Kafka's socket.request.max.bytes default.
+DEFAULT_MAX_REQUEST_BYTES = 100 * 1024 * 1024
+#: The largest frame before SASL authentication (Kafka's sasl.server.max.receive.size is 512 KiB).
+DEFAULT_SASL_MAX_RECEIVE_BYTES = 64 * 1024
+_I32 = struct.Struct(">i")
+_I16 = struct.Struct(">h")
+_API_VERSIONS = 18
+_UNSUPPORTED_VERSION = 35
+#: Requests the loop answers itself: they never block.
+#: Upper bounds (ms) of the request time histograms (a fetch may wait up to its max_wait_ms).
+REQUEST_BUCKETS_MS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0,
+                      5000.0, 10000.0, 30000.0)
+
+
+class RequestMetrics:
+    """Kafka's request metrics, per API: ``RequestsPerSec`` (a count) and ``TotalTimeMs`` (a
+    histogram of the time from the handler taking a request to its answer being ready; a
+    long-poll fetch counts its wait). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._times: dict[str, Histogram] = {}
+
+    def record(self, api: str, ms: float) -> None:
+        """Count one answered request of ``api`` that took ``ms``."""
+        histogram = self._times.get(api)
+        if histogram is None:
+            with self._lock:
+                histogram = self._times.setdefault(api, Histogram(REQUEST_BUCKETS_MS))
+        histogram.observe(ms)
+
+    def snapshot(self) -> dict[str, Any]:
+        """``kafka.network:type=RequestMetrics,name=...,request=<API>`` -> value."""
+        with self._lock:
+            times = dict(self._times)
+        out: dict[str, Any] = {}
+        for api, histogram in sorted(times.items()):
+            snap = histogram.snapshot()
+            out[f"kafka.network:type=RequestMetrics,name=RequestsPerSec,request={api}"] = snap.count
+            out[f"kafka.network:type=RequestMetrics,name=TotalTimeMs,request={api}"] = snap
+        return out
+
+
+class KafkaProtocol(net.Protocol):
+    """Kafka's framing (a 4-byte size, then the request) and dispatch to :class:`KafkaApis`;
+    with ``sasl``, each connection first runs :class:`~logstore.kafka.auth.SaslHandshake`, its
+    frames capped at ``sasl_max_receive_bytes`` until it succeeds.
+
+    Thread-safety: thread-safe (handlers run on several workers at once).
+    """
+
+    header_size = 4
+
+    def __init__(self, apis: KafkaApis, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+                 sasl: SaslAuthenticator | None = None,
+                 sasl_max_receive_bytes: int = DEFAULT_SASL_MAX_RECEIVE_BYTES) -> None:
+        self.apis = apis
+        self.max_request_bytes = max_request_bytes
+        self.sasl = sasl
+        self.sasl_max_receive_bytes = sasl_max_receive_bytes
+        self.request_metrics = RequestMetrics()
+
+    def frame_size(self, header: bytes, authenticated: bool) -> int:
+        (size,) = _I32.unpack(header)
+        if not authenticated:  # a raw SASL token (after SaslHandshake v0) may be short
+            if size < 0 or size > self.sasl_max_receive_bytes:
+                raise KafkaProtocolError(f"a frame of {size} bytes before authentication (the limit is "
+                                         f"{self.sasl_max_receive_bytes})")
+            return size  # type: ignore[no-any-return]
+        if size < 8 or size > self.max_request_bytes:
+            raise KafkaProtocolError(f"a request of {size} bytes (the limit is {self.max_request_bytes}, "
+                                     "socket.request.max.bytes)")
+        return size  # type: ignore[no-any-return]
+
+    def handshake(self, session: net.Session) -> net.Handshake | None:
+        if self.sasl is None:
+            return None
+        return self.sasl.handshake(session, lambda frame: b"".join(self.handle(session, frame)))
+
+    def inline(self, session: net.Session, request: bytearray) -> bool:
+        return _I16.unpack_from(request, 0)[0] in self.apis.inline
+
+    def handle(self, session: net.Session, request: bytearray) -> Any:
+        try:
+            parsed = parse_request(request, self.apis.supported)
+        except UnsupportedVersionError as exc:
+            if exc.api_key == _API_VERSIONS:
+                return _api_versions_unsupported(exc.correlation_id, self.apis.supported)
+            logger.warning("closing connection %d from %s: %s", session.id, session.peer, exc)
+            raise
+        except KafkaProtocolError as exc:
+            logger.warning("closing connection %d from %s: %s", session.id, session.peer, exc)
+            raise
+        if isinstance(session.peer, tuple):
+            parsed.client_host = f"/{session.peer[0]}"
+        parsed.principal = session.principal
+        started = time.monotonic()
+        fields = self.apis.handlers[parsed.api_key](parsed)
+        if fields is None:
+            if parsed.api_key != 0:
+                raise KafkaProtocolError(f"{parsed.name} v{parsed.api_version}: the handler gave no answer")
+            self.request_metrics.record(parsed.name, (time.monotonic() - started) * 1000)
+            return None  # acks=0: no response at all
+        if isinstance(fields, Future):
+            return _mapped(fields, lambda done: self._encode_timed(parsed, done, started))
+        return self._encode_timed(parsed, fields, started)
+
+    def _encode_timed(self, request: KafkaRequest, fields: Any, started: float) -> list[bytes]:
+        frame = _encode(request, fields)
+        self.request_metrics.record(request.name, (time.monotonic() - started) * 1000)
+        return frame
+
+
+def _encode(request: KafkaRequest, fields: Any) -> list[bytes]:
+    return encode(request.correlation_id, request.api_key, request.api_version, fields)
+
+
+def _api_versions_unsupported(correlation_id: int, supported: Any) -> list[bytes]:
+    """Error 35 in ApiVersions' v0 format, still listing the ranges (a client then retries with
+    a version it shares: KIP-511)."""
+    return encode(correlation_id, _API_VERSIONS, 0, {"error_code": _UNSUPPORTED_VERSION,
+                                                     "api_keys": api_version_ranges(supported)})
+
+
+def _mapped(future: Future, fn: Any) -> Future:
+    out: Future = Future()
+
+    def done(f: Future) -> None:
+        exc = f.exception()
+        if exc is not None:
+            out.set_exception(exc)
+            return
+        try:
+            out.set_result(fn(f.result()))
+        except BaseException as err:  # noqa: BLE001 - fails the request, closing its connection
+            out.set_exception(err)
+
+    future.add_done_callback(done)
+    return out
+
+
+class KafkaServer:
+    """Serve ``root_or_store`` to Kafka clients on ``listen``.
+
+    Args:
+        root_or_store: a store directory (opened shared, closed by :meth:`stop`) or an open
+            :class:`LogStore` (left open).
+        listen: (host, port); port 0 picks a free one. Loopback by default. A path instead
+            serves a Unix socket there (local clients only; Metadata then names localhost:0).
+        advertised: (host, port) that Metadata names (default: the bound address).
+        node_id: this broker's id in Metadata.
+        auto_create_topics, num_partitions: Kafka's ``auto.create.topics.enable`` (a topic a
+            client asks metadata for is created) and ``num.partitions``.
+        max_request_bytes: Kafka's ``socket.request.max.bytes``.
+        limits: connection limits (``max.connections``: 4096 here; ``connections.max.idle.ms``).
+            Idle connections cost no thread: one loop serves them all, and worker threads are
+            started for requests being answered, up to ``max_connections``.
+        tls: a :class:`~logstore.net.protocol.TLSConfig` (``cafile`` set: client certificates required,
+            Kafka's ``ssl.client.auth=required``; None: none asked for) or a server-side
+            ``ssl.SSLContext``; None for plain TCP.
+        sasl_credentials: enables SASL: a credentials file (re-read when it changes, see
+            :class:`~logstore.kafka.credentials.CredentialsFile`), a mapping ``{user: password}``
+            (salted keys are derived for each mechanism and the passwords dropped) or
+            ``{user: {mechanism: credential}}``, a
+            :class:`~logstore.kafka.credentials.Credentials` (fixed) or a ``CredentialsFile``.
+        sasl_mechanisms: the mechanisms enabled (Kafka's ``sasl.enabled.mechanisms``); a user
+            authenticates with those it has a credential for.
+        sasl_max_receive_bytes: the largest frame before authentication.
+        failed_authentication_delay_ms: how long a connection that failed authentication stays
+            open after its answer, reading nothing (Kafka's
+            ``connection.failed.authentication.delay.ms``).
+        allow_anonymous: allow a non-loopback bind without authentication.
+        group_min_session_timeout_ms, group_max_session_timeout_ms, group_initial_rebalance_delay_ms:
+            Kafka's ``group.min.session.timeout.ms`` (6000), ``group.max.session.timeout.ms``
+            (1800000) and ``group.initial.rebalance.delay.ms`` (0 here; Kafka's is 3000).
+        apis_factory: makes the request handlers from KafkaApis' arguments (a replica node's
+            Kafka listener passes one that answers for its replicated partitions).
+        group_liveness: ``liveness(client_id)`` for the group coordinator
+            (:class:`~logstore.groups.coordinator.GroupConfig`): the store's own coordinator passes it.
+        fsync_acks_all: make acks=all mean fsynced: the answer waits for an fsync of every
+            partition the request wrote (one fsync shared by the requests waiting at once).
+
+    Durability: a produce is answered once its batch is in the log (acks=1; acks=all too unless
+    ``fsync_acks_all``): in the page cache, which survives the death of the process, and
+    fsynced when the topic's flush policy (``flush.messages``, ``flush.ms``) says so; with
+    ``fsync_acks_all`` an acks=all answer means the batch survives power loss.
+    Thread-safety: thread-safe.
+    """
+
+    def __init__(self, root_or_store: str | os.PathLike[str] | LogStore,
+                 listen: tuple[str, int] | str | os.PathLike[str] = ("127.0.0.1", 9092),
+                 *, advertised: tuple[str, int] | None = None, node_id: int = 0, auto_create_topics: bool = True,
+                 num_partitions: int = 1, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+                 limits: net.Limits = net.Limits(max_connections=4096), allow_anonymous: bool = False,
+                 tls: TLSConfig | ssl.SSLContext | None = None,
+                 sasl_credentials: (str | os.PathLike[str] | Mapping[str, Any] | Credentials | CredentialsFile
+                                    | None) = None,
+                 sasl_mechanisms: Sequence[str] = MECHANISMS,
+                 sasl_max_receive_bytes: int = DEFAULT_SASL_MAX_RECEIVE_BYTES,
+                 failed_authentication_delay_ms: int = 100,
+                 group_min_session_timeout_ms: int = 6000, group_max_session_timeout_ms: int = 1_800_000,
+                 group_initial_rebalance_delay_ms: int = 0, fsync_acks_all: bool = False,
+                 group_liveness: Callable[[str], bool] | None = None,
+                 apis_factory: Callable[..., KafkaApis] = KafkaApis) -> None:
+        context = tls.server_context() if isinstance(tls, TLSConfig) else tls
+        client_certs = context is not None and context.verify_mode == ssl.CERT_REQUIRED
+        local = isinstance(listen, (str, os.PathLike))  # a Unix socket: its file's permissions guard it
+        if not local and not _is_loopback(listen[0]) and not allow_anonymous and sasl_credentials is None and not client_certs:
+            raise LogstoreError(f"refusing to serve {listen[0]} without authentication: bind a loopback address, "
+                                "configure SASL (sasl_credentials, --sasl-credentials) or TLS client certificates "
+                                "(--tls-ca), or pass allow_anonymous=True (--allow-anonymous)")
+        sasl = (SaslAuthenticator(sasl_credentials, sasl_mechanisms, failed_authentication_delay_ms / 1000)
+                if sasl_credentials is not None else None)
+        if sasl is not None and context is None and "PLAIN" in sasl.mechanisms and not local and \
+                not _is_loopback(listen[0]):
+            logger.warning("SASL PLAIN without TLS on %s: passwords cross the network in clear", listen[0])
+        #: Kafka's name for what the listener speaks: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.
+        self.security_protocol = ("SASL_" if sasl is not None else "") + ("SSL" if context is not None else
+                                                                          "PLAINTEXT")
+        if isinstance(root_or_store, LogStore):
+            self.store, self._owns_store = root_or_store, False
+        else:
+            self.store, self._owns_store = LogStore(root_or_store, shared=True), True
+        try:
+            self._apis = apis_factory(self.store, node_id=node_id, host="", port=0, cluster_id=_cluster_id(self.store.root),
+                                   auto_create_topics=auto_create_topics, num_partitions=num_partitions,
+                                   group_config=GroupConfig(group_min_session_timeout_ms, group_max_session_timeout_ms,
+                                                            group_initial_rebalance_delay_ms, group_liveness),
+                                   fsync_acks_all=fsync_acks_all)
+            self._protocol = KafkaProtocol(self._apis, max_request_bytes, sasl, sasl_max_receive_bytes)
+            self._server = net.Server(listen, self._protocol, tls=context, limits=limits,
+                                      name="kafka", thread_name=f"kafka-{node_id}-net")
+        except BaseException:
+            if self._owns_store:
+                self.store.close()
+            raise
+        #: (host, port) bound, or the Unix socket's path
+        self.address: Any = self._server.address
+        host, port = advertised or (("localhost", 0) if local else self.address)
+        self._apis.host, self._apis.port = host, port
+        self._stopped = threading.Event()
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """``host:port`` for a client's ``bootstrap.servers``."""
+        if isinstance(self.address, str):
+            return self.address
+        host, port = self.address
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    def start(self) -> "KafkaServer":
+        """Start accepting; returns self."""
+        self._server.start()
+        logger.info("serving %s to Kafka clients on %s (%s)", self.store.root, self.bootstrap_servers,
+                    self.security_protocol)
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Close every connection, answer the waiting fetches, and close the store if this
+        server opened it. Idempotent."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self._apis.close()
+        self._server.stop(timeout)
+        if self._owns_store:
+            self.store.close()
+
+    @property
+    def node_id(self) -> int:
+        """This broker's id (Metadata's and FindCoordinator's)."""
+        return self._apis.node_id
+
+    def metrics(self) -> dict[str, Any]:
+        """Everything a broker reports, under Kafka's names: the listener's counters (see
+        ``net.Server.metrics``), request counts and times per API
+        (``kafka.network:type=RequestMetrics,name=RequestsPerSec|TotalTimeMs,request=Produce``),
+        and the store's (``kafka.server:type=BrokerTopicMetrics`` ... per partition; see
+        :meth:`LogStore.metrics`). Render with :func:`logstore.metrics.prometheus_text`."""
+        out = dict(self._server.metrics())
+        out.update(self._protocol.request_metrics.snapshot())
+        out.update(self.store.metrics())
+        return out
+
+    def __enter__(self) -> "KafkaServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"KafkaServer({self.store.root!r}, {self.bootstrap_servers})"
+
+
+def _is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _cluster_id(root: str) -> str:
+    """Kafka's cluster id (22 characters of URL-safe base64): ``cluster.id`` in a Kafka log
+    directory's meta.properties, else one derived from the store's ``directory.id``."""
+    path = os.path.join(root, "meta.properties")
+    props: dict[str, str] = {}
+    if _fileio.ops.exists(path):
+        for line in _fileio.ops.read_file(path).decode("utf-8", "replace").splitlines():
+            key, sep, value = line.partition("=")
+            if sep and not key.startswith("#"):
+                props[key.strip()] = value.strip()
+    if props.get("cluster.id"):
+        return props["cluster.id"]
+    try:
+        raw = uuid.UUID(props.get("directory.id", "")).bytes
+    except ValueError:
+        raw = uuid.uuid5(uuid.NAMESPACE_URL, os.path.abspath(root)).bytes
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+# ---------------------------------------------------------------------- logstore serve
+def _address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int:
+    """``logstore serve ROOT [--listen HOST:PORT] [--advertised-listener HOST:PORT] [--node-id N]
+    [--sasl-credentials FILE [--sasl-mechanisms M,M]] [--tls-cert F --tls-key F [--tls-ca F]]``:
+    print the bound address once it accepts, serve until SIGTERM or SIGINT, close cleanly."""
+    parser = argparse.ArgumentParser(prog=prog, description="Serve a store to Kafka clients.")
+    parser.add_argument("root", help="the store's directory (created if missing)")
+    parser.add_argument("--listen", type=_address, default=("127.0.0.1", 9092), metavar="HOST:PORT")
+    parser.add_argument("--advertised-listener", type=_address, metavar="HOST:PORT",
+                        help="the address Metadata gives clients (default: the bound one)")
+    parser.add_argument("--node-id", type=int, default=0)
+    parser.add_argument("--no-auto-create-topics", action="store_true")
+    parser.add_argument("--num-partitions", type=int, default=1, help="partitions of an auto-created topic")
+    parser.add_argument("--allow-anonymous", action="store_true",
+                        help="allow a non-loopback bind without authentication")
+    parser.add_argument("--sasl-credentials", metavar="FILE",
+                        help="enable SASL with the users of FILE (made by 'logstore kafka-user add'; re-read when "
+                             "it changes)")
+    parser.add_argument("--sasl-mechanisms", default=",".join(MECHANISMS), metavar="M,M",
+                        help=f"the SASL mechanisms enabled (default {','.join(MECHANISMS)})")
+    parser.add_argument("--tls-cert", metavar="FILE", help="PEM certificate (chain) of the listener: SSL")
+    parser.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
+    parser.add_argument("--tls-ca", metavar="FILE",
+                        help="require client certificates that chain to these PEM CA certificates")
+    parser.add_argument("--fsync-acks-all", action="store_true",
+                        help="answer acks=all produces once their batches are fsynced")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    if bool(args.tls_cert) != bool(args.tls_key) or (args.tls_ca and not args.tls_cert):
+        sys.stderr.write(f"{prog}: --tls-cert and --tls-key go together (--tls-ca needs them)\n")
+        return 2
+    logging.basicConfig(level=logging.WARNING, format=f"{prog}: %(levelname)s: %(message)s")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        server = KafkaServer(args.root, args.listen, advertised=args.advertised_listener, node_id=args.node_id,
+                             auto_create_topics=not args.no_auto_create_topics, num_partitions=args.num_partitions,
+                             allow_anonymous=args.allow_anonymous, fsync_acks_all=args.fsync_acks_all,
+                             tls=TLSConfig(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None,
+                             sasl_credentials=args.sasl_credentials,
+                             sasl_mechanisms=[m.strip() for m in args.sasl_mechanisms.split(",") if m.strip()])
+    except (LogstoreError, OSError, ValueError) as exc:
+        sys.stderr.write(f"{prog}: {exc}\n")
+        return 1
+    with server:
+        sys.stdout.write(f"serving {args.root} on {server.bootstrap_servers}\n")
+        sys.stdout.flush()
+        stop.wait()
+    return 0

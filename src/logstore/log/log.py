@@ -1,0 +1,872 @@
+"""Log: one partition's public face (offsets, appends, reads, epochs, truncation, retention, compaction).
+
+Log owns a partition directory ``<log dir>/<topic>-<partition>/``: its segment files and
+producer state snapshots, the ``.lock`` file that keeps a second process from writing, the
+``.kafka_cleanshutdown`` marker, and
+this partition's entries in the log directory's ``recovery-point-offset-checkpoint`` and
+``log-start-offset-checkpoint`` files.
+
+Offsets: ``log_start_offset`` is the first offset that can be read, ``log_end_offset`` the next
+offset to be written, ``high_watermark`` the end of what consumers may read (equal to the log end
+for a log without replication), ``recovery_point`` the offset below which every byte is known to
+be fsynced.
+
+The Log tells the partition's story and keeps its offsets; the work is done by its parts, as
+Kafka split its own log: :mod:`~logstore.log.lifecycle` opens and closes it (the ``.lock`` file,
+the clean close), :class:`~logstore.log.loader.LogLoader` recovers the files at open,
+:class:`~logstore.log.segments.LogSegments` holds the ordered segments (roll, read lookup,
+truncation, deletion with its delay), :mod:`~logstore.log.appends` holds the append paths other
+than the fast one, :mod:`~logstore.log.truncation` moves the log's ends (truncation, DeleteRecords,
+retention, which :mod:`~logstore.log.retention` decides), :class:`~logstore.log.flusher.Flusher` applies
+the flush policy with group commit, :class:`~logstore.log.shared.SharedCoordinator` keeps processes
+sharing the partition in step, :class:`~logstore.cleaner.LogCompaction` runs compaction passes,
+:class:`~logstore.log.epochs.LeaderEpochCache` holds the leader epochs,
+:class:`~logstore.log.producers.ProducerStateManager` each idempotent producer's state and the
+``.snapshot`` files,
+:class:`~logstore.log.waiters.AppendWaiters` the long-polls, and :mod:`~logstore.log.metrics` the
+metrics.
+
+Thread-safety: every public method may be called from any thread. Appends, reads and
+maintenance are serialised by one lock; fsyncs run outside it, and concurrent durable appends
+share one fsync (group commit). A reader only ever sees whole batches: the active segment's size
+is published after each append completes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from contextlib import contextmanager, nullcontext
+from itertools import chain
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+from . import arrow as logarrow
+from . import lifecycle as loglifecycle
+from . import replicated as logreplication
+from . import truncation as logtruncation
+from .._fileio import FileRegion
+from .._native import ffi, lib
+from ..records.batching import check_offset, check_timestamp, codec_for
+from ..checkpoint import (
+    CLEANER_OFFSET_CHECKPOINT,
+    LOG_START_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_CHECKPOINT,
+    OffsetCheckpoints,
+)
+from ..cleaner import CleanerReport, CleanerState, LogCompaction
+from .config import LogConfig
+from .epochs import LeaderEpochCache
+from ..errors import LogClosedError, LogOfflineError, OffsetOutOfRangeError
+from .flusher import NEVER, Flusher
+from .appends import (
+    CLOSED_APPENDER,
+    DEADLINE_UNSET,
+    TS_MAX,
+    TS_MIN,
+    AppendInfo,
+    append_client_batch,
+    append_general,
+    append_record_slow,
+    append_records_locked,
+    append_settings,
+    keyless_record_error,
+    roll_for_time,
+    roll_segment,
+)
+from .loader import CLEAN_SHUTDOWN_FILE, LogLoader, RecoveryReport
+from .metrics import AppendMeter, log_metrics
+from .producers import ProducerStateManager
+from .producerstate import ProducerStateEntry
+from .segments import LogSegments
+from ..records.batch import BatchBuilder, Record, RecordDecoder
+from ..segment import LogSegment, SegmentInfo
+from .shared import ExclusiveHold, SharedCoordinator, SharedState
+from .waiters import AppendWaiters
+
+__all__ = ["Log", "AppendInfo", "EARLIEST_TIMESTAMP", "LATEST_TIMESTAMP", "RecoveryReport", "CLEAN_SHUTDOWN_FILE"]
+
+logger = logging.getLogger("logstore.log.log")
+
+#: Kafka's ListOffsets sentinels for :meth:`Log.offset_for_timestamp`.
+LATEST_TIMESTAMP = -1
+EARLIEST_TIMESTAMP = -2
+
+_PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
+_TS_MIN, _TS_MAX = TS_MIN, TS_MAX  # an explicit timestamp the append fast path takes as it is
+_DEFAULT_MAX_BYTES = 1 << 20
+_ITER_CHUNK_BYTES = 256 << 10
+_append_record = lib.ls_appender_append_record
+_NULL = ffi.NULL
+_time_ns = time.time_ns
+_NO_WRITER = nullcontext()
+
+
+def _partition_key(path: str) -> tuple[str, int]:
+    name = os.path.basename(os.path.normpath(path))
+    if any(c.isspace() for c in name) or not name:
+        raise ValueError(f"log directory name {name!r} must be non-empty and contain no whitespace")
+    m = _PARTITION_DIR.match(name)
+    if m:
+        return m.group(1), int(m.group(2))
+    # Not Kafka's <topic>-<partition> form: still usable, keyed with partition -1.
+    return name, -1
+
+
+class Log:
+    """A partition's append-only log of Kafka record batches on local disk.
+
+    Open with :meth:`Log.open` (or use it as a context manager). All methods are thread-safe.
+
+    Durability: an append returns once its bytes are in the OS page cache (they survive a crash
+    of the process). They survive a crash of the machine once fsynced: by :meth:`flush`, by the
+    ``flush_messages``/``flush_ms`` policy (with ``flush_messages=1`` every append returns only
+    after its fsync), or when its segment rolls.
+    """
+
+    # ------------------------------------------------------------------ opening
+    def __init__(self, path: str | os.PathLike[str], config: LogConfig, *, shared: bool = False,
+                 timers: bool = True, notify_page: Any = None) -> None:
+        """Use :meth:`open` or :meth:`open_shared`. ``timers=False``: no timer threads for
+        flush_ms and delayed file deletion; the owner calls :meth:`run_due_tasks` instead (the
+        LogStore's scheduler does). ``notify_page``: the notification page long-polls sleep on
+        (a store passes one page for all of its partitions)."""
+        self.path = os.path.abspath(os.fspath(path))
+        self.config = config
+        self.topic, self.partition = _partition_key(self.path)
+        self._key = (self.topic, self.partition)
+        self.log_dir = os.path.dirname(self.path)
+        self.shared = shared
+        self._lock = threading.RLock()
+        self._closed = True
+        self._offline: BaseException | None = None
+        self._lock_fd = -1
+        self._builder = BatchBuilder()
+        self._decoder = RecordDecoder()
+        self._recovery_points = OffsetCheckpoints(self.log_dir, RECOVERY_POINT_CHECKPOINT)
+        self._start_offsets = OffsetCheckpoints(self.log_dir, LOG_START_OFFSET_CHECKPOINT)
+        self._cleaner_offsets = OffsetCheckpoints(self.log_dir, CLEANER_OFFSET_CHECKPOINT)
+        self._compaction = LogCompaction(self, self._cleaner_offsets)
+        self.leader_epochs: LeaderEpochCache | None = None
+        # The partition's offsets (the active segment's appender holds the log end).
+        self._log_start_offset = 0
+        self._high_watermark: int | None = None
+        self._recovery_point = 0
+        self._flushed_offset = 0
+        self._last_checkpoint = 0.0
+        self._segments = LogSegments.for_config(self.path, config, self._lock, timers)
+        self._loader = LogLoader(self._segments, self._key, self._recovery_points, self._start_offsets)
+        #: each idempotent producer's state and the .snapshot files (logproducers.py)
+        self._producers = ProducerStateManager(self.path, self._segments, shared)
+        self._appender: Any = CLOSED_APPENDER
+        # What the append paths take from the config; "plain" appends take append()'s fast path.
+        (self._ts_type, self._record_attrs, self._forced_codec, self._keys_required,
+         self._plain_appends) = append_settings(config, shared)
+        self._roll_deadline = NEVER
+        self._flusher = Flusher(self, config.flush_messages, config.flush_ms, timers)
+        #: the offset at which an append must apply the flush policy (see Flusher.threshold)
+        self._flush_at = NEVER
+        self._waiters = AppendWaiters(self.path, self._lock, self._update_flush_at, notify_page)
+        # Multi-process mode (see shared.py): every change goes through the writers' lock.
+        self._share = SharedCoordinator(self) if shared else None
+        self._w: Any = self._share if shared else _NO_WRITER
+        self._exclusive = ExclusiveHold(self)
+        self._meter = AppendMeter()  # what was appended since the open (logmetrics.py)
+        self.recovery_report: RecoveryReport | None = None
+        #: seconds the last open spent loading and recovering the segments
+        self.recovery_seconds = 0.0
+        started = time.monotonic()
+        loglifecycle.open_log(self)  # the .lock file, then the segments loaded and recovered (loglifecycle.py)
+        self.recovery_seconds = time.monotonic() - started
+        self._meter.end_at_open = self._appender.next_offset
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], config: LogConfig | Mapping[str, Any] | None = None,
+             **overrides: Any) -> "Log":
+        """Open (creating if needed) the log in directory ``path``, recovering it if necessary.
+
+        Args:
+            path: the partition directory, by convention ``<log dir>/<topic>-<partition>``.
+            config: a :class:`LogConfig` or a mapping of its fields (or Kafka's dotted names).
+            **overrides: LogConfig fields, e.g. ``segment_bytes=1 << 20``.
+
+        Raises:
+            LogLockedError: another process has this log open.
+            InvalidConfigError: a bad setting.
+
+        After an unclean shutdown only the segments from the recovery point on are scanned;
+        the first invalid batch and everything after it is truncated (logged as a warning with
+        the bytes dropped; also in :attr:`recovery_report`).
+        """
+        return cls(path, LogConfig.build(config, **overrides))
+
+    @classmethod
+    def open_shared(cls, path: str | os.PathLike[str], config: LogConfig | Mapping[str, Any] | None = None,
+                    **overrides: Any) -> "Log":
+        """Open the log so that other processes may open it at the same time (multi-process mode).
+
+        Every process appends and reads; appends are serialised across processes by an flock on
+        the partition's ``.shared`` file and published there, so a reader in any process sees
+        each batch whole once its append returned. The first process to open the log recovers
+        it; the last one to close it writes the clean-shutdown marker. All processes must use the
+        same configuration. Durability as :meth:`open`; an fsync by any process counts for all.
+
+        Raises:
+            LogLockedError: another process has the log open exclusively (:meth:`open`).
+        """
+        return cls(path, LogConfig.build(config, **overrides), shared=True)
+
+    def __enter__(self) -> "Log":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ multi-process mode
+    @property
+    def _state(self) -> SharedState | None:
+        """The ``.shared`` page of a shared log (None for an exclusive or closed one)."""
+        return None if self._share is None else self._share.state
+
+    @_state.setter
+    def _state(self, value: SharedState | None) -> None:
+        assert self._share is not None
+        self._share.state = value
+
+    def _follow(self) -> None:
+        """Catch up with what other processes published (holds the lock; no-op unless shared)."""
+        if self._share is not None:
+            self._share.follow()
+
+    def _begin_layout_change(self) -> None:
+        """About to change the segment files: a shared log flags it in its page (shared.py)."""
+        if self._share is not None:
+            self._share.begin_layout_change()
+
+    def exclusive(self) -> ExclusiveHold:
+        """Hold the log across several calls (``with log.exclusive():``): other threads, and for
+        a shared log other processes, can neither append nor change the segments until the
+        block ends. Reads and appends inside the block see each other, which makes
+        read-decide-append sequences atomic (the Queue keeps its delivery state this way).
+        Reentrant. Keep the block short.
+
+        Raises:
+            LogClosedError, LogOfflineError: on entering, when the log cannot be used.
+        """
+        return self._exclusive
+
+    # ------------------------------------------------------------------ the active segment
+    @property
+    def _active(self) -> LogSegment | None:
+        return self._segments.active
+
+    def _set_active(self, segment: LogSegment) -> None:
+        self._meter.switch(self._segments.active, segment)
+        self._segments.active = segment
+        self._appender = segment.appender
+        # The next append computes the deadline from the segment's first batch (roll_for_time).
+        self._roll_deadline = DEADLINE_UNSET
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def closed(self) -> bool:
+        """True once close() ran."""
+        return self._closed
+
+    @property
+    def log_start_offset(self) -> int:
+        """First readable offset."""
+        if self._share is not None:
+            with self._lock:
+                self._follow()
+        return self._log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        """The offset the next appended record gets."""
+        with self._lock:
+            self._check_open()
+            self._follow()
+            return self._appender.next_offset
+
+    @property
+    def high_watermark(self) -> int:
+        """End of what consumers may read; the log end offset when no replication sets it."""
+        with self._lock:
+            self._check_open()
+            self._follow()
+            hw = self._high_watermark
+            end = self._appender.next_offset
+            return end if hw is None else min(hw, end)
+
+    @high_watermark.setter
+    def high_watermark(self, offset: int) -> None:
+        """Set the high watermark (replication): it must lie in [log start, log end]."""
+        with self._lock, self._w:
+            self._check_open()
+            end = self._appender.next_offset
+            if not self._log_start_offset <= offset <= end:
+                raise OffsetOutOfRangeError(offset, self._log_start_offset, end, "high watermark")
+            self._high_watermark = offset
+
+    @property
+    def recovery_point(self) -> int:
+        """Offsets below this are fsynced and are not rescanned after a crash."""
+        if self._share is not None:
+            with self._lock:
+                self._follow()
+        return self._recovery_point
+
+    @property
+    def segments(self) -> list[SegmentInfo]:
+        """Read-only facts about each segment, oldest first."""
+        with self._lock:
+            self._check_open()
+            self._follow()
+            return self._segments.infos()
+
+    @property
+    def size_in_bytes(self) -> int:
+        """Total bytes of batches in all segments."""
+        with self._lock:
+            self._follow()
+            return self._segments.size_in_bytes
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogClosedError(f"log {self.path} is closed")
+        if self._offline is not None:
+            raise LogOfflineError(
+                f"log {self.path} is offline after an I/O error ({self._offline}); "
+                "close it and open it again to recover") from self._offline
+
+    @contextmanager
+    def _io_guard(self) -> Iterator[None]:
+        """Take the log offline when an I/O error interrupts a change to its files.
+
+        After a failed write, truncate, rename or fsync the files and the in-memory state may
+        disagree (and after a failed fsync the page cache may have dropped data), so the only
+        safe continuation is to stop using the log until it is reopened and recovered.
+        """
+        try:
+            yield
+        except OSError as exc:
+            self._go_offline(exc)
+            raise
+
+    def _go_offline(self, exc: BaseException) -> None:
+        logger.error("%s: taking the log offline after an I/O error: %s", self.path, exc)
+        self._offline = exc
+        self._segments.points = None
+        self._appender = CLOSED_APPENDER
+        self._roll_deadline = NEVER
+
+    # ------------------------------------------------------------------ appends
+    def append(self, value: bytes | None, key: bytes | None = None,
+               headers: Iterable[tuple[str, bytes | None]] = (), timestamp: int | None = None) -> int:
+        """Append one record; return its offset.
+
+        Args:
+            value: the record value, or None for a tombstone.
+            key: the record key, or None.
+            headers: ``(str, bytes | None)`` pairs.
+            timestamp: CreateTime in ms since the epoch; now when None. With
+                ``message_timestamp_type="LogAppendTime"`` the log's clock is used instead.
+
+        Raises:
+            TypeError: value/key not bytes-like or None, bad headers, non-int timestamp.
+            RecordTooLargeError: the one-record batch exceeds max_message_bytes (nothing written).
+            InvalidRecordError: no key in a log whose cleanup policy includes "compact".
+            LogClosedError: after close().
+
+        Durability: in the page cache on return; fsynced first when flush_messages says so.
+        Thread-safe.
+        """
+        if (not headers and value.__class__ is bytes and (key is None or key.__class__ is bytes)
+                and self._plain_appends
+                and (timestamp is None or (timestamp.__class__ is int and _TS_MIN <= timestamp <= _TS_MAX))):
+            # The fast path: one lock, one clock read, one C call.
+            ts = _time_ns() // 1_000_000 if timestamp is None else timestamp
+            lock = self._lock
+            lock.acquire()  # explicit acquire/release: ~100 ns cheaper than `with` per call
+            try:
+                if ts > self._roll_deadline:
+                    roll_for_time(self, ts)
+                offset = _append_record(self._appender, ts, 0, _NULL if key is None else key,
+                                        0 if key is None else len(key), value, len(value), _NULL, 0, 0)
+                if offset < 0:
+                    offset = append_record_slow(self, offset, ts, key, value, _NULL, 0)
+                if offset < self._flush_at:
+                    return offset
+            finally:
+                lock.release()
+            return self._after_append(offset)
+        return append_general(self, value, key, headers, timestamp)
+
+    def append_batch(self, values: Sequence[bytes | None], keys: Sequence[bytes | None] | None = None,
+                     headers: Sequence[Iterable[tuple[str, bytes | None]] | None] | None = None,
+                     timestamps: Sequence[int] | None = None, compression: str | int | None = None,
+                     producer_id: int = -1, base_sequence: int = -1, control: bool = False,
+                     producer_epoch: int = 0) -> int:
+        """Append records as one RecordBatch (split only above max_message_bytes); return the first offset.
+
+        Args:
+            values: bytes or None (tombstone) per record.
+            keys, headers, timestamps: per-record sequences of the same length, or None.
+            compression: codec name ("none", "gzip", "snappy", "lz4", "zstd"); None for none.
+                A log whose compression_type is not "producer" always uses its own codec.
+            producer_id, producer_epoch, base_sequence: written into the batch header (Kafka's
+                idempotent producer fields), and learnt by the producer state (not checked:
+                :meth:`append_idempotent` checks a client's batch).
+            control: write a control batch (metadata such as replication's leader change
+                record, which reads pass over; Kafka's consumers skip such batches too).
+
+        Raises:
+            TypeError / ValueError: bad arguments (nothing written).
+            RecordTooLargeError: one record alone exceeds max_message_bytes (nothing written).
+            InvalidRecordError: a record without key in a compacted log (nothing written).
+
+        Durability and thread-safety as :meth:`append`.
+        """
+        if isinstance(values, (bytes, bytearray, str)):
+            raise TypeError("values must be a sequence of bytes, not a single bytes/str")
+        if not isinstance(values, (list, tuple)):
+            values = list(values)
+        if not values:
+            raise ValueError("append_batch needs at least one record")
+        if self._keys_required and (keys is None or any(k is None for k in keys)):
+            raise keyless_record_error(self)
+        codec = self._forced_codec
+        if codec is None or control:
+            codec = codec_for(None if control else compression)  # control batches: never compressed
+        with self._lock, self._w:
+            self._check_open()
+            first = append_records_locked(self, values, keys, headers, timestamps, codec, producer_id,
+                                          producer_epoch, base_sequence, control)
+            last = self._appender.next_offset - 1
+            if last < self._flush_at:
+                return first
+        self._after_append(last)
+        return first
+
+    def append_encoded(self, batch: bytes | bytearray | memoryview) -> int:
+        """Append one record batch a client encoded (Kafka's produce path); return its first
+        offset. :meth:`append_idempotent` with its answer's ``first_offset``: a retry of a
+        producer's batch already in the log returns that batch's first offset, unwritten.
+
+        Raises:
+            CorruptRecordError, InvalidRecordError, RecordTooLargeError, OutOfOrderSequenceError,
+                InvalidProducerEpochError: as :meth:`append_idempotent` (nothing written).
+        """
+        return append_client_batch(self, batch).first_offset
+
+    def append_idempotent(self, batch: bytes | bytearray | memoryview, check_sequence: bool = True) -> AppendInfo:
+        """Append one record batch a client encoded, once; return ``(first_offset, last_offset,
+        duplicate)`` (:class:`~logstore.log.appends.AppendInfo`).
+
+        The batch is checked whole first (:func:`~logstore.records.batch.validate_client_batch`: CRC,
+        every record, flags, size). A batch with a producer id is then checked against the
+        producer state (:mod:`~logstore.log.producerstate`: the producer's epoch and last five
+        batches) under the lock that orders appends: a retry of one of those batches (same
+        producer, epoch and sequences) is a duplicate, not appended again, answered with the
+        offsets that batch has and ``duplicate=True``. Otherwise the batch is stored byte for
+        byte with its offsets and the leader epoch assigned (they lie outside the CRC), or, when
+        the log's policy needs other bytes (a compression_type other than "producer" that
+        differs from the batch's codec, LogAppendTime, or a compacted log, whose keys are
+        checked), its records are encoded again keeping the producer id, epoch and sequence.
+
+        ``check_sequence=False`` recognises duplicates and fences old epochs but accepts any
+        sequence (replication's client skips the sequences of produces that were refused).
+
+        Raises:
+            CorruptRecordError, InvalidRecordError, RecordTooLargeError: a batch that may not be
+                appended (nothing written).
+            InvalidProducerEpochError: its producer has a newer epoch (Kafka's error 47).
+            OutOfOrderSequenceError: its first sequence does not follow the producer's last
+                (Kafka's error 45).
+
+        Durability and thread-safety as :meth:`append`; the check and the append are atomic.
+        """
+        return append_client_batch(self, batch, check_sequence)
+
+    def _after_append(self, last_offset: int) -> int:
+        """An append reached ``_flush_at`` (called without the lock): wake long-polls, apply
+        the flush policy (:meth:`Flusher.after_append`)."""
+        if self._share is None and (self._waiters.count or self._waiters.always):
+            self._waiters.notify()  # (a shared log's publish already notified)
+        self._flusher.after_append(last_offset)
+        return last_offset
+
+    def _update_flush_at(self) -> None:
+        """Recompute the append path's flush threshold (holds the lock)."""
+        waiters = self._waiters
+        self._flush_at = self._flusher.threshold(
+            self._flushed_offset, bool(waiters.count) or (waiters.always and self._share is None))
+
+    # ------------------------------------------------------------------ flushing
+    def flush(self) -> None:
+        """fsync everything appended so far and advance the recovery point.
+
+        Durability: on return every record appended before the call survives power loss.
+        Thread-safe; concurrent callers share one fsync.
+        """
+        self._flusher.flush()
+
+    def run_due_tasks(self) -> bool:
+        """Do what the timers of a log opened with ``timers=False`` would have done by now:
+        unlink deleted segment files whose file_delete_delay_ms passed, and fsync when records
+        are unflushed and the last flush is at least flush_ms old. Returns True when it
+        flushed. Thread-safe."""
+        with self._lock:
+            if self._closed or self._offline is not None:
+                return False
+            if self._segments.deletes_pending:
+                self._segments.unlink_due()
+            if self._flusher.ms is None:
+                return False
+            self._follow()
+            pending = self._appender.next_offset > self._flushed_offset
+        if pending and self._flusher.due():
+            self.flush()
+            return True
+        return False
+
+    def wait_for_append(self, offset: int, timeout: float | None = None) -> bool:
+        """Block until the log end offset exceeds ``offset`` (a record at ``offset`` or later
+        exists) or ``timeout`` seconds pass; True when it does. Long-poll without a busy loop:
+        the thread sleeps on a futex that appends (from any process, for a shared log) wake.
+        Thread-safe.
+
+        Raises:
+            LogClosedError: the log is or gets closed.
+        """
+        def reached() -> bool:
+            self._check_open()
+            self._follow()
+            return bool(self._appender.next_offset > offset)
+
+        return self._waiters.wait(reached, timeout)
+
+    def _write_checkpoints(self) -> None:
+        """Write this partition's recovery point and log start into the log directory's
+        checkpoint files (leader epochs wholly below the log start are dropped first)."""
+        self._last_checkpoint = time.monotonic()
+        if self.leader_epochs is not None:
+            self.leader_epochs.truncate_from_start(self._log_start_offset)
+        self._recovery_points.update({self._key: self._recovery_point})
+        self._start_offsets.update({self._key: self._log_start_offset})
+
+    # ------------------------------------------------------------------ rolling
+    def roll(self) -> None:
+        """Seal the active segment and start a new one at the log end offset (if non-empty)."""
+        with self._lock, self._w:
+            self._check_open()
+            if self._active is not None and self._active.size > 0:
+                roll_segment(self)
+
+    # ------------------------------------------------------------------ reads
+    def read(self, offset: int, max_bytes: int = _DEFAULT_MAX_BYTES, max_records: int | None = None,
+             max_offset: int | None = None) -> list[Record]:
+        """Read records from ``offset`` on.
+
+        Returns the records of about ``max_bytes`` of batches (at least one whole batch when
+        any is available, as Kafka's fetch does), at most ``max_records`` records, none at or
+        above ``max_offset`` (default: the log end). Reading at the log end returns [].
+
+        Raises:
+            OffsetOutOfRangeError: offset below log_start_offset or above log_end_offset.
+            CorruptRecordError: a batch on the way fails its CRC or structure checks.
+
+        Every batch a read takes records from is validated first, CRC included. With
+        ``max_records``, only the records asked for are decoded, and a batch validated whole
+        once is remembered (by position and stored CRC, per segment, while the log is open): a
+        later such read of it skips the CRC, so a point read costs microseconds rather than its
+        batch's CRC; reads without ``max_records`` check every batch every time.
+
+        Thread-safe; never returns a record of a partially written batch.
+        """
+        if max_records == 1 and max_offset is None:
+            # A point read: one call into C (the segments' PointLog) when nothing is unusual;
+            # None from it sends the read down the general path below, which decides.
+            lock = self._lock
+            lock.acquire()  # explicit acquire/release: cheaper than `with` per call
+            try:
+                points = self._segments.points
+                if points is None:
+                    points = self._point_reader()
+                record = None if points is None else points.read(offset, self._log_start_offset)
+            finally:
+                lock.release()
+            if record is not None:
+                return [record]
+        if offset.__class__ is not int:
+            offset = check_offset(offset)
+        if max_records is not None and max_records <= 0:
+            return []
+        with self._lock:
+            self._check_open()
+            self._follow()
+            end = self._appender.next_offset
+            if offset < self._log_start_offset or offset > end:
+                raise OffsetOutOfRangeError(offset, self._log_start_offset, end, f"read from {self.path}")
+            limit = end if max_offset is None else min(max_offset, end)
+            if offset >= limit:
+                return []
+            return self._segments.read(self._decoder, offset, max_bytes, limit, max_records)
+
+    def _point_reader(self) -> Any:
+        """The segments' reader of one record (made now), or None while point reads must take
+        the general path: a closed, offline or shared log. Called under the lock."""
+        if self._share is not None or self._closed or self._offline is not None:
+            return None
+        return self._segments.point_reader()
+
+    def iter(self, start: int | None = None, end: int | None = None,
+             max_bytes: int = _ITER_CHUNK_BYTES) -> Iterator[Record]:
+        """Iterate over records from ``start`` (default: log start) up to ``end`` (exclusive;
+        default: the log end at the time of the call), reading ``max_bytes`` at a time.
+
+        Thread-safe; concurrent appends past ``end`` are not yielded. The default chunk is
+        smaller than read()'s 1 MiB: iteration then keeps fewer Records alive at once.
+
+        Raises:
+            OffsetOutOfRangeError: ``start`` below the log start (when reading reaches it).
+        """
+        with self._lock:
+            self._check_open()
+            self._follow()
+            offset = self._log_start_offset if start is None else start
+            stop = self._appender.next_offset if end is None else end
+        return chain.from_iterable(self._chunks(offset, stop, max_bytes))
+
+    def _chunks(self, offset: int, stop: int, max_bytes: int) -> Iterator[list[Record]]:
+        while offset < stop:
+            records = self.read(offset, max_bytes=max_bytes, max_offset=stop)
+            if not records:  # read() already looked through every later segment
+                return
+            yield records
+            offset = records[-1].offset + 1
+
+    def __iter__(self) -> Iterator[Record]:
+        return self.iter()
+
+    def iter_arrow(self, start: int | None = None, end: int | None = None, columns: Sequence[str] | None = None,
+                   max_records: int | None = None) -> Iterator[Any]:
+        """The records from ``start`` (default: log start) up to ``end`` (exclusive; default:
+        the log end at the time of the call) as ``pyarrow.RecordBatch`` es of at most about
+        32,768 rows, in the Spark Kafka source's schema (see :mod:`logstore.records.arrow`):
+        ``columns`` names the columns to build (default: all but ``headers``), ``max_records``
+        caps the rows. Keys and values are gathered by C from the mapped segments, every batch
+        CRC-checked; memory stays bounded by two record batches whatever the log's size. On
+        more than one core and without ``max_records``, chunks are decoded in pairs, the second
+        by a helper thread, so the records of a batch may have been read (under the log's lock,
+        consistently) one chunk before it is yielded.
+
+        Needs pyarrow (``pip install logstore[arrow]``). Thread-safe; concurrent appends past
+        ``end`` are not yielded.
+
+        Raises:
+            OffsetOutOfRangeError: ``start`` below the log start or above the log end.
+            ValueError: an unknown column name.
+            CorruptRecordError: a batch on the way fails its checks.
+            ImportError: pyarrow is not installed.
+        """
+        return logarrow.iter_arrow(self, start, end, columns, max_records)
+
+    def read_arrow(self, start: int | None = None, end: int | None = None, columns: Sequence[str] | None = None,
+                   max_records: int | None = None) -> Any:
+        """:meth:`iter_arrow`'s record batches as one ``pyarrow.Table`` (empty with the schema
+        when there are no records). Same arguments, guarantees and errors; the table holds every
+        record asked for in memory."""
+        return logarrow.read_arrow(self, start, end, columns, max_records)
+
+    def offset_for_timestamp(self, timestamp: int) -> int | None:
+        """Earliest offset whose record timestamp >= ``timestamp`` (Kafka's ListOffsets).
+
+        Only records at or after the log start count. ``EARLIEST_TIMESTAMP`` (-2) gives the
+        log start offset and ``LATEST_TIMESTAMP`` (-1) the log end offset. Returns None when no
+        record is that recent. Thread-safe.
+        """
+        timestamp = check_timestamp(timestamp)
+        with self._lock:
+            self._check_open()
+            self._follow()
+            if timestamp == EARLIEST_TIMESTAMP:
+                return self._log_start_offset
+            if timestamp == LATEST_TIMESTAMP:
+                return self._appender.next_offset
+            return self._segments.offset_for_timestamp(self._decoder, timestamp, self._log_start_offset)
+
+    # ------------------------------------------------------------------ replication primitives (logreplication.py)
+    def assign_leader_epoch(self, epoch: int) -> None:
+        """Become the leader of ``epoch``: record (epoch, log end offset) in
+        leader-epoch-checkpoint (fsynced) and stamp the epoch into every batch appended from now
+        on (partitionLeaderEpoch). Thread-safe.
+
+        Raises:
+            ValueError: ``epoch`` is older than the latest epoch of the log.
+        """
+        logreplication.assign_leader_epoch(self, epoch)
+
+    @property
+    def latest_epoch(self) -> int:
+        """The newest leader epoch in the log's history, -1 when none."""
+        return logreplication.latest_epoch(self)
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """(epoch, end offset) as Kafka's OffsetsForLeaderEpoch answers it (see
+        :meth:`LeaderEpochCache.end_offset_for`). Thread-safe."""
+        return logreplication.end_offset_for_epoch(self, epoch)
+
+    def read_raw(self, offset: int, max_bytes: int = _DEFAULT_MAX_BYTES) -> bytes:
+        """Whole batches, byte for byte as stored, from the one holding ``offset`` on (at least
+        one batch when there is one, else about ``max_bytes``), for a follower's fetch. Reads
+        stop at the log end (not the high watermark). CRCs are checked. Thread-safe.
+
+        Raises:
+            OffsetOutOfRangeError: ``offset`` outside [log start, log end].
+            CorruptRecordError: a batch on the way is invalid.
+        """
+        return logreplication.read_raw(self, offset, max_bytes)
+
+    def read_region(self, offset: int, max_bytes: int = _DEFAULT_MAX_BYTES,
+                    max_offset: int | None = None) -> FileRegion | None:
+        """The batches :meth:`read_raw` returns, as a region of the segment file instead of
+        bytes (None past the end), for a server to write with ``sendfile`` (zero copy), none at
+        or above ``max_offset`` (a batch boundary, such as a replicated high watermark). The
+        caller owns the region and must close it (see :class:`logstore._fileio.FileRegion`);
+        it stays readable if the segment is deleted meanwhile. CRCs are checked. Thread-safe.
+
+        Raises:
+            OffsetOutOfRangeError, CorruptRecordError: as :meth:`read_raw`.
+        """
+        return logreplication.read_region(self, offset, max_bytes, max_offset)
+
+    def append_replicated(self, data: bytes | bytearray | memoryview) -> int:
+        """Append batches copied from a leader byte for byte: offsets, timestamps and
+        partitionLeaderEpoch are kept, and the epoch cache learns every new epoch. The first
+        batch must start at or after the log end offset (a gap is allowed: a compacted leader
+        has them). Returns the new log end offset. Durability as :meth:`append`. Thread-safe.
+
+        Raises:
+            CorruptRecordError: a batch is invalid (the valid batches before it are appended).
+            OffsetOutOfRangeError: a batch starts below the log end (truncate first).
+        """
+        return logreplication.append_replicated(self, data)
+
+    def active_producers(self) -> dict[int, ProducerStateEntry]:
+        """Each idempotent producer's state in this log by producer id (copies): its epoch and
+        last batches, as :meth:`append_idempotent` checks them. The first use loads the state
+        (the newest ``.snapshot``, then the batch headers after it). Thread-safe."""
+        with self._lock, self._w:
+            self._check_open()
+            table = self._producers.current(self._log_start_offset, self._appender.next_offset)
+            return {entry.producer_id: entry.copy() for entry in table.entries()}
+
+    # ------------------------------------------------------------------ truncation (logtruncation.py)
+    def truncate_to(self, offset: int) -> None:
+        """Remove every record with offset >= ``offset`` (the log end becomes ``offset``).
+
+        Below the log start this empties the log and restarts it at ``offset``. Durable on
+        return. Thread-safe.
+        """
+        logtruncation.truncate_to(self, offset)
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Drop every record and restart the log, empty, at ``offset`` (any offset >= 0; Kafka's
+        truncateFullyAndStartAt): what a follower does when the leader's log start has moved
+        past its log end, so that no record it holds can be kept. The leader epoch history is
+        cleared too. Durable on return. Thread-safe."""
+        logtruncation.truncate_fully_and_start_at(self, offset)
+
+    # ------------------------------------------------------------------ retention (logtruncation.py)
+    def delete_records_before(self, offset: int) -> int:
+        """Advance the log start offset to ``offset`` (Kafka's DeleteRecords); return it.
+
+        Records below become unreadable at once and whole segments below are deleted.
+        ``offset`` may not exceed the high watermark. Durable on return. Thread-safe.
+        """
+        return logtruncation.delete_records_before(self, offset)
+
+    def enforce_retention(self, now_ms: int | None = None) -> int:
+        """Delete whole segments past retention_ms / retention_bytes / the log start; return
+        how many were deleted.
+
+        Time: a segment goes when its newest record is older than retention_ms (the active
+        segment too, after a roll, if it has expired). Size: the oldest sealed segments go
+        while the log stays at or above retention_bytes without them. Only with a cleanup
+        policy that includes "delete". Files are renamed ``.deleted`` and unlinked after
+        file_delete_delay_ms. Thread-safe.
+        """
+        return logtruncation.enforce_retention(self, _time_ns() // 1_000_000 if now_ms is None else now_ms)
+
+    # ------------------------------------------------------------------ compaction (cleaner.LogCompaction)
+    def compact(self, now_ms: int | None = None) -> CleanerReport:
+        """Run one compaction pass now and report what it did.
+
+        Keeps the latest record of every key among the sealed segments (the active segment is
+        never touched), without changing offsets or order; tombstones survive for
+        delete_retention_ms after the pass that first cleaned them, and the first pass after
+        that removes them, dirty records or not; records younger than
+        min_compaction_lag_ms are left for a later pass. The dirty section starts at the
+        ``cleaner-offset-checkpoint``; when it holds more keys than cleaner_dedupe_buffer_size
+        can index, the pass cleans the prefix that fit and the next pass continues.
+
+        Rewritten segments go through ``.cleaned`` -> ``.swap`` -> live, the old files through
+        ``.deleted``; a crash at any step leaves the log as before or after the pass. A log
+        whose cleanup policy does not include "compact" is left alone. Holds the log's lock for
+        the pass (appends wait). Thread-safe.
+        """
+        return self._compaction.compact(now_ms)
+
+    def dirty_ratio(self) -> float:
+        """Bytes of sealed segments at or after the cleaner's first dirty offset over all sealed
+        bytes (Kafka's cleanable ratio). Thread-safe."""
+        return self._compaction.dirty_ratio()
+
+    def needs_compaction(self, now_ms: int | None = None) -> bool:
+        """True when the cleaner should pick this log: a compacted log, not marked uncleanable,
+        whose dirty ratio reaches min_cleanable_dirty_ratio, whose oldest dirty segment is
+        older than max_compaction_lag_ms, or that holds tombstones whose delete horizon has
+        passed (Kafka's KIP-534: they go even when nothing is dirty). Thread-safe."""
+        return self._compaction.needs_compaction(now_ms)
+
+    @property
+    def cleaner_state(self) -> CleanerState:
+        """The cleaner's view of this log: last run, last report, uncleanable reason."""
+        return self._compaction.state
+
+    def mark_uncleanable(self, reason: str) -> None:
+        """Stop the background cleaner from picking this log (after an error), as Kafka's
+        KIP-346 does; reopening the log clears it."""
+        self._compaction.mark_uncleanable(reason)
+        logger.error("%s: marked uncleanable: %s", self.path, reason)
+
+    # ------------------------------------------------------------------ metrics (logmetrics.py)
+    def metrics(self) -> dict[str, Any]:
+        """This partition's metrics by name (see metrics.py for the names and meanings):
+        appends and bytes in since this process opened the log (by any process), records and
+        bytes this process read, offsets, size, segments, the fsync latency histogram, what the
+        last open's recovery took and cut, and for compacted logs cleaner runs and dirty ratio.
+        Thread-safe."""
+        return log_metrics(self)
+
+    # ------------------------------------------------------------------ closing (loglifecycle.py)
+    def close(self) -> None:
+        """Flush, trim the active segment, write checkpoints and the clean-shutdown marker.
+
+        Idempotent. After close every method raises LogClosedError. Thread-safe.
+        """
+        loglifecycle.close(self)
+
+    def _abandon(self) -> None:
+        """Drop maps and descriptors without flushing or marking a clean shutdown (tests:
+        simulates the process dying)."""
+        loglifecycle.abandon(self)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"[{self._log_start_offset}, {self._appender.next_offset})"
+        return f"Log({self.path!r}, {state})"
+

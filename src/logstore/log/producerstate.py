@@ -1,0 +1,395 @@
+"""Producer state of one partition: each idempotent producer's epoch and last five batches, the
+check of a new batch against them, and the ``.snapshot`` file format that stores them.
+
+A producer that sets a producer id, an epoch and a base sequence in its batch headers (Kafka's
+idempotent producer; logstore's replication ``Client`` too) may send a batch again when it did
+not hear the answer. The partition keeps, per producer id, the producer's latest epoch and the
+metadata of its last :data:`BATCHES_RETAINED` batches (sequences, offsets, largest timestamp):
+Kafka's ``ProducerStateEntry``, five because a Kafka producer has at most five produce requests
+in flight, so its retries always fall among its last five batches.
+
+The rules for a client's batch with producer id P >= 0, epoch E and sequences [f, l] (Kafka's
+``ProducerAppendInfo``, the part that concerns non-transactional producers):
+
+* It is a *duplicate* iff P's epoch is E and one of P's retained batches has exactly the
+  sequences [f, l]. A duplicate is not appended again: the caller answers with the offsets that
+  batch already has (Kafka answers success with the original base offset).
+* Otherwise it may be appended iff P is unknown (never seen, or its batches have left the log:
+  any epoch and sequence is then accepted, as Kafka does), or E is newer than P's epoch and f is
+  0, or E is P's epoch and f follows P's last sequence (last + 1, with 2^31 - 1 followed by 0).
+* An older epoch is refused with :class:`~logstore.errors.InvalidProducerEpochError` (Kafka's
+  error 47) and any other sequence with :class:`~logstore.errors.OutOfOrderSequenceError` (45).
+* A batch without a producer id (-1) is neither checked nor remembered.
+
+Batches that are copied rather than produced (a follower's copy of its leader's log, the
+replay of a log at open) are remembered without being checked, as Kafka's replication origin.
+
+The table is derived data, like an index: learnt from batch headers as batches are appended or
+copied, and rebuilt from the log (see :mod:`~logstore.log.producers`, which keeps a Log's table
+current and its snapshot files). The snapshot format, Kafka's ``ProducerSnapshot`` version 1,
+big-endian (a Kafka message "Struct" without flexible fields, so the array's length is an int32)::
+
+    version                  int16   1
+    crc                      uint32  CRC32C of every byte after this field
+    producer count           int32
+    per producer:
+        producer_id          int64
+        epoch                int16
+        last_sequence        int32   of the producer's last batch
+        last_offset          int64   of the producer's last batch (-1: no batch)
+        offset_delta         int32   last_offset - first offset of that batch
+        timestamp            int64   its largest timestamp
+        coordinator_epoch    int32   -1 (transactions only)
+        current_txn_first_offset int64  -1 (transactions only)
+
+Only the last batch of each producer is stored, as in Kafka: after a reload from a snapshot a
+producer's earlier batches are not known, and a retry of one of them is refused as out of order
+(Kafka answers the same), while a retry of its last batch is still recognised.
+
+This module belongs to the log layer: it imports nothing above ``records``. Thread-safety:
+nothing here is thread-safe; the owning Log serialises every call under its lock.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Protocol
+
+from .._native import lib
+from ..errors import InvalidProducerEpochError, LogstoreError, OutOfOrderSequenceError
+from ..records.batch import batch_headers
+
+__all__ = ["BATCHES_RETAINED", "NO_PRODUCER_ID", "NO_EPOCH", "NO_SEQUENCE", "BatchMetadata", "ProducerStateEntry",
+           "ProducerStateTable", "CorruptSnapshotError", "increment_sequence", "decrement_sequence", "replay"]
+
+#: How many of a producer's latest batches are kept (Kafka's NUM_BATCHES_TO_RETAIN).
+BATCHES_RETAINED = 5
+NO_PRODUCER_ID = -1
+NO_EPOCH = -1
+NO_SEQUENCE = -1
+#: Sequence numbers count modulo 2^31: 2^31 - 1 is followed by 0.
+_SEQUENCES = 1 << 31
+#: How many bytes of batches a replay reads at a time.
+REPLAY_CHUNK_BYTES = 1 << 20
+
+SNAPSHOT_VERSION = 1
+_SNAPSHOT_HEAD = struct.Struct(">hIi")       # version, crc, producer count
+_SNAPSHOT_ENTRY = struct.Struct(">qhiqiqiq")  # one producer (46 bytes)
+_CRC_FROM = 6                                # the CRC covers everything after version and crc
+
+
+class CorruptSnapshotError(LogstoreError):
+    """A ``.snapshot`` file does not hold a valid producer state snapshot (wrong version, CRC
+    mismatch, wrong length). The file is derived data: the log is replayed instead."""
+
+
+def increment_sequence(sequence: int, delta: int) -> int:
+    """``sequence`` advanced by ``delta`` records, wrapping at 2^31 (Kafka's incrementSequence).
+
+    >>> increment_sequence(2**31 - 1, 1), increment_sequence(5, 2)
+    (0, 7)
+    """
+    return (sequence + delta) % _SEQUENCES
+
+
+def decrement_sequence(sequence: int, delta: int) -> int:
+    """``sequence`` moved back by ``delta`` records, wrapping at 0 (Kafka's decrementSequence)."""
+    return (sequence - delta) % _SEQUENCES
+
+
+class BatchMetadata(NamedTuple):
+    """Where one of a producer's batches landed (immutable): its first and last sequence, its
+    first and last offset, and its largest timestamp."""
+
+    first_sequence: int
+    last_sequence: int
+    first_offset: int
+    last_offset: int
+    max_timestamp: int
+
+
+class ProducerStateEntry:
+    """One producer's state: its latest epoch and its last :data:`BATCHES_RETAINED` batches of
+    that epoch, oldest first (Kafka's ProducerStateEntry). A new epoch forgets the batches of
+    the old one. Not thread-safe (the table's owner serialises)."""
+
+    __slots__ = ("producer_id", "epoch", "batches", "last_timestamp")
+
+    def __init__(self, producer_id: int, epoch: int = NO_EPOCH, batches: Iterable[BatchMetadata] = (),
+                 last_timestamp: int = -1) -> None:
+        self.producer_id = producer_id
+        self.epoch = epoch
+        self.batches: deque[BatchMetadata] = deque(batches, BATCHES_RETAINED)
+        self.last_timestamp = last_timestamp
+
+    @property
+    def last_batch(self) -> BatchMetadata | None:
+        """The producer's latest batch, None when none is known in its epoch."""
+        return self.batches[-1] if self.batches else None
+
+    @property
+    def last_sequence(self) -> int:
+        """The last sequence of the latest batch, -1 when none is known."""
+        return self.batches[-1].last_sequence if self.batches else NO_SEQUENCE
+
+    def add_batch(self, epoch: int, batch: BatchMetadata) -> None:
+        """Note a batch of ``epoch`` (the oldest retained one goes when five are kept)."""
+        if epoch != self.epoch:
+            self.batches.clear()
+            self.epoch = epoch
+        self.batches.append(batch)
+        self.last_timestamp = batch.max_timestamp
+
+    def find_duplicate(self, epoch: int, first_sequence: int, last_sequence: int) -> BatchMetadata | None:
+        """The retained batch of ``epoch`` with exactly these sequences, or None."""
+        if epoch == self.epoch:
+            for batch in self.batches:
+                if batch.first_sequence == first_sequence and batch.last_sequence == last_sequence:
+                    return batch
+        return None
+
+    def copy(self) -> "ProducerStateEntry":
+        """An independent copy."""
+        return ProducerStateEntry(self.producer_id, self.epoch, self.batches, self.last_timestamp)
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, ProducerStateEntry) and self.producer_id == other.producer_id
+                and self.epoch == other.epoch and list(self.batches) == list(other.batches)
+                and self.last_timestamp == other.last_timestamp)
+
+    def __repr__(self) -> str:
+        return (f"ProducerStateEntry(producer_id={self.producer_id}, epoch={self.epoch}, "
+                f"batches={list(self.batches)}, last_timestamp={self.last_timestamp})")
+
+
+class _Header(Protocol):
+    """The batch header fields the table reads (a records.BatchHeader or a C ls_batch_header)."""
+
+    base_offset: int
+    attributes: int
+    last_offset_delta: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+
+
+class ProducerStateTable:
+    """Producer id -> :class:`ProducerStateEntry` of one partition's log.
+
+    Thread-safety: not thread-safe; the owner of the partition serialises every call (a Log
+    holds its lock).
+
+    >>> table = ProducerStateTable()
+    >>> table.record(7, epoch=0, first_sequence=0, last_sequence=2, first_offset=10, last_offset=12)
+    >>> table.check(7, epoch=0, first_sequence=0, last_sequence=2)   # a retry
+    BatchMetadata(first_sequence=0, last_sequence=2, first_offset=10, last_offset=12, max_timestamp=-1)
+    >>> table.check(7, epoch=0, first_sequence=3, last_sequence=3) is None   # the next batch
+    True
+    >>> table.check(7, epoch=0, first_sequence=5, last_sequence=5)
+    Traceback (most recent call last):
+    ...
+    logstore.errors.OutOfOrderSequenceError: out of order sequence for producer 7 (epoch 0): the batch starts at 5, expected 3; nothing was written
+    >>> table.truncate_to(11)   # the log now ends at 11: the batch is gone
+    1
+    >>> len(table)
+    0
+    """
+
+    __slots__ = ("_entries",)
+
+    def __init__(self, entries: Iterable[ProducerStateEntry] = ()) -> None:
+        self._entries: dict[int, ProducerStateEntry] = {e.producer_id: e for e in entries}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, producer_id: object) -> bool:
+        return producer_id in self._entries
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._entries)
+
+    def entry(self, producer_id: int) -> ProducerStateEntry | None:
+        """The producer's state, or None when it is unknown (the entry is live: do not change it)."""
+        return self._entries.get(producer_id)
+
+    def entries(self) -> list[ProducerStateEntry]:
+        """Every producer's state, by producer id."""
+        return [self._entries[pid] for pid in sorted(self._entries)]
+
+    # ------------------------------------------------------------------ checking a client's batch
+    def check(self, producer_id: int, epoch: int, first_sequence: int, last_sequence: int,
+              check_sequence: bool = True, where: str = "") -> BatchMetadata | None:
+        """Check a client's batch against the producer's state (the rules in the module
+        docstring); return the batch it duplicates, or None when it may be appended. Changes
+        nothing: the caller :meth:`record`\\ s the batch once it is appended.
+
+        ``check_sequence=False`` recognises duplicates and fences old epochs but accepts any
+        sequence (a client whose sequence skips the numbers of refused batches).
+
+        Raises:
+            InvalidProducerEpochError: the epoch is older than the producer's.
+            OutOfOrderSequenceError: the first sequence does not follow the producer's last.
+        """
+        if producer_id < 0:
+            return None
+        entry = self._entries.get(producer_id)
+        if entry is None:
+            return None  # unknown (or forgotten): anything goes
+        known = entry.find_duplicate(epoch, first_sequence, last_sequence)
+        if known is not None:
+            return known
+        if epoch < entry.epoch:
+            raise InvalidProducerEpochError(producer_id, epoch, entry.epoch, where)
+        if not check_sequence:
+            return None
+        if epoch != entry.epoch:
+            if first_sequence != 0 and entry.epoch != NO_EPOCH:
+                raise OutOfOrderSequenceError(producer_id, epoch, first_sequence, NO_SEQUENCE, where)
+        elif entry.epoch != NO_EPOCH and first_sequence != (entry.last_sequence + 1) % _SEQUENCES:
+            raise OutOfOrderSequenceError(producer_id, epoch, first_sequence, entry.last_sequence, where)
+        return None
+
+    def check_header(self, header: _Header, check_sequence: bool = True, where: str = "") -> BatchMetadata | None:
+        """:meth:`check` for the batch whose header is ``header``."""
+        return self.check(header.producer_id, header.producer_epoch, header.base_sequence,
+                          increment_sequence(header.base_sequence, header.last_offset_delta), check_sequence, where)
+
+    # ------------------------------------------------------------------ learning
+    def record(self, producer_id: int, epoch: int, first_sequence: int, last_sequence: int, first_offset: int,
+               last_offset: int, max_timestamp: int = -1) -> None:
+        """Note a batch appended at [first_offset, last_offset] (ignored without a producer id).
+        Never raises: what is in the log is learnt as it is."""
+        if producer_id < 0:
+            return
+        entry = self._entries.get(producer_id)
+        if entry is None:
+            entry = self._entries[producer_id] = ProducerStateEntry(producer_id, epoch)
+        entry.add_batch(epoch, BatchMetadata(first_sequence, last_sequence, first_offset, last_offset,
+                                             max_timestamp))
+
+    def record_header(self, header: _Header, base_offset: int | None = None) -> None:
+        """Note the batch whose header is ``header``, stored at ``base_offset`` (default: the
+        header's). A control batch (a transaction marker from Kafka) only moves the epoch."""
+        producer_id = header.producer_id
+        if producer_id < 0:
+            return
+        first = header.base_offset if base_offset is None else base_offset
+        if header.attributes & lib.LS_ATTR_CONTROL:
+            entry = self._entries.get(producer_id)
+            if entry is None:
+                entry = self._entries[producer_id] = ProducerStateEntry(producer_id, header.producer_epoch)
+            elif entry.epoch != header.producer_epoch:
+                entry.batches.clear()
+                entry.epoch = header.producer_epoch
+            entry.last_timestamp = header.max_timestamp
+            return
+        delta = header.last_offset_delta
+        self.record(producer_id, header.producer_epoch, header.base_sequence,
+                    increment_sequence(header.base_sequence, delta), first, first + delta, header.max_timestamp)
+
+    def record_batches(self, data: bytes | bytearray | memoryview, from_offset: int = 0) -> int:
+        """Note every batch in ``data`` (whole consecutive batches with their offsets assigned,
+        as read_raw returns them) that ends at or after ``from_offset``, in order; return the
+        offset after the last batch (``from_offset`` when there is none)."""
+        end = from_offset
+        for _, header in batch_headers(data):
+            last = header.base_offset + header.last_offset_delta
+            if last >= from_offset:
+                self.record_header(header)
+            end = max(end, last + 1)
+        return end
+
+    # ------------------------------------------------------------------ forgetting
+    def truncate_to(self, offset: int) -> int:
+        """The log was truncated to end at ``offset``: forget every batch that reaches it, and
+        every producer left without a batch. Returns how many batches were forgotten. (A
+        producer's batches older than the retained five are not known here: the Log reloads
+        its table from a snapshot instead whenever this forgets anything.)"""
+        dropped = 0
+        for pid in list(self._entries):
+            batches = self._entries[pid].batches
+            while batches and batches[-1].last_offset >= offset:
+                batches.pop()
+                dropped += 1
+            if not batches:
+                del self._entries[pid]
+        return dropped
+
+    def truncate_head(self, log_start_offset: int) -> int:
+        """The log now starts at ``log_start_offset``: forget every producer whose last batch
+        lies wholly below it (retention or DeleteRecords removed it; Kafka's truncateHead).
+        Returns how many producers were forgotten."""
+        gone = [pid for pid, e in self._entries.items() if not e.batches or e.batches[-1].last_offset < log_start_offset]
+        for pid in gone:
+            del self._entries[pid]
+        return len(gone)
+
+    def clear(self) -> None:
+        """Forget every producer."""
+        self._entries.clear()
+
+    # ------------------------------------------------------------------ snapshots
+    def to_snapshot(self) -> bytes:
+        """The table in Kafka's snapshot format (see the module docstring)."""
+        entry_struct = _SNAPSHOT_ENTRY
+        parts = [struct.pack(">i", len(self._entries))]
+        for e in self.entries():
+            last = e.last_batch
+            if last is None:
+                parts.append(entry_struct.pack(e.producer_id, e.epoch, NO_SEQUENCE, -1, 0, e.last_timestamp, -1, -1))
+            else:
+                parts.append(entry_struct.pack(e.producer_id, e.epoch, last.last_sequence, last.last_offset,
+                                               last.last_offset - last.first_offset, e.last_timestamp, -1, -1))
+        body = b"".join(parts)
+        return struct.pack(">hI", SNAPSHOT_VERSION, lib.ls_crc32c(0, body, len(body))) + body
+
+    @classmethod
+    def from_snapshot(cls, data: bytes | bytearray | memoryview, what: str = "snapshot") -> "ProducerStateTable":
+        """The table a snapshot holds: each producer with its epoch and its last batch.
+
+        Raises:
+            CorruptSnapshotError: not a version 1 snapshot, a CRC mismatch, or a wrong length.
+        """
+        data = bytes(data)
+        if len(data) < _SNAPSHOT_HEAD.size:
+            raise CorruptSnapshotError(f"{what}: {len(data)} bytes is shorter than a snapshot header")
+        version, crc, count = _SNAPSHOT_HEAD.unpack_from(data)
+        if version != SNAPSHOT_VERSION:
+            raise CorruptSnapshotError(f"{what}: unknown snapshot version {version} (expected {SNAPSHOT_VERSION})")
+        computed = lib.ls_crc32c(0, data[_CRC_FROM:], len(data) - _CRC_FROM)
+        if computed != crc:
+            raise CorruptSnapshotError(f"{what}: snapshot is corrupt (stored crc = {crc:#010x}, "
+                                       f"computed crc = {computed:#010x})")
+        if count < 0 or len(data) != _SNAPSHOT_HEAD.size + count * _SNAPSHOT_ENTRY.size:
+            raise CorruptSnapshotError(f"{what}: {count} producers do not fill {len(data)} bytes")
+        entries = []
+        for (pid, epoch, last_seq, last_offset, delta, timestamp, _, _) in _SNAPSHOT_ENTRY.iter_unpack(
+                memoryview(data)[_SNAPSHOT_HEAD.size:]):
+            if last_offset < 0:
+                entries.append(ProducerStateEntry(pid, epoch, (), timestamp))
+                continue
+            if not 0 <= delta <= last_offset:
+                raise CorruptSnapshotError(f"{what}: producer {pid} has offset delta {delta} at offset {last_offset}")
+            batch = BatchMetadata(decrement_sequence(last_seq, delta), last_seq, last_offset - delta, last_offset,
+                                  timestamp)
+            entries.append(ProducerStateEntry(pid, epoch, (batch,), timestamp))
+        return cls(entries)
+
+
+def replay(table: ProducerStateTable, read_raw: Callable[[int, int], Any], start: int, end: int,
+           chunk_bytes: int = REPLAY_CHUNK_BYTES) -> None:
+    """Teach ``table`` the batches of a log from ``start`` to ``end``: ``read_raw(offset,
+    max_bytes)`` returns whole batches from the one holding ``offset`` on (as Log.read_raw
+    does). Only batch headers are read; records are not decoded."""
+    offset = start
+    while offset < end:
+        data = read_raw(offset, chunk_bytes)
+        if not data:
+            break
+        after = table.record_batches(data, offset)
+        if after <= offset:  # pragma: no cover - read_raw returns batches past offset
+            break
+        offset = after

@@ -1,0 +1,57 @@
+"""Retention: which whole segments time, size and the log start offset let go.
+
+Kafka's rules, for a log whose cleanup policy includes "delete":
+
+* time (``retention.ms``): a segment goes when its newest record is older than retention_ms,
+  oldest first, stopping at the first segment that is not expired (or empty). The active
+  segment goes too once it has expired; the log rolls first so that appends have somewhere to go;
+* size (``retention.bytes``): the oldest sealed segments go while the log, without them, stays at
+  or above retention_bytes;
+* whatever the policy: a segment wholly below the log start offset (moved by
+  ``delete_records_before``, Kafka's DeleteRecords) goes.
+
+The functions here decide; :class:`~logstore.log.log.Log` moves the log start and deletes through
+its segment set. Pure functions: no I/O, no locks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .segments import LogSegments
+from ..segment import LogSegment
+
+__all__ = ["segments_to_delete", "log_start_after"]
+
+
+def segments_to_delete(segments: LogSegments, log_start_offset: int, config: Any, now_ms: int) -> list[LogSegment]:
+    """The segments retention removes now, oldest first (the active one among them when it
+    expired: the caller rolls before deleting it)."""
+    doomed: list[LogSegment] = segments.below(log_start_offset)
+    if not config.deletes:
+        return doomed
+    ordered = list(segments.values())
+    if config.retention_ms >= 0:
+        for segment in ordered:
+            if segment.size == 0 or segment.max_timestamp >= now_ms - config.retention_ms:
+                break
+            if segment not in doomed:
+                doomed.append(segment)
+    if config.retention_bytes >= 0:
+        excess = segments.size_in_bytes - sum(s.size for s in doomed) - config.retention_bytes
+        for segment in ordered:
+            if segment is segments.active or segment in doomed:
+                continue
+            if excess - segment.size < 0:
+                break
+            excess -= segment.size
+            doomed.append(segment)
+    return doomed
+
+
+def log_start_after(segments: LogSegments, doomed: list[LogSegment], log_start_offset: int) -> int:
+    """The log start offset once ``doomed`` is gone: the first surviving segment's base, or the
+    current start if that is later."""
+    gone = {segment.base_offset for segment in doomed}
+    first = next((base for base in segments.bases() if base not in gone), log_start_offset)
+    return max(first, log_start_offset)

@@ -1,0 +1,864 @@
+"""The network layer: one event-driven TCP or Unix-socket listener serving a pluggable framed protocol.
+
+A :class:`Server` owns a listening socket and one loop thread. The loop accepts connections,
+runs each one's TLS handshake and authentication handshake without blocking, reads frames, and
+writes responses; request handlers run on a pool of worker threads, because a handler may block
+(an acks="all" produce waits for the high watermark, a follower's fetch long-polls). What is
+spoken on the wire is the :class:`Protocol`'s business: how long a frame is (read from a
+fixed-size prefix and checked against a cap before anything is allocated), the authentication
+state machine (:class:`Handshake`), and how a request is answered. Kafka's
+(``kafkaserver.KafkaProtocol``, SASL: ``kafkaauth``) is the one served, to clients and replica
+nodes' peers alike.
+A request the protocol knows does not block (:meth:`Protocol.inline`) is answered on the loop.
+
+A server listens on TCP (a ``(host, port)`` address) or on a Unix domain socket (a path); both
+serve the same way, TLS included, except that TCP_NODELAY is set on TCP connections only, and
+that a Unix connection's :attr:`Session.peer` is what ``accept()`` reports (usually ``''``), not
+a ``(host, port)`` tuple. A path longer than a socket address holds (``sun_path``: 107 bytes on
+Linux) is bound through its directory (``/proc/self/fd/<directory fd>/<name>``); clients reach
+such a path the same way with :func:`connect_unix`.
+
+Life of a connection::
+
+    accepted --(TLS handshake)--> authenticating --(Handshake.done)--> open
+                                                                        |
+        read one frame -> muted -> worker: Protocol.handle -> response written -> unmuted
+
+Invariants:
+
+- A connection has at most one request in a worker at a time: after it delivers a frame it is
+  *muted* (nothing more is read from it) until the response is written, or until the handler
+  answered None (no response, as for Kafka's acks=0). Responses therefore leave in request
+  order, and one slow request holds up only its own connection.
+- A frame's size is checked by the protocol before its buffer is allocated; a frame over the cap,
+  a protocol error, a failed handshake or a handler that raises closes only that connection.
+- Limits: at most ``max_connections`` connections at once (more are accepted and closed at
+  once); the TLS and authentication handshakes together must finish within
+  ``handshake_timeout_s`` of the accept; an open connection with no request in a worker that
+  moves no byte for ``idle_timeout_s`` is closed. A connection closed while its handler still
+  runs keeps its slot until the handler returns, so there are never more handlers at work than
+  ``max_connections``, and the worker pool (of that size) can never leave a request waiting
+  behind handlers that wait for it.
+
+A handler may also return a ``concurrent.futures.Future`` (a deferred answer: the worker is free
+at once, and the loop writes the result when the future completes).
+
+Cost: a request crosses threads once on its way in (loop -> worker). On the way out, the thread
+that has the answer writes it: a handler's worker, or whoever completes a deferred answer (the
+thread whose append wakes a held fetch, see ``purgatory``), straight to the socket when the
+connection is plain (not TLS) and the socket takes the bytes (what it does not take, and every TLS
+answer, the loop writes). The loop then only unmutes the connection, which is off the request's
+path: the peer's next request takes longer than that to arrive. Writing through the loop cost a
+second crossing per request, 100-150 microseconds on this project's 2-core machine, which cut
+replicated acks="all" produce throughput by a quarter (bench/bench_replication.py).
+
+Thread-safety: :class:`Server` methods may be called from any thread; :meth:`Protocol.handle`
+runs on worker threads (several at once) and :meth:`Protocol.frame_size`, :meth:`Protocol.handshake`
+and :class:`Handshake` on the loop thread (they must not block). This module imports nothing of
+logstore above ``errors``.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import itertools
+import logging
+import os
+import selectors
+import socket
+import ssl
+import stat
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any, Sequence
+
+from .. import _fileio
+from .._fileio import FileRegion
+from ..errors import LogstoreError
+from .protocol import Handshake, HandshakeError, Limits, Protocol, Response, Session
+from .workers import WorkerPool
+
+__all__ = ["Server", "Protocol", "Handshake", "HandshakeError", "Session", "Limits", "Response", "connect_unix"]
+
+logger = logging.getLogger("logstore.net.server")
+
+#: The most bytes handed to one send() (a TLS write of this size is retried with the same bytes).
+_SEND_CHUNK = 256 * 1024
+#: The most buffers handed to one sendmsg() (below every system's IOV_MAX).
+_SENDMSG_BUFFERS = 512
+#: How long accepting pauses after accept() itself failed (out of file descriptors).
+_ACCEPT_BACKOFF_S = 0.1
+#: The longest path a Unix socket address holds (Linux's sun_path is 108 bytes, NUL included);
+#: a longer one is reached through its directory (see _unix_call).
+_SUN_PATH_MAX = 107
+
+
+class _Failed:
+    """A handler's exception, carried from the worker to the loop."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class _Sent:
+    """An answer written by the thread that had it: how many bytes went, and what the socket
+    did not take (the loop writes it)."""
+
+    __slots__ = ("sent", "rest")
+
+    def __init__(self, sent: int, rest: list[Any]) -> None:
+        self.sent = sent
+        self.rest = rest
+
+
+# Connection states.
+_TLS, _AUTH, _OPEN, _CLOSED = "tls", "auth", "open", "closed"
+
+
+class _Conn:
+    """One served connection's state. Owned by the loop thread (workers only read ``session``)."""
+
+    def __init__(self, sock: socket.socket, session: Session, header_size: int, deadline: float) -> None:
+        self.sock = sock
+        self.session = session
+        self.state = _TLS if session.tls else _AUTH
+        self.handshake: Handshake | None = None
+        self.deadline = deadline              # of the handshakes; then of idling
+        self.header = bytearray(header_size)
+        self.body: bytearray | None = None    # the frame being read, once its size is known
+        self.got = 0                          # bytes of header (or body) read so far
+        self.out: collections.deque[memoryview] = collections.deque()
+        self.muted = False                    # a request is in a worker or its response is being written
+        self.in_flight = False                # a request is in a worker (or its deferred answer pending)
+        self.close_after_write = False
+        self.close_delay_s = 0.0              # a failed handshake's reply written: close this much later
+        self.lingering = False                # ... at the deadline (see _expire)
+        self.events = 0                       # registered with the selector
+        self.tls_want = selectors.EVENT_READ  # during the TLS handshake
+        self.read_wants_write = False         # TLS: a read needs the socket writable first
+        self.write_wants_read = False         # TLS: a write needs the socket readable first
+        # Held while another thread than the loop writes an answer, and by the loop to close:
+        # the socket is never closed under a write.
+        self.write_lock = threading.Lock()
+
+
+class _Counters:
+    """The server's counters; written by the loop thread only."""
+
+    __slots__ = ("accepted", "refused", "closed", "expired", "auth_ok", "auth_failed", "requests",
+                 "responses", "bytes_in", "bytes_out")
+
+    def __init__(self) -> None:
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+
+class Server:
+    """Serve ``protocol`` on ``address`` with one event loop thread and a worker pool.
+
+    The socket is bound (and :attr:`address` known) at construction; :meth:`start` starts the
+    loop. Args:
+        address: (host, port) to listen on over TCP (port 0: any free port), or a path (``str`` or
+            ``os.PathLike``) to listen on as a Unix domain socket (SOCK_STREAM); :attr:`address`
+            is then that path as a str. A path longer than ``sun_path`` holds (107 bytes) is bound
+            through its directory; clients connect to it with :func:`connect_unix`. Binding to a
+            path where a file already exists (a stale socket included) raises OSError
+            (EADDRINUSE): the server never removes what it did not create, so whether to unlink
+            a stale socket first is the caller's decision. :meth:`stop` removes the socket file
+            the server bound (if it is still that socket).
+        protocol: the :class:`Protocol` spoken.
+        tls: a server-side ``ssl.SSLContext`` every connection is wrapped in first (None: plain
+            TCP or Unix socket).
+        limits: :class:`Limits`.
+        name: the listener's name in metrics and logs (Kafka's listener name).
+        thread_name: the loop thread's name; workers are ``<thread_name>-worker-N``.
+
+    Thread-safety: every method may be called from any thread; :meth:`stop` is final.
+    """
+
+    def __init__(self, address: tuple[str, int] | str | os.PathLike[str], protocol: Protocol, *,
+                 tls: ssl.SSLContext | None = None, limits: Limits = Limits(), name: str = "listener",
+                 thread_name: str | None = None) -> None:
+        self.protocol = protocol
+        self.limits = limits
+        self.name = name
+        self._tls = tls
+        # The Unix socket this server bound: its absolute path (the working directory may change
+        # before stop()) and (st_dev, st_ino), so that stop() unlinks that socket and no other.
+        self._unix: tuple[str, tuple[int, int]] | None = None
+        self.address: tuple[str, int] | str
+        if isinstance(address, (str, os.PathLike)):
+            self.address = os.fsdecode(address)
+            self._listener, identity = _listen_unix(self.address)
+            self._unix = (os.path.abspath(self.address), identity)
+        else:
+            self._listener = socket.create_server(address)
+            self.address = self._listener.getsockname()[:2]
+        self._listener.setblocking(False)
+        self._thread_name = thread_name or f"net-{name}"
+        self._selector = selectors.DefaultSelector()
+        self._waker_r, self._waker_w = socket.socketpair()
+        self._waker_r.setblocking(False)
+        self._waker_w.setblocking(False)
+        self._selector.register(self._listener, selectors.EVENT_READ, _LISTENER)
+        self._selector.register(self._waker_r, selectors.EVENT_READ, _WAKER)
+        self._accept_paused_until = 0.0
+        self._conns: dict[int, _Conn] = {}
+        self._lingering = 0   # closed connections whose handler still runs (they keep their slot)
+        self._ids = itertools.count(1)
+        self._done: collections.deque[tuple[_Conn, Any]] = collections.deque()
+        self._lock = threading.Lock()
+        self._closing = False
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        self._loop_ident = -1
+        self._sleep_until = float("inf")  # when the loop's select() returns at the latest
+        self._workers = WorkerPool(f"{self._thread_name}-worker", limits.max_connections)
+        self._counts = _Counters()
+        self._handed_back = _Counters()  # answers written off the loop (under _lock)
+        # epoll and kqueue see a registration made while another thread waits in select().
+        self._register_anywhere = type(self._selector).__name__ in ("EpollSelector", "KqueueSelector")
+
+    # ------------------------------------------------------------------ public
+    def start(self) -> "Server":
+        """Start the loop thread; returns self."""
+        with self._lock:
+            if self._thread is not None or self._stopped:
+                raise RuntimeError(f"{self.name}: start() once, before stop()")
+            self._thread = threading.Thread(target=self._run, name=self._thread_name, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop accepting, close every connection, and wait up to ``timeout`` seconds for the
+        loop and for the handlers still running (their answers are dropped). A Unix socket's
+        file is removed once the listener is closed (if it is still the socket this server
+        bound). Idempotent."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            self._closing = True
+            thread = self._thread
+        deadline = time.monotonic() + timeout
+        if thread is None:
+            self._shutdown()
+        else:
+            self._wake()
+            thread.join(timeout)
+        self._workers.close(max(0.0, deadline - time.monotonic()))
+
+    def sessions(self) -> list[Session]:
+        """The connections served now (handshaking ones included)."""
+        with self._lock:
+            return [c.session for c in self._conns.values()]
+
+    def metrics(self) -> dict[str, int]:
+        """Counters since the server was made, under Kafka's names where Kafka has the metric
+        (``kafka.server:type=socket-server-metrics,listener=<name>,name=connection-count`` ...)
+        and the same shape under ``logstore`` otherwise."""
+        c = self._counts
+        with self._lock:
+            responses = c.responses + self._handed_back.responses
+            bytes_out = c.bytes_out + self._handed_back.bytes_out
+        kafka = f"kafka.server:type=socket-server-metrics,listener={self.name},name="
+        ours = f"logstore:type=socket-server-metrics,listener={self.name},name="
+        return {
+            kafka + "connection-count": len(self._conns),
+            kafka + "connection-creation-total": c.accepted,
+            kafka + "connection-close-total": c.closed,
+            kafka + "successful-authentication-total": c.auth_ok,
+            kafka + "failed-authentication-total": c.auth_failed,
+            kafka + "request-total": c.requests,
+            kafka + "response-total": responses,
+            kafka + "incoming-byte-total": c.bytes_in,
+            kafka + "outgoing-byte-total": bytes_out,
+            ours + "connection-refused-total": c.refused,
+            ours + "connection-expired-total": c.expired,
+            f"kafka.network:type=RequestChannel,listener={self.name},name=RequestQueueSize": self._workers.queued,
+        }
+
+    # ------------------------------------------------------------------ the loop
+    def _run(self) -> None:
+        self._loop_ident = threading.get_ident()
+        try:
+            while not self._closing:
+                now = time.monotonic()
+                timeout = self._expire(now)
+                self._sleep_until = now + timeout if timeout is not None else float("inf")
+                for key, mask in self._selector.select(timeout):
+                    if key.data is _LISTENER:
+                        self._accept()
+                    elif key.data is _WAKER:
+                        self._drain_waker()
+                    else:
+                        self._service(key.data, mask)
+                self._deliver()
+        except Exception:  # noqa: BLE001 - a bug in the loop: log it and close everything
+            logger.exception("%s: the network loop failed; closing every connection", self.name)
+        finally:
+            self._shutdown()
+
+    def _wake(self) -> None:
+        try:
+            self._waker_w.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass  # a wake-up is already pending (or the loop is gone)
+
+    def _drain_waker(self) -> None:
+        try:
+            while self._waker_r.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def _expire(self, now: float) -> float | None:
+        """Close connections past their handshake or idle deadline; returns how long the loop
+        may sleep until the next deadline (None: no deadline)."""
+        next_at = None
+        if self._accept_paused_until and now >= self._accept_paused_until:
+            self._accept_paused_until = 0.0
+            self._selector.register(self._listener, selectors.EVENT_READ, _LISTENER)
+        elif self._accept_paused_until:
+            next_at = self._accept_paused_until
+        for conn in list(self._conns.values()):
+            if conn.in_flight:
+                continue  # the handler may take as long as it needs
+            if now >= conn.deadline:
+                if not conn.lingering:  # (lingering: the delayed close after a failed handshake)
+                    what = "finish its handshake" if conn.state is not _OPEN else "send a request"
+                    logger.debug("%s: closing connection %d: it did not %s in time", self.name, conn.session.id,
+                                 what)
+                    self._counts.expired += 1
+                self._close(conn)
+                continue
+            next_at = conn.deadline if next_at is None else min(next_at, conn.deadline)
+        return None if next_at is None else max(0.0, next_at - now)
+
+    def _accept(self) -> None:
+        while not self._closing:
+            try:
+                sock, peer = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of file descriptors: pause rather than spin
+                logger.warning("%s: accept failed (%s); pausing for %.1f s", self.name, exc, _ACCEPT_BACKOFF_S)
+                self._selector.unregister(self._listener)
+                self._accept_paused_until = time.monotonic() + _ACCEPT_BACKOFF_S
+                return
+            if len(self._conns) + self._lingering >= self.limits.max_connections:
+                logger.warning("%s: refusing a connection: %d connections open (max_connections)", self.name,
+                               self.limits.max_connections)
+                self._counts.refused += 1
+                sock.close()
+                continue
+            try:
+                self._open(sock, peer)
+            except (OSError, ValueError) as exc:
+                logger.debug("%s: could not set up a connection from %r: %s", self.name, peer, exc)
+                sock.close()
+
+    def _open(self, sock: socket.socket, peer: Any) -> None:
+        sock.setblocking(False)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):  # not a Unix socket's option
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._tls is not None:
+            sock = self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        now = time.monotonic()
+        # One deadline for both handshakes: a peer dribbling a byte at a time cannot hold a
+        # connection slot for longer.
+        conn = _Conn(sock, Session(next(self._ids), peer, self._tls is not None), self.protocol.header_size,
+                     now + self.limits.handshake_timeout_s)
+        with self._lock:
+            self._conns[conn.session.id] = conn
+        self._counts.accepted += 1
+        if conn.state is _AUTH:
+            self._begin_auth(conn)
+        self._interest(conn)
+
+    def _service(self, conn: _Conn, mask: int) -> None:
+        """Act on a connection's readiness; any failure closes this connection only."""
+        try:
+            if conn.state is _TLS:
+                self._tls_handshake(conn)
+            else:
+                if mask & selectors.EVENT_WRITE or conn.write_wants_read:
+                    self._write(conn)
+                # Read whatever the event: a TLS socket may hold decrypted bytes that the
+                # selector cannot see (a read that finds nothing costs one recv).
+                self._read(conn)
+        except Exception as exc:  # noqa: BLE001 - one connection's failure is not the server's
+            self._fail(conn, exc)
+        self._interest(conn, read_while_muted=conn.muted and bool(mask & selectors.EVENT_READ))
+
+    def _fail(self, conn: _Conn, exc: BaseException) -> None:
+        if conn.state is _CLOSED:
+            return
+        if conn.state is not _OPEN:
+            self._counts.auth_failed += 1
+        if isinstance(exc, (OSError, LogstoreError, ConnectionError)):
+            logger.debug("%s: connection %d ended: %s", self.name, conn.session.id, exc)
+        else:
+            logger.error("%s: connection %d failed", self.name, conn.session.id, exc_info=exc)
+        self._close(conn)
+
+    def _close(self, conn: _Conn) -> None:
+        if conn.state is _CLOSED:
+            return
+        with conn.write_lock:
+            if conn.events:
+                self._selector.unregister(conn.sock)
+                conn.events = 0
+            conn.state = _CLOSED
+            try:
+                conn.sock.close()
+            except OSError:
+                pass
+        with self._lock:
+            del self._conns[conn.session.id]
+        _release(conn.out)
+        conn.out.clear()
+        if conn.in_flight:
+            self._lingering += 1
+        self._counts.closed += 1
+
+    def _interest(self, conn: _Conn, read_while_muted: bool = False) -> None:
+        """Register the events the connection waits for now. A plain (not TLS) connection stays
+        registered for reading while its request is in a worker (two epoll_ctl calls fewer per
+        request), until it turns readable meanwhile (``read_while_muted``: a pipelined request or
+        the peer's close), when it leaves the selector until the answer is written."""
+        if conn.state is _CLOSED:
+            return
+        with conn.write_lock:  # against a worker handing the connection back (_hand_back)
+            if conn.state is _TLS:
+                want = conn.tls_want
+            else:
+                want = 0
+                if conn.out or conn.read_wants_write:
+                    want |= selectors.EVENT_WRITE
+                if (not conn.muted and not conn.out) or conn.write_wants_read:
+                    want |= selectors.EVENT_READ
+                elif conn.in_flight and not conn.out and not conn.session.tls and not read_while_muted:
+                    want |= conn.events & selectors.EVENT_READ
+            if want == conn.events:
+                return
+            if conn.events == 0:
+                self._selector.register(conn.sock, want, conn)
+            elif want == 0:
+                self._selector.unregister(conn.sock)
+            else:
+                self._selector.modify(conn.sock, want, conn)
+            conn.events = want
+
+    # ------------------------------------------------------------------ handshakes
+    def _tls_handshake(self, conn: _Conn) -> None:
+        try:
+            conn.sock.do_handshake()  # type: ignore[attr-defined]
+        except ssl.SSLWantReadError:
+            conn.tls_want = selectors.EVENT_READ
+            return
+        except ssl.SSLWantWriteError:
+            conn.tls_want = selectors.EVENT_WRITE
+            return
+        self._begin_auth(conn)
+        self._read(conn)  # the peer's first frame may have come with the handshake's last bytes
+
+    def _begin_auth(self, conn: _Conn) -> None:
+        conn.handshake = self.protocol.handshake(conn.session)
+        if conn.handshake is None:
+            self._authenticated(conn)
+        else:
+            conn.state = _AUTH
+
+    def _authenticated(self, conn: _Conn) -> None:
+        conn.state = _OPEN
+        conn.session.principal = conn.handshake.principal if conn.handshake is not None else None
+        conn.handshake = None
+        conn.deadline = time.monotonic() + self.limits.idle_timeout_s
+
+    # ------------------------------------------------------------------ reading
+    def _read(self, conn: _Conn) -> None:
+        """Read until the socket has nothing more, the connection is muted, or output waits."""
+        size = self.protocol.header_size
+        while conn.state in (_AUTH, _OPEN) and not conn.muted and not conn.out:
+            if conn.body is None:
+                n = self._recv(conn, memoryview(conn.header)[conn.got:])
+                if n is None:
+                    return
+                conn.got += n
+                if conn.got < size:
+                    continue
+                # The size is checked before the body is allocated.
+                conn.body = bytearray(self.protocol.frame_size(bytes(conn.header), conn.state is _OPEN))
+                conn.got = 0
+            if conn.got < len(conn.body):
+                n = self._recv(conn, memoryview(conn.body)[conn.got:])
+                if n is None:
+                    return
+                conn.got += n
+                if conn.got < len(conn.body):
+                    continue
+            frame, conn.body, conn.got = conn.body, None, 0
+            self._frame(conn, frame)
+
+    def _recv(self, conn: _Conn, view: memoryview) -> int | None:
+        """Bytes read into ``view``, or None when the socket has none now."""
+        conn.read_wants_write = False
+        try:
+            n = conn.sock.recv_into(view, len(view))
+        except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
+            return None
+        except ssl.SSLWantWriteError:
+            conn.read_wants_write = True
+            return None
+        if n == 0:
+            raise ConnectionError("closed by the peer")
+        self._counts.bytes_in += n
+        if conn.state is _OPEN:
+            conn.deadline = time.monotonic() + self.limits.idle_timeout_s
+        return n
+
+    def _frame(self, conn: _Conn, frame: bytearray) -> None:
+        if conn.state is _AUTH:
+            assert conn.handshake is not None
+            try:
+                reply = conn.handshake.receive(frame)
+            except HandshakeError as exc:
+                self._counts.auth_failed += 1
+                logger.debug("%s: connection %d failed the handshake: %s", self.name, conn.session.id, exc)
+                if not exc.reply:
+                    self._close(conn)
+                    return
+                reply, conn.close_after_write, conn.muted = exc.reply, True, True
+                conn.close_delay_s = exc.close_delay_s
+            else:
+                if conn.handshake.done:
+                    self._counts.auth_ok += 1
+                    self._authenticated(conn)
+            if reply:
+                self._queue(conn, [reply])
+                self._write(conn)
+            return
+        conn.muted = conn.in_flight = True
+        self._counts.requests += 1
+        if self.protocol.inline(conn.session, frame):
+            self._work(conn, frame)  # its answer is delivered at the end of this turn
+        else:
+            self._workers.submit(self._work, conn, frame)
+
+    # ------------------------------------------------------------------ handlers and responses
+    def _work(self, conn: _Conn, frame: bytearray) -> None:
+        """Answer one request (on a worker, or on the loop when the protocol says it does not
+        block) and hand the answer to the loop."""
+        try:
+            result: Any = self.protocol.handle(conn.session, frame)
+        except BaseException as exc:  # noqa: BLE001 - reported by the loop, which closes the connection
+            result = _Failed(exc)
+        if isinstance(result, Future):
+            result.add_done_callback(lambda f: self._complete(conn, _outcome(f)))
+        else:
+            self._complete(conn, result)
+
+    def _complete(self, conn: _Conn, result: Any) -> None:
+        """Hand an answer to the loop; off the loop, write it first when the socket takes it."""
+        if threading.get_ident() == self._loop_ident:
+            with self._lock:
+                self._done.append((conn, result))  # the loop delivers at the end of this turn
+            return
+        if result is not None and not isinstance(result, _Failed) and not conn.session.tls:
+            result = _send_now(conn, result)
+            if isinstance(result, _Sent) and not result.rest and self._hand_back(conn, result.sent):
+                return
+        with self._lock:
+            self._done.append((conn, result))
+        self._wake()
+
+    def _hand_back(self, conn: _Conn, sent: int) -> bool:
+        """After a whole answer was written off the loop: unmute the connection and give it
+        back to the loop from this thread, so that the loop need not wake. It is still
+        registered for reading (see _interest), or is registered here where the selector takes
+        registrations while another thread waits in it (epoll, kqueue). False: the loop must
+        do it."""
+        with conn.write_lock:
+            if conn.state is not _OPEN or conn.close_after_write or conn.events & ~selectors.EVENT_READ:
+                return False
+            if not conn.events and not self._register_anywhere:
+                return False
+            with self._lock:
+                self._handed_back.responses += 1
+                self._handed_back.bytes_out += sent
+            # The loop takes the connection back when it sees it unmuted: every field is set
+            # before.
+            conn.deadline = time.monotonic() + self.limits.idle_timeout_s
+            conn.in_flight = conn.muted = False
+            if not conn.events:
+                conn.events = selectors.EVENT_READ
+                self._selector.register(conn.sock, selectors.EVENT_READ, conn)
+        if conn.deadline < self._sleep_until:
+            self._wake()  # the loop sleeps past this connection's idle deadline
+        return True
+
+    def _deliver(self) -> None:
+        """Write the answers the workers finished (on the loop thread)."""
+        while True:
+            with self._lock:
+                if not self._done:
+                    return
+                conn, result = self._done.popleft()
+            conn.in_flight = False
+            if conn.state is _CLOSED:
+                self._lingering -= 1
+                _release(result.rest if isinstance(result, _Sent) else _buffers(result) if result is not None
+                         and not isinstance(result, _Failed) else ())
+                continue
+            # The idle clock restarts with the answer (the request may have taken longer).
+            conn.deadline = time.monotonic() + self.limits.idle_timeout_s
+            if isinstance(result, _Failed):
+                self._fail(conn, result.exc)
+                continue
+            try:
+                if result is None:      # no response (Kafka's acks=0)
+                    self._unmute(conn)
+                elif isinstance(result, _Sent):  # written (all or part) by the thread that had it
+                    self._counts.responses += 1
+                    self._counts.bytes_out += result.sent
+                    conn.out.extend(result.rest)
+                    self._write(conn)   # unmutes once all is written
+                else:
+                    self._queue(conn, _buffers(result))
+                    self._counts.responses += 1
+                    self._write(conn)   # unmutes once all is written
+            except Exception as exc:  # noqa: BLE001
+                self._fail(conn, exc)
+            self._interest(conn)
+
+    # ------------------------------------------------------------------ writing
+    @staticmethod
+    def _queue(conn: _Conn, buffers: Sequence[Any]) -> None:
+        """Append whole frames to the connection's output (file regions are read into bytes on
+        a TLS connection, which sendfile cannot write)."""
+        for b in buffers:
+            if isinstance(b, FileRegion):
+                if conn.session.tls:
+                    b = b.read()
+                elif b.length:
+                    conn.out.append(b)
+                    continue
+            if len(b):
+                conn.out.append(memoryview(b).cast("B"))
+
+    def _write(self, conn: _Conn) -> None:
+        conn.write_wants_read = False
+        while conn.out:
+            buf = conn.out[0]
+            if isinstance(buf, FileRegion):
+                try:
+                    n = _send_region(conn.sock, buf)
+                except (BlockingIOError, InterruptedError):
+                    return
+                self._counts.bytes_out += n
+                if not buf.length:
+                    conn.out.popleft().close()
+                continue
+            try:
+                n = conn.sock.send(buf[:_SEND_CHUNK])
+            except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError):
+                return
+            except ssl.SSLWantReadError:
+                conn.write_wants_read = True
+                return
+            self._counts.bytes_out += n
+            if n == len(buf):
+                conn.out.popleft()
+            else:
+                conn.out[0] = buf[n:]
+            if conn.state is _OPEN:
+                conn.deadline = time.monotonic() + self.limits.idle_timeout_s
+        if conn.close_after_write:
+            if conn.close_delay_s > 0:  # _expire closes it at the deadline; nothing is read meanwhile
+                conn.deadline, conn.close_delay_s, conn.lingering = time.monotonic() + conn.close_delay_s, 0.0, True
+            elif not conn.lingering:
+                self._close(conn)
+        elif conn.muted and not conn.in_flight:
+            self._unmute(conn)
+
+    def _unmute(self, conn: _Conn) -> None:
+        """The request is answered: read the next one (TLS may hold its bytes already)."""
+        conn.muted = False
+        conn.deadline = time.monotonic() + self.limits.idle_timeout_s
+        self._read(conn)
+
+    def _shutdown(self) -> None:
+        for conn in list(self._conns.values()):
+            self._close(conn)
+        with self._lock:
+            self._done.clear()
+        for sock in (self._listener, self._waker_r, self._waker_w):
+            try:
+                sock.close()
+            except OSError:
+                pass
+        self._selector.close()
+        self._unlink_unix()
+
+    def _unlink_unix(self) -> None:
+        """Remove the Unix socket file this server bound (after the listener is closed), unless
+        something else is at its path by now."""
+        if self._unix is None:
+            return
+        path, identity = self._unix
+        self._unix = None
+        try:
+            st = os.lstat(path)
+            if stat.S_ISSOCK(st.st_mode) and (st.st_dev, st.st_ino) == identity:
+                os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            logger.warning("%s: could not remove the socket file %s: %s", self.name, path, exc)
+
+
+def connect_unix(path: str | os.PathLike[str], timeout: float | None = None) -> socket.socket:
+    """A stream socket connected to the Unix socket at ``path``, with ``timeout`` set (None:
+    blocking). A path longer than a socket address holds (107 bytes) is reached through its
+    directory, as :class:`Server` binds it. Raises OSError (FileNotFoundError, ConnectionRefusedError,
+    ...) when nothing listens there."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        _unix_call(sock.connect, os.fsdecode(path))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _listen_unix(path: str) -> tuple[socket.socket, tuple[int, int]]:
+    """A Unix stream socket bound at ``path`` and listening, with the (st_dev, st_ino) of its
+    file. Raises OSError (EADDRINUSE when a file is already there: it is not removed)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    bound = False
+    try:
+        _unix_call(sock.bind, path)
+        bound = True
+        st = os.stat(path)
+        sock.listen()
+    except BaseException:
+        sock.close()
+        if bound:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        raise
+    return sock, (st.st_dev, st.st_ino)
+
+
+def _unix_call(call: Any, path: str) -> None:
+    """``call`` (a socket's bind or connect) with the address ``path``; a path longer than
+    ``sun_path`` holds goes through its directory: /proc/self/fd/<directory fd>/<name>, the
+    directory's descriptor closed after the call."""
+    raw = os.fsencode(path)
+    if len(raw) <= _SUN_PATH_MAX:
+        call(raw)
+        return
+    directory, name = os.path.split(raw)
+    if not name:
+        raise OSError(errno.EINVAL, f"not a socket path (it names a directory): {path}")
+    dirfd = os.open(directory or b".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        via = b"/proc/self/fd/%d/%s" % (dirfd, name)
+        if len(via) > _SUN_PATH_MAX:
+            raise OSError(errno.ENAMETOOLONG, f"a Unix socket's name is too long even reached through its directory"
+                                              f" ({len(name)} bytes): {path}")
+        call(via)
+    finally:
+        os.close(dirfd)
+
+
+def _send_now(conn: _Conn, result: Any) -> Any:
+    """Write an answer from the thread that has it (not TLS: the connection is muted
+    with nothing queued, so the loop does not write to it); returns a :class:`_Sent`."""
+    buffers = [b if isinstance(b, FileRegion) else memoryview(b).cast("B") for b in _buffers(result) if len(b)]
+    with conn.write_lock:
+        if conn.state is not _OPEN:
+            return result  # closed meanwhile: the loop drops it
+        try:
+            if any(isinstance(b, FileRegion) for b in buffers):
+                return _send_with_regions(conn.sock, buffers)
+            if len(buffers) > 1:
+                sent = conn.sock.sendmsg(buffers[:_SENDMSG_BUFFERS])
+            else:
+                sent = conn.sock.send(buffers[0]) if buffers else 0
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            _release(buffers)
+            return _Failed(exc)
+    rest, skip = [], sent
+    for buf in buffers:
+        if skip >= len(buf):
+            skip -= len(buf)
+        else:
+            rest.append(buf[skip:])
+            skip = 0
+    return _Sent(sent, rest)
+
+
+def _send_region(sock: socket.socket, region: FileRegion) -> int:
+    """One sendfile of a region's next bytes; advances it. Raises BlockingIOError when the
+    socket takes nothing now, OSError when the file ends before the region does."""
+    n = _fileio.ops.sendfile(sock.fileno(), region.fd, region.position, min(region.length, 4 * _SEND_CHUNK))
+    if n == 0:
+        raise OSError(errno.EIO, f"a file region ends {region.length} bytes early")
+    region.position += n
+    region.length -= n
+    return n
+
+
+def _send_with_regions(sock: socket.socket, buffers: list[Any]) -> _Sent:
+    """Write buffers and file regions in order until the socket takes no more: the bytes sent,
+    and what is left (a partly sent buffer or region first)."""
+    sent = 0
+    for i, buf in enumerate(buffers):
+        try:
+            if isinstance(buf, FileRegion):
+                while buf.length:
+                    sent += _send_region(sock, buf)
+                buf.close()
+                continue
+            n = sock.send(buf)
+        except (BlockingIOError, InterruptedError):
+            return _Sent(sent, buffers[i:])
+        sent += n
+        if n < len(buf):
+            return _Sent(sent, [buf[n:]] + buffers[i + 1:])
+    return _Sent(sent, [])
+
+
+def _release(buffers: Any) -> None:
+    """Close the file regions among answers that will not be written."""
+    for buf in buffers:
+        if isinstance(buf, FileRegion):
+            buf.close()
+
+
+def _buffers(result: Any) -> Sequence[bytes | bytearray | memoryview]:
+    """A handler's response as a sequence of buffers."""
+    return [result] if isinstance(result, (bytes, bytearray, memoryview)) else result
+
+
+def _outcome(future: Future) -> Any:
+    """A completed deferred answer, or its failure."""
+    if future.cancelled():
+        return _Failed(ConnectionError("the deferred answer was cancelled"))
+    exc = future.exception()
+    return _Failed(exc) if exc is not None else future.result()
+
+
+_LISTENER = object()
+_WAKER = object()

@@ -1,0 +1,218 @@
+"""Decoded record columns as Arrow record batches, in the Spark Kafka source's schema.
+
+The C decoder (``RecordDecoder.decode_columns``) leaves each chunk of rows as C columns: offsets,
+timestamps and timestamp types as arrays, keys, values and headers as (position, length) spans
+of the batch bytes. :class:`ArrowBuilder` is the sink that turns them into ``pyarrow``
+record batches with no per-record Python work: the fixed-width columns are handed to Arrow as
+buffers, keys and values gathered by C (``ls_gather_binary``) into Arrow's binary layout. Only
+the ``headers`` column, when asked for, is built record by record.
+
+The schema is the Spark Kafka source's (:data:`COLUMNS`): ``key`` and ``value`` binary (null
+for a null key or value), ``topic`` string, ``partition`` int32, ``offset`` int64,
+``timestamp`` in microseconds (UTC), ``timestampType`` int32 (0 create time, 1 log append time)
+and, when asked for, ``headers`` as a list of (key string, value binary) structs.
+
+pyarrow is an optional dependency (``logstore[arrow]``): this module imports it, so the modules
+that use it import this one only when a caller asks for Arrow. Thread-safety: a builder belongs
+to one reader; the module's functions may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import functools
+from array import array
+from bisect import bisect_left
+from typing import Any, Sequence
+
+import pyarrow as pa
+
+from .._native import ffi, lib
+from ..errors import LogstoreError
+from .batch import RecordDecoder
+
+__all__ = ["COLUMNS", "DEFAULT_COLUMNS", "ROWS_PER_BATCH", "schema", "check_columns", "ArrowBuilder"]
+
+#: every column, in the Spark Kafka source's order
+COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers")
+#: the columns given when none are named (the source's default: no headers)
+DEFAULT_COLUMNS = COLUMNS[:-1]
+#: rows per Arrow record batch (the decoder's chunk)
+ROWS_PER_BATCH = 32768
+
+_HEADER = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
+_TYPES = {"key": pa.binary(), "value": pa.binary(), "topic": pa.string(), "partition": pa.int32(),
+          "offset": pa.int64(), "timestamp": pa.timestamp("us", tz="UTC"), "timestampType": pa.int32(),
+          "headers": pa.list_(pa.field("element", _HEADER))}
+
+
+def check_columns(columns: Sequence[str] | None) -> tuple[str, ...]:
+    """The columns to build, in the schema's order (None: :data:`DEFAULT_COLUMNS`).
+
+    Raises:
+        ValueError: an unknown or repeated column name, or none at all.
+    """
+    if columns is None:
+        return DEFAULT_COLUMNS
+    if isinstance(columns, str):
+        raise ValueError(f"columns must be a sequence of names, not the string {columns!r}")
+    names = list(columns)
+    unknown = [c for c in names if c not in _TYPES]
+    if unknown:
+        raise ValueError(f"unknown column(s) {unknown}: the columns are {list(COLUMNS)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"a column is named twice in {names}")
+    if not names:
+        raise ValueError("no columns asked for")
+    return tuple(c for c in COLUMNS if c in names)
+
+
+def schema(columns: Sequence[str] | None = None) -> pa.Schema:
+    """The Arrow schema of the given columns (default: :data:`DEFAULT_COLUMNS`)."""
+    return pa.schema([pa.field(c, _TYPES[c]) for c in check_columns(columns)])
+
+
+class ArrowBuilder:
+    """The sink of ``RecordDecoder.decode_columns``: rows with ``start <= offset < end`` in,
+    Arrow record batches out (:meth:`take`).
+
+    ``max_records`` stops after that many rows. ``start_timestamp`` skips the rows before the
+    first whose timestamp is at least it; ``end_timestamp`` stops at the first row whose
+    timestamp is at least it (the Spark source's bounds inside a planned range).
+    """
+
+    def __init__(self, topic: str, partition: int, start: int, end: int, columns: Sequence[str] | None = None,
+                 max_records: int | None = None, start_timestamp: int | None = None,
+                 end_timestamp: int | None = None) -> None:
+        self.columns = check_columns(columns)
+        self.schema = schema(self.columns)
+        self.start = start
+        self.end = end
+        self.left = max_records
+        self.start_timestamp = start_timestamp
+        self.end_timestamp = end_timestamp
+        self.batches: list[pa.RecordBatch] = []
+        self.done = end <= start or max_records == 0
+        #: the offset after the last row taken (where a reader goes on)
+        self.next_offset = start
+        #: rows taken so far
+        self.rows = 0
+        self._topic = topic.encode("utf-8")
+        self._partition = partition
+
+    def take(self) -> list[pa.RecordBatch]:
+        """The record batches built since the last call."""
+        out, self.batches = self.batches, []
+        return out
+
+    def sink(self, buf: Any, out: Any, n: int) -> None:
+        if self.done or n <= 0:
+            return
+        offsets = memoryview(ffi.buffer(out.offsets, 8 * n)).cast("q")
+        first = bisect_left(offsets, self.start)
+        last = bisect_left(offsets, self.end)
+        if last < n:
+            self.done = True
+        if self.start_timestamp is not None and first < last:
+            i = lib.ls_first_at_least(out.timestamps + first, last - first, self.start_timestamp)
+            if i < 0:
+                return
+            first += i
+            self.start_timestamp = None
+        if self.end_timestamp is not None and first < last:
+            i = lib.ls_first_at_least(out.timestamps + first, last - first, self.end_timestamp)
+            if i >= 0:
+                last = first + i
+                self.done = True
+        if self.left is not None and last - first >= self.left:
+            last = first + self.left
+            self.done = True
+        if last <= first:
+            return
+        self.next_offset = offsets[last - 1] + 1
+        self.rows += last - first
+        if self.left is not None:
+            self.left -= last - first
+        self.batches.append(self._batch(buf, out, first, last))
+
+    def _batch(self, buf: Any, out: Any, first: int, last: int) -> pa.RecordBatch:
+        k = last - first
+        arrays = []
+        cbuf = ffi.from_buffer(buf)
+        try:
+            for name in self.columns:
+                if name == "key":
+                    arrays.append(_binary(cbuf, len(buf), out.key_pos + first, out.key_len + first, k))
+                elif name == "value":
+                    arrays.append(_binary(cbuf, len(buf), out.value_pos + first, out.value_len + first, k))
+                elif name in ("topic", "partition"):
+                    arrays.append(self._constant(name, k))
+                elif name == "offset":
+                    data, ptr = _buffer(8 * k)
+                    ffi.memmove(ptr, out.offsets + first, 8 * k)
+                    arrays.append(pa.Array.from_buffers(pa.int64(), k, [None, data]))
+                elif name == "timestamp":
+                    data, ptr = _buffer(8 * k)
+                    lib.ls_ms_to_us(out.timestamps + first, k, ffi.cast("int64_t *", ptr))
+                    arrays.append(pa.Array.from_buffers(_TYPES["timestamp"], k, [None, data]))
+                elif name == "timestampType":
+                    data, ptr = _buffer(4 * k)
+                    lib.ls_widen_int8(out.timestamp_types + first, k, ffi.cast("int32_t *", ptr))
+                    arrays.append(pa.Array.from_buffers(pa.int32(), k, [None, data]))
+                else:
+                    arrays.append(_headers(buf, out, first, last))
+        finally:
+            ffi.release(cbuf)
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+
+    def _constant(self, name: str, k: int) -> pa.Array:
+        """The topic or partition column of k rows (a slice of a cached longer one)."""
+        n = 1 << max(k, ROWS_PER_BATCH + 1).bit_length()  # a few sizes only, each cached
+        return _constant_column(name, self._topic if name == "topic" else self._partition, n).slice(0, k)
+
+
+@functools.lru_cache(maxsize=32)
+def _constant_column(name: str, value: bytes | int, n: int) -> pa.Array:
+    """n rows of one topic (utf-8 bytes) or partition, built from buffers. (Not pa.repeat of a
+    pa.scalar: the first pa.scalar of a process imports pandas, half a second.)"""
+    if name == "topic":
+        assert isinstance(value, bytes)
+        size = len(value)
+        offsets = array("i", range(0, (n + 1) * size, size)) if size else array("i", [0]) * (n + 1)
+        return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(value * n)])
+    return pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(array("i", [value]) * n)])
+
+
+def _headers(buf: Any, out: Any, first: int, last: int) -> pa.Array:
+    rows: list[list[dict[str, Any]]] = []
+    for i in range(first, last):
+        count = out.header_count[i]
+        if count == 0:
+            rows.append([])
+            continue
+        pairs = RecordDecoder._headers(buf, out.headers_pos[i], out.headers_len[i], count)
+        rows.append([{"key": k, "value": v} for k, v in pairs])
+    return pa.array(rows, type=_TYPES["headers"])
+
+
+def _buffer(size: int) -> tuple[pa.Buffer, Any]:
+    """A buffer from Arrow's memory pool (which reuses freed memory: no page faults on the
+    way, unlike a fresh calloc) and a C pointer to write it through."""
+    buf = pa.allocate_buffer(max(size, 1))
+    return buf, ffi.cast("char *", buf.address)
+
+
+def _binary(cbuf: Any, size: int, pos: Any, lens: Any, k: int) -> pa.Array:
+    """Gather k spans of the decoded buffer into an Arrow binary array (nulls for length -1)."""
+    total = lib.ls_binary_size(lens, k)
+    if total < 0:
+        raise LogstoreError("decoded record lengths are invalid")
+    data, data_ptr = _buffer(total)
+    offsets, offsets_ptr = _buffer(4 * (k + 1))
+    validity, validity_ptr = _buffer((k + 7) // 8)
+    nulls = ffi.new("int32_t *")
+    rc = lib.ls_gather_binary(cbuf, size, pos, lens, k, ffi.cast("int32_t *", offsets_ptr),
+                              ffi.cast("uint8_t *", validity_ptr), data_ptr, total, nulls)
+    if rc < 0:
+        raise LogstoreError(f"cannot gather decoded records into Arrow buffers (error {rc})")
+    return pa.Array.from_buffers(pa.binary(), k, [validity if nulls[0] else None, offsets, data], null_count=nulls[0])

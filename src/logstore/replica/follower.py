@@ -1,0 +1,177 @@
+"""The follower's side of replication: one fetcher thread per partition, copying the leader's log.
+
+A fetcher follows its partition's leader while this node is one of its followers: it sends
+Kafka's Fetch (v12) with its replica id, its epoch, its log end offset and last fetched epoch on
+its own connection to the leader's listener (so that one partition's long-polling fetch never
+holds up another's), appends the batches byte for byte, and takes the leader's high watermark.
+When the leader names a diverging epoch it truncates (KIP-101/279/320); when the leader's log
+starts past its end it restarts empty there. A refused or dropped connection to the leader
+makes the node campaign soon rather than after a whole election timeout.
+
+Thread-safety: :meth:`Fetchers.run` is each fetcher thread's body; :meth:`Fetchers.close` may be
+called from any thread. Each partition's state is changed under its ``cond``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from .quorum import NONE, Role
+from ..errors import LogstoreError
+from ..records.batch import parse_header
+from .partition import FENCED_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER, OFFSET_OUT_OF_RANGE, OK, PartitionReplica
+from .client import FETCH, NodeConnection, refused
+
+if TYPE_CHECKING:
+    from ..replication import ReplicaNode
+
+__all__ = ["Fetchers"]
+
+logger = logging.getLogger("logstore.replication")
+
+
+class Fetchers:
+    """The fetchers of every partition of ``node`` (its settings are read from the node at each
+    use). Thread-safe."""
+
+    def __init__(self, node: "ReplicaNode") -> None:
+        self._node = node
+        self._lock = threading.Lock()
+        self._conns: dict[tuple[str, int], NodeConnection] = {}
+
+    def close(self) -> None:
+        """Close every fetcher's connection (a fetch blocked on one fails at once). Call after
+        the node's stop flag is set: a fetcher that connects afterwards closes its connection."""
+        with self._lock:
+            conns = list(self._conns.values())
+        for conn in conns:
+            conn.close()
+
+    def run(self, rep: PartitionReplica) -> None:
+        """Follow ``rep``'s leader while this node is one of its followers, until the node stops."""
+        node = self._node
+        key = (rep.topic, rep.partition)
+        conn: NodeConnection | None = None
+        conn_peer = NONE
+        try:
+            while not node._stop.is_set():
+                leader = rep.election.leader
+                if rep.election.role is not Role.FOLLOWER or leader not in node.peers:
+                    node._stop.wait(0.01)
+                    continue
+                try:
+                    if conn is None or conn_peer != leader:
+                        if conn is not None:
+                            conn.close()
+                        conn, conn_peer = None, leader
+                        conn = NodeConnection(node.peers[leader], node.secret, node.node_id, node.election_timeout_s,
+                                              node._client_tls)
+                        with self._lock:
+                            if node._stop.is_set():
+                                conn.close()
+                                return
+                            self._conns[key] = conn
+                    if not self.fetch_once(rep, leader, conn):
+                        node._stop.wait(0.01)  # refused (not the leader, stale epoch): do not spin
+                except (OSError, LogstoreError) as exc:
+                    logger.debug("node %d: fetch from %d failed: %s", node.node_id, leader, exc)
+                    if conn is not None:
+                        conn.close()
+                        conn = None
+                    if refused(exc):
+                        self.leader_gone(rep, leader)
+                    node._stop.wait(0.01)
+                except Exception:  # noqa: BLE001 - the fetcher must outlive one bad answer
+                    logger.exception("node %d: %s-%d: fetch from %d failed", node.node_id, rep.topic,
+                                     rep.partition, leader)
+                    if conn is not None:
+                        conn.close()
+                        conn = None
+                    node._stop.wait(0.1)
+        finally:
+            with self._lock:
+                self._conns.pop(key, None)
+            if conn is not None:
+                conn.close()
+
+    def leader_gone(self, rep: PartitionReplica, leader: int) -> None:
+        """The leader refused or dropped our connection: its process is most likely gone (a
+        partition or a pause shows as a timeout instead). Campaign within a random fraction of
+        the election timeout rather than waiting all of it out."""
+        node = self._node
+        with rep.cond:
+            if rep.election.role is Role.FOLLOWER and rep.election.leader == leader:
+                rep.leader_lost = True
+                soon = time.monotonic() + node._rng.uniform(0.0, node.election_timeout_s / 2)
+                rep.deadline = min(rep.deadline, soon)
+
+    def fetch_once(self, rep: PartitionReplica, leader: int, conn: NodeConnection) -> bool:
+        """One fetch; returns False when the leader refused it."""
+        node = self._node
+        log = rep.log
+        offset = log.log_end_offset
+        last_epoch = log.latest_epoch
+        fields = {"cluster_id": node.cluster_id, "replica_id": node.node_id, "max_wait": int(node.fetch_wait_s * 1000),
+                  "min_bytes": 1, "max_bytes": node.fetch_max_bytes, "isolation_level": 0, "session_id": 0,
+                  "session_epoch": -1, "rack_id": "", "forgotten_topics_data": [], "topics": [
+                      {"topic": rep.topic, "partitions": [
+                          {"partition": rep.partition, "current_leader_epoch": rep.election.epoch,
+                           "fetch_offset": offset, "last_fetched_epoch": last_epoch, "log_start_offset": -1,
+                           "partition_max_bytes": node.fetch_max_bytes}]}]}
+        # The leader holds a caught-up fetch for up to fetch_wait_s: allow for that.
+        answer = conn.request(FETCH, fields, timeout=node.election_timeout_s + node.fetch_wait_s)
+        if answer.error_code:  # not authorized, another cluster: a configuration error
+            logger.warning("node %d: node %d refused a fetch: error %d", node.node_id, leader, int(answer.error_code))
+            node._stop.wait(node.election_timeout_s)  # (not a warning every 10 ms)
+            return False
+        p = answer.responses[0].partitions[0]
+        code, hw, log_start = int(p.error_code), int(p.high_watermark), int(p.log_start_offset)
+        leader_id, epoch = int(p.current_leader.leader_id), int(p.current_leader.leader_epoch)
+        div_epoch, div_end = int(p.diverging_epoch.epoch), int(p.diverging_epoch.end_offset)
+        data = p.records  # appended as it is
+        with rep.cond:
+            if epoch > rep.election.epoch:
+                rep.election.observe_epoch(epoch, leader_id if code in (OK, FENCED_LEADER_EPOCH) and leader_id >= 0
+                                           else NONE)
+            if code == OFFSET_OUT_OF_RANGE and epoch == rep.election.epoch and log_start > offset:
+                # The leader's log now starts past our end (retention or DeleteRecords there):
+                # nothing we hold can be kept; restart empty at its log start and fetch from it.
+                logger.warning("node %d: %s-%d: the leader's log starts at %d, past our end %d; restarting there",
+                               node.node_id, rep.topic, rep.partition, log_start, offset)
+                log.truncate_fully_and_start_at(log_start)
+                return True
+            if code != OK or epoch != rep.election.epoch:
+                if code == NOT_LEADER_OR_FOLLOWER and leader_id >= 0 and leader_id != leader:
+                    rep.election.observe_epoch(epoch, leader_id)
+                return False
+            rep.deadline = node._elections.next_deadline()
+            rep.leader_seen = time.monotonic()
+            rep.leader_lost = False
+        if div_epoch != -1 or (data is None and div_end >= 0):
+            # KIP-279: the leader named the largest epoch it has at or below ours and where that
+            # epoch ends in its log. Our history agrees up to the smaller of that end and the end
+            # of the same epoch (or, lacking it, of our largest older one) in our own log. Each
+            # round shortens the log or lowers our latest epoch, so a history that diverged over
+            # several epochs converges in a few fetches.
+            own_end = log.end_offset_for_epoch(div_epoch)[1] if div_epoch >= 0 else div_end
+            target = min(div_end, own_end if own_end >= 0 else div_end, log.log_end_offset)
+            logger.info("node %d: %s-%d diverges from the leader (its epoch %d ends at %d); truncating to %d",
+                        node.node_id, rep.topic, rep.partition, div_epoch, div_end, target)
+            log.truncate_to(max(target, 0))
+            return True
+        if data:
+            base = parse_header(data, 0).base_offset
+            if base < offset and log.log_start_offset == offset:
+                # Restarted past its end, the log is empty, but the leader's log start lies
+                # inside this batch: start at the batch instead (as Kafka's follower does).
+                log.truncate_fully_and_start_at(base)
+            log.append_replicated(data)  # (the log's producer state learns the batches)
+        with rep.cond:
+            if rep.election.role is Role.FOLLOWER and rep.election.epoch == epoch:
+                end = log.log_end_offset
+                log.high_watermark = max(log.log_start_offset, min(hw, end))
+                rep.hw = log.high_watermark
+        return True

@@ -1,0 +1,436 @@
+"""A replica node's Kafka listener: Kafka clients talk to a replica set as to a Kafka cluster.
+
+:class:`ReplicaKafkaApis` is :class:`~logstore.kafka.apis.KafkaApis` over a
+:class:`~logstore.replication.ReplicaNode`'s store, answering for its replicated partitions as a
+broker of a Kafka cluster does:
+
+- **Metadata** names every node's Kafka listener (``kafka_brokers``: this node's and its peers')
+  and, per partition, the elected leader and its epoch, the replicas (the voters) and the
+  in-sync replicas (the leader's view; a follower names the voters). A partition without a
+  leader, or whose leader's listener is unknown, is LEADER_NOT_AVAILABLE.
+- **Produce** goes to the leader; any other node answers NOT_LEADER_OR_FOLLOWER, and clients
+  refresh their metadata and follow. The batch is appended by the leader's idempotent path
+  (duplicates of an idempotent producer's retries are recognised, by the producer state that
+  followers rebuild from the batches they copy, so also after a failover); acks=1 is answered
+  once the leader holds it, acks=all (-1) once the high watermark (the majority's end) passed
+  it, with NOT_ENOUGH_REPLICAS when fewer than ``min_insync_replicas`` are in sync, and
+  REQUEST_TIMED_OUT when the request's timeout runs out first. A duplicate is answered as its
+  first append would be: with acks=all, once it is committed.
+- **Fetch** and **ListOffsets** go to the leader too, and stop at the high watermark: a
+  consumer sees committed records only.
+- Topics are the node's replicated partitions: CreateTopics and DeleteTopics are refused.
+- **InitProducerId** hands out ids unique across the replica set (``id * (max voter + 1) +
+  node id``), so producers that start on different nodes never share an id.
+
+**Consumer groups** are coordinated by the leader of ``__consumer_offsets`` partition 0, which
+the set replicates like any partition (Kafka's rule: a group's coordinator leads the offsets
+partition its id hashes to; here there is one). FindCoordinator names that leader (or answers
+COORDINATOR_NOT_AVAILABLE while there is none), and the other nodes answer the group requests
+with NOT_COORDINATOR, so clients find it again after a failover. The coordinator is
+:class:`~logstore.groups.coordinator.GroupCoordinator` over an OffsetStore whose writes are appended
+by the leader and return once the high watermark passed them: a commit that was answered
+survives the loss of any minority. A node that becomes the leader takes the groups up from the
+replicated log (membership included) in a new coordinator, and one that loses the leadership
+drops its own.
+
+Thread-safety: as KafkaApis. Appends take the partition's lock inside the node's purgatory's
+deferred block, as a follower's fetch does; fetch attempts, which run inside partition changes,
+take no partition lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any
+
+from .quorum import NONE as NO_LEADER, Role
+from ..errors import (
+    CorruptRecordError,
+    InvalidProducerEpochError,
+    InvalidRecordError,
+    OutOfOrderSequenceError,
+    RecordTooLargeError,
+)
+from ..errors import LogstoreError
+from ..kafka.apis import KafkaApis, _one_v2_batch
+from ..groups.coordinator import GroupCoordinator
+from ..kafka.wire import KafkaRequest
+from ..groups.offsets import OFFSETS_TOPIC, OffsetStore
+from ..records.batch import validate_client_batch
+from .peerapis import PEER_VERSIONS, PeerApis
+
+__all__ = ["ReplicaKafkaApis"]
+
+logger = logging.getLogger("logstore.replication.kafka")
+
+NONE = 0
+CORRUPT_MESSAGE = 2
+UNKNOWN_TOPIC_OR_PARTITION = 3
+LEADER_NOT_AVAILABLE = 5
+NOT_LEADER_OR_FOLLOWER = 6
+REQUEST_TIMED_OUT = 7
+MESSAGE_TOO_LARGE = 10
+NOT_ENOUGH_REPLICAS = 19
+INVALID_REQUIRED_ACKS = 21
+POLICY_VIOLATION = 44
+OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+INVALID_PRODUCER_EPOCH = 47
+INVALID_RECORD = 87
+COORDINATOR_NOT_AVAILABLE = 15
+NOT_COORDINATOR = 16
+OFFSETS_KEY = (OFFSETS_TOPIC, 0)
+#: how long a group write waits for the majority (then the request fails; the client retries)
+GROUP_WRITE_TIMEOUT_S = 10.0
+_ERRORS = ((CorruptRecordError, CORRUPT_MESSAGE), (RecordTooLargeError, MESSAGE_TOO_LARGE),
+           (OutOfOrderSequenceError, OUT_OF_ORDER_SEQUENCE_NUMBER), (InvalidProducerEpochError, INVALID_PRODUCER_EPOCH),
+           (InvalidRecordError, INVALID_RECORD))
+
+
+class ReplicaKafkaApis(KafkaApis):
+    """KafkaApis answering for a replica node's partitions (see the module docstring).
+
+    Args:
+        node: the ReplicaNode.
+        kafka_brokers: ``{node id: (host, port)}``: every node's advertised Kafka listener.
+        **kwargs: KafkaApis' arguments (the store is the node's; the purgatory is the node's,
+            so that its partitions' changes wake held fetches and acks=all produces).
+    """
+
+    def __init__(self, node: Any, kafka_brokers: dict[int, tuple[str, int]], *args: Any, **kwargs: Any) -> None:
+        kwargs["purgatory"] = node.purgatory
+        kwargs["auto_create_topics"] = False
+        super().__init__(*args, **kwargs)
+        self.node = node
+        self.kafka_brokers = kafka_brokers
+        self._stride = max(node.voters) + 1
+        self.cluster_id = node.cluster_id  # one for every node of the set
+        self._groups_epoch = -1
+        for key, refusal in _GROUP_REFUSALS.items():
+            self.handlers[key] = self._coordinated(self.handlers[key], refusal)
+        # The peers' requests, on the same listener.
+        self.peer_apis = PeerApis(node, self.cluster_id)
+        self.supported = {**self.supported, **PEER_VERSIONS}
+        self.handlers.update({52: self.peer_apis.on_vote, 53: self.peer_apis.on_begin_quorum_epoch,
+                              55: self.peer_apis.on_describe_quorum})
+        # A fetch never blocks (a caught-up one waits in the purgatory; the store's flush
+        # policy fsyncs outside the log's lock): answered on the network loop, no thread
+        # hand-off per follower fetch.
+        self.inline = self.inline | {1}
+
+    def on_fetch(self, request: KafkaRequest) -> dict[str, Any] | Future:
+        if request.body.replica_id >= 0:  # a follower's
+            return self.peer_apis.on_replica_fetch(request)
+        return super().on_fetch(request)
+
+    # ------------------------------------------------------------------ groups
+    def _coordinator(self) -> tuple[int, int]:
+        """(leader, epoch) of the offsets partition; leader -1 when none is known."""
+        rep = self._replica(*OFFSETS_KEY)
+        if rep is None:
+            return -1, -1
+        election = rep.election
+        return (election.leader if election.leader != NO_LEADER else -1), election.epoch
+
+    def _coordinated(self, handler: Any, refusal: Any) -> Any:
+        def answer(request: KafkaRequest) -> Any:
+            leader, _ = self._coordinator()
+            if leader != self.node_id:
+                self._drop_groups()
+                return refusal(request)
+            return handler(request)
+        return answer
+
+    def _drop_groups(self) -> None:
+        """No longer the coordinator: the joins and syncs waiting here are answered (the members
+        look for the coordinator again) and the groups are forgotten."""
+        with self._groups_lock:
+            old, self._groups = self._groups, None
+            self._groups_epoch = -1
+        if old is not None:
+            old.close()
+
+    @property
+    def groups(self) -> GroupCoordinator:
+        """This node's group coordinator while it leads the offsets partition: a new one for
+        each of its epochs (the groups taken up from the replicated log)."""
+        rep = self._replica(*OFFSETS_KEY)
+        with self._groups_lock:
+            epoch = rep.election.epoch
+            if rep.election.role is not Role.LEADER:  # lost between the check and here
+                raise LogstoreError(f"node {self.node_id} does not lead {OFFSETS_TOPIC}-0")
+            if self._groups is None or self._groups_epoch != epoch:
+                old, self._groups = self._groups, None
+                if old is not None:
+                    old.close()
+                store = OffsetStore(_ReplicatedOffsets(self.node, rep, epoch))
+                self._groups = GroupCoordinator(store, self.purgatory, self._partition_exists, self.group_config)
+                self._groups_epoch = epoch
+            return self._groups
+
+    def on_find_coordinator(self, request: KafkaRequest) -> dict[str, Any]:
+        if getattr(request.body, "key_type", 0) != 0:
+            return super().on_find_coordinator(request)
+        leader, _ = self._coordinator()
+        if leader not in self.kafka_brokers:
+            return {"throttle_time": 0, "error_code": COORDINATOR_NOT_AVAILABLE, "error_message": "no leader of "
+                    f"{OFFSETS_TOPIC}-0 yet", "node_id": -1, "host": "", "port": -1}
+        host, port = self.kafka_brokers[leader]
+        return {"throttle_time": 0, "error_code": NONE, "error_message": None, "node_id": leader, "host": host,
+                "port": port}
+
+    def _replica(self, topic: str, partition: int) -> Any:
+        return self.node._replicas.get((topic, partition))
+
+    def partition_error(self, topic: str, partition: int) -> int:
+        rep = self._replica(topic, partition)
+        if rep is None:
+            return UNKNOWN_TOPIC_OR_PARTITION
+        return NONE if rep.election.role is Role.LEADER else NOT_LEADER_OR_FOLLOWER  # read without its lock
+
+    # ------------------------------------------------------------------ Metadata
+    def on_metadata(self, request: KafkaRequest) -> dict[str, Any]:
+        body = request.body
+        requested = None if body.topics is None else [t.name for t in body.topics]
+        if request.api_version == 0 and requested == []:
+            requested = None
+        topics = sorted({t for t, _ in self.node._replicas}) if requested is None else requested
+        brokers = [{"node_id": n, "host": host, "port": port, "rack": None}
+                   for n, (host, port) in sorted(self.kafka_brokers.items())]
+        return {"throttle_time": 0, "brokers": brokers, "cluster_id": self.cluster_id, "controller_id": self.node_id,
+                "topics": [self._replicated_topic(name) for name in topics],
+                "cluster_authorized_operations": -2147483648}
+
+    def _replicated_topic(self, name: str) -> dict[str, Any]:
+        partitions = sorted(p for t, p in self.node._replicas if t == name)
+        if not partitions:
+            return {"error_code": UNKNOWN_TOPIC_OR_PARTITION, "name": name, "is_internal": False, "partitions": []}
+        return {"error_code": NONE, "name": name, "is_internal": name.startswith("__"),
+                "partitions": [self._partition(name, p) for p in partitions],
+                "topic_authorized_operations": -2147483648}
+
+    def _partition(self, topic: str, partition: int) -> dict[str, Any]:
+        rep = self._replica(topic, partition)
+        voters = list(self.node.voters)
+        with rep.cond:
+            election = rep.election
+            leader, epoch = election.leader, election.epoch
+            isr = voters
+            if election.role is Role.LEADER:
+                isr = sorted([self.node_id] + self.node._leader.in_sync_followers(rep, time.monotonic()))
+        if leader == NO_LEADER or leader not in self.kafka_brokers:
+            return {"error_code": LEADER_NOT_AVAILABLE, "partition_index": partition, "leader_id": -1,
+                    "leader_epoch": epoch, "replica_nodes": voters, "isr_nodes": [], "offline_replicas": []}
+        return {"error_code": NONE, "partition_index": partition, "leader_id": leader, "leader_epoch": epoch,
+                "replica_nodes": voters, "isr_nodes": isr, "offline_replicas": []}
+
+    # ------------------------------------------------------------------ Produce
+    def on_produce(self, request: KafkaRequest) -> dict[str, Any] | Future | None:
+        body = request.body
+        acks = body.acks
+        timeout_s = max(0.0, body.timeout.total_seconds()) if hasattr(body.timeout, "total_seconds") \
+            else body.timeout / 1000.0
+        answers: list[dict[str, Any]] = []
+        waiting: list[tuple[dict[str, Any], Future]] = []
+        for topic in body.topic_data:
+            partitions = []
+            for data in topic.partition_data:
+                entry = {"index": data.index, "error_code": NONE, "base_offset": -1, "log_append_time": None,
+                         "log_start_offset": -1, "record_errors": [], "error_message": None}
+                if acks not in (0, 1, -1):
+                    entry.update(error_code=INVALID_REQUIRED_ACKS, error_message=f"acks must be 0, 1 or -1, not {acks}")
+                else:
+                    outcome = self._replicated_append(topic.name, data.index, data.records, acks, timeout_s)
+                    if isinstance(outcome, Future):
+                        waiting.append((entry, outcome))
+                    else:
+                        self._settle(entry, topic.name, outcome)
+                partitions.append(entry)
+            answers.append({"name": topic.name, "partition_responses": partitions})
+        answer = {"responses": answers, "throttle_time": 0}
+        if acks == 0:
+            return None
+        if not waiting:
+            return answer
+        done: Future = Future()
+        left = [len(waiting)]
+        lock = threading.Lock()
+
+        def one(entry: dict[str, Any], topic: str, future: Future) -> None:
+            self._settle(entry, topic, future.result())
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                done.set_result(answer)
+
+        names = {id(entry): t["name"] for t in answers for entry in t["partition_responses"]}
+        for entry, future in waiting:
+            future.add_done_callback(lambda f, e=entry: one(e, names[id(e)], f))
+        return done
+
+    def _settle(self, entry: dict[str, Any], topic: str, outcome: tuple[int, int, str | None]) -> None:
+        error, base, message = outcome
+        entry.update(error_code=error, base_offset=base, error_message=message)
+        if error == NONE:
+            entry["log_start_offset"] = self._log_start(topic, entry["index"])
+
+    def _replicated_append(self, topic: str, partition: int, records: bytes | None, acks: int,
+                           timeout_s: float) -> tuple[int, int, str | None] | Future:
+        """Append on the leader: an outcome (error, base offset, message) now, or its Future
+        (acks=all, until the high watermark passes the batch)."""
+        rep = self._replica(topic, partition)
+        if rep is None:
+            return UNKNOWN_TOPIC_OR_PARTITION, -1, f"{topic}-{partition} is not replicated by this cluster"
+        if records is None:
+            return CORRUPT_MESSAGE, -1, "null records"
+        refused = _one_v2_batch(records)
+        if refused is None:
+            try:  # checked before the lock: a bad batch costs the sender, not the partition
+                validate_client_batch(records, rep.log.config.max_message_bytes)
+            except (CorruptRecordError, RecordTooLargeError, InvalidRecordError) as exc:
+                return _code(exc), -1, str(exc)
+        else:
+            return INVALID_RECORD, -1, refused
+        node = self.node
+        with node.purgatory.deferred(), rep.cond:
+            election = rep.election
+            if election.role is not Role.LEADER:
+                return NOT_LEADER_OR_FOLLOWER, -1, f"node {self.node_id} does not lead {topic}-{partition}"
+            epoch = election.epoch
+            if acks == -1:
+                in_sync = 1 + len(node._leader.in_sync_followers(rep, time.monotonic()))
+                if in_sync < node.min_insync:
+                    return NOT_ENOUGH_REPLICAS, -1, f"{in_sync} in-sync replicas, min.insync.replicas is {node.min_insync}"
+            try:
+                first, last, duplicate = rep.log.append_idempotent(records)
+            except (CorruptRecordError, RecordTooLargeError, OutOfOrderSequenceError, InvalidProducerEpochError,
+                    InvalidRecordError) as exc:
+                logger.info("refused a produce to %s-%d: %s", topic, partition, exc)
+                return _code(exc), -1, str(exc)
+            if not duplicate:
+                node._leader.advance_hw(rep)  # a set of one commits on its own append
+                rep.changed()  # answer the followers' held fetches
+        if acks != -1:
+            return NONE, first, None
+        leader = node._leader
+        return node.purgatory.watch(rep.key, lambda expired: leader._committed(rep, epoch, first, last, expired),
+                                    timeout_s)
+
+    # ------------------------------------------------------------------ topics and producer ids
+    def on_create_topics(self, request: KafkaRequest) -> dict[str, Any]:
+        return {"throttle_time": 0, "topics": [
+            {"name": t.name, "error_code": POLICY_VIOLATION,
+             "error_message": "a replica set's partitions are fixed when its nodes start"} for t in request.body.topics]}
+
+    def on_delete_topics(self, request: KafkaRequest) -> dict[str, Any]:
+        return {"throttle_time": 0, "responses": [{"name": name, "error_code": POLICY_VIOLATION}
+                                                  for name in request.body.topic_names]}
+
+    def on_init_producer_id(self, request: KafkaRequest) -> dict[str, Any]:
+        return {"throttle_time": 0, "error_code": NONE,
+                "producer_id": self.producer_ids.next_id() * self._stride + self.node_id, "producer_epoch": 0}
+
+
+def _code(exc: BaseException) -> int:
+    return next(code for cls, code in _ERRORS if isinstance(exc, cls))
+
+
+class _ReplicatedOffsets:
+    """What an OffsetStore needs of its log, over the replicated offsets partition: reads of
+    the leader's log, and appends made as the leader's produce makes them, returning once the
+    high watermark passed them (LogstoreError when the leadership of ``epoch`` is lost or no
+    majority takes them in time: the coordinator answers COORDINATOR_NOT_AVAILABLE)."""
+
+    def __init__(self, node: Any, rep: Any, epoch: int) -> None:
+        self.node = node
+        self.rep = rep
+        self.epoch = epoch
+        self._pending = threading.local()  # each thread's last append, for its flush
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.rep.log.log_end_offset  # type: ignore[no-any-return]
+
+    def read(self, offset: int, **kwargs: Any) -> Any:
+        return self.rep.log.read(offset, **kwargs)
+
+    def _leading(self) -> bool:
+        election = self.rep.election
+        return election.role is Role.LEADER and election.epoch == self.epoch and not self.node._stop.is_set()
+
+    def append_batch(self, values: list[bytes | None], keys: list[bytes | None]) -> None:
+        """Append as the leader (the OffsetStore holds its lock); :meth:`flush` then waits for
+        the majority, outside that lock."""
+        rep = self.rep
+        with self.node.purgatory.deferred(), rep.cond:
+            if not self._leading():
+                raise LogstoreError(f"node {self.node.node_id} no longer leads {OFFSETS_TOPIC}-0")
+            rep.log.append_batch(values, keys)
+            self._pending.last = rep.log.log_end_offset - 1
+            self.node._leader.advance_hw(rep)
+            rep.changed()
+
+    def flush(self) -> None:
+        """Wait until this thread's last append is below the high watermark: durable as acks=all
+        (held by a majority)."""
+        last = getattr(self._pending, "last", None)
+        if last is None:
+            return
+        self._pending.last = None
+        rep = self.rep
+        deadline = time.monotonic() + GROUP_WRITE_TIMEOUT_S
+        with rep.cond:
+            while rep.hw <= last:
+                left = deadline - time.monotonic()
+                if not self._leading() or left <= 0:
+                    raise LogstoreError(f"the {OFFSETS_TOPIC}-0 write at {last} was not replicated to a majority")
+                rep.cond.wait(min(left, 0.1))
+
+
+def _refuse_join(request: KafkaRequest) -> dict[str, Any]:
+    return {"throttle_time": 0, "error_code": NOT_COORDINATOR, "generation_id": -1, "protocol_name": "",
+            "leader": "", "member_id": request.body.member_id, "members": []}
+
+
+def _refuse_leave(request: KafkaRequest) -> dict[str, Any]:
+    members = getattr(request.body, "members", None) or []
+    return {"throttle_time": 0, "error_code": NOT_COORDINATOR,
+            "members": [{"member_id": m.member_id, "group_instance_id": m.group_instance_id,
+                         "error_code": NOT_COORDINATOR} for m in members]}
+
+
+def _refuse_commit(request: KafkaRequest) -> dict[str, Any]:
+    return {"throttle_time": 0, "topics": [
+        {"name": t.name, "partitions": [{"partition_index": p.partition_index, "error_code": NOT_COORDINATOR}
+                                        for p in t.partitions]} for t in request.body.topics]}
+
+
+def _refuse_offset_fetch(request: KafkaRequest) -> dict[str, Any]:
+    """As Kafka's: each partition asked for with the error too (clients read those first)."""
+    topics = request.body.topics or []
+    return {"throttle_time": 0, "error_code": NOT_COORDINATOR, "topics": [
+        {"name": t.name, "partitions": [{"partition_index": p, "committed_offset": -1, "committed_leader_epoch": -1,
+                                         "metadata": "", "error_code": NOT_COORDINATOR} for p in t.partition_indexes]}
+        for t in topics]}
+
+
+def _refuse_describe(request: KafkaRequest) -> dict[str, Any]:
+    return {"throttle_time": 0, "groups": [
+        {"error_code": NOT_COORDINATOR, "group_id": g, "group_state": "", "protocol_type": "", "protocol_data": "",
+         "members": [], "authorized_operations": -2147483648} for g in request.body.groups]}
+
+
+#: the group requests only the coordinator answers, and the others' NOT_COORDINATOR answer
+_GROUP_REFUSALS: dict[int, Any] = {
+    11: _refuse_join,
+    14: lambda request: {"throttle_time": 0, "error_code": NOT_COORDINATOR, "assignment": b""},
+    12: lambda request: {"throttle_time": 0, "error_code": NOT_COORDINATOR},
+    13: _refuse_leave,
+    8: _refuse_commit,
+    9: _refuse_offset_fetch,
+    15: _refuse_describe,
+    16: lambda request: {"throttle_time": 0, "error_code": NONE, "groups": []},
+}

@@ -1,0 +1,189 @@
+"""Replication's requests on a replica node's Kafka listener, as KRaft's (KIP-595) are:
+
+- **Fetch** (v12, flexible) with the follower's ``replica_id``: ``current_leader_epoch`` is the
+  epoch the follower is in, ``fetch_offset`` its log end and ``last_fetched_epoch`` its latest
+  epoch. The answer carries batches from that offset, or the ``diverging_epoch`` (epoch and where
+  it ends in the leader's log) to truncate to (KIP-320/595), and always ``current_leader``
+  (leader id and epoch) and the high watermark. A caught-up follower's fetch is held up to its
+  ``max_wait``. One partition per request (each follower partition has its own connection).
+- **Vote** (v2, with ``pre_vote``: KIP-996) and **BeginQuorumEpoch** (v1): a candidate asks for
+  votes, a winner announces its epoch; the rules are ``election``'s.
+- **DescribeQuorum** (v1): each partition's leader, epoch and high watermark as this node knows
+  them, and at a leader its voters' log end offsets and fetch times. (Kafka answers it at the
+  leader only; here every node answers with its view, which is what ``Client.metadata`` shows.)
+
+Every one of them but DescribeQuorum is the peers' business: a connection must have logged in
+as :data:`~logstore.replica.client.REPLICA_USER` (with the set's shared secret), else the
+answer is CLUSTER_AUTHORIZATION_FAILED, as Kafka's authorizer answers a ClusterAction a
+principal lacks. A request naming another cluster id gets INCONSISTENT_CLUSTER_ID, and a Vote or
+BeginQuorumEpoch whose ``voter_id`` names another node INCONSISTENT_VOTER_SET (a peer address
+that leads to the wrong node must not count as that node's vote).
+
+Thread-safety: every method may be called from any thread (the listener's workers).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+from .quorum import NONE, Role
+from ..kafka.wire import KafkaRequest
+from .leader import FetchAnswer
+from .partition import (
+    CLUSTER_AUTHORIZATION_FAILED,
+    INCONSISTENT_CLUSTER_ID,
+    INCONSISTENT_VOTER_SET,
+    INVALID_REQUEST,
+    OK,
+    UNKNOWN_TOPIC_OR_PARTITION,
+)
+from .client import REPLICA_USER
+
+if TYPE_CHECKING:
+    from ..replication import ReplicaNode
+
+__all__ = ["PeerApis", "PEER_VERSIONS"]
+
+#: what the peer APIs add to the listener's served versions
+PEER_VERSIONS = {1: (4, 12), 52: (2, 2), 53: (1, 1), 55: (1, 1)}
+_PRINCIPAL = f"User:{REPLICA_USER}"
+
+
+class PeerApis:
+    """The answers to replication's requests on ``node``'s listener (see the module
+    docstring). Thread-safe."""
+
+    def __init__(self, node: "ReplicaNode", cluster_id: str) -> None:
+        self.node = node
+        self.cluster_id = cluster_id
+
+    def _refusal(self, request: KafkaRequest) -> int:
+        """The top-level error of a peer request (0: go ahead)."""
+        if request.principal != _PRINCIPAL:
+            return CLUSTER_AUTHORIZATION_FAILED
+        cluster = getattr(request.body, "cluster_id", None)
+        if cluster is not None and cluster != self.cluster_id:
+            return INCONSISTENT_CLUSTER_ID
+        voter = getattr(request.body, "voter_id", -1)
+        if voter >= 0 and voter != self.node.node_id:  # meant for another voter (KIP-853)
+            return INCONSISTENT_VOTER_SET
+        return OK
+
+    # ------------------------------------------------------------------ Fetch from a follower
+    def on_replica_fetch(self, request: KafkaRequest) -> dict[str, Any] | Future:
+        """A follower's Fetch (``replica_id`` >= 0)."""
+        body = request.body
+        wanted = [(t.topic, p) for t in body.topics for p in t.partitions]
+        error = self._refusal(request)
+        if not error and (request.api_version < 12 or len(wanted) != 1):
+            error = INVALID_REQUEST  # last_fetched_epoch needs v12; one partition per request
+        if error:
+            return {"throttle_time": 0, "error_code": error, "session_id": 0, "responses": []}
+        topic, p = wanted[0]
+        rep = self.node._replicas.get((topic, p.partition))
+        if rep is None:
+            answer: FetchAnswer | Future = FetchAnswer(UNKNOWN_TOPIC_OR_PARTITION, NONE, -1)
+        else:
+            answer = self.node._leader.follower_fetch(rep, int(body.replica_id), int(p.current_leader_epoch),
+                                                      int(p.fetch_offset), int(p.last_fetched_epoch),
+                                                      min(int(p.partition_max_bytes), int(body.max_bytes)),
+                                                      body.max_wait.total_seconds())
+        if isinstance(answer, Future):
+            out: Future = Future()
+
+            def settle(f: Future) -> None:
+                error = f.exception()
+                if error is not None:  # the connection is closed, as for any failed handler
+                    out.set_exception(error)
+                else:
+                    out.set_result(_fetch_response(topic, p.partition, f.result()))
+
+            answer.add_done_callback(settle)
+            return out
+        return _fetch_response(topic, p.partition, answer)
+
+    # ------------------------------------------------------------------ elections
+    def _each_partition(self, request: KafkaRequest, empty: dict[str, Any],
+                        answer: Any) -> dict[str, Any]:
+        """The answer to a request of topics and partitions: for each partition ``empty``'s
+        fields, updated by ``answer(replica, partition data)`` when this node replicates it,
+        else UNKNOWN_TOPIC_OR_PARTITION."""
+        topics = []
+        for t in request.body.topics:
+            partitions = []
+            for p in t.partitions:
+                rep = self.node._replicas.get((t.topic_name, p.partition_index))
+                entry = {"partition_index": p.partition_index, "error_code": OK, **empty}
+                if rep is None:
+                    entry["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
+                else:
+                    entry.update(answer(rep, p))
+                partitions.append(entry)
+            topics.append({"topic_name": t.topic_name, "partitions": partitions})
+        return {"error_code": OK, "topics": topics}
+
+    def on_vote(self, request: KafkaRequest) -> dict[str, Any]:
+        error = self._refusal(request)
+        if error:
+            return {"error_code": error, "topics": []}
+
+        def vote(rep: Any, p: Any) -> dict[str, Any]:
+            epoch, granted, leader = self.node._elections.on_vote(
+                rep, int(p.replica_epoch), int(p.replica_id), int(p.last_offset_epoch), int(p.last_offset),
+                bool(p.pre_vote))
+            return {"leader_id": leader if leader != NONE else -1, "leader_epoch": epoch, "vote_granted": granted}
+
+        return self._each_partition(request, {"leader_id": -1, "leader_epoch": -1, "vote_granted": False}, vote)
+
+    def on_begin_quorum_epoch(self, request: KafkaRequest) -> dict[str, Any]:
+        error = self._refusal(request)
+        if error:
+            return {"error_code": error, "topics": []}
+
+        def begin(rep: Any, p: Any) -> dict[str, Any]:
+            epoch, leader = self.node._elections.on_begin_epoch(rep, int(p.leader_epoch), int(p.leader_id))
+            return {"leader_id": leader if leader != NONE else -1, "leader_epoch": epoch}
+
+        return self._each_partition(request, {"leader_id": -1, "leader_epoch": -1}, begin)
+
+    def on_describe_quorum(self, request: KafkaRequest) -> dict[str, Any]:
+        node = self.node
+        now = time.monotonic()
+        wall = time.time()
+
+        def ms(at: float | None) -> int:
+            return -1 if at is None else int((wall - (now - at)) * 1000)
+
+        def describe(rep: Any, p: Any) -> dict[str, Any]:
+            with rep.cond:
+                election = rep.election
+                entry: dict[str, Any] = {"leader_id": election.leader if election.leader != NONE else -1,
+                                         "leader_epoch": election.epoch, "high_watermark": rep.hw}
+                if election.role is not Role.LEADER:
+                    entry["current_voters"] = [{"replica_id": v, "log_end_offset": -1} for v in node.voters]
+                    return entry
+                entry["current_voters"] = [
+                    {"replica_id": node.node_id, "log_end_offset": rep.log.log_end_offset,
+                     "last_fetch_timestamp": int(wall * 1000), "last_caught_up_timestamp": int(wall * 1000)}
+                ] + [{"replica_id": peer, "log_end_offset": rep.leo.get(peer, -1),
+                      "last_fetch_timestamp": ms(rep.contact.get(peer)),
+                      "last_caught_up_timestamp": ms(rep.caught_up.get(peer))} for peer in sorted(node.peers)]
+                return entry
+
+        return self._each_partition(request, {"leader_id": -1, "leader_epoch": -1, "high_watermark": -1,
+                                              "current_voters": [], "observers": []}, describe)
+
+
+def _fetch_response(topic: str, partition: int, answer: FetchAnswer) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "partition_index": partition, "error_code": answer.code, "high_watermark": answer.high_watermark,
+        "last_stable_offset": answer.high_watermark, "log_start_offset": answer.log_start_offset,
+        "current_leader": {"leader_id": answer.leader if answer.leader != NONE else -1,
+                           "leader_epoch": answer.epoch},
+        "aborted_transactions": None, "preferred_read_replica": -1, "records": answer.records}
+    if answer.diverging_epoch != -1 or answer.diverging_end != -1:
+        entry["diverging_epoch"] = {"epoch": answer.diverging_epoch, "end_offset": answer.diverging_end}
+    return {"throttle_time": 0, "error_code": OK, "session_id": 0,
+            "responses": [{"topic": topic, "partitions": [entry]}]}

@@ -1,0 +1,312 @@
+"""Planning a Spark read on the driver: options and pushed filters into OffsetRange input partitions.
+
+The driver plans from segment file names, sparse index entries and the batch headers after the
+last index entry (:mod:`logstore.store.views`); no record is read there. Each input partition is a
+picklable :class:`OffsetRange` that an executor reads with :func:`logstore.spark.read.read_range`.
+Thread-safety: Spark creates a Planner per query; nothing is shared.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from bisect import bisect_left
+from dataclasses import dataclass, replace
+from typing import Any, Iterator
+
+from pyspark.sql.datasource import (
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    IsNotNull,
+    LessThan,
+    LessThanOrEqual,
+)
+from pyspark.sql.types import StructType
+
+from ..store.views import DataLossError, LogEnd, StoreView
+from .options import (
+    EARLIEST,
+    LATEST,
+    NEVER_NULL,
+    READ_OPTIONS,
+    SparkOptionError,
+    bool_option,
+    int_option,
+    parse_options,
+    per_partition,
+    schema_struct,
+    timestamp_ms,
+    topic_partitions,
+)
+
+__all__ = ["schema_columns", "OffsetRange", "Planner"]
+
+
+@dataclass(frozen=True)
+class OffsetRange(InputPartition):
+    """One input partition: the records ``start <= offset < end`` of ``topic-partition`` in the
+    store at ``root``. ``segment``/``position`` say where to start reading (from the offset
+    index); ``find_start_ts`` / ``find_end_ts`` make the reader begin at / stop before the first
+    record whose timestamp is at least that (the range covers where it must be)."""
+
+    root: str
+    topic: str
+    partition: int
+    start: int
+    end: int
+    segment: int = -1
+    position: int = 0
+    find_start_ts: int | None = None
+    find_end_ts: int | None = None
+    fail_on_data_loss: bool = True
+    include_headers: bool = False
+    #: the columns to build, in the schema's order (empty: the source's, by include_headers)
+    columns: tuple[str, ...] = ()
+    #: when ``end`` is the log end: its segment and the byte position after its last batch,
+    #: past which the reader never looks (-1: the range ends before the log end)
+    stop_segment: int = -1
+    stop_position: int = 0
+
+    def stopping_at(self, log_end: LogEnd) -> "OffsetRange":
+        """This range, told where the log ended when it was planned (see stop_segment)."""
+        if self.end != log_end.offset or log_end.segment < 0:
+            return self
+        return replace(self, stop_segment=log_end.segment, stop_position=log_end.position)
+
+
+def schema_columns(schema: StructType | None, include_headers: bool) -> tuple[str, ...]:
+    """The columns a read builds: the source's schema, or the columns a user-specified schema
+    names (``spark.read.format("logstore").schema("value binary")``), each with the source's
+    type for it, in any order. pyspark's Python data source API does not tell a source which
+    columns a query uses, so a schema is how a query that needs few of them says so: the others
+    are neither built nor handed to the JVM.
+
+    Raises:
+        SparkOptionError: a field the source does not have, of another type, or named twice.
+    """
+    full = schema_struct(include_headers)
+    if schema is None or schema == full:
+        return tuple(full.fieldNames())
+    known = {f.name: f.dataType for f in schema_struct(True).fields}
+    names = [f.name for f in schema.fields]
+    wrong = [f.simpleString() for f in schema.fields if known.get(f.name) != f.dataType]
+    if wrong or not names or len(set(names)) != len(names):
+        raise SparkOptionError(
+            f"a user-specified schema must name columns of the logstore source's schema "
+            f"{schema_struct(True).simpleString()} with their types, each once; "
+            f"got {schema.simpleString()}" + (f" ({', '.join(wrong)} not in the source's schema)" if wrong else ""))
+    return tuple(names)
+
+
+class Planner:
+    """Turns options (and pushed filters) into OffsetRanges, on the driver."""
+
+    def __init__(self, options: Any, schema: StructType, streaming: bool) -> None:
+        self.opts = parse_options(options, READ_OPTIONS)
+        self.root = os.path.abspath(self.opts["path"])
+        self.store = StoreView(self.root)
+        self.streaming = streaming
+        self.partitions = topic_partitions(self.opts, self.store)
+        self.include_headers = bool_option(self.opts, "includeheaders", False)
+        self.fail_on_data_loss = bool_option(self.opts, "failondataloss", True)
+        self.min_partitions = int_option(self.opts, "minpartitions", 1)
+        self.max_records = int_option(self.opts, "maxrecordsperpartition", 1)
+        self.max_per_trigger = int_option(self.opts, "maxoffsetspertrigger", 1)
+        if self.max_per_trigger is not None and not streaming:
+            raise SparkOptionError("option 'maxOffsetsPerTrigger' applies to streaming queries only")
+        self.start_ts = int_option(self.opts, "startingtimestamp", -(2**63))
+        self.end_ts = int_option(self.opts, "endingtimestamp", -(2**63))
+        if streaming and self.end_ts is not None:
+            raise SparkOptionError("option 'endingTimestamp' applies to batch queries only")
+        if streaming and "endingoffsets" in self.opts:
+            raise SparkOptionError("option 'endingOffsets' applies to batch queries only")
+        self.starting = per_partition(self.opts, "startingoffsets", self.partitions,
+                                       LATEST if streaming else EARLIEST,
+                                       ("earliest", "latest") if streaming else ("earliest",))
+        self.ending = per_partition(self.opts, "endingoffsets", self.partitions, LATEST, ("latest",))
+        #: the columns the reader builds, in the order of the schema Spark expects
+        self.columns = schema_columns(schema, self.include_headers)
+        self.prune = bool_option(self.opts, "pruneonpushdown", False)
+        self.reset_filters()
+
+    def reset_filters(self) -> None:
+        """Forget pushed filters (exact ones narrow these; timestamp_low only prunes)."""
+        self.only_topics: set[str] | None = None
+        self.only_partitions: set[int] | None = None
+        self.offset_low = 0
+        self.offset_high = 2**63 - 1
+        self.timestamp_low: int | None = None
+
+    # ------------------------------------------------------------------ filters
+    def push(self, filters: list[Filter]) -> Iterator[Filter]:
+        """Apply what can be applied; yield the filters Spark must still evaluate."""
+        self.reset_filters()
+        for f in filters:
+            attribute: tuple[str, ...] = getattr(f, "attribute", ())
+            column = attribute[0] if len(attribute) == 1 else None
+            if isinstance(f, IsNotNull) and column in NEVER_NULL:
+                continue  # always true
+            if not hasattr(f, "value"):
+                yield f
+                continue
+            if column == "topic" and self._push_set(f, str, "only_topics"):
+                continue
+            if column == "partition" and self._push_set(f, int, "only_partitions"):
+                continue
+            if column == "offset" and self._push_offset(f):
+                continue
+            if column == "timestamp":
+                self._push_timestamp(f)
+            yield f
+
+    def _push_set(self, f: Filter, kind: type, attr: str) -> bool:
+        if isinstance(f, EqualTo) and isinstance(f.value, kind):
+            values = {f.value}
+        elif isinstance(f, In) and all(isinstance(v, kind) for v in f.value):
+            values = set(f.value)
+        elif kind is int and isinstance(f, (GreaterThan, GreaterThanOrEqual, LessThan, LessThanOrEqual)) \
+                and isinstance(f.value, int):
+            v = f.value
+            test = {GreaterThan: lambda p: p > v, GreaterThanOrEqual: lambda p: p >= v,
+                    LessThan: lambda p: p < v, LessThanOrEqual: lambda p: p <= v}[type(f)]
+            values = {p for _, p in self.partitions if test(p)}
+        else:
+            return False
+        current = getattr(self, attr)
+        setattr(self, attr, values if current is None else current & values)
+        return True
+
+    def _push_offset(self, f: Filter) -> bool:
+        v: Any = getattr(f, "value", None)
+        if isinstance(f, In):
+            if v and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+                self.offset_low = max(self.offset_low, min(v))
+                self.offset_high = min(self.offset_high, max(v) + 1)
+            return False  # the range is a superset: Spark keeps the IN
+        if not isinstance(v, int) or isinstance(v, bool):
+            return False
+        if isinstance(f, EqualTo):
+            self.offset_low, self.offset_high = max(self.offset_low, v), min(self.offset_high, v + 1)
+        elif isinstance(f, GreaterThan):
+            self.offset_low = max(self.offset_low, v + 1)
+        elif isinstance(f, GreaterThanOrEqual):
+            self.offset_low = max(self.offset_low, v)
+        elif isinstance(f, LessThan):
+            self.offset_high = min(self.offset_high, v)
+        elif isinstance(f, LessThanOrEqual):
+            self.offset_high = min(self.offset_high, v + 1)
+        else:
+            return False
+        return True
+
+    def _push_timestamp(self, f: Filter) -> None:
+        ms = timestamp_ms(getattr(f, "value", None))
+        if ms is None:
+            return
+        if isinstance(f, (GreaterThan, GreaterThanOrEqual, EqualTo)):
+            self.timestamp_low = ms if self.timestamp_low is None else max(self.timestamp_low, ms)
+
+    # ------------------------------------------------------------------ planning
+    def selected(self) -> list[tuple[str, int]]:
+        return [(t, p) for t, p in self.partitions
+                if (self.only_topics is None or t in self.only_topics)
+                and (self.only_partitions is None or p in self.only_partitions)]
+
+    def bounds(self, tp: tuple[str, int], start: int | None = None) -> OffsetRange | None:
+        """The whole range of one partition for this query (before splitting), or None."""
+        topic, p = tp
+        view = self.store.partition(topic, p)
+        segments = view.segments()
+        log_start = view.log_start_offset(segments)
+        log_end = view.log_end(segments)
+        high = view.high_watermark(segments, log_end)
+        find_start = find_end = None
+        if start is None:
+            wanted = self.starting[tp]
+            start = log_start if wanted == EARLIEST else high if wanted == LATEST else wanted
+            if self.start_ts is not None and not self.streaming:
+                low, bound = view.timestamp_bounds(self.start_ts, segments)
+                start, find_start = low, self.start_ts
+        if start > high:
+            raise SparkOptionError(f"starting offset {start} of {topic}-{p} is past its end ({high})")
+        if start < log_start:
+            if self.fail_on_data_loss:
+                raise DataLossError(f"{topic}-{p}: starting offset {start} is below the log start "
+                                    f"{log_start} (deleted); set failOnDataLoss=false to skip to it")
+            start = log_start
+        wanted_end = self.ending[tp] if not self.streaming else LATEST
+        end = high if wanted_end == LATEST else wanted_end
+        if end > high:
+            raise SparkOptionError(f"ending offset {end} of {topic}-{p} is past its end ({high})")
+        if self.end_ts is not None:
+            low, bound = view.timestamp_bounds(self.end_ts, segments)
+            end, find_end = min(end, high if bound is None else bound + 1), self.end_ts
+        if self.timestamp_low is not None and find_start is None:
+            low, _ = view.timestamp_bounds(self.timestamp_low, segments)
+            start = max(start, low)
+        start = max(start, self.offset_low)
+        end = min(end, self.offset_high)
+        if end < start and wanted_end != LATEST and self.offset_high == 2**63 - 1 and self.end_ts is None:
+            raise SparkOptionError(f"ending offset {end} of {topic}-{p} is before its starting offset {start}")
+        if end <= start:
+            return None
+        return OffsetRange(self.root, topic, p, start, end, find_start_ts=find_start, find_end_ts=find_end,
+                           fail_on_data_loss=self.fail_on_data_loss,
+                           include_headers=self.include_headers, columns=self.columns).stopping_at(log_end)
+
+    def split(self, ranges: list[OffsetRange]) -> list[OffsetRange]:
+        """Split ranges (maxRecordsPerPartition, minPartitions) at offset index entries."""
+        counts = [r.end - r.start for r in ranges]
+        pieces = [1] * len(ranges)
+        if self.max_records is not None:
+            pieces = [max(1, math.ceil(c / self.max_records)) for c in counts]
+        total = sum(counts)
+        if self.min_partitions is not None and sum(pieces) < self.min_partitions and total > 0:
+            # Spread the missing pieces over the partitions in proportion to their size.
+            for i, c in enumerate(counts):
+                pieces[i] = max(pieces[i], math.ceil(self.min_partitions * c / total))
+        out: list[OffsetRange] = []
+        for r, n in zip(ranges, pieces):
+            out.extend(self._split_one(r, n))
+        return out
+
+    def _split_one(self, r: OffsetRange, pieces: int) -> list[OffsetRange]:
+        view = self.store.partition(r.topic, r.partition)
+        segments = view.segments()
+        first = view.seek(r.start, segments)
+        head = replace(r, segment=first.segment, position=first.position)
+        if pieces <= 1:
+            return [head]
+        # Boundaries at index entries (a read may start there without decoding what precedes),
+        # never inside the region where a timestamp search runs.
+        floor = r.start
+        if r.find_start_ts is not None:
+            _, bound = view.timestamp_bounds(r.find_start_ts, segments)
+            if bound is None:
+                return [head]
+            floor = bound + 1
+        points = [(o, s, p) for o, s, p in view.index_positions(segments) if floor < o < r.end]
+        if r.find_end_ts is not None:
+            low, _ = view.timestamp_bounds(r.find_end_ts, segments)
+            points = [pt for pt in points if pt[0] <= low]
+        if not points:
+            return [head]
+        offsets = [o for o, _, _ in points]
+        cuts: list[tuple[int, int, int]] = []
+        step = (r.end - r.start) / pieces
+        for k in range(1, pieces):
+            i = bisect_left(offsets, r.start + k * step)
+            i = min(i, len(points) - 1)
+            if not cuts or points[i][0] > cuts[-1][0]:
+                cuts.append(points[i])
+        out = []
+        begin = head
+        for offset, segment, position in cuts:
+            out.append(replace(begin, end=offset, find_end_ts=None))
+            begin = replace(r, start=offset, segment=segment, position=position, find_start_ts=None)
+        out.append(begin)
+        return [x for x in out if x.end > x.start]

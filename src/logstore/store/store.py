@@ -1,0 +1,755 @@
+"""LogStore: a data directory of topics, laid out like one of Kafka's ``log.dirs``.
+
+::
+
+    <root>/
+        meta.properties                     store format version and id
+        .lock                               flock: shared by every process using the store
+                                            (exclusive for a store opened with shared=False)
+        .notify                             notification page long-polling consumers sleep on
+        .topics/<topic>                     partition count and config overrides of a topic
+                                            (Java properties; nothing else lives in .topics)
+        .topics.lock                        flock serialising topic creation and deletion
+        .topics.tmp                         a topic file being written
+        .topics.adopt/                      topic files of a Kafka log directory being adopted
+        .kafka-consumer-offsets/            Kafka's __consumer_offsets, set aside at adoption
+        recovery-point-offset-checkpoint    Kafka's checkpoint files (every partition's entry)
+        log-start-offset-checkpoint
+        cleaner-offset-checkpoint
+        <topic>-<partition>/                one Log per partition (see log.py)
+
+A directory without ``.topics/`` — one of a Kafka broker's ``log.dirs``, or a copy — is
+adopted when a LogStore opens it: its partition directories become topics, by the rules of
+:mod:`logstore.store.kafkadirs`, and their topic files are written (see :class:`LogStore`).
+
+Background maintenance — retention, time-based flushes, delayed deletion of segment files and
+the cleaner — runs on one scheduler thread per store that :meth:`LogStore.close` stops; with
+``maintenance=False`` there is no thread and :meth:`LogStore.run_maintenance` does it all.
+
+Thread-safety: every method may be called from any thread. Several processes may open the same
+root at once (the default, ``shared=True``): partitions are opened with :meth:`Log.open_shared`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import mmap
+import os
+import re
+import threading
+import time
+import uuid
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Generator, Iterator, Mapping, Sequence, TypeVar
+
+from .. import _fileio
+from ..log import arrow as logarrow
+from . import kafkadirs as logdirs
+from .._native import ffi, lib
+from ..checkpoint import (
+    CLEANER_OFFSET_CHECKPOINT,
+    LOG_START_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_CHECKPOINT,
+    OffsetCheckpoints,
+)
+from ..cleaner import Cleaner
+from ..log.config import _KAFKA_NAMES, LogConfig
+from ..errors import (
+    InvalidConfigError,
+    InvalidTopicError,
+    LogClosedError,
+    LogLockedError,
+    LogstoreError,
+    TopicExistsError,
+    UnknownTopicOrPartitionError,
+)
+from ..log.log import Log
+from ..log.shared import new_notify_page
+
+__all__ = ["LogStore", "TopicDescription", "validate_topic_name", "register_client"]
+
+logger = logging.getLogger("logstore.store.store")
+
+TOPICS_DIR = ".topics"
+META_FILE = "meta.properties"
+NOTIFY_FILE = ".notify"
+LOCK_FILE = ".lock"
+DELETE_SUFFIX = "-delete"
+STORE_VERSION = 1
+MAX_TOPIC_LENGTH = 249
+_LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
+T = TypeVar("T")
+_FIELD_TO_KAFKA = {field_name: kafka for kafka, field_name in _KAFKA_NAMES.items()}
+#: Client classes (Producer, Consumer) by factory name. The client layer registers them here,
+#: so that the store offers store.producer(...) without importing the layer above it.
+_CLIENTS: dict[str, Any] = {}
+
+
+def register_client(name: str, factory: Any) -> None:
+    """Make ``store.<name>(...)`` construct ``factory(store, ...)`` (used by the client modules)."""
+    _CLIENTS[name] = factory
+
+
+def validate_topic_name(name: Any) -> str:
+    """Return ``name`` if it is a legal Kafka topic name, else raise InvalidTopicError.
+
+    Kafka's rules: 1 to 249 characters from ``[a-zA-Z0-9._-]``, and not ``.`` or ``..``. They
+    also keep every name a plain file name, so no name can reach outside the store's root.
+    """
+    if not isinstance(name, str):
+        raise InvalidTopicError(f"topic name must be a str, got {type(name).__name__}")
+    if not name:
+        raise InvalidTopicError("topic name is empty")
+    if name in (".", ".."):
+        raise InvalidTopicError(f"topic name cannot be {name!r}")
+    if len(name) > MAX_TOPIC_LENGTH:
+        raise InvalidTopicError(f"topic name is {len(name)} characters long; the limit is {MAX_TOPIC_LENGTH}")
+    if not _LEGAL.fullmatch(name):
+        bad = sorted({c for c in name if not re.match(r"[a-zA-Z0-9._-]", c)})
+        raise InvalidTopicError(
+            f"topic name {name!r} contains {''.join(bad)!r}; legal characters are ASCII letters, "
+            "digits, '.', '_' and '-'")
+    return name
+
+
+@dataclass(frozen=True)
+class TopicDescription:
+    """What :meth:`LogStore.describe` reports about a topic."""
+
+    name: str
+    partitions: int
+    #: The effective configuration (store defaults with the topic's overrides applied).
+    config: LogConfig
+    #: The topic's own settings, by Kafka's dotted names, as persisted in the store.
+    overrides: dict[str, str] = field(default_factory=dict)
+    internal: bool = False
+
+
+class LogStore:
+    """A directory of topics, each a set of partitions, each a :class:`Log`.
+
+    >>> import tempfile
+    >>> with LogStore(tempfile.mkdtemp(), maintenance=False) as store:
+    ...     store.create_topic("events", partitions=2, retention_ms=3_600_000)
+    ...     store.partition("events", 1).append(b"hello")
+    ...     store.describe("events").config.retention_ms
+    0
+    3600000
+
+    Args:
+        root: the data directory (created if missing).
+        shared: let other processes open the same root at the same time (default). With False
+            this process holds the store exclusively, and appends skip the cross-process lock.
+        maintenance: run the scheduler thread (retention, flush_ms, file deletion, cleaner).
+        retention_check_interval_ms: how often retention runs (Kafka's
+            ``log.retention.check.interval.ms``).
+        cleaner_backoff_ms: how often the cleaner looks for work (``log.cleaner.backoff.ms``).
+        cleaner: run the cleaner for topics whose cleanup policy includes "compact".
+        **defaults: LogConfig fields applied to every topic unless the topic overrides them.
+
+    Kafka log directories: opened on a directory without ``.topics/`` that holds partition
+    directories ``<topic>-<n>`` (a Kafka broker's ``log.dirs`` entry, or a copy), the store
+    adopts them as topics for good, by the rules of :mod:`logstore.store.kafkadirs`: a topic per
+    name with the highest partition number + 1 partitions (missing ones empty) and the store's
+    defaults as its config; ``__consumer_offsets`` only when the store's consumer groups can
+    share it, else it is moved into ``.kafka-consumer-offsets/``. The topic files are written
+    under the topic lock and appear at once (``.topics.adopt/`` renamed to ``.topics/``), so
+    concurrent opens adopt once and a crash leaves all or nothing. Kafka does not load a log
+    directory holding ``.topics/``: to read one that a broker will use again, use the read-only
+    :class:`~logstore.store.views.StoreView` or the read-only commands, which adopt in memory.
+    :attr:`adopted` names the topics this open adopted (empty for a store).
+
+    Raises:
+        LogLockedError: the store is open exclusively elsewhere (or this open is exclusive and
+            another holds it), or a running Kafka broker holds the log directory's lock.
+        LogstoreError: ``meta.properties`` names a store version this logstore cannot read.
+
+    Durability and thread-safety: as :class:`Log` for each partition. Topic creation,
+    deletion and adoption are durable on return and serialised across processes.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, shared: bool = True, maintenance: bool = True,
+                 retention_check_interval_ms: int = 300_000, cleaner_backoff_ms: int = 15_000,
+                 cleaner: bool = True, **defaults: Any) -> None:
+        self.root = os.path.abspath(os.fspath(root))
+        self.defaults = LogConfig.build(None, **defaults)
+        self.shared = shared
+        self.retention_check_interval_ms = _positive("retention_check_interval_ms", retention_check_interval_ms)
+        self.cleaner_backoff_ms = _positive("cleaner_backoff_ms", cleaner_backoff_ms)
+        self._lock = threading.RLock()
+        self._logs: dict[tuple[str, int], Log] = {}
+        self._clients: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self._closers: list[Any] = []
+        self._topics_cache: dict[str, tuple[int, dict[str, str]]] = {}
+        self._closed = False
+        self._closing = False
+        self._cleaner = Cleaner() if cleaner else None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._notify_mm: mmap.mmap | None = None
+        ops = _fileio.ops
+        ops.makedirs_durable(self.root)
+        self._lock_fd = ops.open(os.path.join(self.root, LOCK_FILE), os.O_RDWR | os.O_CREAT)
+        locked = ops.lock_shared(self._lock_fd) if shared else ops.lock(self._lock_fd)
+        if not locked:
+            ops.close(self._lock_fd)
+            raise LogLockedError(f"store {self.root} is open {'exclusively ' if shared else ''}in another process")
+        try:
+            #: topics this open adopted from a Kafka log directory (see the class docstring)
+            self.adopted: tuple[str, ...] = self._ensure_topics_dir()
+            self._write_meta()
+            self._remove_deleted_topics()
+            self.notify_page = self._map_notify_page()
+        except BaseException:
+            ops.close(self._lock_fd)
+            raise
+        if maintenance:
+            self._thread = threading.Thread(target=self._run, name=f"logstore-maintenance[{self.root}]", daemon=True)
+            self._thread.start()
+
+    # ------------------------------------------------------------------ setup
+    def _write_meta(self) -> None:
+        path = os.path.join(self.root, META_FILE)
+        ops = _fileio.ops
+        if ops.exists(path):
+            props = _parse_properties(ops.read_file(path).decode("utf-8", "replace"), path)
+            version = props.get("version")
+            if version is None or not version.isdigit() or int(version) > STORE_VERSION:
+                raise LogstoreError(f"{path}: store format version {version!r} is not supported "
+                                    f"(this logstore reads version {STORE_VERSION})")
+            return
+        with self._metadata_lock():
+            if not ops.exists(path):
+                text = f"#logstore data directory\nversion={STORE_VERSION}\ndirectory.id={uuid.uuid4()}\n"
+                ops.write_file_atomic(path, text.encode())
+
+    def _ensure_topics_dir(self) -> tuple[str, ...]:
+        """Create ``.topics/``, adopting the partition directories of a Kafka log directory;
+        return the names of the topics adopted (see :func:`logstore.store.kafkadirs.adopt`)."""
+        return logdirs.adopt(self.root, TOPICS_DIR, self._metadata_lock, _topic_file_text)
+
+    def _map_notify_page(self) -> Any:
+        if not self.shared:
+            return new_notify_page()
+        ops = _fileio.ops
+        fd = ops.open(os.path.join(self.root, NOTIFY_FILE), os.O_RDWR | os.O_CREAT)
+        try:
+            if ops.fsize(fd) < lib.LS_SHARED_SIZE:
+                ops.ftruncate(fd, lib.LS_SHARED_SIZE)  # zeros: counter 0, no waiters
+            self._notify_mm = ops.mmap(fd, lib.LS_SHARED_SIZE, True)
+        finally:
+            ops.close(fd)
+        return ffi.from_buffer(self._notify_mm)
+
+    def _remove_deleted_topics(self) -> None:
+        """Finish topic deletions that a crash interrupted (directories renamed ``*-delete``)."""
+        for name in _fileio.ops.listdir(self.root):
+            if name.endswith(DELETE_SUFFIX) and os.path.isdir(os.path.join(self.root, name)):
+                try:
+                    _fileio.ops.remove_tree(os.path.join(self.root, name))
+                except OSError as exc:
+                    logger.warning("%s: could not remove %s: %s", self.root, name, exc)
+
+    def _metadata_lock(self) -> "_FileLock":
+        return _FileLock(os.path.join(self.root, TOPICS_DIR + LOCK_FILE))
+
+    # ------------------------------------------------------------------ context manager
+    def __enter__(self) -> "LogStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogClosedError(f"store {self.root} is closed")
+
+    # ------------------------------------------------------------------ topics
+    def _topic_file(self, name: str) -> str:
+        return os.path.join(self.root, TOPICS_DIR, name)
+
+    def _read_topic(self, name: str) -> tuple[int, dict[str, str]] | None:
+        return read_topic_file(self._topic_file(name))
+
+    def _topic(self, name: str) -> tuple[int, dict[str, str]]:
+        validate_topic_name(name)
+        with self._lock:
+            cached = self._topics_cache.get(name)
+            if cached is not None:
+                return cached
+        found = self._read_topic(name)
+        if found is None:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist in {self.root}")
+        with self._lock:
+            self._topics_cache[name] = found
+        return found
+
+    def create_topic(self, name: str, partitions: int = 1, *, exist_ok: bool = False, internal: bool = False,
+                     **config: Any) -> None:
+        """Create a topic with ``partitions`` partitions and config overrides (LogConfig field
+        names as keywords, e.g. ``retention_ms=3_600_000``; Kafka's dotted names work too, as
+        ``**{"retention.ms": 3_600_000}``).
+
+        Raises:
+            InvalidTopicError: an illegal name, or a name starting with "__" (reserved for
+                internal topics such as ``__consumer_offsets``). Nothing is written.
+            TopicExistsError: the topic exists (unless ``exist_ok``; its settings are then kept).
+            InvalidConfigError: a bad setting (nothing is written).
+
+        Durable on return: the topic's properties file and partition directories are fsynced.
+        """
+        validate_topic_name(name)
+        if name.startswith("__") and not internal:
+            raise InvalidTopicError(f"topic names starting with '__' are reserved for internal topics: {name!r}")
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= 1_000_000:
+            raise InvalidConfigError(f"partitions must be an int from 1 to 1000000, got {partitions!r}")
+        overrides = self._overrides(config)
+        self._check_open()
+        with self._metadata_lock():
+            existing = self._read_topic(name)
+            if existing is not None:
+                if exist_ok:
+                    return
+                raise TopicExistsError(f"topic {name!r} already exists in {self.root}")
+            _fileio.ops.write_file_atomic(self._topic_file(name), _topic_file_text(partitions, overrides),
+                                          tmp=os.path.join(self.root, TOPICS_DIR + ".tmp"))
+            with self._lock:
+                self._topics_cache.pop(name, None)
+        for partition in range(partitions):
+            self.partition(name, partition)
+        _fileio.ops.fsync_dir(self.root)
+        logger.info("%s: created topic %s with %d partition(s)", self.root, name, partitions)
+
+    def _overrides(self, config: Mapping[str, Any]) -> dict[str, str]:
+        """Validate overrides against the defaults; return them by Kafka names as strings."""
+        plain = {k: v for k, v in config.items() if "." not in k}
+        dotted = {k: v for k, v in config.items() if "." in k}
+        merged = self.defaults.replace(**plain)
+        if dotted:
+            merged = LogConfig.from_kafka({**merged.to_kafka(), **{k: str(v) for k, v in dotted.items()}})
+        kafka = merged.to_kafka()
+        names = {_FIELD_TO_KAFKA[k] for k in plain} | set(dotted)
+        return {name: kafka[name] for name in names}
+
+    def delete_topic(self, name: str) -> None:
+        """Delete a topic and all of its records.
+
+        Raises:
+            UnknownTopicOrPartitionError: no such topic.
+            LogLockedError: another process has one of its partitions open.
+
+        Durable on return; a crash half-way leaves directories named ``*-delete`` that the next
+        open of the store removes.
+        """
+        partitions, _ = self._topic(name)
+        self._check_open()
+        with self._metadata_lock():
+            with self._lock:
+                for p in range(partitions):
+                    log = self._logs.pop((name, p), None)
+                    if log is not None:
+                        if self._cleaner is not None:
+                            self._cleaner.remove(log)
+                        log.close()
+            held = []
+            try:
+                for p in range(partitions):
+                    directory = os.path.join(self.root, f"{name}-{p}")
+                    if not _fileio.ops.exists(directory):
+                        continue
+                    lock = _FileLock(os.path.join(directory, LOCK_FILE), blocking=False)
+                    if not lock.acquired:
+                        raise LogLockedError(f"cannot delete topic {name!r}: partition {p} is open in another process")
+                    held.append(lock)
+                _fileio.ops.unlink(self._topic_file(name))
+                _fileio.ops.fsync_dir(os.path.join(self.root, TOPICS_DIR))
+                with self._lock:
+                    self._topics_cache.pop(name, None)
+                doomed = []
+                for p in range(partitions):
+                    directory = os.path.join(self.root, f"{name}-{p}")
+                    if _fileio.ops.exists(directory):
+                        # Kafka's <topic>-<p>.<id>-delete can exceed NAME_MAX for long topic
+                        # names; ".<id>-delete" never does, nor can it look like a partition.
+                        target = os.path.join(self.root, f".{uuid.uuid4().hex}{DELETE_SUFFIX}")
+                        _fileio.ops.rename(directory, target)
+                        doomed.append(target)
+                _fileio.ops.fsync_dir(self.root)
+            finally:
+                for lock in held:
+                    lock.release()
+            for key in (RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, CLEANER_OFFSET_CHECKPOINT):
+                OffsetCheckpoints(self.root, key).update({(name, p): None for p in range(partitions)})
+            for target in doomed:
+                try:
+                    _fileio.ops.remove_tree(target)
+                except OSError as exc:  # the next open of the store finishes the removal
+                    logger.warning("%s: could not remove %s: %s", self.root, target, exc)
+        logger.info("%s: deleted topic %s", self.root, name)
+
+    def topics(self, internal: bool = False) -> list[str]:
+        """Names of the topics, sorted (internal ones like ``__consumer_offsets`` only when asked)."""
+        self._check_open()
+        names = []
+        for name in _fileio.ops.listdir(os.path.join(self.root, TOPICS_DIR)):
+            if _LEGAL.fullmatch(name) and name not in (".", "..") and (internal or not name.startswith("__")):
+                names.append(name)
+        return sorted(names)
+
+    def describe(self, name: str) -> TopicDescription:
+        """The topic's partition count, effective config and persisted overrides."""
+        partitions, overrides = self._topic(name)
+        return TopicDescription(name, partitions, self._config_for(overrides), dict(overrides),
+                                internal=name.startswith("__"))
+
+    def _config_for(self, overrides: Mapping[str, str]) -> LogConfig:
+        if not overrides:
+            return self.defaults
+        return LogConfig.from_kafka({**self.defaults.to_kafka(), **overrides})
+
+    def partitions_for(self, name: str) -> int:
+        """Number of partitions of a topic."""
+        return self._topic(name)[0]
+
+    def partition(self, topic: str, partition: int) -> Log:
+        """The Log of one partition, opened on first use and owned by the store (do not close it).
+
+        Raises:
+            UnknownTopicOrPartitionError: no such topic or partition.
+        """
+        if partition.__class__ is not int:
+            raise UnknownTopicOrPartitionError(f"partition must be an int, got {partition!r}")
+        key = (topic, partition)
+        log = self._logs.get(key)
+        if log is not None and not log.closed:
+            return log
+        partitions, overrides = self._topic(topic)
+        if isinstance(partition, bool) or not isinstance(partition, int) or not 0 <= partition < partitions:
+            raise UnknownTopicOrPartitionError(
+                f"topic {topic!r} has partitions 0..{partitions - 1}; there is no partition {partition!r}")
+        with self._lock:
+            self._check_open()
+            log = self._logs.get(key)
+            if log is None or log.closed:
+                log = Log(os.path.join(self.root, f"{topic}-{partition}"), self._config_for(overrides),
+                          shared=self.shared, timers=False, notify_page=self.notify_page)
+                self._logs[key] = log
+                if self._cleaner is not None and log.config.compacted:
+                    self._cleaner.add(log)
+            return log
+
+    def logs(self) -> Iterator[tuple[str, int, Log]]:
+        """Every partition of every topic (internal ones included), opening them as needed."""
+        for topic in self.topics(internal=True):
+            try:
+                count = self.partitions_for(topic)
+            except UnknownTopicOrPartitionError:
+                continue  # deleted meanwhile
+            for p in range(count):
+                yield topic, p, self.partition(topic, p)
+
+    def metrics(self) -> dict[str, Any]:
+        """Every partition's :meth:`Log.metrics` as ``{name: {(topic, partition): value}}``,
+        plus the store-wide cleaner metrics (Kafka's max-dirty-percent,
+        uncleanable-partitions-count and max-clean-time-secs). Names and meanings are listed in
+        :mod:`logstore.metrics`; ``logstore.metrics.prometheus_text(store.metrics())`` renders
+        them for Prometheus. Opens every partition. Thread-safe."""
+        out: dict[str, Any] = {}
+        dirty = uncleanable = 0
+        clean_time = 0.0
+        for topic, p, log in list(self.logs()):
+            try:
+                values = log.metrics()
+            except LogClosedError:
+                continue
+            for name, value in values.items():
+                out.setdefault(name, {})[(topic, p)] = value
+            if log.config.compacted:
+                state = log.cleaner_state
+                uncleanable += state.uncleanable_reason is not None
+                dirty = max(dirty, int(values["logstore:type=LogCleaner,name=DirtyRatio"] * 100))
+                if state.last_report is not None:
+                    clean_time = max(clean_time, state.last_report.duration_s)
+        out["kafka.log:type=LogCleaner,name=max-dirty-percent"] = dirty
+        out["kafka.log:type=LogCleanerManager,name=uncleanable-partitions-count"] = uncleanable
+        out["kafka.log:type=LogCleaner,name=max-clean-time-secs"] = clean_time
+        return out
+
+    # ------------------------------------------------------------------ Arrow
+    def iter_arrow(self, topic: str, partitions: Sequence[int] | None = None, start: int | Mapping[int, int] | None = None,
+                   end: int | Mapping[int, int] | None = None, start_timestamp: int | None = None,
+                   end_timestamp: int | None = None, columns: Sequence[str] | None = None) -> Iterator[Any]:
+        """A topic's records as ``pyarrow.RecordBatch`` es, partition after partition
+        (default: every partition, in order), each through :meth:`Log.iter_arrow` (same schema,
+        columns and guarantees).
+
+        Per partition the records run from ``start`` (an offset, or {partition: offset};
+        default: the log start) up to ``end`` (exclusive; default: the log end). Timestamps
+        narrow that as Kafka's ListOffsets does: from the first offset whose timestamp is at
+        least ``start_timestamp``, up to the first whose timestamp is at least
+        ``end_timestamp`` (milliseconds since the epoch). Needs pyarrow. Thread-safe.
+
+        Raises:
+            UnknownTopicOrPartitionError: no such topic or partition.
+            OffsetOutOfRangeError: a start outside a partition's log.
+            ValueError: an unknown column name.
+        """
+        count = self.partitions_for(topic)
+        chosen = list(range(count)) if partitions is None else [int(p) for p in partitions]
+        readers = []  # every partition and range checked before anything is read
+        for p in chosen:
+            log = self.partition(topic, p)
+            first = start.get(p) if isinstance(start, Mapping) else start
+            last = end.get(p) if isinstance(end, Mapping) else end
+            if start_timestamp is not None:
+                at = log.offset_for_timestamp(start_timestamp)
+                first = max(first if first is not None else log.log_start_offset, at if at is not None else log.log_end_offset)
+            if end_timestamp is not None:
+                at = log.offset_for_timestamp(end_timestamp)
+                if at is not None:
+                    last = at if last is None else min(last, at)
+            if first is not None and last is not None and last <= first:
+                continue
+            readers.append(log.iter_arrow(first, last, columns))
+        return itertools.chain.from_iterable(readers)
+
+    def read_arrow(self, topic: str, partitions: Sequence[int] | None = None, start: int | Mapping[int, int] | None = None,
+                   end: int | Mapping[int, int] | None = None, start_timestamp: int | None = None,
+                   end_timestamp: int | None = None, columns: Sequence[str] | None = None) -> Any:
+        """:meth:`iter_arrow`'s batches as one ``pyarrow.Table`` (the same arguments); the
+        table holds every record asked for in memory. Query it with pandas (``to_pandas()``),
+        polars (``polars.from_arrow``) or DuckDB (by the variable's name)."""
+        batches = list(self.iter_arrow(topic, partitions, start, end, start_timestamp, end_timestamp, columns))
+        return logarrow.table(batches, columns)
+
+    # ------------------------------------------------------------------ clients
+    def producer(self, **options: Any) -> Any:
+        """A :class:`logstore.Producer` for this store (see its arguments). Closing the store
+        closes it first (writing what it holds)."""
+        return self._track(_CLIENTS["producer"](self, **options))
+
+    def consumer(self, group: str, topics: str | list[str], **options: Any) -> Any:
+        """A :class:`logstore.Consumer` in ``group`` reading ``topics`` (see its arguments).
+        Closing the store closes it first (committing, with auto-commit)."""
+        return self._track(_CLIENTS["consumer"](self, group, topics, **options))
+
+    def _track(self, client: Any) -> Any:
+        with self._lock:
+            if self._closing:
+                client.close()
+            self._check_open()
+            self._clients.add(client)
+        return client
+
+    # ------------------------------------------------------------------ waiting
+    def wait(self, seen: int, timeout: float | None) -> None:
+        """Sleep until any partition of the store gets an append after the notification counter
+        read ``seen`` (see :meth:`notification`), or ``timeout`` seconds pass."""
+        page = self.notify_page
+        lib.ls_notify_enter(page)
+        try:
+            lib.ls_notify_wait(page, seen, -1 if timeout is None else max(1, int(timeout * 1e6)))
+        finally:
+            lib.ls_notify_leave(page)
+
+    def wait_until_done(self, attempts: Generator[tuple[int, float], None, T]) -> T:
+        """Run a poll loop written as a generator that yields (notification counter, seconds)
+        whenever it must wait: sleep on the store's notification page each time; return what
+        the generator returns. (Consumer.poll and Queue.get are such loops.)"""
+        try:
+            while True:
+                seen, wait = next(attempts)
+                self.wait(seen, wait)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+    async def await_until_done(self, attempts: Generator[tuple[int, float], None, T], longest: float = 0.5) -> T:
+        """:meth:`wait_until_done` for asyncio: each wait runs in the default executor (at most
+        ``longest`` seconds, so that a cancelled caller leaves no long-sleeping thread)."""
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                seen, wait = next(attempts)
+                await loop.run_in_executor(None, self.wait, seen, min(wait, longest))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+    def notification(self) -> int:
+        """The store's notification counter: read it, check for data, then :meth:`wait` on it."""
+        return int(lib.ls_notify_counter(self.notify_page))
+
+    # ------------------------------------------------------------------ maintenance
+    def run_maintenance(self, now_ms: int | None = None) -> dict[str, int]:
+        """Run every maintenance task once, now: retention on every partition, due flushes and
+        file deletions, and one cleaner pass per compacted log that needs it. Returns counts
+        (segments_deleted, flushes, logs_cleaned). Thread-safe."""
+        self._check_open()
+        deleted = flushes = cleaned = 0
+        for _, _, log in list(self.logs()):
+            try:
+                deleted += log.enforce_retention(now_ms)
+                flushes += int(log.run_due_tasks())
+            except LogClosedError:
+                continue
+        if self._cleaner is not None:
+            while self._cleaner.run_once(now_ms) is not None:
+                cleaned += 1
+        return {"segments_deleted": deleted, "flushes": flushes, "logs_cleaned": cleaned}
+
+    def _tick_seconds(self) -> float:
+        with self._lock:
+            flush_ms = [log.config.flush_ms for log in self._logs.values() if log.config.flush_ms is not None]
+        intervals = [1.0, self.retention_check_interval_ms / 1000.0, self.cleaner_backoff_ms / 1000.0]
+        return max(0.01, min(intervals + [ms / 1000.0 for ms in flush_ms]))
+
+    def _run(self) -> None:
+        next_retention = time.monotonic() + self.retention_check_interval_ms / 1000.0
+        next_clean = time.monotonic() + self.cleaner_backoff_ms / 1000.0
+        while not self._stop.wait(self._tick_seconds()):
+            now = time.monotonic()
+            try:
+                with self._lock:
+                    logs = list(self._logs.values())
+                for log in logs:
+                    try:
+                        log.run_due_tasks()
+                    except LogClosedError:
+                        pass
+                if now >= next_retention:
+                    next_retention = now + self.retention_check_interval_ms / 1000.0
+                    for _, _, log in list(self.logs()):
+                        try:
+                            log.enforce_retention()
+                        except LogClosedError:
+                            pass
+                if now >= next_clean and self._cleaner is not None:
+                    next_clean = now + self.cleaner_backoff_ms / 1000.0
+                    self._cleaner.run_once()
+            except LogClosedError:
+                return
+            except Exception:  # noqa: BLE001 - the scheduler must outlive one failed task
+                logger.exception("%s: maintenance task failed", self.root)
+
+    # ------------------------------------------------------------------ closing
+    def add_closer(self, close: Any) -> None:
+        """Call ``close()`` when the store closes, after its producers and consumers (for the
+        client layer's services). Thread-safe."""
+        with self._lock:
+            self._closers.append(close)
+
+    @property
+    def closed(self) -> bool:
+        """True once close() was called."""
+        return self._closed
+
+    def close(self) -> None:
+        """Close the producers and consumers made by this store (they write and commit what they
+        hold), stop the scheduler and close every partition (each as Log.close). Idempotent."""
+        with self._lock:
+            if self._closed or self._closing:
+                return
+            self._closing = True
+        errors = []
+        for client in list(self._clients):
+            try:
+                client.close()
+            except Exception as exc:  # noqa: BLE001 - close the rest, then report
+                errors.append(exc)
+        for closer in self._closers:  # services of the clients (a group coordinator): after them
+            try:
+                closer()
+            except Exception as exc:  # noqa: BLE001 - close the rest, then report
+                errors.append(exc)
+        with self._lock:
+            self._closed = True
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        with self._lock:
+            logs = list(self._logs.values())
+            self._logs.clear()
+        for log in logs:
+            try:
+                log.close()
+            except Exception as exc:  # noqa: BLE001 - close the others, then report
+                errors.append(exc)
+        if self._notify_mm is not None:
+            lib.ls_notify(self.notify_page)
+            ffi.release(self.notify_page)
+            self._notify_mm.close()
+            self._notify_mm = None
+        _fileio.ops.close(self._lock_fd)
+        if errors:
+            raise errors[0]
+
+    def __repr__(self) -> str:
+        return f"LogStore({self.root!r}{', closed' if self._closed else ''})"
+
+
+class _FileLock:
+    """An flock on a lock file, blocking unless told otherwise (``acquired`` says if it got it)."""
+
+    def __init__(self, path: str, blocking: bool = True) -> None:
+        self._fd = _fileio.ops.open(path, os.O_RDWR | os.O_CREAT)
+        self.acquired = _fileio.ops.lock(self._fd, blocking=blocking)
+        if not self.acquired:
+            _fileio.ops.close(self._fd)
+            self._fd = -1
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            _fileio.ops.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> "_FileLock":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _topic_file_text(partitions: int, overrides: Mapping[str, str]) -> bytes:
+    """A ``.topics/<topic>`` file: the partition count, then the config overrides, sorted."""
+    lines = [f"partitions={partitions}"] + [f"{k}={v}" for k, v in sorted(overrides.items())]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _positive(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InvalidConfigError(f"{name} must be a positive int (ms), got {value!r}")
+    return value
+
+
+def read_topic_file(path: str) -> tuple[int, dict[str, str]] | None:
+    """(partition count, config overrides) from a ``.topics/<topic>`` file; None when missing.
+
+    Raises:
+        LogstoreError: the file has no usable ``partitions`` entry.
+    """
+    try:
+        text = _fileio.ops.read_file(path).decode("utf-8")
+    except FileNotFoundError:
+        return None
+    props = _parse_properties(text, path)
+    try:
+        partitions = int(props.pop("partitions"))
+    except (KeyError, ValueError):
+        raise LogstoreError(f"{path}: missing or bad 'partitions' entry") from None
+    return partitions, props
+
+
+def _parse_properties(text: str, path: str) -> dict[str, str]:
+    """Java properties, the simple subset logstore writes: ``key=value`` lines, ``#`` comments."""
+    props = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith(("#", "!")):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise LogstoreError(f"{path}, line {number}: expected key=value, got {line!r}")
+        props[key.strip()] = value.strip()
+    return props

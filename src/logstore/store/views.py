@@ -1,0 +1,443 @@
+"""Read-only views of a store's files, for readers that must not change anything.
+
+A :class:`~logstore.store.store.LogStore` or :class:`~logstore.log.log.Log` owns its directory: opening one
+takes locks, recovers torn tails and may rewrite files. Readers in other processes that only
+look — Spark's driver planning a scan and its executors reading the segments (spark.py) — use
+these views instead. They never open a file for writing, never take a lock and never repair:
+
+* :class:`StoreView` lists a store's topics and partition counts from ``.topics/``, or those of a
+  Kafka log directory from its partition directories (:mod:`logstore.store.kafkadirs`);
+* :class:`PartitionView` lists a partition's segments, finds its log start (segment files and
+  ``log-start-offset-checkpoint``) and log end (the batch headers after the last offset index
+  entry of the last segment, each batch validated, CRC included, so a torn tail is not counted),
+  maps offsets and timestamps to byte positions through the sparse indexes, and decodes offset
+  ranges into columns with the C decoder (:meth:`PartitionView.read_columns`).
+
+A writer may append, roll, clean or delete segments while a view reads: an offset range that
+retention removed in the meantime is reported (:class:`DataLossError`), a segment replaced by the
+cleaner is read from whichever file the name held when it was opened (both hold the same
+offsets' latest values), and bytes past the log end planned earlier are never looked at.
+
+Thread-safety: a view holds no open files between calls; one view may be used from any thread,
+but a :class:`~logstore.records.batch.RecordDecoder` passed to :meth:`PartitionView.read_columns` must
+not be shared between threads.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from .. import _fileio
+from . import kafkadirs as logdirs
+from .._native import lib
+from ..checkpoint import (
+    LOG_START_OFFSET_CHECKPOINT,
+    REPLICATION_OFFSET_CHECKPOINT,
+    CorruptCheckpointError,
+    OffsetCheckpoints,
+)
+from ..errors import CorruptRecordError, LogstoreError, UnknownTopicOrPartitionError
+from ..index import OffsetIndex, TimeIndex
+from ..records.batch import HEADER_SIZE, LOG_OVERHEAD, RecordDecoder, validate_batch
+from ..segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, parse_segment_name, segment_name
+from .store import TOPICS_DIR, read_topic_file, validate_topic_name
+
+__all__ = ["StoreView", "PartitionView", "DataLossError", "LogEnd", "SegmentPosition"]
+
+#: sink(buf, out, n): n decoded rows in ``out`` (an ``ls_records_out``), positions into ``buf``
+ColumnSink = Callable[[Any, Any, int], None]
+
+
+class DataLossError(LogstoreError):
+    """Offsets a reader planned to read are gone (retention or DeleteRecords removed them)."""
+
+
+@dataclass(frozen=True)
+class LogEnd:
+    """The log end offset, the segment holding it (-1: no segment) and the byte position after
+    that segment's last valid batch."""
+
+    offset: int
+    segment: int
+    position: int
+
+
+@dataclass(frozen=True)
+class SegmentPosition:
+    """Where to start reading for an offset: the segment's base offset and a byte position in
+    its ``.log`` at or before the batch holding the offset (a batch boundary)."""
+
+    segment: int
+    position: int
+
+
+class StoreView:
+    """Read-only view of a LogStore data directory or of a Kafka log directory.
+
+    A LogStore's topics come from ``.topics/``. A directory without ``.topics/`` that looks like
+    one of Kafka's ``log.dirs`` (:func:`logstore.store.kafkadirs.looks_like_log_dir`) has its partition
+    directories adopted in memory, by the rules of :mod:`logstore.store.kafkadirs` — the same topics a
+    LogStore opened there would write into ``.topics/``, but nothing is written: a Kafka log
+    directory stays loadable by Kafka. The directory is scanned once, on first use.
+
+    Raises:
+        LogstoreError: ``root`` is neither (the message says what is missing).
+    """
+
+    def __init__(self, root: str | os.PathLike[str], quiet: bool = False) -> None:
+        """``quiet``: do not log what a Kafka log directory's scan skips."""
+        self.root = os.fspath(root)
+        self._quiet = quiet
+        self._adopted: dict[str, logdirs.AdoptedTopic] | None = None
+        #: True when ``root`` is a Kafka log directory (no ``.topics/``) adopted in memory
+        self.kafka_log_dir = not _fileio.ops.exists(os.path.join(self.root, TOPICS_DIR))
+        if not self.kafka_log_dir:
+            return
+        if not os.path.isdir(self.root):
+            raise LogstoreError(f"{self.root}: no such directory")
+        if not logdirs.looks_like_log_dir(self.root):
+            raise LogstoreError(f"{self.root} is not a logstore data directory (no {TOPICS_DIR}/) nor a Kafka log "
+                                "directory (no meta.properties, checkpoint files or <topic>-<partition>/ directories)")
+
+    def _kafka_topics(self) -> dict[str, logdirs.AdoptedTopic]:
+        if self._adopted is None:
+            self._adopted = logdirs.scan(self.root, quiet=self._quiet).topics
+        return self._adopted
+
+    def topics(self, internal: bool = False) -> list[str]:
+        """Topic names, sorted; internal ones (``__...``) only when asked."""
+        if self.kafka_log_dir:
+            names = list(self._kafka_topics())
+        else:
+            names = []
+            for name in _fileio.ops.listdir(os.path.join(self.root, TOPICS_DIR)):
+                try:
+                    validate_topic_name(name)
+                except LogstoreError:
+                    continue
+                names.append(name)
+        return sorted(n for n in names if internal or not n.startswith("__"))
+
+    def _topic(self, topic: str) -> tuple[int, dict[str, str]]:
+        validate_topic_name(topic)
+        if self.kafka_log_dir:
+            adopted = self._kafka_topics().get(topic)
+            found = None if adopted is None else (adopted.partitions, dict(adopted.overrides))
+        else:
+            found = read_topic_file(os.path.join(self.root, TOPICS_DIR, topic))
+        if found is None:
+            raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist in {self.root}")
+        return found
+
+    def partitions(self, topic: str) -> int:
+        """Partition count of ``topic``.
+
+        Raises:
+            UnknownTopicOrPartitionError: no such topic.
+        """
+        return self._topic(topic)[0]
+
+    def overrides(self, topic: str) -> dict[str, str]:
+        """The topic's config overrides by Kafka's names (an adopted Kafka topic has none,
+        except ``__consumer_offsets``).
+
+        Raises:
+            UnknownTopicOrPartitionError: no such topic.
+        """
+        return self._topic(topic)[1]
+
+    def partition(self, topic: str, partition: int) -> "PartitionView":
+        """The view of one partition of the topic. A partition without a directory (a gap in
+        an adopted Kafka topic, or a store partition not yet opened) reads as empty.
+
+        Raises:
+            UnknownTopicOrPartitionError: no such topic or partition.
+        """
+        count = self.partitions(topic)
+        if isinstance(partition, bool) or not isinstance(partition, int) or not 0 <= partition < count:
+            raise UnknownTopicOrPartitionError(
+                f"topic {topic!r} has partitions 0..{count - 1}; there is no partition {partition!r}")
+        return PartitionView(self.root, topic, partition, must_exist=False)
+
+
+class PartitionView:
+    """Read-only view of one partition directory ``<root>/<topic>-<partition>``."""
+
+    def __init__(self, root: str, topic: str, partition: int, *, path: str | None = None,
+                 must_exist: bool = True) -> None:
+        """``path`` (default ``<root>/<topic>-<partition>``) names a partition directory whose
+        name is not of that form (keyed as partition -1 in ``root``'s checkpoints, as
+        :class:`~logstore.log.log.Log` keys it). With ``must_exist`` false a missing directory
+        reads as a partition with no segments.
+
+        Raises:
+            UnknownTopicOrPartitionError: the directory does not exist (with ``must_exist``).
+        """
+        self.root = root
+        self.topic = topic
+        self.partition = partition
+        self.path = path if path is not None else os.path.join(root, f"{topic}-{partition}")
+        if must_exist and not _fileio.ops.exists(self.path):
+            raise UnknownTopicOrPartitionError(f"partition {topic}-{partition} has no directory in {root}")
+
+    # ------------------------------------------------------------------ layout
+    def segments(self) -> list[int]:
+        """Base offsets of the live segments, ascending."""
+        bases = []
+        try:
+            names = _fileio.ops.listdir(self.path)
+        except FileNotFoundError:
+            return []  # a partition without a directory (see StoreView.partition)
+        for name in names:
+            parsed = parse_segment_name(name)
+            if parsed is not None and parsed[1] == LOG_SUFFIX:
+                bases.append(parsed[0])
+        return sorted(bases)
+
+    def _file(self, base: int, suffix: str) -> str:
+        return os.path.join(self.path, segment_name(base) + suffix)
+
+    def _checkpoint(self, name: str) -> int | None:
+        try:
+            return OffsetCheckpoints(self.root, name).get((self.topic, self.partition))
+        except CorruptCheckpointError:
+            return None  # a hint only: the segment files decide
+
+    def log_start_offset(self, segments: list[int] | None = None) -> int:
+        """First readable offset: the first segment's base offset, or the checkpointed log start
+        when DeleteRecords/retention moved it inside that segment."""
+        segments = self.segments() if segments is None else segments
+        if not segments:
+            return 0
+        start = self._checkpoint(LOG_START_OFFSET_CHECKPOINT)
+        return max(segments[0], start if start is not None else 0)
+
+    def log_end_offset(self, segments: list[int] | None = None) -> int:
+        """The offset after the last valid batch (CRC checked) of the last segment."""
+        return self.log_end(segments).offset
+
+    def log_end(self, segments: list[int] | None = None) -> "LogEnd":
+        """The log end offset and where it lies: the last segment and the byte position after
+        its last valid batch (a reader must not look past it: a writer may cut the file there)."""
+        segments = self.segments() if segments is None else segments
+        if not segments:
+            return LogEnd(0, -1, 0)
+        base = segments[-1]
+        hint = self._index_floor(base, 2**62)
+        with _Mapped(self._file(base, LOG_SUFFIX)) as data:
+            start = hint.position if hint.position < len(data) else 0
+            offset, position = self._walk_end(data, base, start)
+            if position == start and start > 0:
+                # The index pointed at no valid batch: distrust it and walk from the start.
+                offset, position = self._walk_end(data, base, 0)
+        return LogEnd(offset, base, position)
+
+    @staticmethod
+    def _walk_end(data: Any, base: int, position: int) -> tuple[int, int]:
+        end = base
+        while position + HEADER_SIZE <= len(data):
+            try:
+                header = validate_batch(data, position)
+            except CorruptRecordError:
+                break  # a torn tail or the zero tail of the active segment
+            end = header.base_offset + header.last_offset_delta + 1
+            position += LOG_OVERHEAD + header.batch_length
+        return end, position
+
+    def high_watermark(self, segments: list[int] | None = None, log_end: LogEnd | None = None) -> int:
+        """End of what consumers may read: the log end, capped by a replicated partition's
+        checkpointed high watermark (``replication-offset-checkpoint``)."""
+        end = (log_end or self.log_end(segments)).offset
+        hw = self._checkpoint(REPLICATION_OFFSET_CHECKPOINT)
+        return end if hw is None else min(end, max(hw, 0))
+
+    # ------------------------------------------------------------------ index lookups
+    def _index_floor(self, base: int, offset: int) -> SegmentPosition:
+        path = self._file(base, INDEX_SUFFIX)
+        index = OffsetIndex.open_readonly(path, base)
+        if index is None:
+            return SegmentPosition(base, 0)
+        try:
+            _, position = index.lookup(offset)
+        finally:
+            index.close()
+        return SegmentPosition(base, max(position, 0))
+
+    def seek(self, offset: int, segments: list[int] | None = None) -> SegmentPosition:
+        """The segment holding ``offset`` and a batch boundary at or before it, from the offset
+        index (position 0 when the index is missing or unusable: indexes are only hints)."""
+        segments = self.segments() if segments is None else segments
+        if not segments:
+            return SegmentPosition(0, 0)
+        holder = segments[0]
+        for base in segments:
+            if base <= offset:
+                holder = base
+            else:
+                break
+        return self._index_floor(holder, offset)
+
+    def index_positions(self, segments: list[int] | None = None) -> list[tuple[int, int, int]]:
+        """Every offset index entry of every segment as (offset, segment, position): the points
+        where a read may start without decoding what comes before (for splitting a scan)."""
+        segments = self.segments() if segments is None else segments
+        out: list[tuple[int, int, int]] = []
+        for base in segments:
+            out.append((base, base, 0))
+            index = OffsetIndex.open_readonly(self._file(base, INDEX_SUFFIX), base)
+            if index is None:
+                continue
+            try:
+                for slot in range(index.entries):
+                    offset, position = index.entry(slot)  # the batch holding offset starts there
+                    out.append((offset, base, position))
+            finally:
+                index.close()
+        return out
+
+    def timestamp_bounds(self, timestamp: int, segments: list[int] | None = None) -> tuple[int, int | None]:
+        """Bounds on the first offset whose record has a timestamp >= ``timestamp`` (Kafka's
+        ListOffsets), from the time indexes alone: it lies in [low, high] (high None: up to the
+        log end). A reader finds it exactly by reading [low, high] (see read_columns)."""
+        segments = self.segments() if segments is None else segments
+        low = segments[0] if segments else 0
+        for base in segments:
+            index = TimeIndex.open_readonly(self._file(base, TIMEINDEX_SUFFIX), base)
+            if index is None:
+                low = base
+                continue
+            try:
+                if index.entries == 0:
+                    low = base
+                    continue
+                # An entry (ts, offset): the largest timestamp up to the batch holding offset.
+                last_ts, last_offset = index.last_entry()
+                if last_ts < timestamp:
+                    low = last_offset  # every record up to here is older: keep looking
+                    continue
+                slot = lib.ls_timeindex_lookup(index.pointer, index.entries, max(timestamp - 1, -(2**63)))
+                low = max(low, index.entry(slot)[1] if slot >= 0 else base)
+                # The first entry with ts >= timestamp: a record up to its offset has one.
+                return low, index.entry(slot + 1)[1]
+            finally:
+                index.close()
+        return low, None
+
+    # ------------------------------------------------------------------ reading
+    def scan(self, start: int, end: int, sink: ColumnSink, decoder: RecordDecoder | None = None,
+             hint: SegmentPosition | None = None, window: int = 8 << 20,
+             stop_at: SegmentPosition | None = None) -> Iterator[None]:
+        """Decode the records with ``start <= offset < end`` in offset order, handing each chunk
+        of rows to ``sink(buf, out, n)`` as C columns (``ls_records_out``) with positions into
+        ``buf``. Rows at or past ``end`` inside the last batch reach the sink too; it drops them.
+        Every batch is validated, CRC included, before any of its rows is given.
+
+        A generator: it yields after each ``window`` bytes of a segment, so that the caller can
+        hand on what the sink built so far (memory stays bounded by the window), and stops once
+        the range is read.
+
+        ``stop_at`` (the :meth:`log_end` of the planning) bounds the bytes read in that segment:
+        when ``end`` is the log end, nothing past its last batch is looked at, not even the
+        header the decoder would peek at to see where the range stops.
+
+        Raises:
+            DataLossError: ``start`` is below the log start (the records were deleted).
+            CorruptRecordError: an invalid batch inside the range.
+        """
+        decoder = decoder or RecordDecoder()
+        if start >= end:
+            return
+        segments = self.segments()
+        log_start = self.log_start_offset(segments)
+        if not segments or start < log_start:
+            raise DataLossError(f"{self.topic}-{self.partition}: offsets from {start} are gone "
+                                f"(the log starts at {log_start})")
+        if hint is None or hint.segment not in segments:
+            hint = self.seek(start, segments)
+        position = hint.position
+        reached = start
+        for base in segments:
+            if base < hint.segment:
+                continue
+            if base >= end:
+                return
+            path = self._file(base, LOG_SUFFIX)
+            try:
+                mapped = _Mapped(path)
+            except FileNotFoundError:
+                # Deleted (retention) or swapped (cleaner) since it was listed: list again.
+                yield from self.scan(max(start, base), end, sink, decoder, None, window, stop_at)
+                return
+            with mapped as data:
+                reached = max(reached, base)
+                size = len(data)
+                if stop_at is not None and stop_at.segment == base:
+                    size = min(size, stop_at.position)
+                if position > size:
+                    position = 0
+                while position < size:
+                    limit = min(size, position + window)
+                    stop = decoder.decode_columns(data, position, limit, sink, min_offset=start,
+                                                  max_offset=end, path=path)
+                    if decoder.last_batch_offset >= 0:
+                        reached = decoder.last_batch_offset + 1
+                    if decoder.last_stop == lib.LS_STOP_MAX_OFFSET or reached >= end:
+                        return
+                    if decoder.last_stop == lib.LS_STOP_ERROR:
+                        cut = _batch_end(data, stop)
+                        if limit < size and cut > limit:
+                            # The window cut a batch: the next window starts with it, whole.
+                            window = max(window, cut - stop)
+                        elif _all_zero(data, stop, size):
+                            position = size  # the zero tail of an active or unsealed segment
+                            break
+                        else:
+                            raise CorruptRecordError(path, stop, "invalid batch inside a sealed segment")
+                    position = stop
+                    yield None
+            position = 0
+        if reached < end:
+            raise DataLossError(f"{self.topic}-{self.partition}: the log ends at offset {reached}, "
+                                f"before the planned end {end} (truncated since it was planned?)")
+
+
+def _all_zero(data: Any, start: int, end: int, chunk: int = 1 << 20) -> bool:
+    for position in range(start, end, chunk):
+        piece = data[position : min(end, position + chunk)]
+        if piece.count(0) != len(piece):
+            return False
+    return True
+
+
+def _batch_end(data: Any, position: int) -> int:
+    """Where the batch starting at ``position`` claims to end (its length field), or position."""
+    if position + LOG_OVERHEAD > len(data):
+        return len(data) + 1
+    length = int.from_bytes(data[position + 8 : position + 12], "big", signed=True)
+    return position + LOG_OVERHEAD + max(length, 0)
+
+
+class _Mapped:
+    """A read-only map of a whole file (an empty file maps as b"")."""
+
+    def __init__(self, path: str) -> None:
+        ops = _fileio.ops
+        fd = ops.open(path, os.O_RDONLY)
+        try:
+            size = ops.fsize(fd)
+            self._mm: mmap.mmap | None = ops.mmap(fd, size, False) if size > 0 else None
+        finally:
+            ops.close(fd)
+
+    def __enter__(self) -> Any:
+        return self._mm if self._mm is not None else b""
+
+    def __exit__(self, *exc: object) -> None:
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:
+                pass  # a view of it is still alive somewhere: the map goes with it
