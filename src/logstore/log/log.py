@@ -11,20 +11,20 @@ offset to be written, ``high_watermark`` the end of what consumers may read (equ
 for a log without replication), ``recovery_point`` the offset below which every byte is known to
 be fsynced.
 
-The Log tells the partition's story and keeps its offsets; the work is done by its parts, as
-Kafka split its own log: :mod:`~logstore.log.lifecycle` opens and closes it (the ``.lock`` file,
-the clean close), :class:`~logstore.log.loader.LogLoader` recovers the files at open,
-:class:`~logstore.log.segments.LogSegments` holds the ordered segments (roll, read lookup,
-truncation, deletion with its delay), :mod:`~logstore.log.appends` holds the append paths other
-than the fast one, :mod:`~logstore.log.truncation` moves the log's ends (truncation, DeleteRecords,
-retention, which :mod:`~logstore.log.retention` decides), :class:`~logstore.log.flusher.Flusher` applies
-the flush policy with group commit, :class:`~logstore.log.shared.SharedCoordinator` keeps processes
-sharing the partition in step, :class:`~logstore.cleaner.LogCompaction` runs compaction passes,
-:class:`~logstore.log.epochs.LeaderEpochCache` holds the leader epochs,
+The Log owns the partition's offsets (log start, high watermark, recovery point, flushed
+offset), its active segment's appender and the append paths, opening and closing (the ``.lock``
+file, the clean close), the moves of its ends (truncation, DeleteRecords, retention) and the raw
+reads and copies replication needs; it keeps their invariants under its one lock. It holds the
+objects that own the rest, as Kafka's UnifiedLog does:
+:class:`~logstore.log.segments.LogSegments` the ordered segments (roll, read lookup, truncation,
+deletion with its delay), :class:`~logstore.log.loader.LogLoader` the recovery at open (it returns
+what it found), :class:`~logstore.log.flusher.Flusher` the flush policy with group commit,
+:class:`~logstore.log.shared.SharedCoordinator` the processes sharing the partition,
+:class:`~logstore.cleaner.LogCompaction` the compaction passes,
+:class:`~logstore.log.epochs.LeaderEpochCache` the leader epochs,
 :class:`~logstore.log.producers.ProducerStateManager` each idempotent producer's state and the
-``.snapshot`` files,
-:class:`~logstore.log.waiters.AppendWaiters` the long-polls, and :mod:`~logstore.log.metrics` the
-metrics.
+``.snapshot`` files, :class:`~logstore.log.waiters.AppendWaiters` the long-polls and
+:class:`~logstore.log.metrics.AppendMeter` what was appended since the open.
 
 Thread-safety: every public method may be called from any thread. Appends, reads and
 maintenance are serialised by one lock; fsyncs run outside it, and concurrent durable appends
@@ -34,6 +34,7 @@ is published after each append completes.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -41,15 +42,11 @@ import threading
 import time
 from contextlib import contextmanager, nullcontext
 from itertools import chain
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
-from . import arrow as logarrow
-from . import lifecycle as loglifecycle
-from . import replicated as logreplication
-from . import truncation as logtruncation
+from .. import _fileio
 from .._fileio import FileRegion
-from .._native import ffi, lib
-from ..records.batching import check_offset, check_timestamp, codec_for
+from .._native import check, ffi, lib
 from ..checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
@@ -57,32 +54,44 @@ from ..checkpoint import (
     OffsetCheckpoints,
 )
 from ..cleaner import CleanerReport, CleanerState, LogCompaction
+from ..errors import (
+    InvalidRecordError,
+    LogClosedError,
+    LogLockedError,
+    LogOfflineError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+)
+from ..records import compression
+from ..records.batch import (
+    BatchBuilder,
+    Record,
+    RecordDecoder,
+    decode_batches,
+    encode_headers,
+    parse_header,
+    validate_client_batch,
+)
+from ..records.batching import (
+    as_bytes,
+    check_available,
+    check_offset,
+    check_timestamp,
+    codec_for,
+    encode_batches,
+    one_record_batch_size,
+)
+from ..segment import LogSegment, SegmentInfo
+from .arrow import DecodeThread, arrow_module, table
 from .config import LogConfig
 from .epochs import LeaderEpochCache
-from ..errors import LogClosedError, LogOfflineError, OffsetOutOfRangeError
 from .flusher import NEVER, Flusher
-from .appends import (
-    CLOSED_APPENDER,
-    DEADLINE_UNSET,
-    TS_MAX,
-    TS_MIN,
-    AppendInfo,
-    append_client_batch,
-    append_general,
-    append_record_slow,
-    append_records_locked,
-    append_settings,
-    keyless_record_error,
-    roll_for_time,
-    roll_segment,
-)
 from .loader import CLEAN_SHUTDOWN_FILE, LogLoader, RecoveryReport
-from .metrics import AppendMeter, log_metrics
+from .metrics import AppendMeter
 from .producers import ProducerStateManager
-from .producerstate import ProducerStateEntry
+from .producerstate import ProducerStateEntry, increment_sequence
+from .retention import log_start_after, segments_to_delete
 from .segments import LogSegments
-from ..records.batch import BatchBuilder, Record, RecordDecoder
-from ..segment import LogSegment, SegmentInfo
 from .shared import ExclusiveHold, SharedCoordinator, SharedState
 from .waiters import AppendWaiters
 
@@ -94,8 +103,17 @@ logger = logging.getLogger("logstore.log.log")
 LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
 
+#: the file whose flock keeps a second process from opening the log for writing
+LOCK_FILE = ".lock"
+
 _PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
-_TS_MIN, _TS_MAX = TS_MIN, TS_MAX  # an explicit timestamp the append fast path takes as it is
+#: below every timestamp: the next append computes the real roll deadline
+DEADLINE_UNSET = -(2**63)
+#: Stands in for the appender of a closed log: the C core rejects it (no buffer), and the slow
+#: path then raises LogClosedError, so the append fast path needs no closed check.
+CLOSED_APPENDER = ffi.new("ls_appender *")
+#: the range of an explicit timestamp the append paths take as it is
+_TS_MIN, _TS_MAX = -(2**63), 2**63 - 1
 _DEFAULT_MAX_BYTES = 1 << 20
 _ITER_CHUNK_BYTES = 256 << 10
 _append_record = lib.ls_appender_append_record
@@ -113,6 +131,51 @@ def _partition_key(path: str) -> tuple[str, int]:
         return m.group(1), int(m.group(2))
     # Not Kafka's <topic>-<partition> form: still usable, keyed with partition -1.
     return name, -1
+
+
+class AppendInfo(NamedTuple):
+    """What :meth:`Log.append_idempotent <logstore.log.log.Log.append_idempotent>` did with a
+    client's batch: the offsets its records have, and whether it was a duplicate (a retry of a
+    batch already in the log, which was not appended again: the offsets are that batch's)."""
+
+    first_offset: int
+    last_offset: int
+    duplicate: bool
+
+def _append_settings(config: Any, shared: bool) -> tuple[int, int, int | None, bool, bool]:
+    """What the append paths take from ``config``: (timestamp type code, record attributes, the
+    codec the log forces or None for the producer's, keys required, plain). Plain appends take
+    Log.append's fast path: no codec to apply, CreateTime stamps, keys optional, one process."""
+    ts_type = config.timestamp_type_code
+    codec = config.compression_type
+    forced = None if codec == "producer" else compression.codec_from_name(codec)
+    if forced is not None:
+        check_available(forced)
+    keys_required = config.compacted
+    plain = forced in (None, compression.NONE) and not ts_type and not keys_required and not shared
+    return ts_type, lib.LS_ATTR_TIMESTAMP_TYPE if ts_type else 0, forced, keys_required, plain
+
+def _non_negative(offset: Any, what: str) -> int:
+    offset = check_offset(offset)
+    if offset < 0:
+        raise ValueError(f"cannot {what} negative offset {offset}")
+    return offset
+
+def _cut_at(fd: int, position: int, length: int, max_offset: int) -> int:
+    """The bytes of the region's whole batches below ``max_offset`` (their headers read again:
+    the region's batches were checked whole, so each header is sound)."""
+    cut = 0
+    while cut + 12 <= length:
+        head = _fileio.ops.pread(fd, min(27, length - cut), position + cut)
+        if len(head) < 12:
+            break
+        last = int.from_bytes(head[:8], "big")  # a legacy message's own (or its wrapper's last) offset
+        if len(head) == 27 and head[16] == 2:  # magic 2: the base offset plus the last offset delta
+            last += int.from_bytes(head[23:27], "big")
+        if last >= max_offset:  # a batch that reaches max_offset is not taken
+            break
+        cut += 12 + int.from_bytes(head[8:12], "big")
+    return min(cut, length)
 
 
 class Log:
@@ -163,7 +226,7 @@ class Log:
         self._appender: Any = CLOSED_APPENDER
         # What the append paths take from the config; "plain" appends take append()'s fast path.
         (self._ts_type, self._record_attrs, self._forced_codec, self._keys_required,
-         self._plain_appends) = append_settings(config, shared)
+         self._plain_appends) = _append_settings(config, shared)
         self._roll_deadline = NEVER
         self._flusher = Flusher(self, config.flush_messages, config.flush_ms, timers)
         #: the offset at which an append must apply the flush policy (see Flusher.threshold)
@@ -178,7 +241,7 @@ class Log:
         #: seconds the last open spent loading and recovering the segments
         self.recovery_seconds = 0.0
         started = time.monotonic()
-        loglifecycle.open_log(self)  # the .lock file, then the segments loaded and recovered (loglifecycle.py)
+        self._open_files()  # the .lock file, then the segments loaded and recovered
         self.recovery_seconds = time.monotonic() - started
         self._meter.end_at_open = self._appender.next_offset
 
@@ -223,6 +286,60 @@ class Log:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _open_files(self) -> None:
+        """Take the partition directory's ``.lock`` and load the log (or join a shared self)."""
+        ops = _fileio.ops
+        ops.makedirs_durable(self.path)
+        self._lock_fd = ops.open(os.path.join(self.path, LOCK_FILE), os.O_RDWR | os.O_CREAT)
+        try:
+            if self._share is not None:
+                self._share.open(self._lock_fd)
+                self._waiters.use_page(self._share.state.page)
+            elif ops.lock(self._lock_fd):
+                self._load()
+            else:
+                raise LogLockedError(f"{self.path} is open for writing in another process")
+        except BaseException:
+            self._segments.abandon_all()
+            if self._share is not None:
+                self._share.release()
+            ops.close(self._lock_fd)
+            self._lock_fd = -1
+            raise
+        self._closed = False
+
+    def _load(self, recovery_point: int | None = None, log_start_offset: int | None = None) -> None:
+        """Load and recover the segments (:class:`LogLoader`), then take up the offsets they give:
+        the log start, the recovery point, the log end, and the leader epochs.
+        ``recovery_point``/``log_start_offset`` replace the checkpoint files' values (the repair of
+        a shared log whose writer died)."""
+        loaded = self._loader.load(recovery_point, log_start_offset)
+        if loaded.start_past_end:
+            self._set_active(self._segments.replace_all(loaded.log_start_offset))
+        last = self._segments.last
+        if not last.active:
+            last.activate()
+        self._set_active(last)
+        self._log_start_offset = loaded.log_start_offset
+        self._recovery_point = self._flushed_offset = loaded.recovery_point
+        self._update_flush_at()
+        cache = self.leader_epochs = self._loader.load_leader_epochs(loaded.log_start_offset, self._appender.next_offset)
+        if cache.latest_epoch >= 0:
+            self._appender.partition_leader_epoch = cache.latest_epoch
+        self._producers.open(self._appender.next_offset)  # (the table itself loads on first use)
+        _fileio.ops.fsync_dir(self.path)
+        try:
+            self._write_checkpoints()
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            # A full disk: the checkpoint files stay as they were (an older recovery point only
+            # makes the next open scan more), so the log still opens and can be read.
+            logger.warning("%s: no space to update the checkpoint files at open: %s", self.path, exc)
+        self.recovery_report = report = loaded.report
+        if report.bytes_truncated:
+            logger.warning("%s: recovery dropped %d bytes of invalid data", self.path, report.bytes_truncated)
 
     # ------------------------------------------------------------------ multi-process mode
     @property
@@ -393,17 +510,17 @@ class Log:
             lock.acquire()  # explicit acquire/release: ~100 ns cheaper than `with` per call
             try:
                 if ts > self._roll_deadline:
-                    roll_for_time(self, ts)
+                    self._roll_for_time(ts)
                 offset = _append_record(self._appender, ts, 0, _NULL if key is None else key,
                                         0 if key is None else len(key), value, len(value), _NULL, 0, 0)
                 if offset < 0:
-                    offset = append_record_slow(self, offset, ts, key, value, _NULL, 0)
+                    offset = self._append_record_slow(offset, ts, key, value, _NULL, 0)
                 if offset < self._flush_at:
                     return offset
             finally:
                 lock.release()
             return self._after_append(offset)
-        return append_general(self, value, key, headers, timestamp)
+        return self._append_general(value, key, headers, timestamp)
 
     def append_batch(self, values: Sequence[bytes | None], keys: Sequence[bytes | None] | None = None,
                      headers: Sequence[Iterable[tuple[str, bytes | None]] | None] | None = None,
@@ -437,13 +554,13 @@ class Log:
         if not values:
             raise ValueError("append_batch needs at least one record")
         if self._keys_required and (keys is None or any(k is None for k in keys)):
-            raise keyless_record_error(self)
+            raise self._keyless_record_error()
         codec = self._forced_codec
         if codec is None or control:
             codec = codec_for(None if control else compression)  # control batches: never compressed
         with self._lock, self._w:
             self._check_open()
-            first = append_records_locked(self, values, keys, headers, timestamps, codec, producer_id,
+            first = self._append_records_locked(values, keys, headers, timestamps, codec, producer_id,
                                           producer_epoch, base_sequence, control)
             last = self._appender.next_offset - 1
             if last < self._flush_at:
@@ -460,7 +577,7 @@ class Log:
             CorruptRecordError, InvalidRecordError, RecordTooLargeError, OutOfOrderSequenceError,
                 InvalidProducerEpochError: as :meth:`append_idempotent` (nothing written).
         """
-        return append_client_batch(self, batch).first_offset
+        return self._append_client_batch(batch).first_offset
 
     def append_idempotent(self, batch: bytes | bytearray | memoryview, check_sequence: bool = True) -> AppendInfo:
         """Append one record batch a client encoded, once; return ``(first_offset, last_offset,
@@ -489,7 +606,7 @@ class Log:
 
         Durability and thread-safety as :meth:`append`; the check and the append are atomic.
         """
-        return append_client_batch(self, batch, check_sequence)
+        return self._append_client_batch(batch, check_sequence)
 
     def _after_append(self, last_offset: int) -> int:
         """An append reached ``_flush_at`` (called without the lock): wake long-polls, apply
@@ -504,6 +621,189 @@ class Log:
         waiters = self._waiters
         self._flush_at = self._flusher.threshold(
             self._flushed_offset, bool(waiters.count) or (waiters.always and self._share is None))
+
+    def _keyless_record_error(self) -> InvalidRecordError:
+        """The error for a record without a key in a compacted log (nothing is written)."""
+        return InvalidRecordError(f"{self.path}: a compacted log (cleanup_policy={self.config.cleanup_policy!r}) "
+                                  "does not accept records without a key")
+
+    def _append_general(self, value: Any, key: Any, headers: Any, timestamp: Any) -> int:
+        """Log.append for everything off its fast path: conversions, headers, timestamps, codecs."""
+        if key is None and self._keys_required:
+            raise self._keyless_record_error()
+        if value is not None and value.__class__ is not bytes:
+            value = as_bytes(value, "value")
+        if key is not None and key.__class__ is not bytes:
+            key = as_bytes(key, "key")
+        hbytes, hcount = encode_headers(headers) if headers else (_NULL, 0)
+        if timestamp is None or self._ts_type:
+            ts = _time_ns() // 1_000_000
+        elif timestamp.__class__ is int and _TS_MIN <= timestamp <= _TS_MAX:
+            ts = timestamp
+        else:
+            ts = check_timestamp(timestamp)
+        if self._forced_codec:
+            return self.append_batch([value], [key], [list(headers)] if headers else None, [ts])
+        with self._lock, self._w:
+            if ts > self._roll_deadline:
+                self._roll_for_time(ts)
+            offset = _append_record(
+                self._appender, ts, self._record_attrs,
+                _NULL if key is None else key, -1 if key is None else len(key),
+                _NULL if value is None else value, -1 if value is None else len(value),
+                hbytes, 0 if hcount == 0 else len(hbytes), hcount,
+            )
+            if offset < 0:
+                offset = self._append_record_slow(offset, ts, key, value, hbytes, hcount)
+            if offset < self._flush_at:
+                return offset
+        return self._after_append(offset)
+
+    def _append_records_locked(self, values: Any, keys: Any, headers: Any, timestamps: Any, codec: int,
+                              producer_id: int = -1, producer_epoch: int = 0, base_sequence: int = -1,
+                              control: bool = False) -> int:
+        """Log.append_batch's work under the log's locks: encode the records (as several batches
+        above max_message_bytes), append them, teach the producer state each batch of a producer;
+        return the first offset."""
+        batches = encode_batches(self._builder, values, keys, headers, timestamps,
+                                 limit=self.config.max_message_bytes, codec=codec,
+                                 level=self.config.level_for(codec), timestamp_type=self._ts_type,
+                                 log_append_time=_time_ns() // 1_000_000 if self._ts_type else None,
+                                 producer_id=producer_id, base_sequence=base_sequence, control=control,
+                                 producer_epoch=producer_epoch)
+        first = -1
+        for batch, max_ts in batches:
+            offset = self._append_encoded_locked(batch, max_ts)
+            if first < 0:
+                first = offset
+            if producer_id >= 0 and self._producers.loaded:
+                self._producers.learn(producer_id, parse_header(batch), offset)
+        return first
+
+    def _append_client_batch(self, batch: Any, check_sequence: bool = True) -> AppendInfo:
+        """Log.append_idempotent: validate a client's batch whole; for a producer's batch, check it
+        against the producer state (a duplicate is answered with its offsets, nothing appended);
+        store its bytes with the offsets and leader epoch assigned (re-encoded when the log's policy
+        needs other bytes) and teach the producer state the batch, all under the log's locks."""
+        header = validate_client_batch(batch, self.config.max_message_bytes)
+        forced = self._forced_codec
+        records = data = None
+        if self._keys_required or self._ts_type or (forced is not None and forced != header.compression):
+            # The log's policy changes the bytes: the records are encoded again (keeping the
+            # producer id, epoch and sequence), decoded here, outside the locks.
+            records = decode_batches(batch)
+            if self._keys_required and any(r.key is None for r in records):
+                raise self._keyless_record_error()
+        else:
+            data = bytearray(batch)  # stamped in place with the offsets and epoch
+        pid = header.producer_id
+        with self._lock, self._w:
+            self._check_open()
+            if pid >= 0:
+                table = self._producers.current(self._log_start_offset, self._appender.next_offset)
+                last_sequence = increment_sequence(header.base_sequence, header.last_offset_delta)
+                known = table.check(pid, header.producer_epoch, header.base_sequence, last_sequence, check_sequence,
+                                    self.path)
+                if known is not None:
+                    return AppendInfo(known.first_offset, known.last_offset, True)
+            if records is None:
+                first = self._append_encoded_locked(data, header.max_timestamp)
+                if pid >= 0:
+                    self._producers.learn(pid, header, first)
+            else:
+                first = self._append_records_locked(
+                    [r.value for r in records], [r.key for r in records], [r.headers for r in records],
+                    [r.timestamp for r in records], header.compression if forced is None else forced,
+                    pid, header.producer_epoch, header.base_sequence if pid >= 0 else -1)
+            last = self._appender.next_offset - 1
+            if last < self._flush_at:
+                return AppendInfo(first, last, False)
+        self._after_append(last)
+        return AppendInfo(first, last, False)
+
+    def _append_encoded_locked(self, batch: Any, max_timestamp: int) -> int:
+        """Append one encoded batch to the active segment (rolling for time or room first);
+        return its base offset."""
+        if max_timestamp > self._roll_deadline:
+            self._roll_for_time(max_timestamp)
+        offset = self._active.append_batch(batch)
+        if offset == lib.LS_ERR_FULL:
+            self._make_room(len(batch))
+            offset = self._active.append_batch(batch)
+        if offset < 0:
+            check(offset, self._active.path, size=len(batch), limit=self.config.max_message_bytes)
+        return offset
+
+    def _append_record_slow(self, rc: int, ts: int, key: bytes | None, value: bytes | None,
+                           hbytes: Any, hcount: int) -> int:
+        """Handle FULL (roll or grow, then retry) and TOO_LARGE for the single-record path."""
+        self._check_open()
+        hlen = 0 if hcount == 0 else len(hbytes)
+        needed = (lib.LS_BATCH_HEADER_SIZE + lib.LS_RECORD_MAX_OVERHEAD + (len(key) if key else 0)
+                  + (len(value) if value else 0) + hlen)
+        for _ in range(3):
+            if rc == lib.LS_ERR_TOO_LARGE:
+                raise RecordTooLargeError(one_record_batch_size(key, value, hlen, hcount),
+                                          self.config.max_message_bytes)
+            if rc != lib.LS_ERR_FULL:
+                check(rc, self._active.path if self._active else None)
+            self._make_room(needed)
+            rc = _append_record(
+                self._appender, ts, self._record_attrs,
+                _NULL if key is None else key, -1 if key is None else len(key),
+                _NULL if value is None else value, -1 if value is None else len(value),
+                hbytes, hlen, hcount,
+            )
+            if rc >= 0:
+                return rc
+        raise AssertionError(f"append still failing after rolling ({rc})")
+
+    def _make_room(self, needed: int) -> None:
+        """The active segment reported FULL for a batch of about ``needed`` bytes: grow its map,
+        or roll when it should (segment_bytes) or cannot grow."""
+        segment = self._segments.active
+        assert segment is not None
+        with self._io_guard():
+            if segment.should_roll_for(needed) or not segment.grow_for(needed):
+                self._roll()
+
+    def _deadline_after(self, first_timestamp: int) -> int:
+        """Kafka's segment.ms rule: roll once a record is newer than the segment's first batch's
+        max timestamp by more than segment_ms - segment_jitter_ms."""
+        return min(NEVER, first_timestamp + self.config.segment_ms - self.config.segment_jitter_ms)
+
+    def _roll_for_time(self, timestamp: int) -> None:
+        """An append with ``timestamp`` passed the roll deadline, or the deadline is unset."""
+        self._check_open()
+        segment = self._segments.active
+        assert segment is not None
+        if self._roll_deadline == DEADLINE_UNSET:
+            if segment.size == 0:  # the record about to be appended sets the deadline
+                self._roll_deadline = self._deadline_after(timestamp)
+                return
+            self._roll_deadline = self._deadline_after(parse_header(segment.buffer, 0).max_timestamp)
+            if timestamp <= self._roll_deadline:
+                return
+        self._roll()
+        self._roll_deadline = self._deadline_after(timestamp)
+
+    def _roll(self) -> None:
+        """Seal (trim + fsync) the active segment and create the next one (nothing when the active
+        segment is empty); everything below the new segment is durable, and the checkpoints say so
+        (and a loaded producer state is written as the snapshot at the new segment's base)."""
+        with self._io_guard():
+            if self._segments.active.size == 0:
+                self._roll_deadline = NEVER
+                return
+            segment = self._segments.roll(self._appender.partition_leader_epoch)
+            self._set_active(segment)
+            base = segment.base_offset
+            if base > self._recovery_point:
+                self._recovery_point = base
+                self._flushed_offset = max(self._flushed_offset, base)
+            self._write_checkpoints()
+            # Everything below base is fsynced: a snapshot of the producer state there is sound.
+            self._producers.take_snapshot(self._log_start_offset, base)
 
     # ------------------------------------------------------------------ flushing
     def flush(self) -> None:
@@ -564,7 +864,7 @@ class Log:
         with self._lock, self._w:
             self._check_open()
             if self._active is not None and self._active.size > 0:
-                roll_segment(self)
+                self._roll()
 
     # ------------------------------------------------------------------ reads
     def read(self, offset: int, max_bytes: int = _DEFAULT_MAX_BYTES, max_records: int | None = None,
@@ -673,14 +973,26 @@ class Log:
             CorruptRecordError: a batch on the way fails its checks.
             ImportError: pyarrow is not installed.
         """
-        return logarrow.iter_arrow(self, start, end, columns, max_records)
+        arrowread = arrow_module()
+        columns = arrowread.check_columns(columns)
+        if max_records is not None and max_records < 0:
+            raise ValueError(f"max_records must be >= 0, not {max_records}")
+        with self._lock:
+            self._check_open()
+            self._follow()
+            log_end = self._appender.next_offset
+            offset = self._log_start_offset if start is None else check_offset(start)
+            if offset < self._log_start_offset or offset > log_end:
+                raise OffsetOutOfRangeError(offset, self._log_start_offset, log_end, f"read_arrow from {self.path}")
+            stop = log_end if end is None else min(check_offset(end), log_end)
+        return self._arrow_batches(arrowread, offset, stop, columns, max_records)
 
     def read_arrow(self, start: int | None = None, end: int | None = None, columns: Sequence[str] | None = None,
                    max_records: int | None = None) -> Any:
         """:meth:`iter_arrow`'s record batches as one ``pyarrow.Table`` (empty with the schema
         when there are no records). Same arguments, guarantees and errors; the table holds every
         record asked for in memory."""
-        return logarrow.read_arrow(self, start, end, columns, max_records)
+        return table(list(self.iter_arrow(start, end, columns, max_records)), columns)
 
     def offset_for_timestamp(self, timestamp: int) -> int | None:
         """Earliest offset whose record timestamp >= ``timestamp`` (Kafka's ListOffsets).
@@ -699,7 +1011,61 @@ class Log:
                 return self._appender.next_offset
             return self._segments.offset_for_timestamp(self._decoder, timestamp, self._log_start_offset)
 
-    # ------------------------------------------------------------------ replication primitives (logreplication.py)
+    def _arrow_batches(self, arrowread: Any, offset: int, stop: int, columns: Sequence[str],
+                 max_records: int | None) -> Iterator[Any]:
+        if max_records is None and (os.cpu_count() or 1) > 1:
+            yield from self._arrow_batches_in_pairs(arrowread, offset, stop, columns)
+            return
+        builder = arrowread.ArrowBuilder(self.topic, self.partition, offset, stop, columns, max_records)
+        decoder = RecordDecoder(capacity=arrowread.ROWS_PER_BATCH)
+        while offset < stop and not builder.done:
+            with self._lock:
+                self._check_readable_from(offset)
+                limit = min(stop, offset + arrowread.ROWS_PER_BATCH)
+                offset = max(self._segments.decode_columns(decoder, offset, limit, builder.sink), builder.next_offset)
+            yield from builder.take()
+
+    def _check_readable_from(self, offset: int) -> None:
+        """Under the log's lock: the log is open and ``offset`` is not below its start."""
+        self._check_open()
+        self._follow()
+        if offset < self._log_start_offset:
+            raise OffsetOutOfRangeError(offset, self._log_start_offset, self._appender.next_offset,
+                                        f"read_arrow from {self.path} (the log start moved past it)")
+
+    def _arrow_batches_in_pairs(self, arrowread: Any, offset: int, stop: int, columns: Sequence[str]) -> Iterator[Any]:
+        """Two chunks at a time on two cores: while this thread decodes ``[offset, mid)``, a
+        helper thread decodes from ``mid`` on in the segment holding it (located here first), and
+        the log's lock is held until both are done, so nothing moves under either. The C decode and
+        the gathering of keys and values release the GIL. Chunk A's builder stops at ``mid``; B's
+        takes a batch straddling its limit whole, as the single-chunk loop does."""
+        rows = arrowread.ROWS_PER_BATCH
+        decoders = (RecordDecoder(capacity=rows), RecordDecoder(capacity=rows))
+        while offset < stop:
+            with self._lock:
+                self._check_readable_from(offset)
+                mid = min(stop, offset + rows)
+                first = arrowread.ArrowBuilder(self.topic, self.partition, offset, mid, columns)
+                second, helper = None, None
+                # Both starts are located before the helper runs: a lookup that finds a damaged
+                # index entry rebuilds that segment's indexes, which unmaps its log for a moment,
+                # so it must not happen while the helper reads the segment.
+                self._segments.columns_from(offset)
+                at = self._segments.columns_from(mid) if mid < stop else None
+                if at is not None:
+                    second = arrowread.ArrowBuilder(self.topic, self.partition, mid, stop, columns)
+                    helper = DecodeThread(decoders[1], at, mid, min(stop, mid + rows), second.sink)
+                try:
+                    while offset < mid and not first.done:
+                        offset = max(self._segments.decode_columns(decoders[0], offset, mid, first.sink), first.next_offset)
+                finally:
+                    after = helper.result() if helper is not None else None
+                offset = mid if after is None else max(after, second.next_offset)  # type: ignore[union-attr]
+            yield from first.take()
+            if second is not None:
+                yield from second.take()
+
+    # ------------------------------------------------------------------ leader epochs, raw reads, a follower's copy
     def assign_leader_epoch(self, epoch: int) -> None:
         """Become the leader of ``epoch``: record (epoch, log end offset) in
         leader-epoch-checkpoint (fsynced) and stamp the epoch into every batch appended from now
@@ -708,17 +1074,32 @@ class Log:
         Raises:
             ValueError: ``epoch`` is older than the latest epoch of the log.
         """
-        logreplication.assign_leader_epoch(self, epoch)
+        with self._lock, self._w:
+            self._check_open()
+            cache = self.leader_epochs
+            assert cache is not None
+            if epoch < cache.latest_epoch:
+                raise ValueError(f"{self.path}: leader epoch {epoch} is older than the log's latest "
+                                 f"epoch {cache.latest_epoch}")
+            cache.assign(epoch, self._appender.next_offset)
+            self._appender.partition_leader_epoch = epoch
 
     @property
     def latest_epoch(self) -> int:
         """The newest leader epoch in the log's history, -1 when none."""
-        return logreplication.latest_epoch(self)
+        with self._lock:
+            self._check_open()
+            assert self.leader_epochs is not None
+            return self.leader_epochs.latest_epoch
 
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
         """(epoch, end offset) as Kafka's OffsetsForLeaderEpoch answers it (see
         :meth:`LeaderEpochCache.end_offset_for`). Thread-safe."""
-        return logreplication.end_offset_for_epoch(self, epoch)
+        with self._lock:
+            self._check_open()
+            self._follow()
+            assert self.leader_epochs is not None
+            return self.leader_epochs.end_offset_for(epoch, self._appender.next_offset)
 
     def read_raw(self, offset: int, max_bytes: int = _DEFAULT_MAX_BYTES) -> bytes:
         """Whole batches, byte for byte as stored, from the one holding ``offset`` on (at least
@@ -729,7 +1110,8 @@ class Log:
             OffsetOutOfRangeError: ``offset`` outside [log start, log end].
             CorruptRecordError: a batch on the way is invalid.
         """
-        return logreplication.read_raw(self, offset, max_bytes)
+        with self._reading(offset, "read_raw") as start:
+            return self._segments.read_raw(start, max_bytes)
 
     def read_region(self, offset: int, max_bytes: int = _DEFAULT_MAX_BYTES,
                     max_offset: int | None = None) -> FileRegion | None:
@@ -742,7 +1124,17 @@ class Log:
         Raises:
             OffsetOutOfRangeError, CorruptRecordError: as :meth:`read_raw`.
         """
-        return logreplication.read_region(self, offset, max_bytes, max_offset)
+        with self._reading(offset, "read_region") as start:
+            segment, position, length = self._segments.locate_raw(start, max_bytes)
+            if segment is None:
+                return None
+            if max_offset is not None and max_offset < self._appender.next_offset:
+                length = _cut_at(segment.fd, position, length, max_offset)
+                if not length:
+                    return None
+            # A descriptor of its own: the segment may be closed, rolled or deleted before the
+            # region is written (its pages stay readable through it).
+            return FileRegion(_fileio.ops.dup(segment.fd), position, length)
 
     def append_replicated(self, data: bytes | bytearray | memoryview) -> int:
         """Append batches copied from a leader byte for byte: offsets, timestamps and
@@ -754,7 +1146,22 @@ class Log:
             CorruptRecordError: a batch is invalid (the valid batches before it are appended).
             OffsetOutOfRangeError: a batch starts below the log end (truncate first).
         """
-        return logreplication.append_replicated(self, data)
+        view = memoryview(data).cast("B")
+        with self._lock, self._w:
+            self._check_open()
+            cache = self.leader_epochs
+            assert cache is not None
+            own_epoch = self._appender.partition_leader_epoch
+            try:
+                with self._io_guard():
+                    self._copy_batches(view, cache)
+            finally:
+                if self._appender is not CLOSED_APPENDER:
+                    self._appender.partition_leader_epoch = max(own_epoch, cache.latest_epoch)
+            last = self._appender.next_offset
+        if last - 1 >= self._flush_at:
+            self._after_append(last - 1)
+        return last
 
     def active_producers(self) -> dict[int, ProducerStateEntry]:
         """Each idempotent producer's state in this log by producer id (copies): its epoch and
@@ -765,30 +1172,151 @@ class Log:
             table = self._producers.current(self._log_start_offset, self._appender.next_offset)
             return {entry.producer_id: entry.copy() for entry in table.entries()}
 
-    # ------------------------------------------------------------------ truncation (logtruncation.py)
+    @contextmanager
+    def _reading(self, offset: int, what: str) -> Iterator[int]:
+        """Hold the log's lock for a raw read at ``offset`` (checked: within [log start, log end])."""
+        offset = check_offset(offset)
+        with self._lock:
+            self._check_open()
+            self._follow()
+            end = self._appender.next_offset
+            if offset < self._log_start_offset or offset > end:
+                raise OffsetOutOfRangeError(offset, self._log_start_offset, end, f"{what} from {self.path}")
+            yield offset
+
+    def _copy_batches(self, view: memoryview, cache: Any) -> None:
+        """Append the batches in ``view`` as a leader stored them, teaching ``cache`` every new
+        epoch. Each batch is validated first; the valid batches before an invalid one stay appended.
+
+        Raises:
+            CorruptRecordError: a batch is invalid.
+            OffsetOutOfRangeError: a batch starts below the log end.
+        """
+        n = len(view)
+        hdr = ffi.new("ls_batch_header *")
+        crc = ffi.new("uint32_t *")
+        limit = self.config.max_message_bytes
+        position = 0
+        while position < n:
+            chunk = view[position:]
+            size = lib.ls_batch_validate(ffi.from_buffer(chunk), n - position, limit, hdr, crc)
+            if size < 0:
+                check(size, "<replicated data>", position, stored_crc=hdr.crc, computed_crc=crc[0],
+                      size=hdr.batch_length + lib.LS_LOG_OVERHEAD, limit=limit)
+            end = self._appender.next_offset
+            if hdr.base_offset < end:
+                raise OffsetOutOfRangeError(hdr.base_offset, self._log_start_offset, end,
+                                            f"replicated batch for {self.path} overlaps the log")
+            epoch = hdr.partition_leader_epoch
+            if epoch > cache.latest_epoch:
+                cache.assign(epoch, hdr.base_offset)
+            if hdr.base_offset > end:
+                self._skip_to(hdr.base_offset, hdr.last_offset_delta)
+            self._appender.partition_leader_epoch = epoch
+            batch = bytes(chunk[:size])
+            offset = self._active.append_batch(batch)
+            if offset == lib.LS_ERR_FULL:
+                self._make_room(size)
+                self._appender.partition_leader_epoch = epoch
+                offset = self._active.append_batch(batch)
+            if offset < 0:
+                check(offset, self._active.path, size=size, limit=limit)
+            if hdr.producer_id >= 0:
+                self._producers.learn(hdr.producer_id, hdr, offset)  # learnt as it is, never checked
+            position += size
+
+    def _skip_to(self, base: int, last_offset_delta: int) -> None:
+        """A replicated batch at ``base`` after a gap (a compacted leader): the log end jumps
+        there. Offsets of one segment must stay within 2^31 of its base, so a non-empty active
+        segment rolls when the batch would not fit, and an empty one is replaced."""
+        active = self._segments.active
+        assert active is not None
+        if active.size > 0 and base - active.base_offset > 2**31 - 1 - last_offset_delta:
+            self._roll()
+            active = self._segments.active
+            assert active is not None
+        if active.size == 0 and active.base_offset != base:
+            self._set_active(self._segments.replace_empty_active(base, self._appender.partition_leader_epoch))
+            if len(self._segments) == 1:  # the log was empty: it now starts at base
+                self._log_start_offset = base
+                self._recovery_point = max(self._recovery_point, base)
+                self._flushed_offset = max(self._flushed_offset, base)
+        else:
+            self._appender.next_offset = base
+
+    # ------------------------------------------------------------------ truncation
     def truncate_to(self, offset: int) -> None:
         """Remove every record with offset >= ``offset`` (the log end becomes ``offset``).
 
         Below the log start this empties the log and restarts it at ``offset``. Durable on
         return. Thread-safe.
         """
-        logtruncation.truncate_to(self, offset)
+        offset = _non_negative(offset, "truncate to")
+        with self._lock, self._w:
+            self._check_open()
+            if offset >= self._appender.next_offset:
+                return
+            with self._io_guard():
+                self._begin_layout_change()
+                self._producers.before_truncation(offset)  # (durably, before the segments change)
+                if offset <= self._log_start_offset:
+                    self._set_active(self._segments.replace_all(offset))
+                    self._log_start_offset = offset
+                    self._producers.restarted(offset)
+                else:
+                    self._set_active(self._segments.truncate_to(offset, self._builder, self._decoder))
+                _fileio.ops.fsync_dir(self.path)
+                end = self._appender.next_offset
+                self._producers.truncated(end)
+                self._recovery_point = min(self._recovery_point, end)
+                self._flushed_offset = min(self._flushed_offset, self._recovery_point)
+                if self._high_watermark is not None:
+                    self._high_watermark = min(self._high_watermark, end)
+                if self.leader_epochs is not None:
+                    self.leader_epochs.truncate_from_end(end)
+                    if offset <= self._log_start_offset:
+                        self.leader_epochs.truncate_from_start(offset)
+                self._write_checkpoints()
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Drop every record and restart the log, empty, at ``offset`` (any offset >= 0; Kafka's
         truncateFullyAndStartAt): what a follower does when the leader's log start has moved
         past its log end, so that no record it holds can be kept. The leader epoch history is
         cleared too. Durable on return. Thread-safe."""
-        logtruncation.truncate_fully_and_start_at(self, offset)
+        offset = _non_negative(offset, "start a log at")
+        with self._lock, self._w:
+            self._check_open()
+            with self._io_guard():
+                self._producers.before_truncation(-1)  # every snapshot goes, durably, first
+                self._set_active(self._segments.replace_all(offset))
+                self._producers.restarted(offset)
+                self._log_start_offset = offset
+                self._recovery_point = self._flushed_offset = offset
+                if self._high_watermark is not None:
+                    self._high_watermark = offset
+                if self.leader_epochs is not None:
+                    self.leader_epochs.truncate_from_end(0)
+                self._write_checkpoints()
 
-    # ------------------------------------------------------------------ retention (logtruncation.py)
+    # ------------------------------------------------------------------ retention
     def delete_records_before(self, offset: int) -> int:
         """Advance the log start offset to ``offset`` (Kafka's DeleteRecords); return it.
 
         Records below become unreadable at once and whole segments below are deleted.
         ``offset`` may not exceed the high watermark. Durable on return. Thread-safe.
         """
-        return logtruncation.delete_records_before(self, offset)
+        offset = check_offset(offset)
+        with self._lock, self._w:
+            self._check_open()
+            hw = self._high_watermark if self._high_watermark is not None else self._appender.next_offset
+            if offset > hw or offset < 0:
+                raise OffsetOutOfRangeError(offset, self._log_start_offset, hw, "delete_records_before")
+            if offset <= self._log_start_offset:
+                return self._log_start_offset
+            self._log_start_offset = offset
+            self._write_checkpoints()  # durable before the segments below it go
+            self._delete_segments(self._segments.below(offset))
+            return self._log_start_offset
 
     def enforce_retention(self, now_ms: int | None = None) -> int:
         """Delete whole segments past retention_ms / retention_bytes / the log start; return
@@ -800,7 +1328,37 @@ class Log:
         policy that includes "delete". Files are renamed ``.deleted`` and unlinked after
         file_delete_delay_ms. Thread-safe.
         """
-        return logtruncation.enforce_retention(self, _time_ns() // 1_000_000 if now_ms is None else now_ms)
+        return self._enforce_retention(_time_ns() // 1_000_000 if now_ms is None else now_ms)
+
+    def _enforce_retention(self, now_ms: int) -> int:
+        """Log.enforce_retention: delete the segments retention lets go at ``now_ms``; return how
+        many went."""
+        with self._lock, self._w:
+            self._check_open()
+            doomed = segments_to_delete(self._segments, self._log_start_offset, self.config, now_ms)
+            if not doomed:
+                return 0
+            self._delete_segments(doomed)
+            self._segments.unlink_due()
+            return len(doomed)
+
+    def _delete_segments(self, doomed: list[LogSegment]) -> None:
+        """Remove segments from the log (rolling first when the active one is among them): move the
+        log start past them durably, then rename their files .deleted (unlinked after
+        file_delete_delay_ms)."""
+        with self._io_guard():
+            self._begin_layout_change()
+            doomed = sorted(doomed, key=lambda s: s.base_offset)
+            if any(segment is self._segments.active for segment in doomed):
+                self._roll()
+            first = log_start_after(self._segments, doomed, self._log_start_offset)
+            if first > self._log_start_offset:
+                # The renames may reach the disk in any order before the directory fsync; the
+                # checkpoint written first is what the reopened log starts at (the invariant above).
+                self._log_start_offset = first
+                self._write_checkpoints()
+            self._segments.delete(doomed)
+            self._producers.log_start_moved()
 
     # ------------------------------------------------------------------ compaction (cleaner.LogCompaction)
     def compact(self, now_ms: int | None = None) -> CleanerReport:
@@ -844,27 +1402,107 @@ class Log:
         self._compaction.mark_uncleanable(reason)
         logger.error("%s: marked uncleanable: %s", self.path, reason)
 
-    # ------------------------------------------------------------------ metrics (logmetrics.py)
+    # ------------------------------------------------------------------ metrics
     def metrics(self) -> dict[str, Any]:
         """This partition's metrics by name (see metrics.py for the names and meanings):
         appends and bytes in since this process opened the log (by any process), records and
         bytes this process read, offsets, size, segments, the fsync latency histogram, what the
         last open's recovery took and cut, and for compacted logs cleaner runs and dirty ratio.
         Thread-safe."""
-        return log_metrics(self)
+        report = self.recovery_report
+        with self._lock:
+            self._check_open()
+            self._follow()
+            active = self._segments.active
+            assert active is not None
+            end = self._appender.next_offset
+            out: dict[str, Any] = {
+                "kafka.server:type=BrokerTopicMetrics,name=MessagesInPerSec": max(0, end - self._meter.end_at_open),
+                "kafka.server:type=BrokerTopicMetrics,name=BytesInPerSec": self._meter.bytes_in(active),
+                "kafka.server:type=BrokerTopicMetrics,name=BytesOutPerSec": self._decoder.bytes_decoded,
+                "logstore:type=Log,name=MessagesOut": self._decoder.records_decoded,
+                "kafka.log:type=Log,name=LogStartOffset": self._log_start_offset,
+                "kafka.log:type=Log,name=LogEndOffset": end,
+                "kafka.log:type=Log,name=Size": self._segments.size_in_bytes,
+                "kafka.log:type=Log,name=NumLogSegments": len(self._segments),
+                "kafka.log:type=LogFlushStats,name=LogFlushRateAndTimeMs": self._flusher.times.snapshot(),
+                "logstore:type=Log,name=RecoveryTimeMs": self.recovery_seconds * 1000.0,
+                "logstore:type=Log,name=RecoveryBytesTruncated": report.bytes_truncated if report else 0,
+            }
+        if self.config.compacted:
+            out["logstore:type=LogCleaner,name=CleanerRuns"] = self._compaction.runs
+            out["logstore:type=LogCleaner,name=DirtyRatio"] = self.dirty_ratio()
+        return out
 
-    # ------------------------------------------------------------------ closing (loglifecycle.py)
+    # ------------------------------------------------------------------ closing
     def close(self) -> None:
         """Flush, trim the active segment, write checkpoints and the clean-shutdown marker.
 
         Idempotent. After close every method raises LogClosedError. Thread-safe.
         """
-        loglifecycle.close(self)
+        with self._flusher.lock, self._lock:
+            if self._closed:
+                return
+            self._cancel_timers()
+            self._waiters.wake_all()
+            try:
+                if self._share is not None:
+                    self._share.close(self._lock_fd)
+                elif self._offline is None:
+                    self._close_cleanly()
+                # (offline: no clean-shutdown marker; the next open recovers from the disk)
+            finally:
+                self._release()
 
     def _abandon(self) -> None:
         """Drop maps and descriptors without flushing or marking a clean shutdown (tests:
         simulates the process dying)."""
-        loglifecycle.abandon(self)
+        with self._lock:
+            if self._closed:
+                return
+            self._cancel_timers()
+            self._waiters.wake_all()
+            self._release()
+
+    def _close_cleanly(self) -> None:
+        """Trim and fsync every segment, write the checkpoints and the producer state snapshot at
+        the log end, then the clean-shutdown marker."""
+        end = self._segments.last.next_offset
+        producers = self._producers.snapshot_data(self._log_start_offset, end)  # (reads the segments)
+        self._segments.close_all()
+        self._recovery_point = end
+        self._producers.write_snapshot(end, producers)  # every segment is fsynced: sound at the end
+        try:
+            self._write_checkpoints()
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            # A full disk: every segment is fsynced, only the checkpoint files are stale. No
+            # clean-shutdown marker, so the next open checks the segments past the old recovery
+            # point instead of trusting them.
+            logger.warning("%s: no space to update the checkpoint files at close; the next open "
+                           "will run recovery: %s", self.path, exc)
+            return
+        self._loader.write_clean_shutdown_marker()
+
+    def _cancel_timers(self) -> None:
+        self._flusher.cancel()
+        self._segments.cancel_timers()
+
+    def _release(self) -> None:
+        """Release every descriptor and map (segments not closed yet are abandoned)."""
+        self._segments.abandon_all(closing=True)
+        self._closed = True
+        self._appender = CLOSED_APPENDER
+        # .lock before .shared: a process opening the log waits on the writers' lock (.shared) and
+        # then tries .lock; released the other way round, the last process out could still hold
+        # .lock exclusively when the opener gets there, which would refuse it.
+        if self._lock_fd >= 0:
+            _fileio.ops.close(self._lock_fd)
+            self._lock_fd = -1
+        if self._share is not None and self._share.state is not None:
+            self._waiters.use_private_page()
+            self._share.release()
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"[{self._log_start_offset}, {self._appender.next_offset})"

@@ -1,20 +1,17 @@
-"""A Log's metrics: the meter of what was appended since the log opened, and the snapshot ``Log.metrics`` returns.
+"""The meter of what was appended to a Log since this process opened it.
 
-The names and their meanings are listed in :mod:`logstore.metrics`. The appended bytes are
-counted from the segments' sizes (what the active segment grew by, plus what the segments it
-replaced had grown by), so that appends, in any process, pay nothing for them.
+The names and meanings of a log's metrics are listed in :mod:`logstore.metrics`. The appended
+bytes are counted from the segments' sizes (what the active segment grew by, plus what the
+segments it replaced had grown by), so that appends, in any process, pay nothing for them.
 
-Thread-safety: :class:`AppendMeter` is used with the log's lock held; :func:`log_metrics` takes
-it.
+Thread-safety: an :class:`AppendMeter` is used with its log's lock held.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..segment import LogSegment
 
-__all__ = ["AppendMeter", "log_metrics"]
+__all__ = ["AppendMeter"]
 
 
 class AppendMeter:
@@ -37,31 +34,3 @@ class AppendMeter:
     def bytes_in(self, active: LogSegment) -> int:
         """Bytes of batches appended so far, ``active`` being the active segment."""
         return self._sealed_bytes + max(0, active.size - self._counted_from)
-
-
-def log_metrics(log: Any) -> dict[str, Any]:
-    """:meth:`Log.metrics`: this partition's metrics by name."""
-    report = log.recovery_report
-    with log._lock:
-        log._check_open()
-        log._follow()
-        active = log._segments.active
-        assert active is not None
-        end = log._appender.next_offset
-        out: dict[str, Any] = {
-            "kafka.server:type=BrokerTopicMetrics,name=MessagesInPerSec": max(0, end - log._meter.end_at_open),
-            "kafka.server:type=BrokerTopicMetrics,name=BytesInPerSec": log._meter.bytes_in(active),
-            "kafka.server:type=BrokerTopicMetrics,name=BytesOutPerSec": log._decoder.bytes_decoded,
-            "logstore:type=Log,name=MessagesOut": log._decoder.records_decoded,
-            "kafka.log:type=Log,name=LogStartOffset": log._log_start_offset,
-            "kafka.log:type=Log,name=LogEndOffset": end,
-            "kafka.log:type=Log,name=Size": log._segments.size_in_bytes,
-            "kafka.log:type=Log,name=NumLogSegments": len(log._segments),
-            "kafka.log:type=LogFlushStats,name=LogFlushRateAndTimeMs": log._flusher.times.snapshot(),
-            "logstore:type=Log,name=RecoveryTimeMs": log.recovery_seconds * 1000.0,
-            "logstore:type=Log,name=RecoveryBytesTruncated": report.bytes_truncated if report else 0,
-        }
-    if log.config.compacted:
-        out["logstore:type=LogCleaner,name=CleanerRuns"] = log._compaction.runs
-        out["logstore:type=LogCleaner,name=DirtyRatio"] = log.dirty_ratio()
-    return out

@@ -37,7 +37,6 @@ from typing import Any
 from .. import _fileio
 from .._native import ffi, lib
 from ..errors import LogLockedError, LogstoreError
-from .lifecycle import close_cleanly, load
 
 __all__ = ["SharedState", "SharedCoordinator", "ExclusiveHold", "SHARED_FILE", "new_view", "new_notify_page"]
 
@@ -169,7 +168,7 @@ class SharedCoordinator:
             if ops.lock(lock_fd):
                 # Nobody else has the log open: recover it and format the page.
                 generation = state.formatted_generation() + 1
-                load(log)
+                log._load()
                 self.generation = generation
                 state.format(self._export_view(self._out))
                 self._layout_changed = False
@@ -195,7 +194,7 @@ class SharedCoordinator:
         self._adopt_published()
         # Converting our shared hold of .lock to exclusive succeeds only for the last one.
         if _fileio.ops.lock(lock_fd):
-            close_cleanly(log)
+            log._close_cleanly()
         else:
             segment = log._segments.active
             if segment is not None and not segment.closed and segment.next_offset > log._flushed_offset:
@@ -329,7 +328,7 @@ class SharedCoordinator:
         log = self._log
         logger.warning("%s: a process died while changing the segment files; reloading them", log.path)
         log._segments.abandon_all()
-        load(log, recovery_point=view.recovery_point, log_start_offset=view.log_start_offset)
+        log._load(recovery_point=view.recovery_point, log_start_offset=view.log_start_offset)
         self.generation = view.generation
         self.begin_layout_change()
 

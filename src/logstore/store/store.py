@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generator, Iterator, Mapping, Sequence, TypeVar
 
 from .. import _fileio
-from ..log import arrow as logarrow
+from ..log.arrow import table as arrow_table
 from . import kafkadirs as logdirs
 from .._native import ffi, lib
 from ..checkpoint import (
@@ -523,7 +523,7 @@ class LogStore:
         table holds every record asked for in memory. Query it with pandas (``to_pandas()``),
         polars (``polars.from_arrow``) or DuckDB (by the variable's name)."""
         batches = list(self.iter_arrow(topic, partitions, start, end, start_timestamp, end_timestamp, columns))
-        return logarrow.table(batches, columns)
+        return arrow_table(batches, columns)
 
     # ------------------------------------------------------------------ clients
     def producer(self, **options: Any) -> Any:
