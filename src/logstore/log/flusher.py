@@ -8,11 +8,13 @@ if it covered them, else the next leader's fsync covers all of them at once. (A 
 around the fsync lets the thread that just released it take it again before the waiters wake
 up, which degrades to one fsync per append.)
 
-The Flusher holds no offsets: under its Log's lock it reads what to fsync (the active segment up
-to the log end) and, once the fsync returned, advances the Log's flushed offset and recovery point.
+The Flusher holds no offsets: its log hands it :class:`FlushHooks`, the steps of a flush that
+only the log can take under its own lock (what to fsync, the offsets now durable, the failure
+that takes it offline, the threshold of its append path, ...), and the Flusher calls them.
 
 Thread-safety: thread-safe. :attr:`lock` is held for the whole of a leader's fsync; the Log's
-close takes it to wait for a running fsync.
+close takes it to wait for a running fsync. The timer's state is guarded by the log's lock, which
+the log hands over at construction.
 """
 
 from __future__ import annotations
@@ -20,35 +22,60 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import Callable, NamedTuple
 
 from ..errors import LogClosedError
 from ..metrics import Histogram
 from ..segment import LogSegment
 
-__all__ = ["Flusher", "NEVER"]
+__all__ = ["Flusher", "FlushHooks", "NEVER"]
 
 logger = logging.getLogger("logstore.log.log")
 
 #: an offset no append reaches: no flush threshold
 NEVER = 2**63 - 1
-#: after an fsync, the checkpoint files are rewritten when the last write is this old
-CHECKPOINT_INTERVAL_S = 60.0
+
+
+class FlushHooks(NamedTuple):
+    """What a :class:`Flusher` needs of its log: each hook keeps the log's invariants itself."""
+
+    #: the offset below which the log's records are fsynced (read without the log's lock)
+    flushed_offset: Callable[[], int]
+    #: under the log's lock: the active segment and the log end to fsync up to, None when the
+    #: log was closed (whose close flushes everything); raises when the log cannot be used
+    target: Callable[[], "tuple[LogSegment, int] | None"]
+    #: the segment was fsynced up to the offset: advance the log's flushed offset and recovery
+    #: point (False when the log was closed meanwhile)
+    synced: Callable[[LogSegment, int], bool]
+    #: an fsync failed: the log goes offline
+    failed: Callable[[BaseException], None]
+    #: under the log's lock: recompute the append path's flush threshold
+    refresh: Callable[[], None]
+    #: the log's own flush (the flush_ms timer calls it)
+    flush: Callable[[], None]
+    #: a shared log: adopt what other processes published (their fsyncs count), taking the
+    #: log's lock; None for a log only this process writes
+    follow: "Callable[[], None] | None"
 
 
 class Flusher:
     """The flush policy and group commit of one :class:`~logstore.log.log.Log`.
 
     Args:
-        log: the owning log (its lock, active segment, log end, flushed offset, recovery point).
+        path: the log's directory (for the log messages).
+        lock: the log's lock, which guards the flush_ms timer's state.
+        hooks: the steps of a flush only the log can take (:class:`FlushHooks`).
         flush_messages: fsync once this many records are unflushed (None: never for that).
         flush_ms: fsync once an unflushed record is this old (None: never for that).
         timers: False when the owner calls :meth:`due` from its own scheduler instead of
             the Flusher starting timer threads.
     """
 
-    def __init__(self, log: Any, flush_messages: int | None, flush_ms: int | None, timers: bool = True) -> None:
-        self._log = log
+    def __init__(self, path: str, lock: "threading.RLock", hooks: FlushHooks, flush_messages: int | None,
+                 flush_ms: int | None, timers: bool = True) -> None:
+        self._path = path
+        self._log_lock = lock
+        self._hooks = hooks
         self.every = flush_messages
         self.ms = flush_ms
         self.timers_enabled = timers
@@ -59,6 +86,7 @@ class Flusher:
         self._waiting = 0
         self._concurrent = False
         self._timer: threading.Timer | None = None
+        self._cancelled = False
         #: when the last fsync finished (monotonic seconds)
         self.last_flush = time.monotonic()
         #: fsync latencies in ms
@@ -80,43 +108,33 @@ class Flusher:
     def after_append(self, last_offset: int) -> None:
         """Apply the policy after an append reached the threshold (called without the log's
         lock): fsync now for flush_messages, or make sure a flush_ms timer runs."""
-        log = self._log
-        if self.every is not None and last_offset >= log._flushed_offset + self.every - 1:
+        hooks = self._hooks
+        if self.every is not None and last_offset >= hooks.flushed_offset() + self.every - 1:
             self.sync(last_offset + 1)
         elif self.ms is not None and self.timers_enabled:
-            with log._lock:
-                if self._timer is None and not log._closed:
+            with self._log_lock:
+                if self._timer is None and not self._cancelled:
                     self._schedule_timed_flush()
-                log._update_flush_at()
+                hooks.refresh()
 
     def due(self) -> bool:
         """True when flush_ms is set and the last fsync is at least that old."""
         return self.ms is not None and time.monotonic() - self.last_flush >= self.ms / 1000.0
 
     # ------------------------------------------------------------------ group commit
-    def flush(self) -> None:
-        """:meth:`Log.flush`: make everything appended so far durable."""
-        log = self._log
-        with log._lock:
-            log._check_open()
-            log._follow()
-            end = log._appender.next_offset
-        self.sync(end)
-
     def sync(self, end_offset: int) -> None:
         """Make offsets below ``end_offset`` durable (sharing an fsync with concurrent callers).
 
         Raises:
             LogOfflineError: the fsync failed (the log goes offline) or had failed before.
         """
-        log = self._log
+        hooks = self._hooks
         cond = self._cond
         with cond:
             while True:
-                if log._state is not None:
-                    with log._lock:
-                        log._follow()  # another process's fsync may already cover end_offset
-                if log._flushed_offset >= end_offset:
+                if hooks.follow is not None:
+                    hooks.follow()  # another process's fsync may already cover end_offset
+                if hooks.flushed_offset() >= end_offset:
                     return
                 if not self._leader:
                     self._leader = True
@@ -135,17 +153,17 @@ class Flusher:
                 cond.notify_all()
 
     def _sync_as_leader(self) -> None:
-        log = self._log
+        hooks = self._hooks
         with self.lock:
             if self._concurrent:
                 # Other threads asked for fsyncs lately: let them append before this fsync
                 # starts, so that it covers them too (PostgreSQL's commit_delay, adaptively).
                 time.sleep(0)
-            with log._lock:
-                if log._closed:
-                    return  # close() flushes everything itself
-                log._check_open()
-                segment, offset = log._segments.active, log._appender.next_offset
+            with self._log_lock:
+                target = hooks.target()
+            if target is None:
+                return  # close() flushes everything itself
+            segment, offset = target
             # Segments before the active one were fsynced when they rolled. fdatasync is
             # enough for the data; the index files are derived and rebuilt by recovery.
             try:
@@ -154,26 +172,11 @@ class Flusher:
                     segment.flush_data()
                     self.times.observe((time.monotonic() - started) * 1000.0)
             except OSError as exc:
-                with log._lock:
-                    log._go_offline(exc)
+                with self._log_lock:
+                    hooks.failed(exc)
                 raise
-            if self._flushed(segment, offset):
+            if hooks.synced(segment, offset):
                 self.last_flush = time.monotonic()
-                if self.last_flush - log._last_checkpoint >= CHECKPOINT_INTERVAL_S:
-                    log._write_checkpoints()  # the recovery point moved
-
-    def _flushed(self, segment: LogSegment, target: int) -> bool:
-        """``segment`` is fsynced up to ``target``: advance the log's flushed offset and recovery
-        point. False when the log was closed meanwhile."""
-        log = self._log
-        with log._lock, log._w:
-            if log._closed:
-                return False
-            log._flushed_offset = max(log._flushed_offset, target)
-            if target > log._recovery_point and segment is log._segments.active:
-                log._recovery_point = target
-            log._update_flush_at()
-            return True
 
     # ------------------------------------------------------------------ timers
     def _schedule_timed_flush(self) -> None:
@@ -184,18 +187,19 @@ class Flusher:
         timer.start()
 
     def _timed_flush(self) -> None:
-        log = self._log
-        with log._lock:
+        with self._log_lock:
             self._timer = None
+            if self._cancelled:
+                return
         try:
-            if not log._closed:
-                log.flush()
+            self._hooks.flush()
         except LogClosedError:
             pass
         except Exception:  # a background thread must not die silently
-            logger.exception("%s: timed flush failed", log.path)
+            logger.exception("%s: timed flush failed", self._path)
 
     def cancel(self) -> None:
-        """Stop the flush_ms timer (the log is closing)."""
+        """Stop the flush_ms timer for good (the log is closing; called under its lock)."""
+        self._cancelled = True
         if self._timer is not None:
             self._timer.cancel()

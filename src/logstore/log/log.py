@@ -85,7 +85,7 @@ from ..segment import LogSegment, SegmentInfo
 from .arrow import DecodeThread, arrow_module, table
 from .config import LogConfig
 from .epochs import LeaderEpochCache
-from .flusher import NEVER, Flusher
+from .flusher import NEVER, Flusher, FlushHooks
 from .loader import CLEAN_SHUTDOWN_FILE, LogLoader, RecoveryReport
 from .metrics import AppendMeter
 from .producers import ProducerStateManager
@@ -114,6 +114,8 @@ DEADLINE_UNSET = -(2**63)
 CLOSED_APPENDER = ffi.new("ls_appender *")
 #: the range of an explicit timestamp the append paths take as it is
 _TS_MIN, _TS_MAX = -(2**63), 2**63 - 1
+#: after an fsync, the checkpoint files are rewritten when the last write is this old
+CHECKPOINT_INTERVAL_S = 60.0
 _DEFAULT_MAX_BYTES = 1 << 20
 _ITER_CHUNK_BYTES = 256 << 10
 _append_record = lib.ls_appender_append_record
@@ -228,7 +230,10 @@ class Log:
         (self._ts_type, self._record_attrs, self._forced_codec, self._keys_required,
          self._plain_appends) = _append_settings(config, shared)
         self._roll_deadline = NEVER
-        self._flusher = Flusher(self, config.flush_messages, config.flush_ms, timers)
+        hooks = FlushHooks(flushed_offset=self._get_flushed_offset, target=self._flush_target,
+                           synced=self._synced, failed=self._go_offline, refresh=self._update_flush_at,
+                           flush=self.flush, follow=self._follow_locked if shared else None)
+        self._flusher = Flusher(self.path, self._lock, hooks, config.flush_messages, config.flush_ms, timers)
         #: the offset at which an append must apply the flush policy (see Flusher.threshold)
         self._flush_at = NEVER
         self._waiters = AppendWaiters(self.path, self._lock, self._update_flush_at, notify_page)
@@ -812,7 +817,44 @@ class Log:
         Durability: on return every record appended before the call survives power loss.
         Thread-safe; concurrent callers share one fsync.
         """
-        self._flusher.flush()
+        with self._lock:
+            self._check_open()
+            self._follow()
+            end = self._appender.next_offset
+        self._flusher.sync(end)
+
+    def _get_flushed_offset(self) -> int:
+        return self._flushed_offset
+
+    def _follow_locked(self) -> None:
+        with self._lock:
+            self._follow()
+
+    def _flush_target(self) -> tuple[LogSegment, int] | None:
+        """What an fsync covers now (held: the lock): the active segment up to the log end;
+        None once closed (close flushes everything itself). Segments before the active one were
+        fsynced when they rolled."""
+        if self._closed:
+            return None
+        self._check_open()
+        segment = self._segments.active
+        assert segment is not None
+        return segment, self._appender.next_offset
+
+    def _synced(self, segment: LogSegment, target: int) -> bool:
+        """``segment`` is fsynced up to ``target``: advance the flushed offset and, while it is
+        still the active segment, the recovery point (rewriting the checkpoint files when they
+        are old). False when the log was closed meanwhile."""
+        with self._lock, self._w:
+            if self._closed:
+                return False
+            self._flushed_offset = max(self._flushed_offset, target)
+            if target > self._recovery_point and segment is self._segments.active:
+                self._recovery_point = target
+            self._update_flush_at()
+        if time.monotonic() - self._last_checkpoint >= CHECKPOINT_INTERVAL_S:
+            self._write_checkpoints()  # the recovery point moved (the files have a lock of their own)
+        return True
 
     def run_due_tasks(self) -> bool:
         """Do what the timers of a log opened with ``timers=False`` would have done by now:
