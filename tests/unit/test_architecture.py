@@ -42,9 +42,9 @@ ONLY: dict[str, set[str]] = {"net": {"base", "net"}}
 PRIVATE_ACCESS_BUDGET: dict[str, int] = {
     "log.truncation": 71, "log.appends": 60, "log.lifecycle": 59, "log.replicated": 50,
     "log.activation": 44, "log.segmentscan": 41, "log.shared": 35, "log.flusher": 32, "cleaner": 20,
-    "log.arrow": 18, "log.metrics": 14, "replica.follower": 10, "replica.kafkaapis": 10,
-    "log.segmenttruncation": 10, "client.groupservice": 5, "replica.peerapis": 5, "segment": 5,
-    "client.consumer": 2, "replica.elections": 2, "replica.leader": 2, "replication": 2, "tools.inspect": 2,
+    "log.arrow": 18, "log.metrics": 14,
+    "log.segmenttruncation": 10, "client.groupservice": 5, "segment": 5,
+    "client.consumer": 2, "tools.inspect": 2,
     "records.arrow": 1, "log.pointread": 1, "spark.env": 1,
 }
 #: underscore names that are public by convention (namedtuple's API, the standard library's)
@@ -169,8 +169,6 @@ def _circles() -> list[list[str]]:
 CIRCLES_LEFT: list[list[str]] = [
     ["log.activation", "log.segmentscan", "log.segmenttruncation", "segment"],
     ["store.kafkadirs", "store.store"],
-    ["replica.elections", "replica.follower", "replica.kafkaapis", "replica.leader", "replica.peerapis",
-     "replication"],
 ]
 
 
