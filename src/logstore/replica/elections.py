@@ -115,7 +115,7 @@ class ElectionDriver:
         for peer in context.peers:
             try:
                 answer = context.peer_connections.request(peer, METADATA, metadata_request([rep.topic]),
-                                                       timeout=context.election_timeout_s / 4)
+                                                          timeout=context.election_timeout_s / 4)
             except (OSError, LogstoreError):
                 continue
             for t in answer.topics:
@@ -218,7 +218,7 @@ class ElectionDriver:
         def ask(peer: int) -> None:
             try:
                 answer = context.peer_connections.request(peer, VOTE, {**fields, "voter_id": peer},
-                                                       timeout=context.election_timeout_s / 2)
+                                                          timeout=context.election_timeout_s / 2)
                 if answer.error_code:
                     logger.warning("node %d: node %d refused a vote request: error %d", context.node_id, peer,
                                    int(answer.error_code))
@@ -258,7 +258,7 @@ class ElectionDriver:
         def tell(peer: int) -> None:
             try:
                 context.peer_connections.request(peer, BEGIN_QUORUM_EPOCH, {**fields, "voter_id": peer},
-                                              timeout=context.election_timeout_s / 2)
+                                                 timeout=context.election_timeout_s / 2)
             except (OSError, LogstoreError):
                 pass
 
