@@ -236,8 +236,8 @@ class ReplicaNode:
             fetch_wait_s=max(0.0, min(replica_fetch_wait_max_ms / 1000.0, election_timeout_s / 2)),
             min_insync=min_insync_replicas, fetch_max_bytes=fetch_max_bytes, client_tls=client_tls,
             purgatory=Purgatory(f"replica-{node_id}"))
-        self._replicas = self.context.replicas
-        self._stop = self.context.stopping
+        self._replicas = self.context.replicas  # filled by _add_replica below, fixed once started
+        self._stop = self.context.stopping  # set by stop(); every part's loop and wait ends at it
         partitions = list(partitions)
         if OFFSETS_TOPIC not in {t for t, _ in partitions}:
             partitions.append((OFFSETS_TOPIC, 1))  # Kafka clients' consumer groups

@@ -105,8 +105,8 @@ class Fetchers:
         last_epoch = log.latest_epoch
         fields = {"cluster_id": context.cluster_id, "replica_id": context.node_id,
                   "max_wait": int(context.fetch_wait_s * 1000), "min_bytes": 1, "max_bytes": context.fetch_max_bytes,
-                  "isolation_level": 0, "session_id": 0, "session_epoch": -1, "rack_id": "", "forgotten_topics_data": [],
-                  "topics": [
+                  "isolation_level": 0, "session_id": 0, "session_epoch": -1, "rack_id": "",
+                  "forgotten_topics_data": [], "topics": [
                       {"topic": rep.topic, "partitions": [
                           {"partition": rep.partition, "current_leader_epoch": rep.election.epoch,
                            "fetch_offset": offset, "last_fetched_epoch": last_epoch, "log_start_offset": -1,
