@@ -1,7 +1,7 @@
 """Replication's node: :class:`ReplicaNode`, one replica of a leader/follower set over TCP, and
 the ``logstore node`` command.
 
-Each replicated partition is its own Raft group (KIP-595's rules, election.py): its replicas
+Each replicated partition is its own Raft group (KIP-595's rules, replica/quorum.py): its replicas
 elect a leader per epoch (Kafka's Vote and BeginQuorumEpoch requests); the leader stamps its
 epoch into every batch it appends; followers fetch from the leader with Kafka's Fetch (replica
 id, fetch offset, last fetched epoch) and either get batches (copied byte for byte), or a
@@ -15,53 +15,50 @@ set is a Kafka cluster to its clients (:mod:`~logstore.replica.kafkaapis`), and 
 are Kafka's (:mod:`~logstore.replica.peerapis`), authenticated with SASL as
 :data:`~logstore.replica.client.REPLICA_USER` and the set's shared secret.
 
-The node is a facade over modules named for what they hold:
+The node builds what its parts share, a :class:`~logstore.replica.context.NodeContext` (its
+identity and peers, the settings, the replicated partitions, the stop flag, the peer
+connections, the purgatory), and hands it to each part; a part that acts on another is given
+that part. The parts live in :mod:`logstore.replica`, named for what they hold:
 
 ==========================  =====================================================================
-replica_partition.py        per-partition state (log, election, timers, follower progress)
-replica_election.py         election driving: timers, pre-vote, campaigns, Vote, BeginQuorumEpoch
-replica_leader.py           the leader's side: taking up an epoch, followers' fetches, HW, ISR
-replica_follower.py         the follower's fetcher threads
-replica_kafka.py            the listener's answers to Kafka clients (Metadata, Produce, Fetch, groups)
-replica_peerapis.py         the listener's answers to peers (Fetch, Vote, BeginQuorumEpoch, DescribeQuorum)
-replication_client.py       ``Client``, connections to nodes and peers, the replication errors
-kafkaserver.py, net.py      the listener every connection is served by
-logproducers.py             (log layer) each producer's epoch and last batches, for idempotent produces
+replica/context.py          ``NodeContext``: what the node's parts share
+replica/partition.py        per-partition state (log, election, timers, follower progress)
+replica/quorum.py           KRaft's voting rules and the ``quorum-state`` file
+replica/elections.py        election driving: timers, pre-vote, campaigns, Vote, BeginQuorumEpoch
+replica/leader.py           the leader's side: taking up an epoch, followers' fetches, HW, ISR
+replica/follower.py         the follower's fetcher threads
+replica/kafkaapis.py        the listener's answers to Kafka clients (Metadata, Produce, Fetch, groups)
+replica/peerapis.py         the listener's answers to peers (Fetch, Vote, BeginQuorumEpoch, DescribeQuorum)
+replica/client.py           ``Client``, connections to nodes and peers, the replication errors
+kafka/server.py, net/       the listener every connection is served by
+log/producers.py            (log layer) each producer's epoch and last batches, for idempotent produces
 ==========================  =====================================================================
 
-This module re-exports the public names of those modules, so ``from logstore.replication
-import ReplicaNode, Client, NotLeaderError, NOT_LEADER`` keeps working.
+This module is replication's public face: :class:`ReplicaNode`, ``logstore node`` (:func:`main`),
+and, from :mod:`~logstore.replica.client`, :class:`Client` with its errors and the Kafka error
+codes their ``code`` carries (``from logstore.replication import Client, NotLeaderError,
+NOT_LEADER``).
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import logging
 import os
-import random
 import threading
 import time
 from typing import Any, Callable, Iterable
 
-from .net import server as net
-from .net.purgatory import Purgatory
 from .checkpoint import REPLICATION_OFFSET_CHECKPOINT, OffsetCheckpoints
-from .replica.quorum import NONE, Election, QuorumStateFile, Role
 from .errors import LogstoreError, OffsetOutOfRangeError
+from .groups.offsets import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIG
 from .kafka.credentials import Credentials, CredentialsFile
 from .kafka.server import KafkaServer
+from .net import server as net
 from .net.protocol import TLSConfig
-from .groups.offsets import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIG
+from .net.purgatory import Purgatory
 from .records.batch import Record
-from .replica.kafkaapis import ReplicaKafkaApis
-from .replica.elections import ElectionDriver
-from .replica.follower import Fetchers
-from .replica.leader import LeaderSide
-from .replica.partition import PartitionReplica
 from .replica.client import (
     CORRUPT_BATCH,
-    ERROR_TEXT,
     FENCED_EPOCH,
     INVALID,
     INVALID_RECORD,
@@ -75,30 +72,48 @@ from .replica.client import (
     UNKNOWN_PARTITION,
     Client,
     Fetched,
-    NodeConnection,
     NotEnoughReplicasError,
     NotLeaderError,
-    PeerConnections,
     ReplicationError,
     ReplicationTimeoutError,
-    _raise_for,
     replica_password,
 )
+from .replica.context import NodeContext
+from .replica.elections import ElectionDriver
+from .replica.follower import Fetchers
+from .replica.kafkaapis import ReplicaKafkaApis
+from .replica.leader import LeaderSide
+from .replica.partition import PartitionReplica
+from .replica.peerapis import PeerApis
+from .replica.quorum import NONE, Election, QuorumStateFile, Role
 from .store.store import LogStore
 
-__all__ = ["ReplicaNode", "Client", "Fetched", "TLSConfig", "NotLeaderError", "NotEnoughReplicasError",
-           "ReplicationTimeoutError", "ReplicationError"]
+__all__ = ["ReplicaNode", "Client", "Fetched", "TLSConfig", "ReplicationError", "NotLeaderError",
+           "NotEnoughReplicasError", "ReplicationTimeoutError", "REPLICA_USER", "main",
+           # the Kafka error codes a ReplicationError's ``code`` carries
+           "OK", "OUT_OF_RANGE", "CORRUPT_BATCH", "UNKNOWN_PARTITION", "NOT_LEADER", "TIMEOUT", "RECORD_TOO_LARGE",
+           "NOT_ENOUGH_REPLICAS", "INVALID", "FENCED_EPOCH", "INVALID_RECORD"]
 
 #: the largest request a node's listener accepts by default (a fetch answer's batches are
 #: bounded by ``fetch_max_bytes``; a produce's by the topic's max.message.bytes)
 DEFAULT_MAX_FRAME = 100 * 1024 * 1024
 
-# Re-exported: these lived in this module before the split (tests import the error codes from
-# here).
-_REEXPORTED = (NodeConnection, _raise_for, ERROR_TEXT, OK, NOT_LEADER, NOT_ENOUGH_REPLICAS, FENCED_EPOCH, TIMEOUT,
-               UNKNOWN_PARTITION, OUT_OF_RANGE, INVALID, CORRUPT_BATCH, RECORD_TOO_LARGE, INVALID_RECORD)
-
 logger = logging.getLogger("logstore.replication")
+
+
+class _ContextSetting:
+    """A :class:`ReplicaNode` attribute whose one home is the node's :class:`NodeContext`,
+    where the node's parts read it at each use: getting or setting it on the node gets or sets
+    the context's."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, node: ReplicaNode | None, owner: type | None = None) -> Any:
+        return self if node is None else getattr(node.context, self.name)
+
+    def __set__(self, node: ReplicaNode, value: Any) -> None:
+        setattr(node.context, self.name, value)
 
 
 class ReplicaNode:
@@ -144,11 +159,25 @@ class ReplicaNode:
     acks=all means held by a majority, not fsynced by one. Thread-safety: start() and stop()
     from one thread; every other method may be called from any thread.
 
-    The replica_* modules read the node's settings (``node_id``, ``peers``, ``voters``,
-    ``secret``, ``cluster_id``, ``election_timeout_s``, ``replica_lag_s``, ``fetch_wait_s``,
-    ``min_insync``, ``fetch_max_bytes``) at each use, and share ``_replicas``, ``_stop``,
-    ``_rng``, ``_client_tls`` and ``peer_connections``.
+    The settings ``node_id``, ``peers``, ``voters``, ``secret``, ``cluster_id``,
+    ``election_timeout_s``, ``replica_lag_s``, ``fetch_wait_s``, ``min_insync`` and
+    ``fetch_max_bytes``, and the shared ``purgatory`` and ``peer_connections``, live in the
+    node's :attr:`context`, where its parts read them at each use: one set on the node takes
+    effect at its next use.
     """
+
+    node_id = _ContextSetting()
+    peers = _ContextSetting()
+    voters = _ContextSetting()
+    secret = _ContextSetting()
+    cluster_id = _ContextSetting()
+    election_timeout_s = _ContextSetting()
+    replica_lag_s = _ContextSetting()
+    fetch_wait_s = _ContextSetting()
+    min_insync = _ContextSetting()
+    fetch_max_bytes = _ContextSetting()
+    purgatory = _ContextSetting()
+    peer_connections = _ContextSetting()
 
     def __init__(self, node_id: int, data_dir: str, listen: tuple[str, int] = ("127.0.0.1", 0),
                  peers: dict[int, tuple[str, int]] | None = None, secret: bytes = b"", *,
@@ -173,22 +202,11 @@ class ReplicaNode:
                          "auto_create_topics"):
             if reserved in options:
                 raise ValueError(f"kafka_options may not set {reserved!r}: it is the node's own setting")
-        self.node_id = node_id
-        self.peers = dict(peers or {})
-        if advertised_peers is not None and set(advertised_peers) != set(self.peers):
+        peers = dict(peers or {})
+        if advertised_peers is not None and set(advertised_peers) != set(peers):
             raise ValueError(f"advertised_peers names nodes {sorted(advertised_peers)}, the peers are "
-                             f"{sorted(self.peers)}")
-        self.voters = sorted(set(self.peers) | {node_id})
-        self.secret = secret
-        # One cluster id for every node of the set (clients check that brokers agree on it, and
-        # peers' requests carry it).
-        digest = hashlib.sha256(secret + repr(self.voters).encode()).digest()
-        self.cluster_id = base64.urlsafe_b64encode(digest[:16]).decode().rstrip("=")
-        self.election_timeout_s = election_timeout_ms / 1000.0
-        self.replica_lag_s = replica_lag_time_max_ms / 1000.0
-        self.fetch_wait_s = max(0.0, min(replica_fetch_wait_max_ms / 1000.0, self.election_timeout_s / 2))
-        self.min_insync = min_insync_replicas
-        self.fetch_max_bytes = fetch_max_bytes
+                             f"{sorted(peers)}")
+        election_timeout_s = election_timeout_ms / 1000.0
         self.max_frame = max_frame
         self.max_connections = max_connections
         self.idle_s = connections_max_idle_ms / 1000.0
@@ -199,11 +217,10 @@ class ReplicaNode:
         mechanisms = options.get("sasl_mechanisms")
         if mechanisms is not None and "SCRAM-SHA-256" not in mechanisms:
             raise ValueError("kafka_options' sasl_mechanisms must include SCRAM-SHA-256 (the peers log in with it)")
-        self._client_tls = tls.client_context() if tls is not None else None
+        client_tls = tls.client_context() if tls is not None else None
         credentials = _ReplicaCredentials(password, options.pop("sasl_credentials", None),
                                           options.get("sasl_mechanisms"))
         self.store = LogStore(data_dir, shared=False, maintenance=False)
-        self._replicas: dict[tuple[str, int], PartitionReplica] = {}
         # The high watermark each partition had (Kafka's replication-offset-checkpoint): a
         # restarted replica must not take its uncommitted tail for committed. It is written
         # every second and at stop, so it may lag; a lower bound is safe (the leader's fetch
@@ -211,8 +228,16 @@ class ReplicaNode:
         self._hw_checkpoint = OffsetCheckpoints(data_dir, REPLICATION_OFFSET_CHECKPOINT)
         self._hw_written: dict[tuple[str, int], int] = self._hw_checkpoint.read()
         self._hw_written_at = time.monotonic()
-        # Held fetches and acks=all produces, keyed by partition (see purgatory).
-        self.purgatory = Purgatory(f"replica-{node_id}")
+        #: what the node's parts share; held fetches and acks=all produces wait in its purgatory,
+        #: keyed by partition
+        self.context = NodeContext(
+            node_id, peers, secret, election_timeout_s=election_timeout_s,
+            replica_lag_s=replica_lag_time_max_ms / 1000.0,
+            fetch_wait_s=max(0.0, min(replica_fetch_wait_max_ms / 1000.0, election_timeout_s / 2)),
+            min_insync=min_insync_replicas, fetch_max_bytes=fetch_max_bytes, client_tls=client_tls,
+            purgatory=Purgatory(f"replica-{node_id}"))
+        self._replicas = self.context.replicas  # filled by _add_replica below, fixed once started
+        self._stop = self.context.stopping  # set by stop(); every part's loop and wait ends at it
         partitions = list(partitions)
         if OFFSETS_TOPIC not in {t for t, _ in partitions}:
             partitions.append((OFFSETS_TOPIC, 1))  # Kafka clients' consumer groups
@@ -228,13 +253,11 @@ class ReplicaNode:
             self.purgatory.close()
             self.store.close()
             raise
-        self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._rng = random.Random()
-        self.peer_connections = PeerConnections(self.peers, secret, node_id, self._client_tls, self._stop)
-        self._elections = ElectionDriver(self)
-        self._leader = LeaderSide(self)
-        self._fetchers = Fetchers(self)
+        self._leader = LeaderSide(self.context)
+        self._elections = ElectionDriver(self.context, self._leader)
+        self._fetchers = Fetchers(self.context, self._elections)
+        peer_apis = PeerApis(self.context, self._elections, self._leader)
         #: every node's advertised listener, by id (what Metadata names)
         self._brokers: dict[int, tuple[str, int]] = dict(advertised_peers or self.peers)
         try:
@@ -243,7 +266,8 @@ class ReplicaNode:
                                      auto_create_topics=False, tls=tls, max_request_bytes=max_frame,
                                      limits=net.Limits(max_connections, self.handshake_s, self.idle_s),
                                      sasl_credentials=credentials, **options,
-                                     apis_factory=lambda *a, **kw: ReplicaKafkaApis(self, self._brokers, *a, **kw))
+                                     apis_factory=lambda *a, **kw: ReplicaKafkaApis(
+                                         self.context, self._leader, peer_apis, self._brokers, *a, **kw))
         except BaseException:  # e.g. the port is taken: the store must not stay open (and locked)
             self.purgatory.close()
             self.store.close()
@@ -261,7 +285,7 @@ class ReplicaNode:
         # copies and truncations keep it from then on, so a new leader's first produce never
         # replays the log.
         log.active_producers()
-        self._replicas[(topic, p)] = PartitionReplica(topic, p, log, election, hw=hw, on_change=self._partition_changed)
+        self.context.add_replica(PartitionReplica(topic, p, log, election, hw=hw, on_change=self._partition_changed))
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> "ReplicaNode":
@@ -325,15 +349,6 @@ class ReplicaNode:
         """Answer the delayed requests of ``rep`` that can be answered now."""
         self.purgatory.check(rep.key)
 
-    @property
-    def _served(self) -> list[net.Session]:
-        """The connections served now (handshaking ones included)."""
-        return self.kafka._server.sessions()
-
-    def _become_leader(self, rep: PartitionReplica) -> None:
-        """Take up the epoch ``rep`` just won (caller holds rep.cond)."""
-        self._leader.become_leader(rep)
-
     # ------------------------------------------------------------------ reading and reporting
     def read(self, topic: str, partition: int, offset: int, max_records: int | None = None) -> list[Record]:
         """Records of this replica from ``offset`` on, below its high watermark only: what a
@@ -367,12 +382,12 @@ class ReplicaNode:
         return out
 
     def metrics(self) -> dict[str, Any]:
-        """The store's metrics (:meth:`LogStore.metrics`) plus replication: how many partitions
-        this node leads without every voter in sync (Kafka's UnderReplicatedPartitions), the
-        largest follower lag in records (MaxLag) and each follower's lag by (topic, partition,
-        follower); and the network layer's (``net.Server.metrics``: connections, requests,
-        bytes). Thread-safe."""
-        out = self.store.metrics()
+        """The listener's metrics (:meth:`KafkaServer.metrics`: the store's, the network
+        layer's connections and bytes, request counts and times per API) plus replication: how
+        many partitions this node leads without every voter in sync (Kafka's
+        UnderReplicatedPartitions), the largest follower lag in records (MaxLag) and each
+        follower's lag by (topic, partition, follower). Thread-safe."""
+        out = self.kafka.metrics()
         now = time.monotonic()
         lag: dict[tuple[str, int, int], int] = {}
         under = 0
@@ -388,7 +403,6 @@ class ReplicaNode:
         out["kafka.server:type=ReplicaManager,name=UnderReplicatedPartitions"] = under
         out["kafka.server:type=ReplicaFetcherManager,name=MaxLag,clientId=Replica"] = max(lag.values(), default=0)
         out["logstore:type=Replica,name=FollowerLag"] = lag
-        out.update(self.kafka._server.metrics())
         return out
 
 

@@ -442,7 +442,7 @@ def test_a_new_leader_does_not_count_follower_offsets_of_an_earlier_epoch(tmp_pa
         with rep.cond:
             rep.election.start_campaign()
             assert rep.election.on_vote_response(rep.election.epoch, 1, True)
-            node._become_leader(rep)
+            node._leader.become_leader(rep)
         rep.log.append_batch([b"a", b"b", b"c", b"d", b"e"])
         rep.leo = {1: 6, 2: 0}
         # Deposed; the next leader truncates its uncommitted tail.
@@ -455,7 +455,7 @@ def test_a_new_leader_does_not_count_follower_offsets_of_an_earlier_epoch(tmp_pa
         with rep.cond:
             rep.election.start_campaign()
             assert rep.election.on_vote_response(rep.election.epoch, 2, True)
-            node._become_leader(rep)
+            node._leader.become_leader(rep)
         epoch = rep.election.epoch
         assert rep.epoch_start == 2 and rep.log.log_end_offset == 3
         assert rep.hw == hw_before <= rep.epoch_start, (rep.hw, rep.epoch_start, rep.leo)

@@ -23,6 +23,12 @@ def stop_all(nodes):
             n.stop()
 
 
+def served_connections(node):
+    """The connections the node's listener serves now (handshaking ones included)."""
+    return next(v for k, v in node.metrics().items() if k.startswith("kafka.server:type=socket-server-metrics,")
+                and k.endswith(",name=connection-count"))
+
+
 def kafka_frame(api_key, fields, correlation_id=1, version=None):
     """One framed request (size, header, body)."""
     from kio.index import load_request_schema
@@ -156,13 +162,13 @@ def test_connections_over_the_limit_are_closed_at_once(tmp_path):
     try:
         a, b = Client([node.address], SECRET), Client([node.address], SECRET)
         assert a.metadata() and b.metadata()
-        wait_for(lambda: len(node._served) == 2)
+        wait_for(lambda: served_connections(node) == 2)
         third = Client([node.address], SECRET, timeout=2)
         with pytest.raises(Exception):  # the server closes it before the handshake
             third.produce("replicated", 0, [b"x"], acks=1, timeout=0.5)
         third.close()
         a.close()
-        wait_for(lambda: len(node._served) == 1)
+        wait_for(lambda: served_connections(node) == 1)
         c = Client([node.address], SECRET)
         assert c.produce("replicated", 0, [b"y"], acks=1) != []
         b.close()
@@ -176,8 +182,8 @@ def test_idle_connections_are_closed_and_clients_reconnect(tmp_path):
     try:
         client = Client([node.address], SECRET)
         client.produce("replicated", 0, [b"one"], acks=1)
-        wait_for(lambda: len(node._served) == 1)
-        wait_for(lambda: len(node._served) == 0, timeout=5)  # closed for idling
+        wait_for(lambda: served_connections(node) == 1)
+        wait_for(lambda: served_connections(node) == 0, timeout=5)  # closed for idling
         # The client notices the closed connection and reconnects once, transparently.
         client.produce("replicated", 0, [b"two"], acks=1)
         assert [r.value for r in client.fetch("replicated", 0, 0).records] == [b"one", b"two"]

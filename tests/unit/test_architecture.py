@@ -41,9 +41,8 @@ ONLY: dict[str, set[str]] = {"net": {"base", "net"}}
 #: access that stays for good is listed with its reason in ARCHITECTURE.md.
 PRIVATE_ACCESS_BUDGET: dict[str, int] = {
     "log.activation": 44, "log.segmentscan": 41, "log.shared": 38, "cleaner": 20,
-    "replica.follower": 10, "replica.kafkaapis": 10,
-    "log.segmenttruncation": 10, "client.groupservice": 5, "replica.peerapis": 5, "segment": 5,
-    "client.consumer": 2, "replica.elections": 2, "replica.leader": 2, "replication": 2, "tools.inspect": 2,
+    "log.segmenttruncation": 10, "client.groupservice": 5, "segment": 5,
+    "client.consumer": 2, "tools.inspect": 2,
     "records.arrow": 1, "log.pointread": 1, "spark.env": 1,
 }
 #: underscore names that are public by convention (namedtuple's API, the standard library's)
@@ -168,8 +167,6 @@ def _circles() -> list[list[str]]:
 CIRCLES_LEFT: list[list[str]] = [
     ["log.activation", "log.segmentscan", "log.segmenttruncation", "segment"],
     ["store.kafkadirs", "store.store"],
-    ["replica.elections", "replica.follower", "replica.kafkaapis", "replica.leader", "replica.peerapis",
-     "replication"],
 ]
 
 

@@ -360,7 +360,7 @@ class Client:
         """A node refused a request as not the leader: ask it who leads; True when that is a
         node at another address."""
         try:
-            leaders = self._read_metadata(self._call(refused_by, METADATA, _metadata_request([key[0]])))
+            leaders = self._read_metadata(self._call(refused_by, METADATA, metadata_request([key[0]])))
         except (OSError, LogstoreError):
             return False
         leader = leaders.get(key, (NONE, -1))[0]
@@ -459,7 +459,7 @@ class Client:
         knows them (Metadata, then DescribeQuorum: each node answers with its own view)."""
         for address in self.bootstrap:
             try:
-                leaders = self._read_metadata(self._call(address, METADATA, _metadata_request(None)))
+                leaders = self._read_metadata(self._call(address, METADATA, metadata_request(None)))
                 topics: dict[str, list[int]] = {}
                 for t, p in sorted(leaders):
                     topics.setdefault(t, []).append(p)
@@ -478,7 +478,8 @@ class Client:
             self._drop(address)
 
 
-def _metadata_request(topics: list[str] | None) -> dict[str, Any]:
+def metadata_request(topics: list[str] | None) -> dict[str, Any]:
+    """A Metadata request's fields for ``topics`` (None: every topic), creating none."""
     return {"topics": None if topics is None else [{"name": t} for t in topics], "allow_auto_topic_creation": False,
             "include_cluster_authorized_operations": False, "include_topic_authorized_operations": False}
 

@@ -1,7 +1,7 @@
 """Election driving of a replica node: timers, pre-vote, campaigns, Vote and BeginQuorumEpoch.
 
-``election.py`` holds the pure Raft rules (KIP-595) and the persisted ``quorum-state``; this
-module runs them over the network for each partition of a :class:`~logstore.replication.ReplicaNode`:
+:mod:`~logstore.replica.quorum` holds the pure Raft rules (KIP-595) and the persisted
+``quorum-state``; this module runs them over the network for each partition of a replica node:
 
 * the node's tick thread calls :meth:`ElectionDriver.tick` for every partition: a leader that
   no longer hears from a majority steps down; a follower whose election timer fired first asks
@@ -11,7 +11,10 @@ module runs them over the network for each partition of a :class:`~logstore.repl
 * every peer is asked at once (one thread each), so that a dead peer delays nothing;
 * the votes (Kafka's Vote v2, whose ``pre_vote`` flag marks a pre-vote: KIP-996) and
   BeginQuorumEpoch announcements of other nodes are answered here (their Kafka requests are
-  read and written by :mod:`~logstore.replica.peerapis`).
+  read and written by :mod:`~logstore.replica.peerapis`);
+* the election timers are this module's: a won election hands the partition to the leader's
+  side (:meth:`~logstore.replica.leader.LeaderSide.become_leader`), and the follower's fetcher
+  reports here when its leader answered or went away.
 
 Thread-safety: every method may be called from any thread; each partition's state is changed
 under its ``cond``.
@@ -20,17 +23,17 @@ under its ``cond``.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from .quorum import NONE, Election, Role
 from ..errors import LogstoreError
 from .partition import PartitionReplica
-from .client import BEGIN_QUORUM_EPOCH, METADATA, VOTE, _metadata_request
-
-if TYPE_CHECKING:
-    from ..replication import ReplicaNode
+from .client import BEGIN_QUORUM_EPOCH, METADATA, VOTE, metadata_request
+from .context import NodeContext
+from .leader import LeaderSide
 
 __all__ = ["ElectionDriver"]
 
@@ -38,24 +41,43 @@ logger = logging.getLogger("logstore.replication")
 
 
 class ElectionDriver:
-    """Drives the elections of every partition of ``node`` (its settings are read from the node
-    at each use). Thread-safe."""
+    """Drives the elections of every partition of a node (its settings are read from
+    ``context`` at each use); an election won makes ``leader`` take up the epoch. Owns the
+    random source of the election timers. Thread-safe."""
 
-    def __init__(self, node: "ReplicaNode") -> None:
-        self._node = node
+    def __init__(self, context: NodeContext, leader: LeaderSide) -> None:
+        self._context = context
+        self._leader = leader
+        self._rng = random.Random()
 
     # ------------------------------------------------------------------ timers
     def next_deadline(self, now: float | None = None) -> float:
         """When an election timer set now fires: after a random election timeout."""
-        node = self._node
-        return (time.monotonic() if now is None else now) + Election.election_timeout(node.election_timeout_s,
-                                                                                       node._rng)
+        return (time.monotonic() if now is None else now) + Election.election_timeout(
+            self._context.election_timeout_s, self._rng)
+
+    def heard_from_leader(self, rep: PartitionReplica) -> None:
+        """The leader answered this follower: its election timer starts again, and a pre-vote
+        is refused while the leader stays live (caller holds rep.cond)."""
+        rep.deadline = self.next_deadline()
+        rep.leader_seen = time.monotonic()
+        rep.leader_lost = False
+
+    def leader_gone(self, rep: PartitionReplica, leader: int) -> None:
+        """The leader refused or dropped our connection: its process is most likely gone (a
+        partition or a pause shows as a timeout instead). Campaign within a random fraction of
+        the election timeout rather than waiting all of it out."""
+        with rep.cond:
+            if rep.election.role is Role.FOLLOWER and rep.election.leader == leader:
+                rep.leader_lost = True
+                soon = time.monotonic() + self._rng.uniform(0.0, self._context.election_timeout_s / 2)
+                rep.deadline = min(rep.deadline, soon)
 
     def tick(self, rep: PartitionReplica, now: float) -> None:
         """One step of ``rep``'s election timer (called every tick by the node's tick thread):
         a leader checks its majority; a follower whose timer fired looks for a leader, then
         campaigns. Never raises: a failed step is logged and retried after a timeout."""
-        node = self._node
+        context = self._context
         try:
             if rep.election.role is Role.LEADER:
                 self.check_leadership(rep, now)
@@ -66,40 +88,41 @@ class ElectionDriver:
                     return
                 self.campaign(rep)
         except LogstoreError as exc:
-            logger.warning("node %d: %s-%d: %s", node.node_id, rep.topic, rep.partition, exc)
+            logger.warning("node %d: %s-%d: %s", context.node_id, rep.topic, rep.partition, exc)
         except Exception:  # noqa: BLE001 - e.g. an OSError persisting the election state
             logger.exception("node %d: %s-%d: election step failed; retrying after a timeout",
-                             node.node_id, rep.topic, rep.partition)
+                             context.node_id, rep.topic, rep.partition)
             with rep.cond:
                 rep.deadline = self.next_deadline()
 
     def check_leadership(self, rep: PartitionReplica, now: float) -> None:
         """A leader that has not heard from a majority within the election timeout steps down."""
-        node = self._node
-        heard = 1 + sum(1 for p in node.peers if now - rep.contact.get(p, 0) < 2 * node.election_timeout_s)
+        context = self._context
+        heard = 1 + sum(1 for p in context.peers if now - rep.contact.get(p, 0) < 2 * context.election_timeout_s)
         if heard < rep.election.majority:
             with rep.cond:
                 rep.election.step_down()
                 rep.deadline = self.next_deadline(now)
                 rep.changed()
-            logger.info("node %d steps down from %s-%d (epoch %d): lost its majority", node.node_id,
+            logger.info("node %d steps down from %s-%d (epoch %d): lost its majority", context.node_id,
                         rep.topic, rep.partition, rep.election.epoch)
 
     def discover_leader(self, rep: PartitionReplica) -> bool:
         """A node that does not know the leader (it restarted, or missed BeginQuorumEpoch) first asks
         its peers: following a live leader of a newer epoch beats starting an election that would
         depose it. Returns True when it found one."""
-        node = self._node
-        for peer in node.peers:
+        context = self._context
+        for peer in context.peers:
             try:
-                answer = node.peer_connections.request(peer, METADATA, _metadata_request([rep.topic]),
-                                                       timeout=node.election_timeout_s / 4)
+                answer = context.peer_connections.request(peer, METADATA, metadata_request([rep.topic]),
+                                                          timeout=context.election_timeout_s / 4)
             except (OSError, LogstoreError):
                 continue
             for t in answer.topics:
                 for p in t.partitions:
                     leader, epoch = int(p.leader_id), int(p.leader_epoch)
-                    if (t.name, p.partition_index) != (rep.topic, rep.partition) or leader in (-1, NONE, node.node_id):
+                    if ((t.name, p.partition_index) != (rep.topic, rep.partition)
+                            or leader in (-1, NONE, context.node_id)):
                         continue
                     if epoch > rep.election.epoch or (epoch == rep.election.epoch and rep.election.leader == NONE):
                         with rep.cond:
@@ -112,14 +135,14 @@ class ElectionDriver:
         """Start an election if the deadline is still due (a vote granted or a leader heard from
         meanwhile pushes it back: the check and the campaign's start are one step under the
         partition's lock), then ask every peer at once, so that a dead peer delays nothing."""
-        node = self._node
+        context = self._context
         with rep.cond:
             now = time.monotonic()
             if now < rep.deadline or rep.election.role is Role.LEADER:
                 return
             rep.deadline = token = self.next_deadline(now)
             base_epoch = rep.election.epoch
-        if len(node.voters) > 1 and not self.pre_vote(rep, base_epoch + 1):
+        if len(context.voters) > 1 and not self.pre_vote(rep, base_epoch + 1):
             return
         with rep.cond:
             # Still due? A vote granted or a leader heard from meanwhile moved the deadline.
@@ -143,7 +166,7 @@ class ElectionDriver:
                     elif epoch > state.epoch:
                         rep.election.observe_epoch(epoch)
             except Exception:  # noqa: BLE001 - a vote thread must not die silently
-                logger.exception("node %d: %s-%d: counting the vote of %d failed", node.node_id,
+                logger.exception("node %d: %s-%d: counting the vote of %d failed", context.node_id,
                                  rep.topic, rep.partition, peer)
 
         self._vote_round(payload, count)
@@ -154,11 +177,11 @@ class ElectionDriver:
         """Ask every peer at once whether it would vote for this node in ``epoch`` (nothing is
         persisted by anyone). Only with a majority does the real campaign start, so a node that
         was cut off, or restarted, cannot depose a leader the others still hear from."""
-        node = self._node
+        context = self._context
         with rep.cond:
             last_epoch, end = rep.log.latest_epoch, rep.log.log_end_offset
         payload = self._vote_request(rep, epoch, last_epoch, end, pre_vote=True)
-        grants = [node.node_id]
+        grants = [context.node_id]
         lock = threading.Lock()
 
         def count(peer: int, their_epoch: int, granted: bool) -> None:
@@ -171,18 +194,18 @@ class ElectionDriver:
 
         self._vote_round(payload, count)
         if len(grants) < rep.election.majority:
-            logger.debug("node %d: pre-vote for %s-%d epoch %d: %d of %d", node.node_id, rep.topic,
-                         rep.partition, epoch, len(grants), len(node.voters))
+            logger.debug("node %d: pre-vote for %s-%d epoch %d: %d of %d", context.node_id, rep.topic,
+                         rep.partition, epoch, len(grants), len(context.voters))
             return False
         return True
 
     def _vote_request(self, rep: PartitionReplica, epoch: int, last_epoch: int, end: int,
                       pre_vote: bool) -> dict[str, Any]:
         """A Vote request's fields (KIP-595; ``pre_vote``: KIP-996)."""
-        node = self._node
-        return {"cluster_id": node.cluster_id, "voter_id": -1, "topics": [
+        context = self._context
+        return {"cluster_id": context.cluster_id, "voter_id": -1, "topics": [
             {"topic_name": rep.topic, "partitions": [
-                {"partition_index": rep.partition, "replica_epoch": epoch, "replica_id": node.node_id,
+                {"partition_index": rep.partition, "replica_epoch": epoch, "replica_id": context.node_id,
                  "replica_directory_id": None, "voter_directory_id": None, "last_offset_epoch": last_epoch,
                  "last_offset": end, "pre_vote": pre_vote}]}]}
 
@@ -190,14 +213,14 @@ class ElectionDriver:
         """Send the Vote request ``fields`` to every peer at once and call on_answer(peer, its
         epoch, granted) for each answer (on the asking thread); a peer that does not answer
         within half an election timeout is left out."""
-        node = self._node
+        context = self._context
 
         def ask(peer: int) -> None:
             try:
-                answer = node.peer_connections.request(peer, VOTE, {**fields, "voter_id": peer},
-                                                       timeout=node.election_timeout_s / 2)
+                answer = context.peer_connections.request(peer, VOTE, {**fields, "voter_id": peer},
+                                                          timeout=context.election_timeout_s / 2)
                 if answer.error_code:
-                    logger.warning("node %d: node %d refused a vote request: error %d", node.node_id, peer,
+                    logger.warning("node %d: node %d refused a vote request: error %d", context.node_id, peer,
                                    int(answer.error_code))
                     return
                 p = answer.topics[0].partitions[0]
@@ -214,28 +237,28 @@ class ElectionDriver:
         """Set up leadership of the epoch just won; if that fails (a full disk when writing
         the epoch checkpoint or the leader change record), give the epoch up at once rather
         than lead without an epoch stamp and a record of its own (caller holds rep.cond)."""
-        node = self._node
+        context = self._context
         try:
-            node._become_leader(rep)
+            self._leader.become_leader(rep)
         except Exception:
             logger.exception("node %d: could not take up leadership of %s-%d in epoch %d; stepping down",
-                             node.node_id, rep.topic, rep.partition, rep.election.epoch)
+                             context.node_id, rep.topic, rep.partition, rep.election.epoch)
             rep.election.step_down()
             rep.deadline = self.next_deadline()
             rep.changed()
 
     def announce(self, rep: PartitionReplica) -> None:
         """Tell every peer at once (a dead peer delays nothing) that this node leads the epoch."""
-        node = self._node
-        fields = {"cluster_id": node.cluster_id, "voter_id": -1, "topics": [
+        context = self._context
+        fields = {"cluster_id": context.cluster_id, "voter_id": -1, "topics": [
             {"topic_name": rep.topic, "partitions": [
-                {"partition_index": rep.partition, "voter_directory_id": None, "leader_id": node.node_id,
+                {"partition_index": rep.partition, "voter_directory_id": None, "leader_id": context.node_id,
                  "leader_epoch": rep.election.epoch}]}], "leader_endpoints": []}
 
         def tell(peer: int) -> None:
             try:
-                node.peer_connections.request(peer, BEGIN_QUORUM_EPOCH, {**fields, "voter_id": peer},
-                                              timeout=node.election_timeout_s / 2)
+                context.peer_connections.request(peer, BEGIN_QUORUM_EPOCH, {**fields, "voter_id": peer},
+                                                 timeout=context.election_timeout_s / 2)
             except (OSError, LogstoreError):
                 pass
 
@@ -244,7 +267,7 @@ class ElectionDriver:
     def each_peer_at_once(self, call: Callable[[int], Any]) -> None:
         """Run call(peer) for every peer in parallel threads and wait for all (each call bounds
         its own wait), so that one dead peer delays nothing."""
-        threads = [threading.Thread(target=call, args=(peer,), daemon=True) for peer in self._node.peers]
+        threads = [threading.Thread(target=call, args=(peer,), daemon=True) for peer in self._context.peers]
         for t in threads:
             t.start()
         for t in threads:
@@ -255,8 +278,8 @@ class ElectionDriver:
                 pre_vote: bool) -> tuple[int, bool, int]:
         """Answer a vote request (a pre-vote, or a vote that may be persisted): (this node's
         epoch, granted, the leader it knows)."""
-        node = self._node
-        if candidate not in node.peers:
+        context = self._context
+        if candidate not in context.peers:
             with rep.cond:
                 return rep.election.epoch, False, rep.election.leader
         if pre_vote:
@@ -264,7 +287,7 @@ class ElectionDriver:
                 election = rep.election
                 alive = election.role is Role.LEADER or (
                     election.leader != NONE and not rep.leader_lost
-                    and time.monotonic() - rep.leader_seen < node.election_timeout_s)
+                    and time.monotonic() - rep.leader_seen < context.election_timeout_s)
                 granted = not alive and election.would_grant_pre_vote(
                     epoch, candidate, last_epoch, end, rep.log.latest_epoch, rep.log.log_end_offset)
                 return election.epoch, granted, election.leader
@@ -281,7 +304,7 @@ class ElectionDriver:
     def on_begin_epoch(self, rep: PartitionReplica, epoch: int, leader: int) -> tuple[int, int]:
         """Answer BeginQuorumEpoch: a leader announces the epoch it won. Returns (this node's
         epoch, the leader it knows)."""
-        if leader not in self._node.peers:
+        if leader not in self._context.peers:
             with rep.cond:
                 return rep.election.epoch, rep.election.leader
         with rep.cond:

@@ -5,8 +5,10 @@ Kafka's Fetch (v12) with its replica id, its epoch, its log end offset and last 
 its own connection to the leader's listener (so that one partition's long-polling fetch never
 holds up another's), appends the batches byte for byte, and takes the leader's high watermark.
 When the leader names a diverging epoch it truncates (KIP-101/279/320); when the leader's log
-starts past its end it restarts empty there. A refused or dropped connection to the leader
-makes the node campaign soon rather than after a whole election timeout.
+starts past its end it restarts empty there. The election timers are the election driver's:
+a fetch the leader answered pushes the partition's timer back, and a refused or dropped
+connection to the leader makes the node campaign soon rather than after a whole election
+timeout.
 
 Thread-safety: :meth:`Fetchers.run` is each fetcher thread's body; :meth:`Fetchers.close` may be
 called from any thread. Each partition's state is changed under its ``cond``.
@@ -16,17 +18,14 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from typing import TYPE_CHECKING
 
 from .quorum import NONE, Role
 from ..errors import LogstoreError
 from ..records.batch import parse_header
 from .partition import FENCED_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER, OFFSET_OUT_OF_RANGE, OK, PartitionReplica
 from .client import FETCH, NodeConnection, refused
-
-if TYPE_CHECKING:
-    from ..replication import ReplicaNode
+from .context import NodeContext
+from .elections import ElectionDriver
 
 __all__ = ["Fetchers"]
 
@@ -34,17 +33,19 @@ logger = logging.getLogger("logstore.replication")
 
 
 class Fetchers:
-    """The fetchers of every partition of ``node`` (its settings are read from the node at each
-    use). Thread-safe."""
+    """The fetchers of every partition of a node (its settings are read from ``context`` at
+    each use); what they learn of the leader goes to ``elections``. Thread-safe."""
 
-    def __init__(self, node: "ReplicaNode") -> None:
-        self._node = node
+    def __init__(self, context: NodeContext, elections: ElectionDriver) -> None:
+        self._context = context
+        self._elections = elections
         self._lock = threading.Lock()
         self._conns: dict[tuple[str, int], NodeConnection] = {}
 
     def close(self) -> None:
         """Close every fetcher's connection (a fetch blocked on one fails at once). Call after
-        the node's stop flag is set: a fetcher that connects afterwards closes its connection."""
+        the node's stop flag (``context.stopping``) is set: a fetcher that connects afterwards
+        closes its connection."""
         with self._lock:
             conns = list(self._conns.values())
         for conn in conns:
@@ -52,80 +53,70 @@ class Fetchers:
 
     def run(self, rep: PartitionReplica) -> None:
         """Follow ``rep``'s leader while this node is one of its followers, until the node stops."""
-        node = self._node
+        context = self._context
         key = (rep.topic, rep.partition)
         conn: NodeConnection | None = None
         conn_peer = NONE
         try:
-            while not node._stop.is_set():
+            while not context.stopping.is_set():
                 leader = rep.election.leader
-                if rep.election.role is not Role.FOLLOWER or leader not in node.peers:
-                    node._stop.wait(0.01)
+                if rep.election.role is not Role.FOLLOWER or leader not in context.peers:
+                    context.stopping.wait(0.01)
                     continue
                 try:
                     if conn is None or conn_peer != leader:
                         if conn is not None:
                             conn.close()
                         conn, conn_peer = None, leader
-                        conn = NodeConnection(node.peers[leader], node.secret, node.node_id, node.election_timeout_s,
-                                              node._client_tls)
+                        conn = context.connect(leader, context.election_timeout_s)
                         with self._lock:
-                            if node._stop.is_set():
+                            if context.stopping.is_set():
                                 conn.close()
                                 return
                             self._conns[key] = conn
                     if not self.fetch_once(rep, leader, conn):
-                        node._stop.wait(0.01)  # refused (not the leader, stale epoch): do not spin
+                        context.stopping.wait(0.01)  # refused (not the leader, stale epoch): do not spin
                 except (OSError, LogstoreError) as exc:
-                    logger.debug("node %d: fetch from %d failed: %s", node.node_id, leader, exc)
+                    logger.debug("node %d: fetch from %d failed: %s", context.node_id, leader, exc)
                     if conn is not None:
                         conn.close()
                         conn = None
                     if refused(exc):
-                        self.leader_gone(rep, leader)
-                    node._stop.wait(0.01)
+                        self._elections.leader_gone(rep, leader)
+                    context.stopping.wait(0.01)
                 except Exception:  # noqa: BLE001 - the fetcher must outlive one bad answer
-                    logger.exception("node %d: %s-%d: fetch from %d failed", node.node_id, rep.topic,
+                    logger.exception("node %d: %s-%d: fetch from %d failed", context.node_id, rep.topic,
                                      rep.partition, leader)
                     if conn is not None:
                         conn.close()
                         conn = None
-                    node._stop.wait(0.1)
+                    context.stopping.wait(0.1)
         finally:
             with self._lock:
                 self._conns.pop(key, None)
             if conn is not None:
                 conn.close()
 
-    def leader_gone(self, rep: PartitionReplica, leader: int) -> None:
-        """The leader refused or dropped our connection: its process is most likely gone (a
-        partition or a pause shows as a timeout instead). Campaign within a random fraction of
-        the election timeout rather than waiting all of it out."""
-        node = self._node
-        with rep.cond:
-            if rep.election.role is Role.FOLLOWER and rep.election.leader == leader:
-                rep.leader_lost = True
-                soon = time.monotonic() + node._rng.uniform(0.0, node.election_timeout_s / 2)
-                rep.deadline = min(rep.deadline, soon)
-
     def fetch_once(self, rep: PartitionReplica, leader: int, conn: NodeConnection) -> bool:
         """One fetch; returns False when the leader refused it."""
-        node = self._node
+        context = self._context
         log = rep.log
         offset = log.log_end_offset
         last_epoch = log.latest_epoch
-        fields = {"cluster_id": node.cluster_id, "replica_id": node.node_id, "max_wait": int(node.fetch_wait_s * 1000),
-                  "min_bytes": 1, "max_bytes": node.fetch_max_bytes, "isolation_level": 0, "session_id": 0,
-                  "session_epoch": -1, "rack_id": "", "forgotten_topics_data": [], "topics": [
+        fields = {"cluster_id": context.cluster_id, "replica_id": context.node_id,
+                  "max_wait": int(context.fetch_wait_s * 1000), "min_bytes": 1, "max_bytes": context.fetch_max_bytes,
+                  "isolation_level": 0, "session_id": 0, "session_epoch": -1, "rack_id": "",
+                  "forgotten_topics_data": [], "topics": [
                       {"topic": rep.topic, "partitions": [
                           {"partition": rep.partition, "current_leader_epoch": rep.election.epoch,
                            "fetch_offset": offset, "last_fetched_epoch": last_epoch, "log_start_offset": -1,
-                           "partition_max_bytes": node.fetch_max_bytes}]}]}
+                           "partition_max_bytes": context.fetch_max_bytes}]}]}
         # The leader holds a caught-up fetch for up to fetch_wait_s: allow for that.
-        answer = conn.request(FETCH, fields, timeout=node.election_timeout_s + node.fetch_wait_s)
+        answer = conn.request(FETCH, fields, timeout=context.election_timeout_s + context.fetch_wait_s)
         if answer.error_code:  # not authorized, another cluster: a configuration error
-            logger.warning("node %d: node %d refused a fetch: error %d", node.node_id, leader, int(answer.error_code))
-            node._stop.wait(node.election_timeout_s)  # (not a warning every 10 ms)
+            logger.warning("node %d: node %d refused a fetch: error %d", context.node_id, leader,
+                           int(answer.error_code))
+            context.stopping.wait(context.election_timeout_s)  # (not a warning every 10 ms)
             return False
         p = answer.responses[0].partitions[0]
         code, hw, log_start = int(p.error_code), int(p.high_watermark), int(p.log_start_offset)
@@ -140,16 +131,14 @@ class Fetchers:
                 # The leader's log now starts past our end (retention or DeleteRecords there):
                 # nothing we hold can be kept; restart empty at its log start and fetch from it.
                 logger.warning("node %d: %s-%d: the leader's log starts at %d, past our end %d; restarting there",
-                               node.node_id, rep.topic, rep.partition, log_start, offset)
+                               context.node_id, rep.topic, rep.partition, log_start, offset)
                 log.truncate_fully_and_start_at(log_start)
                 return True
             if code != OK or epoch != rep.election.epoch:
                 if code == NOT_LEADER_OR_FOLLOWER and leader_id >= 0 and leader_id != leader:
                     rep.election.observe_epoch(epoch, leader_id)
                 return False
-            rep.deadline = node._elections.next_deadline()
-            rep.leader_seen = time.monotonic()
-            rep.leader_lost = False
+            self._elections.heard_from_leader(rep)
         if div_epoch != -1 or (data is None and div_end >= 0):
             # KIP-279: the leader named the largest epoch it has at or below ours and where that
             # epoch ends in its log. Our history agrees up to the smaller of that end and the end
@@ -159,7 +148,7 @@ class Fetchers:
             own_end = log.end_offset_for_epoch(div_epoch)[1] if div_epoch >= 0 else div_end
             target = min(div_end, own_end if own_end >= 0 else div_end, log.log_end_offset)
             logger.info("node %d: %s-%d diverges from the leader (its epoch %d ends at %d); truncating to %d",
-                        node.node_id, rep.topic, rep.partition, div_epoch, div_end, target)
+                        context.node_id, rep.topic, rep.partition, div_epoch, div_end, target)
             log.truncate_to(max(target, 0))
             return True
         if data:

@@ -60,6 +60,9 @@ from ..groups.coordinator import GroupCoordinator
 from ..kafka.wire import KafkaRequest
 from ..groups.offsets import OFFSETS_TOPIC, OffsetStore
 from ..records.batch import validate_client_batch
+from .context import NodeContext
+from .leader import LeaderSide
+from .partition import PartitionReplica
 from .peerapis import PEER_VERSIONS, PeerApis
 
 __all__ = ["ReplicaKafkaApis"]
@@ -93,25 +96,29 @@ class ReplicaKafkaApis(KafkaApis):
     """KafkaApis answering for a replica node's partitions (see the module docstring).
 
     Args:
-        node: the ReplicaNode.
+        context: the node's identity, settings and partitions.
+        leader: the node's leader side (in-sync replicas, the high watermark, acks=all).
+        peer_apis: the answers to the peers' requests, served on the same listener.
         kafka_brokers: ``{node id: (host, port)}``: every node's advertised Kafka listener.
         **kwargs: KafkaApis' arguments (the store is the node's; the purgatory is the node's,
             so that its partitions' changes wake held fetches and acks=all produces).
     """
 
-    def __init__(self, node: Any, kafka_brokers: dict[int, tuple[str, int]], *args: Any, **kwargs: Any) -> None:
-        kwargs["purgatory"] = node.purgatory
+    def __init__(self, context: NodeContext, leader: LeaderSide, peer_apis: PeerApis,
+                 kafka_brokers: dict[int, tuple[str, int]], *args: Any, **kwargs: Any) -> None:
+        kwargs["purgatory"] = context.purgatory
         kwargs["auto_create_topics"] = False
         super().__init__(*args, **kwargs)
-        self.node = node
+        self.context = context
+        self.leader = leader
         self.kafka_brokers = kafka_brokers
-        self._stride = max(node.voters) + 1
-        self.cluster_id = node.cluster_id  # one for every node of the set
+        self._stride = max(context.voters) + 1
+        self.cluster_id = context.cluster_id  # one for every node of the set
         self._groups_epoch = -1
         for key, refusal in _GROUP_REFUSALS.items():
             self.handlers[key] = self._coordinated(self.handlers[key], refusal)
         # The peers' requests, on the same listener.
-        self.peer_apis = PeerApis(node, self.cluster_id)
+        self.peer_apis = peer_apis
         self.supported = {**self.supported, **PEER_VERSIONS}
         self.handlers.update({52: self.peer_apis.on_vote, 53: self.peer_apis.on_begin_quorum_epoch,
                               55: self.peer_apis.on_describe_quorum})
@@ -165,7 +172,7 @@ class ReplicaKafkaApis(KafkaApis):
                 old, self._groups = self._groups, None
                 if old is not None:
                     old.close()
-                store = OffsetStore(_ReplicatedOffsets(self.node, rep, epoch))
+                store = OffsetStore(_ReplicatedOffsets(self.context, self.leader, rep, epoch))
                 self._groups = GroupCoordinator(store, self.purgatory, self._partition_exists, self.group_config)
                 self._groups_epoch = epoch
             return self._groups
@@ -181,8 +188,8 @@ class ReplicaKafkaApis(KafkaApis):
         return {"throttle_time": 0, "error_code": NONE, "error_message": None, "node_id": leader, "host": host,
                 "port": port}
 
-    def _replica(self, topic: str, partition: int) -> Any:
-        return self.node._replicas.get((topic, partition))
+    def _replica(self, topic: str, partition: int) -> PartitionReplica | None:
+        return self.context.replica(topic, partition)
 
     def partition_error(self, topic: str, partition: int) -> int:
         rep = self._replica(topic, partition)
@@ -196,7 +203,7 @@ class ReplicaKafkaApis(KafkaApis):
         requested = None if body.topics is None else [t.name for t in body.topics]
         if request.api_version == 0 and requested == []:
             requested = None
-        topics = sorted({t for t, _ in self.node._replicas}) if requested is None else requested
+        topics = sorted({t for t, _ in self.context.replicas}) if requested is None else requested
         brokers = [{"node_id": n, "host": host, "port": port, "rack": None}
                    for n, (host, port) in sorted(self.kafka_brokers.items())]
         return {"throttle_time": 0, "brokers": brokers, "cluster_id": self.cluster_id, "controller_id": self.node_id,
@@ -204,7 +211,7 @@ class ReplicaKafkaApis(KafkaApis):
                 "cluster_authorized_operations": -2147483648}
 
     def _replicated_topic(self, name: str) -> dict[str, Any]:
-        partitions = sorted(p for t, p in self.node._replicas if t == name)
+        partitions = sorted(p for t, p in self.context.replicas if t == name)
         if not partitions:
             return {"error_code": UNKNOWN_TOPIC_OR_PARTITION, "name": name, "is_internal": False, "partitions": []}
         return {"error_code": NONE, "name": name, "is_internal": name.startswith("__"),
@@ -213,13 +220,13 @@ class ReplicaKafkaApis(KafkaApis):
 
     def _partition(self, topic: str, partition: int) -> dict[str, Any]:
         rep = self._replica(topic, partition)
-        voters = list(self.node.voters)
+        voters = list(self.context.voters)
         with rep.cond:
             election = rep.election
             leader, epoch = election.leader, election.epoch
             isr = voters
             if election.role is Role.LEADER:
-                isr = sorted([self.node_id] + self.node._leader.in_sync_followers(rep, time.monotonic()))
+                isr = sorted([self.node_id] + self.leader.in_sync_followers(rep, time.monotonic()))
         if leader == NO_LEADER or leader not in self.kafka_brokers:
             return {"error_code": LEADER_NOT_AVAILABLE, "partition_index": partition, "leader_id": -1,
                     "leader_epoch": epoch, "replica_nodes": voters, "isr_nodes": [], "offline_replicas": []}
@@ -294,16 +301,17 @@ class ReplicaKafkaApis(KafkaApis):
                 return _code(exc), -1, str(exc)
         else:
             return INVALID_RECORD, -1, refused
-        node = self.node
-        with node.purgatory.deferred(), rep.cond:
+        context, leader = self.context, self.leader
+        with context.purgatory.deferred(), rep.cond:
             election = rep.election
             if election.role is not Role.LEADER:
                 return NOT_LEADER_OR_FOLLOWER, -1, f"node {self.node_id} does not lead {topic}-{partition}"
             epoch = election.epoch
             if acks == -1:
-                in_sync = 1 + len(node._leader.in_sync_followers(rep, time.monotonic()))
-                if in_sync < node.min_insync:
-                    return NOT_ENOUGH_REPLICAS, -1, f"{in_sync} in-sync replicas, min.insync.replicas is {node.min_insync}"
+                in_sync = 1 + len(leader.in_sync_followers(rep, time.monotonic()))
+                if in_sync < context.min_insync:
+                    return (NOT_ENOUGH_REPLICAS, -1,
+                            f"{in_sync} in-sync replicas, min.insync.replicas is {context.min_insync}")
             try:
                 first, last, duplicate = rep.log.append_idempotent(records)
             except (CorruptRecordError, RecordTooLargeError, OutOfOrderSequenceError, InvalidProducerEpochError,
@@ -311,13 +319,11 @@ class ReplicaKafkaApis(KafkaApis):
                 logger.info("refused a produce to %s-%d: %s", topic, partition, exc)
                 return _code(exc), -1, str(exc)
             if not duplicate:
-                node._leader.advance_hw(rep)  # a set of one commits on its own append
+                leader.advance_hw(rep)  # a set of one commits on its own append
                 rep.changed()  # answer the followers' held fetches
         if acks != -1:
             return NONE, first, None
-        leader = node._leader
-        return node.purgatory.watch(rep.key, lambda expired: leader._committed(rep, epoch, first, last, expired),
-                                    timeout_s)
+        return leader.await_commit(rep, epoch, first, last, timeout_s)
 
     # ------------------------------------------------------------------ topics and producer ids
     def on_create_topics(self, request: KafkaRequest) -> dict[str, Any]:
@@ -344,8 +350,9 @@ class _ReplicatedOffsets:
     high watermark passed them (LogstoreError when the leadership of ``epoch`` is lost or no
     majority takes them in time: the coordinator answers COORDINATOR_NOT_AVAILABLE)."""
 
-    def __init__(self, node: Any, rep: Any, epoch: int) -> None:
-        self.node = node
+    def __init__(self, context: NodeContext, leader: LeaderSide, rep: PartitionReplica, epoch: int) -> None:
+        self.context = context
+        self.leader = leader
         self.rep = rep
         self.epoch = epoch
         self._pending = threading.local()  # each thread's last append, for its flush
@@ -359,18 +366,18 @@ class _ReplicatedOffsets:
 
     def _leading(self) -> bool:
         election = self.rep.election
-        return election.role is Role.LEADER and election.epoch == self.epoch and not self.node._stop.is_set()
+        return election.role is Role.LEADER and election.epoch == self.epoch and not self.context.stopping.is_set()
 
     def append_batch(self, values: list[bytes | None], keys: list[bytes | None]) -> None:
         """Append as the leader (the OffsetStore holds its lock); :meth:`flush` then waits for
         the majority, outside that lock."""
         rep = self.rep
-        with self.node.purgatory.deferred(), rep.cond:
+        with self.context.purgatory.deferred(), rep.cond:
             if not self._leading():
-                raise LogstoreError(f"node {self.node.node_id} no longer leads {OFFSETS_TOPIC}-0")
+                raise LogstoreError(f"node {self.context.node_id} no longer leads {OFFSETS_TOPIC}-0")
             rep.log.append_batch(values, keys)
             self._pending.last = rep.log.log_end_offset - 1
-            self.node._leader.advance_hw(rep)
+            self.leader.advance_hw(rep)
             rep.changed()
 
     def flush(self) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from .._fileio import FileRegion
 from .quorum import NONE, Role
@@ -39,9 +39,7 @@ from .partition import (
     REQUEST_TIMED_OUT,
     PartitionReplica,
 )
-
-if TYPE_CHECKING:
-    from ..replication import ReplicaNode
+from .context import NodeContext
 
 __all__ = ["LeaderSide", "FetchAnswer"]
 
@@ -73,17 +71,17 @@ def _now_or_later(answer: "Future[FetchAnswer]") -> "FetchAnswer | Future[FetchA
 
 
 class LeaderSide:
-    """What a node does for the partitions it leads (its settings are read from the node at
+    """What a node does for the partitions it leads (its settings are read from ``context`` at
     each use). Thread-safe."""
 
-    def __init__(self, node: "ReplicaNode") -> None:
-        self._node = node
+    def __init__(self, context: NodeContext) -> None:
+        self._context = context
 
     # ------------------------------------------------------------------ epoch, ISR, high watermark
     def become_leader(self, rep: PartitionReplica) -> None:
         """Take up the epoch ``rep`` just won (caller holds rep.cond). Raises what the log
         raises writing the epoch or the leader change record (the caller steps down)."""
-        node = self._node
+        context = self._context
         epoch = rep.election.epoch
         rep.log.assign_leader_epoch(epoch)
         rep.epoch_start = rep.log.log_end_offset
@@ -95,20 +93,20 @@ class LeaderSide:
         # must not count towards the high watermark.
         rep.leo = {}
         now = time.monotonic()
-        rep.contact = {p: now for p in node.peers}
+        rep.contact = {p: now for p in context.peers}
         # Every replica starts in sync (as Kafka's new leader keeps the ISR it inherits); one
         # that does not catch up within replica_lag_time_max_ms drops out.
-        rep.caught_up = {p: now for p in node.peers}
+        rep.caught_up = {p: now for p in context.peers}
         rep.fetch_marks = {}
-        key, value = leader_change_record(node.node_id, node.voters, rep.election.granted_by)
+        key, value = leader_change_record(context.node_id, context.voters, rep.election.granted_by)
         rep.log.append_batch([value], [key], control=True)
         self.advance_hw(rep)  # a set of one commits at once
-        logger.info("node %d leads %s-%d in epoch %d", node.node_id, rep.topic, rep.partition, epoch)
+        logger.info("node %d leads %s-%d in epoch %d", context.node_id, rep.topic, rep.partition, epoch)
 
     def advance_hw(self, rep: PartitionReplica) -> None:
         """HW = the largest offset held by a majority, counted only over records of this epoch
         (caller holds rep.cond)."""
-        ends = sorted([rep.log.log_end_offset] + [rep.leo.get(p, 0) for p in self._node.peers], reverse=True)
+        ends = sorted([rep.log.log_end_offset] + [rep.leo.get(p, 0) for p in self._context.peers], reverse=True)
         majority_end = ends[rep.election.majority - 1]
         if majority_end > rep.hw and majority_end > rep.epoch_start:
             rep.hw = majority_end
@@ -117,7 +115,16 @@ class LeaderSide:
 
     def in_sync_followers(self, rep: PartitionReplica, now: float) -> list[int]:
         """The followers in sync with this leader (caller holds rep.cond)."""
-        return rep.in_sync_followers(self._node.peers, now, self._node.replica_lag_s)
+        return rep.in_sync_followers(self._context.peers, now, self._context.replica_lag_s)
+
+    def await_commit(self, rep: PartitionReplica, epoch: int, first: int, last: int,
+                     timeout_s: float) -> "Future[tuple[int, int, str | None]]":
+        """The outcome (error, base offset, message) of an acks=all produce that appended
+        ``first``..``last`` in ``epoch``, once the high watermark passed ``last``, leadership
+        changed or ``timeout_s`` ran out: REQUEST_TIMED_OUT then. No thread waits (the node's
+        purgatory holds it; the partition's changes answer it)."""
+        return self._context.purgatory.watch(
+            rep.key, lambda expired: self._committed(rep, epoch, first, last, expired), timeout_s)
 
     def _committed(self, rep: PartitionReplica, epoch: int, first: int, last: int,
                    expired: bool) -> tuple[int, int, str | None] | None:
@@ -128,9 +135,9 @@ class LeaderSide:
             election = rep.election
             # Role and epoch first: a node deposed meanwhile may have learnt a high watermark
             # past `last` from the new leader, for records that replaced ours.
-            if election.role is not Role.LEADER or election.epoch != epoch or self._node._stop.is_set():
+            if election.role is not Role.LEADER or election.epoch != epoch or self._context.stopping.is_set():
                 return (NOT_LEADER_OR_FOLLOWER, -1,
-                        f"node {self._node.node_id} lost the leadership of {rep.topic}-{rep.partition}")
+                        f"node {self._context.node_id} lost the leadership of {rep.topic}-{rep.partition}")
             if rep.hw > last:
                 return OK, first, None
         return (REQUEST_TIMED_OUT, -1, "timed out waiting for a majority to hold the batch") if expired else None
@@ -142,13 +149,13 @@ class LeaderSide:
         ``offset`` with ``last_epoch`` its latest epoch, in ``epoch``: batches from ``offset``
         (at most ``max_bytes``, at least one), or where it diverges; a caught-up follower's is
         held up to ``max_wait_s`` for records (a Future then)."""
-        node = self._node
+        context = self._context
         if max_bytes <= 0:
             return FetchAnswer(INVALID_REQUEST, NONE, -1)
-        max_bytes = min(max_bytes, node.fetch_max_bytes)
-        with node.purgatory.deferred(), rep.cond:  # answers written after the lock
+        max_bytes = min(max_bytes, context.fetch_max_bytes)
+        with context.purgatory.deferred(), rep.cond:  # answers written after the lock
             election = rep.election
-            if replica_id not in node.peers:  # only a voter's fetch may move our epoch
+            if replica_id not in context.peers:  # only a voter's fetch may move our epoch
                 return FetchAnswer(INVALID_REQUEST, election.leader, election.epoch)
             if epoch > election.epoch:
                 election.observe_epoch(epoch)
@@ -160,13 +167,13 @@ class LeaderSide:
             if last_epoch < 0 and offset > log.log_start_offset:
                 # Records without an epoch history (a lost leader-epoch-checkpoint): nothing
                 # proves they match ours, so the follower starts again from our log start.
-                return FetchAnswer(OK, node.node_id, election.epoch, rep.hw, -1, log.log_start_offset,
+                return FetchAnswer(OK, context.node_id, election.epoch, rep.hw, -1, log.log_start_offset,
                                    log.log_start_offset)
             # KIP-101/279: the follower's last epoch must end where the leader's history says.
             if last_epoch >= 0:
                 div_epoch, div_end = log.end_offset_for_epoch(last_epoch)
                 if div_epoch != last_epoch or div_end < offset:
-                    return FetchAnswer(OK, node.node_id, election.epoch, rep.hw, div_epoch,
+                    return FetchAnswer(OK, context.node_id, election.epoch, rep.hw, div_epoch,
                                        div_end if div_end >= 0 else 0, log.log_start_offset)
             now = time.monotonic()
             rep.contact[replica_id] = now
@@ -183,9 +190,9 @@ class LeaderSide:
                 return self._records(rep, offset, end, max_bytes)
         # Caught up: hold the fetch until a produce appends (or leadership changes), as Kafka's
         # replica.fetch.wait.max.ms does, instead of letting the follower poll. No thread waits.
-        return _now_or_later(node.purgatory.watch(
+        return _now_or_later(context.purgatory.watch(
             rep.key, lambda expired: self._held_fetch(rep, replica_id, epoch, offset, max_bytes, expired),
-            min(max_wait_s, node.election_timeout_s / 2)))
+            min(max_wait_s, context.election_timeout_s / 2)))
 
     def _held_fetch(self, rep: PartitionReplica, replica_id: int, epoch: int, offset: int, max_bytes: int,
                     expired: bool) -> FetchAnswer | None:
@@ -196,19 +203,19 @@ class LeaderSide:
             if election.role is not Role.LEADER or election.epoch != epoch:
                 return FetchAnswer(NOT_LEADER_OR_FOLLOWER, election.leader, election.epoch)
             end = rep.log.log_end_offset
-            if end == offset and not expired and not self._node._stop.is_set():
+            if end == offset and not expired and not self._context.stopping.is_set():
                 return None
             rep.caught_up[replica_id] = time.monotonic()
             return self._records(rep, offset, end, max_bytes)
 
     def _records(self, rep: PartitionReplica, offset: int, end: int, max_bytes: int) -> FetchAnswer:
         """A follower fetch's answer: the batches from ``offset`` (caller holds rep.cond)."""
-        node, log = self._node, rep.log
+        context, log = self._context, rep.log
         try:
             # A region of the segment file, written to the follower's socket with sendfile.
             data = (log.read_region(offset, max_bytes) or b"") if offset < end else b""
         except OffsetOutOfRangeError:
-            return FetchAnswer(OFFSET_OUT_OF_RANGE, node.node_id, rep.election.epoch, rep.hw, -1, -1,
+            return FetchAnswer(OFFSET_OUT_OF_RANGE, context.node_id, rep.election.epoch, rep.hw, -1, -1,
                                log.log_start_offset)
-        return FetchAnswer(OK, node.node_id, rep.election.epoch, rep.hw, log_start_offset=log.log_start_offset,
+        return FetchAnswer(OK, context.node_id, rep.election.epoch, rep.hw, log_start_offset=log.log_start_offset,
                            records=data)

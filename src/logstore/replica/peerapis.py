@@ -7,7 +7,8 @@
   (leader id and epoch) and the high watermark. A caught-up follower's fetch is held up to its
   ``max_wait``. One partition per request (each follower partition has its own connection).
 - **Vote** (v2, with ``pre_vote``: KIP-996) and **BeginQuorumEpoch** (v1): a candidate asks for
-  votes, a winner announces its epoch; the rules are ``election``'s.
+  votes, a winner announces its epoch; the rules are :mod:`~logstore.replica.quorum`'s, run by
+  :mod:`~logstore.replica.elections`.
 - **DescribeQuorum** (v1): each partition's leader, epoch and high watermark as this node knows
   them, and at a leader its voters' log end offsets and fetch times. (Kafka answers it at the
   leader only; here every node answers with its view, which is what ``Client.metadata`` shows.)
@@ -26,11 +27,13 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .quorum import NONE, Role
 from ..kafka.wire import KafkaRequest
-from .leader import FetchAnswer
+from .context import NodeContext
+from .elections import ElectionDriver
+from .leader import FetchAnswer, LeaderSide
 from .partition import (
     CLUSTER_AUTHORIZATION_FAILED,
     INCONSISTENT_CLUSTER_ID,
@@ -41,9 +44,6 @@ from .partition import (
 )
 from .client import REPLICA_USER
 
-if TYPE_CHECKING:
-    from ..replication import ReplicaNode
-
 __all__ = ["PeerApis", "PEER_VERSIONS"]
 
 #: what the peer APIs add to the listener's served versions
@@ -52,22 +52,23 @@ _PRINCIPAL = f"User:{REPLICA_USER}"
 
 
 class PeerApis:
-    """The answers to replication's requests on ``node``'s listener (see the module
-    docstring). Thread-safe."""
+    """The answers to replication's requests on a node's listener (see the module docstring):
+    votes and announcements go to ``elections``, followers' fetches to ``leader``. Thread-safe."""
 
-    def __init__(self, node: "ReplicaNode", cluster_id: str) -> None:
-        self.node = node
-        self.cluster_id = cluster_id
+    def __init__(self, context: NodeContext, elections: ElectionDriver, leader: LeaderSide) -> None:
+        self.context = context
+        self.elections = elections
+        self.leader = leader
 
     def _refusal(self, request: KafkaRequest) -> int:
         """The top-level error of a peer request (0: go ahead)."""
         if request.principal != _PRINCIPAL:
             return CLUSTER_AUTHORIZATION_FAILED
         cluster = getattr(request.body, "cluster_id", None)
-        if cluster is not None and cluster != self.cluster_id:
+        if cluster is not None and cluster != self.context.cluster_id:
             return INCONSISTENT_CLUSTER_ID
         voter = getattr(request.body, "voter_id", -1)
-        if voter >= 0 and voter != self.node.node_id:  # meant for another voter (KIP-853)
+        if voter >= 0 and voter != self.context.node_id:  # meant for another voter (KIP-853)
             return INCONSISTENT_VOTER_SET
         return OK
 
@@ -82,14 +83,14 @@ class PeerApis:
         if error:
             return {"throttle_time": 0, "error_code": error, "session_id": 0, "responses": []}
         topic, p = wanted[0]
-        rep = self.node._replicas.get((topic, p.partition))
+        rep = self.context.replica(topic, p.partition)
         if rep is None:
             answer: FetchAnswer | Future = FetchAnswer(UNKNOWN_TOPIC_OR_PARTITION, NONE, -1)
         else:
-            answer = self.node._leader.follower_fetch(rep, int(body.replica_id), int(p.current_leader_epoch),
-                                                      int(p.fetch_offset), int(p.last_fetched_epoch),
-                                                      min(int(p.partition_max_bytes), int(body.max_bytes)),
-                                                      body.max_wait.total_seconds())
+            answer = self.leader.follower_fetch(rep, int(body.replica_id), int(p.current_leader_epoch),
+                                                int(p.fetch_offset), int(p.last_fetched_epoch),
+                                                min(int(p.partition_max_bytes), int(body.max_bytes)),
+                                                body.max_wait.total_seconds())
         if isinstance(answer, Future):
             out: Future = Future()
 
@@ -114,7 +115,7 @@ class PeerApis:
         for t in request.body.topics:
             partitions = []
             for p in t.partitions:
-                rep = self.node._replicas.get((t.topic_name, p.partition_index))
+                rep = self.context.replica(t.topic_name, p.partition_index)
                 entry = {"partition_index": p.partition_index, "error_code": OK, **empty}
                 if rep is None:
                     entry["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
@@ -130,7 +131,7 @@ class PeerApis:
             return {"error_code": error, "topics": []}
 
         def vote(rep: Any, p: Any) -> dict[str, Any]:
-            epoch, granted, leader = self.node._elections.on_vote(
+            epoch, granted, leader = self.elections.on_vote(
                 rep, int(p.replica_epoch), int(p.replica_id), int(p.last_offset_epoch), int(p.last_offset),
                 bool(p.pre_vote))
             return {"leader_id": leader if leader != NONE else -1, "leader_epoch": epoch, "vote_granted": granted}
@@ -143,13 +144,13 @@ class PeerApis:
             return {"error_code": error, "topics": []}
 
         def begin(rep: Any, p: Any) -> dict[str, Any]:
-            epoch, leader = self.node._elections.on_begin_epoch(rep, int(p.leader_epoch), int(p.leader_id))
+            epoch, leader = self.elections.on_begin_epoch(rep, int(p.leader_epoch), int(p.leader_id))
             return {"leader_id": leader if leader != NONE else -1, "leader_epoch": epoch}
 
         return self._each_partition(request, {"leader_id": -1, "leader_epoch": -1}, begin)
 
     def on_describe_quorum(self, request: KafkaRequest) -> dict[str, Any]:
-        node = self.node
+        context = self.context
         now = time.monotonic()
         wall = time.time()
 
@@ -162,14 +163,14 @@ class PeerApis:
                 entry: dict[str, Any] = {"leader_id": election.leader if election.leader != NONE else -1,
                                          "leader_epoch": election.epoch, "high_watermark": rep.hw}
                 if election.role is not Role.LEADER:
-                    entry["current_voters"] = [{"replica_id": v, "log_end_offset": -1} for v in node.voters]
+                    entry["current_voters"] = [{"replica_id": v, "log_end_offset": -1} for v in context.voters]
                     return entry
                 entry["current_voters"] = [
-                    {"replica_id": node.node_id, "log_end_offset": rep.log.log_end_offset,
+                    {"replica_id": context.node_id, "log_end_offset": rep.log.log_end_offset,
                      "last_fetch_timestamp": int(wall * 1000), "last_caught_up_timestamp": int(wall * 1000)}
                 ] + [{"replica_id": peer, "log_end_offset": rep.leo.get(peer, -1),
                       "last_fetch_timestamp": ms(rep.contact.get(peer)),
-                      "last_caught_up_timestamp": ms(rep.caught_up.get(peer))} for peer in sorted(node.peers)]
+                      "last_caught_up_timestamp": ms(rep.caught_up.get(peer))} for peer in sorted(context.peers)]
                 return entry
 
         return self._each_partition(request, {"leader_id": -1, "leader_epoch": -1, "high_watermark": -1,
