@@ -92,7 +92,7 @@ from .producers import ProducerStateManager
 from .producerstate import ProducerStateEntry, increment_sequence
 from .retention import log_start_after, segments_to_delete
 from .segments import LogSegments
-from .shared import ExclusiveHold, SharedCoordinator, SharedState
+from .shared import ExclusiveHold, SharedCoordinator, SharedHooks, SharedState
 from .waiters import AppendWaiters
 
 __all__ = ["Log", "AppendInfo", "EARLIEST_TIMESTAMP", "LATEST_TIMESTAMP", "RecoveryReport", "CLEAN_SHUTDOWN_FILE"]
@@ -238,9 +238,15 @@ class Log:
         self._flush_at = NEVER
         self._waiters = AppendWaiters(self.path, self._lock, self._update_flush_at, notify_page)
         # Multi-process mode (see shared.py): every change goes through the writers' lock.
-        self._share = SharedCoordinator(self) if shared else None
+        self._share: SharedCoordinator | None = None
+        if shared:
+            self._share = SharedCoordinator(self.path, SharedHooks(
+                loaded=self._shared_loaded, usable=self._shared_usable, closed=self._shared_closed, export=self._export_view,
+                adopt=self._adopt_view, reload=self._reload_layout, recover=self._recover_shared,
+                published=self._published))
+            self._segments.on_layout_change = self._share.begin_layout_change
         self._w: Any = self._share if shared else _NO_WRITER
-        self._exclusive = ExclusiveHold(self)
+        self._exclusive = ExclusiveHold(self, self._lock, self._w, self._check_open)
         self._meter = AppendMeter()  # what was appended since the open (logmetrics.py)
         self.recovery_report: RecoveryReport | None = None
         #: seconds the last open spent loading and recovering the segments
@@ -293,7 +299,7 @@ class Log:
         self.close()
 
     def _open_files(self) -> None:
-        """Take the partition directory's ``.lock`` and load the log (or join a shared self)."""
+        """Take the partition directory's ``.lock`` and load the log (or join a shared log)."""
         ops = _fileio.ops
         ops.makedirs_durable(self.path)
         self._lock_fd = ops.open(os.path.join(self.path, LOCK_FILE), os.O_RDWR | os.O_CREAT)
@@ -366,6 +372,68 @@ class Log:
         """About to change the segment files: a shared log flags it in its page (shared.py)."""
         if self._share is not None:
             self._share.begin_layout_change()
+
+    def _shared_loaded(self) -> bool:
+        return self._segments.active is not None
+
+    def _shared_usable(self) -> bool:
+        return self._segments.active is not None and self._offline is None
+
+    def _shared_closed(self) -> bool:
+        return self._closed
+
+    def _export_view(self, view: Any) -> None:
+        """Fill a shared page's view with this process's state of the log (to publish it)."""
+        segment = self._segments.active
+        assert segment is not None
+        segment.export(view)
+        view.log_start_offset = self._log_start_offset
+        view.recovery_point = self._recovery_point
+        view.flushed_offset = self._flushed_offset
+        view.high_watermark = -1 if self._high_watermark is None else self._high_watermark
+
+    def _adopt_view(self, view: Any) -> None:
+        """Take up what another process published (the same segment layout)."""
+        segment = self._segments.active
+        assert segment is not None
+        a = segment.appender
+        if (a.next_offset != view.next_offset or a.position != view.position
+                or a.partition_leader_epoch != view.partition_leader_epoch):
+            segment.adopt(view)
+        self._log_start_offset = view.log_start_offset
+        self._recovery_point = view.recovery_point
+        if self._flushed_offset != view.flushed_offset:
+            self._flushed_offset = view.flushed_offset
+            self._update_flush_at()
+        self._high_watermark = None if view.high_watermark < 0 else view.high_watermark
+
+    def _reload_layout(self, view: Any) -> None:
+        """Another process changed the segment files: reopen what changed, keep the rest."""
+        self._set_active(self._segments.reload(view))
+        self._producers.invalidate()  # (a truncation may hide among the changes: reload it when used)
+        self._adopt_view(view)
+
+    def _recover_shared(self, view: Any) -> None:
+        """Load the log as an open does: the first process in (``view`` None), or after a writer
+        died while changing the segment files (its view's offsets replace the checkpoints')."""
+        if view is None:
+            self._load()
+            return
+        self._segments.abandon_all()
+        self._load(recovery_point=view.recovery_point, log_start_offset=view.log_start_offset)
+
+    def _published(self) -> None:
+        if self._waiters.always:
+            self._waiters.notify()
+
+    def _leave_shared(self) -> None:
+        """close() of a shared log that other processes still have open: fsync what is unflushed,
+        unlink what waits to be deleted, write the checkpoints (the last one out closes it)."""
+        segment = self._segments.active
+        if segment is not None and not segment.closed and segment.next_offset > self._flushed_offset:
+            segment.flush_data()
+        self._segments.unlink_due(everything=True)
+        self._write_checkpoints()
 
     def exclusive(self) -> ExclusiveHold:
         """Hold the log across several calls (``with log.exclusive():``): other threads, and for
@@ -1489,7 +1557,10 @@ class Log:
             self._waiters.wake_all()
             try:
                 if self._share is not None:
-                    self._share.close(self._lock_fd)
+                    if self._share.leave(self._lock_fd, self._offline is not None):
+                        self._close_cleanly()  # the last process out
+                    elif self._offline is None:
+                        self._leave_shared()
                 elif self._offline is None:
                     self._close_cleanly()
                 # (offline: no clean-shutdown marker; the next open recovers from the disk)

@@ -16,13 +16,14 @@ segment files by the first process that opens the log, so nothing in this file n
 a crash: it is never fsynced.
 
 :class:`SharedCoordinator` is the part of a shared :class:`~logstore.log.log.Log` that talks to the
-page: it opens the log (the first process in recovers it), takes and releases the writers' lock
-around every change (adopting on entry what other processes published, publishing on exit what
-this one changed), follows other processes' appends lock-free, reloads the segment layout when
-its generation moved (which also makes this process reload its producer state before the
-next check, see :mod:`~logstore.log.producers`), repairs it when a writer died mid-change, and
-closes the log (the last process out closes it cleanly). :class:`ExclusiveHold` is what
-``log.exclusive()`` returns: the Log's thread lock, then the writers' lock.
+page: it takes and releases the writers' lock around every change (on entry the log adopts what
+other processes published, on exit this process's changes are published), follows other
+processes' appends lock-free, tells the log to reload its segment layout when the generation
+moved or to recover it when a writer died mid-change, and at open and close says whether this
+process is the first in (which recovers the log) or the last out (which closes it cleanly). The
+log's side of each step is a :class:`SharedHooks` the log hands over: the coordinator never
+touches the log's offsets or segments itself. :class:`ExclusiveHold` is what ``log.exclusive()``
+returns: the Log's thread lock, then the writers' lock.
 
 Thread-safety: not thread-safe; the owning Log serialises access with its own lock.
 """
@@ -32,13 +33,13 @@ from __future__ import annotations
 import logging
 import mmap
 import os
-from typing import Any
+from typing import Any, Callable, ContextManager, NamedTuple
 
 from .. import _fileio
 from .._native import ffi, lib
 from ..errors import LogLockedError, LogstoreError
 
-__all__ = ["SharedState", "SharedCoordinator", "ExclusiveHold", "SHARED_FILE", "new_view", "new_notify_page"]
+__all__ = ["SharedState", "SharedCoordinator", "SharedHooks", "ExclusiveHold", "SHARED_FILE", "new_view", "new_notify_page"]
 
 logger = logging.getLogger("logstore.log.log")
 
@@ -128,22 +129,46 @@ class SharedState:
             self._fd = -1
 
 
-class SharedCoordinator:
-    """``with log._w``: the writers' lock of a shared log, and everything else a Log does to
-    stay in step with the other processes that have it open.
+class SharedHooks(NamedTuple):
+    """The log's side of keeping a shared log in step: each hook runs with the log's thread lock
+    held and keeps the log's invariants itself."""
 
-    Entering takes the flock and adopts what other processes published; leaving publishes this
-    process's changes. Reentrant; used only with the Log's thread lock held. The coordinator
-    reads and sets the Log's offsets (log start, recovery point, flushed offset, high
-    watermark) and its segment set as published state dictates; it owns the page, the views
-    and the layout generation, and hooks every change of the segment files
-    (``LogSegments.on_layout_change``).
+    #: True while the log has its segments loaded (an active segment)
+    loaded: Callable[[], bool]
+    #: True while the log has its segments loaded and is not offline (its state may be published)
+    usable: Callable[[], bool]
+    #: True once the log was closed (nothing to follow)
+    closed: Callable[[], bool]
+    #: fill an ``ls_shared_view`` with the log's state: its active segment's appender, log start,
+    #: recovery point, flushed offset, high watermark (the coordinator sets the generation)
+    export: Callable[[Any], None]
+    #: take up a published view whose layout generation this process has loaded
+    adopt: Callable[[Any], None]
+    #: another process changed the segment files: reload the layout the view describes, then adopt it
+    reload: Callable[[Any], None]
+    #: load and recover the segments from disk as an open does; with a view, a writer died
+    #: mid-change and the view's recovery point and log start replace the checkpoint files'
+    recover: Callable[[Any], None]
+    #: this process published a change: wake its long-polls
+    published: Callable[[], None]
+
+
+class SharedCoordinator:
+    """``with log._w``: the writers' lock of a shared log, and the protocol by which a Log stays in
+    step with the other processes that have it open.
+
+    Entering takes the flock and has the log adopt what other processes published; leaving
+    publishes this process's changes. Reentrant; used only with the Log's thread lock held. The
+    coordinator owns the page, the views and the layout generation; the log's side of each step
+    is a hook (:class:`SharedHooks`). :meth:`begin_layout_change` is called before every change
+    of the segment files (``LogSegments.on_layout_change``).
     """
 
-    __slots__ = ("_log", "state", "_view", "_out", "generation", "_layout_changed", "_depth")
+    __slots__ = ("path", "_hooks", "state", "_view", "_out", "generation", "_layout_changed", "_depth")
 
-    def __init__(self, log: Any) -> None:
-        self._log = log
+    def __init__(self, path: str, hooks: SharedHooks) -> None:
+        self.path = path
+        self._hooks = hooks
         self.state: SharedState | None = None
         self._view = new_view()
         self._out = new_view()
@@ -151,7 +176,6 @@ class SharedCoordinator:
         self.generation = 0
         self._layout_changed = False
         self._depth = 0
-        log._segments.on_layout_change = self.begin_layout_change
 
     # ------------------------------------------------------------------ open and close
     def open(self, lock_fd: int) -> None:
@@ -160,47 +184,39 @@ class SharedCoordinator:
         lock on ``.shared`` serialises opens and closes, so exactly one process finds itself
         alone and recovers."""
         ops = _fileio.ops
-        log = self._log
-        state = self.state = SharedState(log.path)
+        state = self.state = SharedState(self.path)
         state.acquire()
         try:
             state.map()
             if ops.lock(lock_fd):
                 # Nobody else has the log open: recover it and format the page.
                 generation = state.formatted_generation() + 1
-                log._load()
+                self._hooks.recover(None)
                 self.generation = generation
                 state.format(self._export_view(self._out))
                 self._layout_changed = False
                 if not ops.lock_shared(lock_fd):  # pragma: no cover - needs a racing exclusive open
-                    raise LogLockedError(f"{log.path} was opened exclusively by another process")
+                    raise LogLockedError(f"{self.path} was opened exclusively by another process")
             else:
                 if not ops.lock_shared(lock_fd):
-                    raise LogLockedError(f"{log.path} is open exclusively in another process")
+                    raise LogLockedError(f"{self.path} is open exclusively in another process")
                 self._adopt_published()
         finally:
             state.release()
 
-    def close(self, lock_fd: int) -> None:
-        """close() of a shared log: the last process out closes it as an exclusive log does
-        (trim, checkpoints, clean-shutdown marker); the others fsync and leave. The caller
-        releases the page and descriptors afterwards."""
-        log = self._log
+    def leave(self, lock_fd: int, offline: bool) -> bool:
+        """close() of a shared log: take the writers' lock (kept until :meth:`release`), adopt
+        what the others published and say whether this process is the last one out (which
+        closes the log as an exclusive log does: trim, checkpoints, clean-shutdown marker); the
+        others fsync and leave. An ``offline`` log adopts nothing and is never the last."""
         state = self.state
         assert state is not None
         state.acquire()
-        if log._offline is not None:
-            return
+        if offline:
+            return False
         self._adopt_published()
         # Converting our shared hold of .lock to exclusive succeeds only for the last one.
-        if _fileio.ops.lock(lock_fd):
-            log._close_cleanly()
-        else:
-            segment = log._segments.active
-            if segment is not None and not segment.closed and segment.next_offset > log._flushed_offset:
-                segment.flush_data()
-            log._segments.unlink_due(everything=True)
-            log._write_checkpoints()
+        return bool(_fileio.ops.lock(lock_fd))
 
     def release(self) -> None:
         """Close the page (releasing the flocks this process holds on it)."""
@@ -235,17 +251,15 @@ class SharedCoordinator:
         state = self.state
         if state is None:
             return
-        log = self._log
         try:
-            if log._segments.active is not None and log._offline is None:
+            if self._hooks.usable():
                 if self._layout_changed:
                     self.generation += 1
                 out = self._export_view(self._out)
                 # self._view still holds what was adopted on entry: publish only a change.
                 if self._layout_changed or ffi.buffer(out)[:] != ffi.buffer(self._view)[:]:
                     state.publish(out)
-                    if log._waiters.always:
-                        log._waiters.notify()
+                    self._hooks.published()
                 self._layout_changed = False
         finally:
             state.release()
@@ -262,7 +276,7 @@ class SharedCoordinator:
     def follow(self) -> None:
         """Catch up with what other processes published (lock-free unless the segment layout
         changed). Holds the log's thread lock."""
-        if self.state is None or self._log._closed or self._depth:
+        if self.state is None or self._depth or self._hooks.closed():
             return  # (inside exclusive(), this process is the writer and already current)
         view = self._view
         self.state.read(view)
@@ -270,19 +284,12 @@ class SharedCoordinator:
             with self:  # takes the writers' lock, which reloads the layout
                 pass
         else:
-            self._adopt_view(view)
+            self._hooks.adopt(view)
 
     def _export_view(self, view: Any) -> Any:
         """Fill ``view`` with this process's state of the log (for publishing)."""
-        log = self._log
-        segment = log._segments.active
-        assert segment is not None
-        segment.export(view)
+        self._hooks.export(view)
         view.generation = self.generation
-        view.log_start_offset = log._log_start_offset
-        view.recovery_point = log._recovery_point
-        view.flushed_offset = log._flushed_offset
-        view.high_watermark = -1 if log._high_watermark is None else log._high_watermark
         return view
 
     def _adopt_published(self) -> None:
@@ -293,75 +300,54 @@ class SharedCoordinator:
         view = self._view
         state.read(view)
         if state.dirty:
-            self._repair_layout(view)
-        elif view.generation != self.generation or self._log._segments.active is None:
-            self._reload_layout(view)
+            logger.warning("%s: a process died while changing the segment files; reloading them", self.path)
+            self._hooks.recover(view)
+            self.generation = view.generation
+            self.begin_layout_change()
+        elif view.generation != self.generation or not self._hooks.loaded():
+            self._hooks.reload(view)
+            self.generation = view.generation
         else:
-            self._adopt_view(view)
-
-    def _adopt_view(self, view: Any) -> None:
-        log = self._log
-        segment = log._segments.active
-        assert segment is not None
-        a = segment.appender
-        if (a.next_offset != view.next_offset or a.position != view.position
-                or a.partition_leader_epoch != view.partition_leader_epoch):
-            segment.adopt(view)
-        log._log_start_offset = view.log_start_offset
-        log._recovery_point = view.recovery_point
-        if log._flushed_offset != view.flushed_offset:
-            log._flushed_offset = view.flushed_offset
-            log._update_flush_at()
-        log._high_watermark = None if view.high_watermark < 0 else view.high_watermark
-
-    def _reload_layout(self, view: Any) -> None:
-        """Another process changed the segment files: reopen what changed, keep the rest."""
-        log = self._log
-        log._set_active(log._segments.reload(view))
-        log._producers.invalidate()  # (a truncation may hide among the changes: reload it when used)
-        self.generation = view.generation
-        self._adopt_view(view)
-
-    def _repair_layout(self, view: Any) -> None:
-        """A writer died while changing the segment files: reload them from disk as an open does
-        (finishing or rolling back its file operations, recovering the active segment)."""
-        log = self._log
-        logger.warning("%s: a process died while changing the segment files; reloading them", log.path)
-        log._segments.abandon_all()
-        log._load(recovery_point=view.recovery_point, log_start_offset=view.log_start_offset)
-        self.generation = view.generation
-        self.begin_layout_change()
+            self._hooks.adopt(view)
 
 
 class ExclusiveHold:
     """``with log.exclusive()``: the Log's thread lock, then its writers' lock (for a shared
-    log, this module's :class:`SharedCoordinator`). A plain object rather than a generator
-    context manager: the Queue enters it for every get and ack. Reentrant; thread-safe as the
-    Log's lock is."""
+    log, this module's :class:`SharedCoordinator`), then the check that the log can be used. A
+    plain object rather than a generator context manager: the Queue enters it for every get and
+    ack. Reentrant; thread-safe as the Log's lock is.
 
-    __slots__ = ("_log",)
+    Args:
+        log: what entering returns.
+        lock: the log's thread lock.
+        writers: the log's writers' lock (a no-op context for a log only this process writes).
+        check_open: raises when the log cannot be used.
+    """
 
-    def __init__(self, log: Any) -> None:
+    __slots__ = ("_log", "_lock", "_writers", "_check_open")
+
+    def __init__(self, log: Any, lock: Any, writers: ContextManager[Any], check_open: Callable[[], None]) -> None:
         self._log = log
+        self._lock = lock
+        self._writers = writers
+        self._check_open = check_open
 
     def __enter__(self) -> Any:
-        log = self._log
-        log._lock.acquire()
+        self._lock.acquire()
         try:
-            log._w.__enter__()
+            self._writers.__enter__()
         except BaseException:
-            log._lock.release()
+            self._lock.release()
             raise
         try:
-            log._check_open()
+            self._check_open()
         except BaseException:
             self.__exit__(None, None, None)
             raise
-        return log
+        return self._log
 
     def __exit__(self, *exc: object) -> None:
-        log = self._log
         try:
-            log._w.__exit__(None, None, None)
+            self._writers.__exit__(None, None, None)
         finally:
-            log._lock.release()
+            self._lock.release()
