@@ -173,79 +173,65 @@ class LogCompaction:
     """One log's compaction: its first dirty offset, whether it needs a pass, running one.
 
     Args:
-        log: the owning :class:`~logstore.log.log.Log` (its lock, segments, log start, config).
+        key: the log's (topic, partition), its key in the checkpoint file.
         checkpoints: the log directory's ``cleaner-offset-checkpoint`` file.
 
-    Thread-safety: thread-safe; each method takes the log's lock (a pass also its writers'
-    lock). :attr:`state` is replaced whole, never changed in place.
+    The owning :class:`~logstore.log.log.Log` calls every method with its lock held (a pass
+    also with its writers' lock) and hands over what the method reads: its segments, log
+    start and config. Thread-safety: as the log's lock; :attr:`state` is replaced whole,
+    never changed in place.
     """
 
-    def __init__(self, log: Any, checkpoints: OffsetCheckpoints) -> None:
-        self._log = log
+    def __init__(self, key: tuple[str, int], checkpoints: OffsetCheckpoints) -> None:
+        self.key = key
         self.checkpoints = checkpoints
         #: the cleaner's view of the log: last run, last report, uncleanable reason
         self.state = CleanerState()
         #: passes run since the log was opened
         self.runs = 0
 
-    def first_dirty_offset(self) -> int:
-        """Where the dirty section starts: the checkpointed offset, or the log start if later
-        (the log's lock held)."""
-        log = self._log
-        return max(self.checkpoints.get(log._key) or 0, log._log_start_offset)
+    def first_dirty_offset(self, log_start_offset: int) -> int:
+        """Where the dirty section starts: the checkpointed offset, or the log start if later."""
+        return max(self.checkpoints.get(self.key) or 0, log_start_offset)
 
-    def compact(self, now_ms: int | None) -> CleanerReport:
+    def compact(self, segments: LogSegments, config: Any, decoder: RecordDecoder, builder: BatchBuilder,
+                log_start_offset: int, now_ms: int | None,
+                producers_last_batches: Callable[[], dict[int, int]]) -> CleanerReport:
         """Log.compact: one pass (:func:`compact_segments`) from the first dirty offset, then
-        the checkpoint of where the next one starts."""
+        the checkpoint of where the next one starts. ``producers_last_batches`` gives producer
+        id -> last offset of its last batch (asked only when a pass would drop a batch that
+        carries a producer id, at most once)."""
         started = time.monotonic()
         now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-        log = self._log
-        with log._lock, log._w:
-            log._check_open()
-            with log._io_guard():
-                first_dirty = self.first_dirty_offset()
-                report = compact_segments(log._segments, log.config, log._decoder, log._builder, first_dirty, now,
-                                          started, functools.cache(self._producers_last_batches))
-                if report.cleaned_up_to > first_dirty:
-                    self.checkpoints.update({log._key: report.cleaned_up_to})
-            self.runs += 1
-            self.state = replace(self.state, last_run_ms=now, last_report=report)
-            return report
+        first_dirty = self.first_dirty_offset(log_start_offset)
+        report = compact_segments(segments, config, decoder, builder, first_dirty, now, started,
+                                  functools.cache(producers_last_batches))
+        if report.cleaned_up_to > first_dirty:
+            self.checkpoints.update({self.key: report.cleaned_up_to})
+        self.runs += 1
+        self.state = replace(self.state, last_run_ms=now, last_report=report)
+        return report
 
-    def _producers_last_batches(self) -> dict[int, int]:
-        """Producer id -> last offset of its last batch, from the log's producer state (loaded
-        on first use, as an idempotent append loads it: asked only when a pass would drop a
-        batch that carries a producer id)."""
-        log = self._log
-        table = log._producers.current(log._log_start_offset, log._appender.next_offset)
-        return {e.producer_id: e.last_batch.last_offset for e in table.entries() if e.last_batch is not None}
-
-    def dirty_ratio(self) -> float:
+    def dirty_ratio(self, segments: LogSegments, log_start_offset: int) -> float:
         """Log.dirty_ratio: dirty over all bytes of the sealed segments."""
-        log = self._log
-        with log._lock:
-            log._check_open()
-            log._follow()
-            dirty, total = dirty_bytes(log._segments, self.first_dirty_offset())
-            return dirty / total if total else 0.0
+        dirty, total = dirty_bytes(segments, self.first_dirty_offset(log_start_offset))
+        return dirty / total if total else 0.0
 
-    def needs_compaction(self, now_ms: int | None) -> bool:
+    def needs_compaction(self, segments: LogSegments, config: Any, log_start_offset: int,
+                         now_ms: int | None) -> bool:
         """Log.needs_compaction: the dirty ratio, the oldest dirty segment's age, or a passed
         delete horizon (KIP-534) says so, for a compacted log not marked uncleanable."""
         now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-        log = self._log
-        cfg = log.config
-        if not cfg.compacted or self.state.uncleanable_reason is not None:
+        if not config.compacted or self.state.uncleanable_reason is not None:
             return False
-        ratio = self.dirty_ratio()
-        if ratio > 0 and ratio >= cfg.min_cleanable_dirty_ratio:
+        ratio = self.dirty_ratio(segments, log_start_offset)
+        if ratio > 0 and ratio >= config.min_cleanable_dirty_ratio:
             return True
-        with log._lock:
-            first_dirty = self.first_dirty_offset()
-            oldest = oldest_dirty_timestamp(log._segments, first_dirty)
-            if oldest is not None and now - oldest > cfg.max_compaction_lag_ms:
-                return True
-            horizon = earliest_delete_horizon(log._segments, first_dirty)
+        first_dirty = self.first_dirty_offset(log_start_offset)
+        oldest = oldest_dirty_timestamp(segments, first_dirty)
+        if oldest is not None and now - oldest > config.max_compaction_lag_ms:
+            return True
+        horizon = earliest_delete_horizon(segments, first_dirty)
         return horizon is not None and horizon <= now
 
     def mark_uncleanable(self, reason: str) -> None:

@@ -213,7 +213,7 @@ class Log:
         self._recovery_points = OffsetCheckpoints(self.log_dir, RECOVERY_POINT_CHECKPOINT)
         self._start_offsets = OffsetCheckpoints(self.log_dir, LOG_START_OFFSET_CHECKPOINT)
         self._cleaner_offsets = OffsetCheckpoints(self.log_dir, CLEANER_OFFSET_CHECKPOINT)
-        self._compaction = LogCompaction(self, self._cleaner_offsets)
+        self._compaction = LogCompaction(self._key, self._cleaner_offsets)
         self.leader_epochs: LeaderEpochCache | None = None
         # The partition's offsets (the active segment's appender holds the log end).
         self._log_start_offset = 0
@@ -1487,19 +1487,37 @@ class Log:
         whose cleanup policy does not include "compact" is left alone. Holds the log's lock for
         the pass (appends wait). Thread-safe.
         """
-        return self._compaction.compact(now_ms)
+        with self._lock, self._w:
+            self._check_open()
+            with self._io_guard():
+                return self._compaction.compact(self._segments, self.config, self._decoder, self._builder,
+                                                self._log_start_offset, now_ms, self._producers_last_batches)
+
+    def _producers_last_batches(self) -> dict[int, int]:
+        """Producer id -> last offset of its last batch, from the producer state (loaded on
+        first use, as an idempotent append loads it). Held: the lock."""
+        table = self._producers.current(self._log_start_offset, self._appender.next_offset)
+        return {e.producer_id: e.last_batch.last_offset for e in table.entries() if e.last_batch is not None}
 
     def dirty_ratio(self) -> float:
         """Bytes of sealed segments at or after the cleaner's first dirty offset over all sealed
         bytes (Kafka's cleanable ratio). Thread-safe."""
-        return self._compaction.dirty_ratio()
+        with self._lock:
+            self._check_open()
+            self._follow()
+            return self._compaction.dirty_ratio(self._segments, self._log_start_offset)
 
     def needs_compaction(self, now_ms: int | None = None) -> bool:
         """True when the cleaner should pick this log: a compacted log, not marked uncleanable,
         whose dirty ratio reaches min_cleanable_dirty_ratio, whose oldest dirty segment is
         older than max_compaction_lag_ms, or that holds tombstones whose delete horizon has
         passed (Kafka's KIP-534: they go even when nothing is dirty). Thread-safe."""
-        return self._compaction.needs_compaction(now_ms)
+        if not self.config.compacted or self._compaction.state.uncleanable_reason is not None:
+            return False
+        with self._lock:
+            self._check_open()
+            self._follow()
+            return self._compaction.needs_compaction(self._segments, self.config, self._log_start_offset, now_ms)
 
     @property
     def cleaner_state(self) -> CleanerState:
