@@ -32,7 +32,7 @@ def test_a_whole_valid_range_yields_every_batch_and_stops_ok(builder: BatchBuild
     found = list(walk)
     assert found == list(batch_headers(data))
     assert [position for position, _ in found] == starts
-    assert (walk.stop.position, walk.stop.status, walk.stop.reason, walk.stop.clean) == (len(data), lib.LS_OK, "ok", True)
+    assert (walk.stop.position, walk.stop.status, walk.stop.reason) == (len(data), lib.LS_OK, "ok")
 
 
 def test_the_scan_summary_agrees_with_the_batches(builder: BatchBuilder) -> None:
@@ -46,16 +46,15 @@ def test_a_zero_tail_ends_the_batches_cleanly(builder: BatchBuilder) -> None:
     walk = BatchWalk(data + bytes(4096), 0)
     assert len(list(walk)) == 2
     stop = walk.stop
-    assert (stop.position, stop.status, stop.reason, stop.clean, stop.crc_valid) == (
-        len(data), lib.LS_ERR_ZERO, "zero-filled tail", True, False)
+    assert (stop.position, stop.status, stop.reason, stop.crc_valid) == (
+        len(data), lib.LS_ERR_ZERO, "zero-filled tail", False)
 
 
 def test_a_torn_last_batch_is_truncated_not_crc_valid(builder: BatchBuilder) -> None:
     data, starts = batches(builder, 3)
     walk = BatchWalk(data[:-5], 0)
     assert [p for p, _ in walk] == starts[:2]
-    assert (walk.stop.position, walk.stop.status, walk.stop.crc_valid, walk.stop.clean) == (
-        starts[2], lib.LS_ERR_TRUNCATED, False, False)
+    assert (walk.stop.position, walk.stop.status, walk.stop.crc_valid) == (starts[2], lib.LS_ERR_TRUNCATED, False)
 
 
 def test_a_flipped_bit_stops_the_walk_with_both_crcs(builder: BatchBuilder) -> None:
@@ -92,7 +91,7 @@ def test_a_whole_batch_with_a_malformed_record_is_crc_valid(builder: BatchBuilde
     bad[61] = 0x7E  # the first record's length varint: 63 bytes, more than the batch holds
     bad[17:21] = struct.pack(">I", lib.ls_crc32c(0, bytes(bad[21:]), len(bad) - 21))
     stop = BatchWalk(data[: starts[1]] + bytes(bad), 0).stop
-    assert (stop.position, stop.crc_valid, stop.clean) == (starts[1], True, False)
+    assert (stop.position, stop.crc_valid) == (starts[1], True)
     assert stop.reason == status_words(stop.status)
 
 

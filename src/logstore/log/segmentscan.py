@@ -70,11 +70,6 @@ class WalkStop:
     stored_crc: int | None = None
     computed_crc: int | None = None
 
-    @property
-    def clean(self) -> bool:
-        """True when nothing but zero bytes (or nothing) follows the valid batches."""
-        return self.status in (lib.LS_OK, lib.LS_ERR_ZERO)
-
 
 class BatchWalk:
     """The valid batches of ``buf[start:end]``, bytes of a segment whose base offset is
