@@ -109,12 +109,13 @@ def _topics_read(args: argparse.Namespace, out: TextIO) -> int:
     is), or on a single partition directory."""
     from .log.config import LogConfig
     from .store.views import StoreView
-    from .tools.inspect import _is_partition_dir, partition_key
+    from .tools.dump import is_partition_dir
+    from .tools.stats import partition_key
 
     root = os.path.abspath(args.root)
     if not os.path.isdir(root):
         raise LogstoreError(f"{args.root}: no such store directory (create one with 'logstore topics create')")
-    if _is_partition_dir(root):
+    if is_partition_dir(root):
         topic = partition_key(root)[0]
         if args.action == "list":
             names = [topic] if args.internal or not topic.startswith("__") else []
@@ -219,16 +220,16 @@ def _consume(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _print_record(out: TextIO, r: Any, args: argparse.Namespace) -> None:
-    from .tools.inspect import _text
+    from .tools.dump import text_or_hex
 
     if args.json:
         _print_json(out, {"topic": r.topic, "partition": r.partition, "offset": r.offset, "timestamp": r.timestamp,
-                          "key": _text(r.key), "value": _text(r.value),
-                          "headers": [[k, _text(v)] for k, v in r.headers]})
+                          "key": text_or_hex(r.key), "value": text_or_hex(r.value),
+                          "headers": [[k, text_or_hex(v)] for k, v in r.headers]})
         return
-    value = "" if r.value is None else (_text(r.value) or "")
+    value = "" if r.value is None else (text_or_hex(r.value) or "")
     if args.print_key:
-        out.write(f"{'' if r.key is None else _text(r.key)}{args.key_separator}{value}\n")
+        out.write(f"{'' if r.key is None else text_or_hex(r.key)}{args.key_separator}{value}\n")
     else:
         out.write(value + "\n")
     out.flush()
@@ -236,7 +237,7 @@ def _print_record(out: TextIO, r: Any, args: argparse.Namespace) -> None:
 
 # ---------------------------------------------------------------------- inspection
 def _dump(args: argparse.Namespace, out: TextIO) -> int:
-    from .tools.inspect import dump_file
+    from .tools.dump import dump_file
 
     for path in args.files:
         if not args.json:
@@ -290,7 +291,7 @@ def _describe(item: dict[str, Any]) -> str:
 
 
 def _verify(args: argparse.Namespace, out: TextIO) -> int:
-    from .tools.inspect import verify
+    from .tools.verify import verify
 
     started = time.monotonic()
     report = verify(args.path, progress=_progress(args))
@@ -310,12 +311,12 @@ def _recover(args: argparse.Namespace, out: TextIO) -> int:
     from .store.store import LogStore, TOPICS_DIR
 
     from .store.kafkadirs import looks_like_log_dir
-    from .tools.inspect import _is_partition_dir
+    from .tools.dump import is_partition_dir
 
     path = os.path.abspath(args.path)
     parent = os.path.dirname(path)
     if os.path.isdir(os.path.join(path, TOPICS_DIR)) or (
-            os.path.isdir(path) and not _is_partition_dir(path) and looks_like_log_dir(path)):
+            os.path.isdir(path) and not is_partition_dir(path) and looks_like_log_dir(path)):
         root, only = path, None  # a store, or a Kafka log directory (adopted by opening it)
     elif os.path.isdir(path) and os.path.isdir(os.path.join(parent, TOPICS_DIR)):
         root, only = parent, os.path.basename(path)  # a partition of a store: its topic's config
@@ -360,7 +361,7 @@ def _recovery(name: str, log: Any, started: float) -> dict[str, Any]:
 
 
 def _stats(args: argparse.Namespace, out: TextIO) -> int:
-    from .tools.inspect import stats
+    from .tools.stats import stats
 
     rows = stats(args.path, progress=_progress(args))
     if args.json:

@@ -29,7 +29,7 @@ from logstore.cli import main
 from logstore.errors import LogLockedError, UnknownTopicOrPartitionError
 from logstore.store.kafkadirs import OFFSETS_ASIDE_DIR, OFFSETS_TOPIC_OVERRIDES, scan
 from logstore.store.views import StoreView
-from logstore.tools.inspect import stats, verify
+from logstore.tools import stats, verify
 
 kafka_records = pytest.importorskip("kafka.record")
 from kafka.record.default_records import DefaultRecordBatchBuilder  # noqa: E402

@@ -7,7 +7,7 @@ FileOps, and checked against what the workload had been told was durable at that
 * every record acknowledged as durable is present with its key and value, the log is a prefix
   of history (no gap, no duplicate, nothing invented) between the acknowledged and the
   attempted log start;
-* the recovered log is internally consistent: ``logstore.tools.inspect.verify`` (every batch CRC,
+* the recovered log is internally consistent: ``logstore.tools.verify`` (every batch CRC,
   every offset-index entry on a batch boundary, every time-index entry the maximum timestamp
   so far, the checkpoint files parse) reports nothing, random reads through the offset index
   return the right record, and the next append gets the next offset;
@@ -30,7 +30,7 @@ import random
 import pytest
 
 from logstore import Log, LogStore, _fileio
-from logstore.tools import inspect as tools
+from logstore import tools
 from logstore.client.consumer import offset_store
 from logstore.groups.offsets import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIG
 

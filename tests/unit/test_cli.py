@@ -323,7 +323,7 @@ def test_verify_finds_offsets_going_backwards_and_dump_goes_deep_into_compressed
     "segment's last offset"))
 def test_verify_accepts_the_preallocated_indexes_of_an_empty_segment_after_a_crash(tmp_path):
     from logstore import Log
-    from logstore.tools import inspect as tools
+    from logstore import tools
 
     path = tmp_path / "t-0"
     log = Log.open(str(path), segment_index_bytes=4096)
@@ -339,7 +339,7 @@ def test_verify_accepts_the_preallocated_indexes_of_an_empty_segment_after_a_cra
 
 def test_stats_of_an_empty_store_is_empty(tmp_path):
     from logstore import LogStore
-    from logstore.tools.inspect import stats
+    from logstore.tools import stats
 
     LogStore(str(tmp_path / "empty"), maintenance=False).close()
     assert stats(str(tmp_path / "empty")) == []
@@ -349,7 +349,7 @@ def test_stats_of_a_partition_directory_ignores_an_unrelated_parent(tmp_path, ca
     import logging
 
     from logstore import Log
-    from logstore.tools.inspect import stats
+    from logstore.tools import stats
 
     (tmp_path / "holiday-2024").mkdir()  # looks like a partition name, but tmp_path is no log dir
     with Log.open(tmp_path / "audit-3") as log:

@@ -237,9 +237,12 @@ def scan(root: str, quiet: bool = False) -> LogDirScan:
 def offsets_topic_problem(root: str, present: tuple[int, ...]) -> str | None:
     """Why the ``__consumer_offsets`` partitions ``present`` of ``root`` cannot serve as
     logstore's offsets topic, or None when they can (see the module docstring). Reads every
-    batch of a one-partition topic; a torn tail ends the reading, as recovery would cut it."""
+    valid batch of a one-partition topic (:class:`~logstore.log.segmentscan.BatchWalk`); a torn
+    tail ends a segment's reading, as recovery would cut it, and a batch whole with a matching
+    CRC that breaks the rules is a problem."""
     from ..groups.offsets import decode_offset_key, decode_offset_value
-    from ..records.batch import HEADER_SIZE, RecordDecoder, validate_batch
+    from ..log.segmentscan import BatchWalk
+    from ..records.batch import RecordDecoder
     from ..segment import LOG_SUFFIX, parse_segment_name, segment_name
     from .._native import lib
 
@@ -255,12 +258,8 @@ def offsets_topic_problem(root: str, present: tuple[int, ...]) -> str | None:
         path = os.path.join(directory, segment_name(base) + LOG_SUFFIX)
         data = _fileio.ops.map_file(path)
         try:
-            position = 0
-            while position + HEADER_SIZE <= len(data):
-                try:
-                    header = validate_batch(data, position, path=path)
-                except CorruptRecordError:
-                    break
+            walk = BatchWalk(data, base)
+            for position, header in walk:
                 if header.attributes & special:
                     return (f"{path} at position {position}: a transactional or control batch (offsets "
                             f"{header.base_offset}..{header.last_offset}), which logstore's consumer groups do not apply")
@@ -275,7 +274,9 @@ def offsets_topic_problem(root: str, present: tuple[int, ...]) -> str | None:
                         decode_offset_value(r.value)
                     except CorruptRecordError as exc:
                         return f"{path}, offset {r.offset}: {exc.reason}"
-                position += header.size
+            stop = walk.stop
+            if stop.crc_valid:  # a batch written whole that breaks the rules: no torn tail
+                return f"{path} at position {stop.position}: {stop.reason}"
         finally:
             if isinstance(data, mmap.mmap):
                 data.close()

@@ -8,8 +8,9 @@ these views instead. They never open a file for writing, never take a lock and n
 * :class:`StoreView` lists a store's topics and partition counts from ``.topics/``, or those of a
   Kafka log directory from its partition directories (:mod:`logstore.store.kafkadirs`);
 * :class:`PartitionView` lists a partition's segments, finds its log start (segment files and
-  ``log-start-offset-checkpoint``) and log end (the batch headers after the last offset index
-  entry of the last segment, each batch validated, CRC included, so a torn tail is not counted),
+  ``log-start-offset-checkpoint``) and log end (the valid batches after the last offset index
+  entry of the last segment, as :class:`~logstore.log.segmentscan.BatchWalk` finds them for
+  recovery: CRC included, so a torn tail is not counted),
   maps offsets and timestamps to byte positions through the sparse indexes, and decodes offset
   ranges into columns with the C decoder (:meth:`PartitionView.read_columns`).
 
@@ -41,7 +42,8 @@ from ..checkpoint import (
 )
 from ..errors import CorruptRecordError, LogstoreError, UnknownTopicOrPartitionError
 from ..index import OffsetIndex, TimeIndex
-from ..records.batch import HEADER_SIZE, LOG_OVERHEAD, RecordDecoder, validate_batch
+from ..log.segmentscan import BatchWalk
+from ..records.batch import HEADER_SIZE, LOG_OVERHEAD, RecordDecoder, parse_header
 from ..segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, parse_segment_name, segment_name
 from .store import TOPICS_DIR, read_topic_file, validate_topic_name
 
@@ -197,7 +199,8 @@ class PartitionView:
                 bases.append(parsed[0])
         return sorted(bases)
 
-    def _file(self, base: int, suffix: str) -> str:
+    def segment_file(self, base: int, suffix: str = LOG_SUFFIX) -> str:
+        """The path of the file with ``suffix`` (``.log`` by default) of the segment at ``base``."""
         return os.path.join(self.path, segment_name(base) + suffix)
 
     def _checkpoint(self, name: str) -> int | None:
@@ -227,25 +230,20 @@ class PartitionView:
             return LogEnd(0, -1, 0)
         base = segments[-1]
         hint = self._index_floor(base, 2**62)
-        with _Mapped(self._file(base, LOG_SUFFIX)) as data:
+        with _Mapped(self.segment_file(base, LOG_SUFFIX)) as data:
             start = hint.position if hint.position < len(data) else 0
-            offset, position = self._walk_end(data, base, start)
+            offset, position = self._valid_end(data, base, start)
             if position == start and start > 0:
                 # The index pointed at no valid batch: distrust it and walk from the start.
-                offset, position = self._walk_end(data, base, 0)
+                offset, position = self._valid_end(data, base, 0)
         return LogEnd(offset, base, position)
 
     @staticmethod
-    def _walk_end(data: Any, base: int, position: int) -> tuple[int, int]:
-        end = base
-        while position + HEADER_SIZE <= len(data):
-            try:
-                header = validate_batch(data, position)
-            except CorruptRecordError:
-                break  # a torn tail or the zero tail of the active segment
-            end = header.base_offset + header.last_offset_delta + 1
-            position += LOG_OVERHEAD + header.batch_length
-        return end, position
+    def _valid_end(data: Any, base: int, start: int) -> tuple[int, int]:
+        """The offset after the valid batches from ``start`` (``base`` when there are none) and
+        the position after them: a torn tail or the zero tail of the active segment ends them."""
+        res = BatchWalk(data, base, start).scan()
+        return (res.last_offset + 1 if res.last_offset >= 0 else base), start + res.valid_bytes
 
     def high_watermark(self, segments: list[int] | None = None, log_end: LogEnd | None = None) -> int:
         """End of what consumers may read: the log end, capped by a replicated partition's
@@ -256,7 +254,7 @@ class PartitionView:
 
     # ------------------------------------------------------------------ index lookups
     def _index_floor(self, base: int, offset: int) -> SegmentPosition:
-        path = self._file(base, INDEX_SUFFIX)
+        path = self.segment_file(base, INDEX_SUFFIX)
         index = OffsetIndex.open_readonly(path, base)
         if index is None:
             return SegmentPosition(base, 0)
@@ -287,7 +285,7 @@ class PartitionView:
         out: list[tuple[int, int, int]] = []
         for base in segments:
             out.append((base, base, 0))
-            index = OffsetIndex.open_readonly(self._file(base, INDEX_SUFFIX), base)
+            index = OffsetIndex.open_readonly(self.segment_file(base, INDEX_SUFFIX), base)
             if index is None:
                 continue
             try:
@@ -305,7 +303,7 @@ class PartitionView:
         segments = self.segments() if segments is None else segments
         low = segments[0] if segments else 0
         for base in segments:
-            index = TimeIndex.open_readonly(self._file(base, TIMEINDEX_SUFFIX), base)
+            index = TimeIndex.open_readonly(self.segment_file(base, TIMEINDEX_SUFFIX), base)
             if index is None:
                 low = base
                 continue
@@ -364,7 +362,7 @@ class PartitionView:
                 continue
             if base >= end:
                 return
-            path = self._file(base, LOG_SUFFIX)
+            path = self.segment_file(base, LOG_SUFFIX)
             try:
                 mapped = _Mapped(path)
             except FileNotFoundError:
@@ -391,7 +389,7 @@ class PartitionView:
                         if limit < size and cut > limit:
                             # The window cut a batch: the next window starts with it, whole.
                             window = max(window, cut - stop)
-                        elif _all_zero(data, stop, size):
+                        elif BatchWalk(data, base, stop, size).stop.status == lib.LS_ERR_ZERO:
                             position = size  # the zero tail of an active or unsealed segment
                             break
                         else:
@@ -404,20 +402,12 @@ class PartitionView:
                                 f"before the planned end {end} (truncated since it was planned?)")
 
 
-def _all_zero(data: Any, start: int, end: int, chunk: int = 1 << 20) -> bool:
-    for position in range(start, end, chunk):
-        piece = data[position : min(end, position + chunk)]
-        if piece.count(0) != len(piece):
-            return False
-    return True
-
-
 def _batch_end(data: Any, position: int) -> int:
-    """Where the batch starting at ``position`` claims to end (its length field), or position."""
-    if position + LOG_OVERHEAD > len(data):
+    """Where the batch starting at ``position`` claims to end (its length field), or past the
+    data when its header is not all there."""
+    if len(data) - position < HEADER_SIZE:
         return len(data) + 1
-    length = int.from_bytes(data[position + 8 : position + 12], "big", signed=True)
-    return position + LOG_OVERHEAD + max(length, 0)
+    return position + max(parse_header(data, position).size, LOG_OVERHEAD)
 
 
 class _Mapped:

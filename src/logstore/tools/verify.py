@@ -1,0 +1,223 @@
+"""``logstore verify``: a full scrub of a store's files, each problem named by file, position and offset.
+
+:func:`verify` takes every segment's valid batches from the one walk
+(:class:`~logstore.log.segmentscan.BatchWalk`, the rule recovery applies: header, CRC,
+well-formed records, offsets increasing within the segment) and decodes each (compressed ones
+decompressed); it checks offsets across segments, every index entry against the batch it names,
+and that checkpoints and producer snapshots parse. What ends a segment's valid batches, other
+than the zero tail of the last segment, is a problem with the walk's reason.
+
+Everything here only reads (files are mapped read-only through ``_fileio``; nothing is locked,
+repaired or created), so it may run on a store in use, on a copy, or on segments written by
+Apache Kafka; recovery, which does change files, is :meth:`Log.open` itself (``logstore
+recover``). Thread-safety: the functions share no state; call them from any thread.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .. import _fileio
+from .._native import lib
+from ..checkpoint import LEADER_EPOCH_CHECKPOINT, CheckpointFile, CorruptCheckpointError
+from ..errors import CorruptRecordError, LogstoreError
+from ..log.filenames import SNAPSHOT_SUFFIX
+from ..log.producers import snapshot_offsets
+from ..log.producerstate import CorruptSnapshotError, ProducerStateTable
+from ..log.segmentscan import BatchWalk
+from ..records.batch import BatchHeader, RecordDecoder
+from ..segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, parse_segment_name, segment_name
+from ..store.kafkadirs import looks_like_log_dir
+from ..store.store import TOPICS_DIR
+from .dump import OFFSET_CHECKPOINTS, index_entries, is_partition_dir, segment_base_offset, timeindex_entries
+from .progress import SILENT, Progress
+
+__all__ = ["verify", "Problem", "VerifyReport"]
+
+
+@dataclass
+class Problem:
+    """One thing wrong, and where."""
+
+    file: str
+    what: str
+    position: int | None = None
+    offset: int | None = None
+
+    def __str__(self) -> str:
+        where = "".join([f" at position {self.position}" if self.position is not None else "",
+                         f" (offset {self.offset})" if self.offset is not None else ""])
+        return f"{self.file}{where}: {self.what}"
+
+
+@dataclass
+class VerifyReport:
+    """What :func:`verify` looked at and found."""
+
+    partitions: int = 0
+    segments: int = 0
+    batches: int = 0
+    records: int = 0
+    bytes: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when no problem was found."""
+        return not self.problems
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as plain values (for JSON), with ``ok``."""
+        out = asdict(self)
+        out["ok"] = self.ok
+        return out
+
+
+def verify(path: str, progress: Progress = SILENT) -> VerifyReport:
+    """Scrub ``path``: a store root, a Kafka log directory (every subdirectory holding
+    segments, skipped ones included), a partition directory or one ``.log`` file. Reads only.
+
+    Raises:
+        LogstoreError: ``path`` is none of those.
+    """
+    report = VerifyReport()
+    path = os.path.abspath(path)
+    ops = _fileio.ops
+    if os.path.isfile(path) and path.endswith(LOG_SUFFIX):
+        _verify_segment(path, None, -1, True, report, progress)
+        return report
+    if not os.path.isdir(path):
+        raise LogstoreError(f"{path}: not a store, a partition directory or a .log file")
+    if ops.exists(os.path.join(path, TOPICS_DIR)) or (not is_partition_dir(path) and looks_like_log_dir(path)):
+        dirs = [os.path.join(path, name) for name in sorted(ops.listdir(path))
+                if os.path.isdir(os.path.join(path, name)) and is_partition_dir(os.path.join(path, name))]
+        for name in OFFSET_CHECKPOINTS:
+            checkpoint = os.path.join(path, name)
+            try:
+                CheckpointFile(checkpoint, 3).read()
+            except CorruptCheckpointError as exc:
+                report.problems.append(Problem(checkpoint, str(exc)))
+    elif is_partition_dir(path):
+        dirs = [path]
+    else:
+        raise LogstoreError(f"{path}: not a store (no {TOPICS_DIR}/), a Kafka log directory, a partition directory "
+                            "or a .log file")
+    total = sum(ops.size(os.path.join(d, n)) for d in dirs for n in ops.listdir(d) if n.endswith(LOG_SUFFIX))
+    progress.start(f"verify {os.path.basename(path)}", total)
+    try:
+        for directory in dirs:
+            _verify_partition(directory, report, progress)
+    finally:
+        progress.finish()
+    return report
+
+
+def _verify_partition(directory: str, report: VerifyReport, progress: Progress) -> None:
+    report.partitions += 1
+    bases = sorted(parsed[0] for name in _fileio.ops.listdir(directory)
+                   if (parsed := parse_segment_name(name)) and parsed[1] == LOG_SUFFIX)
+    previous_last = -1
+    for i, base in enumerate(bases):
+        path = os.path.join(directory, segment_name(base) + LOG_SUFFIX)
+        last = _verify_segment(path, base, previous_last, i == len(bases) - 1, report, progress)
+        if last >= 0:
+            previous_last = last
+    epochs = os.path.join(directory, LEADER_EPOCH_CHECKPOINT)
+    try:
+        CheckpointFile(epochs, 2).read()
+    except CorruptCheckpointError as exc:
+        report.problems.append(Problem(epochs, str(exc)))
+    for offset in snapshot_offsets(directory):
+        snapshot = os.path.join(directory, segment_name(offset) + SNAPSHOT_SUFFIX)
+        try:
+            ProducerStateTable.from_snapshot(_fileio.ops.read_file(snapshot), snapshot)
+        except CorruptSnapshotError as exc:  # (the log deletes it and replays instead)
+            report.problems.append(Problem(snapshot, str(exc)))
+
+
+def _verify_segment(path: str, base: int | None, previous_last: int, last_segment: bool, report: VerifyReport,
+                    progress: Progress) -> int:
+    """Check one segment (base offset ``base``, or as :func:`segment_base_offset` finds it) and
+    its indexes; return its last offset (-1 when it has no batch)."""
+    report.segments += 1
+    data = _fileio.ops.map_file(path)
+    decoder = RecordDecoder()
+    batches: dict[int, BatchHeader] = {}
+    max_ts_at: list[tuple[int, int]] = []  # (last offset, largest timestamp so far)
+    largest_ts = -(2**63)
+    last = -1
+    try:
+        base = segment_base_offset(path, data) if base is None else base
+        walk = BatchWalk(data, base)
+        for position, header in walk:
+            try:
+                records, _ = decoder.decode(data, position, position + header.size, path=path)
+            except CorruptRecordError as exc:
+                report.problems.append(Problem(path, f"invalid batch ({exc.reason}); {len(data) - position} bytes "
+                                                     "from here are unreadable", position, last + 1 if last >= 0 else None))
+                break
+            if header.base_offset <= previous_last:  # (within the segment the walk checks it)
+                report.problems.append(Problem(path, f"offsets go backwards: batch {header.base_offset}.."
+                                                     f"{header.last_offset} after {previous_last}",
+                                               position, header.base_offset))
+            if header.base_offset < base:
+                report.problems.append(Problem(path, f"batch offset {header.base_offset} is below the segment's "
+                                                     f"base offset {base}", position, header.base_offset))
+            batches[position] = header
+            last = header.last_offset
+            largest_ts = max(largest_ts, header.max_timestamp)
+            max_ts_at.append((last, largest_ts))
+            report.batches += 1
+            report.records += len(records)
+            report.bytes += header.size
+            progress.advance(header.size)
+        else:
+            stop = walk.stop
+            # Past the valid batches: nothing, the zero tail of the active segment, or damage.
+            if stop.position < len(data) and not (last_segment and stop.status == lib.LS_ERR_ZERO):
+                report.problems.append(Problem(path, f"invalid batch ({stop.reason}); {len(data) - stop.position} "
+                                                     "bytes from here are unreadable", stop.position,
+                                               last + 1 if last >= 0 else None))
+    finally:
+        if isinstance(data, mmap.mmap):
+            data.close()
+    _verify_indexes(path, base, batches, max_ts_at, report)
+    return last
+
+
+def _verify_indexes(path: str, base: int, batches: dict[int, BatchHeader], max_ts_at: list[tuple[int, int]],
+                    report: VerifyReport) -> None:
+    stem = path[: -len(LOG_SUFFIX)]
+    index, timeindex = stem + INDEX_SUFFIX, stem + TIMEINDEX_SUFFIX
+    if _fileio.ops.exists(index):
+        previous = (-1, -1)
+        for offset, position in index_entries(index, base):
+            header = batches.get(position)
+            if header is None:
+                report.problems.append(Problem(index, "entry points at no batch boundary", position, offset))
+            elif not header.base_offset <= offset <= header.last_offset:
+                report.problems.append(Problem(index, f"entry names offset {offset} but the batch there holds "
+                                                      f"{header.base_offset}..{header.last_offset}", position, offset))
+            if (offset, position) <= previous or offset <= previous[0] or position <= previous[1]:
+                report.problems.append(Problem(index, "entries are not increasing", position, offset))
+            previous = (offset, position)
+    if _fileio.ops.exists(timeindex):
+        previous_ts = -(2**63)
+        lasts = [o for o, _ in max_ts_at]
+        entries = timeindex_entries(timeindex, base)
+        if not lasts and entries == [(0, base)]:
+            entries = []  # the zero-filled, preallocated time index of an empty active segment
+        for timestamp, offset in entries:
+            if timestamp <= previous_ts and previous_ts != -(2**63):
+                report.problems.append(Problem(timeindex, "timestamps are not increasing", None, offset))
+            previous_ts = timestamp
+            i = next((k for k, o in enumerate(lasts) if o >= offset), None)
+            if i is None:
+                report.problems.append(Problem(timeindex, f"entry names offset {offset}, past the segment's last "
+                                                          f"offset {lasts[-1] if lasts else base - 1}", None, offset))
+            elif max_ts_at[i][1] != timestamp:
+                report.problems.append(Problem(timeindex, f"entry says the largest timestamp up to offset {offset} is "
+                                                          f"{timestamp}, but the log has {max_ts_at[i][1]}", None, offset))
