@@ -36,7 +36,7 @@ from ._native import check, ffi, lib
 from .checkpoint import OffsetCheckpoints
 from .errors import LogstoreError
 from .log.segments import LogSegments
-from .records.batch import BatchBuilder, BatchHeader, Record, RecordDecoder, parse_header
+from .records.batch import BatchBuilder, BatchHeader, Record, RecordDecoder, batch_headers
 from .segment import CLEANED_SUFFIX, DELETED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, LogSegment, segment_name
 
 __all__ = ["OffsetMap", "key_hash", "Cleaner", "CleanerReport", "CleanerState", "LogCompaction", "build_offset_map",
@@ -552,15 +552,7 @@ def clean_batches(segments: Sequence[LogSegment], decoder: RecordDecoder, builde
 
 
 def _batches(segment: LogSegment) -> list[tuple[int, BatchHeader]]:
-    buf = segment.buffer
-    out = []
-    position = 0
-    size = segment.size
-    while position < size:
-        header = parse_header(buf, position)
-        out.append((position, header))
-        position += header.size
-    return out
+    return list(batch_headers(segment.buffer, 0, segment.size))
 
 
 def _rebuild(builder: BatchBuilder, header: BatchHeader, records: list[Record], horizon: int | None) -> bytes:
