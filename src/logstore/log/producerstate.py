@@ -252,11 +252,6 @@ class ProducerStateTable:
             raise OutOfOrderSequenceError(producer_id, epoch, first_sequence, entry.last_sequence, where)
         return None
 
-    def check_header(self, header: _Header, check_sequence: bool = True, where: str = "") -> BatchMetadata | None:
-        """:meth:`check` for the batch whose header is ``header``."""
-        return self.check(header.producer_id, header.producer_epoch, header.base_sequence,
-                          increment_sequence(header.base_sequence, header.last_offset_delta), check_sequence, where)
-
     # ------------------------------------------------------------------ learning
     def record(self, producer_id: int, epoch: int, first_sequence: int, last_sequence: int, first_offset: int,
                last_offset: int, max_timestamp: int = -1) -> None:
