@@ -40,7 +40,7 @@ ONLY: dict[str, set[str]] = {"net": {"base", "net"}}
 #: access that stays for good is listed with its reason in ARCHITECTURE.md.
 PRIVATE_ACCESS_BUDGET: dict[str, int] = {
     "client.groupservice": 5, "client.consumer": 2,
-    "records.arrow": 1, "log.pointread": 1, "spark.env": 1,
+    "spark.env": 1,
 }
 #: underscore names that are public by convention (namedtuple's API, the standard library's)
 _CONVENTIONAL = {"_make", "_replace", "_asdict", "_fields", "_exit", "_getframe"}

@@ -32,7 +32,7 @@ from .._native._records import PointLog
 from .._native._records import configure as _configure
 from .._native._records import point as _point
 from .._native._records import point_active as _point_active
-from ..records.batch import _TIMESTAMP_TYPES, NO_HEADERS, Record, RecordDecoder
+from ..records.batch import NO_HEADERS, TIMESTAMP_TYPES, Record, decode_headers
 
 __all__ = ["PointLog", "PointReads", "read_point", "read_point_active"]
 
@@ -45,7 +45,7 @@ _ROW_ARRAYS = (("offsets", "int64_t[]"), ("timestamps", "int64_t[]"), ("timestam
                ("value_len", "int32_t[]"), ("headers_pos", "int32_t[]"), ("headers_len", "int32_t[]"),
                ("header_count", "int32_t[]"))
 
-_configure(Record, _TIMESTAMP_TYPES, NO_HEADERS, RecordDecoder._headers,
+_configure(Record, TIMESTAMP_TYPES, NO_HEADERS, decode_headers,
            int(ffi.cast("uintptr_t", ffi.addressof(lib, "ls_point_read"))))
 
 #: read_point(buf, size, index, entries, base_offset, offset, max_offset, address) -> Record | None

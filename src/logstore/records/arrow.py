@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from .._native import ffi, lib
 from ..errors import LogstoreError
-from .batch import RecordDecoder
+from .batch import decode_headers
 
 __all__ = ["COLUMNS", "DEFAULT_COLUMNS", "ROWS_PER_BATCH", "schema", "check_columns", "ArrowBuilder"]
 
@@ -190,7 +190,7 @@ def _headers(buf: Any, out: Any, first: int, last: int) -> pa.Array:
         if count == 0:
             rows.append([])
             continue
-        pairs = RecordDecoder._headers(buf, out.headers_pos[i], out.headers_len[i], count)
+        pairs = decode_headers(buf, out.headers_pos[i], out.headers_len[i], count)
         rows.append([{"key": k, "value": v} for k, v in pairs])
     return pa.array(rows, type=_TYPES["headers"])
 

@@ -31,6 +31,7 @@ __all__ = [
     "BatchBuilder",
     "RecordDecoder",
     "decode_batches",
+    "decode_headers",
     "now_ms",
 ]
 
@@ -45,7 +46,8 @@ class TimestampType(IntEnum):
     LOG_APPEND_TIME = lib.LS_TIMESTAMP_LOG_APPEND_TIME
 
 
-_TIMESTAMP_TYPES = (TimestampType.CREATE_TIME, TimestampType.LOG_APPEND_TIME)
+#: the timestamp type of a batch by its attribute bit (0: CreateTime, 1: LogAppendTime)
+TIMESTAMP_TYPES = (TimestampType.CREATE_TIME, TimestampType.LOG_APPEND_TIME)
 
 
 class Record(NamedTuple):
@@ -105,7 +107,7 @@ class BatchHeader(NamedTuple):
     @property
     def timestamp_type(self) -> TimestampType:
         """CreateTime or LogAppendTime (attributes bit 3)."""
-        return _TIMESTAMP_TYPES[1 if self.attributes & lib.LS_ATTR_TIMESTAMP_TYPE else 0]
+        return TIMESTAMP_TYPES[1 if self.attributes & lib.LS_ATTR_TIMESTAMP_TYPE else 0]
 
     @classmethod
     def from_c(cls, h: Any) -> "BatchHeader":
@@ -171,6 +173,26 @@ def _header_pairs(headers: Iterable[tuple[str, bytes | None]], what: str) -> Ite
         if value is not None and not isinstance(value, (bytes, bytearray, memoryview)):
             raise TypeError(f"{what}: header value must be bytes or None, got {type(value).__name__}")
         yield name.encode("utf-8"), value
+
+
+def decode_headers(buf: Any, position: int, length: int, count: int) -> list[tuple[str, bytes | None]]:
+    """The ``count`` headers of one record, encoded in ``buf[position:position + length]``, as
+    (name, value) pairs (a header's value may be None); :func:`encode_headers` in reverse.
+
+    Raises:
+        CorruptRecordError: the bytes are not ``count`` well-formed headers.
+    """
+    raw = bytes(buf[position : position + length])
+    kp = ffi.new("int32_t[]", count)
+    kl = ffi.new("int32_t[]", count)
+    vp = ffi.new("int32_t[]", count)
+    vl = ffi.new("int32_t[]", count)
+    check(lib.ls_headers_decode(raw, len(raw), count, kp, kl, vp, vl))
+    out = []
+    for i in range(count):
+        name = raw[kp[i] : kp[i] + kl[i]].decode("utf-8", errors="replace")
+        out.append((name, raw[vp[i] : vp[i] + vl[i]] if vl[i] >= 0 else None))
+    return out
 
 
 def encode_headers(headers: Iterable[tuple[str, bytes | None]], what: str = "headers") -> tuple[bytes, int]:
@@ -502,22 +524,8 @@ class RecordDecoder:
             value_lens = _int32s(out.value_len, n)
             nulls_out.extend([length < 0 for length in value_lens] if -1 in value_lens else repeat(False, n))
             return
-        build_records(Record, buf, int(ffi.cast("uintptr_t", out)), n, _TIMESTAMP_TYPES, NO_HEADERS,
-                      self._headers, into)
-
-    @staticmethod
-    def _headers(buf: Any, position: int, length: int, count: int) -> list[tuple[str, bytes | None]]:
-        raw = bytes(buf[position : position + length])
-        kp = ffi.new("int32_t[]", count)
-        kl = ffi.new("int32_t[]", count)
-        vp = ffi.new("int32_t[]", count)
-        vl = ffi.new("int32_t[]", count)
-        check(lib.ls_headers_decode(raw, len(raw), count, kp, kl, vp, vl))
-        out = []
-        for i in range(count):
-            name = raw[kp[i] : kp[i] + kl[i]].decode("utf-8", errors="replace")
-            out.append((name, raw[vp[i] : vp[i] + vl[i]] if vl[i] >= 0 else None))
-        return out
+        build_records(Record, buf, int(ffi.cast("uintptr_t", out)), n, TIMESTAMP_TYPES, NO_HEADERS,
+                      decode_headers, into)
 
     def decode(
         self,
