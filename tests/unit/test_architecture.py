@@ -20,7 +20,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "src" / "logstore"
 #: for the module of that name and, for a package, every module inside it; the longest name that
 #: matches a module decides its floor ("" is the package's own ``__init__``).
 FLOORS: list[tuple[str, set[str]]] = [
-    ("base", {"errors", "_fileio", "metrics", "checkpoint", "_native"}),
+    ("base", {"errors", "errorcodes", "_fileio", "metrics", "checkpoint", "_native"}),
     ("records", {"records"}),
     ("net", {"net"}),
     ("segment", {"index", "segment", "log.filenames", "log.pointread", "log.activation", "log.segmentscan",

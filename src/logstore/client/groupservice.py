@@ -44,11 +44,11 @@ import weakref
 from typing import Any, Callable
 
 from .. import _fileio
+from ..errorcodes import ErrorCode
 from ..net import server as net
 from ..errors import LogClosedError, LogstoreError
 from ..kafka.groupclient import GroupClient, range_assign
 from ..kafka.client import KafkaClientError
-from ..groups.coordinator import GroupConfig
 from ..kafka.server import KafkaServer
 
 __all__ = ["GroupService", "Membership", "CommitFailedError", "group_service", "LOCK_NAME", "SOCKET_NAME"]
@@ -60,10 +60,10 @@ SOCKET_NAME = ".groups.sock"
 #: the directory of the members' liveness files: ``<token>``, flocked by its store object
 ALIVE_DIR = ".groups"
 _CLIENT_PREFIX = "logstore-"
-NONE = 0
-UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, REBALANCE_IN_PROGRESS, FENCED_INSTANCE_ID = 25, 22, 27, 82
 #: the local coordinator accepts sessions down to this (Kafka's broker default is 6000)
 MIN_SESSION_TIMEOUT_MS = 500
+#: the coordinator's answers that say the group no longer has this member (in this generation)
+_REMOVED = frozenset({ErrorCode.unknown_member_id, ErrorCode.illegal_generation, ErrorCode.fenced_instance_id})
 
 
 class CommitFailedError(LogstoreError):
@@ -368,10 +368,10 @@ class Membership:
     def _join_once(self) -> bool:
         answer = self._request(lambda c: c.join(self.group, self.member_id, self.session_ms, self.rebalance_ms,
                                                 self.topics))
-        if answer.error == UNKNOWN_MEMBER_ID:
+        if answer.error == ErrorCode.unknown_member_id:
             self.member_id = ""
             return False
-        if answer.error != NONE:
+        if answer.error != ErrorCode.none:
             logger.info("group %s: JoinGroup answered error %d", self.group, answer.error)
             return False
         self.member_id = answer.member_id
@@ -386,7 +386,7 @@ class Membership:
             assignments = range_assign(answer.members, counts)
         error, mine = self._request(lambda c: c.sync(self.group, answer.generation, self.member_id, assignments,
                                                      self.rebalance_ms))
-        if error != NONE:
+        if error != ErrorCode.none:
             logger.info("group %s: SyncGroup answered error %d", self.group, error)
             return False
         self.generation = answer.generation
@@ -422,15 +422,15 @@ class Membership:
                 del store
                 logger.info("group %s: heartbeat failed: %s", self.group, exc)
                 continue
-            if error == NONE or stop.is_set():
+            if error == ErrorCode.none or stop.is_set():
                 continue
             with self._lock:
                 if stop.is_set():
                     return
                 if (self.generation, self.member_id) != sent:
                     continue  # answered for a generation a rejoin has replaced meanwhile
-                lost = error in (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, FENCED_INSTANCE_ID)
-                if error == UNKNOWN_MEMBER_ID:
+                lost = error in _REMOVED
+                if error == ErrorCode.unknown_member_id:
                     self.member_id = ""
                 logger.info("group %s: heartbeat answered error %d: %s", self.group, error,
                             "rejoining without committing" if lost else "rebalancing")
@@ -456,10 +456,9 @@ class Membership:
             raise CommitFailedError(f"group {self.group}: this process is rejoining the group; its partitions "
                                     "were given up")
         errors = self._request(lambda c: c.commit(self.group, generation, member_id, offsets))
-        failed = {tp: e for tp, e in errors.items() if e != NONE}
+        failed = {tp: e for tp, e in errors.items() if e != ErrorCode.none}
         if failed:
-            if set(failed.values()) & {UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, REBALANCE_IN_PROGRESS,
-                                       FENCED_INSTANCE_ID}:
+            if set(failed.values()) & (_REMOVED | {ErrorCode.rebalance_in_progress}):
                 raise CommitFailedError(f"group {self.group}: the commit of generation {generation} was refused "
                                         f"(errors {sorted(set(failed.values()))}): the group has rebalanced")
             raise LogstoreError(f"group {self.group}: the coordinator refused the commit: {failed}")

@@ -33,10 +33,10 @@ import typing
 from typing import Any, Mapping
 
 from kio.index import load_request_schema, load_response_schema
-from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader
 from kio.serial.errors import SerialError
 
+from ..errorcodes import ErrorCode
 from ..errors import LogstoreError
 from .bounds import check_response
 from .writer import write_request

@@ -42,6 +42,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Mapping, Sequence
 
 from .. import _fileio
+from ..errorcodes import ErrorCode
 from ..net import server as net
 from ..metrics import Histogram
 from ..errors import LogstoreError
@@ -64,7 +65,6 @@ DEFAULT_SASL_MAX_RECEIVE_BYTES = 64 * 1024
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
 _API_VERSIONS = 18
-_UNSUPPORTED_VERSION = 35
 #: Requests the loop answers itself: they never block.
 #: Upper bounds (ms) of the request time histograms (a fetch may wait up to its max_wait_ms).
 REQUEST_BUCKETS_MS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0,
@@ -177,7 +177,7 @@ def _encode(request: KafkaRequest, fields: Any) -> list[bytes]:
 def _api_versions_unsupported(correlation_id: int, supported: Any) -> list[bytes]:
     """Error 35 in ApiVersions' v0 format, still listing the ranges (a client then retries with
     a version it shares: KIP-511)."""
-    return encode(correlation_id, _API_VERSIONS, 0, {"error_code": _UNSUPPORTED_VERSION,
+    return encode(correlation_id, _API_VERSIONS, 0, {"error_code": ErrorCode.unsupported_version,
                                                      "api_keys": api_version_ranges(supported)})
 
 

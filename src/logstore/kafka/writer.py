@@ -19,9 +19,10 @@ in ascending tag order, each written only when the mapping gives a value other t
 default (a nested entity as a mapping, compared field by field with the default's), as kio's
 writer decides; response header v1 (correlation id, no tagged fields) but for ApiVersions.
 
-Values: integers for Kafka's integer types, error codes (``int`` or kio's ``ErrorCode``),
-durations in milliseconds (or ``timedelta``) and timestamps in milliseconds since the epoch, -1
-or None for none (or aware ``datetime``); ``bytes``-like values or a
+Values: integers for Kafka's integer types, error codes (``int`` or
+:class:`~logstore.errorcodes.ErrorCode`), durations in milliseconds (or ``timedelta``) and
+timestamps in milliseconds since the epoch, -1 or None for none (or aware ``datetime``);
+``bytes``-like values or a
 :class:`~logstore._fileio.FileRegion` for bytes and records, the region kept as a buffer of its
 own so that it can be sent with ``sendfile``.
 
