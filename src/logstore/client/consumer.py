@@ -52,7 +52,6 @@ from ..errors import (
 from .groupservice import CommitFailedError, Membership
 from ..groups.offsets import offset_store
 from ..records.batch import Record, TimestampType
-from ..store.store import register_client
 
 __all__ = ["Consumer", "ConsumerRecord", "TopicPartition", "PartitionNotAssignedError", "CommitFailedError"]
 
@@ -530,5 +529,3 @@ class Consumer:
     def __repr__(self) -> str:
         return f"Consumer({self.group!r}, {sorted(self.subscription)}, member={self.member_id})"
 
-
-register_client("consumer", Consumer)

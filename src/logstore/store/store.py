@@ -69,7 +69,7 @@ from ..errors import (
 from ..log.log import Log
 from ..log.shared import new_notify_page
 
-__all__ = ["LogStore", "TopicDescription", "validate_topic_name", "register_client"]
+__all__ = ["LogStore", "TopicDescription", "validate_topic_name"]
 
 logger = logging.getLogger("logstore.store.store")
 
@@ -83,14 +83,6 @@ MAX_TOPIC_LENGTH = 249
 _LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
 T = TypeVar("T")
 _FIELD_TO_KAFKA = {field_name: kafka for kafka, field_name in _KAFKA_NAMES.items()}
-#: Client classes (Producer, Consumer) by factory name. The client layer registers them here,
-#: so that the store offers store.producer(...) without importing the layer above it.
-_CLIENTS: dict[str, Any] = {}
-
-
-def register_client(name: str, factory: Any) -> None:
-    """Make ``store.<name>(...)`` construct ``factory(store, ...)`` (used by the client modules)."""
-    _CLIENTS[name] = factory
 
 
 def validate_topic_name(name: Any) -> str:
@@ -526,15 +518,22 @@ class LogStore:
         return logarrow.table(batches, columns)
 
     # ------------------------------------------------------------------ clients
+    # The client wing sits on the floor above the store: these two factories import it when
+    # called (as pandas' accessors import their implementation), so that the store's module
+    # does not depend on it (tests/unit/test_architecture.py lists them in LATE_IMPORTS).
     def producer(self, **options: Any) -> Any:
         """A :class:`logstore.Producer` for this store (see its arguments). Closing the store
         closes it first (writing what it holds)."""
-        return self._track(_CLIENTS["producer"](self, **options))
+        from ..client.producer import Producer
+
+        return self._track(Producer(self, **options))
 
     def consumer(self, group: str, topics: str | list[str], **options: Any) -> Any:
         """A :class:`logstore.Consumer` in ``group`` reading ``topics`` (see its arguments).
         Closing the store closes it first (committing, with auto-commit)."""
-        return self._track(_CLIENTS["consumer"](self, group, topics, **options))
+        from ..client.consumer import Consumer
+
+        return self._track(Consumer(self, group, topics, **options))
 
     def _track(self, client: Any) -> Any:
         with self._lock:
