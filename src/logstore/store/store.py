@@ -37,7 +37,6 @@ import itertools
 import logging
 import mmap
 import os
-import re
 import threading
 import time
 import uuid
@@ -48,6 +47,7 @@ from typing import Any, Generator, Iterator, Mapping, Sequence, TypeVar
 from .. import _fileio
 from ..log import arrow as logarrow
 from . import kafkadirs as logdirs
+from .kafkadirs import LEGAL_TOPIC_NAME, validate_topic_name
 from .._native import ffi, lib
 from ..checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
@@ -79,32 +79,8 @@ NOTIFY_FILE = ".notify"
 LOCK_FILE = ".lock"
 DELETE_SUFFIX = "-delete"
 STORE_VERSION = 1
-MAX_TOPIC_LENGTH = 249
-_LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
 T = TypeVar("T")
 _FIELD_TO_KAFKA = {field_name: kafka for kafka, field_name in _KAFKA_NAMES.items()}
-
-
-def validate_topic_name(name: Any) -> str:
-    """Return ``name`` if it is a legal Kafka topic name, else raise InvalidTopicError.
-
-    Kafka's rules: 1 to 249 characters from ``[a-zA-Z0-9._-]``, and not ``.`` or ``..``. They
-    also keep every name a plain file name, so no name can reach outside the store's root.
-    """
-    if not isinstance(name, str):
-        raise InvalidTopicError(f"topic name must be a str, got {type(name).__name__}")
-    if not name:
-        raise InvalidTopicError("topic name is empty")
-    if name in (".", ".."):
-        raise InvalidTopicError(f"topic name cannot be {name!r}")
-    if len(name) > MAX_TOPIC_LENGTH:
-        raise InvalidTopicError(f"topic name is {len(name)} characters long; the limit is {MAX_TOPIC_LENGTH}")
-    if not _LEGAL.fullmatch(name):
-        bad = sorted({c for c in name if not re.match(r"[a-zA-Z0-9._-]", c)})
-        raise InvalidTopicError(
-            f"topic name {name!r} contains {''.join(bad)!r}; legal characters are ASCII letters, "
-            "digits, '.', '_' and '-'")
-    return name
 
 
 @dataclass(frozen=True)
@@ -387,7 +363,7 @@ class LogStore:
         self._check_open()
         names = []
         for name in _fileio.ops.listdir(os.path.join(self.root, TOPICS_DIR)):
-            if _LEGAL.fullmatch(name) and name not in (".", "..") and (internal or not name.startswith("__")):
+            if LEGAL_TOPIC_NAME.fullmatch(name) and name not in (".", "..") and (internal or not name.startswith("__")):
                 names.append(name)
         return sorted(names)
 
