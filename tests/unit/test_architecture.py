@@ -43,9 +43,9 @@ PRIVATE_ACCESS_BUDGET: dict[str, int] = {
     "log.truncation": 71, "log.appends": 60, "log.lifecycle": 59, "log.replicated": 50,
     "log.activation": 44, "log.segmentscan": 41, "log.shared": 35, "log.flusher": 32, "cleaner": 20,
     "log.arrow": 18, "log.metrics": 14, "replica.follower": 10, "replica.kafkaapis": 10,
-    "log.segmenttruncation": 10, "client.groupservice": 5, "replica.peerapis": 5, "segment": 5,
-    "client.consumer": 2, "replica.elections": 2, "replica.leader": 2, "replication": 2, "tools.inspect": 2,
-    "records.arrow": 1, "log.pointread": 1, "spark.env": 1,
+    "log.segmenttruncation": 10, "replica.peerapis": 5, "segment": 5,
+    "replica.elections": 2, "replica.leader": 2, "replication": 2, "tools.inspect": 2,
+    "records.arrow": 1, "log.pointread": 1,
 }
 #: underscore names that are public by convention (namedtuple's API, the standard library's)
 _CONVENTIONAL = {"_make", "_replace", "_asdict", "_fields", "_exit", "_getframe"}

@@ -46,7 +46,7 @@ from typing import Any, Callable
 from .. import _fileio
 from ..errorcodes import ErrorCode
 from ..net import server as net
-from ..errors import LogClosedError, LogstoreError
+from ..errors import CommitFailedError, LogClosedError, LogstoreError
 from ..kafka.groupclient import GroupClient, range_assign
 from ..kafka.client import KafkaClientError
 from ..kafka.server import KafkaServer
@@ -64,11 +64,6 @@ _CLIENT_PREFIX = "logstore-"
 MIN_SESSION_TIMEOUT_MS = 500
 #: the coordinator's answers that say the group no longer has this member (in this generation)
 _REMOVED = frozenset({ErrorCode.unknown_member_id, ErrorCode.illegal_generation, ErrorCode.fenced_instance_id})
-
-
-class CommitFailedError(LogstoreError):
-    """A commit was refused: this process is no longer a member of the group's generation (its
-    session ended, or the group rebalanced); its partitions may belong to another member now."""
 
 
 class GroupService:
@@ -108,6 +103,13 @@ class GroupService:
                 if fd >= 0:
                     _fileio.ops.close(fd)
             self._lock_fd, self._alive_fd, self._server, self._pid = -1, -1, None, os.getpid()
+
+    def reset_after_fork(self) -> None:
+        """In a forked child, before anything else runs there (the at-fork hook calls it, the
+        child having one thread): a new lock, whatever a parent's thread held of the old one,
+        and the parent's lock, server and liveness file forgotten."""
+        self._lock = threading.Lock()
+        self._check_fork()
 
     def _take_alive_file(self) -> None:
         """Create and flock this store object's liveness file: locked under a temporary name,
@@ -243,13 +245,9 @@ def _after_fork_in_child() -> None:
     global _SERVICES_LOCK
     _SERVICES_LOCK = threading.Lock()
     for service in list(_SERVICES.values()):
-        service._lock = threading.Lock()
-        service._check_fork()
+        service.reset_after_fork()
     for membership in list(_MEMBERSHIPS):
-        membership._io = threading.Lock()
-        membership._client = None
-        membership._thread = None
-        membership.member_id, membership.generation = "", -1
+        membership.reset_after_fork()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -300,6 +298,15 @@ class Membership:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         _MEMBERSHIPS.add(self)
+
+    def reset_after_fork(self) -> None:
+        """In a forked child, before anything else runs there (the at-fork hook calls it, the
+        child having one thread): the membership starts over as a new member of the child's
+        own, with no connection and no heartbeat thread (the parent's stay the parent's)."""
+        self._io = threading.Lock()
+        self._client = None
+        self._thread = None
+        self.member_id, self.generation = "", -1
 
     @property
     def store(self) -> Any:
