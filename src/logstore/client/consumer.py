@@ -33,7 +33,6 @@ nevertheless serialised by a lock, and different consumers may be used from diff
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import threading
@@ -402,6 +401,8 @@ class Consumer:
         """:meth:`poll` for asyncio: fetching runs on the event loop (reads of the page cache),
         waiting runs in the default executor, so the loop is never blocked. Cancelling it loses
         nothing: positions move only when records are returned."""
+        import asyncio  # loaded by whoever runs this coroutine; not by importing the consumer
+
         loop = asyncio.get_running_loop()
         return await self.store.await_until_done(self._attempts(timeout, max_records, loop.time))  # type: ignore[no-any-return]
 

@@ -32,7 +32,6 @@ root at once (the default, ``shared=True``): partitions are opened with :meth:`L
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import mmap
@@ -544,6 +543,8 @@ class LogStore:
     async def await_until_done(self, attempts: Generator[tuple[int, float], None, T], longest: float = 0.5) -> T:
         """:meth:`wait_until_done` for asyncio: each wait runs in the default executor (at most
         ``longest`` seconds, so that a cancelled caller leaves no long-sleeping thread)."""
+        import asyncio  # loaded by whoever runs this coroutine; not by importing the store
+
         loop = asyncio.get_running_loop()
         try:
             while True:
