@@ -199,7 +199,14 @@ def _mapped(future: Future, fn: Any) -> Future:
 
 
 class KafkaServer:
-    """Serve ``root_or_store`` to Kafka clients on ``listen``.
+    """Serve ``root_or_store`` to Kafka clients on ``listen``, from construction on.
+
+    The constructor binds the listener and starts answering before it returns, so that
+    :attr:`address` and :attr:`bootstrap_servers` (the port bound, when ``listen`` asked for
+    port 0) are served as soon as a caller can read them, as a Kafka broker's listeners are
+    once its startup completes. :meth:`start` has nothing left to do and returns the server, for
+    ``KafkaServer(...).start()`` and ``with KafkaServer(...) as server``; :meth:`stop` (or
+    leaving the ``with`` block) closes it.
 
     Args:
         root_or_store: a store directory (opened shared, closed by :meth:`stop`) or an open
@@ -298,6 +305,13 @@ class KafkaServer:
         host, port = advertised or (("localhost", 0) if local else self.address)
         self._apis.host, self._apis.port = host, port
         self._stopped = threading.Event()
+        try:
+            self._server.start()
+        except BaseException:
+            self.stop()
+            raise
+        logger.info("serving %s to Kafka clients on %s (%s)", self.store.root, self.bootstrap_servers,
+                    self.security_protocol)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -308,10 +322,7 @@ class KafkaServer:
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     def start(self) -> "KafkaServer":
-        """Start accepting; returns self."""
-        self._server.start()
-        logger.info("serving %s to Kafka clients on %s (%s)", self.store.root, self.bootstrap_servers,
-                    self.security_protocol)
+        """Return self: the server serves from construction (see the class docstring)."""
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
