@@ -541,4 +541,3 @@ class Consumer:
 
     def __repr__(self) -> str:
         return f"Consumer({self.group!r}, {sorted(self.subscription)}, member={self.member_id})"
-

@@ -475,4 +475,3 @@ def _as_bytes(value: Any, what: str) -> bytes:
     if isinstance(value, (bytearray, memoryview)):
         return bytes(value)
     raise TypeError(f"{what} must be bytes or None, got {type(value).__name__}")
-

@@ -23,9 +23,9 @@ writes — and tells which of its entries are partitions that logstore can adopt
 Rules, as :func:`scan` applies them:
 
 * A directory named ``<topic>-<n>`` is a partition iff ``<topic>`` is a legal topic name
-  (:func:`validate_topic_name`, Kafka's rule, which a store also applies to the topics it
-  creates) and ``<n>`` is a partition number written the
-  way Kafka writes it (decimal, no sign, no leading zero) below 1000000, logstore's limit.
+  (:func:`validate_topic_name`: Kafka's rule, which a store also applies to the topics it
+  creates) and ``<n>`` is a partition number written the way Kafka writes it (decimal, no
+  sign, no leading zero) below 1000000, logstore's limit.
 * A topic's partition count is its highest partition number + 1. Partition numbers are kept,
   never renumbered: they are the partitions' identity (Kafka's key partitioner and committed
   offsets name them). A gap — partitions held by another broker of the cluster — is adopted as
