@@ -30,6 +30,10 @@ def test_import_logstore_loads_no_heavy_dependency() -> None:
     assert _loaded_after("import logstore") == []
 
 
+def test_the_pytest_plugin_loads_the_kafka_codec_only_for_its_fixtures() -> None:
+    assert _loaded_after("import logstore.testing") == []
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["topics", "list", "{root}"], ["stats", "{root}"]],
                          ids=["help", "topics-list", "stats"])
 def test_local_commands_load_no_heavy_dependency(tmp_path, argv) -> None:
