@@ -7,7 +7,8 @@ import importlib
 
 import pytest
 
-MODULES = ["logstore", "logstore.store.store", "logstore.log.config", "logstore.store.kafkadirs", "logstore.kafka.credentials"]
+MODULES = ["logstore", "logstore.store.store", "logstore.log.config", "logstore.store.kafkadirs", "logstore.kafka.credentials",
+           "logstore.errorcodes"]
 
 
 @pytest.mark.parametrize("name", MODULES)

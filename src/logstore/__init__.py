@@ -13,8 +13,12 @@ so Kafka's tools can read logstore's files and logstore can open Kafka's. See FO
 
 from __future__ import annotations
 
-from .log.config import LogConfig
+import importlib
+from typing import TYPE_CHECKING
+
+from . import _native  # noqa: F401 - the C core: a missing or stale build fails ``import logstore``
 from .errors import (
+    CommitFailedError,
     CorruptIndexError,
     CorruptRecordError,
     InvalidConfigError,
@@ -32,13 +36,17 @@ from .errors import (
     UnknownTopicOrPartitionError,
     UnsupportedCodecError,
 )
-from .log.log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, Log, RecoveryReport
-from .records.batch import Record, TimestampType
-from .segment import SegmentInfo
-from .store.store import LogStore, TopicDescription
-from .client.producer import Producer, RecordMetadata, SendFuture
-from .client.consumer import CommitFailedError, Consumer, ConsumerRecord, PartitionNotAssignedError, TopicPartition
-from .client.queue import Message, Queue
+
+if TYPE_CHECKING:
+    from .client.consumer import Consumer, ConsumerRecord, PartitionNotAssignedError, TopicPartition
+    from .client.producer import Producer, RecordMetadata, SendFuture
+    from .client.queue import Message, Queue
+    from .kafka.server import KafkaServer
+    from .log.config import LogConfig
+    from .log.log import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, Log, RecoveryReport
+    from .records.batch import Record, TimestampType
+    from .segment import SegmentInfo
+    from .store.store import LogStore, TopicDescription
 
 __version__ = "0.1.0"
 
@@ -83,11 +91,40 @@ __all__ = [
     "__version__",
 ]
 
+#: The public names defined in the wings, by the module that defines them. ``import logstore``
+#: loads none of them: each is imported on first use (PEP 562), so that the ``logstore``
+#: command and a program that needs one wing do not pay for the others (the Kafka codec alone,
+#: kio, costs about 300 ms; tests/unit/test_import_cost.py keeps it, pyarrow and pyspark out).
+_LAZY = {
+    "LogStore": ".store.store", "TopicDescription": ".store.store",
+    "Log": ".log.log", "RecoveryReport": ".log.log", "EARLIEST_TIMESTAMP": ".log.log", "LATEST_TIMESTAMP": ".log.log",
+    "LogConfig": ".log.config",
+    "Record": ".records.batch", "TimestampType": ".records.batch",
+    "SegmentInfo": ".segment",
+    "Producer": ".client.producer", "SendFuture": ".client.producer", "RecordMetadata": ".client.producer",
+    "Consumer": ".client.consumer", "ConsumerRecord": ".client.consumer", "TopicPartition": ".client.consumer",
+    "PartitionNotAssignedError": ".client.consumer",
+    "Queue": ".client.queue", "Message": ".client.queue",
+    "KafkaServer": ".kafka.server",
+}
+
 
 def __getattr__(name: str) -> object:
-    # KafkaServer is imported on first use: ``import logstore`` does not load the Kafka codec.
-    if name == "KafkaServer":
-        from .kafka.server import KafkaServer
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module, __name__), name)
+    elif name.startswith("__"):
+        raise AttributeError(f"module 'logstore' has no attribute {name!r}")
+    else:  # a wing or module (``logstore.tools.inspect`` after a bare ``import logstore``)
+        try:
+            value = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module 'logstore' has no attribute {name!r}") from None
+    globals()[name] = value  # later uses find it without coming here
+    return value
 
-        return KafkaServer
-    raise AttributeError(f"module 'logstore' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

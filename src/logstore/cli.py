@@ -39,16 +39,22 @@ import logging
 import os
 import sys
 import time
-from dataclasses import asdict
-from typing import Any, Callable, Iterable, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TextIO
 
 from .errors import LogstoreError
-from .tools.progress import Progress
+
+if TYPE_CHECKING:
+    from .tools.progress import Progress
 
 __all__ = ["main"]
 
+# Each command imports what it uses when it runs: ``logstore --help`` loads no wing, and
+# ``logstore stats`` only the read-only tools (tests/unit/test_import_cost.py measures them).
+
 
 def _progress(args: argparse.Namespace, label: str = "") -> Progress:
+    from .tools.progress import Progress
+
     return Progress(label, enabled=False if args.quiet else None)
 
 
@@ -58,6 +64,8 @@ def _print_json(out: TextIO, value: Any) -> None:
 
 def _jsonable(value: Any) -> Any:
     if hasattr(value, "__dataclass_fields__"):
+        from dataclasses import asdict
+
         return asdict(value)
     if isinstance(value, bytes):
         return value.hex()
@@ -356,6 +364,8 @@ def _recover(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _recovery(name: str, log: Any, started: float) -> dict[str, Any]:
+    from dataclasses import asdict
+
     report = log.recovery_report
     return {"partition": name, "seconds": round(time.monotonic() - started, 6), **asdict(report)}
 

@@ -26,6 +26,7 @@ __all__ = [
     "TopicExistsError",
     "InvalidProducerEpochError",
     "OutOfOrderSequenceError",
+    "CommitFailedError",
 ]
 
 
@@ -163,6 +164,12 @@ class UnknownTopicOrPartitionError(LogstoreError, KeyError):
 
 class TopicExistsError(LogstoreError):
     """create_topic() of a topic that already exists (Kafka's TopicExistsException)."""
+
+
+class CommitFailedError(LogstoreError):
+    """A commit was refused: this process is no longer a member of the group's generation (its
+    session ended, or the group rebalanced); its partitions may belong to another member now
+    (Kafka's CommitFailedException)."""
 
 
 class InvalidProducerEpochError(InvalidRecordError):

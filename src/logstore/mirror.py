@@ -37,6 +37,7 @@ from typing import Any, Iterable
 
 from .records.compression import codec_from_name
 from .groups.offsets import offset_store
+from .errorcodes import ErrorCode
 from .errors import LogstoreError, OffsetOutOfRangeError
 from .kafka.client import KafkaClient, KafkaClientError, KafkaErrorResponse, Security
 from .records.batch import BatchBuilder, Record
@@ -47,6 +48,11 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_GROUP = "logstore-mirror"
 _RETRIES = 5
+#: Kafka's errors that a later attempt (after metadata is learnt again) can pass
+_RETRIABLE = frozenset({ErrorCode.not_leader_or_follower, ErrorCode.leader_not_available, ErrorCode.request_timed_out,
+                        ErrorCode.not_enough_replicas, ErrorCode.not_enough_replicas_after_append,
+                        ErrorCode.network_exception, ErrorCode.unknown_topic_or_partition,
+                        ErrorCode.coordinator_load_in_progress})
 _BACKOFF_S = 0.2
 
 
@@ -250,7 +256,7 @@ class Mirror:
             try:
                 base = client.produce(part.topic, part.partition, batch)
             except KafkaClientError as exc:
-                if isinstance(exc, KafkaErrorResponse) and not _retriable(exc):
+                if isinstance(exc, KafkaErrorResponse) and exc.code not in _RETRIABLE:
                     raise
                 if attempt == _RETRIES:
                     raise
@@ -273,7 +279,7 @@ class Mirror:
             try:
                 return call()
             except KafkaClientError as exc:
-                if attempt == _RETRIES or (isinstance(exc, KafkaErrorResponse) and not _retriable(exc)):
+                if attempt == _RETRIES or (isinstance(exc, KafkaErrorResponse) and exc.code not in _RETRIABLE):
                     raise
                 time.sleep(_BACKOFF_S * (attempt + 1))
 
@@ -301,13 +307,6 @@ class Mirror:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _retriable(exc: KafkaErrorResponse) -> bool:
-    """Kafka's retriable errors that a later attempt (after metadata is learnt again) can pass."""
-    return exc.code.name in ("not_leader_or_follower", "leader_not_available", "request_timed_out",
-                             "not_enough_replicas", "not_enough_replicas_after_append", "network_exception",
-                             "unknown_topic_or_partition", "coordinator_load_in_progress")
 
 
 def main(argv: list[str] | None = None, prog: str = "logstore mirror") -> int:

@@ -23,16 +23,21 @@ Thread-safety: as :class:`~logstore.KafkaServer`.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import pytest
 
-from .kafka.server import KafkaServer
+if TYPE_CHECKING:
+    from .kafka.server import KafkaServer
 
 __all__ = ["kafka_server", "kafka_server_session"]
 
 
 def _served(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[KafkaServer]:
+    # Imported here: pytest loads this plugin in every session of an environment with logstore,
+    # and the Kafka codec costs about 300 ms to import (only the tests that use a fixture pay).
+    from .kafka.server import KafkaServer
+
     server = KafkaServer(str(tmp_path_factory.mktemp(name)), ("127.0.0.1", 0)).start()
     try:
         yield server

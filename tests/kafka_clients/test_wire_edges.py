@@ -61,6 +61,21 @@ def api_versions_v0(payload):
     return correlation, error, ranges
 
 
+def test_a_client_connecting_between_construction_and_start_is_answered(tmp_path):
+    """The server answers from construction: a client that connects before start() (to the
+    port bound for port 0) gets its ApiVersions at once; start() then changes nothing."""
+    server = KafkaServer(str(tmp_path), ("127.0.0.1", 0))
+    try:
+        with connect(server) as sock:
+            sock.sendall(request(18, 0, 5))
+            assert api_versions_v0(response(sock))[:2] == (5, 0)
+        assert server.start() is server
+        with connect(server) as sock:
+            sock.sendall(request(18, 0, 6))
+            assert api_versions_v0(response(sock))[:2] == (6, 0)
+    finally:
+        server.stop()
+
 def test_api_versions_v0_lists_the_ranges_librdkafka_needs(server):
     with connect(server) as s:
         s.sendall(request(18, 0, 7))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from logstore.kafka.client import _Connection
+from logstore.kafka.client import Connection
 from logstore.replication import Client, ReplicaNode
 from logstore.replica.client import (
     BEGIN_QUORUM_EPOCH,
@@ -177,12 +177,12 @@ def test_votes_and_pre_votes(tmp_path):
 def test_the_replica_user_has_scram_only_and_a_wrong_password_fails(tmp_path):
     node = ReplicaNode(0, str(tmp_path / "n0"), ("127.0.0.1", 0), {}, SECRET, min_insync_replicas=1).start()
     try:
-        good = _Connection(*node.address, 5.0, "t", Security("SASL_PLAINTEXT", REPLICA_MECHANISM, REPLICA_USER,
+        good = Connection(*node.address, 5.0, "t", Security("SASL_PLAINTEXT", REPLICA_MECHANISM, REPLICA_USER,
                                                              SECRET.decode()))
         good.close()
         from logstore.kafka.client import KafkaClientError
         with pytest.raises(KafkaClientError):
-            _Connection(*node.address, 5.0, "t", Security("SASL_PLAINTEXT", "PLAIN", REPLICA_USER, SECRET.decode()))
+            Connection(*node.address, 5.0, "t", Security("SASL_PLAINTEXT", "PLAIN", REPLICA_USER, SECRET.decode()))
         with pytest.raises(ValueError, match="UTF-8"):
             ReplicaNode(1, str(tmp_path / "n1"), ("127.0.0.1", 0), {}, b"\xff\xfe")
     finally:

@@ -362,12 +362,12 @@ def test_unauthenticated_and_wrong_secret_peers_are_refused_and_change_nothing(t
 
 
 def test_kafka_clients_users_may_not_send_replication_requests(tmp_path):
-    from logstore.kafka.client import Security, _Connection
+    from logstore.kafka.client import Security, Connection
 
     node = single(tmp_path, kafka_options={"sasl_credentials": {"alice": "alice-secret"}})
     try:
         epoch = node.describe()[("replicated", 0)]["epoch"]
-        alice = _Connection(*node.address, 5.0, "alice", Security("SASL_PLAINTEXT", "SCRAM-SHA-256", "alice",
+        alice = Connection(*node.address, 5.0, "alice", Security("SASL_PLAINTEXT", "SCRAM-SHA-256", "alice",
                                                                   "alice-secret"))
         try:
             # A Kafka client's user may produce...

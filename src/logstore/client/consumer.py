@@ -33,26 +33,27 @@ nevertheless serialised by a lock, and different consumers may be used from diff
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import threading
 import time
 import uuid
 import weakref
-from typing import Any, Generator, Iterable, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterable, Iterator, NamedTuple
 
 from ..errors import (
+    CommitFailedError,
     InvalidConfigError,
     LogClosedError,
     LogstoreError,
     OffsetOutOfRangeError,
     UnknownTopicOrPartitionError,
 )
-from .groupservice import CommitFailedError, Membership
 from ..groups.offsets import offset_store
 from ..records.batch import Record, TimestampType
-from ..store.store import register_client
+
+if TYPE_CHECKING:
+    from .groupservice import Membership
 
 __all__ = ["Consumer", "ConsumerRecord", "TopicPartition", "PartitionNotAssignedError", "CommitFailedError"]
 
@@ -95,6 +96,8 @@ class _Group:
         self.name = name
         self.lock = threading.RLock()
         self.members: dict[str, "Consumer"] = {}
+        #: each member's ``revoke(partitions, commit=True)``: how it gives partitions up
+        self.revokers: dict[str, Callable[..., None]] = {}
         #: (generation, assignment by member id, the cross-process group's generation it comes
         #: from), replaced as a whole by each rebalance so that members read it without the lock.
         self.state: tuple[int, dict[str, list[TopicPartition]], int] = (0, {}, -1)
@@ -105,11 +108,15 @@ class _Group:
     def topics(self) -> frozenset[str]:
         return frozenset(t for m in self.members.values() for t in m.subscription)
 
-    def join(self, member: "Consumer") -> None:
+    def join(self, member: "Consumer", revoke: Callable[..., None]) -> None:
+        """Add ``member``, which gives partitions up through ``revoke`` (called holding the lock)."""
         with self.lock:
             self.members[member.member_id] = member
+            self.revokers[member.member_id] = revoke
             if member.store.shared:
                 if self.membership is None:
+                    from .groupservice import Membership  # the group client: loaded by the first shared group
+
                     self.share = set()
                     self.membership = Membership(member.store, self.name, self.lock, self._give_up, self._take,
                                                  member.session_timeout_ms, member.heartbeat_interval_ms)
@@ -117,6 +124,7 @@ class _Group:
                     self.membership.subscribe(self.topics())  # a (re)join calls _take, which rebalances
                 except BaseException:
                     del self.members[member.member_id]
+                    del self.revokers[member.member_id]
                     raise
             self._rebalance(member.store)
 
@@ -124,6 +132,7 @@ class _Group:
         with self.lock:
             if self.members.pop(member.member_id, None) is None:
                 return
+            del self.revokers[member.member_id]
             if self.membership is not None:
                 if not self.members:
                     self.membership.leave()
@@ -175,13 +184,13 @@ class _Group:
         member_generation = self.membership.generation if self.membership is not None else -1
         kept = {mid: [tp for tp in old.get(mid, ()) if tp in set(new[mid])] for mid in self.members}
         self.state = (generation + 1, kept, member_generation)
-        for mid, member in self.members.items():
+        for mid in self.members:
             revoked = set(old.get(mid, ())) - set(new[mid])
             if revoked:
                 if commit:
-                    member._revoke(revoked)
+                    self.revokers[mid](revoked)
                 else:
-                    member._revoke(revoked, commit=False)
+                    self.revokers[mid](revoked, commit=False)
         self.state = (generation + 2, new, member_generation)
 
 
@@ -263,7 +272,8 @@ class Consumer:
         self._last_commit = time.monotonic()
         self._closed = False
         self._group = _group(store, group)
-        self._group.join(self)
+        # The group gives this member's partitions up through _revoke, looked up at each call.
+        self._group.join(self, lambda *args, **kwargs: self._revoke(*args, **kwargs))
 
     # ------------------------------------------------------------------ assignment
     def _sync(self) -> None:
@@ -391,6 +401,8 @@ class Consumer:
         """:meth:`poll` for asyncio: fetching runs on the event loop (reads of the page cache),
         waiting runs in the default executor, so the loop is never blocked. Cancelling it loses
         nothing: positions move only when records are returned."""
+        import asyncio  # loaded by whoever runs this coroutine; not by importing the consumer
+
         loop = asyncio.get_running_loop()
         return await self.store.await_until_done(self._attempts(timeout, max_records, loop.time))  # type: ignore[no-any-return]
 
@@ -529,6 +541,3 @@ class Consumer:
 
     def __repr__(self) -> str:
         return f"Consumer({self.group!r}, {sorted(self.subscription)}, member={self.member_id})"
-
-
-register_client("consumer", Consumer)

@@ -44,11 +44,11 @@ import weakref
 from typing import Any, Callable
 
 from .. import _fileio
+from ..errorcodes import ErrorCode
 from ..net import server as net
-from ..errors import LogClosedError, LogstoreError
+from ..errors import CommitFailedError, LogClosedError, LogstoreError
 from ..kafka.groupclient import GroupClient, range_assign
 from ..kafka.client import KafkaClientError
-from ..groups.coordinator import GroupConfig
 from ..kafka.server import KafkaServer
 
 __all__ = ["GroupService", "Membership", "CommitFailedError", "group_service", "LOCK_NAME", "SOCKET_NAME"]
@@ -60,15 +60,10 @@ SOCKET_NAME = ".groups.sock"
 #: the directory of the members' liveness files: ``<token>``, flocked by its store object
 ALIVE_DIR = ".groups"
 _CLIENT_PREFIX = "logstore-"
-NONE = 0
-UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, REBALANCE_IN_PROGRESS, FENCED_INSTANCE_ID = 25, 22, 27, 82
 #: the local coordinator accepts sessions down to this (Kafka's broker default is 6000)
 MIN_SESSION_TIMEOUT_MS = 500
-
-
-class CommitFailedError(LogstoreError):
-    """A commit was refused: this process is no longer a member of the group's generation (its
-    session ended, or the group rebalanced); its partitions may belong to another member now."""
+#: the coordinator's answers that say the group no longer has this member (in this generation)
+_REMOVED = frozenset({ErrorCode.unknown_member_id, ErrorCode.illegal_generation, ErrorCode.fenced_instance_id})
 
 
 class GroupService:
@@ -108,6 +103,13 @@ class GroupService:
                 if fd >= 0:
                     _fileio.ops.close(fd)
             self._lock_fd, self._alive_fd, self._server, self._pid = -1, -1, None, os.getpid()
+
+    def reset_after_fork(self) -> None:
+        """In a forked child, before anything else runs there (the at-fork hook calls it, the
+        child having one thread): a new lock, whatever a parent's thread held of the old one,
+        and the parent's lock, server and liveness file forgotten."""
+        self._lock = threading.Lock()
+        self._check_fork()
 
     def _take_alive_file(self) -> None:
         """Create and flock this store object's liveness file: locked under a temporary name,
@@ -243,13 +245,9 @@ def _after_fork_in_child() -> None:
     global _SERVICES_LOCK
     _SERVICES_LOCK = threading.Lock()
     for service in list(_SERVICES.values()):
-        service._lock = threading.Lock()
-        service._check_fork()
+        service.reset_after_fork()
     for membership in list(_MEMBERSHIPS):
-        membership._io = threading.Lock()
-        membership._client = None
-        membership._thread = None
-        membership.member_id, membership.generation = "", -1
+        membership.reset_after_fork()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -300,6 +298,15 @@ class Membership:
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         _MEMBERSHIPS.add(self)
+
+    def reset_after_fork(self) -> None:
+        """In a forked child, before anything else runs there (the at-fork hook calls it, the
+        child having one thread): the membership starts over as a new member of the child's
+        own, with no connection and no heartbeat thread (the parent's stay the parent's)."""
+        self._io = threading.Lock()
+        self._client = None
+        self._thread = None
+        self.member_id, self.generation = "", -1
 
     @property
     def store(self) -> Any:
@@ -368,10 +375,10 @@ class Membership:
     def _join_once(self) -> bool:
         answer = self._request(lambda c: c.join(self.group, self.member_id, self.session_ms, self.rebalance_ms,
                                                 self.topics))
-        if answer.error == UNKNOWN_MEMBER_ID:
+        if answer.error == ErrorCode.unknown_member_id:
             self.member_id = ""
             return False
-        if answer.error != NONE:
+        if answer.error != ErrorCode.none:
             logger.info("group %s: JoinGroup answered error %d", self.group, answer.error)
             return False
         self.member_id = answer.member_id
@@ -386,7 +393,7 @@ class Membership:
             assignments = range_assign(answer.members, counts)
         error, mine = self._request(lambda c: c.sync(self.group, answer.generation, self.member_id, assignments,
                                                      self.rebalance_ms))
-        if error != NONE:
+        if error != ErrorCode.none:
             logger.info("group %s: SyncGroup answered error %d", self.group, error)
             return False
         self.generation = answer.generation
@@ -422,15 +429,15 @@ class Membership:
                 del store
                 logger.info("group %s: heartbeat failed: %s", self.group, exc)
                 continue
-            if error == NONE or stop.is_set():
+            if error == ErrorCode.none or stop.is_set():
                 continue
             with self._lock:
                 if stop.is_set():
                     return
                 if (self.generation, self.member_id) != sent:
                     continue  # answered for a generation a rejoin has replaced meanwhile
-                lost = error in (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, FENCED_INSTANCE_ID)
-                if error == UNKNOWN_MEMBER_ID:
+                lost = error in _REMOVED
+                if error == ErrorCode.unknown_member_id:
                     self.member_id = ""
                 logger.info("group %s: heartbeat answered error %d: %s", self.group, error,
                             "rejoining without committing" if lost else "rebalancing")
@@ -456,10 +463,9 @@ class Membership:
             raise CommitFailedError(f"group {self.group}: this process is rejoining the group; its partitions "
                                     "were given up")
         errors = self._request(lambda c: c.commit(self.group, generation, member_id, offsets))
-        failed = {tp: e for tp, e in errors.items() if e != NONE}
+        failed = {tp: e for tp, e in errors.items() if e != ErrorCode.none}
         if failed:
-            if set(failed.values()) & {UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, REBALANCE_IN_PROGRESS,
-                                       FENCED_INSTANCE_ID}:
+            if set(failed.values()) & (_REMOVED | {ErrorCode.rebalance_in_progress}):
                 raise CommitFailedError(f"group {self.group}: the commit of generation {generation} was refused "
                                         f"(errors {sorted(set(failed.values()))}): the group has rebalanced")
             raise LogstoreError(f"group {self.group}: the coordinator refused the commit: {failed}")

@@ -28,7 +28,6 @@ from typing import Any, Callable, Iterable, NamedTuple
 from ..records import compression as _compression
 from .._native import lib
 from ..errors import InvalidConfigError, LogClosedError, RecordTooLargeError, UnknownTopicOrPartitionError
-from ..store.store import register_client
 
 __all__ = ["Producer", "SendFuture", "RecordMetadata", "murmur2", "default_partition", "DURABILITY_LEVELS"]
 
@@ -476,6 +475,3 @@ def _as_bytes(value: Any, what: str) -> bytes:
     if isinstance(value, (bytearray, memoryview)):
         return bytes(value)
     raise TypeError(f"{what} must be bytes or None, got {type(value).__name__}")
-
-
-register_client("producer", Producer)

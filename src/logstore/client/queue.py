@@ -29,7 +29,6 @@ Thread-safety: a Queue may be shared by threads; several processes may open the 
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import logging
 import os
@@ -37,12 +36,15 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Generator, Iterable
+from typing import TYPE_CHECKING, Any, Generator, Iterable
 
 from ..errors import InvalidConfigError, LogClosedError, OffsetOutOfRangeError, CorruptRecordError
 from .producer import RecordMetadata, default_partition
 from ..records.batch import NO_HEADERS, Record, TimestampType
 from ..store.store import LogStore
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = ["Queue", "Message"]
 
@@ -358,6 +360,8 @@ class Queue:
         return meta
 
     def _async_flusher(self, partition: int) -> "_AsyncFlusher":
+        import asyncio  # loaded by the coroutine's caller; not by importing the queue
+
         loop = asyncio.get_running_loop()
         flusher = self._flushers.get((loop, partition))
         if flusher is None:
@@ -492,6 +496,8 @@ class Queue:
         msg, _ = self._try_get()
         if msg is not None:
             return msg
+        import asyncio  # loaded by whoever runs this coroutine; not by importing the queue
+
         loop = asyncio.get_running_loop()
         return await self.store.await_until_done(self._attempts(timeout, loop.time, 0.5))
 

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import LogstoreError
+from ..errorcodes import ErrorCode
 from .metadata import GroupMember, GroupMetadata
 from .offsets import OffsetStore
 from ..net.purgatory import Purgatory
@@ -67,20 +68,6 @@ PREPARING_REBALANCE = "PreparingRebalance"
 COMPLETING_REBALANCE = "CompletingRebalance"
 STABLE = "Stable"
 
-# Kafka's error codes (org.apache.kafka.common.protocol.Errors) used here.
-NONE = 0
-UNKNOWN_TOPIC_OR_PARTITION = 3
-OFFSET_METADATA_TOO_LARGE = 12
-COORDINATOR_NOT_AVAILABLE = 15
-ILLEGAL_GENERATION = 22
-INCONSISTENT_GROUP_PROTOCOL = 23
-INVALID_GROUP_ID = 24
-UNKNOWN_MEMBER_ID = 25
-INVALID_SESSION_TIMEOUT = 26
-REBALANCE_IN_PROGRESS = 27
-INVALID_COMMIT_OFFSET_SIZE = 28
-MEMBER_ID_REQUIRED = 79
-FENCED_INSTANCE_ID = 82
 
 #: Kafka's offset.metadata.max.bytes.
 MAX_METADATA_BYTES = 4096
@@ -276,12 +263,12 @@ class GroupCoordinator:
              require_known_member_id: bool) -> dict[str, Any] | Future:
         """A JoinGroup: its answer's fields now, or a Future of them once the join completes."""
         if not group_id:
-            return _join_error(INVALID_GROUP_ID, member_id)
+            return _join_error(ErrorCode.invalid_group_id, member_id)
         if not self.min_session_ms <= session_ms <= self.max_session_ms:
-            return _join_error(INVALID_SESSION_TIMEOUT, member_id)
+            return _join_error(ErrorCode.invalid_session_timeout, member_id)
         group = self._group(group_id, create=not member_id)
         if group is None:
-            return _join_error(UNKNOWN_MEMBER_ID, member_id)
+            return _join_error(ErrorCode.unknown_member_id, member_id)
         done: Done = []
         with group.lock:
             answer = self._join(group, member_id, instance_id, (client_id, client_host, session_ms, rebalance_ms,
@@ -295,19 +282,19 @@ class GroupCoordinator:
               require_known: bool, done: Done) -> dict[str, Any] | Future:
         client_id, _, session_ms, _, protocols = args
         if not group.supports(protocol_type, [name for name, _ in protocols]):
-            return _join_error(INCONSISTENT_GROUP_PROTOCOL, member_id)
+            return _join_error(ErrorCode.inconsistent_group_protocol, member_id)
         if not member_id:
             new_id = f"{instance_id or client_id}-{uuid.uuid4()}"
             if instance_id is not None:
                 old = group.static.get(instance_id)
                 if old is not None:  # a restarted static member replaces its old self
                     logger.info("group %s: static member %s replaces %s", group.group_id, new_id, old)
-                    self._drop(group, group.members[old], FENCED_INSTANCE_ID, done)
+                    self._drop(group, group.members[old], ErrorCode.fenced_instance_id, done)
                 return self._add_member(group, new_id, instance_id, protocol_type, args, done)
             if require_known:  # KIP-394: hand the id out, the member joins with it
                 group.pending.add(new_id)
                 self._watch_pending(group, new_id, session_ms)
-                return _join_error(MEMBER_ID_REQUIRED, new_id)
+                return _join_error(ErrorCode.member_id_required, new_id)
             return self._add_member(group, new_id, None, protocol_type, args, done)
         if member_id in group.pending:
             group.pending.discard(member_id)
@@ -324,7 +311,7 @@ class GroupCoordinator:
             return self._current_generation(group, member_id)
         if group.state in (COMPLETING_REBALANCE, STABLE):
             return self._update_member(group, member, args, done)
-        return _join_error(UNKNOWN_MEMBER_ID, member_id)
+        return _join_error(ErrorCode.unknown_member_id, member_id)
 
     def _current_generation(self, group: _Group, member_id: str) -> dict[str, Any]:
         assert group.protocol is not None
@@ -332,7 +319,7 @@ class GroupCoordinator:
         if member_id == group.leader:
             members = [{"member_id": m.member_id, "group_instance_id": m.instance_id,
                         "metadata": m.metadata(group.protocol)} for m in group.members.values()]
-        return {"throttle_time": 0, "error_code": NONE, "generation_id": group.generation,
+        return {"throttle_time": 0, "error_code": ErrorCode.none, "generation_id": group.generation,
                 "protocol_name": group.protocol, "leader": group.leader or "", "member_id": member_id,
                 "members": members}
 
@@ -356,7 +343,7 @@ class GroupCoordinator:
     def _update_member(self, group: _Group, member: _Member, args: _MemberArgs, done: Done) -> Future:
         member.client_id, member.client_host, member.session_ms, member.rebalance_ms, member.protocols = args
         if member.join is not None:  # a second JoinGroup while one waits: the first is void
-            done.append((member.join, _join_error(REBALANCE_IN_PROGRESS, member.member_id)))
+            done.append((member.join, _join_error(ErrorCode.rebalance_in_progress, member.member_id)))
         answer = member.join = Future()
         if group.state != PREPARING_REBALANCE:
             self._prepare_rebalance(group, f"member {member.member_id} rejoins", done)  # may answer at once
@@ -367,7 +354,7 @@ class GroupCoordinator:
         if group.state == COMPLETING_REBALANCE:
             for member in group.members.values():
                 if member.sync is not None:
-                    done.append((member.sync, _sync_answer(REBALANCE_IN_PROGRESS)))
+                    done.append((member.sync, _sync_answer(ErrorCode.rebalance_in_progress)))
                     member.sync = None
         group.pending_sync.clear()
         first = group.state == EMPTY
@@ -491,7 +478,8 @@ class GroupCoordinator:
     def _drop(self, group: _Group, member: _Member, error: int, done: Done) -> None:
         """Remove a member and answer what it waits for with ``error`` (no rebalance)."""
         if member.join is not None:
-            done.append((member.join, _join_error(error, "" if error == UNKNOWN_MEMBER_ID else member.member_id)))
+            member_id = "" if error == ErrorCode.unknown_member_id else member.member_id
+            done.append((member.join, _join_error(error, member_id)))
             member.join = None
         if member.sync is not None:
             done.append((member.sync, _sync_answer(error)))
@@ -499,7 +487,7 @@ class GroupCoordinator:
         self._forget(group, member)
 
     def _remove_and_rebalance(self, group: _Group, member: _Member, reason: str, done: Done) -> None:
-        self._drop(group, member, UNKNOWN_MEMBER_ID, done)
+        self._drop(group, member, ErrorCode.unknown_member_id, done)
         logger.info("group %s: member %s removed: %s", group.group_id, member.member_id, reason)
         if group.members:
             self._store(group, durable=False)  # a coordinator taking over must not wait for it
@@ -554,9 +542,9 @@ class GroupCoordinator:
         if instance_id is not None:
             current = group.static.get(instance_id)
             if current is None:
-                return UNKNOWN_MEMBER_ID
-            return FENCED_INSTANCE_ID if current != member_id else NONE
-        return NONE if member_id in group.members else UNKNOWN_MEMBER_ID
+                return ErrorCode.unknown_member_id
+            return ErrorCode.fenced_instance_id if current != member_id else ErrorCode.none
+        return ErrorCode.none if member_id in group.members else ErrorCode.unknown_member_id
 
     # ------------------------------------------------------------------ SyncGroup, Heartbeat, LeaveGroup
     def sync(self, group_id: str, generation: int, member_id: str, instance_id: str | None,
@@ -564,34 +552,34 @@ class GroupCoordinator:
         """A SyncGroup: the member's assignment now, or a Future of it once the leader's comes."""
         group = self._group(group_id, create=False)
         if group is None:
-            return _sync_answer(UNKNOWN_MEMBER_ID)
+            return _sync_answer(ErrorCode.unknown_member_id)
         done: Done = []
         with group.lock:
             error = self._validate_member(group, member_id, instance_id)
             if not error and generation != group.generation:
-                error = ILLEGAL_GENERATION
+                error = ErrorCode.illegal_generation
             if error:
                 return _sync_answer(error)
             if group.state == EMPTY:
-                return _sync_answer(UNKNOWN_MEMBER_ID)
+                return _sync_answer(ErrorCode.unknown_member_id)
             if group.state == PREPARING_REBALANCE:
-                return _sync_answer(REBALANCE_IN_PROGRESS)
+                return _sync_answer(ErrorCode.rebalance_in_progress)
             member = group.members[member_id]
             group.pending_sync.discard(member_id)
             if group.state == STABLE:
                 self._touch(group, member)
-                return _sync_answer(NONE, member.assignment)
+                return _sync_answer(ErrorCode.none, member.assignment)
             if member.sync is not None:
-                done.append((member.sync, _sync_answer(REBALANCE_IN_PROGRESS)))
+                done.append((member.sync, _sync_answer(ErrorCode.rebalance_in_progress)))
             answer = member.sync = Future()
             if member_id == group.leader:
                 for other in group.members.values():
                     other.assignment = assignments.get(other.member_id, b"")
                 stored = self._store(group)
+                error = ErrorCode.none if stored else ErrorCode.coordinator_not_available
                 for other in group.members.values():
                     if other.sync is not None:
-                        done.append((other.sync, _sync_answer(NONE if stored else COORDINATOR_NOT_AVAILABLE,
-                                                              other.assignment if stored else b"")))
+                        done.append((other.sync, _sync_answer(error, other.assignment if stored else b"")))
                         other.sync = None
                 if stored:
                     group.state = STABLE
@@ -606,23 +594,23 @@ class GroupCoordinator:
         """A Heartbeat: its error code (REBALANCE_IN_PROGRESS tells the member to rejoin)."""
         group = self._group(group_id, create=False)
         if group is None:
-            return UNKNOWN_MEMBER_ID
+            return ErrorCode.unknown_member_id
         with group.lock:
             error = self._validate_member(group, member_id, instance_id)
             if error:
                 return error
             if generation != group.generation:
-                return ILLEGAL_GENERATION
+                return ErrorCode.illegal_generation
             if group.state == EMPTY:
-                return UNKNOWN_MEMBER_ID
+                return ErrorCode.unknown_member_id
             self._touch(group, group.members[member_id])
-            return REBALANCE_IN_PROGRESS if group.state == PREPARING_REBALANCE else NONE
+            return ErrorCode.rebalance_in_progress if group.state == PREPARING_REBALANCE else ErrorCode.none
 
     def leave(self, group_id: str, members: Iterable[tuple[str, str | None]]) -> list[int]:
         """A LeaveGroup of ``(member id, group instance id)`` pairs: an error code for each."""
         group = self._group(group_id, create=False)
         if group is None:
-            return [UNKNOWN_MEMBER_ID for _ in members]
+            return [ErrorCode.unknown_member_id for _ in members]
         errors = []
         done: Done = []
         with group.lock:
@@ -634,9 +622,10 @@ class GroupCoordinator:
                     group.pending.discard(member_id)
                     if group.state == PREPARING_REBALANCE:
                         self._maybe_complete_join(group, done)
-                    errors.append(NONE)
+                    errors.append(ErrorCode.none)
                     continue
-                error = self._validate_member(group, member_id, instance_id) if member_id else UNKNOWN_MEMBER_ID
+                error = (self._validate_member(group, member_id, instance_id) if member_id
+                         else ErrorCode.unknown_member_id)
                 if not error:
                     self._remove_and_rebalance(group, group.members[member_id], "it left the group", done)
                 errors.append(error)
@@ -658,12 +647,12 @@ class GroupCoordinator:
         else:
             with group.lock:
                 errors = self._commit(group_id, generation, member_id, instance_id, offsets)
-        if NONE in errors:
+        if ErrorCode.none in errors:
             try:
                 self.offsets.sync()  # fsynced (or held by a majority), outside the group's lock
             except (LogstoreError, OSError, ValueError) as exc:
                 logger.error("group %s: offset commit failed: %s", group_id, exc)
-                return [COORDINATOR_NOT_AVAILABLE if e == NONE else e for e in errors]
+                return [ErrorCode.coordinator_not_available if e == ErrorCode.none else e for e in errors]
         return errors
 
     def _commit(self, group_id: str, generation: int, member_id: str, instance_id: str | None,
@@ -675,45 +664,45 @@ class GroupCoordinator:
         accepted: dict[tuple[str, int], tuple[int, str]] = {}
         for topic, partition, offset, metadata in offsets:
             if not self.partition_exists(topic, partition):
-                errors.append(UNKNOWN_TOPIC_OR_PARTITION)
+                errors.append(ErrorCode.unknown_topic_or_partition)
             elif metadata is not None and len(metadata.encode("utf-8")) > MAX_METADATA_BYTES:
-                errors.append(OFFSET_METADATA_TOO_LARGE)
+                errors.append(ErrorCode.offset_metadata_too_large)
             elif offset < 0:
-                errors.append(INVALID_COMMIT_OFFSET_SIZE)
+                errors.append(ErrorCode.invalid_commit_offset_size)
             else:
                 accepted[(topic, partition)] = (offset, metadata or "")
-                errors.append(NONE)
+                errors.append(ErrorCode.none)
         if accepted:
             try:
                 self.offsets.commit(group_id, accepted, durable=False)
             except (LogstoreError, OSError, ValueError) as exc:  # the store refused: nothing committed
                 logger.error("group %s: offset commit failed: %s", group_id, exc)
-                return [COORDINATOR_NOT_AVAILABLE if e == NONE else e for e in errors]
+                return [ErrorCode.coordinator_not_available if e == ErrorCode.none else e for e in errors]
         return errors
 
     def _check_committer(self, group_id: str, generation: int, member_id: str, instance_id: str | None) -> int:
         """Whether this member may commit for the group (Kafka's validateOffsetCommit)."""
         if not group_id:
-            return INVALID_GROUP_ID
+            return ErrorCode.invalid_group_id
         group = self._group(group_id, create=generation < 0)
         if group is None:
-            return ILLEGAL_GENERATION  # a member of a group this coordinator does not know (a restart)
+            return ErrorCode.illegal_generation  # a member of a group this coordinator does not know (a restart)
         with group.lock:
             if generation < 0 and group.state == EMPTY:
-                return NONE  # not using group management: allowed while nobody is a member
+                return ErrorCode.none  # not using group management: allowed while nobody is a member
             if generation >= 0 or member_id or instance_id is not None:
                 error = self._validate_member(group, member_id, instance_id)
                 if not error and generation != group.generation:
-                    error = ILLEGAL_GENERATION
+                    error = ErrorCode.illegal_generation
                 if error:
                     return error
             elif group.state != EMPTY:
-                return UNKNOWN_MEMBER_ID
+                return ErrorCode.unknown_member_id
             if group.state == COMPLETING_REBALANCE:
-                return REBALANCE_IN_PROGRESS
+                return ErrorCode.rebalance_in_progress
             if member_id in group.members:
                 self._touch(group, group.members[member_id])
-            return NONE
+            return ErrorCode.none
 
     def fetch_offsets(self, group_id: str, partitions: Sequence[tuple[str, int]] | None
                       ) -> list[tuple[str, int, int, str]]:
@@ -769,9 +758,9 @@ class GroupCoordinator:
             with group.lock:
                 for member in group.members.values():
                     if member.join is not None:
-                        done.append((member.join, _join_error(COORDINATOR_NOT_AVAILABLE, member.member_id)))
+                        done.append((member.join, _join_error(ErrorCode.coordinator_not_available, member.member_id)))
                         member.join = None
                     if member.sync is not None:
-                        done.append((member.sync, _sync_answer(COORDINATOR_NOT_AVAILABLE)))
+                        done.append((member.sync, _sync_answer(ErrorCode.coordinator_not_available)))
                         member.sync = None
         _complete(done)

@@ -31,6 +31,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Mapping
 
 from .._fileio import FileRegion
+from ..errorcodes import ErrorCode, code_for
 from ..errors import (
     CorruptRecordError,
     InvalidConfigError,
@@ -54,43 +55,15 @@ from .wire import SUPPORTED, KafkaRequest
 from ..net.purgatory import Purgatory
 from ..store.store import LogStore
 
-__all__ = ["KafkaApis", "ProducerIds"]
+__all__ = ["KafkaApis", "ProducerIds", "one_v2_batch_problem"]
 
 logger = logging.getLogger("logstore.kafka")
-
-# Kafka's error codes (org.apache.kafka.common.protocol.Errors) used here.
-NONE = 0
-OFFSET_OUT_OF_RANGE = 1
-CORRUPT_MESSAGE = 2
-UNKNOWN_TOPIC_OR_PARTITION = 3
-MESSAGE_TOO_LARGE = 10
-INVALID_TOPIC_EXCEPTION = 17
-INVALID_REQUIRED_ACKS = 21
-TOPIC_ALREADY_EXISTS = 36
-INVALID_PARTITIONS = 37
-INVALID_REPLICATION_FACTOR = 38
-INVALID_CONFIG = 40
-OUT_OF_ORDER_SEQUENCE_NUMBER = 45
-INVALID_PRODUCER_EPOCH = 47
-ILLEGAL_SASL_STATE = 34
-INVALID_RECORD = 87
-COORDINATOR_NOT_AVAILABLE = 15
-INVALID_GROUP_ID = 24
-INVALID_REQUEST = 42
-KAFKA_STORAGE_ERROR = 56
-UNKNOWN_SERVER_ERROR = -1
-
 
 #: A fetched partition's offsets when it is answered with an error (Kafka's: unknown).
 _NO_OFFSETS = {"high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None}
 
-#: A refused append's error as Kafka names it (the most specific class in an error's MRO wins).
-_PRODUCE_ERRORS = {CorruptRecordError: CORRUPT_MESSAGE, RecordTooLargeError: MESSAGE_TOO_LARGE,
-                   OutOfOrderSequenceError: OUT_OF_ORDER_SEQUENCE_NUMBER,
-                   InvalidProducerEpochError: INVALID_PRODUCER_EPOCH, InvalidRecordError: INVALID_RECORD}
 
-
-def _one_v2_batch(records: bytes | memoryview) -> str | None:
+def one_v2_batch_problem(records: bytes | memoryview) -> str | None:
     """Why a Produce (v3+) partition's records are not one magic 2 batch, or None. Only the
     framing is looked at here (a message set's first message has its magic byte where a batch
     has it): the batch itself is validated whole by the append."""
@@ -184,7 +157,7 @@ class KafkaApis:
 
     # ------------------------------------------------------------------ ApiVersions
     def on_api_versions(self, request: KafkaRequest) -> dict[str, Any]:
-        return {"error_code": NONE, "api_keys": api_version_ranges(self.supported), "throttle_time": 0}
+        return {"error_code": ErrorCode.none, "api_keys": api_version_ranges(self.supported), "throttle_time": 0}
 
     # ------------------------------------------------------------------ Metadata
     def on_metadata(self, request: KafkaRequest) -> dict[str, Any]:
@@ -210,20 +183,20 @@ class KafkaApis:
         except UnknownTopicOrPartitionError:
             count = 0
         except InvalidTopicError:
-            return {"error_code": INVALID_TOPIC_EXCEPTION, "name": name, "is_internal": False, "partitions": []}
+            return _topic_refused(name, ErrorCode.invalid_topic_exception)
         if count == 0 and create:
             try:
                 self.store.create_topic(name, self.num_partitions, exist_ok=True)
                 count = self.store.partitions_for(name)
                 logger.info("created topic %s (%d partitions) for a metadata request", name, count)
             except InvalidTopicError:
-                return {"error_code": INVALID_TOPIC_EXCEPTION, "name": name, "is_internal": False, "partitions": []}
+                return _topic_refused(name, ErrorCode.invalid_topic_exception)
         if count == 0:
-            return {"error_code": UNKNOWN_TOPIC_OR_PARTITION, "name": name, "is_internal": False, "partitions": []}
+            return _topic_refused(name, ErrorCode.unknown_topic_or_partition)
         me = [self.node_id]
         return {
-            "error_code": NONE, "name": name, "is_internal": name.startswith("__"),
-            "partitions": [{"error_code": NONE, "partition_index": p, "leader_id": self.node_id,
+            "error_code": ErrorCode.none, "name": name, "is_internal": name.startswith("__"),
+            "partitions": [{"error_code": ErrorCode.none, "partition_index": p, "leader_id": self.node_id,
                             "leader_epoch": 0, "replica_nodes": me, "isr_nodes": me, "offline_replicas": []}
                            for p in range(count)],
             "topic_authorized_operations": -2147483648,
@@ -238,11 +211,12 @@ class KafkaApis:
             partitions = []
             for data in topic.partition_data:
                 if acks not in (0, 1, -1):
-                    error, base, message = INVALID_REQUIRED_ACKS, -1, f"acks must be 0, 1 or -1, not {acks}"
+                    error, base = ErrorCode.invalid_required_acks, -1
+                    message = f"acks must be 0, 1 or -1, not {acks}"
                 else:
                     error, base, message = self._append(topic.name, data.index, data.records)
                 # As Kafka: a refused partition's log start offset is unknown (-1).
-                start = self._log_start(topic.name, data.index) if error == NONE else -1
+                start = self._log_start(topic.name, data.index) if error == ErrorCode.none else -1
                 partitions.append({"index": data.index, "error_code": error, "base_offset": base,
                                    "log_append_time": None, "log_start_offset": start,
                                    "record_errors": [], "error_message": message})
@@ -258,13 +232,14 @@ class KafkaApis:
         answering. Log.flush shares one fsync between the requests that wait at once."""
         for topic in answers:
             for part in topic["partition_responses"]:
-                if part["error_code"] != NONE:
+                if part["error_code"] != ErrorCode.none:
                     continue
                 try:
                     self.store.partition(topic["name"], part["index"]).flush()
                 except (OSError, LogstoreError) as exc:
                     logger.error("fsync of %s-%d failed: %s", topic["name"], part["index"], exc)
-                    part["error_code"], part["error_message"] = KAFKA_STORAGE_ERROR, f"fsync failed: {exc}"
+                    part["error_code"] = ErrorCode.kafka_storage_error
+                    part["error_message"] = f"fsync failed: {exc}"
 
     def _append(self, topic: str, partition: int, records: bytes | None) -> tuple[int, int, str | None]:
         """Validate and append one partition's batch: (error code, base offset, error message).
@@ -273,28 +248,27 @@ class KafkaApis:
         try:
             log = self.store.partition(topic, partition)
         except (UnknownTopicOrPartitionError, InvalidTopicError):
-            return UNKNOWN_TOPIC_OR_PARTITION, -1, f"{topic}-{partition} does not exist"
+            return ErrorCode.unknown_topic_or_partition, -1, f"{topic}-{partition} does not exist"
         if records is None:
-            return CORRUPT_MESSAGE, -1, "null records"
-        refused = _one_v2_batch(records)
+            return ErrorCode.corrupt_message, -1, "null records"
+        refused = one_v2_batch_problem(records)
         if refused is not None:
             logger.info("refused a produce to %s-%d: %s", topic, partition, refused)
-            return INVALID_RECORD, -1, refused
+            return ErrorCode.invalid_record, -1, refused
         try:
             first, _, duplicate = log.append_idempotent(records)
         except (CorruptRecordError, RecordTooLargeError, OutOfOrderSequenceError, InvalidProducerEpochError,
                 InvalidRecordError) as exc:  # InvalidRecordError: e.g. a keyless record in a compacted topic
             logger.info("refused a produce to %s-%d: %s", topic, partition, exc)
-            code = next(_PRODUCE_ERRORS[c] for c in type(exc).__mro__ if c in _PRODUCE_ERRORS)
-            return code, -1, str(exc)
+            return code_for(exc), -1, str(exc)
         if not duplicate:
             self.purgatory.check((topic, partition))
-        return NONE, first, None
+        return ErrorCode.none, first, None
 
     def partition_error(self, topic: str, partition: int) -> int:
         """Why this broker does not answer for the partition (Kafka's error code), or 0: a
         single store answers for all of its partitions; a replica only for those it leads."""
-        return NONE
+        return ErrorCode.none
 
     def _log_start(self, topic: str, partition: int) -> int:
         try:
@@ -341,7 +315,7 @@ class KafkaApis:
         total = 0
         errors = False
         for topic, partition, offset, partition_max in wanted:
-            entry = {"partition_index": partition, "error_code": NONE, "high_watermark": -1,
+            entry = {"partition_index": partition, "error_code": ErrorCode.none, "high_watermark": -1,
                      "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
                      "preferred_read_replica": -1, "records": b""}
             topics.setdefault(topic, []).append(entry)
@@ -353,12 +327,12 @@ class KafkaApis:
             try:
                 log = self.store.partition(topic, partition)
             except (UnknownTopicOrPartitionError, InvalidTopicError):
-                entry["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
+                entry["error_code"] = ErrorCode.unknown_topic_or_partition
                 errors = True
                 continue
             hw, start = log.high_watermark, log.log_start_offset
             if offset < start or offset > max(hw, log.log_end_offset):
-                entry["error_code"] = OFFSET_OUT_OF_RANGE
+                entry["error_code"] = ErrorCode.offset_out_of_range
                 errors = True
                 continue
             entry.update(high_watermark=hw, last_stable_offset=hw, log_start_offset=start,
@@ -373,12 +347,12 @@ class KafkaApis:
             try:
                 data = log.read_region(offset, max(limit, 1), max_offset=hw)  # written with sendfile
             except OffsetOutOfRangeError:
-                entry.update(_NO_OFFSETS, error_code=OFFSET_OUT_OF_RANGE)
+                entry.update(_NO_OFFSETS, error_code=ErrorCode.offset_out_of_range)
                 errors = True
                 continue
             except CorruptRecordError as exc:
                 logger.error("fetch from %s-%d at %d: %s", topic, partition, offset, exc)
-                entry.update(_NO_OFFSETS, error_code=UNKNOWN_SERVER_ERROR)
+                entry.update(_NO_OFFSETS, error_code=ErrorCode.unknown_server_error)
                 errors = True
                 continue
             if data is not None and total and len(data) > limit:
@@ -387,7 +361,7 @@ class KafkaApis:
             if data is not None:
                 entry["records"] = data
                 total += len(data)
-        answer = {"throttle_time": 0, "error_code": NONE, "session_id": 0,
+        answer = {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0,
                   "responses": [{"topic": t, "partitions": parts} for t, parts in topics.items()]}
         return answer, (-1 if errors else total)
 
@@ -397,15 +371,15 @@ class KafkaApis:
         for topic in request.body.topics:
             partitions = []
             for p in topic.partitions:
-                entry = {"partition_index": p.partition_index, "error_code": NONE, "timestamp": -1, "offset": -1,
-                         "leader_epoch": 0}
+                entry = {"partition_index": p.partition_index, "error_code": ErrorCode.none, "timestamp": -1,
+                         "offset": -1, "leader_epoch": 0}
                 refused = self.partition_error(topic.name, p.partition_index)
                 try:
                     if refused:
                         raise UnknownTopicOrPartitionError(f"{topic.name}-{p.partition_index}")
                     log = self.store.partition(topic.name, p.partition_index)
                 except (UnknownTopicOrPartitionError, InvalidTopicError):
-                    entry["error_code"] = refused or UNKNOWN_TOPIC_OR_PARTITION
+                    entry["error_code"] = refused or ErrorCode.unknown_topic_or_partition
                 else:
                     ts = int(p.timestamp.timestamp() * 1000) if hasattr(p.timestamp, "timestamp") else int(p.timestamp)
                     if ts == -1:
@@ -440,11 +414,12 @@ class KafkaApis:
             configs = {c.name: c.value for c in topic.configs}
             # Kafka's checks in its order (ReplicationControlManager.createTopics), validate_only too
             error, message = self._check_new_topic(topic.name, configs)
-            if error == NONE and (topic.replication_factor not in (-1, 1) or topic.assignments):
-                error, message = INVALID_REPLICATION_FACTOR, "this broker has one replica of each partition"
-            if error == NONE and partitions <= 0:
-                error, message = INVALID_PARTITIONS, f"{partitions} partitions"
-            if error == NONE and not body.validate_only:
+            if error == ErrorCode.none and (topic.replication_factor not in (-1, 1) or topic.assignments):
+                error = ErrorCode.invalid_replication_factor
+                message = "this broker has one replica of each partition"
+            if error == ErrorCode.none and partitions <= 0:
+                error, message = ErrorCode.invalid_partitions, f"{partitions} partitions"
+            if error == ErrorCode.none and not body.validate_only:
                 error, message = self._create(topic.name, partitions, configs)
             results.append({"name": topic.name, "error_code": error, "error_message": message})
         return {"throttle_time": 0, "topics": results}
@@ -454,24 +429,25 @@ class KafkaApis:
         value is INVALID_CONFIG, as in Kafka)."""
         try:
             self.store.partitions_for(name)
-            return TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
+            return ErrorCode.topic_already_exists, f"topic {name!r} already exists"
         except InvalidTopicError as exc:
-            return INVALID_TOPIC_EXCEPTION, str(exc)
+            return ErrorCode.invalid_topic_exception, str(exc)
         except UnknownTopicOrPartitionError:
             pass
         if name.startswith("__"):  # as LogStore.create_topic
-            return INVALID_TOPIC_EXCEPTION, f"topic names starting with '__' are reserved for internal topics: {name!r}"
+            return (ErrorCode.invalid_topic_exception,
+                    f"topic names starting with '__' are reserved for internal topics: {name!r}")
         nulls = sorted(k for k, v in configs.items() if v is None)
         unknown = sorted(k for k in configs if k in kafkaconfigs.NOT_TOPIC_CONFIGS)
         if nulls:
-            return INVALID_CONFIG, f"null value not supported for topic configs: {', '.join(nulls)}"
+            return ErrorCode.invalid_config, f"null value not supported for topic configs: {', '.join(nulls)}"
         if unknown:
-            return INVALID_CONFIG, f"unknown topic config name: {', '.join(unknown)}"
+            return ErrorCode.invalid_config, f"unknown topic config name: {', '.join(unknown)}"
         try:
             LogConfig.from_kafka({**self.store.defaults.to_kafka(), **configs})
         except (InvalidConfigError, TypeError, ValueError) as exc:
-            return INVALID_CONFIG, str(exc)
-        return NONE, None
+            return ErrorCode.invalid_config, str(exc)
+        return ErrorCode.none, None
 
     def _create(self, name: str, partitions: int, configs: dict[str, str | None]) -> tuple[int, str | None]:
         # By Kafka's names, as strings: the store reads a dotted name as Kafka's; the one without
@@ -481,37 +457,37 @@ class KafkaApis:
             overrides = {k: v if "." in k else getattr(typed, k) for k, v in configs.items()}
             self.store.create_topic(name, partitions, **overrides)
         except TopicExistsError:
-            return TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists"
+            return ErrorCode.topic_already_exists, f"topic {name!r} already exists"
         except InvalidTopicError as exc:
-            return INVALID_TOPIC_EXCEPTION, str(exc)
+            return ErrorCode.invalid_topic_exception, str(exc)
         except (InvalidConfigError, TypeError, ValueError) as exc:
-            return INVALID_CONFIG, str(exc)
-        return NONE, None
+            return ErrorCode.invalid_config, str(exc)
+        return ErrorCode.none, None
 
     def on_delete_topics(self, request: KafkaRequest) -> dict[str, Any]:
         results = []
         for name in request.body.topic_names:
             try:
                 self.store.delete_topic(name)
-                error = NONE
+                error = ErrorCode.none
             except (UnknownTopicOrPartitionError, InvalidTopicError):
-                error = UNKNOWN_TOPIC_OR_PARTITION
+                error = ErrorCode.unknown_topic_or_partition
             results.append({"name": name, "error_code": error})
         return {"throttle_time": 0, "responses": results}
 
     def on_sasl_handshake(self, request: KafkaRequest) -> dict[str, Any]:
         """SASL is answered before authentication (:mod:`~logstore.kafka.auth`); here, after it or
         on a listener without SASL, it is Kafka's ILLEGAL_SASL_STATE."""
-        return {"error_code": ILLEGAL_SASL_STATE, "mechanisms": []}
+        return {"error_code": ErrorCode.illegal_sasl_state, "mechanisms": []}
 
     def on_sasl_authenticate(self, request: KafkaRequest) -> dict[str, Any]:
         """As :meth:`on_sasl_handshake` (no re-authentication: sessions do not expire)."""
-        return {"error_code": ILLEGAL_SASL_STATE, "auth_bytes": b"", "session_lifetime": 0,
+        return {"error_code": ErrorCode.illegal_sasl_state, "auth_bytes": b"", "session_lifetime": 0,
                 "error_message": "SaslAuthenticate after authentication, or on a listener without SASL"}
 
     # ------------------------------------------------------------------ producers
     def on_init_producer_id(self, request: KafkaRequest) -> dict[str, Any]:
-        return {"throttle_time": 0, "error_code": NONE, "producer_id": self.producer_ids.next_id(),
+        return {"throttle_time": 0, "error_code": ErrorCode.none, "producer_id": self.producer_ids.next_id(),
                 "producer_epoch": 0}
 
 
@@ -529,7 +505,8 @@ class KafkaApis:
                                                                        self.broker_settings(), keys,
                                                                        body.include_synonyms)
             else:
-                error, message, configs = INVALID_REQUEST, f"resource type {resource.resource_type} has no configs", []
+                error, configs = ErrorCode.invalid_request, []
+                message = f"resource type {resource.resource_type} has no configs"
             results.append({"error_code": error, "error_message": message, "resource_type": resource.resource_type,
                             "resource_name": resource.resource_name, "configs": configs})
         return {"throttle_time": 0, "results": results}
@@ -548,9 +525,9 @@ class KafkaApis:
     # ------------------------------------------------------------------ consumer groups
     def on_find_coordinator(self, request: KafkaRequest) -> dict[str, Any]:
         if getattr(request.body, "key_type", 0) != 0:
-            return {"throttle_time": 0, "error_code": COORDINATOR_NOT_AVAILABLE, "node_id": -1, "host": "", "port": -1,
-                    "error_message": "transactions are not supported by this broker"}
-        return {"throttle_time": 0, "error_code": NONE, "error_message": None, "node_id": self.node_id,
+            return {"throttle_time": 0, "error_code": ErrorCode.coordinator_not_available, "node_id": -1, "host": "",
+                    "port": -1, "error_message": "transactions are not supported by this broker"}
+        return {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None, "node_id": self.node_id,
                 "host": self.host, "port": self.port}
 
     def on_join_group(self, request: KafkaRequest) -> dict[str, Any] | Future:
@@ -581,7 +558,7 @@ class KafkaApis:
             return {"throttle_time": 0, "error_code": error}
         members = [(m.member_id, m.group_instance_id) for m in body.members]
         errors = self.groups.leave(body.group_id, members)
-        return {"throttle_time": 0, "error_code": NONE,
+        return {"throttle_time": 0, "error_code": ErrorCode.none,
                 "members": [{"member_id": member_id, "group_instance_id": instance_id, "error_code": error}
                             for (member_id, instance_id), error in zip(members, errors)]}
 
@@ -600,13 +577,13 @@ class KafkaApis:
         body = request.body
         wanted = None if body.topics is None else [(t.name, p) for t in body.topics for p in t.partition_indexes]
         if not body.group_id:
-            return {"throttle_time": 0, "topics": [], "error_code": INVALID_GROUP_ID}
+            return {"throttle_time": 0, "topics": [], "error_code": ErrorCode.invalid_group_id}
         topics: dict[str, list[dict[str, Any]]] = {}
         for topic, partition, offset, metadata in self.groups.fetch_offsets(body.group_id, wanted):
             topics.setdefault(topic, []).append({"partition_index": partition, "committed_offset": offset,
                                                  "committed_leader_epoch": -1, "metadata": metadata,
-                                                 "error_code": NONE})
-        return {"throttle_time": 0, "error_code": NONE,
+                                                 "error_code": ErrorCode.none})
+        return {"throttle_time": 0, "error_code": ErrorCode.none,
                 "topics": [{"name": t, "partitions": parts} for t, parts in topics.items()]}
 
     def on_describe_groups(self, request: KafkaRequest) -> dict[str, Any]:
@@ -615,7 +592,7 @@ class KafkaApis:
             found = self.groups.describe(group_id)
             if found is None:  # Kafka describes an unknown group as a dead one
                 found = {"state": "Dead", "protocol_type": "", "protocol": "", "members": []}
-            groups.append({"error_code": NONE, "group_id": group_id, "group_state": found["state"],
+            groups.append({"error_code": ErrorCode.none, "group_id": group_id, "group_state": found["state"],
                            "protocol_type": found["protocol_type"], "protocol_data": found["protocol"],
                            "members": [{"member_id": m["member_id"], "group_instance_id": m["group_instance_id"],
                                         "client_id": m["client_id"], "client_host": m["client_host"],
@@ -625,8 +602,13 @@ class KafkaApis:
         return {"throttle_time": 0, "groups": groups}
 
     def on_list_groups(self, request: KafkaRequest) -> dict[str, Any]:
-        return {"throttle_time": 0, "error_code": NONE,
+        return {"throttle_time": 0, "error_code": ErrorCode.none,
                 "groups": [{"group_id": g, "protocol_type": t} for g, t, _ in self.groups.groups()]}
+
+
+def _topic_refused(name: str, error: ErrorCode) -> dict[str, Any]:
+    """Metadata's answer for a topic it cannot describe."""
+    return {"error_code": error, "name": name, "is_internal": False, "partitions": []}
 
 
 def _ms(value: Any) -> int:

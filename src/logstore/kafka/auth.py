@@ -47,6 +47,7 @@ from typing import Any, Callable, Mapping, Sequence, Union
 
 from ..net import server as net
 from ..errors import LogstoreError
+from ..errorcodes import ErrorCode
 from .credentials import (
     DEFAULT_ITERATIONS,
     MECHANISMS,
@@ -67,10 +68,6 @@ logger = logging.getLogger("logstore.kafka")
 SASL_HANDSHAKE = 17
 API_VERSIONS = 18
 SASL_AUTHENTICATE = 36
-#: Kafka's error codes of the SASL flow.
-ILLEGAL_SASL_STATE = 34
-UNSUPPORTED_SASL_MECHANISM = 33
-SASL_AUTHENTICATION_FAILED = 58
 _HEADER = struct.Struct(">hh")
 _I32 = struct.Struct(">i")
 
@@ -352,23 +349,24 @@ class SaslHandshake(net.Handshake):
         name = request.body.mechanism
         enabled = self._authenticator.mechanisms
         if name not in enabled:
-            reply = _frame(request, {"error_code": UNSUPPORTED_SASL_MECHANISM, "mechanisms": enabled})
+            reply = _frame(request, {"error_code": ErrorCode.unsupported_sasl_mechanism, "mechanisms": enabled})
             logger.info("connection %d from %s: SASL mechanism %r is not enabled", self._session.id,
                         self._session.peer, name)
             raise net.HandshakeError(f"unsupported SASL mechanism {name!r}", reply,
                                      self._authenticator.failed_authentication_delay_s)
         self._mechanism = self._authenticator.mechanism(name)
         self._state = _TOKENS if request.api_version >= 1 else _RAW_TOKENS
-        return _frame(request, {"error_code": 0, "mechanisms": enabled})
+        return _frame(request, {"error_code": ErrorCode.none, "mechanisms": enabled})
 
     def _authenticate(self, request: Any) -> bytes:
         try:
             token = self._step(request.body.auth_bytes)
         except SaslAuthenticationError as exc:
-            reply = _frame(request, {"error_code": SASL_AUTHENTICATION_FAILED, "error_message": str(exc),
+            reply = _frame(request, {"error_code": ErrorCode.sasl_authentication_failed, "error_message": str(exc),
                                      "auth_bytes": b"", "session_lifetime": 0})
             raise net.HandshakeError(str(exc), reply, self._authenticator.failed_authentication_delay_s) from None
-        return _frame(request, {"error_code": 0, "error_message": None, "auth_bytes": token, "session_lifetime": 0})
+        return _frame(request, {"error_code": ErrorCode.none, "error_message": None, "auth_bytes": token,
+                                "session_lifetime": 0})
 
     def _raw_token(self, frame: bytearray) -> bytes:
         try:

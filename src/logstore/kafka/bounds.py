@@ -19,7 +19,7 @@ import dataclasses
 import typing
 from typing import Any
 
-from .writer import _shape
+from .writer import field_shape
 
 __all__ = ["check_flexible", "check_flexible_header", "check_response", "BoundsError"]
 
@@ -119,7 +119,7 @@ def _make_plan(cls: type) -> _Plan:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
-        array, item_cls = _shape(hint)
+        array, item_cls = field_shape(hint)
         kind = f.metadata.get("kafka_type", "")
         if item_cls is not None:
             item: tuple[Any, ...] = ("entity", _plan_of(item_cls), False)

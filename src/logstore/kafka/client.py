@@ -33,15 +33,15 @@ import typing
 from typing import Any, Mapping
 
 from kio.index import load_request_schema, load_response_schema
-from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader
 from kio.serial.errors import SerialError
 
+from ..errorcodes import ErrorCode
 from ..errors import LogstoreError
 from .bounds import check_response
 from .writer import write_request
 
-__all__ = ["KafkaClient", "KafkaClientError", "KafkaErrorResponse", "Broker", "Security", "VERSIONS"]
+__all__ = ["KafkaClient", "KafkaClientError", "KafkaErrorResponse", "Broker", "Security", "Connection", "VERSIONS"]
 
 API_VERSIONS, METADATA, PRODUCE, LIST_OFFSETS, CREATE_TOPICS = 18, 3, 0, 2, 19
 SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
@@ -140,7 +140,7 @@ class Broker:
     port: int
 
 
-class _Connection:
+class Connection:
     """One connection to a broker: requests written and responses read by kio, one at a time.
     ``sock``: a socket already connected (a Unix socket), used as it is."""
 
@@ -287,7 +287,7 @@ class KafkaClient:
         self.timeout = timeout
         self.client_id = client_id
         self.security = security if security is not None else Security()
-        self._connections: dict[int, _Connection] = {}
+        self._connections: dict[int, Connection] = {}
         self.brokers: dict[int, Broker] = {}
         self.leaders: dict[tuple[str, int], int] = {}
         self.partitions: dict[str, int] = {}
@@ -299,7 +299,7 @@ class KafkaClient:
             if not host or not port.isdigit():
                 raise KafkaClientError(f"bootstrap server {address!r} is not host:port")
             try:
-                self._bootstrap = _Connection(host, int(port), timeout, client_id, self.security)
+                self._bootstrap = Connection(host, int(port), timeout, client_id, self.security)
                 break
             except KafkaClientError as exc:
                 errors.append(str(exc))
@@ -352,7 +352,7 @@ class KafkaClient:
         self.refresh([topic])
 
     # ------------------------------------------------------------------ partitions
-    def _leader(self, topic: str, partition: int) -> _Connection:
+    def _leader(self, topic: str, partition: int) -> Connection:
         leader = self.leaders.get((topic, partition))
         if leader is None or leader not in self.brokers:
             self.refresh([topic])
@@ -362,7 +362,7 @@ class KafkaClient:
         connection = self._connections.get(leader)
         if connection is None:
             broker = self.brokers[leader]
-            connection = self._connections[leader] = _Connection(broker.host, broker.port, self.timeout,
+            connection = self._connections[leader] = Connection(broker.host, broker.port, self.timeout,
                                                                  self.client_id, self.security)
         return connection
 
@@ -374,7 +374,7 @@ class KafkaClient:
             self._drop(connection)
             raise
 
-    def _drop(self, connection: _Connection) -> None:
+    def _drop(self, connection: Connection) -> None:
         for node, known in list(self._connections.items()):
             if known is connection:
                 del self._connections[node]

@@ -16,6 +16,7 @@ from typing import Any, Mapping, Sequence
 
 from ..log.config import LogConfig
 from ..errors import InvalidTopicError, UnknownTopicOrPartitionError
+from ..errorcodes import ErrorCode
 from ..store.store import LogStore
 
 __all__ = ["TOPIC", "BROKER", "NOT_TOPIC_CONFIGS", "describe_topic", "describe_broker"]
@@ -67,10 +68,6 @@ _BROKER_NAMES = {
 #: configs as Kafka describes them.
 NOT_TOPIC_CONFIGS = frozenset({"log.cleaner.dedupe.buffer.size"})
 
-UNKNOWN_TOPIC_OR_PARTITION = 3
-INVALID_TOPIC_EXCEPTION = 17
-INVALID_REQUEST = 42
-
 
 def _entry(name: str, value: str, source: int, synonyms: list[tuple[str, str, int]], include_synonyms: bool,
            read_only: bool = False) -> dict[str, Any]:
@@ -87,7 +84,7 @@ def describe_topic(store: LogStore, topic: str, keys: Sequence[str] | None,
     try:
         described = store.describe(topic)
     except (UnknownTopicOrPartitionError, InvalidTopicError):
-        return UNKNOWN_TOPIC_OR_PARTITION, f"topic {topic!r} does not exist", []
+        return ErrorCode.unknown_topic_or_partition, f"topic {topic!r} does not exist", []
     effective = _kafka_view(described.config)
     store_defaults = _kafka_view(store.defaults)
     entries = []
@@ -102,7 +99,7 @@ def describe_topic(store: LogStore, topic: str, keys: Sequence[str] | None,
             synonyms.append((broker_name, store_defaults[name], STATIC_BROKER_CONFIG))
         synonyms.append((broker_name, _KAFKA_DEFAULTS[name], DEFAULT_CONFIG))
         entries.append(_entry(name, value, synonyms[0][2], synonyms, include_synonyms))
-    return 0, None, entries
+    return ErrorCode.none, None, entries
 
 
 def describe_broker(node_id: int, resource_name: str, settings: Mapping[str, Any], keys: Sequence[str] | None,
@@ -110,11 +107,11 @@ def describe_broker(node_id: int, resource_name: str, settings: Mapping[str, Any
     """(error code, error message, config entries) of this broker (``resource_name`` is its id,
     or empty for the broker answering)."""
     if resource_name not in ("", str(node_id)):
-        return INVALID_REQUEST, f"this is broker {node_id}, not {resource_name!r}", []
+        return ErrorCode.invalid_request, f"this is broker {node_id}, not {resource_name!r}", []
     entries = []
     for name, value in settings.items():
         if keys is None or name in keys:
             text = str(value).lower() if isinstance(value, bool) else str(value)
             entries.append(_entry(name, text, STATIC_BROKER_CONFIG, [(name, text, STATIC_BROKER_CONFIG)],
                                   include_synonyms, read_only=True))
-    return 0, None, entries
+    return ErrorCode.none, None, entries

@@ -29,6 +29,7 @@ from kio.schema.consumer_protocol_subscription.v0.data import ConsumerProtocolSu
 from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import SerialError
 
+from ..errorcodes import ErrorCode
 from .client import (
     HEARTBEAT,
     JOIN_GROUP,
@@ -37,7 +38,7 @@ from .client import (
     SYNC_GROUP,
     KafkaClientError,
     Security,
-    _Connection,
+    Connection,
 )
 
 __all__ = ["GroupClient", "JoinAnswer", "encode_subscription", "decode_subscription", "encode_assignment",
@@ -47,7 +48,6 @@ PROTOCOL_TYPE = "consumer"
 RANGE = "range"
 _I16 = struct.Struct(">h")
 _MAX_READ_VERSION = 3
-NONE, MEMBER_ID_REQUIRED = 0, 79
 
 
 class JoinAnswer(NamedTuple):
@@ -152,7 +152,7 @@ class GroupClient:
     def __init__(self, sock: socket.socket, address: str, client_id: str, timeout: float = 30.0) -> None:
         sock.settimeout(timeout)
         self.timeout = timeout
-        self._conn = _Connection(address, 0, timeout, client_id, Security(), sock=sock)
+        self._conn = Connection(address, 0, timeout, client_id, Security(), sock=sock)
 
     def _call(self, api_key: int, fields: Mapping[str, Any], timeout: float | None = None) -> Any:
         try:
@@ -174,9 +174,10 @@ class GroupClient:
                 "protocols": [{"name": RANGE, "metadata": metadata}]}, timeout=self.timeout + rebalance_ms / 1000)
             error = int(answer.error_code.value)
             member_id = answer.member_id
-            if error != MEMBER_ID_REQUIRED:
+            if error != ErrorCode.member_id_required:
                 break
-        members = {m.member_id: decode_subscription(bytes(m.metadata)) for m in answer.members} if error == NONE else {}
+        members = ({m.member_id: decode_subscription(bytes(m.metadata)) for m in answer.members}
+                   if error == ErrorCode.none else {})
         return JoinAnswer(error, int(answer.generation_id), answer.protocol_name, answer.leader, member_id, members)
 
     def sync(self, group: str, generation: int, member_id: str,
@@ -188,7 +189,7 @@ class GroupClient:
             "assignments": [{"member_id": m, "assignment": encode_assignment(parts)}
                             for m, parts in assignments.items()]}, timeout=self.timeout + rebalance_ms / 1000)
         error = int(answer.error_code.value)
-        return error, (decode_assignment(bytes(answer.assignment)) if error == NONE else {})
+        return error, (decode_assignment(bytes(answer.assignment)) if error == ErrorCode.none else {})
 
     def heartbeat(self, group: str, generation: int, member_id: str) -> int:
         """A Heartbeat: its error code (REBALANCE_IN_PROGRESS: join again)."""
@@ -201,7 +202,7 @@ class GroupClient:
         answer = self._call(LEAVE_GROUP, {"group_id": group,
                                           "members": [{"member_id": member_id, "group_instance_id": None}]})
         error = int(answer.error_code.value)
-        return error or next((int(m.error_code.value) for m in answer.members), NONE)
+        return error or next((int(m.error_code.value) for m in answer.members), ErrorCode.none)
 
     def commit(self, group: str, generation: int, member_id: str,
                offsets: Mapping[tuple[str, int], tuple[int, str]]) -> dict[tuple[str, int], int]:

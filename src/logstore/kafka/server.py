@@ -42,6 +42,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Mapping, Sequence
 
 from .. import _fileio
+from ..errorcodes import ErrorCode
 from ..net import server as net
 from ..metrics import Histogram
 from ..errors import LogstoreError
@@ -64,7 +65,6 @@ DEFAULT_SASL_MAX_RECEIVE_BYTES = 64 * 1024
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
 _API_VERSIONS = 18
-_UNSUPPORTED_VERSION = 35
 #: Requests the loop answers itself: they never block.
 #: Upper bounds (ms) of the request time histograms (a fetch may wait up to its max_wait_ms).
 REQUEST_BUCKETS_MS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0,
@@ -177,7 +177,7 @@ def _encode(request: KafkaRequest, fields: Any) -> list[bytes]:
 def _api_versions_unsupported(correlation_id: int, supported: Any) -> list[bytes]:
     """Error 35 in ApiVersions' v0 format, still listing the ranges (a client then retries with
     a version it shares: KIP-511)."""
-    return encode(correlation_id, _API_VERSIONS, 0, {"error_code": _UNSUPPORTED_VERSION,
+    return encode(correlation_id, _API_VERSIONS, 0, {"error_code": ErrorCode.unsupported_version,
                                                      "api_keys": api_version_ranges(supported)})
 
 
@@ -199,7 +199,14 @@ def _mapped(future: Future, fn: Any) -> Future:
 
 
 class KafkaServer:
-    """Serve ``root_or_store`` to Kafka clients on ``listen``.
+    """Serve ``root_or_store`` to Kafka clients on ``listen``, from construction on.
+
+    The constructor binds the listener and starts answering before it returns, so that
+    :attr:`address` and :attr:`bootstrap_servers` (the port bound, when ``listen`` asked for
+    port 0) are served as soon as a caller can read them, as a Kafka broker's listeners are
+    once its startup completes. :meth:`start` has nothing left to do and returns the server, for
+    ``KafkaServer(...).start()`` and ``with KafkaServer(...) as server``; :meth:`stop` (or
+    leaving the ``with`` block) closes it.
 
     Args:
         root_or_store: a store directory (opened shared, closed by :meth:`stop`) or an open
@@ -298,6 +305,13 @@ class KafkaServer:
         host, port = advertised or (("localhost", 0) if local else self.address)
         self._apis.host, self._apis.port = host, port
         self._stopped = threading.Event()
+        try:
+            self._server.start()
+        except BaseException:
+            self.stop()
+            raise
+        logger.info("serving %s to Kafka clients on %s (%s)", self.store.root, self.bootstrap_servers,
+                    self.security_protocol)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -308,10 +322,7 @@ class KafkaServer:
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     def start(self) -> "KafkaServer":
-        """Start accepting; returns self."""
-        self._server.start()
-        logger.info("serving %s to Kafka clients on %s (%s)", self.store.root, self.bootstrap_servers,
-                    self.security_protocol)
+        """Return self: the server serves from construction (see the class docstring)."""
         return self
 
     def stop(self, timeout: float = 5.0) -> None:

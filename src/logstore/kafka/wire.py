@@ -31,7 +31,6 @@ import struct
 from typing import Any, Mapping
 
 from kio.index import KioIndexError, load_request_schema, load_response_schema
-from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader
 from kio.serial.errors import SerialError
 
@@ -40,7 +39,7 @@ from .bounds import check_flexible, check_flexible_header
 from .writer import write_response
 
 __all__ = ["SUPPORTED", "API_NAMES", "KafkaRequest", "KafkaProtocolError", "UnsupportedVersionError",
-           "parse_request", "response_class", "encode", "ErrorCode"]
+           "parse_request", "response_class", "encode"]
 
 #: api key -> (lowest, highest) version served. Non-flexible versions only: every client this
 #: server is tested with speaks them (aiokafka speaks nothing else). (:func:`parse_request`

@@ -19,9 +19,10 @@ in ascending tag order, each written only when the mapping gives a value other t
 default (a nested entity as a mapping, compared field by field with the default's), as kio's
 writer decides; response header v1 (correlation id, no tagged fields) but for ApiVersions.
 
-Values: integers for Kafka's integer types, error codes (``int`` or kio's ``ErrorCode``),
-durations in milliseconds (or ``timedelta``) and timestamps in milliseconds since the epoch, -1
-or None for none (or aware ``datetime``); ``bytes``-like values or a
+Values: integers for Kafka's integer types, error codes (``int`` or
+:class:`~logstore.errorcodes.ErrorCode`), durations in milliseconds (or ``timedelta``) and
+timestamps in milliseconds since the epoch, -1 or None for none (or aware ``datetime``);
+``bytes``-like values or a
 :class:`~logstore._fileio.FileRegion` for bytes and records, the region kept as a buffer of its
 own so that it can be sent with ``sendfile``.
 
@@ -39,7 +40,7 @@ from typing import Any, Callable, Mapping
 
 from .._fileio import FileRegion
 
-__all__ = ["write_response", "write_request", "plan_of"]
+__all__ = ["write_response", "write_request", "plan_of", "field_shape"]
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
@@ -330,7 +331,7 @@ def _make_plan(cls: type) -> _Plan:
         hint = hints[f.name]
         tag = f.metadata.get("tag")
         nullable = tag is None and _nullable(hint)  # a tagged field is absent, never null (as kio writes it)
-        array, item_cls = _shape(hint)
+        array, item_cls = field_shape(hint)
         if item_cls is not None:
             step: tuple[Any, ...] = (8 if flexible else 3, field, nullable, plan_of(item_cls), False) if array \
                 else (4, field, nullable, plan_of(item_cls))
@@ -363,7 +364,7 @@ def _tag_default(f: dataclasses.Field, hint: Any) -> Any:
         return _plain(f.default)
     if f.default_factory is not dataclasses.MISSING:
         return _plain(f.default_factory())
-    array, item_cls = _shape(hint)
+    array, item_cls = field_shape(hint)
     if array:
         return ()
     if item_cls is not None:
@@ -387,7 +388,7 @@ def _nullable(hint: Any) -> bool:
     return type(None) in typing.get_args(hint)
 
 
-def _shape(hint: Any) -> tuple[bool, type | None]:
+def field_shape(hint: Any) -> tuple[bool, type | None]:
     """(is an array, the entity class of the field or of its items, or None for primitives)."""
     for arg in (hint, *typing.get_args(hint)):
         if typing.get_origin(arg) is tuple:

@@ -17,7 +17,7 @@ from ..records import compression
 from ..records.compression import CODEC_NAMES
 from ..errors import InvalidConfigError
 
-__all__ = ["LogConfig", "CLEANUP_POLICIES", "TIMESTAMP_TYPES"]
+__all__ = ["LogConfig", "CLEANUP_POLICIES", "TIMESTAMP_TYPES", "KAFKA_NAMES"]
 
 #: Kafka's Long.MAX_VALUE, which Kafka uses for "never" in flush.* and max.compaction.lag.ms.
 LONG_MAX = 2**63 - 1
@@ -127,10 +127,10 @@ class LogConfig:
         for key, value in props.items():
             if not isinstance(key, str):
                 raise TypeError(f"config names must be str, got {key!r}")
-            name = _KAFKA_NAMES.get(key)
+            name = KAFKA_NAMES.get(key)
             if name is None:
                 raise InvalidConfigError(
-                    f"unknown Kafka config {key!r}; known: {', '.join(sorted(_KAFKA_NAMES))}"
+                    f"unknown Kafka config {key!r}; known: {', '.join(sorted(KAFKA_NAMES))}"
                 )
             kwargs[name] = _coerce(name, value)
         return cls(**kwargs)
@@ -138,7 +138,7 @@ class LogConfig:
     def to_kafka(self) -> dict[str, str]:
         """Return this config as Kafka's dotted names with string values."""
         out = {}
-        for key, name in _KAFKA_NAMES.items():
+        for key, name in KAFKA_NAMES.items():
             value = getattr(self, name)
             if value is None:
                 value = LONG_MAX
@@ -218,7 +218,8 @@ _FIELD_SPECS: dict[str, dict] = {
 }
 _FIELD_NAMES = tuple(_FIELD_SPECS)
 
-_KAFKA_NAMES = {
+#: Kafka's dotted topic-config names -> LogConfig field names
+KAFKA_NAMES = {
     "segment.bytes": "segment_bytes",
     "segment.ms": "segment_ms",
     "segment.jitter.ms": "segment_jitter_ms",

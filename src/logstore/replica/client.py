@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple
 from ..records import compression
 from .quorum import NONE
 from ..errors import LogstoreError, OffsetOutOfRangeError
-from ..kafka.client import Security, _Connection
+from ..kafka.client import Security, Connection
 from ..net.protocol import TLSConfig
 from ..records.batch import BatchBuilder, Record, decode_batches, end_offset_of
 
@@ -122,7 +122,7 @@ class NodeConnection:
                  tls: ssl.SSLContext | None = None) -> None:
         security = Security("SASL_SSL" if tls is not None else "SASL_PLAINTEXT", REPLICA_MECHANISM, REPLICA_USER,
                             replica_password(secret))
-        self.conn = _Connection(str(address[0]), int(address[1]), timeout, f"logstore-node-{node_id}", security,
+        self.conn = Connection(str(address[0]), int(address[1]), timeout, f"logstore-node-{node_id}", security,
                                 context=tls)
         #: one request at a time on this connection (several threads of a node share it)
         self.lock = threading.Lock()

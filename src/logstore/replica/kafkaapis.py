@@ -55,7 +55,7 @@ from ..errors import (
     RecordTooLargeError,
 )
 from ..errors import LogstoreError
-from ..kafka.apis import KafkaApis, _one_v2_batch
+from ..kafka.apis import KafkaApis, one_v2_batch_problem
 from ..groups.coordinator import GroupCoordinator
 from ..kafka.wire import KafkaRequest
 from ..groups.offsets import OFFSETS_TOPIC, OffsetStore
@@ -293,7 +293,7 @@ class ReplicaKafkaApis(KafkaApis):
             return UNKNOWN_TOPIC_OR_PARTITION, -1, f"{topic}-{partition} is not replicated by this cluster"
         if records is None:
             return CORRUPT_MESSAGE, -1, "null records"
-        refused = _one_v2_batch(records)
+        refused = one_v2_batch_problem(records)
         if refused is None:
             try:  # checked before the lock: a bad batch costs the sender, not the partition
                 validate_client_batch(records, rep.log.config.max_message_bytes)

@@ -61,14 +61,18 @@ def worker_python_problem(python: str) -> str | None:
 
 
 def check_driver() -> None:
-    """On a driver with an active local SparkContext, raise :class:`LogstoreError` when the
+    """On a driver with an active local SparkSession, raise :class:`LogstoreError` when the
     interpreter its Python workers run cannot import logstore (see the module docstring).
-    Does nothing in Spark's workers (no active context) or with a cluster master, whose
-    executors' interpreter lives on other machines."""
-    from pyspark import SparkContext
+    Does nothing in Spark's workers (no session), in a Spark Connect client (no SparkContext
+    here) or with a cluster master, whose executors' interpreter lives on other machines."""
+    from pyspark.errors import PySparkException
+    from pyspark.sql import SparkSession
 
-    sc = SparkContext._active_spark_context
-    if sc is None or not str(sc.master).startswith("local"):
+    try:
+        sc = SparkSession.active().sparkContext
+    except PySparkException:  # no active or default session, or Spark Connect's (no context)
+        return
+    if not str(sc.master).startswith("local"):
         return
     problem = worker_python_problem(sc.pythonExec)
     if problem is not None:

@@ -23,8 +23,9 @@ writes — and tells which of its entries are partitions that logstore can adopt
 Rules, as :func:`scan` applies them:
 
 * A directory named ``<topic>-<n>`` is a partition iff ``<topic>`` is a legal topic name
-  (:func:`logstore.store.store.validate_topic_name`) and ``<n>`` is a partition number written the
-  way Kafka writes it (decimal, no sign, no leading zero) below 1000000, logstore's limit.
+  (:func:`validate_topic_name`: Kafka's rule, which a store also applies to the topics it
+  creates) and ``<n>`` is a partition number written the way Kafka writes it (decimal, no
+  sign, no leading zero) below 1000000, logstore's limit.
 * A topic's partition count is its highest partition number + 1. Partition numbers are kept,
   never renumbered: they are the partitions' identity (Kafka's key partitioner and committed
   offsets name them). A gap — partitions held by another broker of the cluster — is adopted as
@@ -66,10 +67,10 @@ from ..checkpoint import (
     RECOVERY_POINT_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
 )
-from ..errors import CorruptRecordError, LogLockedError, LogstoreError
+from ..errors import CorruptRecordError, InvalidTopicError, LogLockedError, LogstoreError
 
 __all__ = ["AdoptedTopic", "SkippedDir", "LogDirScan", "scan", "looks_like_log_dir", "parse_partition_dir",
-           "OFFSETS_ASIDE_DIR", "OFFSETS_TOPIC_OVERRIDES", "adopt", "refuse_kafka_broker"]
+           "validate_topic_name", "OFFSETS_ASIDE_DIR", "OFFSETS_TOPIC_OVERRIDES", "adopt", "refuse_kafka_broker"]
 
 logger = logging.getLogger("logstore.store.kafkadirs")
 
@@ -83,6 +84,9 @@ OFFSETS_ASIDE_DIR = ".kafka-consumer-offsets"
 OFFSETS_TOPIC_OVERRIDES: Mapping[str, str] = {"cleanup.policy": "compact", "segment.bytes": str(100 * 1024 * 1024),
                                               "min.cleanable.dirty.ratio": "0.5"}
 MAX_PARTITIONS = 1_000_000
+MAX_TOPIC_LENGTH = 249
+#: the characters of a legal topic name (Kafka's Topic.LEGAL_CHARS), one or more
+LEGAL_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
 _KAFKA_FILES = (RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, CLEANER_OFFSET_CHECKPOINT,
                 REPLICATION_OFFSET_CHECKPOINT, "meta.properties", ".kafka_cleanshutdown")
 _PARTITION_DIR = re.compile(r"^(.+)-([0-9]+)$")
@@ -138,6 +142,28 @@ class LogDirScan:
     foreign_offsets: tuple[str, ...] = ()
 
 
+def validate_topic_name(name: Any) -> str:
+    """Return ``name`` if it is a legal Kafka topic name, else raise InvalidTopicError.
+
+    Kafka's rules: 1 to 249 characters from ``[a-zA-Z0-9._-]``, and not ``.`` or ``..``. They
+    also keep every name a plain file name, so no name can reach outside the store's root.
+    """
+    if not isinstance(name, str):
+        raise InvalidTopicError(f"topic name must be a str, got {type(name).__name__}")
+    if not name:
+        raise InvalidTopicError("topic name is empty")
+    if name in (".", ".."):
+        raise InvalidTopicError(f"topic name cannot be {name!r}")
+    if len(name) > MAX_TOPIC_LENGTH:
+        raise InvalidTopicError(f"topic name is {len(name)} characters long; the limit is {MAX_TOPIC_LENGTH}")
+    if not LEGAL_TOPIC_NAME.fullmatch(name):
+        bad = sorted({c for c in name if not re.match(r"[a-zA-Z0-9._-]", c)})
+        raise InvalidTopicError(
+            f"topic name {name!r} contains {''.join(bad)!r}; legal characters are ASCII letters, "
+            "digits, '.', '_' and '-'")
+    return name
+
+
 def parse_partition_dir(name: str) -> tuple[str, int] | str:
     """``(topic, partition)`` of a partition directory name, or the reason it is not one.
 
@@ -146,8 +172,6 @@ def parse_partition_dir(name: str) -> tuple[str, int] | str:
     >>> parse_partition_dir("orders-012")
     "partition number '012' is not written as Kafka writes it (decimal, no leading zero)"
     """
-    from .store import validate_topic_name  # store imports this module
-
     suffixed = _KAFKA_SUFFIXED.match(name)
     if suffixed:
         return _SUFFIX_REASONS[suffixed.group(1)]

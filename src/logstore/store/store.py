@@ -32,12 +32,10 @@ root at once (the default, ``shared=True``): partitions are opened with :meth:`L
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import mmap
 import os
-import re
 import threading
 import time
 import uuid
@@ -48,6 +46,7 @@ from typing import Any, Generator, Iterator, Mapping, Sequence, TypeVar
 from .. import _fileio
 from ..log.arrow import table as arrow_table
 from . import kafkadirs as logdirs
+from .kafkadirs import LEGAL_TOPIC_NAME, validate_topic_name
 from .._native import ffi, lib
 from ..checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
@@ -56,7 +55,7 @@ from ..checkpoint import (
     OffsetCheckpoints,
 )
 from ..cleaner import Cleaner
-from ..log.config import _KAFKA_NAMES, LogConfig
+from ..log.config import KAFKA_NAMES, LogConfig
 from ..errors import (
     InvalidConfigError,
     InvalidTopicError,
@@ -69,7 +68,7 @@ from ..errors import (
 from ..log.log import Log
 from ..log.shared import new_notify_page
 
-__all__ = ["LogStore", "TopicDescription", "validate_topic_name", "register_client"]
+__all__ = ["LogStore", "TopicDescription", "validate_topic_name"]
 
 logger = logging.getLogger("logstore.store.store")
 
@@ -79,40 +78,8 @@ NOTIFY_FILE = ".notify"
 LOCK_FILE = ".lock"
 DELETE_SUFFIX = "-delete"
 STORE_VERSION = 1
-MAX_TOPIC_LENGTH = 249
-_LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
 T = TypeVar("T")
-_FIELD_TO_KAFKA = {field_name: kafka for kafka, field_name in _KAFKA_NAMES.items()}
-#: Client classes (Producer, Consumer) by factory name. The client layer registers them here,
-#: so that the store offers store.producer(...) without importing the layer above it.
-_CLIENTS: dict[str, Any] = {}
-
-
-def register_client(name: str, factory: Any) -> None:
-    """Make ``store.<name>(...)`` construct ``factory(store, ...)`` (used by the client modules)."""
-    _CLIENTS[name] = factory
-
-
-def validate_topic_name(name: Any) -> str:
-    """Return ``name`` if it is a legal Kafka topic name, else raise InvalidTopicError.
-
-    Kafka's rules: 1 to 249 characters from ``[a-zA-Z0-9._-]``, and not ``.`` or ``..``. They
-    also keep every name a plain file name, so no name can reach outside the store's root.
-    """
-    if not isinstance(name, str):
-        raise InvalidTopicError(f"topic name must be a str, got {type(name).__name__}")
-    if not name:
-        raise InvalidTopicError("topic name is empty")
-    if name in (".", ".."):
-        raise InvalidTopicError(f"topic name cannot be {name!r}")
-    if len(name) > MAX_TOPIC_LENGTH:
-        raise InvalidTopicError(f"topic name is {len(name)} characters long; the limit is {MAX_TOPIC_LENGTH}")
-    if not _LEGAL.fullmatch(name):
-        bad = sorted({c for c in name if not re.match(r"[a-zA-Z0-9._-]", c)})
-        raise InvalidTopicError(
-            f"topic name {name!r} contains {''.join(bad)!r}; legal characters are ASCII letters, "
-            "digits, '.', '_' and '-'")
-    return name
+_FIELD_TO_KAFKA = {field_name: kafka for kafka, field_name in KAFKA_NAMES.items()}
 
 
 @dataclass(frozen=True)
@@ -395,7 +362,7 @@ class LogStore:
         self._check_open()
         names = []
         for name in _fileio.ops.listdir(os.path.join(self.root, TOPICS_DIR)):
-            if _LEGAL.fullmatch(name) and name not in (".", "..") and (internal or not name.startswith("__")):
+            if LEGAL_TOPIC_NAME.fullmatch(name) and name not in (".", "..") and (internal or not name.startswith("__")):
                 names.append(name)
         return sorted(names)
 
@@ -526,15 +493,22 @@ class LogStore:
         return arrow_table(batches, columns)
 
     # ------------------------------------------------------------------ clients
+    # The client wing sits on the floor above the store: these two factories import it when
+    # called (as pandas' accessors import their implementation), so that the store's module
+    # does not depend on it (tests/unit/test_architecture.py lists them in LATE_IMPORTS).
     def producer(self, **options: Any) -> Any:
         """A :class:`logstore.Producer` for this store (see its arguments). Closing the store
         closes it first (writing what it holds)."""
-        return self._track(_CLIENTS["producer"](self, **options))
+        from ..client.producer import Producer
+
+        return self._track(Producer(self, **options))
 
     def consumer(self, group: str, topics: str | list[str], **options: Any) -> Any:
         """A :class:`logstore.Consumer` in ``group`` reading ``topics`` (see its arguments).
         Closing the store closes it first (committing, with auto-commit)."""
-        return self._track(_CLIENTS["consumer"](self, group, topics, **options))
+        from ..client.consumer import Consumer
+
+        return self._track(Consumer(self, group, topics, **options))
 
     def _track(self, client: Any) -> Any:
         with self._lock:
@@ -569,6 +543,8 @@ class LogStore:
     async def await_until_done(self, attempts: Generator[tuple[int, float], None, T], longest: float = 0.5) -> T:
         """:meth:`wait_until_done` for asyncio: each wait runs in the default executor (at most
         ``longest`` seconds, so that a cancelled caller leaves no long-sleeping thread)."""
+        import asyncio  # loaded by whoever runs this coroutine; not by importing the store
+
         loop = asyncio.get_running_loop()
         try:
             while True:
