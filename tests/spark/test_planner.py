@@ -12,7 +12,8 @@ from pyspark.sql.datasource import (EqualTo, GreaterThan, GreaterThanOrEqual, In
                                     LessThan, StringStartsWith)
 
 from logstore import LogStore  # noqa: E402
-from logstore.spark.source import OffsetRange, SparkOptionError, _Planner, read_range  # noqa: E402
+from logstore.spark.plan import Planner  # noqa: E402
+from logstore.spark.source import OffsetRange, SparkOptionError, read_range  # noqa: E402
 
 T0 = 1_700_000_000_000
 
@@ -43,7 +44,7 @@ def offsets(ranges):
 
 
 def test_exact_filters_are_taken_and_the_rest_returned(root):
-    planner = _Planner({"path": root, "subscribe": "a,b", "pruneOnPushdown": "true"}, None, False)
+    planner = Planner({"path": root, "subscribe": "a,b", "pruneOnPushdown": "true"}, None, False)
     filters = [EqualTo(("partition",), 1), GreaterThanOrEqual(("offset",), 100), LessThan(("offset",), 250),
                In(("topic",), ("a",)), IsNotNull(("offset",)), IsNull(("key",)),
                StringStartsWith(("topic",), "a"), In(("offset",), (120, 130)),
@@ -58,7 +59,7 @@ def test_exact_filters_are_taken_and_the_rest_returned(root):
 
 
 def test_a_timestamp_lower_bound_prunes_through_the_time_index(root):
-    planner = _Planner({"path": root, "subscribe": "a", "pruneOnPushdown": "true"}, None, False)
+    planner = Planner({"path": root, "subscribe": "a", "pruneOnPushdown": "true"}, None, False)
     ts = GreaterThanOrEqual(("timestamp",), T0 + 700)
     assert list(planner.push([ts])) == [ts]  # Spark applies it too
     got = offsets(plan(planner))
@@ -68,14 +69,14 @@ def test_a_timestamp_lower_bound_prunes_through_the_time_index(root):
 
 
 def test_pushed_filters_do_not_stick_to_the_next_push(root):
-    planner = _Planner({"path": root, "subscribe": "a", "pruneOnPushdown": "true"}, None, False)
+    planner = Planner({"path": root, "subscribe": "a", "pruneOnPushdown": "true"}, None, False)
     list(planner.push([EqualTo(("partition",), 2), LessThan(("offset",), 5)]))
     list(planner.push([]))
     assert len(offsets(plan(planner))) == 3000
 
 
 def test_splitting_covers_each_partition_exactly_once(root):
-    planner = _Planner({"path": root, "subscribe": "a", "maxRecordsPerPartition": "90"}, None, False)
+    planner = Planner({"path": root, "subscribe": "a", "maxRecordsPerPartition": "90"}, None, False)
     ranges = plan(planner)
     assert len(ranges) >= 3 * 1000 // 90
     assert all(0 < r.end - r.start for r in ranges)
@@ -85,7 +86,7 @@ def test_splitting_covers_each_partition_exactly_once(root):
 
 
 def test_minimum_partitions_spread_by_size(root):
-    planner = _Planner({"path": root, "subscribe": "a,b", "minPartitions": "10"}, None, False)
+    planner = Planner({"path": root, "subscribe": "a,b", "minPartitions": "10"}, None, False)
     ranges = plan(planner)
     assert len(ranges) >= 10
     assert sum(r.topic == "b" for r in ranges) == 1  # one record: never split
@@ -102,11 +103,11 @@ def test_minimum_partitions_spread_by_size(root):
 ])
 def test_bad_options(root, options, message):
     with pytest.raises(SparkOptionError, match=message):
-        _Planner({"path": root, **options}, None, False)
+        Planner({"path": root, **options}, None, False)
 
 
 def test_ending_before_starting_is_an_error(root):
-    planner = _Planner({"path": root, "subscribe": "b", "startingOffsets": '{"b":{"0":1}}',
+    planner = Planner({"path": root, "subscribe": "b", "startingOffsets": '{"b":{"0":1}}',
                         "endingOffsets": '{"b":{"0":0}}'}, None, False)
     with pytest.raises(SparkOptionError, match="before its starting offset"):
         planner.bounds(("b", 0))
@@ -118,7 +119,7 @@ def test_a_user_specified_schema_chooses_the_columns_built(root):
     from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 
     schema = StructType([StructField("offset", LongType()), StructField("value", BinaryType())])
-    planner = _Planner({"path": root, "subscribe": "a"}, schema, streaming=False)
+    planner = Planner({"path": root, "subscribe": "a"}, schema, streaming=False)
     assert planner.columns == ("offset", "value")
     batches = [b for r in plan(planner) for b in read_range(r)]
     assert all(b.schema.names == ["offset", "value"] for b in batches)
@@ -126,11 +127,11 @@ def test_a_user_specified_schema_chooses_the_columns_built(root):
     assert sorted(o for b in batches for o in b.column("offset").to_pylist()) == sorted(list(range(1000)) * 3)
     values = {v for b in batches for v in b.column("value").to_pylist()}
     assert b"1-999" + b"x" * 50 in values
-    full = _Planner({"path": root, "subscribe": "a"}, None, streaming=False)
+    full = Planner({"path": root, "subscribe": "a"}, None, streaming=False)
     assert full.columns == ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType")
     for bad, message in [(StructType([StructField("offset", StringType())]), "offset:string not in"),
                          (StructType([StructField("nope", BinaryType())]), "nope"),
                          (StructType([StructField("value", BinaryType()), StructField("value", BinaryType())]),
                           "each once")]:
         with pytest.raises(SparkOptionError, match=message):
-            _Planner({"path": root, "subscribe": "a"}, bad, streaming=False)
+            Planner({"path": root, "subscribe": "a"}, bad, streaming=False)

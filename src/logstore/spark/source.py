@@ -95,8 +95,6 @@ from .write import Writer
 
 __all__ = ["LogstoreDataSource", "OffsetRange", "SparkOptionError", "SCHEMA", "SCHEMA_WITH_HEADERS", "schema_struct"]
 
-_Planner = Planner  # its name before the split (tests/spark/test_planner.py imports it)
-
 
 # ---------------------------------------------------------------------- the data source
 class LogstoreDataSource(DataSource):
