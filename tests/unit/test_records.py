@@ -571,3 +571,14 @@ def test_exact_max_records_builds_no_more_records_but_consumes_whole_batches(bui
     assert stopped == starts[2]  # after that whole batch
     records, stopped = RecordDecoder().decode(buf, 0, len(buf), max_records=4, exact=True)
     assert [r.offset for r in records] == [0, 1, 2, 3] and stopped == starts[2]
+
+
+def test_entry_extent_of_a_v2_batch_and_of_a_legacy_message() -> None:
+    from logstore.records.batch import ENTRY_HEAD_SIZE, entry_extent
+
+    batch = BatchBuilder().build([b"a", b"b", b"c"], base_offset=40)
+    assert entry_extent(bytes(batch[:ENTRY_HEAD_SIZE])) == (len(batch), 42)
+    # A legacy (v0/v1) message: offset, size, then crc, magic 1, ...: its own offset is its last.
+    legacy = (7).to_bytes(8, "big") + (30).to_bytes(4, "big") + b"\0" * 4 + b"\x01" + b"\0" * 25
+    assert entry_extent(legacy[:ENTRY_HEAD_SIZE]) == (42, 7)
+    assert entry_extent(legacy[:12]) == (42, 7)

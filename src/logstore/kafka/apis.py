@@ -1,7 +1,7 @@
 """What a Kafka-protocol server answers, API by API, over a LogStore (Kafka's KafkaApis).
 
 Each ``on_<api>`` method takes a parsed :class:`~logstore.kafka.wire.KafkaRequest` and returns the
-response's fields as a mapping (named as in the latest version; :func:`kafkawire.encode` writes
+response's fields as a mapping (named as in the latest version; :func:`logstore.kafka.wire.encode` writes
 what the request's version has), a Future of one (a fetch that waits for records), or None (a
 produce with acks=0, which gets no response).
 
@@ -93,7 +93,7 @@ class KafkaApis:
         purgatory: the purgatory to hold fetches in (a replica node's, whose partitions' changes
             wake them); None: one of its own, closed by :meth:`close`.
 
-    A subclass serving a replicated store (``replica_kafka``) says per partition whether this
+    A subclass serving a replicated store (:mod:`logstore.replica.kafkaapis`) says per partition whether this
     broker may answer for it (:meth:`partition_error`); fetches stop at the log's high
     watermark in any case.
     """

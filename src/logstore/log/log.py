@@ -64,11 +64,13 @@ from ..errors import (
 )
 from ..records import compression
 from ..records.batch import (
+    ENTRY_HEAD_SIZE,
     BatchBuilder,
     Record,
     RecordDecoder,
     decode_batches,
     encode_headers,
+    entry_extent,
     parse_header,
     validate_client_batch,
 )
@@ -164,19 +166,17 @@ def _non_negative(offset: Any, what: str) -> int:
     return offset
 
 def _cut_at(fd: int, position: int, length: int, max_offset: int) -> int:
-    """The bytes of the region's whole batches below ``max_offset`` (their headers read again:
-    the region's batches were checked whole, so each header is sound)."""
+    """The bytes of the region's whole entries below ``max_offset`` (their heads read again: the
+    region's batches were checked whole, so each is sound)."""
     cut = 0
     while cut + 12 <= length:
-        head = _fileio.ops.pread(fd, min(27, length - cut), position + cut)
+        head = _fileio.ops.pread(fd, min(ENTRY_HEAD_SIZE, length - cut), position + cut)
         if len(head) < 12:
             break
-        last = int.from_bytes(head[:8], "big")  # a legacy message's own (or its wrapper's last) offset
-        if len(head) == 27 and head[16] == 2:  # magic 2: the base offset plus the last offset delta
-            last += int.from_bytes(head[23:27], "big")
-        if last >= max_offset:  # a batch that reaches max_offset is not taken
+        size, last = entry_extent(head)
+        if last >= max_offset:  # an entry that reaches max_offset is not taken
             break
-        cut += 12 + int.from_bytes(head[8:12], "big")
+        cut += size
     return min(cut, length)
 
 
@@ -223,7 +223,7 @@ class Log:
         self._last_checkpoint = 0.0
         self._segments = LogSegments.for_config(self.path, config, self._lock, timers)
         self._loader = LogLoader(self._segments, self._key, self._recovery_points, self._start_offsets)
-        #: each idempotent producer's state and the .snapshot files (logproducers.py)
+        #: each idempotent producer's state and the .snapshot files
         self._producers = ProducerStateManager(self.path, self._segments, shared)
         self._appender: Any = CLOSED_APPENDER
         # What the append paths take from the config; "plain" appends take append()'s fast path.
@@ -247,7 +247,7 @@ class Log:
             self._segments.on_layout_change = self._share.begin_layout_change
         self._w: Any = self._share if shared else _NO_WRITER
         self._exclusive = ExclusiveHold(self, self._lock, self._w, self._check_open)
-        self._meter = AppendMeter()  # what was appended since the open (logmetrics.py)
+        self._meter = AppendMeter()  # what was appended since the open
         self.recovery_report: RecoveryReport | None = None
         #: seconds the last open spent loading and recovering the segments
         self.recovery_seconds = 0.0
@@ -1175,7 +1175,54 @@ class Log:
             if second is not None:
                 yield from second.take()
 
-    # ------------------------------------------------------------------ leader epochs, raw reads, a follower's copy
+    def read_raw(self, offset: int, max_bytes: int = _DEFAULT_MAX_BYTES) -> bytes:
+        """Whole batches, byte for byte as stored, from the one holding ``offset`` on (at least
+        one batch when there is one, else about ``max_bytes``): what a fetch answers, a Kafka
+        client's or a follower's. Reads stop at the log end (not the high watermark). CRCs are checked. Thread-safe.
+
+        Raises:
+            OffsetOutOfRangeError: ``offset`` outside [log start, log end].
+            CorruptRecordError: a batch on the way is invalid.
+        """
+        with self._reading(offset, "read_raw") as start:
+            return self._segments.read_raw(start, max_bytes)
+
+    def read_region(self, offset: int, max_bytes: int = _DEFAULT_MAX_BYTES,
+                    max_offset: int | None = None) -> FileRegion | None:
+        """The batches :meth:`read_raw` returns, as a region of the segment file instead of
+        bytes (None past the end), for a server to write with ``sendfile`` (zero copy), none at
+        or above ``max_offset`` (a batch boundary, such as a replicated high watermark). The
+        caller owns the region and must close it (see :class:`logstore._fileio.FileRegion`);
+        it stays readable if the segment is deleted meanwhile. CRCs are checked. Thread-safe.
+
+        Raises:
+            OffsetOutOfRangeError, CorruptRecordError: as :meth:`read_raw`.
+        """
+        with self._reading(offset, "read_region") as start:
+            segment, position, length = self._segments.locate_raw(start, max_bytes)
+            if segment is None:
+                return None
+            if max_offset is not None and max_offset < self._appender.next_offset:
+                length = _cut_at(segment.fd, position, length, max_offset)
+                if not length:
+                    return None
+            # A descriptor of its own: the segment may be closed, rolled or deleted before the
+            # region is written (its pages stay readable through it).
+            return FileRegion(_fileio.ops.dup(segment.fd), position, length)
+
+    @contextmanager
+    def _reading(self, offset: int, what: str) -> Iterator[int]:
+        """Hold the log's lock for a raw read at ``offset`` (checked: within [log start, log end])."""
+        offset = check_offset(offset)
+        with self._lock:
+            self._check_open()
+            self._follow()
+            end = self._appender.next_offset
+            if offset < self._log_start_offset or offset > end:
+                raise OffsetOutOfRangeError(offset, self._log_start_offset, end, f"{what} from {self.path}")
+            yield offset
+
+    # ------------------------------------------------------------------ leader epochs and a follower's copy
     def assign_leader_epoch(self, epoch: int) -> None:
         """Become the leader of ``epoch``: record (epoch, log end offset) in
         leader-epoch-checkpoint (fsynced) and stamp the epoch into every batch appended from now
@@ -1210,41 +1257,6 @@ class Log:
             self._follow()
             assert self.leader_epochs is not None
             return self.leader_epochs.end_offset_for(epoch, self._appender.next_offset)
-
-    def read_raw(self, offset: int, max_bytes: int = _DEFAULT_MAX_BYTES) -> bytes:
-        """Whole batches, byte for byte as stored, from the one holding ``offset`` on (at least
-        one batch when there is one, else about ``max_bytes``), for a follower's fetch. Reads
-        stop at the log end (not the high watermark). CRCs are checked. Thread-safe.
-
-        Raises:
-            OffsetOutOfRangeError: ``offset`` outside [log start, log end].
-            CorruptRecordError: a batch on the way is invalid.
-        """
-        with self._reading(offset, "read_raw") as start:
-            return self._segments.read_raw(start, max_bytes)
-
-    def read_region(self, offset: int, max_bytes: int = _DEFAULT_MAX_BYTES,
-                    max_offset: int | None = None) -> FileRegion | None:
-        """The batches :meth:`read_raw` returns, as a region of the segment file instead of
-        bytes (None past the end), for a server to write with ``sendfile`` (zero copy), none at
-        or above ``max_offset`` (a batch boundary, such as a replicated high watermark). The
-        caller owns the region and must close it (see :class:`logstore._fileio.FileRegion`);
-        it stays readable if the segment is deleted meanwhile. CRCs are checked. Thread-safe.
-
-        Raises:
-            OffsetOutOfRangeError, CorruptRecordError: as :meth:`read_raw`.
-        """
-        with self._reading(offset, "read_region") as start:
-            segment, position, length = self._segments.locate_raw(start, max_bytes)
-            if segment is None:
-                return None
-            if max_offset is not None and max_offset < self._appender.next_offset:
-                length = _cut_at(segment.fd, position, length, max_offset)
-                if not length:
-                    return None
-            # A descriptor of its own: the segment may be closed, rolled or deleted before the
-            # region is written (its pages stay readable through it).
-            return FileRegion(_fileio.ops.dup(segment.fd), position, length)
 
     def append_replicated(self, data: bytes | bytearray | memoryview) -> int:
         """Append batches copied from a leader byte for byte: offsets, timestamps and
@@ -1281,18 +1293,6 @@ class Log:
             self._check_open()
             table = self._producers.current(self._log_start_offset, self._appender.next_offset)
             return {entry.producer_id: entry.copy() for entry in table.entries()}
-
-    @contextmanager
-    def _reading(self, offset: int, what: str) -> Iterator[int]:
-        """Hold the log's lock for a raw read at ``offset`` (checked: within [log start, log end])."""
-        offset = check_offset(offset)
-        with self._lock:
-            self._check_open()
-            self._follow()
-            end = self._appender.next_offset
-            if offset < self._log_start_offset or offset > end:
-                raise OffsetOutOfRangeError(offset, self._log_start_offset, end, f"{what} from {self.path}")
-            yield offset
 
     def _copy_batches(self, view: memoryview, cache: Any) -> None:
         """Append the batches in ``view`` as a leader stored them, teaching ``cache`` every new
@@ -1470,7 +1470,7 @@ class Log:
             self._segments.delete(doomed)
             self._producers.log_start_moved()
 
-    # ------------------------------------------------------------------ compaction (cleaner.LogCompaction)
+    # ------------------------------------------------------------------ compaction
     def compact(self, now_ms: int | None = None) -> CleanerReport:
         """Run one compaction pass now and report what it did.
 

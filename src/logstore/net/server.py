@@ -7,7 +7,7 @@ writes responses; request handlers run on a pool of worker threads, because a ha
 spoken on the wire is the :class:`Protocol`'s business: how long a frame is (read from a
 fixed-size prefix and checked against a cap before anything is allocated), the authentication
 state machine (:class:`Handshake`), and how a request is answered. Kafka's
-(``kafkaserver.KafkaProtocol``, SASL: ``kafkaauth``) is the one served, to clients and replica
+(:class:`logstore.kafka.server.KafkaProtocol`, SASL: :mod:`logstore.kafka.auth`) is the one served, to clients and replica
 nodes' peers alike.
 A request the protocol knows does not block (:meth:`Protocol.inline`) is answered on the loop.
 

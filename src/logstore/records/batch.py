@@ -32,6 +32,8 @@ __all__ = [
     "RecordDecoder",
     "decode_batches",
     "decode_headers",
+    "entry_extent",
+    "ENTRY_HEAD_SIZE",
     "now_ms",
 ]
 
@@ -766,6 +768,22 @@ def parse_header(buf: Any, position: int = 0) -> BatchHeader:
     if position < 0 or len(buf) - position < HEADER_SIZE:
         check(lib.LS_ERR_TRUNCATED, None, position)
     return _make_header(_HEADER.unpack_from(buf, position))
+
+
+#: the bytes of a log entry's start that :func:`entry_extent` reads (a RecordBatch v2's header up
+#: to its last offset delta; 12 suffice for a legacy message set's entry)
+ENTRY_HEAD_SIZE = 27
+
+
+def entry_extent(head: bytes) -> tuple[int, int]:
+    """(size in bytes, last offset) of the log entry whose first bytes are ``head`` (at least 12,
+    :data:`ENTRY_HEAD_SIZE` for a v2 batch): a RecordBatch v2's base offset plus its last offset
+    delta, or a legacy (v0/v1) message's own offset, which for a compressed wrapper is its last
+    inner message's. The entry is not validated: read it from bytes already checked."""
+    last = int.from_bytes(head[:8], "big")
+    if len(head) >= ENTRY_HEAD_SIZE and head[16] == 2:
+        last += int.from_bytes(head[23:27], "big")
+    return 12 + int.from_bytes(head[8:12], "big"), last
 
 
 def batch_headers(buf: Any, start: int = 0, end: int | None = None) -> Iterator[tuple[int, BatchHeader]]:

@@ -45,7 +45,7 @@ from typing import Any, Generator, Iterator, Mapping, Sequence, TypeVar
 
 from .. import _fileio
 from ..log.arrow import table as arrow_table
-from . import kafkadirs as logdirs
+from . import kafkadirs
 from .kafkadirs import LEGAL_TOPIC_NAME, validate_topic_name
 from .._native import ffi, lib
 from ..checkpoint import (
@@ -196,7 +196,7 @@ class LogStore:
     def _ensure_topics_dir(self) -> tuple[str, ...]:
         """Create ``.topics/``, adopting the partition directories of a Kafka log directory;
         return the names of the topics adopted (see :func:`logstore.store.kafkadirs.adopt`)."""
-        return logdirs.adopt(self.root, TOPICS_DIR, self._metadata_lock, _topic_file_text)
+        return kafkadirs.adopt(self.root, TOPICS_DIR, self._metadata_lock, _topic_file_text)
 
     def _map_notify_page(self) -> Any:
         if not self.shared:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from .. import _fileio
-from . import kafkadirs as logdirs
+from . import kafkadirs
 from .._native import lib
 from ..checkpoint import (
     LOG_START_OFFSET_CHECKPOINT,
@@ -93,20 +93,20 @@ class StoreView:
         """``quiet``: do not log what a Kafka log directory's scan skips."""
         self.root = os.fspath(root)
         self._quiet = quiet
-        self._adopted: dict[str, logdirs.AdoptedTopic] | None = None
+        self._adopted: dict[str, kafkadirs.AdoptedTopic] | None = None
         #: True when ``root`` is a Kafka log directory (no ``.topics/``) adopted in memory
         self.kafka_log_dir = not _fileio.ops.exists(os.path.join(self.root, TOPICS_DIR))
         if not self.kafka_log_dir:
             return
         if not os.path.isdir(self.root):
             raise LogstoreError(f"{self.root}: no such directory")
-        if not logdirs.looks_like_log_dir(self.root):
+        if not kafkadirs.looks_like_log_dir(self.root):
             raise LogstoreError(f"{self.root} is not a logstore data directory (no {TOPICS_DIR}/) nor a Kafka log "
                                 "directory (no meta.properties, checkpoint files or <topic>-<partition>/ directories)")
 
-    def _kafka_topics(self) -> dict[str, logdirs.AdoptedTopic]:
+    def _kafka_topics(self) -> dict[str, kafkadirs.AdoptedTopic]:
         if self._adopted is None:
-            self._adopted = logdirs.scan(self.root, quiet=self._quiet).topics
+            self._adopted = kafkadirs.scan(self.root, quiet=self._quiet).topics
         return self._adopted
 
     def topics(self, internal: bool = False) -> list[str]:
