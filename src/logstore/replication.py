@@ -35,9 +35,9 @@ log/producers.py            (log layer) each producer's epoch and last batches, 
 ==========================  =====================================================================
 
 This module is replication's public face: :class:`ReplicaNode`, ``logstore node`` (:func:`main`),
-and, from :mod:`~logstore.replica.client`, :class:`Client` with its errors and the Kafka error
-codes their ``code`` carries (``from logstore.replication import Client, NotLeaderError,
-NOT_LEADER``).
+and, from :mod:`~logstore.replica.client`, :class:`Client` with its errors, and public names for
+the Kafka error codes their ``code`` carries (``from logstore.replication import Client,
+NotLeaderError, NOT_LEADER``; every code is a member of :class:`~logstore.errorcodes.ErrorCode`).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ import time
 from typing import Any, Callable, Iterable
 
 from .checkpoint import REPLICATION_OFFSET_CHECKPOINT, OffsetCheckpoints
+from .errorcodes import ErrorCode
 from .errors import LogstoreError, OffsetOutOfRangeError
 from .groups.offsets import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIG
 from .kafka.credentials import Credentials, CredentialsFile
@@ -58,18 +59,7 @@ from .net.protocol import TLSConfig
 from .net.purgatory import Purgatory
 from .records.batch import Record
 from .replica.client import (
-    CORRUPT_BATCH,
-    FENCED_EPOCH,
-    INVALID,
-    INVALID_RECORD,
-    NOT_ENOUGH_REPLICAS,
-    NOT_LEADER,
-    OK,
-    OUT_OF_RANGE,
-    RECORD_TOO_LARGE,
     REPLICA_USER,
-    TIMEOUT,
-    UNKNOWN_PARTITION,
     Client,
     Fetched,
     NotEnoughReplicasError,
@@ -91,8 +81,16 @@ from .store.store import LogStore
 __all__ = ["ReplicaNode", "Client", "Fetched", "TLSConfig", "ReplicationError", "NotLeaderError",
            "NotEnoughReplicasError", "ReplicationTimeoutError", "REPLICA_USER", "main",
            # the Kafka error codes a ReplicationError's ``code`` carries
-           "OK", "OUT_OF_RANGE", "CORRUPT_BATCH", "UNKNOWN_PARTITION", "NOT_LEADER", "TIMEOUT", "RECORD_TOO_LARGE",
-           "NOT_ENOUGH_REPLICAS", "INVALID", "FENCED_EPOCH", "INVALID_RECORD"]
+           "OK", "CORRUPT_BATCH", "UNKNOWN_PARTITION", "NOT_LEADER", "FENCED_EPOCH", "INVALID_RECORD"]
+
+# The public names of ReplicationError.code's values (and of the codes in a node's answers):
+# aliases of logstore.errorcodes.ErrorCode's members, Kafka's codes, equal to their ints.
+OK = ErrorCode.none
+CORRUPT_BATCH = ErrorCode.corrupt_message
+UNKNOWN_PARTITION = ErrorCode.unknown_topic_or_partition
+NOT_LEADER = ErrorCode.not_leader_or_follower
+FENCED_EPOCH = ErrorCode.fenced_leader_epoch
+INVALID_RECORD = ErrorCode.invalid_record
 
 #: the largest request a node's listener accepts by default (a fetch answer's batches are
 #: bounded by ``fetch_max_bytes``; a produce's by the topic's max.message.bytes)
@@ -360,7 +358,8 @@ class ReplicaNode:
         """
         rep = self._replicas.get((topic, partition))
         if rep is None:
-            raise ReplicationError(f"{topic}-{partition} is not replicated by node {self.node_id}", UNKNOWN_PARTITION)
+            raise ReplicationError(f"{topic}-{partition} is not replicated by node {self.node_id}",
+                                   ErrorCode.unknown_topic_or_partition)
         with rep.cond:
             hw = min(rep.hw, rep.log.log_end_offset)
         if offset > hw:

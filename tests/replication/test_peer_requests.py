@@ -200,8 +200,8 @@ def test_requests_meant_for_another_voter_or_cluster_are_refused(tmp_path):
         # A vote or an announcement addressed to node 2 but delivered to node 0 (a wrong peer
         # address): INCONSISTENT_VOTER_SET, nothing changes.
         fields = {**vote_fields(epoch + 1, 1, 0, 10**6), "voter_id": 2}
-        assert conn.request(VOTE, fields).error_code == 81
-        assert conn.request(BEGIN_QUORUM_EPOCH, {**begin_epoch_fields(epoch + 1, 1), "voter_id": 2}).error_code == 81
+        assert conn.request(VOTE, fields).error_code == 94
+        assert conn.request(BEGIN_QUORUM_EPOCH, {**begin_epoch_fields(epoch + 1, 1), "voter_id": 2}).error_code == 94
         # Another cluster's requests: INCONSISTENT_CLUSTER_ID, for each of them.
         assert conn.request(BEGIN_QUORUM_EPOCH, {**begin_epoch_fields(epoch + 1, 1), "cluster_id": "x"}).error_code == 104
         assert conn.request(FETCH, {**replica_fetch_fields(1, epoch + 1), "cluster_id": "x"}).error_code == 104

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from ..records import compression
 from .quorum import NONE
+from ..errorcodes import ErrorCode
 from ..errors import LogstoreError, OffsetOutOfRangeError
 from ..kafka.client import Security, Connection
 from ..net.protocol import TLSConfig
@@ -39,32 +40,28 @@ PRODUCE, FETCH, LIST_OFFSETS, METADATA, VOTE, BEGIN_QUORUM_EPOCH, DESCRIBE_QUORU
 VERSIONS = {PRODUCE: 8, FETCH: 12, LIST_OFFSETS: 5, METADATA: 8, VOTE: 2, BEGIN_QUORUM_EPOCH: 1,
             DESCRIBE_QUORUM: 1}
 
-# Kafka's error codes under the names replication has always used.
-OK = 0
-OUT_OF_RANGE = 1
-CORRUPT_BATCH = 2
-UNKNOWN_PARTITION = 3
-NOT_LEADER = 6
-TIMEOUT = 7
-RECORD_TOO_LARGE = 10
-NOT_ENOUGH_REPLICAS = 19
-INVALID = 42
-OUT_OF_ORDER_SEQUENCE = 45
-FENCED_EPOCH = 74
-INVALID_RECORD = 87
-ERROR_TEXT = {NOT_LEADER: "not the leader", NOT_ENOUGH_REPLICAS: "not enough in-sync replicas",
-              FENCED_EPOCH: "fenced leader epoch", TIMEOUT: "timed out waiting for a majority",
-              UNKNOWN_PARTITION: "unknown partition", OUT_OF_RANGE: "offset out of range",
-              INVALID: "invalid request", CORRUPT_BATCH: "corrupt record batch",
-              RECORD_TOO_LARGE: "record batch too large", INVALID_RECORD: "invalid record",
-              OUT_OF_ORDER_SEQUENCE: "out of order sequence number"}
+#: the text of a ReplicationError for a code its answer carried without an error_message
+ERROR_TEXT = {
+    ErrorCode.not_leader_or_follower: "not the leader",
+    ErrorCode.not_enough_replicas: "not enough in-sync replicas",
+    ErrorCode.fenced_leader_epoch: "fenced leader epoch",
+    ErrorCode.request_timed_out: "timed out waiting for a majority",
+    ErrorCode.unknown_topic_or_partition: "unknown partition",
+    ErrorCode.offset_out_of_range: "offset out of range",
+    ErrorCode.invalid_request: "invalid request",
+    ErrorCode.corrupt_message: "corrupt record batch",
+    ErrorCode.message_too_large: "record batch too large",
+    ErrorCode.invalid_record: "invalid record",
+    ErrorCode.out_of_order_sequence_number: "out of order sequence number",
+}
 
 
 # ---------------------------------------------------------------------- errors
 class ReplicationError(LogstoreError):
-    """A replication request failed (the message says why; ``code`` is Kafka's error code)."""
+    """A replication request failed (the message says why; ``code`` is Kafka's error code, an int
+    equal to a :class:`~logstore.errorcodes.ErrorCode` member)."""
 
-    def __init__(self, message: str, code: int = INVALID, leader: int = NONE) -> None:
+    def __init__(self, message: str, code: int = ErrorCode.invalid_request, leader: int = NONE) -> None:
         super().__init__(message)
         self.code = code
         self.leader = leader
@@ -86,14 +83,14 @@ class ReplicationTimeoutError(ReplicationError):
 
 
 def _raise_for(code: int, leader: int, what: str, message: str | None = None) -> None:
-    if code == OK:
+    if code == ErrorCode.none:
         return
     text = f"{what}: {message or ERROR_TEXT.get(code, f'error {code}')}"
-    if code == NOT_LEADER:
+    if code == ErrorCode.not_leader_or_follower:
         raise NotLeaderError(text + (f" (leader: node {leader})" if leader != NONE else ""), code, leader)
-    if code == NOT_ENOUGH_REPLICAS:
+    if code == ErrorCode.not_enough_replicas:
         raise NotEnoughReplicasError(text, code, leader)
-    if code == TIMEOUT:
+    if code == ErrorCode.request_timed_out:
         raise ReplicationTimeoutError(text, code, leader)
     raise ReplicationError(text, code, leader)
 
@@ -322,10 +319,10 @@ class Client:
             except BaseException:
                 self._new_producer()  # the outcome is unknown: later batches must not depend on it
                 raise
-            if err == OUT_OF_ORDER_SEQUENCE and attempt == 0:
+            if err == ErrorCode.out_of_order_sequence_number and attempt == 0:
                 self._new_producer()  # not appended: an earlier batch was lost with a leader
                 continue
-            if err != OK:
+            if err != ErrorCode.none:
                 # Never reuse the sequence: an earlier send of this very batch (a lost answer,
                 # then a resend) may be in the log even when this answer says it is not (the
                 # leader checks the in-sync replicas before it recognises a duplicate).
@@ -387,9 +384,9 @@ class Client:
                     last_error = exc
                     continue
                 err = int(entry.error_code)
-                if err != NOT_LEADER:
+                if err != ErrorCode.not_leader_or_follower:
                     leader = self._leaders.get(key, NONE)
-                    if err == OK:
+                    if err == ErrorCode.none:
                         node = next((n for n, a in self._nodes.items() if a == address), None)
                         if node is not None:
                             self._leaders[key] = leader = node
@@ -401,8 +398,8 @@ class Client:
                     break  # straight to the leader it named
             if not redirected:
                 time.sleep(0.05)
-        raise NotLeaderError(f"{what}: no leader answered within the timeout ({last_error})", NOT_LEADER,
-                             self._leaders.get(key, NONE))
+        raise NotLeaderError(f"{what}: no leader answered within the timeout ({last_error})",
+                             ErrorCode.not_leader_or_follower, self._leaders.get(key, NONE))
 
     def _read_metadata(self, answer: Any) -> dict[tuple[str, int], tuple[int, int]]:
         """Learn the brokers' addresses; {(topic, partition): (leader, epoch)}."""
@@ -434,7 +431,7 @@ class Client:
         what = f"fetch from {topic}-{partition}"
         err, leader, entry = self._leader_request((topic, partition), FETCH, fields, timeout or self.timeout, what,
                                                   _fetch_entry)
-        if err == OUT_OF_RANGE:
+        if err == ErrorCode.offset_out_of_range:
             start, end = self._bounds(topic, partition)
             raise OffsetOutOfRangeError(offset, start, end, what)
         _raise_for(err, leader, what)

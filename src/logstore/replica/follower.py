@@ -20,9 +20,10 @@ import logging
 import threading
 
 from .quorum import NONE, Role
+from ..errorcodes import ErrorCode
 from ..errors import LogstoreError
 from ..records.batch import parse_header
-from .partition import FENCED_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER, OFFSET_OUT_OF_RANGE, OK, PartitionReplica
+from .partition import PartitionReplica
 from .client import FETCH, NodeConnection, refused
 from .context import NodeContext
 from .elections import ElectionDriver
@@ -125,17 +126,17 @@ class Fetchers:
         data = p.records  # appended as it is
         with rep.cond:
             if epoch > rep.election.epoch:
-                rep.election.observe_epoch(epoch, leader_id if code in (OK, FENCED_LEADER_EPOCH) and leader_id >= 0
-                                           else NONE)
-            if code == OFFSET_OUT_OF_RANGE and epoch == rep.election.epoch and log_start > offset:
+                known = code in (ErrorCode.none, ErrorCode.fenced_leader_epoch) and leader_id >= 0
+                rep.election.observe_epoch(epoch, leader_id if known else NONE)
+            if code == ErrorCode.offset_out_of_range and epoch == rep.election.epoch and log_start > offset:
                 # The leader's log now starts past our end (retention or DeleteRecords there):
                 # nothing we hold can be kept; restart empty at its log start and fetch from it.
                 logger.warning("node %d: %s-%d: the leader's log starts at %d, past our end %d; restarting there",
                                context.node_id, rep.topic, rep.partition, log_start, offset)
                 log.truncate_fully_and_start_at(log_start)
                 return True
-            if code != OK or epoch != rep.election.epoch:
-                if code == NOT_LEADER_OR_FOLLOWER and leader_id >= 0 and leader_id != leader:
+            if code != ErrorCode.none or epoch != rep.election.epoch:
+                if code == ErrorCode.not_leader_or_follower and leader_id >= 0 and leader_id != leader:
                     rep.election.observe_epoch(epoch, leader_id)
                 return False
             self._elections.heard_from_leader(rep)

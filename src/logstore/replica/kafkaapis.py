@@ -47,14 +47,15 @@ from concurrent.futures import Future
 from typing import Any
 
 from .quorum import NONE as NO_LEADER, Role
+from ..errorcodes import ErrorCode, code_for
 from ..errors import (
     CorruptRecordError,
     InvalidProducerEpochError,
     InvalidRecordError,
+    LogstoreError,
     OutOfOrderSequenceError,
     RecordTooLargeError,
 )
-from ..errors import LogstoreError
 from ..kafka.apis import KafkaApis, one_v2_batch_problem
 from ..groups.coordinator import GroupCoordinator
 from ..kafka.wire import KafkaRequest
@@ -69,27 +70,9 @@ __all__ = ["ReplicaKafkaApis"]
 
 logger = logging.getLogger("logstore.replication.kafka")
 
-NONE = 0
-CORRUPT_MESSAGE = 2
-UNKNOWN_TOPIC_OR_PARTITION = 3
-LEADER_NOT_AVAILABLE = 5
-NOT_LEADER_OR_FOLLOWER = 6
-REQUEST_TIMED_OUT = 7
-MESSAGE_TOO_LARGE = 10
-NOT_ENOUGH_REPLICAS = 19
-INVALID_REQUIRED_ACKS = 21
-POLICY_VIOLATION = 44
-OUT_OF_ORDER_SEQUENCE_NUMBER = 45
-INVALID_PRODUCER_EPOCH = 47
-INVALID_RECORD = 87
-COORDINATOR_NOT_AVAILABLE = 15
-NOT_COORDINATOR = 16
 OFFSETS_KEY = (OFFSETS_TOPIC, 0)
 #: how long a group write waits for the majority (then the request fails; the client retries)
 GROUP_WRITE_TIMEOUT_S = 10.0
-_ERRORS = ((CorruptRecordError, CORRUPT_MESSAGE), (RecordTooLargeError, MESSAGE_TOO_LARGE),
-           (OutOfOrderSequenceError, OUT_OF_ORDER_SEQUENCE_NUMBER), (InvalidProducerEpochError, INVALID_PRODUCER_EPOCH),
-           (InvalidRecordError, INVALID_RECORD))
 
 
 class ReplicaKafkaApis(KafkaApis):
@@ -182,11 +165,11 @@ class ReplicaKafkaApis(KafkaApis):
             return super().on_find_coordinator(request)
         leader, _ = self._coordinator()
         if leader not in self.kafka_brokers:
-            return {"throttle_time": 0, "error_code": COORDINATOR_NOT_AVAILABLE, "error_message": "no leader of "
-                    f"{OFFSETS_TOPIC}-0 yet", "node_id": -1, "host": "", "port": -1}
+            return {"throttle_time": 0, "error_code": ErrorCode.coordinator_not_available,
+                    "error_message": f"no leader of {OFFSETS_TOPIC}-0 yet", "node_id": -1, "host": "", "port": -1}
         host, port = self.kafka_brokers[leader]
-        return {"throttle_time": 0, "error_code": NONE, "error_message": None, "node_id": leader, "host": host,
-                "port": port}
+        return {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None, "node_id": leader,
+                "host": host, "port": port}
 
     def _replica(self, topic: str, partition: int) -> PartitionReplica | None:
         return self.context.replica(topic, partition)
@@ -194,8 +177,9 @@ class ReplicaKafkaApis(KafkaApis):
     def partition_error(self, topic: str, partition: int) -> int:
         rep = self._replica(topic, partition)
         if rep is None:
-            return UNKNOWN_TOPIC_OR_PARTITION
-        return NONE if rep.election.role is Role.LEADER else NOT_LEADER_OR_FOLLOWER  # read without its lock
+            return ErrorCode.unknown_topic_or_partition
+        leading = rep.election.role is Role.LEADER  # read without its lock
+        return ErrorCode.none if leading else ErrorCode.not_leader_or_follower
 
     # ------------------------------------------------------------------ Metadata
     def on_metadata(self, request: KafkaRequest) -> dict[str, Any]:
@@ -213,8 +197,9 @@ class ReplicaKafkaApis(KafkaApis):
     def _replicated_topic(self, name: str) -> dict[str, Any]:
         partitions = sorted(p for t, p in self.context.replicas if t == name)
         if not partitions:
-            return {"error_code": UNKNOWN_TOPIC_OR_PARTITION, "name": name, "is_internal": False, "partitions": []}
-        return {"error_code": NONE, "name": name, "is_internal": name.startswith("__"),
+            return {"error_code": ErrorCode.unknown_topic_or_partition, "name": name, "is_internal": False,
+                    "partitions": []}
+        return {"error_code": ErrorCode.none, "name": name, "is_internal": name.startswith("__"),
                 "partitions": [self._partition(name, p) for p in partitions],
                 "topic_authorized_operations": -2147483648}
 
@@ -228,9 +213,9 @@ class ReplicaKafkaApis(KafkaApis):
             if election.role is Role.LEADER:
                 isr = sorted([self.node_id] + self.leader.in_sync_followers(rep, time.monotonic()))
         if leader == NO_LEADER or leader not in self.kafka_brokers:
-            return {"error_code": LEADER_NOT_AVAILABLE, "partition_index": partition, "leader_id": -1,
+            return {"error_code": ErrorCode.leader_not_available, "partition_index": partition, "leader_id": -1,
                     "leader_epoch": epoch, "replica_nodes": voters, "isr_nodes": [], "offline_replicas": []}
-        return {"error_code": NONE, "partition_index": partition, "leader_id": leader, "leader_epoch": epoch,
+        return {"error_code": ErrorCode.none, "partition_index": partition, "leader_id": leader, "leader_epoch": epoch,
                 "replica_nodes": voters, "isr_nodes": isr, "offline_replicas": []}
 
     # ------------------------------------------------------------------ Produce
@@ -244,10 +229,11 @@ class ReplicaKafkaApis(KafkaApis):
         for topic in body.topic_data:
             partitions = []
             for data in topic.partition_data:
-                entry = {"index": data.index, "error_code": NONE, "base_offset": -1, "log_append_time": None,
+                entry = {"index": data.index, "error_code": ErrorCode.none, "base_offset": -1, "log_append_time": None,
                          "log_start_offset": -1, "record_errors": [], "error_message": None}
                 if acks not in (0, 1, -1):
-                    entry.update(error_code=INVALID_REQUIRED_ACKS, error_message=f"acks must be 0, 1 or -1, not {acks}")
+                    entry.update(error_code=ErrorCode.invalid_required_acks,
+                                 error_message=f"acks must be 0, 1 or -1, not {acks}")
                 else:
                     outcome = self._replicated_append(topic.name, data.index, data.records, acks, timeout_s)
                     if isinstance(outcome, Future):
@@ -281,7 +267,7 @@ class ReplicaKafkaApis(KafkaApis):
     def _settle(self, entry: dict[str, Any], topic: str, outcome: tuple[int, int, str | None]) -> None:
         error, base, message = outcome
         entry.update(error_code=error, base_offset=base, error_message=message)
-        if error == NONE:
+        if error == ErrorCode.none:
             entry["log_start_offset"] = self._log_start(topic, entry["index"])
 
     def _replicated_append(self, topic: str, partition: int, records: bytes | None, acks: int,
@@ -290,58 +276,54 @@ class ReplicaKafkaApis(KafkaApis):
         (acks=all, until the high watermark passes the batch)."""
         rep = self._replica(topic, partition)
         if rep is None:
-            return UNKNOWN_TOPIC_OR_PARTITION, -1, f"{topic}-{partition} is not replicated by this cluster"
+            return ErrorCode.unknown_topic_or_partition, -1, f"{topic}-{partition} is not replicated by this cluster"
         if records is None:
-            return CORRUPT_MESSAGE, -1, "null records"
+            return ErrorCode.corrupt_message, -1, "null records"
         refused = one_v2_batch_problem(records)
         if refused is None:
             try:  # checked before the lock: a bad batch costs the sender, not the partition
                 validate_client_batch(records, rep.log.config.max_message_bytes)
             except (CorruptRecordError, RecordTooLargeError, InvalidRecordError) as exc:
-                return _code(exc), -1, str(exc)
+                return code_for(exc), -1, str(exc)
         else:
-            return INVALID_RECORD, -1, refused
+            return ErrorCode.invalid_record, -1, refused
         context, leader = self.context, self.leader
         with context.purgatory.deferred(), rep.cond:
             election = rep.election
             if election.role is not Role.LEADER:
-                return NOT_LEADER_OR_FOLLOWER, -1, f"node {self.node_id} does not lead {topic}-{partition}"
+                return ErrorCode.not_leader_or_follower, -1, f"node {self.node_id} does not lead {topic}-{partition}"
             epoch = election.epoch
             if acks == -1:
                 in_sync = 1 + len(leader.in_sync_followers(rep, time.monotonic()))
                 if in_sync < context.min_insync:
-                    return (NOT_ENOUGH_REPLICAS, -1,
+                    return (ErrorCode.not_enough_replicas, -1,
                             f"{in_sync} in-sync replicas, min.insync.replicas is {context.min_insync}")
             try:
                 first, last, duplicate = rep.log.append_idempotent(records)
             except (CorruptRecordError, RecordTooLargeError, OutOfOrderSequenceError, InvalidProducerEpochError,
                     InvalidRecordError) as exc:
                 logger.info("refused a produce to %s-%d: %s", topic, partition, exc)
-                return _code(exc), -1, str(exc)
+                return code_for(exc), -1, str(exc)
             if not duplicate:
                 leader.advance_hw(rep)  # a set of one commits on its own append
                 rep.changed()  # answer the followers' held fetches
         if acks != -1:
-            return NONE, first, None
+            return ErrorCode.none, first, None
         return leader.await_commit(rep, epoch, first, last, timeout_s)
 
     # ------------------------------------------------------------------ topics and producer ids
     def on_create_topics(self, request: KafkaRequest) -> dict[str, Any]:
         return {"throttle_time": 0, "topics": [
-            {"name": t.name, "error_code": POLICY_VIOLATION,
+            {"name": t.name, "error_code": ErrorCode.policy_violation,
              "error_message": "a replica set's partitions are fixed when its nodes start"} for t in request.body.topics]}
 
     def on_delete_topics(self, request: KafkaRequest) -> dict[str, Any]:
-        return {"throttle_time": 0, "responses": [{"name": name, "error_code": POLICY_VIOLATION}
+        return {"throttle_time": 0, "responses": [{"name": name, "error_code": ErrorCode.policy_violation}
                                                   for name in request.body.topic_names]}
 
     def on_init_producer_id(self, request: KafkaRequest) -> dict[str, Any]:
-        return {"throttle_time": 0, "error_code": NONE,
+        return {"throttle_time": 0, "error_code": ErrorCode.none,
                 "producer_id": self.producer_ids.next_id() * self._stride + self.node_id, "producer_epoch": 0}
-
-
-def _code(exc: BaseException) -> int:
-    return next(code for cls, code in _ERRORS if isinstance(exc, cls))
 
 
 class _ReplicatedOffsets:
@@ -398,46 +380,47 @@ class _ReplicatedOffsets:
 
 
 def _refuse_join(request: KafkaRequest) -> dict[str, Any]:
-    return {"throttle_time": 0, "error_code": NOT_COORDINATOR, "generation_id": -1, "protocol_name": "",
+    return {"throttle_time": 0, "error_code": ErrorCode.not_coordinator, "generation_id": -1, "protocol_name": "",
             "leader": "", "member_id": request.body.member_id, "members": []}
 
 
 def _refuse_leave(request: KafkaRequest) -> dict[str, Any]:
     members = getattr(request.body, "members", None) or []
-    return {"throttle_time": 0, "error_code": NOT_COORDINATOR,
+    return {"throttle_time": 0, "error_code": ErrorCode.not_coordinator,
             "members": [{"member_id": m.member_id, "group_instance_id": m.group_instance_id,
-                         "error_code": NOT_COORDINATOR} for m in members]}
+                         "error_code": ErrorCode.not_coordinator} for m in members]}
 
 
 def _refuse_commit(request: KafkaRequest) -> dict[str, Any]:
     return {"throttle_time": 0, "topics": [
-        {"name": t.name, "partitions": [{"partition_index": p.partition_index, "error_code": NOT_COORDINATOR}
+        {"name": t.name, "partitions": [{"partition_index": p.partition_index, "error_code": ErrorCode.not_coordinator}
                                         for p in t.partitions]} for t in request.body.topics]}
 
 
 def _refuse_offset_fetch(request: KafkaRequest) -> dict[str, Any]:
     """As Kafka's: each partition asked for with the error too (clients read those first)."""
     topics = request.body.topics or []
-    return {"throttle_time": 0, "error_code": NOT_COORDINATOR, "topics": [
+    return {"throttle_time": 0, "error_code": ErrorCode.not_coordinator, "topics": [
         {"name": t.name, "partitions": [{"partition_index": p, "committed_offset": -1, "committed_leader_epoch": -1,
-                                         "metadata": "", "error_code": NOT_COORDINATOR} for p in t.partition_indexes]}
+                                         "metadata": "", "error_code": ErrorCode.not_coordinator}
+                                        for p in t.partition_indexes]}
         for t in topics]}
 
 
 def _refuse_describe(request: KafkaRequest) -> dict[str, Any]:
     return {"throttle_time": 0, "groups": [
-        {"error_code": NOT_COORDINATOR, "group_id": g, "group_state": "", "protocol_type": "", "protocol_data": "",
-         "members": [], "authorized_operations": -2147483648} for g in request.body.groups]}
+        {"error_code": ErrorCode.not_coordinator, "group_id": g, "group_state": "", "protocol_type": "",
+         "protocol_data": "", "members": [], "authorized_operations": -2147483648} for g in request.body.groups]}
 
 
 #: the group requests only the coordinator answers, and the others' NOT_COORDINATOR answer
 _GROUP_REFUSALS: dict[int, Any] = {
     11: _refuse_join,
-    14: lambda request: {"throttle_time": 0, "error_code": NOT_COORDINATOR, "assignment": b""},
-    12: lambda request: {"throttle_time": 0, "error_code": NOT_COORDINATOR},
+    14: lambda request: {"throttle_time": 0, "error_code": ErrorCode.not_coordinator, "assignment": b""},
+    12: lambda request: {"throttle_time": 0, "error_code": ErrorCode.not_coordinator},
     13: _refuse_leave,
     8: _refuse_commit,
     9: _refuse_offset_fetch,
     15: _refuse_describe,
-    16: lambda request: {"throttle_time": 0, "error_code": NONE, "groups": []},
+    16: lambda request: {"throttle_time": 0, "error_code": ErrorCode.none, "groups": []},
 }

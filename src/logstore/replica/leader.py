@@ -28,17 +28,10 @@ from typing import NamedTuple
 
 from .._fileio import FileRegion
 from .quorum import NONE, Role
+from ..errorcodes import ErrorCode
 from ..errors import OffsetOutOfRangeError
 from ..records.batch import leader_change_record
-from .partition import (
-    FENCED_LEADER_EPOCH,
-    INVALID_REQUEST,
-    NOT_LEADER_OR_FOLLOWER,
-    OFFSET_OUT_OF_RANGE,
-    OK,
-    REQUEST_TIMED_OUT,
-    PartitionReplica,
-)
+from .partition import PartitionReplica
 from .context import NodeContext
 
 __all__ = ["LeaderSide", "FetchAnswer"]
@@ -49,7 +42,7 @@ logger = logging.getLogger("logstore.replication")
 class FetchAnswer(NamedTuple):
     """A leader's answer to one follower fetch (immutable)."""
 
-    #: Kafka's error code (0, NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, OFFSET_OUT_OF_RANGE ...)
+    #: Kafka's error code (an ErrorCode: none, not_leader_or_follower, fenced_leader_epoch, ...)
     code: int
     #: the leader this node knows and its epoch
     leader: int
@@ -136,11 +129,13 @@ class LeaderSide:
             # Role and epoch first: a node deposed meanwhile may have learnt a high watermark
             # past `last` from the new leader, for records that replaced ours.
             if election.role is not Role.LEADER or election.epoch != epoch or self._context.stopping.is_set():
-                return (NOT_LEADER_OR_FOLLOWER, -1,
+                return (ErrorCode.not_leader_or_follower, -1,
                         f"node {self._context.node_id} lost the leadership of {rep.topic}-{rep.partition}")
             if rep.hw > last:
-                return OK, first, None
-        return (REQUEST_TIMED_OUT, -1, "timed out waiting for a majority to hold the batch") if expired else None
+                return ErrorCode.none, first, None
+        if expired:
+            return ErrorCode.request_timed_out, -1, "timed out waiting for a majority to hold the batch"
+        return None
 
     # ------------------------------------------------------------------ follower fetch
     def follower_fetch(self, rep: PartitionReplica, replica_id: int, epoch: int, offset: int, last_epoch: int,
@@ -151,29 +146,30 @@ class LeaderSide:
         held up to ``max_wait_s`` for records (a Future then)."""
         context = self._context
         if max_bytes <= 0:
-            return FetchAnswer(INVALID_REQUEST, NONE, -1)
+            return FetchAnswer(ErrorCode.invalid_request, NONE, -1)
         max_bytes = min(max_bytes, context.fetch_max_bytes)
         with context.purgatory.deferred(), rep.cond:  # answers written after the lock
             election = rep.election
             if replica_id not in context.peers:  # only a voter's fetch may move our epoch
-                return FetchAnswer(INVALID_REQUEST, election.leader, election.epoch)
+                return FetchAnswer(ErrorCode.invalid_request, election.leader, election.epoch)
             if epoch > election.epoch:
                 election.observe_epoch(epoch)
                 rep.changed()
             if election.role is not Role.LEADER or epoch < election.epoch:
-                code = NOT_LEADER_OR_FOLLOWER if election.role is not Role.LEADER else FENCED_LEADER_EPOCH
+                code = (ErrorCode.not_leader_or_follower if election.role is not Role.LEADER
+                        else ErrorCode.fenced_leader_epoch)
                 return FetchAnswer(code, election.leader, election.epoch)
             log = rep.log
             if last_epoch < 0 and offset > log.log_start_offset:
                 # Records without an epoch history (a lost leader-epoch-checkpoint): nothing
                 # proves they match ours, so the follower starts again from our log start.
-                return FetchAnswer(OK, context.node_id, election.epoch, rep.hw, -1, log.log_start_offset,
+                return FetchAnswer(ErrorCode.none, context.node_id, election.epoch, rep.hw, -1, log.log_start_offset,
                                    log.log_start_offset)
             # KIP-101/279: the follower's last epoch must end where the leader's history says.
             if last_epoch >= 0:
                 div_epoch, div_end = log.end_offset_for_epoch(last_epoch)
                 if div_epoch != last_epoch or div_end < offset:
-                    return FetchAnswer(OK, context.node_id, election.epoch, rep.hw, div_epoch,
+                    return FetchAnswer(ErrorCode.none, context.node_id, election.epoch, rep.hw, div_epoch,
                                        div_end if div_end >= 0 else 0, log.log_start_offset)
             now = time.monotonic()
             rep.contact[replica_id] = now
@@ -201,7 +197,7 @@ class LeaderSide:
         with rep.cond:
             election = rep.election
             if election.role is not Role.LEADER or election.epoch != epoch:
-                return FetchAnswer(NOT_LEADER_OR_FOLLOWER, election.leader, election.epoch)
+                return FetchAnswer(ErrorCode.not_leader_or_follower, election.leader, election.epoch)
             end = rep.log.log_end_offset
             if end == offset and not expired and not self._context.stopping.is_set():
                 return None
@@ -215,7 +211,7 @@ class LeaderSide:
             # A region of the segment file, written to the follower's socket with sendfile.
             data = (log.read_region(offset, max_bytes) or b"") if offset < end else b""
         except OffsetOutOfRangeError:
-            return FetchAnswer(OFFSET_OUT_OF_RANGE, context.node_id, rep.election.epoch, rep.hw, -1, -1,
+            return FetchAnswer(ErrorCode.offset_out_of_range, context.node_id, rep.election.epoch, rep.hw, -1, -1,
                                log.log_start_offset)
-        return FetchAnswer(OK, context.node_id, rep.election.epoch, rep.hw, log_start_offset=log.log_start_offset,
-                           records=data)
+        return FetchAnswer(ErrorCode.none, context.node_id, rep.election.epoch, rep.hw,
+                           log_start_offset=log.log_start_offset, records=data)

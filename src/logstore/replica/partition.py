@@ -19,18 +19,6 @@ from .quorum import Election
 
 __all__ = ["PartitionReplica"]
 
-# Kafka's error codes, as replication's requests and answers carry them (kio's ErrorCode).
-OK = 0
-OFFSET_OUT_OF_RANGE = 1
-UNKNOWN_TOPIC_OR_PARTITION = 3
-NOT_LEADER_OR_FOLLOWER = 6
-REQUEST_TIMED_OUT = 7
-CLUSTER_AUTHORIZATION_FAILED = 31
-INVALID_REQUEST = 42
-FENCED_LEADER_EPOCH = 74
-INCONSISTENT_VOTER_SET = 81
-INCONSISTENT_CLUSTER_ID = 104
-
 
 @dataclass
 class PartitionReplica:

@@ -30,18 +30,11 @@ from concurrent.futures import Future
 from typing import Any
 
 from .quorum import NONE, Role
+from ..errorcodes import ErrorCode
 from ..kafka.wire import KafkaRequest
 from .context import NodeContext
 from .elections import ElectionDriver
 from .leader import FetchAnswer, LeaderSide
-from .partition import (
-    CLUSTER_AUTHORIZATION_FAILED,
-    INCONSISTENT_CLUSTER_ID,
-    INCONSISTENT_VOTER_SET,
-    INVALID_REQUEST,
-    OK,
-    UNKNOWN_TOPIC_OR_PARTITION,
-)
 from .client import REPLICA_USER
 
 __all__ = ["PeerApis", "PEER_VERSIONS"]
@@ -63,14 +56,14 @@ class PeerApis:
     def _refusal(self, request: KafkaRequest) -> int:
         """The top-level error of a peer request (0: go ahead)."""
         if request.principal != _PRINCIPAL:
-            return CLUSTER_AUTHORIZATION_FAILED
+            return ErrorCode.cluster_authorization_failed
         cluster = getattr(request.body, "cluster_id", None)
         if cluster is not None and cluster != self.context.cluster_id:
-            return INCONSISTENT_CLUSTER_ID
+            return ErrorCode.inconsistent_cluster_id
         voter = getattr(request.body, "voter_id", -1)
         if voter >= 0 and voter != self.context.node_id:  # meant for another voter (KIP-853)
-            return INCONSISTENT_VOTER_SET
-        return OK
+            return ErrorCode.inconsistent_voter_set
+        return ErrorCode.none
 
     # ------------------------------------------------------------------ Fetch from a follower
     def on_replica_fetch(self, request: KafkaRequest) -> dict[str, Any] | Future:
@@ -79,13 +72,13 @@ class PeerApis:
         wanted = [(t.topic, p) for t in body.topics for p in t.partitions]
         error = self._refusal(request)
         if not error and (request.api_version < 12 or len(wanted) != 1):
-            error = INVALID_REQUEST  # last_fetched_epoch needs v12; one partition per request
+            error = ErrorCode.invalid_request  # last_fetched_epoch needs v12; one partition per request
         if error:
             return {"throttle_time": 0, "error_code": error, "session_id": 0, "responses": []}
         topic, p = wanted[0]
         rep = self.context.replica(topic, p.partition)
         if rep is None:
-            answer: FetchAnswer | Future = FetchAnswer(UNKNOWN_TOPIC_OR_PARTITION, NONE, -1)
+            answer: FetchAnswer | Future = FetchAnswer(ErrorCode.unknown_topic_or_partition, NONE, -1)
         else:
             answer = self.leader.follower_fetch(rep, int(body.replica_id), int(p.current_leader_epoch),
                                                 int(p.fetch_offset), int(p.last_fetched_epoch),
@@ -116,14 +109,14 @@ class PeerApis:
             partitions = []
             for p in t.partitions:
                 rep = self.context.replica(t.topic_name, p.partition_index)
-                entry = {"partition_index": p.partition_index, "error_code": OK, **empty}
+                entry = {"partition_index": p.partition_index, "error_code": ErrorCode.none, **empty}
                 if rep is None:
-                    entry["error_code"] = UNKNOWN_TOPIC_OR_PARTITION
+                    entry["error_code"] = ErrorCode.unknown_topic_or_partition
                 else:
                     entry.update(answer(rep, p))
                 partitions.append(entry)
             topics.append({"topic_name": t.topic_name, "partitions": partitions})
-        return {"error_code": OK, "topics": topics}
+        return {"error_code": ErrorCode.none, "topics": topics}
 
     def on_vote(self, request: KafkaRequest) -> dict[str, Any]:
         error = self._refusal(request)
@@ -186,5 +179,5 @@ def _fetch_response(topic: str, partition: int, answer: FetchAnswer) -> dict[str
         "aborted_transactions": None, "preferred_read_replica": -1, "records": answer.records}
     if answer.diverging_epoch != -1 or answer.diverging_end != -1:
         entry["diverging_epoch"] = {"epoch": answer.diverging_epoch, "end_offset": answer.diverging_end}
-    return {"throttle_time": 0, "error_code": OK, "session_id": 0,
+    return {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0,
             "responses": [{"topic": topic, "partitions": [entry]}]}
