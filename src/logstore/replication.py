@@ -81,14 +81,20 @@ from .store.store import LogStore
 __all__ = ["ReplicaNode", "Client", "Fetched", "TLSConfig", "ReplicationError", "NotLeaderError",
            "NotEnoughReplicasError", "ReplicationTimeoutError", "REPLICA_USER", "main",
            # the Kafka error codes a ReplicationError's ``code`` carries
-           "OK", "CORRUPT_BATCH", "UNKNOWN_PARTITION", "NOT_LEADER", "FENCED_EPOCH", "INVALID_RECORD"]
+           "OK", "OUT_OF_RANGE", "CORRUPT_BATCH", "UNKNOWN_PARTITION", "NOT_LEADER", "TIMEOUT", "RECORD_TOO_LARGE",
+           "NOT_ENOUGH_REPLICAS", "INVALID", "FENCED_EPOCH", "INVALID_RECORD"]
 
 # The public names of ReplicationError.code's values (and of the codes in a node's answers):
 # aliases of logstore.errorcodes.ErrorCode's members, Kafka's codes, equal to their ints.
 OK = ErrorCode.none
+OUT_OF_RANGE = ErrorCode.offset_out_of_range
 CORRUPT_BATCH = ErrorCode.corrupt_message
 UNKNOWN_PARTITION = ErrorCode.unknown_topic_or_partition
 NOT_LEADER = ErrorCode.not_leader_or_follower
+TIMEOUT = ErrorCode.request_timed_out
+RECORD_TOO_LARGE = ErrorCode.message_too_large
+NOT_ENOUGH_REPLICAS = ErrorCode.not_enough_replicas
+INVALID = ErrorCode.invalid_request
 FENCED_EPOCH = ErrorCode.fenced_leader_epoch
 INVALID_RECORD = ErrorCode.invalid_record
 

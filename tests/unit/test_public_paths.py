@@ -72,3 +72,12 @@ def test_python_dash_m_logstore_is_the_command() -> None:
     done = subprocess.run([sys.executable, "-m", "logstore", "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "usage: logstore" in done.stdout
+
+
+def test_replications_error_code_names_are_kafkas_codes() -> None:
+    from logstore import replication
+
+    assert [replication.OK, replication.OUT_OF_RANGE, replication.CORRUPT_BATCH, replication.UNKNOWN_PARTITION,
+            replication.NOT_LEADER, replication.TIMEOUT, replication.RECORD_TOO_LARGE,
+            replication.NOT_ENOUGH_REPLICAS, replication.INVALID, replication.FENCED_EPOCH,
+            replication.INVALID_RECORD] == [0, 1, 2, 3, 6, 7, 10, 19, 42, 74, 87]
