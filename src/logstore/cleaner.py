@@ -37,7 +37,8 @@ from .checkpoint import OffsetCheckpoints
 from .errors import LogstoreError
 from .log.segments import LogSegments
 from .records.batch import BatchBuilder, BatchHeader, Record, RecordDecoder, batch_headers
-from .segment import CLEANED_SUFFIX, DELETED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, LogSegment, segment_name
+from .segment import LogSegment
+from .log.filenames import CLEANED_SUFFIX, DELETED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, segment_name
 
 __all__ = ["OffsetMap", "key_hash", "Cleaner", "CleanerReport", "CleanerState", "LogCompaction", "build_offset_map",
            "clean_batches", "compact_segments", "dirty_bytes", "oldest_dirty_timestamp", "earliest_delete_horizon"]

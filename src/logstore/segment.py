@@ -42,24 +42,12 @@ from . import _fileio
 from ._native import ffi, lib
 from .errors import CorruptIndexError, CorruptRecordError
 from .index import OffsetIndex, TimeIndex
-from .log.filenames import (
-    CLEANED_SUFFIX,
-    DELETED_SUFFIX,
-    INDEX_SUFFIX,
-    LOG_SUFFIX,
-    SWAP_SUFFIX,
-    TIMEINDEX_SUFFIX,
-    TRUNCATION_SUFFIX,
-    parse_segment_name,
-    segment_name,
-)
+from .log.filenames import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, TRUNCATION_SUFFIX, segment_name
 from .log.pointread import PointReads
 from .log.segmentscan import BatchWalk, RecoveryResult, status_words
 from .records.batch import HEADER_SIZE, BatchBuilder, Record, RecordDecoder, parse_header
 
-__all__ = ["LogSegment", "SegmentInfo", "segment_name", "parse_segment_name", "RecoveryResult",
-           "write_truncation_journal", "replay_truncation_journal", "LOG_SUFFIX", "INDEX_SUFFIX",
-           "TIMEINDEX_SUFFIX", "DELETED_SUFFIX", "CLEANED_SUFFIX", "SWAP_SUFFIX", "TRUNCATION_SUFFIX"]
+__all__ = ["LogSegment", "SegmentInfo", "RecoveryResult", "write_truncation_journal", "replay_truncation_journal"]
 
 logger = logging.getLogger("logstore.segment")
 

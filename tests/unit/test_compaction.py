@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from logstore import Log
-from logstore.segment import parse_segment_name
+from logstore.log.filenames import parse_segment_name
 
 KEYS = [b"k%d" % i for i in range(12)]
 

@@ -201,3 +201,22 @@ def test_partition_view_of_a_directory_named_freely(tmp_path):
     assert [r[3] for r in scan(view, 0, 2)] == [b"a", b"b"]
     missing = PartitionView(str(tmp_path), "gone", 0, must_exist=False)
     assert missing.segments() == [] and missing.log_end() == LogEnd(0, -1, 0)
+
+
+@pytest.mark.regression(reason="fixed: a view mapped a segment file by a size read just before a writer "
+                               "trimmed it at a roll, and mmap refused the stale length (make test, Spark)")
+def test_a_file_that_shrinks_before_it_is_mapped_is_mapped_as_it_is_now(tmp_path, monkeypatch):
+    from logstore import _fileio
+    from logstore.store import views
+
+    path = tmp_path / "00000000000000000000.log"
+    path.write_bytes(b"x" * 8192)
+    real_fsize = _fileio.ops.fsize
+    sizes = iter([16384])  # the first size read is stale: the file is shorter when it is mapped
+
+    def fsize(fd):
+        return next(sizes, None) or real_fsize(fd)
+
+    monkeypatch.setattr(_fileio.ops, "fsize", fsize)
+    with views._Mapped(str(path)) as data:
+        assert len(data) == 8192

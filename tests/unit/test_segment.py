@@ -14,7 +14,8 @@ from logstore.records import compression
 from logstore._native import lib
 from logstore.errors import CorruptIndexError, CorruptRecordError
 from logstore.records.batch import HEADER_SIZE, BatchBuilder, RecordDecoder, TimestampType, parse_header
-from logstore.segment import LogSegment, SegmentInfo, parse_segment_name, segment_name
+from logstore.log.filenames import parse_segment_name, segment_name
+from logstore.segment import LogSegment, SegmentInfo
 
 SETTINGS: dict[str, Any] = dict(segment_bytes=1 << 20, index_bytes=4096, index_interval_bytes=0,
                                 max_batch_bytes=0, preallocate=False)

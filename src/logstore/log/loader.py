@@ -27,7 +27,8 @@ from ..checkpoint import LEADER_EPOCH_CHECKPOINT, CorruptCheckpointError, Offset
 from .epochs import LeaderEpochCache
 from ..errors import CorruptIndexError, CorruptRecordError
 from .segments import LogSegments
-from ..segment import (
+from ..segment import LogSegment, replay_truncation_journal
+from .filenames import (
     CLEANED_SUFFIX,
     DELETED_SUFFIX,
     INDEX_SUFFIX,
@@ -35,9 +36,7 @@ from ..segment import (
     SWAP_SUFFIX,
     TIMEINDEX_SUFFIX,
     TRUNCATION_SUFFIX,
-    LogSegment,
     parse_segment_name,
-    replay_truncation_journal,
     segment_name,
 )
 

@@ -31,16 +31,8 @@ from .._native import lib
 from ..errors import CorruptRecordError, LogOfflineError
 from .pointread import PointLog
 from ..records.batch import BatchBuilder, Record, RecordDecoder
-from ..segment import (
-    DELETED_SUFFIX,
-    INDEX_SUFFIX,
-    LOG_SUFFIX,
-    TIMEINDEX_SUFFIX,
-    LogSegment,
-    SegmentInfo,
-    parse_segment_name,
-    segment_name,
-)
+from ..segment import LogSegment, SegmentInfo
+from .filenames import DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, parse_segment_name, segment_name
 
 __all__ = ["LogSegments", "ColumnsFrom", "decode_columns_from"]
 

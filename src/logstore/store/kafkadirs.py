@@ -267,7 +267,7 @@ def offsets_topic_problem(root: str, present: tuple[int, ...]) -> str | None:
     from ..groups.offsets import decode_offset_key, decode_offset_value
     from ..log.segmentscan import BatchWalk
     from ..records.batch import RecordDecoder
-    from ..segment import LOG_SUFFIX, parse_segment_name, segment_name
+    from ..log.filenames import LOG_SUFFIX, parse_segment_name, segment_name
     from .._native import lib
 
     if present != (0,):

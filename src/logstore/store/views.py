@@ -44,7 +44,7 @@ from ..errors import CorruptRecordError, LogstoreError, UnknownTopicOrPartitionE
 from ..index import OffsetIndex, TimeIndex
 from ..log.segmentscan import BatchWalk
 from ..records.batch import HEADER_SIZE, LOG_OVERHEAD, RecordDecoder, parse_header
-from ..segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, parse_segment_name, segment_name
+from ..log.filenames import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, parse_segment_name, segment_name
 from .store import TOPICS_DIR, read_topic_file, validate_topic_name
 
 __all__ = ["StoreView", "PartitionView", "DataLossError", "LogEnd", "SegmentPosition"]
@@ -417,8 +417,17 @@ class _Mapped:
         ops = _fileio.ops
         fd = ops.open(path, os.O_RDONLY)
         try:
-            size = ops.fsize(fd)
-            self._mm: mmap.mmap | None = ops.mmap(fd, size, False) if size > 0 else None
+            self._mm: mmap.mmap | None = None
+            for attempt in range(3):
+                size = ops.fsize(fd)
+                try:
+                    self._mm = ops.mmap(fd, size, False) if size > 0 else None
+                    break
+                except ValueError:
+                    # The file shrank between its size and the map: a writer trimmed the segment
+                    # it rolled (its preallocated tail). Map what is there now.
+                    if attempt == 2:
+                        raise
         finally:
             ops.close(fd)
 

@@ -36,7 +36,7 @@ from ..log.producerstate import ProducerStateTable
 from ..log.segmentscan import BatchWalk
 from ..records import compression
 from ..records.batch import HEADER_SIZE, BatchHeader, RecordDecoder, parse_header
-from ..segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, parse_segment_name
+from ..log.filenames import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, parse_segment_name
 from .progress import SILENT, Progress
 
 __all__ = ["dump_file", "text_or_hex", "index_entries", "timeindex_entries", "segment_base_offset",

@@ -29,7 +29,7 @@ from ..log.producers import snapshot_offsets
 from ..log.producerstate import CorruptSnapshotError, ProducerStateTable
 from ..log.segmentscan import BatchWalk
 from ..records.batch import BatchHeader, RecordDecoder
-from ..segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, parse_segment_name, segment_name
+from ..log.filenames import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, parse_segment_name, segment_name
 from ..store.kafkadirs import looks_like_log_dir
 from ..store.store import TOPICS_DIR
 from .dump import OFFSET_CHECKPOINTS, index_entries, is_partition_dir, segment_base_offset, timeindex_entries
