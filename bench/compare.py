@@ -357,8 +357,9 @@ def pq_write(system: str) -> Callable[[str, Data, str, int], float]:
     return write
 
 
-def pq_read(system: str) -> Callable[[str, Data, int], float]:
-    def read(path: str, data: Data, count: int) -> float:
+def pq_read(system: str) -> Callable[..., float]:
+    def read(path: str, data: Data, count: int, how: str = "sequential read") -> float:
+        # a queue reads only in order: the sequential read is the one workload it has (COUNTS)
         q = _pq(path, system, durable=False)
         for value, key in data.pairs(count):
             q.put((_now_ms(), key, value))
