@@ -48,6 +48,7 @@ from typing import Any, Callable, Mapping, Sequence, Union
 from ..net import server as net
 from ..errors import LogstoreError
 from ..errorcodes import ErrorCode
+from .apikeys import API_VERSIONS, SASL_AUTHENTICATE, SASL_HANDSHAKE
 from .credentials import (
     DEFAULT_ITERATIONS,
     MECHANISMS,
@@ -60,14 +61,10 @@ from .credentials import (
 )
 from .wire import API_NAMES, KafkaProtocolError, encode, parse_request
 
-__all__ = ["SaslAuthenticationError", "PlainServer", "ScramServer", "SaslAuthenticator", "SaslHandshake",
-           "SASL_HANDSHAKE", "SASL_AUTHENTICATE"]
+__all__ = ["SaslAuthenticationError", "PlainServer", "ScramServer", "SaslAuthenticator", "SaslHandshake"]
 
 logger = logging.getLogger("logstore.kafka")
 
-SASL_HANDSHAKE = 17
-API_VERSIONS = 18
-SASL_AUTHENTICATE = 36
 _HEADER = struct.Struct(">hh")
 _I32 = struct.Struct(">i")
 

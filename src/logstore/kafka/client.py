@@ -38,19 +38,30 @@ from kio.serial.errors import SerialError
 
 from ..errorcodes import ErrorCode
 from ..errors import LogstoreError
+from .apikeys import (
+    API_VERSIONS,
+    CREATE_TOPICS,
+    HEARTBEAT,
+    JOIN_GROUP,
+    LEAVE_GROUP,
+    LIST_OFFSETS,
+    METADATA,
+    OFFSET_COMMIT,
+    PRODUCE,
+    SASL_AUTHENTICATE,
+    SASL_HANDSHAKE,
+    SYNC_GROUP,
+)
 from .bounds import check_response
 from .writer import write_request
 
 __all__ = ["KafkaClient", "KafkaClientError", "KafkaErrorResponse", "Broker", "Security", "Connection", "VERSIONS"]
 
-API_VERSIONS, METADATA, PRODUCE, LIST_OFFSETS, CREATE_TOPICS = 18, 3, 0, 2, 19
-SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
 #: api key -> the version this client sends
 VERSIONS: dict[int, int] = {API_VERSIONS: 0, METADATA: 8, PRODUCE: 8, LIST_OFFSETS: 5, CREATE_TOPICS: 4,
                             SASL_HANDSHAKE: 1, SASL_AUTHENTICATE: 1}
 _NAMES = {API_VERSIONS: "ApiVersions", METADATA: "Metadata", PRODUCE: "Produce", LIST_OFFSETS: "ListOffsets",
           CREATE_TOPICS: "CreateTopics", SASL_HANDSHAKE: "SaslHandshake", SASL_AUTHENTICATE: "SaslAuthenticate"}
-OFFSET_COMMIT, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 8, 11, 12, 13, 14
 #: the group coordinator's APIs (what :mod:`logstore.kafka.groupclient` sends), checked by their user
 GROUP_VERSIONS: dict[int, int] = {OFFSET_COMMIT: 7, JOIN_GROUP: 5, HEARTBEAT: 3, LEAVE_GROUP: 3, SYNC_GROUP: 3}
 _NAMES.update({OFFSET_COMMIT: "OffsetCommit", JOIN_GROUP: "JoinGroup", HEARTBEAT: "Heartbeat",

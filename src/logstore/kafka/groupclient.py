@@ -30,16 +30,8 @@ from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import SerialError
 
 from ..errorcodes import ErrorCode
-from .client import (
-    HEARTBEAT,
-    JOIN_GROUP,
-    LEAVE_GROUP,
-    OFFSET_COMMIT,
-    SYNC_GROUP,
-    KafkaClientError,
-    Security,
-    Connection,
-)
+from .apikeys import HEARTBEAT, JOIN_GROUP, LEAVE_GROUP, OFFSET_COMMIT, SYNC_GROUP
+from .client import Connection, KafkaClientError, Security
 
 __all__ = ["GroupClient", "JoinAnswer", "encode_subscription", "decode_subscription", "encode_assignment",
            "decode_assignment", "range_assign", "PROTOCOL_TYPE", "RANGE"]

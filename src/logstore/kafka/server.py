@@ -46,6 +46,7 @@ from ..errorcodes import ErrorCode
 from ..net import server as net
 from ..metrics import Histogram
 from ..errors import LogstoreError
+from .apikeys import API_VERSIONS
 from .apis import KafkaApis, api_version_ranges
 from .auth import SaslAuthenticator
 from .credentials import MECHANISMS, Credentials, CredentialsFile
@@ -64,7 +65,6 @@ DEFAULT_MAX_REQUEST_BYTES = 100 * 1024 * 1024
 DEFAULT_SASL_MAX_RECEIVE_BYTES = 64 * 1024
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
-_API_VERSIONS = 18
 #: Requests the loop answers itself: they never block.
 #: Upper bounds (ms) of the request time histograms (a fetch may wait up to its max_wait_ms).
 REQUEST_BUCKETS_MS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0,
@@ -143,7 +143,7 @@ class KafkaProtocol(net.Protocol):
         try:
             parsed = parse_request(request, self.apis.supported)
         except UnsupportedVersionError as exc:
-            if exc.api_key == _API_VERSIONS:
+            if exc.api_key == API_VERSIONS:
                 return _api_versions_unsupported(exc.correlation_id, self.apis.supported)
             logger.warning("closing connection %d from %s: %s", session.id, session.peer, exc)
             raise
@@ -177,7 +177,7 @@ def _encode(request: KafkaRequest, fields: Any) -> list[bytes]:
 def _api_versions_unsupported(correlation_id: int, supported: Any) -> list[bytes]:
     """Error 35 in ApiVersions' v0 format, still listing the ranges (a client then retries with
     a version it shares: KIP-511)."""
-    return encode(correlation_id, _API_VERSIONS, 0, {"error_code": ErrorCode.unsupported_version,
+    return encode(correlation_id, API_VERSIONS, 0, {"error_code": ErrorCode.unsupported_version,
                                                      "api_keys": api_version_ranges(supported)})
 
 

@@ -35,6 +35,7 @@ from kio.serial import entity_reader
 from kio.serial.errors import SerialError
 
 from ..errors import LogstoreError
+from .apikeys import PRODUCE
 from .bounds import check_flexible, check_flexible_header
 from .writer import write_response
 
@@ -75,7 +76,6 @@ API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "Offs
              52: "Vote", 53: "BeginQuorumEpoch", 54: "EndQuorumEpoch", 55: "DescribeQuorum"}
 
 _HEADER = struct.Struct(">hhi")  # api key, api version, correlation id
-_PRODUCE = 0
 #: Produce versions advertised but refused (closing the connection), as Kafka 4 does.
 _REFUSED_PRODUCE = range(0, 3)
 
@@ -157,7 +157,7 @@ def parse_request(frame: bytes | bytearray | memoryview,
     api_key, api_version, correlation_id = _HEADER.unpack_from(data, 0)
     served = (SUPPORTED if supported is None else supported).get(api_key)
     if served is None or not served[0] <= api_version <= served[1] or (
-            api_key == _PRODUCE and api_version in _REFUSED_PRODUCE):
+            api_key == PRODUCE and api_version in _REFUSED_PRODUCE):
         raise UnsupportedVersionError(api_key, api_version, correlation_id)
     try:
         read_header, read_body = _readers(api_key, api_version)

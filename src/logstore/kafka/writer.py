@@ -39,13 +39,13 @@ import uuid
 from typing import Any, Callable, Mapping
 
 from .._fileio import FileRegion
+from .apikeys import API_VERSIONS
 
 __all__ = ["write_response", "write_request", "plan_of", "field_shape"]
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _HEADER_V1 = struct.Struct(">ix")  # correlation id, no tagged fields
-_API_VERSIONS = 18  # response header v0 in every version (so that any client can read it)
 _FIXED = {"int8": "b", "int16": "h", "int32": "i", "int64": "q", "uint8": "B", "uint16": "H",
           "uint32": "I", "uint64": "Q", "float64": "d", "bool": "?", "error_code": "h",
           "timedelta_i32": "i", "timedelta_i64": "q", "datetime_i64": "q"}
@@ -354,7 +354,8 @@ def _make_plan(cls: type) -> _Plan:
     close_fixed()
     if tags:
         steps.append((7, tuple(sorted(tags, key=lambda t: t[0]))))
-    header = _HEADER_V1 if flexible and getattr(cls, "__api_key__", None) != _API_VERSIONS else _I32
+    # ApiVersions answers with response header v0 in every version, so that any client can read it
+    header = _HEADER_V1 if flexible and getattr(cls, "__api_key__", None) != API_VERSIONS else _I32
     return _Plan(steps, header)
 
 

@@ -24,6 +24,7 @@ from ..records import compression
 from .quorum import NONE
 from ..errorcodes import ErrorCode
 from ..errors import LogstoreError, OffsetOutOfRangeError
+from ..kafka.apikeys import BEGIN_QUORUM_EPOCH, DESCRIBE_QUORUM, FETCH, LIST_OFFSETS, METADATA, PRODUCE, VOTE
 from ..kafka.client import Security, Connection
 from ..net.protocol import TLSConfig
 from ..records.batch import BatchBuilder, Record, decode_batches, end_offset_of
@@ -36,7 +37,6 @@ REPLICA_USER = "replica"
 REPLICA_MECHANISM = "SCRAM-SHA-256"
 
 # API keys and the versions replication speaks.
-PRODUCE, FETCH, LIST_OFFSETS, METADATA, VOTE, BEGIN_QUORUM_EPOCH, DESCRIBE_QUORUM = 0, 1, 2, 3, 52, 53, 55
 VERSIONS = {PRODUCE: 8, FETCH: 12, LIST_OFFSETS: 5, METADATA: 8, VOTE: 2, BEGIN_QUORUM_EPOCH: 1,
             DESCRIBE_QUORUM: 1}
 

@@ -1,0 +1,29 @@
+"""Kafka's API keys: the one home of the request-type numbers on the wire.
+
+The numbers of the requests logstore sends or answers by key, as Kafka's protocol guide lists
+them (``ApiKeys`` in Kafka's clients). kio's message classes carry theirs as ``__api_key__``; these
+names are for the code that switches on a key or sends a request by it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["PRODUCE", "FETCH", "LIST_OFFSETS", "METADATA", "OFFSET_COMMIT", "JOIN_GROUP", "HEARTBEAT",
+           "LEAVE_GROUP", "SYNC_GROUP", "SASL_HANDSHAKE", "API_VERSIONS", "CREATE_TOPICS", "SASL_AUTHENTICATE",
+           "VOTE", "BEGIN_QUORUM_EPOCH", "DESCRIBE_QUORUM"]
+
+PRODUCE = 0
+FETCH = 1
+LIST_OFFSETS = 2
+METADATA = 3
+OFFSET_COMMIT = 8
+JOIN_GROUP = 11
+HEARTBEAT = 12
+LEAVE_GROUP = 13
+SYNC_GROUP = 14
+SASL_HANDSHAKE = 17
+API_VERSIONS = 18
+CREATE_TOPICS = 19
+SASL_AUTHENTICATE = 36
+VOTE = 52
+BEGIN_QUORUM_EPOCH = 53
+DESCRIBE_QUORUM = 55
