@@ -316,7 +316,8 @@ def _verify(args: argparse.Namespace, out: TextIO) -> int:
 
 def _recover(args: argparse.Namespace, out: TextIO) -> int:
     from .log.log import Log
-    from .store.store import LogStore, TOPICS_DIR
+    from .store.layout import TOPICS_DIR
+    from .store.store import LogStore
 
     from .store.kafkadirs import looks_like_log_dir
     from .tools.dump import is_partition_dir

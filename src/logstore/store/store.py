@@ -47,6 +47,7 @@ from .. import _fileio
 from ..log.arrow import table as arrow_table
 from . import kafkadirs
 from .kafkadirs import LEGAL_TOPIC_NAME, validate_topic_name
+from .layout import TOPICS_DIR, parse_properties, read_topic_file
 from .._native import ffi, lib
 from ..checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
@@ -72,7 +73,6 @@ __all__ = ["LogStore", "TopicDescription", "validate_topic_name"]
 
 logger = logging.getLogger("logstore.store.store")
 
-TOPICS_DIR = ".topics"
 META_FILE = "meta.properties"
 NOTIFY_FILE = ".notify"
 LOCK_FILE = ".lock"
@@ -182,7 +182,7 @@ class LogStore:
         path = os.path.join(self.root, META_FILE)
         ops = _fileio.ops
         if ops.exists(path):
-            props = _parse_properties(ops.read_file(path).decode("utf-8", "replace"), path)
+            props = parse_properties(ops.read_file(path).decode("utf-8", "replace"), path)
             version = props.get("version")
             if version is None or not version.isdigit() or int(version) > STORE_VERSION:
                 raise LogstoreError(f"{path}: store format version {version!r} is not supported "
@@ -697,35 +697,3 @@ def _positive(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise InvalidConfigError(f"{name} must be a positive int (ms), got {value!r}")
     return value
-
-
-def read_topic_file(path: str) -> tuple[int, dict[str, str]] | None:
-    """(partition count, config overrides) from a ``.topics/<topic>`` file; None when missing.
-
-    Raises:
-        LogstoreError: the file has no usable ``partitions`` entry.
-    """
-    try:
-        text = _fileio.ops.read_file(path).decode("utf-8")
-    except FileNotFoundError:
-        return None
-    props = _parse_properties(text, path)
-    try:
-        partitions = int(props.pop("partitions"))
-    except (KeyError, ValueError):
-        raise LogstoreError(f"{path}: missing or bad 'partitions' entry") from None
-    return partitions, props
-
-
-def _parse_properties(text: str, path: str) -> dict[str, str]:
-    """Java properties, the simple subset logstore writes: ``key=value`` lines, ``#`` comments."""
-    props = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith(("#", "!")):
-            continue
-        key, sep, value = line.partition("=")
-        if not sep:
-            raise LogstoreError(f"{path}, line {number}: expected key=value, got {line!r}")
-        props[key.strip()] = value.strip()
-    return props

@@ -45,7 +45,8 @@ from ..index import OffsetIndex, TimeIndex
 from ..log.segmentscan import BatchWalk
 from ..records.batch import HEADER_SIZE, LOG_OVERHEAD, RecordDecoder, parse_header
 from ..log.filenames import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, parse_segment_name, segment_name
-from .store import TOPICS_DIR, read_topic_file, validate_topic_name
+from .kafkadirs import validate_topic_name
+from .layout import TOPICS_DIR, read_topic_file
 
 __all__ = ["StoreView", "PartitionView", "DataLossError", "LogEnd", "SegmentPosition"]
 

@@ -29,7 +29,7 @@ from ..log.segmentscan import BatchWalk
 from ..records import compression
 from ..records.batch import HEADER_SIZE
 from ..store.kafkadirs import looks_like_log_dir
-from ..store.store import TOPICS_DIR
+from ..store.layout import TOPICS_DIR
 from ..store.views import PartitionView, StoreView
 from .dump import is_partition_dir
 from .progress import SILENT, Progress

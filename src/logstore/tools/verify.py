@@ -31,7 +31,7 @@ from ..log.segmentscan import BatchWalk
 from ..records.batch import BatchHeader, RecordDecoder
 from ..log.filenames import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, parse_segment_name, segment_name
 from ..store.kafkadirs import looks_like_log_dir
-from ..store.store import TOPICS_DIR
+from ..store.layout import TOPICS_DIR
 from .dump import OFFSET_CHECKPOINTS, index_entries, is_partition_dir, segment_base_offset, timeindex_entries
 from .progress import SILENT, Progress
 
