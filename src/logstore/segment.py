@@ -25,7 +25,7 @@ sizes and facts (next offset, record count, max timestamp), and its indexes. It 
 paths (append, read), the making and keeping of the active segment (appender, writable map,
 growth, shared views), the scans (recovery, index rebuilds and checks, a sealed segment's tail)
 and truncation with its journal. Pure pieces that need none of that state live below it: the
-file names in :mod:`logstore.log.filenames` (re-exported here), the walk of valid batches in
+file names in :mod:`logstore.log.filenames`, the walk of valid batches in
 :mod:`logstore.log.segmentscan`, the point-read state in :mod:`logstore.log.pointread`.
 """
 

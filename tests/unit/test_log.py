@@ -407,6 +407,20 @@ def test_flush_ms_flushes_in_the_background(path: pathlib.Path) -> None:
         assert log.recovery_point == 1
 
 
+@pytest.mark.regression(reason="fixed: a flush() while the flush_ms timer was pending left the append path's "
+                               "threshold at NEVER, so no later append started a timer again (review)")
+def test_flush_ms_keeps_flushing_after_an_explicit_flush_during_the_timer(path: pathlib.Path) -> None:
+    with Log.open(path, flush_ms=100) as log:
+        log.append(b"x")  # starts the timer
+        log.flush()  # flushes what the timer would have: its own flush finds nothing new
+        time.sleep(0.3)  # the timer fired
+        log.append(b"y")  # must start a timer again
+        deadline = time.monotonic() + 5
+        while log.recovery_point < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert log.recovery_point == 2
+
+
 def test_concurrent_durable_appends_share_fsyncs(path: pathlib.Path) -> None:
     with Log.open(path, flush_messages=1) as log:
         ops = CountingOps()

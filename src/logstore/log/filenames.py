@@ -4,7 +4,7 @@ A segment with base offset 42 is ``00000000000000000042.log`` with ``.index`` an
 beside it, as Kafka names them, and a producer state snapshot taken at offset 42 is
 ``00000000000000000042.snapshot`` (:mod:`logstore.log.producers`); the other suffixes mark a file
 on its way somewhere (``.deleted`` awaiting removal, ``.cleaned`` and ``.swap`` during a
-compaction swap, ``.truncating`` the journal of an unfinished truncation). :mod:`logstore.segment` re-exports the segment's names. Thread-safe:
+compaction swap, ``.truncating`` the journal of an unfinished truncation). Thread-safe:
 constants and pure functions.
 """
 

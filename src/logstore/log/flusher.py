@@ -191,6 +191,9 @@ class Flusher:
             self._timer = None
             if self._cancelled:
                 return
+            # While the timer was pending the append path's threshold was NEVER (flush_ms only):
+            # the next append must start a timer again even if this flush finds nothing to do.
+            self._hooks.refresh()
         try:
             self._hooks.flush()
         except LogClosedError:

@@ -654,7 +654,7 @@ class Log:
 
     def append_idempotent(self, batch: bytes | bytearray | memoryview, check_sequence: bool = True) -> AppendInfo:
         """Append one record batch a client encoded, once; return ``(first_offset, last_offset,
-        duplicate)`` (:class:`~logstore.log.appends.AppendInfo`).
+        duplicate)`` (:class:`~logstore.log.log.AppendInfo`).
 
         The batch is checked whole first (:func:`~logstore.records.batch.validate_client_batch`: CRC,
         every record, flags, size). A batch with a producer id is then checked against the
@@ -920,8 +920,11 @@ class Log:
             if target > self._recovery_point and segment is self._segments.active:
                 self._recovery_point = target
             self._update_flush_at()
-        if time.monotonic() - self._last_checkpoint >= CHECKPOINT_INTERVAL_S:
-            self._write_checkpoints()  # the recovery point moved (the files have a lock of their own)
+            if time.monotonic() - self._last_checkpoint >= CHECKPOINT_INTERVAL_S:
+                # The recovery point moved. Written under the lock, as every change of the offsets
+                # is: a truncation or DeleteRecords racing it must not see its checkpoint overwritten
+                # by older offsets, and the leader epochs it trims are the lock's too.
+                self._write_checkpoints()
         return True
 
     def run_due_tasks(self) -> bool:
@@ -1464,7 +1467,8 @@ class Log:
             first = log_start_after(self._segments, doomed, self._log_start_offset)
             if first > self._log_start_offset:
                 # The renames may reach the disk in any order before the directory fsync; the
-                # checkpoint written first is what the reopened log starts at (the invariant above).
+                # checkpoint written first is what the reopened log starts at: the log start moves
+                # durably before any segment below it is renamed.
                 self._log_start_offset = first
                 self._write_checkpoints()
             self._segments.delete(doomed)
@@ -1532,7 +1536,7 @@ class Log:
 
     # ------------------------------------------------------------------ metrics
     def metrics(self) -> dict[str, Any]:
-        """This partition's metrics by name (see metrics.py for the names and meanings):
+        """This partition's metrics by name (see :mod:`logstore.metrics` for the names and meanings):
         appends and bytes in since this process opened the log (by any process), records and
         bytes this process read, offsets, size, segments, the fsync latency histogram, what the
         last open's recovery took and cut, and for compacted logs cleaner runs and dirty ratio.

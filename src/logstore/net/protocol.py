@@ -2,9 +2,8 @@
 
 :class:`Protocol` (frame sizes, the authentication :class:`Handshake`, and the handler),
 :class:`Session` (one connection as a handler sees it), :class:`Limits` and the :data:`Response`
-a handler returns, and :class:`TLSConfig` (a listener's and its clients' TLS). ``net``
-re-exports the contract's names; protocols import them from there. Separate from net.py so that the
-server's loop and the contract it serves read apart.
+a handler returns, and :class:`TLSConfig` (a listener's and its clients' TLS). Kept apart
+from :mod:`logstore.net.server` so that the loop and the contract it serves read apart.
 
 Thread-safety: as documented on each class (a Protocol's handler runs on several worker threads
 at once; its other methods, and a Handshake, on the loop thread). This module imports nothing
