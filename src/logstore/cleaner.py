@@ -218,12 +218,16 @@ class LogCompaction:
         dirty, total = dirty_bytes(segments, self.first_dirty_offset(log_start_offset))
         return dirty / total if total else 0.0
 
+    def eligible(self, config: Any) -> bool:
+        """A compacted log not marked uncleanable: the cleaner may pick it at all."""
+        return bool(config.compacted) and self.state.uncleanable_reason is None
+
     def needs_compaction(self, segments: LogSegments, config: Any, log_start_offset: int,
                          now_ms: int | None) -> bool:
         """Log.needs_compaction: the dirty ratio, the oldest dirty segment's age, or a passed
-        delete horizon (KIP-534) says so, for a compacted log not marked uncleanable."""
+        delete horizon (KIP-534) says so, for an :meth:`eligible` log."""
         now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-        if not config.compacted or self.state.uncleanable_reason is not None:
+        if not self.eligible(config):
             return False
         ratio = self.dirty_ratio(segments, log_start_offset)
         if ratio > 0 and ratio >= config.min_cleanable_dirty_ratio:

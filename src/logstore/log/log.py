@@ -1516,8 +1516,8 @@ class Log:
         whose dirty ratio reaches min_cleanable_dirty_ratio, whose oldest dirty segment is
         older than max_compaction_lag_ms, or that holds tombstones whose delete horizon has
         passed (Kafka's KIP-534: they go even when nothing is dirty). Thread-safe."""
-        if not self.config.compacted or self._compaction.state.uncleanable_reason is not None:
-            return False
+        if not self._compaction.eligible(self.config):
+            return False  # (without the lock: a closed log that is not compacted answers too)
         with self._lock:
             self._check_open()
             self._follow()
