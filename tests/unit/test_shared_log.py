@@ -144,7 +144,7 @@ def test_a_writer_dying_mid_roll_is_repaired_by_the_next(path):
         with a._lock, a._w:
             a._begin_layout_change()
             a._active.seal(fsync=False)
-            state, a._state = a._state, None
+            state, a._share.state = a._share.state, None
             state.close()  # the process dies: its flock goes away with its descriptors
         a._abandon()
         assert b.append(b"after") == 20
@@ -272,7 +272,7 @@ def test_shared_page_survives_a_writer_killed_while_holding_the_lock(path):
         p.join(10)
         assert a.append(b"after") == 1
         assert values(a) == [b"before", b"after"]
-        assert lib.ls_shared_dirty(a._state.page) == 0
+        assert lib.ls_shared_dirty(a._share.state.page) == 0
     finally:
         a.close()
 

@@ -94,7 +94,7 @@ from .producers import ProducerStateManager
 from .producerstate import ProducerStateEntry, increment_sequence
 from .retention import log_start_after, segments_to_delete
 from .segments import LogSegments
-from .shared import ExclusiveHold, SharedCoordinator, SharedHooks, SharedState
+from .shared import ExclusiveHold, SharedCoordinator, SharedHooks
 from .waiters import AppendWaiters
 
 __all__ = ["Log", "AppendInfo", "EARLIEST_TIMESTAMP", "LATEST_TIMESTAMP", "RecoveryReport", "CLEAN_SHUTDOWN_FILE"]
@@ -353,16 +353,6 @@ class Log:
             logger.warning("%s: recovery dropped %d bytes of invalid data", self.path, report.bytes_truncated)
 
     # ------------------------------------------------------------------ multi-process mode
-    @property
-    def _state(self) -> SharedState | None:
-        """The ``.shared`` page of a shared log (None for an exclusive or closed one)."""
-        return None if self._share is None else self._share.state
-
-    @_state.setter
-    def _state(self, value: SharedState | None) -> None:
-        assert self._share is not None
-        self._share.state = value
-
     def _follow(self) -> None:
         """Catch up with what other processes published (holds the lock; no-op unless shared)."""
         if self._share is not None:
