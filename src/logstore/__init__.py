@@ -23,6 +23,8 @@ from .errors import (
     CorruptRecordError,
     InvalidConfigError,
     InvalidProducerEpochError,
+    InvalidTxnStateError,
+    TransactionCoordinatorFencedError,
     InvalidRecordError,
     InvalidTopicError,
     LogClosedError,
@@ -87,6 +89,8 @@ __all__ = [
     "UnknownTopicOrPartitionError",
     "TopicExistsError",
     "InvalidProducerEpochError",
+    "InvalidTxnStateError",
+    "TransactionCoordinatorFencedError",
     "OutOfOrderSequenceError",
     "__version__",
 ]

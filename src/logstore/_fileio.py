@@ -267,12 +267,14 @@ class FileRegion:
     handler that made it, then the connection writing it).
     """
 
-    __slots__ = ("fd", "position", "length")
+    __slots__ = ("fd", "position", "length", "end_offset")
 
-    def __init__(self, fd: int, position: int, length: int) -> None:
+    def __init__(self, fd: int, position: int, length: int, end_offset: int = -1) -> None:
         self.fd = fd
         self.position = position
         self.length = length
+        #: the offset after the region's last batch when its maker knows it (-1: unknown)
+        self.end_offset = end_offset
 
     def __len__(self) -> int:
         return self.length

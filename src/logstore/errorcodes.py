@@ -29,9 +29,11 @@ from .errors import (
     CorruptRecordError,
     InvalidProducerEpochError,
     InvalidRecordError,
+    InvalidTxnStateError,
     LogstoreError,
     OutOfOrderSequenceError,
     RecordTooLargeError,
+    TransactionCoordinatorFencedError,
 )
 
 __all__ = ["ErrorCode", "code_for"]
@@ -44,6 +46,8 @@ _EXCEPTION_CODES: dict[type[LogstoreError], ErrorCode] = {
     OutOfOrderSequenceError: ErrorCode.out_of_order_sequence_number,
     InvalidProducerEpochError: ErrorCode.invalid_producer_epoch,
     InvalidRecordError: ErrorCode.invalid_record,
+    InvalidTxnStateError: ErrorCode.invalid_txn_state,
+    TransactionCoordinatorFencedError: ErrorCode.transaction_coordinator_fenced,
 }
 
 

@@ -22,6 +22,8 @@ __all__ = [
     "InvalidTopicError",
     "UnsupportedCodecError",
     "InvalidConfigError",
+    "InvalidTxnStateError",
+    "TransactionCoordinatorFencedError",
     "UnknownTopicOrPartitionError",
     "TopicExistsError",
     "InvalidProducerEpochError",
@@ -221,3 +223,32 @@ class OutOfOrderSequenceError(InvalidRecordError):
 
     def __reduce__(self):
         return (type(self), (self.producer_id, self.epoch, self.first_sequence, self.last_sequence, self.where))
+
+
+class InvalidTxnStateError(InvalidRecordError):
+    """A write that breaks a producer's transaction: a non-transactional batch from a producer
+    whose transaction is open in the partition, or a transaction operation in the wrong state
+    (Kafka's InvalidTxnStateException, error 48 INVALID_TXN_STATE). Nothing is written."""
+
+
+class TransactionCoordinatorFencedError(InvalidRecordError):
+    """A transaction marker from a coordinator older than the one that last wrote to the
+    producer (Kafka's TransactionCoordinatorFencedException, error 52). Nothing is written.
+
+    Attributes:
+        producer_id: the marker's producer.
+        coordinator_epoch: the marker's coordinator epoch.
+        current: the producer's latest coordinator epoch in the partition.
+    """
+
+    def __init__(self, producer_id: int, coordinator_epoch: int, current: int, where: str = "") -> None:
+        self.producer_id = producer_id
+        self.coordinator_epoch = coordinator_epoch
+        self.current = current
+        self.where = where
+        prefix = f"{where}: " if where else ""
+        super().__init__(f"{prefix}a transaction marker for producer {producer_id} from coordinator epoch "
+                         f"{coordinator_epoch}, older than {current}; nothing was written")
+
+    def __reduce__(self):
+        return (type(self), (self.producer_id, self.coordinator_epoch, self.current, self.where))

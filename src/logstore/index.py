@@ -1,4 +1,4 @@
-"""Sparse offset and time indexes: Kafka's ``.index`` and ``.timeindex`` files.
+"""A segment's indexes: Kafka's ``.index``, ``.timeindex`` and ``.txnindex`` files.
 
 An index is a sorted array of fixed-size big-endian entries in a memory-mapped file:
 
@@ -19,6 +19,9 @@ map. Kafka's AbstractIndex keeps a "warm section" so that tail lookups touch few
 index resident in the page cache a plain binary search over at most 1.3 M entries costs ~21
 probes, which we found to be well under a microsecond, so we keep the simpler search.
 
+The third, TransactionIndex (``NNN.txnindex``), is not sparse: one 34-byte entry per aborted
+transaction whose ABORT marker lies in the segment (see :class:`TransactionIndex`).
+
 Thread-safety: not thread-safe; the owning LogSegment's Log serialises access.
 """
 
@@ -26,13 +29,14 @@ from __future__ import annotations
 
 import mmap
 import os
-from typing import Any
+import struct
+from typing import Any, NamedTuple
 
 from . import _fileio
 from ._native import ffi, lib
 from .errors import CorruptIndexError
 
-__all__ = ["OffsetIndex", "TimeIndex"]
+__all__ = ["OffsetIndex", "TimeIndex", "TransactionIndex", "AbortedTxn"]
 
 
 class _Index:
@@ -351,3 +355,153 @@ class TimeIndex(_Index):
         while keep > 0 and self.entry(keep - 1)[1] >= offset:
             keep -= 1
         self._truncate_entries(keep)
+
+
+class AbortedTxn(NamedTuple):
+    """One aborted transaction (immutable): its producer, the offset of its first record, the
+    offset of its ABORT marker, and the log's last stable offset once it was aborted (Kafka's
+    AbortedTxn)."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+    last_stable_offset: int
+
+
+class TransactionIndex:
+    """TransactionIndex owns NNN.txnindex: the aborted transactions whose ABORT marker is in the
+    segment, in marker order (Kafka's TransactionIndex). Each entry is 34 bytes, big-endian::
+
+        version             int16  0
+        producer_id         int64
+        first_offset        int64  the transaction's first record (maybe in an earlier segment)
+        last_offset         int64  its ABORT marker
+        last_stable_offset  int64  the log's LSO once the transaction was aborted
+
+    A read_committed reader learns from it which transactional batches of a range to drop: those
+    of an entry's producer between its first and last offset. An entry whose last stable offset
+    reaches past the range tells that no later segment can add one for the range.
+
+    The file exists only once it has an entry (most segments never see an abort). Entries are
+    few and are kept in memory too; appends are written at once (page cache) and made durable
+    by :meth:`flush`, which the segment calls whenever it fsyncs its log. The index is derived
+    data: recovery rebuilds the indexes of the segments it scans from the log's markers.
+
+    Thread-safety: not thread-safe; the owning LogSegment's Log serialises access.
+    """
+
+    ENTRY = struct.Struct(">hqqqq")
+    VERSION = 0
+
+    def __init__(self, path: str, base_offset: int) -> None:
+        self.path = path
+        self.base_offset = base_offset
+        self._fd = -1
+        self._dirty = False
+        self.entries: list[AbortedTxn] = []
+        #: why the file cannot be trusted (a cut entry, a bad version, entries out of order), or None
+        self.damage: str | None = None
+        try:
+            data = _fileio.ops.read_file(path)
+        except FileNotFoundError:
+            return
+        size = self.ENTRY.size
+        if len(data) % size:
+            self.damage = f"file size {len(data)} is not a multiple of {size} bytes"
+        last = -1
+        for n, (version, pid, first, last_offset, lso) in enumerate(self.ENTRY.iter_unpack(data[:len(data) - len(data) % size])):
+            if (version != self.VERSION or pid < 0 or not 0 <= first <= last_offset or last_offset <= last
+                    or last_offset < base_offset):
+                self.damage = self.damage or f"entry {n} is invalid (version {version}, producer {pid}, " \
+                                             f"offsets {first}..{last_offset})"
+                break
+            self.entries.append(AbortedTxn(pid, first, last_offset, lso))
+            last = last_offset
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def exists(self) -> bool:
+        """Whether the file exists (it is made by the first entry)."""
+        return self._fd >= 0 or _fileio.ops.exists(self.path)
+
+    def _open(self) -> int:
+        if self._fd < 0:
+            self._fd = _fileio.ops.open(self.path, os.O_RDWR | os.O_CREAT)
+        return self._fd
+
+    def append(self, txn: AbortedTxn) -> None:
+        """Add an entry (its marker must lie after the last entry's). Written to the page cache
+        now, durable after :meth:`flush`.
+
+        Raises:
+            ValueError: the marker does not follow the last entry's.
+        """
+        if self.entries and txn.last_offset <= self.entries[-1].last_offset:
+            raise ValueError(f"{self.path}: aborted transaction ending at {txn.last_offset} does not follow "
+                             f"the last one, ending at {self.entries[-1].last_offset}")
+        fd = self._open()
+        _fileio.ops.pwrite(fd, self.ENTRY.pack(self.VERSION, *txn), len(self.entries) * self.ENTRY.size)
+        self.entries.append(txn)
+        self._dirty = True
+
+    def collect(self, fetch_offset: int, upper_bound: int) -> tuple[list[AbortedTxn], bool]:
+        """The entries that overlap [fetch_offset, upper_bound) (marker at or after
+        ``fetch_offset``, first record before ``upper_bound``), and whether the search is
+        complete: an entry's last stable offset reaches ``upper_bound``, so later segments hold
+        none for the range (Kafka's collectAbortedTxns)."""
+        found = []
+        for txn in self.entries:
+            if txn.last_offset >= fetch_offset and txn.first_offset < upper_bound:
+                found.append(txn)
+            if txn.last_stable_offset >= upper_bound:
+                return found, True
+        return found, False
+
+    def truncate_to(self, offset: int) -> None:
+        """Drop the entries whose marker is at or after ``offset`` (the log was cut there)."""
+        keep = sum(1 for txn in self.entries if txn.last_offset < offset)
+        if keep == len(self.entries):
+            return
+        del self.entries[keep:]
+        if self.exists:
+            _fileio.ops.ftruncate(self._open(), keep * self.ENTRY.size)
+            self._dirty = True
+
+    def reset(self) -> None:
+        """Drop every entry and the file (before a rebuild)."""
+        self.entries.clear()
+        self.damage = None
+        self.close()
+        try:
+            _fileio.ops.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def sanity_check(self) -> None:
+        """Raise CorruptIndexError when the file could not be read whole and in order."""
+        if self.damage:
+            raise CorruptIndexError(self.path, self.damage)
+
+    def flush(self) -> None:
+        """fsync the file if anything was written since the last flush."""
+        if self._dirty and self._fd >= 0:
+            _fileio.ops.fsync(self._fd)
+        self._dirty = False
+
+    def close(self) -> None:
+        """Close the file (its entries stay readable in memory)."""
+        if self._fd >= 0:
+            _fileio.ops.close(self._fd)
+            self._fd = -1
+        self._dirty = False
+
+    def rename_to(self, path: str) -> None:
+        """Rename the file (if it exists) and remember the new path."""
+        if self.exists:
+            _fileio.ops.rename(self.path, path)
+        self.path = path
+
+    def __repr__(self) -> str:
+        return f"TransactionIndex({self.path!r}, entries={len(self.entries)})"

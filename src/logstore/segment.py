@@ -1,7 +1,8 @@
-"""One log segment: a ``.log`` file of record batches plus its sparse indexes.
+"""One log segment: a ``.log`` file of record batches plus its indexes.
 
-LogSegment owns ``NNN.log``, ``NNN.index`` and ``NNN.timeindex`` where NNN is the segment's base
-offset in 20 digits, and ``NNN.log.truncating``, the journal of a truncation under way. Not
+LogSegment owns ``NNN.log``, ``NNN.index``, ``NNN.timeindex`` and (once a transaction aborted in
+it) ``NNN.txnindex`` where NNN is the segment's base offset in 20 digits, and
+``NNN.log.truncating``, the journal of a truncation under way. Not
 thread-safe; :class:`logstore.log.log.Log` serialises writers and readers.
 
 The active (last) segment is written through a shared memory map of its preallocated ``.log``:
@@ -41,8 +42,8 @@ from typing import Any
 from . import _fileio
 from ._native import ffi, lib
 from .errors import CorruptIndexError, CorruptRecordError
-from .index import OffsetIndex, TimeIndex
-from .log.filenames import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, TRUNCATION_SUFFIX, segment_name
+from .index import OffsetIndex, TimeIndex, TransactionIndex
+from .log.filenames import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, TRUNCATION_SUFFIX, TXNINDEX_SUFFIX, segment_name
 from .log.pointread import PointReads
 from .log.segmentscan import BatchWalk, RecoveryResult, status_words
 from .records.batch import HEADER_SIZE, BatchBuilder, Record, RecordDecoder, parse_header
@@ -70,8 +71,8 @@ class SegmentInfo:
 
 
 class LogSegment:
-    """LogSegment owns NNN.log, NNN.index, NNN.timeindex and NNN.log.truncating. Not
-    thread-safe; Log serialises access.
+    """LogSegment owns NNN.log, NNN.index, NNN.timeindex, NNN.txnindex and NNN.log.truncating.
+    Not thread-safe; Log serialises access.
 
     Create new segments with :meth:`create`; open existing ones with :meth:`open`.
 
@@ -101,6 +102,8 @@ class LogSegment:
         self._fd = _fileio.ops.open(self.path, os.O_RDWR | os.O_CREAT)
         self.offset_index = OffsetIndex(stem + INDEX_SUFFIX, base_offset, index_bytes, writable=False)
         self.time_index = TimeIndex(stem + TIMEINDEX_SUFFIX, base_offset, index_bytes, writable=False)
+        #: the aborted transactions whose ABORT marker is in this segment
+        self.txn_index = TransactionIndex(stem + TXNINDEX_SUFFIX, base_offset)
         self._mm: mmap.mmap | None = None
         self._ptr: Any = ffi.NULL
         self._size = _fileio.ops.fsize(self._fd)
@@ -123,6 +126,8 @@ class LogSegment:
             self._next_offset = base_offset
             self._records = 0
             self._max_timestamp = -1
+            if self.txn_index.exists:
+                self.txn_index.reset()  # a leftover of an earlier segment at this offset
             self.activate()
 
     # ------------------------------------------------------------------ construction
@@ -812,7 +817,11 @@ class LogSegment:
         if truncated:
             logger.warning("%s: recovery truncated %d bytes at position %d (%s)", self.path,
                            truncated, valid, status_words(res.status))
-        return RecoveryResult(valid, truncated, res.status, res.last_offset, res.records)
+        if res.txn_markers == 0:
+            self.txn_index.reset()  # no marker: no aborted transaction can end here
+        else:
+            self.txn_index.truncate_to(res.last_offset + 1 if res.last_offset >= 0 else self.base_offset)
+        return RecoveryResult(valid, truncated, res.status, res.last_offset, res.records, res.txn_markers)
 
     def _old_format_at_start(self) -> bool:
         head = _fileio.ops.pread(self._fd, 17, 0)
@@ -928,6 +937,7 @@ class LogSegment:
         write_truncation_journal(journal, position, bytes(replacement))
         self.offset_index.truncate_to(offset)
         self.time_index.truncate_to(offset)
+        self.txn_index.truncate_to(offset)
         a = self._appender
         if a is not None:
             mm = self._mm
@@ -967,14 +977,17 @@ class LogSegment:
 
     # ------------------------------------------------------------------ durability / lifecycle
     def flush(self) -> None:
-        """fsync the log (mapped writes included) and both indexes."""
+        """fsync the log (mapped writes included) and its indexes."""
         _fileio.ops.fsync(self._fd)
         self.offset_index.flush()
         self.time_index.flush()
+        self.txn_index.flush()
 
     def flush_data(self) -> None:
-        """fdatasync the log only: enough for durability of appended records."""
+        """fdatasync the log (enough for durability of appended records) and the transaction
+        index, which read_committed readers need to skip aborted records."""
         _fileio.ops.fdatasync(self._fd)
+        self.txn_index.flush()
 
     def close(self, trim: bool = True) -> None:
         """Seal (trimming files to their data) and release descriptors and maps."""
@@ -989,6 +1002,8 @@ class LogSegment:
         self._unmap()
         self.offset_index.close()
         self.time_index.close()
+        self.txn_index.flush()
+        self.txn_index.close()
         _fileio.ops.close(self._fd)
         self._fd = -1
         self.closed = True
@@ -1001,21 +1016,27 @@ class LogSegment:
         self._unmap()
         self.offset_index.close()
         self.time_index.close()
+        self.txn_index.close()
         _fileio.ops.close(self._fd)
         self.closed = True
 
     def file_paths(self) -> list[str]:
-        """Paths of the segment's .log, .index and .timeindex files."""
-        return [self.path, self.offset_index.path, self.time_index.path]
+        """Paths of the segment's .log, .index and .timeindex files, and its .txnindex when it
+        has one."""
+        paths = [self.path, self.offset_index.path, self.time_index.path]
+        if self.txn_index.exists:
+            paths.append(self.txn_index.path)
+        return paths
 
     def rename_suffix(self, suffix: str) -> None:
-        """Rename all three files to ``<name><own suffix><suffix>`` (``.deleted``, ``.swap``)."""
+        """Rename all its files to ``<name><own suffix><suffix>`` (``.deleted``, ``.swap``)."""
         new_log = self.path + suffix
         _fileio.ops.rename(self.path, new_log)
         self.path = new_log
         for index in (self.offset_index, self.time_index):
             if _fileio.ops.exists(index.path):
                 index.rename_to(index.path + suffix)
+        self.txn_index.rename_to(self.txn_index.path + suffix)
 
     def __repr__(self) -> str:
         return f"LogSegment(base_offset={self.base_offset}, size={self.size}, active={self.active})"

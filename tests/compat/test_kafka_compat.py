@@ -176,7 +176,7 @@ def test_kafka_fixture_is_byte_identical_after_open_and_close(tmp_path: pathlib.
 
 
 def test_leader_change_control_batch_is_a_control_batch_to_kafka_python(tmp_path: pathlib.Path) -> None:
-    from logstore.records.batch import leader_change_record
+    from logstore.records.control import leader_change_record
 
     key, value = leader_change_record(2, [0, 1, 2], [0, 2])
     with Log.open(tmp_path / "ctl-0", compression_type="gzip") as log:

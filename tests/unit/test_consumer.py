@@ -884,7 +884,7 @@ def test_long_poll_wakes_on_an_append_through_another_store_object(tmp_path):
 
 
 def test_position_moves_past_trailing_control_batches(store):
-    from logstore.records.batch import leader_change_record
+    from logstore.records.control import leader_change_record
 
     store.create_topic("ctl", 1)
     log = store.partition("ctl", 0)

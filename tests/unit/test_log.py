@@ -649,7 +649,7 @@ def test_compacted_log_rejects_records_without_key_and_writes_nothing(path: path
 
 
 def test_control_batches_take_offsets_but_reads_pass_over_them(tmp_path: pathlib.Path) -> None:
-    from logstore.records.batch import leader_change_record
+    from logstore.records.control import leader_change_record
 
     key, value = leader_change_record(0, [0], [0])
     with Log.open(tmp_path / "ctl-0", segment_bytes=4096) as log:

@@ -218,7 +218,7 @@ def test_a_snapshot_built_by_hand_from_kafkas_format_decodes():
     table = ProducerStateTable.from_snapshot(data)
     entry = table.entry(1000)
     assert entry.epoch == 2 and list(entry.batches) == [BatchMetadata(10, 14, 116, 120, 1726045957397)]
-    assert table.entry(77) == ProducerStateEntry(77, 0, (), -1)
+    assert table.entry(77) == ProducerStateEntry(77, 0, (), -1, coordinator_epoch=5)  # kept, as Kafka keeps it
     assert table.check(1000, 2, 15, 15) is None and table.check(1000, 2, 10, 14).first_offset == 116
     # An empty snapshot (what Kafka writes for a partition without producers) is 10 bytes.
     empty = (1).to_bytes(2, "big") + crc32c.crc32c(b"\0\0\0\0").to_bytes(4, "big") + b"\0\0\0\0"
@@ -263,4 +263,4 @@ def test_a_logs_active_producers_after_appends(tmp_path):
 def test_producerstate_imports_nothing_above_the_log_layer():
     tree = ast.parse(pathlib.Path(producerstate.__file__).read_text())
     ours = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level > 0}
-    assert ours <= {"records.batch", "errors", "_native"}
+    assert ours <= {"records.batch", "records.control", "errors", "_native"}

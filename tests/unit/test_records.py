@@ -501,7 +501,7 @@ def test_records_are_immutable_tuples(builder: BatchBuilder) -> None:
 
 # ---------------------------------------------------------------------- control batches
 def test_leader_change_record_is_kafkas_control_key_and_flexible_message() -> None:
-    from logstore.records.batch import leader_change_record
+    from logstore.records.control import leader_change_record
 
     key, value = leader_change_record(1, [0, 1, 2], [1, 2])
     assert key == bytes.fromhex("0000 0002")  # ControlRecordType version 0, type 2 (LEADER_CHANGE)

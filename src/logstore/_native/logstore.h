@@ -336,6 +336,8 @@ typedef struct {
     int64_t offset_of_max_timestamp;
     int64_t index_entries;
     int64_t timeindex_entries;
+    int64_t txn_markers;          /* valid batches with both the control and the transactional
+                                     attribute: COMMIT and ABORT markers */
     int32_t index_full;
     int32_t status;               /* LS_OK when the whole buffer was valid, else the error code of
                                      the batch at valid_bytes (LS_ERR_ZERO for an all-zero tail) */

@@ -303,6 +303,9 @@ int ls_segment_scan(const char *buf, int64_t len, int64_t base_offset, int64_t i
         since_entry += size;
         pos += size;
         res->batches++;
+        if ((h.attributes & (LS_ATTR_CONTROL | LS_ATTR_TRANSACTIONAL)) ==
+            (LS_ATTR_CONTROL | LS_ATTR_TRANSACTIONAL))
+            res->txn_markers++;
         res->records += h.records_count;
         res->last_offset = last;
     }

@@ -309,8 +309,10 @@ class KafkaApis:
                read_committed: bool = False) -> tuple[dict[str, Any], int]:
         """The answer to a fetch now, and the record bytes in it (-1: an error to report now).
 
-        As Kafka's: a partition in error has no offsets (-1); aborted transactions (there are
-        none: no transactions) are an empty list for read_committed, else null."""
+        As Kafka's: a partition in error has no offsets (-1); read_committed reads stop at the
+        last stable offset and list the aborted transactions that overlap the records returned
+        (from the segments' ``.txnindex``), read_uncommitted reads stop at the high watermark
+        and have null for that list."""
         topics: dict[str, list[dict[str, Any]]] = {}
         total = 0
         errors = False
@@ -335,9 +337,11 @@ class KafkaApis:
                 entry["error_code"] = ErrorCode.offset_out_of_range
                 errors = True
                 continue
-            entry.update(high_watermark=hw, last_stable_offset=hw, log_start_offset=start,
+            stable = log.last_stable_offset
+            entry.update(high_watermark=hw, last_stable_offset=stable, log_start_offset=start,
                          aborted_transactions=[] if read_committed else None)
-            if offset >= hw:  # nothing committed there yet (a replica's tail): an empty answer
+            visible = stable if read_committed else hw
+            if offset >= visible:  # nothing committed (or stable) there yet: an empty answer
                 continue
             # KIP-74: the first partition with records gets at least one batch whatever the
             # limits; the others get whole batches within theirs, or none.
@@ -345,7 +349,8 @@ class KafkaApis:
             if limit <= 0:
                 continue
             try:
-                data = log.read_region(offset, max(limit, 1), max_offset=hw)  # written with sendfile
+                data = log.read_region(offset, max(limit, 1), max_offset=visible,  # written with sendfile
+                                       end_offset=read_committed)
             except OffsetOutOfRangeError:
                 entry.update(_NO_OFFSETS, error_code=ErrorCode.offset_out_of_range)
                 errors = True
@@ -361,6 +366,10 @@ class KafkaApis:
             if data is not None:
                 entry["records"] = data
                 total += len(data)
+                if read_committed:  # Kafka's rule: the aborted transactions overlapping the data
+                    entry["aborted_transactions"] = [
+                        {"producer_id": txn.producer_id, "first_offset": txn.first_offset}
+                        for txn in log.aborted_transactions(offset, data.end_offset)]
         answer = {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0,
                   "responses": [{"topic": t, "partitions": parts} for t, parts in topics.items()]}
         return answer, (-1 if errors else total)

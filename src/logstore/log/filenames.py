@@ -1,7 +1,7 @@
 """File names of a segment's artefacts: the suffixes and the 20-digit base-offset stem.
 
 A segment with base offset 42 is ``00000000000000000042.log`` with ``.index`` and ``.timeindex``
-beside it, as Kafka names them, and a producer state snapshot taken at offset 42 is
+(and ``.txnindex`` once a transaction aborted in it) beside it, as Kafka names them, and a producer state snapshot taken at offset 42 is
 ``00000000000000000042.snapshot`` (:mod:`logstore.log.producers`); the other suffixes mark a file
 on its way somewhere (``.deleted`` awaiting removal, ``.cleaned`` and ``.swap`` during a
 compaction swap, ``.truncating`` the journal of an unfinished truncation). Thread-safe:
@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from .._native import lib
 
-__all__ = ["LOG_SUFFIX", "INDEX_SUFFIX", "TIMEINDEX_SUFFIX", "DELETED_SUFFIX", "CLEANED_SUFFIX",
+__all__ = ["LOG_SUFFIX", "INDEX_SUFFIX", "TIMEINDEX_SUFFIX", "TXNINDEX_SUFFIX", "DELETED_SUFFIX", "CLEANED_SUFFIX",
            "SWAP_SUFFIX", "TRUNCATION_SUFFIX", "SNAPSHOT_SUFFIX", "segment_name", "parse_segment_name"]
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIMEINDEX_SUFFIX = ".timeindex"
+TXNINDEX_SUFFIX = ".txnindex"
 DELETED_SUFFIX = ".deleted"
 CLEANED_SUFFIX = ".cleaned"
 SWAP_SUFFIX = ".swap"

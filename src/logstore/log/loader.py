@@ -36,6 +36,7 @@ from .filenames import (
     SWAP_SUFFIX,
     TIMEINDEX_SUFFIX,
     TRUNCATION_SUFFIX,
+    TXNINDEX_SUFFIX,
     parse_segment_name,
     segment_name,
 )
@@ -67,6 +68,9 @@ class LoadedLog:
     #: the log start was past everything on disk: the caller restarts the log there
     start_past_end: bool
     report: RecoveryReport
+    #: the base of the first segment whose transaction index must be written anew (recovery
+    #: found markers in it, or its index is damaged), None when every index can be trusted
+    txn_rebuild_from: int | None = None
 
 
 class LogLoader:
@@ -108,7 +112,7 @@ class LogLoader:
         bases = sorted({parsed[0] for name in names if (parsed := parse_segment_name(name)) and parsed[1] == LOG_SUFFIX})
         for name in names:  # indexes without their log are leftovers of a deletion
             parsed = parse_segment_name(name)
-            if parsed and parsed[1] in (INDEX_SUFFIX, TIMEINDEX_SUFFIX) and parsed[0] not in bases:
+            if parsed and parsed[1] in (INDEX_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX) and parsed[0] not in bases:
                 ops.unlink(os.path.join(self.path, name))
         if recovery_point is None:
             recovery_point, start_checkpoint = self.read_checkpoints()
@@ -120,6 +124,7 @@ class LogLoader:
             recovery_point = 0
         recovered = truncated = deleted = rebuilt = 0
         recovered_segments: list[LogSegment] = []
+        txn_rebuild_from: int | None = None
         for base in bases:
             has_indexes = all(ops.exists(os.path.join(self.path, segment_name(base) + s))
                               for s in (INDEX_SUFFIX, TIMEINDEX_SUFFIX))
@@ -137,6 +142,8 @@ class LogLoader:
                 result = segment.recover()
                 recovered += 1
                 recovered_segments.append(segment)
+                if result.txn_markers and txn_rebuild_from is None:
+                    txn_rebuild_from = base
                 if result.truncated_bytes:
                     truncated += result.truncated_bytes
                     # Everything after a torn batch is suspect: drop the later segments.
@@ -146,6 +153,10 @@ class LogLoader:
                         deleted += 1
                     break
                 continue
+            if segment.txn_index.damage and txn_rebuild_from is None:
+                logger.warning("%s: %s; rebuilding the transaction indexes from here",
+                               segment.txn_index.path, segment.txn_index.damage)
+                txn_rebuild_from = base
             try:
                 segment.check_indexes()
                 if last:
@@ -161,6 +172,8 @@ class LogLoader:
                 recovered += 1
                 recovered_segments.append(segment)
                 truncated += result.truncated_bytes
+                if result.txn_markers and txn_rebuild_from is None:
+                    txn_rebuild_from = base
         segments.link_next_offsets()
         if not len(segments):
             segments.create_segment(start_checkpoint or 0)
@@ -173,6 +186,8 @@ class LogLoader:
             # The log start moved past everything on disk: the log starts over there (Kafka's
             # truncateFullyAndStartAt).
             return LoadedLog(start, start, True, report)
+        if txn_rebuild_from is not None and txn_rebuild_from not in segments:
+            txn_rebuild_from = None  # (its segment was dropped after a torn batch before it)
         if recovered:
             # Recovered bytes may still be only in the page cache; segments below the recovery
             # point were fsynced when they rolled.
@@ -184,7 +199,7 @@ class LogLoader:
             recovery_point = end_offset
         else:
             recovery_point = min(max(recovery_point, start), end_offset)
-        return LoadedLog(start, recovery_point, False, report)
+        return LoadedLog(start, recovery_point, False, report, txn_rebuild_from)
 
     def read_checkpoints(self) -> tuple[int | None, int | None]:
         """(recovery point, log start offset) from the log directory's checkpoint files.
@@ -254,7 +269,7 @@ class LogLoader:
             next_offset = _swap_next_offset(swap_path, base)
             for other in ops.listdir(self.path):
                 op = parse_segment_name(other)
-                if op and op[1] in (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX) and base <= op[0] < next_offset:
+                if op and op[1] in (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX) and base <= op[0] < next_offset:
                     ops.unlink(os.path.join(self.path, other))
             for other in ops.listdir(self.path):
                 op = parse_segment_name(other)

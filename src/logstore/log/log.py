@@ -68,6 +68,7 @@ from ..records.batch import (
     BatchBuilder,
     Record,
     RecordDecoder,
+    batch_headers,
     decode_batches,
     encode_headers,
     entry_extent,
@@ -83,6 +84,8 @@ from ..records.batching import (
     encode_batches,
     one_record_batch_size,
 )
+from ..index import AbortedTxn
+from ..records.control import ControlType, end_txn_marker_record, read_marker
 from ..segment import LogSegment, SegmentInfo
 from .arrow import DecodeThread, arrow_module, table
 from .config import LogConfig
@@ -91,7 +94,7 @@ from .flusher import NEVER, Flusher, FlushHooks
 from .loader import CLEAN_SHUTDOWN_FILE, LogLoader, RecoveryReport
 from .metrics import AppendMeter
 from .producers import ProducerStateManager
-from .producerstate import ProducerStateEntry, increment_sequence
+from .producerstate import CompletedTxn, ProducerStateEntry, increment_sequence
 from .retention import log_start_after, segments_to_delete
 from .segments import LogSegments
 from .shared import ExclusiveHold, SharedCoordinator, SharedHooks
@@ -124,6 +127,8 @@ _append_record = lib.ls_appender_append_record
 _NULL = ffi.NULL
 _time_ns = time.time_ns
 _NO_WRITER = nullcontext()
+#: a COMMIT or ABORT marker: a control batch that is also transactional
+_MARKER_BITS = lib.LS_ATTR_CONTROL | lib.LS_ATTR_TRANSACTIONAL
 
 
 def _partition_key(path: str) -> tuple[str, int]:
@@ -339,6 +344,9 @@ class Log:
         if cache.latest_epoch >= 0:
             self._appender.partition_leader_epoch = cache.latest_epoch
         self._producers.open(self._appender.next_offset)  # (the table itself loads on first use)
+        if loaded.txn_rebuild_from is not None:
+            self._producers.rebuild_txn_indexes(loaded.txn_rebuild_from, self._log_start_offset,
+                                                self._appender.next_offset)
         _fileio.ops.fsync_dir(self.path)
         try:
             self._write_checkpoints()
@@ -589,7 +597,7 @@ class Log:
                      headers: Sequence[Iterable[tuple[str, bytes | None]] | None] | None = None,
                      timestamps: Sequence[int] | None = None, compression: str | int | None = None,
                      producer_id: int = -1, base_sequence: int = -1, control: bool = False,
-                     producer_epoch: int = 0) -> int:
+                     producer_epoch: int = 0, transactional: bool = False) -> int:
         """Append records as one RecordBatch (split only above max_message_bytes); return the first offset.
 
         Args:
@@ -602,6 +610,10 @@ class Log:
                 :meth:`append_idempotent` checks a client's batch).
             control: write a control batch (metadata such as replication's leader change
                 record, which reads pass over; Kafka's consumers skip such batches too).
+                Transaction markers are written by :meth:`append_txn_marker` only.
+            transactional: mark the batch as part of the producer's transaction (needs a
+                ``producer_id``): it opens the producer's transaction if none is open, and
+                read_committed readers see it only once :meth:`append_txn_marker` commits it.
 
         Raises:
             TypeError / ValueError: bad arguments (nothing written).
@@ -618,13 +630,18 @@ class Log:
             raise ValueError("append_batch needs at least one record")
         if self._keys_required and (keys is None or any(k is None for k in keys)):
             raise self._keyless_record_error()
+        if transactional and (producer_id < 0 or control):
+            raise ValueError("a transactional batch needs a producer_id and may not be a control batch "
+                             "(append_txn_marker writes the markers)")
         codec = self._forced_codec
         if codec is None or control:
             codec = codec_for(None if control else compression)  # control batches: never compressed
         with self._lock, self._w:
             self._check_open()
+            if transactional and not self._producers.loaded:
+                self._producers.current(self._log_start_offset, self._appender.next_offset)
             first = self._append_records_locked(values, keys, headers, timestamps, codec, producer_id,
-                                          producer_epoch, base_sequence, control)
+                                                producer_epoch, base_sequence, control, transactional)
             last = self._appender.next_offset - 1
             if last < self._flush_at:
                 return first
@@ -723,25 +740,102 @@ class Log:
         return self._after_append(offset)
 
     def _append_records_locked(self, values: Any, keys: Any, headers: Any, timestamps: Any, codec: int,
-                              producer_id: int = -1, producer_epoch: int = 0, base_sequence: int = -1,
-                              control: bool = False) -> int:
+                               producer_id: int = -1, producer_epoch: int = 0, base_sequence: int = -1,
+                               control: bool = False, transactional: bool = False,
+                               marker: tuple[int, int] | None = None) -> int:
         """Log.append_batch's work under the log's locks: encode the records (as several batches
-        above max_message_bytes), append them, teach the producer state each batch of a producer;
+        above max_message_bytes), append them, teach the producer state each batch of a producer
+        (``marker``: the batch is a transaction marker of this control type and coordinator epoch);
         return the first offset."""
         batches = encode_batches(self._builder, values, keys, headers, timestamps,
                                  limit=self.config.max_message_bytes, codec=codec,
                                  level=self.config.level_for(codec), timestamp_type=self._ts_type,
                                  log_append_time=_time_ns() // 1_000_000 if self._ts_type else None,
                                  producer_id=producer_id, base_sequence=base_sequence, control=control,
-                                 producer_epoch=producer_epoch)
+                                 producer_epoch=producer_epoch, transactional=transactional)
         first = -1
         for batch, max_ts in batches:
             offset = self._append_encoded_locked(batch, max_ts)
             if first < 0:
                 first = offset
             if producer_id >= 0 and self._producers.loaded:
-                self._producers.learn(producer_id, parse_header(batch), offset)
+                self._index_completed(self._producers.learn(producer_id, parse_header(batch), offset, marker))
         return first
+
+    def _index_completed(self, completed: tuple[CompletedTxn, int] | None) -> None:
+        """A marker just appended completed a transaction: an aborted one goes into the
+        transaction index of the active segment, which holds the marker (holds the lock)."""
+        if completed is not None and completed[0].aborted:
+            txn, stable = completed
+            self._active.txn_index.append(AbortedTxn(txn.producer_id, txn.first_offset, txn.last_offset, stable))
+
+    def append_txn_marker(self, producer_id: int, producer_epoch: int, commit: bool,
+                          coordinator_epoch: int = 0, timestamp: int | None = None) -> int:
+        """Write a transaction marker: COMMIT (``commit``) or ABORT of the producer's open
+        transaction in this partition (a control batch with Kafka's EndTxnMarker record, written
+        by the transaction coordinator's side, never by a client). Returns the marker's offset.
+
+        The transaction's records become visible to read_committed readers (commit) or are
+        skipped by them for good (abort: the transaction goes into the segment's ``.txnindex``),
+        once the high watermark passes the marker. A marker for a producer with no open
+        transaction is written all the same (Kafka does: a retried marker, or a transaction
+        that wrote nothing here).
+
+        Raises:
+            InvalidProducerEpochError: ``producer_epoch`` is older than the producer's.
+            TransactionCoordinatorFencedError: ``coordinator_epoch`` is older than the one of the
+                producer's last marker.
+
+        Durability and thread-safety as :meth:`append`.
+        """
+        if producer_id < 0 or not 0 <= producer_epoch <= 32767:
+            raise ValueError(f"a transaction marker needs a producer id and epoch, not {producer_id}/{producer_epoch}")
+        key, value = end_txn_marker_record(commit, coordinator_epoch)
+        kind = ControlType.COMMIT if commit else ControlType.ABORT
+        with self._lock, self._w:
+            self._check_open()
+            table = self._producers.current(self._log_start_offset, self._appender.next_offset)
+            table.check_marker(producer_id, producer_epoch, coordinator_epoch, self.path)
+            first = self._append_records_locked([value], [key], None, None if timestamp is None else [timestamp],
+                                                compression.NONE, producer_id, producer_epoch, -1, True, True,
+                                                (kind, coordinator_epoch))
+            last = self._appender.next_offset - 1
+            if last < self._flush_at:
+                return first
+        self._after_append(last)
+        return first
+
+    @property
+    def last_stable_offset(self) -> int:
+        """The last stable offset (LSO): read_committed readers read below it. It is the first
+        offset of the earliest transaction still open (or whose marker is not yet below the high
+        watermark), else the high watermark. The first use loads the producer state. Thread-safe."""
+        with self._lock, self._w:
+            self._check_open()
+            self._follow()
+            end = self._appender.next_offset
+            hw = end if self._high_watermark is None else min(self._high_watermark, end)
+            return self._producers.last_stable_offset(self._log_start_offset, end, hw)
+
+    def aborted_transactions(self, start: int, upper: int) -> list[AbortedTxn]:
+        """The aborted transactions that overlap the offsets [start, upper) (from the segments'
+        ``.txnindex`` files, Kafka's collectAbortedTransactions): a read_committed reader of that
+        range drops every transactional batch of an entry's producer between the entry's first
+        and last offset. Thread-safe."""
+        with self._lock:
+            self._check_open()
+            self._follow()
+            if upper <= start:
+                return []
+            return self._segments.aborted_transactions(start, upper)
+
+    def producer_transactions(self) -> dict[int, int]:
+        """Producer id -> first offset of each transaction open in this log (Kafka's
+        DescribeProducers' currentTxnStartOffset). Loads the producer state on first use.
+        Thread-safe."""
+        with self._lock, self._w:
+            self._check_open()
+            return self._producers.current(self._log_start_offset, self._appender.next_offset).ongoing()
 
     def _append_client_batch(self, batch: Any, check_sequence: bool = True) -> AppendInfo:
         """Log.append_idempotent: validate a client's batch whole; for a producer's batch, check it
@@ -760,13 +854,14 @@ class Log:
         else:
             data = bytearray(batch)  # stamped in place with the offsets and epoch
         pid = header.producer_id
+        transactional = bool(header.attributes & lib.LS_ATTR_TRANSACTIONAL)
         with self._lock, self._w:
             self._check_open()
             if pid >= 0:
                 table = self._producers.current(self._log_start_offset, self._appender.next_offset)
                 last_sequence = increment_sequence(header.base_sequence, header.last_offset_delta)
                 known = table.check(pid, header.producer_epoch, header.base_sequence, last_sequence, check_sequence,
-                                    self.path)
+                                    self.path, transactional)
                 if known is not None:
                     return AppendInfo(known.first_offset, known.last_offset, True)
             if records is None:
@@ -777,7 +872,7 @@ class Log:
                 first = self._append_records_locked(
                     [r.value for r in records], [r.key for r in records], [r.headers for r in records],
                     [r.timestamp for r in records], header.compression if forced is None else forced,
-                    pid, header.producer_epoch, header.base_sequence if pid >= 0 else -1)
+                    pid, header.producer_epoch, header.base_sequence if pid >= 0 else -1, transactional=transactional)
             last = self._appender.next_offset - 1
             if last < self._flush_at:
                 return AppendInfo(first, last, False)
@@ -971,12 +1066,17 @@ class Log:
 
     # ------------------------------------------------------------------ reads
     def read(self, offset: int, max_bytes: int = _DEFAULT_MAX_BYTES, max_records: int | None = None,
-             max_offset: int | None = None) -> list[Record]:
+             max_offset: int | None = None, isolation_level: str = "read_uncommitted") -> list[Record]:
         """Read records from ``offset`` on.
 
         Returns the records of about ``max_bytes`` of batches (at least one whole batch when
         any is available, as Kafka's fetch does), at most ``max_records`` records, none at or
         above ``max_offset`` (default: the log end). Reading at the log end returns [].
+        Control records (transaction markers, leader changes) are never returned.
+
+        ``isolation_level="read_committed"`` reads as Kafka's read_committed consumers do: only
+        below the :attr:`last_stable_offset`, and without the records of aborted transactions
+        (it returns [] only when no committed record lies between ``offset`` and the LSO).
 
         Raises:
             OffsetOutOfRangeError: offset below log_start_offset or above log_end_offset.
@@ -990,6 +1090,8 @@ class Log:
 
         Thread-safe; never returns a record of a partially written batch.
         """
+        if isolation_level != "read_uncommitted":
+            return self._read_committed(offset, max_bytes, max_records, max_offset, isolation_level)
         if max_records == 1 and max_offset is None:
             # A point read: one call into C (the segments' PointLog) when nothing is unusual;
             # None from it sends the read down the general path below, which decides.
@@ -1019,6 +1121,48 @@ class Log:
                 return []
             return self._segments.read(self._decoder, offset, max_bytes, limit, max_records)
 
+    def _read_committed(self, offset: int, max_bytes: int, max_records: int | None, max_offset: int | None,
+                        isolation_level: str) -> list[Record]:
+        """Log.read with read_committed: below the LSO, without aborted transactions' records."""
+        if isolation_level != "read_committed":
+            raise ValueError(f"isolation_level must be 'read_uncommitted' or 'read_committed', not {isolation_level!r}")
+        stable = self.last_stable_offset
+        limit = stable if max_offset is None else min(check_offset(max_offset), stable)
+        if offset.__class__ is not int:
+            offset = check_offset(offset)
+        aborted = self.aborted_transactions(offset, limit)
+        if not aborted or (max_records is not None and max_records <= 0):
+            return self.read(offset, max_bytes, max_records, limit)
+        ranges: dict[int, list[tuple[int, int]]] = {}
+        for txn in aborted:
+            ranges.setdefault(txn.producer_id, []).append((txn.first_offset, txn.last_offset))
+        out: list[Record] = []
+        with self._lock:
+            self._check_open()
+            self._follow()
+            end = self._appender.next_offset
+            if offset < self._log_start_offset or offset > end:
+                raise OffsetOutOfRangeError(offset, self._log_start_offset, end, f"read from {self.path}")
+            while offset < limit and not out:
+                raw = self._segments.read_raw(offset, max_bytes)
+                if not raw:
+                    break
+                for position, header in batch_headers(raw):
+                    if header.base_offset >= limit:
+                        offset = limit
+                        break
+                    attributes = header.attributes
+                    if not attributes & lib.LS_ATTR_CONTROL and not (
+                            attributes & lib.LS_ATTR_TRANSACTIONAL
+                            and any(first <= header.base_offset <= last for first, last in ranges.get(header.producer_id, ()))):
+                        records, _ = self._decoder.decode(raw, position, position + header.size, offset, limit, None,
+                                                          self.path)
+                        out.extend(r for r in records if r.offset < limit)
+                    offset = max(offset, header.last_offset + 1)
+        if max_records is not None:
+            del out[max_records:]
+        return out
+
     def _point_reader(self) -> Any:
         """The segments' reader of one record (made now), or None while point reads must take
         the general path: a closed, offline or shared log. Called under the lock."""
@@ -1027,9 +1171,11 @@ class Log:
         return self._segments.point_reader()
 
     def iter(self, start: int | None = None, end: int | None = None,
-             max_bytes: int = _ITER_CHUNK_BYTES) -> Iterator[Record]:
+             max_bytes: int = _ITER_CHUNK_BYTES, isolation_level: str = "read_uncommitted") -> Iterator[Record]:
         """Iterate over records from ``start`` (default: log start) up to ``end`` (exclusive;
         default: the log end at the time of the call), reading ``max_bytes`` at a time.
+        ``isolation_level`` as :meth:`read` (read_committed stops at the last stable offset of
+        the time of the call and skips aborted transactions).
 
         Thread-safe; concurrent appends past ``end`` are not yielded. The default chunk is
         smaller than read()'s 1 MiB: iteration then keeps fewer Records alive at once.
@@ -1037,16 +1183,22 @@ class Log:
         Raises:
             OffsetOutOfRangeError: ``start`` below the log start (when reading reaches it).
         """
+        if isolation_level not in ("read_uncommitted", "read_committed"):
+            raise ValueError(f"isolation_level must be 'read_uncommitted' or 'read_committed', not {isolation_level!r}")
+        stable = self.last_stable_offset if isolation_level == "read_committed" else None
         with self._lock:
             self._check_open()
             self._follow()
             offset = self._log_start_offset if start is None else start
             stop = self._appender.next_offset if end is None else end
-        return chain.from_iterable(self._chunks(offset, stop, max_bytes))
+        if stable is not None:
+            stop = min(stop, stable)
+        return chain.from_iterable(self._chunks(offset, stop, max_bytes, isolation_level))
 
-    def _chunks(self, offset: int, stop: int, max_bytes: int) -> Iterator[list[Record]]:
+    def _chunks(self, offset: int, stop: int, max_bytes: int, isolation_level: str = "read_uncommitted"
+                ) -> Iterator[list[Record]]:
         while offset < stop:
-            records = self.read(offset, max_bytes=max_bytes, max_offset=stop)
+            records = self.read(offset, max_bytes=max_bytes, max_offset=stop, isolation_level=isolation_level)
             if not records:  # read() already looked through every later segment
                 return
             yield records
@@ -1181,12 +1333,15 @@ class Log:
             return self._segments.read_raw(start, max_bytes)
 
     def read_region(self, offset: int, max_bytes: int = _DEFAULT_MAX_BYTES,
-                    max_offset: int | None = None) -> FileRegion | None:
+                    max_offset: int | None = None, end_offset: bool = False) -> FileRegion | None:
         """The batches :meth:`read_raw` returns, as a region of the segment file instead of
         bytes (None past the end), for a server to write with ``sendfile`` (zero copy), none at
-        or above ``max_offset`` (a batch boundary, such as a replicated high watermark). The
-        caller owns the region and must close it (see :class:`logstore._fileio.FileRegion`);
-        it stays readable if the segment is deleted meanwhile. CRCs are checked. Thread-safe.
+        or above ``max_offset`` (a batch boundary, such as a replicated high watermark or the
+        last stable offset). The caller owns the region and must close it (see
+        :class:`logstore._fileio.FileRegion`); it stays readable if the segment is deleted
+        meanwhile. With ``end_offset`` the region's ``end_offset`` is set: the offset after its
+        last batch (the upper bound of :meth:`aborted_transactions` for a read_committed
+        fetch). CRCs are checked. Thread-safe.
 
         Raises:
             OffsetOutOfRangeError, CorruptRecordError: as :meth:`read_raw`.
@@ -1199,9 +1354,14 @@ class Log:
                 length = _cut_at(segment.fd, position, length, max_offset)
                 if not length:
                     return None
+            after = -1
+            if end_offset:  # the next batch's base offset, or the segment's end
+                after = segment.next_offset
+                if position + length + 8 <= segment.size:
+                    after = int.from_bytes(_fileio.ops.pread(segment.fd, 8, position + length), "big")
             # A descriptor of its own: the segment may be closed, rolled or deleted before the
             # region is written (its pages stay readable through it).
-            return FileRegion(_fileio.ops.dup(segment.fd), position, length)
+            return FileRegion(_fileio.ops.dup(segment.fd), position, length, after)
 
     @contextmanager
     def _reading(self, offset: int, what: str) -> Iterator[int]:
@@ -1324,8 +1484,13 @@ class Log:
                 offset = self._active.append_batch(batch)
             if offset < 0:
                 check(offset, self._active.path, size=size, limit=limit)
-            if hdr.producer_id >= 0:
-                self._producers.learn(hdr.producer_id, hdr, offset)  # learnt as it is, never checked
+            if hdr.producer_id >= 0:  # learnt as it is, never checked
+                marker = None
+                if hdr.attributes & _MARKER_BITS == _MARKER_BITS:
+                    marker = read_marker(chunk, 0, size, self.path)
+                    if not self._producers.loaded:  # (the abort must be indexed)
+                        self._producers.current(self._log_start_offset, offset)
+                self._index_completed(self._producers.learn(hdr.producer_id, hdr, offset, marker))
             position += size
 
     def _skip_to(self, base: int, last_offset_delta: int) -> None:

@@ -53,7 +53,8 @@ from typing import Any
 
 from .. import _fileio
 from ..errors import LogstoreError
-from .producerstate import CorruptSnapshotError, ProducerStateTable, replay
+from ..index import AbortedTxn
+from .producerstate import CompletedTxn, CorruptSnapshotError, ProducerStateTable, replay
 from .filenames import SNAPSHOT_SUFFIX, parse_segment_name, segment_name
 
 __all__ = ["ProducerStateManager", "SNAPSHOTS_KEPT", "snapshot_offsets", "snapshot_path"]
@@ -165,13 +166,16 @@ class ProducerStateManager:
             self._start = log_start
         return table
 
-    def _load(self, log_start: int, log_end: int) -> ProducerStateTable:
-        """Load the newest usable snapshot and replay the log after it to ``log_end``."""
+    def _load(self, log_start: int, log_end: int, rebuild_from: int | None = None) -> ProducerStateTable:
+        """Load the newest usable snapshot and replay the log after it to ``log_end``. With
+        ``rebuild_from``, the snapshot is one at or below it, and every transaction index from
+        the segment at ``rebuild_from`` on is written anew from the markers replayed."""
         first_base = self._segments.first.base_offset
+        limit = log_end if rebuild_from is None else min(log_end, rebuild_from)
         table = None
         start = log_start
         for offset in reversed(list(self._snapshots())):
-            if offset > log_end:
+            if offset > limit:
                 continue  # (a shared log's peer deletes these under the writers' lock)
             if offset < first_base:
                 break
@@ -188,11 +192,35 @@ class ProducerStateManager:
             break
         if table is None:
             table = ProducerStateTable()
-        replay(table, self._segments.read_raw, start, log_end)
+        if rebuild_from is None:
+            replay(table, self._segments.read_raw, start, log_end)
+        else:
+            replay(table, self._segments.read_raw, start, limit)
+            rebuilt = [s for s in self._segments.values() if s.base_offset >= rebuild_from]
+            for segment in rebuilt:
+                segment.txn_index.reset()
+            replay(table, self._segments.read_raw, limit, log_end, on_complete=self._index_abort)
+            for segment in rebuilt:
+                segment.txn_index.flush()
         table.truncate_head(log_start)
         self.table = table
         self._start, self._end = log_start, log_end
         return table
+
+    def _index_abort(self, txn: CompletedTxn, stable_offset: int) -> None:
+        """Write an aborted transaction to the index of the segment holding its marker."""
+        if txn.aborted:
+            segment = self._segments.holding(txn.last_offset)
+            segment.txn_index.append(AbortedTxn(txn.producer_id, txn.first_offset, txn.last_offset, stable_offset))
+
+    def rebuild_txn_indexes(self, from_base: int, log_start: int, log_end: int) -> None:
+        """Write the transaction indexes of the segment at ``from_base`` and every later one anew
+        from the log's markers (recovery found markers in segments it scanned, or a damaged
+        index): the producer state as of ``from_base`` comes from a snapshot at or below it and
+        the batch headers up to it, and the replay on to ``log_end`` indexes every abort. The
+        table is left loaded and current. Durable on return (each index is fsynced)."""
+        logger.info("%s: rebuilding the transaction indexes from offset %d", self.path, from_base)
+        self._load(log_start, log_end, rebuild_from=from_base)
 
     @property
     def loaded(self) -> bool:
@@ -203,19 +231,36 @@ class ProducerStateManager:
         """Another process changed the segment layout: reload the table before its next use."""
         self.table = None
 
-    def learn(self, producer_id: int, header: Any, first_offset: int) -> None:
+    def learn(self, producer_id: int, header: Any, first_offset: int,
+              control: tuple[int, int] | None = None) -> tuple[CompletedTxn, int] | None:
         """A batch of producer ``producer_id`` (>= 0) with header fields ``header`` (a
         BatchHeader or C header) was appended at ``first_offset``: remember it. Nothing to do
         before the table is loaded (the load replays the batch); a shared log's table learns
-        only what follows what it knows (the rest is replayed before its next use)."""
+        only what follows what it knows (the rest is replayed before its next use).
+
+        For a transaction marker, ``control`` is its (control type, coordinator epoch); the
+        transaction it completes is returned with the last stable offset it leaves (the caller
+        indexes an abort in the segment it appended the marker to)."""
         table = self.table
         if table is None:
-            return
+            return None
         if self._shared:
             if first_offset != self._end:
-                return
+                return None
             self._end = first_offset + header.last_offset_delta + 1
-        table.record_header(header, first_offset)
+        txn = table.record_header(header, first_offset, control)
+        if txn is None:
+            return None
+        stable = table.stable_offset_after(txn)
+        table.complete(txn)
+        return txn, stable
+
+    def last_stable_offset(self, log_start: int, log_end: int, high_watermark: int) -> int:
+        """The log's last stable offset: the first offset of its earliest unstable transaction
+        (open, or completed by a marker at or above the high watermark), capped by
+        ``high_watermark``. Loads the table on first use."""
+        first = self.current(log_start, log_end).first_unstable_offset(high_watermark)
+        return high_watermark if first is None else min(first, high_watermark)
 
     # ------------------------------------------------------------------ snapshots
     def take_snapshot(self, log_start: int, offset: int) -> None:

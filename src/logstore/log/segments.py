@@ -31,8 +31,10 @@ from .._native import lib
 from ..errors import CorruptRecordError, LogOfflineError
 from .pointread import PointLog
 from ..records.batch import BatchBuilder, Record, RecordDecoder
+from ..index import AbortedTxn
 from ..segment import LogSegment, SegmentInfo
-from .filenames import DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, parse_segment_name, segment_name
+from .filenames import (DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX, parse_segment_name,
+                        segment_name)
 
 __all__ = ["LogSegments", "ColumnsFrom", "decode_columns_from"]
 
@@ -156,6 +158,11 @@ class LogSegments:
     def floor_index(self, offset: int) -> int:
         """Index of the segment that would hold ``offset`` (the last one based at or below it)."""
         return max(0, self._segments.bisect_right(offset) - 1)
+
+    def holding(self, offset: int) -> LogSegment:
+        """The segment that holds ``offset`` (the last one based at or below it; the first
+        segment for an offset below every base)."""
+        return self._segments.peekitem(self.floor_index(offset))[1]
 
     def following_base(self, base: int) -> int | None:
         """Base offset of the segment after the one based at ``base``, None for the last."""
@@ -294,6 +301,18 @@ class LogSegments:
                 return segment, position, length
             i += 1
         return None, 0, 0
+
+    def aborted_transactions(self, start: int, upper: int) -> list[AbortedTxn]:
+        """The aborted transactions that overlap [start, upper), from the transaction indexes of
+        the segment holding ``start`` and the later ones, until an entry's last stable offset
+        shows that no later segment holds one (Kafka's collectAbortedTransactions)."""
+        found: list[AbortedTxn] = []
+        for segment in self._segments.values()[self.floor_index(start):]:
+            txns, complete = segment.txn_index.collect(start, upper)
+            found.extend(txns)
+            if complete:
+                break
+        return found
 
     def offset_for_timestamp(self, decoder: RecordDecoder, timestamp: int, start: int) -> int | None:
         """The earliest offset >= ``start`` whose timestamp is >= ``timestamp``, or None."""
@@ -444,7 +463,7 @@ class LogSegments:
     def delete_files_now(self, base: int) -> None:
         """Unlink the files of the segment at ``base`` (no longer in the set) at once."""
         stem = os.path.join(self.path, segment_name(base))
-        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX):
+        for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX):
             if _fileio.ops.exists(stem + suffix):
                 _fileio.ops.unlink(stem + suffix)
 

@@ -50,6 +50,9 @@ class RecoveryResult:
     status: int
     last_offset: int
     records: int
+    #: transaction markers in the valid part (the Log rebuilds the segment's transaction
+    #: index when there are any)
+    txn_markers: int = 0
 
 
 @dataclass(frozen=True)

@@ -248,6 +248,7 @@ class BatchBuilder:
         last_offset_delta: int | None = None,
         delete_horizon: int | None = None,
         control: bool = False,
+        transactional: bool = False,
         copy: bool = True,
     ) -> bytes | bytearray | memoryview:
         """Return the encoded batch. Argument errors raise TypeError/ValueError, nothing else.
@@ -260,7 +261,9 @@ class BatchBuilder:
         ``delete_horizon`` marks a cleaned batch (KIP-534): attribute bit 6, and the horizon
         becomes the base timestamp that record timestamp deltas are relative to.
         ``control`` marks a control batch (attribute bit 5): its records are metadata (see
-        :func:`leader_change_record`) that reads pass over.
+        :func:`~logstore.records.control.leader_change_record`) that reads pass over.
+        ``transactional`` marks the batch as part of a transaction (attribute bit 4): its
+        producer's transaction marker later commits or aborts it.
         With ``copy=False`` the result may be a writable view of the builder's scratch space,
         valid only until the next call (the append path uses it to avoid a copy).
         """
@@ -352,6 +355,8 @@ class BatchBuilder:
         attributes = codec | (lib.LS_ATTR_TIMESTAMP_TYPE if log_append else 0)
         if control:
             attributes |= lib.LS_ATTR_CONTROL
+        if transactional:
+            attributes |= lib.LS_ATTR_TRANSACTIONAL
         if delete_horizon is not None:
             attributes |= lib.LS_ATTR_DELETE_HORIZON
             base_ts = delete_horizon
@@ -386,32 +391,6 @@ class BatchBuilder:
         hdr.records_count = n
         check(lib.ls_batch_finish(ffi.from_buffer(batch), len(batch), hdr))
         return bytes(batch) if copy else batch
-
-
-#: ControlRecordType of Kafka's KRaft leader change record (the control record key's type field).
-CONTROL_LEADER_CHANGE = 2
-
-
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def leader_change_record(leader: int, voters: Iterable[int], granting: Iterable[int]) -> tuple[bytes, bytes]:
-    """(key, value) of a leader change control record as Kafka's KRaft writes it: the key is
-    ControlRecordType (version 0, type 2), the value LeaderChangeMessage version 0 (flexible:
-    compact arrays of voters, empty tagged fields). FORMAT.md §13 shows the bytes."""
-    def voter_array(ids: Iterable[int]) -> bytes:
-        ids = list(ids)
-        return _uvarint(len(ids) + 1) + b"".join(struct.pack(">i", v) + b"\x00" for v in ids)
-
-    key = struct.pack(">hh", 0, CONTROL_LEADER_CHANGE)
-    value = struct.pack(">hi", 0, leader) + voter_array(voters) + voter_array(granting) + b"\x00"
-    return key, value
 
 
 # ====================================================================== decoding
@@ -824,16 +803,16 @@ def validate_batch(buf: Any, position: int = 0, max_batch_bytes: int = 0, path: 
     return BatchHeader.from_c(hdr)
 
 
-_CLIENT_FORBIDDEN = {"control": lib.LS_ATTR_CONTROL, "transactional": lib.LS_ATTR_TRANSACTIONAL,
-                     "delete horizon": lib.LS_ATTR_DELETE_HORIZON}
+_CLIENT_FORBIDDEN = {"control": lib.LS_ATTR_CONTROL, "delete horizon": lib.LS_ATTR_DELETE_HORIZON}
 
 
 def validate_client_batch(buf: Any, max_message_bytes: int, what: str = "produced batch") -> BatchHeader:
     """Check a record batch encoded by a client before a leader appends it as it is (Kafka's
     LogValidator for magic 2): exactly one batch filling ``buf``, a valid CRC, every record
     well formed (a compressed batch is decompressed to check), records_count >= 1 with offset
-    deltas 0..n-1, none of the control, transactional or delete-horizon flags, and within
-    ``max_message_bytes``. Returns its header. Thread-safe.
+    deltas 0..n-1, neither the control nor the delete-horizon flag (the log writes those), the
+    transactional flag only with a producer id, and within ``max_message_bytes``. Returns its
+    header. Thread-safe.
 
     Raises:
         CorruptRecordError: the bytes are not a valid batch.
@@ -857,6 +836,8 @@ def validate_client_batch(buf: Any, max_message_bytes: int, what: str = "produce
                                  f"{header.last_offset_delta} (a client batch holds records 0..n-1)")
     if header.producer_id >= 0 and (header.producer_epoch < 0 or header.base_sequence < 0):
         raise InvalidRecordError(f"{what}: producer id {header.producer_id} without epoch and sequence")
+    if header.attributes & lib.LS_ATTR_TRANSACTIONAL and header.producer_id < 0:
+        raise InvalidRecordError(f"{what}: a transactional batch without a producer id")
     if header.compression == compression.NONE:
         res = ffi.new("ls_scan_result *")
         cptr = ffi.from_buffer(buf)

@@ -63,7 +63,7 @@ def check_available(codec: int) -> None:
 def encode_batches(builder: BatchBuilder, values: Sequence[Any], keys: Any, headers: Any, timestamps: Any, *,
                    limit: int, codec: int, level: int | None, timestamp_type: int, log_append_time: int | None,
                    producer_id: int = -1, base_sequence: int = -1, control: bool = False,
-                   producer_epoch: int = 0) -> list[tuple[Any, int]]:
+                   producer_epoch: int = 0, transactional: bool = False) -> list[tuple[Any, int]]:
     """Encode the records as one batch, or as several when one would exceed ``limit`` bytes;
     return ``(batch, max timestamp)`` pairs in order. With a ``producer_id``, the pieces carry
     ``producer_epoch`` and consecutive base sequences from ``base_sequence``.
@@ -74,7 +74,7 @@ def encode_batches(builder: BatchBuilder, values: Sequence[Any], keys: Any, head
     the next build. Split pieces are copies.
     """
     kw: dict[str, Any] = dict(codec=codec, level=level, timestamp_type=timestamp_type,
-                              log_append_time=log_append_time, control=control)
+                              log_append_time=log_append_time, control=control, transactional=transactional)
     if producer_id >= 0:
         kw.update(producer_id=producer_id, producer_epoch=producer_epoch)
 

@@ -30,7 +30,7 @@ from .._fileio import FileRegion
 from .quorum import NONE, Role
 from ..errorcodes import ErrorCode
 from ..errors import OffsetOutOfRangeError
-from ..records.batch import leader_change_record
+from ..records.control import leader_change_record
 from .partition import PartitionReplica
 from .context import NodeContext
 
