@@ -571,6 +571,7 @@ def _rebuild(builder: BatchBuilder, header: BatchHeader, records: list[Record], 
         offset_deltas=[r.offset - base for r in records], last_offset_delta=header.last_offset_delta,
         partition_leader_epoch=header.partition_leader_epoch, producer_id=header.producer_id,
         producer_epoch=header.producer_epoch, base_sequence=header.base_sequence,
+        transactional=bool(header.attributes & lib.LS_ATTR_TRANSACTIONAL),
         log_append_time=header.max_timestamp if header.timestamp_type else None,
         delete_horizon=horizon,
     ))

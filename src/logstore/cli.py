@@ -267,6 +267,10 @@ def _describe(item: dict[str, Any]) -> str:
                 f"producerId: {item['producer_id']} producerEpoch: {item['producer_epoch']} "
                 f"baseSequence: {item['base_sequence']} partitionLeaderEpoch: {item['partition_leader_epoch']} "
                 f"isTransactional: {str(item['is_transactional']).lower()} isControl: {str(item['is_control']).lower()}")
+        if item.get("control_type") is not None:  # as kafka-dump-log prints a marker
+            head += f" controlType: {item['control_type']}"
+            if "coordinator_epoch" in item:
+                head += f" coordinatorEpoch: {item['coordinator_epoch']}"
         if item["timestamp_type"] != "CreateTime":
             head = head.replace("CreateTime:", "LogAppendTime:")
         lines = [head]
@@ -283,13 +287,18 @@ def _describe(item: dict[str, Any]) -> str:
         return f"offset: {item['offset']} position: {item['position']}"
     if kind == "timeindex":
         return f"timestamp: {item['timestamp']} offset: {item['offset']}"
+    if kind == "txnindex":  # as kafka-dump-log prints an aborted transaction
+        return (f"version: {item['version']} producerId: {item['producer_id']} firstOffset: {item['first_offset']} "
+                f"lastOffset: {item['last_offset']} lastStableOffset: {item['last_stable_offset']}")
     if kind == "checkpoint":
         return f"{item['topic']} {item['partition']} {item['offset']}"
     if kind == "leader-epoch":
         return f"epoch: {item['epoch']} startOffset: {item['start_offset']}"
     if kind == "producer":  # as kafka-dump-log prints a producer snapshot's entries
-        return (f"producerId: {item['producer_id']} producerEpoch: {item['epoch']} coordinatorEpoch: -1 "
-                f"currentTxnFirstOffset: None lastTimestamp: {item['last_timestamp']} "
+        txn_first = item["current_txn_first_offset"]
+        return (f"producerId: {item['producer_id']} producerEpoch: {item['epoch']} "
+                f"coordinatorEpoch: {item['coordinator_epoch']} "
+                f"currentTxnFirstOffset: {txn_first if txn_first >= 0 else 'None'} lastTimestamp: {item['last_timestamp']} "
                 f"firstSequence: {item['first_sequence']} lastSequence: {item['last_sequence']} "
                 f"lastOffset: {item['last_offset']} offsetDelta: {item['offset_delta']} timestamp: "
                 f"{item['last_timestamp']}")

@@ -930,6 +930,7 @@ class LogSegment:
                     last_offset_delta=offset - 1 - header.base_offset,
                     partition_leader_epoch=header.partition_leader_epoch, producer_id=header.producer_id,
                     producer_epoch=header.producer_epoch, base_sequence=header.base_sequence,
+                    transactional=bool(header.attributes & lib.LS_ATTR_TRANSACTIONAL),
                     log_append_time=header.max_timestamp if header.timestamp_type else None,
                 )
         new_size = position + len(replacement)

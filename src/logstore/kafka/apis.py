@@ -377,6 +377,7 @@ class KafkaApis:
     # ------------------------------------------------------------------ ListOffsets
     def on_list_offsets(self, request: KafkaRequest) -> dict[str, Any]:
         topics = []
+        read_committed = getattr(request.body, "isolation_level", 0) == 1
         for topic in request.body.topics:
             partitions = []
             for p in topic.partitions:
@@ -391,14 +392,16 @@ class KafkaApis:
                     entry["error_code"] = refused or ErrorCode.unknown_topic_or_partition
                 else:
                     ts = int(p.timestamp.timestamp() * 1000) if hasattr(p.timestamp, "timestamp") else int(p.timestamp)
+                    # Kafka's lastFetchableOffset: read_committed (v2+) sees up to the LSO
+                    visible = log.last_stable_offset if read_committed else log.high_watermark
                     if ts == -1:
-                        entry["offset"] = log.high_watermark
+                        entry["offset"] = visible
                     elif ts == -2:
                         entry["offset"] = log.log_start_offset
                     else:
                         found = log.offset_for_timestamp(ts)
-                        if found is not None and found >= log.high_watermark:
-                            found = None  # not committed yet: not to be seen
+                        if found is not None and found >= visible:
+                            found = None  # not committed (or stable) yet: not to be seen
                         if found is not None:
                             # Kafka answers with the found record's own timestamp, not the one asked.
                             try:

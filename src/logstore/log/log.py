@@ -1476,6 +1476,11 @@ class Log:
             if hdr.base_offset > end:
                 self._skip_to(hdr.base_offset, hdr.last_offset_delta)
             self._appender.partition_leader_epoch = epoch
+            marker = None
+            if hdr.producer_id >= 0 and hdr.attributes & _MARKER_BITS == _MARKER_BITS:
+                marker = read_marker(chunk, 0, size, self.path)
+                if not self._producers.loaded:  # (the abort must be indexed: the state must be known)
+                    self._producers.current(self._log_start_offset, self._appender.next_offset)
             batch = bytes(chunk[:size])
             offset = self._active.append_batch(batch)
             if offset == lib.LS_ERR_FULL:
@@ -1485,11 +1490,6 @@ class Log:
             if offset < 0:
                 check(offset, self._active.path, size=size, limit=limit)
             if hdr.producer_id >= 0:  # learnt as it is, never checked
-                marker = None
-                if hdr.attributes & _MARKER_BITS == _MARKER_BITS:
-                    marker = read_marker(chunk, 0, size, self.path)
-                    if not self._producers.loaded:  # (the abort must be indexed)
-                        self._producers.current(self._log_start_offset, offset)
                 self._index_completed(self._producers.learn(hdr.producer_id, hdr, offset, marker))
             position += size
 

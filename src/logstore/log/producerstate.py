@@ -365,14 +365,18 @@ class ProducerStateTable:
         return None
 
     def record_batches(self, data: bytes | bytearray | memoryview, from_offset: int = 0,
-                       on_complete: Callable[[CompletedTxn, int], None] | None = None) -> int:
+                       on_complete: Callable[[CompletedTxn, int], None] | None = None,
+                       to_offset: int | None = None) -> int:
         """Note every batch in ``data`` (whole consecutive batches with their offsets assigned,
-        as read_raw returns them) that ends at or after ``from_offset``, in order; return the
-        offset after the last batch (``from_offset`` when there is none). Each transaction a
-        marker completes is passed to ``on_complete`` with the last stable offset it leaves
+        as read_raw returns them) that ends at or after ``from_offset`` and starts below
+        ``to_offset`` (default: no bound), in order; return the offset after the last batch
+        noted (``from_offset`` when there is none). Each transaction a marker completes is
+        passed to ``on_complete`` with the last stable offset it leaves
         (:meth:`stable_offset_after`), then completed."""
         end = from_offset
         for position, header in batch_headers(data):
+            if to_offset is not None and header.base_offset >= to_offset:
+                break
             last = header.base_offset + header.last_offset_delta
             if last >= from_offset:
                 control = None
@@ -522,7 +526,7 @@ def replay(table: ProducerStateTable, read_raw: Callable[[int, int], Any], start
         data = read_raw(offset, chunk_bytes)
         if not data:
             break
-        after = table.record_batches(data, offset, on_complete)
+        after = table.record_batches(data, offset, on_complete, end)
         if after <= offset:  # pragma: no cover - read_raw returns batches past offset
             break
         offset = after

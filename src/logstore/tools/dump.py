@@ -2,8 +2,8 @@
 other tools share.
 
 :func:`dump_file` describes the batches and records of a ``.log`` file (like kafka-dump-log),
-the entries of ``.index`` / ``.timeindex`` files, the producers of a ``.snapshot`` file, or the
-entries of a checkpoint file, as a stream of dicts that cli.py prints as text or JSON. A
+the entries of ``.index`` / ``.timeindex`` / ``.txnindex`` files, the producers of a
+``.snapshot`` file, or the entries of a checkpoint file, as a stream of dicts that cli.py prints as text or JSON. A
 segment's batches are those of the one walk of valid batches
 (:class:`~logstore.log.segmentscan.BatchWalk`, the rule recovery applies); what follows them is
 reported as a zero tail or an invalid batch with the reason.
@@ -36,10 +36,11 @@ from ..log.producerstate import ProducerStateTable
 from ..log.segmentscan import BatchWalk
 from ..records import compression
 from ..records.batch import HEADER_SIZE, BatchHeader, RecordDecoder, parse_header
-from ..log.filenames import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, parse_segment_name
+from ..log.filenames import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX, parse_segment_name
+from ..records.control import ControlType, read_control_record, marker_coordinator_epoch
 from .progress import SILENT, Progress
 
-__all__ = ["dump_file", "text_or_hex", "index_entries", "timeindex_entries", "segment_base_offset",
+__all__ = ["dump_file", "text_or_hex", "index_entries", "timeindex_entries", "txnindex_entries", "segment_base_offset",
            "is_partition_dir", "OFFSET_CHECKPOINTS"]
 
 #: The checkpoint files of (topic, partition, offset) lines.
@@ -47,6 +48,7 @@ OFFSET_CHECKPOINTS = (RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, CL
                       REPLICATION_OFFSET_CHECKPOINT)
 _INDEX_ENTRY = struct.Struct(">ii")
 _TIMEINDEX_ENTRY = struct.Struct(">qi")
+_TXNINDEX_ENTRY = struct.Struct(">hqqqq")
 
 
 def _name_base_offset(path: str) -> int | None:
@@ -106,6 +108,13 @@ def timeindex_entries(path: str, base: int | None = None) -> list[tuple[int, int
     return out
 
 
+def txnindex_entries(path: str) -> list[tuple[int, int, int, int, int]]:
+    """(version, producer id, first offset, last offset, last stable offset) of each whole
+    entry of the ``.txnindex`` file at ``path``, as written (not checked)."""
+    data = _fileio.ops.read_file(path)
+    return list(_TXNINDEX_ENTRY.iter_unpack(data[: len(data) - len(data) % _TXNINDEX_ENTRY.size]))
+
+
 def dump_file(path: str, *, print_data: bool = False, deep: bool = False,
               progress: Progress = SILENT) -> Iterator[dict[str, Any]]:
     """Describe the file at ``path`` as a stream of dicts (one per batch, index entry,
@@ -125,6 +134,10 @@ def dump_file(path: str, *, print_data: bool = False, deep: bool = False,
     elif name.endswith(TIMEINDEX_SUFFIX):
         for i, (timestamp, offset) in enumerate(timeindex_entries(path)):
             yield {"kind": "timeindex", "slot": i, "timestamp": timestamp, "offset": offset}
+    elif name.endswith(TXNINDEX_SUFFIX):
+        for i, (version, pid, first, last, lso) in enumerate(txnindex_entries(path)):
+            yield {"kind": "txnindex", "slot": i, "version": version, "producer_id": pid, "first_offset": first,
+                   "last_offset": last, "last_stable_offset": lso}
     elif name in OFFSET_CHECKPOINTS:
         for entry in CheckpointFile(path, 3).read():
             yield {"kind": "checkpoint", "topic": entry[0], "partition": int(entry[1]), "offset": int(entry[2])}
@@ -138,9 +151,10 @@ def dump_file(path: str, *, print_data: bool = False, deep: bool = False,
                    "first_sequence": -1 if last is None else last.first_sequence, "last_sequence": e.last_sequence,
                    "last_offset": -1 if last is None else last.last_offset,
                    "offset_delta": 0 if last is None else last.last_offset - last.first_offset,
-                   "last_timestamp": e.last_timestamp}
+                   "last_timestamp": e.last_timestamp, "coordinator_epoch": e.coordinator_epoch,
+                   "current_txn_first_offset": e.current_txn_first_offset}
     else:
-        raise LogstoreError(f"{path}: not a segment (.log), index (.index, .timeindex), producer snapshot "
+        raise LogstoreError(f"{path}: not a segment (.log), index (.index, .timeindex, .txnindex), producer snapshot "
                             "(.snapshot) or checkpoint file")
 
 
@@ -159,6 +173,25 @@ def _batch_dict(position: int, h: BatchHeader) -> dict[str, Any]:
     }
 
 
+def _control_dict(data: Any, position: int, header: BatchHeader) -> dict[str, Any]:
+    """What a control batch says: its control type (a transaction marker's coordinator epoch)."""
+    try:
+        kind, value = read_control_record(data, position, header.size)
+    except LogstoreError as exc:
+        return {"control_type": None, "control_error": str(exc)}
+    try:
+        name = ControlType(kind).name
+    except ValueError:
+        name = str(kind)
+    out: dict[str, Any] = {"control_type": name}
+    if kind in (ControlType.ABORT, ControlType.COMMIT):
+        try:
+            out["coordinator_epoch"] = marker_coordinator_epoch(value)
+        except LogstoreError as exc:
+            out["control_error"] = str(exc)
+    return out
+
+
 def _dump_log(path: str, *, print_data: bool, deep: bool, progress: Progress) -> Iterator[dict[str, Any]]:
     data = _fileio.ops.map_file(path)
     decoder = RecordDecoder()
@@ -167,6 +200,8 @@ def _dump_log(path: str, *, print_data: bool, deep: bool, progress: Progress) ->
         walk = BatchWalk(data, segment_base_offset(path, data))
         for position, header in walk:
             batch = _batch_dict(position, header)
+            if header.attributes & lib.LS_ATTR_CONTROL:
+                batch.update(_control_dict(data, position, header))
             if deep:
                 records, _ = decoder.decode(data, position, position + header.size, path=path)
                 batch["records"] = [_record_dict(r, print_data) for r in records]

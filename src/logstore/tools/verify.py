@@ -4,7 +4,9 @@
 (:class:`~logstore.log.segmentscan.BatchWalk`, the rule recovery applies: header, CRC,
 well-formed records, offsets increasing within the segment) and decodes each (compressed ones
 decompressed); it checks offsets across segments, every index entry against the batch it names,
-and that checkpoints and producer snapshots parse. What ends a segment's valid batches, other
+each ``.txnindex`` against the aborted transactions the segment's markers close (replaying the
+partition's transactions from its first segment), and that checkpoints and producer snapshots
+parse. What ends a segment's valid batches, other
 than the zero tail of the last segment, is a problem with the walk's reason.
 
 Everything here only reads (files are mapped read-only through ``_fileio``; nothing is locked,
@@ -26,13 +28,14 @@ from ..checkpoint import LEADER_EPOCH_CHECKPOINT, CheckpointFile, CorruptCheckpo
 from ..errors import CorruptRecordError, LogstoreError
 from ..log.filenames import SNAPSHOT_SUFFIX
 from ..log.producers import snapshot_offsets
-from ..log.producerstate import CorruptSnapshotError, ProducerStateTable
+from ..log.producerstate import CompletedTxn, CorruptSnapshotError, ProducerStateTable
 from ..log.segmentscan import BatchWalk
 from ..records.batch import BatchHeader, RecordDecoder
-from ..log.filenames import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, parse_segment_name, segment_name
+from ..log.filenames import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX, parse_segment_name, segment_name
 from ..store.kafkadirs import looks_like_log_dir
 from ..store.layout import TOPICS_DIR
-from .dump import OFFSET_CHECKPOINTS, index_entries, is_partition_dir, segment_base_offset, timeindex_entries
+from .dump import (OFFSET_CHECKPOINTS, index_entries, is_partition_dir, segment_base_offset, timeindex_entries,
+                   txnindex_entries)
 from .progress import SILENT, Progress
 
 __all__ = ["verify", "Problem", "VerifyReport"]
@@ -120,11 +123,16 @@ def _verify_partition(directory: str, report: VerifyReport, progress: Progress) 
     bases = sorted(parsed[0] for name in _fileio.ops.listdir(directory)
                    if (parsed := parse_segment_name(name)) and parsed[1] == LOG_SUFFIX)
     previous_last = -1
+    # The partition's transactions, replayed from its first segment: the aborts each segment's
+    # markers close (a transaction begun before the first segment has an unknown first offset).
+    table = ProducerStateTable()
     for i, base in enumerate(bases):
         path = os.path.join(directory, segment_name(base) + LOG_SUFFIX)
-        last = _verify_segment(path, base, previous_last, i == len(bases) - 1, report, progress)
+        aborts: list[tuple[CompletedTxn, int]] = []
+        last = _verify_segment(path, base, previous_last, i == len(bases) - 1, report, progress, table, aborts)
         if last >= 0:
             previous_last = last
+        _verify_txnindex(path[: -len(LOG_SUFFIX)] + TXNINDEX_SUFFIX, aborts, bases[0] == 0, report)
     epochs = os.path.join(directory, LEADER_EPOCH_CHECKPOINT)
     try:
         CheckpointFile(epochs, 2).read()
@@ -139,9 +147,12 @@ def _verify_partition(directory: str, report: VerifyReport, progress: Progress) 
 
 
 def _verify_segment(path: str, base: int | None, previous_last: int, last_segment: bool, report: VerifyReport,
-                    progress: Progress) -> int:
+                    progress: Progress, table: ProducerStateTable | None = None,
+                    aborts: list[tuple[CompletedTxn, int]] | None = None) -> int:
     """Check one segment (base offset ``base``, or as :func:`segment_base_offset` finds it) and
-    its indexes; return its last offset (-1 when it has no batch)."""
+    its indexes; return its last offset (-1 when it has no batch). With ``table``, its batches
+    teach it the producers' transactions, and the aborted ones its markers close go to
+    ``aborts`` with the last stable offset each leaves."""
     report.segments += 1
     data = _fileio.ops.map_file(path)
     decoder = RecordDecoder()
@@ -168,6 +179,13 @@ def _verify_segment(path: str, base: int | None, previous_last: int, last_segmen
                                                      f"base offset {base}", position, header.base_offset))
             batches[position] = header
             last = header.last_offset
+            if table is not None:
+                try:
+                    table.record_batches(data[position:position + header.size], 0,
+                                         None if aborts is None else (lambda t, lso: t.aborted and aborts.append((t, lso))))
+                except CorruptRecordError as exc:
+                    report.problems.append(Problem(path, f"a control batch that cannot be read ({exc.reason})",
+                                                   position, header.base_offset))
             largest_ts = max(largest_ts, header.max_timestamp)
             max_ts_at.append((last, largest_ts))
             report.batches += 1
@@ -186,6 +204,39 @@ def _verify_segment(path: str, base: int | None, previous_last: int, last_segmen
             data.close()
     _verify_indexes(path, base, batches, max_ts_at, report)
     return last
+
+
+def _verify_txnindex(path: str, aborts: list[tuple[CompletedTxn, int]], known_from_start: bool,
+                     report: VerifyReport) -> None:
+    """The ``.txnindex`` at ``path`` must hold exactly the aborted transactions the segment's
+    markers close, in order: same producer and marker offset, and the same first offset and
+    last stable offset where the replay knows them (always, when the log starts at offset 0)."""
+    entries = txnindex_entries(path) if _fileio.ops.exists(path) else []
+    if _fileio.ops.exists(path) and _fileio.ops.size(path) % 34:
+        report.problems.append(Problem(path, f"file size {_fileio.ops.size(path)} is not a multiple of 34 bytes"))
+    for n, (version, pid, first, last, lso) in enumerate(entries):
+        if version != 0:
+            report.problems.append(Problem(path, f"entry {n} has version {version} (Kafka writes 0)", None, last))
+        if n >= len(aborts):
+            report.problems.append(Problem(path, f"entry {n} (producer {pid}, aborted at {last}) has no ABORT marker "
+                                                 "in the segment", None, last))
+            continue
+        txn, stable = aborts[n]
+        if (pid, last) != (txn.producer_id, txn.last_offset):
+            report.problems.append(Problem(path, f"entry {n} says producer {pid} aborted at {last}, but the "
+                                                 f"segment's abort {n} is producer {txn.producer_id}'s at "
+                                                 f"{txn.last_offset}", None, last))
+            continue
+        known = known_from_start or txn.first_offset != txn.last_offset
+        if known and first != txn.first_offset:
+            report.problems.append(Problem(path, f"entry {n} says the transaction began at {first}, the log says "
+                                                 f"{txn.first_offset}", None, last))
+        if known_from_start and lso != stable:
+            report.problems.append(Problem(path, f"entry {n} has last stable offset {lso}, the log says {stable}",
+                                           None, last))
+    for txn, _ in aborts[len(entries):]:
+        report.problems.append(Problem(path, f"missing entry: producer {txn.producer_id}'s transaction aborted at "
+                                             f"{txn.last_offset}", None, txn.last_offset))
 
 
 def _verify_indexes(path: str, base: int, batches: dict[int, BatchHeader], max_ts_at: list[tuple[int, int]],
