@@ -7,6 +7,7 @@
     logstore produce ROOT TOPIC [--key-separator SEP] [--partition N]     (lines from stdin)
     logstore consume ROOT TOPIC [--from-beginning | --offset N | --timestamp MS | --group G]
                      [--partition N] [--max-records N] [--follow] [--print-key]
+                     [--isolation-level read_uncommitted|read_committed]
     logstore dump FILES... [--print-data] [--deep] [--json]               (like kafka-dump-log)
     logstore verify PATH [--json]          (full scrub; exit status 1 when anything is wrong)
     logstore recover PATH [--json]         (run crash recovery now; report what it did)
@@ -193,7 +194,8 @@ def _consume(args: argparse.Namespace, out: TextIO) -> int:
         reset = "earliest" if args.from_beginning or args.offset is not None or args.timestamp is not None else "latest"
         if args.group and not args.from_beginning:
             reset = "earliest"
-        with store.consumer(group, args.topic, auto_offset_reset=reset, enable_auto_commit=False) as consumer:
+        with store.consumer(group, args.topic, auto_offset_reset=reset, enable_auto_commit=False,
+                            isolation_level=args.isolation_level) as consumer:
             parts = sorted(consumer.assignment())
             if args.partition is not None:
                 chosen = [tp for tp in parts if tp[1] == args.partition]
@@ -483,6 +485,8 @@ def _parser(out: TextIO | None = None) -> argparse.ArgumentParser:
     p.add_argument("--partition", type=int)
     p.add_argument("--max-records", type=int)
     p.add_argument("--follow", "-f", action="store_true", help="keep waiting for new records")
+    p.add_argument("--isolation-level", choices=("read_uncommitted", "read_committed"), default="read_uncommitted",
+                   help="read_committed: only records of committed transactions, up to the last stable offset")
     p.add_argument("--print-key", action="store_true")
     p.add_argument("--key-separator", default="\t")
     p.add_argument("--json", action="store_true")

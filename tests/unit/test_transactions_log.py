@@ -310,3 +310,69 @@ def test_verify_checks_txnindex_against_the_markers(tmp_path):
     forged[10:18] = (0).to_bytes(8, "big")          # the first entry's first offset
     index.write_bytes(bytes(forged))
     assert [p.what for p in verify(str(path)).problems] == ["entry 0 says the transaction began at 0, the log says 1"]
+
+
+# ---------------------------------------------------------------------- other readers
+def _mixed_log(path):
+    log = Log.open(path)
+    log.append(b"p0")
+    log.append_idempotent(client_batch(1, 0, 0, [b"a1", b"a2"]))   # aborted below
+    log.append_idempotent(client_batch(2, 0, 0, [b"c1"]))          # committed below
+    log.append(b"p1")
+    log.append_txn_marker(1, 0, commit=False)
+    log.append_idempotent(client_batch(2, 0, 1, [b"c2"]))
+    log.append_txn_marker(2, 0, commit=True)
+    log.append_idempotent(client_batch(3, 0, 0, [b"open"]))         # open: the LSO
+    log.append(b"p2")
+    return log
+
+
+def test_read_arrow_read_committed(tmp_path):
+    pytest.importorskip("pyarrow")
+    with _mixed_log(tmp_path / "t-0") as log:
+        committed = log.read_arrow(isolation_level="read_committed", columns=["offset", "value"]).to_pydict()
+        assert list(zip(committed["offset"], committed["value"])) == [(0, b"p0"), (3, b"c1"), (4, b"p1"), (6, b"c2")]
+        assert log.committed_ranges(0, log.last_stable_offset) == [(0, 1), (3, 8)]
+        assert log.read_arrow(isolation_level="read_committed", max_records=2).num_rows == 2
+        assert log.read_arrow().num_rows == 10 - 2  # read_uncommitted: every record but the two markers
+        with pytest.raises(ValueError):
+            log.read_arrow(isolation_level="nope")
+
+
+def test_library_consumer_read_committed(tmp_path):
+    from logstore import LogStore
+    with LogStore(tmp_path / "store") as store:
+        store.create_topic("t", 1)
+        log = store.partition("t", 0)
+        log.append(b"p0")
+        log.append_batch([b"a"], producer_id=1, producer_epoch=0, base_sequence=0, transactional=True)
+        log.append_txn_marker(1, 0, commit=False)
+        log.append_batch([b"c"], producer_id=2, producer_epoch=0, base_sequence=0, transactional=True)
+        consumer = store.consumer("g", "t", isolation_level="read_committed")
+        assert [r.value for r in consumer.poll(1.0)] == [b"p0"]
+        assert consumer.poll(0.1) == [] and consumer.lag() == {("t", 0): 0}  # past the aborted record
+        log.append_txn_marker(2, 0, commit=True)
+        assert [r.value for r in consumer.poll(1.0)] == [b"c"]
+        everything = store.consumer("h", "t")
+        assert [r.value for r in everything.poll(1.0)] == [b"p0", b"a", b"c"]
+        from logstore import InvalidConfigError
+        with pytest.raises(InvalidConfigError):
+            store.consumer("x", "t", isolation_level="snapshot")
+
+
+def test_cli_consume_read_committed(tmp_path):
+    import io
+    from logstore import LogStore
+    from logstore.cli import main
+    with LogStore(tmp_path / "store") as store:
+        store.create_topic("t", 1)
+        log = store.partition("t", 0)
+        log.append(b"p0")
+        log.append_batch([b"aborted"], producer_id=1, producer_epoch=0, base_sequence=0, transactional=True)
+        log.append_txn_marker(1, 0, commit=False)
+        log.append(b"p1")
+    for level, expected in (("read_committed", "p0\np1\n"), ("read_uncommitted", "p0\naborted\np1\n")):
+        out = io.StringIO()
+        assert main(["consume", str(tmp_path / "store"), "t", "--from-beginning", "--isolation-level", level],
+                    stdout=out) == 0
+        assert out.getvalue() == expected

@@ -225,6 +225,10 @@ class Consumer:
             the group waits for a silent process before giving its partitions to the others,
             and how often this process tells it that it lives (Kafka's consumer settings; the
             first consumer of the group in this store object sets them).
+        isolation_level: "read_uncommitted" (Kafka's default: every record below the high
+            watermark) or "read_committed" (records of transactions only once committed, never
+            those of aborted ones; reads stop at the last stable offset, and "latest", the end
+            and the lag count from it).
 
     Durability: commits are fsynced before :meth:`commit` returns.
     """
@@ -233,9 +237,12 @@ class Consumer:
                  auto_offset_reset: str = "earliest", enable_auto_commit: bool = True,
                  auto_commit_interval_ms: int = 5000, max_poll_records: int = 500,
                  fetch_max_bytes: int = 1 << 20, session_timeout_ms: int = 10_000,
-                 heartbeat_interval_ms: int = 1_000) -> None:
+                 heartbeat_interval_ms: int = 1_000, isolation_level: str = "read_uncommitted") -> None:
         if not isinstance(group, str) or not group:
             raise InvalidConfigError(f"group must be a non-empty str, got {group!r}")
+        if isolation_level not in ("read_uncommitted", "read_committed"):
+            raise InvalidConfigError(f"isolation_level must be 'read_uncommitted' or 'read_committed', "
+                                     f"got {isolation_level!r}")
         if auto_offset_reset not in _RESETS:
             raise InvalidConfigError(f"auto_offset_reset must be 'earliest' or 'latest', got {auto_offset_reset!r}")
         if isinstance(max_poll_records, bool) or not isinstance(max_poll_records, int) or max_poll_records < 1:
@@ -259,6 +266,8 @@ class Consumer:
         self.auto_commit_interval_s = auto_commit_interval_ms / 1000.0
         self.max_poll_records = max_poll_records
         self.fetch_max_bytes = fetch_max_bytes
+        self.isolation_level = isolation_level
+        self._committed_only = isolation_level == "read_committed"
         self.session_timeout_ms = session_timeout_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.member_id = f"{group}-{next(_member_seq):08d}-{uuid.uuid4().hex[:8]}"
@@ -303,7 +312,12 @@ class Consumer:
 
     def _reset_position(self, tp: TopicPartition) -> int:
         log = self.store.partition(tp.topic, tp.partition)
-        return log.log_start_offset if self.auto_offset_reset == "earliest" else log.high_watermark
+        return log.log_start_offset if self.auto_offset_reset == "earliest" else self._end_of(log)
+
+    def _end_of(self, log: Any) -> int:
+        """Where this consumer's view of the log ends: the last stable offset (read_committed)
+        or the high watermark."""
+        return log.last_stable_offset if self._committed_only else log.high_watermark
 
     def _revoke(self, partitions: set[TopicPartition], commit: bool = True) -> None:
         """Called by the group on a rebalance (from the joining or leaving thread, or the
@@ -375,15 +389,16 @@ class Consumer:
         log = self.store.partition(tp.topic, tp.partition)
         position = self._positions[tp]
         for _ in range(2):
-            hw = log.high_watermark
+            hw = self._end_of(log)
             try:
-                records = log.read(position, max_bytes=self.fetch_max_bytes, max_records=limit, max_offset=hw)
+                records = log.read(position, max_bytes=self.fetch_max_bytes, max_records=limit, max_offset=hw,
+                                   isolation_level=self.isolation_level)
             except OffsetOutOfRangeError:
                 position = self._positions[tp] = self._reset_position(tp)
                 continue
             if not records and position < hw <= log.log_end_offset:
-                # Nothing but control batches (or compacted-away records) below the high
-                # watermark: move past them, or the next poll would find "new" data again.
+                # Nothing but control batches, aborted or compacted-away records below the high
+                # watermark (or LSO): move past them, or the next poll would find "new" data again.
                 self._positions[tp] = hw
             return records
         return []
@@ -436,12 +451,13 @@ class Consumer:
                 self._positions[tp] = self.store.partition(*tp).log_start_offset
 
     def seek_to_end(self, *partitions: tuple[str, int]) -> None:
-        """Continue each given partition (default: all assigned) at its high watermark."""
+        """Continue each given partition (default: all assigned) at its high watermark (its
+        last stable offset with read_committed)."""
         with self._lock:
             self._sync()
             for tp in partitions or tuple(self._assigned):
                 tp = self._check_assigned(*tp)
-                self._positions[tp] = self.store.partition(*tp).high_watermark
+                self._positions[tp] = self._end_of(self.store.partition(*tp))
 
     def seek_to_timestamp(self, timestamp: int, *partitions: tuple[str, int]) -> dict[TopicPartition, int]:
         """Move to the first record with timestamp >= ``timestamp`` (the log end if none) in the
@@ -453,14 +469,14 @@ class Consumer:
                 tp = self._check_assigned(*tp)
                 log = self.store.partition(*tp)
                 found = log.offset_for_timestamp(timestamp)
-                self._positions[tp] = moved[tp] = log.high_watermark if found is None else found
+                self._positions[tp] = moved[tp] = self._end_of(log) if found is None else found
         return moved
 
     def lag(self) -> dict[TopicPartition, int]:
         """Records between each assigned partition's position and its high watermark."""
         with self._lock:
             self._sync()
-            return {tp: max(0, self.store.partition(*tp).high_watermark - pos) for tp, pos in self._positions.items()}
+            return {tp: max(0, self._end_of(self.store.partition(*tp)) - pos) for tp, pos in self._positions.items()}
 
     # ------------------------------------------------------------------ commits
     def commit(self, offsets: dict[tuple[str, int], int] | None = None) -> None:

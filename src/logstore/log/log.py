@@ -1208,7 +1208,7 @@ class Log:
         return self.iter()
 
     def iter_arrow(self, start: int | None = None, end: int | None = None, columns: Sequence[str] | None = None,
-                   max_records: int | None = None) -> Iterator[Any]:
+                   max_records: int | None = None, isolation_level: str = "read_uncommitted") -> Iterator[Any]:
         """The records from ``start`` (default: log start) up to ``end`` (exclusive; default:
         the log end at the time of the call) as ``pyarrow.RecordBatch`` es of at most about
         32,768 rows, in the Spark Kafka source's schema (see :mod:`logstore.records.arrow`):
@@ -1219,12 +1219,15 @@ class Log:
         by a helper thread, so the records of a batch may have been read (under the log's lock,
         consistently) one chunk before it is yielded.
 
+        ``isolation_level="read_committed"`` stops at the :attr:`last_stable_offset` and leaves
+        out the records of aborted transactions (the ranges between them are read as above).
+
         Needs pyarrow (``pip install logstore[arrow]``). Thread-safe; concurrent appends past
         ``end`` are not yielded.
 
         Raises:
             OffsetOutOfRangeError: ``start`` below the log start or above the log end.
-            ValueError: an unknown column name.
+            ValueError: an unknown column name or isolation level.
             CorruptRecordError: a batch on the way fails its checks.
             ImportError: pyarrow is not installed.
         """
@@ -1240,14 +1243,68 @@ class Log:
             if offset < self._log_start_offset or offset > log_end:
                 raise OffsetOutOfRangeError(offset, self._log_start_offset, log_end, f"read_arrow from {self.path}")
             stop = log_end if end is None else min(check_offset(end), log_end)
-        return self._arrow_batches(arrowread, offset, stop, columns, max_records)
+        if isolation_level == "read_uncommitted":
+            return self._arrow_batches(arrowread, offset, stop, columns, max_records)
+        if isolation_level != "read_committed":
+            raise ValueError(f"isolation_level must be 'read_uncommitted' or 'read_committed', not {isolation_level!r}")
+        stop = min(stop, self.last_stable_offset)
+        return self._arrow_committed(arrowread, offset, stop, columns, max_records)
+
+    def _arrow_committed(self, arrowread: Any, offset: int, stop: int, columns: Sequence[str],
+                         max_records: int | None) -> Iterator[Any]:
+        """iter_arrow with read_committed: the ranges between aborted batches, each as usual."""
+        left = max_records
+        for a, b in self.committed_ranges(offset, stop):
+            for batch in self._arrow_batches(arrowread, a, b, columns, left):
+                if left is not None:
+                    left -= batch.num_rows
+                yield batch
+            if left is not None and left <= 0:
+                return
+
+    def committed_ranges(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """The offset ranges [a, b) that cover [start, stop) but the batches of aborted
+        transactions (the data of an aborted transaction's producer between its first offset
+        and its marker, as the ``.txnindex`` files list them): what a read_committed reader
+        reads below the LSO. One range when nothing was aborted there. Thread-safe.
+
+        Raises:
+            CorruptRecordError: a batch on the way fails its checks.
+        """
+        aborted = self.aborted_transactions(start, stop)
+        if not aborted:
+            return [(start, stop)] if start < stop else []
+        ranges: dict[int, list[tuple[int, int]]] = {}
+        for txn in aborted:
+            ranges.setdefault(txn.producer_id, []).append((txn.first_offset, txn.last_offset))
+        out: list[tuple[int, int]] = []
+        a = offset = start
+        while offset < stop:
+            with self._lock:
+                self._check_readable_from(offset)
+                raw = self._segments.read_raw(offset, _ITER_CHUNK_BYTES)
+            if not raw:
+                break
+            for _, header in batch_headers(raw):
+                if header.base_offset >= stop:
+                    offset = stop
+                    break
+                if header.attributes & lib.LS_ATTR_TRANSACTIONAL and not header.attributes & lib.LS_ATTR_CONTROL and any(
+                        first <= header.base_offset <= last for first, last in ranges.get(header.producer_id, ())):
+                    if a < header.base_offset:
+                        out.append((a, header.base_offset))
+                    a = header.last_offset + 1
+                offset = max(offset, header.last_offset + 1)
+        if a < stop:
+            out.append((a, stop))
+        return out
 
     def read_arrow(self, start: int | None = None, end: int | None = None, columns: Sequence[str] | None = None,
-                   max_records: int | None = None) -> Any:
+                   max_records: int | None = None, isolation_level: str = "read_uncommitted") -> Any:
         """:meth:`iter_arrow`'s record batches as one ``pyarrow.Table`` (empty with the schema
         when there are no records). Same arguments, guarantees and errors; the table holds every
         record asked for in memory."""
-        return table(list(self.iter_arrow(start, end, columns, max_records)), columns)
+        return table(list(self.iter_arrow(start, end, columns, max_records, isolation_level)), columns)
 
     def offset_for_timestamp(self, timestamp: int) -> int | None:
         """Earliest offset whose record timestamp >= ``timestamp`` (Kafka's ListOffsets).
