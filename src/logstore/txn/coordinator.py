@@ -945,7 +945,10 @@ class TransactionCoordinator:
                     return False
                 else:
                     retry = True
-                    if error is not None and error not in _MARKER_RETRIABLE:
+                    if error is None and failure is None:
+                        logger.warning("%s: the marker write did not answer for %s-%d; retrying",
+                                       job.transactional_id, tp[0], tp[1])
+                    elif error is not None and error not in _MARKER_RETRIABLE:
                         logger.error("%s: unexpected error %s writing a marker to %s-%d; retrying",
                                      job.transactional_id, _name(error), tp[0], tp[1])
             if failure is not None:
