@@ -76,7 +76,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple, Sequence
 
 from ..errorcodes import ErrorCode, code_for
-from ..errors import LogClosedError, LogOfflineError, LogstoreError, OffsetOutOfRangeError, RecordTooLargeError
+from ..errors import LogClosedError, LogOfflineError, LogstoreError, OffsetOutOfRangeError
 from ..groups.offsets import OFFSETS_TOPIC
 from .metadata import (
     NO_PRODUCER_EPOCH,
@@ -292,6 +292,8 @@ class TransactionCoordinator:
             TxnRecordError: a record cannot be read (nothing is served: call load again once fixed).
             TxnCoordinatorError: called twice, or after close().
             LogstoreError / OSError: reading the log failed (load may be called again).
+
+        Thread-safe: requests made meanwhile are answered COORDINATOR_LOAD_IN_PROGRESS.
         """
         with self._lock:
             if self._status != _NEW:
@@ -366,7 +368,7 @@ class TransactionCoordinator:
     def close(self) -> None:
         """Stop serving (every later request is COORDINATOR_NOT_AVAILABLE) and stop the marker
         thread; markers and Complete records not yet written are left to the next load. The
-        state log stays open (its owner closes it). Idempotent."""
+        state log stays open (its owner closes it). Idempotent; thread-safe."""
         with self._lock:
             if self._status == _CLOSED:
                 return
@@ -383,7 +385,7 @@ class TransactionCoordinator:
     def drain(self, timeout_s: float | None = None) -> bool:
         """Wait until no transaction is being completed (every marker and Complete record that
         was under way is written, fenced or given up); True when none is, False on timeout.
-        For an orderly shutdown, and for tests."""
+        For an orderly shutdown, and for tests. Thread-safe."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._lock:
             while self._jobs and self._status != _CLOSED:
@@ -532,7 +534,11 @@ class TransactionCoordinator:
                     offsets_partition_for_group: Callable[[str], int]) -> int:
         """AddOffsetsToTxn: add the group's ``__consumer_offsets`` partition
         (``offsets_partition_for_group(group_id)``) to the transaction; the error, as
-        :meth:`add_partitions`. Durable before it is answered. Thread-safe."""
+        :meth:`add_partitions`. Durable before it is answered. Thread-safe.
+
+        Raises:
+            ValueError: ``offsets_partition_for_group`` gave no partition number.
+        """
         if not group_id:
             return ErrorCode.invalid_request
         tp = _partition((OFFSETS_TOPIC, offsets_partition_for_group(group_id)))
@@ -820,12 +826,12 @@ class TransactionCoordinator:
 
     @staticmethod
     def _error_for(exc: BaseException) -> int:
-        """The error a client gets when a record could not be written (Kafka's mapping of the
-        append's errors: a storage failure is NOT_COORDINATOR, a record too large UNKNOWN_SERVER_ERROR)."""
+        """The error a client gets when a record could not be written, as Kafka maps the
+        append's errors: a storage failure (the log closed, offline, an I/O error) is
+        NOT_COORDINATOR, which clients retry after looking the coordinator up again; anything
+        else (a record too large included) UNKNOWN_SERVER_ERROR."""
         if isinstance(exc, (LogClosedError, LogOfflineError, OSError)):
             return ErrorCode.not_coordinator
-        if isinstance(exc, RecordTooLargeError):
-            return ErrorCode.unknown_server_error
         return ErrorCode.unknown_server_error
 
     def _track(self, meta: TransactionMetadata) -> None:
