@@ -25,6 +25,7 @@ FLOORS: list[tuple[str, set[str]]] = [
     ("segment", {"index", "segment", "log.filenames", "log.pointread", "log.segmentscan"}),
     ("log", {"log", "cleaner"}),
     ("groups", {"groups"}),
+    ("txn", {"txn"}),
     ("store", {"store"}),
     ("kafka", {"kafka"}),
     ("client", {"client"}),
