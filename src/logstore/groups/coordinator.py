@@ -680,6 +680,13 @@ class GroupCoordinator:
                 return [ErrorCode.coordinator_not_available if e == ErrorCode.none else e for e in errors]
         return errors
 
+    def check_transactional_commit(self, group_id: str, generation: int, member_id: str,
+                                   instance_id: str | None) -> int:
+        """Whether a transactional producer may commit offsets for this member of the group
+        (TxnOffsetCommit v3+ names the consumer's generation and member, KIP-447): Kafka's
+        validateOffsetCommit, as for the member's own commit. Thread-safe."""
+        return self._check_committer(group_id, generation, member_id, instance_id)
+
     def _check_committer(self, group_id: str, generation: int, member_id: str, instance_id: str | None) -> int:
         """Whether this member may commit for the group (Kafka's validateOffsetCommit)."""
         if not group_id:

@@ -16,6 +16,12 @@ and never garbage. The topic is compacted: only the latest commit per key surviv
 Reading: :class:`OffsetStore` replays the topic once and then follows it (commits made by other
 processes included), so ``committed()`` is a dictionary lookup after catching up.
 
+Transactional commits (Kafka's TxnOffsetCommit, KIP-98): a producer's offsets are written as a
+transactional batch with its producer id and epoch; they stay pending, invisible to
+``committed()``, until the producer's COMMIT marker reaches the topic, and are dropped at its
+ABORT marker, as Kafka's group coordinator applies them (at the marker, after any plain commit
+written meanwhile).
+
 Thread-safety: OffsetStore is thread-safe.
 """
 
@@ -28,7 +34,10 @@ import time
 import weakref
 from typing import Any, Iterable, Mapping
 
+from .._native import lib
 from ..errors import CorruptRecordError, OffsetOutOfRangeError
+from ..records.batch import Record, RecordDecoder, batch_headers
+from ..records.control import ControlType, read_marker
 from .metadata import GroupMetadata, decode_group_key, decode_group_value, encode_group_key, encode_group_value
 
 __all__ = ["OffsetStore", "OFFSETS_TOPIC", "encode_offset_key", "encode_offset_value", "decode_offset_key", "decode_offset_value",
@@ -43,6 +52,10 @@ _VALUE_HEAD = struct.Struct(">hqi")
 _I64 = struct.Struct(">q")
 _I32 = struct.Struct(">i")
 logger = logging.getLogger("logstore.groups.offsets")
+#: bytes of the topic read at a time while catching up
+_CHUNK_BYTES = 1 << 20
+_TRANSACTIONAL = lib.LS_ATTR_TRANSACTIONAL
+_CONTROL = lib.LS_ATTR_CONTROL
 
 #: Settings of the offsets topic (Kafka's offsets.topic.* defaults).
 OFFSETS_TOPIC_CONFIG = dict(cleanup_policy="compact", segment_bytes=100 * 1024 * 1024,
@@ -130,34 +143,77 @@ class OffsetStore:
         self._lock = threading.Lock()
         self._offsets: dict[tuple[str, str, int], tuple[int, str]] = {}
         self._groups: dict[str, GroupMetadata] = {}
+        #: producer id -> the offset records of its open transaction, in log order
+        self._pending: dict[int, list[Record]] = {}
+        self._decoder = RecordDecoder()
         self._position = 0
 
     def _catch_up(self) -> None:
+        """Apply what the topic holds past what was read: runs of plain batches decoded at
+        once, a transaction's batches held until its marker (held: the lock)."""
         log = self._log
         end = log.log_end_offset  # type: ignore[attr-defined]
         while self._position < end:
+            start = self._position
             try:
-                records = log.read(self._position, max_offset=end)  # type: ignore[attr-defined]
+                data = log.read_raw(start, _CHUNK_BYTES)  # type: ignore[attr-defined]
             except OffsetOutOfRangeError as exc:
                 # Retention or compaction moved the start past us: everything live is after it.
                 self._position = exc.log_start_offset
                 continue
-            if not records:
+            if not data:
                 self._position = end
                 break
-            for r in records:
-                if r.key is None:
-                    continue
-                parsed = decode_offset_key(r.key)
-                if parsed is None:
-                    self._take_group(r.key, r.value, r.offset)
-                    continue
-                if r.value is None:
-                    self._offsets.pop(parsed, None)
-                else:
-                    offset, metadata, _ = decode_offset_value(r.value)
-                    self._offsets[parsed] = (offset, metadata)
-            self._position = records[-1].offset + 1
+            run = None  # (first, end) bytes of consecutive plain batches
+            for position, header in batch_headers(data):
+                if header.base_offset >= end:
+                    break
+                if header.producer_id >= 0 and header.attributes & (_TRANSACTIONAL | _CONTROL):
+                    if run is not None:
+                        self._apply(self._decode(data, run[0], run[1], start))
+                        run = None
+                    self._take_transactional(data, position, header, start)
+                elif not header.attributes & _CONTROL:
+                    run = (position, position + header.size) if run is None else (run[0], position + header.size)
+                self._position = max(self._position, header.last_offset + 1)
+            if run is not None:
+                self._apply(self._decode(data, run[0], run[1], start))
+            if self._position == start:  # pragma: no cover - read_raw returns batches past start
+                break
+
+    def _decode(self, data: bytes, first: int, stop: int, min_offset: int) -> list[Record]:
+        return self._decoder.decode(data, first, stop, min_offset, -1, None, OFFSETS_TOPIC)[0]
+
+    def _take_transactional(self, data: bytes, position: int, header: Any, min_offset: int) -> None:
+        """A producer's transactional batch (held until its marker) or its marker: a COMMIT
+        applies the held records, an ABORT drops them."""
+        pid = header.producer_id
+        if header.attributes & _CONTROL:
+            if not header.attributes & _TRANSACTIONAL:
+                return
+            kind, _ = read_marker(data, position, header.size, OFFSETS_TOPIC)
+            held = self._pending.pop(pid, [])
+            if kind == ControlType.COMMIT:
+                self._apply(held)
+            return
+        if header.attributes & _TRANSACTIONAL:
+            self._pending.setdefault(pid, []).extend(self._decode(data, position, position + header.size, min_offset))
+        else:
+            self._apply(self._decode(data, position, position + header.size, min_offset))
+
+    def _apply(self, records: list[Record]) -> None:
+        for r in records:
+            if r.key is None:
+                continue
+            parsed = decode_offset_key(r.key)
+            if parsed is None:
+                self._take_group(r.key, r.value, r.offset)
+                continue
+            if r.value is None:
+                self._offsets.pop(parsed, None)
+            else:
+                offset, metadata, _ = decode_offset_value(r.value)
+                self._offsets[parsed] = (offset, metadata)
 
     def _take_group(self, key: bytes, value: bytes | None, offset: int) -> None:
         try:
@@ -195,6 +251,45 @@ class OffsetStore:
             self._log.flush()  # type: ignore[attr-defined]
         with self._lock:
             self._catch_up()
+
+    def commit_transactional(self, group: str, offsets: Mapping[Any, int | tuple[int, str]], producer_id: int,
+                             producer_epoch: int) -> None:
+        """Write ``{(topic, partition): offset or (offset, metadata)}`` of ``group`` as part of
+        the producer's transaction (Kafka's TxnOffsetCommit): pending until the producer's
+        COMMIT marker reaches the topic (:meth:`committed` shows them from then on), dropped at
+        its ABORT marker. One batch: all of them or none.
+
+        Durability: fsynced on return. Thread-safe."""
+        if not offsets:
+            return
+        now = int(time.time() * 1000)
+        keys: list[bytes | None] = []
+        values: list[bytes | None] = []
+        for (topic, partition), item in offsets.items():
+            offset, metadata = item if isinstance(item, tuple) else (item, "")
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+                raise ValueError(f"offset for {topic}-{partition} must be an int >= 0, got {offset!r}")
+            keys.append(encode_offset_key(group, topic, partition))
+            values.append(encode_offset_value(offset, metadata, now))
+        with self._lock:
+            self._log.append_batch(values, keys, producer_id=producer_id,  # type: ignore[attr-defined]
+                                   producer_epoch=producer_epoch, transactional=True)
+        self._log.flush()  # type: ignore[attr-defined]
+        with self._lock:
+            self._catch_up()
+
+    def pending(self, group: str) -> set[tuple[str, int]]:
+        """The partitions with a transactional commit of ``group`` waiting for its marker
+        (Kafka's OffsetFetch answers UNSTABLE_OFFSET_COMMIT for them when asked to)."""
+        with self._lock:
+            self._catch_up()
+            out = set()
+            for records in self._pending.values():
+                for r in records:
+                    parsed = decode_offset_key(r.key) if r.key is not None else None
+                    if parsed is not None and parsed[0] == group:
+                        out.add((parsed[1], parsed[2]))
+            return out
 
     def sync(self) -> None:
         """Make what this thread appended durable, as :meth:`commit` with ``durable`` does

@@ -18,6 +18,13 @@ produce with acks=0, which gets no response).
 - Metadata names this one broker as the leader, replica and in-sync replica of every
   partition; a topic asked for that does not exist is created when the server auto-creates
   topics (Kafka's ``auto.create.topics.enable``).
+- Transactions (KIP-98): this broker is every transactional id's coordinator
+  (:class:`~logstore.txn.coordinator.TransactionCoordinator` over ``__transaction_state``,
+  created on first use). It writes the COMMIT/ABORT markers into the partitions' logs itself
+  (``Log.append_txn_marker``, fsynced before the transaction is complete); a transactional
+  produce is refused for a partition the transaction has not added (INVALID_TXN_STATE), and
+  TxnOffsetCommit writes the offsets as the producer's transactional batch, applied by the
+  group's offsets at its COMMIT marker.
 
 Thread-safety: every method may be called from several threads at once; each partition's
 producer state is the log's, checked and changed under the log's lock.
@@ -34,6 +41,7 @@ from .._fileio import FileRegion
 from ..errorcodes import ErrorCode, code_for
 from ..errors import (
     CorruptRecordError,
+    TransactionCoordinatorFencedError,
     InvalidConfigError,
     InvalidProducerEpochError,
     InvalidRecordError,
@@ -49,11 +57,13 @@ from . import configs as kafkaconfigs
 from .._native import lib
 from ..log.config import LogConfig
 from .producerids import ProducerIds
-from ..groups.offsets import offset_store
+from ..groups.offsets import OFFSETS_TOPIC, offset_store
 from ..groups.coordinator import GroupConfig, GroupCoordinator
 from .wire import SUPPORTED, KafkaRequest
 from ..net.purgatory import Purgatory
 from ..store.store import LogStore
+from ..txn.coordinator import TransactionCoordinator, TxnConfig
+from ..txn.metadata import TRANSACTION_STATE_TOPIC, TRANSACTION_STATE_TOPIC_CONFIG
 
 __all__ = ["KafkaApis", "ProducerIds", "one_v2_batch_problem"]
 
@@ -89,6 +99,7 @@ class KafkaApis:
         auto_create_topics, num_partitions: Kafka's ``auto.create.topics.enable`` and
             ``num.partitions``.
         group_config: the group coordinator's settings.
+        txn_config: the transaction coordinator's settings.
         fsync_acks_all: answer an acks=all produce only once its batches are fsynced.
         purgatory: the purgatory to hold fetches in (a replica node's, whose partitions' changes
             wake them); None: one of its own, closed by :meth:`close`.
@@ -101,7 +112,7 @@ class KafkaApis:
     def __init__(self, store: LogStore, *, node_id: int, host: str, port: int, cluster_id: str,
                  auto_create_topics: bool = True, num_partitions: int = 1,
                  group_config: GroupConfig = GroupConfig(), fsync_acks_all: bool = False,
-                 purgatory: Purgatory | None = None) -> None:
+                 purgatory: Purgatory | None = None, txn_config: TxnConfig = TxnConfig()) -> None:
         self.store = store
         self.node_id = node_id
         self.host = host
@@ -118,6 +129,8 @@ class KafkaApis:
         #: acks=all answers after an fsync of the partitions written (else once in the log)
         self.fsync_acks_all = fsync_acks_all
         self._groups: GroupCoordinator | None = None
+        self.txn_config = txn_config
+        self._txn: TransactionCoordinator | None = None
         #: api key -> (lowest, highest) version served (what ApiVersions advertises)
         self.supported: dict[int, tuple[int, int]] = dict(SUPPORTED)
         #: the APIs answered on the network loop (they never block), not on a worker
@@ -129,11 +142,16 @@ class KafkaApis:
             10: self.on_find_coordinator, 11: self.on_join_group, 12: self.on_heartbeat, 13: self.on_leave_group,
             14: self.on_sync_group, 15: self.on_describe_groups, 16: self.on_list_groups,
             32: self.on_describe_configs, 17: self.on_sasl_handshake, 36: self.on_sasl_authenticate,
+            24: self.on_add_partitions_to_txn, 25: self.on_add_offsets_to_txn, 26: self.on_end_txn,
+            28: self.on_txn_offset_commit, 61: self.on_describe_producers, 65: self.on_describe_transactions,
+            66: self.on_list_transactions,
         }
 
     def close(self) -> None:
         """Answer the fetches, joins and syncs still waiting (the server is stopping)."""
         self._appends.close()
+        if self._txn is not None:
+            self._txn.close()
         if self._groups is not None:
             self._groups.close()
         if self._owns_purgatory:
@@ -148,6 +166,47 @@ class KafkaApis:
                     self._groups = GroupCoordinator(offset_store(self.store), self.purgatory, self._partition_exists,
                                                     self.group_config)
         return self._groups
+
+    @property
+    def txn(self) -> TransactionCoordinator:
+        """The transaction coordinator (``__transaction_state`` is created and loaded on first use)."""
+        if self._txn is None:
+            with self._groups_lock:
+                if self._txn is None:
+                    self.store.create_topic(TRANSACTION_STATE_TOPIC, 1, exist_ok=True, internal=True,
+                                            **TRANSACTION_STATE_TOPIC_CONFIG)
+                    coordinator = TransactionCoordinator(self.store.partition(TRANSACTION_STATE_TOPIC, 0),
+                                                         self.producer_ids.next_id, self.write_markers,
+                                                         config=self.txn_config)
+                    coordinator.load()
+                    self._txn = coordinator
+        return self._txn
+
+    def write_markers(self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int,
+                      partitions: list[tuple[str, int]]) -> Future:
+        """The coordinator's marker writer: append the COMMIT or ABORT marker to each partition's
+        log and fsync it; a completed future of each partition's error (Kafka's
+        WriteTxnMarkers answers). A partition whose log is gone answers
+        UNKNOWN_TOPIC_OR_PARTITION (nothing left to mark)."""
+        results: dict[tuple[str, int], int] = {}
+        for topic, partition in partitions:
+            try:
+                log = self.store.partition(topic, partition)
+                log.append_txn_marker(producer_id, producer_epoch, commit, coordinator_epoch)
+                log.flush()
+            except (UnknownTopicOrPartitionError, InvalidTopicError):
+                results[(topic, partition)] = ErrorCode.unknown_topic_or_partition
+            except (InvalidProducerEpochError, TransactionCoordinatorFencedError) as exc:
+                results[(topic, partition)] = code_for(exc)
+            except (LogstoreError, OSError) as exc:
+                logger.warning("writing a transaction marker to %s-%d failed: %s", topic, partition, exc)
+                results[(topic, partition)] = ErrorCode.kafka_storage_error
+            else:
+                results[(topic, partition)] = ErrorCode.none
+                self.purgatory.check((topic, partition))
+        done: Future = Future()
+        done.set_result(results)
+        return done
 
     def _partition_exists(self, topic: str, partition: int) -> bool:
         try:
@@ -214,7 +273,8 @@ class KafkaApis:
                     error, base = ErrorCode.invalid_required_acks, -1
                     message = f"acks must be 0, 1 or -1, not {acks}"
                 else:
-                    error, base, message = self._append(topic.name, data.index, data.records)
+                    error, base, message = self._append(topic.name, data.index, data.records,
+                                                        body.transactional_id)
                 # As Kafka: a refused partition's log start offset is unknown (-1).
                 start = self._log_start(topic.name, data.index) if error == ErrorCode.none else -1
                 partitions.append({"index": data.index, "error_code": error, "base_offset": base,
@@ -241,10 +301,13 @@ class KafkaApis:
                     part["error_code"] = ErrorCode.kafka_storage_error
                     part["error_message"] = f"fsync failed: {exc}"
 
-    def _append(self, topic: str, partition: int, records: bytes | None) -> tuple[int, int, str | None]:
+    def _append(self, topic: str, partition: int, records: bytes | None,
+                transactional_id: str | None = None) -> tuple[int, int, str | None]:
         """Validate and append one partition's batch: (error code, base offset, error message).
         A retry of a batch already in the log gets that batch's base offset (Kafka answers a
-        duplicate so). As Kafka's ProduceRequest.validateRecords: exactly one magic 2 batch."""
+        duplicate so). As Kafka's ProduceRequest.validateRecords: exactly one magic 2 batch. A
+        transactional batch must come with the request's transactional id and go to a
+        partition of the producer's ongoing transaction."""
         try:
             log = self.store.partition(topic, partition)
         except (UnknownTopicOrPartitionError, InvalidTopicError):
@@ -255,6 +318,11 @@ class KafkaApis:
         if refused is not None:
             logger.info("refused a produce to %s-%d: %s", topic, partition, refused)
             return ErrorCode.invalid_record, -1, refused
+        if len(records) >= 61 and records[21] & lib.LS_ATTR_TRANSACTIONAL:  # (attributes: bytes 21-22)
+            error, message = self._verify_transactional(topic, partition, records, transactional_id)
+            if error != ErrorCode.none:
+                logger.info("refused a transactional produce to %s-%d: %s", topic, partition, message)
+                return error, -1, message
         try:
             first, _, duplicate = log.append_idempotent(records)
         except (CorruptRecordError, RecordTooLargeError, OutOfOrderSequenceError, InvalidProducerEpochError,
@@ -264,6 +332,23 @@ class KafkaApis:
         if not duplicate:
             self.purgatory.check((topic, partition))
         return ErrorCode.none, first, None
+
+    def _verify_transactional(self, topic: str, partition: int, records: Any,
+                              transactional_id: str | None) -> tuple[int, str | None]:
+        """May this transactional batch be appended (Kafka's verification of KIP-890 part 1)?"""
+        pid = int.from_bytes(records[43:51], "big", signed=True)
+        epoch = int.from_bytes(records[51:53], "big", signed=True)
+        if not transactional_id:
+            return ErrorCode.invalid_txn_state, "a transactional batch in a produce request without a transactional id"
+        error = self.txn.verify_partitions(transactional_id, pid, epoch, [(topic, partition)])[(topic, partition)]
+        if error == ErrorCode.none:
+            return error, None
+        if error == ErrorCode.producer_fenced:
+            return ErrorCode.invalid_producer_epoch, f"producer {pid} epoch {epoch} is fenced by a newer epoch"
+        if error == ErrorCode.transaction_abortable:
+            return ErrorCode.invalid_txn_state, (f"{topic}-{partition} is not in the ongoing transaction of "
+                                                 f"{transactional_id!r} (AddPartitionsToTxn first)")
+        return error, f"the transaction of {transactional_id!r}: {ErrorCode(error).name}"
 
     def partition_error(self, topic: str, partition: int) -> int:
         """Why this broker does not answer for the partition (Kafka's error code), or 0: a
@@ -499,8 +584,140 @@ class KafkaApis:
 
     # ------------------------------------------------------------------ producers
     def on_init_producer_id(self, request: KafkaRequest) -> dict[str, Any]:
-        return {"throttle_time": 0, "error_code": ErrorCode.none, "producer_id": self.producer_ids.next_id(),
-                "producer_epoch": 0}
+        body = request.body
+        if body.transactional_id is None:
+            return {"throttle_time": 0, "error_code": ErrorCode.none, "producer_id": self.producer_ids.next_id(),
+                    "producer_epoch": 0}
+        timeout_ms = int(body.transaction_timeout.total_seconds() * 1000)
+        error, pid, epoch = self.txn.init_producer_id(body.transactional_id, timeout_ms,
+                                                      getattr(body, "producer_id", -1),
+                                                      getattr(body, "producer_epoch", -1))
+        if error == ErrorCode.producer_fenced and request.api_version < 4:
+            error = ErrorCode.invalid_producer_epoch  # (PRODUCER_FENCED is known to v4+ clients)
+        return {"throttle_time": 0, "error_code": error, "producer_id": pid, "producer_epoch": epoch}
+
+    # ------------------------------------------------------------------ transactions
+    def _txn_error(self, error: int, version: int, fenced_from: int) -> int:
+        """PRODUCER_FENCED as INVALID_PRODUCER_EPOCH to a version older than ``fenced_from``
+        (Kafka answers so: the older clients do not know the code)."""
+        if error == ErrorCode.producer_fenced and version < fenced_from:
+            return ErrorCode.invalid_producer_epoch
+        return error
+
+    def on_add_partitions_to_txn(self, request: KafkaRequest) -> dict[str, Any]:
+        body = request.body
+        wanted = [(t.name, p) for t in body.v3_and_below_topics for p in t.partitions]
+        unknown = {tp for tp in wanted if not self._partition_exists(*tp)}
+        if unknown:  # Kafka: the unknown ones fail, the rest are not attempted
+            errors = {tp: ErrorCode.unknown_topic_or_partition if tp in unknown else ErrorCode.operation_not_attempted
+                      for tp in wanted}
+        else:
+            errors = self.txn.add_partitions(body.v3_and_below_transactional_id, body.v3_and_below_producer_id,
+                                             body.v3_and_below_producer_epoch, wanted)
+        topics: dict[str, list[dict[str, Any]]] = {}
+        for topic, partition in wanted:
+            error = self._txn_error(errors.get((topic, partition), ErrorCode.none), request.api_version, 2)
+            topics.setdefault(topic, []).append({"partition_index": partition, "partition_error_code": error})
+        return {"throttle_time": 0, "error_code": ErrorCode.none, "results_by_transaction": [],
+                "results_by_topic_v3_and_below": [{"name": t, "results_by_partition": r} for t, r in topics.items()]}
+
+    def on_add_offsets_to_txn(self, request: KafkaRequest) -> dict[str, Any]:
+        body = request.body
+        self.groups  # (__consumer_offsets exists before the transaction names it)
+        error = self.txn.add_offsets(body.transactional_id, body.producer_id, body.producer_epoch, body.group_id,
+                                     lambda group: 0)  # every group's offsets are in partition 0
+        return {"throttle_time": 0, "error_code": self._txn_error(error, request.api_version, 2)}
+
+    def on_end_txn(self, request: KafkaRequest) -> Future:
+        body = request.body
+        decided = self.txn.end_txn(body.transactional_id, body.producer_id, body.producer_epoch, body.committed)
+        answer: Future = Future()
+
+        def done(future: Future) -> None:
+            try:
+                error = self._txn_error(future.result(), request.api_version, 2)
+            except Exception as exc:  # noqa: BLE001 - a bug: the client gets an error, not silence
+                logger.exception("EndTxn of %s failed", body.transactional_id)
+                answer.set_exception(exc)
+                return
+            answer.set_result({"throttle_time": 0, "error_code": error, "producer_id": -1, "producer_epoch": -1})
+
+        decided.add_done_callback(done)
+        return answer
+
+    def on_txn_offset_commit(self, request: KafkaRequest) -> dict[str, Any]:
+        body = request.body
+        wanted = [(t.name, p.partition_index, p.committed_offset, p.committed_metadata or "")
+                  for t in body.topics for p in t.partitions]
+        tp = (OFFSETS_TOPIC, 0)
+        error = self.txn.verify_partitions(body.transactional_id, body.producer_id, body.producer_epoch, [tp])[tp]
+        if error == ErrorCode.transaction_abortable:
+            error = ErrorCode.invalid_txn_state  # AddOffsetsToTxn did not come first
+        error = self._txn_error(error, request.api_version, 3)
+        if error == ErrorCode.none and getattr(body, "generation_id", -1) >= 0:
+            error = self.groups.check_transactional_commit(body.group_id, body.generation_id, body.member_id,
+                                                           getattr(body, "group_instance_id", None))
+        errors: dict[tuple[str, int], int] = {}
+        if error == ErrorCode.none:
+            for topic, partition, _, _ in wanted:
+                if not self._partition_exists(topic, partition):
+                    errors[(topic, partition)] = ErrorCode.unknown_topic_or_partition
+            good = {(t, p): (o, m) for t, p, o, m in wanted if (t, p) not in errors}
+            try:
+                offset_store(self.store).commit_transactional(body.group_id, good, body.producer_id,
+                                                              body.producer_epoch)
+            except (LogstoreError, OSError) as exc:
+                logger.error("TxnOffsetCommit of %s for %s failed: %s", body.transactional_id, body.group_id, exc)
+                error = ErrorCode.unknown_server_error if isinstance(exc, LogstoreError) else ErrorCode.kafka_storage_error
+        topics: dict[str, list[dict[str, Any]]] = {}
+        for topic, partition, _, _ in wanted:
+            topics.setdefault(topic, []).append(
+                {"partition_index": partition, "error_code": error or errors.get((topic, partition), ErrorCode.none)})
+        return {"throttle_time": 0, "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
+
+    def on_describe_transactions(self, request: KafkaRequest) -> dict[str, Any]:
+        states = []
+        for d in self.txn.describe(request.body.transactional_ids):
+            states.append({"error_code": d.error, "transactional_id": d.transactional_id,
+                           "transaction_state": d.state, "transaction_timeout": d.txn_timeout_ms,
+                           "transaction_start_time": d.txn_start_timestamp, "producer_id": d.producer_id,
+                           "producer_epoch": d.producer_epoch,
+                           "topics": [{"topic": t, "partitions": list(ps)} for t, ps in d.topics]})
+        return {"throttle_time": 0, "transaction_states": states}
+
+    def on_list_transactions(self, request: KafkaRequest) -> dict[str, Any]:
+        body = request.body
+        listing = self.txn.list(body.state_filters, body.producer_id_filters,
+                                getattr(body, "duration_filter", -1))
+        return {"throttle_time": 0, "error_code": listing.error,
+                "unknown_state_filters": list(listing.unknown_state_filters),
+                "transaction_states": [{"transactional_id": t.transactional_id, "producer_id": t.producer_id,
+                                        "transaction_state": t.state} for t in listing.transactions]}
+
+    def on_describe_producers(self, request: KafkaRequest) -> dict[str, Any]:
+        topics = []
+        for topic in request.body.topics:
+            partitions = []
+            for index in topic.partition_indexes:
+                entry: dict[str, Any] = {"partition_index": index, "error_code": ErrorCode.none,
+                                         "error_message": None, "active_producers": []}
+                refused = self.partition_error(topic.name, index)
+                try:
+                    if refused:
+                        raise UnknownTopicOrPartitionError(f"{topic.name}-{index}")
+                    log = self.store.partition(topic.name, index)
+                    producers = log.active_producers()
+                except (UnknownTopicOrPartitionError, InvalidTopicError):
+                    entry.update(error_code=refused or ErrorCode.unknown_topic_or_partition,
+                                 error_message=f"{topic.name}-{index} is not served here")
+                else:
+                    entry["active_producers"] = [
+                        {"producer_id": p.producer_id, "producer_epoch": p.epoch, "last_sequence": p.last_sequence,
+                         "last_timestamp": p.last_timestamp, "coordinator_epoch": p.coordinator_epoch,
+                         "current_txn_start_offset": p.current_txn_first_offset} for p in producers.values()]
+                partitions.append(entry)
+            topics.append({"name": topic.name, "partitions": partitions})
+        return {"throttle_time": 0, "topics": topics}
 
 
     # ------------------------------------------------------------------ configs
@@ -536,9 +753,10 @@ class KafkaApis:
 
     # ------------------------------------------------------------------ consumer groups
     def on_find_coordinator(self, request: KafkaRequest) -> dict[str, Any]:
-        if getattr(request.body, "key_type", 0) != 0:
-            return {"throttle_time": 0, "error_code": ErrorCode.coordinator_not_available, "node_id": -1, "host": "",
-                    "port": -1, "error_message": "transactions are not supported by this broker"}
+        key_type = getattr(request.body, "key_type", 0)
+        if key_type not in (0, 1):  # 0: a group, 1: a transactional id (this broker coordinates both)
+            return {"throttle_time": 0, "error_code": ErrorCode.invalid_request, "node_id": -1, "host": "",
+                    "port": -1, "error_message": f"unknown coordinator key type {key_type}"}
         return {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None, "node_id": self.node_id,
                 "host": self.host, "port": self.port}
 

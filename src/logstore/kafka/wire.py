@@ -42,8 +42,9 @@ from .writer import write_response
 __all__ = ["SUPPORTED", "API_NAMES", "KafkaRequest", "KafkaProtocolError", "UnsupportedVersionError",
            "parse_request", "response_class", "encode"]
 
-#: api key -> (lowest, highest) version served. Non-flexible versions only: every client this
-#: server is tested with speaks them (aiokafka speaks nothing else). (:func:`parse_request`
+#: api key -> (lowest, highest) version served. Non-flexible versions, which every client this
+#: server is tested with speaks (aiokafka speaks nothing else), but for the transaction APIs,
+#: whose newer versions carry what the clients need (KIP-360's epoch bump). (:func:`parse_request`
 #: takes other ranges from a caller that serves more.)
 SUPPORTED: dict[int, tuple[int, int]] = {
     0: (0, 8),    # Produce (v0-v2 advertised, refused: see _REFUSED_PRODUCE)
@@ -63,16 +64,25 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     18: (0, 2),   # ApiVersions
     19: (2, 4),   # CreateTopics
     20: (1, 3),   # DeleteTopics
-    22: (0, 1),   # InitProducerId
+    22: (0, 4),   # InitProducerId (v2+ flexible; v3+ KIP-360's epoch bump)
+    24: (0, 3),   # AddPartitionsToTxn (v3 flexible; v4 batches transactions between brokers)
+    25: (0, 3),   # AddOffsetsToTxn (v3 flexible)
+    26: (0, 4),   # EndTxn (v3+ flexible; v5 is KIP-890's transaction version 2)
+    28: (0, 3),   # TxnOffsetCommit (v3 flexible: the group's generation and member)
     32: (1, 3),   # DescribeConfigs
     36: (0, 1),   # SaslAuthenticate (answered by kafkaauth before authentication)
+    61: (0, 0),   # DescribeProducers (flexible)
+    65: (0, 0),   # DescribeTransactions (flexible)
+    66: (0, 1),   # ListTransactions (flexible)
 }
 
 API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "OffsetCommit", 9: "OffsetFetch",
              10: "FindCoordinator", 11: "JoinGroup", 12: "Heartbeat", 13: "LeaveGroup", 14: "SyncGroup",
              15: "DescribeGroups", 16: "ListGroups",
              17: "SaslHandshake", 18: "ApiVersions", 19: "CreateTopics", 20: "DeleteTopics", 22: "InitProducerId",
-             23: "OffsetForLeaderEpoch", 32: "DescribeConfigs", 36: "SaslAuthenticate",
+             23: "OffsetForLeaderEpoch", 24: "AddPartitionsToTxn", 25: "AddOffsetsToTxn", 26: "EndTxn",
+             28: "TxnOffsetCommit", 32: "DescribeConfigs", 36: "SaslAuthenticate", 61: "DescribeProducers",
+             65: "DescribeTransactions", 66: "ListTransactions",
              52: "Vote", 53: "BeginQuorumEpoch", 54: "EndQuorumEpoch", 55: "DescribeQuorum"}
 
 _HEADER = struct.Struct(">hhi")  # api key, api version, correlation id

@@ -79,6 +79,8 @@ from ..errorcodes import ErrorCode, code_for
 from ..errors import LogClosedError, LogOfflineError, LogstoreError, OffsetOutOfRangeError
 from ..groups.offsets import OFFSETS_TOPIC
 from .metadata import (
+    ABORT_TIMED_OUT_TRANSACTION_CLEANUP_INTERVAL_MS,
+    REMOVE_EXPIRED_TRANSACTIONAL_ID_CLEANUP_INTERVAL_MS,
     NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID,
     TRANSACTION_MAX_TIMEOUT_MS,
@@ -151,6 +153,10 @@ class TxnConfig:
             ``transaction.version`` 0, which every Kafka reads).
         retry_backoff_ms, retry_backoff_max_ms: a failed marker or Complete record is retried
             after ``retry_backoff_ms``, doubling per attempt up to ``retry_backoff_max_ms``.
+        abort_timed_out_interval_ms: how often the marker thread aborts the transactions past
+            their timeout (``transaction.abort.timed.out.transaction.cleanup.interval.ms``).
+        expired_ids_interval_ms: how often it removes the expired transactional ids
+            (``transaction.remove.expired.transaction.cleanup.interval.ms``).
     """
 
     transaction_max_timeout_ms: int = TRANSACTION_MAX_TIMEOUT_MS
@@ -159,10 +165,12 @@ class TxnConfig:
     value_version: int = 1
     retry_backoff_ms: int = 100
     retry_backoff_max_ms: int = 10_000
+    abort_timed_out_interval_ms: int = ABORT_TIMED_OUT_TRANSACTION_CLEANUP_INTERVAL_MS
+    expired_ids_interval_ms: int = REMOVE_EXPIRED_TRANSACTIONAL_ID_CLEANUP_INTERVAL_MS
 
     def __post_init__(self) -> None:
         for name in ("transaction_max_timeout_ms", "transactional_id_expiration_ms", "retry_backoff_ms",
-                     "retry_backoff_max_ms"):
+                     "retry_backoff_max_ms", "abort_timed_out_interval_ms", "expired_ids_interval_ms"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
@@ -222,10 +230,11 @@ class _MarkerJob:
 @dataclass(eq=False)
 class _Task:
     """Work for the marker thread: ``send`` the job's markers, take a marker write's ``result``,
-    or write the job's ``complete`` record."""
+    or write the job's ``complete`` record; or, without a job, the periodic ``abort_expired``
+    or ``expire_ids``."""
 
     kind: str
-    job: _MarkerJob
+    job: _MarkerJob | None = None
     future: "Future[dict[TopicPartition, int]] | None" = None
 
 
@@ -320,6 +329,8 @@ class TransactionCoordinator:
             self._status = _ACTIVE
             self._thread = threading.Thread(target=self._run, name="logstore-txn-markers", daemon=True)
             self._thread.start()
+        self._schedule(_Task("abort_expired"), self.config.abort_timed_out_interval_ms / 1000.0)
+        self._schedule(_Task("expire_ids"), self.config.expired_ids_interval_ms / 1000.0)
         for job in jobs:
             logger.info("completing %s (%s) of transactional id %s, found in %s",
                         "commit" if job.commit else "abort", sorted(job.remaining), job.transactional_id,
@@ -888,6 +899,15 @@ class TransactionCoordinator:
             try:
                 completions = []
                 for task in due:
+                    if task.kind == "abort_expired":
+                        self._schedule(task, self.config.abort_timed_out_interval_ms / 1000.0)
+                        self.abort_expired()
+                        continue
+                    if task.kind == "expire_ids":
+                        self._schedule(task, self.config.expired_ids_interval_ms / 1000.0)
+                        self.expire_ids()
+                        continue
+                    assert task.job is not None
                     if task.kind == "send":
                         self._send(task.job)
                     elif task.kind == "result":
