@@ -318,7 +318,7 @@ class KafkaApis:
         if refused is not None:
             logger.info("refused a produce to %s-%d: %s", topic, partition, refused)
             return ErrorCode.invalid_record, -1, refused
-        if len(records) >= 61 and records[21] & lib.LS_ATTR_TRANSACTIONAL:  # (attributes: bytes 21-22)
+        if len(records) >= 61 and records[22] & lib.LS_ATTR_TRANSACTIONAL:  # (attributes: int16 at 21)
             error, message = self._verify_transactional(topic, partition, records, transactional_id)
             if error != ErrorCode.none:
                 logger.info("refused a transactional produce to %s-%d: %s", topic, partition, message)

@@ -401,10 +401,12 @@ class KafkaClient:
         self._check(f"ListOffsets of {topic}-{partition}", found.error_code, topic)
         return int(found.offset)
 
-    def produce(self, topic: str, partition: int, batch: bytes, acks: int = -1) -> int:
-        """Append one encoded record batch to the partition; returns its base offset there."""
+    def produce(self, topic: str, partition: int, batch: bytes, acks: int = -1,
+                transactional_id: str | None = None) -> int:
+        """Append one encoded record batch to the partition (part of ``transactional_id``'s
+        transaction when given); returns its base offset there."""
         answer = self._call(topic, partition, PRODUCE, {
-            "transactional_id": None, "acks": acks, "timeout": int(self.timeout * 1000),
+            "transactional_id": transactional_id, "acks": acks, "timeout": int(self.timeout * 1000),
             "topic_data": [{"name": topic, "partition_data": [{"index": partition, "records": batch}]}]})
         result = answer.responses[0].partition_responses[0]
         self._check(f"Produce to {topic}-{partition}", result.error_code, topic)

@@ -47,6 +47,7 @@ from ..net import server as net
 from ..metrics import Histogram
 from ..errors import LogstoreError
 from .apikeys import API_VERSIONS
+from ..txn.coordinator import TxnConfig
 from .apis import KafkaApis, api_version_ranges
 from .auth import SaslAuthenticator
 from .credentials import MECHANISMS, Credentials, CredentialsFile
@@ -245,6 +246,9 @@ class KafkaServer:
             (:class:`~logstore.groups.coordinator.GroupConfig`): the store's own coordinator passes it.
         fsync_acks_all: make acks=all mean fsynced: the answer waits for an fsync of every
             partition the request wrote (one fsync shared by the requests waiting at once).
+        txn_config: the transaction coordinator's settings
+            (:class:`~logstore.txn.coordinator.TxnConfig`: ``transaction.max.timeout.ms``,
+            ``transactional.id.expiration.ms``, the intervals of its timeout and expiry checks).
 
     Durability: a produce is answered once its batch is in the log (acks=1; acks=all too unless
     ``fsync_acks_all``): in the page cache, which survives the death of the process, and
@@ -267,7 +271,7 @@ class KafkaServer:
                  group_min_session_timeout_ms: int = 6000, group_max_session_timeout_ms: int = 1_800_000,
                  group_initial_rebalance_delay_ms: int = 0, fsync_acks_all: bool = False,
                  group_liveness: Callable[[str], bool] | None = None,
-                 apis_factory: Callable[..., KafkaApis] = KafkaApis) -> None:
+                 apis_factory: Callable[..., KafkaApis] = KafkaApis, txn_config: TxnConfig = TxnConfig()) -> None:
         context = tls.server_context() if isinstance(tls, TLSConfig) else tls
         client_certs = context is not None and context.verify_mode == ssl.CERT_REQUIRED
         local = isinstance(listen, (str, os.PathLike))  # a Unix socket: its file's permissions guard it
@@ -292,7 +296,7 @@ class KafkaServer:
                                    auto_create_topics=auto_create_topics, num_partitions=num_partitions,
                                    group_config=GroupConfig(group_min_session_timeout_ms, group_max_session_timeout_ms,
                                                             group_initial_rebalance_delay_ms, group_liveness),
-                                   fsync_acks_all=fsync_acks_all)
+                                   fsync_acks_all=fsync_acks_all, txn_config=txn_config)
             self._protocol = KafkaProtocol(self._apis, max_request_bytes, sasl, sasl_max_receive_bytes)
             self._server = net.Server(listen, self._protocol, tls=context, limits=limits,
                                       name="kafka", thread_name=f"kafka-{node_id}-net")
