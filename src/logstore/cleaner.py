@@ -16,6 +16,14 @@ Kafka's default load factor of 0.9).
 ``Log.needs_compaction``: where the dirty section starts (its entry in
 ``cleaner-offset-checkpoint``), whether the log needs a pass, running one under the log's locks,
 and what the last pass did. The :class:`Cleaner` thread picks the dirtiest log that needs one.
+
+Transactions, as Kafka's cleaner treats them (``CleanedTransactionMetadata``): a pass cleans no
+further than the log's last stable offset, so an open transaction's records are never touched;
+records of aborted transactions (the segments' ``.txnindex`` names them) are neither indexed
+into the map nor kept; a COMMIT or ABORT marker is kept while the pass met records of its
+transaction (an aborted transaction whose marker is kept keeps its entry in the cleaned
+segment's ``.txnindex``), and once none are left it gets a delete horizon
+(now + ``delete_retention_ms``) and goes at the first pass after it, as tombstones do.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import struct
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -35,10 +44,12 @@ from . import _fileio
 from ._native import check, ffi, lib
 from .checkpoint import OffsetCheckpoints
 from .errors import LogstoreError
+from .index import AbortedTxn, TransactionIndex
 from .log.segments import LogSegments
 from .records.batch import BatchBuilder, BatchHeader, Record, RecordDecoder, batch_headers
+from .records.control import ControlType, read_control_record
 from .segment import LogSegment
-from .log.filenames import CLEANED_SUFFIX, DELETED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, segment_name
+from .log.filenames import CLEANED_SUFFIX, DELETED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, TXNINDEX_SUFFIX, segment_name
 
 __all__ = ["OffsetMap", "key_hash", "Cleaner", "CleanerReport", "CleanerState", "LogCompaction", "build_offset_map",
            "clean_batches", "compact_segments", "dirty_bytes", "oldest_dirty_timestamp", "earliest_delete_horizon"]
@@ -197,16 +208,18 @@ class LogCompaction:
 
     def compact(self, segments: LogSegments, config: Any, decoder: RecordDecoder, builder: BatchBuilder,
                 log_start_offset: int, now_ms: int | None,
-                producers_last_batches: Callable[[], dict[int, int]]) -> CleanerReport:
+                producers_last_batches: Callable[[], dict[int, int]],
+                last_stable_offset: Callable[[], int] | None = None) -> CleanerReport:
         """Log.compact: one pass (:func:`compact_segments`) from the first dirty offset, then
         the checkpoint of where the next one starts. ``producers_last_batches`` gives producer
         id -> last offset of its last batch (asked only when a pass would drop a batch that
-        carries a producer id, at most once)."""
+        carries a producer id, at most once); the pass cleans nothing at or past
+        ``last_stable_offset()`` (asked only when the dirty section holds a transactional batch)."""
         started = time.monotonic()
         now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
         first_dirty = self.first_dirty_offset(log_start_offset)
         report = compact_segments(segments, config, decoder, builder, first_dirty, now, started,
-                                  functools.cache(producers_last_batches))
+                                  functools.cache(producers_last_batches), last_stable_offset)
         if report.cleaned_up_to > first_dirty:
             self.checkpoints.update({self.key: report.cleaned_up_to})
         self.runs += 1
@@ -342,23 +355,25 @@ def earliest_delete_horizon(segments: LogSegments, first_dirty: int) -> int | No
     for segment in segments.sealed():
         if segment.base_offset >= first_dirty:
             break
-        for horizon, last_offset in _horizon_batches(segment):
+        for horizon, last_offset, _ in _horizon_batches(segment):
             if last_offset < first_dirty and (earliest is None or horizon < earliest):
                 earliest = horizon
     return earliest
 
 
-#: sealed segment -> [(delete horizon, last offset)] of its batches that carry a horizon. A
-#: sealed segment's batches never change while its object lives (a pass swaps in a new one).
-_HORIZONS: "WeakKeyDictionary[LogSegment, list[tuple[int, int]]]" = WeakKeyDictionary()
+#: sealed segment -> [(delete horizon, last offset, is a control batch)] of its batches that
+#: carry a horizon. A sealed segment's batches never change while its object lives (a pass
+#: swaps in a new one).
+_HORIZONS: "WeakKeyDictionary[LogSegment, list[tuple[int, int, bool]]]" = WeakKeyDictionary()
 _HORIZONS_LOCK = threading.Lock()
 
 
-def _horizon_batches(segment: LogSegment) -> list[tuple[int, int]]:
+def _horizon_batches(segment: LogSegment) -> list[tuple[int, int, bool]]:
     with _HORIZONS_LOCK:
         found = _HORIZONS.get(segment)
     if found is None:
-        found = [(header.base_timestamp, header.base_offset + header.last_offset_delta)
+        found = [(header.base_timestamp, header.base_offset + header.last_offset_delta,
+                  bool(header.attributes & lib.LS_ATTR_CONTROL))
                  for _, header in _batches(segment) if header.attributes & lib.LS_ATTR_DELETE_HORIZON]
         with _HORIZONS_LOCK:
             _HORIZONS[segment] = found
@@ -367,11 +382,16 @@ def _horizon_batches(segment: LogSegment) -> list[tuple[int, int]]:
 
 def compact_segments(segments: LogSegments, config: Any, decoder: RecordDecoder, builder: BatchBuilder,
                      first_dirty: int, now: int, started: float,
-                     last_batches: Callable[[], Mapping[int, int]] | None = None) -> CleanerReport:
+                     last_batches: Callable[[], Mapping[int, int]] | None = None,
+                     last_stable_offset: Callable[[], int] | None = None) -> CleanerReport:
     """One compaction pass over the sealed segments of ``segments`` from ``first_dirty`` on.
 
     The dirty section ends at the active segment, or earlier at the first segment holding
-    records younger than min_compaction_lag_ms, or where the offset map filled up. Segments
+    records younger than min_compaction_lag_ms, at ``last_stable_offset()`` (an open
+    transaction's records stay as they are), or where the offset map filled up. The last stable
+    offset is asked for only when the dirty section holds a transactional batch: an open
+    transaction starts in it or later (earlier passes stopped at the LSO of their time), so
+    without one the LSO lies past it. Segments
     from the oldest through the one holding the end of the section are rewritten, grouping
     neighbours while their total stays under segment_bytes, and swapped in (:func:`swap_in`).
     With nothing dirty, the segments of the clean section holding tombstones whose delete
@@ -389,50 +409,88 @@ def compact_segments(segments: LogSegments, config: Any, decoder: RecordDecoder,
         if segment.next_offset > first_dirty and segment.max_timestamp > now - config.min_compaction_lag_ms:
             dirty_end = segment.base_offset
             break
+    if last_stable_offset is not None and _holds_transactional(sealed, first_dirty, dirty_end):
+        dirty_end = min(dirty_end, last_stable_offset())
     end = first_dirty
+    aborted = segments.aborted_transactions(sealed[0].base_offset, max(dirty_end, first_dirty))
     if first_dirty < dirty_end:
         offset_map = OffsetMap(config.cleaner_dedupe_buffer_size, base_offset=first_dirty)
-        end = build_offset_map(sealed, decoder, offset_map, first_dirty, dirty_end)
+        end = build_offset_map(sealed, decoder, offset_map, first_dirty, dirty_end, aborted)
     groups: list[list[LogSegment]] = []
     if end > first_dirty:
-        total = 0
-        for segment in sealed:
-            if segment.base_offset >= end:
-                break
-            if groups and total + segment.size <= config.segment_bytes:
-                groups[-1].append(segment)
-                total += segment.size
-            else:
-                groups.append([segment])
-                total = segment.size
+        groups = _groups(sealed, end, config.segment_bytes)
     else:
         # Nothing dirty: an empty map keeps every record, so the pass drops exactly the
-        # tombstones whose horizon passed, in the segments that hold them.
+        # tombstones and markers whose horizon passed, in the segments that hold them (from
+        # the log's start through them, when a marker is among them: whether its transaction
+        # left records is known only from its start).
         offset_map = OffsetMap(2 * SLOT_SIZE, base_offset=first_dirty)
+        marker_due = False
         for segment in sealed:
             if segment.base_offset >= first_dirty:
                 break
-            if any(h <= now and last < first_dirty for h, last in _horizon_batches(segment)):
+            due = [(h, last, marker) for h, last, marker in _horizon_batches(segment) if h <= now and last < first_dirty]
+            if due:
                 groups.append([segment])
+                marker_due = marker_due or any(marker for _, _, marker in due)
+        if marker_due:
+            groups = _groups(sealed, groups[-1][-1].next_offset, config.segment_bytes)
         if not groups:
             return nothing
     read = written = kept = dropped = tombstones = 0
+    transactions = _Transactions(aborted)
     for group in groups:
         data = bytearray()
         r, k, d, t = clean_batches(group, decoder, builder, offset_map, end, now, config.delete_retention_ms, data,
-                                   last_batches)
+                                   last_batches, transactions)
         read, kept, dropped, tombstones = read + r, kept + k, dropped + d, tombstones + t
         written += len(data)
-        swap_in(segments, group, data)
+        swap_in(segments, group, data, transactions.take_retained())
     return CleanerReport(read, written, kept, dropped, tombstones, time.monotonic() - started,
                          first_dirty, end, sum(len(g) for g in groups))
 
 
-def swap_in(segments: LogSegments, group: list[LogSegment], data: bytearray) -> None:
-    """Replace ``group`` by one segment holding ``data``: .cleaned, .swap, old .deleted, live.
+def _holds_transactional(sealed: Sequence[LogSegment], start: int, end: int) -> bool:
+    """Whether a batch of the sealed segments in [start, end) is transactional (a header walk)."""
+    for segment in sealed:
+        if segment.next_offset <= start or segment.size == 0:
+            continue
+        if segment.base_offset >= end:
+            return False
+        for _, header in batch_headers(segment.buffer, segment.find_position(max(start, segment.base_offset)),
+                                       segment.size):
+            if header.base_offset >= end:
+                return False
+            if header.attributes & lib.LS_ATTR_TRANSACTIONAL:
+                return True
+    return False
+
+
+def _groups(sealed: Sequence[LogSegment], end: int, segment_bytes: int) -> list[list[LogSegment]]:
+    """The sealed segments below ``end`` from the oldest, grouped while a group stays within
+    ``segment_bytes`` (each group becomes one segment)."""
+    groups: list[list[LogSegment]] = []
+    total = 0
+    for segment in sealed:
+        if segment.base_offset >= end:
+            break
+        if groups and total + segment.size <= segment_bytes:
+            groups[-1].append(segment)
+            total += segment.size
+        else:
+            groups.append([segment])
+            total = segment.size
+    return groups
+
+
+def swap_in(segments: LogSegments, group: list[LogSegment], data: bytearray,
+            aborted: Sequence[AbortedTxn] = ()) -> None:
+    """Replace ``group`` by one segment holding ``data`` (and ``aborted`` as its transaction
+    index): .cleaned, .swap, old .deleted, live.
 
     Invariant: at every step the files on disk describe the log before the swap or after it
-    (the open-time completion of .swap files decides between them).
+    (the open-time completion of .swap files decides between them; it renames every ``.swap``
+    file of the base, the transaction index's with the log's).
     """
     ops = _fileio.ops
     directory = segments.path
@@ -440,6 +498,11 @@ def swap_in(segments: LogSegments, group: list[LogSegment], data: bytearray) -> 
     base = group[0].base_offset
     live = os.path.join(directory, segment_name(base) + LOG_SUFFIX)
     cleaned, swap = live + CLEANED_SUFFIX, live + SWAP_SUFFIX
+    txn_live = os.path.join(directory, segment_name(base) + TXNINDEX_SUFFIX)
+    if aborted:
+        ops.write_new_file(txn_live + CLEANED_SUFFIX, b"".join(TransactionIndex.ENTRY.pack(TransactionIndex.VERSION, *t)
+                                                               for t in aborted))
+        ops.rename(txn_live + CLEANED_SUFFIX, txn_live + SWAP_SUFFIX)
     ops.write_new_file(cleaned, data)
     ops.rename(cleaned, swap)
     ops.fsync_dir(directory)
@@ -456,6 +519,8 @@ def swap_in(segments: LogSegments, group: list[LogSegment], data: bytearray) -> 
     # an old segment it replaced would give offsets that go backwards. While the .swap
     # exists, the open-time completion deletes whatever old segment survived.
     ops.fsync_dir(directory)
+    if aborted:
+        ops.rename(txn_live + SWAP_SUFFIX, txn_live)
     ops.rename(swap, live)
     ops.fsync_dir(directory)
     segment = LogSegment.open(directory, base, **segments.settings)
@@ -466,25 +531,107 @@ def swap_in(segments: LogSegments, group: list[LogSegment], data: bytearray) -> 
 
 
 def build_offset_map(segments: Sequence[LogSegment], decoder: RecordDecoder, offset_map: OffsetMap,
-                     start: int, end: int) -> int:
-    """Index the records with offsets in [start, end) into ``offset_map``, oldest first.
+                     start: int, end: int, aborted: Sequence[AbortedTxn] = ()) -> int:
+    """Index the records with offsets in [start, end) into ``offset_map``, oldest first, but
+    those of the ``aborted`` transactions (Kafka's cleaner leaves them out: they never were).
 
     Returns the offset up to which the map is complete: ``end``, or the offset of the first
     record whose (new) key no longer fit, so that the pass cleans only what the map covers.
     """
+    by_producer: dict[int, list[tuple[int, int]]] = {}
+    for txn in aborted:
+        by_producer.setdefault(txn.producer_id, []).append((txn.first_offset, txn.last_offset))
     for segment in segments:
         if segment.next_offset <= start or segment.base_offset >= end or segment.size == 0:
             continue
         position = segment.find_position(max(start, segment.base_offset))
         keys, offsets, _, _ = decoder.decode_keys(segment.buffer, position, segment.size, start, end, segment.path)
         # A batch straddling `end` comes whole; its records from `end` on are not part of this pass.
-        pairs = [(k, o) for k, o in zip(keys, offsets) if k is not None and o < end]
+        skipped = _aborted_batches(segment, position, end, by_producer) if by_producer else []
+        pairs = [(k, o) for k, o in zip(keys, offsets)
+                 if k is not None and o < end and not any(a <= o <= b for a, b in skipped)]
         if not pairs:
             continue
         recorded = offset_map.put([k for k, _ in pairs], [o for _, o in pairs])
         if recorded < len(pairs):
             return pairs[recorded][1]
     return end
+
+
+def _aborted_batches(segment: LogSegment, position: int, end: int,
+                     by_producer: Mapping[int, list[tuple[int, int]]]) -> list[tuple[int, int]]:
+    """(first, last) offsets of the batches of ``segment`` from ``position`` (below ``end``)
+    that belong to an aborted transaction."""
+    out = []
+    for _, header in batch_headers(segment.buffer, position, segment.size):
+        if header.base_offset >= end:
+            break
+        if _in_aborted(header, by_producer):
+            out.append((header.base_offset, header.last_offset))
+    return out
+
+
+def _in_aborted(header: BatchHeader, by_producer: Mapping[int, list[tuple[int, int]]]) -> bool:
+    """A transactional data batch of an aborted transaction (its producer's, between the
+    transaction's first offset and its ABORT marker)."""
+    return bool(header.attributes & lib.LS_ATTR_TRANSACTIONAL and not header.attributes & lib.LS_ATTR_CONTROL
+                and any(first <= header.base_offset <= last for first, last in by_producer.get(header.producer_id, ())))
+
+
+class _Transactions:
+    """What one pass knows of the transactions it walks through, in offset order (Kafka's
+    CleanedTransactionMetadata): the aborted ones (from the ``.txnindex`` files), which
+    producers' transactions it met records of, and the aborted transactions whose markers it
+    keeps (the cleaned segment's index)."""
+
+    def __init__(self, aborted: Sequence[AbortedTxn]) -> None:
+        self._aborted = sorted(aborted, key=lambda t: (t.first_offset, t.last_offset))
+        self._next = 0
+        #: producer id -> [its aborted transaction, whether the pass met a batch of it]
+        self._open_aborted: dict[int, list[Any]] = {}
+        self._open_committed: set[int] = set()
+        self._retained: list[AbortedTxn] = []
+
+    def _reach(self, offset: int) -> None:
+        while self._next < len(self._aborted) and self._aborted[self._next].first_offset <= offset:
+            txn = self._aborted[self._next]
+            self._open_aborted[txn.producer_id] = [txn, False]
+            self._next += 1
+
+    def data_batch(self, header: BatchHeader) -> bool:
+        """A data batch: True when its records belong to an aborted transaction (dropped)."""
+        if not header.attributes & lib.LS_ATTR_TRANSACTIONAL or header.producer_id < 0:
+            return False
+        self._reach(header.last_offset)
+        found = self._open_aborted.get(header.producer_id)
+        if found is not None and found[0].first_offset <= header.base_offset <= found[0].last_offset:
+            found[1] = True
+            return True
+        self._open_committed.add(header.producer_id)
+        return False
+
+    def marker(self, header: BatchHeader, kind: int) -> bool:
+        """A COMMIT or ABORT marker: True when its transaction left no record the pass met (the
+        marker may go once its delete horizon passes)."""
+        self._reach(header.last_offset)
+        pid = header.producer_id
+        if kind == ControlType.ABORT:
+            found = self._open_aborted.pop(pid, None)
+            if found is not None and found[1]:
+                self._retained.append(found[0])
+                return False
+            return True
+        if kind == ControlType.COMMIT:
+            if pid in self._open_committed:
+                self._open_committed.discard(pid)
+                return False
+            return True
+        return False
+
+    def take_retained(self) -> list[AbortedTxn]:
+        """The aborted transactions whose markers the group just cleaned keeps (for its index)."""
+        out, self._retained = self._retained, []
+        return out
 
 
 def _keep(offset: int, offset_map_offset: int, end: int) -> bool:
@@ -496,7 +643,8 @@ def _keep(offset: int, offset_map_offset: int, end: int) -> bool:
 def clean_batches(segments: Sequence[LogSegment], decoder: RecordDecoder, builder: BatchBuilder,
                   offset_map: OffsetMap, end: int, now_ms: int, delete_retention_ms: int,
                   out: bytearray,
-                  last_batches: Callable[[], Mapping[int, int]] | None = None) -> tuple[int, int, int, int]:
+                  last_batches: Callable[[], Mapping[int, int]] | None = None,
+                  transactions: _Transactions | None = None) -> tuple[int, int, int, int]:
     """Append to ``out`` the surviving batches of ``segments`` (oldest first).
 
     Survivors keep their offsets, timestamps, codec and producer fields. A tombstone survives
@@ -508,7 +656,8 @@ def clean_batches(segments: Sequence[LogSegment], decoder: RecordDecoder, builde
     ``last_batches()``, called only when such a batch would be dropped), kept as Kafka's cleaner
     keeps it: the producer's state can still be rebuilt from the log (its epoch and last
     sequence), so that a retry of that batch is known as a duplicate even without a producer
-    state snapshot.
+    state snapshot. With ``transactions`` (the pass's view, in offset order), the records of
+    aborted transactions are dropped and the markers treated as the module docstring says.
 
     Returns (bytes read, records kept, records dropped, tombstones dropped).
     """
@@ -520,15 +669,20 @@ def clean_batches(segments: Sequence[LogSegment], decoder: RecordDecoder, builde
         if header.base_offset >= end:
             out += buf[position : position + header.size]
             continue
+        horizon_set = bool(header.attributes & lib.LS_ATTR_DELETE_HORIZON)
+        if header.attributes & lib.LS_ATTR_CONTROL:
+            out += _clean_control(buf, position, header, transactions, builder, now_ms, delete_retention_ms,
+                                  last_batches, segment.path)
+            continue
+        aborted = transactions is not None and transactions.data_batch(header)
         # Decide on keys, offsets and null values alone; build Records only for a batch that
         # must be rewritten (most batches survive whole or not at all).
         keys, offsets, nulls, _ = decoder.decode_keys(buf, position, position + header.size, 0, -1, segment.path)
         latest = offset_map.get([b"" if k is None else k for k in keys])
-        horizon_set = bool(header.attributes & lib.LS_ATTR_DELETE_HORIZON)
         expired = horizon_set and header.base_timestamp <= now_ms
         keep = []
         for key, offset, latest_offset, null in zip(keys, offsets, latest, nulls):
-            if not _keep(offset, -1 if key is None else latest_offset, end):
+            if aborted or not _keep(offset, -1 if key is None else latest_offset, end):
                 keep.append(False)
             elif null and expired and offset < end:
                 tombstones += 1
@@ -554,6 +708,36 @@ def clean_batches(segments: Sequence[LogSegment], decoder: RecordDecoder, builde
         horizon = header.base_timestamp if horizon_set else now_ms + delete_retention_ms
         out += _rebuild(builder, header, survivors, horizon if has_tombstone else None)
     return bytes_read, kept_n, dropped, tombstones
+
+
+def _clean_control(buf: Any, position: int, header: BatchHeader, transactions: _Transactions | None,
+                   builder: BatchBuilder, now_ms: int, delete_retention_ms: int,
+                   last_batches: Callable[[], Mapping[int, int]] | None, path: str) -> bytes | memoryview:
+    """What a pass writes for a control batch: a transaction marker whose transaction left no
+    record gets a delete horizon, and goes once the horizon passed (kept empty when it is its
+    producer's last batch); every other control batch is kept as it is."""
+    whole = memoryview(buf)[position:position + header.size]
+    if (transactions is None or header.producer_id < 0
+            or not header.attributes & lib.LS_ATTR_TRANSACTIONAL or header.records_count != 1):
+        return whole
+    kind, value = read_control_record(buf, position, header.size, path)
+    if kind not in (ControlType.ABORT, ControlType.COMMIT) or not transactions.marker(header, kind):
+        return whole
+    if not header.attributes & lib.LS_ATTR_DELETE_HORIZON:
+        key = _CONTROL_KEY.pack(0, kind)
+        return builder.build([value], [key], [None], [header.max_timestamp], base_offset=header.base_offset,
+                             partition_leader_epoch=header.partition_leader_epoch, producer_id=header.producer_id,
+                             producer_epoch=header.producer_epoch, base_sequence=header.base_sequence,
+                             last_offset_delta=header.last_offset_delta, control=True, transactional=True,
+                             delete_horizon=now_ms + delete_retention_ms)
+    if header.base_timestamp > now_ms:
+        return whole  # its horizon has not passed yet
+    if last_batches is not None and last_batches().get(header.producer_id) == header.last_offset:
+        return _empty_batch(header)
+    return b""
+
+
+_CONTROL_KEY = struct.Struct(">hh")
 
 
 def _batches(segment: LogSegment) -> list[tuple[int, BatchHeader]]:

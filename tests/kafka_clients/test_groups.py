@@ -178,11 +178,13 @@ def test_find_coordinator_names_this_broker(server, version):
         (NONE, server.node_id, "127.0.0.1", server.address[1])
 
 
-def test_find_coordinator_of_a_transaction_is_refused(server):
+def test_find_coordinator_of_a_transaction_is_this_broker(server):
     conn = Conn(server)
     answer = conn.call(FindCoordinatorRequest[2]("txn", 1), FindCoordinatorResponse[2])
+    unknown = conn.call(FindCoordinatorRequest[2]("what", 7), FindCoordinatorResponse[2])
     conn.close()
-    assert answer.error_code == COORDINATOR_NOT_AVAILABLE and "transaction" in answer.error_message
+    assert answer.error_code == NONE and answer.port == server.address[1]
+    assert unknown.error_code == 42  # INVALID_REQUEST: key types are 0 (group) and 1 (transaction)
 
 
 # ---------------------------------------------------------------------- joining

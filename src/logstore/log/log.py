@@ -813,9 +813,12 @@ class Log:
         with self._lock, self._w:
             self._check_open()
             self._follow()
-            end = self._appender.next_offset
-            hw = end if self._high_watermark is None else min(self._high_watermark, end)
-            return self._producers.last_stable_offset(self._log_start_offset, end, hw)
+            return self._last_stable_offset_locked()
+
+    def _last_stable_offset_locked(self) -> int:
+        end = self._appender.next_offset
+        hw = end if self._high_watermark is None else min(self._high_watermark, end)
+        return self._producers.last_stable_offset(self._log_start_offset, end, hw)
 
     def aborted_transactions(self, start: int, upper: int) -> list[AbortedTxn]:
         """The aborted transactions that overlap the offsets [start, upper) (from the segments'
@@ -1694,7 +1697,10 @@ class Log:
         never touched), without changing offsets or order; tombstones survive for
         delete_retention_ms after the pass that first cleaned them, and the first pass after
         that removes them, dirty records or not; records younger than
-        min_compaction_lag_ms are left for a later pass. The dirty section starts at the
+        min_compaction_lag_ms are left for a later pass, and so are the records at or past the
+        :attr:`last_stable_offset` (an open transaction's); records of aborted transactions go,
+        and transaction markers once their transaction left no record (after a delete horizon,
+        as tombstones). The dirty section starts at the
         ``cleaner-offset-checkpoint``; when it holds more keys than cleaner_dedupe_buffer_size
         can index, the pass cleans the prefix that fit and the next pass continues.
 
@@ -1707,7 +1713,8 @@ class Log:
             self._check_open()
             with self._io_guard():
                 return self._compaction.compact(self._segments, self.config, self._decoder, self._builder,
-                                                self._log_start_offset, now_ms, self._producers_last_batches)
+                                                self._log_start_offset, now_ms, self._producers_last_batches,
+                                                self._last_stable_offset_locked)
 
     def _producers_last_batches(self) -> dict[int, int]:
         """Producer id -> last offset of its last batch, from the producer state (loaded on

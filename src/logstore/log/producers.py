@@ -98,6 +98,9 @@ class ProducerStateManager:
         #: the log end and start the table has learnt up to
         self._end = 0
         self._start = 0
+        #: the offset the table's replay began at (its snapshot's): what lies below is known
+        #: only as the snapshot summarised it (not the markers, say)
+        self._replayed_from = 0
         #: snapshot offsets on disk (an exclusive log's own record; a shared log lists the directory)
         self._offsets: list[int] | None = None
 
@@ -205,6 +208,7 @@ class ProducerStateManager:
         table.truncate_head(log_start)
         self.table = table
         self._start, self._end = log_start, log_end
+        self._replayed_from = start
         return table
 
     def _index_abort(self, txn: CompletedTxn, stable_offset: int) -> None:
@@ -320,8 +324,8 @@ class ProducerStateManager:
         """The log was truncated to end at ``log_end``: forget what went, reloading the table
         from a snapshot when it lost a batch."""
         table = self.table
-        if table is not None and table.truncate_to(log_end):
-            self.table = None
+        if table is not None and (table.truncate_to(log_end) or log_end < self._replayed_from):
+            self.table = None  # (below its snapshot, a cut marker may reopen a transaction)
         else:
             self._end = min(self._end, log_end)
 

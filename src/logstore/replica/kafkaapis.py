@@ -103,6 +103,12 @@ class ReplicaKafkaApis(KafkaApis):
         # The peers' requests, on the same listener.
         self.peer_apis = peer_apis
         self.supported = {**self.supported, **PEER_VERSIONS}
+        # Transactions need a replicated __transaction_state and markers sent to each partition's
+        # leader, which a replica set does not have yet: a transactional client finds no
+        # coordinator (FindCoordinator and InitProducerId answer COORDINATOR_NOT_AVAILABLE).
+        for key in _TRANSACTION_APIS:
+            self.supported.pop(key, None)
+            self.handlers.pop(key, None)
         self.handlers.update({52: self.peer_apis.on_vote, 53: self.peer_apis.on_begin_quorum_epoch,
                               55: self.peer_apis.on_describe_quorum})
         # A fetch never blocks (a caught-up one waits in the purgatory; the store's flush
@@ -161,6 +167,9 @@ class ReplicaKafkaApis(KafkaApis):
             return self._groups
 
     def on_find_coordinator(self, request: KafkaRequest) -> dict[str, Any]:
+        if getattr(request.body, "key_type", 0) == 1:
+            return {"throttle_time": 0, "error_code": ErrorCode.coordinator_not_available, "node_id": -1, "host": "",
+                    "port": -1, "error_message": "a replica set does not coordinate transactions"}
         if getattr(request.body, "key_type", 0) != 0:
             return super().on_find_coordinator(request)
         leader, _ = self._coordinator()
@@ -322,8 +331,16 @@ class ReplicaKafkaApis(KafkaApis):
                                                   for name in request.body.topic_names]}
 
     def on_init_producer_id(self, request: KafkaRequest) -> dict[str, Any]:
+        if request.body.transactional_id is not None:
+            return {"throttle_time": 0, "error_code": ErrorCode.coordinator_not_available, "producer_id": -1,
+                    "producer_epoch": -1}
         return {"throttle_time": 0, "error_code": ErrorCode.none,
                 "producer_id": self.producer_ids.next_id() * self._stride + self.node_id, "producer_epoch": 0}
+
+
+#: the transaction coordinator's APIs (AddPartitionsToTxn, AddOffsetsToTxn, EndTxn,
+#: TxnOffsetCommit, DescribeTransactions, ListTransactions), not served by a replica set
+_TRANSACTION_APIS = (24, 25, 26, 28, 65, 66)
 
 
 class _ReplicatedOffsets:
@@ -346,18 +363,21 @@ class _ReplicatedOffsets:
     def read(self, offset: int, **kwargs: Any) -> Any:
         return self.rep.log.read(offset, **kwargs)
 
+    def read_raw(self, offset: int, max_bytes: int) -> bytes:
+        return self.rep.log.read_raw(offset, max_bytes)  # type: ignore[no-any-return]
+
     def _leading(self) -> bool:
         election = self.rep.election
         return election.role is Role.LEADER and election.epoch == self.epoch and not self.context.stopping.is_set()
 
-    def append_batch(self, values: list[bytes | None], keys: list[bytes | None]) -> None:
-        """Append as the leader (the OffsetStore holds its lock); :meth:`flush` then waits for
-        the majority, outside that lock."""
+    def append_batch(self, values: list[bytes | None], keys: list[bytes | None], **fields: Any) -> None:
+        """Append as the leader (the OffsetStore holds its lock; ``fields``: a transactional
+        commit's producer fields); :meth:`flush` then waits for the majority, outside that lock."""
         rep = self.rep
         with self.context.purgatory.deferred(), rep.cond:
             if not self._leading():
                 raise LogstoreError(f"node {self.context.node_id} no longer leads {OFFSETS_TOPIC}-0")
-            rep.log.append_batch(values, keys)
+            rep.log.append_batch(values, keys, **fields)
             self._pending.last = rep.log.log_end_offset - 1
             self.leader.advance_hw(rep)
             rep.changed()
