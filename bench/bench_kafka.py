@@ -25,6 +25,13 @@ run in turn within each round, and a ratio is the median of the rounds' ratios):
   latency       produce-to-consume latency at 10,000 records/s for 5 s (confluent producer with
                 linger.ms=5 and a confluent consumer long-polling, one poll() per record): p50
                 and p99.
+  transactions  (``--transactions`` runs only these) a confluent-kafka transactional producer,
+                1,000 records per transaction (begin, 1,000 produce(), commit), against the same
+                producer idempotent without transactions (enable.idempotence, acks=all), each into
+                a fresh ``logstore serve`` in turn; then the transactional data (a COMMIT marker
+                every 1,000 records) read whole by a confluent-kafka Consumer with
+                isolation.level=read_committed and with read_uncommitted (fetch.queue.backoff.ms=10
+                for both), in turn.
 """
 
 from __future__ import annotations
@@ -227,6 +234,64 @@ def latency(bootstrap: str, rate: int = 10_000, seconds: float = 5.0) -> tuple[f
     return samples[len(samples) // 2] * 1000, samples[int(len(samples) * 0.99)] * 1000
 
 
+def produce_transactions(bootstrap: str, n: int, per_transaction: int = 1000, topic: str = "bench") -> float:
+    """Records/s of a transactional producer, ``per_transaction`` records per transaction."""
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": "bench-txn", "linger.ms": 5,
+                  "batch.size": 1_000_000, "queue.buffering.max.messages": 2_000_000,
+                  "queue.buffering.max.kbytes": 2_000_000})
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce(topic, VALUE)  # connect, learn the leader, add the partition before the clock starts
+    p.commit_transaction(30)
+    started = time.perf_counter()
+    for first in range(0, n, per_transaction):
+        p.begin_transaction()
+        for _ in range(min(per_transaction, n - first)):
+            try:
+                p.produce(topic, VALUE)
+            except BufferError:
+                p.poll(0.01)
+                p.produce(topic, VALUE)
+        p.commit_transaction(60)
+    return n / (time.perf_counter() - started)
+
+
+def transactions(n: int, repeat: int, fresh) -> list[tuple[str, float, str]]:
+    """The transaction figures (see the module docstring)."""
+    def served(produce_into) -> float:
+        root = fresh()
+        proc, bootstrap = serve(root)
+        try:
+            return produce_into(bootstrap)
+        finally:
+            stop(proc)
+            shutil.rmtree(root, ignore_errors=True)
+
+    got = rounds(repeat, txn=lambda: served(lambda b: produce_transactions(b, n)),
+                 idempotent=lambda: served(lambda b: produce({"bootstrap.servers": b, "enable.idempotence": True,
+                                                              "acks": "all"}, n)))
+    rows = [("produce: transactional, 1,000 records per transaction", statistics.median(got["txn"]), "records/s"),
+            ("produce: idempotent, no transactions", statistics.median(got["idempotent"]), "records/s"),
+            ("  transactional / idempotent", ratio(got["txn"], got["idempotent"]), "x")]
+    root = fresh()
+    proc, bootstrap = serve(root)
+    try:
+        produce_transactions(bootstrap, n)
+        total = n + 1  # (and the warm-up record)
+        os.sync()
+        read = rounds(repeat, committed=lambda: consume_confluent(bootstrap, total, **{
+                          "isolation.level": "read_committed", "fetch.queue.backoff.ms": 10}),
+                      uncommitted=lambda: consume_confluent(bootstrap, total, **{
+                          "isolation.level": "read_uncommitted", "fetch.queue.backoff.ms": 10}))
+    finally:
+        stop(proc)
+        shutil.rmtree(root, ignore_errors=True)
+    rows += [("consume transactional data: read_committed", statistics.median(read["committed"]), "records/s"),
+             ("consume transactional data: read_uncommitted", statistics.median(read["uncommitted"]), "records/s"),
+             ("  read_committed / read_uncommitted", ratio(read["committed"], read["uncommitted"]), "x")]
+    return rows
+
+
 def median(fn, repeat: int) -> float:
     return statistics.median(fn() for _ in range(repeat))
 
@@ -250,6 +315,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--transactions", action="store_true", help="only the transaction figures")
     args = parser.parse_args()
     n = 200_000 if args.quick else 1_000_000
     small = n // 5
@@ -259,6 +325,10 @@ def main() -> None:
 
     def fresh() -> str:
         return tempfile.mkdtemp(prefix="kafka-bench-", dir=base)
+
+    if args.transactions:
+        show(n, small, repeat, transactions(n, repeat, fresh))
+        return
 
     def served(extra=(), records=n) -> float:
         root = fresh()
@@ -310,6 +380,11 @@ def main() -> None:
     rows.append(("consume: aiokafka <- logstore serve", aiokafka, "records/s"))
     rows.append(("produce-to-consume latency at 10k records/s, p50", p50, "ms"))
     rows.append(("produce-to-consume latency at 10k records/s, p99", p99, "ms"))
+    rows += transactions(n, repeat, fresh)
+    show(n, small, repeat, rows)
+
+
+def show(n: int, small: int, repeat: int, rows: list[tuple[str, float, str]]) -> None:
     print(f"{n:,} records of {len(VALUE)} bytes ({small:,} for kafka-python, aiokafka and fsync), "
           f"median of {repeat}")
     for name, value, unit in rows:

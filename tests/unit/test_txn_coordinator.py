@@ -32,7 +32,7 @@ from logstore.txn.metadata import (
 )
 
 T0 = 1_700_000_000_000
-FAST = TxnConfig(retry_backoff_ms=1, retry_backoff_max_ms=5)
+FAST = TxnConfig(retry_backoff_ms=1, retry_backoff_max_ms=5, fsync=True)  # (the power-loss safe mode)
 
 
 class Clock:
@@ -925,3 +925,31 @@ class CoordinatorMachine(RuleBasedStateMachine):
 CoordinatorMachine.TestCase.settings = settings(max_examples=25, stateful_step_count=25, deadline=None,
                                                 suppress_health_check=[HealthCheck.too_slow])
 test_coordinator_state_machine = CoordinatorMachine.TestCase
+
+
+def test_without_fsync_the_state_records_are_written_but_never_fsynced(tmp_path):
+    """TxnConfig.fsync=False (the default: records durable as an acknowledged produce is, in the
+    page cache): the coordinator never flushes its log; the records are there all the same."""
+    flushes = []
+
+    def counting(log: Log):
+        class Counting:
+            def flush(self):
+                flushes.append(1)
+                return log.flush()
+
+            def __getattr__(self, name):
+                return getattr(log, name)
+
+        return Counting()
+
+    env = Env(tmp_path, config=TxnConfig(retry_backoff_ms=1, retry_backoff_max_ms=5), log_wrapper=counting)
+    try:
+        pid, epoch = begin(env)
+        assert env.coord.end_txn("tx", pid, epoch, True).result() == E.none
+        env.coord.drain(5)
+        assert env.describe("tx").state == "CompleteCommit" and flushes == []
+        env.restart()
+        assert env.describe("tx").state == "CompleteCommit"
+    finally:
+        env.stop()

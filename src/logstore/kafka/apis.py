@@ -185,7 +185,7 @@ class KafkaApis:
     def write_markers(self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int,
                       partitions: list[tuple[str, int]]) -> Future:
         """The coordinator's marker writer: append the COMMIT or ABORT marker to each partition's
-        log and fsync it; a completed future of each partition's error (Kafka's
+        log (fsynced with ``txn_config.fsync``); a completed future of each partition's error (Kafka's
         WriteTxnMarkers answers). A partition whose log is gone answers
         UNKNOWN_TOPIC_OR_PARTITION (nothing left to mark)."""
         results: dict[tuple[str, int], int] = {}
@@ -193,7 +193,8 @@ class KafkaApis:
             try:
                 log = self.store.partition(topic, partition)
                 log.append_txn_marker(producer_id, producer_epoch, commit, coordinator_epoch)
-                log.flush()
+                if self.txn_config.fsync:
+                    log.flush()  # (durable before the Complete record says the transaction is done)
             except (UnknownTopicOrPartitionError, InvalidTopicError):
                 results[(topic, partition)] = ErrorCode.unknown_topic_or_partition
             except (InvalidProducerEpochError, TransactionCoordinatorFencedError) as exc:

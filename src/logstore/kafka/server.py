@@ -38,6 +38,7 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import replace
 from concurrent.futures import Future
 from typing import Any, Callable, Mapping, Sequence
 
@@ -248,7 +249,8 @@ class KafkaServer:
             partition the request wrote (one fsync shared by the requests waiting at once).
         txn_config: the transaction coordinator's settings
             (:class:`~logstore.txn.coordinator.TxnConfig`: ``transaction.max.timeout.ms``,
-            ``transactional.id.expiration.ms``, the intervals of its timeout and expiry checks).
+            ``transactional.id.expiration.ms``, the intervals of its timeout and expiry checks;
+            ``fsync`` is on with ``fsync_acks_all``: power-loss durability for transactions too).
 
     Durability: a produce is answered once its batch is in the log (acks=1; acks=all too unless
     ``fsync_acks_all``): in the page cache, which survives the death of the process, and
@@ -296,7 +298,8 @@ class KafkaServer:
                                    auto_create_topics=auto_create_topics, num_partitions=num_partitions,
                                    group_config=GroupConfig(group_min_session_timeout_ms, group_max_session_timeout_ms,
                                                             group_initial_rebalance_delay_ms, group_liveness),
-                                   fsync_acks_all=fsync_acks_all, txn_config=txn_config)
+                                   fsync_acks_all=fsync_acks_all,
+                                   txn_config=replace(txn_config, fsync=txn_config.fsync or fsync_acks_all))
             self._protocol = KafkaProtocol(self._apis, max_request_bytes, sasl, sasl_max_receive_bytes)
             self._server = net.Server(listen, self._protocol, tls=context, limits=limits,
                                       name="kafka", thread_name=f"kafka-{node_id}-net")

@@ -155,6 +155,12 @@ class TxnConfig:
             after ``retry_backoff_ms``, doubling per attempt up to ``retry_backoff_max_ms``.
         abort_timed_out_interval_ms: how often the marker thread aborts the transactions past
             their timeout (``transaction.abort.timed.out.transaction.cleanup.interval.ms``).
+        fsync: fsync each state record before acting on it (what survives power loss: the
+            points of the two-phase commit, an added partition and a Prepare record, are
+            durable before the client or the markers rely on them; the caller's marker writer
+            fsyncs its markers too). Without it the records are durable against a crash of the
+            process (in the page cache), as an acknowledged produce is by default; Kafka's
+            coordinator relies on replication, not fsync.
         expired_ids_interval_ms: how often it removes the expired transactional ids
             (``transaction.remove.expired.transaction.cleanup.interval.ms``).
     """
@@ -167,6 +173,7 @@ class TxnConfig:
     retry_backoff_max_ms: int = 10_000
     abort_timed_out_interval_ms: int = ABORT_TIMED_OUT_TRANSACTION_CLEANUP_INTERVAL_MS
     expired_ids_interval_ms: int = REMOVE_EXPIRED_TRANSACTIONAL_ID_CLEANUP_INTERVAL_MS
+    fsync: bool = False
 
     def __post_init__(self) -> None:
         for name in ("transaction_max_timeout_ms", "transactional_id_expiration_ms", "retry_backoff_ms",
@@ -787,15 +794,16 @@ class TransactionCoordinator:
         return TxnListing(ErrorCode.none, tuple(unknown), found)
 
     # ------------------------------------------------------------------ writes
-    def _append(self, items: Sequence[tuple[str, TxnLogEntry]]) -> BaseException | None:
-        """Write the records of ``items`` in one batch and fsync (without the lock); the
-        failure, or None once they are durable."""
+    def _append(self, items: Sequence[tuple[str, TxnLogEntry]], sync: bool = True) -> BaseException | None:
+        """Write the records of ``items`` in one batch and, with ``config.fsync`` and ``sync``,
+        fsync them (without the lock); the failure, or None once they are written (durable)."""
         try:
             keys: list[bytes | None] = [encode_txn_key(tid) for tid, _ in items]
             values: list[bytes | None] = [None if entry.state == _S.DEAD else encode_txn_value(self._writable(entry),
                                           self.config.value_version) for _, entry in items]
             self._log.append_batch(values, keys)
-            self._log.flush()
+            if self.config.fsync and sync:
+                self._log.flush()
         except Exception as exc:
             logger.warning("writing %d records to %s failed: %s", len(items), TRANSACTION_STATE_TOPIC, exc,
                            exc_info=not isinstance(exc, (LogstoreError, OSError)))
@@ -994,7 +1002,9 @@ class TransactionCoordinator:
                     self._end_job(job)
         if not live:
             return
-        exc = self._append([(job.transactional_id, job.complete) for job in live])
+        # (no fsync: a Complete record lost to power loss leaves the Prepare record, and the
+        # next load writes the markers again, which partitions take as no-ops)
+        exc = self._append([(job.transactional_id, job.complete) for job in live], sync=False)
         retries = []
         with self._lock:
             for job in live:
