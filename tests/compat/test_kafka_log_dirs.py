@@ -288,6 +288,44 @@ def test_compatible_kafka_consumer_offsets_become_the_internal_topic(tmp_path):
     assert not (root / OFFSETS_ASIDE_DIR).exists()
 
 
+def marker(producer_id: int, commit: bool, base_offset: int) -> bytes:
+    """A COMMIT or ABORT marker batch, packed by hand from Kafka's schema (bits 4 and 5, one
+    control record: key version 0 and type, value version 0 and coordinator epoch 0)."""
+    key, value = struct.pack(">hh", 0, 1 if commit else 0), struct.pack(">hi", 0, 0)
+
+    def varint(n: int) -> bytes:
+        n = (n << 1) ^ (n >> 63)
+        out = b""
+        while n >= 0x80:
+            out += bytes([(n & 0x7F) | 0x80])
+            n >>= 7
+        return out + bytes([n])
+
+    body = b"\x00" + varint(0) + varint(0) + varint(len(key)) + key + varint(len(value)) + value + varint(0)
+    record = varint(len(body)) + body
+    after_crc = struct.pack(">hiqqqhii", 0x30, 0, 1726045960000, 1726045960000, producer_id, 0, -1, 1) + record
+    head = struct.pack(">qii", base_offset, 4 + 1 + 4 + len(after_crc), 0) + b"\x02"
+    return head + struct.pack(">I", calc_crc32c(after_crc)) + after_crc
+
+
+def test_transactional_commits_in_kafkas_offsets_topic_apply_at_their_markers(tmp_path):
+    """A Kafka offsets partition holding transactional commits (Kafka's TxnOffsetCommit) is
+    adopted: a committed transaction's offsets apply, an aborted one's and an open one's do not."""
+    root = make_kafka_log_dir(tmp_path / "kafka", offsets_partitions=0)
+    segment = (batch([(commit_key("g", "orders", 0), commit_value(1))], 0)
+               + batch([(commit_key("g", "orders", 0), commit_value(3))], 1, transactional=True)   # producer 7
+               + marker(7, True, 2)
+               + batch([(commit_key("g", "orders", 2), commit_value(8))], 3, transactional=True)
+               + marker(7, False, 4))
+    _partition(root, "__consumer_offsets-0", segment=segment)
+    lag = {(s.topic, s.partition): s.group_lag for s in stats(str(root))}
+    assert lag[("orders", 0)] == {"g": 1} and lag[("orders", 2)] == {}
+    with LogStore(root, maintenance=False) as store:
+        assert "__consumer_offsets" in store.adopted
+        with store.consumer("g", "orders", enable_auto_commit=False) as consumer:
+            assert consumer.committed("orders", 0) == 3 and consumer.committed("orders", 2) is None
+
+
 def malformed_record_batch(base_offset: int) -> bytes:
     """A batch whose CRC is right but whose one record claims more bytes than the batch has."""
     out = bytearray(batch([(commit_key("g", "orders", 0), commit_value(9))], base_offset))
@@ -298,15 +336,12 @@ def malformed_record_batch(base_offset: int) -> bytes:
 
 @pytest.mark.parametrize("case, records, message", [
     ("value version 2", [(commit_key("g", "orders", 0), commit_value(5, version=2))], "version 2 is not supported"),
-    ("transactional", None, "transactional or control batch"),
     ("malformed record", None, "at position 109: batch is truncated"),
 ])
 def test_incompatible_single_partition_offsets_are_skipped_and_set_aside(tmp_path, case, records, message):
     root = make_kafka_log_dir(tmp_path / "kafka", offsets_partitions=0)
     ok = [(commit_key("g", "orders", 0), commit_value(1))]
-    if case == "transactional":
-        segment = offsets_segment(ok, [(commit_key("g", "orders", 0), commit_value(3))], transactional_last=True)
-    elif case == "malformed record":
+    if case == "malformed record":
         segment = offsets_segment(ok) + malformed_record_batch(1)
     else:
         segment = offsets_segment(ok, records)

@@ -40,7 +40,7 @@ from ..records.batch import Record, RecordDecoder, batch_headers
 from ..records.control import ControlType, read_marker
 from .metadata import GroupMetadata, decode_group_key, decode_group_value, encode_group_key, encode_group_value
 
-__all__ = ["OffsetStore", "OFFSETS_TOPIC", "encode_offset_key", "encode_offset_value", "decode_offset_key", "decode_offset_value",
+__all__ = ["OffsetStore", "OffsetsReplay", "OFFSETS_TOPIC", "encode_offset_key", "encode_offset_value", "decode_offset_key", "decode_offset_value",
            "OFFSETS_TOPIC_CONFIG", "offset_store"]
 
 #: Kafka's internal topic of committed consumer offsets.
@@ -131,6 +131,100 @@ def decode_offset_value(value: bytes) -> tuple[int, str, int]:
     return offset, metadata, _I64.unpack_from(value, pos)[0]
 
 
+class OffsetsReplay:
+    """What the batches of ``__consumer_offsets`` say, applied in order (the one reader of the
+    topic's batches: :class:`OffsetStore` follows the live log with it, ``logstore stats`` reads
+    a store's files with it): each group's committed offsets and membership, and each producer's
+    transactional commits, held until its marker (see the module docstring). Not thread-safe
+    (its owner serialises ``feed``)."""
+
+    def __init__(self) -> None:
+        #: (group, topic, partition) -> (offset, metadata) of every committed offset
+        self.offsets: dict[tuple[str, str, int], tuple[int, str]] = {}
+        #: group -> its last stored membership
+        self.groups: dict[str, GroupMetadata] = {}
+        #: producer id -> the offset records of its open transaction, in log order
+        self.pending: dict[int, list[Record]] = {}
+        self._decoder = RecordDecoder()
+
+    def feed(self, data: Any, min_offset: int, end: int) -> int:
+        """Apply the whole batches in ``data`` (as ``read_raw`` returns them, or a segment's
+        valid bytes) that end at or after ``min_offset`` and start below ``end``: runs of plain
+        batches decoded at once, a transaction's batches held until its marker. Returns the
+        offset after the last batch applied (``min_offset`` when none was).
+
+        Raises:
+            CorruptRecordError: a batch or a marker cannot be read.
+        """
+        position_offset = min_offset
+        run = None  # (first, end) bytes of consecutive plain batches
+        for position, header in batch_headers(data):
+            if header.base_offset >= end:
+                break
+            if header.last_offset < min_offset:
+                continue
+            if header.producer_id >= 0 and header.attributes & (_TRANSACTIONAL | _CONTROL):
+                if run is not None:
+                    self._apply(self._decode(data, run[0], run[1], min_offset))
+                    run = None
+                self._take_transactional(data, position, header, min_offset)
+            elif not header.attributes & _CONTROL:
+                run = (position, position + header.size) if run is None else (run[0], position + header.size)
+            position_offset = max(position_offset, header.last_offset + 1)
+        if run is not None:
+            self._apply(self._decode(data, run[0], run[1], min_offset))
+        return position_offset
+
+    def _decode(self, data: Any, first: int, stop: int, min_offset: int) -> list[Record]:
+        return self._decoder.decode(data, first, stop, min_offset, -1, None, OFFSETS_TOPIC)[0]
+
+    def _take_transactional(self, data: Any, position: int, header: Any, min_offset: int) -> None:
+        """A producer's transactional batch (held until its marker) or its marker: a COMMIT
+        applies the held records, an ABORT drops them."""
+        pid = header.producer_id
+        if header.attributes & _CONTROL:
+            if not header.attributes & _TRANSACTIONAL:
+                return
+            kind, _ = read_marker(data, position, header.size, OFFSETS_TOPIC)
+            held = self.pending.pop(pid, [])
+            if kind == ControlType.COMMIT:
+                self._apply(held)
+            return
+        if header.attributes & _TRANSACTIONAL:
+            self.pending.setdefault(pid, []).extend(self._decode(data, position, position + header.size, min_offset))
+        else:
+            self._apply(self._decode(data, position, position + header.size, min_offset))
+
+    def _apply(self, records: list[Record]) -> None:
+        for r in records:
+            if r.key is None:
+                continue
+            parsed = decode_offset_key(r.key)
+            if parsed is None:
+                self._take_group(r.key, r.value, r.offset)
+                continue
+            if r.value is None:
+                self.offsets.pop(parsed, None)
+            else:
+                offset, metadata, _ = decode_offset_value(r.value)
+                self.offsets[parsed] = (offset, metadata)
+
+    def _take_group(self, key: bytes, value: bytes | None, offset: int) -> None:
+        try:
+            group = decode_group_key(key)
+            if group is None:
+                return
+            if value is None:
+                self.groups.pop(group, None)
+                return
+            metadata = decode_group_value(value)
+        except CorruptRecordError as exc:  # membership only: its members join again
+            logger.warning("skipping the group metadata record at offset %d of %s: %s", offset, OFFSETS_TOPIC, exc)
+            return
+        if metadata is not None:
+            self.groups[group] = metadata
+
+
 class OffsetStore:
     """Committed offsets of every group, backed by one partition of ``__consumer_offsets``.
 
@@ -141,16 +235,13 @@ class OffsetStore:
     def __init__(self, log: object) -> None:
         self._log = log
         self._lock = threading.Lock()
-        self._offsets: dict[tuple[str, str, int], tuple[int, str]] = {}
-        self._groups: dict[str, GroupMetadata] = {}
-        #: producer id -> the offset records of its open transaction, in log order
-        self._pending: dict[int, list[Record]] = {}
-        self._decoder = RecordDecoder()
+        self._replay = OffsetsReplay()
+        self._offsets = self._replay.offsets
+        self._groups = self._replay.groups
         self._position = 0
 
     def _catch_up(self) -> None:
-        """Apply what the topic holds past what was read: runs of plain batches decoded at
-        once, a transaction's batches held until its marker (held: the lock)."""
+        """Apply what the topic holds past what was read (held: the lock)."""
         log = self._log
         end = log.log_end_offset  # type: ignore[attr-defined]
         while self._position < end:
@@ -164,71 +255,9 @@ class OffsetStore:
             if not data:
                 self._position = end
                 break
-            run = None  # (first, end) bytes of consecutive plain batches
-            for position, header in batch_headers(data):
-                if header.base_offset >= end:
-                    break
-                if header.producer_id >= 0 and header.attributes & (_TRANSACTIONAL | _CONTROL):
-                    if run is not None:
-                        self._apply(self._decode(data, run[0], run[1], start))
-                        run = None
-                    self._take_transactional(data, position, header, start)
-                elif not header.attributes & _CONTROL:
-                    run = (position, position + header.size) if run is None else (run[0], position + header.size)
-                self._position = max(self._position, header.last_offset + 1)
-            if run is not None:
-                self._apply(self._decode(data, run[0], run[1], start))
+            self._position = self._replay.feed(data, start, end)
             if self._position == start:  # pragma: no cover - read_raw returns batches past start
                 break
-
-    def _decode(self, data: bytes, first: int, stop: int, min_offset: int) -> list[Record]:
-        return self._decoder.decode(data, first, stop, min_offset, -1, None, OFFSETS_TOPIC)[0]
-
-    def _take_transactional(self, data: bytes, position: int, header: Any, min_offset: int) -> None:
-        """A producer's transactional batch (held until its marker) or its marker: a COMMIT
-        applies the held records, an ABORT drops them."""
-        pid = header.producer_id
-        if header.attributes & _CONTROL:
-            if not header.attributes & _TRANSACTIONAL:
-                return
-            kind, _ = read_marker(data, position, header.size, OFFSETS_TOPIC)
-            held = self._pending.pop(pid, [])
-            if kind == ControlType.COMMIT:
-                self._apply(held)
-            return
-        if header.attributes & _TRANSACTIONAL:
-            self._pending.setdefault(pid, []).extend(self._decode(data, position, position + header.size, min_offset))
-        else:
-            self._apply(self._decode(data, position, position + header.size, min_offset))
-
-    def _apply(self, records: list[Record]) -> None:
-        for r in records:
-            if r.key is None:
-                continue
-            parsed = decode_offset_key(r.key)
-            if parsed is None:
-                self._take_group(r.key, r.value, r.offset)
-                continue
-            if r.value is None:
-                self._offsets.pop(parsed, None)
-            else:
-                offset, metadata, _ = decode_offset_value(r.value)
-                self._offsets[parsed] = (offset, metadata)
-
-    def _take_group(self, key: bytes, value: bytes | None, offset: int) -> None:
-        try:
-            group = decode_group_key(key)
-            if group is None:
-                return
-            if value is None:
-                self._groups.pop(group, None)
-                return
-            metadata = decode_group_value(value)
-        except CorruptRecordError as exc:  # membership only: its members join again
-            logger.warning("skipping the group metadata record at offset %d of %s: %s", offset, OFFSETS_TOPIC, exc)
-            return
-        if metadata is not None:
-            self._groups[group] = metadata
 
     def commit(self, group: str, offsets: Mapping[Any, int | tuple[int, str]], durable: bool = True) -> None:
         """Commit ``{(topic, partition): offset or (offset, metadata)}`` for ``group`` atomically."""
@@ -284,7 +313,7 @@ class OffsetStore:
         with self._lock:
             self._catch_up()
             out = set()
-            for records in self._pending.values():
+            for records in self._replay.pending.values():
                 for r in records:
                     parsed = decode_offset_key(r.key) if r.key is not None else None
                     if parsed is not None and parsed[0] == group:

@@ -35,8 +35,9 @@ Rules, as :func:`scan` applies them:
   with ``retention_ms=-1`` to keep old data, or let no maintenance run.
 * ``__consumer_offsets`` is adopted as the internal offsets topic (with the settings logstore
   gives it) only if logstore's consumer groups can share it: it has exactly one partition, and
-  every batch in it is a plain (not transactional, not control) batch of records whose offset
-  commit keys and values logstore decodes (:mod:`logstore.groups.offsets`; Kafka's group metadata
+  every batch in it holds records whose offset commit keys and values logstore decodes (a
+  transactional commit's batches and their markers are applied as Kafka's coordinator applies
+  them, see :mod:`logstore.groups.offsets`) (:mod:`logstore.groups.offsets`; Kafka's group metadata
   records are taken up by the store's group coordinator when it reads them, see
   :mod:`logstore.groups.metadata`, and other record types are ignored). Kafka's default topic has 50
   partitions and places a group's commits in partition ``hash(group) % 50``, while logstore
@@ -277,16 +278,12 @@ def offsets_topic_problem(root: str, present: tuple[int, ...]) -> str | None:
     bases = sorted(p[0] for n in _fileio.ops.listdir(directory)
                    if (p := parse_segment_name(n)) is not None and p[1] == LOG_SUFFIX)
     decoder = RecordDecoder()
-    special = lib.LS_ATTR_TRANSACTIONAL | lib.LS_ATTR_CONTROL
     for base in bases:
         path = os.path.join(directory, segment_name(base) + LOG_SUFFIX)
         data = _fileio.ops.map_file(path)
         try:
             walk = BatchWalk(data, base)
             for position, header in walk:
-                if header.attributes & special:
-                    return (f"{path} at position {position}: a transactional or control batch (offsets "
-                            f"{header.base_offset}..{header.last_offset}), which logstore's consumer groups do not apply")
                 try:
                     records, _ = decoder.decode(data, position, position + header.size, path=path)
                 except CorruptRecordError as exc:

@@ -24,7 +24,7 @@ from .. import _fileio
 from .._native import lib
 from ..checkpoint import CLEANER_OFFSET_CHECKPOINT, CorruptCheckpointError, OffsetCheckpoints
 from ..errors import LogstoreError
-from ..groups.offsets import OFFSETS_TOPIC, decode_offset_key, decode_offset_value
+from ..groups.offsets import OFFSETS_TOPIC, OffsetsReplay
 from ..log.segmentscan import BatchWalk
 from ..records import compression
 from ..records.batch import HEADER_SIZE
@@ -161,10 +161,31 @@ def _is_compacted(view: StoreView | None, topic: str) -> bool:
 
 
 def _group_offsets(view: StoreView) -> dict[tuple[str, int], dict[str, int]]:
-    """{(topic, partition): {group: committed offset}} from ``__consumer_offsets``."""
+    """{(topic, partition): {group: committed offset}} from ``__consumer_offsets``, as the
+    store's consumers see them (:class:`~logstore.groups.offsets.OffsetsReplay`: transactional
+    commits only once their COMMIT marker is there)."""
     out: dict[tuple[str, int], dict[str, int]] = {}
     if OFFSETS_TOPIC not in view.topics(internal=True):
         return out
+    for p in range(view.partitions(OFFSETS_TOPIC)):
+        pv = view.partition(OFFSETS_TOPIC, p)
+        replay = OffsetsReplay()
+        start, end = pv.log_start_offset(), pv.log_end_offset()
+        for base in pv.segments():
+            data = _fileio.ops.map_file(pv.segment_file(base))
+            try:
+                walk = BatchWalk(data, base)
+                valid = 0
+                for position, header in walk:
+                    valid = position + header.size
+                with memoryview(data) as whole, whole[:valid] as view:
+                    replay.feed(view, start, end)
+            finally:
+                if isinstance(data, mmap.mmap):
+                    data.close()
+        for (group, topic, partition), (offset, _) in replay.offsets.items():
+            out.setdefault((topic, partition), {})[group] = offset
+    return out
     for p in range(view.partitions(OFFSETS_TOPIC)):
         pv = view.partition(OFFSETS_TOPIC, p)
         latest: dict[tuple[str, str, int], int | None] = {}
