@@ -401,3 +401,37 @@ def test_a_user_specified_schema_reads_only_its_columns(spark, store):
     with pytest.raises(Exception, match="user-specified schema"):
         (spark.read.format("logstore").option("path", root).option("subscribe", "plain")
          .schema("value string").load().count())
+
+
+def test_read_committed_leaves_out_aborted_and_open_transactions(spark, tmp_path):
+    """kafka.isolation.level=read_committed (as Spark's Kafka source): the rows are what
+    Log.iter(isolation_level="read_committed") returns, over aborted transactions in several
+    segments and an open one; read_uncommitted (the default) returns every data record."""
+    root = str(tmp_path / "txn")
+    with LogStore(root, maintenance=False) as s:
+        s.create_topic("t", 2, segment_bytes=2048)
+        for p in range(2):
+            log = s.partition("t", p)
+            seq = {1: 0, 2: 0}
+            for i in range(40):
+                pid = 1 + i % 2
+                log.append_batch([b"t%d-%d-%d" % (p, i, j) for j in range(3)], producer_id=pid, producer_epoch=0,
+                                 base_sequence=seq[pid], transactional=True)
+                seq[pid] += 3
+                log.append(b"plain %d-%d" % (p, i))
+                log.append_txn_marker(pid, 0, commit=i % 3 != 0)
+            log.append_batch([b"open %d" % p], producer_id=3, producer_epoch=0, base_sequence=0, transactional=True)
+            log.append(b"after the open one %d" % p)
+        committed = {p: [(r.offset, r.value) for r in s.partition("t", p).iter(isolation_level="read_committed")]
+                     for p in range(2)}
+        everything = {p: [(r.offset, r.value) for r in s.partition("t", p).iter()] for p in range(2)}
+    rows = read(spark, root, subscribe="t", **{"kafka.isolation.level": "read_committed"}) \
+        .select("partition", "offset", "value").collect()
+    got = {p: sorted((r.offset, bytes(r.value)) for r in rows if r.partition == p) for p in range(2)}
+    assert got == committed and all(len(v) > 40 for v in got.values())
+    values_only = read(spark, root, subscribe="t", **{"kafka.isolation.level": "read_committed"}).select("value")
+    assert sorted(bytes(r.value) for r in values_only.collect()) == sorted(v for p in range(2) for _, v in committed[p])
+    rows = read(spark, root, subscribe="t").select("partition", "offset", "value").collect()
+    assert {p: sorted((r.offset, bytes(r.value)) for r in rows if r.partition == p) for p in range(2)} == everything
+    with pytest.raises(Exception, match="read_uncommitted or read_committed"):
+        read(spark, root, subscribe="t", **{"kafka.isolation.level": "serializable"}).count()

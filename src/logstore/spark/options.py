@@ -46,7 +46,7 @@ EARLIEST, LATEST = -2, -1  # offsets in startingOffsets/endingOffsets JSON, as K
 READ_OPTIONS = {
     "path", "subscribe", "subscribepattern", "assign", "startingoffsets", "endingoffsets",
     "startingtimestamp", "endingtimestamp", "failondataloss", "includeheaders", "minpartitions",
-    "maxrecordsperpartition", "maxoffsetspertrigger", "pruneonpushdown",
+    "maxrecordsperpartition", "maxoffsetspertrigger", "pruneonpushdown", "kafka.isolation.level",
 }
 WRITE_OPTIONS = {"path", "topic"}
 NEVER_NULL = ("topic", "partition", "offset", "timestamp", "timestampType")

@@ -70,6 +70,9 @@ class OffsetRange(InputPartition):
     #: past which the reader never looks (-1: the range ends before the log end)
     stop_segment: int = -1
     stop_position: int = 0
+    #: leave out the records of aborted transactions (``kafka.isolation.level=read_committed``;
+    #: the range already ends at or below the last stable offset)
+    read_committed: bool = False
 
     def stopping_at(self, log_end: LogEnd) -> "OffsetRange":
         """This range, told where the log ended when it was planned (see stop_segment)."""
@@ -131,7 +134,22 @@ class Planner:
         #: the columns the reader builds, in the order of the schema Spark expects
         self.columns = schema_columns(schema, self.include_headers)
         self.prune = bool_option(self.opts, "pruneonpushdown", False)
+        isolation = self.opts.get("kafka.isolation.level", "read_uncommitted").strip().lower()
+        if isolation not in ("read_uncommitted", "read_committed"):
+            raise SparkOptionError(f"option 'kafka.isolation.level' must be read_uncommitted or read_committed, "
+                                   f"not {isolation!r}")
+        #: read_committed: ranges end at the last stable offset and leave aborted records out
+        self.read_committed = isolation == "read_committed"
         self.reset_filters()
+
+    def visible_end(self, topic: str, partition: int) -> int:
+        """Where this query's view of a partition ends now: its high watermark, or its last
+        stable offset with read_committed."""
+        view = self.store.partition(topic, partition)
+        segments = view.segments()
+        log_end = view.log_end(segments)
+        high = view.high_watermark(segments, log_end)
+        return min(high, view.last_stable_offset(segments, log_end)) if self.read_committed else high
 
     def reset_filters(self) -> None:
         """Forget pushed filters (exact ones narrow these; timestamp_low only prunes)."""
@@ -224,6 +242,8 @@ class Planner:
         log_start = view.log_start_offset(segments)
         log_end = view.log_end(segments)
         high = view.high_watermark(segments, log_end)
+        if self.read_committed:
+            high = min(high, view.last_stable_offset(segments, log_end))
         find_start = find_end = None
         if start is None:
             wanted = self.starting[tp]
@@ -255,8 +275,8 @@ class Planner:
         if end <= start:
             return None
         return OffsetRange(self.root, topic, p, start, end, find_start_ts=find_start, find_end_ts=find_end,
-                           fail_on_data_loss=self.fail_on_data_loss,
-                           include_headers=self.include_headers, columns=self.columns).stopping_at(log_end)
+                           fail_on_data_loss=self.fail_on_data_loss, include_headers=self.include_headers,
+                           columns=self.columns, read_committed=self.read_committed).stopping_at(log_end)
 
     def split(self, ranges: list[OffsetRange]) -> list[OffsetRange]:
         """Split ranges (maxRecordsPerPartition, minPartitions) at offset index entries."""

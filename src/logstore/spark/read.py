@@ -38,6 +38,18 @@ def read_range(r: OffsetRange) -> Iterator[pa.RecordBatch]:
     if r.end <= r.start:
         return
     columns = r.columns or _columns(r.include_headers)
+    aborted = PartitionView(r.root, r.topic, r.partition).aborted_batches(r.start, r.end) if r.read_committed else []
+    if aborted:
+        # read_committed over aborted transactions: the offsets decide which rows go, so the
+        # offset column is built (and dropped again when the query did not ask for it).
+        built = tuple(columns) if "offset" in columns else tuple(columns) + ("offset",)
+        builder = ArrowBuilder(r.topic, r.partition, r.start, r.end, built,
+                               start_timestamp=r.find_start_ts, end_timestamp=r.find_end_ts)
+        for batch in _batches(r, builder):
+            kept = _without(batch, aborted)
+            if kept.num_rows:
+                yield kept.select(list(columns))
+        return
     builder = ArrowBuilder(r.topic, r.partition, r.start, r.end, columns,
                            start_timestamp=r.find_start_ts, end_timestamp=r.find_end_ts)
     if builder.columns != columns:  # a user-specified schema's order: a zero-copy selection
@@ -45,6 +57,19 @@ def read_range(r: OffsetRange) -> Iterator[pa.RecordBatch]:
             yield batch.select(list(columns))
         return
     yield from _batches(r, builder)
+
+
+def _without(batch: pa.RecordBatch, aborted: list[tuple[int, int]]) -> pa.RecordBatch:
+    """``batch`` without the rows whose offset lies in one of the ``aborted`` (first, last)
+    ranges (ascending, disjoint)."""
+    import numpy as np
+
+    offsets = batch.column(batch.schema.get_field_index("offset")).to_numpy()
+    firsts = np.fromiter((a for a, _ in aborted), dtype=np.int64, count=len(aborted))
+    lasts = np.fromiter((b for _, b in aborted), dtype=np.int64, count=len(aborted))
+    slot = np.searchsorted(firsts, offsets, side="right") - 1
+    inside = (slot >= 0) & (offsets <= lasts[np.maximum(slot, 0)])
+    return batch.filter(pa.array(~inside))
 
 
 def _batches(r: OffsetRange, builder: ArrowBuilder) -> Iterator[pa.RecordBatch]:

@@ -178,7 +178,7 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Trigger.AvailableNow: read up to the high watermarks of now, then stop."""
-        self.target = {tp: self.planner.store.partition(*tp).high_watermark() for tp in self.planner.partitions}
+        self.target = {tp: self.planner.visible_end(*tp) for tp in self.planner.partitions}
 
     def initialOffset(self) -> dict:
         out: dict[str, dict[str, int]] = {}
@@ -191,7 +191,7 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             elif wanted == EARLIEST:
                 offset = view.log_start_offset(segments)
             elif wanted == LATEST:
-                offset = view.high_watermark(segments)
+                offset = self.planner.visible_end(*tp)
             else:
                 offset = wanted
             out.setdefault(tp[0], {})[str(tp[1])] = offset
@@ -204,7 +204,7 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
         ends: dict[tuple[str, int], int] = {}
         for tp in self.planner.partitions:
-            ends[tp] = self.planner.store.partition(*tp).high_watermark()
+            ends[tp] = self.planner.visible_end(*tp)
             if self.target is not None:
                 ends[tp] = min(ends[tp], self.target[tp])
         budget = getattr(limit, "max_rows", None)

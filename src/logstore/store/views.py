@@ -41,10 +41,12 @@ from ..checkpoint import (
     OffsetCheckpoints,
 )
 from ..errors import CorruptRecordError, LogstoreError, UnknownTopicOrPartitionError
-from ..index import OffsetIndex, TimeIndex
+from ..index import AbortedTxn, OffsetIndex, TimeIndex, TransactionIndex
+from ..log.producers import snapshot_offsets, snapshot_path
+from ..log.producerstate import CorruptSnapshotError, ProducerStateTable
 from ..log.segmentscan import BatchWalk
 from ..records.batch import HEADER_SIZE, LOG_OVERHEAD, RecordDecoder, parse_header
-from ..log.filenames import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, parse_segment_name, segment_name
+from ..log.filenames import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX, parse_segment_name, segment_name
 from .kafkadirs import validate_topic_name
 from .layout import TOPICS_DIR, read_topic_file
 
@@ -252,6 +254,79 @@ class PartitionView:
         end = (log_end or self.log_end(segments)).offset
         hw = self._checkpoint(REPLICATION_OFFSET_CHECKPOINT)
         return end if hw is None else min(end, max(hw, 0))
+
+    # ------------------------------------------------------------------ transactions
+    def _batches(self, segments: list[int], start: int, end: int) -> Iterator[tuple[Any, int, Any]]:
+        """(valid bytes of a segment, base, its batches' headers) of the segments that hold
+        offsets in [start, end), oldest first; the bytes are valid only during the iteration."""
+        for i, base in enumerate(segments):
+            following = segments[i + 1] if i + 1 < len(segments) else None
+            if base >= end or (following is not None and following <= start):
+                continue
+            with _Mapped(self.segment_file(base, LOG_SUFFIX)) as data:
+                walk = BatchWalk(data, base)
+                headers = list(walk)
+                valid = headers[-1][0] + headers[-1][1].size if headers else 0
+                with memoryview(data) as whole, whole[:valid] as view:
+                    yield view, base, headers
+
+    def last_stable_offset(self, segments: list[int] | None = None, log_end: LogEnd | None = None) -> int:
+        """The last stable offset (read_committed readers stop there): the first offset of the
+        earliest open transaction, else the high watermark. The producer state comes from the
+        newest readable ``.snapshot`` at or below the end and the batch headers after it (the
+        whole log when there is none), as the log loads it."""
+        segments = self.segments() if segments is None else segments
+        if not segments:
+            return 0
+        log_end = log_end or self.log_end(segments)
+        hw = self.high_watermark(segments, log_end)
+        table, start = ProducerStateTable(), segments[0]
+        for offset in reversed(snapshot_offsets(self.path)):
+            if offset > log_end.offset or offset < segments[0]:
+                continue
+            try:
+                table = ProducerStateTable.from_snapshot(_fileio.ops.read_file(snapshot_path(self.path, offset)))
+            except (FileNotFoundError, CorruptSnapshotError):
+                continue
+            start = offset
+            break
+        for data, _, _ in self._batches(segments, start, log_end.offset):
+            table.record_batches(data, start, None, log_end.offset)
+        first = table.first_unstable_offset(hw)
+        return hw if first is None else min(first, hw)
+
+    def aborted_transactions(self, start: int, end: int, segments: list[int] | None = None) -> list[AbortedTxn]:
+        """The aborted transactions overlapping [start, end), from the segments' ``.txnindex``
+        files (read only), as ``Log.aborted_transactions``."""
+        segments = self.segments() if segments is None else segments
+        found: list[AbortedTxn] = []
+        for i, base in enumerate(segments):
+            if i + 1 < len(segments) and segments[i + 1] <= start:
+                continue
+            txns, complete = TransactionIndex(self.segment_file(base, TXNINDEX_SUFFIX), base).collect(start, end)
+            found.extend(txns)
+            if complete:
+                break
+        return found
+
+    def aborted_batches(self, start: int, end: int, segments: list[int] | None = None) -> list[tuple[int, int]]:
+        """(first, last) offsets of the batches in [start, end) that belong to aborted
+        transactions (what a read_committed reader leaves out), ascending; [] when none."""
+        segments = self.segments() if segments is None else segments
+        by_producer: dict[int, list[tuple[int, int]]] = {}
+        for txn in self.aborted_transactions(start, end, segments):
+            by_producer.setdefault(txn.producer_id, []).append((txn.first_offset, txn.last_offset))
+        if not by_producer:
+            return []
+        out = []
+        for _, _, headers in self._batches(segments, start, end):
+            for _, header in headers:
+                attributes = header.attributes
+                if (header.base_offset < end and header.last_offset >= start
+                        and attributes & lib.LS_ATTR_TRANSACTIONAL and not attributes & lib.LS_ATTR_CONTROL
+                        and any(a <= header.base_offset <= b for a, b in by_producer.get(header.producer_id, ()))):
+                    out.append((header.base_offset, header.last_offset))
+        return out
 
     # ------------------------------------------------------------------ index lookups
     def _index_floor(self, base: int, offset: int) -> SegmentPosition:
