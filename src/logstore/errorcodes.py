@@ -32,6 +32,7 @@ from .errors import (
     InvalidTxnStateError,
     LogstoreError,
     OutOfOrderSequenceError,
+    ProducerFencedError,
     RecordTooLargeError,
     TransactionCoordinatorFencedError,
 )
@@ -48,6 +49,7 @@ _EXCEPTION_CODES: dict[type[LogstoreError], ErrorCode] = {
     InvalidRecordError: ErrorCode.invalid_record,
     InvalidTxnStateError: ErrorCode.invalid_txn_state,
     TransactionCoordinatorFencedError: ErrorCode.transaction_coordinator_fenced,
+    ProducerFencedError: ErrorCode.producer_fenced,
 }
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "UnsupportedCodecError",
     "InvalidConfigError",
     "InvalidTxnStateError",
+    "ProducerFencedError",
     "TransactionCoordinatorFencedError",
     "UnknownTopicOrPartitionError",
     "TopicExistsError",
@@ -252,3 +253,8 @@ class TransactionCoordinatorFencedError(InvalidRecordError):
 
     def __reduce__(self):
         return (type(self), (self.producer_id, self.coordinator_epoch, self.current, self.where))
+
+
+class ProducerFencedError(LogstoreError):
+    """A newer producer took the transactional id over (Kafka's PRODUCER_FENCED): this producer
+    may write no more; close it. (Its open transaction was aborted.)"""

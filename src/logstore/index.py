@@ -401,10 +401,17 @@ class TransactionIndex:
         self.entries: list[AbortedTxn] = []
         #: why the file cannot be trusted (a cut entry, a bad version, entries out of order), or None
         self.damage: str | None = None
+        self._read()
+
+    def _read(self) -> None:
+        """(Re)load the entries from the file (none when it does not exist)."""
+        self.entries = []
+        self.damage = None
         try:
-            data = _fileio.ops.read_file(path)
+            data = _fileio.ops.read_file(self.path)
         except FileNotFoundError:
             return
+        base_offset = self.base_offset
         size = self.ENTRY.size
         if len(data) % size:
             self.damage = f"file size {len(data)} is not a multiple of {size} bytes"
@@ -420,6 +427,16 @@ class TransactionIndex:
 
     def __len__(self) -> int:
         return len(self.entries)
+
+    def refresh(self) -> None:
+        """Take up entries another process appended (a shared log's active segment): the file
+        is read again when its size is not that of the entries known."""
+        try:
+            size = _fileio.ops.size(self.path)
+        except FileNotFoundError:
+            size = 0
+        if size != len(self.entries) * self.ENTRY.size:
+            self._read()
 
     @property
     def exists(self) -> bool:

@@ -295,6 +295,7 @@ class LogSegment:
         self._records_at_activation = 0  # view.records counts the whole segment
         self.offset_index.entries = view.index_entries
         self.time_index.entries = view.timeindex_entries
+        self.txn_index.refresh()  # (the other process may have indexed an abort)
 
     def export(self, view: Any) -> None:
         """Copy the active segment's appender state into ``view`` (for publishing)."""

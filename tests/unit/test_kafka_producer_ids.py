@@ -9,7 +9,7 @@ import os
 import pytest
 
 from logstore.errors import LogstoreError
-from logstore.kafka.producerids import PRODUCER_IDS_FILE, ProducerIds
+from logstore.txn.producerids import PRODUCER_IDS_FILE, ProducerIds
 from logstore.log.producerstate import ProducerStateTable
 
 

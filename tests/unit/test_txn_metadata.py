@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given, strategies as st
 
 from logstore.errors import CorruptRecordError, LogstoreError
+from logstore.errors import ProducerFencedError
 from logstore.txn.metadata import (
     MAX_PRODUCER_EPOCH,
     TRANSACTION_STATE_TOPIC,
     TRANSACTION_STATE_TOPIC_CONFIG,
     VALID_PREVIOUS_STATES,
     IllegalTxnTransitionError,
-    ProducerFencedError,
     TransactionMetadata,
     TransactionState as S,
     TxnLogEntry,

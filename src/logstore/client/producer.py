@@ -13,6 +13,17 @@ Durability per send (or for the whole producer): ``"written"`` resolves the futu
 is in the OS page cache (it survives the death of the process); ``"fsynced"`` once it is fsynced
 (it survives power loss). fsyncs of concurrent batches of one partition are shared (group commit).
 
+Transactions (Kafka's KIP-98, without a network hop): ``store.producer(transactional_id="x")``
+gets a producer id and epoch for ``x`` from the store's transaction coordinator
+(:func:`~logstore.txn.local.store_coordinator`; a producer made before with the same id, in any
+process of the store, is fenced and its open transaction aborted). Between
+:meth:`Producer.begin_transaction` and :meth:`~Producer.commit_transaction` or
+:meth:`~Producer.abort_transaction`, its batches are written as a client's transactional batches
+(producer id, epoch, sequences; each partition added to the transaction first) and
+:meth:`~Producer.send_offsets_to_transaction` commits a consumer group's offsets with them: a
+read_committed reader sees all of it at the commit, none of it after an abort. So a
+consume-transform-produce loop inside one store is exactly once.
+
 Thread-safety: a Producer may be shared by any number of threads.
 """
 
@@ -27,7 +38,8 @@ from typing import Any, Callable, Iterable, NamedTuple
 
 from ..records import compression as _compression
 from .._native import lib
-from ..errors import InvalidConfigError, LogClosedError, RecordTooLargeError, UnknownTopicOrPartitionError
+from ..errors import (InvalidConfigError, InvalidProducerEpochError, InvalidTxnStateError, LogClosedError, LogstoreError,
+                      ProducerFencedError, RecordTooLargeError, UnknownTopicOrPartitionError)
 
 __all__ = ["Producer", "SendFuture", "RecordMetadata", "murmur2", "default_partition", "DURABILITY_LEVELS"]
 
@@ -159,13 +171,19 @@ class Producer:
         partitioner: "default" (murmur2 for keys, sticky for null keys), "round_robin", or a
             callable ``(key, partitions, topic) -> partition``.
         durability: "written" or "fsynced" (see the module docs); per send it can be raised.
+        transactional_id: makes a transactional producer (see the module docs): records may be
+            sent only inside a transaction. Construction fences every earlier producer of the id.
+        transaction_timeout_ms: a transaction open longer is aborted by the coordinator
+            (Kafka's ``transaction.timeout.ms``).
 
-    Thread-safe. Close it (or use it as a context manager) to write what is pending.
+    Thread-safe. Close it (or use it as a context manager) to write what is pending; closing a
+    transactional producer inside a transaction aborts it.
     """
 
     def __init__(self, store: Any, *, compression: str | None = None, linger_ms: float = 5,
                  batch_size: int = 16384, partitioner: str | Callable[[bytes | None, int, str], int] = "default",
-                 durability: str = "written") -> None:
+                 durability: str = "written", transactional_id: str | None = None,
+                 transaction_timeout_ms: int = 60_000) -> None:
         self._store = store
         self._codec = None if compression in (None, "none") else compression
         if self._codec is not None:
@@ -199,6 +217,9 @@ class Producer:
         self._write_locks: dict[tuple[str, int], threading.Lock] = {}
         self._closed = False
         self._wake = threading.Condition(self._lock)
+        self._txn: _Transactions | None = None
+        if transactional_id is not None:
+            self._txn = _Transactions(store, transactional_id, transaction_timeout_ms)
         self._sender = threading.Thread(target=self._run_sender, name="logstore-producer", daemon=True)
         self._sender.start()
 
@@ -236,7 +257,10 @@ class Producer:
             UnknownTopicOrPartitionError: no such topic or partition.
             RecordTooLargeError: the record alone exceeds the topic's max_message_bytes.
             LogClosedError: the producer is closed.
+            InvalidTxnStateError: a transactional producer outside a transaction.
         """
+        if self._txn is not None:
+            self._txn.check_open()
         if (key is None and partition is None and timestamp is None and durability is None and not headers
                 and value.__class__ is bytes):
             # Fast path (null key, sticky partition, open batch with room): one lock, one append.
@@ -354,8 +378,11 @@ class Producer:
         """Append one batch and resolve its futures (called without the producer's lock)."""
         try:
             log = self._store.partition(batch.topic, batch.partition)
-            batch.base_offset = log.append_batch(batch.values, batch.keys, batch.headers, batch.timestamps,
-                                                 compression=self._codec)
+            if self._txn is not None:
+                batch.base_offset = self._txn.write(log, batch, self._codec)
+            else:
+                batch.base_offset = log.append_batch(batch.values, batch.keys, batch.headers, batch.timestamps,
+                                                     compression=self._codec)
             if batch.fsync:
                 log.flush()
         except BaseException as exc:  # noqa: BLE001 - delivered through the futures
@@ -424,11 +451,81 @@ class Producer:
                     raise TimeoutError(f"producer flush did not finish within {timeout} s")
                 self._wake.wait(remaining)
 
+    # ------------------------------------------------------------------ transactions
+    def _transactions(self) -> "_Transactions":
+        if self._txn is None:
+            raise InvalidTxnStateError("not a transactional producer (give store.producer a transactional_id)")
+        return self._txn
+
+    def begin_transaction(self) -> None:
+        """Start a transaction: what is sent until :meth:`commit_transaction` or
+        :meth:`abort_transaction` becomes visible to read_committed readers all at once, or never.
+
+        Raises:
+            InvalidTxnStateError: not a transactional producer, or a transaction is open.
+        """
+        self._transactions().begin()
+
+    def send_offsets_to_transaction(self, offsets: Any, group: str | None = None, timeout: float = 30.0) -> None:
+        """Commit a consumer group's offsets as part of the transaction (Kafka's
+        sendOffsetsToTransaction): ``offsets`` is a :class:`~logstore.Consumer` (its positions in
+        its assigned partitions, in its group) or ``{(topic, partition): offset}`` with ``group``.
+        They become the group's committed offsets at the commit, never after an abort.
+
+        Raises:
+            InvalidTxnStateError: no transaction is open.
+            ProducerFencedError: a newer producer took the transactional id over.
+        """
+        txn = self._transactions()
+        if group is None:
+            group = getattr(offsets, "group", None)
+            if not isinstance(group, str):
+                raise ValueError("send_offsets_to_transaction needs a Consumer, or offsets and a group")
+            offsets = {tp: offsets.position(*tp) for tp in offsets.assignment()}
+        txn.send_offsets(dict(offsets), group, timeout)
+
+    def commit_transaction(self, timeout: float = 30.0) -> None:
+        """Write everything sent in the transaction, then commit it; returns once the commit is
+        complete in every partition (read_committed readers see it).
+
+        Raises:
+            InvalidTxnStateError: no transaction is open.
+            ProducerFencedError: a newer producer took the transactional id over (the
+                transaction was aborted).
+            LogstoreError: a send of the transaction failed (it must be aborted), or the
+                coordinator refused.
+            TimeoutError: not done within ``timeout`` seconds.
+        """
+        txn = self._transactions()
+        txn.check_open()
+        self.flush(timeout)
+        txn.end(True, timeout)
+
+    def abort_transaction(self, timeout: float = 30.0) -> None:
+        """Abort the transaction: what it wrote is never seen by read_committed readers, and
+        its offsets are not committed.
+
+        Raises:
+            InvalidTxnStateError: no transaction is open.
+            ProducerFencedError: a newer producer took the transactional id over.
+            TimeoutError: not done within ``timeout`` seconds.
+        """
+        txn = self._transactions()
+        txn.check_open()
+        self.flush(timeout)
+        txn.end(False, timeout)
+
     def close(self, timeout: float | None = None) -> None:
-        """Write what is queued, then stop the sender thread. Idempotent."""
+        """Write what is queued, then stop the sender thread (a transactional producer inside a
+        transaction aborts it first). Idempotent."""
         with self._lock:
             if self._closed:
                 return
+        if self._txn is not None and self._txn.open:
+            try:
+                self.abort_transaction(30.0 if timeout is None else timeout)
+            except LogstoreError as exc:  # fenced or refused: the coordinator's timeout aborts it
+                logger.warning("closing %s inside a transaction: its abort failed: %s", self._txn.transactional_id, exc)
         self.flush(timeout)
         with self._lock:
             self._closed = True
@@ -475,3 +572,149 @@ def _as_bytes(value: Any, what: str) -> bytes:
     if isinstance(value, (bytearray, memoryview)):
         return bytes(value)
     raise TypeError(f"{what} must be bytes or None, got {type(value).__name__}")
+
+
+class _Transactions:
+    """A transactional producer's side of the protocol: its producer id and epoch, the
+    transaction's state and partitions, each partition's next sequence. Thread-safe (one lock;
+    a partition's writes are serialised by the producer's write lock of that partition)."""
+
+    _RETRY_S = 0.002
+
+    def __init__(self, store: Any, transactional_id: str, timeout_ms: int) -> None:
+        from ..errorcodes import ErrorCode
+        from ..txn.local import store_coordinator
+
+        if not isinstance(transactional_id, str) or not transactional_id:
+            raise InvalidConfigError(f"transactional_id must be a non-empty str, got {transactional_id!r}")
+        self._codes = ErrorCode
+        self.store = store
+        self.transactional_id = transactional_id
+        self.timeout_ms = timeout_ms
+        self.coordinator = store_coordinator(store)
+        self._lock = threading.Lock()
+        self.open = False
+        self._partitions: set[tuple[str, int]] = set()
+        self._sequences: dict[tuple[str, int], int] = {}
+        self._failed: BaseException | None = None
+        self._touched = False  # a partition or the offsets were added: EndTxn is needed
+        deadline = time.monotonic() + 60.0
+        while True:
+            error, pid, epoch = self.coordinator.init_producer_id(transactional_id, timeout_ms)
+            if error != ErrorCode.concurrent_transactions or time.monotonic() > deadline:
+                break
+            time.sleep(self._RETRY_S)  # an earlier producer's transaction is being aborted
+        self._raise(error, "initialising the transactional id")
+        self.producer_id, self.epoch = pid, epoch
+
+    def _raise(self, error: int, what: str) -> None:
+        codes = self._codes
+        if error == codes.none:
+            return
+        if error in (codes.producer_fenced, codes.invalid_producer_epoch, codes.invalid_producer_id_mapping):
+            raise ProducerFencedError(f"{self.transactional_id}: {what}: a newer producer took the transactional id "
+                                      f"over ({codes(error).name})")
+        if error == codes.invalid_txn_state:
+            raise InvalidTxnStateError(f"{self.transactional_id}: {what}: {codes(error).name}")
+        raise LogstoreError(f"{self.transactional_id}: {what}: the transaction coordinator answered "
+                            f"{codes(error).name}")
+
+    def _retrying(self, call: Callable[[], int], what: str, timeout: float) -> None:
+        """Call until the answer is not CONCURRENT_TRANSACTIONS (a transaction completing)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            error = call()
+            if error != self._codes.concurrent_transactions:
+                self._raise(error, what)
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.transactional_id}: {what}: still busy after {timeout} s")
+            time.sleep(self._RETRY_S)
+
+    def check_open(self) -> None:
+        if not self.open:
+            raise InvalidTxnStateError(f"{self.transactional_id}: no transaction is open (begin_transaction first)")
+
+    def begin(self) -> None:
+        with self._lock:
+            if self.open:
+                raise InvalidTxnStateError(f"{self.transactional_id}: a transaction is open already")
+            self.open = True
+            self._partitions.clear()
+            self._failed = None
+            self._touched = False
+
+    def write(self, log: Any, batch: _Batch, codec: str | None) -> int:
+        """Append a batch of the transaction to ``log`` (adding its partition to the
+        transaction first) as a client's transactional batch; return its first offset."""
+        from ..records.batch import BatchBuilder
+        from ..records.batching import codec_for, encode_batches
+
+        tp = (batch.topic, batch.partition)
+        try:
+            if tp not in self._partitions:
+                self._retrying(lambda: self.coordinator.add_partitions(
+                    self.transactional_id, self.producer_id, self.epoch, [tp])[tp], f"adding {tp[0]}-{tp[1]}", 30.0)
+                with self._lock:
+                    self._partitions.add(tp)
+                    self._touched = True
+            sequence = self._sequences.get(tp, 0)
+            kind = codec_for(codec)
+            pieces = encode_batches(BatchBuilder(), batch.values, batch.keys, batch.headers, batch.timestamps,
+                                    limit=log.config.max_message_bytes, codec=kind, level=log.config.level_for(kind),
+                                    timestamp_type=0, log_append_time=None, producer_id=self.producer_id,
+                                    base_sequence=sequence, producer_epoch=self.epoch, transactional=True)
+            first = -1
+            for piece, _ in pieces:
+                info = log.append_idempotent(bytes(piece))
+                first = info.first_offset if first < 0 else first
+            self._sequences[tp] = (sequence + len(batch.values)) % (1 << 31)
+            return first
+        except InvalidProducerEpochError as exc:
+            fenced = ProducerFencedError(f"{self.transactional_id}: a newer producer took the transactional id "
+                                         f"over: {exc}")
+            self._failed = fenced
+            raise fenced from exc
+        except BaseException as exc:
+            self._failed = exc
+            raise
+
+    def send_offsets(self, offsets: dict[tuple[str, int], int], group: str, timeout: float) -> None:
+        from ..groups.offsets import offset_store
+
+        self.check_open()
+        self._retrying(lambda: self.coordinator.add_offsets(self.transactional_id, self.producer_id, self.epoch, group,
+                                                            lambda _: 0), f"adding the offsets of {group!r}", timeout)
+        self._touched = True
+        offset_store(self.store).commit_transactional(group, offsets, self.producer_id, self.epoch)
+
+    def end(self, commit: bool, timeout: float) -> None:
+        """EndTxn, then wait until the transaction is complete in every partition."""
+        what = "committing" if commit else "aborting"
+        if commit and isinstance(self._failed, ProducerFencedError):
+            raise self._failed
+        if commit and self._failed is not None:
+            raise LogstoreError(f"{self.transactional_id}: a send of the transaction failed ({self._failed}); "
+                                "abort it") from self._failed
+        if not self._touched:  # nothing reached the coordinator: nothing to end there (as Kafka's clients)
+            with self._lock:
+                self.open = False
+            return
+        deadline = time.monotonic() + timeout
+        self._retrying(lambda: self.coordinator.end_txn(self.transactional_id, self.producer_id, self.epoch,
+                                                        commit).result(), what, timeout)
+        done = "CompleteCommit" if commit else "CompleteAbort"
+        wait = self._RETRY_S / 4
+        while True:
+            (state,) = self.coordinator.describe([self.transactional_id])
+            if state.error != self._codes.none:
+                self._raise(state.error, what)
+            if state.state == done:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.transactional_id}: {what} did not complete within {timeout} s")
+            time.sleep(wait)
+            wait = min(wait * 2, 0.05)
+        with self._lock:
+            self.open = False
+            self._partitions.clear()

@@ -19,9 +19,9 @@ produce with acks=0, which gets no response).
   partition; a topic asked for that does not exist is created when the server auto-creates
   topics (Kafka's ``auto.create.topics.enable``).
 - Transactions (KIP-98): this broker is every transactional id's coordinator
-  (:class:`~logstore.txn.coordinator.TransactionCoordinator` over ``__transaction_state``,
-  created on first use). It writes the COMMIT/ABORT markers into the partitions' logs itself
-  (``Log.append_txn_marker``, fsynced before the transaction is complete); a transactional
+  (the store's :func:`~logstore.txn.local.store_coordinator`, shared with the library's
+  transactional producers and the other processes of the store). It writes the COMMIT/ABORT
+  markers into the partitions' logs itself (``Log.append_txn_marker``); a transactional
   produce is refused for a partition the transaction has not added (INVALID_TXN_STATE), and
   TxnOffsetCommit writes the offsets as the producer's transactional batch, applied by the
   group's offsets at its COMMIT marker.
@@ -41,7 +41,6 @@ from .._fileio import FileRegion
 from ..errorcodes import ErrorCode, code_for
 from ..errors import (
     CorruptRecordError,
-    TransactionCoordinatorFencedError,
     InvalidConfigError,
     InvalidProducerEpochError,
     InvalidRecordError,
@@ -56,16 +55,16 @@ from ..errors import (
 from . import configs as kafkaconfigs
 from .._native import lib
 from ..log.config import LogConfig
-from .producerids import ProducerIds
+from ..txn.producerids import ProducerIds
 from ..groups.offsets import OFFSETS_TOPIC, offset_store
 from ..groups.coordinator import GroupConfig, GroupCoordinator
 from .wire import SUPPORTED, KafkaRequest
 from ..net.purgatory import Purgatory
 from ..store.store import LogStore
 from ..txn.coordinator import TransactionCoordinator, TxnConfig
-from ..txn.metadata import TRANSACTION_STATE_TOPIC, TRANSACTION_STATE_TOPIC_CONFIG
+from ..txn.local import store_coordinator
 
-__all__ = ["KafkaApis", "ProducerIds", "one_v2_batch_problem"]
+__all__ = ["KafkaApis", "one_v2_batch_problem"]
 
 logger = logging.getLogger("logstore.kafka")
 
@@ -150,8 +149,6 @@ class KafkaApis:
     def close(self) -> None:
         """Answer the fetches, joins and syncs still waiting (the server is stopping)."""
         self._appends.close()
-        if self._txn is not None:
-            self._txn.close()
         if self._groups is not None:
             self._groups.close()
         if self._owns_purgatory:
@@ -169,45 +166,11 @@ class KafkaApis:
 
     @property
     def txn(self) -> TransactionCoordinator:
-        """The transaction coordinator (``__transaction_state`` is created and loaded on first use)."""
+        """The store's transaction coordinator (:func:`~logstore.txn.local.store_coordinator`:
+        ``__transaction_state`` is created and loaded on first use; it closes with the store)."""
         if self._txn is None:
-            with self._groups_lock:
-                if self._txn is None:
-                    self.store.create_topic(TRANSACTION_STATE_TOPIC, 1, exist_ok=True, internal=True,
-                                            **TRANSACTION_STATE_TOPIC_CONFIG)
-                    coordinator = TransactionCoordinator(self.store.partition(TRANSACTION_STATE_TOPIC, 0),
-                                                         self.producer_ids.next_id, self.write_markers,
-                                                         config=self.txn_config)
-                    coordinator.load()
-                    self._txn = coordinator
+            self._txn = store_coordinator(self.store, self.txn_config)
         return self._txn
-
-    def write_markers(self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int,
-                      partitions: list[tuple[str, int]]) -> Future:
-        """The coordinator's marker writer: append the COMMIT or ABORT marker to each partition's
-        log (fsynced with ``txn_config.fsync``); a completed future of each partition's error (Kafka's
-        WriteTxnMarkers answers). A partition whose log is gone answers
-        UNKNOWN_TOPIC_OR_PARTITION (nothing left to mark)."""
-        results: dict[tuple[str, int], int] = {}
-        for topic, partition in partitions:
-            try:
-                log = self.store.partition(topic, partition)
-                log.append_txn_marker(producer_id, producer_epoch, commit, coordinator_epoch)
-                if self.txn_config.fsync:
-                    log.flush()  # (durable before the Complete record says the transaction is done)
-            except (UnknownTopicOrPartitionError, InvalidTopicError):
-                results[(topic, partition)] = ErrorCode.unknown_topic_or_partition
-            except (InvalidProducerEpochError, TransactionCoordinatorFencedError) as exc:
-                results[(topic, partition)] = code_for(exc)
-            except (LogstoreError, OSError) as exc:
-                logger.warning("writing a transaction marker to %s-%d failed: %s", topic, partition, exc)
-                results[(topic, partition)] = ErrorCode.kafka_storage_error
-            else:
-                results[(topic, partition)] = ErrorCode.none
-                self.purgatory.check((topic, partition))
-        done: Future = Future()
-        done.set_result(results)
-        return done
 
     def _partition_exists(self, topic: str, partition: int) -> bool:
         try:

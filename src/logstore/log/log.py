@@ -408,6 +408,8 @@ class Log:
     def _reload_layout(self, view: Any) -> None:
         """Another process changed the segment files: reopen what changed, keep the rest."""
         self._set_active(self._segments.reload(view))
+        for segment in self._segments.values():  # (an abort indexed before another process's roll)
+            segment.txn_index.refresh()
         self._producers.invalidate()  # (a truncation may hide among the changes: reload it when used)
         self._adopt_view(view)
 

@@ -269,7 +269,6 @@ def offsets_topic_problem(root: str, present: tuple[int, ...]) -> str | None:
     from ..log.segmentscan import BatchWalk
     from ..records.batch import RecordDecoder
     from ..log.filenames import LOG_SUFFIX, parse_segment_name, segment_name
-    from .._native import lib
 
     if present != (0,):
         return (f"it has partition(s) {_ranges(present)}, while logstore's consumer groups keep every group in "

@@ -18,7 +18,7 @@ import mmap
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any
+
 
 from .. import _fileio
 from .._native import lib
@@ -185,29 +185,4 @@ def _group_offsets(view: StoreView) -> dict[tuple[str, int], dict[str, int]]:
                     data.close()
         for (group, topic, partition), (offset, _) in replay.offsets.items():
             out.setdefault((topic, partition), {})[group] = offset
-    return out
-    for p in range(view.partitions(OFFSETS_TOPIC)):
-        pv = view.partition(OFFSETS_TOPIC, p)
-        latest: dict[tuple[str, str, int], int | None] = {}
-
-        def sink(buf: Any, rows: Any, n: int) -> None:
-            for i in range(n):
-                kl, vl = rows.key_len[i], rows.value_len[i]
-                if kl < 0:
-                    continue
-                key = decode_offset_key(bytes(buf[rows.key_pos[i]: rows.key_pos[i] + kl]))
-                if key is None:
-                    continue
-                if vl < 0:
-                    latest[key] = None
-                else:
-                    latest[key] = decode_offset_value(bytes(buf[rows.value_pos[i]: rows.value_pos[i] + vl]))[0]
-
-        end = pv.log_end_offset()
-        start = pv.log_start_offset()
-        for _ in pv.scan(start, end, sink):
-            pass
-        for (group, topic, partition), offset in latest.items():
-            if offset is not None:
-                out.setdefault((topic, partition), {})[group] = offset
     return out

@@ -53,14 +53,26 @@ Not copied from Kafka, and why:
 - A record that cannot be read makes :meth:`~TransactionCoordinator.load` raise (Kafka logs it
   and serves what it loaded so far, which can resurrect an older state of an id).
 
-Durability: every answer that changes state comes after the record is fsynced (``Log.flush``;
-concurrent writers share an fsync). The markers and Complete records are written by the
-coordinator's thread ``logstore-txn-markers``; a crash before a Complete record is durable is
-repaired by the next load.
+Processes: several processes may share a store, each with its coordinator over the same
+state log, given a ``shared_lock`` (the store's flock). Every operation then runs in a section:
+the process's section lock and the flock, held while it reads the state, writes its record and
+applies it; on entry the records the other processes wrote since are taken up (an id's last
+record replaces what this process knew of it). So the processes see one state in one order, as
+if one coordinator served them all; a producer in one process fences one in another. A
+transaction another process prepared is completed by this one if it stays prepared past
+``TxnConfig.takeover_ms`` (its writer may have died after its Prepare record): its markers are
+written in the section, while the state is still that Prepare, so a partition that has them
+already takes them as no-ops, and no later transaction of the producer can have begun.
+
+Durability: every answer that changes state comes after its record is written, and fsynced
+with ``TxnConfig.fsync`` (``Log.flush``; concurrent writers share an fsync). The markers and
+Complete records are written by the coordinator's thread ``logstore-txn-markers``; a crash
+before a Complete record is durable is repaired by the next load.
 
 Thread-safety: every method may be called from any thread. One lock guards the state; it is
 never held while the state log is written, the allocator or ``write_markers`` is called, or a
-future is completed.
+future is completed. With ``shared_lock``, the section lock and the flock come before it (and
+are held across those calls).
 """
 
 from __future__ import annotations
@@ -73,10 +85,11 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Iterator, NamedTuple, Sequence, TypeVar
 
 from ..errorcodes import ErrorCode, code_for
-from ..errors import LogClosedError, LogOfflineError, LogstoreError, OffsetOutOfRangeError
+from ..errors import LogClosedError, LogOfflineError, LogstoreError, OffsetOutOfRangeError, ProducerFencedError
 from ..groups.offsets import OFFSETS_TOPIC
 from .metadata import (
     ABORT_TIMED_OUT_TRANSACTION_CLEANUP_INTERVAL_MS,
@@ -87,7 +100,6 @@ from .metadata import (
     TRANSACTION_STATE_TOPIC,
     TRANSACTIONAL_ID_EXPIRATION_MS,
     TXN_VALUE_VERSIONS,
-    ProducerFencedError,
     TransactionMetadata,
     TransactionState,
     TxnLogEntry,
@@ -161,6 +173,9 @@ class TxnConfig:
             fsyncs its markers too). Without it the records are durable against a crash of the
             process (in the page cache), as an acknowledged produce is by default; Kafka's
             coordinator relies on replication, not fsync.
+        takeover_ms: with several processes on one store, a transaction another process
+            prepared and left prepared this long is completed by this one (its writer may
+            have died between its Prepare record and its markers).
         expired_ids_interval_ms: how often it removes the expired transactional ids
             (``transaction.remove.expired.transaction.cleanup.interval.ms``).
     """
@@ -174,10 +189,11 @@ class TxnConfig:
     abort_timed_out_interval_ms: int = ABORT_TIMED_OUT_TRANSACTION_CLEANUP_INTERVAL_MS
     expired_ids_interval_ms: int = REMOVE_EXPIRED_TRANSACTIONAL_ID_CLEANUP_INTERVAL_MS
     fsync: bool = False
+    takeover_ms: int = 5_000
 
     def __post_init__(self) -> None:
         for name in ("transaction_max_timeout_ms", "transactional_id_expiration_ms", "retry_backoff_ms",
-                     "retry_backoff_max_ms", "abort_timed_out_interval_ms", "expired_ids_interval_ms"):
+                     "retry_backoff_max_ms", "abort_timed_out_interval_ms", "expired_ids_interval_ms", "takeover_ms"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
@@ -256,6 +272,18 @@ def _partition(tp: object) -> TopicPartition:
     return tp[0], tp[1]
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _in_section(method: _F) -> _F:
+    """Run the method in the coordinator's section (see :meth:`TransactionCoordinator._section`)."""
+    def wrapped(self: "TransactionCoordinator", *args: Any, **kwargs: Any) -> Any:
+        with self._section():
+            return method(self, *args, **kwargs)
+    wrapped.__name__, wrapped.__doc__, wrapped.__qualname__ = method.__name__, method.__doc__, method.__qualname__
+    return wrapped  # type: ignore[return-value]
+
+
 class TransactionCoordinator:
     """The transaction coordinator of one server (see the module docstring for its rules).
 
@@ -274,13 +302,17 @@ class TransactionCoordinator:
         config: :class:`TxnConfig`.
         coordinator_epoch: written into every marker (Kafka's leader epoch of the state
             partition), so partitions refuse markers of an older coordinator.
+        shared_lock: makes an exclusive lock over every process of the store (an flock): given,
+            several processes may each run a coordinator over the same (shared) state log; see
+            the module docstring's "Processes".
 
     Thread-safety: thread-safe; see the module docstring.
     """
 
     def __init__(self, state_log: "Log", new_producer_id: Callable[[], int], write_markers: WriteMarkers, *,
                  clock: Callable[[], int] = _wall_clock_ms, config: TxnConfig = TxnConfig(),
-                 coordinator_epoch: int = 0) -> None:
+                 coordinator_epoch: int = 0,
+                 shared_lock: Callable[[], ContextManager[Any]] | None = None) -> None:
         self._log = state_log
         self._new_producer_id = new_producer_id
         self._write_markers = write_markers
@@ -297,6 +329,84 @@ class TransactionCoordinator:
         self._seq = itertools.count()
         self._jobs = 0  # marker jobs not yet ended (completed, fenced or dropped)
         self._thread: threading.Thread | None = None
+        # Several processes on one store (see the module docstring, "Processes"): every
+        # operation holds the process's section lock and the store's flock, catches up with the
+        # records the other processes wrote, and leaves with the log end as its position.
+        self._shared_lock = shared_lock
+        self._section_lock = threading.RLock()
+        self._depth = 0
+        self._position = 0
+        #: transactional id -> (its Prepare* state written by another process, when first seen):
+        #: completed here if it stays so past ``config.takeover_ms`` (the writer may have died)
+        self._foreign_prepared: dict[str, tuple[TxnLogEntry, float]] = {}
+
+    # ------------------------------------------------------------------ processes
+    @contextmanager
+    def _section(self) -> Iterator[None]:
+        """Hold the state against the other processes (a no-op without ``shared_lock``): the
+        process's section lock and the store's flock, caught up on entry with what the others
+        wrote; on exit the position is the log end (this process's own records are known)."""
+        if self._shared_lock is None:
+            yield
+            return
+        with self._section_lock:
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield
+                finally:
+                    self._depth -= 1
+                return
+            with self._shared_lock():
+                self._depth = 1
+                try:
+                    self._catch_up()
+                    yield
+                finally:
+                    self._depth = 0
+                    self._position = self._log.log_end_offset
+
+    def _catch_up(self) -> None:
+        """Take up the records other processes appended since this one's position (held: the
+        section)."""
+        end = self._log.log_end_offset
+        if self._position >= end:
+            return
+        records = self._records(self._position, end)
+        now = time.monotonic()
+        with self._lock:
+            for tid, entry in records:
+                self._foreign_prepared.pop(tid, None)
+                if entry is None or entry.state == _S.DEAD:
+                    self._txns.pop(tid, None)
+                    self._open.discard(tid)
+                    continue
+                meta = self._txns[tid] = TransactionMetadata.from_entry(tid, entry)
+                self._track(meta)
+                if entry.state in _PREPARED:
+                    self._foreign_prepared[tid] = (entry, now)
+        self._position = end
+
+    def _take_over(self) -> None:
+        """Complete the transactions another process prepared and left so past
+        ``config.takeover_ms`` (it may have died between its Prepare record and its markers;
+        markers written again are no-ops for partitions that have them). Runs on the marker
+        thread, in the section."""
+        jobs = []
+        with self._section():
+            deadline = time.monotonic() - self.config.takeover_ms / 1000.0
+            with self._lock:
+                for tid, (entry, seen) in list(self._foreign_prepared.items()):
+                    meta = self._txns.get(tid)
+                    if meta is None or meta.state != entry.state or meta.pending_transition_in_progress:
+                        self._foreign_prepared.pop(tid, None)
+                    elif seen <= deadline:
+                        self._foreign_prepared.pop(tid, None)
+                        jobs.append(self._prepare_markers(tid, meta, self._clock()))
+        for job in jobs:
+            logger.info("completing the %s of %s, prepared by another process", "commit" if job.commit else "abort",
+                        job.transactional_id)
+            self._schedule(_Task("send", job))
 
     # ------------------------------------------------------------------ life cycle
     def load(self) -> int:
@@ -317,7 +427,9 @@ class TransactionCoordinator:
             self._status = _LOADING
         started = time.monotonic()
         try:
-            loaded = self._replay()
+            self._position = 2**63  # (the replay reads the whole log: no catch-up first)
+            with self._section():
+                loaded = self._replay()
         except BaseException:
             with self._lock:
                 if self._status == _LOADING:
@@ -337,6 +449,8 @@ class TransactionCoordinator:
             self._thread = threading.Thread(target=self._run, name="logstore-txn-markers", daemon=True)
             self._thread.start()
         self._schedule(_Task("abort_expired"), self.config.abort_timed_out_interval_ms / 1000.0)
+        if self._shared_lock is not None:
+            self._schedule(_Task("take_over"), self.config.takeover_ms / 1000.0)
         self._schedule(_Task("expire_ids"), self.config.expired_ids_interval_ms / 1000.0)
         for job in jobs:
             logger.info("completing %s (%s) of transactional id %s, found in %s",
@@ -349,10 +463,20 @@ class TransactionCoordinator:
 
     def _replay(self) -> dict[str, TransactionMetadata]:
         """Every transactional id's last state in the log (the last record per key; a tombstone removes it)."""
-        log = self._log
         loaded: dict[str, TransactionMetadata] = {}
-        position = log.log_start_offset
-        end = log.log_end_offset
+        end = self._log.log_end_offset
+        for tid, entry in self._records(self._log.log_start_offset, end):
+            if entry is None or entry.state == _S.DEAD:
+                loaded.pop(tid, None)
+            else:
+                loaded[tid] = TransactionMetadata.from_entry(tid, entry)
+        self._position = end
+        return loaded
+
+    def _records(self, position: int, end: int) -> builtins.list[tuple[str, TxnLogEntry | None]]:
+        """(transactional id, entry or None for a tombstone) of the records in [position, end)."""
+        log = self._log
+        out: builtins.list[tuple[str, TxnLogEntry | None]] = []
         while position < end:
             try:
                 records = log.read(position, max_offset=end)
@@ -376,12 +500,9 @@ class TransactionCoordinator:
                                              "never written")
                 except TxnRecordError as exc:
                     raise TxnRecordError(exc.detail, record.offset) from None
-                if entry is None or entry.state == _S.DEAD:
-                    loaded.pop(tid, None)
-                else:
-                    loaded[tid] = TransactionMetadata.from_entry(tid, entry)
+                out.append((tid, entry))
             position = records[-1].offset + 1
-        return loaded
+        return out
 
     def close(self) -> None:
         """Stop serving (every later request is COORDINATOR_NOT_AVAILABLE) and stop the marker
@@ -420,6 +541,7 @@ class TransactionCoordinator:
         return ErrorCode.coordinator_not_available if self._status == _CLOSED else ErrorCode.coordinator_load_in_progress
 
     # ------------------------------------------------------------------ InitProducerId
+    @_in_section
     def init_producer_id(self, transactional_id: str | None, txn_timeout_ms: int, expected_producer_id: int = -1,
                          expected_epoch: int = -1) -> tuple[int, int, int]:
         """InitProducerId: ``(error, producer_id, producer_epoch)`` (-1, -1 with an error).
@@ -527,6 +649,7 @@ class TransactionCoordinator:
             return ErrorCode.producer_fenced
 
     # ------------------------------------------------------------------ AddPartitions / AddOffsets
+    @_in_section
     def add_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
                        partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """AddPartitionsToTxn: ``{(topic, partition): error}``, one error for all of them.
@@ -548,6 +671,7 @@ class TransactionCoordinator:
         error = self._add(transactional_id, producer_id, producer_epoch, wanted)
         return {tp: error for tp in wanted}
 
+    @_in_section
     def add_offsets(self, transactional_id: str, producer_id: int, producer_epoch: int, group_id: str,
                     offsets_partition_for_group: Callable[[str], int]) -> int:
         """AddOffsetsToTxn: add the group's ``__consumer_offsets`` partition
@@ -588,6 +712,7 @@ class TransactionCoordinator:
             self._track(meta)
         return self._persist(transactional_id, meta, entry)
 
+    @_in_section
     def verify_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
                           partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """Whether a transactional produce may write each partition (Kafka's
@@ -621,6 +746,7 @@ class TransactionCoordinator:
                     for tp in wanted}
 
     # ------------------------------------------------------------------ EndTxn
+    @_in_section
     def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
                 commit: bool) -> "Future[int]":
         """EndTxn: commit (``commit``) or abort the ongoing transaction; a future of the error.
@@ -677,6 +803,7 @@ class TransactionCoordinator:
         return error, job
 
     # ------------------------------------------------------------------ timers
+    @_in_section
     def abort_expired(self, now_ms: int | None = None) -> builtins.list[str]:
         """Abort every transaction open longer than its timeout (Kafka runs this every
         ``transaction.abort.timed.out.transaction.cleanup.interval.ms``, 10 s): its epoch is
@@ -708,6 +835,7 @@ class TransactionCoordinator:
             self._schedule(_Task("send", job))
         return aborted
 
+    @_in_section
     def expire_ids(self, now_ms: int | None = None) -> builtins.list[str]:
         """Remove every transactional id idle (Empty, CompleteCommit or CompleteAbort, nothing
         pending) for ``transactional_id_expiration_ms``: a tombstone each, durable before the id
@@ -741,6 +869,7 @@ class TransactionCoordinator:
         return removed
 
     # ------------------------------------------------------------------ describe / list
+    @_in_section
     def describe(self, transactional_ids: Iterable[str]) -> builtins.list[TxnDescription]:
         """DescribeTransactions: one :class:`TxnDescription` per id, in order
         (TRANSACTIONAL_ID_NOT_FOUND for an unknown or expiring id, INVALID_REQUEST for an empty
@@ -766,6 +895,7 @@ class TransactionCoordinator:
                         tuple((topic, tuple(sorted(ps))) for topic, ps in sorted(topics.items()))))
         return out
 
+    @_in_section
     def list(self, state_filters: Iterable[str] = (), producer_id_filters: Iterable[int] = (),
              min_duration_ms: int = -1, now_ms: int | None = None) -> TxnListing:
         """ListTransactions: the transactions in one of ``state_filters`` (Kafka's names; none:
@@ -911,6 +1041,10 @@ class TransactionCoordinator:
                         self._schedule(task, self.config.abort_timed_out_interval_ms / 1000.0)
                         self.abort_expired()
                         continue
+                    if task.kind == "take_over":
+                        self._schedule(task, self.config.takeover_ms / 2000.0)
+                        self._take_over()
+                        continue
                     if task.kind == "expire_ids":
                         self._schedule(task, self.config.expired_ids_interval_ms / 1000.0)
                         self.expire_ids()
@@ -929,6 +1063,7 @@ class TransactionCoordinator:
             except Exception:  # a bug: log it, keep the thread serving the other transactions
                 logger.exception("the transaction marker thread failed a round")
 
+    @_in_section
     def _send(self, job: _MarkerJob) -> None:
         with self._lock:
             if not self._valid(job):
@@ -948,6 +1083,7 @@ class TransactionCoordinator:
             future.set_exception(exc)
         future.add_done_callback(lambda done, job=job: self._schedule(_Task("result", job, done)))
 
+    @_in_section
     def _take_result(self, job: _MarkerJob, future: "Future[dict[TopicPartition, int]]") -> bool:
         """Apply a marker write's result; True when every marker is written (the Complete record is next)."""
         try:
@@ -994,6 +1130,7 @@ class TransactionCoordinator:
         self._schedule(_Task("send", job), delay)
         return False
 
+    @_in_section
     def _write_completions(self, jobs: builtins.list[_MarkerJob]) -> None:
         with self._lock:
             live = [job for job in jobs if self._valid(job)]

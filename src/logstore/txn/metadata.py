@@ -54,14 +54,14 @@ import struct
 from enum import IntEnum
 from typing import Iterable, NamedTuple
 
-from ..errors import CorruptRecordError, LogstoreError
+from ..errors import CorruptRecordError, LogstoreError, ProducerFencedError
 
 __all__ = [
     "TRANSACTION_STATE_TOPIC", "TRANSACTION_STATE_TOPIC_CONFIG", "TRANSACTION_MAX_TIMEOUT_MS",
     "TRANSACTIONAL_ID_EXPIRATION_MS", "ABORT_TIMED_OUT_TRANSACTION_CLEANUP_INTERVAL_MS",
     "REMOVE_EXPIRED_TRANSACTIONAL_ID_CLEANUP_INTERVAL_MS", "NO_PRODUCER_ID", "NO_PRODUCER_EPOCH",
     "MAX_PRODUCER_EPOCH", "TXN_KEY_VERSION", "TXN_VALUE_VERSIONS", "TransactionState", "VALID_PREVIOUS_STATES",
-    "TxnLogEntry", "TransactionMetadata", "TxnRecordError", "IllegalTxnTransitionError", "ProducerFencedError",
+    "TxnLogEntry", "TransactionMetadata", "TxnRecordError", "IllegalTxnTransitionError",
     "encode_txn_key", "decode_txn_key", "encode_txn_value", "decode_txn_value", "is_epoch_exhausted",
 ]
 
@@ -129,11 +129,6 @@ class TxnRecordError(CorruptRecordError):
 class IllegalTxnTransitionError(LogstoreError):
     """A transition the state machine forbids (Kafka's IllegalStateException in
     TransactionMetadata): a bug in the caller, never a client's mistake. Immutable; safe to share."""
-
-
-class ProducerFencedError(LogstoreError):
-    """InitProducerId with an expected epoch that is neither the current nor the last one: a
-    newer producer took the transactional id over (Kafka's PRODUCER_FENCED). Immutable; safe to share."""
 
 
 class TransactionState(IntEnum):

@@ -1,4 +1,5 @@
-"""The Kafka server's producer ids: blocks handed out to InitProducerId, durable in the store.
+"""A store's producer ids: blocks handed out to InitProducerId (the Kafka server's and the
+library's transactional producers'), durable in the store.
 
 ``.kafka-producer-ids`` (FORMAT.md §9) holds the exclusive end of the last block of ids taken.
 A block's end is made durable before its first id is given, so ids never repeat across
@@ -21,7 +22,7 @@ from ..log.producerstate import CorruptSnapshotError, ProducerStateTable
 
 __all__ = ["PRODUCER_IDS_FILE", "PRODUCER_IDS_LOCK", "ProducerIds"]
 
-logger = logging.getLogger("logstore.kafka")
+logger = logging.getLogger("logstore.txn.producerids")
 
 #: The file in a store's root that keeps the next block of producer ids.
 PRODUCER_IDS_FILE = ".kafka-producer-ids"
