@@ -67,3 +67,16 @@ def test_kcat_group_consumer_commits_what_the_library_reads(kafka_server):
     assert sorted(out.splitlines()) == sorted(f"{p} {p}-{i}" for p in range(2) for i in range(5))
     offsets = offset_store(store)
     assert [offsets.committed("kcat-readers", "kcat-group", p) for p in range(2)] == [5, 5]
+
+
+def test_kcat_transactional_produce_commits_and_read_committed_consume(kafka_server):
+    """kcat -X transactional.id: its producer wraps the lines in one transaction, committed at
+    the end; a read_committed kcat consumer sees them, and the log holds the COMMIT marker."""
+    kcat(kafka_server, "-P", "-t", "kcat-txn", "-X", "transactional.id=kcat-tx",
+         stdin=b"".join(b"t%d\n" % i for i in range(8)))
+    log = kafka_server.store.partition("kcat-txn", 0)
+    assert [r.value for r in log.iter(isolation_level="read_committed")] == [b"t%d" % i for i in range(8)]
+    headers = [h for _, h in batch_headers(log.read_raw(0, 1 << 20))]
+    assert headers[0].attributes & 0x10 and headers[-1].attributes & 0x30 == 0x30  # transactional data, a marker
+    out = kcat(kafka_server, "-C", "-t", "kcat-txn", "-e", "-X", "isolation.level=read_committed", "-f", "%s\n")
+    assert out.splitlines() == [f"t{i}" for i in range(8)]
