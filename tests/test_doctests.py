@@ -8,7 +8,8 @@ import importlib
 import pytest
 
 MODULES = ["logstore", "logstore.store.store", "logstore.log.config", "logstore.store.kafkadirs", "logstore.kafka.credentials",
-           "logstore.errorcodes"]
+           "logstore.errorcodes", "logstore.records.control", "logstore.index", "logstore.txn.metadata",
+           "logstore.log.producerstate"]
 
 
 @pytest.mark.parametrize("name", MODULES)

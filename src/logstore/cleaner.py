@@ -44,7 +44,7 @@ from . import _fileio
 from ._native import check, ffi, lib
 from .checkpoint import OffsetCheckpoints
 from .errors import LogstoreError
-from .index import AbortedTxn, TransactionIndex
+from .index import AbortedBatches, AbortedTxn, TransactionIndex
 from .log.segments import LogSegments
 from .records.batch import BatchBuilder, BatchHeader, Record, RecordDecoder, batch_headers
 from .records.control import ControlType, read_control_record
@@ -538,16 +538,14 @@ def build_offset_map(segments: Sequence[LogSegment], decoder: RecordDecoder, off
     Returns the offset up to which the map is complete: ``end``, or the offset of the first
     record whose (new) key no longer fit, so that the pass cleans only what the map covers.
     """
-    by_producer: dict[int, list[tuple[int, int]]] = {}
-    for txn in aborted:
-        by_producer.setdefault(txn.producer_id, []).append((txn.first_offset, txn.last_offset))
+    covered = AbortedBatches(list(aborted))
     for segment in segments:
         if segment.next_offset <= start or segment.base_offset >= end or segment.size == 0:
             continue
         position = segment.find_position(max(start, segment.base_offset))
         keys, offsets, _, _ = decoder.decode_keys(segment.buffer, position, segment.size, start, end, segment.path)
         # A batch straddling `end` comes whole; its records from `end` on are not part of this pass.
-        skipped = _aborted_batches(segment, position, end, by_producer) if by_producer else []
+        skipped = _aborted_batches(segment, position, end, covered) if covered else []
         pairs = [(k, o) for k, o in zip(keys, offsets)
                  if k is not None and o < end and not any(a <= o <= b for a, b in skipped)]
         if not pairs:
@@ -558,24 +556,16 @@ def build_offset_map(segments: Sequence[LogSegment], decoder: RecordDecoder, off
     return end
 
 
-def _aborted_batches(segment: LogSegment, position: int, end: int,
-                     by_producer: Mapping[int, list[tuple[int, int]]]) -> list[tuple[int, int]]:
+def _aborted_batches(segment: LogSegment, position: int, end: int, covered: AbortedBatches) -> list[tuple[int, int]]:
     """(first, last) offsets of the batches of ``segment`` from ``position`` (below ``end``)
     that belong to an aborted transaction."""
     out = []
     for _, header in batch_headers(segment.buffer, position, segment.size):
         if header.base_offset >= end:
             break
-        if _in_aborted(header, by_producer):
+        if covered.covers(header.producer_id, header.base_offset, header.attributes):
             out.append((header.base_offset, header.last_offset))
     return out
-
-
-def _in_aborted(header: BatchHeader, by_producer: Mapping[int, list[tuple[int, int]]]) -> bool:
-    """A transactional data batch of an aborted transaction (its producer's, between the
-    transaction's first offset and its ABORT marker)."""
-    return bool(header.attributes & lib.LS_ATTR_TRANSACTIONAL and not header.attributes & lib.LS_ATTR_CONTROL
-                and any(first <= header.base_offset <= last for first, last in by_producer.get(header.producer_id, ())))
 
 
 class _Transactions:

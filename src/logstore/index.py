@@ -36,7 +36,7 @@ from . import _fileio
 from ._native import ffi, lib
 from .errors import CorruptIndexError
 
-__all__ = ["OffsetIndex", "TimeIndex", "TransactionIndex", "AbortedTxn"]
+__all__ = ["OffsetIndex", "TimeIndex", "TransactionIndex", "AbortedTxn", "AbortedBatches"]
 
 
 class _Index:
@@ -366,6 +366,34 @@ class AbortedTxn(NamedTuple):
     first_offset: int
     last_offset: int
     last_stable_offset: int
+
+
+class AbortedBatches:
+    """Which batches a set of aborted transactions covers (the one statement of Kafka's rule for
+    read_committed readers and the cleaner): a transactional data batch (not a marker) of an
+    entry's producer whose base offset lies between the entry's first offset and its ABORT
+    marker. Immutable once made; thread-safe.
+
+    >>> aborted = AbortedBatches([AbortedTxn(7, 3, 10, 11)])
+    >>> bool(aborted), aborted.covers(7, 5, 0x10), aborted.covers(7, 12, 0x10), aborted.covers(7, 5, 0)
+    (True, True, False, False)
+    """
+
+    __slots__ = ("_by_producer",)
+
+    def __init__(self, txns: "list[AbortedTxn]") -> None:
+        self._by_producer: dict[int, list[tuple[int, int]]] = {}
+        for txn in txns:
+            self._by_producer.setdefault(txn.producer_id, []).append((txn.first_offset, txn.last_offset))
+
+    def __bool__(self) -> bool:
+        return bool(self._by_producer)
+
+    def covers(self, producer_id: int, base_offset: int, attributes: int) -> bool:
+        """Whether the batch with these header fields belongs to one of the aborted transactions."""
+        if not attributes & lib.LS_ATTR_TRANSACTIONAL or attributes & lib.LS_ATTR_CONTROL:
+            return False
+        return any(first <= base_offset <= last for first, last in self._by_producer.get(producer_id, ()))
 
 
 class TransactionIndex:

@@ -84,7 +84,7 @@ from ..records.batching import (
     encode_batches,
     one_record_batch_size,
 )
-from ..index import AbortedTxn
+from ..index import AbortedBatches, AbortedTxn
 from ..records.control import ControlType, end_txn_marker_record, read_marker
 from ..segment import LogSegment, SegmentInfo
 from .arrow import DecodeThread, arrow_module, table
@@ -812,7 +812,7 @@ class Log:
         """The last stable offset (LSO): read_committed readers read below it. It is the first
         offset of the earliest transaction still open (or whose marker is not yet below the high
         watermark), else the high watermark. The first use loads the producer state. Thread-safe."""
-        with self._lock, self._w:
+        with self._lock:  # (no writers' lock: it reads what the other processes published)
             self._check_open()
             self._follow()
             return self._last_stable_offset_locked()
@@ -1135,12 +1135,9 @@ class Log:
         limit = stable if max_offset is None else min(check_offset(max_offset), stable)
         if offset.__class__ is not int:
             offset = check_offset(offset)
-        aborted = self.aborted_transactions(offset, limit)
+        aborted = AbortedBatches(self.aborted_transactions(offset, limit))
         if not aborted or (max_records is not None and max_records <= 0):
             return self.read(offset, max_bytes, max_records, limit)
-        ranges: dict[int, list[tuple[int, int]]] = {}
-        for txn in aborted:
-            ranges.setdefault(txn.producer_id, []).append((txn.first_offset, txn.last_offset))
         out: list[Record] = []
         with self._lock:
             self._check_open()
@@ -1156,10 +1153,8 @@ class Log:
                     if header.base_offset >= limit:
                         offset = limit
                         break
-                    attributes = header.attributes
-                    if not attributes & lib.LS_ATTR_CONTROL and not (
-                            attributes & lib.LS_ATTR_TRANSACTIONAL
-                            and any(first <= header.base_offset <= last for first, last in ranges.get(header.producer_id, ()))):
+                    if not header.attributes & lib.LS_ATTR_CONTROL and not aborted.covers(
+                            header.producer_id, header.base_offset, header.attributes):
                         records, _ = self._decoder.decode(raw, position, position + header.size, offset, limit, None,
                                                           self.path)
                         out.extend(r for r in records if r.offset < limit)
@@ -1276,12 +1271,9 @@ class Log:
         Raises:
             CorruptRecordError: a batch on the way fails its checks.
         """
-        aborted = self.aborted_transactions(start, stop)
+        aborted = AbortedBatches(self.aborted_transactions(start, stop))
         if not aborted:
             return [(start, stop)] if start < stop else []
-        ranges: dict[int, list[tuple[int, int]]] = {}
-        for txn in aborted:
-            ranges.setdefault(txn.producer_id, []).append((txn.first_offset, txn.last_offset))
         out: list[tuple[int, int]] = []
         a = offset = start
         while offset < stop:
@@ -1294,8 +1286,7 @@ class Log:
                 if header.base_offset >= stop:
                     offset = stop
                     break
-                if header.attributes & lib.LS_ATTR_TRANSACTIONAL and not header.attributes & lib.LS_ATTR_CONTROL and any(
-                        first <= header.base_offset <= last for first, last in ranges.get(header.producer_id, ())):
+                if aborted.covers(header.producer_id, header.base_offset, header.attributes):
                     if a < header.base_offset:
                         out.append((a, header.base_offset))
                     a = header.last_offset + 1

@@ -41,7 +41,7 @@ from ..checkpoint import (
     OffsetCheckpoints,
 )
 from ..errors import CorruptRecordError, LogstoreError, UnknownTopicOrPartitionError
-from ..index import AbortedTxn, OffsetIndex, TimeIndex, TransactionIndex
+from ..index import AbortedBatches, AbortedTxn, OffsetIndex, TimeIndex, TransactionIndex
 from ..log.producers import snapshot_offsets, snapshot_path
 from ..log.producerstate import CorruptSnapshotError, ProducerStateTable
 from ..log.segmentscan import BatchWalk
@@ -313,18 +313,14 @@ class PartitionView:
         """(first, last) offsets of the batches in [start, end) that belong to aborted
         transactions (what a read_committed reader leaves out), ascending; [] when none."""
         segments = self.segments() if segments is None else segments
-        by_producer: dict[int, list[tuple[int, int]]] = {}
-        for txn in self.aborted_transactions(start, end, segments):
-            by_producer.setdefault(txn.producer_id, []).append((txn.first_offset, txn.last_offset))
-        if not by_producer:
+        aborted = AbortedBatches(self.aborted_transactions(start, end, segments))
+        if not aborted:
             return []
         out = []
         for _, _, headers in self._batches(segments, start, end):
             for _, header in headers:
-                attributes = header.attributes
                 if (header.base_offset < end and header.last_offset >= start
-                        and attributes & lib.LS_ATTR_TRANSACTIONAL and not attributes & lib.LS_ATTR_CONTROL
-                        and any(a <= header.base_offset <= b for a, b in by_producer.get(header.producer_id, ()))):
+                        and aborted.covers(header.producer_id, header.base_offset, header.attributes)):
                     out.append((header.base_offset, header.last_offset))
         return out
 
