@@ -174,3 +174,20 @@ def test_a_transaction_prepared_by_a_process_that_died_is_completed_by_another(t
         for part in range(2):
             log = store.partition("t", part)
             assert log.last_stable_offset == log.log_end_offset
+
+
+def test_no_send_once_the_commit_began_and_a_failed_commit_can_be_aborted(tmp_path):
+    with LogStore(tmp_path / "s") as store:
+        store.create_topic("t", 1)
+        p = store.producer(transactional_id="tx")
+        p.begin_transaction()
+        p.send("t", b"a")
+        p._txn.start_ending()  # (as commit_transaction does before it flushes)
+        with pytest.raises(InvalidTxnStateError, match="being committed or aborted"):
+            p.send("t", b"too late")
+        p.abort_transaction()  # ending may be tried again
+        assert committed(store, "t") == [] and store.partition("t", 0).last_stable_offset == 2
+        p.begin_transaction()
+        p.send("t", b"b")
+        p.commit_transaction()
+        assert committed(store, "t") == [b"b"]

@@ -497,7 +497,7 @@ class Producer:
             TimeoutError: not done within ``timeout`` seconds.
         """
         txn = self._transactions()
-        txn.check_open()
+        txn.start_ending()
         self.flush(timeout)
         txn.end(True, timeout)
 
@@ -511,7 +511,7 @@ class Producer:
             TimeoutError: not done within ``timeout`` seconds.
         """
         txn = self._transactions()
-        txn.check_open()
+        txn.start_ending()
         self.flush(timeout)
         txn.end(False, timeout)
 
@@ -594,6 +594,7 @@ class _Transactions:
         self.coordinator = store_coordinator(store)
         self._lock = threading.Lock()
         self.open = False
+        self.ending = False
         self._partitions: set[tuple[str, int]] = set()
         self._sequences: dict[tuple[str, int], int] = {}
         self._failed: BaseException | None = None
@@ -634,12 +635,23 @@ class _Transactions:
     def check_open(self) -> None:
         if not self.open:
             raise InvalidTxnStateError(f"{self.transactional_id}: no transaction is open (begin_transaction first)")
+        if self.ending:
+            raise InvalidTxnStateError(f"{self.transactional_id}: the transaction is being committed or aborted")
+
+    def start_ending(self) -> None:
+        """Commit or abort begins (or is tried again after it failed): no more sends in this
+        transaction."""
+        with self._lock:
+            if not self.open:
+                raise InvalidTxnStateError(f"{self.transactional_id}: no transaction is open (begin_transaction first)")
+            self.ending = True
 
     def begin(self) -> None:
         with self._lock:
             if self.open:
                 raise InvalidTxnStateError(f"{self.transactional_id}: a transaction is open already")
             self.open = True
+            self.ending = False
             self._partitions.clear()
             self._failed = None
             self._touched = False
@@ -698,7 +710,7 @@ class _Transactions:
                                 "abort it") from self._failed
         if not self._touched:  # nothing reached the coordinator: nothing to end there (as Kafka's clients)
             with self._lock:
-                self.open = False
+                self.open = self.ending = False
             return
         deadline = time.monotonic() + timeout
         self._retrying(lambda: self.coordinator.end_txn(self.transactional_id, self.producer_id, self.epoch,
@@ -716,5 +728,5 @@ class _Transactions:
             time.sleep(wait)
             wait = min(wait * 2, 0.05)
         with self._lock:
-            self.open = False
+            self.open = self.ending = False
             self._partitions.clear()
