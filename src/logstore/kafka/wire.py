@@ -47,7 +47,7 @@ __all__ = ["SUPPORTED", "API_NAMES", "KafkaRequest", "KafkaProtocolError", "Unsu
 #: whose newer versions carry what the clients need (KIP-360's epoch bump). (:func:`parse_request`
 #: takes other ranges from a caller that serves more.)
 SUPPORTED: dict[int, tuple[int, int]] = {
-    0: (0, 8),    # Produce (v0-v2 advertised, refused: see _REFUSED_PRODUCE)
+    0: (0, 11),   # Produce (v0-v2 advertised, refused: see _REFUSED_PRODUCE; v9+ flexible)
     1: (4, 11),   # Fetch
     2: (1, 5),    # ListOffsets
     3: (0, 8),    # Metadata
