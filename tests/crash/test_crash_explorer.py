@@ -15,7 +15,10 @@ FileOps, and checked against what the workload had been told was durable at that
   nothing appears that was never written;
 * stores: acknowledged consumer-group commits are there (or a later attempted one), topics
   whose creation returned exist with all their partitions, topics whose deletion returned do
-  not.
+  not;
+* transactions (the coordinator's two-phase commit fsynced): once the reopened store's
+  coordinator finished what was prepared, every transaction is visible whole or not at all,
+  an acknowledged outcome holds with its group offsets, and nothing is left open.
 
 The figures (crash points, states, violations) are printed at the end of the run; the target
 is at least 10,000 states per ``make test`` (the per-workload minimums add up to 10,600). ``make soak`` explores the same workloads with
@@ -321,6 +324,94 @@ def test_every_crash_state_of_a_store_keeps_topics_records_and_committed_offsets
 
     _run(mem_path, "store: topics, appends, commits", workload, lambda: dict(model, topics=set(model["topics"]),
          deleted=set(model["deleted"])), check, depth, minimum_states=1200, max_states_per_point=8)
+
+
+TXN_STORE = dict(segment_bytes=2048, segment_index_bytes=4096, index_interval_bytes=256, flush_messages=1)
+
+
+@pytest.mark.parametrize("depth", DEPTHS)
+def test_every_crash_state_of_a_transaction_stream_leaves_each_transaction_whole(mem_path, depth):
+    """A library transactional producer's commits and aborts over two partitions, with a
+    consumer group's offsets, the coordinator fsyncing its two-phase commit (TxnConfig.fsync).
+    After every crash state, once the coordinator's load finished what was prepared and a new
+    producer fenced the old one: each transaction is visible whole or not at all, an
+    acknowledged commit is visible with its offsets and an acknowledged abort is not, nothing
+    is left open, and the store verifies."""
+    from logstore.txn.coordinator import TxnConfig
+    from logstore.txn.local import store_coordinator
+    from logstore.txn.metadata import TRANSACTION_STATE_TOPIC, TRANSACTION_STATE_TOPIC_CONFIG
+
+    root = mem_path / "work" / "store"
+    parts = [("events", 0), ("events", 1)]
+    model = {"created": False, "acked": {}, "offsets": None}
+    durable = TxnConfig(fsync=True)
+
+    def values(i: int) -> dict[tuple[str, int], list[bytes]]:
+        return {tp: [b"t%d-p%d-%d" % (i, tp[1], j) for j in range(2)] for tp in parts}
+
+    def open_store():
+        store = LogStore(root, maintenance=False, **TXN_STORE)
+        # Small segments for the internal topics (their own are 100 MiB, preallocated in steps).
+        store.create_topic(OFFSETS_TOPIC, 1, exist_ok=True, internal=True,
+                           **dict(OFFSETS_TOPIC_CONFIG, segment_bytes=2048))
+        store.create_topic(TRANSACTION_STATE_TOPIC, 1, exist_ok=True, internal=True,
+                           **dict(TRANSACTION_STATE_TOPIC_CONFIG, segment_bytes=2048))
+        store_coordinator(store, durable)
+        return store
+
+    def workload():
+        store = open_store()
+        store.create_topic("events", 2, exist_ok=True)
+        model["created"] = True
+        producer = store.producer(transactional_id="tx")
+        for i in range(6):
+            producer.begin_transaction()
+            for tp, vs in values(i).items():
+                for v in vs:
+                    producer.send(tp[0], v, partition=tp[1])
+            offsets = {tp: 10 * (i + 1) for tp in parts}
+            producer.send_offsets_to_transaction(offsets, "g")
+            if i % 3 == 1:
+                producer.abort_transaction()
+                model["acked"] = {**model["acked"], i: False}
+            else:
+                producer.commit_transaction()
+                model["acked"] = {**model["acked"], i: True}
+                model["offsets"] = offsets
+        producer.close()
+        store.close()
+
+    def check(path, oracle, rng):
+        where = os.path.join(path, "store")
+        if not oracle["created"]:
+            return
+        with LogStore(where, maintenance=False, **TXN_STORE) as store:
+            if "events" not in store.topics():
+                assert not oracle["acked"], "acknowledged transactions, but the topic is gone"
+                return
+            coordinator = store_coordinator(store, durable)
+            assert coordinator.drain(20), "the transactions found prepared were not completed"
+            store.producer(transactional_id="tx").close()  # fences the old one, aborting what it left open
+            assert coordinator.drain(20)
+            visible = set()
+            for tp in parts:
+                log = store.partition(*tp)
+                assert log.last_stable_offset == log.log_end_offset, f"{tp}: a transaction is left open"
+                visible |= {r.value for r in log.iter(isolation_level="read_committed")}
+            for i in range(6):
+                mine = {v for vs in values(i).values() for v in vs}
+                seen = mine & visible
+                assert not seen or seen == mine, f"transaction {i} is partly visible: {sorted(seen)}"
+                if i in oracle["acked"]:
+                    assert bool(seen) == oracle["acked"][i], f"acknowledged transaction {i} lost its outcome"
+            if oracle["offsets"] is not None:
+                got = {tp: offset_store(store).committed("g", *tp) for tp in parts}
+                later = [{tp: 10 * (i + 1) for tp in parts} for i in range(6)]
+                assert got == oracle["offsets"] or got in later, f"group g committed {got}, acknowledged {oracle['offsets']}"
+        _verify_clean(where)
+
+    _run(mem_path, "store: transactions", workload, lambda: dict(model, acked=dict(model["acked"])), check, depth,
+         minimum_states=300, max_states_per_point=6, random_states=2)
 
 
 # ---------------------------------------------------------------------------- findings

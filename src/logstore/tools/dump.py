@@ -102,7 +102,7 @@ def timeindex_entries(path: str, base: int | None = None) -> list[tuple[int, int
     data, out = _fileio.ops.read_file(path), []
     for i in range(len(data) // _TIMEINDEX_ENTRY.size):
         timestamp, relative = _TIMEINDEX_ENTRY.unpack_from(data, i * _TIMEINDEX_ENTRY.size)
-        if timestamp == 0 and relative == 0 and i > 0:
+        if timestamp == 0 and relative == 0:  # the zero tail (slot 0 too, as ls_index_entries counts)
             break
         out.append((timestamp, base + relative))
     return out
