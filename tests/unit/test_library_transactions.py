@@ -191,3 +191,16 @@ def test_no_send_once_the_commit_began_and_a_failed_commit_can_be_aborted(tmp_pa
         p.send("t", b"b")
         p.commit_transaction()
         assert committed(store, "t") == [b"b"]
+
+
+def test_transaction_fsync_makes_the_coordinator_fsync(tmp_path):
+    with LogStore(tmp_path / "s", transaction_fsync=True) as store:
+        store.create_topic("t", 1)
+        p = store.producer(transactional_id="tx")
+        assert store_coordinator(store).config.fsync
+        p.begin_transaction()
+        p.send("t", b"x")
+        p.commit_transaction()
+        assert committed(store, "t") == [b"x"]
+    with LogStore(tmp_path / "plain") as store:
+        assert not store_coordinator(store).config.fsync

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 from concurrent.futures import Future
 from typing import Any, Callable, Mapping
 
@@ -169,7 +170,10 @@ class KafkaApis:
         """The store's transaction coordinator (:func:`~logstore.txn.local.store_coordinator`:
         ``__transaction_state`` is created and loaded on first use; it closes with the store)."""
         if self._txn is None:
-            self._txn = store_coordinator(self.store, self.txn_config)
+            config = self.txn_config
+            if self.store.transaction_fsync and not config.fsync:
+                config = replace(config, fsync=True)
+            self._txn = store_coordinator(self.store, config)
         return self._txn
 
     def _partition_exists(self, topic: str, partition: int) -> bool:

@@ -115,6 +115,10 @@ class LogStore:
             ``log.retention.check.interval.ms``).
         cleaner_backoff_ms: how often the cleaner looks for work (``log.cleaner.backoff.ms``).
         cleaner: run the cleaner for topics whose cleanup policy includes "compact".
+        transaction_fsync: the store's transaction coordinator (its transactional producers,
+            and a Kafka listener over it) fsyncs its two-phase commit: what a committed
+            transaction wrote survives power loss whole (FORMAT.md §15). Off: durable against a
+            crash of the process, as an append is by default.
         **defaults: LogConfig fields applied to every topic unless the topic overrides them.
 
     Kafka log directories: opened on a directory without ``.topics/`` that holds partition
@@ -140,10 +144,12 @@ class LogStore:
 
     def __init__(self, root: str | os.PathLike[str], *, shared: bool = True, maintenance: bool = True,
                  retention_check_interval_ms: int = 300_000, cleaner_backoff_ms: int = 15_000,
-                 cleaner: bool = True, **defaults: Any) -> None:
+                 cleaner: bool = True, transaction_fsync: bool = False, **defaults: Any) -> None:
         self.root = os.path.abspath(os.fspath(root))
         self.defaults = LogConfig.build(None, **defaults)
         self.shared = shared
+        #: the transaction coordinator fsyncs its two-phase commit (see the arguments)
+        self.transaction_fsync = bool(transaction_fsync)
         self.retention_check_interval_ms = _positive("retention_check_interval_ms", retention_check_interval_ms)
         self.cleaner_backoff_ms = _positive("cleaner_backoff_ms", cleaner_backoff_ms)
         self._lock = threading.RLock()

@@ -102,8 +102,8 @@ class LocalMarkers:
 
 def store_coordinator(store: Any, config: TxnConfig | None = None) -> TransactionCoordinator:
     """The store's one transaction coordinator, made and loaded on first use (``config``
-    applies then; later calls return the same coordinator whatever they pass). It closes with
-    the store.
+    applies then, by default fsyncing as the store's ``transaction_fsync`` says; later calls
+    return the same coordinator whatever they pass). It closes with the store.
 
     Raises:
         TxnRecordError: ``__transaction_state`` holds a record that cannot be read.
@@ -114,7 +114,7 @@ def store_coordinator(store: Any, config: TxnConfig | None = None) -> Transactio
         found = _COORDINATORS.get(store)
         if found is not None:
             return found
-        config = config or TxnConfig()
+        config = config or TxnConfig(fsync=bool(getattr(store, "transaction_fsync", False)))
         store.create_topic(TRANSACTION_STATE_TOPIC, 1, exist_ok=True, internal=True, **TRANSACTION_STATE_TOPIC_CONFIG)
         flock = StoreFlock(store.root) if store.shared else None
         coordinator = TransactionCoordinator(store.partition(TRANSACTION_STATE_TOPIC, 0), ProducerIds(store.root).next_id,
