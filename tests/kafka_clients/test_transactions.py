@@ -233,3 +233,24 @@ def test_aiokafka_transactional_producer(kafka_server):
     asyncio.run(run())
     assert committed_values(kafka_server.store, "aio", 1) == [b"aio %d" % i for i in range(4)]
     assert read_committed_confluent(kafka_server, "aio", 1, 4) == [b"aio %d" % i for i in range(4)]
+
+
+def test_serve_limits_the_transaction_timeout(tmp_path):
+    """logstore serve --transaction-max-timeout-ms: a producer asking for more is refused at
+    init_transactions (INVALID_TRANSACTION_TIMEOUT), one within it is served."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "logstore", "serve", str(tmp_path / "s"), "--listen", "127.0.0.1:0",
+                             "--transaction-max-timeout-ms", "2000"], stdout=subprocess.PIPE, text=True)
+    try:
+        bootstrap = proc.stdout.readline().rsplit(" ", 1)[1].strip()
+        greedy = Producer({"bootstrap.servers": bootstrap, "transactional.id": "greedy", "transaction.timeout.ms": 5000})
+        with pytest.raises(KafkaException) as refused:
+            greedy.init_transactions(10)
+        assert refused.value.args[0].code() == ck.KafkaError.INVALID_TRANSACTION_TIMEOUT
+        modest = Producer({"bootstrap.servers": bootstrap, "transactional.id": "modest", "transaction.timeout.ms": 1500})
+        modest.init_transactions(10)
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -429,7 +429,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
     parser.add_argument("--tls-ca", metavar="FILE",
                         help="require client certificates that chain to these PEM CA certificates")
     parser.add_argument("--fsync-acks-all", action="store_true",
-                        help="answer acks=all produces once their batches are fsynced")
+                        help="answer acks=all produces once their batches are fsynced (transactions' too)")
+    parser.add_argument("--transaction-max-timeout-ms", type=int, default=TxnConfig.transaction_max_timeout_ms,
+                        metavar="MS", help="the longest transaction.timeout.ms a producer may ask for")
+    parser.add_argument("--transactional-id-expiration-ms", type=int,
+                        default=TxnConfig.transactional_id_expiration_ms, metavar="MS",
+                        help="a transactional id idle this long is forgotten")
+    parser.add_argument("--max-ongoing-transactions", type=int, metavar="N",
+                        help="at most N transactions open at once (more wait: CONCURRENT_TRANSACTIONS)")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -438,6 +445,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
         sys.stderr.write(f"{prog}: --tls-cert and --tls-key go together (--tls-ca needs them)\n")
         return 2
     logging.basicConfig(level=logging.WARNING, format=f"{prog}: %(levelname)s: %(message)s")
+    try:
+        txn_config = TxnConfig(transaction_max_timeout_ms=args.transaction_max_timeout_ms,
+                               transactional_id_expiration_ms=args.transactional_id_expiration_ms,
+                               max_ongoing=args.max_ongoing_transactions)
+    except ValueError as exc:
+        sys.stderr.write(f"{prog}: {exc}\n")
+        return 2
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -446,7 +460,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
                              auto_create_topics=not args.no_auto_create_topics, num_partitions=args.num_partitions,
                              allow_anonymous=args.allow_anonymous, fsync_acks_all=args.fsync_acks_all,
                              tls=TLSConfig(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None,
-                             sasl_credentials=args.sasl_credentials,
+                             sasl_credentials=args.sasl_credentials, txn_config=txn_config,
                              sasl_mechanisms=[m.strip() for m in args.sasl_mechanisms.split(",") if m.strip()])
     except (LogstoreError, OSError, ValueError) as exc:
         sys.stderr.write(f"{prog}: {exc}\n")
