@@ -192,6 +192,29 @@ def test_followers_refuse_produce_fetch_and_topic_changes(tmp_path):
         stop_all(nodes)
 
 
+def test_a_replica_set_refuses_transactions_until_it_coordinates_them(tmp_path):
+    """No coordinator: FindCoordinator for a transactional id and InitProducerId with one answer
+    COORDINATOR_NOT_AVAILABLE, and a transactional batch is refused (INVALID_TXN_STATE), since
+    nothing would ever end its transaction; nothing is written."""
+    from kafka.protocol.old.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse
+
+    nodes, kafka = kafka_cluster(tmp_path)
+    try:
+        conn = Conn(kafka[leader_of(nodes)])
+        found = conn.call(FindCoordinatorRequest[1]("tx", 1), FindCoordinatorResponse[1])
+        assert found.error_code == 15  # COORDINATOR_NOT_AVAILABLE
+        builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=True, producer_id=9,
+                                            producer_epoch=0, base_sequence=0, batch_size=1 << 20)
+        builder.append(0, timestamp=int(time.time() * 1000), key=None, value=b"t", headers=[])
+        log = nodes[leader_of(nodes)].store.partition("replicated", 0)
+        end = log.log_end_offset
+        assert produce(conn, bytes(builder.build()))[0] == 48  # INVALID_TXN_STATE
+        assert log.log_end_offset == end
+        conn.close()
+    finally:
+        stop_all(nodes)
+
+
 def test_confluent_kafka_idempotent_producer_and_consumer_across_a_failover(tmp_path):
     nodes, kafka = kafka_cluster(tmp_path)
     bootstrap = ",".join(f"{h}:{p}" for h, p in kafka.values())

@@ -47,6 +47,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from .quorum import NONE as NO_LEADER, Role
+from .._native import lib
 from ..errorcodes import ErrorCode, code_for
 from ..errors import (
     CorruptRecordError,
@@ -291,9 +292,14 @@ class ReplicaKafkaApis(KafkaApis):
         refused = one_v2_batch_problem(records)
         if refused is None:
             try:  # checked before the lock: a bad batch costs the sender, not the partition
-                validate_client_batch(records, rep.log.config.max_message_bytes)
+                header = validate_client_batch(records, rep.log.config.max_message_bytes)
             except (CorruptRecordError, RecordTooLargeError, InvalidRecordError) as exc:
                 return code_for(exc), -1, str(exc)
+            if header.attributes & lib.LS_ATTR_TRANSACTIONAL:
+                # No coordinator here would ever end its transaction: it would hold the last
+                # stable offset back for good.
+                return (ErrorCode.invalid_txn_state, -1,
+                        "a replica set does not coordinate transactions: transactional batches are refused")
         else:
             return ErrorCode.invalid_record, -1, refused
         context, leader = self.context, self.leader
