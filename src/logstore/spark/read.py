@@ -61,15 +61,20 @@ def read_range(r: OffsetRange) -> Iterator[pa.RecordBatch]:
 
 def _without(batch: pa.RecordBatch, aborted: list[tuple[int, int]]) -> pa.RecordBatch:
     """``batch`` without the rows whose offset lies in one of the ``aborted`` (first, last)
-    ranges (ascending, disjoint)."""
-    import numpy as np
+    ranges (ascending, disjoint; Arrow compute only, no numpy)."""
+    import pyarrow.compute as pc
 
-    offsets = batch.column(batch.schema.get_field_index("offset")).to_numpy()
-    firsts = np.fromiter((a for a, _ in aborted), dtype=np.int64, count=len(aborted))
-    lasts = np.fromiter((b for _, b in aborted), dtype=np.int64, count=len(aborted))
-    slot = np.searchsorted(firsts, offsets, side="right") - 1
-    inside = (slot >= 0) & (offsets <= lasts[np.maximum(slot, 0)])
-    return batch.filter(pa.array(~inside))
+    if batch.num_rows == 0:
+        return batch
+    offsets = batch.column(batch.schema.get_field_index("offset"))
+    low, high = offsets[0].as_py(), offsets[batch.num_rows - 1].as_py()  # (rows come in offset order)
+    inside = None
+    for first, last in aborted:
+        if last < low or first > high:
+            continue
+        hit = pc.and_(pc.greater_equal(offsets, first), pc.less_equal(offsets, last))
+        inside = hit if inside is None else pc.or_(inside, hit)
+    return batch if inside is None else batch.filter(pc.invert(inside))
 
 
 def _batches(r: OffsetRange, builder: ArrowBuilder) -> Iterator[pa.RecordBatch]:
