@@ -56,6 +56,7 @@ from ..errors import (
 from . import configs as kafkaconfigs
 from .._native import lib
 from ..log.config import LogConfig
+from ..records.batch import parse_header
 from ..txn.producerids import ProducerIds
 from ..groups.offsets import OFFSETS_TOPIC, offset_store
 from ..groups.coordinator import GroupConfig, GroupCoordinator
@@ -286,8 +287,10 @@ class KafkaApis:
         if refused is not None:
             logger.info("refused a produce to %s-%d: %s", topic, partition, refused)
             return ErrorCode.invalid_record, -1, refused
-        if len(records) >= 61 and records[22] & lib.LS_ATTR_TRANSACTIONAL:  # (attributes: int16 at 21)
-            error, message = self._verify_transactional(topic, partition, records, transactional_id)
+        header = parse_header(records) if len(records) >= lib.LS_BATCH_HEADER_SIZE else None
+        if header is not None and header.attributes & lib.LS_ATTR_TRANSACTIONAL:  # (a short one: the append says why)
+            error, message = self._verify_transactional(topic, partition, header.producer_id,
+                                                        header.producer_epoch, transactional_id)
             if error != ErrorCode.none:
                 logger.info("refused a transactional produce to %s-%d: %s", topic, partition, message)
                 return error, -1, message
@@ -301,11 +304,10 @@ class KafkaApis:
             self.purgatory.check((topic, partition))
         return ErrorCode.none, first, None
 
-    def _verify_transactional(self, topic: str, partition: int, records: Any,
+    def _verify_transactional(self, topic: str, partition: int, pid: int, epoch: int,
                               transactional_id: str | None) -> tuple[int, str | None]:
-        """May this transactional batch be appended (Kafka's verification of KIP-890 part 1)?"""
-        pid = int.from_bytes(records[43:51], "big", signed=True)
-        epoch = int.from_bytes(records[51:53], "big", signed=True)
+        """May producer ``pid``'s transactional batch be appended (Kafka's verification of
+        KIP-890 part 1)?"""
         if not transactional_id:
             return ErrorCode.invalid_txn_state, "a transactional batch in a produce request without a transactional id"
         error = self.txn.verify_partitions(transactional_id, pid, epoch, [(topic, partition)])[(topic, partition)]

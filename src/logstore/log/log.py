@@ -1138,30 +1138,48 @@ class Log:
         aborted = AbortedBatches(self.aborted_transactions(offset, limit))
         if not aborted or (max_records is not None and max_records <= 0):
             return self.read(offset, max_bytes, max_records, limit)
-        out: list[Record] = []
         with self._lock:
             self._check_open()
             self._follow()
             end = self._appender.next_offset
             if offset < self._log_start_offset or offset > end:
                 raise OffsetOutOfRangeError(offset, self._log_start_offset, end, f"read from {self.path}")
-            while offset < limit and not out:
-                raw = self._segments.read_raw(offset, max_bytes)
-                if not raw:
-                    break
-                for position, header in batch_headers(raw):
-                    if header.base_offset >= limit:
-                        offset = limit
-                        break
-                    if not header.attributes & lib.LS_ATTR_CONTROL and not aborted.covers(
-                            header.producer_id, header.base_offset, header.attributes):
-                        records, _ = self._decoder.decode(raw, position, position + header.size, offset, limit, None,
-                                                          self.path)
-                        out.extend(r for r in records if r.offset < limit)
-                    offset = max(offset, header.last_offset + 1)
+        out: list[Record] = []
+        for raw, batches in self._raw_chunks(offset, limit, max_bytes):
+            for position, header in batches:
+                if not header.attributes & lib.LS_ATTR_CONTROL and not aborted.covers(
+                        header.producer_id, header.base_offset, header.attributes):
+                    records, _ = self._decoder.decode(raw, position, position + header.size, offset, limit, None,
+                                                      self.path)
+                    out.extend(r for r in records if r.offset < limit)
+            if out:
+                break
         if max_records is not None:
             del out[max_records:]
         return out
+
+    def _raw_chunks(self, offset: int, stop: int, max_bytes: int) -> Iterator[tuple[bytes, list[tuple[int, Any]]]]:
+        """The whole batches from the one holding ``offset`` up to ``stop`` (exclusive), a
+        chunk of about ``max_bytes`` at a time (each read under the lock, CRC-checked): the
+        chunk's bytes and its batches' (position, header). For the walks that must see batch
+        headers (read_committed: producer ids and flags) rather than records.
+
+        Raises:
+            OffsetOutOfRangeError: the log start moved past the walk.
+        """
+        while offset < stop:
+            with self._lock:
+                self._check_readable_from(offset)
+                raw = self._segments.read_raw(offset, max_bytes)
+            batches = []
+            for position, header in batch_headers(raw):
+                if header.base_offset >= stop:
+                    break
+                batches.append((position, header))
+            if not batches:
+                return
+            yield raw, batches
+            offset = max(offset, batches[-1][1].last_offset + 1)
 
     def _point_reader(self) -> Any:
         """The segments' reader of one record (made now), or None while point reads must take
@@ -1275,22 +1293,13 @@ class Log:
         if not aborted:
             return [(start, stop)] if start < stop else []
         out: list[tuple[int, int]] = []
-        a = offset = start
-        while offset < stop:
-            with self._lock:
-                self._check_readable_from(offset)
-                raw = self._segments.read_raw(offset, _ITER_CHUNK_BYTES)
-            if not raw:
-                break
-            for _, header in batch_headers(raw):
-                if header.base_offset >= stop:
-                    offset = stop
-                    break
+        a = start
+        for _, batches in self._raw_chunks(start, stop, _ITER_CHUNK_BYTES):
+            for _, header in batches:
                 if aborted.covers(header.producer_id, header.base_offset, header.attributes):
                     if a < header.base_offset:
                         out.append((a, header.base_offset))
                     a = header.last_offset + 1
-                offset = max(offset, header.last_offset + 1)
         if a < stop:
             out.append((a, stop))
         return out
