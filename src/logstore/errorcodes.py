@@ -31,9 +31,11 @@ from .errors import (
     InvalidRecordError,
     InvalidTxnStateError,
     LogstoreError,
+    NotLeaderOrFollowerError,
     OutOfOrderSequenceError,
     ProducerFencedError,
     RecordTooLargeError,
+    RequestTimedOutError,
     TransactionCoordinatorFencedError,
 )
 
@@ -50,6 +52,8 @@ _EXCEPTION_CODES: dict[type[LogstoreError], ErrorCode] = {
     InvalidTxnStateError: ErrorCode.invalid_txn_state,
     TransactionCoordinatorFencedError: ErrorCode.transaction_coordinator_fenced,
     ProducerFencedError: ErrorCode.producer_fenced,
+    NotLeaderOrFollowerError: ErrorCode.not_leader_or_follower,
+    RequestTimedOutError: ErrorCode.request_timed_out,
 }
 
 

@@ -30,6 +30,8 @@ __all__ = [
     "InvalidProducerEpochError",
     "OutOfOrderSequenceError",
     "CommitFailedError",
+    "NotLeaderOrFollowerError",
+    "RequestTimedOutError",
 ]
 
 
@@ -253,6 +255,17 @@ class TransactionCoordinatorFencedError(InvalidRecordError):
 
     def __reduce__(self):
         return (type(self), (self.producer_id, self.coordinator_epoch, self.current, self.where))
+
+
+class NotLeaderOrFollowerError(LogstoreError):
+    """A replicated write went to a node that no longer leads its partition (Kafka's
+    NOT_LEADER_OR_FOLLOWER, error 6): it was not written, or it may be lost with this node's
+    uncommitted tail. Retry on the partition's leader."""
+
+
+class RequestTimedOutError(LogstoreError):
+    """A replicated write was appended by the leader but a majority did not confirm it in time
+    (Kafka's REQUEST_TIMED_OUT, error 7): it may still be committed later, or lost."""
 
 
 class ProducerFencedError(LogstoreError):

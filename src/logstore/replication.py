@@ -52,8 +52,9 @@ from .checkpoint import REPLICATION_OFFSET_CHECKPOINT, OffsetCheckpoints
 from .errorcodes import ErrorCode
 from .errors import LogstoreError, OffsetOutOfRangeError
 from .groups.offsets import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIG
+from .txn.metadata import TRANSACTION_STATE_TOPIC, TRANSACTION_STATE_TOPIC_CONFIG
 from .kafka.credentials import Credentials, CredentialsFile
-from .kafka.server import KafkaServer
+from .kafka.server import KafkaServer, add_transaction_arguments, transaction_config
 from .net import server as net
 from .net.protocol import TLSConfig
 from .net.purgatory import Purgatory
@@ -105,6 +106,10 @@ DEFAULT_MAX_FRAME = 100 * 1024 * 1024
 logger = logging.getLogger("logstore.replication")
 
 
+#: the topics a node always replicates (one partition each), with their configs
+_INTERNAL_TOPICS = {OFFSETS_TOPIC: OFFSETS_TOPIC_CONFIG, TRANSACTION_STATE_TOPIC: TRANSACTION_STATE_TOPIC_CONFIG}
+
+
 class _ContextSetting:
     """A :class:`ReplicaNode` attribute whose one home is the node's :class:`NodeContext`,
     where the node's parts read it at each use: getting or setting it on the node gets or sets
@@ -133,7 +138,9 @@ class ReplicaNode:
         secret: the shared secret (UTF-8 text): the password of the SASL user
             :data:`~logstore.replica.client.REPLICA_USER`, which peers and :class:`Client`
             log in as and which alone may send replication's requests.
-        partitions: [(topic, partitions)] to replicate (created when missing).
+        partitions: [(topic, partitions)] to replicate (created when missing). Kafka clients'
+            ``__consumer_offsets`` and ``__transaction_state`` are always replicated, one
+            partition each: their leaders coordinate the groups and the transactions.
         election_timeout_ms: base election timeout (randomised up to twice it).
         replica_lag_time_max_ms: a follower is in sync while it reached the leader's end this
             recently.
@@ -157,7 +164,9 @@ class ReplicaNode:
 
     Connections are served by one event loop (``net.Server``, under ``KafkaServer``); requests
     run on its worker threads. The node's own threads are the tick thread (election timers, the
-    high watermark checkpoint) and one fetcher per partition.
+    high watermark checkpoint), one fetcher per partition, and the transaction coordinator's
+    (``replica-<id>-txn``, which takes the coordinator up and down with the leadership of
+    ``__transaction_state``; its marker thread; one marker sender per peer).
 
     Durability: records are appended with the store's flush policy (page cache by default);
     acks=all means held by a majority, not fsynced by one. Thread-safety: start() and stop()
@@ -242,13 +251,14 @@ class ReplicaNode:
             purgatory=Purgatory(f"replica-{node_id}"))
         self._replicas = self.context.replicas  # filled by _add_replica below, fixed once started
         self._stop = self.context.stopping  # set by stop(); every part's loop and wait ends at it
-        partitions = list(partitions)
-        if OFFSETS_TOPIC not in {t for t, _ in partitions}:
-            partitions.append((OFFSETS_TOPIC, 1))  # Kafka clients' consumer groups
+        partitions = [(t, c) for t, c in partitions if t not in _INTERNAL_TOPICS]
+        # Kafka clients' consumer groups and transactions: one partition each, whose leader
+        # coordinates them
+        partitions += [(OFFSETS_TOPIC, 1), (TRANSACTION_STATE_TOPIC, 1)]
         try:
             for topic, count in partitions:
-                if topic == OFFSETS_TOPIC:
-                    self.store.create_topic(topic, 1, exist_ok=True, internal=True, **OFFSETS_TOPIC_CONFIG)
+                if topic in _INTERNAL_TOPICS:
+                    self.store.create_topic(topic, 1, exist_ok=True, internal=True, **_INTERNAL_TOPICS[topic])
                 else:
                     self.store.create_topic(topic, count, exist_ok=True)
                 for p in range(count):
@@ -473,6 +483,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
                         help="id=host:port: what Metadata names for a peer (default: its --peer)")
     parser.add_argument("--sasl-credentials", help="Kafka clients' SASL users (a file written by logstore "
                         "kafka-user); the replica user logs in with the secret")
+    add_transaction_arguments(parser)
     args = parser.parse_args(argv)
     tls_files = (args.tls_cert, args.tls_key, args.tls_ca)
     if any(tls_files) and not all(tls_files):
@@ -505,6 +516,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
     except OSError as exc:
         parser.error(f"cannot read the secret file: {exc}")
     try:
+        options: dict[str, Any] = {"txn_config": transaction_config(args)}
+        if args.sasl_credentials:
+            options["sasl_credentials"] = args.sasl_credentials
         node = ReplicaNode(args.node_id, args.data_dir, address(args.listen), peers, secret, partitions=topics,
                            election_timeout_ms=args.election_timeout_ms,
                            min_insync_replicas=args.min_insync_replicas,
@@ -513,8 +527,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
                            connections_max_idle_ms=args.connections_max_idle_ms,
                            advertised=address(args.advertised) if args.advertised else None,
                            advertised_peers=id_addresses(args.advertised_peer) if args.advertised_peer else None,
-                           kafka_options={"sasl_credentials": args.sasl_credentials} if args.sasl_credentials
-                           else None).start()
+                           kafka_options=options).start()
     except (ValueError, OSError, LogstoreError) as exc:
         parser.error(str(exc))
     import faulthandler

@@ -135,8 +135,9 @@ def test_metadata_names_every_node_and_the_elected_leader(tmp_path):
             assert sorted((b[0], b[1], b[2]) for b in answer.brokers) == sorted(
                 (j, host, port) for j, (host, port) in kafka.items())
             topics = {t[1]: t for t in answer.topics}
-            assert sorted(topics) == ["__consumer_offsets", "replicated"]  # groups' offsets are replicated too
-            assert topics["__consumer_offsets"][2] is True  # is_internal
+            # groups' offsets and the transactions' state are replicated too
+            assert sorted(topics) == ["__consumer_offsets", "__transaction_state", "replicated"]
+            assert topics["__consumer_offsets"][2] is True and topics["__transaction_state"][2] is True  # is_internal
             (error, name, internal, partitions, *_) = topics["replicated"]
             assert (error, internal) == (NONE, False)
             (p_error, index, leader_id, epoch, replicas, isr, offline), = partitions
@@ -192,24 +193,30 @@ def test_followers_refuse_produce_fetch_and_topic_changes(tmp_path):
         stop_all(nodes)
 
 
-def test_a_replica_set_refuses_transactions_until_it_coordinates_them(tmp_path):
-    """No coordinator: FindCoordinator for a transactional id and InitProducerId with one answer
-    COORDINATOR_NOT_AVAILABLE, and a transactional batch is refused (INVALID_TXN_STATE), since
-    nothing would ever end its transaction; nothing is written."""
+def test_a_transactional_batch_the_coordinator_does_not_know_is_refused(tmp_path):
+    """KIP-890's verification on a replica set: a transactional batch that would open a
+    transaction the coordinator (another node, asked with AddPartitionsToTxn v4) does not know
+    is refused, and nothing is written (it would hold the last stable offset back for good)."""
     from kafka.protocol.old.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse
 
     nodes, kafka = kafka_cluster(tmp_path)
     try:
-        conn = Conn(kafka[leader_of(nodes)])
+        leader = leader_of(nodes)
+        conn = Conn(kafka[leader])
+        coordinator = leader_of(nodes, ("__transaction_state", 0))
         found = conn.call(FindCoordinatorRequest[1]("tx", 1), FindCoordinatorResponse[1])
-        assert found.error_code == 15  # COORDINATOR_NOT_AVAILABLE
+        assert (found.error_code, found.coordinator_id) == (NONE, coordinator)
         builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=True, producer_id=9,
                                             producer_epoch=0, base_sequence=0, batch_size=1 << 20)
         builder.append(0, timestamp=int(time.time() * 1000), key=None, value=b"t", headers=[])
-        log = nodes[leader_of(nodes)].store.partition("replicated", 0)
+        log = nodes[leader].store.partition("replicated", 0)
         end = log.log_end_offset
-        assert produce(conn, bytes(builder.build()))[0] == 48  # INVALID_TXN_STATE
-        assert log.log_end_offset == end
+        # ProduceRequest v3 carries the transactional id
+        answer = conn.call(ProduceRequest[3]("tx", -1, 5000, [("replicated", [(0, bytes(builder.build()))])]),
+                           ProduceResponse[3])
+        (_, [(partition, error, base, *_)]), = answer.topics
+        assert error == 49  # INVALID_PRODUCER_ID_MAPPING: "tx" has no producer 9
+        assert log.log_end_offset == end and log.producer_transactions() == {}
         conn.close()
     finally:
         stop_all(nodes)

@@ -310,7 +310,7 @@ class KafkaApis:
         KIP-890 part 1)?"""
         if not transactional_id:
             return ErrorCode.invalid_txn_state, "a transactional batch in a produce request without a transactional id"
-        error = self.txn.verify_partitions(transactional_id, pid, epoch, [(topic, partition)])[(topic, partition)]
+        error = self.verify_partition(transactional_id, pid, epoch, (topic, partition))
         if error == ErrorCode.none:
             return error, None
         if error == ErrorCode.producer_fenced:
@@ -318,7 +318,17 @@ class KafkaApis:
         if error == ErrorCode.transaction_abortable:
             return ErrorCode.invalid_txn_state, (f"{topic}-{partition} is not in the ongoing transaction of "
                                                  f"{transactional_id!r} (AddPartitionsToTxn first)")
+        if error in _VERIFY_RETRIABLE:  # as Kafka's ReplicaManager: the producer retries the batch
+            return ErrorCode.not_enough_replicas, (f"the transaction of {transactional_id!r} could not be verified "
+                                                   f"now: {ErrorCode(error).name}")
         return error, f"the transaction of {transactional_id!r}: {ErrorCode(error).name}"
+
+    def verify_partition(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                         tp: tuple[str, int]) -> int:
+        """The coordinator's answer (an error code; 0: yes) to whether ``tp`` is in the ongoing
+        transaction of ``transactional_id``'s producer at that id and epoch. A replicated
+        store's listener asks the node that coordinates."""
+        return self.txn.verify_partitions(transactional_id, producer_id, producer_epoch, [tp])[tp]
 
     def partition_error(self, topic: str, partition: int) -> int:
         """Why this broker does not answer for the partition (Kafka's error code), or 0: a
@@ -619,8 +629,7 @@ class KafkaApis:
         body = request.body
         wanted = [(t.name, p.partition_index, p.committed_offset, p.committed_metadata or "")
                   for t in body.topics for p in t.partitions]
-        tp = (OFFSETS_TOPIC, 0)
-        error = self.txn.verify_partitions(body.transactional_id, body.producer_id, body.producer_epoch, [tp])[tp]
+        error = self.verify_partition(body.transactional_id, body.producer_id, body.producer_epoch, (OFFSETS_TOPIC, 0))
         if error == ErrorCode.transaction_abortable:
             error = ErrorCode.invalid_txn_state  # AddOffsetsToTxn did not come first
         error = self._txn_error(error, request.api_version, 3)
@@ -634,8 +643,7 @@ class KafkaApis:
                     errors[(topic, partition)] = ErrorCode.unknown_topic_or_partition
             good = {(t, p): (o, m) for t, p, o, m in wanted if (t, p) not in errors}
             try:
-                offset_store(self.store).commit_transactional(body.group_id, good, body.producer_id,
-                                                              body.producer_epoch)
+                self.groups.offsets.commit_transactional(body.group_id, good, body.producer_id, body.producer_epoch)
             except (LogstoreError, OSError) as exc:
                 logger.error("TxnOffsetCommit of %s for %s failed: %s", body.transactional_id, body.group_id, exc)
                 error = ErrorCode.unknown_server_error if isinstance(exc, LogstoreError) else ErrorCode.kafka_storage_error
@@ -804,6 +812,13 @@ class KafkaApis:
     def on_list_groups(self, request: KafkaRequest) -> dict[str, Any]:
         return {"throttle_time": 0, "error_code": ErrorCode.none,
                 "groups": [{"group_id": g, "protocol_type": t} for g, t, _ in self.groups.groups()]}
+
+
+#: what a transactional produce's verification may answer while the coordinator is busy or
+#: moving: the batch is refused with NOT_ENOUGH_REPLICAS, which producers retry (Kafka's
+#: ReplicaManager maps them so)
+_VERIFY_RETRIABLE = frozenset({ErrorCode.concurrent_transactions, ErrorCode.coordinator_load_in_progress,
+                               ErrorCode.coordinator_not_available, ErrorCode.not_coordinator})
 
 
 def _topic_refused(name: str, error: ErrorCode) -> dict[str, Any]:

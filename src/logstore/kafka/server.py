@@ -405,6 +405,29 @@ def _address(text: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+def add_transaction_arguments(parser: Any) -> None:
+    """The transaction coordinator's command-line options (``logstore serve`` and ``logstore
+    node``), read back by :func:`transaction_config`."""
+    parser.add_argument("--transaction-max-timeout-ms", type=int, default=TxnConfig.transaction_max_timeout_ms,
+                        metavar="MS", help="the longest transaction.timeout.ms a producer may ask for")
+    parser.add_argument("--transactional-id-expiration-ms", type=int,
+                        default=TxnConfig.transactional_id_expiration_ms, metavar="MS",
+                        help="a transactional id idle this long is forgotten")
+    parser.add_argument("--max-ongoing-transactions", type=int, metavar="N",
+                        help="at most N transactions open at once (more wait: CONCURRENT_TRANSACTIONS)")
+
+
+def transaction_config(args: Any) -> TxnConfig:
+    """The TxnConfig of parsed :func:`add_transaction_arguments` options.
+
+    Raises:
+        ValueError: a value out of range.
+    """
+    return TxnConfig(transaction_max_timeout_ms=args.transaction_max_timeout_ms,
+                     transactional_id_expiration_ms=args.transactional_id_expiration_ms,
+                     max_ongoing=args.max_ongoing_transactions)
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int:
     """``logstore serve ROOT [--listen HOST:PORT] [--advertised-listener HOST:PORT] [--node-id N]
     [--sasl-credentials FILE [--sasl-mechanisms M,M]] [--tls-cert F --tls-key F [--tls-ca F]]``:
@@ -430,13 +453,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
                         help="require client certificates that chain to these PEM CA certificates")
     parser.add_argument("--fsync-acks-all", action="store_true",
                         help="answer acks=all produces once their batches are fsynced (transactions' too)")
-    parser.add_argument("--transaction-max-timeout-ms", type=int, default=TxnConfig.transaction_max_timeout_ms,
-                        metavar="MS", help="the longest transaction.timeout.ms a producer may ask for")
-    parser.add_argument("--transactional-id-expiration-ms", type=int,
-                        default=TxnConfig.transactional_id_expiration_ms, metavar="MS",
-                        help="a transactional id idle this long is forgotten")
-    parser.add_argument("--max-ongoing-transactions", type=int, metavar="N",
-                        help="at most N transactions open at once (more wait: CONCURRENT_TRANSACTIONS)")
+    add_transaction_arguments(parser)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -446,9 +463,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
         return 2
     logging.basicConfig(level=logging.WARNING, format=f"{prog}: %(levelname)s: %(message)s")
     try:
-        txn_config = TxnConfig(transaction_max_timeout_ms=args.transaction_max_timeout_ms,
-                               transactional_id_expiration_ms=args.transactional_id_expiration_ms,
-                               max_ongoing=args.max_ongoing_transactions)
+        txn_config = transaction_config(args)
     except ValueError as exc:
         sys.stderr.write(f"{prog}: {exc}\n")
         return 2

@@ -84,6 +84,11 @@ class NodeContext:
         replicate it."""
         return self.replicas.get((topic, partition))
 
+    def new_peer_connections(self) -> PeerConnections:
+        """A set of connections to the peers of its own (as ``peer_connections``), for requests
+        that must not wait behind votes or delay them; the caller closes it."""
+        return PeerConnections(self.peers, self.secret, self.node_id, self._client_tls, self.stopping)
+
     def connect(self, peer: int, timeout: float) -> NodeConnection:
         """A new connection to ``peer``'s listener, logged in as the replica user (over TLS when
         the node has it); the caller owns and closes it.

@@ -22,6 +22,17 @@ broker of a Kafka cluster does:
 - **InitProducerId** hands out ids unique across the replica set (``id * (max voter + 1) +
   node id``), so producers that start on different nodes never share an id.
 
+**Transactions** are coordinated by the leader of ``__transaction_state`` partition 0
+(:mod:`~logstore.replica.transactions`): FindCoordinator for a transactional id names it,
+InitProducerId with a transactional id, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn and
+DescribeTransactions are answered there (NOT_COORDINATOR elsewhere, COORDINATOR_LOAD_IN_PROGRESS
+while it takes the state up), ListTransactions anywhere (empty off the coordinator). The
+markers go to each partition's leader (WriteTxnMarkers between nodes) and count once a majority
+holds them. TxnOffsetCommit goes to the group coordinator, which asks the transaction
+coordinator (AddPartitionsToTxn v4, ``verify_only``) as the partition leaders do for a batch that
+opens a producer's transaction in a partition (KIP-890). Fetch read_committed stops at the last
+stable offset, which never passes the high watermark.
+
 **Consumer groups** are coordinated by the leader of ``__consumer_offsets`` partition 0, which
 the set replicates like any partition (Kafka's rule: a group's coordinator leads the offsets
 partition its id hashes to; here there is one). FindCoordinator names that leader (or answers
@@ -61,11 +72,15 @@ from ..kafka.apis import KafkaApis, one_v2_batch_problem
 from ..groups.coordinator import GroupCoordinator
 from ..kafka.wire import KafkaRequest
 from ..groups.offsets import OFFSETS_TOPIC, OffsetStore
+from ..txn.coordinator import TransactionCoordinator
+from ..txn.metadata import TRANSACTION_STATE_TOPIC
 from ..records.batch import validate_client_batch
 from .context import NodeContext
 from .leader import LeaderSide
 from .partition import PartitionReplica
 from .peerapis import PEER_VERSIONS, PeerApis
+from .replicatedlog import ReplicatedLog
+from .transactions import ReplicaMarkers, TxnCoordinatorSlot, TxnVerifier
 
 __all__ = ["ReplicaKafkaApis"]
 
@@ -104,18 +119,28 @@ class ReplicaKafkaApis(KafkaApis):
         # The peers' requests, on the same listener.
         self.peer_apis = peer_apis
         self.supported = {**self.supported, **PEER_VERSIONS}
-        # Transactions need a replicated __transaction_state and markers sent to each partition's
-        # leader, which a replica set does not have yet: a transactional client finds no
-        # coordinator (FindCoordinator and InitProducerId answer COORDINATOR_NOT_AVAILABLE).
-        for key in _TRANSACTION_APIS:
-            self.supported.pop(key, None)
-            self.handlers.pop(key, None)
-        self.handlers.update({52: self.peer_apis.on_vote, 53: self.peer_apis.on_begin_quorum_epoch,
-                              55: self.peer_apis.on_describe_quorum})
+        self.handlers.update({27: self.peer_apis.on_write_txn_markers, 52: self.peer_apis.on_vote,
+                              53: self.peer_apis.on_begin_quorum_epoch, 55: self.peer_apis.on_describe_quorum})
+        # Transactions: the leader of __transaction_state-0 coordinates (see the module docstring).
+        self.markers = ReplicaMarkers(context, leader)
+        self.slot = TxnCoordinatorSlot(context, leader, self.markers, self._new_producer_id, self.txn_config)
+        self.verifier = TxnVerifier(context, self.slot)
+        self.supported[24] = (0, 4)  # v4: the partition leaders' verify_only (KIP-890), peers only
+        for key, refusal in _TXN_REFUSALS.items():
+            self.handlers[key] = self._txn_coordinated(self.handlers[key], refusal)
+        self.slot.start()
         # A fetch never blocks (a caught-up one waits in the purgatory; the store's flush
         # policy fsyncs outside the log's lock): answered on the network loop, no thread
         # hand-off per follower fetch.
         self.inline = self.inline | {1}
+
+    def close(self) -> None:
+        """Close the transaction coordinator (its marker thread joined), its marker senders and
+        verification connections, then answer what waits (KafkaApis.close)."""
+        self.slot.close()
+        self.markers.close()
+        self.verifier.close()
+        super().close()
 
     def on_fetch(self, request: KafkaRequest) -> dict[str, Any] | Future:
         if request.body.replica_id >= 0:  # a follower's
@@ -162,21 +187,22 @@ class ReplicaKafkaApis(KafkaApis):
                 old, self._groups = self._groups, None
                 if old is not None:
                     old.close()
-                store = OffsetStore(_ReplicatedOffsets(self.context, self.leader, rep, epoch))
+                store = OffsetStore(ReplicatedLog(self.context, self.leader, rep, epoch, GROUP_WRITE_TIMEOUT_S))
                 self._groups = GroupCoordinator(store, self.purgatory, self._partition_exists, self.group_config)
                 self._groups_epoch = epoch
             return self._groups
 
     def on_find_coordinator(self, request: KafkaRequest) -> dict[str, Any]:
-        if getattr(request.body, "key_type", 0) == 1:
-            return {"throttle_time": 0, "error_code": ErrorCode.coordinator_not_available, "node_id": -1, "host": "",
-                    "port": -1, "error_message": "a replica set does not coordinate transactions"}
-        if getattr(request.body, "key_type", 0) != 0:
+        key_type = getattr(request.body, "key_type", 0)
+        if key_type not in (0, 1):
             return super().on_find_coordinator(request)
-        leader, _ = self._coordinator()
+        # 0: a group's coordinator leads __consumer_offsets-0; 1: a transactional id's leads
+        # __transaction_state-0
+        leader, topic = (self._coordinator()[0], OFFSETS_TOPIC) if key_type == 0 else \
+            (self.slot.leader(), TRANSACTION_STATE_TOPIC)
         if leader not in self.kafka_brokers:
             return {"throttle_time": 0, "error_code": ErrorCode.coordinator_not_available,
-                    "error_message": f"no leader of {OFFSETS_TOPIC}-0 yet", "node_id": -1, "host": "", "port": -1}
+                    "error_message": f"no leader of {topic}-0 yet", "node_id": -1, "host": "", "port": -1}
         host, port = self.kafka_brokers[leader]
         return {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None, "node_id": leader,
                 "host": host, "port": port}
@@ -245,7 +271,8 @@ class ReplicaKafkaApis(KafkaApis):
                     entry.update(error_code=ErrorCode.invalid_required_acks,
                                  error_message=f"acks must be 0, 1 or -1, not {acks}")
                 else:
-                    outcome = self._replicated_append(topic.name, data.index, data.records, acks, timeout_s)
+                    outcome = self._replicated_append(topic.name, data.index, data.records, acks, timeout_s,
+                                                      body.transactional_id)
                     if isinstance(outcome, Future):
                         waiting.append((entry, outcome))
                     else:
@@ -281,9 +308,11 @@ class ReplicaKafkaApis(KafkaApis):
             entry["log_start_offset"] = self._log_start(topic, entry["index"])
 
     def _replicated_append(self, topic: str, partition: int, records: bytes | None, acks: int,
-                           timeout_s: float) -> tuple[int, int, str | None] | Future:
+                           timeout_s: float, transactional_id: str | None = None
+                           ) -> tuple[int, int, str | None] | Future:
         """Append on the leader: an outcome (error, base offset, message) now, or its Future
-        (acks=all, until the high watermark passes the batch)."""
+        (acks=all, until the high watermark passes the batch). A transactional batch that opens
+        its producer's transaction in the partition is verified with the coordinator first."""
         rep = self._replica(topic, partition)
         if rep is None:
             return ErrorCode.unknown_topic_or_partition, -1, f"{topic}-{partition} is not replicated by this cluster"
@@ -295,11 +324,15 @@ class ReplicaKafkaApis(KafkaApis):
                 header = validate_client_batch(records, rep.log.config.max_message_bytes)
             except (CorruptRecordError, RecordTooLargeError, InvalidRecordError) as exc:
                 return code_for(exc), -1, str(exc)
-            if header.attributes & lib.LS_ATTR_TRANSACTIONAL:
-                # No coordinator here would ever end its transaction: it would hold the last
-                # stable offset back for good.
-                return (ErrorCode.invalid_txn_state, -1,
-                        "a replica set does not coordinate transactions: transactional batches are refused")
+            if header.attributes & lib.LS_ATTR_TRANSACTIONAL and \
+                    header.producer_id not in rep.log.producer_transactions():
+                # The batch opens the producer's transaction here: the coordinator must know
+                # the partition is in it (KIP-890), else nothing would ever end it.
+                error, message = self._verify_transactional(topic, partition, header.producer_id,
+                                                            header.producer_epoch, transactional_id)
+                if error != ErrorCode.none:
+                    logger.info("refused a transactional produce to %s-%d: %s", topic, partition, message)
+                    return error, -1, message
         else:
             return ErrorCode.invalid_record, -1, refused
         context, leader = self.context, self.leader
@@ -336,73 +369,116 @@ class ReplicaKafkaApis(KafkaApis):
         return {"throttle_time": 0, "responses": [{"name": name, "error_code": ErrorCode.policy_violation}
                                                   for name in request.body.topic_names]}
 
+    def _new_producer_id(self) -> int:
+        """A producer id unique across the replica set (see the module docstring)."""
+        return self.producer_ids.next_id() * self._stride + self.node_id
+
     def on_init_producer_id(self, request: KafkaRequest) -> dict[str, Any]:
         if request.body.transactional_id is not None:
-            return {"throttle_time": 0, "error_code": ErrorCode.coordinator_not_available, "producer_id": -1,
-                    "producer_epoch": -1}
-        return {"throttle_time": 0, "error_code": ErrorCode.none,
-                "producer_id": self.producer_ids.next_id() * self._stride + self.node_id, "producer_epoch": 0}
+            coordinator, error = self.slot.coordinator()
+            if coordinator is None:
+                return {"throttle_time": 0, "error_code": error, "producer_id": -1, "producer_epoch": -1}
+            return super().on_init_producer_id(request)
+        return {"throttle_time": 0, "error_code": ErrorCode.none, "producer_id": self._new_producer_id(),
+                "producer_epoch": 0}
 
-
-#: the transaction coordinator's APIs (AddPartitionsToTxn, AddOffsetsToTxn, EndTxn,
-#: TxnOffsetCommit, DescribeTransactions, ListTransactions), not served by a replica set
-_TRANSACTION_APIS = (24, 25, 26, 28, 65, 66)
-
-
-class _ReplicatedOffsets:
-    """What an OffsetStore needs of its log, over the replicated offsets partition: reads of
-    the leader's log, and appends made as the leader's produce makes them, returning once the
-    high watermark passed them (LogstoreError when the leadership of ``epoch`` is lost or no
-    majority takes them in time: the coordinator answers COORDINATOR_NOT_AVAILABLE)."""
-
-    def __init__(self, context: NodeContext, leader: LeaderSide, rep: PartitionReplica, epoch: int) -> None:
-        self.context = context
-        self.leader = leader
-        self.rep = rep
-        self.epoch = epoch
-        self._pending = threading.local()  # each thread's last append, for its flush
-
+    # ------------------------------------------------------------------ transactions
     @property
-    def log_end_offset(self) -> int:
-        return self.rep.log.log_end_offset  # type: ignore[no-any-return]
+    def txn(self) -> TransactionCoordinator:
+        """The coordinator the transaction handlers use: the slot's (they run once
+        :meth:`_txn_coordinated` found it live; one closed meanwhile answers
+        COORDINATOR_NOT_AVAILABLE itself)."""
+        coordinator = self.slot.last
+        if coordinator is None:
+            raise LogstoreError(f"node {self.node_id} has not coordinated transactions")
+        return coordinator
 
-    def read(self, offset: int, **kwargs: Any) -> Any:
-        return self.rep.log.read(offset, **kwargs)
+    def _txn_coordinated(self, handler: Any, refusal: Any) -> Any:
+        def answer(request: KafkaRequest) -> Any:
+            if request.api_key == 24 and request.api_version >= 4:
+                return handler(request)  # a peer's verification: answers for itself
+            coordinator, error = self.slot.coordinator()
+            if coordinator is None:
+                return refusal(request, error)
+            return handler(request)
+        return answer
 
-    def read_raw(self, offset: int, max_bytes: int) -> bytes:
-        return self.rep.log.read_raw(offset, max_bytes)  # type: ignore[no-any-return]
+    def verify_partition(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                         tp: tuple[str, int]) -> int:
+        return self.verifier.verify(transactional_id, producer_id, producer_epoch, tp)
 
-    def _leading(self) -> bool:
-        election = self.rep.election
-        return election.role is Role.LEADER and election.epoch == self.epoch and not self.context.stopping.is_set()
+    def on_add_partitions_to_txn(self, request: KafkaRequest) -> dict[str, Any]:
+        if request.api_version < 4:
+            return super().on_add_partitions_to_txn(request)
+        # v4: a partition leader verifying a transactional batch (only peers may ask)
+        refused = self.peer_apis.refusal(request)
+        if not refused:
+            coordinator, refused = self.slot.coordinator()
+        if refused:
+            return {"throttle_time": 0, "error_code": refused, "results_by_transaction": []}
+        results = []
+        for txn in request.body.transactions:
+            wanted = [(t.name, p) for t in txn.topics for p in t.partitions]
+            if txn.verify_only:
+                errors = coordinator.verify_partitions(txn.transactional_id, txn.producer_id, txn.producer_epoch,
+                                                       wanted)
+            else:
+                errors = coordinator.add_partitions(txn.transactional_id, txn.producer_id, txn.producer_epoch, wanted)
+            topics: dict[str, list[dict[str, Any]]] = {}
+            for name, p in wanted:
+                topics.setdefault(name, []).append({"partition_index": p,
+                                                    "partition_error_code": errors.get((name, p), ErrorCode.none)})
+            results.append({"transactional_id": txn.transactional_id,
+                            "topic_results": [{"name": n, "results_by_partition": r} for n, r in topics.items()]})
+        return {"throttle_time": 0, "error_code": ErrorCode.none, "results_by_transaction": results}
 
-    def append_batch(self, values: list[bytes | None], keys: list[bytes | None], **fields: Any) -> None:
-        """Append as the leader (the OffsetStore holds its lock; ``fields``: a transactional
-        commit's producer fields); :meth:`flush` then waits for the majority, outside that lock."""
-        rep = self.rep
-        with self.context.purgatory.deferred(), rep.cond:
-            if not self._leading():
-                raise LogstoreError(f"node {self.context.node_id} no longer leads {OFFSETS_TOPIC}-0")
-            rep.log.append_batch(values, keys, **fields)
-            self._pending.last = rep.log.log_end_offset - 1
-            self.leader.advance_hw(rep)
-            rep.changed()
+    def on_add_offsets_to_txn(self, request: KafkaRequest) -> dict[str, Any]:
+        body = request.body  # (__consumer_offsets is replicated from the start)
+        error = self.txn.add_offsets(body.transactional_id, body.producer_id, body.producer_epoch, body.group_id,
+                                     lambda group: 0)  # every group's offsets are in partition 0
+        return {"throttle_time": 0, "error_code": self._txn_error(error, request.api_version, 2)}
 
-    def flush(self) -> None:
-        """Wait until this thread's last append is below the high watermark: durable as acks=all
-        (held by a majority)."""
-        last = getattr(self._pending, "last", None)
-        if last is None:
-            return
-        self._pending.last = None
-        rep = self.rep
-        deadline = time.monotonic() + GROUP_WRITE_TIMEOUT_S
-        with rep.cond:
-            while rep.hw <= last:
-                left = deadline - time.monotonic()
-                if not self._leading() or left <= 0:
-                    raise LogstoreError(f"the {OFFSETS_TOPIC}-0 write at {last} was not replicated to a majority")
-                rep.cond.wait(min(left, 0.1))
+    def on_list_transactions(self, request: KafkaRequest) -> dict[str, Any]:
+        """At the coordinator, its transactions; at any other node none (admin clients ask
+        every broker and merge the answers)."""
+        coordinator, _ = self.slot.coordinator()
+        if coordinator is None:
+            return {"throttle_time": 0, "error_code": ErrorCode.none, "unknown_state_filters": [],
+                    "transaction_states": []}
+        return super().on_list_transactions(request)
+
+
+def _refuse_init(request: KafkaRequest, error: int) -> dict[str, Any]:
+    return {"throttle_time": 0, "error_code": error, "producer_id": -1, "producer_epoch": -1}
+
+
+def _refuse_add_partitions(request: KafkaRequest, error: int) -> dict[str, Any]:
+    body = request.body
+    if request.api_version >= 4:
+        return {"throttle_time": 0, "error_code": error, "results_by_transaction": []}
+    return {"throttle_time": 0, "error_code": error, "results_by_transaction": [],
+            "results_by_topic_v3_and_below": [
+                {"name": t.name, "results_by_partition": [{"partition_index": p, "partition_error_code": error}
+                                                          for p in t.partitions]}
+                for t in body.v3_and_below_topics]}
+
+
+def _refuse_describe_txns(request: KafkaRequest, error: int) -> dict[str, Any]:
+    return {"throttle_time": 0, "transaction_states": [
+        {"error_code": error, "transactional_id": tid, "transaction_state": "", "transaction_timeout": 0,
+         "transaction_start_time": -1, "producer_id": -1, "producer_epoch": -1, "topics": []}
+        for tid in request.body.transactional_ids]}
+
+
+#: the transaction requests only the coordinator answers, and the others' answer (with the
+#: slot's error: NOT_COORDINATOR, or COORDINATOR_LOAD_IN_PROGRESS while it takes the state up).
+#: v4 of AddPartitionsToTxn answers for itself (a peer's verification).
+_TXN_REFUSALS: dict[int, Any] = {
+    24: _refuse_add_partitions,
+    25: lambda request, error: {"throttle_time": 0, "error_code": error},
+    26: lambda request, error: {"throttle_time": 0, "error_code": error, "producer_id": -1, "producer_epoch": -1},
+    65: _refuse_describe_txns,
+}
 
 
 def _refuse_join(request: KafkaRequest) -> dict[str, Any]:
@@ -449,4 +525,5 @@ _GROUP_REFUSALS: dict[int, Any] = {
     9: _refuse_offset_fetch,
     15: _refuse_describe,
     16: lambda request: {"throttle_time": 0, "error_code": ErrorCode.none, "groups": []},
+    28: _refuse_commit,  # TxnOffsetCommit goes to the group's coordinator
 }

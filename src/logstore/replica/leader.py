@@ -28,8 +28,9 @@ from typing import NamedTuple
 
 from .._fileio import FileRegion
 from .quorum import NONE, Role
-from ..errorcodes import ErrorCode
-from ..errors import OffsetOutOfRangeError
+from ..errorcodes import ErrorCode, code_for
+from ..errors import (InvalidProducerEpochError, LogstoreError, OffsetOutOfRangeError,
+                      TransactionCoordinatorFencedError)
 from ..records.control import leader_change_record
 from .partition import PartitionReplica
 from .context import NodeContext
@@ -136,6 +137,45 @@ class LeaderSide:
         if expired:
             return ErrorCode.request_timed_out, -1, "timed out waiting for a majority to hold the batch"
         return None
+
+    # ------------------------------------------------------------------ transaction markers
+    def append_marker(self, rep: PartitionReplica, producer_id: int, producer_epoch: int, commit: bool,
+                      coordinator_epoch: int, timeout_s: float) -> "Future[int]":
+        """Write a transaction marker (COMMIT with ``commit``, else ABORT) of the producer to
+        ``rep`` as its leader (Kafka's WriteTxnMarkers, appended with acks=all); the future's
+        result is Kafka's error code once the high watermark passed the marker (0), leadership
+        changed (NOT_LEADER_OR_FOLLOWER) or ``timeout_s`` ran out (REQUEST_TIMED_OUT). A
+        marker counts only once a majority holds it: one lost with a deposed leader would leave
+        its transaction open for good after the coordinator wrote it complete. Refused at once:
+        NOT_LEADER_OR_FOLLOWER, NOT_ENOUGH_REPLICAS (fewer in sync than ``min_insync``),
+        INVALID_PRODUCER_EPOCH, TRANSACTION_COORDINATOR_FENCED, KAFKA_STORAGE_ERROR."""
+        context = self._context
+
+        def now(code: int) -> "Future[int]":
+            done: Future[int] = Future()
+            done.set_result(code)
+            return done
+
+        with context.purgatory.deferred(), rep.cond:
+            election = rep.election
+            if election.role is not Role.LEADER or context.stopping.is_set():
+                return now(ErrorCode.not_leader_or_follower)
+            epoch = election.epoch
+            if 1 + len(self.in_sync_followers(rep, time.monotonic())) < context.min_insync:
+                return now(ErrorCode.not_enough_replicas)
+            try:
+                offset = rep.log.append_txn_marker(producer_id, producer_epoch, commit, coordinator_epoch)
+            except (InvalidProducerEpochError, TransactionCoordinatorFencedError) as exc:
+                return now(code_for(exc))
+            except (LogstoreError, OSError) as exc:
+                logger.warning("writing a transaction marker to %s-%d failed: %s", rep.topic, rep.partition, exc)
+                return now(ErrorCode.kafka_storage_error)
+            self.advance_hw(rep)  # a set of one commits on its own append
+            rep.changed()
+        committed: Future[int] = Future()
+        self.await_commit(rep, epoch, offset, offset, timeout_s).add_done_callback(
+            lambda f: committed.set_result(f.result()[0] if f.exception() is None else ErrorCode.request_timed_out))
+        return committed
 
     # ------------------------------------------------------------------ follower fetch
     def follower_fetch(self, rep: PartitionReplica, replica_id: int, epoch: int, offset: int, last_epoch: int,

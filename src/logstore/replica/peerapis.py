@@ -9,6 +9,10 @@
 - **Vote** (v2, with ``pre_vote``: KIP-996) and **BeginQuorumEpoch** (v1): a candidate asks for
   votes, a winner announces its epoch; the rules are :mod:`~logstore.replica.quorum`'s, run by
   :mod:`~logstore.replica.elections`.
+- **WriteTxnMarkers** (v1): the transaction coordinator (the leader of ``__transaction_state``)
+  asks the leader of each partition of a transaction to append its COMMIT or ABORT marker; each
+  partition is answered once the marker is held by a majority (as Kafka appends markers with
+  acks=all).
 - **DescribeQuorum** (v1): each partition's leader, epoch and high watermark as this node knows
   them, and at a leader its voters' log end offsets and fetch times. (Kafka answers it at the
   leader only; here every node answers with its view, which is what ``Client.metadata`` shows.)
@@ -25,6 +29,7 @@ Thread-safety: every method may be called from any thread (the listener's worker
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import Future
 from typing import Any
@@ -37,10 +42,13 @@ from .elections import ElectionDriver
 from .leader import FetchAnswer, LeaderSide
 from .client import REPLICA_USER
 
-__all__ = ["PeerApis", "PEER_VERSIONS"]
+__all__ = ["PeerApis", "PEER_VERSIONS", "MARKER_COMMIT_TIMEOUT_S", "gather"]
 
-#: what the peer APIs add to the listener's served versions
-PEER_VERSIONS = {1: (4, 12), 52: (2, 2), 53: (1, 1), 55: (1, 1)}
+#: what the peer APIs add to the listener's served versions (Fetch's replica versions; the
+#: transaction coordinator's WriteTxnMarkers; KRaft's)
+PEER_VERSIONS = {1: (4, 12), 27: (1, 1), 52: (2, 2), 53: (1, 1), 55: (1, 1)}
+#: how long a partition leader holds a marker's answer for the high watermark
+MARKER_COMMIT_TIMEOUT_S = 10.0
 _PRINCIPAL = f"User:{REPLICA_USER}"
 
 
@@ -53,7 +61,7 @@ class PeerApis:
         self.elections = elections
         self.leader = leader
 
-    def _refusal(self, request: KafkaRequest) -> int:
+    def refusal(self, request: KafkaRequest) -> int:
         """The top-level error of a peer request (0: go ahead)."""
         if request.principal != _PRINCIPAL:
             return ErrorCode.cluster_authorization_failed
@@ -70,7 +78,7 @@ class PeerApis:
         """A follower's Fetch (``replica_id`` >= 0)."""
         body = request.body
         wanted = [(t.topic, p) for t in body.topics for p in t.partitions]
-        error = self._refusal(request)
+        error = self.refusal(request)
         if not error and (request.api_version < 12 or len(wanted) != 1):
             error = ErrorCode.invalid_request  # last_fetched_epoch needs v12; one partition per request
         if error:
@@ -98,6 +106,35 @@ class PeerApis:
             return out
         return _fetch_response(topic, p.partition, answer)
 
+    # ------------------------------------------------------------------ transaction markers
+    def on_write_txn_markers(self, request: KafkaRequest) -> dict[str, Any] | Future:
+        """The transaction coordinator's WriteTxnMarkers (v1): each marker appended to each of
+        its partitions that this node leads (:meth:`LeaderSide.append_marker`), answered once
+        every one is held by a majority or failed (per partition error codes). Only a peer may
+        send it (CLUSTER_AUTHORIZATION_FAILED otherwise, for every partition: the answer has no
+        top-level error)."""
+        error = self.refusal(request)
+        results: list[dict[str, Any]] = []
+        waiting: list[tuple[dict[str, Any], Future]] = []
+        for marker in request.body.markers:
+            topics = []
+            for topic in marker.topics:
+                partitions = []
+                for index in topic.partition_indexes:
+                    entry = {"partition_index": index, "error_code": error}
+                    rep = None if error else self.context.replica(topic.name, index)
+                    if not error and rep is None:
+                        entry["error_code"] = ErrorCode.unknown_topic_or_partition
+                    elif rep is not None:
+                        waiting.append((entry, self.leader.append_marker(
+                            rep, int(marker.producer_id), int(marker.producer_epoch), bool(marker.transaction_result),
+                            int(marker.coordinator_epoch), MARKER_COMMIT_TIMEOUT_S)))
+                    partitions.append(entry)
+                topics.append({"name": topic.name, "partitions": partitions})
+            results.append({"producer_id": marker.producer_id, "topics": topics})
+        answer = {"markers": results}
+        return gather(answer, waiting)
+
     # ------------------------------------------------------------------ elections
     def _each_partition(self, request: KafkaRequest, empty: dict[str, Any],
                         answer: Any) -> dict[str, Any]:
@@ -119,7 +156,7 @@ class PeerApis:
         return {"error_code": ErrorCode.none, "topics": topics}
 
     def on_vote(self, request: KafkaRequest) -> dict[str, Any]:
-        error = self._refusal(request)
+        error = self.refusal(request)
         if error:
             return {"error_code": error, "topics": []}
 
@@ -132,7 +169,7 @@ class PeerApis:
         return self._each_partition(request, {"leader_id": -1, "leader_epoch": -1, "vote_granted": False}, vote)
 
     def on_begin_quorum_epoch(self, request: KafkaRequest) -> dict[str, Any]:
-        error = self._refusal(request)
+        error = self.refusal(request)
         if error:
             return {"error_code": error, "topics": []}
 
@@ -168,6 +205,29 @@ class PeerApis:
 
         return self._each_partition(request, {"leader_id": -1, "leader_epoch": -1, "high_watermark": -1,
                                               "current_voters": [], "observers": []}, describe)
+
+
+def gather(answer: dict[str, Any], waiting: list[tuple[dict[str, Any], Future]]) -> dict[str, Any] | Future:
+    """``answer`` once every future of ``waiting`` settled, each writing its error code (an int
+    result; REQUEST_TIMED_OUT for an exception) into its entry's ``error_code``: the answer now
+    when nothing waits, else its Future."""
+    if not waiting:
+        return answer
+    done: Future = Future()
+    left = [len(waiting)]
+    lock = threading.Lock()
+
+    def one(entry: dict[str, Any], future: Future) -> None:
+        entry["error_code"] = future.result() if future.exception() is None else ErrorCode.request_timed_out
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            done.set_result(answer)
+
+    for entry, future in waiting:
+        future.add_done_callback(lambda f, e=entry: one(e, f))
+    return done
 
 
 def _fetch_response(topic: str, partition: int, answer: FetchAnswer) -> dict[str, Any]:

@@ -89,7 +89,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Iterator, NamedTuple, Sequence, TypeVar
 
 from ..errorcodes import ErrorCode, code_for
-from ..errors import LogClosedError, LogOfflineError, LogstoreError, OffsetOutOfRangeError, ProducerFencedError
+from ..errors import (LogClosedError, LogOfflineError, LogstoreError, NotLeaderOrFollowerError, OffsetOutOfRangeError,
+                      ProducerFencedError, RequestTimedOutError)
 from ..groups.offsets import OFFSETS_TOPIC
 from .metadata import (
     ABORT_TIMED_OUT_TRANSACTION_CLEANUP_INTERVAL_MS,
@@ -172,7 +173,9 @@ class TxnConfig:
             durable before the client or the markers rely on them; the caller's marker writer
             fsyncs its markers too). Without it the records are durable against a crash of the
             process (in the page cache), as an acknowledged produce is by default; Kafka's
-            coordinator relies on replication, not fsync.
+            coordinator relies on replication, not fsync. Over a replica set's state log
+            (:class:`~logstore.replica.replicatedlog.ReplicatedLog`) the log's ``flush`` waits
+            for the majority instead: there, fsync means held by a majority, as acks=all.
         takeover_ms: with several processes on one store, a transaction another process
             prepared and left prepared this long is completed by this one (its writer may
             have died between its Prepare record and its markers).
@@ -976,11 +979,15 @@ class TransactionCoordinator:
     @staticmethod
     def _error_for(exc: BaseException) -> int:
         """The error a client gets when a record could not be written, as Kafka maps the
-        append's errors: a storage failure (the log closed, offline, an I/O error) is
-        NOT_COORDINATOR, which clients retry after looking the coordinator up again; anything
-        else (a record too large included) UNKNOWN_SERVER_ERROR."""
-        if isinstance(exc, (LogClosedError, LogOfflineError, OSError)):
+        append's errors (TransactionStateManager.appendTransactionToLog): a storage failure (the
+        log closed, offline, an I/O error) or a lost leadership of a replicated state log is
+        NOT_COORDINATOR, which clients retry after looking the coordinator up again; a write a
+        majority did not confirm in time COORDINATOR_NOT_AVAILABLE (retried); anything else (a
+        record too large included) UNKNOWN_SERVER_ERROR."""
+        if isinstance(exc, (LogClosedError, LogOfflineError, NotLeaderOrFollowerError, OSError)):
             return ErrorCode.not_coordinator
+        if isinstance(exc, RequestTimedOutError):
+            return ErrorCode.coordinator_not_available
         return ErrorCode.unknown_server_error
 
     def _track(self, meta: TransactionMetadata) -> None:
@@ -1152,8 +1159,9 @@ class TransactionCoordinator:
                     self._track(job.metadata)
                     self._end_job(job)
                     logger.debug("completed the %s of %s", "commit" if job.commit else "abort", job.transactional_id)
-                elif isinstance(exc, (LogClosedError, LogOfflineError)):
-                    # The state log is gone: nothing more can be written; the next load completes it.
+                elif isinstance(exc, (LogClosedError, LogOfflineError, NotLeaderOrFollowerError)):
+                    # The state log is gone (or led by another node now): nothing more can be
+                    # written here; the next load completes it.
                     logger.error("%s: cannot write its %s record (%s): left to the next load", job.transactional_id,
                                  job.complete.state.kafka_name, exc)
                     self._end_job(job)
