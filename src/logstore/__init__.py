@@ -32,9 +32,11 @@ from .errors import (
     LogLockedError,
     LogOfflineError,
     LogstoreError,
+    NotLeaderOrFollowerError,
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
     RecordTooLargeError,
+    RequestTimedOutError,
     TopicExistsError,
     UnknownTopicOrPartitionError,
     UnsupportedCodecError,
@@ -94,6 +96,8 @@ __all__ = [
     "ProducerFencedError",
     "TransactionCoordinatorFencedError",
     "OutOfOrderSequenceError",
+    "NotLeaderOrFollowerError",
+    "RequestTimedOutError",
     "__version__",
 ]
 

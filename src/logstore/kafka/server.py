@@ -293,8 +293,9 @@ class KafkaServer:
             self.store, self._owns_store = root_or_store, False
         else:
             self.store, self._owns_store = LogStore(root_or_store, shared=True), True
+        apis: KafkaApis | None = None
         try:
-            self._apis = apis_factory(self.store, node_id=node_id, host="", port=0, cluster_id=_cluster_id(self.store.root),
+            self._apis = apis = apis_factory(self.store, node_id=node_id, host="", port=0, cluster_id=_cluster_id(self.store.root),
                                    auto_create_topics=auto_create_topics, num_partitions=num_partitions,
                                    group_config=GroupConfig(group_min_session_timeout_ms, group_max_session_timeout_ms,
                                                             group_initial_rebalance_delay_ms, group_liveness),
@@ -304,6 +305,8 @@ class KafkaServer:
             self._server = net.Server(listen, self._protocol, tls=context, limits=limits,
                                       name="kafka", thread_name=f"kafka-{node_id}-net")
         except BaseException:
+            if apis is not None:
+                apis.close()  # (its threads: the replica set's transaction coordinator)
             if self._owns_store:
                 self.store.close()
             raise

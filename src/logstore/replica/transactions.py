@@ -40,7 +40,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from ..errorcodes import ErrorCode
-from ..errors import LogstoreError
+from ..errors import LogClosedError, LogstoreError
 from ..kafka.apikeys import ADD_PARTITIONS_TO_TXN, WRITE_TXN_MARKERS
 from ..txn.coordinator import TopicPartition, TransactionCoordinator, TxnConfig
 from ..txn.metadata import TRANSACTION_STATE_TOPIC
@@ -105,6 +105,8 @@ class TxnCoordinatorSlot:
         while not self._closed.wait(_CHECK_INTERVAL_S) and not self._context.stopping.is_set():
             try:
                 self._check()
+            except LogClosedError:  # the node closed its store: nothing more to coordinate
+                break
             except Exception:  # a bug: log it and keep watching
                 logger.exception("node %d: the transaction coordinator's slot failed a check", self._context.node_id)
         self._retire()
