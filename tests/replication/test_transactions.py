@@ -90,6 +90,27 @@ def test_commit_and_abort_across_partitions_with_a_read_committed_consumer(tmp_p
         producer.commit_transaction(30)
         got = read_committed(addrs, expect=11)
         assert sorted(got) == sorted([b"c%d" % i for i in range(10)] + [b"last"])
+        # kafka-python's admin client: DescribeTransactions goes to the coordinator it finds,
+        # ListTransactions to every node (only the coordinator lists any), DescribeProducers to
+        # each partition's leader.
+        from kafka.admin import KafkaAdminClient
+        from kafka import TopicPartition
+        from .test_kafka_listener import KAFKA_PYTHON_LOGIN
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap(addrs), **KAFKA_PYTHON_LOGIN)
+        try:
+            described = admin.describe_transactions(["tx"])["tx"]
+            assert str(getattr(described.state, "value", described.state)) == "CompleteCommit"
+            listed = admin.list_transactions()
+            assert {node: [t.transactional_id for t in ts] for node, ts in listed.items()} == {
+                i: (["tx"] if i == coordinator else []) for i in nodes}
+            producers = admin.describe_producers([TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)])
+            epoch = nodes[coordinator].describe()[TXN_KEY]["epoch"]
+            assert len(producers) == 2
+            for tp, found in producers.items():  # no transaction open; the markers of this coordinator
+                assert [(p.current_transaction_start_offset, p.coordinator_epoch) for p in found.active_producers] \
+                    == [(-1, epoch)], (tp, found)
+        finally:
+            admin.close()
     finally:
         stop_all(nodes)
 
