@@ -436,6 +436,69 @@ def test_concurrent_durable_appends_share_fsyncs(path: pathlib.Path) -> None:
         assert log.recovery_point == 1600
 
 
+class HoldFirstFsync(_fileio.FileOps):
+    """The first fdatasync waits until the test releases it: its caller is an fsync leader
+    caught inside its fsync. Later ones run at once."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.counter_lock = threading.Lock()
+        self.calls = 0
+
+    def fdatasync(self, fd: int) -> None:
+        with self.counter_lock:
+            self.calls += 1
+            first = self.calls == 1
+        if first:
+            self.entered.set()
+            self.release.wait(10)
+        super().fdatasync(fd)
+
+
+@pytest.mark.regression(reason="fixed: an append inside exclusive() that reached flush_messages joined the group "
+                               "commit and waited for its leader while holding the log; the leader needs the "
+                               "log's lock to finish its fsync: deadlock (review)")
+@pytest.mark.parametrize("opener", [Log.open, Log.open_shared], ids=["one-process", "shared"])
+def test_append_inside_exclusive_past_flush_messages_while_a_flush_leads(path: pathlib.Path, opener) -> None:
+    log = opener(path, flush_messages=2)
+    log.append(b"a")  # below the threshold: not fsynced
+    ops = HoldFirstFsync()
+    holding = threading.Event()
+    durable: list[int] = []
+
+    def holder() -> None:
+        with log.exclusive():
+            holding.set()
+            log.append(b"b")  # reaches flush_messages: durable on return
+            durable.append(log.recovery_point)
+
+    with _fileio.install(ops):
+        leader = threading.Thread(target=log.flush, daemon=True)  # (the store's flush_ms scheduler, say)
+        leader.start()
+        assert ops.entered.wait(10)  # the leader is inside its fsync
+        other = threading.Thread(target=holder, daemon=True)
+        other.start()
+        assert holding.wait(10)  # the holder has the log before the leader finishes
+        ops.release.set()  # the leader now needs the log's lock to record its fsync
+        other.join(5)
+        leader.join(5)
+    stuck = other.is_alive() or leader.is_alive()
+    if not stuck:
+        log.close()
+    assert not stuck, "the holder of exclusive() and the fsync leader deadlocked"
+    assert durable == [2]
+
+
+def test_flush_inside_exclusive_fsyncs_under_the_hold(path: pathlib.Path) -> None:
+    with Log.open(path) as log:
+        ops = CountingOps()
+        with _fileio.install(ops), log.exclusive():
+            log.append(b"x")
+            log.flush()
+            assert log.recovery_point == 1 and ops.fsyncs == 1
+
+
 def test_roll_fsyncs_the_directory(path: pathlib.Path) -> None:
     with Log.open(path, segment_bytes=1024) as log:
         ops = CountingOps()

@@ -107,6 +107,32 @@ def test_log_end_ignores_a_torn_tail_and_the_zero_tail(root):
     assert [r[0] for r in scan(view, 690, 700)] == list(range(690, 700))
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_log_end_of_a_long_tail_is_the_one_walk_of_the_segment(root, seed):
+    # No offset index entry: the walk starts at 0 and reads the segment in many chunks, with
+    # batches across their boundaries and some larger than a chunk.
+    rng = random.Random(seed)
+    with LogStore(root, maintenance=False) as store:
+        store.create_topic("t", 1, segment_bytes=64 << 20, index_interval_bytes=1 << 30)
+        log = store.partition("t", 0)
+        while log.segments[-1].size < 3 << 20:
+            if rng.random() < 0.05:
+                log.append(b"L" * rng.randint(300 << 10, 900 << 10))
+            else:
+                log.append_batch([b"x" * rng.randint(0, 2000) for _ in range(rng.randint(1, 200))])
+        expected = LogEnd(log.log_end_offset, 0, log.segments[-1].size)
+        path = os.path.join(log.path, "%020d.log" % 0)
+        assert os.path.getsize(path) > expected.position  # the active segment's zero tail
+        assert StoreView(root).partition("t", 0).log_end() == expected
+    view = StoreView(root).partition("t", 0)
+    assert os.path.getsize(path) == expected.position  # trimmed at close
+    assert view.log_end() == expected
+    with open(path, "ab") as f:  # a torn header claiming 2 GiB (magic 2): no valid batch, no 2 GiB read
+        f.write(bytes(8) + b"\x7f\xff\xff\xff" + bytes(4) + b"\x02" + os.urandom(100))
+    assert view.log_end() == expected
+    assert len(scan(view, expected.offset - 3, expected.offset)) == 3
+
+
 def test_log_start_follows_delete_records(root):
     with LogStore(root, maintenance=False) as store:
         log = fill(store, "t", 1000)
@@ -220,3 +246,78 @@ def test_a_file_that_shrinks_before_it_is_mapped_is_mapped_as_it_is_now(tmp_path
     monkeypatch.setattr(_fileio.ops, "fsize", fsize)
     with views._Mapped(str(path)) as data:
         assert len(data) == 8192
+
+
+class _RollUnderTheView:
+    """FileOps under which the writer rolls its active segment (trimming the .log to its
+    data) right after a view first maps or preads a segment file: between the view learning
+    the file's size and reading its bytes, the moment a writer in another process may pick."""
+
+    @staticmethod
+    def install(log):
+        from logstore import _fileio
+
+        class Ops(_fileio.FileOps):
+            rolled = False
+
+            def _roll_once(self, fd):
+                active = os.path.join(log.path, "%020d.log" % log.segments[-1].base_offset)
+                if not self.rolled and self.identity(fd) == self.path_identity(active):
+                    self.rolled = True
+                    log.roll()
+
+            def mmap(self, fd, length, writable):
+                mm = super().mmap(fd, length, writable)
+                if not writable:
+                    self._roll_once(fd)
+                return mm
+
+            def pread(self, fd, size, position):
+                data = super().pread(fd, size, position)
+                self._roll_once(fd)
+                return data
+
+        return _fileio.install(Ops())
+
+
+@pytest.mark.regression(reason="fixed: a view mapped the active segment whole, preallocated zero tail "
+                               "included, and walked it to the end; a writer's roll trimmed the file to its "
+                               "data meanwhile, and the walk touched pages past the new end: SIGBUS. Views "
+                               "now map a segment only up to the end of its batches, found with pread")
+@pytest.mark.parametrize("read", ["log_end", "last_stable_offset", "scan", "stats"])
+def test_a_view_survives_the_writer_rolling_the_segment_under_it(tmp_path, read):
+    import signal
+
+    from logstore import Log
+
+    directory = str(tmp_path / "t-0")
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child: the writer and the view, one after the other
+        code = 1
+        try:
+            log = Log.open(directory)  # the active segment's file: an 8 MiB map, mostly zeros
+            for i in range(100):
+                log.append(b"v%03d" % i * 25)
+            assert os.path.getsize(os.path.join(directory, "%020d.log" % 0)) > 1 << 20
+            view = PartitionView(str(tmp_path), "t", 0)
+            with _RollUnderTheView.install(log) as ops:
+                if read == "log_end":
+                    answer = view.log_end_offset()
+                elif read == "last_stable_offset":
+                    answer = view.last_stable_offset()
+                elif read == "stats":  # (logstore stats, which walks every segment's batches)
+                    from logstore.tools.stats import stats
+
+                    found = stats(directory)[0]
+                    answer = found.log_end_offset if found.records == 100 else -1
+                else:
+                    try:
+                        scan(view, 0, 1 << 40)
+                    except DataLossError as exc:  # the range ends at the log end (the new segment
+                        answer = 100 if "ends at offset 100" in str(exc) else -1  # was listed late)
+            code = 0 if ops.rolled and answer == 100 and len(log.segments) == 2 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert not os.WIFSIGNALED(status), f"the view died of {signal.Signals(os.WTERMSIG(status)).name}"
+    assert os.WEXITSTATUS(status) == 0

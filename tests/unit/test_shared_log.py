@@ -43,6 +43,49 @@ def test_appends_in_one_are_read_by_the_other(path):
         b.close()
 
 
+@pytest.mark.regression(reason="fixed: a flush() under the group commit's condition follows the other processes, "
+                               "which takes the log's lock; an append inside exclusive() that reached "
+                               "flush_messages held the log and waited for that condition: deadlock (review)")
+def test_append_inside_exclusive_past_flush_messages_while_a_flush_follows(path, monkeypatch):
+    follower: list[threading.Thread] = []
+    paused, go = threading.Event(), threading.Event()
+    follow_locked = Log._follow_locked
+
+    def pausing_follow(log):
+        # The follower holds the group commit's condition here, about to take the log's lock.
+        if follower and threading.current_thread() is follower[0] and not paused.is_set():
+            paused.set()
+            go.wait(10)
+        follow_locked(log)
+
+    monkeypatch.setattr(Log, "_follow_locked", pausing_follow)  # (before the open binds the hook)
+    log = Log.open_shared(path, flush_messages=2)
+    log.append(b"a")  # below the threshold: not fsynced
+    holding = threading.Event()
+    durable = []
+
+    def holder():
+        with log.exclusive():
+            holding.set()
+            log.append(b"b")  # reaches flush_messages: durable on return
+            durable.append(log.recovery_point)
+
+    follower.append(threading.Thread(target=log.flush, daemon=True))
+    follower[0].start()
+    assert paused.wait(10)
+    other = threading.Thread(target=holder, daemon=True)
+    other.start()
+    assert holding.wait(10)
+    go.set()  # the follower now waits for the log's lock, which the holder has
+    other.join(5)
+    follower[0].join(5)
+    stuck = other.is_alive() or follower[0].is_alive()
+    if not stuck:
+        log.close()
+    assert not stuck, "the holder of exclusive() and the flush following the other processes deadlocked"
+    assert durable == [2]
+
+
 def test_rolls_by_one_process_are_followed_by_the_other(path):
     a = Log.open_shared(path, **SMALL)
     b = Log.open_shared(path, **SMALL)

@@ -8,13 +8,22 @@ if it covered them, else the next leader's fsync covers all of them at once. (A 
 around the fsync lets the thread that just released it take it again before the waiters wake
 up, which degrades to one fsync per append.)
 
+A caller that holds the log (inside ``log.exclusive()``: an append there that reaches
+flush.messages, or a flush) does not join the group commit: it fsyncs at once, under the log's
+lock it holds. Joining would deadlock: a leader takes the log's lock to find what to fsync and to
+record it, and in a shared log every caller under the condition follows the other processes
+under the log's lock, so the condition comes before the log's lock (ARCHITECTURE.md, lock
+order). There is nothing to share the fsync with anyway: no other thread can append while the
+caller holds the log. Its fsync may overlap a running leader's; each records what it covered.
+
 The Flusher holds no offsets: its log hands it :class:`FlushHooks`, the steps of a flush that
 only the log can take under its own lock (what to fsync, the offsets now durable, the failure
 that takes it offline, the threshold of its append path, ...), and the Flusher calls them.
 
 Thread-safety: thread-safe. :attr:`lock` is held for the whole of a leader's fsync; the Log's
-close takes it to wait for a running fsync. The timer's state is guarded by the log's lock, which
-the log hands over at construction.
+close takes it, then the log's lock, to wait for a running fsync (a holder's fsync runs under
+the log's lock). The timer's state is guarded by the log's lock, which the log hands over at
+construction.
 """
 
 from __future__ import annotations
@@ -56,6 +65,9 @@ class FlushHooks(NamedTuple):
     #: a shared log: adopt what other processes published (their fsyncs count), taking the
     #: log's lock; None for a log only this process writes
     follow: "Callable[[], None] | None"
+    #: True when the calling thread holds the log (inside ``log.exclusive()``): its flushes
+    #: fsync at once instead of joining the group commit
+    held: Callable[[], bool]
 
 
 class Flusher:
@@ -123,12 +135,16 @@ class Flusher:
 
     # ------------------------------------------------------------------ group commit
     def sync(self, end_offset: int) -> None:
-        """Make offsets below ``end_offset`` durable (sharing an fsync with concurrent callers).
+        """Make offsets below ``end_offset`` durable (sharing an fsync with concurrent callers;
+        a caller that holds the log fsyncs at once).
 
         Raises:
             LogOfflineError: the fsync failed (the log goes offline) or had failed before.
         """
         hooks = self._hooks
+        if hooks.held():
+            self._sync_holding_log(end_offset)
+            return
         cond = self._cond
         with cond:
             while True:
@@ -153,30 +169,43 @@ class Flusher:
                 cond.notify_all()
 
     def _sync_as_leader(self) -> None:
-        hooks = self._hooks
         with self.lock:
             if self._concurrent:
                 # Other threads asked for fsyncs lately: let them append before this fsync
                 # starts, so that it covers them too (PostgreSQL's commit_delay, adaptively).
                 time.sleep(0)
             with self._log_lock:
-                target = hooks.target()
-            if target is None:
-                return  # close() flushes everything itself
-            segment, offset = target
-            # Segments before the active one were fsynced when they rolled. fdatasync is
-            # enough for the data; the index files are derived and rebuilt by recovery.
-            try:
-                if not segment.closed:
-                    started = time.monotonic()
-                    segment.flush_data()
-                    self.times.observe((time.monotonic() - started) * 1000.0)
-            except OSError as exc:
-                with self._log_lock:
-                    hooks.failed(exc)
-                raise
-            if hooks.synced(segment, offset):
-                self.last_flush = time.monotonic()
+                target = self._hooks.target()
+            if target is not None:  # (None: closed; close() flushes everything itself)
+                self._fsync(*target)
+
+    def _sync_holding_log(self, end_offset: int) -> None:
+        """sync() by a thread that holds the log: fsync now, neither waiting for a leader nor
+        taking the condition or :attr:`lock` (both come before the log's lock)."""
+        hooks = self._hooks
+        if hooks.flushed_offset() >= end_offset:
+            return
+        with self._log_lock:  # (held already: reentrant)
+            target = hooks.target()
+        if target is not None:
+            self._fsync(*target)
+
+    def _fsync(self, segment: LogSegment, offset: int) -> None:
+        """fsync the active segment up to ``offset`` (read under the log's lock) and record it."""
+        hooks = self._hooks
+        # Segments before the active one were fsynced when they rolled. fdatasync is
+        # enough for the data; the index files are derived and rebuilt by recovery.
+        try:
+            if not segment.closed:
+                started = time.monotonic()
+                segment.flush_data()
+                self.times.observe((time.monotonic() - started) * 1000.0)
+        except OSError as exc:
+            with self._log_lock:
+                hooks.failed(exc)
+            raise
+        if hooks.synced(segment, offset):
+            self.last_flush = time.monotonic()
 
     # ------------------------------------------------------------------ timers
     def _schedule_timed_flush(self) -> None:

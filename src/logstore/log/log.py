@@ -237,7 +237,8 @@ class Log:
         self._roll_deadline = NEVER
         hooks = FlushHooks(flushed_offset=self._get_flushed_offset, target=self._flush_target,
                            synced=self._synced, failed=self._go_offline, refresh=self._update_flush_at,
-                           flush=self.flush, follow=self._follow_locked if shared else None)
+                           flush=self.flush, follow=self._follow_locked if shared else None,
+                           held=self._held_by_caller)
         self._flusher = Flusher(self.path, self._lock, hooks, config.flush_messages, config.flush_ms, timers)
         #: the offset at which an append must apply the flush policy (see Flusher.threshold)
         self._flush_at = NEVER
@@ -440,7 +441,9 @@ class Log:
         a shared log other processes, can neither append nor change the segments until the
         block ends. Reads and appends inside the block see each other, which makes
         read-decide-append sequences atomic (the Queue keeps its delivery state this way).
-        Reentrant. Keep the block short.
+        Reentrant. Keep the block short: an append inside it that reaches ``flush_messages``,
+        and a :meth:`flush`, fsync at once while the log is held (they do not wait for other
+        threads' group commit, which needs the log).
 
         Raises:
             LogClosedError, LogOfflineError: on entering, when the log cannot be used.
@@ -973,7 +976,8 @@ class Log:
         """fsync everything appended so far and advance the recovery point.
 
         Durability: on return every record appended before the call survives power loss.
-        Thread-safe; concurrent callers share one fsync.
+        Thread-safe; concurrent callers share one fsync (a caller inside :meth:`exclusive`
+        fsyncs at once, holding the log).
         """
         with self._lock:
             self._check_open()
@@ -983,6 +987,9 @@ class Log:
 
     def _get_flushed_offset(self) -> int:
         return self._flushed_offset
+
+    def _held_by_caller(self) -> bool:
+        return self._exclusive.held()
 
     def _follow_locked(self) -> None:
         with self._lock:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import threading
 from typing import Any, Callable, ContextManager, NamedTuple
 
 from .. import _fileio
@@ -315,7 +316,9 @@ class ExclusiveHold:
     """``with log.exclusive()``: the Log's thread lock, then its writers' lock (for a shared
     log, this module's :class:`SharedCoordinator`), then the check that the log can be used. A
     plain object rather than a generator context manager: the Queue enters it for every get and
-    ack. Reentrant; thread-safe as the Log's lock is.
+    ack. Reentrant; thread-safe as the Log's lock is. :meth:`held` tells a thread whether it is
+    inside the hold (the log's flushes must then not wait for the group commit, see
+    :class:`~logstore.log.flusher.Flusher`).
 
     Args:
         log: what entering returns.
@@ -324,13 +327,16 @@ class ExclusiveHold:
         check_open: raises when the log cannot be used.
     """
 
-    __slots__ = ("_log", "_lock", "_writers", "_check_open")
+    __slots__ = ("_log", "_lock", "_writers", "_check_open", "_owner", "_depth")
 
     def __init__(self, log: Any, lock: Any, writers: ContextManager[Any], check_open: Callable[[], None]) -> None:
         self._log = log
         self._lock = lock
         self._writers = writers
         self._check_open = check_open
+        #: the thread inside the hold and how deep (both changed only with the lock held)
+        self._owner: int | None = None
+        self._depth = 0
 
     def __enter__(self) -> Any:
         self._lock.acquire()
@@ -339,6 +345,8 @@ class ExclusiveHold:
         except BaseException:
             self._lock.release()
             raise
+        self._owner = threading.get_ident()
+        self._depth += 1
         try:
             self._check_open()
         except BaseException:
@@ -347,7 +355,14 @@ class ExclusiveHold:
         return self._log
 
     def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self._owner = None
         try:
             self._writers.__exit__(None, None, None)
         finally:
             self._lock.release()
+
+    def held(self) -> bool:
+        """True when the calling thread is inside the hold (``with log.exclusive():``)."""
+        return self._owner == threading.get_ident()

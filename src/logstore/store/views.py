@@ -19,6 +19,17 @@ retention removed in the meantime is reported (:class:`DataLossError`), a segmen
 cleaner is read from whichever file the name held when it was opened (both hold the same
 offsets' latest values), and bytes past the log end planned earlier are never looked at.
 
+Invariant: a view maps a segment's ``.log`` only up to the end of its valid batches. The last
+segment may be the writer's active one, preallocated with a zero tail that the writer trims
+away when the segment rolls or the log closes (and recovery cuts a torn tail); a map is not told
+of the cut, and touching a page of it wholly past the file's new end is a SIGBUS, which kills the
+reading process. So the end of the last segment's batches is found with ``pread`` (a read past
+the end comes back short, it never faults), and its map stops there; every cut leaves the file
+at or past that end, since a writer trims to the end of its batches and recovery keeps the valid
+ones, the very rule the view's walk applies. The segments before the last one were trimmed when
+they rolled: their files are their batches. (The offset and time indexes are copied, not
+mapped, for the same reason: ``OffsetIndex.open_readonly``.)
+
 Thread-safety: a view holds no open files between calls; one view may be used from any thread,
 but a :class:`~logstore.records.batch.RecordDecoder` passed to :meth:`PartitionView.read_columns` must
 not be shared between threads.
@@ -29,7 +40,7 @@ from __future__ import annotations
 import mmap
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 from .. import _fileio
 from . import kafkadirs
@@ -233,20 +244,42 @@ class PartitionView:
             return LogEnd(0, -1, 0)
         base = segments[-1]
         hint = self._index_floor(base, 2**62)
-        with _Mapped(self.segment_file(base, LOG_SUFFIX)) as data:
-            start = hint.position if hint.position < len(data) else 0
-            offset, position = self._valid_end(data, base, start)
+        ops = _fileio.ops
+        fd = ops.open(self.segment_file(base, LOG_SUFFIX), os.O_RDONLY)
+        try:
+            start = hint.position if hint.position < ops.fsize(fd) else 0
+            offset, position = _valid_end(fd, base, start)
             if position == start and start > 0:
                 # The index pointed at no valid batch: distrust it and walk from the start.
-                offset, position = self._valid_end(data, base, 0)
+                offset, position = _valid_end(fd, base, 0)
+        finally:
+            ops.close(fd)
         return LogEnd(offset, base, position)
 
-    @staticmethod
-    def _valid_end(data: Any, base: int, start: int) -> tuple[int, int]:
-        """The offset after the valid batches from ``start`` (``base`` when there are none) and
-        the position after them: a torn tail or the zero tail of the active segment ends them."""
-        res = BatchWalk(data, base, start).scan()
-        return (res.last_offset + 1 if res.last_offset >= 0 else base), start + res.valid_bytes
+    def segment_data(self, base: int, segments: list[int] | None = None) -> ContextManager[Any]:
+        """``with view.segment_data(base) as data:`` the bytes of the segment's ``.log``, mapped
+        read-only up to the end of its valid batches (b"" when there are none): what a tool
+        walks, safe while a writer rolls the segment (see the module's note).
+
+        Raises:
+            FileNotFoundError: the segment was deleted since it was listed.
+        """
+        segments = self.segments() if segments is None else segments
+        if not segments or base > segments[-1]:
+            segments = [*segments, base]  # (listed late: the last one, perhaps active)
+        return self._map(base, segments)
+
+    def _map(self, base: int, segments: list[int], bound: "LogEnd | SegmentPosition | None" = None) -> "_Mapped":
+        """A read-only map of the segment's ``.log`` up to the end of its valid batches, never
+        into the zero tail a writer may trim (see the module's note): up to ``bound`` when it is
+        in this segment (a log end, or where a planned read stops), else the whole file for a
+        segment before the last and up to the log end, found now, for the last one."""
+        path = self.segment_file(base, LOG_SUFFIX)
+        if bound is not None and bound.segment == base:
+            return _Mapped(path, bound.position)
+        if base != segments[-1]:
+            return _Mapped(path)
+        return _Mapped(path, self.log_end(segments).position)
 
     def high_watermark(self, segments: list[int] | None = None, log_end: LogEnd | None = None) -> int:
         """End of what consumers may read: the log end, capped by a replicated partition's
@@ -256,14 +289,16 @@ class PartitionView:
         return end if hw is None else min(end, max(hw, 0))
 
     # ------------------------------------------------------------------ transactions
-    def _batches(self, segments: list[int], start: int, end: int) -> Iterator[tuple[Any, int, Any]]:
+    def _batches(self, segments: list[int], start: int, end: int,
+                 log_end: LogEnd | None = None) -> Iterator[tuple[Any, int, Any]]:
         """(valid bytes of a segment, base, its batches' headers) of the segments that hold
-        offsets in [start, end), oldest first; the bytes are valid only during the iteration."""
+        offsets in [start, end), oldest first; the bytes are valid only during the iteration.
+        ``log_end``: the last segment's, when the caller has it."""
         for i, base in enumerate(segments):
             following = segments[i + 1] if i + 1 < len(segments) else None
             if base >= end or (following is not None and following <= start):
                 continue
-            with _Mapped(self.segment_file(base, LOG_SUFFIX)) as data:
+            with self._map(base, segments, log_end) as data:
                 walk = BatchWalk(data, base)
                 headers = list(walk)
                 valid = headers[-1][0] + headers[-1][1].size if headers else 0
@@ -290,7 +325,7 @@ class PartitionView:
                 continue
             start = offset
             break
-        for data, _, _ in self._batches(segments, start, log_end.offset):
+        for data, _, _ in self._batches(segments, start, log_end.offset, log_end):
             table.record_batches(data, start, None, log_end.offset)
         first = table.first_unstable_offset(hw)
         return hw if first is None else min(first, hw)
@@ -411,7 +446,8 @@ class PartitionView:
 
         ``stop_at`` (the :meth:`log_end` of the planning) bounds the bytes read in that segment:
         when ``end`` is the log end, nothing past its last batch is looked at, not even the
-        header the decoder would peek at to see where the range stops.
+        header the decoder would peek at to see where the range stops. Without it, the last
+        segment is read up to its log end now.
 
         Raises:
             DataLossError: ``start`` is below the log start (the records were deleted).
@@ -436,7 +472,7 @@ class PartitionView:
                 return
             path = self.segment_file(base, LOG_SUFFIX)
             try:
-                mapped = _Mapped(path)
+                mapped = self._map(base, segments, stop_at)
             except FileNotFoundError:
                 # Deleted (retention) or swapped (cleaner) since it was listed: list again.
                 yield from self.scan(max(start, base), end, sink, decoder, None, window, stop_at)
@@ -444,8 +480,6 @@ class PartitionView:
             with mapped as data:
                 reached = max(reached, base)
                 size = len(data)
-                if stop_at is not None and stop_at.segment == base:
-                    size = min(size, stop_at.position)
                 if position > size:
                     position = 0
                 while position < size:
@@ -483,15 +517,15 @@ def _batch_end(data: Any, position: int) -> int:
 
 
 class _Mapped:
-    """A read-only map of a whole file (an empty file maps as b"")."""
+    """A read-only map of a file, whole or of its first ``limit`` bytes (b"" when there are none)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, limit: int | None = None) -> None:
         ops = _fileio.ops
         fd = ops.open(path, os.O_RDONLY)
         try:
             self._mm: mmap.mmap | None = None
             for attempt in range(3):
-                size = ops.fsize(fd)
+                size = ops.fsize(fd) if limit is None else min(ops.fsize(fd), limit)
                 try:
                     self._mm = ops.mmap(fd, size, False) if size > 0 else None
                     break
@@ -512,3 +546,38 @@ class _Mapped:
                 self._mm.close()
             except BufferError:
                 pass  # a view of it is still alive somewhere: the map goes with it
+
+
+#: bytes read at a time by the walk of a segment's tail (the tail from the last index entry is
+#: about index_interval_bytes: one read)
+_TAIL_CHUNK = 256 << 10
+
+
+def _valid_end(fd: int, base: int, start: int) -> tuple[int, int]:
+    """The offset after the valid batches of the ``.log`` open as ``fd`` from ``start`` (a batch
+    boundary; ``base`` when there are none) and the position after them: a torn tail or the zero
+    tail of the active segment ends them. The bytes are read with pread, a chunk at a time, never
+    through a map: a writer trimming the file meanwhile can only end the walk (see the module's
+    note). The rule is :class:`BatchWalk`'s over the whole range; a chunk's walk starts afresh,
+    so the rule that offsets increase is checked across chunks here."""
+    ops = _fileio.ops
+    position, last, want = start, -1, _TAIL_CHUNK
+    while True:
+        data = ops.pread(fd, want, position)
+        res = BatchWalk(data, base).scan()
+        if res.batches and parse_header(data, 0).base_offset <= last:
+            break  # offsets go backwards at the chunk's first batch: the valid batches end before it
+        if res.last_offset >= 0:
+            last = res.last_offset
+        position += res.valid_bytes
+        if len(data) < want or res.status not in (lib.LS_OK, lib.LS_ERR_TRUNCATED):
+            break  # the end of the file, the zero tail or an invalid batch
+        if res.status == lib.LS_OK:
+            want = _TAIL_CHUNK  # the chunk ended with a whole batch: read on
+            continue
+        rest = len(data) - res.valid_bytes
+        need = parse_header(data, res.valid_bytes).size if rest >= HEADER_SIZE else HEADER_SIZE
+        if need <= rest or position + need > ops.fsize(fd):
+            break  # a whole batch that is invalid, or one the file cannot hold: no valid batch
+        want = max(_TAIL_CHUNK, need)  # the chunk ends inside a batch: read on, the whole of it
+    return (last + 1 if last >= 0 else base), position

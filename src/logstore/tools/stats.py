@@ -14,7 +14,6 @@ Apache Kafka. Thread-safety: the functions share no state; call them from any th
 
 from __future__ import annotations
 
-import mmap
 import os
 import re
 from dataclasses import dataclass, field
@@ -114,9 +113,8 @@ def _partition_stats(view: PartitionView, compacted: bool, cleaner: dict[tuple[s
     stored = uncompressed = batches = records = size = 0
     sealed_sizes: list[tuple[int, int]] = []  # (next offset, bytes) of sealed segments
     for i, base in enumerate(segments):
-        data = _fileio.ops.map_file(view.segment_file(base))
         seg_bytes = 0
-        try:
+        with view.segment_data(base, segments) as data:
             for position, header in BatchWalk(data, base):
                 body = header.size - HEADER_SIZE
                 codec = header.attributes & lib.LS_ATTR_COMPRESSION_MASK
@@ -133,9 +131,6 @@ def _partition_stats(view: PartitionView, compacted: bool, cleaner: dict[tuple[s
                 records += header.records_count
                 seg_bytes += header.size
                 progress.advance(header.size)
-        finally:
-            if isinstance(data, mmap.mmap):
-                data.close()
         size += seg_bytes
         if i < len(segments) - 1:
             sealed_sizes.append((segments[i + 1], seg_bytes))
@@ -170,19 +165,16 @@ def _group_offsets(view: StoreView) -> dict[tuple[str, int], dict[str, int]]:
     for p in range(view.partitions(OFFSETS_TOPIC)):
         pv = view.partition(OFFSETS_TOPIC, p)
         replay = OffsetsReplay()
-        start, end = pv.log_start_offset(), pv.log_end_offset()
-        for base in pv.segments():
-            data = _fileio.ops.map_file(pv.segment_file(base))
-            try:
+        segments = pv.segments()
+        start, end = pv.log_start_offset(segments), pv.log_end_offset(segments)
+        for base in segments:
+            with pv.segment_data(base, segments) as data:
                 walk = BatchWalk(data, base)
                 valid = 0
                 for position, header in walk:
                     valid = position + header.size
                 with memoryview(data) as whole, whole[:valid] as view:
                     replay.feed(view, start, end)
-            finally:
-                if isinstance(data, mmap.mmap):
-                    data.close()
         for (group, topic, partition), (offset, _) in replay.offsets.items():
             out.setdefault((topic, partition), {})[group] = offset
     return out
