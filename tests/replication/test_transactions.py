@@ -317,3 +317,34 @@ def test_kafka_python_and_aiokafka_transactional_producers_find_the_coordinator(
         assert sorted(got) == sorted([b"kp%d" % i for i in range(4)] + [b"aio%d" % i for i in range(4)])
     finally:
         stop_all(nodes)
+
+
+def test_logstore_node_limits_the_transaction_timeout(tmp_path):
+    """logstore node takes serve's transaction options: a producer asking for more than
+    --transaction-max-timeout-ms is refused at init_transactions (INVALID_TRANSACTION_TIMEOUT),
+    one within it is served (a set of one node commits on its own)."""
+    import subprocess
+    import sys
+
+    (port,) = free_ports(1)
+    secret = tmp_path / "secret"
+    secret.write_bytes(SECRET)
+    proc = subprocess.Popen([sys.executable, "-m", "logstore", "node", "--node-id", "0", "--data-dir",
+                             str(tmp_path / "n0"), "--listen", f"127.0.0.1:{port}", "--secret-file", str(secret),
+                             "--min-insync-replicas", "1", "--transaction-max-timeout-ms", "2000"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert "serving" in proc.stdout.readline()
+        addrs = {0: ("127.0.0.1", port)}
+        greedy = transactional_producer(addrs, "greedy", **{"transaction.timeout.ms": 5000})
+        with pytest.raises(confluent_kafka.KafkaException) as refused:
+            greedy.init_transactions(20)
+        assert refused.value.args[0].code() == confluent_kafka.KafkaError.INVALID_TRANSACTION_TIMEOUT
+        modest = transactional_producer(addrs, "modest", **{"transaction.timeout.ms": 1500})
+        modest.init_transactions(20)
+        modest.begin_transaction()
+        modest.produce(TOPIC, value=b"one", partition=0)
+        modest.commit_transaction(20)
+    finally:
+        proc.terminate()
+        proc.wait(30)
