@@ -146,6 +146,39 @@ def test_the_slot_loads_a_coordinator_once_the_state_log_is_committed_and_drops_
         markers.close()
 
 
+def test_a_state_write_of_unknown_fate_makes_the_slot_load_the_coordinator_again(node):
+    """A state write that times out waiting for the majority is answered
+    COORDINATOR_NOT_AVAILABLE, but it may still commit: the slot loads a new coordinator from
+    the log once it is committed, which knows what the record says."""
+    rep = node.state
+    markers = ReplicaMarkers(node.context, node.leader)
+    slot = TxnCoordinatorSlot(node.context, node.leader, markers, iter(range(1000, 2000)).__next__, TxnConfig(),
+                              write_timeout_s=0.3)
+    slot.start()
+    try:
+        node.lead(rep)
+        node.follower_caught_up(rep)
+        deadline = time.monotonic() + 5
+        while slot.coordinator()[0] is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        first = slot.coordinator()[0]
+        assert first.init_producer_id("t", 60000)[0] == ErrorCode.coordinator_not_available  # timed out
+        assert first.describe(["t"])[0].producer_epoch == -1  # the transition to epoch 0 given up in memory
+        node.follower_caught_up(rep)  # the record commits after all
+        deadline = time.monotonic() + 5
+        while slot.coordinator()[0] in (None, first):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        second = slot.coordinator()[0]
+        described = second.describe(["t"])[0]
+        assert (described.error, described.state, described.producer_id, described.producer_epoch) == (
+            ErrorCode.none, "Empty", 1000, 0)
+    finally:
+        slot.close()
+        markers.close()
+
+
 def test_a_marker_is_answered_once_a_majority_holds_it(tmp_path):
     node = Node(tmp_path, min_insync=1)
     try:

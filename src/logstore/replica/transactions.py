@@ -49,7 +49,7 @@ from .context import NodeContext
 from .leader import LeaderSide
 from .peerapis import MARKER_COMMIT_TIMEOUT_S
 from .quorum import NONE, Role
-from .replicatedlog import ReplicatedLog
+from .replicatedlog import WRITE_TIMEOUT_S, ReplicatedLog
 
 __all__ = ["TxnCoordinatorSlot", "ReplicaMarkers", "TxnVerifier", "TXN_STATE_KEY"]
 
@@ -75,15 +75,19 @@ class TxnCoordinatorSlot:
         new_producer_id: allocates a producer id unique in the replica set.
         config: the coordinator's settings (``fsync`` is forced on: state writes wait for the
             majority).
+        write_timeout_s: how long a state write waits for the majority (then the request gets
+            COORDINATOR_NOT_AVAILABLE and the coordinator is loaded again).
     """
 
     def __init__(self, context: NodeContext, leader: LeaderSide, write_markers: Any,
-                 new_producer_id: Callable[[], int], config: TxnConfig) -> None:
+                 new_producer_id: Callable[[], int], config: TxnConfig,
+                 write_timeout_s: float = WRITE_TIMEOUT_S) -> None:
         self._context = context
         self._leader = leader
         self._write_markers = write_markers
         self._new_producer_id = new_producer_id
         self._config = replace(config, fsync=True)
+        self._write_timeout_s = write_timeout_s
         self._rep = context.replica(*TXN_STATE_KEY)
         self._lock = threading.Lock()
         self._current: TransactionCoordinator | None = None
@@ -132,7 +136,7 @@ class TxnCoordinatorSlot:
     def _load(self, epoch: int) -> None:
         rep = self._rep
         assert rep is not None
-        log = ReplicatedLog(self._context, self._leader, rep, epoch)
+        log = ReplicatedLog(self._context, self._leader, rep, epoch, self._write_timeout_s)
         coordinator = TransactionCoordinator(log, self._new_producer_id, self._write_markers,  # type: ignore[arg-type]
                                              config=self._config, coordinator_epoch=epoch)
         with self._lock:
