@@ -337,6 +337,45 @@ def test_verify_accepts_the_preallocated_indexes_of_an_empty_segment_after_a_cra
         "entry names offset 1, past the segment's last offset -1"]
 
 
+@pytest.mark.parametrize("damage", ["none", "a byte deep in the zero tail", "a torn batch", "offsets go backwards"])
+def test_verify_and_dump_see_past_the_valid_batches_of_the_last_segment(tmp_path, damage):
+    # The last segment is mapped only up to its valid batches (a writer may trim the rest); the
+    # bytes past them are read otherwise, all of them: a zero tail is no problem, damage is.
+    from logstore import Log
+    from logstore.tools.dump import dump_file
+    from logstore.tools.verify import verify
+
+    path = tmp_path / "t-0"
+    log = Log.open(str(path))
+    for i in range(50):
+        log.append(b"v%03d" % i * 25)
+    end = log.segments[-1].size
+    log._abandon()  # a crash: the active segment keeps its preallocated zero tail
+    segment = path / ("%020d.log" % 0)
+    data = bytearray(segment.read_bytes())
+    size = len(data)
+    assert size > end + (2 << 20) and not data[end:].strip(b"\0")
+    first = list(dump_file(str(segment)))[0]
+    if damage == "a byte deep in the zero tail":
+        data[end + (2 << 20)] = 7
+    elif damage == "a torn batch":
+        data[end:end + first["size"] // 2] = data[:first["size"] // 2]
+    elif damage == "offsets go backwards":
+        data[end:end + first["size"]] = data[:first["size"]]
+    segment.write_bytes(bytes(data))
+    tail = list(dump_file(str(segment)))[50:]
+    problems = [(p.position, p.what) for p in verify(str(path)).problems]
+    assert [(p.position, p.what) for p in verify(str(segment)).problems] == problems
+    if damage == "none":
+        assert tail == [{"kind": "zero-tail", "position": end, "bytes": size - end}] and problems == []
+        return
+    reason = {"a byte deep in the zero tail": "malformed batch or record",
+              "a torn batch": "CRC32C mismatch",  # (half a batch, zeros where its second half was)
+              "offsets go backwards": "offsets go backwards: batch 0..0 after 49"}[damage]
+    assert tail == [{"kind": "invalid", "position": end, "bytes": size - end, "error": reason}]
+    assert problems == [(end, f"invalid batch ({reason}); {size - end} bytes from here are unreadable")]
+
+
 def test_stats_of_an_empty_store_is_empty(tmp_path):
     from logstore import LogStore
     from logstore.tools import stats

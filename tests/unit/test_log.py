@@ -499,6 +499,77 @@ def test_flush_inside_exclusive_fsyncs_under_the_hold(path: pathlib.Path) -> Non
             assert log.recovery_point == 1 and ops.fsyncs == 1
 
 
+@pytest.mark.regression(reason="fixed: close() inside exclusive() took the Flusher's lock (to wait for a running "
+                               "fsync) while holding the log's, the reverse of the lock order; the fsync leader, "
+                               "holding the Flusher's lock, waited for the log's lock to record its fsync or to "
+                               "find what to fsync: deadlock. close() inside exclusive() is now refused")
+@pytest.mark.parametrize("leader_at", ["in its fsync", "waiting for the log"])
+@pytest.mark.parametrize("opener", [Log.open, Log.open_shared], ids=["one-process", "shared"])
+def test_close_inside_exclusive_while_a_flush_leads(path: pathlib.Path, opener, leader_at) -> None:
+    log = opener(path)
+    log.append(b"a")  # not fsynced: a flush has something to do
+    ops = HoldFirstFsync()
+    holding = threading.Event()
+    refused: list[Exception] = []
+
+    def holder() -> None:
+        with log.exclusive():
+            holding.set()
+            if leader_at == "waiting for the log":
+                leader.start()
+                # It leads (in a shared log, it first follows the other processes under the
+                # group commit's condition), then waits for the log's lock.
+                time.sleep(0.2)
+            log.append(b"b")
+            try:
+                log.close()  # (a user's block, say)
+            except RuntimeError as exc:
+                refused.append(exc)
+
+    with _fileio.install(ops):
+        if leader_at == "in its fsync":
+            leader = threading.Thread(target=log.flush, daemon=True)  # (the store's flush_ms scheduler, say)
+            leader.start()
+            assert ops.entered.wait(10)  # the leader is inside its fsync
+        else:
+            ops.release.set()
+            # The group commit's leader past Log.flush's own look at the log, which takes the
+            # log's lock before the Flusher's, not while.
+            leader = threading.Thread(target=log._flusher.sync, args=(1,), daemon=True)
+        other = threading.Thread(target=holder, daemon=True)
+        other.start()
+        assert holding.wait(10)  # the holder has the log before the leader finishes
+        ops.release.set()  # the leader now needs the log's lock to record its fsync
+        other.join(5)
+        leader.join(5)
+    stuck = other.is_alive() or leader.is_alive()
+    assert not stuck, "close() inside exclusive() and the fsync leader deadlocked"
+    assert [str(e) for e in refused] == [f"{path}: close() inside log.exclusive(): leave the block first"]
+    assert log.recovery_point >= 1 and not log.closed
+    log.close()
+    with opener(path) as again:
+        assert again.recovery_report.clean_shutdown and [r.value for r in again.iter()] == [b"a", b"b"]
+
+
+@pytest.mark.regression(reason="fixed: close() inside exclusive() of a shared log adopted the page the other "
+                               "processes published, older than the hold's own appends, and trimmed them away "
+                               "(acknowledged, fsynced records lost); close() inside exclusive() is now refused")
+@pytest.mark.parametrize("opener", [Log.open, Log.open_shared], ids=["one-process", "shared"])
+def test_close_inside_exclusive_is_refused_and_the_log_stays_usable(path: pathlib.Path, opener) -> None:
+    log = opener(path, flush_messages=1)
+    log.append(b"a")
+    with log.exclusive():
+        log.append(b"b")
+        assert log.recovery_point == 2  # durable
+        with pytest.raises(RuntimeError, match="leave the block first"):
+            log.close()
+        assert not log.closed
+        log.append(b"c")
+    log.close()
+    with opener(path) as again:
+        assert [r.value for r in again.iter()] == [b"a", b"b", b"c"]
+
+
 def test_roll_fsyncs_the_directory(path: pathlib.Path) -> None:
     with Log.open(path, segment_bytes=1024) as log:
         ops = CountingOps()

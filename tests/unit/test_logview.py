@@ -8,6 +8,7 @@ import random
 import pytest
 
 from logstore import CorruptRecordError, LogStore, LogstoreError, UnknownTopicOrPartitionError
+from logstore._native import lib
 from logstore.store.views import DataLossError, LogEnd, PartitionView, SegmentPosition, StoreView
 
 
@@ -254,7 +255,8 @@ class _RollUnderTheView:
     the file's size and reading its bytes, the moment a writer in another process may pick."""
 
     @staticmethod
-    def install(log):
+    def install(log, on=("mmap", "pread")):
+        """``on``: the reads after which the writer rolls (the first of them)."""
         from logstore import _fileio
 
         class Ops(_fileio.FileOps):
@@ -268,13 +270,14 @@ class _RollUnderTheView:
 
             def mmap(self, fd, length, writable):
                 mm = super().mmap(fd, length, writable)
-                if not writable:
+                if not writable and "mmap" in on:
                     self._roll_once(fd)
                 return mm
 
             def pread(self, fd, size, position):
                 data = super().pread(fd, size, position)
-                self._roll_once(fd)
+                if "pread" in on:
+                    self._roll_once(fd)
                 return data
 
         return _fileio.install(Ops())
@@ -321,3 +324,63 @@ def test_a_view_survives_the_writer_rolling_the_segment_under_it(tmp_path, read)
     _, status = os.waitpid(pid, 0)
     assert not os.WIFSIGNALED(status), f"the view died of {signal.Signals(os.WTERMSIG(status)).name}"
     assert os.WEXITSTATUS(status) == 0
+
+
+@pytest.mark.regression(reason="fixed: logstore dump and verify mapped a segment's .log whole, the active "
+                               "segment's preallocated zero tail included, and walked it to the end; a writer's "
+                               "roll trimmed the file meanwhile and the walk touched pages past the new end: "
+                               "SIGBUS. They now map it only up to the end of its batches (views.SegmentBatches) "
+                               "and read what follows with pread")
+@pytest.mark.parametrize("moment", ["first read", "after the map"])
+@pytest.mark.parametrize("tool", ["dump", "verify"])
+def test_dump_and_verify_survive_the_writer_rolling_the_segment_under_them(tmp_path, tool, moment):
+    import signal
+
+    from logstore import Log
+    from logstore.tools.dump import dump_file
+    from logstore.tools.verify import verify
+
+    directory = str(tmp_path / "t-0")
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child: the writer and the tool, one after the other
+        code = 1
+        try:
+            log = Log.open(directory)  # the active segment's file: an 8 MiB map, mostly zeros
+            for i in range(100):
+                log.append(b"v%03d" % i * 25)
+            active = os.path.join(directory, "%020d.log" % 0)
+            assert os.path.getsize(active) > 1 << 20
+            on = ("mmap", "pread") if moment == "first read" else ("mmap",)
+            with _RollUnderTheView.install(log, on) as ops:
+                if tool == "dump":
+                    items = list(dump_file(active, deep=True))
+                    records = sum(len(item["records"]) for item in items if item["kind"] == "batch")
+                    # (the roll trimmed the zero tail: nothing follows the batches any more)
+                    answer = records if [i["kind"] for i in items if i["kind"] != "batch"] == [] else -1
+                else:
+                    report = verify(directory)
+                    answer = report.records if report.ok else -1
+            code = 0 if ops.rolled and answer == 100 and len(log.segments) == 2 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert not os.WIFSIGNALED(status), f"{tool} died of {signal.Signals(os.WTERMSIG(status)).name}"
+    assert os.WEXITSTATUS(status) == 0
+
+
+def test_segment_batches_of_a_log_that_grows_meanwhile_end_where_they_ended(tmp_path):
+    # A batch appended after the valid batches were found is no damage past them.
+    from logstore import Log
+    from logstore.store.views import SegmentBatches
+
+    with Log.open(str(tmp_path / "t-0")) as log:
+        for i in range(10):
+            log.append(b"v%d" % i)
+        end = log.segments[-1].size
+        with SegmentBatches(os.path.join(log.path, "%020d.log" % 0), 0) as segment:
+            log.append(b"later")
+            assert [h.base_offset for _, h in segment] == list(range(10))
+            assert (segment.stop.position, segment.stop.status, len(segment.data)) == (end, lib.LS_OK, end)
+        with SegmentBatches(os.path.join(log.path, "%020d.log" % 0), 0) as segment:
+            # Not iterated first: the stop finds the last batch itself.
+            assert segment.stop.status == lib.LS_ERR_ZERO and segment.stop.position == log.segments[-1].size

@@ -443,7 +443,7 @@ class Log:
         read-decide-append sequences atomic (the Queue keeps its delivery state this way).
         Reentrant. Keep the block short: an append inside it that reaches ``flush_messages``,
         and a :meth:`flush`, fsync at once while the log is held (they do not wait for other
-        threads' group commit, which needs the log).
+        threads' group commit, which needs the log). :meth:`close` is refused inside it.
 
         Raises:
             LogClosedError, LogOfflineError: on entering, when the log cannot be used.
@@ -1798,8 +1798,20 @@ class Log:
     def close(self) -> None:
         """Flush, trim the active segment, write checkpoints and the clean-shutdown marker.
 
-        Idempotent. After close every method raises LogClosedError. Thread-safe.
+        Idempotent. After close every method raises LogClosedError. Thread-safe, but not inside
+        :meth:`exclusive`: close waits for a running fsync of the group commit, whose leader
+        needs the log's lock to record it (ARCHITECTURE.md, lock order), and a shared log's
+        hold publishes its appends to the other processes only when the block ends.
+
+        Raises:
+            RuntimeError: called inside ``with log.exclusive():`` (the log stays open; close it
+                after the block).
         """
+        if self._exclusive.held():
+            # Going on would take the Flusher's lock under the log's (a deadlock with an fsync
+            # leader waiting for the log's lock) and, in a shared log, adopt the page the others
+            # published, older than this hold's appends, and trim those away.
+            raise RuntimeError(f"{self.path}: close() inside log.exclusive(): leave the block first")
         with self._flusher.lock, self._lock:
             if self._closed:
                 return

@@ -28,7 +28,10 @@ the end comes back short, it never faults), and its map stops there; every cut l
 at or past that end, since a writer trims to the end of its batches and recovery keeps the valid
 ones, the very rule the view's walk applies. The segments before the last one were trimmed when
 they rolled: their files are their batches. (The offset and time indexes are copied, not
-mapped, for the same reason: ``OffsetIndex.open_readonly``.)
+mapped, for the same reason: ``OffsetIndex.open_readonly``.) The tools that walk a segment's
+file (``logstore stats``, ``dump``, ``verify``) map it the same way: :meth:`PartitionView.segment_data`,
+and :class:`SegmentBatches` for a file named by its path, which also says what follows the valid
+batches, read with ``pread`` too.
 
 Thread-safety: a view holds no open files between calls; one view may be used from any thread,
 but a :class:`~logstore.records.batch.RecordDecoder` passed to :meth:`PartitionView.read_columns` must
@@ -39,7 +42,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, ContextManager, Iterator
 
 from .. import _fileio
@@ -55,13 +58,13 @@ from ..errors import CorruptRecordError, LogstoreError, UnknownTopicOrPartitionE
 from ..index import AbortedBatches, AbortedTxn, OffsetIndex, TimeIndex, TransactionIndex
 from ..log.producers import snapshot_offsets, snapshot_path
 from ..log.producerstate import CorruptSnapshotError, ProducerStateTable
-from ..log.segmentscan import BatchWalk
-from ..records.batch import HEADER_SIZE, LOG_OVERHEAD, RecordDecoder, parse_header
+from ..log.segmentscan import BatchWalk, WalkStop, status_words
+from ..records.batch import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, RecordDecoder, parse_header
 from ..log.filenames import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX, parse_segment_name, segment_name
 from .kafkadirs import validate_topic_name
 from .layout import TOPICS_DIR, read_topic_file
 
-__all__ = ["StoreView", "PartitionView", "DataLossError", "LogEnd", "SegmentPosition"]
+__all__ = ["StoreView", "PartitionView", "SegmentBatches", "DataLossError", "LogEnd", "SegmentPosition"]
 
 #: sink(buf, out, n): n decoded rows in ``out`` (an ``ls_records_out``), positions into ``buf``
 ColumnSink = Callable[[Any, Any, int], None]
@@ -517,11 +520,12 @@ def _batch_end(data: Any, position: int) -> int:
 
 
 class _Mapped:
-    """A read-only map of a file, whole or of its first ``limit`` bytes (b"" when there are none)."""
+    """A read-only map of a file, whole or of its first ``limit`` bytes (b"" when there are none).
+    ``path``: the file's path, or a descriptor open on it (left open)."""
 
-    def __init__(self, path: str, limit: int | None = None) -> None:
+    def __init__(self, path: str | int, limit: int | None = None) -> None:
         ops = _fileio.ops
-        fd = ops.open(path, os.O_RDONLY)
+        fd = ops.open(path, os.O_RDONLY) if isinstance(path, str) else path
         try:
             self._mm: mmap.mmap | None = None
             for attempt in range(3):
@@ -535,7 +539,8 @@ class _Mapped:
                     if attempt == 2:
                         raise
         finally:
-            ops.close(fd)
+            if isinstance(path, str):
+                ops.close(fd)
 
     def __enter__(self) -> Any:
         return self._mm if self._mm is not None else b""
@@ -581,3 +586,125 @@ def _valid_end(fd: int, base: int, start: int) -> tuple[int, int]:
             break  # a whole batch that is invalid, or one the file cannot hold: no valid batch
         want = max(_TAIL_CHUNK, need)  # the chunk ends inside a batch: read on, the whole of it
     return (last + 1 if last >= 0 else base), position
+
+
+class SegmentBatches:
+    """The valid batches of one segment's ``.log``, named by its path, for a tool that walks the
+    file while a writer may use it (``logstore dump``, ``logstore verify``), and what follows
+    them in the file.
+
+    ``with SegmentBatches(path, base) as segment:`` maps the file read-only up to the end of its
+    valid batches, found with ``pread`` (the module's note: a map reaching into the zero tail a
+    writer may trim is a SIGBUS); a ``sealed`` segment (one before the partition's last when it
+    was listed: trimmed when it rolled) is mapped whole, as :class:`PartitionView` maps it.
+    Iterating gives each valid batch's position and header (the walk of
+    :class:`~logstore.log.segmentscan.BatchWalk`, over :attr:`data`); :attr:`stop` then says
+    where the valid batches end and why, as the one walk over the whole file would: the bytes
+    past them are read with ``pread``, never mapped, and all of them are looked at, since an
+    all-zero tail ends the data while a tail with a non-zero byte anywhere is damage that a
+    scrub must report.
+
+    A writer may append, roll or close the log meanwhile: the batches read are those the file
+    held when it was opened, and what it appended since is not reported as damage (a valid
+    batch where they ended reads as their end). Reads only. Not thread-safe: one thread walks
+    a segment.
+
+    Raises:
+        FileNotFoundError: no such file.
+    """
+
+    def __init__(self, path: str, base: int, sealed: bool = False) -> None:
+        ops = _fileio.ops
+        self.path = path
+        self.base = base
+        self._sealed = sealed
+        self._fd = ops.open(path, os.O_RDONLY)
+        try:
+            #: the file's size when it was opened, then as the read of its tail found it
+            self.size = ops.fsize(self._fd)
+            self._mapped = _Mapped(self._fd, None if sealed else _valid_end(self._fd, base, 0)[1])
+        except BaseException:
+            ops.close(self._fd)
+            raise
+        #: the valid batches' bytes (mapped read-only; b"" when there are none); a sealed
+        #: segment's whole file
+        self.data: Any = self._mapped.__enter__()
+        self._walk = BatchWalk(self.data, base)
+        self._last = -1  # the position of the last valid batch, once the iteration saw them all
+        self._stop: WalkStop | None = None
+
+    def __enter__(self) -> "SegmentBatches":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._mapped.__exit__()
+        if self._fd >= 0:
+            _fileio.ops.close(self._fd)
+            self._fd = -1
+
+    def __iter__(self) -> Iterator[tuple[int, BatchHeader]]:
+        """(position, header) of each valid batch, in order."""
+        last = -1
+        for position, header in self._walk:
+            last = position
+            yield position, header
+        self._last = last
+
+    @property
+    def stop(self) -> WalkStop:
+        """Where the file's valid batches end, and why (:class:`~logstore.log.segmentscan.WalkStop`);
+        :attr:`size` is then the file's size as its tail was read."""
+        if self._stop is None:
+            stop = self._walk.stop
+            if self._sealed or stop.status != lib.LS_OK:
+                self._stop = stop  # (the map is the whole file, or ends at that batch)
+            else:
+                last = self._last
+                if last < 0 and stop.position > 0:  # (the iteration stopped early: find the last batch)
+                    last = max(position for position, _ in self._walk)
+                before = bytes(self.data[last:stop.position]) if last >= 0 else b""
+                self._stop, self.size = _stop_after(self._fd, self.base, stop.position, before)
+        return self._stop
+
+
+def _stop_after(fd: int, base: int, end: int, before: bytes) -> tuple[WalkStop, int]:
+    """Where the valid batches of the ``.log`` open as ``fd`` end, and why, given that they end
+    at ``end`` (:func:`_valid_end`'s) with the batch ``before`` (b"" when there is none), and
+    the file's size as read: the stop of :class:`BatchWalk` over the whole file, from the bytes
+    past ``end`` read with pread.
+
+    The walk's verdict on the batch at a position depends on that batch's bytes (its header
+    alone when it claims more than the file holds), on the previous batch's last offset (offsets
+    increase) and, for an all-zero tail, on whether every byte to the end of the file is zero.
+    So the walk here runs over ``before``, then that batch's bytes; when they are all zero the
+    rest of the file is read too, a chunk at a time, and a non-zero byte found there is passed
+    on as one byte after them (the batch's verdict does not change: the walk judges a batch by
+    its own bytes; the tail is then no zero tail, as over the whole file)."""
+    ops = _fileio.ops
+    ok = WalkStop(end, lib.LS_OK, status_words(lib.LS_OK))
+    header = ops.pread(fd, HEADER_SIZE, end)
+    if not header:
+        return ok, end  # the file ends with its valid batches
+    size = ops.fsize(fd)
+    claimed = parse_header(header, 0).size if len(header) == HEADER_SIZE else HEADER_SIZE
+    piece = ops.pread(fd, claimed, end) if HEADER_SIZE < claimed <= size - end else header
+    after = b""
+    if piece.count(0) == len(piece):  # a zero tail, if every byte to the end is zero
+        position = end + len(piece)
+        while True:
+            chunk = ops.pread(fd, _ZERO_CHUNK, position)
+            if chunk.count(0) != len(chunk):
+                after = b"\x01"
+                break
+            position += len(chunk)
+            if len(chunk) < _ZERO_CHUNK:
+                size = position  # (the end of the file now: a writer may have trimmed it)
+                break
+    stop = BatchWalk(before + piece + after, base).stop
+    if stop.position > len(before):
+        return ok, max(size, end)  # a valid batch there: appended since the valid batches were found
+    return replace(stop, position=end), max(size, end + len(piece))
+
+
+#: bytes read at a time to see whether a segment's tail is all zero
+_ZERO_CHUNK = 1 << 20

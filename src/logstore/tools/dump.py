@@ -10,12 +10,14 @@ reported as a zero tail or an invalid batch with the reason.
 
 Everything here only reads (files are mapped read-only through ``_fileio``; nothing is locked,
 repaired or created), so it may run on a store in use, on a copy, or on segments written by
-Apache Kafka. Thread-safety: the functions share no state; call them from any thread.
+Apache Kafka. A ``.log`` is read through :class:`~logstore.store.views.SegmentBatches`: mapped
+only up to the end of its valid batches, what follows them read with ``pread``, since a writer
+that rolls or closes the segment meanwhile trims its zero tail, and touching a map past a file's
+new end is a SIGBUS. Thread-safety: the functions share no state; call them from any thread.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 import struct
 from typing import Any, Iterator
@@ -33,11 +35,11 @@ from ..checkpoint import (
 from ..errors import LogstoreError
 from ..log.filenames import SNAPSHOT_SUFFIX
 from ..log.producerstate import ProducerStateTable
-from ..log.segmentscan import BatchWalk
 from ..records import compression
 from ..records.batch import HEADER_SIZE, BatchHeader, RecordDecoder, parse_header
 from ..log.filenames import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX, parse_segment_name
 from ..records.control import ControlType, read_control_record, marker_coordinator_epoch
+from ..store.views import SegmentBatches
 from .progress import SILENT, Progress
 
 __all__ = ["dump_file", "text_or_hex", "index_entries", "timeindex_entries", "txnindex_entries", "segment_base_offset",
@@ -56,12 +58,19 @@ def _name_base_offset(path: str) -> int | None:
     return parsed[0] if parsed else None
 
 
-def segment_base_offset(path: str, data: Any = b"") -> int:
+def segment_base_offset(path: str, data: Any = None) -> int:
     """The base offset of the segment file at ``path``: from its name, else (a copy renamed
-    freely) the first batch's base offset in ``data``, else 0."""
+    freely) the first batch's base offset in ``data`` (by default the file's first bytes), else 0."""
     base = _name_base_offset(path)
     if base is not None:
         return base
+    if data is None:
+        ops = _fileio.ops
+        fd = ops.open(path, os.O_RDONLY)
+        try:
+            data = ops.pread(fd, HEADER_SIZE, 0)
+        finally:
+            ops.close(fd)
     return parse_header(data, 0).base_offset if len(data) >= HEADER_SIZE else 0
 
 
@@ -193,29 +202,27 @@ def _control_dict(data: Any, position: int, header: BatchHeader) -> dict[str, An
 
 
 def _dump_log(path: str, *, print_data: bool, deep: bool, progress: Progress) -> Iterator[dict[str, Any]]:
-    data = _fileio.ops.map_file(path)
     decoder = RecordDecoder()
-    progress.start(os.path.basename(path), len(data))
-    try:
-        walk = BatchWalk(data, segment_base_offset(path, data))
-        for position, header in walk:
-            batch = _batch_dict(position, header)
-            if header.attributes & lib.LS_ATTR_CONTROL:
-                batch.update(_control_dict(data, position, header))
-            if deep:
-                records, _ = decoder.decode(data, position, position + header.size, path=path)
-                batch["records"] = [_record_dict(r, print_data) for r in records]
-            yield batch
-            progress.advance(header.size)
-        stop = walk.stop
-        if stop.position < len(data):
-            zero = stop.status == lib.LS_ERR_ZERO
-            yield {"kind": "zero-tail" if zero else "invalid", "position": stop.position,
-                   "bytes": len(data) - stop.position, **({} if zero else {"error": stop.reason})}
-    finally:
-        progress.finish()
-        if isinstance(data, mmap.mmap):
-            data.close()
+    with SegmentBatches(path, segment_base_offset(path)) as segment:
+        data = segment.data
+        progress.start(os.path.basename(path), segment.size)
+        try:
+            for position, header in segment:
+                batch = _batch_dict(position, header)
+                if header.attributes & lib.LS_ATTR_CONTROL:
+                    batch.update(_control_dict(data, position, header))
+                if deep:
+                    records, _ = decoder.decode(data, position, position + header.size, path=path)
+                    batch["records"] = [_record_dict(r, print_data) for r in records]
+                yield batch
+                progress.advance(header.size)
+            stop = segment.stop
+            if stop.status != lib.LS_OK:  # (the file goes on past its valid batches)
+                zero = stop.status == lib.LS_ERR_ZERO
+                yield {"kind": "zero-tail" if zero else "invalid", "position": stop.position,
+                       "bytes": segment.size - stop.position, **({} if zero else {"error": stop.reason})}
+        finally:
+            progress.finish()
 
 
 def _record_dict(r: Any, print_data: bool) -> dict[str, Any]:

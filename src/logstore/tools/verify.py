@@ -12,12 +12,15 @@ than the zero tail of the last segment, is a problem with the walk's reason.
 Everything here only reads (files are mapped read-only through ``_fileio``; nothing is locked,
 repaired or created), so it may run on a store in use, on a copy, or on segments written by
 Apache Kafka; recovery, which does change files, is :meth:`Log.open` itself (``logstore
-recover``). Thread-safety: the functions share no state; call them from any thread.
+recover``). A partition's last segment (perhaps a writer's active one, which a roll or close
+trims) is read through :class:`~logstore.store.views.SegmentBatches`: its valid batches mapped,
+what follows them read with ``pread`` to its end (every byte of it: an all-zero tail is no
+problem, a non-zero byte anywhere in it is), never through a map a trim would make a SIGBUS.
+Thread-safety: the functions share no state; call them from any thread.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -29,11 +32,11 @@ from ..errors import CorruptRecordError, LogstoreError
 from ..log.filenames import SNAPSHOT_SUFFIX
 from ..log.producers import snapshot_offsets
 from ..log.producerstate import CompletedTxn, CorruptSnapshotError, ProducerStateTable
-from ..log.segmentscan import BatchWalk
 from ..records.batch import BatchHeader, RecordDecoder
 from ..log.filenames import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX, parse_segment_name, segment_name
 from ..store.kafkadirs import looks_like_log_dir
 from ..store.layout import TOPICS_DIR
+from ..store.views import SegmentBatches
 from .dump import (OFFSET_CHECKPOINTS, index_entries, is_partition_dir, segment_base_offset, timeindex_entries,
                    txnindex_entries)
 from .progress import SILENT, Progress
@@ -154,21 +157,23 @@ def _verify_segment(path: str, base: int | None, previous_last: int, last_segmen
     teach it the producers' transactions, and the aborted ones its markers close go to
     ``aborts`` with the last stable offset each leaves."""
     report.segments += 1
-    data = _fileio.ops.map_file(path)
     decoder = RecordDecoder()
     batches: dict[int, BatchHeader] = {}
     max_ts_at: list[tuple[int, int]] = []  # (last offset, largest timestamp so far)
     largest_ts = -(2**63)
     last = -1
-    try:
-        base = segment_base_offset(path, data) if base is None else base
-        walk = BatchWalk(data, base)
-        for position, header in walk:
+    base = segment_base_offset(path) if base is None else base
+    # A segment before the last was trimmed when it rolled: mapped whole. The last one is mapped
+    # up to its valid batches, and the bytes past them are read with pread (all of them).
+    with SegmentBatches(path, base, sealed=not last_segment) as segment:
+        data = segment.data
+        for position, header in segment:
             try:
                 records, _ = decoder.decode(data, position, position + header.size, path=path)
             except CorruptRecordError as exc:
-                report.problems.append(Problem(path, f"invalid batch ({exc.reason}); {len(data) - position} bytes "
-                                                     "from here are unreadable", position, last + 1 if last >= 0 else None))
+                report.problems.append(Problem(path, f"invalid batch ({exc.reason}); {segment.size - position} "
+                                                     "bytes from here are unreadable", position,
+                                               last + 1 if last >= 0 else None))
                 break
             if header.base_offset <= previous_last:  # (within the segment the walk checks it)
                 report.problems.append(Problem(path, f"offsets go backwards: batch {header.base_offset}.."
@@ -193,15 +198,12 @@ def _verify_segment(path: str, base: int | None, previous_last: int, last_segmen
             report.bytes += header.size
             progress.advance(header.size)
         else:
-            stop = walk.stop
+            stop = segment.stop
             # Past the valid batches: nothing, the zero tail of the active segment, or damage.
-            if stop.position < len(data) and not (last_segment and stop.status == lib.LS_ERR_ZERO):
-                report.problems.append(Problem(path, f"invalid batch ({stop.reason}); {len(data) - stop.position} "
+            if stop.status != lib.LS_OK and not (last_segment and stop.status == lib.LS_ERR_ZERO):
+                report.problems.append(Problem(path, f"invalid batch ({stop.reason}); {segment.size - stop.position} "
                                                      "bytes from here are unreadable", stop.position,
                                                last + 1 if last >= 0 else None))
-    finally:
-        if isinstance(data, mmap.mmap):
-            data.close()
     _verify_indexes(path, base, batches, max_ts_at, report)
     return last
 
