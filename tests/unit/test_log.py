@@ -15,6 +15,7 @@ from logstore import (
     LATEST_TIMESTAMP,
     Log,
     LogClosedError,
+    LogstoreError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
     TimestampType,
@@ -523,7 +524,7 @@ def test_close_inside_exclusive_while_a_flush_leads(path: pathlib.Path, opener, 
             log.append(b"b")
             try:
                 log.close()  # (a user's block, say)
-            except RuntimeError as exc:
+            except LogstoreError as exc:
                 refused.append(exc)
 
     with _fileio.install(ops):
@@ -561,7 +562,7 @@ def test_close_inside_exclusive_is_refused_and_the_log_stays_usable(path: pathli
     with log.exclusive():
         log.append(b"b")
         assert log.recovery_point == 2  # durable
-        with pytest.raises(RuntimeError, match="leave the block first"):
+        with pytest.raises(LogstoreError, match="leave the block first"):
             log.close()
         assert not log.closed
         log.append(b"c")

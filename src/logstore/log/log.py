@@ -59,6 +59,7 @@ from ..errors import (
     LogClosedError,
     LogLockedError,
     LogOfflineError,
+    LogstoreError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
 )
@@ -1804,14 +1805,14 @@ class Log:
         hold publishes its appends to the other processes only when the block ends.
 
         Raises:
-            RuntimeError: called inside ``with log.exclusive():`` (the log stays open; close it
+            LogstoreError: called inside ``with log.exclusive():`` (the log stays open; close it
                 after the block).
         """
         if self._exclusive.held():
             # Going on would take the Flusher's lock under the log's (a deadlock with an fsync
             # leader waiting for the log's lock) and, in a shared log, adopt the page the others
             # published, older than this hold's appends, and trim those away.
-            raise RuntimeError(f"{self.path}: close() inside log.exclusive(): leave the block first")
+            raise LogstoreError(f"{self.path}: close() inside log.exclusive(): leave the block first")
         with self._flusher.lock, self._lock:
             if self._closed:
                 return
