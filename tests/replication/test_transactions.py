@@ -173,16 +173,12 @@ def test_a_commit_prepared_by_a_coordinator_that_dies_is_completed_by_the_next(t
 
     from logstore.replica.transactions import ReplicaMarkers
 
-    nodes, addrs = txn_cluster(tmp_path, partitions=2)
+    nodes, addrs = txn_cluster(tmp_path, partitions=2, election_timeout_ms=1000)
     try:
-        coordinator = leader_of(nodes, TXN_KEY)
-        hung = nodes[coordinator].kafka._apis.markers
+        leader_of(nodes, TXN_KEY)
         real = ReplicaMarkers.__call__
-
-        def markers(self, *args):
-            return Future() if self is hung else real(self, *args)  # never answered
-
-        monkeypatch.setattr(ReplicaMarkers, "__call__", markers)
+        # Every node's marker writer hangs (whichever node coordinates when the commit comes)...
+        monkeypatch.setattr(ReplicaMarkers, "__call__", lambda self, *args: Future())  # never answered
         producer = transactional_producer(addrs, "dies")
         producer.init_transactions(30)
         producer.begin_transaction()
@@ -190,6 +186,9 @@ def test_a_commit_prepared_by_a_coordinator_that_dies_is_completed_by_the_next(t
             producer.produce(TOPIC, value=b"d%d" % i, partition=i % 2)
         producer.commit_transaction(30)  # answered after PrepareCommit
         assert read_committed(addrs, timeout=3) == []  # no marker yet: the LSO holds the transaction back
+        # ... until the coordinator's node dies: the next one writes them.
+        monkeypatch.setattr(ReplicaMarkers, "__call__", real)
+        coordinator = leader_of(nodes, TXN_KEY)
         nodes[coordinator].stop()
         survivors = {i: n for i, n in nodes.items() if i != coordinator}
         leader_of(survivors, TXN_KEY, timeout=20)

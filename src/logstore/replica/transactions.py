@@ -139,16 +139,16 @@ class TxnCoordinatorSlot:
         log = ReplicatedLog(self._context, self._leader, rep, epoch, self._write_timeout_s)
         coordinator = TransactionCoordinator(log, self._new_producer_id, self._write_markers,  # type: ignore[arg-type]
                                              config=self._config, coordinator_epoch=epoch)
-        with self._lock:
-            self._current, self._log, self._epoch, self._last = coordinator, log, epoch, coordinator
         try:
-            loaded = coordinator.load()
+            loaded = coordinator.load()  # (requests meanwhile: COORDINATOR_LOAD_IN_PROGRESS, from coordinator())
         except Exception as exc:
             logger.error("node %d: loading %s in epoch %d failed: %s", self._context.node_id,
                          TRANSACTION_STATE_TOPIC, epoch, exc, exc_info=not isinstance(exc, (LogstoreError, OSError)))
-            self._retire()
+            coordinator.close()
             self._closed.wait(1.0)  # (then the next check tries again)
             return
+        with self._lock:
+            self._current, self._log, self._epoch, self._last = coordinator, log, epoch, coordinator
         logger.info("node %d coordinates transactions in epoch %d (%d transactional ids)", self._context.node_id,
                     epoch, loaded)
 
@@ -159,8 +159,8 @@ class TxnCoordinatorSlot:
             current.close()
 
     def coordinator(self) -> tuple[TransactionCoordinator | None, int]:
-        """(the live coordinator, 0), or (None, NOT_COORDINATOR) when this node does not lead
-        ``__transaction_state-0``, (None, COORDINATOR_LOAD_IN_PROGRESS) while it takes it up."""
+        """(the live, loaded coordinator, 0), or (None, NOT_COORDINATOR) when this node does not
+        lead ``__transaction_state-0``, (None, COORDINATOR_LOAD_IN_PROGRESS) while it takes it up."""
         rep = self._rep
         if rep is None:
             return None, ErrorCode.coordinator_not_available
