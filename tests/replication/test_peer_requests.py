@@ -42,6 +42,7 @@ def test_describe_quorum_gives_each_nodes_view(tmp_path):
         client.close()
         follower = next(i for i in nodes if i != leader)
         wait_for(lambda: nodes[follower].describe()[KEY]["high_watermark"] == offset + 1)
+        wait_for(lambda: all(n.describe()[KEY]["leader"] == leader for n in nodes.values()))  # (a slow machine)
         epoch = nodes[leader].describe()[KEY]["epoch"]
         for i, node in nodes.items():
             conn = NodeConnection(addrs[i], SECRET, -1, 5.0)
@@ -100,6 +101,7 @@ def test_follower_fetches_that_are_not_served(tmp_path):
     nodes, addrs = cluster(tmp_path)
     try:
         leader = leader_of(nodes)
+        wait_for(lambda: all(n.describe()[KEY]["leader"] == leader for n in nodes.values()))  # (a slow machine)
         epoch = nodes[leader].describe()[KEY]["epoch"]
         follower = next(i for i in nodes if i != leader)
         conn = NodeConnection(addrs[leader], SECRET, follower, 5.0)
