@@ -18,7 +18,7 @@ class KafkaNodes:
     """``n`` node processes. With ``proxies``, each node reaches each peer's listener through a
     :class:`LinkProxy` (``proxies[(i, j)]``: i -> j); Metadata still names the listeners
     themselves to clients. Clients log in with :attr:`client_config` (SASL SCRAM as the
-    replica user)."""
+    replica user). ``topics``: ``name:partitions``, several separated by commas."""
 
     def __init__(self, tmp: Path, secret: bytes, topics: str = "replicated:1", n: int = 3,
                  election_timeout_ms: int = 300, proxies: bool = False, log_level: str = "INFO") -> None:
@@ -63,7 +63,8 @@ class KafkaNodes:
             [sys.executable, "-m", "logstore", "node", f"--node-id={i}", f"--data-dir={self.tmp / f'n{i}'}",
              f"--listen={h}:{p}", f"--secret-file={self.tmp / 'secret'}",
              f"--election-timeout-ms={self.election_timeout_ms}",
-             f"--topic={self.topics}", f"--log-level={self.log_level}", *peers, *advertised],
+             *[f"--topic={topic}" for topic in self.topics.split(",")], f"--log-level={self.log_level}",
+             *peers, *advertised],
             stdout=subprocess.PIPE, stderr=open(self.tmp / f"node{i}.log", "ab"))
         line = self.procs[i].stdout.readline()
         assert f"serving on {h}:{p}".encode() in line, line
