@@ -212,9 +212,14 @@ def test_a_transactional_batch_the_coordinator_does_not_know_is_refused(tmp_path
         log = nodes[leader].store.partition("replicated", 0)
         end = log.log_end_offset
         # ProduceRequest v3 carries the transactional id
-        answer = conn.call(ProduceRequest[3]("tx", -1, 5000, [("replicated", [(0, bytes(builder.build()))])]),
-                           ProduceResponse[3])
-        (_, [(partition, error, base, *_)]), = answer.topics
+        deadline = time.monotonic() + 20
+        while True:
+            answer = conn.call(ProduceRequest[3]("tx", -1, 5000, [("replicated", [(0, bytes(builder.build()))])]),
+                               ProduceResponse[3])
+            (_, [(partition, error, base, *_)]), = answer.topics
+            if error != NOT_ENOUGH_REPLICAS or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)  # the coordinator is still taking the state up: retried, as a producer does
         assert error == 49  # INVALID_PRODUCER_ID_MAPPING: "tx" has no producer 9
         assert log.log_end_offset == end and log.producer_transactions() == {}
         conn.close()
