@@ -28,7 +28,8 @@ run in turn within each round, and a ratio is the median of the rounds' ratios):
   transactions  (``--transactions`` runs only these) a confluent-kafka transactional producer,
                 1,000 records per transaction (begin, 1,000 produce(), commit), against the same
                 producer idempotent without transactions (enable.idempotence, acks=all), each into
-                a fresh ``logstore serve`` in turn; then the transactional data (a COMMIT marker
+                a fresh ``logstore serve`` in turn, and both into the mock cluster (the client's own
+                limit: round trips it makes in turn); then the transactional data (a COMMIT marker
                 every 1,000 records) read whole by a confluent-kafka Consumer with
                 isolation.level=read_committed and with read_uncommitted (fetch.queue.backoff.ms=10
                 for both), in turn.
@@ -234,9 +235,10 @@ def latency(bootstrap: str, rate: int = 10_000, seconds: float = 5.0) -> tuple[f
     return samples[len(samples) // 2] * 1000, samples[int(len(samples) * 0.99)] * 1000
 
 
-def produce_transactions(bootstrap: str, n: int, per_transaction: int = 1000, topic: str = "bench") -> float:
+def produce_transactions(bootstrap: str, n: int, per_transaction: int = 1000, topic: str = "bench",
+                         **extra: object) -> float:
     """Records/s of a transactional producer, ``per_transaction`` records per transaction."""
-    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": "bench-txn", "linger.ms": 5,
+    p = Producer({"bootstrap.servers": bootstrap, **extra, "transactional.id": "bench-txn", "linger.ms": 5,
                   "batch.size": 1_000_000, "queue.buffering.max.messages": 2_000_000,
                   "queue.buffering.max.kbytes": 2_000_000})
     p.init_transactions(30)
@@ -267,12 +269,21 @@ def transactions(n: int, repeat: int, fresh) -> list[tuple[str, float, str]]:
             stop(proc)
             shutil.rmtree(root, ignore_errors=True)
 
+    idempotent = {"enable.idempotence": True, "acks": "all"}
     got = rounds(repeat, txn=lambda: served(lambda b: produce_transactions(b, n)),
-                 idempotent=lambda: served(lambda b: produce({"bootstrap.servers": b, "enable.idempotence": True,
-                                                              "acks": "all"}, n)))
+                 idempotent=lambda: served(lambda b: produce({"bootstrap.servers": b, **idempotent}, n)),
+                 # the client's own limit: the same two against librdkafka's in-process mock cluster
+                 mock_txn=lambda: produce_transactions("", n, **{"test.mock.num.brokers": 1}),
+                 mock_idempotent=lambda: produce({"test.mock.num.brokers": 1, **idempotent}, n))
     rows = [("produce: transactional, 1,000 records per transaction", statistics.median(got["txn"]), "records/s"),
             ("produce: idempotent, no transactions", statistics.median(got["idempotent"]), "records/s"),
-            ("  transactional / idempotent", ratio(got["txn"], got["idempotent"]), "x")]
+            ("  transactional / idempotent", ratio(got["txn"], got["idempotent"]), "x"),
+            ("mock cluster: transactional, 1,000 records per transaction", statistics.median(got["mock_txn"]),
+             "records/s"),
+            ("mock cluster: idempotent", statistics.median(got["mock_idempotent"]), "records/s"),
+            ("  mock cluster transactional / idempotent (the client's limit)",
+             ratio(got["mock_txn"], got["mock_idempotent"]), "x"),
+            ("  transactional: logstore serve / mock cluster", ratio(got["txn"], got["mock_txn"]), "x")]
     root = fresh()
     proc, bootstrap = serve(root)
     try:
