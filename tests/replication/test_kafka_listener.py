@@ -221,6 +221,10 @@ def test_a_transactional_batch_the_coordinator_does_not_know_is_refused(tmp_path
                 break
             time.sleep(0.1)  # the coordinator is still taking the state up: retried, as a producer does
         assert error == 49  # INVALID_PRODUCER_ID_MAPPING: "tx" has no producer 9
+        answer = conn.call(ProduceRequest[3](None, -1, 5000, [("replicated", [(0, bytes(builder.build()))])]),
+                           ProduceResponse[3])
+        (_, [(partition, error, base, *_)]), = answer.topics
+        assert error == 48  # INVALID_TXN_STATE: a transactional batch without a transactional id
         assert log.log_end_offset == end and log.producer_transactions() == {}
         conn.close()
     finally:

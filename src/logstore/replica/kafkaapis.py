@@ -324,10 +324,11 @@ class ReplicaKafkaApis(KafkaApis):
                 header = validate_client_batch(records, rep.log.config.max_message_bytes)
             except (CorruptRecordError, RecordTooLargeError, InvalidRecordError) as exc:
                 return code_for(exc), -1, str(exc)
-            if header.attributes & lib.LS_ATTR_TRANSACTIONAL and \
-                    header.producer_id not in rep.log.producer_transactions():
+            if header.attributes & lib.LS_ATTR_TRANSACTIONAL and (
+                    not transactional_id or header.producer_id not in rep.log.producer_transactions()):
                 # The batch opens the producer's transaction here: the coordinator must know
-                # the partition is in it (KIP-890), else nothing would ever end it.
+                # the partition is in it (KIP-890), else nothing would ever end it. (Without a
+                # transactional id it is refused, as by the single store's listener.)
                 error, message = self._verify_transactional(topic, partition, header.producer_id,
                                                             header.producer_epoch, transactional_id)
                 if error != ErrorCode.none:
