@@ -289,41 +289,26 @@ class _RollUnderTheView:
                                "now map a segment only up to the end of its batches, found with pread")
 @pytest.mark.parametrize("read", ["log_end", "last_stable_offset", "scan", "stats"])
 def test_a_view_survives_the_writer_rolling_the_segment_under_it(tmp_path, read):
-    import signal
+    def reader(log, directory, active):
+        view = PartitionView(str(tmp_path), "t", 0)
+        with _RollUnderTheView.install(log) as ops:
+            if read == "log_end":
+                answer = view.log_end_offset()
+            elif read == "last_stable_offset":
+                answer = view.last_stable_offset()
+            elif read == "stats":  # (logstore stats, which walks every segment's batches)
+                from logstore.tools.stats import stats
 
-    from logstore import Log
+                found = stats(directory)[0]
+                answer = found.log_end_offset if found.records == 100 else -1
+            else:
+                try:
+                    scan(view, 0, 1 << 40)
+                except DataLossError as exc:  # the range ends at the log end (the new segment
+                    answer = 100 if "ends at offset 100" in str(exc) else -1  # was listed late)
+        return ops.rolled and answer == 100
 
-    directory = str(tmp_path / "t-0")
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child: the writer and the view, one after the other
-        code = 1
-        try:
-            log = Log.open(directory)  # the active segment's file: an 8 MiB map, mostly zeros
-            for i in range(100):
-                log.append(b"v%03d" % i * 25)
-            assert os.path.getsize(os.path.join(directory, "%020d.log" % 0)) > 1 << 20
-            view = PartitionView(str(tmp_path), "t", 0)
-            with _RollUnderTheView.install(log) as ops:
-                if read == "log_end":
-                    answer = view.log_end_offset()
-                elif read == "last_stable_offset":
-                    answer = view.last_stable_offset()
-                elif read == "stats":  # (logstore stats, which walks every segment's batches)
-                    from logstore.tools.stats import stats
-
-                    found = stats(directory)[0]
-                    answer = found.log_end_offset if found.records == 100 else -1
-                else:
-                    try:
-                        scan(view, 0, 1 << 40)
-                    except DataLossError as exc:  # the range ends at the log end (the new segment
-                        answer = 100 if "ends at offset 100" in str(exc) else -1  # was listed late)
-            code = 0 if ops.rolled and answer == 100 and len(log.segments) == 2 else 2
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert not os.WIFSIGNALED(status), f"the view died of {signal.Signals(os.WTERMSIG(status)).name}"
-    assert os.WEXITSTATUS(status) == 0
+    _roll_under_a_reader(tmp_path, reader, "the view")
 
 
 @pytest.mark.regression(reason="fixed: logstore dump and verify mapped a segment's .log whole, the active "
@@ -334,37 +319,49 @@ def test_a_view_survives_the_writer_rolling_the_segment_under_it(tmp_path, read)
 @pytest.mark.parametrize("moment", ["first read", "after the map"])
 @pytest.mark.parametrize("tool", ["dump", "verify"])
 def test_dump_and_verify_survive_the_writer_rolling_the_segment_under_them(tmp_path, tool, moment):
-    import signal
-
-    from logstore import Log
     from logstore.tools.dump import dump_file
     from logstore.tools.verify import verify
 
+    def reader(log, directory, active):
+        on = ("mmap", "pread") if moment == "first read" else ("mmap",)
+        with _RollUnderTheView.install(log, on) as ops:
+            if tool == "dump":
+                items = list(dump_file(active, deep=True))
+                records = sum(len(item["records"]) for item in items if item["kind"] == "batch")
+                # (the roll trimmed the zero tail: nothing follows the batches any more)
+                answer = records if [i["kind"] for i in items if i["kind"] != "batch"] == [] else -1
+            else:
+                report = verify(directory)
+                answer = report.records if report.ok else -1
+        return ops.rolled and answer == 100
+
+    _roll_under_a_reader(tmp_path, reader, tool)
+
+
+def _roll_under_a_reader(tmp_path, reader, what):
+    """In a forked child (a SIGBUS kills it, not the test runner): a writer appends 100 records
+    to t-0 (the active segment's file, an 8 MiB map, mostly zeros), then ``reader(log,
+    directory, active segment path)`` reads while the writer rolls under it; the child exits 0
+    when the reader said True and the log has rolled to two segments."""
+    import signal
+
+    from logstore import Log
+
     directory = str(tmp_path / "t-0")
     pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child: the writer and the tool, one after the other
+    if pid == 0:  # pragma: no cover - the child: the writer and the reader, one after the other
         code = 1
         try:
-            log = Log.open(directory)  # the active segment's file: an 8 MiB map, mostly zeros
+            log = Log.open(directory)
             for i in range(100):
                 log.append(b"v%03d" % i * 25)
             active = os.path.join(directory, "%020d.log" % 0)
             assert os.path.getsize(active) > 1 << 20
-            on = ("mmap", "pread") if moment == "first read" else ("mmap",)
-            with _RollUnderTheView.install(log, on) as ops:
-                if tool == "dump":
-                    items = list(dump_file(active, deep=True))
-                    records = sum(len(item["records"]) for item in items if item["kind"] == "batch")
-                    # (the roll trimmed the zero tail: nothing follows the batches any more)
-                    answer = records if [i["kind"] for i in items if i["kind"] != "batch"] == [] else -1
-                else:
-                    report = verify(directory)
-                    answer = report.records if report.ok else -1
-            code = 0 if ops.rolled and answer == 100 and len(log.segments) == 2 else 2
+            code = 0 if reader(log, directory, active) and len(log.segments) == 2 else 2
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
-    assert not os.WIFSIGNALED(status), f"{tool} died of {signal.Signals(os.WTERMSIG(status)).name}"
+    assert not os.WIFSIGNALED(status), f"{what} died of {signal.Signals(os.WTERMSIG(status)).name}"
     assert os.WEXITSTATUS(status) == 0
 
 

@@ -279,7 +279,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _in_section(method: _F) -> _F:
-    """Run the method in the coordinator's section (see :meth:`TransactionCoordinator._section`)."""
+    """Run the method in the coordinator's section (see the module docstring, "Processes")."""
     def wrapped(self: "TransactionCoordinator", *args: Any, **kwargs: Any) -> Any:
         with self._section():
             return method(self, *args, **kwargs)
