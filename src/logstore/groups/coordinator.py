@@ -335,8 +335,8 @@ class GroupCoordinator:
         FENCED_INSTANCE_ID) and the new one takes its place and its assignment. In a Stable group
         whose protocol the new metadata leaves unchanged there is no rebalance: the generation
         is stored with the new id and the member gets the current generation, named with the
-        old leader id so that no member takes itself for a new leader; otherwise the group
-        rebalances and the member's join waits for it."""
+        old leader id so that no member takes itself for a new leader; otherwise (or when that
+        generation cannot be stored) the group rebalances and the member's join waits for it."""
         assert old.instance_id is not None
         logger.info("group %s: static member %s replaces %s", group.group_id, new_id, old.member_id)
         old_leader = group.leader
@@ -355,15 +355,14 @@ class GroupCoordinator:
         if group.leader == old.member_id:
             group.leader = new_id
         self._touch(group, member)
+        reason = f"static member {new_id} rejoins with new metadata"
         if group.state == STABLE and group.protocol == group.select_protocol():
-            if not self._store(group):
-                self._prepare_rebalance(group, f"static member {new_id} could not be stored", done)
-                answer = member.join = Future()
-                return answer
-            return dict(self._current_generation(group, new_id), leader=old_leader or "", members=[])
+            if self._store(group):
+                return dict(self._current_generation(group, new_id), leader=old_leader or "", members=[])
+            reason = f"static member {new_id} could not be stored"
         answer = member.join = Future()
         if group.state != PREPARING_REBALANCE:
-            self._prepare_rebalance(group, f"static member {new_id} rejoins with new metadata", done)
+            self._prepare_rebalance(group, reason, done)
         return answer
 
     def _current_generation(self, group: _Group, member_id: str) -> dict[str, Any]:
@@ -889,24 +888,27 @@ class GroupCoordinator:
     def _existing(self, group_id: str) -> Iterator[_Group | None]:
         """The group, locked, if it exists (known here, or with committed offsets or stored
         membership: Kafka's groups loaded Empty), else None. A group known only by its offsets
-        gets an entry for the while, so that commits wait for what is done with it."""
+        gets an entry for the while, so that commits and joins wait for what is done with it;
+        the entry then goes, marked Dead, so that one of them that found it meanwhile tries
+        again (COORDINATOR_NOT_AVAILABLE) rather than joining a group nobody holds."""
         with self._lock:
             group = self._groups.get(group_id)
             placeholder = group is None
             if placeholder:
                 group = self._groups[group_id] = _Group(group_id)
         assert group is not None
-        try:
-            with group.lock:
+        with group.lock:
+            try:
                 if group.state == DEAD or (placeholder and not self._stored(group_id)):
                     yield None
                 else:
                     yield group
-        finally:
-            if placeholder and group.state in (EMPTY, DEAD) and not group.members:
-                with self._lock:
-                    if self._groups.get(group_id) is group:
-                        del self._groups[group_id]
+            finally:
+                if placeholder and not group.members:
+                    group.state = DEAD
+                    with self._lock:
+                        if self._groups.get(group_id) is group:
+                            del self._groups[group_id]
 
     def _stored(self, group_id: str) -> bool:
         """Whether the store holds committed offsets or membership of the group."""
