@@ -44,8 +44,10 @@ __all__ = ["SUPPORTED", "API_NAMES", "KafkaRequest", "KafkaProtocolError", "Unsu
 
 #: api key -> (lowest, highest) version served. Non-flexible versions, which every client this
 #: server is tested with speaks (aiokafka speaks nothing else), but for the transaction APIs,
-#: whose newer versions carry what the clients need (KIP-360's epoch bump). (:func:`parse_request`
-#: takes other ranges from a caller that serves more.)
+#: whose newer versions carry what the clients need (KIP-360's epoch bump), and the group APIs,
+#: served to their newest classic versions (committed leader epochs, several groups per
+#: OffsetFetch, batched FindCoordinator keys). (:func:`parse_request` takes other ranges from a
+#: caller that serves more.)
 SUPPORTED: dict[int, tuple[int, int]] = {
     0: (0, 11),   # Produce (v0-v2 advertised, refused: see _REFUSED_PRODUCE; v9+ flexible)
     1: (4, 11),   # Fetch
