@@ -440,3 +440,21 @@ def test_a_static_member_closed_without_leaving_gets_its_partitions_back_without
     finally:
         a2.close()
         b.close()
+
+
+def test_a_transactional_offset_commit_keeps_its_leader_epoch(served):
+    """TxnOffsetCommit (confluent-kafka's send_offsets_to_transaction) stores the leader epoch
+    with the offset too, applied at the COMMIT marker."""
+    from confluent_kafka import Producer
+
+    c = Consumer({"bootstrap.servers": served.bootstrap, "group.id": "txn-group", "enable.auto.commit": False})
+    p = Producer({"bootstrap.servers": served.bootstrap, "transactional.id": "txn-epochs"})
+    try:
+        p.init_transactions(30)
+        p.begin_transaction()
+        p.produce("u", b"out")
+        p.send_offsets_to_transaction([TopicPartition("t", 0, 7, leader_epoch=2)], c.consumer_group_metadata(), 30)
+        p.commit_transaction(30)
+    finally:
+        c.close()
+    assert committed(served, "txn-group") == {("t", 0): (7, 2)}

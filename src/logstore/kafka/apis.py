@@ -627,8 +627,8 @@ class KafkaApis:
 
     def on_txn_offset_commit(self, request: KafkaRequest) -> dict[str, Any]:
         body = request.body
-        wanted = [(t.name, p.partition_index, p.committed_offset, p.committed_metadata or "")
-                  for t in body.topics for p in t.partitions]
+        wanted = [(t.name, p.partition_index, p.committed_offset, p.committed_metadata or "",
+                   getattr(p, "committed_leader_epoch", -1)) for t in body.topics for p in t.partitions]
         error = self.verify_partition(body.transactional_id, body.producer_id, body.producer_epoch, (OFFSETS_TOPIC, 0))
         if error == ErrorCode.transaction_abortable:
             error = ErrorCode.invalid_txn_state  # AddOffsetsToTxn did not come first
@@ -638,17 +638,17 @@ class KafkaApis:
                                                            getattr(body, "group_instance_id", None))
         errors: dict[tuple[str, int], int] = {}
         if error == ErrorCode.none:
-            for topic, partition, _, _ in wanted:
+            for topic, partition, *_ in wanted:
                 if not self._partition_exists(topic, partition):
                     errors[(topic, partition)] = ErrorCode.unknown_topic_or_partition
-            good = {(t, p): (o, m) for t, p, o, m in wanted if (t, p) not in errors}
+            good = {(t, p): (o, m, max(e, -1)) for t, p, o, m, e in wanted if (t, p) not in errors}
             try:
                 self.groups.offsets.commit_transactional(body.group_id, good, body.producer_id, body.producer_epoch)
             except (LogstoreError, OSError) as exc:
                 logger.error("TxnOffsetCommit of %s for %s failed: %s", body.transactional_id, body.group_id, exc)
                 error = ErrorCode.unknown_server_error if isinstance(exc, LogstoreError) else ErrorCode.kafka_storage_error
         topics: dict[str, list[dict[str, Any]]] = {}
-        for topic, partition, _, _ in wanted:
+        for topic, partition, *_ in wanted:
             topics.setdefault(topic, []).append(
                 {"partition_index": partition, "error_code": error or errors.get((topic, partition), ErrorCode.none)})
         return {"throttle_time": 0, "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
