@@ -254,7 +254,8 @@ def test_two_group_members_split_the_partitions_and_the_admin_sees_their_offsets
         assert sorted(got[0] + got[1]) == sorted(b"%d-%d" % (p, i) for p in range(4) for i in range(3))
         admin = KafkaAdminClient(bootstrap_servers=kafka_server.bootstrap_servers)
         try:
-            assert {"group_id": "pair", "protocol_type": "consumer"} in admin.list_groups()
+            assert {"group_id": "pair", "protocol_type": "consumer", "group_state": "Stable",
+                    "group_type": "classic"} in admin.list_groups()  # ListGroups v5
             described = admin.describe_groups(["pair"])["pair"]
             assert (described["error"], described["group_state"], described["protocol_data"]) == \
                 (None, "Stable", "range")

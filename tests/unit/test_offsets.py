@@ -20,6 +20,7 @@ from logstore.groups.offsets import (
     decode_offset_value,
     encode_offset_key,
     encode_offset_value,
+    offset_value_leader_epoch,
 )
 
 INT16 = st.integers(-(1 << 15), (1 << 15) - 1)
@@ -225,6 +226,32 @@ def test_commit_and_committed(store):
     assert offsets.committed_with_metadata("h", "u", 0) == (3, "meta-data")
     assert offsets.committed_with_metadata("g", "t", 0) == (6, "")
     assert offsets.groups() == {"g": {("t", 0): 6, ("t", 1): 7}, "h": {("u", 0): 3}}
+
+
+def test_the_committed_leader_epoch_is_kafkas_value_v3_field_and_survives_a_reopen(store):
+    assert offset_value_leader_epoch(kafka_value_v3(5, "m", 1, leader_epoch=9)) == 9
+    assert offset_value_leader_epoch(kafka_value_v1(5, "m", 1, 2)) == -1  # version 1 has none
+    log = offsets_log(store)
+    offsets = OffsetStore(log)
+    offsets.commit("g", {("t", 0): (5, "m", 9), ("t", 1): (6, "")})
+    assert [offset_value_leader_epoch(r.value) for r in log.read(0)] == [9, -1]
+    assert offsets.committed_entry("g", "t", 0) == (5, "m", 9)
+    assert offsets.group_entries("g") == {("t", 0): (5, "m", 9), ("t", 1): (6, "", -1)}
+    offsets.commit("g", {("t", 0): 7})  # a later commit without one: none any more
+    assert OffsetStore(log).committed_entry("g", "t", 0) == (7, "", -1)
+
+
+def test_delete_group_writes_tombstones_for_its_offsets_and_membership(store):
+    log = offsets_log(store)
+    offsets = OffsetStore(log)
+    offsets.commit("g", {("t", 0): 5, ("u", 1): 7})
+    offsets.commit("h", {("t", 0): 1})
+    offsets.delete_group("g")
+    assert offsets.group_offsets("g") == {} and offsets.committed("h", "t", 0) == 1
+    tombstones = log.read(3)
+    assert [r.value for r in tombstones] == [None, None, None]
+    assert [decode_offset_key(r.key) for r in tombstones[:2]] == [("g", "t", 0), ("g", "u", 1)]
+    assert OffsetStore(log).group_offsets("g") == {}
 
 
 def test_commit_writes_kafka_records_in_one_batch(store):

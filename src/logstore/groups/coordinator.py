@@ -45,21 +45,24 @@ answers a call completes are completed after that lock is released.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..errors import LogstoreError
 from ..errorcodes import ErrorCode
+from .consumerprotocol import subscribed_topics
 from .metadata import GroupMember, GroupMetadata
 from .offsets import OffsetStore
 from ..net.purgatory import Purgatory
 
-__all__ = ["GroupConfig", "GroupCoordinator", "EMPTY", "PREPARING_REBALANCE", "COMPLETING_REBALANCE", "STABLE"]
+__all__ = ["GroupConfig", "GroupCoordinator", "EMPTY", "PREPARING_REBALANCE", "COMPLETING_REBALANCE", "STABLE", "DEAD",
+           "CLASSIC"]
 
 logger = logging.getLogger("logstore.kafka.groups")
 
@@ -67,6 +70,10 @@ EMPTY = "Empty"
 PREPARING_REBALANCE = "PreparingRebalance"
 COMPLETING_REBALANCE = "CompletingRebalance"
 STABLE = "Stable"
+#: a deleted group (DeleteGroups): whoever still holds it finds it gone
+DEAD = "Dead"
+#: ListGroups' type of the groups of this protocol (KIP-848 names its own "consumer")
+CLASSIC = "classic"
 
 
 #: Kafka's offset.metadata.max.bytes.
@@ -85,12 +92,14 @@ def _complete(done: Done) -> None:
 
 
 def _join_error(error: int, member_id: str = "") -> dict[str, Any]:
-    return {"throttle_time": 0, "error_code": error, "generation_id": -1, "protocol_name": "", "leader": "",
-            "member_id": member_id, "members": []}
+    return {"throttle_time": 0, "error_code": error, "generation_id": -1, "protocol_type": None,
+            "protocol_name": "", "leader": "", "skip_assignment": False, "member_id": member_id, "members": []}
 
 
-def _sync_answer(error: int, assignment: bytes = b"") -> dict[str, Any]:
-    return {"throttle_time": 0, "error_code": error, "assignment": assignment}
+def _sync_answer(error: int, assignment: bytes = b"", protocol_type: str | None = None,
+                 protocol: str | None = None) -> dict[str, Any]:
+    return {"throttle_time": 0, "error_code": error, "protocol_type": protocol_type, "protocol_name": protocol,
+            "assignment": assignment}
 
 
 class _Member:
@@ -137,6 +146,11 @@ class _Group:
         self.round = 0  # bumped by every rebalance: a join timer of an older round does nothing
         self.join_not_before = 0.0
         self.join_deadline = 0.0
+
+    def group_type(self) -> str:
+        """The group's type as ListGroups v5 and DescribeGroups name it: the one place a group
+        says which protocol it speaks (KIP-848's groups are "consumer")."""
+        return CLASSIC
 
     def rebalance_timeout_s(self) -> float:
         return max((m.rebalance_ms for m in self.members.values()), default=0) / 1000.0
@@ -271,6 +285,8 @@ class GroupCoordinator:
             return _join_error(ErrorCode.unknown_member_id, member_id)
         done: Done = []
         with group.lock:
+            if group.state == DEAD:  # deleted meanwhile: the member finds the coordinator again
+                return _join_error(ErrorCode.coordinator_not_available, member_id)
             answer = self._join(group, member_id, instance_id, (client_id, client_host, session_ms, rebalance_ms,
                                 protocols), protocol_type, require_known_member_id, done)
             if group.state == PREPARING_REBALANCE:
@@ -288,8 +304,7 @@ class GroupCoordinator:
             if instance_id is not None:
                 old = group.static.get(instance_id)
                 if old is not None:  # a restarted static member replaces its old self
-                    logger.info("group %s: static member %s replaces %s", group.group_id, new_id, old)
-                    self._drop(group, group.members[old], ErrorCode.fenced_instance_id, done)
+                    return self._replace_static(group, group.members[old], new_id, args, done)
                 return self._add_member(group, new_id, instance_id, protocol_type, args, done)
             if require_known:  # KIP-394: hand the id out, the member joins with it
                 group.pending.add(new_id)
@@ -313,6 +328,43 @@ class GroupCoordinator:
             return self._update_member(group, member, args, done)
         return _join_error(ErrorCode.unknown_member_id, member_id)
 
+    def _replace_static(self, group: _Group, old: _Member, new_id: str, args: _MemberArgs,
+                        done: Done) -> dict[str, Any] | Future:
+        """A static member joins again under a new member id (KIP-345, Kafka's
+        updateStaticMemberAndRebalance): its old id is fenced (what waits on it gets
+        FENCED_INSTANCE_ID) and the new one takes its place and its assignment. In a Stable group
+        whose protocol the new metadata leaves unchanged there is no rebalance: the generation
+        is stored with the new id and the member gets the current generation, named with the
+        old leader id so that no member takes itself for a new leader; otherwise (or when that
+        generation cannot be stored) the group rebalances and the member's join waits for it."""
+        assert old.instance_id is not None
+        logger.info("group %s: static member %s replaces %s", group.group_id, new_id, old.member_id)
+        old_leader = group.leader
+        member = _Member(new_id, old.instance_id, *args)
+        member.assignment = old.assignment
+        if old.join is not None:
+            done.append((old.join, _join_error(ErrorCode.fenced_instance_id, old.member_id)))
+        if old.sync is not None:
+            done.append((old.sync, _sync_answer(ErrorCode.fenced_instance_id)))
+        group.members = {(new_id if mid == old.member_id else mid): (member if m is old else m)
+                         for mid, m in group.members.items()}
+        group.static[old.instance_id] = new_id
+        if old.member_id in group.pending_sync:
+            group.pending_sync.discard(old.member_id)
+            group.pending_sync.add(new_id)
+        if group.leader == old.member_id:
+            group.leader = new_id
+        self._touch(group, member)
+        reason = f"static member {new_id} rejoins with new metadata"
+        if group.state == STABLE and group.protocol == group.select_protocol():
+            if self._store(group):
+                return dict(self._current_generation(group, new_id), leader=old_leader or "", members=[])
+            reason = f"static member {new_id} could not be stored"
+        answer = member.join = Future()
+        if group.state != PREPARING_REBALANCE:
+            self._prepare_rebalance(group, reason, done)
+        return answer
+
     def _current_generation(self, group: _Group, member_id: str) -> dict[str, Any]:
         assert group.protocol is not None
         members = []
@@ -320,8 +372,8 @@ class GroupCoordinator:
             members = [{"member_id": m.member_id, "group_instance_id": m.instance_id,
                         "metadata": m.metadata(group.protocol)} for m in group.members.values()]
         return {"throttle_time": 0, "error_code": ErrorCode.none, "generation_id": group.generation,
-                "protocol_name": group.protocol, "leader": group.leader or "", "member_id": member_id,
-                "members": members}
+                "protocol_type": group.protocol_type, "protocol_name": group.protocol, "leader": group.leader or "",
+                "skip_assignment": False, "member_id": member_id, "members": members}
 
     def _add_member(self, group: _Group, member_id: str, instance_id: str | None, protocol_type: str,
                     args: _MemberArgs, done: Done) -> Future:
@@ -548,16 +600,24 @@ class GroupCoordinator:
 
     # ------------------------------------------------------------------ SyncGroup, Heartbeat, LeaveGroup
     def sync(self, group_id: str, generation: int, member_id: str, instance_id: str | None,
-             assignments: dict[str, bytes]) -> dict[str, Any] | Future:
-        """A SyncGroup: the member's assignment now, or a Future of it once the leader's comes."""
+             assignments: dict[str, bytes], protocol_type: str | None = None,
+             protocol: str | None = None) -> dict[str, Any] | Future:
+        """A SyncGroup: the member's assignment now, or a Future of it once the leader's comes.
+        ``protocol_type`` and ``protocol`` (SyncGroup v5), when given, must be the group's
+        (INCONSISTENT_GROUP_PROTOCOL otherwise)."""
         group = self._group(group_id, create=False)
         if group is None:
             return _sync_answer(ErrorCode.unknown_member_id)
         done: Done = []
         with group.lock:
+            if group.state == DEAD:
+                return _sync_answer(ErrorCode.coordinator_not_available)
             error = self._validate_member(group, member_id, instance_id)
             if not error and generation != group.generation:
                 error = ErrorCode.illegal_generation
+            if not error and ((protocol_type is not None and protocol_type != group.protocol_type)
+                              or (protocol is not None and protocol != group.protocol)):
+                error = ErrorCode.inconsistent_group_protocol
             if error:
                 return _sync_answer(error)
             if group.state == EMPTY:
@@ -568,7 +628,7 @@ class GroupCoordinator:
             group.pending_sync.discard(member_id)
             if group.state == STABLE:
                 self._touch(group, member)
-                return _sync_answer(ErrorCode.none, member.assignment)
+                return _sync_answer(ErrorCode.none, member.assignment, group.protocol_type, group.protocol)
             if member.sync is not None:
                 done.append((member.sync, _sync_answer(ErrorCode.rebalance_in_progress)))
             answer = member.sync = Future()
@@ -579,7 +639,8 @@ class GroupCoordinator:
                 error = ErrorCode.none if stored else ErrorCode.coordinator_not_available
                 for other in group.members.values():
                     if other.sync is not None:
-                        done.append((other.sync, _sync_answer(error, other.assignment if stored else b"")))
+                        done.append((other.sync, _sync_answer(error, other.assignment, group.protocol_type,
+                                                              group.protocol) if stored else _sync_answer(error)))
                         other.sync = None
                 if stored:
                     group.state = STABLE
@@ -596,6 +657,8 @@ class GroupCoordinator:
         if group is None:
             return ErrorCode.unknown_member_id
         with group.lock:
+            if group.state == DEAD:
+                return ErrorCode.coordinator_not_available
             error = self._validate_member(group, member_id, instance_id)
             if error:
                 return error
@@ -634,8 +697,13 @@ class GroupCoordinator:
 
     # ------------------------------------------------------------------ offsets
     def commit_offsets(self, group_id: str, generation: int, member_id: str, instance_id: str | None,
-                       offsets: Sequence[tuple[str, int, int, str | None]]) -> list[int]:
-        """An OffsetCommit of ``(topic, partition, offset, metadata)``: an error code for each.
+                       offsets: Sequence[tuple[str, int, int, int, str | None]], api_version: int = 8) -> list[int]:
+        """An OffsetCommit of ``(topic, partition, offset, leader epoch, metadata)``: an error
+        code for each (the leader epoch is stored with the offset; -1 for none).
+
+        ``generation`` is OffsetCommit's ``generation_id_or_member_epoch``: for a classic group
+        the generation. A commit naming a generation of a group this coordinator does not know
+        gets GROUP_ID_NOT_FOUND from version 9 (ILLEGAL_GENERATION before), as Kafka's.
 
         The accepted ones are committed in one batch, fsynced before this returns. The check
         of the member's generation and the append happen under the group's lock, so that no
@@ -643,10 +711,10 @@ class GroupCoordinator:
         """
         group = self._group(group_id, create=False) if group_id else None
         if group is None:
-            errors = self._commit(group_id, generation, member_id, instance_id, offsets)
+            errors = self._commit(group_id, generation, member_id, instance_id, offsets, api_version)
         else:
             with group.lock:
-                errors = self._commit(group_id, generation, member_id, instance_id, offsets)
+                errors = self._commit(group_id, generation, member_id, instance_id, offsets, api_version)
         if ErrorCode.none in errors:
             try:
                 self.offsets.sync()  # fsynced (or held by a majority), outside the group's lock
@@ -656,13 +724,15 @@ class GroupCoordinator:
         return errors
 
     def _commit(self, group_id: str, generation: int, member_id: str, instance_id: str | None,
-                offsets: Sequence[tuple[str, int, int, str | None]]) -> list[int]:
+                offsets: Sequence[tuple[str, int, int, int, str | None]], api_version: int) -> list[int]:
         error = self._check_committer(group_id, generation, member_id, instance_id)
+        if error == ErrorCode.illegal_generation and api_version >= 9 and self._group(group_id, False) is None:
+            error = ErrorCode.group_id_not_found
         if error:
             return [error] * len(offsets)
         errors: list[int] = []
-        accepted: dict[tuple[str, int], tuple[int, str]] = {}
-        for topic, partition, offset, metadata in offsets:
+        accepted: dict[tuple[str, int], tuple[int, str, int]] = {}
+        for topic, partition, offset, leader_epoch, metadata in offsets:
             if not self.partition_exists(topic, partition):
                 errors.append(ErrorCode.unknown_topic_or_partition)
             elif metadata is not None and len(metadata.encode("utf-8")) > MAX_METADATA_BYTES:
@@ -670,7 +740,7 @@ class GroupCoordinator:
             elif offset < 0:
                 errors.append(ErrorCode.invalid_commit_offset_size)
             else:
-                accepted[(topic, partition)] = (offset, metadata or "")
+                accepted[(topic, partition)] = (offset, metadata or "", leader_epoch if leader_epoch >= 0 else -1)
                 errors.append(ErrorCode.none)
         if accepted:
             try:
@@ -688,13 +758,17 @@ class GroupCoordinator:
         return self._check_committer(group_id, generation, member_id, instance_id)
 
     def _check_committer(self, group_id: str, generation: int, member_id: str, instance_id: str | None) -> int:
-        """Whether this member may commit for the group (Kafka's validateOffsetCommit)."""
+        """Whether this member may commit for the group (Kafka's validateOffsetCommit of a
+        classic group; ``generation`` is the request's generation id or member epoch, and a
+        group of KIP-848's protocol would fence by member epoch here instead)."""
         if not group_id:
             return ErrorCode.invalid_group_id
         group = self._group(group_id, create=generation < 0)
         if group is None:
             return ErrorCode.illegal_generation  # a member of a group this coordinator does not know (a restart)
         with group.lock:
+            if group.state == DEAD:
+                return ErrorCode.coordinator_not_available
             if generation < 0 and group.state == EMPTY:
                 return ErrorCode.none  # not using group management: allowed while nobody is a member
             if generation >= 0 or member_id or instance_id is not None:
@@ -712,48 +786,176 @@ class GroupCoordinator:
             return ErrorCode.none
 
     def fetch_offsets(self, group_id: str, partitions: Sequence[tuple[str, int]] | None
-                      ) -> list[tuple[str, int, int, str]]:
-        """Committed ``(topic, partition, offset, metadata)``: of ``partitions`` (-1 and "" where
-        none is committed), or every partition the group committed when None."""
+                      ) -> list[tuple[str, int, int, int, str]]:
+        """Committed ``(topic, partition, offset, leader epoch, metadata)``: of ``partitions``
+        (-1, -1 and "" where none is committed), or every partition the group committed when
+        None. A classic group answers whoever asks (OffsetFetch v9's member id and epoch are
+        checked only by KIP-848's groups, as Kafka's ClassicGroup.validateOffsetFetch)."""
         if partitions is None:
-            found = self.offsets.group_offsets(group_id)
-            return [(topic, partition, offset, metadata)
-                    for (topic, partition), (offset, metadata) in sorted(found.items())]
+            found = self.offsets.group_entries(group_id)
+            return [(topic, partition, offset, epoch, metadata)
+                    for (topic, partition), (offset, metadata, epoch) in sorted(found.items())]
         out = []
         for topic, partition in partitions:
-            got = self.offsets.committed_with_metadata(group_id, topic, partition)
-            offset, metadata = got if got is not None else (-1, "")
-            out.append((topic, partition, offset, metadata))
+            got = self.offsets.committed_entry(group_id, topic, partition)
+            offset, metadata, epoch = got if got is not None else (-1, "", -1)
+            out.append((topic, partition, offset, epoch, metadata))
         return out
+
+    def delete_offsets(self, group_id: str, partitions: Sequence[tuple[str, int]]) -> tuple[int, list[int]]:
+        """An OffsetDelete: (the group's error, an error per partition). As Kafka's: an empty
+        group's offsets are deleted for every partition asked; a group of the consumer protocol
+        with members keeps those of the topics its members subscribe to (GROUP_SUBSCRIBED_TO_TOPIC,
+        read from each member's subscription) and loses the others; any other group with members
+        gets NON_EMPTY_GROUP, an unknown one GROUP_ID_NOT_FOUND, a partition of no topic here
+        UNKNOWN_TOPIC_OR_PARTITION.
+
+        Durability: the tombstones are fsynced before this returns. Thread-safe."""
+        if not group_id:
+            return ErrorCode.invalid_group_id, []
+        with self._existing(group_id) as group:
+            if group is None:
+                return ErrorCode.group_id_not_found, []
+            if group.state == EMPTY:
+                subscribed: set[str] | None = set()
+            elif group.protocol_type == "consumer":
+                subscribed = self._subscribed_topics(group)
+            else:
+                return ErrorCode.non_empty_group, []
+            errors: list[int] = []
+            doomed = []
+            for topic, partition in partitions:
+                if not self.partition_exists(topic, partition):
+                    errors.append(ErrorCode.unknown_topic_or_partition)
+                elif subscribed is None or topic in subscribed:
+                    errors.append(ErrorCode.group_subscribed_to_topic)
+                else:
+                    doomed.append((topic, partition))
+                    errors.append(ErrorCode.none)
+            try:
+                self.offsets.delete(group_id, doomed, durable=True)
+            except (LogstoreError, OSError, ValueError) as exc:
+                logger.error("group %s: offsets could not be deleted: %s", group_id, exc)
+                return ErrorCode.coordinator_not_available, []
+            return ErrorCode.none, errors
+
+    def _subscribed_topics(self, group: _Group) -> set[str] | None:
+        """The topics the members of a consumer-protocol group subscribe to (every protocol's
+        metadata while no generation has chosen one); None when a subscription cannot be read
+        (then every topic counts as subscribed). Holds the group's lock."""
+        topics: set[str] = set()
+        for member in group.members.values():
+            for name, metadata in member.protocols:
+                if group.protocol and name != group.protocol:
+                    continue
+                try:
+                    topics.update(subscribed_topics(metadata))
+                except ValueError as exc:
+                    logger.warning("group %s: member %s: %s", group.group_id, member.member_id, exc)
+                    return None
+        return topics
+
+    def delete_groups(self, group_ids: Sequence[str]) -> list[int]:
+        """A DeleteGroups: an error code for each group. As Kafka's: an empty group is deleted
+        with its committed offsets and membership (tombstones in one batch, so a crash leaves it
+        whole or gone, never back after a restart); a group with members gets NON_EMPTY_GROUP,
+        an unknown one GROUP_ID_NOT_FOUND, an empty id INVALID_GROUP_ID.
+
+        Durability: each deletion is fsynced before this returns. Thread-safe."""
+        return [self._delete_group(group_id) for group_id in group_ids]
+
+    def _delete_group(self, group_id: str) -> int:
+        if not group_id:
+            return ErrorCode.invalid_group_id
+        with self._existing(group_id) as group:
+            if group is None:
+                return ErrorCode.group_id_not_found
+            if group.state != EMPTY:
+                return ErrorCode.non_empty_group
+            try:
+                self.offsets.delete_group(group_id)
+            except (LogstoreError, OSError, ValueError) as exc:
+                logger.error("group %s: could not be deleted: %s", group_id, exc)
+                return ErrorCode.coordinator_not_available
+            group.state = DEAD
+            with self._lock:
+                if self._groups.get(group_id) is group:
+                    del self._groups[group_id]
+            logger.info("group %s: deleted", group_id)
+            return ErrorCode.none
+
+    @contextlib.contextmanager
+    def _existing(self, group_id: str) -> Iterator[_Group | None]:
+        """The group, locked, if it exists (known here, or with committed offsets or stored
+        membership: Kafka's groups loaded Empty), else None. A group known only by its offsets
+        gets an entry for the while, so that commits and joins wait for what is done with it;
+        the entry then goes, marked Dead, so that one of them that found it meanwhile tries
+        again (COORDINATOR_NOT_AVAILABLE) rather than joining a group nobody holds."""
+        with self._lock:
+            group = self._groups.get(group_id)
+            placeholder = group is None
+            if placeholder:
+                group = self._groups[group_id] = _Group(group_id)
+        assert group is not None
+        with group.lock:
+            try:
+                if group.state == DEAD or (placeholder and not self._stored(group_id)):
+                    yield None
+                else:
+                    yield group
+            finally:
+                if placeholder and not group.members:
+                    group.state = DEAD
+                    with self._lock:
+                        if self._groups.get(group_id) is group:
+                            del self._groups[group_id]
+
+    def _stored(self, group_id: str) -> bool:
+        """Whether the store holds committed offsets or membership of the group."""
+        return bool(self.offsets.group_offsets(group_id)) or group_id in self.offsets.group_metadata()
 
     # ------------------------------------------------------------------ inspection
     def describe(self, group_id: str) -> dict[str, Any] | None:
-        """A group's state, protocol and members (DescribeGroups), or None when unknown."""
+        """A group's state, type, protocol and members (DescribeGroups), or None when unknown
+        (a group known only by its committed offsets is Empty, as Kafka loads it)."""
         group = self._group(group_id, create=False)
         if group is None:
-            return None
+            if not group_id or not self._stored(group_id):
+                return None
+            return {"group_id": group_id, "state": EMPTY, "type": CLASSIC, "protocol_type": "", "protocol": "",
+                    "generation": 0, "members": []}
         with group.lock:
+            if group.state == DEAD:
+                return None
             stable = group.state == STABLE
-            return {"group_id": group_id, "state": group.state, "protocol_type": group.protocol_type or "",
-                    "protocol": group.protocol or "", "generation": group.generation,
+            return {"group_id": group_id, "state": group.state, "type": group.group_type(),
+                    "protocol_type": group.protocol_type or "", "protocol": group.protocol or "",
+                    "generation": group.generation,
                     "members": [{"member_id": m.member_id, "group_instance_id": m.instance_id,
                                  "client_id": m.client_id, "client_host": m.client_host,
                                  "metadata": m.metadata(group.protocol) if stable and group.protocol else b"",
                                  "assignment": m.assignment if stable else b""}
                                 for m in group.members.values()]}
 
-    def groups(self) -> list[tuple[str, str, str]]:
-        """(group id, protocol type, state) of every group (ListGroups): those with members
-        here, and those with committed offsets only (the library's consumers, earlier lives)."""
+    def groups(self, states: Iterable[str] = (), types: Iterable[str] = ()) -> list[tuple[str, str, str, str]]:
+        """(group id, protocol type, state, group type) of every group (ListGroups): those with
+        members here, and those with committed offsets only (the library's consumers, earlier
+        lives), which are Empty. ``states`` and ``types``, when not empty, keep only the groups
+        in one of them (compared ignoring case, as Kafka's ListGroups v4 and v5 filters)."""
         with self._lock:
             groups = list(self._groups.values())
-        out: dict[str, tuple[str, str]] = {}
+        out: dict[str, tuple[str, str, str]] = {}
         for group in groups:
             with group.lock:
-                out[group.group_id] = (group.protocol_type or "", group.state)
+                if group.state != DEAD:
+                    out[group.group_id] = (group.protocol_type or "", group.state, group.group_type())
         for group_id in self.offsets.groups():
-            out.setdefault(group_id, ("", EMPTY))
-        return [(group_id, kind, state) for group_id, (kind, state) in sorted(out.items())]
+            out.setdefault(group_id, ("", EMPTY, CLASSIC))
+        wanted_states = {s.lower() for s in states}
+        wanted_types = {t.lower() for t in types}
+        return [(group_id, kind, state, group_type) for group_id, (kind, state, group_type) in sorted(out.items())
+                if (not wanted_states or state.lower() in wanted_states)
+                and (not wanted_types or group_type.lower() in wanted_types)]
 
     def close(self) -> None:
         """Answer every waiting join and sync (the server is stopping): the members look for the

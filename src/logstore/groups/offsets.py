@@ -4,8 +4,9 @@ A commit is one record per partition, in Kafka's own schema (kafka.coordinator.g
 GroupMetadataManager), so Kafka tooling that reads that topic understands our records:
 
 * key, version 1 (offset commit): ``int16 version=1, string group, string topic, int32 partition``
-* value, version 3: ``int16 version=3, int64 offset, int32 leader_epoch (-1), string metadata,
-  int64 commit_timestamp``
+* value, version 3: ``int16 version=3, int64 offset, int32 leader_epoch, string metadata,
+  int64 commit_timestamp`` (the leader epoch the consumer last saw for the partition, KIP-320;
+  -1 when the client gave none)
 * a null value (tombstone) removes the group's offset for that partition.
 
 Strings are ``int16 length`` + UTF-8 bytes, integers big-endian. Every record of one commit goes
@@ -41,7 +42,7 @@ from ..records.control import ControlType, read_marker
 from .metadata import GroupMetadata, decode_group_key, decode_group_value, encode_group_key, encode_group_value
 
 __all__ = ["OffsetStore", "OffsetsReplay", "OFFSETS_TOPIC", "encode_offset_key", "encode_offset_value", "decode_offset_key", "decode_offset_value",
-           "OFFSETS_TOPIC_CONFIG", "offset_store"]
+           "offset_value_leader_epoch", "OFFSETS_TOPIC_CONFIG", "offset_store"]
 
 #: Kafka's internal topic of committed consumer offsets.
 OFFSETS_TOPIC = "__consumer_offsets"
@@ -131,6 +132,14 @@ def decode_offset_value(value: bytes) -> tuple[int, str, int]:
     return offset, metadata, _I64.unpack_from(value, pos)[0]
 
 
+def offset_value_leader_epoch(value: bytes) -> int:
+    """The committed leader epoch of a value :func:`decode_offset_value` accepts: version 3
+    carries it, earlier versions have none (-1)."""
+    if len(value) >= 14 and _I16.unpack_from(value, 0)[0] == 3:
+        return _VALUE_HEAD.unpack_from(value, 0)[2]  # type: ignore[no-any-return]
+    return -1
+
+
 class OffsetsReplay:
     """What the batches of ``__consumer_offsets`` say, applied in order (the one reader of the
     topic's batches: :class:`OffsetStore` follows the live log with it, ``logstore stats`` reads
@@ -141,6 +150,9 @@ class OffsetsReplay:
     def __init__(self) -> None:
         #: (group, topic, partition) -> (offset, metadata) of every committed offset
         self.offsets: dict[tuple[str, str, int], tuple[int, str]] = {}
+        #: (group, topic, partition) -> the leader epoch committed with the offset, where one was
+        #: (an entry of ``offsets`` missing here has none: -1)
+        self.leader_epochs: dict[tuple[str, str, int], int] = {}
         #: group -> its last stored membership
         self.groups: dict[str, GroupMetadata] = {}
         #: producer id -> the offset records of its open transaction, in log order
@@ -205,9 +217,15 @@ class OffsetsReplay:
                 continue
             if r.value is None:
                 self.offsets.pop(parsed, None)
+                self.leader_epochs.pop(parsed, None)
             else:
                 offset, metadata, _ = decode_offset_value(r.value)
                 self.offsets[parsed] = (offset, metadata)
+                epoch = offset_value_leader_epoch(r.value)
+                if epoch >= 0:
+                    self.leader_epochs[parsed] = epoch
+                else:
+                    self.leader_epochs.pop(parsed, None)
 
     def _take_group(self, key: bytes, value: bytes | None, offset: int) -> None:
         try:
@@ -259,21 +277,21 @@ class OffsetStore:
             if self._position == start:  # pragma: no cover - read_raw returns batches past start
                 break
 
-    def commit(self, group: str, offsets: Mapping[Any, int | tuple[int, str]], durable: bool = True) -> None:
-        """Commit ``{(topic, partition): offset or (offset, metadata)}`` for ``group`` atomically."""
+    def commit(self, group: str, offsets: Mapping[Any, int | tuple[int, str] | tuple[int, str, int]],
+               durable: bool = True) -> None:
+        """Commit ``{(topic, partition): offset, (offset, metadata) or (offset, metadata,
+        leader epoch)}`` for ``group`` atomically (the leader epoch -1 when not given)."""
         if not offsets:
             return
         keys: list[bytes | None] = []
         values: list[bytes | None] = []
         now = int(time.time() * 1000)
-        parsed = {}
         for (topic, partition), item in offsets.items():
-            offset, metadata = item if isinstance(item, tuple) else (item, "")
+            offset, metadata, epoch = _commit_item(item)
             if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
                 raise ValueError(f"offset for {topic}-{partition} must be an int >= 0, got {offset!r}")
             keys.append(encode_offset_key(group, topic, partition))
-            values.append(encode_offset_value(offset, metadata, now))
-            parsed[(group, topic, partition)] = (offset, metadata)
+            values.append(encode_offset_value(offset, metadata, now, epoch))
         with self._lock:
             self._log.append_batch(values, keys)  # type: ignore[attr-defined]
         if durable:
@@ -281,7 +299,8 @@ class OffsetStore:
         with self._lock:
             self._catch_up()
 
-    def commit_transactional(self, group: str, offsets: Mapping[Any, int | tuple[int, str]], producer_id: int,
+    def commit_transactional(self, group: str, offsets: Mapping[Any, int | tuple[int, str] | tuple[int, str, int]],
+                             producer_id: int,
                              producer_epoch: int) -> None:
         """Write ``{(topic, partition): offset or (offset, metadata)}`` of ``group`` as part of
         the producer's transaction (Kafka's TxnOffsetCommit): pending until the producer's
@@ -295,11 +314,11 @@ class OffsetStore:
         keys: list[bytes | None] = []
         values: list[bytes | None] = []
         for (topic, partition), item in offsets.items():
-            offset, metadata = item if isinstance(item, tuple) else (item, "")
+            offset, metadata, epoch = _commit_item(item)
             if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
                 raise ValueError(f"offset for {topic}-{partition} must be an int >= 0, got {offset!r}")
             keys.append(encode_offset_key(group, topic, partition))
-            values.append(encode_offset_value(offset, metadata, now))
+            values.append(encode_offset_value(offset, metadata, now, epoch))
         with self._lock:
             self._log.append_batch(values, keys, producer_id=producer_id,  # type: ignore[attr-defined]
                                    producer_epoch=producer_epoch, transactional=True)
@@ -345,13 +364,34 @@ class OffsetStore:
             self._catch_up()
             return dict(self._groups)
 
-    def delete(self, group: str, partitions: Iterable[tuple[str, int]]) -> None:
-        """Remove the group's committed offsets for ``partitions`` (tombstones)."""
+    def delete(self, group: str, partitions: Iterable[tuple[str, int]], durable: bool = False) -> None:
+        """Remove the group's committed offsets for ``partitions`` (tombstones, one batch).
+
+        Durability: fsynced on return when ``durable`` (else in the page cache)."""
         keys: list[bytes | None] = [encode_offset_key(group, t, p) for t, p in partitions]
         if keys:
             with self._lock:
                 self._log.append_batch([None] * len(keys), keys)  # type: ignore[attr-defined]
+            if durable:
+                self._log.flush()  # type: ignore[attr-defined]
+            with self._lock:
                 self._catch_up()
+
+    def delete_group(self, group: str) -> None:
+        """Remove ``group`` whole (Kafka's DeleteGroups): a tombstone for each of its committed
+        offsets and one for its membership, in one batch, so that a crash leaves the group
+        whole or gone. Transactional commits still waiting for their marker are not touched.
+
+        Durability: fsynced on return. Thread-safe."""
+        with self._lock:
+            self._catch_up()
+            keys: list[bytes | None] = [encode_offset_key(group, t, p)
+                                        for (g, t, p) in self._offsets if g == group]
+            keys.append(encode_group_key(group))
+            self._log.append_batch([None] * len(keys), keys)  # type: ignore[attr-defined]
+        self._log.flush()  # type: ignore[attr-defined]
+        with self._lock:
+            self._catch_up()
 
     def committed(self, group: str, topic: str, partition: int) -> int | None:
         """The group's last committed offset for the partition, or None."""
@@ -365,6 +405,24 @@ class OffsetStore:
         with self._lock:
             self._catch_up()
             return self._offsets.get((group, topic, partition))
+
+    def committed_entry(self, group: str, topic: str, partition: int) -> tuple[int, str, int] | None:
+        """The group's last committed (offset, metadata, leader epoch) for the partition, or None
+        (the leader epoch -1 when the commit gave none)."""
+        with self._lock:
+            self._catch_up()
+            found = self._offsets.get((group, topic, partition))
+            if found is None:
+                return None
+            return found[0], found[1], self._replay.leader_epochs.get((group, topic, partition), -1)
+
+    def group_entries(self, group: str) -> dict[tuple[str, int], tuple[int, str, int]]:
+        """The group's committed ``{(topic, partition): (offset, metadata, leader epoch)}``."""
+        with self._lock:
+            self._catch_up()
+            epochs = self._replay.leader_epochs
+            return {(t, p): (found[0], found[1], epochs.get((g, t, p), -1))
+                    for (g, t, p), found in self._offsets.items() if g == group}
 
     def group_offsets(self, group: str) -> dict[tuple[str, int], tuple[int, str]]:
         """The group's committed ``{(topic, partition): (offset, metadata)}``."""
@@ -380,6 +438,16 @@ class OffsetStore:
             for (group, topic, partition), (offset, _) in self._offsets.items():
                 out.setdefault(group, {})[(topic, partition)] = offset
             return out
+
+
+def _commit_item(item: Any) -> tuple[Any, str, int]:
+    """(offset, metadata, leader epoch) of a commit's item: an offset, (offset, metadata) or
+    (offset, metadata, leader epoch)."""
+    if not isinstance(item, tuple):
+        return item, "", -1
+    if len(item) == 2:
+        return item[0], item[1], -1
+    return item[0], item[1], item[2]
 
 
 _OFFSET_STORES: "weakref.WeakKeyDictionary[Any, OffsetStore]" = weakref.WeakKeyDictionary()

@@ -145,7 +145,7 @@ class KafkaApis:
             32: self.on_describe_configs, 17: self.on_sasl_handshake, 36: self.on_sasl_authenticate,
             24: self.on_add_partitions_to_txn, 25: self.on_add_offsets_to_txn, 26: self.on_end_txn,
             28: self.on_txn_offset_commit, 61: self.on_describe_producers, 65: self.on_describe_transactions,
-            66: self.on_list_transactions,
+            66: self.on_list_transactions, 42: self.on_delete_groups, 47: self.on_offset_delete,
         }
 
     def close(self) -> None:
@@ -627,8 +627,8 @@ class KafkaApis:
 
     def on_txn_offset_commit(self, request: KafkaRequest) -> dict[str, Any]:
         body = request.body
-        wanted = [(t.name, p.partition_index, p.committed_offset, p.committed_metadata or "")
-                  for t in body.topics for p in t.partitions]
+        wanted = [(t.name, p.partition_index, p.committed_offset, p.committed_metadata or "",
+                   getattr(p, "committed_leader_epoch", -1)) for t in body.topics for p in t.partitions]
         error = self.verify_partition(body.transactional_id, body.producer_id, body.producer_epoch, (OFFSETS_TOPIC, 0))
         if error == ErrorCode.transaction_abortable:
             error = ErrorCode.invalid_txn_state  # AddOffsetsToTxn did not come first
@@ -638,17 +638,17 @@ class KafkaApis:
                                                            getattr(body, "group_instance_id", None))
         errors: dict[tuple[str, int], int] = {}
         if error == ErrorCode.none:
-            for topic, partition, _, _ in wanted:
+            for topic, partition, *_ in wanted:
                 if not self._partition_exists(topic, partition):
                     errors[(topic, partition)] = ErrorCode.unknown_topic_or_partition
-            good = {(t, p): (o, m) for t, p, o, m in wanted if (t, p) not in errors}
+            good = {(t, p): (o, m, max(e, -1)) for t, p, o, m, e in wanted if (t, p) not in errors}
             try:
                 self.groups.offsets.commit_transactional(body.group_id, good, body.producer_id, body.producer_epoch)
             except (LogstoreError, OSError) as exc:
                 logger.error("TxnOffsetCommit of %s for %s failed: %s", body.transactional_id, body.group_id, exc)
                 error = ErrorCode.unknown_server_error if isinstance(exc, LogstoreError) else ErrorCode.kafka_storage_error
         topics: dict[str, list[dict[str, Any]]] = {}
-        for topic, partition, _, _ in wanted:
+        for topic, partition, *_ in wanted:
             topics.setdefault(topic, []).append(
                 {"partition_index": partition, "error_code": error or errors.get((topic, partition), ErrorCode.none)})
         return {"throttle_time": 0, "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
@@ -730,18 +730,31 @@ class KafkaApis:
                 "log.dirs": self.store.root}
 
     # ------------------------------------------------------------------ consumer groups
+    def coordinator_of(self, key_type: int, key: str) -> dict[str, Any]:
+        """FindCoordinator's answer for one key (``node_id``, ``host``, ``port``, ``error_code``,
+        ``error_message``): this broker coordinates every group (key type 0) and transactional
+        id (1); other key types get INVALID_REQUEST. A subclass that coordinates elsewhere
+        overrides this, and every version's shape follows."""
+        if key_type not in (0, 1):
+            return {"error_code": ErrorCode.invalid_request, "error_message": f"unknown coordinator key type {key_type}",
+                    "node_id": -1, "host": "", "port": -1}
+        return {"error_code": ErrorCode.none, "error_message": None, "node_id": self.node_id, "host": self.host,
+                "port": self.port}
+
     def on_find_coordinator(self, request: KafkaRequest) -> dict[str, Any]:
-        key_type = getattr(request.body, "key_type", 0)
-        if key_type not in (0, 1):  # 0: a group, 1: a transactional id (this broker coordinates both)
-            return {"throttle_time": 0, "error_code": ErrorCode.invalid_request, "node_id": -1, "host": "",
-                    "port": -1, "error_message": f"unknown coordinator key type {key_type}"}
-        return {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None, "node_id": self.node_id,
-                "host": self.host, "port": self.port}
+        body = request.body
+        key_type = getattr(body, "key_type", 0)
+        if request.api_version >= 4:  # batched keys (KIP-699), one answer each
+            return {"throttle_time": 0, "coordinators": [dict(self.coordinator_of(key_type, key), key=key)
+                                                         for key in body.coordinator_keys]}
+        return dict(self.coordinator_of(key_type, body.key), throttle_time=0)
 
     def on_join_group(self, request: KafkaRequest) -> dict[str, Any] | Future:
         body = request.body
         session_ms = _ms(body.session_timeout)
         rebalance_ms = _ms(body.rebalance_timeout) if request.api_version >= 1 else session_ms
+        if getattr(body, "reason", None):
+            logger.info("group %s: member %r joins: %s", body.group_id, body.member_id, body.reason)
         return self.groups.join(body.group_id, body.member_id, getattr(body, "group_instance_id", None),
                                 request.client_id or "", request.client_host, session_ms, rebalance_ms,
                                 body.protocol_type,
@@ -751,7 +764,8 @@ class KafkaApis:
         body = request.body
         return self.groups.sync(body.group_id, body.generation_id, body.member_id,
                                 getattr(body, "group_instance_id", None),
-                                {a.member_id: a.assignment for a in body.assignments})
+                                {a.member_id: a.assignment for a in body.assignments},
+                                getattr(body, "protocol_type", None), getattr(body, "protocol_name", None))
 
     def on_heartbeat(self, request: KafkaRequest) -> dict[str, Any]:
         body = request.body
@@ -764,6 +778,10 @@ class KafkaApis:
         if request.api_version < 3:
             (error,) = self.groups.leave(body.group_id, [(body.member_id, None)])
             return {"throttle_time": 0, "error_code": error}
+        for m in body.members:
+            if getattr(m, "reason", None):
+                logger.info("group %s: member %r leaves: %s", body.group_id, m.member_id or m.group_instance_id,
+                            m.reason)
         members = [(m.member_id, m.group_instance_id) for m in body.members]
         errors = self.groups.leave(body.group_id, members)
         return {"throttle_time": 0, "error_code": ErrorCode.none,
@@ -772,46 +790,83 @@ class KafkaApis:
 
     def on_offset_commit(self, request: KafkaRequest) -> dict[str, Any]:
         body = request.body
-        items = [(t.name, p.partition_index, p.committed_offset, p.committed_metadata)
-                 for t in body.topics for p in t.partitions]
+        items = [(t.name, p.partition_index, p.committed_offset, getattr(p, "committed_leader_epoch", -1),
+                  p.committed_metadata) for t in body.topics for p in t.partitions]
         errors = self.groups.commit_offsets(body.group_id, body.generation_id_or_member_epoch, body.member_id,
-                                            getattr(body, "group_instance_id", None), items)
+                                            getattr(body, "group_instance_id", None), items, request.api_version)
         topics: dict[str, list[dict[str, Any]]] = {}
-        for (topic, partition, _, _), error in zip(items, errors):
+        for (topic, partition, _, _, _), error in zip(items, errors):
             topics.setdefault(topic, []).append({"partition_index": partition, "error_code": error})
         return {"throttle_time": 0, "topics": [{"name": t, "partitions": parts} for t, parts in topics.items()]}
 
     def on_offset_fetch(self, request: KafkaRequest) -> dict[str, Any]:
+        """Up to v7 one group (its answer at the top level), from v8 several (KIP-709: one answer
+        each, in ``groups``)."""
         body = request.body
-        wanted = None if body.topics is None else [(t.name, p) for t in body.topics for p in t.partition_indexes]
-        if not body.group_id:
-            return {"throttle_time": 0, "topics": [], "error_code": ErrorCode.invalid_group_id}
+        if request.api_version < 8:
+            answer = self._group_offsets(body.group_id, body.topics)
+            return {"throttle_time": 0, "error_code": answer["error_code"], "topics": answer["topics"]}
+        return {"throttle_time": 0, "groups": [self._group_offsets(g.group_id, g.topics) for g in body.groups]}
+
+    def _group_offsets(self, group_id: str, topics: Any) -> dict[str, Any]:
+        """One group's OffsetFetch answer (``group_id``, ``error_code``, ``topics``)."""
+        if not group_id:
+            return {"group_id": group_id, "error_code": ErrorCode.invalid_group_id, "topics": []}
+        wanted = None if topics is None else [(t.name, p) for t in topics for p in t.partition_indexes]
+        answers: dict[str, list[dict[str, Any]]] = {}
+        for topic, partition, offset, epoch, metadata in self.groups.fetch_offsets(group_id, wanted):
+            answers.setdefault(topic, []).append({"partition_index": partition, "committed_offset": offset,
+                                                  "committed_leader_epoch": epoch, "metadata": metadata,
+                                                  "error_code": ErrorCode.none})
+        return {"group_id": group_id, "error_code": ErrorCode.none,
+                "topics": [{"name": t, "partitions": parts} for t, parts in answers.items()]}
+
+    def on_offset_delete(self, request: KafkaRequest) -> dict[str, Any]:
+        body = request.body
+        wanted = [(t.name, p.partition_index) for t in body.topics for p in t.partitions]
+        error, errors = self.groups.delete_offsets(body.group_id, wanted)
         topics: dict[str, list[dict[str, Any]]] = {}
-        for topic, partition, offset, metadata in self.groups.fetch_offsets(body.group_id, wanted):
-            topics.setdefault(topic, []).append({"partition_index": partition, "committed_offset": offset,
-                                                 "committed_leader_epoch": -1, "metadata": metadata,
-                                                 "error_code": ErrorCode.none})
-        return {"throttle_time": 0, "error_code": ErrorCode.none,
+        for (topic, partition), code in zip(wanted, errors):
+            topics.setdefault(topic, []).append({"partition_index": partition, "error_code": code})
+        return {"throttle_time": 0, "error_code": error,
                 "topics": [{"name": t, "partitions": parts} for t, parts in topics.items()]}
+
+    def on_delete_groups(self, request: KafkaRequest) -> dict[str, Any]:
+        names = list(request.body.groups_names)
+        return {"throttle_time": 0, "results": [{"group_id": g, "error_code": e}
+                                                for g, e in zip(names, self.groups.delete_groups(names))]}
+
+    def group_authorized_operations(self, request: KafkaRequest, group_id: str) -> int:
+        """DescribeGroups' ``authorized_operations`` of a group (KIP-430): Kafka's "not asked"
+        value (INT32_MIN) unless the request asks, and then too while no authorizer knows the
+        principal's operations: the one place an authorizer answers it."""
+        return -2147483648
 
     def on_describe_groups(self, request: KafkaRequest) -> dict[str, Any]:
         groups = []
         for group_id in request.body.groups:
             found = self.groups.describe(group_id)
-            if found is None:  # Kafka describes an unknown group as a dead one
+            error, message = ErrorCode.none, None
+            if found is None:  # Kafka describes an unknown group as a dead one (v6: GROUP_ID_NOT_FOUND)
                 found = {"state": "Dead", "protocol_type": "", "protocol": "", "members": []}
-            groups.append({"error_code": ErrorCode.none, "group_id": group_id, "group_state": found["state"],
+                if request.api_version >= 6:
+                    error, message = ErrorCode.group_id_not_found, f"group {group_id!r} not found"
+            groups.append({"error_code": error, "error_message": message, "group_id": group_id,
+                           "group_state": found["state"],
                            "protocol_type": found["protocol_type"], "protocol_data": found["protocol"],
                            "members": [{"member_id": m["member_id"], "group_instance_id": m["group_instance_id"],
                                         "client_id": m["client_id"], "client_host": m["client_host"],
                                         "member_metadata": m["metadata"], "member_assignment": m["assignment"]}
                                        for m in found["members"]],
-                           "authorized_operations": -2147483648})
+                           "authorized_operations": self.group_authorized_operations(request, group_id)})
         return {"throttle_time": 0, "groups": groups}
 
     def on_list_groups(self, request: KafkaRequest) -> dict[str, Any]:
+        body = request.body
+        listed = self.groups.groups(getattr(body, "states_filter", ()), getattr(body, "types_filter", ()))
         return {"throttle_time": 0, "error_code": ErrorCode.none,
-                "groups": [{"group_id": g, "protocol_type": t} for g, t, _ in self.groups.groups()]}
+                "groups": [{"group_id": g, "protocol_type": t, "group_state": state, "group_type": kind}
+                           for g, t, state, kind in listed]}
 
 
 #: what a transactional produce's verification may answer while the coordinator is busy or

@@ -30,6 +30,7 @@ from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import SerialError
 
 from ..errorcodes import ErrorCode
+from ..groups.consumerprotocol import MAX_READ_VERSION, subscribed_topics
 from .apikeys import HEARTBEAT, JOIN_GROUP, LEAVE_GROUP, OFFSET_COMMIT, SYNC_GROUP
 from .client import Connection, KafkaClientError, Security
 
@@ -39,7 +40,6 @@ __all__ = ["GroupClient", "JoinAnswer", "encode_subscription", "decode_subscript
 PROTOCOL_TYPE = "consumer"
 RANGE = "range"
 _I16 = struct.Struct(">h")
-_MAX_READ_VERSION = 3
 
 
 class JoinAnswer(NamedTuple):
@@ -69,19 +69,16 @@ def _versioned(data: bytes, what: str, schemas: str) -> tuple[type, memoryview]:
     (version,) = _I16.unpack_from(data, 0)
     if version < 0:
         raise KafkaClientError(f"a consumer protocol {what} of version {version}")
-    module = __import__(f"kio.schema.{schemas}.v{min(version, _MAX_READ_VERSION)}.data", fromlist=["x"])
-    cls = getattr(module, "ConsumerProtocolSubscription" if what == "subscription" else "ConsumerProtocolAssignment")
-    return cls, memoryview(data)[2:].toreadonly()
+    module = __import__(f"kio.schema.{schemas}.v{min(version, MAX_READ_VERSION)}.data", fromlist=["x"])
+    return module.ConsumerProtocolAssignment, memoryview(data)[2:].toreadonly()
 
 
 def decode_subscription(data: bytes) -> list[str]:
     """The topics of a consumer protocol subscription (any version)."""
-    cls, body = _versioned(data, "subscription", "consumer_protocol_subscription")
     try:
-        parsed, _ = entity_reader(cls)(body, 0)
-    except (SerialError, ValueError, struct.error, IndexError) as exc:
-        raise KafkaClientError(f"a malformed consumer protocol subscription: {exc}") from None
-    return [str(t) for t in parsed.topics]
+        return subscribed_topics(data)
+    except ValueError as exc:
+        raise KafkaClientError(str(exc)) from None
 
 
 def encode_assignment(partitions: Mapping[str, Iterable[int]]) -> bytes:

@@ -44,22 +44,24 @@ __all__ = ["SUPPORTED", "API_NAMES", "KafkaRequest", "KafkaProtocolError", "Unsu
 
 #: api key -> (lowest, highest) version served. Non-flexible versions, which every client this
 #: server is tested with speaks (aiokafka speaks nothing else), but for the transaction APIs,
-#: whose newer versions carry what the clients need (KIP-360's epoch bump). (:func:`parse_request`
-#: takes other ranges from a caller that serves more.)
+#: whose newer versions carry what the clients need (KIP-360's epoch bump), and the group APIs,
+#: served to their newest classic versions (committed leader epochs, several groups per
+#: OffsetFetch, batched FindCoordinator keys). (:func:`parse_request` takes other ranges from a
+#: caller that serves more.)
 SUPPORTED: dict[int, tuple[int, int]] = {
     0: (0, 11),   # Produce (v0-v2 advertised, refused: see _REFUSED_PRODUCE; v9+ flexible)
     1: (4, 11),   # Fetch
     2: (1, 5),    # ListOffsets
     3: (0, 8),    # Metadata
-    8: (2, 7),    # OffsetCommit
-    9: (1, 5),    # OffsetFetch
-    10: (0, 2),   # FindCoordinator
-    11: (0, 5),   # JoinGroup
-    12: (0, 3),   # Heartbeat
-    13: (0, 3),   # LeaveGroup
-    14: (0, 3),   # SyncGroup
-    15: (0, 4),   # DescribeGroups
-    16: (0, 2),   # ListGroups
+    8: (2, 9),    # OffsetCommit (v8+ flexible; v9 KIP-848's generation id or member epoch)
+    9: (1, 9),    # OffsetFetch (v6+ flexible; v8+ several groups, KIP-709)
+    10: (0, 4),   # FindCoordinator (v3+ flexible; v4 batched keys, KIP-699)
+    11: (0, 9),   # JoinGroup (v6+ flexible)
+    12: (0, 4),   # Heartbeat (v4 flexible)
+    13: (0, 5),   # LeaveGroup (v4+ flexible)
+    14: (0, 5),   # SyncGroup (v4+ flexible)
+    15: (0, 6),   # DescribeGroups (v5+ flexible)
+    16: (0, 5),   # ListGroups (v3+ flexible; v4 state filter, v5 type filter)
     17: (0, 1),   # SaslHandshake (answered by kafkaauth before authentication)
     18: (0, 2),   # ApiVersions
     19: (2, 4),   # CreateTopics
@@ -71,6 +73,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     28: (0, 3),   # TxnOffsetCommit (v3 flexible: the group's generation and member)
     32: (1, 3),   # DescribeConfigs
     36: (0, 1),   # SaslAuthenticate (answered by kafkaauth before authentication)
+    42: (0, 2),   # DeleteGroups (v2 flexible)
+    47: (0, 0),   # OffsetDelete
     61: (0, 0),   # DescribeProducers (flexible)
     65: (0, 0),   # DescribeTransactions (flexible)
     66: (0, 1),   # ListTransactions (flexible)
@@ -82,7 +86,8 @@ API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "Offs
              17: "SaslHandshake", 18: "ApiVersions", 19: "CreateTopics", 20: "DeleteTopics", 22: "InitProducerId",
              23: "OffsetForLeaderEpoch", 24: "AddPartitionsToTxn", 25: "AddOffsetsToTxn", 26: "EndTxn",
              27: "WriteTxnMarkers",
-             28: "TxnOffsetCommit", 32: "DescribeConfigs", 36: "SaslAuthenticate", 61: "DescribeProducers",
+             28: "TxnOffsetCommit", 32: "DescribeConfigs", 36: "SaslAuthenticate", 42: "DeleteGroups",
+             47: "OffsetDelete", 61: "DescribeProducers",
              65: "DescribeTransactions", 66: "ListTransactions",
              52: "Vote", 53: "BeginQuorumEpoch", 54: "EndQuorumEpoch", 55: "DescribeQuorum"}
 

@@ -192,20 +192,18 @@ class ReplicaKafkaApis(KafkaApis):
                 self._groups_epoch = epoch
             return self._groups
 
-    def on_find_coordinator(self, request: KafkaRequest) -> dict[str, Any]:
-        key_type = getattr(request.body, "key_type", 0)
+    def coordinator_of(self, key_type: int, key: str) -> dict[str, Any]:
         if key_type not in (0, 1):
-            return super().on_find_coordinator(request)
+            return super().coordinator_of(key_type, key)
         # 0: a group's coordinator leads __consumer_offsets-0; 1: a transactional id's leads
         # __transaction_state-0
         leader, topic = (self._coordinator()[0], OFFSETS_TOPIC) if key_type == 0 else \
             (self.slot.leader(), TRANSACTION_STATE_TOPIC)
         if leader not in self.kafka_brokers:
-            return {"throttle_time": 0, "error_code": ErrorCode.coordinator_not_available,
+            return {"error_code": ErrorCode.coordinator_not_available,
                     "error_message": f"no leader of {topic}-0 yet", "node_id": -1, "host": "", "port": -1}
         host, port = self.kafka_brokers[leader]
-        return {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None, "node_id": leader,
-                "host": host, "port": port}
+        return {"error_code": ErrorCode.none, "error_message": None, "node_id": leader, "host": host, "port": port}
 
     def _replica(self, topic: str, partition: int) -> PartitionReplica | None:
         return self.context.replica(topic, partition)
@@ -501,19 +499,26 @@ def _refuse_commit(request: KafkaRequest) -> dict[str, Any]:
 
 
 def _refuse_offset_fetch(request: KafkaRequest) -> dict[str, Any]:
-    """As Kafka's: each partition asked for with the error too (clients read those first)."""
-    topics = request.body.topics or []
-    return {"throttle_time": 0, "error_code": ErrorCode.not_coordinator, "topics": [
-        {"name": t.name, "partitions": [{"partition_index": p, "committed_offset": -1, "committed_leader_epoch": -1,
-                                         "metadata": "", "error_code": ErrorCode.not_coordinator}
-                                        for p in t.partition_indexes]}
-        for t in topics]}
+    """As Kafka's: each partition asked for with the error too (clients read those first); from
+    v8 each group so."""
+    def refused(topics: Any) -> list[dict[str, Any]]:
+        return [{"name": t.name, "partitions": [{"partition_index": p, "committed_offset": -1,
+                                                 "committed_leader_epoch": -1, "metadata": "",
+                                                 "error_code": ErrorCode.not_coordinator}
+                                                for p in t.partition_indexes]} for t in topics or []]
+
+    body = request.body
+    if request.api_version >= 8:
+        return {"throttle_time": 0, "groups": [{"group_id": g.group_id, "error_code": ErrorCode.not_coordinator,
+                                                "topics": refused(g.topics)} for g in body.groups]}
+    return {"throttle_time": 0, "error_code": ErrorCode.not_coordinator, "topics": refused(body.topics)}
 
 
 def _refuse_describe(request: KafkaRequest) -> dict[str, Any]:
     return {"throttle_time": 0, "groups": [
-        {"error_code": ErrorCode.not_coordinator, "group_id": g, "group_state": "", "protocol_type": "",
-         "protocol_data": "", "members": [], "authorized_operations": -2147483648} for g in request.body.groups]}
+        {"error_code": ErrorCode.not_coordinator, "error_message": None, "group_id": g, "group_state": "",
+         "protocol_type": "", "protocol_data": "", "members": [], "authorized_operations": -2147483648}
+        for g in request.body.groups]}
 
 
 #: the group requests only the coordinator answers, and the others' NOT_COORDINATOR answer
@@ -527,4 +532,7 @@ _GROUP_REFUSALS: dict[int, Any] = {
     15: _refuse_describe,
     16: lambda request: {"throttle_time": 0, "error_code": ErrorCode.none, "groups": []},
     28: _refuse_commit,  # TxnOffsetCommit goes to the group's coordinator
+    42: lambda request: {"throttle_time": 0, "results": [{"group_id": g, "error_code": ErrorCode.not_coordinator}
+                                                         for g in request.body.groups_names]},
+    47: lambda request: {"throttle_time": 0, "error_code": ErrorCode.not_coordinator, "topics": []},
 }
