@@ -60,7 +60,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     14: (0, 3),   # SyncGroup
     15: (0, 4),   # DescribeGroups
     16: (0, 2),   # ListGroups
-    17: (0, 1),   # SaslHandshake (answered by kafkaauth before authentication)
+    17: (0, 1),   # SaslHandshake (answered by kafka.auth before authentication and to re-authenticate)
     18: (0, 2),   # ApiVersions
     19: (2, 4),   # CreateTopics
     20: (1, 3),   # DeleteTopics
@@ -70,7 +70,9 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     26: (0, 4),   # EndTxn (v3+ flexible; v5 is KIP-890's transaction version 2)
     28: (0, 3),   # TxnOffsetCommit (v3 flexible: the group's generation and member)
     32: (1, 3),   # DescribeConfigs
-    36: (0, 1),   # SaslAuthenticate (answered by kafkaauth before authentication)
+    36: (0, 1),   # SaslAuthenticate (answered by kafka.auth before authentication and to re-authenticate)
+    50: (0, 0),   # DescribeUserScramCredentials (flexible)
+    51: (0, 0),   # AlterUserScramCredentials (flexible)
     61: (0, 0),   # DescribeProducers (flexible)
     65: (0, 0),   # DescribeTransactions (flexible)
     66: (0, 1),   # ListTransactions (flexible)
@@ -82,7 +84,8 @@ API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "Offs
              17: "SaslHandshake", 18: "ApiVersions", 19: "CreateTopics", 20: "DeleteTopics", 22: "InitProducerId",
              23: "OffsetForLeaderEpoch", 24: "AddPartitionsToTxn", 25: "AddOffsetsToTxn", 26: "EndTxn",
              27: "WriteTxnMarkers",
-             28: "TxnOffsetCommit", 32: "DescribeConfigs", 36: "SaslAuthenticate", 61: "DescribeProducers",
+             28: "TxnOffsetCommit", 32: "DescribeConfigs", 36: "SaslAuthenticate", 50: "DescribeUserScramCredentials",
+             51: "AlterUserScramCredentials", 61: "DescribeProducers",
              65: "DescribeTransactions", 66: "ListTransactions",
              52: "Vote", 53: "BeginQuorumEpoch", 54: "EndQuorumEpoch", 55: "DescribeQuorum"}
 
