@@ -92,6 +92,9 @@ API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "Offs
 _HEADER = struct.Struct(">hhi")  # api key, api version, correlation id
 #: Produce versions advertised but refused (closing the connection), as Kafka 4 does.
 _REFUSED_PRODUCE = range(0, 3)
+#: APIs whose requests librdkafka (2.x) ends with a second empty tagged-field section, one 0
+#: byte after the request: Kafka reads no further than the request and never sees it.
+_ONE_STRAY_ZERO = frozenset({51})  # AlterUserScramCredentials
 
 
 class KafkaProtocolError(LogstoreError):
@@ -185,7 +188,8 @@ def parse_request(frame: bytes | bytearray | memoryview,
     except (KioIndexError, SerialError, ValueError, struct.error, KeyError) as exc:  # KeyError: an unknown tag
         raise KafkaProtocolError(f"{API_NAMES.get(api_key, api_key)} v{api_version}: malformed request: "
                                  f"{exc}") from None
-    if offset + size != len(data):
+    if offset + size != len(data) and not (api_key in _ONE_STRAY_ZERO and offset + size + 1 == len(data)
+                                           and data[-1] == 0):
         raise KafkaProtocolError(f"{API_NAMES.get(api_key, api_key)} v{api_version}: "
                                  f"{len(data) - offset - size} bytes after the request")
     return KafkaRequest(api_key, api_version, correlation_id, header.client_id, body)
