@@ -293,6 +293,9 @@ class KafkaServer:
         client_certs = context is not None and context.verify_mode == ssl.CERT_REQUIRED
         local = isinstance(listen, (str, os.PathLike))  # a Unix socket: its file's permissions guard it
         with_sasl = sasl_credentials is not None or sasl_oauthbearer is not None
+        if not with_sasl and (sasl_mechanisms is not None or connections_max_reauth_ms):
+            raise ValueError("sasl_mechanisms and connections_max_reauth_ms need SASL: sasl_credentials "
+                             "(--sasl-credentials) or sasl_oauthbearer (--sasl-oauthbearer)")
         if not local and not _is_loopback(listen[0]) and not allow_anonymous and not with_sasl and not client_certs:
             raise LogstoreError(f"refusing to serve {listen[0]} without authentication: bind a loopback address, "
                                 "configure SASL (sasl_credentials, --sasl-credentials; sasl_oauthbearer) or TLS "
