@@ -1,4 +1,5 @@
-"""SASL on the Kafka listener: the PLAIN and SCRAM servers and the connection's handshake.
+"""SASL on the Kafka listener: the PLAIN, SCRAM and OAUTHBEARER servers and the connection's
+handshake, with KIP-368's re-authentication.
 
 Kafka's flow (KIP-43, KIP-152), which :class:`SaslHandshake` runs on the network loop, one frame
 at a time, before any request reaches the handlers:
@@ -20,14 +21,24 @@ the peer's close, and a guesser is slowed down.
 
 Any other request before authentication closes the connection (logged), and frames are capped
 (``KafkaProtocol``'s pre-authentication cap) until it succeeds. The principal is
-``User:<name>``. Sessions do not expire (SaslAuthenticate v1 answers a session lifetime of 0:
-no re-authentication, KIP-368).
+``User:<name>`` (for OAUTHBEARER, the token's principal claim, ``sub`` by default).
+
+Sessions (KIP-368, as Kafka's SaslServerAuthenticator): a session lasts the least of
+``connections.max.reauth.ms`` (when set) and, for OAUTHBEARER, its token's remaining life;
+SaslAuthenticate v1 answers that lifetime (0: none). Within or after it, a SaslHandshake on the
+open connection starts a re-authentication (:meth:`SaslHandshake.reauthenticate`; not within a
+second of the last, and never for a session without a lifetime: those get ILLEGAL_SASL_STATE
+from the handlers), with the same mechanism and principal, or the exchange fails and the
+connection closes; the network loop closes a connection whose session ended at its next other
+request.
 
 Mechanisms (:class:`PlainServer`, :class:`ScramServer`) check what the client sends against
-:mod:`~logstore.kafka.credentials`. An unknown user goes through the same exchange as a known
+:mod:`~logstore.kafka.credentials`; :class:`OAuthBearerServer` has the token validated by
+:mod:`~logstore.kafka.oauth`. An unknown user goes through the same exchange as a known
 one: SCRAM answers with a salt derived from the user name under a per-process secret and the
 default iteration count, PLAIN runs PBKDF2 against a dummy credential; both fail with the same
-message as a wrong password. Only the standard library's hashlib, hmac and secrets are used.
+message as a wrong password. PLAIN and SCRAM use only the standard library's hashlib, hmac and
+secrets.
 
 Thread-safety: :class:`SaslAuthenticator` is thread-safe (one per listener); the mechanism
 servers and :class:`SaslHandshake` belong to one connection and the loop thread.

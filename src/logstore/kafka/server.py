@@ -12,14 +12,17 @@ closes its connection before any of it is allocated; so does a malformed request
 line (the server and its other connections go on, and nothing of that request is written).
 
 Security (Kafka's security protocols): ``tls`` makes the listener SSL, ``sasl_credentials``
-makes it SASL_PLAINTEXT, both SASL_SSL. With SASL, a connection must authenticate (PLAIN,
-SCRAM-SHA-256, SCRAM-SHA-512: :mod:`~logstore.kafka.auth`, credentials in
-:mod:`~logstore.kafka.credentials`) before anything but ApiVersions is answered. The listener
+or ``sasl_oauthbearer`` make it SASL_PLAINTEXT, with TLS SASL_SSL. With SASL, a connection must
+authenticate (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER: :mod:`~logstore.kafka.auth`,
+credentials in :mod:`~logstore.kafka.credentials`, tokens validated by
+:mod:`~logstore.kafka.oauth`) before anything but ApiVersions is answered, and re-authenticate
+as ``connections_max_reauth_ms`` (KIP-368) asks. The listener
 binds to loopback unless told otherwise; binding another address needs authentication (SASL,
 or TLS that requires client certificates: a ``TLSConfig`` with ``cafile``), or
 ``allow_anonymous=True``. TLS without client certificates encrypts but identifies no one.
 A connection's ``net.Session.principal`` is ``User:<name>`` after SASL, None otherwise (a
-client certificate's subject is not made a principal); there are no ACLs.
+client certificate's subject is not made a principal); there are no ACLs. SCRAM users are
+also managed over the protocol (:mod:`~logstore.kafka.scramusers`).
 
 Thread-safety: :class:`KafkaServer` methods may be called from any thread.
 """
