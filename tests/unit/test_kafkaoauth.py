@@ -304,3 +304,19 @@ def test_jwt_validation_without_pyjwt_says_what_to_install(monkeypatch, jwks_fil
     monkeypatch.setattr(builtins, "__import__", no_jwt)
     with pytest.raises(LogstoreError, match=r"logstore\[oauth\]"):
         JwksSource(jwks_file())
+
+
+def test_a_key_verifies_only_its_own_type_and_declared_algorithm(tmp_path, keys):
+    ec = pytest.importorskip("cryptography.hazmat.primitives.asymmetric.ec")
+    jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(keys["k1"].public_key()))
+    path = tmp_path / "jwks.json"
+    path.write_text(json.dumps({"keys": [{**jwk, "kid": "any-rsa"}, {**jwk, "kid": "rs256-only", "alg": "RS256"}]}))
+    validator = JwtValidator(JwksSource(f"file://{path}"))
+    claims = {"sub": "a", "exp": int(time.time()) + 60}
+    assert validator.validate(jwt.encode(claims, keys["k1"], algorithm="PS256", headers={"kid": "any-rsa"})).principal \
+        == "a"
+    with pytest.raises(OAuthBearerValidationError, match="not for PS256"):
+        validator.validate(jwt.encode(claims, keys["k1"], algorithm="PS256", headers={"kid": "rs256-only"}))
+    with pytest.raises(OAuthBearerValidationError, match="not for ES256"):
+        validator.validate(jwt.encode(claims, ec.generate_private_key(ec.SECP256R1()), algorithm="ES256",
+                                      headers={"kid": "any-rsa"}))

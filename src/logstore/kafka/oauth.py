@@ -70,6 +70,8 @@ CONFIG_NAMES: dict[str, Any] = {
 
 #: The signature algorithms a JWT may use (asymmetric only: the JWKS holds public keys).
 ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
+#: The JWK key type (kty) each algorithm family verifies with.
+_KEY_TYPES = {"RS": "RSA", "PS": "RSA", "ES": "EC", "Ed": "OKP"}
 _MAX_JWKS_BYTES = 1 << 20
 
 
@@ -280,11 +282,13 @@ class JwksSource:
             keys = self._jwt.PyJWKSet.from_dict(document).keys
         except (ValueError, UnicodeDecodeError, self._jwt.exceptions.PyJWKSetError) as exc:
             raise ValueError(f"{self.url} is not a usable JSON Web Key Set: {exc}") from None
+        declared = {entry.get("kid"): entry.get("alg") for entry in document.get("keys", ())
+                    if isinstance(entry, dict)}
         out: dict[str | None, Any] = {}
         for key in keys:
             if getattr(key, "public_key_use", None) not in (None, "sig"):
                 continue
-            out[key.key_id] = key
+            out[key.key_id] = (key, declared.get(key.key_id))  # (PyJWK's algorithm_name defaults when alg is absent)
         return out
 
     def _refresh_loop(self) -> None:
@@ -325,7 +329,8 @@ class JwksSource:
                 logger.error("keeping the JWKS read before: %s", exc)
 
     def key(self, kid: str | None, algorithm: str) -> Any:
-        """The PyJWK for key id ``kid`` (None: the set's only key usable with ``algorithm``).
+        """The PyJWK of key id ``kid`` (None: the set's only key of ``algorithm``'s type) that
+        verifies ``algorithm``.
 
         Raises:
             OAuthBearerValidationError: no such key (an early refresh is asked for).
@@ -333,14 +338,18 @@ class JwksSource:
         self._maybe_reread()
         with self._lock:
             keys = self._keys
+        kty = _KEY_TYPES[algorithm[:2]]
         if kid is not None:
-            key = keys.get(kid)
+            entry = keys.get(kid)
         else:
-            usable = [k for k in keys.values() if getattr(k, "algorithm_name", algorithm) in (algorithm, None)]
-            key = usable[0] if len(usable) == 1 else None
-        if key is None:
+            usable = [e for e in keys.values() if e[0].key_type == kty]
+            entry = usable[0] if len(usable) == 1 else None
+        if entry is None:
             self._expedite()
             raise OAuthBearerValidationError(f"no key with id {kid!r} in the JWKS of {self.url}")
+        key, declared = entry
+        if key.key_type != kty or (declared is not None and declared != algorithm):
+            raise OAuthBearerValidationError(f"the key {kid!r} ({key.key_type}, alg {declared}) is not for {algorithm}")
         return key
 
     def _expedite(self) -> None:
