@@ -484,7 +484,7 @@ class SaslHandshake(net.Handshake):
         self._mechanism: Mechanism | None = None
         self._previous: tuple[str, str] | None = None   # (mechanism, principal) while re-authenticating
         self._bad_mechanism: str | None = None           # why a re-authentication's mechanism is refused
-        self._reauth_started = -MIN_REAUTH_INTERVAL_S
+        self._reauth_started: float | None = None       # when the last re-authentication began
         self._lifetime_ms: int | None = None
         self.done = False
         self.principal: str | None = None
@@ -494,7 +494,7 @@ class SaslHandshake(net.Handshake):
     def reauthenticate(self, frame: bytearray, now: float) -> bool:
         if self.session_expires is None or len(frame) < 4 or _HEADER.unpack_from(frame, 0)[0] != SASL_HANDSHAKE:
             return False
-        if now - self._reauth_started < MIN_REAUTH_INTERVAL_S:
+        if self._reauth_started is not None and now - self._reauth_started < MIN_REAUTH_INTERVAL_S:
             return False  # answered by the handlers: ILLEGAL_SASL_STATE
         assert self._mechanism is not None and self.principal is not None
         self._reauth_started = now

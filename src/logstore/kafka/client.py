@@ -10,7 +10,9 @@ It is deliberately small: one request in flight per connection, no idempotent pr
 mirror reconciles with the target's log end offsets instead, see :mod:`logstore.mirror`).
 :class:`Security` says how to reach the cluster: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL,
 with SASL PLAIN or SCRAM-SHA-256/512 (RFC 5802, the server's signature checked), as Kafka's
-clients configure them (:meth:`Security.from_properties` reads their property names). Every response frame is size-checked before it is read; a broker that
+clients configure them (:meth:`Security.from_properties` reads their property names); a
+connection re-authenticates before the next request once 85% of the session lifetime the
+broker gave it passed (KIP-368). Every response frame is size-checked before it is read; a broker that
 answers garbage, closes the connection or does not answer within ``timeout`` raises
 :class:`KafkaClientError` and that connection is dropped.
 
