@@ -12,6 +12,8 @@ import asyncio
 import http.server
 import json
 import logging
+import shutil
+import subprocess
 import threading
 import time
 
@@ -224,6 +226,20 @@ def test_librdkafka_unsecured_jwt_without_the_required_scope_is_refused(unsecure
     producer.flush(5)
     assert any(e.code() == ck.KafkaError._AUTHENTICATION and "insufficient_scope" in e.str() for e in errors), errors
     assert "no-scope" not in unsecured_server.store.topics()
+
+
+@pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is not installed (apt-get install kcat)")
+def test_kcat_produces_and_consumes_with_its_unsecured_jwt(unsecured_server):
+    auth = ["-X", "security.protocol=SASL_PLAINTEXT", "-X", "sasl.mechanisms=OAUTHBEARER",
+            "-X", "enable.sasl.oauthbearer.unsecure.jwt=true",
+            "-X", "sasl.oauthbearer.config=principal=kc scope=logstore.write"]
+    kcat = [shutil.which("kcat"), "-b", unsecured_server.bootstrap_servers, *auth]
+    done = subprocess.run([*kcat, "-P", "-t", "kcat-oauth"], input=b"one\ntwo\n", capture_output=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    done = subprocess.run([*kcat, "-C", "-t", "kcat-oauth", "-o", "beginning", "-e", "-q"], capture_output=True,
+                          timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [b"one", b"two"] == stored(unsecured_server, "kcat-oauth")
 
 
 def test_a_signed_jwt_is_not_what_the_unsecured_validator_takes(unsecured_server, idp):
