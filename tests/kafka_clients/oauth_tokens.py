@@ -38,7 +38,8 @@ class IdentityProvider:
     def token(self, sub="alice", lifetime_s=3600, kid="key-1", key=None, issuer=ISSUER, audience=AUDIENCE,
               **claims):
         now = int(time.time())
-        body = {"sub": sub, "iat": now, "exp": None if lifetime_s is None else now + lifetime_s, "iss": issuer, "aud": audience, **claims}
+        exp = None if lifetime_s is None else now + lifetime_s
+        body = {"sub": sub, "iat": now, "exp": exp, "iss": issuer, "aud": audience, **claims}
         body = {k: v for k, v in body.items() if v is not None}
         headers = {"kid": kid} if kid is not None else {}
         return jwt.encode(body, key or self.keys[kid or "key-1"], algorithm="RS256", headers=headers)

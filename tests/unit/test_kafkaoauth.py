@@ -211,7 +211,8 @@ def test_the_configuration_picks_one_validator(jwks_file):
     finally:
         v.close()
     for bad in ({}, {"sasl.oauthbearer.unsecured.validator.enable": "false"},
-                {"sasl.oauthbearer.unsecured.validator.enable": "true", "sasl.oauthbearer.jwks.endpoint.url": "file:///x"},
+                {"sasl.oauthbearer.unsecured.validator.enable": "true",
+                 "sasl.oauthbearer.jwks.endpoint.url": "file:///x"},
                 {"sasl.oauthbearer.unsecured.validator.enable": "yes"},
                 {"sasl.oauthbearer.typo": "1", "sasl.oauthbearer.unsecured.validator.enable": "true"}):
         with pytest.raises(ValueError):

@@ -326,10 +326,10 @@ class OAuthBearerServer:
             logger.info("OAUTHBEARER token refused: %s", exc)
             return self._error.encode("utf-8")
         if authzid and authzid != validated.principal:
-            raise SaslAuthenticationError(f"Authentication failed: Client requested an authorization id ({authzid}) that is "
-                                f"different from the token's principal name ({validated.principal})")
-        self.done, self.user, self.lifetime_ms, self.extensions = True, validated.principal, validated.lifetime_ms, \
-            extensions
+            raise SaslAuthenticationError(f"Authentication failed: Client requested an authorization id ({authzid}) "
+                                          f"that is different from the token's principal name ({validated.principal})")
+        self.user, self.lifetime_ms, self.extensions = validated.principal, validated.lifetime_ms, extensions
+        self.done = True
         return b""
 
     def _parse(self, message: bytes) -> tuple[str, str, dict[str, str]]:

@@ -157,6 +157,7 @@ def _name_and_mechanism(name: str, mechanism: int) -> tuple[ErrorCode, str] | No
 
 def _alter_answer(deletions: dict[str, Any], upsertions: dict[str, Any],
                   errors: dict[str, tuple[ErrorCode, str]]) -> dict[str, Any]:
-    results = [{"user": user, "error_code": ErrorCode.none, "error_message": None} for user in [*deletions, *upsertions]]
+    results = [{"user": user, "error_code": ErrorCode.none, "error_message": None}
+               for user in [*deletions, *upsertions]]
     results += [{"user": user, "error_code": code, "error_message": message} for user, (code, message) in errors.items()]
     return {"throttle_time": 0, "results": results}
