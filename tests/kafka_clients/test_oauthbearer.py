@@ -1,10 +1,11 @@
-"""SASL/OAUTHBEARER with real clients: confluent-kafka (``oauth_cb``, and librdkafka's own
-unsecured JWT), kafka-python and aiokafka (``sasl_oauth_token_provider``) authenticate with JWTs
-signed here by a test identity provider whose keys the server reads from a JWKS file or an
-HTTP URL; expired, not yet valid, wrongly issued, wrongly addressed, wrongly signed and
-unknown-kid tokens are refused with an authentication error and write nothing; the unsecured
-JWS works only where configured; KIP-368 re-authentication keeps a confluent-kafka and a
-kafka-python client producing and consuming across several session lifetimes."""
+"""SASL/OAUTHBEARER with real clients: confluent-kafka (``oauth_cb``, OIDC's client
+credentials, and librdkafka's own unsecured JWT), kcat, kafka-python and aiokafka
+(``sasl_oauth_token_provider``) authenticate with JWTs signed here by a test identity provider
+whose keys the server reads from a JWKS file or an HTTP URL; expired, not yet valid, wrongly
+issued, wrongly addressed, wrongly signed and unknown-kid tokens are refused with an
+authentication error and write nothing; the unsecured JWS works only where configured; KIP-368
+re-authentication keeps a confluent-kafka and a kafka-python client producing and consuming
+across several session lifetimes."""
 
 from __future__ import annotations
 
@@ -300,6 +301,43 @@ def test_a_jwks_url_is_fetched_and_a_new_kid_refreshes_it(tmp_path, idp, jwks_ht
         assert jwks_http.fetches >= 2
         assert confluent_round_trip(confluent_config(server, lambda: idp.token(kid="key-2")), "rotated-ok", n=1) == \
             [b"rotated-ok 0"]
+
+
+class _TokenEndpoint(http.server.BaseHTTPRequestHandler):
+    """An OAuth 2 token endpoint (client credentials grant) that signs with the test provider."""
+
+    def do_POST(self):  # noqa: N802 - the http.server API
+        form = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
+        self.server.requests.append((form, self.headers.get("Authorization")))
+        token = self.server.idp.token("oidc-client", lifetime_s=600)
+        body = json.dumps({"access_token": token, "token_type": "bearer", "expires_in": 600}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_confluent_oidc_client_credentials(server, idp):
+    """librdkafka's ``sasl.oauthbearer.method=oidc``: it gets a JWT from the token endpoint with
+    its client id and secret, and the server validates that JWT against the JWKS."""
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _TokenEndpoint)
+    httpd.idp, httpd.requests = idp, []
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        config = {"bootstrap.servers": server.bootstrap_servers, "security.protocol": "SASL_PLAINTEXT",
+                  "sasl.mechanisms": "OAUTHBEARER", "sasl.oauthbearer.method": "oidc",
+                  "sasl.oauthbearer.client.id": "cid", "sasl.oauthbearer.client.secret": "csecret",
+                  "sasl.oauthbearer.scope": "kafka",
+                  "sasl.oauthbearer.token.endpoint.url": f"http://127.0.0.1:{httpd.server_address[1]}/token"}
+        assert confluent_round_trip(config, "oidc", n=2) == [b"oidc 0", b"oidc 1"] == stored(server, "oidc")
+        assert ("grant_type=client_credentials&scope=kafka", "Basic Y2lkOmNzZWNyZXQ=") in httpd.requests
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
 
 
 # ---------------------------------------------------------------------- KIP-368
