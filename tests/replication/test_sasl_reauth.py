@@ -74,3 +74,34 @@ def test_oauthbearer_clients_and_scram_users_on_a_replica_set(tmp_path):
     finally:
         for n in nodes.values():
             n.stop()
+
+
+def test_logstore_node_takes_the_sasl_options(tmp_path):
+    """``logstore node --sasl-oauthbearer NAME=VALUE --connections-max-reauth-ms MS``: a one-node
+    set a librdkafka client logs in to with its unsecured JWT; a bad setting is a usage error."""
+    import subprocess
+    import sys
+
+    from .test_inprocess import free_ports
+
+    (port,) = free_ports(1)
+    (tmp_path / "secret").write_bytes(SECRET)
+    base = [sys.executable, "-m", "logstore", "node", "--node-id=0", f"--data-dir={tmp_path / 'n0'}",
+            f"--listen=127.0.0.1:{port}", f"--secret-file={tmp_path / 'secret'}", "--min-insync-replicas=1"]
+    bad = subprocess.run([*base, "--sasl-oauthbearer", "sasl.oauthbearer.nope=1"], capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and "expected NAME=VALUE" in bad.stderr
+    proc = subprocess.Popen([*base, "--sasl-oauthbearer", "sasl.oauthbearer.unsecured.validator.enable=true",
+                             "--connections-max-reauth-ms", "60000"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert f"serving on 127.0.0.1:{port}" in proc.stdout.readline()
+        producer = ck.Producer({"bootstrap.servers": f"127.0.0.1:{port}", "security.protocol": "SASL_PLAINTEXT",
+                                "sasl.mechanisms": "OAUTHBEARER", "enable.sasl.oauthbearer.unsecure.jwt": True,
+                                "sasl.oauthbearer.config": "principal=quinn"})
+        delivered = []
+        producer.produce("replicated", b"from quinn", partition=0, on_delivery=lambda err, msg: delivered.append(err))
+        assert producer.flush(20) == 0 and delivered == [None]
+    finally:
+        proc.terminate()
+        proc.wait(15)
