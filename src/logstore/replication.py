@@ -54,7 +54,7 @@ from .errors import LogstoreError, OffsetOutOfRangeError
 from .groups.offsets import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIG
 from .txn.metadata import TRANSACTION_STATE_TOPIC, TRANSACTION_STATE_TOPIC_CONFIG
 from .kafka.credentials import Credentials, CredentialsFile
-from .kafka.server import KafkaServer, add_transaction_arguments, transaction_config
+from .kafka.server import KafkaServer, add_sasl_arguments, add_transaction_arguments, sasl_options, transaction_config
 from .net import server as net
 from .net.protocol import TLSConfig
 from .net.purgatory import Purgatory
@@ -433,7 +433,7 @@ class _ReplicaCredentials(CredentialsFile):
         if isinstance(users, (str, os.PathLike)):
             users = CredentialsFile(users)
         elif users is not None and not isinstance(users, (Credentials, CredentialsFile)):
-            users = Credentials.from_mapping(users, mechanisms or MECHANISMS)
+            users = Credentials.from_mapping(users, [m for m in (mechanisms or MECHANISMS) if m in MECHANISMS])
         self._users = users
         self._seen: Any = None
         self._merged = self._replica
@@ -457,7 +457,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
     """Run one replica node until SIGTERM/SIGINT: ``logstore node --node-id 0 --data-dir DIR
     --listen 127.0.0.1:9000 --peer 1=127.0.0.1:9001 --peer 2=127.0.0.1:9002 --secret-file FILE
     [--topic NAME:PARTITIONS] [--tls-cert F --tls-key F --tls-ca F] [--advertised HOST:PORT]
-    [--sasl-credentials FILE]``. ``--listen`` is the node's one listener, Kafka's protocol, for
+    [--sasl-credentials FILE] [--sasl-oauthbearer NAME=VALUE ...] [--connections-max-reauth-ms MS]``. ``--listen`` is the node's one listener, Kafka's protocol, for
     Kafka clients and peers; ``--peer`` names the peers' listeners. Prints one "serving" line on
     stdout once it listens."""
     import argparse
@@ -481,8 +481,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
     parser.add_argument("--advertised", help="host:port that Metadata names for this node (default: the bound one)")
     parser.add_argument("--advertised-peer", action="append", default=[],
                         help="id=host:port: what Metadata names for a peer (default: its --peer)")
-    parser.add_argument("--sasl-credentials", help="Kafka clients' SASL users (a file written by logstore "
-                        "kafka-user); the replica user logs in with the secret")
+    add_sasl_arguments(parser)  # Kafka clients' SASL; the replica user logs in with the secret (SCRAM-SHA-256)
     add_transaction_arguments(parser)
     args = parser.parse_args(argv)
     tls_files = (args.tls_cert, args.tls_key, args.tls_ca)
@@ -516,9 +515,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
     except OSError as exc:
         parser.error(f"cannot read the secret file: {exc}")
     try:
-        options: dict[str, Any] = {"txn_config": transaction_config(args)}
-        if args.sasl_credentials:
-            options["sasl_credentials"] = args.sasl_credentials
+        options: dict[str, Any] = {"txn_config": transaction_config(args), **sasl_options(args)}
         node = ReplicaNode(args.node_id, args.data_dir, address(args.listen), peers, secret, partitions=topics,
                            election_timeout_ms=args.election_timeout_ms,
                            min_insync_replicas=args.min_insync_replicas,

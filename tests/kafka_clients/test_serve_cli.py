@@ -7,6 +7,7 @@ import contextlib
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -126,3 +127,38 @@ def test_serve_stops_cleanly_on_sigint(tmp_path):
             producer.close()
         assert (tmp_path / "store" / "cli-0").is_dir() and not marker.exists()
     assert marker.exists()
+
+
+def test_serve_with_oauthbearer_and_re_authentication(tmp_path):
+    """``logstore serve --sasl-oauthbearer NAME=VALUE --connections-max-reauth-ms MS``: Kafka's
+    settings on the command line; librdkafka's unsecured JWT with the required scope logs in and
+    re-authenticates; a JWKS file with both a password user: both mechanisms enabled."""
+    ck = pytest.importorskip("confluent_kafka")
+    settings = ["--sasl-oauthbearer", "sasl.oauthbearer.unsecured.validator.enable=true",
+                "--sasl-oauthbearer", "sasl.oauthbearer.unsecured.validator.required.scope=write",
+                "--connections-max-reauth-ms", "1200"]
+    with served(tmp_path / "store", *settings) as bootstrap:
+        producer = ck.Producer({"bootstrap.servers": bootstrap, "security.protocol": "SASL_PLAINTEXT",
+                                "sasl.mechanisms": "OAUTHBEARER", "enable.sasl.oauthbearer.unsecure.jwt": True,
+                                "sasl.oauthbearer.config": "principal=cli scope=write"})
+        delivered = []
+        for i in range(3):
+            producer.produce("cli-oauth", b"%d" % i, on_delivery=lambda err, msg: delivered.append(err))
+            producer.flush(10)
+            if i < 2:
+                time.sleep(1.1)  # past a session lifetime: librdkafka re-authenticated meanwhile
+        assert delivered == [None, None, None]
+
+
+def test_serve_refuses_unknown_or_incomplete_oauthbearer_settings(tmp_path):
+    added = subprocess.run([sys.executable, "-m", "logstore", "kafka-user", "add", str(tmp_path / "users"), "u",
+                            "--mechanism", "PLAIN"], input="pw\n", capture_output=True, text=True)
+    assert added.returncode == 0, added.stderr
+    for args, message in ((["--sasl-oauthbearer", "sasl.oauthbearer.nope=1"], "expected NAME=VALUE"),
+                          (["--sasl-oauthbearer", "sasl.oauthbearer.expected.issuer=x"], "exactly one of"),
+                          (["--sasl-mechanisms", "OAUTHBEARER"], "need SASL"),
+                          (["--sasl-credentials", str(tmp_path / "users"), "--sasl-mechanisms", "OAUTHBEARER"],
+                           "OAUTHBEARER needs")):
+        run = subprocess.run([sys.executable, "-m", "logstore", "serve", str(tmp_path / "s"), *args],
+                             capture_output=True, text=True, timeout=30)
+        assert run.returncode in (1, 2) and message in run.stderr, run.stderr

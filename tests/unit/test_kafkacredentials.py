@@ -4,6 +4,7 @@ form, adding and removing users, logstore kafka-user, re-reading a replaced file
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import logging
 
@@ -21,6 +22,7 @@ from logstore.kafka.credentials import (
     plain_credential,
     remove_user,
     scram_credential,
+    scram_credential_of_salted,
 )
 
 SALT = base64.b64decode("W22ZaJ0SNY7soEsUEjb6gQ==")
@@ -163,3 +165,20 @@ def test_a_replaced_file_is_reread_and_a_broken_one_ignored(tmp_path, caplog):
     (tmp_path / "latin1").write_bytes(b"\xe9:PLAIN:x=y\n")
     with pytest.raises(CredentialsError, match="not UTF-8"):
         Credentials.load(tmp_path / "latin1")
+
+
+def test_alter_rewrites_the_file_at_once_and_all_or_nothing(tmp_path):
+    path = tmp_path / "users"
+    add_user(path, "alice", "a", ["SCRAM-SHA-256", "PLAIN"])
+    source = CredentialsFile(path, check_interval_s=3600)  # never re-read by time: alter updates it
+    salted = hashlib.pbkdf2_hmac("sha512", b"b", b"salt", 4096)
+    bob = scram_credential_of_salted("SCRAM-SHA-512", salted, b"salt", 4096)
+    assert bob == scram_credential("SCRAM-SHA-512", "b", b"salt", 4096)  # the same keys as from the password
+    source.alter([("alice", "PLAIN")], {("bob", "SCRAM-SHA-512"): bob})
+    assert sorted(source.current().entries()) == [("alice", "SCRAM-SHA-256"), ("bob", "SCRAM-SHA-512")]
+    assert sorted(Credentials.load(path).entries()) == [("alice", "SCRAM-SHA-256"), ("bob", "SCRAM-SHA-512")]
+    before = path.read_bytes()
+    with pytest.raises(KeyError):
+        source.alter([("alice", "SCRAM-SHA-256"), ("carol", "PLAIN")], {})
+    assert path.read_bytes() == before
+    assert sorted(source.current().entries()) == [("alice", "SCRAM-SHA-256"), ("bob", "SCRAM-SHA-512")]

@@ -528,6 +528,8 @@ def test_metrics_count_connections_requests_and_bytes(serve):
     received = len(framed(b"WELCOME")) + len(framed(b"abc")) + len(framed(b""))
     assert m == {"connection-count": 0, "connection-creation-total": 1, "connection-close-total": 1,
                  "successful-authentication-total": 1, "failed-authentication-total": 0,
+                 "successful-reauthentication-total": 0, "failed-reauthentication-total": 0,
+                 "expired-connections-killed-count": 0,
                  "request-total": 2, "response-total": 2, "incoming-byte-total": sent,
                  "outgoing-byte-total": received, "connection-refused-total": 0,
                  "connection-expired-total": 0, "RequestQueueSize": 0}

@@ -60,6 +60,7 @@ from ..records.batch import parse_header
 from ..txn.producerids import ProducerIds
 from ..groups.offsets import OFFSETS_TOPIC, offset_store
 from ..groups.coordinator import GroupConfig, GroupCoordinator
+from .scramusers import ScramUsers
 from .wire import SUPPORTED, KafkaRequest
 from ..net.purgatory import Purgatory
 from ..store.store import LogStore
@@ -146,7 +147,10 @@ class KafkaApis:
             24: self.on_add_partitions_to_txn, 25: self.on_add_offsets_to_txn, 26: self.on_end_txn,
             28: self.on_txn_offset_commit, 61: self.on_describe_producers, 65: self.on_describe_transactions,
             66: self.on_list_transactions, 42: self.on_delete_groups, 47: self.on_offset_delete,
+            50: self.on_describe_user_scram_credentials, 51: self.on_alter_user_scram_credentials,
         }
+        #: SCRAM users over the protocol, over the listener's SASL users (the server sets them)
+        self.scram_users = ScramUsers(None)
 
     def close(self) -> None:
         """Answer the fetches, joins and syncs still waiting (the server is stopping)."""
@@ -553,14 +557,21 @@ class KafkaApis:
         return {"throttle_time": 0, "responses": results}
 
     def on_sasl_handshake(self, request: KafkaRequest) -> dict[str, Any]:
-        """SASL is answered before authentication (:mod:`~logstore.kafka.auth`); here, after it or
-        on a listener without SASL, it is Kafka's ILLEGAL_SASL_STATE."""
+        """SASL is answered before authentication and to re-authenticate (:mod:`~logstore.kafka.auth`);
+        here (a session without a lifetime, a second re-authentication within a second, a
+        listener without SASL) it is Kafka's ILLEGAL_SASL_STATE."""
         return {"error_code": ErrorCode.illegal_sasl_state, "mechanisms": []}
 
     def on_sasl_authenticate(self, request: KafkaRequest) -> dict[str, Any]:
-        """As :meth:`on_sasl_handshake` (no re-authentication: sessions do not expire)."""
+        """As :meth:`on_sasl_handshake` (a SaslAuthenticate without its SaslHandshake)."""
         return {"error_code": ErrorCode.illegal_sasl_state, "auth_bytes": b"", "session_lifetime": 0,
                 "error_message": "SaslAuthenticate after authentication, or on a listener without SASL"}
+
+    def on_describe_user_scram_credentials(self, request: KafkaRequest) -> dict[str, Any]:
+        return self.scram_users.describe(request)
+
+    def on_alter_user_scram_credentials(self, request: KafkaRequest) -> dict[str, Any]:
+        return self.scram_users.alter(request)
 
     # ------------------------------------------------------------------ producers
     def on_init_producer_id(self, request: KafkaRequest) -> dict[str, Any]:

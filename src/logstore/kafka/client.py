@@ -10,7 +10,9 @@ It is deliberately small: one request in flight per connection, no idempotent pr
 mirror reconciles with the target's log end offsets instead, see :mod:`logstore.mirror`).
 :class:`Security` says how to reach the cluster: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL,
 with SASL PLAIN or SCRAM-SHA-256/512 (RFC 5802, the server's signature checked), as Kafka's
-clients configure them (:meth:`Security.from_properties` reads their property names). Every response frame is size-checked before it is read; a broker that
+clients configure them (:meth:`Security.from_properties` reads their property names); a
+connection re-authenticates before the next request once 85% of the session lifetime the
+broker gave it passed (KIP-368). Every response frame is size-checked before it is read; a broker that
 answers garbage, closes the connection or does not answer within ``timeout`` raises
 :class:`KafkaClientError` and that connection is dropped.
 
@@ -29,6 +31,7 @@ import secrets
 import socket
 import ssl
 import struct
+import time
 import typing
 from typing import Any, Mapping
 
@@ -178,6 +181,9 @@ class Connection:
         self.sock: socket.socket = sock
         self.client_id = client_id
         self.correlation_id = 0
+        self._security = security
+        #: when to re-authenticate (KIP-368: at 85% of the session lifetime the server gave), or None
+        self._reauthenticate_at: float | None = None
         if security.sasl:
             try:
                 self._authenticate(security)
@@ -186,6 +192,8 @@ class Connection:
                 raise
 
     def _authenticate(self, security: Security) -> None:
+        self._reauthenticate_at = None
+        started = time.monotonic()
         mechanism = typing.cast(str, security.mechanism)
         answer = self.request(SASL_HANDSHAKE, {"mechanism": mechanism})
         if answer.error_code != ErrorCode.none:
@@ -193,7 +201,7 @@ class Connection:
                                      f"{', '.join(answer.mechanisms)})", answer.error_code)
         user, password = typing.cast(str, security.username), typing.cast(str, security.password)
         if mechanism == "PLAIN":
-            self._sasl_token(f"\0{user}\0{password}".encode())
+            self._sasl_token(f"\0{user}\0{password}".encode(), started)
             return
         digest = _SCRAM[mechanism]
         nonce = base64.b64encode(secrets.token_bytes(24)).decode()
@@ -212,17 +220,23 @@ class Connection:
         auth_message = f"{first_bare},{server_first},{without_proof}".encode()
         signature = hmac.digest(hashlib.new(digest, client_key).digest(), auth_message, digest)
         proof = base64.b64encode(bytes(a ^ b for a, b in zip(client_key, signature))).decode()
-        server_final = self._sasl_token(f"{without_proof},p={proof}".encode()).decode("utf-8", "replace")
+        server_final = self._sasl_token(f"{without_proof},p={proof}".encode(), started).decode("utf-8", "replace")
         expected = base64.b64encode(hmac.digest(hmac.digest(salted, b"Server Key", digest), auth_message,
                                                 digest)).decode()
         if not hmac.compare_digest(server_final, f"v={expected}"):
             raise KafkaClientError(f"SCRAM with {self.address}: the server did not prove it knows the password")
 
-    def _sasl_token(self, token: bytes) -> bytes:
+    def _sasl_token(self, token: bytes, started: float | None = None) -> bytes:
+        """The server's answer to one token; with ``started`` (the last token), the session's
+        lifetime sets when to re-authenticate."""
         answer = self.request(SASL_AUTHENTICATE, {"auth_bytes": token})
         if answer.error_code != ErrorCode.none:
             raise KafkaClientError(f"SASL authentication with {self.address} failed: "
                                    f"{answer.error_message or answer.error_code.name}")
+        lifetime_ms = getattr(answer, "session_lifetime", None)
+        lifetime_s = lifetime_ms.total_seconds() if hasattr(lifetime_ms, "total_seconds") else (lifetime_ms or 0) / 1000
+        if started is not None and lifetime_s > 0:
+            self._reauthenticate_at = started + 0.85 * lifetime_s
         return bytes(answer.auth_bytes)
 
     def request(self, api_key: int, fields: Mapping[str, Any], version: int | None = None,
@@ -232,6 +246,9 @@ class Connection:
         (default the connection's). Raises KafkaClientError (the connection is unusable)."""
         if version is None:
             version = VERSIONS[api_key] if api_key in VERSIONS else GROUP_VERSIONS[api_key]
+        if (self._reauthenticate_at is not None and time.monotonic() >= self._reauthenticate_at
+                and api_key not in (SASL_HANDSHAKE, SASL_AUTHENTICATE)):
+            self._authenticate(self._security)  # KIP-368: before the server's session ends
         if timeout is not None:
             self.sock.settimeout(timeout)
         what = f"{_NAMES.get(api_key, f'API {api_key}')} v{version} to {self.address}"

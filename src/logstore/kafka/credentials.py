@@ -52,6 +52,7 @@ from ..errors import LogstoreError
 
 __all__ = ["MECHANISMS", "SCRAM_HASHES", "MIN_ITERATIONS", "DEFAULT_ITERATIONS", "FILE_FORMAT", "CredentialsError",
            "ScramCredential", "PlainCredential", "Credential", "Credentials", "CredentialsFile", "scram_credential",
+           "scram_credential_of_salted",
            "plain_credential", "add_user", "remove_user", "main"]
 
 logger = logging.getLogger("logstore.kafka")
@@ -119,10 +120,18 @@ def scram_credential(mechanism: str, password: str, salt: bytes | None = None,
         raise ValueError(f"{mechanism!r} is not a SCRAM mechanism ({', '.join(SCRAM_HASHES)})")
     _check_iterations(iterations)
     salt = secrets.token_bytes(SALT_BYTES) if salt is None else salt
-    salted = hashlib.pbkdf2_hmac(name, password.encode("utf-8"), salt, iterations)
-    client_key = hmac.digest(salted, b"Client Key", name)
+    return scram_credential_of_salted(mechanism, hashlib.pbkdf2_hmac(name, password.encode("utf-8"), salt, iterations),
+                                      salt, iterations)
+
+
+def scram_credential_of_salted(mechanism: str, salted_password: bytes, salt: bytes, iterations: int) -> ScramCredential:
+    """The SCRAM credential of a salted password (``PBKDF2(password, salt, iterations)``, what
+    AlterUserScramCredentials carries, so that the password never travels): StoredKey and
+    ServerKey derived as RFC 5802 says. No check of the iteration count."""
+    name = SCRAM_HASHES[mechanism]
+    client_key = hmac.digest(salted_password, b"Client Key", name)
     return ScramCredential(salt, iterations, hashlib.new(name, client_key).digest(),
-                           hmac.digest(salted, b"Server Key", name))
+                           hmac.digest(salted_password, b"Server Key", name))
 
 
 def plain_credential(password: str, salt: bytes | None = None, iterations: int = DEFAULT_ITERATIONS) -> PlainCredential:
@@ -350,6 +359,27 @@ class CredentialsFile:
             except CredentialsError as exc:
                 logger.error("keeping the SASL credentials read before: %s", exc)
             return self._credentials
+
+    def alter(self, deletions: Sequence[tuple[str, str]],
+              upsertions: Mapping[tuple[str, str], Credential]) -> Credentials:
+        """Remove the (user, mechanism) credentials of ``deletions`` and add or replace those of
+        ``upsertions``, in one durable, atomic rewrite of the file (the file as it is now, not
+        as last read, is what changes); the new credentials are in use for new authentications
+        as this returns. Returns them.
+
+        Raises:
+            KeyError: a deletion of a credential the file does not hold (nothing is written).
+            CredentialsError, OSError: the file cannot be read or written (nothing changes).
+        """
+        with self._lock:
+            entries = _read_existing(self.path).entries()
+            for key in deletions:
+                del entries[key]
+            entries.update(upsertions)
+            credentials = Credentials(entries)
+            _write(self.path, credentials)
+            self._credentials, self._stamp, self._checked = credentials, self._identity(), time.monotonic()
+            return credentials
 
 
 # ---------------------------------------------------------------------- writing the file

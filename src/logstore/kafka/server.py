@@ -12,14 +12,17 @@ closes its connection before any of it is allocated; so does a malformed request
 line (the server and its other connections go on, and nothing of that request is written).
 
 Security (Kafka's security protocols): ``tls`` makes the listener SSL, ``sasl_credentials``
-makes it SASL_PLAINTEXT, both SASL_SSL. With SASL, a connection must authenticate (PLAIN,
-SCRAM-SHA-256, SCRAM-SHA-512: :mod:`~logstore.kafka.auth`, credentials in
-:mod:`~logstore.kafka.credentials`) before anything but ApiVersions is answered. The listener
+or ``sasl_oauthbearer`` make it SASL_PLAINTEXT, with TLS SASL_SSL. With SASL, a connection must
+authenticate (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER: :mod:`~logstore.kafka.auth`,
+credentials in :mod:`~logstore.kafka.credentials`, tokens validated by
+:mod:`~logstore.kafka.oauth`) before anything but ApiVersions is answered, and re-authenticate
+as ``connections_max_reauth_ms`` (KIP-368) asks. The listener
 binds to loopback unless told otherwise; binding another address needs authentication (SASL,
 or TLS that requires client certificates: a ``TLSConfig`` with ``cafile``), or
 ``allow_anonymous=True``. TLS without client certificates encrypts but identifies no one.
 A connection's ``net.Session.principal`` is ``User:<name>`` after SASL, None otherwise (a
-client certificate's subject is not made a principal); there are no ACLs.
+client certificate's subject is not made a principal); there are no ACLs. SCRAM users are
+also managed over the protocol (:mod:`~logstore.kafka.scramusers`).
 
 Thread-safety: :class:`KafkaServer` methods may be called from any thread.
 """
@@ -50,14 +53,16 @@ from ..errors import LogstoreError
 from .apikeys import API_VERSIONS
 from ..txn.coordinator import TxnConfig
 from .apis import KafkaApis, api_version_ranges
-from .auth import SaslAuthenticator
-from .credentials import MECHANISMS, Credentials, CredentialsFile
+from .auth import SASL_MECHANISMS, SaslAuthenticator
+from .credentials import Credentials, CredentialsFile
+from .oauth import CONFIG_NAMES as OAUTHBEARER_CONFIG_NAMES, OAuthBearerValidator
+from .scramusers import ScramUsers
 from ..groups.coordinator import GroupConfig
 from .wire import KafkaProtocolError, KafkaRequest, UnsupportedVersionError, encode, parse_request
 from ..store.store import LogStore
 from ..net.protocol import TLSConfig
 
-__all__ = ["KafkaServer", "KafkaProtocol", "RequestMetrics", "main"]
+__all__ = ["KafkaServer", "KafkaProtocol", "RequestMetrics", "add_sasl_arguments", "sasl_options", "main"]
 
 logger = logging.getLogger("logstore.kafka")
 
@@ -231,8 +236,19 @@ class KafkaServer:
             (salted keys are derived for each mechanism and the passwords dropped) or
             ``{user: {mechanism: credential}}``, a
             :class:`~logstore.kafka.credentials.Credentials` (fixed) or a ``CredentialsFile``.
-        sasl_mechanisms: the mechanisms enabled (Kafka's ``sasl.enabled.mechanisms``); a user
-            authenticates with those it has a credential for.
+        sasl_mechanisms: the mechanisms enabled (Kafka's ``sasl.enabled.mechanisms``: PLAIN,
+            SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER; None: the password ones with
+            ``sasl_credentials``, OAUTHBEARER with ``sasl_oauthbearer``); a user authenticates with
+            those it has a credential for.
+        sasl_oauthbearer: enables SASL/OAUTHBEARER: a mapping of Kafka's ``sasl.oauthbearer.*``
+            settings (:data:`~logstore.kafka.oauth.CONFIG_NAMES`: a JWKS URL with the expected
+            issuer and audience, or the unsecured validator for development) or a validator
+            (:mod:`~logstore.kafka.oauth`); closed by :meth:`stop`. The principal is
+            ``User:<sub>`` (``sasl.oauthbearer.sub.claim.name``).
+        connections_max_reauth_ms: Kafka's ``connections.max.reauth.ms`` (KIP-368; 0: off): a
+            SASL session lasts at most this long (an OAUTHBEARER session never past its token's
+            expiry, in any case); clients re-authenticate on the connection before then, and
+            a connection that sends anything else after it is closed.
         sasl_max_receive_bytes: the largest frame before authentication.
         failed_authentication_delay_ms: how long a connection that failed authentication stays
             open after its answer, reading nothing (Kafka's
@@ -267,7 +283,9 @@ class KafkaServer:
                  tls: TLSConfig | ssl.SSLContext | None = None,
                  sasl_credentials: (str | os.PathLike[str] | Mapping[str, Any] | Credentials | CredentialsFile
                                     | None) = None,
-                 sasl_mechanisms: Sequence[str] = MECHANISMS,
+                 sasl_mechanisms: Sequence[str] | None = None,
+                 sasl_oauthbearer: OAuthBearerValidator | Mapping[str, Any] | None = None,
+                 connections_max_reauth_ms: int = 0,
                  sasl_max_receive_bytes: int = DEFAULT_SASL_MAX_RECEIVE_BYTES,
                  failed_authentication_delay_ms: int = 100,
                  group_min_session_timeout_ms: int = 6000, group_max_session_timeout_ms: int = 1_800_000,
@@ -277,12 +295,16 @@ class KafkaServer:
         context = tls.server_context() if isinstance(tls, TLSConfig) else tls
         client_certs = context is not None and context.verify_mode == ssl.CERT_REQUIRED
         local = isinstance(listen, (str, os.PathLike))  # a Unix socket: its file's permissions guard it
-        if not local and not _is_loopback(listen[0]) and not allow_anonymous and sasl_credentials is None and not client_certs:
+        with_sasl = sasl_credentials is not None or sasl_oauthbearer is not None
+        if not with_sasl and (sasl_mechanisms is not None or connections_max_reauth_ms):
+            raise ValueError("sasl_mechanisms and connections_max_reauth_ms need SASL: sasl_credentials "
+                             "(--sasl-credentials) or sasl_oauthbearer (--sasl-oauthbearer)")
+        if not local and not _is_loopback(listen[0]) and not allow_anonymous and not with_sasl and not client_certs:
             raise LogstoreError(f"refusing to serve {listen[0]} without authentication: bind a loopback address, "
-                                "configure SASL (sasl_credentials, --sasl-credentials) or TLS client certificates "
-                                "(--tls-ca), or pass allow_anonymous=True (--allow-anonymous)")
-        sasl = (SaslAuthenticator(sasl_credentials, sasl_mechanisms, failed_authentication_delay_ms / 1000)
-                if sasl_credentials is not None else None)
+                                "configure SASL (sasl_credentials, --sasl-credentials; sasl_oauthbearer) or TLS "
+                                "client certificates (--tls-ca), or pass allow_anonymous=True (--allow-anonymous)")
+        sasl = (SaslAuthenticator(sasl_credentials, sasl_mechanisms, failed_authentication_delay_ms / 1000,
+                                  sasl_oauthbearer, connections_max_reauth_ms) if with_sasl else None)
         if sasl is not None and context is None and "PLAIN" in sasl.mechanisms and not local and \
                 not _is_loopback(listen[0]):
             logger.warning("SASL PLAIN without TLS on %s: passwords cross the network in clear", listen[0])
@@ -301,10 +323,13 @@ class KafkaServer:
                                                             group_initial_rebalance_delay_ms, group_liveness),
                                    fsync_acks_all=fsync_acks_all,
                                    txn_config=replace(txn_config, fsync=txn_config.fsync or fsync_acks_all))
+            apis.scram_users = ScramUsers(sasl)
             self._protocol = KafkaProtocol(self._apis, max_request_bytes, sasl, sasl_max_receive_bytes)
             self._server = net.Server(listen, self._protocol, tls=context, limits=limits,
                                       name="kafka", thread_name=f"kafka-{node_id}-net")
         except BaseException:
+            if sasl is not None:
+                sasl.close()
             if apis is not None:
                 apis.close()  # (its threads: the replica set's transaction coordinator)
             if self._owns_store:
@@ -343,6 +368,8 @@ class KafkaServer:
         self._stopped.set()
         self._apis.close()
         self._server.stop(timeout)
+        if self._protocol.sasl is not None:
+            self._protocol.sasl.close()
         if self._owns_store:
             self.store.close()
 
@@ -408,6 +435,50 @@ def _address(text: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+def add_sasl_arguments(parser: Any) -> None:
+    """The SASL command-line options (``logstore serve`` and ``logstore node``), read back by
+    :func:`sasl_options`."""
+    parser.add_argument("--sasl-credentials", metavar="FILE",
+                        help="enable SASL with the users of FILE (made by 'logstore kafka-user add' or "
+                             "AlterUserScramCredentials; re-read when it changes)")
+    parser.add_argument("--sasl-mechanisms", metavar="M,M",
+                        help=f"the SASL mechanisms enabled, among {','.join(SASL_MECHANISMS)} (default: the "
+                             "password ones with --sasl-credentials, OAUTHBEARER with --sasl-oauthbearer)")
+    parser.add_argument("--sasl-oauthbearer", action="append", default=[], metavar="NAME=VALUE",
+                        help="enable SASL/OAUTHBEARER with Kafka's settings (repeat), e.g. "
+                             "sasl.oauthbearer.jwks.endpoint.url=file:///etc/jwks.json, "
+                             "sasl.oauthbearer.expected.issuer=..., sasl.oauthbearer.expected.audience=...; or "
+                             "sasl.oauthbearer.unsecured.validator.enable=true (unsigned tokens: development only)")
+    parser.add_argument("--connections-max-reauth-ms", type=int, default=0, metavar="MS",
+                        help="a SASL session lasts at most MS (KIP-368: clients re-authenticate; 0: no limit)")
+
+
+def sasl_options(args: Any) -> dict[str, Any]:
+    """KafkaServer's SASL arguments from parsed :func:`add_sasl_arguments` options (only those
+    given).
+
+    Raises:
+        ValueError: a malformed or unknown ``--sasl-oauthbearer`` setting.
+    """
+    options: dict[str, Any] = {}
+    if args.sasl_credentials:
+        options["sasl_credentials"] = args.sasl_credentials
+    if args.sasl_mechanisms:
+        options["sasl_mechanisms"] = [m.strip() for m in args.sasl_mechanisms.split(",") if m.strip()]
+    if args.sasl_oauthbearer:
+        config = {}
+        for item in args.sasl_oauthbearer:
+            name, sep, value = item.partition("=")
+            if not sep or name.strip() not in OAUTHBEARER_CONFIG_NAMES:
+                raise ValueError(f"--sasl-oauthbearer {item!r}: expected NAME=VALUE with NAME one of "
+                                 f"{', '.join(OAUTHBEARER_CONFIG_NAMES)}")
+            config[name.strip()] = value.strip()
+        options["sasl_oauthbearer"] = config
+    if args.connections_max_reauth_ms:
+        options["connections_max_reauth_ms"] = args.connections_max_reauth_ms
+    return options
+
+
 def add_transaction_arguments(parser: Any) -> None:
     """The transaction coordinator's command-line options (``logstore serve`` and ``logstore
     node``), read back by :func:`transaction_config`."""
@@ -433,7 +504,8 @@ def transaction_config(args: Any) -> TxnConfig:
 
 def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int:
     """``logstore serve ROOT [--listen HOST:PORT] [--advertised-listener HOST:PORT] [--node-id N]
-    [--sasl-credentials FILE [--sasl-mechanisms M,M]] [--tls-cert F --tls-key F [--tls-ca F]]``:
+    [--sasl-credentials FILE] [--sasl-oauthbearer NAME=VALUE ...] [--sasl-mechanisms M,M]
+    [--connections-max-reauth-ms MS] [--tls-cert F --tls-key F [--tls-ca F]]``:
     print the bound address once it accepts, serve until SIGTERM or SIGINT, close cleanly."""
     parser = argparse.ArgumentParser(prog=prog, description="Serve a store to Kafka clients.")
     parser.add_argument("root", help="the store's directory (created if missing)")
@@ -445,11 +517,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
     parser.add_argument("--num-partitions", type=int, default=1, help="partitions of an auto-created topic")
     parser.add_argument("--allow-anonymous", action="store_true",
                         help="allow a non-loopback bind without authentication")
-    parser.add_argument("--sasl-credentials", metavar="FILE",
-                        help="enable SASL with the users of FILE (made by 'logstore kafka-user add'; re-read when "
-                             "it changes)")
-    parser.add_argument("--sasl-mechanisms", default=",".join(MECHANISMS), metavar="M,M",
-                        help=f"the SASL mechanisms enabled (default {','.join(MECHANISMS)})")
+    add_sasl_arguments(parser)
     parser.add_argument("--tls-cert", metavar="FILE", help="PEM certificate (chain) of the listener: SSL")
     parser.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
     parser.add_argument("--tls-ca", metavar="FILE",
@@ -467,6 +535,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
     logging.basicConfig(level=logging.WARNING, format=f"{prog}: %(levelname)s: %(message)s")
     try:
         txn_config = transaction_config(args)
+        sasl = sasl_options(args)
     except ValueError as exc:
         sys.stderr.write(f"{prog}: {exc}\n")
         return 2
@@ -478,8 +547,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
                              auto_create_topics=not args.no_auto_create_topics, num_partitions=args.num_partitions,
                              allow_anonymous=args.allow_anonymous, fsync_acks_all=args.fsync_acks_all,
                              tls=TLSConfig(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None,
-                             sasl_credentials=args.sasl_credentials, txn_config=txn_config,
-                             sasl_mechanisms=[m.strip() for m in args.sasl_mechanisms.split(",") if m.strip()])
+                             txn_config=txn_config, **sasl)
     except (LogstoreError, OSError, ValueError) as exc:
         sys.stderr.write(f"{prog}: {exc}\n")
         return 1

@@ -62,7 +62,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     14: (0, 5),   # SyncGroup (v4+ flexible)
     15: (0, 6),   # DescribeGroups (v5+ flexible)
     16: (0, 5),   # ListGroups (v3+ flexible; v4 state filter, v5 type filter)
-    17: (0, 1),   # SaslHandshake (answered by kafkaauth before authentication)
+    17: (0, 1),   # SaslHandshake (answered by kafka.auth before authentication and to re-authenticate)
     18: (0, 2),   # ApiVersions
     19: (2, 4),   # CreateTopics
     20: (1, 3),   # DeleteTopics
@@ -72,9 +72,11 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     26: (0, 4),   # EndTxn (v3+ flexible; v5 is KIP-890's transaction version 2)
     28: (0, 3),   # TxnOffsetCommit (v3 flexible: the group's generation and member)
     32: (1, 3),   # DescribeConfigs
-    36: (0, 1),   # SaslAuthenticate (answered by kafkaauth before authentication)
+    36: (0, 1),   # SaslAuthenticate (answered by kafka.auth before authentication and to re-authenticate)
     42: (0, 2),   # DeleteGroups (v2 flexible)
     47: (0, 0),   # OffsetDelete
+    50: (0, 0),   # DescribeUserScramCredentials (flexible)
+    51: (0, 0),   # AlterUserScramCredentials (flexible)
     61: (0, 0),   # DescribeProducers (flexible)
     65: (0, 0),   # DescribeTransactions (flexible)
     66: (0, 1),   # ListTransactions (flexible)
@@ -87,13 +89,17 @@ API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "Offs
              23: "OffsetForLeaderEpoch", 24: "AddPartitionsToTxn", 25: "AddOffsetsToTxn", 26: "EndTxn",
              27: "WriteTxnMarkers",
              28: "TxnOffsetCommit", 32: "DescribeConfigs", 36: "SaslAuthenticate", 42: "DeleteGroups",
-             47: "OffsetDelete", 61: "DescribeProducers",
+             47: "OffsetDelete", 50: "DescribeUserScramCredentials", 51: "AlterUserScramCredentials",
+             61: "DescribeProducers",
              65: "DescribeTransactions", 66: "ListTransactions",
              52: "Vote", 53: "BeginQuorumEpoch", 54: "EndQuorumEpoch", 55: "DescribeQuorum"}
 
 _HEADER = struct.Struct(">hhi")  # api key, api version, correlation id
 #: Produce versions advertised but refused (closing the connection), as Kafka 4 does.
 _REFUSED_PRODUCE = range(0, 3)
+#: APIs whose requests librdkafka (2.x) ends with a second empty tagged-field section, one 0
+#: byte after the request: Kafka reads no further than the request and never sees it.
+_ONE_STRAY_ZERO = frozenset({51})  # AlterUserScramCredentials
 
 
 class KafkaProtocolError(LogstoreError):
@@ -187,7 +193,8 @@ def parse_request(frame: bytes | bytearray | memoryview,
     except (KioIndexError, SerialError, ValueError, struct.error, KeyError) as exc:  # KeyError: an unknown tag
         raise KafkaProtocolError(f"{API_NAMES.get(api_key, api_key)} v{api_version}: malformed request: "
                                  f"{exc}") from None
-    if offset + size != len(data):
+    if offset + size != len(data) and not (api_key in _ONE_STRAY_ZERO and offset + size + 1 == len(data)
+                                           and data[-1] == 0):
         raise KafkaProtocolError(f"{API_NAMES.get(api_key, api_key)} v{api_version}: "
                                  f"{len(data) - offset - size} bytes after the request")
     return KafkaRequest(api_key, api_version, correlation_id, header.client_id, body)

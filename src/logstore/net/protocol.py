@@ -45,7 +45,8 @@ class Session:
     """A served connection as a protocol sees it: an id unique in the server, the peer's
     address, whether it came over TLS, and who it authenticated as (``principal``, set by the
     handshake; None before). Thread-safety: read it from any thread; the loop sets
-    ``principal`` once, before the first request."""
+    ``principal`` before the first request, and again (to the same principal) after a
+    re-authentication, while no request of the connection is in a worker."""
 
     __slots__ = ("id", "peer", "tls", "principal")
 
@@ -71,6 +72,17 @@ class Handshake(abc.ABC):
     done: bool = False
     #: Who the peer authenticated as (copied to :attr:`Session.principal` when done).
     principal: Any = None
+    #: When the authenticated session ends (``time.monotonic()``; set with ``done``), None:
+    #: never. Past it, the loop closes the connection at its next frame unless that frame starts
+    #: a re-authentication (Kafka's KIP-368: the next request, not a timer).
+    session_expires: float | None = None
+
+    def reauthenticate(self, frame: bytearray, now: float) -> bool:
+        """Called by the loop with every frame of the authenticated connection (before the
+        session's expiry is checked): whether ``frame`` starts a re-authentication. If so,
+        ``done`` is false again, and this frame and the next go to :meth:`receive` until it is
+        done (with the same principal, or the handshake fails). Default: never."""
+        return False
 
     @abc.abstractmethod
     def receive(self, frame: bytearray) -> bytes:

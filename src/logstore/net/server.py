@@ -21,8 +21,17 @@ such a path the same way with :func:`connect_unix`.
 Life of a connection::
 
     accepted --(TLS handshake)--> authenticating --(Handshake.done)--> open
-                                                                        |
+                                        ^                                |
+                                        +--(Handshake.reauthenticate)----+
         read one frame -> muted -> worker: Protocol.handle -> response written -> unmuted
+
+Re-authentication (Kafka's KIP-368): a handshake that is done may give its session an end
+(``Handshake.session_expires``). Each frame of the open connection is first offered to
+``Handshake.reauthenticate``: a frame that starts a re-authentication takes the connection back
+to authenticating (the handshake's frame cap and deadline again) until the handshake is done
+once more; otherwise a frame that arrives after the session's end closes the connection
+unanswered, as Kafka closes an expired connection at its next request. A connection never has a
+request in a worker while it re-authenticates: frames are read one at a time.
 
 Invariants:
 
@@ -126,7 +135,8 @@ class _Conn:
         self.sock = sock
         self.session = session
         self.state = _TLS if session.tls else _AUTH
-        self.handshake: Handshake | None = None
+        self.handshake: Handshake | None = None  # kept once open while its session may end (KIP-368)
+        self.reauthenticating = False          # authenticating again on the open connection
         self.deadline = deadline              # of the handshakes; then of idling
         self.header = bytearray(header_size)
         self.body: bytearray | None = None    # the frame being read, once its size is known
@@ -149,8 +159,8 @@ class _Conn:
 class _Counters:
     """The server's counters; written by the loop thread only."""
 
-    __slots__ = ("accepted", "refused", "closed", "expired", "auth_ok", "auth_failed", "requests",
-                 "responses", "bytes_in", "bytes_out")
+    __slots__ = ("accepted", "refused", "closed", "expired", "auth_ok", "auth_failed", "reauth_ok", "reauth_failed",
+                 "sessions_expired", "requests", "responses", "bytes_in", "bytes_out")
 
     def __init__(self) -> None:
         for name in self.__slots__:
@@ -273,6 +283,9 @@ class Server:
             kafka + "connection-close-total": c.closed,
             kafka + "successful-authentication-total": c.auth_ok,
             kafka + "failed-authentication-total": c.auth_failed,
+            kafka + "successful-reauthentication-total": c.reauth_ok,
+            kafka + "failed-reauthentication-total": c.reauth_failed,
+            kafka + "expired-connections-killed-count": c.sessions_expired,
             kafka + "request-total": c.requests,
             kafka + "response-total": responses,
             kafka + "incoming-byte-total": c.bytes_in,
@@ -476,8 +489,10 @@ class Server:
 
     def _authenticated(self, conn: _Conn) -> None:
         conn.state = _OPEN
+        conn.reauthenticating = False
         conn.session.principal = conn.handshake.principal if conn.handshake is not None else None
-        conn.handshake = None
+        if conn.handshake is not None and conn.handshake.session_expires is None:
+            conn.handshake = None  # nothing more to ask it: no re-authentication, no expiry
         conn.deadline = time.monotonic() + self.limits.idle_timeout_s
 
     # ------------------------------------------------------------------ reading
@@ -523,12 +538,26 @@ class Server:
         return n
 
     def _frame(self, conn: _Conn, frame: bytearray) -> None:
+        if conn.state is _OPEN and conn.handshake is not None:
+            now = time.monotonic()
+            if conn.handshake.reauthenticate(frame, now):
+                conn.state, conn.reauthenticating = _AUTH, True
+                conn.deadline = now + self.limits.handshake_timeout_s
+            elif conn.handshake.session_expires is not None and now > conn.handshake.session_expires:
+                logger.debug("%s: closing connection %d: its session expired and it did not re-authenticate",
+                             self.name, conn.session.id)
+                self._counts.sessions_expired += 1
+                self._close(conn)
+                return
         if conn.state is _AUTH:
             assert conn.handshake is not None
             try:
                 reply = conn.handshake.receive(frame)
             except HandshakeError as exc:
-                self._counts.auth_failed += 1
+                if conn.reauthenticating:
+                    self._counts.reauth_failed += 1
+                else:
+                    self._counts.auth_failed += 1
                 logger.debug("%s: connection %d failed the handshake: %s", self.name, conn.session.id, exc)
                 if not exc.reply:
                     self._close(conn)
@@ -537,7 +566,10 @@ class Server:
                 conn.close_delay_s = exc.close_delay_s
             else:
                 if conn.handshake.done:
-                    self._counts.auth_ok += 1
+                    if conn.reauthenticating:
+                        self._counts.reauth_ok += 1
+                    else:
+                        self._counts.auth_ok += 1
                     self._authenticated(conn)
             if reply:
                 self._queue(conn, [reply])

@@ -19,6 +19,8 @@ broker of a Kafka cluster does:
 - **Fetch** and **ListOffsets** go to the leader too, and stop at the high watermark: a
   consumer sees committed records only.
 - Topics are the node's replicated partitions: CreateTopics and DeleteTopics are refused.
+- SASL users are each node's own (the credentials file and the replica user): AlterUserScramCredentials
+  is refused (POLICY_VIOLATION), DescribeUserScramCredentials describes the node's.
 - **InitProducerId** hands out ids unique across the replica set (``id * (max voter + 1) +
   node id``), so producers that start on different nodes never share an id.
 
@@ -367,6 +369,15 @@ class ReplicaKafkaApis(KafkaApis):
     def on_delete_topics(self, request: KafkaRequest) -> dict[str, Any]:
         return {"throttle_time": 0, "responses": [{"name": name, "error_code": ErrorCode.policy_violation}
                                                   for name in request.body.topic_names]}
+
+    def on_alter_user_scram_credentials(self, request: KafkaRequest) -> dict[str, Any]:
+        """Refused: each node's SASL users are its own credentials file (``logstore kafka-user``
+        on every node), which the set does not replicate."""
+        names = dict.fromkeys([d.name for d in request.body.deletions] + [u.name for u in request.body.upsertions])
+        return {"throttle_time": 0, "results": [
+            {"user": name, "error_code": ErrorCode.policy_violation,
+             "error_message": "a replica set's SASL users are each node's credentials file (logstore kafka-user), "
+                              "not replicated: alter them on every node"} for name in names]}
 
     def _new_producer_id(self) -> int:
         """A producer id unique across the replica set (see the module docstring)."""
