@@ -53,7 +53,8 @@ from ..errors import (
     TopicExistsError,
     UnknownTopicOrPartitionError,
 )
-from . import configs as kafkaconfigs
+from . import aclapis, aclguard, configs as kafkaconfigs
+from .acls import Authorizer
 from .._native import lib
 from ..log.config import LogConfig
 from ..records.batch import parse_header
@@ -146,7 +147,19 @@ class KafkaApis:
             24: self.on_add_partitions_to_txn, 25: self.on_add_offsets_to_txn, 26: self.on_end_txn,
             28: self.on_txn_offset_commit, 61: self.on_describe_producers, 65: self.on_describe_transactions,
             66: self.on_list_transactions,
+            29: self.on_describe_acls, 30: self.on_create_acls, 31: self.on_delete_acls,
         }
+        #: Kafka's authorizer (None: everyone may do everything); see :meth:`guard_handlers`
+        self.authorizer: Authorizer | None = None
+
+    def guard_handlers(self, authorizer: Authorizer | None) -> None:
+        """Put every handler behind its authorization rule
+        (:data:`~logstore.kafka.aclguard.RULES`), checked with ``authorizer``; None: no
+        authorizer (everyone may do everything; KIP-430's authorized operations are all).
+        Called once, by the server, when every handler is in :attr:`handlers`."""
+        self.authorizer = authorizer
+        self.handlers = aclguard.guard(self.handlers, authorizer,
+                                       aclguard.GuardContext(lambda name: self._partition_exists(name, 0)))
 
     def close(self) -> None:
         """Answer the fetches, joins and syncs still waiting (the server is stopping)."""
@@ -697,6 +710,16 @@ class KafkaApis:
             topics.append({"name": topic.name, "partitions": partitions})
         return {"throttle_time": 0, "topics": topics}
 
+
+    # ------------------------------------------------------------------ ACLs
+    def on_describe_acls(self, request: KafkaRequest) -> dict[str, Any]:
+        return aclapis.describe_acls(self.authorizer, request.body)
+
+    def on_create_acls(self, request: KafkaRequest) -> dict[str, Any]:
+        return aclapis.create_acls(self.authorizer, request.body)
+
+    def on_delete_acls(self, request: KafkaRequest) -> dict[str, Any]:
+        return aclapis.delete_acls(self.authorizer, request.body)
 
     # ------------------------------------------------------------------ configs
     def on_describe_configs(self, request: KafkaRequest) -> dict[str, Any]:

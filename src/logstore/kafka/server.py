@@ -19,7 +19,13 @@ binds to loopback unless told otherwise; binding another address needs authentic
 or TLS that requires client certificates: a ``TLSConfig`` with ``cafile``), or
 ``allow_anonymous=True``. TLS without client certificates encrypts but identifies no one.
 A connection's ``net.Session.principal`` is ``User:<name>`` after SASL, None otherwise (a
-client certificate's subject is not made a principal); there are no ACLs.
+client certificate's subject is not made a principal), which the authorizer takes for
+``User:ANONYMOUS``.
+
+Authorization (Kafka's ``authorizer.class.name``): off by default, everyone may do everything.
+With ``authorizer``, every request is checked against the store's ACLs
+(:mod:`~logstore.kafka.acls`, stored by :mod:`~logstore.kafka.aclfile`, managed with
+CreateAcls/DeleteAcls or ``logstore acls``) by the table of :mod:`~logstore.kafka.aclguard`.
 
 Thread-safety: :class:`KafkaServer` methods may be called from any thread.
 """
@@ -50,6 +56,8 @@ from ..errors import LogstoreError
 from .apikeys import API_VERSIONS
 from ..txn.coordinator import TxnConfig
 from .apis import KafkaApis, api_version_ranges
+from .aclfile import AclFile
+from .acls import Authorizer
 from .auth import SaslAuthenticator
 from .credentials import MECHANISMS, Credentials, CredentialsFile
 from ..groups.coordinator import GroupConfig
@@ -247,6 +255,12 @@ class KafkaServer:
             (:class:`~logstore.groups.coordinator.GroupConfig`): the store's own coordinator passes it.
         fsync_acks_all: make acks=all mean fsynced: the answer waits for an fsync of every
             partition the request wrote (one fsync shared by the requests waiting at once).
+        authorizer: check every request against the store's ACLs (True: an
+            :class:`~logstore.kafka.acls.Authorizer` over the store's
+            :class:`~logstore.kafka.aclfile.AclFile` with ``super_users`` and
+            ``allow_everyone_if_no_acl_found``; or an Authorizer of the caller's). False: none.
+        super_users: Kafka's ``super.users`` (``User:admin``): they may do everything.
+        allow_everyone_if_no_acl_found: Kafka's ``allow.everyone.if.no.acl.found`` (False).
         txn_config: the transaction coordinator's settings
             (:class:`~logstore.txn.coordinator.TxnConfig`: ``transaction.max.timeout.ms``,
             ``transactional.id.expiration.ms``, the intervals of its timeout and expiry checks;
@@ -273,7 +287,9 @@ class KafkaServer:
                  group_min_session_timeout_ms: int = 6000, group_max_session_timeout_ms: int = 1_800_000,
                  group_initial_rebalance_delay_ms: int = 0, fsync_acks_all: bool = False,
                  group_liveness: Callable[[str], bool] | None = None,
-                 apis_factory: Callable[..., KafkaApis] = KafkaApis, txn_config: TxnConfig = TxnConfig()) -> None:
+                 apis_factory: Callable[..., KafkaApis] = KafkaApis, txn_config: TxnConfig = TxnConfig(),
+                 authorizer: bool | Authorizer = False, super_users: Sequence[str] = (),
+                 allow_everyone_if_no_acl_found: bool = False) -> None:
         context = tls.server_context() if isinstance(tls, TLSConfig) else tls
         client_certs = context is not None and context.verify_mode == ssl.CERT_REQUIRED
         local = isinstance(listen, (str, os.PathLike))  # a Unix socket: its file's permissions guard it
@@ -301,6 +317,9 @@ class KafkaServer:
                                                             group_initial_rebalance_delay_ms, group_liveness),
                                    fsync_acks_all=fsync_acks_all,
                                    txn_config=replace(txn_config, fsync=txn_config.fsync or fsync_acks_all))
+            if authorizer is True:
+                authorizer = Authorizer(AclFile(self.store.root), super_users, allow_everyone_if_no_acl_found)
+            apis.guard_handlers(authorizer or None)
             self._protocol = KafkaProtocol(self._apis, max_request_bytes, sasl, sasl_max_receive_bytes)
             self._server = net.Server(listen, self._protocol, tls=context, limits=limits,
                                       name="kafka", thread_name=f"kafka-{node_id}-net")
@@ -454,6 +473,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
     parser.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
     parser.add_argument("--tls-ca", metavar="FILE",
                         help="require client certificates that chain to these PEM CA certificates")
+    parser.add_argument("--authorizer", action="store_true",
+                        help="check every request against the store's ACLs (Kafka's authorizer.class.name; "
+                             "managed with 'logstore acls' or CreateAcls/DeleteAcls)")
+    parser.add_argument("--super-users", default="", metavar="User:A;User:B",
+                        help="principals that may do everything (Kafka's super.users)")
+    parser.add_argument("--allow-everyone-if-no-acl-found", action="store_true",
+                        help="a resource without ACLs is open to everyone (Kafka's allow.everyone.if.no.acl.found)")
     parser.add_argument("--fsync-acks-all", action="store_true",
                         help="answer acks=all produces once their batches are fsynced (transactions' too)")
     add_transaction_arguments(parser)
@@ -479,6 +505,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
                              allow_anonymous=args.allow_anonymous, fsync_acks_all=args.fsync_acks_all,
                              tls=TLSConfig(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None,
                              sasl_credentials=args.sasl_credentials, txn_config=txn_config,
+                             authorizer=args.authorizer, allow_everyone_if_no_acl_found=args.allow_everyone_if_no_acl_found,
+                             super_users=[u.strip() for u in args.super_users.split(";") if u.strip()],
                              sasl_mechanisms=[m.strip() for m in args.sasl_mechanisms.split(",") if m.strip()])
     except (LogstoreError, OSError, ValueError) as exc:
         sys.stderr.write(f"{prog}: {exc}\n")
