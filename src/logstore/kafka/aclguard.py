@@ -179,19 +179,17 @@ def _default(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
         if f.name in values:
             out[f.name] = values[f.name]
             continue
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-            continue
-        if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            out[f.name] = f.default_factory()  # type: ignore[misc]
-            continue
         array, entity = field_shape(f.type)
         kind = f.metadata.get("kafka_type")
         nullable = type(None) in typing.get_args(f.type)
-        if array:
+        if array:  # (the writer takes sequences of mappings, never kio's instances)
             out[f.name] = []
         elif entity is not None:
-            out[f.name] = None if nullable else _default(entity, {})
+            out[f.name] = None if nullable and f.default is None else _default(entity, {})
+        elif f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            out[f.name] = f.default_factory()  # type: ignore[misc]
         elif kind == "error_code":
             out[f.name] = ErrorCode.none
         elif f.name == "throttle_time" or kind in ("timedelta_i32", "timedelta_i64"):
