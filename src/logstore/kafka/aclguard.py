@@ -301,7 +301,7 @@ class _Guarded:
         try:
             if rule.custom is not None:
                 return rule.custom(access, request, handler, self.context)
-            return self._generic(access, request, handler)
+            return _apply(rule, access, request, handler)
         except (AttributeError, TypeError, StopIteration) as exc:  # a request shape the rule does not know
             if handler.raised:
                 raise
@@ -310,48 +310,52 @@ class _Guarded:
             return error_response(request, ErrorCode.cluster_authorization_failed,
                                   f"{request.name} v{request.api_version} cannot be authorized")
 
-    def _generic(self, access: Access, request: KafkaRequest, handler: Handler) -> Any:
-        rule = self.rule
-        for need in rule.needs:
-            resource = need.resource(request)
-            if resource is not None and not access.allowed(need.operation, *resource):
-                return _refuse_all(request, rule, AUTHORIZATION_ERRORS[resource[0]],
-                                   f"not authorized to {need.operation.name} {resource[0].name} {resource[1]}")
-        body = request.body
-        extra: dict[str, list[dict[str, Any]]] = {}
-        changes: dict[str, Any] = {}
-        for items in rule.items:
-            listed = getattr(body, items.field)
-            if listed is None:
-                continue
-            cluster_ok = items.or_cluster is not None and access.allowed(items.or_cluster, RT.CLUSTER, CLUSTER_NAME)
-            kept, denied = [], []
-            for item in listed:
-                resource = items.resource(item)
-                if resource is None or cluster_ok or access.allowed(items.operation, *resource):
-                    kept.append(item)
-                else:
-                    denied.append((item, AUTHORIZATION_ERRORS[resource[0]]))
-            if not denied:
-                continue
-            if items.all_or_nothing:
-                answers = [_answer_item(request, items, item, error) for item, error in denied]
-                answers += [_answer_item(request, items, item, ErrorCode.operation_not_attempted) for item in kept]
-                answer = error_response(request, ErrorCode.none)
-                answer[items.response] = answers
-                return answer
-            changes[items.field] = tuple(kept)
-            extra[items.response] = [_answer_item(request, items, item, error) for item, error in denied]
-        if changes:
-            request = _with_body(request, dataclasses.replace(body, **changes))
-        answer = handler(request)
-        return _merge(answer, extra, lambda fields: self._post(access, request, fields))
 
-    def _post(self, access: Access, request: KafkaRequest, fields: dict[str, Any]) -> None:
-        if self.rule.answer_filter is not None:
-            self.rule.answer_filter(access, request, fields)
-        if self.rule.operations is not None:
-            self.rule.operations(access, request, fields)
+
+def _apply(rule: Rule, access: Access, request: KafkaRequest, handler: Handler) -> Any:
+    """``rule``'s needs and items checked, the handler called with what is allowed, the denied
+    items' answers merged into its answer."""
+    for need in rule.needs:
+        resource = need.resource(request)
+        if resource is not None and not access.allowed(need.operation, *resource):
+            return _refuse_all(request, rule, AUTHORIZATION_ERRORS[resource[0]],
+                               f"not authorized to {need.operation.name} {resource[0].name} {resource[1]}")
+    body = request.body
+    extra: dict[str, list[dict[str, Any]]] = {}
+    changes: dict[str, Any] = {}
+    for items in rule.items:
+        listed = getattr(body, items.field)
+        if listed is None:
+            continue
+        cluster_ok = items.or_cluster is not None and access.allowed(items.or_cluster, RT.CLUSTER, CLUSTER_NAME)
+        kept, denied = [], []
+        for item in listed:
+            resource = items.resource(item)
+            if resource is None or cluster_ok or access.allowed(items.operation, *resource):
+                kept.append(item)
+            else:
+                denied.append((item, AUTHORIZATION_ERRORS[resource[0]]))
+        if not denied:
+            continue
+        if items.all_or_nothing:
+            answers = [_answer_item(request, items, item, error) for item, error in denied]
+            answers += [_answer_item(request, items, item, ErrorCode.operation_not_attempted) for item in kept]
+            answer = error_response(request, ErrorCode.none)
+            answer[items.response] = answers
+            return answer
+        changes[items.field] = tuple(kept)
+        extra[items.response] = [_answer_item(request, items, item, error) for item, error in denied]
+    if changes:
+        request = _with_body(request, dataclasses.replace(body, **changes))
+    answer = handler(request)
+    return _merge(answer, extra, lambda fields: _post(rule, access, request, fields))
+
+
+def _post(rule: Rule, access: Access, request: KafkaRequest, fields: dict[str, Any]) -> None:
+    if rule.answer_filter is not None:
+        rule.answer_filter(access, request, fields)
+    if rule.operations is not None:
+        rule.operations(access, request, fields)
 
 
 class _Traced:
@@ -462,7 +466,7 @@ def _find_coordinator(access: Access, request: KafkaRequest, handler: Handler, c
         return handler(request)
     rule = Rule(items=(Items("coordinator_keys", lambda key: (kind, key), Op.DESCRIBE, "coordinators",
                              lambda key: {"key": key, "node_id": -1, "host": "", "port": -1}),))
-    return _Guarded(request.api_key, handler, rule, None, context)._generic(access, request, handler)
+    return _apply(rule, access, request, handler)
 
 
 def _init_producer_id(access: Access, request: KafkaRequest, handler: Handler, context: GuardContext) -> Any:
@@ -598,7 +602,7 @@ def _fetch(access: Access, request: KafkaRequest, handler: Handler, context: Gua
         rule = Rule(needs=(Need(Op.CLUSTER_ACTION, _cluster),), items=_FETCH_ITEMS)
     else:
         rule = Rule(items=_FETCH_ITEMS)
-    return _Guarded(request.api_key, handler, rule, None, context)._generic(access, request, handler)
+    return _apply(rule, access, request, handler)
 
 
 _FETCH_ITEMS = (Items("topics", _topic("topic"), Op.READ, "responses", _named("topic", "topic"),
@@ -616,7 +620,7 @@ def _add_partitions_to_txn(access: Access, request: KafkaRequest, handler: Handl
                                  _named("name"), partitions=("partitions", None, "results_by_partition",
                                                              "partition_index"),
                                  error_field="partition_error_code", all_or_nothing=True),))
-    return _Guarded(request.api_key, handler, rule, None, context)._generic(access, request, handler)
+    return _apply(rule, access, request, handler)
 
 
 def _offset_fetch_filter(access: Access, request: KafkaRequest, fields: dict[str, Any]) -> None:

@@ -301,8 +301,13 @@ class AclSet:
     def __contains__(self, acl: object) -> bool:
         return acl in self._bindings
 
+    @property
+    def bindings(self) -> frozenset[AclBinding]:
+        """The bindings, as a set."""
+        return self._bindings
+
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, AclSet) and other._bindings == self._bindings
+        return isinstance(other, AclSet) and other.bindings == self._bindings
 
     def __hash__(self) -> int:
         return hash(self._bindings)
