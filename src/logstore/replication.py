@@ -53,6 +53,7 @@ from .errorcodes import ErrorCode
 from .errors import LogstoreError, OffsetOutOfRangeError
 from .groups.offsets import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIG
 from .txn.metadata import TRANSACTION_STATE_TOPIC, TRANSACTION_STATE_TOPIC_CONFIG
+from .replica.acls import ACLS_TOPIC, ACLS_TOPIC_CONFIG
 from .kafka.credentials import Credentials, CredentialsFile
 from .kafka.server import KafkaServer, add_transaction_arguments, transaction_config
 from .net import server as net
@@ -107,7 +108,8 @@ logger = logging.getLogger("logstore.replication")
 
 
 #: the topics a node always replicates (one partition each), with their configs
-_INTERNAL_TOPICS = {OFFSETS_TOPIC: OFFSETS_TOPIC_CONFIG, TRANSACTION_STATE_TOPIC: TRANSACTION_STATE_TOPIC_CONFIG}
+_INTERNAL_TOPICS = {OFFSETS_TOPIC: OFFSETS_TOPIC_CONFIG, TRANSACTION_STATE_TOPIC: TRANSACTION_STATE_TOPIC_CONFIG,
+                    ACLS_TOPIC: ACLS_TOPIC_CONFIG}
 
 
 class _ContextSetting:
@@ -140,7 +142,8 @@ class ReplicaNode:
             log in as and which alone may send replication's requests.
         partitions: [(topic, partitions)] to replicate (created when missing). Kafka clients'
             ``__consumer_offsets`` and ``__transaction_state`` are always replicated, one
-            partition each: their leaders coordinate the groups and the transactions.
+            partition each: their leaders coordinate the groups and the transactions; with
+            an authorizer (``kafka_options``' ``authorizer``), ``__acls`` too: the ACLs.
         election_timeout_ms: base election timeout (randomised up to twice it).
         replica_lag_time_max_ms: a follower is in sync while it reached the leader's end this
             recently.
@@ -255,6 +258,8 @@ class ReplicaNode:
         # Kafka clients' consumer groups and transactions: one partition each, whose leader
         # coordinates them
         partitions += [(OFFSETS_TOPIC, 1), (TRANSACTION_STATE_TOPIC, 1)]
+        if options.get("authorizer"):  # the ACLs, replicated (replica.acls)
+            partitions.append((ACLS_TOPIC, 1))
         try:
             for topic, count in partitions:
                 if topic in _INTERNAL_TOPICS:
@@ -483,6 +488,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
                         help="id=host:port: what Metadata names for a peer (default: its --peer)")
     parser.add_argument("--sasl-credentials", help="Kafka clients' SASL users (a file written by logstore "
                         "kafka-user); the replica user logs in with the secret")
+    parser.add_argument("--authorizer", action="store_true",
+                        help="check every request against the set's replicated ACLs (CreateAcls/DeleteAcls)")
+    parser.add_argument("--super-users", default="", metavar="User:A;User:B",
+                        help="principals that may do everything (Kafka's super.users)")
+    parser.add_argument("--allow-everyone-if-no-acl-found", action="store_true",
+                        help="a resource without ACLs is open to everyone")
     add_transaction_arguments(parser)
     args = parser.parse_args(argv)
     tls_files = (args.tls_cert, args.tls_key, args.tls_ca)
@@ -519,6 +530,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
         options: dict[str, Any] = {"txn_config": transaction_config(args)}
         if args.sasl_credentials:
             options["sasl_credentials"] = args.sasl_credentials
+        if args.authorizer:
+            options.update(authorizer=True, allow_everyone_if_no_acl_found=args.allow_everyone_if_no_acl_found,
+                           super_users=[u.strip() for u in args.super_users.split(";") if u.strip()])
         node = ReplicaNode(args.node_id, args.data_dir, address(args.listen), peers, secret, partitions=topics,
                            election_timeout_ms=args.election_timeout_ms,
                            min_insync_replicas=args.min_insync_replicas,

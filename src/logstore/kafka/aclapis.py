@@ -21,7 +21,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..errorcodes import ErrorCode
+from ..errorcodes import ErrorCode, code_for
+from ..errors import LogstoreError, NotLeaderOrFollowerError
 from .acls import AclBinding, AclBindingFilter, AclError, Authorizer
 
 __all__ = ["describe_acls", "create_acls", "delete_acls"]
@@ -71,9 +72,9 @@ def create_acls(authorizer: Authorizer | None, body: Any) -> dict[str, Any]:
         try:
             authorizer.create(valid)
             logger.info("created ACLs: %s", "; ".join(map(str, valid)))
-        except (AclError, OSError) as exc:
+        except (LogstoreError, OSError) as exc:
             logger.error("CreateAcls failed: %s", exc)
-            error = ErrorCode.unknown_server_error if isinstance(exc, AclError) else ErrorCode.kafka_storage_error
+            error = _storage_error(exc)
             for result in results:
                 if result["error_code"] == ErrorCode.none:
                     result.update(error_code=error, error_message=f"the ACLs could not be stored: {exc}")
@@ -99,9 +100,9 @@ def delete_acls(authorizer: Authorizer | None, body: Any) -> dict[str, Any]:
     valid = [f for f in filters if f is not None]
     try:
         removed = iter(authorizer.delete(valid)) if valid else iter(())
-    except (AclError, OSError) as exc:
+    except (LogstoreError, OSError) as exc:
         logger.error("DeleteAcls failed: %s", exc)
-        error = ErrorCode.unknown_server_error if isinstance(exc, AclError) else ErrorCode.kafka_storage_error
+        error = _storage_error(exc)
         return {"throttle_time": 0, "filter_results": [
             {"error_code": error, "error_message": f"the ACLs could not be stored: {exc}", "matching_acls": []}
             for _ in body.filters]}
@@ -116,3 +117,15 @@ def delete_acls(authorizer: Authorizer | None, body: Any) -> dict[str, Any]:
              "host": acl.host, "operation": acl.operation, "permission_type": acl.permission}
             for acl in next(removed)]})
     return {"throttle_time": 0, "filter_results": results}
+
+
+def _storage_error(exc: BaseException) -> int:
+    """Kafka's code for a change that could not be stored: a replica node that does not (or no
+    longer) lead the ACLs' partition is NOT_CONTROLLER (retriable, as a broker answers when the
+    controller moved); a timeout REQUEST_TIMED_OUT; a file that could not be written
+    KAFKA_STORAGE_ERROR."""
+    if isinstance(exc, NotLeaderOrFollowerError):
+        return ErrorCode.not_controller
+    if isinstance(exc, OSError):
+        return ErrorCode.kafka_storage_error
+    return code_for(exc)

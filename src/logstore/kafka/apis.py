@@ -36,7 +36,7 @@ import logging
 import threading
 from dataclasses import replace
 from concurrent.futures import Future
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from .._fileio import FileRegion
 from ..errorcodes import ErrorCode, code_for
@@ -54,6 +54,7 @@ from ..errors import (
     UnknownTopicOrPartitionError,
 )
 from . import aclapis, aclguard, configs as kafkaconfigs
+from .aclfile import AclFile
 from .acls import Authorizer
 from .._native import lib
 from ..log.config import LogConfig
@@ -151,6 +152,12 @@ class KafkaApis:
         }
         #: Kafka's authorizer (None: everyone may do everything); see :meth:`guard_handlers`
         self.authorizer: Authorizer | None = None
+
+    def new_authorizer(self, super_users: Iterable[str] = (), allow_everyone_if_no_acl_found: bool = False
+                       ) -> Authorizer:
+        """Kafka's authorizer over this server's ACLs: the store's ``.acls`` file
+        (:class:`~logstore.kafka.aclfile.AclFile`; a replica node's are replicated)."""
+        return Authorizer(AclFile(self.store.root), super_users, allow_everyone_if_no_acl_found)
 
     def guard_handlers(self, authorizer: Authorizer | None) -> None:
         """Put every handler behind its authorization rule

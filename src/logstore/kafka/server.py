@@ -56,7 +56,6 @@ from ..errors import LogstoreError
 from .apikeys import API_VERSIONS
 from ..txn.coordinator import TxnConfig
 from .apis import KafkaApis, api_version_ranges
-from .aclfile import AclFile
 from .acls import Authorizer
 from .auth import SaslAuthenticator
 from .credentials import MECHANISMS, Credentials, CredentialsFile
@@ -255,10 +254,11 @@ class KafkaServer:
             (:class:`~logstore.groups.coordinator.GroupConfig`): the store's own coordinator passes it.
         fsync_acks_all: make acks=all mean fsynced: the answer waits for an fsync of every
             partition the request wrote (one fsync shared by the requests waiting at once).
-        authorizer: check every request against the store's ACLs (True: an
-            :class:`~logstore.kafka.acls.Authorizer` over the store's
-            :class:`~logstore.kafka.aclfile.AclFile` with ``super_users`` and
-            ``allow_everyone_if_no_acl_found``; or an Authorizer of the caller's). False: none.
+        authorizer: check every request against the store's ACLs (True: the handlers'
+            :meth:`~logstore.kafka.apis.KafkaApis.new_authorizer`, over the store's
+            :class:`~logstore.kafka.aclfile.AclFile`, a replica set's replicated ACLs, with
+            ``super_users`` and ``allow_everyone_if_no_acl_found``; or an
+            :class:`~logstore.kafka.acls.Authorizer` of the caller's). False: none.
         super_users: Kafka's ``super.users`` (``User:admin``): they may do everything.
         allow_everyone_if_no_acl_found: Kafka's ``allow.everyone.if.no.acl.found`` (False).
         txn_config: the transaction coordinator's settings
@@ -318,7 +318,7 @@ class KafkaServer:
                                    fsync_acks_all=fsync_acks_all,
                                    txn_config=replace(txn_config, fsync=txn_config.fsync or fsync_acks_all))
             if authorizer is True:
-                authorizer = Authorizer(AclFile(self.store.root), super_users, allow_everyone_if_no_acl_found)
+                authorizer = apis.new_authorizer(super_users, allow_everyone_if_no_acl_found)
             apis.guard_handlers(authorizer or None)
             self._protocol = KafkaProtocol(self._apis, max_request_bytes, sasl, sasl_max_receive_bytes)
             self._server = net.Server(listen, self._protocol, tls=context, limits=limits,
