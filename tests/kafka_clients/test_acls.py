@@ -10,11 +10,9 @@ the ACLs through the store's file or another client."""
 from __future__ import annotations
 
 import asyncio
-import io
 import subprocess
 import sys
 import time
-import uuid
 
 import pytest
 

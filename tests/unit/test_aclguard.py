@@ -14,23 +14,11 @@ from kio.serial import entity_reader
 from logstore import LogStore
 from logstore.errorcodes import ErrorCode
 from logstore.kafka.aclguard import RULES, Access, GuardContext, error_response, guard
-from logstore.kafka.acls import (AclBinding, AclOperation as Op, AclPermissionType as Perm, AclSet, Authorizer,
+from logstore.kafka.acls import (AclBinding, AclOperation as Op, AclPermissionType as Perm, Authorizer, MemoryAcls,
                                  PatternType as PT, ResourceType as RT)
 from logstore.kafka.apis import KafkaApis
 from logstore.kafka.wire import SUPPORTED, KafkaRequest, encode
 from logstore.kafka.writer import field_shape
-
-
-class Fixed:
-    def __init__(self, acls=()):
-        self.acls = AclSet(acls)
-
-    def current(self):
-        return self.acls
-
-    def update(self, change):
-        self.acls, result = change(self.acls)
-        return result
 
 
 def allow(name, op, kind=RT.TOPIC, principal="User:alice", perm=Perm.ALLOW, pattern=PT.LITERAL):
@@ -111,7 +99,7 @@ def test_a_denied_topic_is_answered_and_the_rest_served():
             {"partition_index": 0, "error_code": 0, "timestamp": -1, "offset": 5, "leader_epoch": 0}]}
             for t in request.body.topics]}
 
-    authorizer = Authorizer(Fixed([allow("yes", Op.DESCRIBE)]))
+    authorizer = Authorizer(MemoryAcls([allow("yes", Op.DESCRIBE)]))
     guarded = guard({2: handler}, authorizer, GuardContext())[2]
     import datetime
     part = ListOffsetsPartition(partition_index=0, current_leader_epoch=-1,
@@ -129,7 +117,7 @@ def test_a_denied_topic_is_answered_and_the_rest_served():
 def test_a_whole_request_refused_answers_each_item_and_never_calls_the_handler():
     from kio.schema.offset_commit.v7.request import OffsetCommitRequestPartition, OffsetCommitRequestTopic
     called = []
-    guarded = guard({8: lambda r: called.append(r)}, Authorizer(Fixed([allow("t", Op.READ)])), GuardContext())[8]
+    guarded = guard({8: lambda r: called.append(r)}, Authorizer(MemoryAcls([allow("t", Op.READ)])), GuardContext())[8]
     part = OffsetCommitRequestPartition(partition_index=3, committed_offset=1, committed_leader_epoch=-1,
                                         committed_metadata="")
     req = request_of(8, 7, group_id="g", generation_id_or_member_epoch=1, member_id="m", group_instance_id=None,
@@ -141,10 +129,10 @@ def test_a_whole_request_refused_answers_each_item_and_never_calls_the_handler()
 
 
 def test_an_api_without_a_rule_needs_cluster_action():
-    guarded = guard({18: lambda r: "served"}, Authorizer(Fixed()), GuardContext(), rules={})[18]
+    guarded = guard({18: lambda r: "served"}, Authorizer(MemoryAcls()), GuardContext(), rules={})[18]
     answer = guarded(request_of(18, 2))
     assert answer["error_code"] == ErrorCode.cluster_authorization_failed
-    supers = Authorizer(Fixed(), super_users=["User:alice"])
+    supers = Authorizer(MemoryAcls(), super_users=["User:alice"])
     assert guard({18: lambda r: "served"}, supers, GuardContext(), rules={})[18](request_of(18, 2)) == "served"
 
 
@@ -160,6 +148,6 @@ def test_without_an_authorizer_only_kip430_rules_wrap_and_everything_is_allowed(
 
 def test_access_remembers_its_answers_and_takes_anonymous_without_sasl():
     req = request_of(18, 2, principal=None)
-    access = Access.of(Authorizer(Fixed([allow("t", Op.READ, principal="User:ANONYMOUS")])), req)
+    access = Access.of(Authorizer(MemoryAcls([allow("t", Op.READ, principal="User:ANONYMOUS")])), req)
     assert access.principal == "User:ANONYMOUS" and access.host == "127.0.0.1"
     assert access.allowed(Op.READ, RT.TOPIC, "t") and not access.allowed(Op.WRITE, RT.TOPIC, "t")

@@ -8,22 +8,8 @@ from hypothesis import given, settings, strategies as st
 
 from logstore.kafka.acls import (
     ANONYMOUS, CLUSTER_NAME, SUPPORTED_OPERATIONS, AclBinding, AclBindingFilter, AclError, AclOperation as Op,
-    AclPermissionType as Perm, AclSet, Authorizer, PatternType as PT, ResourceType as RT, all_operations,
+    AclPermissionType as Perm, AclSet, Authorizer, MemoryAcls, PatternType as PT, ResourceType as RT, all_operations,
     parse_principal)
-
-
-class Fixed:
-    """An AclSource over a set in memory."""
-
-    def __init__(self, acls=()):
-        self.acls = AclSet(acls)
-
-    def current(self):
-        return self.acls
-
-    def update(self, change):
-        self.acls, result = change(self.acls)
-        return result
 
 
 def acl(name, principal="User:alice", op=Op.READ, perm=Perm.ALLOW, pattern=PT.LITERAL, kind=RT.TOPIC, host="*"):
@@ -31,7 +17,7 @@ def acl(name, principal="User:alice", op=Op.READ, perm=Perm.ALLOW, pattern=PT.LI
 
 
 def may(acls, principal="User:alice", op=Op.READ, name="orders", kind=RT.TOPIC, host="10.0.0.1", **kwargs):
-    return Authorizer(Fixed(acls), **kwargs).authorize(principal, host, op, kind, name)
+    return Authorizer(MemoryAcls(acls), **kwargs).authorize(principal, host, op, kind, name)
 
 
 # ---------------------------------------------------------------------- the rules
@@ -90,7 +76,7 @@ def test_resource_types_do_not_mix():
 
 
 def test_authorize_any_of_a_type_as_kafkas_authorize_by_resource_type():
-    view = lambda acls: Authorizer(Fixed(acls)).snapshot()  # noqa: E731
+    view = lambda acls: Authorizer(MemoryAcls(acls)).snapshot()  # noqa: E731
     assert view([acl("a", op=Op.WRITE)]).authorize_any("User:alice", "h", Op.WRITE, RT.TOPIC)
     assert not view([acl("a", op=Op.READ)]).authorize_any("User:alice", "h", Op.WRITE, RT.TOPIC)
     # a literal allow denied by the same literal, or by a prefix of it
@@ -104,10 +90,10 @@ def test_authorize_any_of_a_type_as_kafkas_authorize_by_resource_type():
 
 
 def test_authorized_operations_bit_field():
-    view = Authorizer(Fixed([acl("orders", op=Op.READ)])).snapshot()
+    view = Authorizer(MemoryAcls([acl("orders", op=Op.READ)])).snapshot()
     assert view.authorized_operations("User:alice", "h", RT.TOPIC, "orders") == (1 << Op.READ) | (1 << Op.DESCRIBE)
     assert all_operations(RT.TRANSACTIONAL_ID) == (1 << Op.DESCRIBE) | (1 << Op.WRITE)
-    assert Authorizer(Fixed(), super_users=["User:alice"]).snapshot().authorized_operations(
+    assert Authorizer(MemoryAcls(), super_users=["User:alice"]).snapshot().authorized_operations(
         "User:alice", "h", RT.CLUSTER, CLUSTER_NAME) == all_operations(RT.CLUSTER)
 
 
@@ -151,17 +137,17 @@ def test_filters_select_as_kafkas():
 
 
 def test_create_is_idempotent_and_delete_lists_what_each_filter_removed():
-    source = Fixed()
+    source = MemoryAcls()
     authorizer = Authorizer(source)
     authorizer.create([acl("a"), acl("a"), acl("b")])
     authorizer.create([acl("a")])
-    assert len(source.acls) == 2
+    assert len(source.current()) == 2
     removed = authorizer.delete([AclBindingFilter(name="a"), AclBindingFilter(RT.TOPIC)])
     assert [[x.name for x in found] for found in removed] == [["a"], ["a", "b"]]
-    assert len(source.acls) == 0
+    assert len(source.current()) == 0
     with pytest.raises(AclError):
         authorizer.create([acl("ok"), acl("", "User:x")])
-    assert len(source.acls) == 0  # nothing of a refused creation
+    assert len(source.current()) == 0  # nothing of a refused creation
 
 
 # ---------------------------------------------------------------------- the matcher vs a naive reading
@@ -206,7 +192,7 @@ def naive(acls, super_users, allow_if_none, principal, host, op, kind, name):
 def test_the_indexed_matcher_agrees_with_the_naive_rules(acls, principal, host, op, kind, name, allow_if_none,
                                                          super_user):
     supers = ["User:bob"] if super_user else []
-    authorizer = Authorizer(Fixed(acls), supers, allow_if_none)
+    authorizer = Authorizer(MemoryAcls(acls), supers, allow_if_none)
     assert authorizer.authorize(principal, host, op, kind, name) == naive(set(acls), supers, allow_if_none,
                                                                           principal, host, op, kind, name)
     # MATCH selects exactly the bindings that apply to the resource's name

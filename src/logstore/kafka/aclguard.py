@@ -43,6 +43,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Mapping
 
 from ..errorcodes import ErrorCode
+from ..net.purgatory import mapped
 from .acls import ANONYMOUS, CLUSTER_NAME, AclOperation, AclView, Authorizer, ResourceType, all_operations
 from .wire import KafkaRequest, response_class
 from .writer import field_shape
@@ -265,19 +266,7 @@ def _merge(answer: Any, extra: dict[str, list[dict[str, Any]]], post: Callable[[
         return fields
 
     if isinstance(answer, Future):
-        out: Future = Future()
-
-        def done(f: Future) -> None:
-            exc = f.exception()
-            if exc is not None:
-                out.set_exception(exc)
-                return
-            try:
-                out.set_result(finish(f.result()))
-            except BaseException as err:  # noqa: BLE001 - fails the request
-                out.set_exception(err)
-        answer.add_done_callback(done)
-        return out
+        return mapped(answer, finish)
     return finish(answer)
 
 

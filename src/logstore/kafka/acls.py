@@ -30,13 +30,14 @@ bindings.
 from __future__ import annotations
 
 import enum
+import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol, TypeVar
 
 from ..errors import LogstoreError
 
 __all__ = ["ResourceType", "PatternType", "AclOperation", "AclPermissionType", "AclBinding", "AclBindingFilter",
-           "AclError", "AclSet", "AclSource", "Authorizer", "CLUSTER_NAME", "WILDCARD", "WILDCARD_PRINCIPAL",
+           "AclError", "AclSet", "AclSource", "MemoryAcls", "Authorizer", "CLUSTER_NAME", "WILDCARD", "WILDCARD_PRINCIPAL",
            "ANONYMOUS", "SUPPORTED_OPERATIONS", "AclView", "all_operations", "parse_principal"]
 
 #: The one name of the CLUSTER resource (Kafka's ``kafka-cluster``).
@@ -420,6 +421,25 @@ class AclSource(Protocol):
         """Apply ``change`` (the newest set -> the new set and a result) atomically and durably;
         return its result."""
         ...
+
+
+class MemoryAcls:
+    """An :class:`AclSource` in memory (nothing durable): ACLs given by the program, e.g. to
+    embed a server whose ACLs are fixed, or in tests. Thread-safe."""
+
+    def __init__(self, bindings: Iterable[AclBinding] = ()) -> None:
+        self._acls = AclSet(acl.validate() for acl in bindings)
+        self._lock = threading.Lock()
+
+    def current(self) -> AclSet:
+        """The bindings now."""
+        return self._acls
+
+    def update(self, change: Callable[[AclSet], tuple[AclSet, R]]) -> R:
+        """Apply ``change`` atomically (in memory only)."""
+        with self._lock:
+            self._acls, result = change(self._acls)
+            return result
 
 
 class Authorizer:

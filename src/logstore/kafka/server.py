@@ -63,6 +63,7 @@ from ..groups.coordinator import GroupConfig
 from .wire import KafkaProtocolError, KafkaRequest, UnsupportedVersionError, encode, parse_request
 from ..store.store import LogStore
 from ..net.protocol import TLSConfig
+from ..net.purgatory import mapped as _mapped
 
 __all__ = ["KafkaServer", "KafkaProtocol", "RequestMetrics", "main"]
 
@@ -188,23 +189,6 @@ def _api_versions_unsupported(correlation_id: int, supported: Any) -> list[bytes
     a version it shares: KIP-511)."""
     return encode(correlation_id, API_VERSIONS, 0, {"error_code": ErrorCode.unsupported_version,
                                                      "api_keys": api_version_ranges(supported)})
-
-
-def _mapped(future: Future, fn: Any) -> Future:
-    out: Future = Future()
-
-    def done(f: Future) -> None:
-        exc = f.exception()
-        if exc is not None:
-            out.set_exception(exc)
-            return
-        try:
-            out.set_result(fn(f.result()))
-        except BaseException as err:  # noqa: BLE001 - fails the request, closing its connection
-            out.set_exception(err)
-
-    future.add_done_callback(done)
-    return out
 
 
 class KafkaServer:
