@@ -373,10 +373,11 @@ def _with_body(request: KafkaRequest, body: Any) -> KafkaRequest:
 
 @dataclass
 class GuardContext:
-    """What the custom rules ask the server: whether a topic exists (Metadata's auto-creation
-    check)."""
+    """What the custom rules ask the server: whether a topic exists and whether it creates the
+    missing ones a client asks Metadata for (Metadata's auto-creation check)."""
 
     topic_exists: Callable[[str], bool] = field(default=lambda name: True)
+    auto_create_topics: Callable[[], bool] = field(default=lambda: True)
 
 
 def guard(handlers: Mapping[int, Handler], authorizer: Authorizer | None, context: GuardContext,
@@ -483,7 +484,7 @@ def _metadata(access: Access, request: KafkaRequest, handler: Handler, context: 
     denied: list[dict[str, Any]] = []
     if requested is not None:
         kept = []
-        creating = getattr(body, "allow_auto_topic_creation", True)
+        creating = getattr(body, "allow_auto_topic_creation", True) and context.auto_create_topics()
         may_create = None
         for topic in requested:
             name = topic.name
@@ -534,6 +535,20 @@ def _group_operations(access: Access, request: KafkaRequest, fields: dict[str, A
         for group in fields["groups"]:
             if group["error_code"] == ErrorCode.none:
                 group["authorized_operations"] = access.operations(RT.GROUP, group["group_id"])
+
+
+def _cluster_operations(access: Access, request: KafkaRequest, fields: dict[str, Any]) -> None:
+    """DescribeCluster's cluster_authorized_operations (0 without DESCRIBE on the cluster)."""
+    if getattr(request.body, "include_cluster_authorized_operations", False):
+        fields["cluster_authorized_operations"] = (access.operations(RT.CLUSTER, CLUSTER_NAME)
+                                                   if access.allowed(Op.DESCRIBE, RT.CLUSTER, CLUSTER_NAME) else 0)
+
+
+def _topic_operations(access: Access, request: KafkaRequest, fields: dict[str, Any]) -> None:
+    """DescribeTopicPartitions' topic_authorized_operations (always given)."""
+    for topic in fields["topics"]:
+        if topic["error_code"] == ErrorCode.none and topic.get("name"):
+            topic["topic_authorized_operations"] = access.operations(RT.TOPIC, topic["name"])
 
 
 def _list_groups(access: Access, request: KafkaRequest, fields: dict[str, Any]) -> None:
@@ -666,4 +681,26 @@ RULES: dict[int, Rule] = {
                           "transaction_states", lambda t: {"transactional_id": t}),),  # DescribeTransactions
              answer_filter=_describe_transactions),
     66: Rule(answer_filter=_list_transactions),  # ListTransactions
+    # The admin APIs and KIP-848's, as Kafka authorizes them (for the handlers that serve them)
+    21: Rule(items=(Items("topics", _topic("name"), Op.DELETE, "topics", _named("name"),  # DeleteRecords
+                          partitions=_PARTITION_ENTRIES),)),
+    33: Rule(items=(Items("resources", _config_resource, Op.ALTER_CONFIGS, "responses",  # AlterConfigs
+                          lambda r: {"resource_type": r.resource_type, "resource_name": r.resource_name}),)),
+    35: Rule(needs=(Need(Op.DESCRIBE, _cluster),)),  # DescribeLogDirs
+    37: Rule(items=(Items("topics", _topic("name"), Op.ALTER, "results", _named("name")),)),  # CreatePartitions
+    42: Rule(items=(Items("groups_names", lambda g: (RT.GROUP, g), Op.DELETE, "results",  # DeleteGroups
+                          lambda g: {"group_id": g}),)),
+    44: Rule(items=(Items("resources", _config_resource, Op.ALTER_CONFIGS, "responses",  # IncrementalAlterConfigs
+                          lambda r: {"resource_type": r.resource_type, "resource_name": r.resource_name}),)),
+    47: Rule(needs=(Need(Op.DELETE, _group),),  # OffsetDelete
+             items=(Items("topics", _topic("name"), Op.READ, "topics", _named("name"),
+                          partitions=_PARTITION_ENTRIES),)),
+    50: Rule(needs=(Need(Op.DESCRIBE, _cluster),)),  # DescribeUserScramCredentials
+    51: Rule(needs=(Need(Op.ALTER, _cluster),)),  # AlterUserScramCredentials
+    60: Rule(operations=_cluster_operations),  # DescribeCluster
+    68: _READ_GROUP,  # ConsumerGroupHeartbeat
+    69: Rule(items=(Items("group_ids", lambda g: (RT.GROUP, g), Op.DESCRIBE, "groups",  # ConsumerGroupDescribe
+                          lambda g: {"group_id": g}),), operations=_group_operations),
+    75: Rule(items=(Items("topics", _topic("name"), Op.DESCRIBE, "topics", _named("name")),),  # DescribeTopicPartitions
+             operations=_topic_operations),
 }

@@ -166,7 +166,8 @@ class KafkaApis:
         Called once, by the server, when every handler is in :attr:`handlers`."""
         self.authorizer = authorizer
         self.handlers = aclguard.guard(self.handlers, authorizer,
-                                       aclguard.GuardContext(lambda name: self._partition_exists(name, 0)))
+                                       aclguard.GuardContext(lambda name: self._partition_exists(name, 0),
+                                                             lambda: self.auto_create_topics))
 
     def close(self) -> None:
         """Answer the fetches, joins and syncs still waiting (the server is stopping)."""
