@@ -562,3 +562,40 @@ def test_logstore_serve_authorizer_flags(tmp_path):
         proc.send_signal(signal.SIGTERM)
         proc.wait(15)
     assert stored_after(root, "open") == [b"a", b"c"] and stored_after(root, "closed") == [b"b"]
+
+
+def test_admin_requests_per_resource(server):
+    """CreateTopics, DeleteTopics, DescribeConfigs and DescribeGroups answer each resource on its
+    own: the denied ones with Kafka's error, the others served."""
+    from confluent_kafka.admin import ConfigResource, NewTopic
+    server.store.create_topic("mine", 1)
+    server.store.create_topic("theirs", 1)
+    grant(server, binding(ResourceType.TOPIC, "new-", "User:alice", AclOperation.CREATE,
+                          pattern=ResourcePatternType.PREFIXED),
+          binding(ResourceType.TOPIC, "mine", "User:alice", AclOperation.ALL),
+          binding(ResourceType.GROUP, "grp", "User:alice", AclOperation.DESCRIBE))
+    a = admin(server, "alice")
+    created = a.create_topics([NewTopic("new-ok", 1), NewTopic("other-new", 1)], request_timeout=10)
+    assert created["new-ok"].result() is None
+    with pytest.raises(KafkaException) as info:
+        created["other-new"].result()
+    assert info.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert "new-ok" in server.store.topics() and "other-new" not in server.store.topics()
+    configs = a.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, "mine"),
+                                  ConfigResource(ConfigResource.Type.TOPIC, "theirs")], request_timeout=10)
+    by_name = {resource.name: future for resource, future in configs.items()}
+    assert "cleanup.policy" in by_name["mine"].result()
+    with pytest.raises(KafkaException) as info:
+        by_name["theirs"].result()
+    assert info.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    deleted = a.delete_topics(["mine", "theirs"], request_timeout=10)
+    assert deleted["mine"].result() is None
+    with pytest.raises(KafkaException) as info:
+        deleted["theirs"].result()
+    assert info.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert "mine" not in server.store.topics() and "theirs" in server.store.topics()
+    groups = a.describe_consumer_groups(["grp", "hidden"], include_authorized_operations=True, request_timeout=10)
+    assert set(groups["grp"].result().authorized_operations) == {AclOperation.DESCRIBE}
+    with pytest.raises(KafkaException) as info:
+        groups["hidden"].result()
+    assert info.value.args[0].code() == KafkaError.GROUP_AUTHORIZATION_FAILED
