@@ -172,3 +172,44 @@ def test_access_remembers_its_answers_and_takes_anonymous_without_sasl():
     access = Access.of(Authorizer(MemoryAcls([allow("t", Op.READ, principal="User:ANONYMOUS")])), req)
     assert access.principal == "User:ANONYMOUS" and access.host == "127.0.0.1"
     assert access.allowed(Op.READ, RT.TOPIC, "t") and not access.allowed(Op.WRITE, RT.TOPIC, "t")
+
+
+def test_fetch_by_topic_id_is_checked_on_the_topic_the_id_names():
+    """Fetch v13+ names topics by id: the guard asks the server for the name (GuardContext's
+    topic_name); an id it cannot name is denied."""
+    import datetime
+    import uuid
+    from kio.schema.fetch.v13.request import FetchPartition, FetchTopic
+    ids = {uuid.UUID(int=1): "readable", uuid.UUID(int=2): "secret"}
+    seen = []
+
+    def handler(request):
+        seen.append([t.topic_id for t in request.body.topics])
+        return {"throttle_time": 0, "error_code": 0, "session_id": 0, "responses": [
+            {"topic_id": t.topic_id, "partitions": []} for t in request.body.topics]}
+
+    authorizer = Authorizer(MemoryAcls([allow("readable", Op.READ)]))
+    guarded = guard({1: handler}, authorizer, GuardContext(topic_name=ids.get))[1]
+    part = FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1024)
+    req = request_of(1, 13, max_wait=datetime.timedelta(0), min_bytes=1, forgotten_topics_data=(),
+                     topics=tuple(FetchTopic(topic_id=i, partitions=(part,)) for i in (*ids, uuid.UUID(int=3))))
+    body = read_back(1, 13, encode(1, 1, 13, guarded(req)))
+    assert seen == [[uuid.UUID(int=1)]]
+    assert {t.topic_id.int: [p.error_code for p in t.partitions] for t in body.responses} == {
+        1: [], 2: [ErrorCode.topic_authorization_failed], 3: [ErrorCode.topic_authorization_failed]}
+
+
+def test_a_followers_fetch_needs_cluster_action_only():
+    from kio.schema.fetch.v11.request import FetchPartition, FetchTopic
+    import datetime
+    part = FetchPartition(partition=0, current_leader_epoch=-1, fetch_offset=0, log_start_offset=-1,
+                          partition_max_bytes=1024)
+    req = request_of(1, 11, replica_id=2, max_wait=datetime.timedelta(0), min_bytes=1, max_bytes=1 << 20,
+                     isolation_level=0, session_id=0, session_epoch=-1, rack_id="", forgotten_topics_data=(),
+                     topics=(FetchTopic(topic="t", partitions=(part,)),))
+    served = lambda r: "served"  # noqa: E731
+    assert guard({1: served}, Authorizer(MemoryAcls([allow("kafka-cluster", Op.CLUSTER_ACTION, RT.CLUSTER)])),
+                 GuardContext())[1](req) == "served"
+    refused = guard({1: served}, Authorizer(MemoryAcls([allow("t", Op.READ)])), GuardContext())[1](req)
+    assert [p["error_code"] for t in refused["responses"] for p in t["partitions"]] == [
+        ErrorCode.topic_authorization_failed]

@@ -378,6 +378,8 @@ class GuardContext:
 
     topic_exists: Callable[[str], bool] = field(default=lambda name: True)
     auto_create_topics: Callable[[], bool] = field(default=lambda: True)
+    #: a topic id's topic name (None: unknown); the server that serves topic ids gives it
+    topic_name: Callable[[uuid.UUID], str | None] = field(default=lambda topic_id: None)
 
 
 def guard(handlers: Mapping[int, Handler], authorizer: Authorizer | None, context: GuardContext,
@@ -599,18 +601,43 @@ _READ_GROUP = Rule(needs=(Need(Op.READ, _group),))
 _WRITE_TXN = Rule(needs=(Need(Op.WRITE, _txn_id),))
 
 
+def _topic_by_name_or_id(context: GuardContext, name_field: str) -> Callable[[Any], tuple[ResourceType, str]]:
+    """A listed topic's resource, by its name or (Fetch v13+, DeleteTopics v6) its topic id: an
+    id the server cannot name is checked as the topic named by the id's text, which no ACL
+    names (denied unless allow.everyone.if.no.acl.found)."""
+    def resource(item: Any) -> tuple[ResourceType, str]:
+        name = getattr(item, name_field, None)
+        if name is None:
+            topic_id = item.topic_id
+            name = context.topic_name(topic_id) or str(topic_id)
+        return RT.TOPIC, name
+    return resource
+
+
 def _fetch(access: Access, request: KafkaRequest, handler: Handler, context: GuardContext) -> Any:
-    """Fetch: a follower's (replica id >= 0) needs CLUSTER_ACTION; a consumer's READ on each
-    topic."""
-    if request.body.replica_id >= 0:
-        rule = Rule(needs=(Need(Op.CLUSTER_ACTION, _cluster),), items=_FETCH_ITEMS)
+    """Fetch: a follower's (replica id >= 0) needs CLUSTER_ACTION on the cluster (then it reads
+    every partition; without, every partition is TOPIC_AUTHORIZATION_FAILED, as in Kafka); a
+    consumer's READ on each topic."""
+    items = Items("topics", _topic_by_name_or_id(context, "topic"), Op.READ, "responses",
+                  lambda t: {"topic": getattr(t, "topic", None), "topic_id": getattr(t, "topic_id", None)},
+                  partitions=("partitions", "partition", "partitions", "partition_index"))
+    if getattr(request.body, "replica_id", -1) >= 0:
+        if access.allowed(Op.CLUSTER_ACTION, RT.CLUSTER, CLUSTER_NAME):
+            return handler(request)
+        return _refuse_all(request, Rule(items=(items,)), ErrorCode.topic_authorization_failed,
+                           "a follower's fetch needs CLUSTER_ACTION on the cluster")
+    return _apply(Rule(items=(items,)), access, request, handler)
+
+
+def _delete_topics(access: Access, request: KafkaRequest, handler: Handler, context: GuardContext) -> Any:
+    """DeleteTopics: DELETE on each topic, named (v1-v5) or by name or id (v6)."""
+    if hasattr(request.body, "topic_names"):
+        items = Items("topic_names", lambda name: (RT.TOPIC, name), Op.DELETE, "responses",
+                      lambda name: {"name": name})
     else:
-        rule = Rule(items=_FETCH_ITEMS)
-    return _apply(rule, access, request, handler)
-
-
-_FETCH_ITEMS = (Items("topics", _topic("topic"), Op.READ, "responses", _named("topic", "topic"),
-                      partitions=("partitions", "partition", "partitions", "partition_index")),)
+        items = Items("topics", _topic_by_name_or_id(context, "name"), Op.DELETE, "responses",
+                      lambda t: {"name": t.name, "topic_id": t.topic_id})
+    return _apply(Rule(items=(items,)), access, request, handler)
 
 
 def _add_partitions_to_txn(access: Access, request: KafkaRequest, handler: Handler, context: GuardContext) -> Any:
@@ -658,8 +685,7 @@ RULES: dict[int, Rule] = {
     17: _OPEN, 18: _OPEN, 36: _OPEN,  # SaslHandshake, ApiVersions, SaslAuthenticate
     19: Rule(items=(Items("topics", _topic("name"), Op.CREATE, "topics", _named("name"),  # CreateTopics
                           or_cluster=Op.CREATE),)),
-    20: Rule(items=(Items("topic_names", lambda name: (RT.TOPIC, name), Op.DELETE, "responses",  # DeleteTopics
-                          lambda name: {"name": name}),)),
+    20: Rule(custom=_delete_topics),
     22: Rule(custom=_init_producer_id),
     24: Rule(custom=_add_partitions_to_txn),
     25: Rule(needs=(Need(Op.WRITE, _txn_id), Need(Op.READ, _group))),  # AddOffsetsToTxn
