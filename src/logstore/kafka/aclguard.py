@@ -14,8 +14,11 @@ A :class:`Rule` says, as Kafka's KafkaApis does per API:
   the request the handler sees and answered with its error, and the rest is served (Kafka's
   ``filterByAuthorized``). The answers are built from the response's schema (kio's class of
   the version asked), so an entry has every field of its version.
+- ``answer_filter``: what an answer lists that the principal may not see is dropped from it
+  (ListGroups, ListTransactions, OffsetFetch of all of a group's topics).
 - ``custom``: an API whose rule is more than that (Metadata's hidden topics and auto-creation,
-  ListGroups' filter, InitProducerId's IDEMPOTENT_WRITE) wraps its handler itself.
+  a follower's Fetch, topics named by id, InitProducerId's IDEMPOTENT_WRITE) wraps its handler
+  itself.
 - ``operations``: KIP-430's authorized operations, filled into the answer when the request
   asks for them (with or without an authorizer: without one, every operation).
 
@@ -62,7 +65,6 @@ AUTHORIZATION_ERRORS: dict[ResourceType, int] = {
     RT.TRANSACTIONAL_ID: ErrorCode.transactional_id_authorization_failed,
     RT.DELEGATION_TOKEN: ErrorCode.delegation_token_authorization_failed,
 }
-_NO_OPERATIONS = -2147483648  # KIP-430: not asked for
 #: DescribeConfigs' (and AlterConfigs') resource types -> the ACL resource they are checked on
 _CONFIG_RESOURCES = {2: RT.TOPIC, 4: RT.CLUSTER, 8: RT.CLUSTER, 16: RT.CLUSTER, 32: RT.GROUP}
 
@@ -298,7 +300,6 @@ class _Guarded:
                          request.api_version, exc)
             return error_response(request, ErrorCode.cluster_authorization_failed,
                                   f"{request.name} v{request.api_version} cannot be authorized")
-
 
 
 def _apply(rule: Rule, access: Access, request: KafkaRequest, handler: Handler) -> Any:
