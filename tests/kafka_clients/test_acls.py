@@ -599,3 +599,30 @@ def test_admin_requests_per_resource(server):
     with pytest.raises(KafkaException) as info:
         groups["hidden"].result()
     assert info.value.args[0].code() == KafkaError.GROUP_AUTHORIZATION_FAILED
+
+
+def test_a_consumer_without_read_gets_topic_authorization_failed(server):
+    """kafka-python's consumer raises Kafka's error; librdkafka's never delivers the record."""
+    server.store.create_topic("unreadable", 1)
+    server.store.partition("unreadable", 0).append(b"secret")
+    grant(server, binding(ResourceType.TOPIC, "unreadable", "User:alice", AclOperation.DESCRIBE))
+    consumer = kafka.KafkaConsumer(**kp_config(server, "alice"), enable_auto_commit=False)
+    try:
+        tp = kafka.TopicPartition("unreadable", 0)
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        with pytest.raises(kafka.errors.TopicAuthorizationFailedError):
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                assert not consumer.poll(timeout_ms=500)
+    finally:
+        consumer.close()
+    consumer = ck.Consumer({**ck_config(server, "alice"), "group.id": "unused", "enable.auto.commit": False})
+    try:
+        consumer.assign([ck.TopicPartition("unreadable", 0, 0)])
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            m = consumer.poll(0.5)
+            assert m is None or m.error() is not None
+    finally:
+        consumer.close()
