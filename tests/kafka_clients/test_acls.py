@@ -10,6 +10,8 @@ the ACLs through the store's file or another client."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import subprocess
 import sys
 import time
@@ -518,39 +520,40 @@ def test_authorized_operations_are_the_principals(server):
     assert ops == {AclOperation.READ, AclOperation.DESCRIBE}
 
 
-def test_logstore_serve_authorizer_flags(tmp_path):
-    """``logstore serve --authorizer --super-users ... --allow-everyone-if-no-acl-found``: a topic
-    without ACLs is open, one with ACLs closed to the others; the super user passes."""
-    import signal
-    root = tmp_path / "store"
-    root.mkdir()
-    assert cli_main(["acls", "add", str(root), "--allow-principal", "User:bob", "--operation", "All",
-                     "--topic", "closed"]) == 0
+@contextlib.contextmanager
+def serve_cli(root, *flags):
+    """``logstore serve ROOT --listen 127.0.0.1:0 FLAGS`` in a child process: its bootstrap
+    address; stopped with SIGTERM, which it must obey."""
     proc = subprocess.Popen([sys.executable, "-m", "logstore", "serve", str(root), "--listen", "127.0.0.1:0",
-                             "--authorizer", "--super-users", "User:nobody;User:ANONYMOUS",
-                             "--allow-everyone-if-no-acl-found"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                             *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
         assert line.startswith("serving "), (line, proc.stderr.read() if proc.poll() is not None else "")
-        bootstrap = line.split(" on ")[1].strip()
-        producer = kafka.KafkaProducer(bootstrap_servers=bootstrap, request_timeout_ms=10_000, retries=0)
-        try:
-            assert producer.send("open", b"a").get(10).offset == 0
-            assert producer.send("closed", b"b").get(10).offset == 0  # ANONYMOUS is a super user here
-        finally:
-            producer.close()
+        yield line.split(" on ")[1].strip()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    proc = subprocess.Popen([sys.executable, "-m", "logstore", "serve", str(root), "--listen", "127.0.0.1:0",
-                             "--authorizer", "--allow-everyone-if-no-acl-found"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        bootstrap = proc.stdout.readline().split(" on ")[1].strip()
+
+
+def test_logstore_serve_authorizer_flags(tmp_path):
+    """``logstore serve --authorizer --super-users ... --allow-everyone-if-no-acl-found``: a topic
+    without ACLs is open, one with ACLs closed to the others; the super user passes."""
+    root = tmp_path / "store"
+    root.mkdir()
+    assert cli_main(["acls", "add", str(root), "--allow-principal", "User:bob", "--operation", "All",
+                     "--topic", "closed"]) == 0
+    with serve_cli(root, "--authorizer", "--super-users", "User:nobody;User:ANONYMOUS",
+                   "--allow-everyone-if-no-acl-found") as bootstrap:
+        producer = kafka.KafkaProducer(bootstrap_servers=bootstrap, request_timeout_ms=10_000, retries=0)
+        try:
+            assert producer.send("open", b"a").get(10).offset == 0
+            assert producer.send("closed", b"b").get(10).offset == 0  # ANONYMOUS is a super user here
+        finally:
+            producer.close()
+    with serve_cli(root, "--authorizer", "--allow-everyone-if-no-acl-found") as bootstrap:
         producer = kafka.KafkaProducer(bootstrap_servers=bootstrap, request_timeout_ms=10_000, retries=0)
         try:
             assert producer.send("open", b"c").get(10).offset == 1
@@ -558,9 +561,6 @@ def test_logstore_serve_authorizer_flags(tmp_path):
                 producer.send("closed", b"d").get(10)
         finally:
             producer.close()
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(15)
     assert stored_after(root, "open") == [b"a", b"c"] and stored_after(root, "closed") == [b"b"]
 
 

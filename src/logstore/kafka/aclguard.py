@@ -72,7 +72,7 @@ _CONFIG_RESOURCES = {2: RT.TOPIC, 4: RT.CLUSTER, 8: RT.CLUSTER, 16: RT.CLUSTER, 
 class Access:
     """What one request's principal may do: the questions of one request, over one snapshot of
     the ACLs (``view`` None: no authorizer, everything allowed). Answers are remembered for the
-    request."""
+    request. Not thread-safe: one request's, on the thread that answers it."""
 
     __slots__ = ("view", "principal", "host", "_answers")
 
@@ -118,7 +118,7 @@ class Access:
 class Need:
     """The request as a whole needs ``operation`` on the resource ``resource(request)`` names
     ((type, name); None: this need does not apply to the request, e.g. a produce without a
-    transactional id)."""
+    transactional id). Immutable."""
 
     operation: AclOperation
     resource: Callable[[KafkaRequest], tuple[ResourceType, str] | None]
@@ -127,6 +127,7 @@ class Need:
 @dataclass(frozen=True)
 class Items:
     """A list of resources in a request, checked one by one (see the module docstring).
+    Immutable.
 
     Args:
         field: the request body's field holding the list (None in it: nothing listed).
@@ -162,7 +163,7 @@ class Rule:
     """What a request of one API needs (see the module docstring). ``custom(access, request,
     handler, context)`` replaces the generic checks; ``operations(access, request, answer)``
     fills KIP-430's fields of an answer; ``answer_filter(access, request, answer)`` drops what
-    the principal may not see from an answer (ListGroups, ListTransactions)."""
+    the principal may not see from an answer (ListGroups, ListTransactions). Immutable."""
 
     needs: tuple[Need, ...] = ()
     items: tuple[Items, ...] = ()
@@ -375,7 +376,8 @@ def _with_body(request: KafkaRequest, body: Any) -> KafkaRequest:
 @dataclass
 class GuardContext:
     """What the custom rules ask the server: whether a topic exists and whether it creates the
-    missing ones a client asks Metadata for (Metadata's auto-creation check)."""
+    missing ones a client asks Metadata for (Metadata's auto-creation check), and a topic id's
+    name. The server's hooks; thread-safe as they are."""
 
     topic_exists: Callable[[str], bool] = field(default=lambda name: True)
     auto_create_topics: Callable[[], bool] = field(default=lambda: True)
@@ -387,7 +389,8 @@ def guard(handlers: Mapping[int, Handler], authorizer: Authorizer | None, contex
           rules: Mapping[int, Rule] | None = None) -> dict[int, Handler]:
     """``handlers`` behind their :data:`RULES` (or ``rules``). Without an authorizer, only the
     rules that fill KIP-430's authorized operations wrap their handlers (every operation is
-    allowed), the others are left as they are."""
+    allowed), the others are left as they are. The guarded handlers are thread-safe as the
+    handlers are; nothing here is durable."""
     table = RULES if rules is None else rules
     out: dict[int, Handler] = {}
     for key, handler in handlers.items():
