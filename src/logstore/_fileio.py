@@ -117,6 +117,16 @@ class FileOps:
             return None
         return st.st_dev, st.st_ino
 
+    def path_stamp(self, path: str) -> tuple[int, int, int, int] | None:
+        """(device, inode, size, modification time in ns) of the file a path names now, or None
+        when there is none: what a reader compares to see that a small file was replaced or
+        changed (an inode alone may be reused by the next replacement)."""
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
     def lock_shared(self, fd: int) -> bool:
         """Take a shared advisory lock without blocking; False if a process holds it exclusively."""
         try:

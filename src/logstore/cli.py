@@ -17,6 +17,7 @@
     logstore node ...                      (one replication node: logstore node --help)
     logstore serve ROOT [--listen H:P]     (serve a store to Kafka clients: logstore serve --help)
     logstore kafka-user add FILE USER --mechanism M   (SASL credentials for serve; password on stdin)
+    logstore acls list|add|remove ROOT ... (the ACLs of serve --authorizer: logstore acls --help)
     logstore mirror ROOT --to BOOTSTRAP    (copy topics to a Kafka cluster: logstore mirror --help)
 
 Read-only commands (``topics list``/``describe``, ``dump``, ``verify``, ``stats``) also take a
@@ -439,6 +440,7 @@ _EPILOG = """\
 'logstore serve --help' describes serving a store to Kafka clients (logstore serve ROOT ...).
 'logstore mirror --help' describes copying topics to a Kafka cluster (mirror ROOT --to ...).
 'logstore kafka-user --help' describes the SASL users of logstore serve (add, delete, list).
+'logstore acls --help' describes the ACLs of logstore serve --authorizer (list, add, remove).
 'logstore COMMAND --help' describes a command and its options.
 'logstore node --help' describes the replication node (logstore node ...).
 """
@@ -533,6 +535,10 @@ def main(argv: list[str] | None = None, stdout: TextIO | None = None, stdin: Tex
         from .mirror import main as mirror_main
 
         return mirror_main(args_list[1:], prog="logstore mirror")
+    if args_list and args_list[0] == "acls":
+        from .kafka.aclcommand import main as acls_main
+
+        return acls_main(args_list[1:], prog="logstore acls")
     if args_list and args_list[0] == "kafka-user":
         from .kafka.credentials import main as kafka_user_main
 

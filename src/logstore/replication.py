@@ -53,8 +53,10 @@ from .errorcodes import ErrorCode
 from .errors import LogstoreError, OffsetOutOfRangeError
 from .groups.offsets import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIG
 from .txn.metadata import TRANSACTION_STATE_TOPIC, TRANSACTION_STATE_TOPIC_CONFIG
+from .replica.acls import ACLS_TOPIC, ACLS_TOPIC_CONFIG
 from .kafka.credentials import Credentials, CredentialsFile
-from .kafka.server import KafkaServer, add_sasl_arguments, add_transaction_arguments, sasl_options, transaction_config
+from .kafka.server import (KafkaServer, add_authorizer_arguments, add_sasl_arguments, add_transaction_arguments,
+                           authorizer_options, sasl_options, transaction_config)
 from .net import server as net
 from .net.protocol import TLSConfig
 from .net.purgatory import Purgatory
@@ -107,7 +109,8 @@ logger = logging.getLogger("logstore.replication")
 
 
 #: the topics a node always replicates (one partition each), with their configs
-_INTERNAL_TOPICS = {OFFSETS_TOPIC: OFFSETS_TOPIC_CONFIG, TRANSACTION_STATE_TOPIC: TRANSACTION_STATE_TOPIC_CONFIG}
+_INTERNAL_TOPICS = {OFFSETS_TOPIC: OFFSETS_TOPIC_CONFIG, TRANSACTION_STATE_TOPIC: TRANSACTION_STATE_TOPIC_CONFIG,
+                    ACLS_TOPIC: ACLS_TOPIC_CONFIG}
 
 
 class _ContextSetting:
@@ -140,7 +143,8 @@ class ReplicaNode:
             log in as and which alone may send replication's requests.
         partitions: [(topic, partitions)] to replicate (created when missing). Kafka clients'
             ``__consumer_offsets`` and ``__transaction_state`` are always replicated, one
-            partition each: their leaders coordinate the groups and the transactions.
+            partition each: their leaders coordinate the groups and the transactions; with
+            an authorizer (``kafka_options``' ``authorizer``), ``__acls`` too: the ACLs.
         election_timeout_ms: base election timeout (randomised up to twice it).
         replica_lag_time_max_ms: a follower is in sync while it reached the leader's end this
             recently.
@@ -255,6 +259,8 @@ class ReplicaNode:
         # Kafka clients' consumer groups and transactions: one partition each, whose leader
         # coordinates them
         partitions += [(OFFSETS_TOPIC, 1), (TRANSACTION_STATE_TOPIC, 1)]
+        if options.get("authorizer"):  # the ACLs, replicated (replica.acls)
+            partitions.append((ACLS_TOPIC, 1))
         try:
             for topic, count in partitions:
                 if topic in _INTERNAL_TOPICS:
@@ -482,6 +488,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
     parser.add_argument("--advertised-peer", action="append", default=[],
                         help="id=host:port: what Metadata names for a peer (default: its --peer)")
     add_sasl_arguments(parser)  # Kafka clients' SASL; the replica user logs in with the secret (SCRAM-SHA-256)
+    add_authorizer_arguments(parser)
     add_transaction_arguments(parser)
     args = parser.parse_args(argv)
     tls_files = (args.tls_cert, args.tls_key, args.tls_ca)
@@ -515,7 +522,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
     except OSError as exc:
         parser.error(f"cannot read the secret file: {exc}")
     try:
-        options: dict[str, Any] = {"txn_config": transaction_config(args), **sasl_options(args)}
+        options: dict[str, Any] = {"txn_config": transaction_config(args), **sasl_options(args),
+                                   **authorizer_options(args)}
         node = ReplicaNode(args.node_id, args.data_dir, address(args.listen), peers, secret, partitions=topics,
                            election_timeout_ms=args.election_timeout_ms,
                            min_insync_replicas=args.min_insync_replicas,

@@ -170,7 +170,10 @@ def test_describing_an_unknown_group_v5_says_dead_and_v6_group_id_not_found(serv
                           DescribeGroupsResponse)
         (group,) = answer.groups
         assert (group.group_id, group.group_state, group.error_code) == ("nobody", "Dead", error)
-        assert group.authorized_operations is None  # Kafka's "not asked" (INT32_MIN), as kafka-python reads it
+        # KIP-430: asked for, a described group (v5's dead one) gets the principal's operations;
+        # without an authorizer every group operation (READ, DELETE, DESCRIBE, DESCRIBE_CONFIGS,
+        # ALTER_CONFIGS); a group answered with an error gets Kafka's "not asked" (None in kafka-python)
+        assert group.authorized_operations == ({3, 6, 8, 10, 11} if error == NONE else None)
 
 
 # ---------------------------------------------------------------------- DeleteGroups

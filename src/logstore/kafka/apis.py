@@ -36,7 +36,7 @@ import logging
 import threading
 from dataclasses import replace
 from concurrent.futures import Future
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from .._fileio import FileRegion
 from ..errorcodes import ErrorCode, code_for
@@ -53,7 +53,9 @@ from ..errors import (
     TopicExistsError,
     UnknownTopicOrPartitionError,
 )
-from . import configs as kafkaconfigs
+from . import aclapis, aclguard, configs as kafkaconfigs
+from .aclfile import AclFile
+from .acls import Authorizer
 from .._native import lib
 from ..log.config import LogConfig
 from ..records.batch import parse_header
@@ -148,9 +150,28 @@ class KafkaApis:
             28: self.on_txn_offset_commit, 61: self.on_describe_producers, 65: self.on_describe_transactions,
             66: self.on_list_transactions, 42: self.on_delete_groups, 47: self.on_offset_delete,
             50: self.on_describe_user_scram_credentials, 51: self.on_alter_user_scram_credentials,
+            29: self.on_describe_acls, 30: self.on_create_acls, 31: self.on_delete_acls,
         }
         #: SCRAM users over the protocol, over the listener's SASL users (the server sets them)
         self.scram_users = ScramUsers(None)
+        #: Kafka's authorizer (None: everyone may do everything); see :meth:`guard_handlers`
+        self.authorizer: Authorizer | None = None
+
+    def new_authorizer(self, super_users: Iterable[str] = (), allow_everyone_if_no_acl_found: bool = False
+                       ) -> Authorizer:
+        """Kafka's authorizer over this server's ACLs: the store's ``.acls`` file
+        (:class:`~logstore.kafka.aclfile.AclFile`; a replica node's are replicated)."""
+        return Authorizer(AclFile(self.store.root), super_users, allow_everyone_if_no_acl_found)
+
+    def guard_handlers(self, authorizer: Authorizer | None) -> None:
+        """Put every handler behind its authorization rule
+        (:data:`~logstore.kafka.aclguard.RULES`), checked with ``authorizer``; None: no
+        authorizer (everyone may do everything; KIP-430's authorized operations are all).
+        Called once, by the server, when every handler is in :attr:`handlers`."""
+        self.authorizer = authorizer
+        self.handlers = aclguard.guard(self.handlers, authorizer,
+                                       aclguard.GuardContext(lambda name: self._partition_exists(name, 0),
+                                                             lambda: self.auto_create_topics))
 
     def close(self) -> None:
         """Answer the fetches, joins and syncs still waiting (the server is stopping)."""
@@ -709,6 +730,16 @@ class KafkaApis:
         return {"throttle_time": 0, "topics": topics}
 
 
+    # ------------------------------------------------------------------ ACLs
+    def on_describe_acls(self, request: KafkaRequest) -> dict[str, Any]:
+        return aclapis.describe_acls(self.authorizer, request.body)
+
+    def on_create_acls(self, request: KafkaRequest) -> dict[str, Any]:
+        return aclapis.create_acls(self.authorizer, request.body)
+
+    def on_delete_acls(self, request: KafkaRequest) -> dict[str, Any]:
+        return aclapis.delete_acls(self.authorizer, request.body)
+
     # ------------------------------------------------------------------ configs
     def on_describe_configs(self, request: KafkaRequest) -> dict[str, Any]:
         body = request.body
@@ -847,12 +878,6 @@ class KafkaApis:
         return {"throttle_time": 0, "results": [{"group_id": g, "error_code": e}
                                                 for g, e in zip(names, self.groups.delete_groups(names))]}
 
-    def group_authorized_operations(self, request: KafkaRequest, group_id: str) -> int:
-        """DescribeGroups' ``authorized_operations`` of a group (KIP-430): Kafka's "not asked"
-        value (INT32_MIN) unless the request asks, and then too while no authorizer knows the
-        principal's operations: the one place an authorizer answers it."""
-        return -2147483648
-
     def on_describe_groups(self, request: KafkaRequest) -> dict[str, Any]:
         groups = []
         for group_id in request.body.groups:
@@ -869,7 +894,7 @@ class KafkaApis:
                                         "client_id": m["client_id"], "client_host": m["client_host"],
                                         "member_metadata": m["metadata"], "member_assignment": m["assignment"]}
                                        for m in found["members"]],
-                           "authorized_operations": self.group_authorized_operations(request, group_id)})
+                           "authorized_operations": -2147483648})  # KIP-430's: filled in by kafka.aclguard when asked
         return {"throttle_time": 0, "groups": groups}
 
     def on_list_groups(self, request: KafkaRequest) -> dict[str, Any]:

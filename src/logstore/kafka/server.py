@@ -21,8 +21,13 @@ binds to loopback unless told otherwise; binding another address needs authentic
 or TLS that requires client certificates: a ``TLSConfig`` with ``cafile``), or
 ``allow_anonymous=True``. TLS without client certificates encrypts but identifies no one.
 A connection's ``net.Session.principal`` is ``User:<name>`` after SASL, None otherwise (a
-client certificate's subject is not made a principal); there are no ACLs. SCRAM users are
-also managed over the protocol (:mod:`~logstore.kafka.scramusers`).
+client certificate's subject is not made a principal), which the authorizer takes for
+``User:ANONYMOUS``. SCRAM users are also managed over the protocol (:mod:`~logstore.kafka.scramusers`).
+
+Authorization (Kafka's ``authorizer.class.name``): off by default, everyone may do everything.
+With ``authorizer``, every request is checked against the store's ACLs
+(:mod:`~logstore.kafka.acls`, stored by :mod:`~logstore.kafka.aclfile`, managed with
+CreateAcls/DeleteAcls or ``logstore acls``) by the table of :mod:`~logstore.kafka.aclguard`.
 
 Thread-safety: :class:`KafkaServer` methods may be called from any thread.
 """
@@ -53,6 +58,7 @@ from ..errors import LogstoreError
 from .apikeys import API_VERSIONS
 from ..txn.coordinator import TxnConfig
 from .apis import KafkaApis, api_version_ranges
+from .acls import Authorizer
 from .auth import SASL_MECHANISMS, SaslAuthenticator
 from .credentials import Credentials, CredentialsFile
 from .oauth import CONFIG_NAMES as OAUTHBEARER_CONFIG_NAMES, OAuthBearerValidator
@@ -61,8 +67,10 @@ from ..groups.coordinator import GroupConfig
 from .wire import KafkaProtocolError, KafkaRequest, UnsupportedVersionError, encode, parse_request
 from ..store.store import LogStore
 from ..net.protocol import TLSConfig
+from ..net.purgatory import mapped as _mapped
 
-__all__ = ["KafkaServer", "KafkaProtocol", "RequestMetrics", "add_sasl_arguments", "sasl_options", "main"]
+__all__ = ["KafkaServer", "KafkaProtocol", "RequestMetrics", "add_sasl_arguments", "sasl_options",
+           "add_authorizer_arguments", "authorizer_options", "main"]
 
 logger = logging.getLogger("logstore.kafka")
 
@@ -188,23 +196,6 @@ def _api_versions_unsupported(correlation_id: int, supported: Any) -> list[bytes
                                                      "api_keys": api_version_ranges(supported)})
 
 
-def _mapped(future: Future, fn: Any) -> Future:
-    out: Future = Future()
-
-    def done(f: Future) -> None:
-        exc = f.exception()
-        if exc is not None:
-            out.set_exception(exc)
-            return
-        try:
-            out.set_result(fn(f.result()))
-        except BaseException as err:  # noqa: BLE001 - fails the request, closing its connection
-            out.set_exception(err)
-
-    future.add_done_callback(done)
-    return out
-
-
 class KafkaServer:
     """Serve ``root_or_store`` to Kafka clients on ``listen``, from construction on.
 
@@ -263,6 +254,13 @@ class KafkaServer:
             (:class:`~logstore.groups.coordinator.GroupConfig`): the store's own coordinator passes it.
         fsync_acks_all: make acks=all mean fsynced: the answer waits for an fsync of every
             partition the request wrote (one fsync shared by the requests waiting at once).
+        authorizer: check every request against the store's ACLs (True: the handlers'
+            :meth:`~logstore.kafka.apis.KafkaApis.new_authorizer`, over the store's
+            :class:`~logstore.kafka.aclfile.AclFile`, a replica set's replicated ACLs, with
+            ``super_users`` and ``allow_everyone_if_no_acl_found``; or an
+            :class:`~logstore.kafka.acls.Authorizer` of the caller's). False: none.
+        super_users: Kafka's ``super.users`` (``User:admin``): they may do everything.
+        allow_everyone_if_no_acl_found: Kafka's ``allow.everyone.if.no.acl.found`` (False).
         txn_config: the transaction coordinator's settings
             (:class:`~logstore.txn.coordinator.TxnConfig`: ``transaction.max.timeout.ms``,
             ``transactional.id.expiration.ms``, the intervals of its timeout and expiry checks;
@@ -291,7 +289,9 @@ class KafkaServer:
                  group_min_session_timeout_ms: int = 6000, group_max_session_timeout_ms: int = 1_800_000,
                  group_initial_rebalance_delay_ms: int = 0, fsync_acks_all: bool = False,
                  group_liveness: Callable[[str], bool] | None = None,
-                 apis_factory: Callable[..., KafkaApis] = KafkaApis, txn_config: TxnConfig = TxnConfig()) -> None:
+                 apis_factory: Callable[..., KafkaApis] = KafkaApis, txn_config: TxnConfig = TxnConfig(),
+                 authorizer: bool | Authorizer = False, super_users: Sequence[str] = (),
+                 allow_everyone_if_no_acl_found: bool = False) -> None:
         context = tls.server_context() if isinstance(tls, TLSConfig) else tls
         client_certs = context is not None and context.verify_mode == ssl.CERT_REQUIRED
         local = isinstance(listen, (str, os.PathLike))  # a Unix socket: its file's permissions guard it
@@ -324,6 +324,9 @@ class KafkaServer:
                                    fsync_acks_all=fsync_acks_all,
                                    txn_config=replace(txn_config, fsync=txn_config.fsync or fsync_acks_all))
             apis.scram_users = ScramUsers(sasl)
+            if authorizer is True:
+                authorizer = apis.new_authorizer(super_users, allow_everyone_if_no_acl_found)
+            apis.guard_handlers(authorizer or None)
             self._protocol = KafkaProtocol(self._apis, max_request_bytes, sasl, sasl_max_receive_bytes)
             self._server = net.Server(listen, self._protocol, tls=context, limits=limits,
                                       name="kafka", thread_name=f"kafka-{node_id}-net")
@@ -502,6 +505,27 @@ def transaction_config(args: Any) -> TxnConfig:
                      max_ongoing=args.max_ongoing_transactions)
 
 
+def add_authorizer_arguments(parser: Any) -> None:
+    """The authorizer's command-line options (``logstore serve`` and ``logstore node``), read
+    back by :func:`authorizer_options`."""
+    parser.add_argument("--authorizer", action="store_true",
+                        help="check every request against the ACLs (Kafka's authorizer.class.name; "
+                             "managed with CreateAcls/DeleteAcls, or 'logstore acls' on a single store)")
+    parser.add_argument("--super-users", default="", metavar="User:A;User:B",
+                        help="principals that may do everything (Kafka's super.users)")
+    parser.add_argument("--allow-everyone-if-no-acl-found", action="store_true",
+                        help="a resource without ACLs is open to everyone (Kafka's allow.everyone.if.no.acl.found)")
+
+
+def authorizer_options(args: Any) -> dict[str, Any]:
+    """KafkaServer's authorizer arguments from parsed :func:`add_authorizer_arguments` options
+    (none without ``--authorizer``)."""
+    if not args.authorizer:
+        return {}
+    return {"authorizer": True, "allow_everyone_if_no_acl_found": args.allow_everyone_if_no_acl_found,
+            "super_users": [u.strip() for u in args.super_users.split(";") if u.strip()]}
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int:
     """``logstore serve ROOT [--listen HOST:PORT] [--advertised-listener HOST:PORT] [--node-id N]
     [--sasl-credentials FILE] [--sasl-oauthbearer NAME=VALUE ...] [--sasl-mechanisms M,M]
@@ -522,6 +546,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
     parser.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
     parser.add_argument("--tls-ca", metavar="FILE",
                         help="require client certificates that chain to these PEM CA certificates")
+    add_authorizer_arguments(parser)
     parser.add_argument("--fsync-acks-all", action="store_true",
                         help="answer acks=all produces once their batches are fsynced (transactions' too)")
     add_transaction_arguments(parser)
@@ -547,7 +572,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
                              auto_create_topics=not args.no_auto_create_topics, num_partitions=args.num_partitions,
                              allow_anonymous=args.allow_anonymous, fsync_acks_all=args.fsync_acks_all,
                              tls=TLSConfig(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None,
-                             txn_config=txn_config, **sasl)
+                             txn_config=txn_config, **sasl, **authorizer_options(args))
     except (LogstoreError, OSError, ValueError) as exc:
         sys.stderr.write(f"{prog}: {exc}\n")
         return 1

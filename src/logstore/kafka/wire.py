@@ -71,6 +71,9 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     25: (0, 3),   # AddOffsetsToTxn (v3 flexible)
     26: (0, 4),   # EndTxn (v3+ flexible; v5 is KIP-890's transaction version 2)
     28: (0, 3),   # TxnOffsetCommit (v3 flexible: the group's generation and member)
+    29: (1, 3),   # DescribeAcls (v1+: pattern types; v2+ flexible)
+    30: (1, 3),   # CreateAcls
+    31: (1, 3),   # DeleteAcls
     32: (1, 3),   # DescribeConfigs
     36: (0, 1),   # SaslAuthenticate (answered by kafka.auth before authentication and to re-authenticate)
     42: (0, 2),   # DeleteGroups (v2 flexible)
@@ -88,9 +91,9 @@ API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "Offs
              17: "SaslHandshake", 18: "ApiVersions", 19: "CreateTopics", 20: "DeleteTopics", 22: "InitProducerId",
              23: "OffsetForLeaderEpoch", 24: "AddPartitionsToTxn", 25: "AddOffsetsToTxn", 26: "EndTxn",
              27: "WriteTxnMarkers",
-             28: "TxnOffsetCommit", 32: "DescribeConfigs", 36: "SaslAuthenticate", 42: "DeleteGroups",
-             47: "OffsetDelete", 50: "DescribeUserScramCredentials", 51: "AlterUserScramCredentials",
-             61: "DescribeProducers",
+             28: "TxnOffsetCommit", 29: "DescribeAcls", 30: "CreateAcls", 31: "DeleteAcls", 32: "DescribeConfigs",
+             36: "SaslAuthenticate", 42: "DeleteGroups", 47: "OffsetDelete", 50: "DescribeUserScramCredentials",
+             51: "AlterUserScramCredentials", 61: "DescribeProducers",
              65: "DescribeTransactions", 66: "ListTransactions",
              52: "Vote", 53: "BeginQuorumEpoch", 54: "EndQuorumEpoch", 55: "DescribeQuorum"}
 

@@ -35,7 +35,7 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any, Callable, Hashable, Iterator
 
-__all__ = ["Purgatory"]
+__all__ = ["Purgatory", "mapped"]
 
 logger = logging.getLogger("logstore.net.purgatory")
 
@@ -218,3 +218,22 @@ class Purgatory:
                 self._try(op, True)
             except Exception:  # noqa: BLE001 - never lose the timer thread
                 logger.exception("%s: answering an expired request failed", self.name)
+
+
+def mapped(future: Future, fn: Callable[[Any], Any]) -> Future:
+    """A Future of ``fn(future.result())``, settled when ``future`` is: its exception, or one
+    ``fn`` raises, fails it (an answer that waited, turned into what is sent). Thread-safe."""
+    out: Future = Future()
+
+    def done(f: Future) -> None:
+        exc = f.exception()
+        if exc is not None:
+            out.set_exception(exc)
+            return
+        try:
+            out.set_result(fn(f.result()))
+        except BaseException as err:  # noqa: BLE001 - fails the request, closing its connection
+            out.set_exception(err)
+
+    future.add_done_callback(done)
+    return out

@@ -35,6 +35,13 @@ coordinator (AddPartitionsToTxn v4, ``verify_only``) as the partition leaders do
 opens a producer's transaction in a partition (KIP-890). Fetch read_committed stops at the last
 stable offset, which never passes the high watermark.
 
+**ACLs** (with an authorizer, ``authorizer=True`` in the node's ``kafka_options``) are
+replicated in ``__acls`` (:mod:`~logstore.replica.acls`) and enforced by every node with the
+table of :mod:`~logstore.kafka.aclguard`; the replica user is a super user (the peers'
+requests). CreateAcls and DeleteAcls are made by the leader of ``__acls-0``: another node
+forwards them there (the request is authorized where it arrived) and answers what the leader
+answered; DescribeAcls answers from the node's committed copy.
+
 **Consumer groups** are coordinated by the leader of ``__consumer_offsets`` partition 0, which
 the set replicates like any partition (Kafka's rule: a group's coordinator leads the offsets
 partition its id hashes to; here there is one). FindCoordinator names that leader (or answers
@@ -53,11 +60,12 @@ take no partition lock.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Iterable
 
 from .quorum import NONE as NO_LEADER, Role
 from .._native import lib
@@ -70,6 +78,7 @@ from ..errors import (
     OutOfOrderSequenceError,
     RecordTooLargeError,
 )
+from ..kafka.acls import Authorizer
 from ..kafka.apis import KafkaApis, one_v2_batch_problem
 from ..groups.coordinator import GroupCoordinator
 from ..kafka.wire import KafkaRequest
@@ -77,6 +86,8 @@ from ..groups.offsets import OFFSETS_TOPIC, OffsetStore
 from ..txn.coordinator import TransactionCoordinator
 from ..txn.metadata import TRANSACTION_STATE_TOPIC
 from ..records.batch import validate_client_batch
+from .acls import ReplicatedAcls
+from .client import REPLICA_USER
 from .context import NodeContext
 from .leader import LeaderSide
 from .partition import PartitionReplica
@@ -116,6 +127,8 @@ class ReplicaKafkaApis(KafkaApis):
         self._stride = max(context.voters) + 1
         self.cluster_id = context.cluster_id  # one for every node of the set
         self._groups_epoch = -1
+        #: the set's replicated ACLs, once an authorizer is made (:meth:`new_authorizer`)
+        self.acls: ReplicatedAcls | None = None
         for key, refusal in _GROUP_REFUSALS.items():
             self.handlers[key] = self._coordinated(self.handlers[key], refusal)
         # The peers' requests, on the same listener.
@@ -143,6 +156,38 @@ class ReplicaKafkaApis(KafkaApis):
         self.markers.close()
         self.verifier.close()
         super().close()
+
+    # ------------------------------------------------------------------ ACLs
+    def new_authorizer(self, super_users: Iterable[str] = (), allow_everyone_if_no_acl_found: bool = False
+                       ) -> Authorizer:
+        """The authorizer over the set's replicated ACLs; the replica user is a super user."""
+        self.acls = ReplicatedAcls(self.context, self.leader)
+        return Authorizer(self.acls, [*super_users, f"User:{REPLICA_USER}"], allow_everyone_if_no_acl_found)
+
+    def on_create_acls(self, request: KafkaRequest) -> dict[str, Any]:
+        return self._acl_change(request, super().on_create_acls, "results")
+
+    def on_delete_acls(self, request: KafkaRequest) -> dict[str, Any]:
+        return self._acl_change(request, super().on_delete_acls, "filter_results")
+
+    def _acl_change(self, request: KafkaRequest, here: Any, results: str) -> dict[str, Any]:
+        """A change of the ACLs: made here when this node leads ``__acls-0`` (or there is no
+        authorizer: SECURITY_DISABLED), else forwarded to the node that does."""
+        acls = self.acls
+        if self.authorizer is None or acls is None or acls.leading():
+            return here(request)  # type: ignore[no-any-return]
+        leader = acls.leader_id()
+        listed = request.body.creations if results == "results" else request.body.filters
+        if leader not in self.context.peers:
+            return _refuse_acl_change(results, listed, ErrorCode.not_controller, "no leader of the ACLs yet")
+        try:
+            answer = self.context.peer_connections.request(leader, request.api_key, dataclasses.asdict(request.body),
+                                                           GROUP_WRITE_TIMEOUT_S)
+        except (OSError, LogstoreError) as exc:
+            logger.warning("forwarding %s to node %d failed: %s", request.name, leader, exc)
+            return _refuse_acl_change(results, listed, ErrorCode.not_controller,
+                                      f"node {leader}, the ACLs' leader, did not answer: {exc}")
+        return dataclasses.asdict(answer)  # type: ignore[no-any-return]
 
     def on_fetch(self, request: KafkaRequest) -> dict[str, Any] | Future:
         if request.body.replica_id >= 0:  # a follower's
@@ -456,6 +501,14 @@ class ReplicaKafkaApis(KafkaApis):
             return {"throttle_time": 0, "error_code": ErrorCode.none, "unknown_state_filters": [],
                     "transaction_states": []}
         return super().on_list_transactions(request)
+
+
+def _refuse_acl_change(results: str, listed: Any, error: int, message: str) -> dict[str, Any]:
+    """CreateAcls' or DeleteAcls' answer refusing every creation or filter."""
+    entry: dict[str, Any] = {"error_code": error, "error_message": message}
+    if results == "filter_results":
+        entry["matching_acls"] = []
+    return {"throttle_time": 0, results: [dict(entry) for _ in listed]}
 
 
 def _refuse_init(request: KafkaRequest, error: int) -> dict[str, Any]:
