@@ -1,10 +1,19 @@
-"""DescribeConfigs: a topic's configuration (and the broker's) as Kafka describes it.
+"""DescribeConfigs and the changes of AlterConfigs and IncrementalAlterConfigs: a topic's
+configuration (and the broker's) as Kafka describes and changes it. The one home of the config
+tables the Kafka listener uses.
 
 A topic's entries are its effective :class:`~logstore.log.config.LogConfig` by Kafka's names, each
 with where its value comes from, as Kafka's ``ConfigSource``: the topic's own setting
 (DYNAMIC_TOPIC_CONFIG), a default the store was opened with (STATIC_BROKER_CONFIG), or Kafka's
 default (DEFAULT_CONFIG). With ``include_synonyms`` an entry lists its value at each level that
 sets it, most specific first, as Kafka does. The broker's entries are the server's own settings.
+
+A change is checked as Kafka's ``ConfigAdminManager`` checks it (:func:`check_topic_changes`: a
+key named twice, a null value, an operation a config's type does not allow, an unknown name)
+and applied to a topic's overrides by :func:`apply_changes`: AlterConfigs replaces the whole
+set, IncrementalAlterConfigs SETs, DELETEs, and APPENDs to or SUBTRACTs from a list config
+(``cleanup.policy``) starting from its current value (the override, or the store's default).
+The broker's settings are fixed when the server starts: :func:`alter_broker` refuses a change.
 
 Thread-safety: the functions are pure over what they are given (the store's describe() is
 thread-safe).
@@ -14,16 +23,21 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from ..log.config import LogConfig
+from ..log.config import KAFKA_NAMES, LogConfig
 from ..errors import InvalidTopicError, UnknownTopicOrPartitionError
 from ..errorcodes import ErrorCode
 from ..store.store import LogStore
 
-__all__ = ["TOPIC", "BROKER", "NOT_TOPIC_CONFIGS", "describe_topic", "describe_broker"]
+__all__ = ["TOPIC", "BROKER", "NOT_TOPIC_CONFIGS", "SET", "DELETE", "APPEND", "SUBTRACT", "describe_topic",
+           "describe_broker", "check_topic_changes", "apply_changes", "store_keywords", "alter_broker"]
 
 #: Kafka's ConfigResource types.
 TOPIC = 2
 BROKER = 4
+
+#: IncrementalAlterConfigs' operations (Kafka's AlterConfigOp.OpType).
+SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
+_OPERATIONS = {SET: "set", DELETE: "delete", APPEND: "append", SUBTRACT: "subtract"}
 
 # Kafka's ConfigSource.
 DYNAMIC_TOPIC_CONFIG = 1
@@ -115,3 +129,80 @@ def describe_broker(node_id: int, resource_name: str, settings: Mapping[str, Any
             entries.append(_entry(name, text, STATIC_BROKER_CONFIG, [(name, text, STATIC_BROKER_CONFIG)],
                                   include_synonyms, read_only=True))
     return ErrorCode.none, None, entries
+
+
+def check_topic_changes(changes: Sequence[tuple[str, int, str | None]],
+                        incremental: bool) -> tuple[int, str] | None:
+    """Why a topic's (name, operation, value) changes are refused before they are tried, as
+    (error code, message), or None."""
+    names = [name for name, _, _ in changes]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        return ErrorCode.invalid_request, f"Error due to duplicate config keys: {', '.join(twice)}"
+    for name, operation, value in changes:
+        if operation not in _OPERATIONS:
+            return ErrorCode.invalid_request, f"unknown config operation {operation} for {name}"
+        if value is None and operation != DELETE:
+            if incremental:
+                return ErrorCode.invalid_request, f"Null value not supported for : {name}"
+            return ErrorCode.invalid_config, f"null value not supported for topic configs: {name}"
+        if name not in KAFKA_NAMES or name in NOT_TOPIC_CONFIGS:
+            return ErrorCode.invalid_config, f"Unknown topic config name: {name}"
+        if operation in (APPEND, SUBTRACT) and _TYPES.get(name) != _LIST:
+            return ErrorCode.invalid_config, (f"Config value {_OPERATIONS[operation]} is not allowed for config key: "
+                                              f"{name}")
+    return None
+
+
+def apply_changes(defaults: LogConfig, current: Mapping[str, str], changes: Sequence[tuple[str, int, str | None]],
+                  incremental: bool) -> dict[str, str | None]:
+    """A topic's new overrides (Kafka's names) after ``changes`` (checked by
+    :func:`check_topic_changes`) to its ``current`` ones; ``defaults`` give a list config's
+    value when the topic does not override it."""
+    if not incremental:
+        return {name: value for name, _, value in changes}
+    out: dict[str, str | None] = dict(current)
+    for name, operation, value in changes:
+        if operation == SET:
+            out[name] = value
+        elif operation == DELETE:
+            out.pop(name, None)
+        else:
+            base = out.get(name)
+            items = [i for i in (base if base is not None else defaults.to_kafka()[name]).split(",") if i]
+            given = [i.strip() for i in (value or "").split(",") if i.strip()]
+            if operation == APPEND:
+                items += [i for i in given if i not in items]
+            else:
+                items = [i for i in items if i not in given]
+            out[name] = ",".join(items)
+    return out
+
+
+def store_keywords(configs: Mapping[str, str | None]) -> dict[str, Any]:
+    """Overrides by Kafka's names as :meth:`LogStore.create_topic` and
+    :meth:`~LogStore.alter_topic_config` take them: a dotted name's string as it is, the one
+    name without a dot (``preallocate``, also a LogConfig field) as its typed value.
+
+    Raises:
+        InvalidConfigError: a value of the wrong kind for its name.
+    """
+    return {name: value if "." in name else getattr(LogConfig.from_kafka({name: value}), KAFKA_NAMES[name])
+            for name, value in configs.items()}
+
+
+def alter_broker(node_id: int, resource_name: str, settings: Mapping[str, Any],
+                 changes: Sequence[tuple[str, int, str | None]]) -> tuple[int, str | None]:
+    """(error code, message) of a change to this broker's configs: its settings are fixed when
+    the server starts (``logstore serve``'s options), so a known one is read-only and an
+    unknown one unknown, each INVALID_CONFIG, as Kafka refuses a config it cannot update."""
+    if resource_name not in ("", str(node_id)):
+        return ErrorCode.invalid_request, f"this is broker {node_id}, not {resource_name!r}"
+    fixed = sorted(name for name, _, _ in changes if name in settings)
+    if fixed:
+        return ErrorCode.invalid_config, (f"Cannot update these configs dynamically: {', '.join(fixed)} "
+                                          "(set when logstore serve starts)")
+    unknown = sorted(name for name, _, _ in changes)
+    if unknown:
+        return ErrorCode.invalid_config, f"Unknown broker config name: {', '.join(unknown)}"
+    return ErrorCode.none, None

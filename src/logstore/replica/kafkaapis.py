@@ -18,7 +18,10 @@ broker of a Kafka cluster does:
   first append would be: with acks=all, once it is committed.
 - **Fetch** and **ListOffsets** go to the leader too, and stop at the high watermark: a
   consumer sees committed records only.
-- Topics are the node's replicated partitions: CreateTopics and DeleteTopics are refused.
+- Topics are the node's replicated partitions: CreateTopics and DeleteTopics are refused, and
+  so are CreatePartitions, AlterConfigs, IncrementalAlterConfigs and DeleteRecords
+  (POLICY_VIOLATION with a message): a moved log start would have to reach the followers before
+  the answer. DescribeLogDirs describes the partitions this node leads.
 - **InitProducerId** hands out ids unique across the replica set (``id * (max voter + 1) +
   node id``), so producers that start on different nodes never share an id.
 
@@ -68,6 +71,7 @@ from ..errors import (
     OutOfOrderSequenceError,
     RecordTooLargeError,
 )
+from ..kafka.admin import REPLICA_REFUSED, refused
 from ..kafka.apis import KafkaApis, one_v2_batch_problem
 from ..groups.coordinator import GroupCoordinator
 from ..kafka.wire import KafkaRequest
@@ -129,6 +133,9 @@ class ReplicaKafkaApis(KafkaApis):
         for key, refusal in _TXN_REFUSALS.items():
             self.handlers[key] = self._txn_coordinated(self.handlers[key], refusal)
         self.slot.start()
+        for key in REPLICA_REFUSED:  # (DescribeLogDirs is answered: each node's own partitions)
+            self.handlers[key] = lambda request: refused(
+                request, "a replica set's partitions and configs are fixed when its nodes start")
         # A fetch never blocks (a caught-up one waits in the purgatory; the store's flush
         # policy fsyncs outside the log's lock): answered on the network loop, no thread
         # hand-off per follower fetch.
