@@ -40,6 +40,7 @@ from .errors import (
     RequestTimedOutError,
     TransactionCoordinatorFencedError,
     UnknownTopicOrPartitionError,
+    UnsupportedCodecError,
 )
 
 __all__ = ["ErrorCode", "code_for"]
@@ -60,6 +61,7 @@ _EXCEPTION_CODES: dict[type[LogstoreError], ErrorCode] = {
     InvalidPartitionsError: ErrorCode.invalid_partitions,
     InvalidConfigError: ErrorCode.invalid_config,
     UnknownTopicOrPartitionError: ErrorCode.unknown_topic_or_partition,
+    UnsupportedCodecError: ErrorCode.unsupported_compression_type,
 }
 
 

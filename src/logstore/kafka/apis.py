@@ -52,6 +52,7 @@ from ..errors import (
     RecordTooLargeError,
     TopicExistsError,
     UnknownTopicOrPartitionError,
+    UnsupportedCodecError,
 )
 from . import configs as kafkaconfigs
 from .admin import AdminApis
@@ -303,7 +304,9 @@ class KafkaApis:
         try:
             first, _, duplicate = log.append_idempotent(records)
         except (CorruptRecordError, RecordTooLargeError, OutOfOrderSequenceError, InvalidProducerEpochError,
-                InvalidRecordError) as exc:  # InvalidRecordError: e.g. a keyless record in a compacted topic
+                InvalidRecordError, UnsupportedCodecError) as exc:
+            # InvalidRecordError: e.g. a keyless record in a compacted topic; UnsupportedCodecError:
+            # a codec id Kafka does not know, or whose library is missing (UNSUPPORTED_COMPRESSION_TYPE)
             logger.info("refused a produce to %s-%d: %s", topic, partition, exc)
             return code_for(exc), -1, str(exc)
         if not duplicate:

@@ -456,6 +456,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
                         help="require client certificates that chain to these PEM CA certificates")
     parser.add_argument("--fsync-acks-all", action="store_true",
                         help="answer acks=all produces once their batches are fsynced (transactions' too)")
+    parser.add_argument("--group-initial-rebalance-delay-ms", type=int, default=0, metavar="MS",
+                        help="how long a new group's first rebalance waits for more members (Kafka's "
+                             "group.initial.rebalance.delay.ms; Kafka's default is 3000, logstore's 0)")
     add_transaction_arguments(parser)
     try:
         args = parser.parse_args(argv)
@@ -463,6 +466,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
         return int(exc.code or 0)
     if bool(args.tls_cert) != bool(args.tls_key) or (args.tls_ca and not args.tls_cert):
         sys.stderr.write(f"{prog}: --tls-cert and --tls-key go together (--tls-ca needs them)\n")
+        return 2
+    if args.group_initial_rebalance_delay_ms < 0:
+        sys.stderr.write(f"{prog}: --group-initial-rebalance-delay-ms must be >= 0\n")
         return 2
     logging.basicConfig(level=logging.WARNING, format=f"{prog}: %(levelname)s: %(message)s")
     try:
@@ -479,6 +485,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
                              allow_anonymous=args.allow_anonymous, fsync_acks_all=args.fsync_acks_all,
                              tls=TLSConfig(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None,
                              sasl_credentials=args.sasl_credentials, txn_config=txn_config,
+                             group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
                              sasl_mechanisms=[m.strip() for m in args.sasl_mechanisms.split(",") if m.strip()])
     except (LogstoreError, OSError, ValueError) as exc:
         sys.stderr.write(f"{prog}: {exc}\n")

@@ -70,6 +70,7 @@ from ..errors import (
     LogstoreError,
     OutOfOrderSequenceError,
     RecordTooLargeError,
+    UnsupportedCodecError,
 )
 from ..kafka.admin import REPLICA_REFUSED, refused
 from ..kafka.apis import KafkaApis, one_v2_batch_problem
@@ -329,7 +330,7 @@ class ReplicaKafkaApis(KafkaApis):
         if refused is None:
             try:  # checked before the lock: a bad batch costs the sender, not the partition
                 header = validate_client_batch(records, rep.log.config.max_message_bytes)
-            except (CorruptRecordError, RecordTooLargeError, InvalidRecordError) as exc:
+            except (CorruptRecordError, RecordTooLargeError, InvalidRecordError, UnsupportedCodecError) as exc:
                 return code_for(exc), -1, str(exc)
             if header.attributes & lib.LS_ATTR_TRANSACTIONAL and (
                     not transactional_id or header.producer_id not in rep.log.producer_transactions()):
