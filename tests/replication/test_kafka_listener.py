@@ -193,6 +193,39 @@ def test_followers_refuse_produce_fetch_and_topic_changes(tmp_path):
         stop_all(nodes)
 
 
+def test_the_admin_changes_are_refused_by_policy_with_a_message(tmp_path):
+    """CreatePartitions, IncrementalAlterConfigs and DeleteRecords through confluent-kafka's
+    AdminClient: POLICY_VIOLATION (a replica set's partitions and configs are fixed when its
+    nodes start); nothing changes on the leader's log."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions
+
+    nodes, kafka = kafka_cluster(tmp_path)
+    bootstrap = ",".join(f"{h}:{p}" for h, p in kafka.values())
+    try:
+        leader = leader_of(nodes)
+        conn = Conn(kafka[leader])
+        assert produce(conn, batch([b"a", b"b"]))[0] == NONE
+        conn.close()
+        admin = AdminClient({**CONFLUENT_LOGIN, "bootstrap.servers": bootstrap})
+
+        def error_of(futures):
+            [future] = futures.values()
+            with pytest.raises(confluent_kafka.KafkaException) as refused:
+                future.result(timeout=20)
+            return refused.value.args[0]
+
+        grown = error_of(admin.create_partitions([NewPartitions("replicated", 2)]))
+        assert grown.code() == POLICY_VIOLATION and "fixed" in grown.str()
+        r = ConfigResource("topic", "replicated", incremental_configs=[
+            ConfigEntry("retention.ms", "1000", incremental_operation=AlterConfigOpType.SET)])
+        assert error_of(admin.incremental_alter_configs([r])).code() == POLICY_VIOLATION
+        tp = confluent_kafka.TopicPartition("replicated", 0, 1)
+        assert error_of(admin.delete_records([tp])).code() == POLICY_VIOLATION
+        assert nodes[leader].store.partition("replicated", 0).log_start_offset == 0
+    finally:
+        stop_all(nodes)
+
+
 def test_a_transactional_batch_the_coordinator_does_not_know_is_refused(tmp_path):
     """KIP-890's verification on a replica set: a transactional batch that would open a
     transaction the coordinator (another node, asked with AddPartitionsToTxn v4) does not know
