@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errorcodes import ErrorCode
 from ..errors import (
@@ -40,9 +40,6 @@ from ..errors import (
 )
 from . import configs as kafkaconfigs
 from .wire import KafkaRequest
-
-if TYPE_CHECKING:  # (the handlers are given their KafkaApis; no import at run time)
-    from .apis import KafkaApis
 
 __all__ = ["AdminApis", "REPLICA_REFUSED", "refused"]
 
@@ -75,9 +72,10 @@ def refused(request: KafkaRequest, message: str) -> dict[str, Any]:
 class AdminApis:
     """The admin handlers of one :class:`~logstore.kafka.apis.KafkaApis` (see the module
     docstring): they act on its store and ask it (:meth:`KafkaApis.partition_error`) whether
-    this broker answers for a partition."""
+    this broker answers for a partition. (``apis`` is untyped here: kafka.apis imports this
+    module, and no import may go round a circle.)"""
 
-    def __init__(self, apis: "KafkaApis") -> None:
+    def __init__(self, apis: Any) -> None:
         self.apis = apis
         self.store = apis.store
 
