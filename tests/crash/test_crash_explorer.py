@@ -328,12 +328,12 @@ def test_every_crash_state_of_a_store_keeps_topics_records_and_committed_offsets
 
 @pytest.mark.parametrize("depth", DEPTHS)
 def test_every_crash_state_of_a_growing_topic_keeps_the_old_count_or_the_new_and_its_config(mem_path, depth):
-    """create_partitions and alter_topic_config: a crash leaves the count and the overrides of
-    the last acknowledged change or of the one attempted, every partition below the count
+    """create_partitions, alter_topic_config and alter_defaults: a crash leaves the count, the
+    overrides and the dynamic defaults of the last acknowledged change or of the one attempted, every partition below the count
     opens (a new one empty, or with its acknowledged records), and no partition directory lies
     past the count."""
     root = mem_path / "work" / "store"
-    model = {"created": False, "counts": (0, 0), "overrides": ({}, {}), "durable": {}}
+    model = {"created": False, "counts": (0, 0), "overrides": ({}, {}), "durable": {}, "defaults": ({}, {})}
 
     def append(store, partition, n):
         log = store.partition("grow", partition)
@@ -366,6 +366,9 @@ def test_every_crash_state_of_a_growing_topic_keeps_the_old_count_or_the_new_and
         change(store, count=5)
         append(store, 4, 3)
         change(store, overrides={"cleanup.policy": "compact", "retention.ms": "654321"})
+        model["defaults"] = ({}, {"segment.ms": "777777"})
+        store.alter_defaults(lambda current: {"segment.ms": "777777"})
+        model["defaults"] = ({"segment.ms": "777777"},) * 2
         store.close()
 
     def check(path, oracle, rng):
@@ -378,6 +381,7 @@ def test_every_crash_state_of_a_growing_topic_keeps_the_old_count_or_the_new_and
                 return
             count = store.partitions_for("grow")
             assert count in oracle["counts"], f"{count} partitions, expected one of {oracle['counts']}"
+            assert store.dynamic_defaults in oracle["defaults"], f"dynamic defaults {store.dynamic_defaults}"
             overrides = store.describe("grow").overrides
             assert overrides in oracle["overrides"], f"overrides {overrides}, expected one of {oracle['overrides']}"
             for p in range(count):
@@ -391,7 +395,7 @@ def test_every_crash_state_of_a_growing_topic_keeps_the_old_count_or_the_new_and
 
     _run(mem_path, "store: a topic grown and reconfigured", workload,
          lambda: {"created": model["created"], "counts": model["counts"], "overrides": model["overrides"],
-                  "durable": dict(model["durable"])}, check, depth, minimum_states=600, max_states_per_point=8)
+                  "durable": dict(model["durable"]), "defaults": model["defaults"]}, check, depth, minimum_states=600, max_states_per_point=8)
 
 
 TXN_STORE = dict(segment_bytes=2048, segment_index_bytes=4096, index_interval_bytes=256, flush_messages=1)

@@ -324,7 +324,60 @@ def test_alter_configs_refuses_bad_input_and_validate_only_changes_nothing(serve
     broker = ConfigResource("broker", "0", incremental_configs=[
         ConfigEntry("num.partitions", "3", incremental_operation=AlterConfigOpType.SET)])
     refused = results(a.incremental_alter_configs([broker]))[broker]
-    assert refused.code() == INVALID_CONFIG and "num.partitions" in refused.str()
+    assert refused.code() == INVALID_CONFIG and "num.partitions" in refused.str()  # fixed at start: read-only
+    broker = ConfigResource("broker", "0", incremental_configs=[
+        ConfigEntry("no.such.broker.config", "3", incremental_operation=AlterConfigOpType.SET)])
+    assert results(a.incremental_alter_configs([broker]))[broker].code() == INVALID_CONFIG
+    broker = ConfigResource("broker", "0", incremental_configs=[
+        ConfigEntry("log.segment.bytes", "7", incremental_operation=AlterConfigOpType.SET)])
+    assert results(a.incremental_alter_configs([broker]))[broker].code() == INVALID_CONFIG
+    assert server.store.dynamic_defaults == {}
+
+
+def test_the_brokers_dynamic_configs_are_the_defaults_of_every_topic_and_survive_a_restart(server):
+    """Kafka's dynamic broker configs (log.retention.ms, message.max.bytes, ...) are the store's
+    dynamic defaults: a topic without its own setting takes them at once (its open log too), a
+    topic with one keeps it; DescribeConfigs shows the source; a fixed setting is read-only."""
+    store = server.store
+    store.create_topic("plain", 1)
+    store.create_topic("own", 1, retention_ms=42_000)
+    log = store.partition("plain", 0)
+    a = admin(server)
+    broker = ConfigResource("broker", "0", incremental_configs=[
+        ConfigEntry("log.retention.ms", "3600000", incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("message.max.bytes", "5000", incremental_operation=AlterConfigOpType.SET)])
+    assert results(a.incremental_alter_configs([broker]))[broker] is None
+    assert (log.config.retention_ms, log.config.max_message_bytes) == (3_600_000, 5000)
+    assert store.partition("own", 0).config.retention_ms == 42_000
+    plain = described(server, "plain")
+    assert (plain["retention.ms"].value, plain["retention.ms"].source) == \
+        ("3600000", ConfigSource.DYNAMIC_BROKER_CONFIG.value)
+    assert described(server, "own")["retention.ms"].source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+    whole = ConfigResource("broker", "0")
+    [future] = a.describe_configs([whole]).values()
+    entries = future.result(timeout=20)
+    assert (entries["log.retention.ms"].value, entries["log.retention.ms"].source) == \
+        ("3600000", ConfigSource.DYNAMIC_BROKER_CONFIG.value)
+    assert entries["log.segment.bytes"].source == ConfigSource.DEFAULT_CONFIG.value
+    assert not entries["log.retention.ms"].is_read_only and entries["num.partitions"].is_read_only
+
+    # kafka-python reads the same, and deletes one (the topic's default falls back to Kafka's)
+    from kafka import KafkaAdminClient
+    from kafka.admin import ConfigResource as KConfigResource
+    kp = KafkaAdminClient(bootstrap_servers=server.bootstrap_servers, request_timeout_ms=10_000)
+    try:
+        kp.alter_configs([KConfigResource("BROKER", "0", configs={"message.max.bytes": ("DELETE", None)})],
+                         raise_on_unknown=False)
+    finally:
+        kp.close()
+    assert store.dynamic_defaults == {"retention.ms": "3600000"} and log.config.max_message_bytes == 1048588
+
+    server = restarted(server)
+    try:
+        assert server.store.partition("plain", 0).config.retention_ms == 3_600_000
+        assert described(server, "plain")["retention.ms"].source == ConfigSource.DYNAMIC_BROKER_CONFIG.value
+    finally:
+        server.stop()
 
 
 # ---------------------------------------------------------------------------- DeleteRecords

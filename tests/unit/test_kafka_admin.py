@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from logstore import InvalidConfigError
+from logstore import InvalidConfigError, LogStore
 from logstore.errorcodes import ErrorCode
 from logstore.kafka import admin
-from logstore.kafka.configs import APPEND, DELETE, SET, SUBTRACT, alter_broker, apply_changes, check_topic_changes, \
-    store_keywords
+from logstore.kafka.configs import APPEND, DELETE, DYNAMIC_BROKER_CONFIGS, SET, SUBTRACT, alter_broker, apply_changes, \
+    check_topic_changes, store_keywords
 from logstore.log.config import LogConfig
 
 DEFAULTS = LogConfig()
@@ -59,12 +59,25 @@ def test_store_keywords_types_the_name_without_a_dot():
         store_keywords({"preallocate": "maybe"})
 
 
-def test_a_broker_config_is_read_only_or_unknown():
+def test_a_broker_config_is_dynamic_read_only_or_unknown(tmp_path):
     settings = {"num.partitions": 1}
-    assert alter_broker(0, "0", settings, [("num.partitions", SET, "3")])[0] == ErrorCode.invalid_config
-    error, message = alter_broker(0, "", settings, [("made.up", SET, "3")])
-    assert error == ErrorCode.invalid_config and "made.up" in message
-    assert alter_broker(0, "4", settings, [("num.partitions", SET, "3")])[0] == ErrorCode.invalid_request
+    with LogStore(tmp_path, maintenance=False) as store:
+        def alter(name, changes, incremental=True, validate_only=False):
+            return alter_broker(store, 0, name, settings, changes, incremental, validate_only)
+
+        assert alter("0", [("num.partitions", SET, "3")])[0] == ErrorCode.invalid_config
+        error, message = alter("", [("made.up", SET, "3")])
+        assert error == ErrorCode.invalid_config and "made.up" in message
+        assert alter("4", [("num.partitions", SET, "3")])[0] == ErrorCode.invalid_request
+        assert alter("0", [("log.retention.ms", SET, "5")], validate_only=True) == (ErrorCode.none, None)
+        assert store.dynamic_defaults == {}
+        assert alter("0", [("log.cleanup.policy", APPEND, "compact"), ("message.max.bytes", SET, "900"),
+                           ("log.cleaner.dedupe.buffer.size", SET, "4096")]) == (ErrorCode.none, None)
+        assert store.dynamic_defaults == {"cleanup.policy": "compact,delete", "max.message.bytes": "900",
+                                          "log.cleaner.dedupe.buffer.size": "4096"}
+        assert alter("0", [("log.roll.ms", SET, "1000")], incremental=False) == (ErrorCode.none, None)
+        assert store.dynamic_defaults == {"segment.ms": "1000"}  # AlterConfigs replaces the set
+        assert DYNAMIC_BROKER_CONFIGS["message.max.bytes"] == "max.message.bytes"
 
 
 def test_a_refusing_broker_answers_each_item_with_policy_violation():

@@ -803,3 +803,28 @@ def test_a_config_altered_by_another_store_object_reaches_its_open_logs_at_maint
         assert (log.config.cleanup_policy, log.config.retention_ms) == ("compact", 1000)
         with pytest.raises(logstore.InvalidRecordError):  # a compacted log needs keys, at once
             log.append(b"no key")
+
+
+def test_dynamic_defaults_apply_to_topics_without_their_own_setting_in_every_store_object(tmp_path, monkeypatch):
+    with LogStore(tmp_path, maintenance=False, retention_ms=HOUR_MS) as first, \
+            LogStore(tmp_path, maintenance=False, retention_ms=HOUR_MS) as second:
+        first.create_topic("plain", 1)
+        first.create_topic("own", 1, retention_ms=5)
+        log, own = first.partition("plain", 0), first.partition("own", 0)
+        other = second.partition("plain", 0)
+        assert first.alter_defaults(lambda current: {"retention.ms": 2 * HOUR_MS}) == {"retention.ms": str(2 * HOUR_MS)}
+        assert (log.config.retention_ms, own.config.retention_ms) == (2 * HOUR_MS, 5)
+        assert first.static_defaults.retention_ms == HOUR_MS
+        monkeypatch.setattr("logstore.store.store.TOPIC_MAX_AGE_S", 0.0)
+        second.run_maintenance()
+        assert other.config.retention_ms == 2 * HOUR_MS and second.dynamic_defaults == {"retention.ms": str(2 * HOUR_MS)}
+        before = snapshot(tmp_path)
+        with pytest.raises(InvalidConfigError):
+            first.alter_defaults(lambda current: {"segment.bytes": "3"})
+        first.alter_defaults(lambda current: {}, validate_only=True)
+        assert snapshot(tmp_path) == before and log.config.retention_ms == 2 * HOUR_MS
+    with LogStore(tmp_path, maintenance=False, retention_ms=HOUR_MS) as store:
+        assert store.partition("plain", 0).config.retention_ms == 2 * HOUR_MS  # durable; over the static default
+        store.alter_defaults(lambda current: {})
+        assert store.partition("plain", 0).config.retention_ms == HOUR_MS
+        assert not os.path.exists(os.path.join(tmp_path, ".topic-defaults"))

@@ -153,7 +153,8 @@ class AdminApis:
     def _alter_resource(self, resource_type: int, name: str, changes: list[tuple[str, int, str | None]],
                         incremental: bool, validate_only: bool) -> tuple[int, str | None]:
         if resource_type == kafkaconfigs.BROKER:
-            return kafkaconfigs.alter_broker(self.apis.node_id, name, self.apis.broker_settings(), changes)
+            return kafkaconfigs.alter_broker(self.store, self.apis.node_id, name, self.apis.broker_settings(), changes,
+                                             incremental, validate_only)
         if resource_type != kafkaconfigs.TOPIC:
             return ErrorCode.invalid_request, f"resource type {resource_type} has no configs to alter here"
         refused = kafkaconfigs.check_topic_changes(changes, incremental)

@@ -762,7 +762,7 @@ class KafkaApis:
             elif resource.resource_type == kafkaconfigs.BROKER:
                 error, message, configs = kafkaconfigs.describe_broker(self.node_id, resource.resource_name,
                                                                        self.broker_settings(), keys,
-                                                                       body.include_synonyms)
+                                                                       body.include_synonyms, self.store)
             else:
                 error, configs = ErrorCode.invalid_request, []
                 message = f"resource type {resource.resource_type} has no configs"

@@ -80,6 +80,9 @@ LOCK_FILE = ".lock"
 DELETE_SUFFIX = "-delete"
 STORE_VERSION = 1
 T = TypeVar("T")
+#: the store's dynamic defaults of every topic's config (Kafka's dynamic broker configs
+#: ``log.retention.ms``, ... under their topic-level names), Java properties
+TOPIC_DEFAULTS_FILE = ".topic-defaults"
 #: how long this process trusts what it read of a topic file before it looks again (a changed
 #: count or config made by another process sharing the store is seen after at most this)
 TOPIC_MAX_AGE_S = 1.0
@@ -150,7 +153,12 @@ class LogStore:
                  retention_check_interval_ms: int = 300_000, cleaner_backoff_ms: int = 15_000,
                  cleaner: bool = True, transaction_fsync: bool = False, **defaults: Any) -> None:
         self.root = os.path.abspath(os.fspath(root))
-        self.defaults = LogConfig.build(None, **defaults)
+        #: the defaults this store object was opened with (Kafka's static broker configs)
+        self.static_defaults = LogConfig.build(None, **defaults)
+        #: the defaults every topic's config starts from: the static ones with the store's
+        #: dynamic defaults (``.topic-defaults``, :meth:`alter_defaults`) over them
+        self.defaults = self.static_defaults
+        self._dynamic = _TopicEntry(0, {}, None, 0.0)  # the .topic-defaults file as last read
         self.shared = shared
         #: the transaction coordinator fsyncs its two-phase commit (see the arguments)
         self.transaction_fsync = bool(transaction_fsync)
@@ -178,6 +186,7 @@ class LogStore:
             #: topics this open adopted from a Kafka log directory (see the class docstring)
             self.adopted: tuple[str, ...] = self._ensure_topics_dir()
             self._write_meta()
+            self._read_dynamic_defaults(force=True)
             self._remove_deleted_topics()
             self.notify_page = self._map_notify_page()
         except BaseException:
@@ -398,6 +407,88 @@ class LogStore:
                 self._apply_config(name, partitions, config)
         logger.info("%s: topic %s config overrides now %s", self.root, name, overrides)
         return dict(overrides)
+
+    # ------------------------------------------------------------------ dynamic defaults
+    @property
+    def dynamic_defaults(self) -> dict[str, str]:
+        """The store's dynamic defaults by Kafka's topic config names (a copy): set with
+        :meth:`alter_defaults`, they take precedence over the defaults a store object is opened
+        with, as Kafka's dynamic broker configs over its static ones."""
+        self._read_dynamic_defaults()
+        return dict(self._dynamic.overrides)
+
+    def alter_defaults(self, edit: Callable[[dict[str, str]], Mapping[str, Any]], *,
+                       validate_only: bool = False) -> dict[str, str]:
+        """Replace the store's dynamic defaults by ``edit(current)`` (Kafka's dynamic broker
+        configs ``log.retention.ms``, ``log.segment.bytes``, ... by their topic-level names:
+        ``retention.ms``, ``segment.bytes``): ``edit`` gets the current ones by Kafka's topic
+        config names and returns the new set; it runs with the topic metadata lock held. Every
+        topic takes the new defaults where it does not override them, its open logs at once;
+        returns the new dynamic defaults as stored.
+
+        Raises:
+            InvalidConfigError: a name LogConfig does not know or a bad value (nothing is written).
+
+        Durable on return (``.topic-defaults`` replaced atomically); other processes sharing
+        the store take them within about TOPIC_MAX_AGE_S (their maintenance thread looks).
+        Thread-safe.
+        """
+        self._check_open()
+        with self._metadata_lock():
+            self._read_dynamic_defaults(force=True)
+            wanted = edit(dict(self._dynamic.overrides))
+            stored = self._dynamic_overrides(wanted)
+            if validate_only:
+                return stored
+            path = os.path.join(self.root, TOPIC_DEFAULTS_FILE)
+            if stored:
+                _fileio.ops.write_file_atomic(path, _properties_text(stored))
+            elif _fileio.ops.exists(path):
+                _fileio.ops.unlink(path)
+                _fileio.ops.fsync_dir(self.root)
+            self._read_dynamic_defaults(force=True)
+        logger.info("%s: dynamic defaults now %s", self.root, stored)
+        return dict(stored)
+
+    def _dynamic_overrides(self, wanted: Mapping[str, Any]) -> dict[str, str]:
+        """Dynamic defaults validated over the static ones; by Kafka's names as strings."""
+        plain = {k: v for k, v in wanted.items() if "." not in k}
+        dotted = {k: str(v) for k, v in wanted.items() if "." in k}
+        merged = self.static_defaults.replace(**plain)
+        merged = LogConfig.from_kafka({**merged.to_kafka(), **dotted})
+        kafka = merged.to_kafka()
+        return {name: kafka[name] for name in {_FIELD_TO_KAFKA[k] for k in plain} | set(dotted)}
+
+    def _read_dynamic_defaults(self, force: bool = False) -> None:
+        """Take up ``.topic-defaults`` when it changed (looked at most every TOPIC_MAX_AGE_S
+        unless ``force``): the defaults change, and so do the open logs' configs."""
+        now = time.monotonic()
+        cached = self._dynamic
+        if not force and now - cached.checked < TOPIC_MAX_AGE_S:
+            return
+        path = os.path.join(self.root, TOPIC_DEFAULTS_FILE)
+        identity = _fileio.ops.path_identity(path)  # before the read (see _TopicEntry)
+        if identity == cached.identity and cached.checked:
+            cached.checked = now
+            return
+        props = parse_properties(_fileio.ops.read_file(path).decode("utf-8"), path) if identity is not None else {}
+        try:
+            defaults = LogConfig.from_kafka({**self.static_defaults.to_kafka(), **props}) if props else \
+                self.static_defaults
+        except InvalidConfigError as exc:
+            raise LogstoreError(f"{path}: {exc}") from None
+        with self._lock:
+            self._dynamic = _TopicEntry(0, props, identity, now)
+            changed = defaults != self.defaults
+            self.defaults = defaults
+            topics = {topic for topic, _ in self._logs} if changed else set()
+        for topic in topics:  # every open log takes its topic's config over the new defaults
+            try:
+                partitions, overrides = self._topic(topic)
+            except (UnknownTopicOrPartitionError, InvalidTopicError):
+                continue  # deleted meanwhile
+            with self._lock:
+                self._apply_config(topic, partitions, self._config_for(overrides))
 
     def _overrides(self, config: Mapping[str, Any]) -> dict[str, str]:
         """Validate overrides against the defaults; return them by Kafka names as strings."""
@@ -688,8 +779,10 @@ class LogStore:
         return {"segments_deleted": deleted, "flushes": flushes, "logs_cleaned": cleaned}
 
     def _look_at_open_topics(self) -> None:
-        """Check the files of the topics with open logs (at most every TOPIC_MAX_AGE_S each): a
-        config another process altered reaches this process's logs here."""
+        """Check the files of the topics with open logs and the dynamic defaults (at most every
+        TOPIC_MAX_AGE_S each): a config another process altered reaches this process's logs
+        here."""
+        self._read_dynamic_defaults()
         with self._lock:
             names = {topic for topic, _ in self._logs}
         for name in names:
@@ -829,8 +922,12 @@ class _FileLock:
 
 def _topic_file_text(partitions: int, overrides: Mapping[str, str]) -> bytes:
     """A ``.topics/<topic>`` file: the partition count, then the config overrides, sorted."""
-    lines = [f"partitions={partitions}"] + [f"{k}={v}" for k, v in sorted(overrides.items())]
-    return ("\n".join(lines) + "\n").encode()
+    return f"partitions={partitions}\n".encode() + _properties_text(overrides)
+
+
+def _properties_text(props: Mapping[str, str]) -> bytes:
+    """Java properties, one ``key=value`` line each, sorted."""
+    return "".join(f"{k}={v}\n" for k, v in sorted(props.items())).encode()
 
 
 def _positive(name: str, value: Any) -> int:
