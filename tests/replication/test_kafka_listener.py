@@ -222,6 +222,16 @@ def test_the_admin_changes_are_refused_by_policy_with_a_message(tmp_path):
         tp = confluent_kafka.TopicPartition("replicated", 0, 1)
         assert error_of(admin.delete_records([tp])).code() == POLICY_VIOLATION
         assert nodes[leader].store.partition("replicated", 0).log_start_offset == 0
+        # ListOffsets (v8 here) answers with the leader epoch of the log's epoch cache
+        from confluent_kafka.admin import OffsetSpec
+        epoch = nodes[leader].describe()[KEY]["epoch"]
+        whole = confluent_kafka.TopicPartition("replicated", 0)
+        [latest] = admin.list_offsets({whole: OffsetSpec.latest()}).values()
+        [earliest] = admin.list_offsets({whole: OffsetSpec.earliest()}).values()
+        latest, earliest = latest.result(timeout=20), earliest.result(timeout=20)
+        assert (latest.offset, latest.leader_epoch) == (nodes[leader].describe()[KEY]["high_watermark"], epoch)
+        first_epoch = nodes[leader].store.partition("replicated", 0).leader_epochs.entries[0][0]
+        assert (earliest.offset, earliest.leader_epoch) == (0, first_epoch)  # the epoch that wrote offset 0
     finally:
         stop_all(nodes)
 

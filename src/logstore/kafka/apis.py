@@ -486,14 +486,13 @@ class KafkaApis:
             log = self.store.partition(topic, partition)
         except (UnknownTopicOrPartitionError, InvalidTopicError):
             return {"error_code": refused or ErrorCode.unknown_topic_or_partition}
-        epochs = log.leader_epochs
         # Kafka's lastFetchableOffset: read_committed (v2+) sees up to the LSO
         visible = log.last_stable_offset if read_committed else log.high_watermark
         if ts == -1:
             return {"offset": visible, "leader_epoch": max(log.latest_epoch, 0)}
         if ts in (-2, -4):
             start = log.log_start_offset
-            return {"offset": start, "leader_epoch": epochs.epoch_for_offset(start) if epochs is not None else -1}
+            return {"offset": start, "leader_epoch": _epoch_at(log, start)}
         if ts == -3:
             infos = log.segments
             newest = max((info.max_timestamp for info in infos), default=-1)
@@ -513,7 +512,7 @@ class KafkaApis:
             logger.error("list offsets of %s-%d at %d: %s", topic, partition, found, exc)
             record = []
         return {"offset": found, "timestamp": record[0].timestamp if record else wanted,
-                "leader_epoch": epochs.epoch_for_offset(found) if epochs is not None else -1}
+                "leader_epoch": _epoch_at(log, found)}
 
     # ------------------------------------------------------------------ topics
     def on_create_topics(self, request: KafkaRequest) -> dict[str, Any]:
@@ -876,6 +875,14 @@ _VERIFY_RETRIABLE = frozenset({ErrorCode.concurrent_transactions, ErrorCode.coor
 #: ListOffsets' sentinel timestamps and the first version that carries each (Kafka's
 #: ReplicaManager.timestampMinSupportedVersion); another negative timestamp is never carried
 _LIST_OFFSETS_SENTINELS = {-1: 0, -2: 0, -3: 7, -4: 8}
+
+
+def _epoch_at(log: Any, offset: int) -> int:
+    """The leader epoch that wrote ``offset``, from the log's epoch cache (-1: before its first
+    entry); a log without epochs (a single store's, whose Metadata names epoch 0) is all epoch 0."""
+    if log.latest_epoch < 0:
+        return 0
+    return log.leader_epochs.epoch_for_offset(offset)  # type: ignore[no-any-return]
 
 
 def _topic_refused(name: str, error: ErrorCode) -> dict[str, Any]:
