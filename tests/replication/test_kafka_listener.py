@@ -194,9 +194,9 @@ def test_followers_refuse_produce_fetch_and_topic_changes(tmp_path):
 
 
 def test_the_admin_changes_are_refused_by_policy_with_a_message(tmp_path):
-    """CreatePartitions, IncrementalAlterConfigs and DeleteRecords through confluent-kafka's
-    AdminClient: POLICY_VIOLATION (a replica set's partitions and configs are fixed when its
-    nodes start); nothing changes on the leader's log."""
+    """CreatePartitions and IncrementalAlterConfigs through confluent-kafka's AdminClient:
+    POLICY_VIOLATION (a replica set's partitions and configs are fixed when its nodes start);
+    ListOffsets carries the epoch cache's leader epochs."""
     from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions
 
     nodes, kafka = kafka_cluster(tmp_path)
@@ -219,9 +219,6 @@ def test_the_admin_changes_are_refused_by_policy_with_a_message(tmp_path):
         r = ConfigResource("topic", "replicated", incremental_configs=[
             ConfigEntry("retention.ms", "1000", incremental_operation=AlterConfigOpType.SET)])
         assert error_of(admin.incremental_alter_configs([r])).code() == POLICY_VIOLATION
-        tp = confluent_kafka.TopicPartition("replicated", 0, 1)
-        assert error_of(admin.delete_records([tp])).code() == POLICY_VIOLATION
-        assert nodes[leader].store.partition("replicated", 0).log_start_offset == 0
         # ListOffsets (v8 here) answers with the leader epoch of the log's epoch cache
         from confluent_kafka.admin import OffsetSpec
         epoch = nodes[leader].describe()[KEY]["epoch"]
@@ -232,6 +229,55 @@ def test_the_admin_changes_are_refused_by_policy_with_a_message(tmp_path):
         assert (latest.offset, latest.leader_epoch) == (nodes[leader].describe()[KEY]["high_watermark"], epoch)
         first_epoch = nodes[leader].store.partition("replicated", 0).leader_epochs.entries[0][0]
         assert (earliest.offset, earliest.leader_epoch) == (0, first_epoch)  # the epoch that wrote offset 0
+    finally:
+        stop_all(nodes)
+
+
+def test_delete_records_moves_every_replicas_log_start_and_survives_a_failover(tmp_path):
+    """DeleteRecords through confluent-kafka's AdminClient: the leader answers once every
+    follower in sync moved its log start (they learn it from their fetches), so the leader
+    elected after the old one stops starts there too; a consumer reads from it."""
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    nodes, kafka = kafka_cluster(tmp_path)
+    bootstrap = ",".join(f"{h}:{p}" for h, p in kafka.values())
+    try:
+        first = leader_of(nodes)
+        conn = Conn(kafka[first])
+        error, base = produce(conn, batch([b"r%d" % i for i in range(10)]))
+        conn.close()
+        assert error == NONE
+        admin = AdminClient({**CONFLUENT_LOGIN, "bootstrap.servers": bootstrap})
+        target = base + 6
+        [deleted] = admin.delete_records([confluent_kafka.TopicPartition("replicated", 0, target)]).values()
+        assert deleted.result(timeout=30).low_watermark == target
+        # answered: every replica's log already starts there (the followers were in sync)
+        assert [n.store.partition("replicated", 0).log_start_offset for n in nodes.values()] == [target] * 3
+        nodes[first].stop()
+        survivors = {i: n for i, n in nodes.items() if i != first}
+        leader_of(survivors)
+        admin = AdminClient({**CONFLUENT_LOGIN, "bootstrap.servers": bootstrap})
+        whole = confluent_kafka.TopicPartition("replicated", 0)
+        deadline = time.monotonic() + 30
+        while True:  # until the client found the new leader
+            [earliest] = admin.list_offsets({whole: OffsetSpec.earliest()}).values()
+            try:
+                assert earliest.result(timeout=20).offset == target
+                break
+            except confluent_kafka.KafkaException:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        consumer = confluent_kafka.Consumer({**CONFLUENT_LOGIN, "bootstrap.servers": bootstrap, "group.id": "trim",
+                                             "enable.auto.commit": False})
+        consumer.assign([confluent_kafka.TopicPartition("replicated", 0, confluent_kafka.OFFSET_BEGINNING)])
+        got = []
+        deadline = time.monotonic() + 30
+        while len(got) < 4 and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                got.append((msg.offset(), msg.value()))
+        consumer.close()
+        assert got == [(base + i, b"r%d" % i) for i in range(6, 10)]
     finally:
         stop_all(nodes)
 

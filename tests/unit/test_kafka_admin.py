@@ -92,4 +92,4 @@ def test_a_refusing_broker_answers_each_item_with_policy_violation():
                                                  "error_code": ErrorCode.policy_violation}]
     alter = admin.refused(request(44, resources=[SimpleNamespace(resource_type=2, resource_name="t")]), "fixed")
     assert alter["responses"][0]["error_code"] == ErrorCode.policy_violation
-    assert admin.REPLICA_REFUSED == {21, 33, 37, 44}
+    assert admin.REPLICA_REFUSED == {33, 37, 44}

@@ -14,7 +14,8 @@ DeleteRecords and DescribeLogDirs, answered as Kafka's broker answers them.
 - **DeleteRecords** moves a partition's log start (``Log.delete_records_before``, durable):
   -1 means the high watermark, an offset past it is OFFSET_OUT_OF_RANGE, a topic whose
   cleanup.policy lacks ``delete`` is POLICY_VIOLATION (as Kafka); the answer is the new low
-  watermark (log start offset).
+  watermark (log start offset). On a replica set the leader answers once its followers in
+  sync moved theirs (the ``move_log_start`` it is given).
 - **DescribeLogDirs** names the store's root as the broker's one log directory, with each
   partition's size, its offset lag (the high watermark's distance behind the log end, 0 on a
   leader, as Kafka computes it) and, from v4, the file system's total and usable bytes.
@@ -27,7 +28,9 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+import threading
+from concurrent.futures import Future
+from typing import Any, Callable
 
 from ..errorcodes import ErrorCode
 from ..errors import (
@@ -46,9 +49,8 @@ __all__ = ["AdminApis", "REPLICA_REFUSED", "refused"]
 logger = logging.getLogger("logstore.kafka")
 
 #: the admin APIs a replica set refuses (POLICY_VIOLATION, see :func:`refused`): its topics are
-#: fixed when its nodes start, a config would have to be replicated, and a moved log start
-#: would have to reach the followers before the answer (Kafka's DelayedDeleteRecords)
-REPLICA_REFUSED = frozenset({21, 33, 37, 44})
+#: fixed when its nodes start, and a config would have to be replicated
+REPLICA_REFUSED = frozenset({33, 37, 44})
 
 
 def refused(request: KafkaRequest, message: str) -> dict[str, Any]:
@@ -75,9 +77,14 @@ class AdminApis:
     this broker answers for a partition. (``apis`` is untyped here: kafka.apis imports this
     module, and no import may go round a circle.)"""
 
-    def __init__(self, apis: Any) -> None:
+    def __init__(self, apis: Any, move_log_start: Callable[[str, int, Any, int, float], Any] | None = None) -> None:
         self.apis = apis
         self.store = apis.store
+        #: ``move(topic, partition, log, offset, timeout_s)``: DeleteRecords' move of a log
+        #: start (at most its high watermark; checked), returning (error code, low watermark)
+        #: or a Future of it: the log's own by default; a replica set's leader waits for its
+        #: followers
+        self.move_log_start = move_log_start or _move_log_start
 
     # ------------------------------------------------------------------ CreatePartitions
     def on_create_partitions(self, request: KafkaRequest) -> dict[str, Any]:
@@ -174,18 +181,27 @@ class AdminApis:
         return ErrorCode.none, None
 
     # ------------------------------------------------------------------ DeleteRecords
-    def on_delete_records(self, request: KafkaRequest) -> dict[str, Any]:
+    def on_delete_records(self, request: KafkaRequest) -> dict[str, Any] | Future:
+        timeout_s = max(_seconds(request.body.timeout), 0.0)
         topics = []
+        waiting: list[tuple[dict[str, Any], Future]] = []
         for topic in request.body.topics:
             partitions = []
             for p in topic.partitions:
-                error, low = self._delete_records(topic.name, p.partition_index, p.offset)
-                partitions.append({"partition_index": p.partition_index, "low_watermark": low, "error_code": error})
+                entry = {"partition_index": p.partition_index, "low_watermark": -1, "error_code": ErrorCode.none}
+                outcome = self._delete_records(topic.name, p.partition_index, p.offset, timeout_s)
+                if isinstance(outcome, Future):
+                    waiting.append((entry, outcome))
+                else:
+                    entry["error_code"], entry["low_watermark"] = outcome
+                partitions.append(entry)
             topics.append({"name": topic.name, "partitions": partitions})
-        return {"throttle_time": 0, "topics": topics}
+        answer = {"throttle_time": 0, "topics": topics}
+        return answer if not waiting else _when_settled(answer, waiting)
 
-    def _delete_records(self, topic: str, partition: int, offset: int) -> tuple[int, int]:
-        """(error code, low watermark) of one partition's DeleteRecords."""
+    def _delete_records(self, topic: str, partition: int, offset: int,
+                        timeout_s: float) -> tuple[int, int] | Future:
+        """(error code, low watermark) of one partition's DeleteRecords, or a Future of it."""
         refused = self.apis.partition_error(topic, partition)
         if refused:
             return refused, -1
@@ -201,17 +217,12 @@ class AdminApis:
         if target < 0 or target > hw:
             return ErrorCode.offset_out_of_range, -1
         try:
-            return ErrorCode.none, self.move_log_start(topic, partition, log, target)
+            return self.move_log_start(topic, partition, log, target, timeout_s)  # type: ignore[no-any-return]
         except OffsetOutOfRangeError:
             return ErrorCode.offset_out_of_range, -1
         except (OSError, LogstoreError) as exc:
             logger.error("DeleteRecords of %s-%d before %d failed: %s", topic, partition, target, exc)
             return ErrorCode.kafka_storage_error, -1
-
-    def move_log_start(self, topic: str, partition: int, log: Any, offset: int) -> int:
-        """Move the partition's log start to ``offset`` (at most its high watermark); return the
-        new low watermark. A replica set's leader also has its followers learn it."""
-        return log.delete_records_before(offset)  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ DescribeLogDirs
     def on_describe_log_dirs(self, request: KafkaRequest) -> dict[str, Any]:
@@ -249,3 +260,36 @@ class AdminApis:
             return self.store.partitions_for(name)
         except (UnknownTopicOrPartitionError, InvalidTopicError):
             return 0  # deleted meanwhile
+
+
+def _move_log_start(topic: str, partition: int, log: Any, offset: int, timeout_s: float) -> tuple[int, int]:
+    """A single store's DeleteRecords: the log moves its start (durable on return)."""
+    return ErrorCode.none, log.delete_records_before(offset)
+
+
+def _seconds(value: Any) -> float:
+    """Seconds of a kio duration (a timedelta) or milliseconds as an int."""
+    return value.total_seconds() if hasattr(value, "total_seconds") else int(value) / 1000.0
+
+
+def _when_settled(answer: dict[str, Any], waiting: list[tuple[dict[str, Any], Future]]) -> Future:
+    """``answer`` once every future of ``waiting`` settled, each writing its (error code, low
+    watermark) into its entry (REQUEST_TIMED_OUT for an exception)."""
+    done: Future = Future()
+    left = [len(waiting)]
+    lock = threading.Lock()
+
+    def one(entry: dict[str, Any], future: Future) -> None:
+        if future.exception() is None:
+            entry["error_code"], entry["low_watermark"] = future.result()
+        else:
+            entry["error_code"] = ErrorCode.request_timed_out
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            done.set_result(answer)
+
+    for entry, future in waiting:
+        future.add_done_callback(lambda f, e=entry: one(e, f))
+    return done

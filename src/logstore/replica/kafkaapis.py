@@ -19,9 +19,10 @@ broker of a Kafka cluster does:
 - **Fetch** and **ListOffsets** go to the leader too, and stop at the high watermark: a
   consumer sees committed records only.
 - Topics are the node's replicated partitions: CreateTopics and DeleteTopics are refused, and
-  so are CreatePartitions, AlterConfigs, IncrementalAlterConfigs and DeleteRecords
-  (POLICY_VIOLATION with a message): a moved log start would have to reach the followers before
-  the answer. DescribeLogDirs describes the partitions this node leads.
+  so are CreatePartitions, AlterConfigs and IncrementalAlterConfigs (POLICY_VIOLATION with a
+  message). DeleteRecords goes to the leader, which moves its log start and answers once every
+  follower in sync moved its own (the followers learn it from their fetches' answers and report
+  theirs in their fetches, as Kafka's); DescribeLogDirs describes the partitions this node leads.
 - **InitProducerId** hands out ids unique across the replica set (``id * (max voter + 1) +
   node id``), so producers that start on different nodes never share an id.
 
@@ -72,7 +73,7 @@ from ..errors import (
     RecordTooLargeError,
     UnsupportedCodecError,
 )
-from ..kafka.admin import REPLICA_REFUSED, refused
+from ..kafka.admin import REPLICA_REFUSED, AdminApis, refused
 from ..kafka.apis import KafkaApis, one_v2_batch_problem
 from ..groups.coordinator import GroupCoordinator
 from ..kafka.wire import KafkaRequest
@@ -134,9 +135,12 @@ class ReplicaKafkaApis(KafkaApis):
         for key, refusal in _TXN_REFUSALS.items():
             self.handlers[key] = self._txn_coordinated(self.handlers[key], refusal)
         self.slot.start()
-        for key in REPLICA_REFUSED:  # (DescribeLogDirs is answered: each node's own partitions)
+        for key in REPLICA_REFUSED:  # (DescribeLogDirs is answered: the partitions this node leads)
             self.handlers[key] = lambda request: refused(
                 request, "a replica set's partitions and configs are fixed when its nodes start")
+        # DeleteRecords by the leader, answered once its followers in sync moved their log start
+        self.admin = AdminApis(self, move_log_start=self._move_log_start)
+        self.handlers.update({21: self.admin.on_delete_records, 35: self.admin.on_describe_log_dirs})
         # A fetch never blocks (a caught-up one waits in the purgatory; the store's flush
         # policy fsyncs outside the log's lock): answered on the network loop, no thread
         # hand-off per follower fetch.
@@ -377,6 +381,14 @@ class ReplicaKafkaApis(KafkaApis):
     def on_delete_topics(self, request: KafkaRequest) -> dict[str, Any]:
         return {"throttle_time": 0, "responses": [{"name": name, "error_code": ErrorCode.policy_violation}
                                                   for name in request.body.topic_names]}
+
+    def _move_log_start(self, topic: str, partition: int, log: Any, offset: int,
+                        timeout_s: float) -> "Future[tuple[int, int]] | tuple[int, int]":
+        """DeleteRecords as the partition's leader (:meth:`LeaderSide.delete_records`)."""
+        rep = self._replica(topic, partition)
+        if rep is None:
+            return ErrorCode.unknown_topic_or_partition, -1
+        return self.leader.delete_records(rep, offset, timeout_s)
 
     def _new_producer_id(self) -> int:
         """A producer id unique across the replica set (see the module docstring)."""
