@@ -9,6 +9,8 @@
         .notify                             notification page long-polling consumers sleep on
         .topics/<topic>                     partition count and config overrides of a topic
                                             (Java properties; nothing else lives in .topics)
+        .topic-defaults                     the dynamic defaults of every topic's config (Java
+                                            properties; absent until set)
         .topics.lock                        flock serialising topic creation and deletion
         .topics.tmp                         a topic file being written
         .topics.adopt/                      topic files of a Kafka log directory being adopted
@@ -126,7 +128,9 @@ class LogStore:
             and a Kafka listener over it) fsyncs its two-phase commit: what a committed
             transaction wrote survives power loss whole (FORMAT.md §15). Off: durable against a
             crash of the process, as an append is by default.
-        **defaults: LogConfig fields applied to every topic unless the topic overrides them.
+        **defaults: LogConfig fields applied to every topic unless the topic overrides them, or
+            the store's dynamic defaults (:meth:`alter_defaults`, Kafka's dynamic broker
+            configs) set them.
 
     Kafka log directories: opened on a directory without ``.topics/`` that holds partition
     directories ``<topic>-<n>`` (a Kafka broker's ``log.dirs`` entry, or a copy), the store
