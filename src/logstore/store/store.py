@@ -287,20 +287,21 @@ class LogStore:
         entry = _TopicEntry(found[0], found[1], identity, now)
         with self._lock:
             self._topics_cache[name] = entry
-            if cached is not None and cached.overrides != entry.overrides:
-                self._apply_config(name, entry.partitions, self._config_for(entry.overrides))
+            # (read again only when the file changed, or the first time:) its open logs take it
+            self._apply_config(name, entry.partitions, self._config_for(entry.overrides))
         return found
 
     def _apply_config(self, name: str, partitions: int, config: LogConfig) -> None:
-        """A topic's config changed: its open logs take it now (with the store's lock held)."""
+        """A topic's config may have changed: its open logs that have another take it now
+        (with the store's lock held)."""
         for p in range(partitions):
             log = self._logs.get((name, p))
-            if log is None or log.closed:
+            if log is None or log.closed or log.config == config:
                 continue
             log.update_config(config)
             if self._cleaner is not None:
                 (self._cleaner.add if config.compacted else self._cleaner.remove)(log)
-        logger.info("%s: topic %s takes its new config", self.root, name)
+            logger.info("%s: %s-%d takes its topic's new config", self.root, name, p)
 
     def create_topic(self, name: str, partitions: int = 1, *, exist_ok: bool = False, internal: bool = False,
                      **config: Any) -> None:
