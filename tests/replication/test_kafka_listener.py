@@ -253,6 +253,19 @@ def test_delete_records_moves_every_replicas_log_start_and_survives_a_failover(t
         assert deleted.result(timeout=30).low_watermark == target
         # answered: every replica's log already starts there (the followers were in sync)
         assert [n.store.partition("replicated", 0).log_start_offset for n in nodes.values()] == [target] * 3
+        # DescribeLogDirs on each node, leader and followers alike, lists the replica it holds
+        from kafka.protocol.admin.cluster import DescribeLogDirsRequest, DescribeLogDirsResponse
+        T = DescribeLogDirsRequest.DescribableLogDirTopic
+        for i, node in nodes.items():
+            conn = Conn(kafka[i])
+            answer = conn.call(DescribeLogDirsRequest(topics=[T(topic="replicated", partitions=[0])], version=4),
+                               DescribeLogDirsResponse)
+            conn.close()
+            [result] = answer.results
+            [topic] = result.topics
+            [p] = topic.partitions
+            assert (result.log_dir, topic.name, p.partition_size) == \
+                (node.store.root, "replicated", node.store.partition("replicated", 0).size_in_bytes)
         nodes[first].stop()
         survivors = {i: n for i, n in nodes.items() if i != first}
         leader_of(survivors)

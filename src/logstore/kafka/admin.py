@@ -17,8 +17,9 @@ DeleteRecords and DescribeLogDirs, answered as Kafka's broker answers them.
   watermark (log start offset). On a replica set the leader answers once its followers in
   sync moved theirs (the ``move_log_start`` it is given).
 - **DescribeLogDirs** names the store's root as the broker's one log directory, with each
-  partition's size, its offset lag (the high watermark's distance behind the log end, 0 on a
-  leader, as Kafka computes it) and, from v4, the file system's total and usable bytes.
+  partition it holds (on a replica set, followed ones too), its size, its offset lag (as Kafka
+  computes it: how far the high watermark is past the log end, 0 but on a lagging future
+  replica) and, from v4, the file system's total and usable bytes.
 
 Thread-safety: every handler may run on several threads at once; the store serialises topic
 changes (its metadata lock) and each log its own.
@@ -234,9 +235,7 @@ class AdminApis:
         topics = []
         for name, indexes in chosen:
             partitions = []
-            for index in indexes:
-                if self.apis.partition_error(name, index):
-                    continue  # not hosted here: Kafka leaves it out
+            for index in indexes:  # every replica this broker holds, led or followed, as Kafka's
                 try:
                     log = self.store.partition(name, index)
                     size, lag = log.size_in_bytes, max(log.high_watermark - log.log_end_offset, 0)

@@ -22,7 +22,7 @@ broker of a Kafka cluster does:
   so are CreatePartitions, AlterConfigs and IncrementalAlterConfigs (POLICY_VIOLATION with a
   message). DeleteRecords goes to the leader, which moves its log start and answers once every
   follower in sync moved its own (the followers learn it from their fetches' answers and report
-  theirs in their fetches, as Kafka's); DescribeLogDirs describes the partitions this node leads.
+  theirs in their fetches, as Kafka's); DescribeLogDirs describes every partition this node holds.
 - **InitProducerId** hands out ids unique across the replica set (``id * (max voter + 1) +
   node id``), so producers that start on different nodes never share an id.
 
@@ -135,7 +135,7 @@ class ReplicaKafkaApis(KafkaApis):
         for key, refusal in _TXN_REFUSALS.items():
             self.handlers[key] = self._txn_coordinated(self.handlers[key], refusal)
         self.slot.start()
-        for key in REPLICA_REFUSED:  # (DescribeLogDirs is answered: the partitions this node leads)
+        for key in REPLICA_REFUSED:
             self.handlers[key] = lambda request: refused(
                 request, "a replica set's partitions and configs are fixed when its nodes start")
         # DeleteRecords by the leader, answered once its followers in sync moved their log start
