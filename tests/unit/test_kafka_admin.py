@@ -86,10 +86,6 @@ def test_a_refusing_broker_answers_each_item_with_policy_violation():
 
     grow = admin.refused(request(37, topics=[SimpleNamespace(name="t")]), "fixed")
     assert grow["results"] == [{"name": "t", "error_code": ErrorCode.policy_violation, "error_message": "fixed"}]
-    trim = admin.refused(request(21, topics=[SimpleNamespace(name="t", partitions=[
-        SimpleNamespace(partition_index=2)])]), "fixed")
-    assert trim["topics"][0]["partitions"] == [{"partition_index": 2, "low_watermark": -1,
-                                                 "error_code": ErrorCode.policy_violation}]
     alter = admin.refused(request(44, resources=[SimpleNamespace(resource_type=2, resource_name="t")]), "fixed")
     assert alter["responses"][0]["error_code"] == ErrorCode.policy_violation
     assert admin.REPLICA_REFUSED == {33, 37, 44}

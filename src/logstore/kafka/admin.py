@@ -18,8 +18,8 @@ DeleteRecords and DescribeLogDirs, answered as Kafka's broker answers them.
   sync moved theirs (the ``move_log_start`` it is given).
 - **DescribeLogDirs** names the store's root as the broker's one log directory, with each
   partition it holds (on a replica set, followed ones too), its size, its offset lag (as Kafka
-  computes it: how far the high watermark is past the log end, 0 but on a lagging future
-  replica) and, from v4, the file system's total and usable bytes.
+  computes it for a current replica: how far its log end is behind its high watermark, so 0)
+  and, from v4, the file system's total and usable bytes.
 
 Thread-safety: every handler may run on several threads at once; the store serialises topic
 changes (its metadata lock) and each log its own.
@@ -55,18 +55,14 @@ REPLICA_REFUSED = frozenset({33, 37, 44})
 
 
 def refused(request: KafkaRequest, message: str) -> dict[str, Any]:
-    """The answer of a broker that refuses an admin request (CreatePartitions, AlterConfigs,
-    IncrementalAlterConfigs, DeleteRecords) by policy: POLICY_VIOLATION for each item, with
-    ``message`` where the version carries one."""
+    """The answer of a broker that refuses an admin request of :data:`REPLICA_REFUSED`
+    (CreatePartitions, AlterConfigs, IncrementalAlterConfigs) by policy: POLICY_VIOLATION for
+    each item, with ``message``."""
     body = request.body
     error = ErrorCode.policy_violation
     if request.api_key == 37:
         return {"throttle_time": 0, "results": [{"name": t.name, "error_code": error, "error_message": message}
                                                 for t in body.topics]}
-    if request.api_key == 21:
-        return {"throttle_time": 0, "topics": [
-            {"name": t.name, "partitions": [{"partition_index": p.partition_index, "low_watermark": -1,
-                                             "error_code": error} for p in t.partitions]} for t in body.topics]}
     return {"throttle_time": 0, "responses": [
         {"error_code": error, "error_message": message, "resource_type": r.resource_type,
          "resource_name": r.resource_name} for r in body.resources]}
