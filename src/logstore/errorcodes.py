@@ -27,6 +27,8 @@ from kio.schema.errors import ErrorCode
 
 from .errors import (
     CorruptRecordError,
+    InvalidConfigError,
+    InvalidPartitionsError,
     InvalidProducerEpochError,
     InvalidRecordError,
     InvalidTxnStateError,
@@ -37,6 +39,8 @@ from .errors import (
     RecordTooLargeError,
     RequestTimedOutError,
     TransactionCoordinatorFencedError,
+    UnknownTopicOrPartitionError,
+    UnsupportedCodecError,
 )
 
 __all__ = ["ErrorCode", "code_for"]
@@ -54,6 +58,10 @@ _EXCEPTION_CODES: dict[type[LogstoreError], ErrorCode] = {
     ProducerFencedError: ErrorCode.producer_fenced,
     NotLeaderOrFollowerError: ErrorCode.not_leader_or_follower,
     RequestTimedOutError: ErrorCode.request_timed_out,
+    InvalidPartitionsError: ErrorCode.invalid_partitions,
+    InvalidConfigError: ErrorCode.invalid_config,
+    UnknownTopicOrPartitionError: ErrorCode.unknown_topic_or_partition,
+    UnsupportedCodecError: ErrorCode.unsupported_compression_type,
 }
 
 

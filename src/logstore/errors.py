@@ -22,6 +22,7 @@ __all__ = [
     "InvalidTopicError",
     "UnsupportedCodecError",
     "InvalidConfigError",
+    "InvalidPartitionsError",
     "InvalidTxnStateError",
     "ProducerFencedError",
     "TransactionCoordinatorFencedError",
@@ -157,6 +158,10 @@ class UnsupportedCodecError(LogstoreError):
 
 class InvalidConfigError(LogstoreError, ValueError):
     """A configuration value is out of range or of the wrong kind."""
+
+
+class InvalidPartitionsError(LogstoreError, ValueError):
+    """A topic's new partition count does not grow it (Kafka's InvalidPartitionsException)."""
 
 
 class UnknownTopicOrPartitionError(LogstoreError, KeyError):

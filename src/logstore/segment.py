@@ -551,6 +551,19 @@ class LogSegment:
         a.log_capacity = max(min(len(self._mm), self.segment_bytes), end)  # type: ignore[arg-type]
         return True
 
+    def apply_limits(self, segment_bytes: int, max_batch_bytes: int) -> None:
+        """Take a new size limit and largest batch (a topic's config changed): an active
+        segment's appender takes them at once, so the next append past ``segment_bytes`` rolls.
+        The index settings stay those the segment was made with (its index blocks are reserved
+        for its interval). Called under the log's lock."""
+        self.segment_bytes = segment_bytes
+        self.max_batch_bytes = max_batch_bytes
+        a = self._appender
+        if a is not None:
+            a.max_batch_bytes = max_batch_bytes
+            # Invariant kept (see grow_for): the capacity only shrinks, never below what is written.
+            a.log_capacity = min(a.log_capacity, max(segment_bytes, a.position))
+
     def should_roll_for(self, needed: int) -> bool:
         """Kafka's size rule: roll when this batch would take the segment past segment_bytes."""
         a = self._appender

@@ -326,6 +326,78 @@ def test_every_crash_state_of_a_store_keeps_topics_records_and_committed_offsets
          deleted=set(model["deleted"])), check, depth, minimum_states=1200, max_states_per_point=8)
 
 
+@pytest.mark.parametrize("depth", DEPTHS)
+def test_every_crash_state_of_a_growing_topic_keeps_the_old_count_or_the_new_and_its_config(mem_path, depth):
+    """create_partitions, alter_topic_config and alter_defaults: a crash leaves the count, the
+    overrides and the dynamic defaults of the last acknowledged change or of the one attempted, every partition below the count
+    opens (a new one empty, or with its acknowledged records), and no partition directory lies
+    past the count."""
+    root = mem_path / "work" / "store"
+    model = {"created": False, "counts": (0, 0), "overrides": ({}, {}), "durable": {}, "defaults": ({}, {})}
+
+    def append(store, partition, n):
+        log = store.partition("grow", partition)
+        for _ in range(n):
+            offset = log.log_end_offset
+            assert log.append(value_for(offset, "g"), key=key_for(offset)) == offset
+            model["durable"][partition] = offset + 1
+
+    def change(store, count=None, overrides=None):
+        old_count, old_overrides = model["counts"][1], model["overrides"][1]
+        model["counts"] = (old_count, count or old_count)
+        model["overrides"] = (old_overrides, overrides if overrides is not None else old_overrides)
+        if count is not None:
+            store.create_partitions("grow", count)
+        if overrides is not None:
+            store.alter_topic_config("grow", lambda current: overrides)
+        model["counts"] = (model["counts"][1],) * 2
+        model["overrides"] = (model["overrides"][1],) * 2
+
+    def workload():
+        store = LogStore(root, maintenance=False, **STORE)
+        model["created"] = True
+        model["counts"] = (0, 1)
+        store.create_topic("grow", 1)
+        model["counts"] = (1, 1)
+        append(store, 0, 5)
+        change(store, count=3)
+        append(store, 2, 4)
+        change(store, overrides={"retention.ms": "123456"})
+        change(store, count=5)
+        append(store, 4, 3)
+        change(store, overrides={"cleanup.policy": "compact", "retention.ms": "654321"})
+        model["defaults"] = ({}, {"segment.ms": "777777"})
+        store.alter_defaults(lambda current: {"segment.ms": "777777"})
+        model["defaults"] = ({"segment.ms": "777777"},) * 2
+        store.close()
+
+    def check(path, oracle, rng):
+        where = os.path.join(path, "store")
+        if not oracle["created"]:
+            return
+        with LogStore(where, maintenance=False, **STORE) as store:
+            if "grow" not in store.topics():
+                assert oracle["counts"][0] == 0, "the topic's creation was acknowledged, now it is gone"
+                return
+            count = store.partitions_for("grow")
+            assert count in oracle["counts"], f"{count} partitions, expected one of {oracle['counts']}"
+            assert store.dynamic_defaults in oracle["defaults"], f"dynamic defaults {store.dynamic_defaults}"
+            overrides = store.describe("grow").overrides
+            assert overrides in oracle["overrides"], f"overrides {overrides}, expected one of {oracle['overrides']}"
+            for p in range(count):
+                log = store.partition("grow", p)
+                durable = oracle["durable"].get(p, 0)
+                assert log.log_end_offset >= durable, f"partition {p} ends at {log.log_end_offset}, {durable} acked"
+                assert log.config == store.describe("grow").config
+            stray = [n for n in os.listdir(where) if n.startswith("grow-") and int(n.rsplit("-", 1)[1]) >= count]
+            assert not stray, f"partition directories past the count {count}: {stray}"
+        _verify_clean(where)
+
+    _run(mem_path, "store: a topic grown and reconfigured", workload,
+         lambda: {"created": model["created"], "counts": model["counts"], "overrides": model["overrides"],
+                  "durable": dict(model["durable"]), "defaults": model["defaults"]}, check, depth, minimum_states=600, max_states_per_point=8)
+
+
 TXN_STORE = dict(segment_bytes=2048, segment_index_bytes=4096, index_interval_bytes=256, flush_messages=1)
 
 

@@ -162,3 +162,23 @@ def test_serve_refuses_unknown_or_incomplete_oauthbearer_settings(tmp_path):
         run = subprocess.run([sys.executable, "-m", "logstore", "serve", str(tmp_path / "s"), *args],
                              capture_output=True, text=True, timeout=30)
         assert run.returncode in (1, 2) and message in run.stderr, run.stderr
+
+
+def test_serve_takes_the_initial_rebalance_delay(tmp_path):
+    """``--group-initial-rebalance-delay-ms`` is Kafka's ``group.initial.rebalance.delay.ms``,
+    as DescribeConfigs of the broker shows it (confluent-kafka's AdminClient); 0 by default."""
+    pytest.importorskip("confluent_kafka")
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    def delay(*args):
+        with served(tmp_path / "store", *args) as bootstrap:
+            admin = AdminClient({"bootstrap.servers": bootstrap})
+            broker = ConfigResource("broker", "0")
+            [future] = admin.describe_configs([broker]).values()
+            return future.result(timeout=10)["group.initial.rebalance.delay.ms"].value
+
+    assert delay("--group-initial-rebalance-delay-ms", "3000") == "3000"
+    assert delay() == "0"
+    refused = subprocess.run([sys.executable, "-m", "logstore", "serve", str(tmp_path / "s"),
+                              "--group-initial-rebalance-delay-ms", "-1"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "rebalance-delay" in refused.stderr

@@ -193,6 +193,108 @@ def test_followers_refuse_produce_fetch_and_topic_changes(tmp_path):
         stop_all(nodes)
 
 
+def test_the_admin_changes_are_refused_by_policy_with_a_message(tmp_path):
+    """CreatePartitions and IncrementalAlterConfigs through confluent-kafka's AdminClient:
+    POLICY_VIOLATION (a replica set's partitions and configs are fixed when its nodes start);
+    ListOffsets carries the epoch cache's leader epochs."""
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions
+
+    nodes, kafka = kafka_cluster(tmp_path)
+    bootstrap = ",".join(f"{h}:{p}" for h, p in kafka.values())
+    try:
+        leader = leader_of(nodes)
+        conn = Conn(kafka[leader])
+        assert produce(conn, batch([b"a", b"b"]))[0] == NONE
+        conn.close()
+        admin = AdminClient({**CONFLUENT_LOGIN, "bootstrap.servers": bootstrap})
+
+        def error_of(futures):
+            [future] = futures.values()
+            with pytest.raises(confluent_kafka.KafkaException) as refused:
+                future.result(timeout=20)
+            return refused.value.args[0]
+
+        grown = error_of(admin.create_partitions([NewPartitions("replicated", 2)]))
+        assert grown.code() == POLICY_VIOLATION and "fixed" in grown.str()
+        r = ConfigResource("topic", "replicated", incremental_configs=[
+            ConfigEntry("retention.ms", "1000", incremental_operation=AlterConfigOpType.SET)])
+        assert error_of(admin.incremental_alter_configs([r])).code() == POLICY_VIOLATION
+        # ListOffsets (v8 here) answers with the leader epoch of the log's epoch cache
+        from confluent_kafka.admin import OffsetSpec
+        epoch = nodes[leader].describe()[KEY]["epoch"]
+        whole = confluent_kafka.TopicPartition("replicated", 0)
+        [latest] = admin.list_offsets({whole: OffsetSpec.latest()}).values()
+        [earliest] = admin.list_offsets({whole: OffsetSpec.earliest()}).values()
+        latest, earliest = latest.result(timeout=20), earliest.result(timeout=20)
+        assert (latest.offset, latest.leader_epoch) == (nodes[leader].describe()[KEY]["high_watermark"], epoch)
+        first_epoch = nodes[leader].store.partition("replicated", 0).leader_epochs.entries[0][0]
+        assert (earliest.offset, earliest.leader_epoch) == (0, first_epoch)  # the epoch that wrote offset 0
+    finally:
+        stop_all(nodes)
+
+
+def test_delete_records_moves_every_replicas_log_start_and_survives_a_failover(tmp_path):
+    """DeleteRecords through confluent-kafka's AdminClient: the leader answers once every
+    follower in sync moved its log start (they learn it from their fetches), so the leader
+    elected after the old one stops starts there too; a consumer reads from it."""
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    nodes, kafka = kafka_cluster(tmp_path)
+    bootstrap = ",".join(f"{h}:{p}" for h, p in kafka.values())
+    try:
+        first = leader_of(nodes)
+        conn = Conn(kafka[first])
+        error, base = produce(conn, batch([b"r%d" % i for i in range(10)]))
+        conn.close()
+        assert error == NONE
+        admin = AdminClient({**CONFLUENT_LOGIN, "bootstrap.servers": bootstrap})
+        target = base + 6
+        [deleted] = admin.delete_records([confluent_kafka.TopicPartition("replicated", 0, target)]).values()
+        assert deleted.result(timeout=30).low_watermark == target
+        # answered: every replica's log already starts there (the followers were in sync)
+        assert [n.store.partition("replicated", 0).log_start_offset for n in nodes.values()] == [target] * 3
+        # DescribeLogDirs on each node, leader and followers alike, lists the replica it holds
+        from kafka.protocol.admin.cluster import DescribeLogDirsRequest, DescribeLogDirsResponse
+        T = DescribeLogDirsRequest.DescribableLogDirTopic
+        for i, node in nodes.items():
+            conn = Conn(kafka[i])
+            answer = conn.call(DescribeLogDirsRequest(topics=[T(topic="replicated", partitions=[0])], version=4),
+                               DescribeLogDirsResponse)
+            conn.close()
+            [result] = answer.results
+            [topic] = result.topics
+            [p] = topic.partitions
+            assert (result.log_dir, topic.name, p.partition_size) == \
+                (node.store.root, "replicated", node.store.partition("replicated", 0).size_in_bytes)
+        nodes[first].stop()
+        survivors = {i: n for i, n in nodes.items() if i != first}
+        leader_of(survivors)
+        admin = AdminClient({**CONFLUENT_LOGIN, "bootstrap.servers": bootstrap})
+        whole = confluent_kafka.TopicPartition("replicated", 0)
+        deadline = time.monotonic() + 30
+        while True:  # until the client found the new leader
+            [earliest] = admin.list_offsets({whole: OffsetSpec.earliest()}).values()
+            try:
+                assert earliest.result(timeout=20).offset == target
+                break
+            except confluent_kafka.KafkaException:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        consumer = confluent_kafka.Consumer({**CONFLUENT_LOGIN, "bootstrap.servers": bootstrap, "group.id": "trim",
+                                             "enable.auto.commit": False})
+        consumer.assign([confluent_kafka.TopicPartition("replicated", 0, confluent_kafka.OFFSET_BEGINNING)])
+        got = []
+        deadline = time.monotonic() + 30
+        while len(got) < 4 and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                got.append((msg.offset(), msg.value()))
+        consumer.close()
+        assert got == [(base + i, b"r%d" % i) for i in range(6, 10)]
+    finally:
+        stop_all(nodes)
+
+
 def test_a_transactional_batch_the_coordinator_does_not_know_is_refused(tmp_path):
     """KIP-890's verification on a replica set: a transactional batch that would open a
     transaction the coordinator (another node, asked with AddPartitionsToTxn v4) does not know

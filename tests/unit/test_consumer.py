@@ -902,3 +902,24 @@ def test_position_moves_past_trailing_control_batches(store):
         assert [(r.offset, r.value) for r in consumer.poll(1.0)] == [(3, b"c")]
     finally:
         consumer.close()
+
+
+# ---------------------------------------------------------------------------- a topic that grows
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_consumer_takes_up_partitions_added_to_its_topic(tmp_path, shared):
+    """As a Kafka consumer on its metadata refresh: once a topic grows (CreatePartitions), the
+    group rebalances and the new partitions are read (a shared group's leader notices in its
+    heartbeats)."""
+    with LogStore(tmp_path, maintenance=False, shared=shared) as store:
+        store.create_topic("grows", 1)
+        store.partition("grows", 0).append(b"first")
+        with store.consumer("g", "grows", heartbeat_interval_ms=100, session_timeout_ms=5_000) as consumer:
+            assert [r.value for r in consumer.poll(5.0)] == [b"first"]
+            store.create_partitions("grows", 3)
+            store.partition("grows", 2).append(b"in a new partition")
+            got = []
+            deadline = time.monotonic() + 20
+            while not got and time.monotonic() < deadline:
+                got = [(r.partition, r.value) for r in consumer.poll(0.5)]
+            assert got == [(2, b"in a new partition")]
+            assert {(tp.topic, tp.partition) for tp in consumer.assignment()} == {("grows", p) for p in range(3)}

@@ -873,3 +873,45 @@ def test_explicit_timestamps_on_the_append_fast_path(path: pathlib.Path) -> None
             log.append(b"d", timestamp=True)  # type: ignore[arg-type]
         assert log.log_end_offset == 3
         assert [r.timestamp for r in log.iter(0)] == [0, -(2**63), 2**63 - 1]  # (the last one rolls)
+
+
+# ---------------------------------------------------------------------- a changed config (Log.update_config)
+def test_update_config_binds_the_active_segment_to_a_smaller_size_at_once(path: pathlib.Path) -> None:
+    with Log.open(path, segment_bytes=1 << 20) as log:
+        for v in values(50):
+            log.append(v)
+        assert len(log.segments) == 1
+        size = log.segments[0].size
+        log.update_config(log.config.replace(segment_bytes=size // 2))
+        log.append(b"after")  # the active segment is past the new size: this append rolls
+        assert [s.base_offset for s in log.segments] == [0, 50]
+        for v in values(200, 51):
+            log.append(v)
+        assert all(s.size <= size // 2 + 100 for s in log.segments[1:])
+        assert [r.value for r in log.read(50, max_records=1)] == [b"after"]
+
+
+def test_update_config_changes_the_largest_batch_the_flush_policy_and_the_timestamp_type(path: pathlib.Path) -> None:
+    counting = CountingOps()
+    with _fileio.install(counting), Log.open(path, max_message_bytes=200) as log:
+        with pytest.raises(RecordTooLargeError):
+            log.append(b"x" * 500)
+        log.update_config(log.config.replace(max_message_bytes=10_000, flush_messages=1,
+                                             message_timestamp_type="LogAppendTime"))
+        before = counting.fsyncs
+        assert log.append(b"x" * 500, timestamp=5) == 0  # a larger batch now fits, and is fsynced
+        assert counting.fsyncs > before
+        [record] = log.read(0)
+        assert record.timestamp != 5 and record.timestamp_type == TimestampType.LOG_APPEND_TIME
+        log.close()
+        with pytest.raises(LogClosedError):
+            log.update_config(log.config)
+
+
+def test_update_config_applies_retention_at_the_next_pass(path: pathlib.Path) -> None:
+    with Log.open(path, segment_bytes=1024) as log:
+        for v in values(100):
+            log.append(v, timestamp=1_000)
+        assert log.enforce_retention(now_ms=10_000) == 0  # a week's retention: nothing goes
+        log.update_config(log.config.replace(retention_ms=1_000))
+        assert log.enforce_retention(now_ms=10_000) > 0 and log.log_start_offset > 0

@@ -716,3 +716,115 @@ def test_stores_opened_at_once_adopt_once(root):
         t.join()
     assert errors == []
     assert sorted(adopted) == [(), (), (), ("t",)]
+
+
+# ---------------------------------------------------------------------------- growing a topic, altering its config
+def test_create_partitions_grows_a_topic_with_empty_partitions_and_keeps_the_others(tmp_path):
+    with LogStore(tmp_path, maintenance=False) as store:
+        store.create_topic("grow", 2)
+        store.partition("grow", 1).append(b"kept")
+        store.create_partitions("grow", 4)
+        assert store.partitions_for("grow") == 4
+        assert [store.partition("grow", p).log_end_offset for p in range(4)] == [0, 1, 0, 0]
+        store.partition("grow", 3).append(b"new")
+    with LogStore(tmp_path, maintenance=False) as store:
+        assert store.partitions_for("grow") == 4
+        assert [r.value for r in store.partition("grow", 3).iter()] == [b"new"]
+        assert [r.value for r in store.partition("grow", 1).iter()] == [b"kept"]
+
+
+def test_create_partitions_refuses_a_count_that_does_not_grow_and_validate_only_writes_nothing(tmp_path):
+    with LogStore(tmp_path, maintenance=False) as store:
+        store.create_topic("fixed", 3)
+        before = snapshot(tmp_path)
+        for count in (2, 3):
+            with pytest.raises(logstore.InvalidPartitionsError, match="can only grow"):
+                store.create_partitions("fixed", count)
+        with pytest.raises(UnknownTopicOrPartitionError):
+            store.create_partitions("missing", 3)
+        with pytest.raises(TypeError):
+            store.create_partitions("fixed", "5")  # type: ignore[arg-type]
+        store.create_partitions("fixed", 5, validate_only=True)
+        assert store.partitions_for("fixed") == 3 and snapshot(tmp_path) == before
+
+
+def test_another_store_object_sees_new_partitions_when_it_asks_for_one_and_after_the_max_age(tmp_path, monkeypatch):
+    with LogStore(tmp_path, maintenance=False) as first, LogStore(tmp_path, maintenance=False) as second:
+        first.create_topic("shared", 1)
+        assert second.partitions_for("shared") == 1
+        first.create_partitions("shared", 3)
+        second.partition("shared", 2).append(b"x")  # a partition past the count it knew: it looks again
+        assert second.partitions_for("shared") == 3
+        first.create_partitions("shared", 5)
+        monkeypatch.setattr("logstore.store.store.TOPIC_MAX_AGE_S", 0.0)
+        assert second.partitions_for("shared") == 5
+
+
+def test_alter_topic_config_applies_to_open_logs_at_once_and_persists(tmp_path):
+    with LogStore(tmp_path, maintenance=False) as store:
+        store.create_topic("tuned", 2, retention_ms=HOUR_MS)
+        logs = [store.partition("tuned", p) for p in range(2)]
+        stored = store.alter_topic_config("tuned", lambda current: {**current, "max.message.bytes": "300",
+                                                                    "preallocate": True})
+        assert stored == {"retention.ms": str(HOUR_MS), "max.message.bytes": "300", "preallocate": "true"}
+        assert all(log.config.max_message_bytes == 300 and log.config.preallocate for log in logs)
+        with pytest.raises(logstore.RecordTooLargeError):
+            logs[0].append(b"x" * 400)
+        assert logs[0].append(b"x" * 100) == 0
+        store.alter_topic_config("tuned", lambda current: {})  # AlterConfigs' whole set: nothing
+        assert logs[1].config == store.defaults and store.describe("tuned").overrides == {}
+        logs[1].append(b"y" * 5000)
+    with LogStore(tmp_path, maintenance=False, retention_ms=5) as store:
+        assert store.describe("tuned").overrides == {}
+        assert store.partition("tuned", 0).config.retention_ms == 5  # the store's default again
+
+
+def test_alter_topic_config_refuses_a_bad_value_and_writes_nothing(tmp_path):
+    with LogStore(tmp_path, maintenance=False) as store:
+        store.create_topic("strict", 1, segment_ms=HOUR_MS)
+        before = snapshot(tmp_path)
+        with pytest.raises(InvalidConfigError):
+            store.alter_topic_config("strict", lambda current: {"segment.bytes": "10"})
+        with pytest.raises(InvalidConfigError):
+            store.alter_topic_config("strict", lambda current: {"no.such.config": "1"})
+        with pytest.raises(UnknownTopicOrPartitionError):
+            store.alter_topic_config("missing", lambda current: {})
+        store.alter_topic_config("strict", lambda current: {"segment.ms": "5"}, validate_only=True)
+        assert store.describe("strict").overrides == {"segment.ms": str(HOUR_MS)} and snapshot(tmp_path) == before
+
+
+def test_a_config_altered_by_another_store_object_reaches_its_open_logs_at_maintenance(tmp_path, monkeypatch):
+    with LogStore(tmp_path, maintenance=False) as first, LogStore(tmp_path, maintenance=False) as second:
+        first.create_topic("policy", 1)
+        log = second.partition("policy", 0)
+        first.alter_topic_config("policy", lambda current: {"cleanup.policy": "compact", "retention.ms": "1000"})
+        monkeypatch.setattr("logstore.store.store.TOPIC_MAX_AGE_S", 0.0)
+        second.run_maintenance()
+        assert (log.config.cleanup_policy, log.config.retention_ms) == ("compact", 1000)
+        with pytest.raises(logstore.InvalidRecordError):  # a compacted log needs keys, at once
+            log.append(b"no key")
+
+
+def test_dynamic_defaults_apply_to_topics_without_their_own_setting_in_every_store_object(tmp_path, monkeypatch):
+    with LogStore(tmp_path, maintenance=False, retention_ms=HOUR_MS) as first, \
+            LogStore(tmp_path, maintenance=False, retention_ms=HOUR_MS) as second:
+        first.create_topic("plain", 1)
+        first.create_topic("own", 1, retention_ms=5)
+        log, own = first.partition("plain", 0), first.partition("own", 0)
+        other = second.partition("plain", 0)
+        assert first.alter_defaults(lambda current: {"retention.ms": 2 * HOUR_MS}) == {"retention.ms": str(2 * HOUR_MS)}
+        assert (log.config.retention_ms, own.config.retention_ms) == (2 * HOUR_MS, 5)
+        assert first.static_defaults.retention_ms == HOUR_MS
+        monkeypatch.setattr("logstore.store.store.TOPIC_MAX_AGE_S", 0.0)
+        second.run_maintenance()
+        assert other.config.retention_ms == 2 * HOUR_MS and second.dynamic_defaults == {"retention.ms": str(2 * HOUR_MS)}
+        before = snapshot(tmp_path)
+        with pytest.raises(InvalidConfigError):
+            first.alter_defaults(lambda current: {"segment.bytes": "3"})
+        first.alter_defaults(lambda current: {}, validate_only=True)
+        assert snapshot(tmp_path) == before and log.config.retention_ms == 2 * HOUR_MS
+    with LogStore(tmp_path, maintenance=False, retention_ms=HOUR_MS) as store:
+        assert store.partition("plain", 0).config.retention_ms == 2 * HOUR_MS  # durable; over the static default
+        store.alter_defaults(lambda current: {})
+        assert store.partition("plain", 0).config.retention_ms == HOUR_MS
+        assert not os.path.exists(os.path.join(tmp_path, ".topic-defaults"))

@@ -104,6 +104,8 @@ class _Group:
         self.membership: Membership | None = None
         #: the partitions the cross-process group gave this store object (None: not shared)
         self.share: set[tuple[str, int]] | None = None
+        #: not shared: the partition counts the last rebalance split (a grown topic rebalances)
+        self.counts: dict[str, int] = {}
 
     def topics(self) -> frozenset[str]:
         return frozenset(t for m in self.members.values() for t in m.subscription)
@@ -162,13 +164,29 @@ class _Group:
         if self.members:
             self._rebalance(next(iter(self.members.values())).store)
 
+    def check_counts(self, store: Any) -> None:
+        """Not shared: rebalance when a subscribed topic's partition count changed since the
+        last split (CreatePartitions), as a Kafka consumer does on its metadata refresh. (A
+        shared group's leader checks in its heartbeats: Membership.)"""
+        if self.share is not None or not self.members:
+            return
+        with self.lock:
+            try:
+                changed = any(store.partitions_for(t) != n for t, n in self.counts.items())
+            except LogstoreError:
+                return  # a topic deleted: its consumers' reads say so
+            if changed:
+                self._rebalance(store)
+
     def _rebalance(self, store: Any, commit: bool = True) -> None:
         new: dict[str, list[TopicPartition]] = {m: [] for m in self.members}
         topics = sorted({t for m in self.members.values() for t in m.subscription})
+        self.counts = {}
         for topic in topics:
             subscribers = [mid for mid, m in self.members.items() if topic in m.subscription]
             if self.share is None:
-                partitions = list(range(store.partitions_for(topic)))
+                self.counts[topic] = store.partitions_for(topic)
+                partitions = list(range(self.counts[topic]))
             else:
                 partitions = sorted(p for t, p in self.share if t == topic)
             per, extra = divmod(len(partitions), len(subscribers))
@@ -365,6 +383,7 @@ class Consumer:
 
     def _fetch(self, limit: int) -> list[ConsumerRecord]:
         out: list[ConsumerRecord] = []
+        self._group.check_counts(self.store)
         with self._lock:
             self._sync()
             self._maybe_auto_commit()

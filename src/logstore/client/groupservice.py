@@ -292,6 +292,9 @@ class Membership:
         self.topics: frozenset[str] = frozenset()
         self.member_id = ""
         self.generation = -1
+        #: the partition counts this member assigned with as the group's leader (None: not the
+        #: leader); a count grown since makes it rejoin, as Kafka's consumer leader does
+        self.assigned_counts: dict[str, int] | None = None
         self._client: GroupClient | None = None
         self._io = threading.Lock()  # one request at a time on the connection
         self._stop = threading.Event()
@@ -391,6 +394,7 @@ class Membership:
                 except LogstoreError:
                     pass  # a topic this store object does not know: nobody gets it
             assignments = range_assign(answer.members, counts)
+        self.assigned_counts = counts if answer.leader == answer.member_id else None
         error, mine = self._request(lambda c: c.sync(self.group, answer.generation, self.member_id, assignments,
                                                      self.rebalance_ms))
         if error != ErrorCode.none:
@@ -429,7 +433,21 @@ class Membership:
                 del store
                 logger.info("group %s: heartbeat failed: %s", self.group, exc)
                 continue
-            if error == ErrorCode.none or stop.is_set():
+            if stop.is_set():
+                continue
+            if error == ErrorCode.none:
+                if self._counts_changed():
+                    with self._lock:
+                        if stop.is_set() or (self.generation, self.member_id) != sent:
+                            continue
+                        logger.info("group %s: a topic's partition count changed; rebalancing", self.group)
+                        try:
+                            self.rejoin(commit=True)
+                        except LogClosedError:
+                            return
+                        except Exception:  # noqa: BLE001 - the thread must outlive one failed rejoin
+                            logger.exception("group %s: rejoining failed; trying again", self.group)
+                            self.generation = -1
                 continue
             with self._lock:
                 if stop.is_set():
@@ -448,6 +466,20 @@ class Membership:
                 except Exception:  # noqa: BLE001 - the thread must outlive one failed rejoin
                     logger.exception("group %s: rejoining failed; trying again at the next heartbeat", self.group)
                     self.generation = -1
+
+    def _counts_changed(self) -> bool:
+        """As the group's leader: has a subscribed topic's partition count changed since it
+        assigned (CreatePartitions, here or in another process)?"""
+        counts, store = self.assigned_counts, self._store()
+        if not counts or store is None:
+            return False
+        for topic, count in counts.items():
+            try:
+                if store.partitions_for(topic) != count:
+                    return True
+            except LogstoreError:
+                return True  # deleted: the others must give it up too
+        return False
 
     def commit(self, offsets: dict[tuple[str, int], tuple[int, str]], generation: int) -> None:
         """Commit through the coordinator as this member of ``generation`` (the one its

@@ -229,11 +229,19 @@ class Producer:
         self._counters[topic] = n + 1
         return n % partitions
 
-    def _partitions(self, topic: str) -> int:
-        n = self._partition_counts.get(topic)
-        if n is None:
-            n = self._store.partitions_for(topic)
-            self._partition_counts[topic] = n
+    def _partitions(self, topic: str, partition: int | None = None) -> int:
+        """The topic's partition count as the store knows it now (it looks at the topic's file
+        again after a while, so partitions added by CreatePartitions, here or by another
+        process, are picked up as by a Kafka producer's metadata refresh); a ``partition`` past
+        it makes the store look at once."""
+        n = self._store.partitions_for(topic)
+        if partition is not None and partition.__class__ is int and partition >= n:
+            try:
+                self._store.partition(topic, partition)
+                n = self._store.partitions_for(topic)
+            except UnknownTopicOrPartitionError:
+                pass
+        self._partition_counts[topic] = n
         return n
 
     def _sticky_partition(self, topic: str, partitions: int, avoid: int = -1) -> int:
@@ -300,7 +308,7 @@ class Producer:
         with self._lock:
             if self._closed:
                 raise LogClosedError("producer is closed")
-            partitions = self._partition_counts.get(topic) or self._partitions(topic)
+            partitions = self._partitions(topic, partition)
             if partition is None:
                 if self._partitioner is not None:
                     partition = self._partitioner(key, partitions, topic)

@@ -52,10 +52,12 @@ from ..errors import (
     RecordTooLargeError,
     TopicExistsError,
     UnknownTopicOrPartitionError,
+    UnsupportedCodecError,
 )
 from . import aclapis, aclguard, configs as kafkaconfigs
 from .aclfile import AclFile
 from .acls import Authorizer
+from .admin import AdminApis
 from .._native import lib
 from ..log.config import LogConfig
 from ..records.batch import parse_header
@@ -152,6 +154,11 @@ class KafkaApis:
             50: self.on_describe_user_scram_credentials, 51: self.on_alter_user_scram_credentials,
             29: self.on_describe_acls, 30: self.on_create_acls, 31: self.on_delete_acls,
         }
+        #: CreatePartitions, AlterConfigs, IncrementalAlterConfigs, DeleteRecords, DescribeLogDirs
+        self.admin = AdminApis(self)
+        self.handlers.update({37: self.admin.on_create_partitions, 33: self.admin.on_alter_configs,
+                              44: self.admin.on_incremental_alter_configs, 21: self.admin.on_delete_records,
+                              35: self.admin.on_describe_log_dirs})
         #: SCRAM users over the protocol, over the listener's SASL users (the server sets them)
         self.scram_users = ScramUsers(None)
         #: Kafka's authorizer (None: everyone may do everything); see :meth:`guard_handlers`
@@ -322,7 +329,9 @@ class KafkaApis:
         try:
             first, _, duplicate = log.append_idempotent(records)
         except (CorruptRecordError, RecordTooLargeError, OutOfOrderSequenceError, InvalidProducerEpochError,
-                InvalidRecordError) as exc:  # InvalidRecordError: e.g. a keyless record in a compacted topic
+                InvalidRecordError, UnsupportedCodecError) as exc:
+            # InvalidRecordError: e.g. a keyless record in a compacted topic; UnsupportedCodecError:
+            # a codec id Kafka does not know, or whose library is missing (UNSUPPORTED_COMPRESSION_TYPE)
             logger.info("refused a produce to %s-%d: %s", topic, partition, exc)
             return code_for(exc), -1, str(exc)
         if not duplicate:
@@ -434,8 +443,9 @@ class KafkaApis:
             if offset >= visible:  # nothing committed (or stable) there yet: an empty answer
                 continue
             # KIP-74: the first partition with records gets at least one batch whatever the
-            # limits; the others get whole batches within theirs, or none.
-            limit = min(partition_max, max_bytes - total) if total else partition_max
+            # limits, and no more than both limits allow after it; the others get whole batches
+            # within theirs, or none.
+            limit = min(partition_max, max_bytes - total)
             if limit <= 0:
                 continue
             try:
@@ -466,46 +476,68 @@ class KafkaApis:
 
     # ------------------------------------------------------------------ ListOffsets
     def on_list_offsets(self, request: KafkaRequest) -> dict[str, Any]:
+        """Kafka's ListOffsets: -1 the last fetchable offset (high watermark, or the last stable
+        offset for read_committed), -2 the log start, -3 (v7+, KIP-734) the first record with the
+        largest timestamp, -4 (v8+, KIP-1005) the local log start (the log start: nothing is
+        tiered), else the first record at or after the timestamp below the last fetchable
+        offset. A sentinel the version cannot carry is UNSUPPORTED_VERSION for its partition, a
+        partition named twice INVALID_REQUEST (as Kafka's ReplicaManager). The leader epoch is
+        the epoch cache's for the offset (the partition's for -1)."""
+        body = request.body
+        read_committed = getattr(body, "isolation_level", 0) == 1
+        named = [(t.name, p.partition_index) for t in body.topics for p in t.partitions]
         topics = []
-        read_committed = getattr(request.body, "isolation_level", 0) == 1
-        for topic in request.body.topics:
+        for topic in body.topics:
             partitions = []
             for p in topic.partitions:
                 entry = {"partition_index": p.partition_index, "error_code": ErrorCode.none, "timestamp": -1,
-                         "offset": -1, "leader_epoch": 0}
-                refused = self.partition_error(topic.name, p.partition_index)
-                try:
-                    if refused:
-                        raise UnknownTopicOrPartitionError(f"{topic.name}-{p.partition_index}")
-                    log = self.store.partition(topic.name, p.partition_index)
-                except (UnknownTopicOrPartitionError, InvalidTopicError):
-                    entry["error_code"] = refused or ErrorCode.unknown_topic_or_partition
+                         "offset": -1, "leader_epoch": -1}
+                ts = int(p.timestamp.timestamp() * 1000) if hasattr(p.timestamp, "timestamp") else int(p.timestamp)
+                if named.count((topic.name, p.partition_index)) > 1:
+                    entry["error_code"] = ErrorCode.invalid_request
+                elif ts < 0 and request.api_version < _LIST_OFFSETS_SENTINELS.get(ts, 1 << 15):
+                    entry["error_code"] = ErrorCode.unsupported_version
                 else:
-                    ts = int(p.timestamp.timestamp() * 1000) if hasattr(p.timestamp, "timestamp") else int(p.timestamp)
-                    # Kafka's lastFetchableOffset: read_committed (v2+) sees up to the LSO
-                    visible = log.last_stable_offset if read_committed else log.high_watermark
-                    if ts == -1:
-                        entry["offset"] = visible
-                    elif ts == -2:
-                        entry["offset"] = log.log_start_offset
-                    else:
-                        found = log.offset_for_timestamp(ts)
-                        if found is not None and found >= visible:
-                            found = None  # not committed (or stable) yet: not to be seen
-                        if found is not None:
-                            # Kafka answers with the found record's own timestamp, not the one asked.
-                            try:
-                                record = log.read(found, max_records=1)
-                            except OffsetOutOfRangeError:  # deleted by retention meanwhile
-                                record = []
-                            except CorruptRecordError as exc:  # a fetch from there reports it
-                                logger.error("list offsets of %s-%d at %d: %s", topic.name, p.partition_index,
-                                             found, exc)
-                                record = []
-                            entry["offset"], entry["timestamp"] = found, record[0].timestamp if record else ts
+                    entry.update(self._list_offset(topic.name, p.partition_index, ts, read_committed))
                 partitions.append(entry)
             topics.append({"name": topic.name, "partitions": partitions})
         return {"throttle_time": 0, "topics": topics}
+
+    def _list_offset(self, topic: str, partition: int, ts: int, read_committed: bool) -> dict[str, Any]:
+        refused = self.partition_error(topic, partition)
+        try:
+            if refused:
+                raise UnknownTopicOrPartitionError(f"{topic}-{partition}")
+            log = self.store.partition(topic, partition)
+        except (UnknownTopicOrPartitionError, InvalidTopicError):
+            return {"error_code": refused or ErrorCode.unknown_topic_or_partition}
+        # Kafka's lastFetchableOffset: read_committed (v2+) sees up to the LSO
+        visible = log.last_stable_offset if read_committed else log.high_watermark
+        if ts == -1:
+            return {"offset": visible, "leader_epoch": max(log.latest_epoch, 0)}
+        if ts in (-2, -4):
+            start = log.log_start_offset
+            return {"offset": start, "leader_epoch": _epoch_at(log, start)}
+        if ts == -3:
+            infos = log.segments
+            newest = max((info.max_timestamp for info in infos), default=-1)
+            found = log.offset_for_timestamp(newest) if newest >= 0 else None
+            wanted = newest
+        else:
+            found = log.offset_for_timestamp(ts)
+            wanted = ts
+        if found is None or found >= visible:
+            return {}  # none, or not committed (or stable) yet: not to be seen
+        # Kafka answers with the found record's own timestamp, not the one asked.
+        try:
+            record = log.read(found, max_records=1)
+        except OffsetOutOfRangeError:  # deleted by retention meanwhile
+            return {}
+        except CorruptRecordError as exc:  # a fetch from there reports it
+            logger.error("list offsets of %s-%d at %d: %s", topic, partition, found, exc)
+            record = []
+        return {"offset": found, "timestamp": record[0].timestamp if record else wanted,
+                "leader_epoch": _epoch_at(log, found)}
 
     # ------------------------------------------------------------------ topics
     def on_create_topics(self, request: KafkaRequest) -> dict[str, Any]:
@@ -516,7 +548,10 @@ class KafkaApis:
             configs = {c.name: c.value for c in topic.configs}
             # Kafka's checks in its order (ReplicationControlManager.createTopics), validate_only too
             error, message = self._check_new_topic(topic.name, configs)
-            if error == ErrorCode.none and (topic.replication_factor not in (-1, 1) or topic.assignments):
+            if error == ErrorCode.none and topic.assignments:
+                # Kafka: an explicit assignment comes with num_partitions and replication_factor -1
+                error, message, partitions = self._check_assignment(topic)
+            elif error == ErrorCode.none and topic.replication_factor not in (-1, 1):
                 error = ErrorCode.invalid_replication_factor
                 message = "this broker has one replica of each partition"
             if error == ErrorCode.none and partitions <= 0:
@@ -525,6 +560,22 @@ class KafkaApis:
                 error, message = self._create(topic.name, partitions, configs)
             results.append({"name": topic.name, "error_code": error, "error_message": message})
         return {"throttle_time": 0, "topics": results}
+
+    def _check_assignment(self, topic: Any) -> tuple[int, str | None, int]:
+        """(error, message, partition count) of CreateTopics' explicit replica assignment: as
+        Kafka, partitions numbered 0..n-1 and no num_partitions or replication_factor beside
+        it; here each partition's one replica must be this broker."""
+        if topic.num_partitions != -1 or topic.replication_factor != -1:
+            return (ErrorCode.invalid_request, "Both numPartitions or replicationFactor and replicasAssignments "
+                    "were set. Both cannot be used at the same time.", 0)
+        indexes = sorted(a.partition_index for a in topic.assignments)
+        if indexes != list(range(len(indexes))):
+            return ErrorCode.invalid_replica_assignment, f"partitions {indexes} are not numbered 0..n-1", 0
+        for a in topic.assignments:
+            if list(a.broker_ids) != [self.node_id]:
+                return (ErrorCode.invalid_replica_assignment, f"partition {a.partition_index}: replicas "
+                        f"{list(a.broker_ids)}, but this broker ({self.node_id}) holds the one replica", 0)
+        return ErrorCode.none, None, len(indexes)
 
     def _check_new_topic(self, name: str, configs: dict[str, str | None]) -> tuple[int, str | None]:
         """A legal name not taken, and topic configs by Kafka's names with valid values (a null
@@ -752,7 +803,7 @@ class KafkaApis:
             elif resource.resource_type == kafkaconfigs.BROKER:
                 error, message, configs = kafkaconfigs.describe_broker(self.node_id, resource.resource_name,
                                                                        self.broker_settings(), keys,
-                                                                       body.include_synonyms)
+                                                                       body.include_synonyms, self.store)
             else:
                 error, configs = ErrorCode.invalid_request, []
                 message = f"resource type {resource.resource_type} has no configs"
@@ -910,6 +961,19 @@ class KafkaApis:
 #: ReplicaManager maps them so)
 _VERIFY_RETRIABLE = frozenset({ErrorCode.concurrent_transactions, ErrorCode.coordinator_load_in_progress,
                                ErrorCode.coordinator_not_available, ErrorCode.not_coordinator})
+
+
+#: ListOffsets' sentinel timestamps and the first version that carries each (Kafka's
+#: ReplicaManager.timestampMinSupportedVersion); another negative timestamp is never carried
+_LIST_OFFSETS_SENTINELS = {-1: 0, -2: 0, -3: 7, -4: 8}
+
+
+def _epoch_at(log: Any, offset: int) -> int:
+    """The leader epoch that wrote ``offset``, from the log's epoch cache (-1: before its first
+    entry); a log without epochs (a single store's, whose Metadata names epoch 0) is all epoch 0."""
+    if log.latest_epoch < 0:
+        return 0
+    return log.leader_epochs.epoch_for_offset(offset)  # type: ignore[no-any-return]
 
 
 def _topic_refused(name: str, error: ErrorCode) -> dict[str, Any]:

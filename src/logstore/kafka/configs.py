@@ -1,10 +1,20 @@
-"""DescribeConfigs: a topic's configuration (and the broker's) as Kafka describes it.
+"""DescribeConfigs and the changes of AlterConfigs and IncrementalAlterConfigs: a topic's
+configuration (and the broker's) as Kafka describes and changes it. The one home of the config
+tables the Kafka listener uses.
 
 A topic's entries are its effective :class:`~logstore.log.config.LogConfig` by Kafka's names, each
 with where its value comes from, as Kafka's ``ConfigSource``: the topic's own setting
 (DYNAMIC_TOPIC_CONFIG), a default the store was opened with (STATIC_BROKER_CONFIG), or Kafka's
 default (DEFAULT_CONFIG). With ``include_synonyms`` an entry lists its value at each level that
 sets it, most specific first, as Kafka does. The broker's entries are the server's own settings.
+
+A change is checked as Kafka's ``ConfigAdminManager`` checks it (:func:`check_topic_changes`: a
+key named twice, a null value, an operation a config's type does not allow, an unknown name)
+and applied to a topic's overrides by :func:`apply_changes`: AlterConfigs replaces the whole
+set, IncrementalAlterConfigs SETs, DELETEs, and APPENDs to or SUBTRACTs from a list config
+(``cleanup.policy``) starting from its current value (the override, or the store's default).
+The broker's dynamic configs are the store's dynamic defaults (:func:`alter_broker`); its other
+settings are fixed when the server starts.
 
 Thread-safety: the functions are pure over what they are given (the store's describe() is
 thread-safe).
@@ -14,19 +24,25 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from ..log.config import LogConfig
-from ..errors import InvalidTopicError, UnknownTopicOrPartitionError
+from ..log.config import KAFKA_NAMES, LogConfig
+from ..errors import InvalidConfigError, InvalidTopicError, UnknownTopicOrPartitionError
 from ..errorcodes import ErrorCode
 from ..store.store import LogStore
 
-__all__ = ["TOPIC", "BROKER", "NOT_TOPIC_CONFIGS", "describe_topic", "describe_broker"]
+__all__ = ["TOPIC", "BROKER", "NOT_TOPIC_CONFIGS", "DYNAMIC_BROKER_CONFIGS", "SET", "DELETE", "APPEND", "SUBTRACT", "describe_topic",
+           "describe_broker", "check_topic_changes", "apply_changes", "store_keywords", "alter_broker"]
 
 #: Kafka's ConfigResource types.
 TOPIC = 2
 BROKER = 4
 
+#: IncrementalAlterConfigs' operations (Kafka's AlterConfigOp.OpType).
+SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
+_OPERATIONS = {SET: "set", DELETE: "delete", APPEND: "append", SUBTRACT: "subtract"}
+
 # Kafka's ConfigSource.
 DYNAMIC_TOPIC_CONFIG = 1
+DYNAMIC_BROKER_CONFIG = 2
 STATIC_BROKER_CONFIG = 4
 DEFAULT_CONFIG = 5
 
@@ -67,6 +83,10 @@ _BROKER_NAMES = {
 #: Settings a store keeps per topic that Kafka has only as broker settings: not among a topic's
 #: configs as Kafka describes them.
 NOT_TOPIC_CONFIGS = frozenset({"log.cleaner.dedupe.buffer.size"})
+#: The broker's dynamic configs (Kafka's ``DynamicLogConfig``: a default of every topic's
+#: config, changed per broker without a restart) -> the topic config each is the default of:
+#: the store's dynamic defaults (``LogStore.alter_defaults``).
+DYNAMIC_BROKER_CONFIGS = {_BROKER_NAMES.get(name, name): name for name in KAFKA_NAMES}
 
 
 def _entry(name: str, value: str, source: int, synonyms: list[tuple[str, str, int]], include_synonyms: bool,
@@ -86,7 +106,6 @@ def describe_topic(store: LogStore, topic: str, keys: Sequence[str] | None,
     except (UnknownTopicOrPartitionError, InvalidTopicError):
         return ErrorCode.unknown_topic_or_partition, f"topic {topic!r} does not exist", []
     effective = _kafka_view(described.config)
-    store_defaults = _kafka_view(store.defaults)
     entries = []
     for name, value in effective.items():
         if name in NOT_TOPIC_CONFIGS or (keys is not None and name not in keys):
@@ -94,24 +113,137 @@ def describe_topic(store: LogStore, topic: str, keys: Sequence[str] | None,
         synonyms = []
         if name in described.overrides:
             synonyms.append((name, described.overrides[name], DYNAMIC_TOPIC_CONFIG))
-        broker_name = _BROKER_NAMES.get(name, name)
-        if store_defaults[name] != _KAFKA_DEFAULTS[name]:
-            synonyms.append((broker_name, store_defaults[name], STATIC_BROKER_CONFIG))
-        synonyms.append((broker_name, _KAFKA_DEFAULTS[name], DEFAULT_CONFIG))
+        synonyms += _default_levels(store, name)
         entries.append(_entry(name, value, synonyms[0][2], synonyms, include_synonyms))
     return ErrorCode.none, None, entries
 
 
+def _default_levels(store: LogStore, name: str) -> list[tuple[str, str, int]]:
+    """The levels that give topic config ``name`` its default, most specific first, as
+    (broker config name, value, source): the store's dynamic default, the default it was
+    opened with, Kafka's."""
+    broker_name = _BROKER_NAMES.get(name, name)
+    levels = []
+    dynamic = store.dynamic_defaults
+    if name in dynamic:
+        levels.append((broker_name, _kafka_view(store.defaults)[name], DYNAMIC_BROKER_CONFIG))
+    static = _kafka_view(store.static_defaults)[name]
+    if static != _KAFKA_DEFAULTS[name]:
+        levels.append((broker_name, static, STATIC_BROKER_CONFIG))
+    levels.append((broker_name, _KAFKA_DEFAULTS[name], DEFAULT_CONFIG))
+    return levels
+
+
 def describe_broker(node_id: int, resource_name: str, settings: Mapping[str, Any], keys: Sequence[str] | None,
-                    include_synonyms: bool) -> tuple[int, str | None, list[dict[str, Any]]]:
+                    include_synonyms: bool, store: LogStore | None = None) -> tuple[int, str | None, list[dict[str, Any]]]:
     """(error code, error message, config entries) of this broker (``resource_name`` is its id,
-    or empty for the broker answering)."""
+    or empty for the broker answering): its fixed settings (read-only) and, given the store, its
+    dynamic configs (the defaults of the topics' configs)."""
     if resource_name not in ("", str(node_id)):
         return ErrorCode.invalid_request, f"this is broker {node_id}, not {resource_name!r}", []
     entries = []
+    for broker_name, name in (DYNAMIC_BROKER_CONFIGS.items() if store is not None else ()):
+        if keys is None or broker_name in keys:
+            levels = _default_levels(store, name)  # type: ignore[arg-type]
+            entry = _entry(broker_name, levels[0][1], levels[0][2], levels, include_synonyms)
+            entry["config_type"] = _TYPES.get(name, entry["config_type"])
+            entries.append(entry)
     for name, value in settings.items():
         if keys is None or name in keys:
             text = str(value).lower() if isinstance(value, bool) else str(value)
             entries.append(_entry(name, text, STATIC_BROKER_CONFIG, [(name, text, STATIC_BROKER_CONFIG)],
                                   include_synonyms, read_only=True))
     return ErrorCode.none, None, entries
+
+
+def check_topic_changes(changes: Sequence[tuple[str, int, str | None]], incremental: bool,
+                        broker: bool = False) -> tuple[int, str] | None:
+    """Why a topic's (name, operation, value) changes are refused before they are tried, as
+    (error code, message), or None. ``broker``: the changes of the broker's dynamic configs,
+    by their topic config names (which may include the broker-only dedupe buffer)."""
+    names = [name for name, _, _ in changes]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        return ErrorCode.invalid_request, f"Error due to duplicate config keys: {', '.join(twice)}"
+    for name, operation, value in changes:
+        if operation not in _OPERATIONS:
+            return ErrorCode.invalid_request, f"unknown config operation {operation} for {name}"
+        if value is None and operation != DELETE:
+            if incremental:
+                return ErrorCode.invalid_request, f"Null value not supported for : {name}"
+            return ErrorCode.invalid_config, f"null value not supported for topic configs: {name}"
+        if name not in KAFKA_NAMES or (name in NOT_TOPIC_CONFIGS and not broker):
+            return ErrorCode.invalid_config, f"Unknown topic config name: {name}"
+        if operation in (APPEND, SUBTRACT) and _TYPES.get(name) != _LIST:
+            return ErrorCode.invalid_config, (f"Config value {_OPERATIONS[operation]} is not allowed for config key: "
+                                              f"{name}")
+    return None
+
+
+def apply_changes(defaults: LogConfig, current: Mapping[str, str], changes: Sequence[tuple[str, int, str | None]],
+                  incremental: bool) -> dict[str, str | None]:
+    """A topic's new overrides (Kafka's names) after ``changes`` (checked by
+    :func:`check_topic_changes`) to its ``current`` ones; ``defaults`` give a list config's
+    value when the topic does not override it."""
+    if not incremental:
+        return {name: value for name, _, value in changes}
+    out: dict[str, str | None] = dict(current)
+    for name, operation, value in changes:
+        if operation == SET:
+            out[name] = value
+        elif operation == DELETE:
+            out.pop(name, None)
+        else:
+            base = out.get(name)
+            items = [i for i in (base if base is not None else defaults.to_kafka()[name]).split(",") if i]
+            given = [i.strip() for i in (value or "").split(",") if i.strip()]
+            if operation == APPEND:
+                items += [i for i in given if i not in items]
+            else:
+                items = [i for i in items if i not in given]
+            out[name] = ",".join(items)
+    return out
+
+
+def store_keywords(configs: Mapping[str, str | None]) -> dict[str, Any]:
+    """Overrides by Kafka's names as :meth:`LogStore.create_topic` and
+    :meth:`~LogStore.alter_topic_config` take them: a dotted name's string as it is, the one
+    name without a dot (``preallocate``, also a LogConfig field) as its typed value.
+
+    Raises:
+        InvalidConfigError: a value of the wrong kind for its name.
+    """
+    return {name: value if "." in name else getattr(LogConfig.from_kafka({name: value}), KAFKA_NAMES[name])
+            for name, value in configs.items()}
+
+
+def alter_broker(store: LogStore, node_id: int, resource_name: str, settings: Mapping[str, Any],
+                 changes: Sequence[tuple[str, int, str | None]], incremental: bool,
+                 validate_only: bool) -> tuple[int, str | None]:
+    """(error code, message) of a change to this broker's configs. Its dynamic configs
+    (:data:`DYNAMIC_BROKER_CONFIGS`: ``log.retention.ms``, ``log.segment.bytes``,
+    ``message.max.bytes``, ``log.cleanup.policy``, ...) are the store's dynamic defaults
+    (:meth:`LogStore.alter_defaults`: durable, and every topic that does not override one takes
+    it at once); AlterConfigs replaces the whole set, as Kafka's. The other settings are fixed
+    when the server starts (``logstore serve``'s options): a change of one, or of a name the
+    broker does not know, is INVALID_CONFIG, as Kafka refuses a config it cannot update."""
+    if resource_name not in ("", str(node_id)):
+        return ErrorCode.invalid_request, f"this is broker {node_id}, not {resource_name!r}"
+    fixed = sorted(name for name, _, _ in changes if name in settings and name not in DYNAMIC_BROKER_CONFIGS)
+    if fixed:
+        return ErrorCode.invalid_config, (f"Cannot update these configs dynamically: {', '.join(fixed)} "
+                                          "(set when logstore serve starts)")
+    unknown = sorted(name for name, _, _ in changes if name not in DYNAMIC_BROKER_CONFIGS)
+    if unknown:
+        return ErrorCode.invalid_config, f"Unknown broker config name: {', '.join(unknown)}"
+    as_topic = [(DYNAMIC_BROKER_CONFIGS[name], operation, value) for name, operation, value in changes]
+    refused = check_topic_changes(as_topic, incremental, broker=True)
+    if refused is not None:
+        return refused
+    try:
+        store.alter_defaults(lambda current: store_keywords(apply_changes(store.static_defaults, current, as_topic,
+                                                                          incremental)),
+                             validate_only=validate_only)
+    except (InvalidConfigError, TypeError, ValueError) as exc:
+        return ErrorCode.invalid_config, str(exc)
+    return ErrorCode.none, None

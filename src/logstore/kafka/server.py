@@ -549,6 +549,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
     add_authorizer_arguments(parser)
     parser.add_argument("--fsync-acks-all", action="store_true",
                         help="answer acks=all produces once their batches are fsynced (transactions' too)")
+    parser.add_argument("--group-initial-rebalance-delay-ms", type=int, default=0, metavar="MS",
+                        help="how long a new group's first rebalance waits for more members (Kafka's "
+                             "group.initial.rebalance.delay.ms; Kafka's default is 3000, logstore's 0)")
     add_transaction_arguments(parser)
     try:
         args = parser.parse_args(argv)
@@ -556,6 +559,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
         return int(exc.code or 0)
     if bool(args.tls_cert) != bool(args.tls_key) or (args.tls_ca and not args.tls_cert):
         sys.stderr.write(f"{prog}: --tls-cert and --tls-key go together (--tls-ca needs them)\n")
+        return 2
+    if args.group_initial_rebalance_delay_ms < 0:
+        sys.stderr.write(f"{prog}: --group-initial-rebalance-delay-ms must be >= 0\n")
         return 2
     logging.basicConfig(level=logging.WARNING, format=f"{prog}: %(levelname)s: %(message)s")
     try:
@@ -572,6 +578,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
                              auto_create_topics=not args.no_auto_create_topics, num_partitions=args.num_partitions,
                              allow_anonymous=args.allow_anonymous, fsync_acks_all=args.fsync_acks_all,
                              tls=TLSConfig(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None,
+                             group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
                              txn_config=txn_config, **sasl, **authorizer_options(args))
     except (LogstoreError, OSError, ValueError) as exc:
         sys.stderr.write(f"{prog}: {exc}\n")

@@ -51,7 +51,7 @@ __all__ = ["SUPPORTED", "API_NAMES", "KafkaRequest", "KafkaProtocolError", "Unsu
 SUPPORTED: dict[int, tuple[int, int]] = {
     0: (0, 11),   # Produce (v0-v2 advertised, refused: see _REFUSED_PRODUCE; v9+ flexible)
     1: (4, 11),   # Fetch
-    2: (1, 5),    # ListOffsets
+    2: (1, 8),    # ListOffsets (v6+ flexible; v7 -3 MAX_TIMESTAMP, v8 -4 EARLIEST_LOCAL)
     3: (0, 8),    # Metadata
     8: (2, 9),    # OffsetCommit (v8+ flexible; v9 KIP-848's generation id or member epoch)
     9: (1, 9),    # OffsetFetch (v6+ flexible; v8+ several groups, KIP-709)
@@ -66,6 +66,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     18: (0, 2),   # ApiVersions
     19: (2, 4),   # CreateTopics
     20: (1, 3),   # DeleteTopics
+    21: (0, 2),   # DeleteRecords (v2 flexible)
     22: (0, 4),   # InitProducerId (v2+ flexible; v3+ KIP-360's epoch bump)
     24: (0, 3),   # AddPartitionsToTxn (v3 flexible; v4 batches transactions between brokers)
     25: (0, 3),   # AddOffsetsToTxn (v3 flexible)
@@ -75,8 +76,12 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     30: (1, 3),   # CreateAcls
     31: (1, 3),   # DeleteAcls
     32: (1, 3),   # DescribeConfigs
+    33: (0, 2),   # AlterConfigs (v2 flexible)
+    35: (1, 4),   # DescribeLogDirs (v2+ flexible; v4 total and usable bytes)
     36: (0, 1),   # SaslAuthenticate (answered by kafka.auth before authentication and to re-authenticate)
+    37: (0, 3),   # CreatePartitions (v2+ flexible)
     42: (0, 2),   # DeleteGroups (v2 flexible)
+    44: (0, 1),   # IncrementalAlterConfigs (v1 flexible)
     47: (0, 0),   # OffsetDelete
     50: (0, 0),   # DescribeUserScramCredentials (flexible)
     51: (0, 0),   # AlterUserScramCredentials (flexible)
@@ -95,6 +100,8 @@ API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "Offs
              36: "SaslAuthenticate", 42: "DeleteGroups", 47: "OffsetDelete", 50: "DescribeUserScramCredentials",
              51: "AlterUserScramCredentials", 61: "DescribeProducers",
              65: "DescribeTransactions", 66: "ListTransactions",
+             21: "DeleteRecords", 33: "AlterConfigs", 35: "DescribeLogDirs", 37: "CreatePartitions",
+             44: "IncrementalAlterConfigs",
              52: "Vote", 53: "BeginQuorumEpoch", 54: "EndQuorumEpoch", 55: "DescribeQuorum"}
 
 _HEADER = struct.Struct(">hhi")  # api key, api version, correlation id

@@ -702,6 +702,35 @@ class Log:
         self._flusher.after_append(last_offset)
         return last_offset
 
+    def update_config(self, config: LogConfig) -> None:
+        """Apply a changed topic config to the open log at once (Kafka's ``UnifiedLog.updateConfig``).
+
+        Retention, cleanup policy, flush policy, timestamp type, compression, max.message.bytes
+        and segment.ms hold from the next call that reads them; segment.bytes and
+        max.message.bytes bind the active segment at once (an append past the new size rolls);
+        the index settings and preallocate apply to the segments created from now on.
+        Nothing is written: the topic's metadata file is the config's durable home
+        (:meth:`LogStore.alter_topic_config`). Thread-safe.
+
+        Raises:
+            LogClosedError: the log is closed.
+        """
+        if not isinstance(config, LogConfig):
+            raise TypeError(f"config must be a LogConfig, got {type(config).__name__}")
+        with self._lock:
+            self._check_open()
+            settings = _append_settings(config, self.shared)
+            self.config = config
+            (self._ts_type, self._record_attrs, self._forced_codec, self._keys_required,
+             self._plain_appends) = settings
+            self._segments.configure(config)
+            self._flusher.every = config.flush_messages
+            self._flusher.ms = config.flush_ms
+            self._update_flush_at()
+            # The next append computes the roll deadline from the active segment's first batch
+            # with the new segment.ms.
+            self._roll_deadline = DEADLINE_UNSET
+
     def _update_flush_at(self) -> None:
         """Recompute the append path's flush threshold (holds the lock)."""
         waiters = self._waiters

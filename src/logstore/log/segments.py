@@ -117,10 +117,20 @@ class LogSegments:
     @classmethod
     def for_config(cls, path: str, config: Any, lock: Any, timers: bool = True) -> "LogSegments":
         """The segment set of a log with LogConfig ``config``."""
-        settings = dict(segment_bytes=config.segment_bytes, index_bytes=config.segment_index_bytes,
-                        index_interval_bytes=config.index_interval_bytes, max_batch_bytes=config.max_message_bytes,
-                        preallocate=config.preallocate)
-        return cls(path, settings, lock, config.file_delete_delay_ms, timers)
+        segments = cls(path, {}, lock, config.file_delete_delay_ms, timers)
+        segments.configure(config)
+        return segments
+
+    def configure(self, config: Any) -> None:
+        """Take a changed LogConfig: segments created from now on get its sizes, the active one
+        its size limit and largest batch (:meth:`LogSegment.apply_limits`), and deleted files
+        wait its file_delete_delay_ms. Called under the log's lock."""
+        self.settings = dict(segment_bytes=config.segment_bytes, index_bytes=config.segment_index_bytes,
+                             index_interval_bytes=config.index_interval_bytes,
+                             max_batch_bytes=config.max_message_bytes, preallocate=config.preallocate)
+        self._delete_delay_ms = config.file_delete_delay_ms
+        if self.active is not None:
+            self.active.apply_limits(config.segment_bytes, config.max_message_bytes)
 
     # ------------------------------------------------------------------ the set
     def __len__(self) -> int:

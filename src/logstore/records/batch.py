@@ -22,7 +22,7 @@ from . import compression
 from .._native import check, ffi, lib, reason
 from .._native._records import build as build_records
 from .._native._records import column as _c_column
-from ..errors import CorruptRecordError, InvalidRecordError, RecordTooLargeError
+from ..errors import CorruptRecordError, InvalidRecordError, RecordTooLargeError, UnsupportedCodecError
 
 __all__ = [
     "Record",
@@ -838,6 +838,9 @@ def validate_client_batch(buf: Any, max_message_bytes: int, what: str = "produce
         raise InvalidRecordError(f"{what}: producer id {header.producer_id} without epoch and sequence")
     if header.attributes & lib.LS_ATTR_TRANSACTIONAL and header.producer_id < 0:
         raise InvalidRecordError(f"{what}: a transactional batch without a producer id")
+    if header.compression > compression.ZSTD:
+        # Kafka's CompressionType.forId knows 0-4: ids 5-7 are no codec a client may send
+        raise UnsupportedCodecError(f"{what}: unknown compression codec id {header.compression} (known: 0-4)")
     if header.compression == compression.NONE:
         res = ffi.new("ls_scan_result *")
         cptr = ffi.from_buffer(buf)

@@ -56,7 +56,7 @@ def check_available(codec: int) -> None:
     if codec not in compression.available_codecs():
         raise UnsupportedCodecError(
             f"compression codec {compression.codec_name(codec)!r} needs a package that is not "
-            "installed (pip install 'logstore[lz4]')"
+            "installed (reinstall logstore, which depends on it)"
         )
 
 

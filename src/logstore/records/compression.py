@@ -15,7 +15,7 @@ snappy
 lz4
     The LZ4 frame format exactly as ``Lz4BlockOutputStream`` writes it; reading accepts any valid
     frame (:mod:`logstore.records.lz4frame`). With the same lz4 C library the bytes equal Kafka's. Needs
-    the optional ``lz4`` package; without it LZ4 raises
+    the ``lz4`` package (a dependency, as the other codecs' are); should it be missing, LZ4 raises
     :class:`~logstore.errors.UnsupportedCodecError`.
 zstd
     A single zstd frame at level 3 (Kafka's default) with the content size in its header; reading
@@ -288,7 +288,7 @@ def _unknown_codec(codec: Any) -> ValueError:
 
 def _unsupported(codec: int) -> UnsupportedCodecError:
     if codec == LZ4:
-        hint = "the 'lz4' package: pip install lz4 (or install logstore with the [lz4] extra)"
+        hint = "the 'lz4' package, a dependency of logstore: pip install lz4"
     elif codec == SNAPPY:
         hint = "the 'python-snappy' package: pip install python-snappy"
     else:

@@ -110,7 +110,8 @@ class Fetchers:
                   "forgotten_topics_data": [], "topics": [
                       {"topic": rep.topic, "partitions": [
                           {"partition": rep.partition, "current_leader_epoch": rep.election.epoch,
-                           "fetch_offset": offset, "last_fetched_epoch": last_epoch, "log_start_offset": -1,
+                           "fetch_offset": offset, "last_fetched_epoch": last_epoch,
+                           "log_start_offset": log.log_start_offset,
                            "partition_max_bytes": context.fetch_max_bytes}]}]}
         # The leader holds a caught-up fetch for up to fetch_wait_s: allow for that.
         answer = conn.request(FETCH, fields, timeout=context.election_timeout_s + context.fetch_wait_s)
@@ -164,4 +165,9 @@ class Fetchers:
                 end = log.log_end_offset
                 log.high_watermark = max(log.log_start_offset, min(hw, end))
                 rep.hw = log.high_watermark
+                if log_start > log.log_start_offset:
+                    # The leader's log start moved (DeleteRecords there, or its retention): ours
+                    # follows, as far as our high watermark (Kafka's follower does so); our
+                    # next fetch tells the leader, whose DeleteRecords answer waits for it.
+                    log.delete_records_before(min(log_start, log.high_watermark))
         return True

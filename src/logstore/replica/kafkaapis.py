@@ -18,7 +18,11 @@ broker of a Kafka cluster does:
   first append would be: with acks=all, once it is committed.
 - **Fetch** and **ListOffsets** go to the leader too, and stop at the high watermark: a
   consumer sees committed records only.
-- Topics are the node's replicated partitions: CreateTopics and DeleteTopics are refused.
+- Topics are the node's replicated partitions: CreateTopics and DeleteTopics are refused, and
+  so are CreatePartitions, AlterConfigs and IncrementalAlterConfigs (POLICY_VIOLATION with a
+  message). DeleteRecords goes to the leader, which moves its log start and answers once every
+  follower in sync moved its own (the followers learn it from their fetches' answers and report
+  theirs in their fetches, as Kafka's); DescribeLogDirs describes every partition this node holds.
 - SASL users are each node's own (the credentials file and the replica user): AlterUserScramCredentials
   is refused (POLICY_VIOLATION), DescribeUserScramCredentials describes the node's.
 - **InitProducerId** hands out ids unique across the replica set (``id * (max voter + 1) +
@@ -77,8 +81,10 @@ from ..errors import (
     LogstoreError,
     OutOfOrderSequenceError,
     RecordTooLargeError,
+    UnsupportedCodecError,
 )
 from ..kafka.acls import Authorizer
+from ..kafka.admin import REPLICA_REFUSED, AdminApis, refused
 from ..kafka.apis import KafkaApis, one_v2_batch_problem
 from ..groups.coordinator import GroupCoordinator
 from ..kafka.wire import KafkaRequest
@@ -144,6 +150,12 @@ class ReplicaKafkaApis(KafkaApis):
         for key, refusal in _TXN_REFUSALS.items():
             self.handlers[key] = self._txn_coordinated(self.handlers[key], refusal)
         self.slot.start()
+        for key in REPLICA_REFUSED:
+            self.handlers[key] = lambda request: refused(
+                request, "a replica set's partitions and configs are fixed when its nodes start")
+        # DeleteRecords by the leader, answered once its followers in sync moved their log start
+        self.admin = AdminApis(self, move_log_start=self._move_log_start)
+        self.handlers.update({21: self.admin.on_delete_records, 35: self.admin.on_describe_log_dirs})
         # A fetch never blocks (a caught-up one waits in the purgatory; the store's flush
         # policy fsyncs outside the log's lock): answered on the network loop, no thread
         # hand-off per follower fetch.
@@ -367,7 +379,7 @@ class ReplicaKafkaApis(KafkaApis):
         if refused is None:
             try:  # checked before the lock: a bad batch costs the sender, not the partition
                 header = validate_client_batch(records, rep.log.config.max_message_bytes)
-            except (CorruptRecordError, RecordTooLargeError, InvalidRecordError) as exc:
+            except (CorruptRecordError, RecordTooLargeError, InvalidRecordError, UnsupportedCodecError) as exc:
                 return code_for(exc), -1, str(exc)
             if header.attributes & lib.LS_ATTR_TRANSACTIONAL and (
                     not transactional_id or header.producer_id not in rep.log.producer_transactions()):
@@ -423,6 +435,14 @@ class ReplicaKafkaApis(KafkaApis):
             {"user": name, "error_code": ErrorCode.policy_violation,
              "error_message": "a replica set's SASL users are each node's credentials file (logstore kafka-user), "
                               "not replicated: alter them on every node"} for name in names]}
+
+    def _move_log_start(self, topic: str, partition: int, log: Any, offset: int,
+                        timeout_s: float) -> "Future[tuple[int, int]] | tuple[int, int]":
+        """DeleteRecords as the partition's leader (:meth:`LeaderSide.delete_records`)."""
+        rep = self._replica(topic, partition)
+        if rep is None:
+            return ErrorCode.unknown_topic_or_partition, -1
+        return self.leader.delete_records(rep, offset, timeout_s)
 
     def _new_producer_id(self) -> int:
         """A producer id unique across the replica set (see the module docstring)."""

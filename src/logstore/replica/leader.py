@@ -86,6 +86,7 @@ class LeaderSide:
         # What followers hold is learnt afresh in this epoch: their offsets from the previous one
         # must not count towards the high watermark.
         rep.leo = {}
+        rep.starts = {}
         now = time.monotonic()
         rep.contact = {p: now for p in context.peers}
         # Every replica starts in sync (as Kafka's new leader keeps the ISR it inherits); one
@@ -177,13 +178,48 @@ class LeaderSide:
             lambda f: committed.set_result(f.result()[0] if f.exception() is None else ErrorCode.request_timed_out))
         return committed
 
+    # ------------------------------------------------------------------ DeleteRecords
+    def delete_records(self, rep: PartitionReplica, offset: int, timeout_s: float) -> "Future[tuple[int, int]]":
+        """Move ``rep``'s log start to ``offset`` (at most the high watermark; the caller checked)
+        as its leader (Kafka's DeleteRecords): the future's result is (error code, low
+        watermark) once every follower in sync reported a log start at or past it (they learn
+        it from their fetches' answers; Kafka's DelayedDeleteRecords), so that no leader
+        elected later shows the records again; NOT_LEADER_OR_FOLLOWER when the leadership
+        goes, REQUEST_TIMED_OUT after ``timeout_s`` (the leader's log start has moved)."""
+        context = self._context
+        with context.purgatory.deferred(), rep.cond:
+            election = rep.election
+            if election.role is not Role.LEADER or context.stopping.is_set():
+                done: Future[tuple[int, int]] = Future()
+                done.set_result((ErrorCode.not_leader_or_follower, -1))
+                return done
+            epoch = election.epoch
+            target = rep.log.delete_records_before(offset)
+            rep.changed()  # held follower fetches answer: their followers learn the new start
+        return context.purgatory.watch(rep.key, lambda expired: self._deleted(rep, epoch, target, expired), timeout_s)
+
+    def _deleted(self, rep: PartitionReplica, epoch: int, target: int, expired: bool) -> tuple[int, int] | None:
+        """A DeleteRecords' outcome once the followers in sync moved their log start to
+        ``target``; None while it waits (see purgatory)."""
+        with rep.cond:
+            election = rep.election
+            if election.role is not Role.LEADER or election.epoch != epoch or self._context.stopping.is_set():
+                return ErrorCode.not_leader_or_follower, -1
+            behind = [p for p in self.in_sync_followers(rep, time.monotonic()) if rep.starts.get(p, -1) < target]
+            if not behind:
+                return ErrorCode.none, rep.log.log_start_offset
+        if expired:
+            return ErrorCode.request_timed_out, -1
+        return None
+
     # ------------------------------------------------------------------ follower fetch
     def follower_fetch(self, rep: PartitionReplica, replica_id: int, epoch: int, offset: int, last_epoch: int,
-                       max_bytes: int, max_wait_s: float) -> "FetchAnswer | Future[FetchAnswer]":
+                       max_bytes: int, max_wait_s: float, log_start: int = -1) -> "FetchAnswer | Future[FetchAnswer]":
         """Answer the fetch of follower ``replica_id`` (a voter) that holds ``rep``'s log up to
-        ``offset`` with ``last_epoch`` its latest epoch, in ``epoch``: batches from ``offset``
-        (at most ``max_bytes``, at least one), or where it diverges; a caught-up follower's is
-        held up to ``max_wait_s`` for records (a Future then)."""
+        ``offset`` with ``last_epoch`` its latest epoch and ``log_start`` its log start (-1:
+        unknown), in ``epoch``: batches from ``offset`` (at most ``max_bytes``, at least one),
+        or where it diverges; a caught-up follower's is held up to ``max_wait_s`` for records,
+        or for our log start to move past its (a Future then)."""
         context = self._context
         if max_bytes <= 0:
             return FetchAnswer(ErrorCode.invalid_request, NONE, -1)
@@ -213,6 +249,9 @@ class LeaderSide:
                                        div_end if div_end >= 0 else 0, log.log_start_offset)
             now = time.monotonic()
             rep.contact[replica_id] = now
+            if log_start >= 0 and rep.starts.get(replica_id) != log_start:
+                rep.starts[replica_id] = log_start
+                rep.changed()  # a DeleteRecords may wait for it
             end = log.log_end_offset
             rep.leo[replica_id] = min(offset, end)  # never count what we do not hold ourselves
             mark = rep.fetch_marks.get(replica_id)
@@ -239,7 +278,8 @@ class LeaderSide:
             if election.role is not Role.LEADER or election.epoch != epoch:
                 return FetchAnswer(ErrorCode.not_leader_or_follower, election.leader, election.epoch)
             end = rep.log.log_end_offset
-            if end == offset and not expired and not self._context.stopping.is_set():
+            moved = rep.log.log_start_offset > rep.starts.get(replica_id, -1) >= 0  # the follower must learn it
+            if end == offset and not moved and not expired and not self._context.stopping.is_set():
                 return None
             rep.caught_up[replica_id] = time.monotonic()
             return self._records(rep, offset, end, max_bytes)

@@ -38,6 +38,9 @@ class PartitionReplica:
     hw: int = 0
     #: follower -> its log end offset as the leader learnt it in this epoch
     leo: dict[int, int] = field(default_factory=dict)
+    #: follower -> its log start offset as its last fetch reported it (Kafka's replica
+    #: logStartOffset: a DeleteRecords is answered once every follower in sync moved past it)
+    starts: dict[int, int] = field(default_factory=dict)
     #: follower -> its last fetch (monotonic)
     contact: dict[int, float] = field(default_factory=dict)
     #: follower -> the last time it was at the leader's log end (monotonic)

@@ -91,7 +91,7 @@ class PeerApis:
             answer = self.leader.follower_fetch(rep, int(body.replica_id), int(p.current_leader_epoch),
                                                 int(p.fetch_offset), int(p.last_fetched_epoch),
                                                 min(int(p.partition_max_bytes), int(body.max_bytes)),
-                                                body.max_wait.total_seconds())
+                                                body.max_wait.total_seconds(), int(p.log_start_offset))
         if isinstance(answer, Future):
             out: Future = Future()
 

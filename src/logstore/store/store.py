@@ -9,6 +9,8 @@
         .notify                             notification page long-polling consumers sleep on
         .topics/<topic>                     partition count and config overrides of a topic
                                             (Java properties; nothing else lives in .topics)
+        .topic-defaults                     the dynamic defaults of every topic's config (Java
+                                            properties; absent until set)
         .topics.lock                        flock serialising topic creation and deletion
         .topics.tmp                         a topic file being written
         .topics.adopt/                      topic files of a Kafka log directory being adopted
@@ -41,7 +43,7 @@ import time
 import uuid
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Generator, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Generator, Iterator, Mapping, Sequence, TypeVar
 
 from .. import _fileio
 from ..log.arrow import table as arrow_table
@@ -59,6 +61,7 @@ from ..cleaner import Cleaner
 from ..log.config import KAFKA_NAMES, LogConfig
 from ..errors import (
     InvalidConfigError,
+    InvalidPartitionsError,
     InvalidTopicError,
     LogClosedError,
     LogLockedError,
@@ -79,6 +82,12 @@ LOCK_FILE = ".lock"
 DELETE_SUFFIX = "-delete"
 STORE_VERSION = 1
 T = TypeVar("T")
+#: the store's dynamic defaults of every topic's config (Kafka's dynamic broker configs
+#: ``log.retention.ms``, ... under their topic-level names), Java properties
+TOPIC_DEFAULTS_FILE = ".topic-defaults"
+#: how long this process trusts what it read of a topic file before it looks again (a changed
+#: count or config made by another process sharing the store is seen after at most this)
+TOPIC_MAX_AGE_S = 1.0
 _FIELD_TO_KAFKA = {field_name: kafka for kafka, field_name in KAFKA_NAMES.items()}
 
 
@@ -119,7 +128,9 @@ class LogStore:
             and a Kafka listener over it) fsyncs its two-phase commit: what a committed
             transaction wrote survives power loss whole (FORMAT.md §15). Off: durable against a
             crash of the process, as an append is by default.
-        **defaults: LogConfig fields applied to every topic unless the topic overrides them.
+        **defaults: LogConfig fields applied to every topic unless the topic overrides them, or
+            the store's dynamic defaults (:meth:`alter_defaults`, Kafka's dynamic broker
+            configs) set them.
 
     Kafka log directories: opened on a directory without ``.topics/`` that holds partition
     directories ``<topic>-<n>`` (a Kafka broker's ``log.dirs`` entry, or a copy), the store
@@ -146,7 +157,12 @@ class LogStore:
                  retention_check_interval_ms: int = 300_000, cleaner_backoff_ms: int = 15_000,
                  cleaner: bool = True, transaction_fsync: bool = False, **defaults: Any) -> None:
         self.root = os.path.abspath(os.fspath(root))
-        self.defaults = LogConfig.build(None, **defaults)
+        #: the defaults this store object was opened with (Kafka's static broker configs)
+        self.static_defaults = LogConfig.build(None, **defaults)
+        #: the defaults every topic's config starts from: the static ones with the store's
+        #: dynamic defaults (``.topic-defaults``, :meth:`alter_defaults`) over them
+        self.defaults = self.static_defaults
+        self._dynamic = _TopicEntry(0, {}, None, 0.0)  # the .topic-defaults file as last read
         self.shared = shared
         #: the transaction coordinator fsyncs its two-phase commit (see the arguments)
         self.transaction_fsync = bool(transaction_fsync)
@@ -156,7 +172,7 @@ class LogStore:
         self._logs: dict[tuple[str, int], Log] = {}
         self._clients: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._closers: list[Any] = []
-        self._topics_cache: dict[str, tuple[int, dict[str, str]]] = {}
+        self._topics_cache: dict[str, _TopicEntry] = {}
         self._closed = False
         self._closing = False
         self._cleaner = Cleaner() if cleaner else None
@@ -174,6 +190,7 @@ class LogStore:
             #: topics this open adopted from a Kafka log directory (see the class docstring)
             self.adopted: tuple[str, ...] = self._ensure_topics_dir()
             self._write_meta()
+            self._read_dynamic_defaults(force=True)
             self._remove_deleted_topics()
             self.notify_page = self._map_notify_page()
         except BaseException:
@@ -247,18 +264,44 @@ class LogStore:
     def _read_topic(self, name: str) -> tuple[int, dict[str, str]] | None:
         return read_topic_file(self._topic_file(name))
 
-    def _topic(self, name: str) -> tuple[int, dict[str, str]]:
+    def _topic(self, name: str, fresh: bool = False) -> tuple[int, dict[str, str]]:
+        """(partition count, overrides) of a topic: cached, and checked against its file at most
+        every TOPIC_MAX_AGE_S (``fresh``: now), so that what another process changed (a count
+        grown, configs altered, the topic deleted) is seen here, as a Kafka client's metadata
+        refresh sees it."""
         validate_topic_name(name)
+        now = time.monotonic()
         with self._lock:
             cached = self._topics_cache.get(name)
-            if cached is not None:
-                return cached
-        found = self._read_topic(name)
+            if cached is not None and not fresh and now - cached.checked < TOPIC_MAX_AGE_S:
+                return cached.partitions, cached.overrides
+        identity = _fileio.ops.path_identity(self._topic_file(name))  # before the read: see _TopicEntry
+        if cached is not None and identity == cached.identity:
+            cached.checked = now
+            return cached.partitions, cached.overrides
+        found = self._read_topic(name) if identity is not None else None
         if found is None:
+            with self._lock:
+                self._topics_cache.pop(name, None)
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist in {self.root}")
+        entry = _TopicEntry(found[0], found[1], identity, now)
         with self._lock:
-            self._topics_cache[name] = found
+            self._topics_cache[name] = entry
+            # (read again only when the file changed, or the first time:) its open logs take it
+            self._apply_config(name, entry.partitions, self._config_for(entry.overrides))
         return found
+
+    def _apply_config(self, name: str, partitions: int, config: LogConfig) -> None:
+        """A topic's config may have changed: its open logs that have another take it now
+        (with the store's lock held)."""
+        for p in range(partitions):
+            log = self._logs.get((name, p))
+            if log is None or log.closed or log.config == config:
+                continue
+            log.update_config(config)
+            if self._cleaner is not None:
+                (self._cleaner.add if config.compacted else self._cleaner.remove)(log)
+            logger.info("%s: %s-%d takes its topic's new config", self.root, name, p)
 
     def create_topic(self, name: str, partitions: int = 1, *, exist_ok: bool = False, internal: bool = False,
                      **config: Any) -> None:
@@ -287,14 +330,170 @@ class LogStore:
                 if exist_ok:
                     return
                 raise TopicExistsError(f"topic {name!r} already exists in {self.root}")
-            _fileio.ops.write_file_atomic(self._topic_file(name), _topic_file_text(partitions, overrides),
-                                          tmp=os.path.join(self.root, TOPICS_DIR + ".tmp"))
-            with self._lock:
-                self._topics_cache.pop(name, None)
+            self._write_topic(name, partitions, overrides)
         for partition in range(partitions):
             self.partition(name, partition)
         _fileio.ops.fsync_dir(self.root)
         logger.info("%s: created topic %s with %d partition(s)", self.root, name, partitions)
+
+    def _write_topic(self, name: str, partitions: int, overrides: Mapping[str, str]) -> None:
+        """Replace a topic's file durably (with the metadata lock held): a crash leaves the old
+        file or the new one whole (write_file_atomic); this process's cache forgets the old."""
+        _fileio.ops.write_file_atomic(self._topic_file(name), _topic_file_text(partitions, overrides),
+                                      tmp=os.path.join(self.root, TOPICS_DIR + ".tmp"))
+        with self._lock:
+            self._topics_cache.pop(name, None)
+
+    def create_partitions(self, name: str, count: int, *, validate_only: bool = False) -> None:
+        """Grow a topic to ``count`` partitions (Kafka's CreatePartitions); the new ones are
+        empty, the others keep their records (so a key's partition changes for a hash
+        partitioner, as in Kafka).
+
+        Raises:
+            UnknownTopicOrPartitionError: no such topic.
+            InvalidPartitionsError: ``count`` is not larger than the topic's partition count,
+                or above 1000000. Nothing is written.
+
+        Durable on return. Crash-safe: the topic file, which holds the count, is replaced
+        atomically before any new partition directory is made, so a crash leaves the old count
+        or the new one; a new partition whose directory a crash left missing or partly made is
+        opened (and recovered) as an empty log on first use. Other processes sharing the store
+        see the new count on their next look at the topic (at most TOPIC_MAX_AGE_S later; at
+        once when they ask for a partition past the count they know). Thread-safe.
+        """
+        self._check_open()
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise TypeError(f"count must be an int, got {count!r}")
+        with self._metadata_lock():
+            current, overrides = self._topic(name, fresh=True)
+            if count <= current:
+                raise InvalidPartitionsError(f"topic {name!r} has {current} partition(s); the count can only grow, "
+                                             f"not to {count}")
+            if count > 1_000_000:
+                raise InvalidPartitionsError(f"topic {name!r}: {count} partitions, more than 1000000")
+            if validate_only:
+                return
+            self._write_topic(name, count, overrides)
+            for partition in range(current, count):
+                self.partition(name, partition)
+        _fileio.ops.fsync_dir(self.root)
+        logger.info("%s: topic %s grown from %d to %d partition(s)", self.root, name, current, count)
+
+    def alter_topic_config(self, name: str, edit: Callable[[dict[str, str]], Mapping[str, Any]], *,
+                           validate_only: bool = False) -> dict[str, str]:
+        """Replace a topic's config overrides by ``edit(current)`` (Kafka's AlterConfigs and
+        IncrementalAlterConfigs): ``edit`` is given the current overrides by Kafka's dotted
+        names (a copy) and returns the new set, by Kafka's names; it runs with the topic
+        metadata lock held, so concurrent changes from any process apply one after the other.
+        The topic's open logs take the new config at once (:meth:`Log.update_config`); returns
+        the new overrides as stored (strings).
+
+        Raises:
+            UnknownTopicOrPartitionError: no such topic.
+            InvalidConfigError: a name LogConfig does not know or a bad value (nothing is written).
+
+        Durable on return: the topic file is replaced atomically. Other processes sharing the
+        store apply the change to their open logs at their next look at the topic (their
+        maintenance thread looks every TOPIC_MAX_AGE_S or so). Thread-safe.
+        """
+        self._check_open()
+        with self._metadata_lock():
+            partitions, current = self._topic(name, fresh=True)
+            wanted = edit(dict(current))
+            overrides = self._overrides(wanted)
+            config = self._config_for(overrides)
+            if validate_only:
+                return overrides
+            self._write_topic(name, partitions, overrides)
+            with self._lock:
+                self._topics_cache[name] = _TopicEntry(partitions, overrides,
+                                                       _fileio.ops.path_identity(self._topic_file(name)),
+                                                       time.monotonic())
+                self._apply_config(name, partitions, config)
+        logger.info("%s: topic %s config overrides now %s", self.root, name, overrides)
+        return dict(overrides)
+
+    # ------------------------------------------------------------------ dynamic defaults
+    @property
+    def dynamic_defaults(self) -> dict[str, str]:
+        """The store's dynamic defaults by Kafka's topic config names (a copy): set with
+        :meth:`alter_defaults`, they take precedence over the defaults a store object is opened
+        with, as Kafka's dynamic broker configs over its static ones."""
+        self._read_dynamic_defaults()
+        return dict(self._dynamic.overrides)
+
+    def alter_defaults(self, edit: Callable[[dict[str, str]], Mapping[str, Any]], *,
+                       validate_only: bool = False) -> dict[str, str]:
+        """Replace the store's dynamic defaults by ``edit(current)`` (Kafka's dynamic broker
+        configs ``log.retention.ms``, ``log.segment.bytes``, ... by their topic-level names:
+        ``retention.ms``, ``segment.bytes``): ``edit`` gets the current ones by Kafka's topic
+        config names and returns the new set; it runs with the topic metadata lock held. Every
+        topic takes the new defaults where it does not override them, its open logs at once;
+        returns the new dynamic defaults as stored.
+
+        Raises:
+            InvalidConfigError: a name LogConfig does not know or a bad value (nothing is written).
+
+        Durable on return (``.topic-defaults`` replaced atomically); other processes sharing
+        the store take them within about TOPIC_MAX_AGE_S (their maintenance thread looks).
+        Thread-safe.
+        """
+        self._check_open()
+        with self._metadata_lock():
+            self._read_dynamic_defaults(force=True)
+            wanted = edit(dict(self._dynamic.overrides))
+            stored = self._dynamic_overrides(wanted)
+            if validate_only:
+                return stored
+            path = os.path.join(self.root, TOPIC_DEFAULTS_FILE)
+            if stored:
+                _fileio.ops.write_file_atomic(path, _properties_text(stored))
+            elif _fileio.ops.exists(path):
+                _fileio.ops.unlink(path)
+                _fileio.ops.fsync_dir(self.root)
+            self._read_dynamic_defaults(force=True)
+        logger.info("%s: dynamic defaults now %s", self.root, stored)
+        return dict(stored)
+
+    def _dynamic_overrides(self, wanted: Mapping[str, Any]) -> dict[str, str]:
+        """Dynamic defaults validated over the static ones; by Kafka's names as strings."""
+        plain = {k: v for k, v in wanted.items() if "." not in k}
+        dotted = {k: str(v) for k, v in wanted.items() if "." in k}
+        merged = self.static_defaults.replace(**plain)
+        merged = LogConfig.from_kafka({**merged.to_kafka(), **dotted})
+        kafka = merged.to_kafka()
+        return {name: kafka[name] for name in {_FIELD_TO_KAFKA[k] for k in plain} | set(dotted)}
+
+    def _read_dynamic_defaults(self, force: bool = False) -> None:
+        """Take up ``.topic-defaults`` when it changed (looked at most every TOPIC_MAX_AGE_S
+        unless ``force``): the defaults change, and so do the open logs' configs."""
+        now = time.monotonic()
+        cached = self._dynamic
+        if not force and now - cached.checked < TOPIC_MAX_AGE_S:
+            return
+        path = os.path.join(self.root, TOPIC_DEFAULTS_FILE)
+        identity = _fileio.ops.path_identity(path)  # before the read (see _TopicEntry)
+        if identity == cached.identity and cached.checked:
+            cached.checked = now
+            return
+        props = parse_properties(_fileio.ops.read_file(path).decode("utf-8"), path) if identity is not None else {}
+        try:
+            defaults = LogConfig.from_kafka({**self.static_defaults.to_kafka(), **props}) if props else \
+                self.static_defaults
+        except InvalidConfigError as exc:
+            raise LogstoreError(f"{path}: {exc}") from None
+        with self._lock:
+            self._dynamic = _TopicEntry(0, props, identity, now)
+            changed = defaults != self.defaults
+            self.defaults = defaults
+            topics = {topic for topic, _ in self._logs} if changed else set()
+        for topic in topics:  # every open log takes its topic's config over the new defaults
+            try:
+                partitions, overrides = self._topic(topic)
+            except (UnknownTopicOrPartitionError, InvalidTopicError):
+                continue  # deleted meanwhile
+            with self._lock:
+                self._apply_config(topic, partitions, self._config_for(overrides))
 
     def _overrides(self, config: Mapping[str, Any]) -> dict[str, str]:
         """Validate overrides against the defaults; return them by Kafka names as strings."""
@@ -400,6 +599,8 @@ class LogStore:
         if log is not None and not log.closed:
             return log
         partitions, overrides = self._topic(topic)
+        if partition >= partitions:  # grown by another process since this one looked?
+            partitions, overrides = self._topic(topic, fresh=True)
         if isinstance(partition, bool) or not isinstance(partition, int) or not 0 <= partition < partitions:
             raise UnknownTopicOrPartitionError(
                 f"topic {topic!r} has partitions 0..{partitions - 1}; there is no partition {partition!r}")
@@ -569,6 +770,7 @@ class LogStore:
         file deletions, and one cleaner pass per compacted log that needs it. Returns counts
         (segments_deleted, flushes, logs_cleaned). Thread-safe."""
         self._check_open()
+        self._look_at_open_topics()
         deleted = flushes = cleaned = 0
         for _, _, log in list(self.logs()):
             try:
@@ -580,6 +782,19 @@ class LogStore:
             while self._cleaner.run_once(now_ms) is not None:
                 cleaned += 1
         return {"segments_deleted": deleted, "flushes": flushes, "logs_cleaned": cleaned}
+
+    def _look_at_open_topics(self) -> None:
+        """Check the files of the topics with open logs and the dynamic defaults (at most every
+        TOPIC_MAX_AGE_S each): a config another process altered reaches this process's logs
+        here."""
+        self._read_dynamic_defaults()
+        with self._lock:
+            names = {topic for topic, _ in self._logs}
+        for name in names:
+            try:
+                self._topic(name)
+            except (UnknownTopicOrPartitionError, InvalidTopicError):
+                continue  # deleted meanwhile
 
     def _tick_seconds(self) -> float:
         with self._lock:
@@ -593,6 +808,7 @@ class LogStore:
         while not self._stop.wait(self._tick_seconds()):
             now = time.monotonic()
             try:
+                self._look_at_open_topics()
                 with self._lock:
                     logs = list(self._logs.values())
                 for log in logs:
@@ -671,6 +887,22 @@ class LogStore:
         return f"LogStore({self.root!r}{', closed' if self._closed else ''})"
 
 
+class _TopicEntry:
+    """A topic file as this process last read it. ``identity`` is the file's (device, inode),
+    taken before the read: the file is only ever replaced by a rename, so a different identity
+    means a newer file (at worst an unchanged one is read again)."""
+
+    __slots__ = ("partitions", "overrides", "identity", "checked")
+
+    def __init__(self, partitions: int, overrides: dict[str, str], identity: tuple[int, int] | None,
+                 checked: float) -> None:
+        self.partitions = partitions
+        self.overrides = overrides
+        self.identity = identity
+        #: when the file was last found unchanged (monotonic seconds)
+        self.checked = checked
+
+
 class _FileLock:
     """An flock on a lock file, blocking unless told otherwise (``acquired`` says if it got it)."""
 
@@ -695,8 +927,12 @@ class _FileLock:
 
 def _topic_file_text(partitions: int, overrides: Mapping[str, str]) -> bytes:
     """A ``.topics/<topic>`` file: the partition count, then the config overrides, sorted."""
-    lines = [f"partitions={partitions}"] + [f"{k}={v}" for k, v in sorted(overrides.items())]
-    return ("\n".join(lines) + "\n").encode()
+    return f"partitions={partitions}\n".encode() + _properties_text(overrides)
+
+
+def _properties_text(props: Mapping[str, str]) -> bytes:
+    """Java properties, one ``key=value`` line each, sorted."""
+    return "".join(f"{k}={v}\n" for k, v in sorted(props.items())).encode()
 
 
 def _positive(name: str, value: Any) -> int:
