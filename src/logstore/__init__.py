@@ -37,7 +37,9 @@ from .errors import (
     OutOfOrderSequenceError,
     RecordTooLargeError,
     RequestTimedOutError,
+    InconsistentTopicIdError,
     TopicExistsError,
+    UnknownTopicIdError,
     UnknownTopicOrPartitionError,
     UnsupportedCodecError,
 )
@@ -90,6 +92,8 @@ __all__ = [
     "InvalidRecordError",
     "UnsupportedCodecError",
     "UnknownTopicOrPartitionError",
+    "UnknownTopicIdError",
+    "InconsistentTopicIdError",
     "TopicExistsError",
     "InvalidProducerEpochError",
     "InvalidTxnStateError",

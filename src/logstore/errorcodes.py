@@ -27,6 +27,7 @@ from kio.schema.errors import ErrorCode
 
 from .errors import (
     CorruptRecordError,
+    InconsistentTopicIdError,
     InvalidProducerEpochError,
     InvalidRecordError,
     InvalidTxnStateError,
@@ -37,6 +38,7 @@ from .errors import (
     RecordTooLargeError,
     RequestTimedOutError,
     TransactionCoordinatorFencedError,
+    UnknownTopicIdError,
 )
 
 __all__ = ["ErrorCode", "code_for"]
@@ -54,6 +56,8 @@ _EXCEPTION_CODES: dict[type[LogstoreError], ErrorCode] = {
     ProducerFencedError: ErrorCode.producer_fenced,
     NotLeaderOrFollowerError: ErrorCode.not_leader_or_follower,
     RequestTimedOutError: ErrorCode.request_timed_out,
+    UnknownTopicIdError: ErrorCode.unknown_topic_id,
+    InconsistentTopicIdError: ErrorCode.inconsistent_topic_id,
 }
 
 
