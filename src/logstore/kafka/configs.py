@@ -102,6 +102,25 @@ def describe_topic(store: LogStore, topic: str, keys: Sequence[str] | None,
     return ErrorCode.none, None, entries
 
 
+def new_topic_configs(store: LogStore, configs: Mapping[str, str | None]) -> list[dict[str, Any]]:
+    """CreateTopics v5+'s configs of a topic created (or validated) with ``configs`` (valid
+    ones, by Kafka's names): every topic config with its value and source (KIP-525)."""
+    effective = _kafka_view(LogConfig.from_kafka({**store.defaults.to_kafka(), **configs}))
+    store_defaults = _kafka_view(store.defaults)
+    entries = []
+    for name, value in effective.items():
+        if name in NOT_TOPIC_CONFIGS:
+            continue
+        if name in configs:
+            source = DYNAMIC_TOPIC_CONFIG
+        elif store_defaults[name] != _KAFKA_DEFAULTS[name]:
+            source = STATIC_BROKER_CONFIG
+        else:
+            source = DEFAULT_CONFIG
+        entries.append(_entry(name, value, source, [], False))
+    return entries
+
+
 def describe_broker(node_id: int, resource_name: str, settings: Mapping[str, Any], keys: Sequence[str] | None,
                     include_synonyms: bool) -> tuple[int, str | None, list[dict[str, Any]]]:
     """(error code, error message, config entries) of this broker (``resource_name`` is its id,

@@ -42,15 +42,14 @@ from .writer import write_response
 __all__ = ["SUPPORTED", "API_NAMES", "KafkaRequest", "KafkaProtocolError", "UnsupportedVersionError",
            "parse_request", "response_class", "encode"]
 
-#: api key -> (lowest, highest) version served. Non-flexible versions, which every client this
-#: server is tested with speaks (aiokafka speaks nothing else), but for the transaction APIs,
-#: whose newer versions carry what the clients need (KIP-360's epoch bump). (:func:`parse_request`
-#: takes other ranges from a caller that serves more.)
+#: api key -> (lowest, highest) version served, flexible ones included (each checked by
+#: :mod:`~logstore.kafka.bounds` before kio reads it). (:func:`parse_request` takes other ranges
+#: from a caller that serves more.)
 SUPPORTED: dict[int, tuple[int, int]] = {
     0: (0, 11),   # Produce (v0-v2 advertised, refused: see _REFUSED_PRODUCE; v9+ flexible)
-    1: (4, 11),   # Fetch
+    1: (4, 16),   # Fetch (v12+ flexible; v13+ topics by id; v15 replica state; v16 node endpoints)
     2: (1, 5),    # ListOffsets
-    3: (0, 8),    # Metadata
+    3: (0, 12),   # Metadata (v9+ flexible; v10+ topic ids; v12 look-up by id)
     8: (2, 7),    # OffsetCommit
     9: (1, 5),    # OffsetFetch
     10: (0, 2),   # FindCoordinator
@@ -61,9 +60,9 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     15: (0, 4),   # DescribeGroups
     16: (0, 2),   # ListGroups
     17: (0, 1),   # SaslHandshake (answered by kafkaauth before authentication)
-    18: (0, 2),   # ApiVersions
-    19: (2, 4),   # CreateTopics
-    20: (1, 3),   # DeleteTopics
+    18: (0, 4),   # ApiVersions (v3+ flexible, the client's software name and version)
+    19: (2, 7),   # CreateTopics (v5+ flexible, the topic's settings; v7 its id)
+    20: (1, 6),   # DeleteTopics (v4+ flexible; v6 topics by name or id)
     22: (0, 4),   # InitProducerId (v2+ flexible; v3+ KIP-360's epoch bump)
     24: (0, 3),   # AddPartitionsToTxn (v3 flexible; v4 batches transactions between brokers)
     25: (0, 3),   # AddOffsetsToTxn (v3 flexible)
@@ -71,9 +70,11 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     28: (0, 3),   # TxnOffsetCommit (v3 flexible: the group's generation and member)
     32: (1, 3),   # DescribeConfigs
     36: (0, 1),   # SaslAuthenticate (answered by kafkaauth before authentication)
+    60: (0, 2),   # DescribeCluster (flexible)
     61: (0, 0),   # DescribeProducers (flexible)
     65: (0, 0),   # DescribeTransactions (flexible)
     66: (0, 1),   # ListTransactions (flexible)
+    75: (0, 0),   # DescribeTopicPartitions (flexible; KIP-966)
 }
 
 API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "OffsetCommit", 9: "OffsetFetch",
@@ -82,7 +83,8 @@ API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "Offs
              17: "SaslHandshake", 18: "ApiVersions", 19: "CreateTopics", 20: "DeleteTopics", 22: "InitProducerId",
              23: "OffsetForLeaderEpoch", 24: "AddPartitionsToTxn", 25: "AddOffsetsToTxn", 26: "EndTxn",
              27: "WriteTxnMarkers",
-             28: "TxnOffsetCommit", 32: "DescribeConfigs", 36: "SaslAuthenticate", 61: "DescribeProducers",
+             28: "TxnOffsetCommit", 32: "DescribeConfigs", 36: "SaslAuthenticate", 60: "DescribeCluster",
+             61: "DescribeProducers", 75: "DescribeTopicPartitions",
              65: "DescribeTransactions", 66: "ListTransactions",
              52: "Vote", 53: "BeginQuorumEpoch", 54: "EndQuorumEpoch", 55: "DescribeQuorum"}
 

@@ -67,8 +67,10 @@ from ..errors import (
     LogstoreError,
     OutOfOrderSequenceError,
     RecordTooLargeError,
+    UnknownTopicOrPartitionError,
 )
-from ..kafka.apis import KafkaApis, one_v2_batch_problem
+from ..kafka.apis import KafkaApis, delete_topics_asked, one_v2_batch_problem
+from ..store.topicids import ZERO_TOPIC_ID
 from ..groups.coordinator import GroupCoordinator
 from ..kafka.wire import KafkaRequest
 from ..groups.offsets import OFFSETS_TOPIC, OffsetStore
@@ -143,7 +145,9 @@ class ReplicaKafkaApis(KafkaApis):
         super().close()
 
     def on_fetch(self, request: KafkaRequest) -> dict[str, Any] | Future:
-        if request.body.replica_id >= 0:  # a follower's
+        body = request.body
+        replica_id = body.replica_state.replica_id if request.api_version >= 15 else body.replica_id
+        if replica_id >= 0:  # a follower's
             return self.peer_apis.on_replica_fetch(request)
         return super().on_fetch(request)
 
@@ -217,27 +221,28 @@ class ReplicaKafkaApis(KafkaApis):
         leading = rep.election.role is Role.LEADER  # read without its lock
         return ErrorCode.none if leading else ErrorCode.not_leader_or_follower
 
-    # ------------------------------------------------------------------ Metadata
-    def on_metadata(self, request: KafkaRequest) -> dict[str, Any]:
-        body = request.body
-        requested = None if body.topics is None else [t.name for t in body.topics]
-        if request.api_version == 0 and requested == []:
-            requested = None
-        topics = sorted({t for t, _ in self.context.replicas}) if requested is None else requested
-        brokers = [{"node_id": n, "host": host, "port": port, "rack": None}
-                   for n, (host, port) in sorted(self.kafka_brokers.items())]
-        return {"throttle_time": 0, "brokers": brokers, "cluster_id": self.cluster_id, "controller_id": self.node_id,
-                "topics": [self._replicated_topic(name) for name in topics],
-                "cluster_authorized_operations": -2147483648}
+    # ------------------------------------------------------------------ the cluster and its topics
+    # (Metadata, DescribeTopicPartitions and DescribeCluster: KafkaApis answers from these)
+    def brokers(self) -> list[dict[str, Any]]:
+        return [{"node_id": n, "host": host, "port": port, "rack": None}
+                for n, (host, port) in sorted(self.kafka_brokers.items())]
 
-    def _replicated_topic(self, name: str) -> dict[str, Any]:
+    def known_topics(self) -> list[str]:
+        return sorted({t for t, _ in self.context.replicas})
+
+    def partition_states(self, name: str) -> list[dict[str, Any]]:
         partitions = sorted(p for t, p in self.context.replicas if t == name)
         if not partitions:
-            return {"error_code": ErrorCode.unknown_topic_or_partition, "name": name, "is_internal": False,
-                    "partitions": []}
-        return {"error_code": ErrorCode.none, "name": name, "is_internal": name.startswith("__"),
-                "partitions": [self._partition(name, p) for p in partitions],
-                "topic_authorized_operations": -2147483648}
+            raise UnknownTopicOrPartitionError(f"topic {name!r} is not replicated by this cluster")
+        return [self._partition(name, p) for p in partitions]
+
+    def leader_hint(self, topic: str, partition: int) -> tuple[int, int] | None:
+        rep = self._replica(topic, partition)
+        if rep is None:
+            return None
+        with rep.cond:
+            leader, epoch = rep.election.leader, rep.election.epoch
+        return (leader, epoch) if leader != NO_LEADER and leader in self.kafka_brokers else None
 
     def _partition(self, topic: str, partition: int) -> dict[str, Any]:
         rep = self._replica(topic, partition)
@@ -283,7 +288,7 @@ class ReplicaKafkaApis(KafkaApis):
         if acks == 0:
             return None
         if not waiting:
-            return answer
+            return self._with_endpoints(answer)
         done: Future = Future()
         left = [len(waiting)]
         lock = threading.Lock()
@@ -294,7 +299,7 @@ class ReplicaKafkaApis(KafkaApis):
                 left[0] -= 1
                 last = left[0] == 0
             if last:
-                done.set_result(answer)
+                done.set_result(self._with_endpoints(answer))
 
         names = {id(entry): t["name"] for t in answers for entry in t["partition_responses"]}
         for entry, future in waiting:
@@ -306,6 +311,17 @@ class ReplicaKafkaApis(KafkaApis):
         entry.update(error_code=error, base_offset=base, error_message=message)
         if error == ErrorCode.none:
             entry["log_start_offset"] = self._log_start(topic, entry["index"])
+        elif error == ErrorCode.not_leader_or_follower:  # v10+ (KIP-951): where to go instead
+            hint = self.leader_hint(topic, entry["index"])
+            if hint is not None:
+                entry["current_leader"] = {"leader_id": hint[0], "leader_epoch": hint[1]}
+
+    def _with_endpoints(self, answer: dict[str, Any]) -> dict[str, Any]:
+        """A produce answer with the ``node_endpoints`` of the leaders its refusals name (v10+)."""
+        named = {e["current_leader"]["leader_id"] for t in answer["responses"] for e in t["partition_responses"]
+                 if "current_leader" in e}
+        answer["node_endpoints"] = self._endpoints(named)
+        return answer
 
     def _replicated_append(self, topic: str, partition: int, records: bytes | None, acks: int,
                            timeout_s: float, transactional_id: str | None = None
@@ -363,12 +379,15 @@ class ReplicaKafkaApis(KafkaApis):
     # ------------------------------------------------------------------ topics and producer ids
     def on_create_topics(self, request: KafkaRequest) -> dict[str, Any]:
         return {"throttle_time": 0, "topics": [
-            {"name": t.name, "error_code": ErrorCode.policy_violation,
+            {"name": t.name, "error_code": ErrorCode.policy_violation, "topic_id": ZERO_TOPIC_ID, "num_partitions": -1,
+             "replication_factor": -1, "configs": [],
              "error_message": "a replica set's partitions are fixed when its nodes start"} for t in request.body.topics]}
 
     def on_delete_topics(self, request: KafkaRequest) -> dict[str, Any]:
-        return {"throttle_time": 0, "responses": [{"name": name, "error_code": ErrorCode.policy_violation}
-                                                  for name in request.body.topic_names]}
+        return {"throttle_time": 0, "responses": [
+            {"name": name, "topic_id": topic_id or ZERO_TOPIC_ID, "error_code": error or ErrorCode.policy_violation,
+             "error_message": message or "a replica set's topics are fixed when its nodes start"}
+            for name, topic_id, error, message in delete_topics_asked(request)]}
 
     def _new_producer_id(self) -> int:
         """A producer id unique across the replica set (see the module docstring)."""

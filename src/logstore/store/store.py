@@ -358,6 +358,8 @@ class LogStore:
             UnknownTopicIdError: no topic has this id (it never existed, or its topic was
                 deleted, perhaps created again with another id).
         """
+        if not isinstance(topic_id, uuid.UUID) or topic_id.int == 0:  # Kafka's "no id" names no topic
+            raise UnknownTopicIdError(f"no topic has id {topic_id!r} in {self.root}")
         with self._lock:
             name = self._names.get(topic_id)
         if name is not None:
