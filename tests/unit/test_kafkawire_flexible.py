@@ -238,3 +238,15 @@ def test_a_flexible_request_truncated_or_with_an_unknown_tag_is_malformed():
     tagged = frame[:header_end] + b"\x01\x07\x02xy" + frame[header_end + 1:]  # one tag kio does not know
     with pytest.raises(KafkaProtocolError, match="malformed"):
         parse_request(tagged, EXTRA)
+
+
+def test_librdkafkas_all_topics_metadata_with_its_four_byte_null_array_is_read_as_kafka_reads_it():
+    """librdkafka 2.16's all-topics Metadata v12, byte for byte (its topic array's count left as
+    a four-byte placeholder): read as every topic, the three bytes after ignored, as Kafka does."""
+    frame = bytes.fromhex("0003000c00000003000772646b61666b610000000000010000")
+    request = parse_request(frame)
+    assert (request.api_key, request.api_version, request.client_id, request.body.topics) == (3, 12, "rdkafka", None)
+    # Only that request: the same bytes after a Metadata naming its topics are refused.
+    named = request_frame(3, 12, _metadata_v12())
+    with pytest.raises(KafkaProtocolError, match="3 bytes after the request"):
+        parse_request(named + b"\x01\x00\x00")

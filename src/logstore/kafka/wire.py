@@ -35,7 +35,7 @@ from kio.serial import entity_reader
 from kio.serial.errors import SerialError
 
 from ..errors import LogstoreError
-from .apikeys import PRODUCE
+from .apikeys import METADATA, PRODUCE
 from .bounds import check_flexible, check_flexible_header
 from .writer import write_response
 
@@ -184,10 +184,23 @@ def parse_request(frame: bytes | bytearray | memoryview,
     except (KioIndexError, SerialError, ValueError, struct.error, KeyError) as exc:  # KeyError: an unknown tag
         raise KafkaProtocolError(f"{API_NAMES.get(api_key, api_key)} v{api_version}: malformed request: "
                                  f"{exc}") from None
-    if offset + size != len(data):
+    if offset + size != len(data) and not _librdkafka_all_topics(api_key, api_version, body):
         raise KafkaProtocolError(f"{API_NAMES.get(api_key, api_key)} v{api_version}: "
                                  f"{len(data) - offset - size} bytes after the request")
     return KafkaRequest(api_key, api_version, correlation_id, header.client_id, body)
+
+
+def _librdkafka_all_topics(api_key: int, api_version: int, body: Any) -> bool:
+    """Whether bytes after a request are librdkafka's all-topics Metadata v9+ request, let
+    through as Kafka lets them (Kafka never checks for bytes after a request's end).
+
+    librdkafka (2.0 to 2.16 at least, rd_kafka_MetadataRequest0) writes the topic array's
+    count as a four-byte placeholder and, for "every topic" in a flexible version, leaves it
+    there: four zero bytes where a compact array's null is one. Kafka reads the first zero as
+    the null array, the next two as the request's booleans (false) and the third as an empty
+    tagged-field section, and ignores the three bytes after. kio reads it the same way; only
+    this request, with that null array, may carry bytes after its end."""
+    return api_key == METADATA and api_version >= 9 and body.topics is None
 
 
 # ---------------------------------------------------------------------- writing responses

@@ -178,6 +178,8 @@ class LogStore:
         #: topic name <-> id, as the topic files said when last read (the files are the home)
         self._ids: dict[str, uuid.UUID] = {}
         self._names: dict[uuid.UUID, str] = {}
+        #: topics being deleted by this process: their partitions are not opened again meanwhile
+        self._deleting: set[str] = set()
         self._closed = False
         self._closing = False
         self._cleaner = Cleaner() if cleaner else None
@@ -439,14 +441,18 @@ class LogStore:
         self._check_open()
         with self._metadata_lock():
             with self._lock:
-                for p in range(partitions):
-                    log = self._logs.pop((name, p), None)
-                    if log is not None:
-                        if self._cleaner is not None:
-                            self._cleaner.remove(log)
-                        log.close()
+                # A reader (a fetch) must not open a partition again between its close here
+                # and the flock taken below: the flock would be refused.
+                self._deleting.add(name)
             held = []
             try:
+                with self._lock:
+                    for p in range(partitions):
+                        log = self._logs.pop((name, p), None)
+                        if log is not None:
+                            if self._cleaner is not None:
+                                self._cleaner.remove(log)
+                            log.close()
                 for p in range(partitions):
                     directory = os.path.join(self.root, f"{name}-{p}")
                     if not _fileio.ops.exists(directory):
@@ -473,6 +479,8 @@ class LogStore:
             finally:
                 for lock in held:
                     lock.release()
+                with self._lock:
+                    self._deleting.discard(name)
             for key in (RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, CLEANER_OFFSET_CHECKPOINT):
                 OffsetCheckpoints(self.root, key).update({(name, p): None for p in range(partitions)})
             for target in doomed:
@@ -524,6 +532,8 @@ class LogStore:
                 f"topic {topic!r} has partitions 0..{partitions - 1}; there is no partition {partition!r}")
         with self._lock:
             self._check_open()
+            if topic in self._deleting:
+                raise UnknownTopicOrPartitionError(f"topic {topic!r} is being deleted")
             log = self._logs.get(key)
             if log is None or log.closed:
                 topic_id = self.topic_id(topic)
