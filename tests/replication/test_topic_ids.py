@@ -82,3 +82,46 @@ def test_a_consumer_fetching_by_id_reads_what_the_leader_committed(tmp_path):
             consumer.close()
     finally:
         stop_all(nodes)
+
+
+def test_a_follower_refusing_a_produce_or_fetch_names_the_leader(tmp_path):
+    """Produce v11 and Fetch v16 (KIP-951): NOT_LEADER_OR_FOLLOWER comes with the partition's
+    current leader and epoch, and the leader's endpoint; written and read by kafka-python's
+    protocol classes."""
+    from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
+    from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
+
+    from .test_kafka_listener import Conn, batch
+
+    nodes, addrs = kafka_cluster(tmp_path)
+    try:
+        leader = leader_of(nodes)
+        epoch = nodes[leader].describe()[("replicated", 0)]["epoch"]
+        follower = next(i for i in nodes if i != leader)
+        conn = Conn(addrs[follower])
+        try:
+            P = ProduceRequest.TopicProduceData
+            answer = conn.call(ProduceRequest(version=11, transactional_id=None, acks=-1, timeout_ms=5000, topic_data=[
+                P(name="replicated", partition_data=[P.PartitionProduceData(index=0, records=batch([b"x"]))])]),
+                ProduceResponse)
+            (entry,) = answer.responses[0].partition_responses
+            assert entry.error_code == 6  # NOT_LEADER_OR_FOLLOWER
+            assert (entry.current_leader.leader_id, entry.current_leader.leader_epoch) == (leader, epoch)
+            assert [(e.node_id, e.host, e.port) for e in answer.node_endpoints] == [(leader, *addrs[leader])]
+            T = FetchRequest.FetchTopic
+            part = T.FetchPartition(partition=0, current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1,
+                                    log_start_offset=-1, partition_max_bytes=1 << 20)
+            topic_id = nodes[follower].store.topic_id("replicated")
+            answer = conn.call(FetchRequest(version=16, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20,
+                                            isolation_level=0, session_id=0, session_epoch=-1,
+                                            topics=[T(topic_id=topic_id, partitions=[part])],
+                                            forgotten_topics_data=[], rack_id=""), FetchResponse)
+            (partition,) = answer.responses[0].partitions
+            assert answer.responses[0].topic_id == topic_id
+            assert partition.error_code == 6
+            assert (partition.current_leader.leader_id, partition.current_leader.leader_epoch) == (leader, epoch)
+            assert [(e.node_id, e.port) for e in answer.node_endpoints] == [(leader, addrs[leader][1])]
+        finally:
+            conn.close()
+    finally:
+        stop_all(nodes)
