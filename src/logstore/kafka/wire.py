@@ -184,13 +184,14 @@ def parse_request(frame: bytes | bytearray | memoryview,
     except (KioIndexError, SerialError, ValueError, struct.error, KeyError) as exc:  # KeyError: an unknown tag
         raise KafkaProtocolError(f"{API_NAMES.get(api_key, api_key)} v{api_version}: malformed request: "
                                  f"{exc}") from None
-    if offset + size != len(data) and not _librdkafka_all_topics(api_key, api_version, body):
+    if offset + size != len(data) and not _librdkafka_all_topics(api_key, api_version, body,
+                                                                 len(data) - offset - size):
         raise KafkaProtocolError(f"{API_NAMES.get(api_key, api_key)} v{api_version}: "
                                  f"{len(data) - offset - size} bytes after the request")
     return KafkaRequest(api_key, api_version, correlation_id, header.client_id, body)
 
 
-def _librdkafka_all_topics(api_key: int, api_version: int, body: Any) -> bool:
+def _librdkafka_all_topics(api_key: int, api_version: int, body: Any, after: int) -> bool:
     """Whether bytes after a request are librdkafka's all-topics Metadata v9+ request, let
     through as Kafka lets them (Kafka never checks for bytes after a request's end).
 
@@ -199,8 +200,8 @@ def _librdkafka_all_topics(api_key: int, api_version: int, body: Any) -> bool:
     there: four zero bytes where a compact array's null is one. Kafka reads the first zero as
     the null array, the next two as the request's booleans (false) and the third as an empty
     tagged-field section, and ignores the three bytes after. kio reads it the same way; only
-    this request, with that null array, may carry bytes after its end."""
-    return api_key == METADATA and api_version >= 9 and body.topics is None
+    this request, with that null array and those three bytes, may carry bytes after its end."""
+    return api_key == METADATA and api_version >= 9 and body.topics is None and after == 3
 
 
 # ---------------------------------------------------------------------- writing responses
