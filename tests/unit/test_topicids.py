@@ -156,3 +156,15 @@ def test_an_unknown_id_is_unknown(tmp_path):
         with pytest.raises(UnknownTopicIdError):
             store.topic_name(KAFKA_ID)
     assert not os.path.exists(tmp_path / "partition.metadata")
+
+
+def test_a_kafka_log_directory_read_only_shows_its_partitions_id(tmp_path):
+    """StoreView adopts a Kafka log directory in memory: the id comes from partition.metadata,
+    and nothing is written."""
+    part = tmp_path / "orders-0"
+    part.mkdir()
+    (part / "00000000000000000000.log").write_bytes(b"")
+    (part / "partition.metadata").write_text("version: 0\ntopic_id: 6zOrJqXzRGaOFBVjEtnVdA")
+    view = StoreView(tmp_path)
+    assert view.kafka_log_dir and view.topic_id("orders") == KAFKA_ID
+    assert not (tmp_path / ".topics").exists()
