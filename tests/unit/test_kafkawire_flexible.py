@@ -121,8 +121,9 @@ def _fetch_v16():
     m = _schema(cls)
     partition = m.FetchPartition(partition=0, current_leader_epoch=-1, fetch_offset=5, last_fetched_epoch=-1,
                                  log_start_offset=-1, partition_max_bytes=1 << 20)
-    return cls(replica_state=m.ReplicaState(replica_id=-1, replica_epoch=-1), max_wait=datetime.timedelta(milliseconds=500),
-               min_bytes=1, max_bytes=1 << 24, isolation_level=1, session_id=0, session_epoch=-1,
+    return cls(replica_state=m.ReplicaState(replica_id=-1, replica_epoch=-1),
+               max_wait=datetime.timedelta(milliseconds=500), min_bytes=1, max_bytes=1 << 24, isolation_level=1,
+               session_id=0, session_epoch=-1,
                topics=(m.FetchTopic(topic_id=uuid.UUID(int=99), partitions=(partition,)),),
                forgotten_topics_data=(), rack_id="")
 
@@ -201,7 +202,8 @@ def test_topic_ids_and_cursors_of_the_newest_versions_are_read():
     versions = parse_request(request_frame(18, 4, _api_versions_v4())).body
     assert versions.client_software_name == "confluent-kafka-python"
     describe = parse_request(request_frame(75, 0, _describe_topic_partitions_v0())).body
-    assert (describe.cursor.topic_name, describe.cursor.partition_index, describe.response_partition_limit) == ("a", 2, 3)
+    cursor = describe.cursor
+    assert (cursor.topic_name, cursor.partition_index, describe.response_partition_limit) == ("a", 2, 3)
 
 
 def test_vote_pre_vote_is_read():

@@ -41,7 +41,8 @@ def test_partition_metadata_round_trips_and_reads_kafkas_separators():
 
 
 @pytest.mark.parametrize("data", [
-    b"", b"version: 0", b"version 0\ntopic_id: 6zOrJqXzRGaOFBVjEtnVdA", b"version: x\ntopic_id: 6zOrJqXzRGaOFBVjEtnVdA",
+    b"", b"version: 0", b"version 0\ntopic_id: 6zOrJqXzRGaOFBVjEtnVdA",
+    b"version: x\ntopic_id: 6zOrJqXzRGaOFBVjEtnVdA",
     b"version: -1\ntopic_id: 6zOrJqXzRGaOFBVjEtnVdA", b"version: 0\ntopic_id: short",
     b"version: 0\ntopic_id: AAAAAAAAAAAAAAAAAAAAAA", b"version: 0\ntopic_id 6zOrJqXzRGaOFBVjEtnVdA", b"\xff\xfe",
 ])

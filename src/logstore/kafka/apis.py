@@ -70,7 +70,8 @@ from ..store.topicids import ZERO_TOPIC_ID, topic_id_text
 from ..txn.coordinator import TransactionCoordinator, TxnConfig
 from ..txn.local import store_coordinator
 
-__all__ = ["KafkaApis", "one_v2_batch_problem", "delete_topics_asked", "FetchTopic", "UNKNOWN_OPERATIONS", "TOPIC_RESOURCE", "CLUSTER_RESOURCE"]
+__all__ = ["KafkaApis", "one_v2_batch_problem", "delete_topics_asked", "FetchTopic", "UNKNOWN_OPERATIONS",
+           "TOPIC_RESOURCE", "CLUSTER_RESOURCE"]
 
 logger = logging.getLogger("logstore.kafka")
 

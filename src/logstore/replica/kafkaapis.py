@@ -381,7 +381,8 @@ class ReplicaKafkaApis(KafkaApis):
         return {"throttle_time": 0, "topics": [
             {"name": t.name, "error_code": ErrorCode.policy_violation, "topic_id": ZERO_TOPIC_ID, "num_partitions": -1,
              "replication_factor": -1, "configs": [],
-             "error_message": "a replica set's partitions are fixed when its nodes start"} for t in request.body.topics]}
+             "error_message": "a replica set's partitions are fixed when its nodes start"}
+            for t in request.body.topics]}
 
     def on_delete_topics(self, request: KafkaRequest) -> dict[str, Any]:
         return {"throttle_time": 0, "responses": [
