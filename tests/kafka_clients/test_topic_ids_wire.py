@@ -170,3 +170,25 @@ def test_describe_topic_partitions_pages_with_a_cursor(kafka_server, conn):
     missing = conn.call(DescribeTopicPartitionsRequest(version=0, topics=[T(name="nope")], response_partition_limit=5,
                                                        cursor=None), DescribeTopicPartitionsResponse)
     assert [(t.name, t.error_code) for t in missing.topics] == [("nope", UNKNOWN_TOPIC_OR_PARTITION)]
+
+
+def test_offset_for_leader_epoch_answers_a_consumers_position_check(kafka_server, conn):
+    """KIP-320 as a consumer asks it (v4): a single store leads every partition in epoch 0, to
+    its log end; a newer current epoch than the broker's is UNKNOWN_LEADER_EPOCH (75)."""
+    from kafka.protocol.consumer.offsets import OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse
+
+    kafka_server.store.create_topic("epochs")
+    kafka_server.store.partition("epochs", 0).append(b"x")
+    kafka_server.store.partition("epochs", 0).append(b"y")
+    T = OffsetForLeaderEpochRequest.OffsetForLeaderTopic
+    P = T.OffsetForLeaderPartition
+    answer = conn.call(OffsetForLeaderEpochRequest(version=4, replica_id=-1, topics=[T(topic="epochs", partitions=[
+        P(partition=0, current_leader_epoch=0, leader_epoch=0), P(partition=1, current_leader_epoch=0, leader_epoch=0)]),
+        T(topic="epochs-x", partitions=[P(partition=0, current_leader_epoch=-1, leader_epoch=0)])]),
+        OffsetForLeaderEpochResponse)
+    got = [(t.topic, p.partition, p.error_code, p.leader_epoch, p.end_offset) for t in answer.topics for p in t.partitions]
+    assert got == [("epochs", 0, NONE, 0, 2), ("epochs", 1, UNKNOWN_TOPIC_OR_PARTITION, -1, -1),
+                   ("epochs-x", 0, UNKNOWN_TOPIC_OR_PARTITION, -1, -1)]
+    newer = conn.call(OffsetForLeaderEpochRequest(version=4, replica_id=-1, topics=[T(topic="epochs", partitions=[
+        P(partition=0, current_leader_epoch=3, leader_epoch=0)])]), OffsetForLeaderEpochResponse)
+    assert newer.topics[0].partitions[0].error_code == 75

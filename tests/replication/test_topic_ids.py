@@ -125,3 +125,42 @@ def test_a_follower_refusing_a_produce_or_fetch_names_the_leader(tmp_path):
             conn.close()
     finally:
         stop_all(nodes)
+
+
+def test_a_kafka_python_consumer_keeps_reading_after_its_leader_stops(tmp_path):
+    """kafka-python 3 (Metadata v12, Fetch v16) checks its position with OffsetForLeaderEpoch
+    once the partition's leader epoch moves past its records' (KIP-320): the new leader
+    answers it, and the consumer reads on (without it, the partition is never fetched again)."""
+    import kafka
+
+    from .test_kafka_listener import KAFKA_PYTHON_LOGIN
+
+    nodes, addrs = kafka_cluster(tmp_path)
+    bootstrap = ",".join(f"{h}:{p}" for h, p in addrs.values())
+    consumer = None
+    try:
+        leader = leader_of(nodes)
+        producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", **CONFLUENT_LOGIN})
+        for i in range(20):
+            producer.produce("replicated", value=b"a%d" % i)
+        assert producer.flush(30) == 0
+        consumer = kafka.KafkaConsumer("replicated", group_id="kp", bootstrap_servers=bootstrap.split(","),
+                                       auto_offset_reset="earliest", enable_auto_commit=False, **KAFKA_PYTHON_LOGIN)
+        got: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 20 and time.monotonic() < deadline:
+            got += [r.value for records in consumer.poll(500).values() for r in records]
+        assert got == [b"a%d" % i for i in range(20)]
+        nodes[leader].stop()
+        leader_of({i: n for i, n in nodes.items() if i != leader}, timeout=20)
+        for i in range(20):
+            producer.produce("replicated", value=b"b%d" % i)
+        assert producer.flush(30) == 0
+        deadline = time.monotonic() + 40
+        while len(got) < 40 and time.monotonic() < deadline:
+            got += [r.value for records in consumer.poll(500).values() for r in records]
+        assert got[20:] == [b"b%d" % i for i in range(20)]
+    finally:
+        if consumer is not None:
+            consumer.close(autocommit=False)
+        stop_all(nodes)

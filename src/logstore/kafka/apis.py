@@ -59,6 +59,7 @@ from ..errors import (
 from . import configs as kafkaconfigs
 from .._native import lib
 from ..log.config import LogConfig
+from ..log.epochs import UNDEFINED_EPOCH, UNDEFINED_OFFSET
 from ..records.batch import parse_header
 from ..txn.producerids import ProducerIds
 from ..groups.offsets import OFFSETS_TOPIC, offset_store
@@ -160,6 +161,7 @@ class KafkaApis:
             24: self.on_add_partitions_to_txn, 25: self.on_add_offsets_to_txn, 26: self.on_end_txn,
             28: self.on_txn_offset_commit, 61: self.on_describe_producers, 65: self.on_describe_transactions,
             66: self.on_list_transactions, 60: self.on_describe_cluster, 75: self.on_describe_topic_partitions,
+            23: self.on_offset_for_leader_epoch,
         }
 
     def close(self) -> None:
@@ -238,6 +240,11 @@ class KafkaApis:
         for the ``current_leader`` of Fetch v12+ and Produce v10+ answers (KIP-951), or None
         when not known. A single store leads every partition."""
         return None
+
+    def leader_epoch(self, topic: str, partition: int) -> int:
+        """The leader epoch this broker leads a partition in (Metadata's ``leader_epoch``): a
+        single store's is always 0."""
+        return 0
 
     def authorized_operations(self, request: KafkaRequest, resource_type: int, name: str) -> int:
         """The operations ``request``'s principal may perform on a resource, as KIP-430's bit
@@ -357,6 +364,42 @@ class KafkaApis:
                 break
             remaining -= len(chosen)
         return {"throttle_time": 0, "topics": topics, "next_cursor": next_cursor}
+
+    # ------------------------------------------------------------------ OffsetForLeaderEpoch
+    def on_offset_for_leader_epoch(self, request: KafkaRequest) -> dict[str, Any]:
+        """A consumer's check of its position after a leader change (KIP-320): per partition the
+        largest epoch at or below the one asked for and where it ends in the leader's log (the
+        log end offset for the current epoch), as Kafka's ``endOffsetForEpoch``. A request whose
+        ``current_leader_epoch`` is older than the partition's gets FENCED_LEADER_EPOCH, a newer
+        one UNKNOWN_LEADER_EPOCH; a partition this broker does not lead, its error."""
+        topics = []
+        for topic in request.body.topics:
+            partitions = []
+            for p in topic.partitions:
+                entry = {"partition": p.partition, "error_code": ErrorCode.none, "leader_epoch": UNDEFINED_EPOCH,
+                         "end_offset": UNDEFINED_OFFSET}
+                partitions.append(entry)
+                refused = self.partition_error(topic.topic, p.partition)
+                try:
+                    if refused:
+                        raise UnknownTopicOrPartitionError(f"{topic.topic}-{p.partition}")
+                    log = self.store.partition(topic.topic, p.partition)
+                except (UnknownTopicOrPartitionError, InvalidTopicError):
+                    entry["error_code"] = refused or ErrorCode.unknown_topic_or_partition
+                    continue
+                current = self.leader_epoch(topic.topic, p.partition)
+                if 0 <= p.current_leader_epoch < current:
+                    entry["error_code"] = ErrorCode.fenced_leader_epoch
+                elif p.current_leader_epoch > current:
+                    entry["error_code"] = ErrorCode.unknown_leader_epoch
+                elif log.latest_epoch < 0:  # a single store's log has no epoch history: all of it is epoch 0
+                    if p.leader_epoch == 0:
+                        entry.update(leader_epoch=0, end_offset=log.log_end_offset)
+                else:
+                    epoch, end = log.end_offset_for_epoch(p.leader_epoch)
+                    entry.update(leader_epoch=epoch, end_offset=end)
+            topics.append({"topic": topic.topic, "partitions": partitions})
+        return {"throttle_time": 0, "topics": topics}
 
     # ------------------------------------------------------------------ DescribeCluster
     def on_describe_cluster(self, request: KafkaRequest) -> dict[str, Any]:

@@ -64,6 +64,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     19: (2, 7),   # CreateTopics (v5+ flexible, the topic's settings; v7 its id)
     20: (1, 6),   # DeleteTopics (v4+ flexible; v6 topics by name or id)
     22: (0, 4),   # InitProducerId (v2+ flexible; v3+ KIP-360's epoch bump)
+    23: (2, 4),   # OffsetForLeaderEpoch (v4 flexible; a consumer's KIP-320 check after a leader change)
     24: (0, 3),   # AddPartitionsToTxn (v3 flexible; v4 batches transactions between brokers)
     25: (0, 3),   # AddOffsetsToTxn (v3 flexible)
     26: (0, 4),   # EndTxn (v3+ flexible; v5 is KIP-890's transaction version 2)

@@ -236,6 +236,10 @@ class ReplicaKafkaApis(KafkaApis):
             raise UnknownTopicOrPartitionError(f"topic {name!r} is not replicated by this cluster")
         return [self._partition(name, p) for p in partitions]
 
+    def leader_epoch(self, topic: str, partition: int) -> int:
+        rep = self._replica(topic, partition)
+        return -1 if rep is None else rep.election.epoch  # read without its lock
+
     def leader_hint(self, topic: str, partition: int) -> tuple[int, int] | None:
         rep = self._replica(topic, partition)
         if rep is None:
