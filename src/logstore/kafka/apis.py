@@ -17,7 +17,13 @@ produce with acks=0, which gets no response).
   for an append, through this server or by any process sharing the store.
 - Metadata names this one broker as the leader, replica and in-sync replica of every
   partition; a topic asked for that does not exist is created when the server auto-creates
-  topics (Kafka's ``auto.create.topics.enable``).
+  topics (Kafka's ``auto.create.topics.enable``). DescribeTopicPartitions (KIP-966) and
+  DescribeCluster answer from the same hooks (:meth:`KafkaApis.brokers`,
+  :meth:`KafkaApis.partition_states`, ...), which a replica set's listener overrides.
+- Topic ids (KIP-516): the store's (:mod:`logstore.store.topicids`), given by Metadata v10+,
+  CreateTopics v7 and DescribeTopicPartitions; Metadata v12 and DeleteTopics v6 look topics up
+  by id, and Fetch v13+ names them only so: an id no topic has (a topic deleted, perhaps
+  created again) is UNKNOWN_TOPIC_ID, never another topic's records.
 - Transactions (KIP-98): this broker is every transactional id's coordinator
   (the store's :func:`~logstore.txn.local.store_coordinator`, shared with the library's
   transactional producers and the other processes of the store). It writes the COMMIT/ABORT
