@@ -15,6 +15,7 @@ import pytest
 from logstore.replica.context import cluster_id_of, replica_topic_id
 from logstore.store.topicids import read_partition_metadata
 
+from .test_inprocess import wait_for
 from .test_kafka_listener import CONFLUENT_LOGIN, kafka_cluster, leader_of, stop_all
 
 ck = pytest.importorskip("confluent_kafka")
@@ -96,6 +97,8 @@ def test_a_follower_refusing_a_produce_or_fetch_names_the_leader(tmp_path):
     nodes, addrs = kafka_cluster(tmp_path)
     try:
         leader = leader_of(nodes)
+        # every node knows the leader (a follower learns it from the leader's BeginQuorumEpoch)
+        wait_for(lambda: all(n.describe()[("replicated", 0)]["leader"] == leader for n in nodes.values()))
         epoch = nodes[leader].describe()[("replicated", 0)]["epoch"]
         follower = next(i for i in nodes if i != leader)
         conn = Conn(addrs[follower])
