@@ -38,7 +38,9 @@ from .errors import (
     OutOfOrderSequenceError,
     RecordTooLargeError,
     RequestTimedOutError,
+    InconsistentTopicIdError,
     TopicExistsError,
+    UnknownTopicIdError,
     UnknownTopicOrPartitionError,
     UnsupportedCodecError,
 )
@@ -92,6 +94,8 @@ __all__ = [
     "InvalidRecordError",
     "UnsupportedCodecError",
     "UnknownTopicOrPartitionError",
+    "UnknownTopicIdError",
+    "InconsistentTopicIdError",
     "TopicExistsError",
     "InvalidProducerEpochError",
     "InvalidTxnStateError",

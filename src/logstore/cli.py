@@ -118,6 +118,7 @@ def _topics_read(args: argparse.Namespace, out: TextIO) -> int:
     """topics list / describe: read-only, through StoreView (a Kafka log directory stays as it
     is), or on a single partition directory."""
     from .log.config import LogConfig
+    from .store.topicids import topic_id_text
     from .store.views import StoreView
     from .tools.dump import is_partition_dir
     from .tools.stats import partition_key
@@ -142,11 +143,14 @@ def _topics_read(args: argparse.Namespace, out: TextIO) -> int:
     defaults = LogConfig.build(None)
     config = LogConfig.from_kafka({**defaults.to_kafka(), **overrides}) if overrides else defaults
     internal = args.name.startswith("__")
+    found_id = view.topic_id(args.name)
+    topic_id = None if found_id is None else topic_id_text(found_id)
     if args.json:
-        _print_json(out, {"name": args.name, "partitions": partitions, "internal": internal, "overrides": overrides,
-                          "config": config.to_kafka()})
+        _print_json(out, {"name": args.name, "topic_id": topic_id, "partitions": partitions, "internal": internal,
+                          "overrides": overrides, "config": config.to_kafka()})
         return 0
     out.write(f"topic {args.name}: {partitions} partition(s){' (internal)' if internal else ''}\n")
+    out.write(f"  topic id: {topic_id if topic_id is not None else '(none yet)'}\n")
     for key, value in sorted(config.to_kafka().items()):
         mark = " *" if key in overrides else ""
         out.write(f"  {key} = {value}{mark}\n")

@@ -29,6 +29,7 @@ from .errors import (
     CorruptRecordError,
     InvalidConfigError,
     InvalidPartitionsError,
+    InconsistentTopicIdError,
     InvalidProducerEpochError,
     InvalidRecordError,
     InvalidTxnStateError,
@@ -41,6 +42,7 @@ from .errors import (
     TransactionCoordinatorFencedError,
     UnknownTopicOrPartitionError,
     UnsupportedCodecError,
+    UnknownTopicIdError,
 )
 
 __all__ = ["ErrorCode", "code_for"]
@@ -62,6 +64,8 @@ _EXCEPTION_CODES: dict[type[LogstoreError], ErrorCode] = {
     InvalidConfigError: ErrorCode.invalid_config,
     UnknownTopicOrPartitionError: ErrorCode.unknown_topic_or_partition,
     UnsupportedCodecError: ErrorCode.unsupported_compression_type,
+    UnknownTopicIdError: ErrorCode.unknown_topic_id,
+    InconsistentTopicIdError: ErrorCode.inconsistent_topic_id,
 }
 
 

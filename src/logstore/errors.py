@@ -27,6 +27,8 @@ __all__ = [
     "ProducerFencedError",
     "TransactionCoordinatorFencedError",
     "UnknownTopicOrPartitionError",
+    "UnknownTopicIdError",
+    "InconsistentTopicIdError",
     "TopicExistsError",
     "InvalidProducerEpochError",
     "OutOfOrderSequenceError",
@@ -174,6 +176,17 @@ class UnknownTopicOrPartitionError(LogstoreError, KeyError):
 
 class TopicExistsError(LogstoreError):
     """create_topic() of a topic that already exists (Kafka's TopicExistsException)."""
+
+
+class UnknownTopicIdError(UnknownTopicOrPartitionError):
+    """No topic has this id (KIP-516): it never existed, or its topic was deleted (perhaps
+    created again under the same name, with another id). Kafka's UnknownTopicIdException."""
+
+
+class InconsistentTopicIdError(LogstoreError):
+    """A partition directory's ``partition.metadata`` names another topic id than its topic's
+    (a directory left by a deleted topic of the same name, or copied in from elsewhere): it is
+    not taken up as this topic's. Kafka's InconsistentTopicIdException."""
 
 
 class CommitFailedError(LogstoreError):

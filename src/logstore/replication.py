@@ -71,7 +71,7 @@ from .replica.client import (
     ReplicationTimeoutError,
     replica_password,
 )
-from .replica.context import NodeContext
+from .replica.context import NodeContext, cluster_id_of, replica_topic_id
 from .replica.elections import ElectionDriver
 from .replica.follower import Fetchers
 from .replica.kafkaapis import ReplicaKafkaApis
@@ -237,7 +237,11 @@ class ReplicaNode:
         client_tls = tls.client_context() if tls is not None else None
         credentials = _ReplicaCredentials(password, options.pop("sasl_credentials", None),
                                           options.get("sasl_mechanisms"))
-        self.store = LogStore(data_dir, shared=False, maintenance=False)
+        # Every node derives a topic's id from the set's cluster id and the topic's name (see
+        # replica_topic_id), for the topics it creates and those of a store older than topic ids.
+        cluster_id = cluster_id_of(secret, sorted(set(peers) | {node_id}))
+        self.store = LogStore(data_dir, shared=False, maintenance=False,
+                              topic_ids=lambda name: replica_topic_id(cluster_id, name))
         # The high watermark each partition had (Kafka's replication-offset-checkpoint): a
         # restarted replica must not take its uncommitted tail for committed. It is written
         # every second and at stop, so it may lag; a lower bound is safe (the leader's fetch
@@ -267,6 +271,11 @@ class ReplicaNode:
                     self.store.create_topic(topic, 1, exist_ok=True, internal=True, **_INTERNAL_TOPICS[topic])
                 else:
                     self.store.create_topic(topic, count, exist_ok=True)
+                if self.store.topic_id(topic) != replica_topic_id(cluster_id, topic):
+                    logger.warning("node %d: topic %s has id %s, not the one the replica set derives (%s): "
+                                   "its store was written by another cluster or by a plain LogStore, and "
+                                   "the other nodes may name it by another id", node_id, topic,
+                                   self.store.topic_id(topic), replica_topic_id(cluster_id, topic))
                 for p in range(count):
                     self._add_replica(topic, p)
         except BaseException:

@@ -12,6 +12,7 @@ with struct, not with logstore.groups.offsets, and batches with kafka-python's b
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -242,7 +243,9 @@ def test_log_store_adopts_writes_topic_files_and_moves_kafka_offsets_aside(tmp_p
             got = consumer.poll(1.0, max_records=100)
             assert sorted((r.partition, r.offset) for r in got) == [(p, o) for p in (0, 2) for o in range(4)]
             consumer.commit()
-    assert (root / ".topics" / "orders").read_text() == "partitions=3\n"
+    # The topic keeps the id of Kafka's partition.metadata (KIP-516); the gap partition gets its copy.
+    assert (root / ".topics" / "orders").read_text() == "partitions=3\ntopic.id=6zOrJqXzRGaOFBVjEtnVdA\n"
+    assert (root / "orders-1" / "partition.metadata").read_text() == "version: 0\ntopic_id: 6zOrJqXzRGaOFBVjEtnVdA"
     aside = sorted(os.listdir(root / OFFSETS_ASIDE_DIR))
     assert aside == sorted(f"__consumer_offsets-{p}" for p in range(50))
     assert sorted(os.listdir(root / "__consumer_offsets-0")) != []  # logstore's own, created on first use
@@ -253,6 +256,7 @@ def test_log_store_adopts_writes_topic_files_and_moves_kafka_offsets_aside(tmp_p
     assert not any(name.endswith("-delete") for name in os.listdir(root))
     with LogStore(root, maintenance=False) as store:
         assert store.adopted == ()
+        assert store.topic_id("orders") == uuid.UUID(bytes=base64.urlsafe_b64decode("6zOrJqXzRGaOFBVjEtnVdA=="))
         assert store.consumer("g", "orders").committed("orders", 2) == 4
         assert StoreView(root).topics(internal=True) == store.topics(internal=True) == ["__consumer_offsets", "orders"]
 

@@ -83,6 +83,24 @@ def sasl_authenticate(sock, token, version=1, correlation=2):
     return error, message, token_out
 
 
+def api_versions_v3(sock, correlation, name=b"logstore-test", version=b"1.0"):
+    """(correlation id, error code, {api key: (min, max)}) of an ApiVersions v3: request header v2
+    (client id, empty tags), a flexible body; the answer's header is v0, its body flexible."""
+    header = struct.pack(">hhi", 18, 3, correlation) + string("wire-test") + b"\0"
+    body = bytes([len(name) + 1]) + name + bytes([len(version) + 1]) + version + b"\0"
+    sock.sendall(struct.pack(">i", len(header) + len(body)) + header + body)
+    payload = response(sock)
+    got_correlation, error = struct.unpack_from(">ih", payload, 0)
+    count, at = payload[6] - 1, 7  # a compact array's count (under 127 APIs: one byte)
+    ranges = {}
+    for _ in range(count):
+        key, low, high = struct.unpack_from(">hhh", payload, at)
+        assert payload[at + 6] == 0  # the entry's empty tagged fields
+        ranges[key] = (low, high)
+        at += 7
+    return got_correlation, error, ranges
+
+
 # ---------------------------------------------------------------------- a SCRAM client (RFC 5802)
 class ScramClient:
     def __init__(self, mechanism, user, password, nonce="fyko+d2lbbFgONRv9qkxdawL"):
@@ -153,12 +171,24 @@ def wait_closed(sock):
 
 
 # ---------------------------------------------------------------------- before authentication
+def test_api_versions_v3_is_answered_before_authentication(server):
+    """librdkafka 2.16 sends ApiVersions v4 (v3's layout) first: answered in that version, not
+    with error 35 and a retry in v0; an invalid client software name is INVALID_REQUEST (42)."""
+    with connect(server) as s:
+        correlation, error, ranges = api_versions_v3(s, 21)
+        assert (correlation, error) == (21, 0)
+        assert ranges[18] == (0, 4) and ranges[17] == (0, 1) and ranges[1][1] == 16 and ranges[3][1] == 12
+        plain_login(s, "alice", USERS["alice"])
+    with connect(server) as s:
+        assert api_versions_v3(s, 22, name=b"-bad name")[:2] == (22, 42)
+
+
 def test_api_versions_is_answered_before_authentication_and_lists_sasl(server):
     with connect(server) as s:
         s.sendall(request(18, 0, 11))
         correlation, error, ranges = api_versions_v0(response(s))
         assert (correlation, error) == (11, 0)
-        assert ranges[17] == (0, 1) and ranges[36] == (0, 1) and ranges[18] == (0, 2)
+        assert ranges[17] == (0, 1) and ranges[36] == (0, 1) and ranges[18] == (0, 4)
         s.sendall(request(18, 0, 12))  # again: still answered
         assert api_versions_v0(response(s))[:2] == (12, 0)
         plain_login(s, "alice", USERS["alice"])

@@ -95,7 +95,7 @@ def test_an_unsupported_api_versions_version_gets_error_35_in_v0_format(server):
         s.sendall(request(18, 99, 11, body=b"\x00garbage"))
         correlation, error, ranges = api_versions_v0(response(s))
         assert (correlation, error) == (11, 35)
-        assert ranges[18] == (0, 2)
+        assert ranges[18] == (0, 4)
         s.sendall(request(18, 1, 12))   # the connection stays usable
         assert api_versions_v0(response(s))[:2] == (12, 0)
 

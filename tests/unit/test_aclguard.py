@@ -44,6 +44,7 @@ def test_every_api_served_has_a_rule(tmp_path):
         apis = KafkaApis(store, node_id=0, host="h", port=1, cluster_id="c")
         try:
             assert sorted(set(apis.handlers) - set(RULES)) == []
+            assert sorted(set(apis.supported) - set(apis.handlers)) == []  # every API advertised is answered
         finally:
             apis.close()
 

@@ -136,6 +136,10 @@ def test_topics_list_describe_delete(store):
     described = json.loads(ok("topics", "describe", store, "events", "--json"))
     assert described["partitions"] == 2 and described["overrides"] == {"segment.bytes": "4096"}
     assert "segment.bytes = 4096 *" in ok("topics", "describe", store, "events")
+    with open(os.path.join(store, "events-1", "partition.metadata")) as f:  # Kafka's copy of the id
+        text_id = f.read().split("topic_id: ")[1]
+    assert described["topic_id"] == text_id and len(text_id) == 22
+    assert f"  topic id: {text_id}\n" in ok("topics", "describe", store, "events")
     ok("topics", "delete", store, "table")
     assert ok("topics", "list", store).split() == ["events"]
     r = run("topics", "create", store, "../escape")

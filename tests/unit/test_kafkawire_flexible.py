@@ -17,8 +17,8 @@ from kio.serial import entity_writer
 
 from logstore.kafka.wire import API_NAMES, SUPPORTED, KafkaProtocolError, UnsupportedVersionError, encode, parse_request
 
-#: what a server serving the KRaft APIs and Fetch up to v15 would give parse_request
-EXTRA = {**SUPPORTED, 1: (4, 15), 52: (0, 2), 53: (0, 1), 54: (0, 1), 23: (3, 4)}
+#: what a server serving the KRaft APIs would give parse_request
+EXTRA = {**SUPPORTED, 52: (0, 2), 53: (0, 1), 54: (0, 1), 23: (3, 4)}
 
 _VOTE = {"error_code": 0, "topics": [{"topic_name": "__cluster_metadata", "partitions": [
     {"partition_index": 0, "error_code": 0, "leader_id": 1, "leader_epoch": 5, "vote_granted": False}]}],
@@ -116,8 +116,57 @@ def _begin_quorum_epoch_v1():
                leader_endpoints=(m.LeaderEndpoint(name="CONTROLLER", host="localhost", port=9093),))
 
 
+def _fetch_v16():
+    cls = load_request_schema(1, 16)
+    m = _schema(cls)
+    partition = m.FetchPartition(partition=0, current_leader_epoch=-1, fetch_offset=5, last_fetched_epoch=-1,
+                                 log_start_offset=-1, partition_max_bytes=1 << 20)
+    return cls(replica_state=m.ReplicaState(replica_id=-1, replica_epoch=-1),
+               max_wait=datetime.timedelta(milliseconds=500), min_bytes=1, max_bytes=1 << 24, isolation_level=1,
+               session_id=0, session_epoch=-1,
+               topics=(m.FetchTopic(topic_id=uuid.UUID(int=99), partitions=(partition,)),),
+               forgotten_topics_data=(), rack_id="")
+
+
+def _metadata_v12():
+    cls = load_request_schema(3, 12)
+    m = _schema(cls)
+    return cls(topics=(m.MetadataRequestTopic(topic_id=uuid.UUID(int=99), name=None),
+                       m.MetadataRequestTopic(topic_id=None, name="orders")),
+               allow_auto_topic_creation=False, include_topic_authorized_operations=True)
+
+
+def _delete_topics_v6():
+    cls = load_request_schema(20, 6)
+    m = _schema(cls)
+    return cls(topics=(m.DeleteTopicState(name=None, topic_id=uuid.UUID(int=99)),
+                       m.DeleteTopicState(name="orders", topic_id=None)),
+               timeout=datetime.timedelta(seconds=30))
+
+
+def _api_versions_v4():
+    cls = load_request_schema(18, 4)
+    return cls(client_software_name="confluent-kafka-python", client_software_version="2.16.1-rdkafka-2.16.1")
+
+
+def _describe_cluster_v2():
+    cls = load_request_schema(60, 2)
+    return cls(include_cluster_authorized_operations=True, endpoint_type=1, include_fenced_brokers=True)
+
+
+def _describe_topic_partitions_v0():
+    cls = load_request_schema(75, 0)
+    m = _schema(cls)
+    return cls(topics=(m.TopicRequest(name="a"), m.TopicRequest(name="b")), response_partition_limit=3,
+               cursor=m.Cursor(topic_name="a", partition_index=2))
+
+
+#: flexible requests of versions outside SUPPORTED (a peer's) and of the newest ones it serves
 REQUESTS = {"Fetch v12": (1, 12, _fetch_v12), "Fetch v15": (1, 15, _fetch_v15), "Vote v2": (52, 2, _vote_v2),
-            "BeginQuorumEpoch v1": (53, 1, _begin_quorum_epoch_v1)}
+            "BeginQuorumEpoch v1": (53, 1, _begin_quorum_epoch_v1), "Fetch v16": (1, 16, _fetch_v16),
+            "Metadata v12": (3, 12, _metadata_v12), "DeleteTopics v6": (20, 6, _delete_topics_v6),
+            "ApiVersions v4": (18, 4, _api_versions_v4), "DescribeCluster v2": (60, 2, _describe_cluster_v2),
+            "DescribeTopicPartitions v0": (75, 0, _describe_topic_partitions_v0)}
 
 
 @pytest.mark.parametrize("client_id", ["replica-2", None])
@@ -143,12 +192,27 @@ def test_fetch_v12_and_v15_fields_are_read():
     assert v15.topics[0].partitions[0].last_fetched_epoch == 4
 
 
+def test_topic_ids_and_cursors_of_the_newest_versions_are_read():
+    fetch = parse_request(request_frame(1, 16, _fetch_v16())).body
+    assert fetch.topics[0].topic_id == uuid.UUID(int=99) and fetch.replica_state.replica_id == -1
+    metadata = parse_request(request_frame(3, 12, _metadata_v12())).body
+    assert [(t.name, t.topic_id) for t in metadata.topics] == [(None, uuid.UUID(int=99)), ("orders", None)]
+    delete = parse_request(request_frame(20, 6, _delete_topics_v6())).body
+    assert [(t.name, t.topic_id) for t in delete.topics] == [(None, uuid.UUID(int=99)), ("orders", None)]  # zero: None
+    versions = parse_request(request_frame(18, 4, _api_versions_v4())).body
+    assert versions.client_software_name == "confluent-kafka-python"
+    describe = parse_request(request_frame(75, 0, _describe_topic_partitions_v0())).body
+    cursor = describe.cursor
+    assert (cursor.topic_name, cursor.partition_index, describe.response_partition_limit) == ("a", 2, 3)
+
+
 def test_vote_pre_vote_is_read():
     body = parse_request(request_frame(52, 2, _vote_v2()), supported=EXTRA).body
     assert body.topics[0].partitions[0].pre_vote is True
 
 
-@pytest.mark.parametrize("name", list(REQUESTS))
+@pytest.mark.parametrize("name", [n for n, (key, version, _) in REQUESTS.items()
+                                  if not SUPPORTED.get(key, (0, -1))[0] <= version <= SUPPORTED.get(key, (0, -1))[1]])
 def test_without_the_ranges_a_flexible_request_is_unsupported(name):
     api_key, version, build = REQUESTS[name]
     with pytest.raises(UnsupportedVersionError, match=f"{API_NAMES[api_key]} v{version} is not supported") as info:
@@ -176,3 +240,15 @@ def test_a_flexible_request_truncated_or_with_an_unknown_tag_is_malformed():
     tagged = frame[:header_end] + b"\x01\x07\x02xy" + frame[header_end + 1:]  # one tag kio does not know
     with pytest.raises(KafkaProtocolError, match="malformed"):
         parse_request(tagged, EXTRA)
+
+
+def test_librdkafkas_all_topics_metadata_with_its_four_byte_null_array_is_read_as_kafka_reads_it():
+    """librdkafka 2.16's all-topics Metadata v12, byte for byte (its topic array's count left as
+    a four-byte placeholder): read as every topic, the three bytes after ignored, as Kafka does."""
+    frame = bytes.fromhex("0003000c00000003000772646b61666b610000000000010000")
+    request = parse_request(frame)
+    assert (request.api_key, request.api_version, request.client_id, request.body.topics) == (3, 12, "rdkafka", None)
+    # Only that request: the same bytes after a Metadata naming its topics are refused.
+    named = request_frame(3, 12, _metadata_v12())
+    with pytest.raises(KafkaProtocolError, match="3 bytes after the request"):
+        parse_request(named + b"\x01\x00\x00")

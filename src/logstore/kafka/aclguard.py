@@ -658,6 +658,16 @@ def _add_partitions_to_txn(access: Access, request: KafkaRequest, handler: Handl
     return _apply(rule, access, request, handler)
 
 
+def _offset_for_leader_epoch(access: Access, request: KafkaRequest, handler: Handler, context: GuardContext) -> Any:
+    """OffsetForLeaderEpoch: a consumer's (no replica id) needs DESCRIBE on each topic, a
+    follower's CLUSTER_ACTION (as Kafka's)."""
+    if getattr(request.body, "replica_id", -1) >= 0:
+        return _apply(_CLUSTER_ACTION, access, request, handler)
+    rule = Rule(items=(Items("topics", _topic("topic"), Op.DESCRIBE, "topics", _named("topic", "topic"),
+                             partitions=("partitions", "partition", "partitions", "partition")),))
+    return _apply(rule, access, request, handler)
+
+
 def _offset_fetch_filter(access: Access, request: KafkaRequest, fields: dict[str, Any]) -> None:
     """OffsetFetch of all of a group's offsets: only the topics the principal may describe."""
     if getattr(request.body, "topics", ()) is None:
@@ -743,6 +753,7 @@ RULES: dict[int, Rule] = {
                           or_cluster=Op.CREATE),)),
     20: Rule(custom=_delete_topics),
     22: Rule(custom=_init_producer_id),
+    23: Rule(custom=_offset_for_leader_epoch),
     24: Rule(custom=_add_partitions_to_txn),
     25: Rule(needs=(Need(Op.WRITE, _txn_id), Need(Op.READ, _group))),  # AddOffsetsToTxn
     26: _WRITE_TXN,  # EndTxn

@@ -17,7 +17,13 @@ produce with acks=0, which gets no response).
   for an append, through this server or by any process sharing the store.
 - Metadata names this one broker as the leader, replica and in-sync replica of every
   partition; a topic asked for that does not exist is created when the server auto-creates
-  topics (Kafka's ``auto.create.topics.enable``).
+  topics (Kafka's ``auto.create.topics.enable``). DescribeTopicPartitions (KIP-966) and
+  DescribeCluster answer from the same hooks (:meth:`KafkaApis.brokers`,
+  :meth:`KafkaApis.partition_states`, ...), which a replica set's listener overrides.
+- Topic ids (KIP-516): the store's (:mod:`logstore.store.topicids`), given by Metadata v10+,
+  CreateTopics v7 and DescribeTopicPartitions; Metadata v12 and DeleteTopics v6 look topics up
+  by id, and Fetch v13+ names them only so: an id no topic has (a topic deleted, perhaps
+  created again) is UNKNOWN_TOPIC_ID, never another topic's records.
 - Transactions (KIP-98): this broker is every transactional id's coordinator
   (the store's :func:`~logstore.txn.local.store_coordinator`, shared with the library's
   transactional producers and the other processes of the store). It writes the COMMIT/ABORT
@@ -33,10 +39,12 @@ producer state is the log's, checked and changed under the log's lock.
 from __future__ import annotations
 
 import logging
+import re
 import threading
+import uuid
 from dataclasses import replace
 from concurrent.futures import Future
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from .._fileio import FileRegion
 from ..errorcodes import ErrorCode, code_for
@@ -51,6 +59,7 @@ from ..errors import (
     OutOfOrderSequenceError,
     RecordTooLargeError,
     TopicExistsError,
+    UnknownTopicIdError,
     UnknownTopicOrPartitionError,
     UnsupportedCodecError,
 )
@@ -60,6 +69,7 @@ from .acls import Authorizer
 from .admin import AdminApis
 from .._native import lib
 from ..log.config import LogConfig
+from ..log.epochs import UNDEFINED_EPOCH, UNDEFINED_OFFSET
 from ..records.batch import parse_header
 from ..txn.producerids import ProducerIds
 from ..groups.offsets import OFFSETS_TOPIC, offset_store
@@ -68,13 +78,23 @@ from .scramusers import ScramUsers
 from .wire import SUPPORTED, KafkaRequest
 from ..net.purgatory import Purgatory
 from ..store.store import LogStore
+from ..store.topicids import ZERO_TOPIC_ID, topic_id_text
 from ..txn.coordinator import TransactionCoordinator, TxnConfig
 from ..txn.local import store_coordinator
 
-__all__ = ["KafkaApis", "one_v2_batch_problem"]
+__all__ = ["KafkaApis", "one_v2_batch_problem", "delete_topics_asked", "FetchTopic", "UNKNOWN_OPERATIONS"]
 
 logger = logging.getLogger("logstore.kafka")
 
+#: Kafka's "authorized operations not asked for / not known" (KIP-430's INT32_MIN): what the
+#: handlers answer; :mod:`~logstore.kafka.aclguard` puts the principal's operations in their
+#: place when a request asks for them
+UNKNOWN_OPERATIONS = -2147483648
+#: DescribeTopicPartitions' ceiling on partitions per answer (Kafka's
+#: ``max.request.partition.size.limit`` default)
+MAX_REQUEST_PARTITION_SIZE_LIMIT = 2000
+#: ApiVersions v3+'s client software name and version (Kafka's ApiVersionsRequest.isValid)
+_SOFTWARE = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
 #: A fetched partition's offsets when it is answered with an error (Kafka's: unknown).
 _NO_OFFSETS = {"high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None}
 
@@ -153,6 +173,7 @@ class KafkaApis:
             66: self.on_list_transactions, 42: self.on_delete_groups, 47: self.on_offset_delete,
             50: self.on_describe_user_scram_credentials, 51: self.on_alter_user_scram_credentials,
             29: self.on_describe_acls, 30: self.on_create_acls, 31: self.on_delete_acls,
+            60: self.on_describe_cluster, 75: self.on_describe_topic_partitions, 23: self.on_offset_for_leader_epoch,
         }
         #: CreatePartitions, AlterConfigs, IncrementalAlterConfigs, DeleteRecords, DescribeLogDirs
         self.admin = AdminApis(self)
@@ -178,7 +199,13 @@ class KafkaApis:
         self.authorizer = authorizer
         self.handlers = aclguard.guard(self.handlers, authorizer,
                                        aclguard.GuardContext(lambda name: self._partition_exists(name, 0),
-                                                             lambda: self.auto_create_topics))
+                                                             lambda: self.auto_create_topics, self._topic_name))
+
+    def _topic_name(self, topic_id: uuid.UUID) -> str | None:
+        try:
+            return self.store.topic_name(topic_id)
+        except UnknownTopicIdError:
+            return None
 
     def close(self) -> None:
         """Answer the fetches, joins and syncs still waiting (the server is stopping)."""
@@ -217,50 +244,208 @@ class KafkaApis:
 
     # ------------------------------------------------------------------ ApiVersions
     def on_api_versions(self, request: KafkaRequest) -> dict[str, Any]:
+        body = request.body
+        if request.api_version >= 3 and not (_SOFTWARE.fullmatch(body.client_software_name)
+                                             and _SOFTWARE.fullmatch(body.client_software_version)):
+            # As Kafka: an invalid client software name or version is INVALID_REQUEST, no ranges
+            return {"error_code": ErrorCode.invalid_request, "api_keys": [], "throttle_time": 0}
         return {"error_code": ErrorCode.none, "api_keys": api_version_ranges(self.supported), "throttle_time": 0}
+
+    # ------------------------------------------------------------------ the cluster and its topics
+    # Metadata, DescribeTopicPartitions and DescribeCluster answer from these; a replica set's
+    # listener overrides them (its brokers, topics and partitions' leaders).
+    def brokers(self) -> list[dict[str, Any]]:
+        """Every broker of the cluster as Metadata names them (node id, advertised host and port)."""
+        return [{"node_id": self.node_id, "host": self.host, "port": self.port, "rack": None}]
+
+    def controller_id(self) -> int:
+        """The broker named as the controller (Metadata, DescribeCluster)."""
+        return self.node_id
+
+    def known_topics(self) -> list[str]:
+        """The topics an all-topics Metadata or DescribeTopicPartitions lists, sorted."""
+        return self.store.topics()
+
+    def partition_states(self, name: str) -> list[dict[str, Any]]:
+        """Each partition of topic ``name`` as Metadata describes it (error code, index, leader
+        and its epoch, replicas, in-sync and offline replicas).
+
+        Raises:
+            UnknownTopicOrPartitionError, InvalidTopicError: no such topic (or name).
+        """
+        me = [self.node_id]
+        return [{"error_code": ErrorCode.none, "partition_index": p, "leader_id": self.node_id, "leader_epoch": 0,
+                 "replica_nodes": me, "isr_nodes": me, "offline_replicas": []}
+                for p in range(self.store.partitions_for(name))]
+
+    def leader_hint(self, topic: str, partition: int) -> tuple[int, int] | None:
+        """(leader id, leader epoch) of a partition this broker refused as NOT_LEADER_OR_FOLLOWER,
+        for the ``current_leader`` of Fetch v12+ and Produce v10+ answers (KIP-951), or None
+        when not known. A single store leads every partition."""
+        return None
+
+    def leader_epoch(self, topic: str, partition: int) -> int:
+        """The leader epoch this broker leads a partition in (Metadata's ``leader_epoch``): a
+        single store's is always 0."""
+        return 0
+
+    def _endpoints(self, node_ids: set[int]) -> list[dict[str, Any]]:
+        """Fetch v16's and Produce v10's ``node_endpoints``: the brokers named in ``current_leader``."""
+        return [b for b in self.brokers() if b["node_id"] in node_ids]
 
     # ------------------------------------------------------------------ Metadata
     def on_metadata(self, request: KafkaRequest) -> dict[str, Any]:
         body = request.body
-        requested = None if body.topics is None else [t.name for t in body.topics]
-        if request.api_version == 0 and requested == []:
-            requested = None  # v0: an empty list means every topic
+        version = request.api_version
         allow_create = self.auto_create_topics and getattr(body, "allow_auto_topic_creation", True)
-        names = self.store.topics() if requested is None else requested
-        topics = [self._topic_metadata(name, allow_create and requested is not None) for name in names]
+        if body.topics is None or (version == 0 and not body.topics):  # v0: an empty list means every topic
+            topics = [self._topic_metadata(request, name, False) for name in self.known_topics()]
+        else:
+            topics = []
+            for t in body.topics:
+                topic_id = getattr(t, "topic_id", None) or ZERO_TOPIC_ID
+                if t.name is None and version < 12 or topic_id != ZERO_TOPIC_ID and version < 12:
+                    # As Kafka: v10 and v11 carry ids but may not look a topic up by one
+                    topics.append(_topic_refused(t.name, ErrorCode.invalid_request, topic_id))
+                elif t.name is None:  # v12: by id (never auto-created)
+                    try:
+                        name = self.store.topic_name(topic_id)
+                    except UnknownTopicIdError:
+                        topics.append(_topic_refused(None, ErrorCode.unknown_topic_id, topic_id))
+                        continue
+                    topics.append(self._topic_metadata(request, name, False))
+                else:
+                    topics.append(self._topic_metadata(request, t.name, allow_create))
         return {
             "throttle_time": 0,
-            "brokers": [{"node_id": self.node_id, "host": self.host, "port": self.port, "rack": None}],
+            "brokers": self.brokers(),
             "cluster_id": self.cluster_id,
-            "controller_id": self.node_id,
+            "controller_id": self.controller_id(),
             "topics": topics,
-            "cluster_authorized_operations": -2147483648,
+            "cluster_authorized_operations": UNKNOWN_OPERATIONS,
         }
 
-    def _topic_metadata(self, name: str, create: bool) -> dict[str, Any]:
+    def _topic_metadata(self, request: KafkaRequest, name: str, create: bool) -> dict[str, Any]:
         try:
-            count = self.store.partitions_for(name)
+            partitions = self.partition_states(name)
         except UnknownTopicOrPartitionError:
-            count = 0
+            partitions = []
         except InvalidTopicError:
             return _topic_refused(name, ErrorCode.invalid_topic_exception)
-        if count == 0 and create:
+        if not partitions and create:
             try:
                 self.store.create_topic(name, self.num_partitions, exist_ok=True)
-                count = self.store.partitions_for(name)
-                logger.info("created topic %s (%d partitions) for a metadata request", name, count)
+                partitions = self.partition_states(name)
+                logger.info("created topic %s (%d partitions) for a metadata request", name, len(partitions))
             except InvalidTopicError:
                 return _topic_refused(name, ErrorCode.invalid_topic_exception)
-        if count == 0:
+        if not partitions:
             return _topic_refused(name, ErrorCode.unknown_topic_or_partition)
-        me = [self.node_id]
-        return {
-            "error_code": ErrorCode.none, "name": name, "is_internal": name.startswith("__"),
-            "partitions": [{"error_code": ErrorCode.none, "partition_index": p, "leader_id": self.node_id,
-                            "leader_epoch": 0, "replica_nodes": me, "isr_nodes": me, "offline_replicas": []}
-                           for p in range(count)],
-            "topic_authorized_operations": -2147483648,
-        }
+        return {"error_code": ErrorCode.none, "name": name, "topic_id": self.store.topic_id(name),
+                "is_internal": name.startswith("__"), "partitions": partitions,
+                "topic_authorized_operations": UNKNOWN_OPERATIONS}
+
+    # ------------------------------------------------------------------ DescribeTopicPartitions
+    def on_describe_topic_partitions(self, request: KafkaRequest) -> dict[str, Any]:
+        """KIP-966: topics (every one when none is named) with their ids and partitions, sorted
+        by name, at most ``response_partition_limit`` partitions per answer (and at most
+        :data:`MAX_REQUEST_PARTITION_SIZE_LIMIT`); ``next_cursor`` names where the next request
+        starts (Kafka's rules, DescribeTopicPartitionsRequestHandler)."""
+        body = request.body
+        cursor = body.cursor
+        start_name = cursor.topic_name if cursor is not None else ""
+        every = not body.topics
+        names = self.known_topics() if every else sorted({t.name for t in body.topics})
+        names = [n for n in names if n >= start_name]
+        problem = None
+        if cursor is not None and not every and cursor.topic_name not in names:
+            problem = f"the topic list should contain the cursor topic {cursor.topic_name!r}"
+        elif cursor is not None and cursor.partition_index < 0:
+            problem = f"the cursor's partition must be valid, not {cursor.partition_index}"
+        if problem is not None:  # Kafka's error response: every topic asked for with the error
+            return {"throttle_time": 0, "next_cursor": None,
+                    "topics": [{**_topic_refused(t.name, ErrorCode.invalid_request), "partitions": []}
+                               for t in body.topics]}
+        remaining = max(min(MAX_REQUEST_PARTITION_SIZE_LIMIT, body.response_partition_limit), 1)
+        topics: list[dict[str, Any]] = []
+        next_cursor = None
+        for name in names:
+            if remaining == 0:  # the next answer starts with this topic
+                next_cursor = {"topic_name": name, "partition_index": 0}
+                break
+            try:
+                states = self.partition_states(name)
+            except (UnknownTopicOrPartitionError, InvalidTopicError) as exc:
+                if not every:
+                    error = ErrorCode.invalid_topic_exception if isinstance(exc, InvalidTopicError) \
+                        else ErrorCode.unknown_topic_or_partition
+                    topics.append(_topic_refused(name, error))
+                continue
+            first = cursor.partition_index if cursor is not None and name == cursor.topic_name else 0
+            chosen = [p for p in states if p["partition_index"] >= first][:remaining]
+            for p in chosen:
+                p.update(eligible_leader_replicas=[], last_known_elr=[])
+            topics.append({"error_code": ErrorCode.none, "name": name, "topic_id": self.store.topic_id(name),
+                           "is_internal": name.startswith("__"), "partitions": chosen,
+                           "topic_authorized_operations": UNKNOWN_OPERATIONS})
+            left = [p for p in states if p["partition_index"] >= first][len(chosen):]
+            if left:
+                next_cursor = {"topic_name": name, "partition_index": left[0]["partition_index"]}
+                break
+            remaining -= len(chosen)
+        return {"throttle_time": 0, "topics": topics, "next_cursor": next_cursor}
+
+    # ------------------------------------------------------------------ OffsetForLeaderEpoch
+    def on_offset_for_leader_epoch(self, request: KafkaRequest) -> dict[str, Any]:
+        """A consumer's check of its position after a leader change (KIP-320): per partition the
+        largest epoch at or below the one asked for and where it ends in the leader's log (the
+        log end offset for the current epoch), as Kafka's ``endOffsetForEpoch``. A request whose
+        ``current_leader_epoch`` is older than the partition's gets FENCED_LEADER_EPOCH, a newer
+        one UNKNOWN_LEADER_EPOCH; a partition this broker does not lead, its error."""
+        topics = []
+        for topic in request.body.topics:
+            partitions = []
+            for p in topic.partitions:
+                entry = {"partition": p.partition, "error_code": ErrorCode.none, "leader_epoch": UNDEFINED_EPOCH,
+                         "end_offset": UNDEFINED_OFFSET}
+                partitions.append(entry)
+                refused = self.partition_error(topic.topic, p.partition)
+                try:
+                    if refused:
+                        raise UnknownTopicOrPartitionError(f"{topic.topic}-{p.partition}")
+                    log = self.store.partition(topic.topic, p.partition)
+                except (UnknownTopicOrPartitionError, InvalidTopicError):
+                    entry["error_code"] = refused or ErrorCode.unknown_topic_or_partition
+                    continue
+                current = self.leader_epoch(topic.topic, p.partition)
+                if 0 <= p.current_leader_epoch < current:
+                    entry["error_code"] = ErrorCode.fenced_leader_epoch
+                elif p.current_leader_epoch > current:
+                    entry["error_code"] = ErrorCode.unknown_leader_epoch
+                elif log.latest_epoch < 0:  # a single store's log has no epoch history: all of it is epoch 0
+                    if p.leader_epoch == 0:
+                        entry.update(leader_epoch=0, end_offset=log.log_end_offset)
+                else:
+                    epoch, end = log.end_offset_for_epoch(p.leader_epoch)
+                    entry.update(leader_epoch=epoch, end_offset=end)
+            topics.append({"topic": topic.topic, "partitions": partitions})
+        return {"throttle_time": 0, "topics": topics}
+
+    # ------------------------------------------------------------------ DescribeCluster
+    def on_describe_cluster(self, request: KafkaRequest) -> dict[str, Any]:
+        body = request.body
+        endpoint_type = getattr(body, "endpoint_type", 1)
+        answer: dict[str, Any] = {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None,
+                                  "endpoint_type": endpoint_type, "cluster_id": self.cluster_id,
+                                  "controller_id": self.controller_id(), "brokers": [],
+                                  "cluster_authorized_operations": UNKNOWN_OPERATIONS}
+        if endpoint_type != 1:  # 1: brokers; 2: controllers, which a broker does not list (as Kafka's)
+            answer.update(error_code=ErrorCode.unsupported_endpoint_type, controller_id=-1,
+                          error_message=f"endpoint type {endpoint_type} is not served by a broker (1: brokers)")
+            return answer
+        answer["brokers"] = [{"broker_id": b["node_id"], "host": b["host"], "port": b["port"], "rack": b["rack"],
+                              "is_fenced": False} for b in self.brokers()]
+        return answer
 
     # ------------------------------------------------------------------ Produce
     def on_produce(self, request: KafkaRequest) -> dict[str, Any] | None:
@@ -379,7 +564,7 @@ class KafkaApis:
     def on_fetch(self, request: KafkaRequest) -> dict[str, Any] | Future:
         body = request.body
         max_wait_ms = int(body.max_wait.total_seconds() * 1000)
-        wanted = [(t.topic, p.partition, p.fetch_offset, p.partition_max_bytes)
+        wanted = [(self._fetch_topic(request, t), p.partition, p.fetch_offset, p.partition_max_bytes)
                   for t in body.topics for p in t.partitions]
 
         read_committed = body.isolation_level == 1
@@ -396,7 +581,7 @@ class KafkaApis:
         if size >= body.min_bytes or size < 0 or max_wait_ms <= 0 or not wanted:
             return answer
         _release(answer)
-        keys = {(topic, partition) for topic, partition, _, _ in wanted}
+        keys = {(topic.name, partition) for topic, partition, _, _ in wanted}
         if len(keys) == 1:
             waiting = self.purgatory.watch(next(iter(keys)), attempt, max_wait_ms / 1000.0)
         else:  # several partitions: one wait, checked by an append to any of them
@@ -404,25 +589,46 @@ class KafkaApis:
         self._appends.watch(counter, keys)
         return waiting
 
-    def _fetch(self, wanted: list[tuple[str, int, int, int]], max_bytes: int,
+    def _fetch_topic(self, request: KafkaRequest, topic: Any) -> "FetchTopic":
+        """A Fetch request's topic: by name before v13, by id from v13 on (KIP-516), its name
+        then looked up (None: no topic has the id, as after a delete and re-create)."""
+        if request.api_version < 13:
+            return FetchTopic(topic.topic, None)
+        try:
+            return FetchTopic(self.store.topic_name(topic.topic_id), topic.topic_id)
+        except UnknownTopicIdError:
+            return FetchTopic(None, topic.topic_id)
+
+    def _fetch(self, wanted: list[tuple["FetchTopic", int, int, int]], max_bytes: int,
                read_committed: bool = False) -> tuple[dict[str, Any], int]:
         """The answer to a fetch now, and the record bytes in it (-1: an error to report now).
 
         As Kafka's: a partition in error has no offsets (-1); read_committed reads stop at the
         last stable offset and list the aborted transactions that overlap the records returned
         (from the segments' ``.txnindex``), read_uncommitted reads stop at the high watermark
-        and have null for that list."""
-        topics: dict[str, list[dict[str, Any]]] = {}
+        and have null for that list. A topic asked for by an id no topic has gets
+        UNKNOWN_TOPIC_ID; a partition this broker does not lead, its leader when known."""
+        topics: dict["FetchTopic", list[dict[str, Any]]] = {}
         total = 0
         errors = False
-        for topic, partition, offset, partition_max in wanted:
+        leaders: set[int] = set()
+        for key, partition, offset, partition_max in wanted:
+            topic = key.name
             entry = {"partition_index": partition, "error_code": ErrorCode.none, "high_watermark": -1,
                      "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
                      "preferred_read_replica": -1, "records": b""}
-            topics.setdefault(topic, []).append(entry)
+            topics.setdefault(key, []).append(entry)
+            if topic is None:
+                entry["error_code"] = ErrorCode.unknown_topic_id
+                errors = True
+                continue
             refused = self.partition_error(topic, partition)
             if refused:
                 entry["error_code"] = refused
+                hint = self.leader_hint(topic, partition) if refused == ErrorCode.not_leader_or_follower else None
+                if hint is not None:
+                    entry["current_leader"] = {"leader_id": hint[0], "leader_epoch": hint[1]}
+                    leaders.add(hint[0])
                 errors = True
                 continue
             try:
@@ -471,7 +677,9 @@ class KafkaApis:
                         {"producer_id": txn.producer_id, "first_offset": txn.first_offset}
                         for txn in log.aborted_transactions(offset, data.end_offset)]
         answer = {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0,
-                  "responses": [{"topic": t, "partitions": parts} for t, parts in topics.items()]}
+                  "responses": [{"topic": t.name or "", "topic_id": t.topic_id or ZERO_TOPIC_ID, "partitions": parts}
+                                for t, parts in topics.items()],
+                  "node_endpoints": self._endpoints(leaders)}
         return answer, (-1 if errors else total)
 
     # ------------------------------------------------------------------ ListOffsets
@@ -558,7 +766,15 @@ class KafkaApis:
                 error, message = ErrorCode.invalid_partitions, f"{partitions} partitions"
             if error == ErrorCode.none and not body.validate_only:
                 error, message = self._create(topic.name, partitions, configs)
-            results.append({"name": topic.name, "error_code": error, "error_message": message})
+            result = {"name": topic.name, "error_code": error, "error_message": message, "topic_id": ZERO_TOPIC_ID,
+                      "num_partitions": -1, "replication_factor": -1, "configs": []}
+            if error == ErrorCode.none and request.api_version >= 5:
+                # v5+ (KIP-525): what the topic was created with; v7+: its id (none when only validated)
+                result.update(num_partitions=partitions, replication_factor=1,
+                              configs=kafkaconfigs.new_topic_configs(self.store, configs))
+                if not body.validate_only:
+                    result["topic_id"] = self.store.topic_id(topic.name)
+            results.append(result)
         return {"throttle_time": 0, "topics": results}
 
     def _check_assignment(self, topic: Any) -> tuple[int, str | None, int]:
@@ -619,13 +835,25 @@ class KafkaApis:
 
     def on_delete_topics(self, request: KafkaRequest) -> dict[str, Any]:
         results = []
-        for name in request.body.topic_names:
-            try:
-                self.store.delete_topic(name)
-                error = ErrorCode.none
-            except (UnknownTopicOrPartitionError, InvalidTopicError):
-                error = ErrorCode.unknown_topic_or_partition
-            results.append({"name": name, "error_code": error})
+        for name, topic_id, error, message in delete_topics_asked(request):
+            if error == ErrorCode.none and name is None:
+                try:
+                    name = self.store.topic_name(topic_id)
+                except UnknownTopicIdError:
+                    error, message = ErrorCode.unknown_topic_id, f"no topic has id {topic_id_text(topic_id)}"
+            if error == ErrorCode.none:
+                try:
+                    found = self.store.topic_id(name)
+                    if topic_id is not None and found != topic_id:  # deleted and created again meanwhile
+                        raise UnknownTopicIdError(topic_id_text(topic_id))
+                    self.store.delete_topic(name)
+                    topic_id = found
+                except UnknownTopicIdError:
+                    error, message = ErrorCode.unknown_topic_id, f"no topic has id {topic_id_text(topic_id)}"
+                except (UnknownTopicOrPartitionError, InvalidTopicError):
+                    error, message = ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist"
+            results.append({"name": name, "topic_id": topic_id or ZERO_TOPIC_ID, "error_code": error,
+                            "error_message": message})
         return {"throttle_time": 0, "responses": results}
 
     def on_sasl_handshake(self, request: KafkaRequest) -> dict[str, Any]:
@@ -976,9 +1204,34 @@ def _epoch_at(log: Any, offset: int) -> int:
     return log.leader_epochs.epoch_for_offset(offset)  # type: ignore[no-any-return]
 
 
-def _topic_refused(name: str, error: ErrorCode) -> dict[str, Any]:
-    """Metadata's answer for a topic it cannot describe."""
-    return {"error_code": error, "name": name, "is_internal": False, "partitions": []}
+def _topic_refused(name: str | None, error: ErrorCode, topic_id: uuid.UUID = ZERO_TOPIC_ID) -> dict[str, Any]:
+    """Metadata's (and DescribeTopicPartitions') answer for a topic it cannot describe."""
+    return {"error_code": error, "name": name, "topic_id": topic_id, "is_internal": False, "partitions": [],
+            "topic_authorized_operations": UNKNOWN_OPERATIONS}
+
+
+def delete_topics_asked(request: KafkaRequest) -> list[tuple[str | None, uuid.UUID | None, int, str | None]]:
+    """A DeleteTopics request's topics as (name, id, error code, message): by name before v6,
+    by name or by id from v6 on, where one with both, with neither, or named twice is refused
+    with INVALID_REQUEST (Kafka's ControllerApis.deleteTopics)."""
+    body = request.body
+    if request.api_version < 6:
+        return [(name, None, ErrorCode.none, None) for name in body.topic_names]
+    names = [t.name for t in body.topics if t.name is not None]
+    ids = [t.topic_id for t in body.topics if t.topic_id not in (None, ZERO_TOPIC_ID)]
+    out: list[tuple[str | None, uuid.UUID | None, int, str | None]] = []
+    for t in body.topics:
+        topic_id = t.topic_id if t.topic_id not in (None, ZERO_TOPIC_ID) else None
+        if t.name is None and topic_id is None:
+            out.append((None, None, ErrorCode.invalid_request, "neither a topic name nor a topic id"))
+        elif t.name is not None and topic_id is not None:
+            out.append((t.name, topic_id, ErrorCode.invalid_request, "both a topic name and a topic id"))
+        elif (names.count(t.name) if t.name is not None else ids.count(topic_id)) > 1:
+            out.append((t.name, topic_id, ErrorCode.invalid_request,
+                        "duplicate topic name" if t.name is not None else "duplicate topic id"))
+        else:
+            out.append((t.name, topic_id, ErrorCode.none, None))
+    return out
 
 
 def _ms(value: Any) -> int:
@@ -990,6 +1243,14 @@ def api_version_ranges(supported: Mapping[int, tuple[int, int]] = SUPPORTED) -> 
     """ApiVersions' list: every API served and its version range."""
     return [{"api_key": key, "min_version": low, "max_version": high}
             for key, (low, high) in sorted(supported.items())]
+
+
+class FetchTopic(NamedTuple):
+    """A topic of a Fetch request: its name (None when asked for by an id no topic has) and
+    the id it was asked for by (Fetch v13+; None before)."""
+
+    name: str | None
+    topic_id: uuid.UUID | None
 
 
 class _AppendWatcher:

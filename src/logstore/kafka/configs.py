@@ -134,6 +134,19 @@ def _default_levels(store: LogStore, name: str) -> list[tuple[str, str, int]]:
     return levels
 
 
+def new_topic_configs(store: LogStore, configs: Mapping[str, str | None]) -> list[dict[str, Any]]:
+    """CreateTopics v5+'s configs of a topic created (or validated) with ``configs`` (valid
+    ones, by Kafka's names): every topic config with its value and source (KIP-525)."""
+    effective = _kafka_view(LogConfig.from_kafka({**store.defaults.to_kafka(), **configs}))
+    entries = []
+    for name, value in effective.items():
+        if name in NOT_TOPIC_CONFIGS:
+            continue
+        source = DYNAMIC_TOPIC_CONFIG if name in configs else _default_levels(store, name)[0][2]
+        entries.append(_entry(name, value, source, [], False))
+    return entries
+
+
 def describe_broker(node_id: int, resource_name: str, settings: Mapping[str, Any], keys: Sequence[str] | None,
                     include_synonyms: bool, store: LogStore | None = None) -> tuple[int, str | None, list[dict[str, Any]]]:
     """(error code, error message, config entries) of this broker (``resource_name`` is its id,

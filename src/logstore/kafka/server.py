@@ -381,6 +381,11 @@ class KafkaServer:
         """This broker's id (Metadata's and FindCoordinator's)."""
         return self._apis.node_id
 
+    @property
+    def cluster_id(self) -> str:
+        """The cluster id this broker reports (Metadata's and DescribeCluster's)."""
+        return self._apis.cluster_id
+
     def metrics(self) -> dict[str, Any]:
         """Everything a broker reports, under Kafka's names: the listener's counters (see
         ``net.Server.metrics``), request counts and times per API

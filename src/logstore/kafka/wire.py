@@ -35,24 +35,21 @@ from kio.serial import entity_reader
 from kio.serial.errors import SerialError
 
 from ..errors import LogstoreError
-from .apikeys import PRODUCE
+from .apikeys import METADATA, PRODUCE
 from .bounds import check_flexible, check_flexible_header
 from .writer import write_response
 
 __all__ = ["SUPPORTED", "API_NAMES", "KafkaRequest", "KafkaProtocolError", "UnsupportedVersionError",
            "parse_request", "response_class", "encode"]
 
-#: api key -> (lowest, highest) version served. Non-flexible versions, which every client this
-#: server is tested with speaks (aiokafka speaks nothing else), but for the transaction APIs,
-#: whose newer versions carry what the clients need (KIP-360's epoch bump), and the group APIs,
-#: served to their newest classic versions (committed leader epochs, several groups per
-#: OffsetFetch, batched FindCoordinator keys). (:func:`parse_request` takes other ranges from a
-#: caller that serves more.)
+#: api key -> (lowest, highest) version served, flexible ones included (each checked by
+#: :mod:`~logstore.kafka.bounds` before kio reads it). (:func:`parse_request` takes other ranges
+#: from a caller that serves more.)
 SUPPORTED: dict[int, tuple[int, int]] = {
     0: (0, 11),   # Produce (v0-v2 advertised, refused: see _REFUSED_PRODUCE; v9+ flexible)
-    1: (4, 11),   # Fetch
+    1: (4, 16),   # Fetch (v12+ flexible; v13+ topics by id; v15 replica state; v16 node endpoints)
     2: (1, 8),    # ListOffsets (v6+ flexible; v7 -3 MAX_TIMESTAMP, v8 -4 EARLIEST_LOCAL)
-    3: (0, 8),    # Metadata
+    3: (0, 12),   # Metadata (v9+ flexible; v10+ topic ids; v12 look-up by id)
     8: (2, 9),    # OffsetCommit (v8+ flexible; v9 KIP-848's generation id or member epoch)
     9: (1, 9),    # OffsetFetch (v6+ flexible; v8+ several groups, KIP-709)
     10: (0, 4),   # FindCoordinator (v3+ flexible; v4 batched keys, KIP-699)
@@ -63,11 +60,12 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     15: (0, 6),   # DescribeGroups (v5+ flexible)
     16: (0, 5),   # ListGroups (v3+ flexible; v4 state filter, v5 type filter)
     17: (0, 1),   # SaslHandshake (answered by kafka.auth before authentication and to re-authenticate)
-    18: (0, 2),   # ApiVersions
-    19: (2, 4),   # CreateTopics
-    20: (1, 3),   # DeleteTopics
+    18: (0, 4),   # ApiVersions (v3+ flexible, the client's software name and version)
+    19: (2, 7),   # CreateTopics (v5+ flexible, the topic's settings; v7 its id)
+    20: (1, 6),   # DeleteTopics (v4+ flexible; v6 topics by name or id)
     21: (0, 2),   # DeleteRecords (v2 flexible)
     22: (0, 4),   # InitProducerId (v2+ flexible; v3+ KIP-360's epoch bump)
+    23: (2, 4),   # OffsetForLeaderEpoch (v4 flexible; a consumer's KIP-320 check after a leader change)
     24: (0, 3),   # AddPartitionsToTxn (v3 flexible; v4 batches transactions between brokers)
     25: (0, 3),   # AddOffsetsToTxn (v3 flexible)
     26: (0, 4),   # EndTxn (v3+ flexible; v5 is KIP-890's transaction version 2)
@@ -85,9 +83,11 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     47: (0, 0),   # OffsetDelete
     50: (0, 0),   # DescribeUserScramCredentials (flexible)
     51: (0, 0),   # AlterUserScramCredentials (flexible)
+    60: (0, 2),   # DescribeCluster (flexible)
     61: (0, 0),   # DescribeProducers (flexible)
     65: (0, 0),   # DescribeTransactions (flexible)
     66: (0, 1),   # ListTransactions (flexible)
+    75: (0, 0),   # DescribeTopicPartitions (flexible; KIP-966)
 }
 
 API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "OffsetCommit", 9: "OffsetFetch",
@@ -98,7 +98,7 @@ API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "Offs
              27: "WriteTxnMarkers",
              28: "TxnOffsetCommit", 29: "DescribeAcls", 30: "CreateAcls", 31: "DeleteAcls", 32: "DescribeConfigs",
              36: "SaslAuthenticate", 42: "DeleteGroups", 47: "OffsetDelete", 50: "DescribeUserScramCredentials",
-             51: "AlterUserScramCredentials", 61: "DescribeProducers",
+             51: "AlterUserScramCredentials", 60: "DescribeCluster", 61: "DescribeProducers", 75: "DescribeTopicPartitions",
              65: "DescribeTransactions", 66: "ListTransactions",
              21: "DeleteRecords", 33: "AlterConfigs", 35: "DescribeLogDirs", 37: "CreatePartitions",
              44: "IncrementalAlterConfigs",
@@ -204,10 +204,24 @@ def parse_request(frame: bytes | bytearray | memoryview,
         raise KafkaProtocolError(f"{API_NAMES.get(api_key, api_key)} v{api_version}: malformed request: "
                                  f"{exc}") from None
     if offset + size != len(data) and not (api_key in _ONE_STRAY_ZERO and offset + size + 1 == len(data)
-                                           and data[-1] == 0):
+                                           and data[-1] == 0) \
+            and not _librdkafka_all_topics(api_key, api_version, body, len(data) - offset - size):
         raise KafkaProtocolError(f"{API_NAMES.get(api_key, api_key)} v{api_version}: "
                                  f"{len(data) - offset - size} bytes after the request")
     return KafkaRequest(api_key, api_version, correlation_id, header.client_id, body)
+
+
+def _librdkafka_all_topics(api_key: int, api_version: int, body: Any, after: int) -> bool:
+    """Whether bytes after a request are librdkafka's all-topics Metadata v9+ request, let
+    through as Kafka lets them (Kafka never checks for bytes after a request's end).
+
+    librdkafka (2.0 to 2.16 at least, rd_kafka_MetadataRequest0) writes the topic array's
+    count as a four-byte placeholder and, for "every topic" in a flexible version, leaves it
+    there: four zero bytes where a compact array's null is one. Kafka reads the first zero as
+    the null array, the next two as the request's booleans (false) and the third as an empty
+    tagged-field section, and ignores the three bytes after. kio reads it the same way; only
+    this request, with that null array and those three bytes, may carry bytes after its end."""
+    return api_key == METADATA and api_version >= 9 and body.topics is None and after == 3
 
 
 # ---------------------------------------------------------------------- writing responses

@@ -19,12 +19,41 @@ import base64
 import hashlib
 import ssl
 import threading
+import uuid
 
 from ..net.purgatory import Purgatory
 from .client import NodeConnection, PeerConnections
 from .partition import PartitionReplica
 
-__all__ = ["NodeContext"]
+__all__ = ["NodeContext", "cluster_id_of", "replica_topic_id"]
+
+
+def cluster_id_of(secret: bytes, voters: list[int]) -> str:
+    """The replica set's cluster id: one for every node (clients check that brokers agree on
+    it), derived from the set's secret and its voters, so no node has to tell the others."""
+    digest = hashlib.sha256(secret + repr(sorted(voters)).encode()).digest()
+    return base64.urlsafe_b64encode(digest[:16]).decode().rstrip("=")
+
+
+def replica_topic_id(cluster_id: str, topic: str) -> uuid.UUID:
+    """The topic id (KIP-516) every node of a replica set gives ``topic``.
+
+    A replica set's topics are fixed when its nodes start, each node creating them in its own
+    store; there is no controller to hand out a random id and no topic creation to replicate.
+    So each node derives it from what all the nodes share, the cluster id, and the topic's
+    name: the nodes agree without a message, and another replica set (another cluster id)
+    gives the same name another id, as Kafka clients expect of another cluster. A topic of a
+    replica set is never deleted and created again (DeleteTopics is refused), so one name has
+    one id for the set's life. As Kafka's ``Uuid.randomUuid``, the id is never 0, 1 or one
+    whose text starts with ``-``: the hash is taken again with a counter until it is not.
+    """
+    counter = 0
+    while True:
+        digest = hashlib.sha256(f"logstore-topic-id\0{cluster_id}\0{topic}\0{counter}".encode()).digest()
+        candidate = uuid.UUID(bytes=digest[:16])
+        if candidate.int > 1 and not base64.urlsafe_b64encode(candidate.bytes).startswith(b"-"):
+            return candidate
+        counter += 1
 
 
 class NodeContext:
@@ -59,8 +88,7 @@ class NodeContext:
         self.peers = dict(peers)
         self.voters = sorted(set(self.peers) | {node_id})
         self.secret = secret
-        digest = hashlib.sha256(secret + repr(self.voters).encode()).digest()
-        self.cluster_id = base64.urlsafe_b64encode(digest[:16]).decode().rstrip("=")
+        self.cluster_id = cluster_id_of(secret, self.voters)
         self.election_timeout_s = election_timeout_s
         self.replica_lag_s = replica_lag_s
         self.fetch_wait_s = fetch_wait_s

@@ -81,11 +81,13 @@ from ..errors import (
     LogstoreError,
     OutOfOrderSequenceError,
     RecordTooLargeError,
+    UnknownTopicOrPartitionError,
     UnsupportedCodecError,
 )
 from ..kafka.acls import Authorizer
 from ..kafka.admin import REPLICA_REFUSED, AdminApis, refused
-from ..kafka.apis import KafkaApis, one_v2_batch_problem
+from ..kafka.apis import KafkaApis, delete_topics_asked, one_v2_batch_problem
+from ..store.topicids import ZERO_TOPIC_ID
 from ..groups.coordinator import GroupCoordinator
 from ..kafka.wire import KafkaRequest
 from ..groups.offsets import OFFSETS_TOPIC, OffsetStore
@@ -202,7 +204,9 @@ class ReplicaKafkaApis(KafkaApis):
         return dataclasses.asdict(answer)  # type: ignore[no-any-return]
 
     def on_fetch(self, request: KafkaRequest) -> dict[str, Any] | Future:
-        if request.body.replica_id >= 0:  # a follower's
+        body = request.body
+        replica_id = body.replica_state.replica_id if request.api_version >= 15 else body.replica_id
+        if replica_id >= 0:  # a follower's
             return self.peer_apis.on_replica_fetch(request)
         return super().on_fetch(request)
 
@@ -274,27 +278,32 @@ class ReplicaKafkaApis(KafkaApis):
         leading = rep.election.role is Role.LEADER  # read without its lock
         return ErrorCode.none if leading else ErrorCode.not_leader_or_follower
 
-    # ------------------------------------------------------------------ Metadata
-    def on_metadata(self, request: KafkaRequest) -> dict[str, Any]:
-        body = request.body
-        requested = None if body.topics is None else [t.name for t in body.topics]
-        if request.api_version == 0 and requested == []:
-            requested = None
-        topics = sorted({t for t, _ in self.context.replicas}) if requested is None else requested
-        brokers = [{"node_id": n, "host": host, "port": port, "rack": None}
-                   for n, (host, port) in sorted(self.kafka_brokers.items())]
-        return {"throttle_time": 0, "brokers": brokers, "cluster_id": self.cluster_id, "controller_id": self.node_id,
-                "topics": [self._replicated_topic(name) for name in topics],
-                "cluster_authorized_operations": -2147483648}
+    # ------------------------------------------------------------------ the cluster and its topics
+    # (Metadata, DescribeTopicPartitions and DescribeCluster: KafkaApis answers from these)
+    def brokers(self) -> list[dict[str, Any]]:
+        return [{"node_id": n, "host": host, "port": port, "rack": None}
+                for n, (host, port) in sorted(self.kafka_brokers.items())]
 
-    def _replicated_topic(self, name: str) -> dict[str, Any]:
+    def known_topics(self) -> list[str]:
+        return sorted({t for t, _ in self.context.replicas})
+
+    def partition_states(self, name: str) -> list[dict[str, Any]]:
         partitions = sorted(p for t, p in self.context.replicas if t == name)
         if not partitions:
-            return {"error_code": ErrorCode.unknown_topic_or_partition, "name": name, "is_internal": False,
-                    "partitions": []}
-        return {"error_code": ErrorCode.none, "name": name, "is_internal": name.startswith("__"),
-                "partitions": [self._partition(name, p) for p in partitions],
-                "topic_authorized_operations": -2147483648}
+            raise UnknownTopicOrPartitionError(f"topic {name!r} is not replicated by this cluster")
+        return [self._partition(name, p) for p in partitions]
+
+    def leader_epoch(self, topic: str, partition: int) -> int:
+        rep = self._replica(topic, partition)
+        return -1 if rep is None else rep.election.epoch  # read without its lock
+
+    def leader_hint(self, topic: str, partition: int) -> tuple[int, int] | None:
+        rep = self._replica(topic, partition)
+        if rep is None:
+            return None
+        with rep.cond:
+            leader, epoch = rep.election.leader, rep.election.epoch
+        return (leader, epoch) if leader != NO_LEADER and leader in self.kafka_brokers else None
 
     def _partition(self, topic: str, partition: int) -> dict[str, Any]:
         rep = self._replica(topic, partition)
@@ -340,7 +349,7 @@ class ReplicaKafkaApis(KafkaApis):
         if acks == 0:
             return None
         if not waiting:
-            return answer
+            return self._with_endpoints(answer)
         done: Future = Future()
         left = [len(waiting)]
         lock = threading.Lock()
@@ -351,7 +360,7 @@ class ReplicaKafkaApis(KafkaApis):
                 left[0] -= 1
                 last = left[0] == 0
             if last:
-                done.set_result(answer)
+                done.set_result(self._with_endpoints(answer))
 
         names = {id(entry): t["name"] for t in answers for entry in t["partition_responses"]}
         for entry, future in waiting:
@@ -363,6 +372,17 @@ class ReplicaKafkaApis(KafkaApis):
         entry.update(error_code=error, base_offset=base, error_message=message)
         if error == ErrorCode.none:
             entry["log_start_offset"] = self._log_start(topic, entry["index"])
+        elif error == ErrorCode.not_leader_or_follower:  # v10+ (KIP-951): where to go instead
+            hint = self.leader_hint(topic, entry["index"])
+            if hint is not None:
+                entry["current_leader"] = {"leader_id": hint[0], "leader_epoch": hint[1]}
+
+    def _with_endpoints(self, answer: dict[str, Any]) -> dict[str, Any]:
+        """A produce answer with the ``node_endpoints`` of the leaders its refusals name (v10+)."""
+        named = {e["current_leader"]["leader_id"] for t in answer["responses"] for e in t["partition_responses"]
+                 if "current_leader" in e}
+        answer["node_endpoints"] = self._endpoints(named)
+        return answer
 
     def _replicated_append(self, topic: str, partition: int, records: bytes | None, acks: int,
                            timeout_s: float, transactional_id: str | None = None
@@ -420,12 +440,16 @@ class ReplicaKafkaApis(KafkaApis):
     # ------------------------------------------------------------------ topics and producer ids
     def on_create_topics(self, request: KafkaRequest) -> dict[str, Any]:
         return {"throttle_time": 0, "topics": [
-            {"name": t.name, "error_code": ErrorCode.policy_violation,
-             "error_message": "a replica set's partitions are fixed when its nodes start"} for t in request.body.topics]}
+            {"name": t.name, "error_code": ErrorCode.policy_violation, "topic_id": ZERO_TOPIC_ID, "num_partitions": -1,
+             "replication_factor": -1, "configs": [],
+             "error_message": "a replica set's partitions are fixed when its nodes start"}
+            for t in request.body.topics]}
 
     def on_delete_topics(self, request: KafkaRequest) -> dict[str, Any]:
-        return {"throttle_time": 0, "responses": [{"name": name, "error_code": ErrorCode.policy_violation}
-                                                  for name in request.body.topic_names]}
+        return {"throttle_time": 0, "responses": [
+            {"name": name, "topic_id": topic_id or ZERO_TOPIC_ID, "error_code": error or ErrorCode.policy_violation,
+             "error_message": message or "a replica set's topics are fixed when its nodes start"}
+            for name, topic_id, error, message in delete_topics_asked(request)]}
 
     def on_alter_user_scram_credentials(self, request: KafkaRequest) -> dict[str, Any]:
         """Refused: each node's SASL users are its own credentials file (``logstore kafka-user``

@@ -44,9 +44,9 @@ from .client import REPLICA_USER
 
 __all__ = ["PeerApis", "PEER_VERSIONS", "MARKER_COMMIT_TIMEOUT_S", "gather"]
 
-#: what the peer APIs add to the listener's served versions (Fetch's replica versions; the
-#: transaction coordinator's WriteTxnMarkers; KRaft's)
-PEER_VERSIONS = {1: (4, 12), 27: (1, 1), 52: (2, 2), 53: (1, 1), 55: (1, 1)}
+#: what the peer APIs add to the listener's served versions (the transaction coordinator's
+#: WriteTxnMarkers; KRaft's). A follower's Fetch is v12 (by topic name), within the clients' range.
+PEER_VERSIONS = {27: (1, 1), 52: (2, 2), 53: (1, 1), 55: (1, 1)}
 #: how long a partition leader holds a marker's answer for the high watermark
 MARKER_COMMIT_TIMEOUT_S = 10.0
 _PRINCIPAL = f"User:{REPLICA_USER}"
@@ -79,8 +79,9 @@ class PeerApis:
         body = request.body
         wanted = [(t.topic, p) for t in body.topics for p in t.partitions]
         error = self.refusal(request)
-        if not error and (request.api_version < 12 or len(wanted) != 1):
-            error = ErrorCode.invalid_request  # last_fetched_epoch needs v12; one partition per request
+        if not error and (request.api_version != 12 or len(wanted) != 1):
+            # last_fetched_epoch needs v12, topics by name v12 at most; one partition per request
+            error = ErrorCode.invalid_request
         if error:
             return {"throttle_time": 0, "error_code": error, "session_id": 0, "responses": []}
         topic, p = wanted[0]

@@ -68,7 +68,8 @@ from ..checkpoint import (
     RECOVERY_POINT_CHECKPOINT,
     REPLICATION_OFFSET_CHECKPOINT,
 )
-from ..errors import CorruptRecordError, InvalidTopicError, LogLockedError, LogstoreError
+from ..errors import CorruptRecordError, InconsistentTopicIdError, InvalidTopicError, LogLockedError, LogstoreError
+from .topicids import read_partition_metadata, topic_id_text
 
 __all__ = ["AdoptedTopic", "SkippedDir", "LogDirScan", "scan", "looks_like_log_dir", "parse_partition_dir",
            "validate_topic_name", "OFFSETS_ASIDE_DIR", "OFFSETS_TOPIC_OVERRIDES", "adopt", "refuse_kafka_broker"]
@@ -116,6 +117,8 @@ class AdoptedTopic:
     present: tuple[int, ...]
     #: topic settings under Kafka's names (empty, except for an adopted ``__consumer_offsets``)
     overrides: Mapping[str, str] = field(default_factory=dict)
+    #: the topic id of its partitions' ``partition.metadata`` (KIP-516), None when they have none
+    topic_id: uuid.UUID | None = None
 
     @property
     def missing(self) -> tuple[int, ...]:
@@ -247,7 +250,7 @@ def scan(root: str, quiet: bool = False) -> LogDirScan:
                                    "y" if len(numbers) == 1 else "ies", problem)
                 continue
             overrides = dict(OFFSETS_TOPIC_OVERRIDES)
-        adopted = AdoptedTopic(topic, numbers[-1] + 1, tuple(numbers), overrides)
+        adopted = AdoptedTopic(topic, numbers[-1] + 1, tuple(numbers), overrides, _topic_id(root, topic, numbers))
         if adopted.missing and not quiet:
             logger.warning("%s: topic %s has no directory for partition(s) %s (held by another broker?); "
                            "they are adopted empty", root, topic, _ranges(adopted.missing))
@@ -257,6 +260,29 @@ def scan(root: str, quiet: bool = False) -> LogDirScan:
             if not s.name.startswith(_OFFSETS_TOPIC + "-"):
                 logger.info("%s: skipping %s: %s", root, s.name, s.reason)
     return LogDirScan(topics, tuple(skipped), foreign)
+
+
+def _topic_id(root: str, topic: str, numbers: list[int]) -> uuid.UUID | None:
+    """The topic id the partitions of ``topic`` in ``root`` keep in their ``partition.metadata``
+    (KIP-516), None when none has the file.
+
+    Raises:
+        InconsistentTopicIdError: two partitions name different ids (Kafka would not load them).
+        LogstoreError: a malformed ``partition.metadata``.
+    """
+    found: uuid.UUID | None = None
+    first = -1
+    for n in numbers:
+        topic_id = read_partition_metadata(os.path.join(root, f"{topic}-{n}"))
+        if topic_id is None:
+            continue
+        if found is None:
+            found, first = topic_id, n
+        elif topic_id != found:
+            raise InconsistentTopicIdError(
+                f"{root}: partitions {first} and {n} of topic {topic!r} name different topic ids in their "
+                f"partition.metadata ({topic_id_text(found)}, {topic_id_text(topic_id)})")
+    return found
 
 
 def offsets_topic_problem(root: str, present: tuple[int, ...]) -> str | None:
@@ -318,12 +344,14 @@ def _ranges(numbers: tuple[int, ...]) -> str:
 
 
 def adopt(root: str, topics_dir_name: str, lock: Callable[[], ContextManager[Any]],
-          topic_file_text: Callable[[int, Mapping[str, str]], bytes]) -> tuple[str, ...]:
+          topic_file_text: Callable[[int, uuid.UUID, Mapping[str, str]], bytes],
+          new_topic_id: Callable[[str], uuid.UUID]) -> tuple[str, ...]:
     """Create a store's topics directory ``root/<topics_dir_name>``, adopting the partition
     directories of a Kafka log directory found in ``root`` as topics (each topic file written by
-    ``topic_file_text(partitions, overrides)``, under ``lock()``, the store's metadata lock);
-    return the names of the topics adopted. Raises LogLockedError when a Kafka broker runs on
-    the directory.
+    ``topic_file_text(partitions, topic_id, overrides)``, under ``lock()``, the store's metadata
+    lock); return the names of the topics adopted. A topic keeps the id of its partitions'
+    ``partition.metadata``; one without gets ``new_topic_id(name)``. Raises LogLockedError
+    when a Kafka broker runs on the directory.
 
     Crash reasoning: the topic files are written into ``.topics.adopt/`` and that directory
     is renamed to ``.topics`` last, so a crash leaves no ``.topics/`` (the next open adopts
@@ -354,7 +382,8 @@ def adopt(root: str, topics_dir_name: str, lock: Callable[[], ContextManager[Any
         ops.makedirs_durable(staging)
         for topic in topics.values():
             ops.write_file_atomic(os.path.join(staging, topic.name),
-                                  topic_file_text(topic.partitions, topic.overrides),
+                                  topic_file_text(topic.partitions, topic.topic_id or new_topic_id(topic.name),
+                                                  topic.overrides),
                                   tmp=os.path.join(root, topics_dir_name + ".tmp"))
         if foreign:
             ops.makedirs_durable(aside)

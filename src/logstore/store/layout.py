@@ -7,20 +7,39 @@ does not load the log layer for it.
 
 from __future__ import annotations
 
+import uuid
+from dataclasses import dataclass
+from typing import Mapping
+
 from .. import _fileio
 from ..errors import LogstoreError
+from .topicids import parse_topic_id, topic_id_text
 
-__all__ = ["TOPICS_DIR", "read_topic_file", "parse_properties"]
+__all__ = ["TOPICS_DIR", "TOPIC_ID_KEY", "TopicEntry", "read_topic_entry", "read_topic_file", "topic_file_text",
+           "parse_properties"]
 
-#: the directory of a store's topic files (``.topics/<topic>``: partitions and config overrides)
+#: the directory of a store's topic files (``.topics/<topic>``: partitions, topic id, config overrides)
 TOPICS_DIR = ".topics"
+#: the topic file's entry holding the topic id (Kafka's text form; the id's home, see
+#: :mod:`logstore.store.topicids`); a store written before topic ids has none until it is opened
+TOPIC_ID_KEY = "topic.id"
 
 
-def read_topic_file(path: str) -> tuple[int, dict[str, str]] | None:
-    """(partition count, config overrides) from a ``.topics/<topic>`` file; None when missing.
+@dataclass(frozen=True)
+class TopicEntry:
+    """What a ``.topics/<topic>`` file says: the partition count, the topic id (None in a file
+    written before topic ids) and the config overrides by Kafka's names."""
+
+    partitions: int
+    topic_id: uuid.UUID | None
+    overrides: dict[str, str]
+
+
+def read_topic_entry(path: str) -> TopicEntry | None:
+    """A ``.topics/<topic>`` file's entry; None when the file is missing.
 
     Raises:
-        LogstoreError: the file has no usable ``partitions`` entry.
+        LogstoreError: the file has no usable ``partitions`` entry, or a malformed topic id.
     """
     try:
         text = _fileio.ops.read_file(path).decode("utf-8")
@@ -31,7 +50,34 @@ def read_topic_file(path: str) -> tuple[int, dict[str, str]] | None:
         partitions = int(props.pop("partitions"))
     except (KeyError, ValueError):
         raise LogstoreError(f"{path}: missing or bad 'partitions' entry") from None
-    return partitions, props
+    topic_id = None
+    if TOPIC_ID_KEY in props:
+        text_id = props.pop(TOPIC_ID_KEY)
+        try:
+            topic_id = parse_topic_id(text_id)
+        except ValueError as exc:
+            raise LogstoreError(f"{path}: bad {TOPIC_ID_KEY!r} entry: {exc}") from None
+    return TopicEntry(partitions, topic_id, props)
+
+
+def read_topic_file(path: str) -> tuple[int, dict[str, str]] | None:
+    """(partition count, config overrides) from a ``.topics/<topic>`` file; None when missing
+    (:func:`read_topic_entry` without the topic id).
+
+    Raises:
+        LogstoreError: the file has no usable ``partitions`` entry.
+    """
+    entry = read_topic_entry(path)
+    return None if entry is None else (entry.partitions, entry.overrides)
+
+
+def topic_file_text(partitions: int, topic_id: uuid.UUID, overrides: Mapping[str, str]) -> bytes:
+    """A ``.topics/<topic>`` file: the partition count, the topic id, then the config
+    overrides, sorted. The id is required: a rewrite of the file (a new partition count, new
+    overrides) must carry the topic's id over."""
+    lines = [f"partitions={partitions}", f"{TOPIC_ID_KEY}={topic_id_text(topic_id)}"]
+    lines += [f"{k}={v}" for k, v in sorted(overrides.items())]
+    return ("\n".join(lines) + "\n").encode()
 
 
 def parse_properties(text: str, path: str) -> dict[str, str]:

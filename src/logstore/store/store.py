@@ -7,8 +7,8 @@
         .lock                               flock: shared by every process using the store
                                             (exclusive for a store opened with shared=False)
         .notify                             notification page long-polling consumers sleep on
-        .topics/<topic>                     partition count and config overrides of a topic
-                                            (Java properties; nothing else lives in .topics)
+        .topics/<topic>                     partition count, topic id and config overrides of a
+                                            topic (Java properties; nothing else lives in .topics)
         .topic-defaults                     the dynamic defaults of every topic's config (Java
                                             properties; absent until set)
         .topics.lock                        flock serialising topic creation and deletion
@@ -18,7 +18,8 @@
         recovery-point-offset-checkpoint    Kafka's checkpoint files (every partition's entry)
         log-start-offset-checkpoint
         cleaner-offset-checkpoint
-        <topic>-<partition>/                one Log per partition (see log.py)
+        <topic>-<partition>/                one Log per partition (see log.py), and Kafka's
+                                            partition.metadata (the topic id, see topicids.py)
 
 A directory without ``.topics/`` — one of a Kafka broker's ``log.dirs``, or a copy — is
 adopted when a LogStore opens it: its partition directories become topics, by the rules of
@@ -49,7 +50,8 @@ from .. import _fileio
 from ..log.arrow import table as arrow_table
 from . import kafkadirs
 from .kafkadirs import LEGAL_TOPIC_NAME, validate_topic_name
-from .layout import TOPICS_DIR, parse_properties, read_topic_file
+from .layout import TOPICS_DIR, TopicEntry, parse_properties, read_topic_entry, topic_file_text
+from .topicids import new_topic_id, read_partition_metadata, topic_id_text, write_partition_metadata
 from .._native import ffi, lib
 from ..checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
@@ -60,6 +62,7 @@ from ..checkpoint import (
 from ..cleaner import Cleaner
 from ..log.config import KAFKA_NAMES, LogConfig
 from ..errors import (
+    InconsistentTopicIdError,
     InvalidConfigError,
     InvalidPartitionsError,
     InvalidTopicError,
@@ -67,6 +70,7 @@ from ..errors import (
     LogLockedError,
     LogstoreError,
     TopicExistsError,
+    UnknownTopicIdError,
     UnknownTopicOrPartitionError,
 )
 from ..log.log import Log
@@ -102,6 +106,8 @@ class TopicDescription:
     #: The topic's own settings, by Kafka's dotted names, as persisted in the store.
     overrides: dict[str, str] = field(default_factory=dict)
     internal: bool = False
+    #: The topic's id (KIP-516), fixed when it was created.
+    topic_id: uuid.UUID | None = None
 
 
 class LogStore:
@@ -128,6 +134,10 @@ class LogStore:
             and a Kafka listener over it) fsyncs its two-phase commit: what a committed
             transaction wrote survives power loss whole (FORMAT.md §15). Off: durable against a
             crash of the process, as an append is by default.
+        topic_ids: how the id of a new topic is made from its name (KIP-516), for topics
+            created here and for those of a store written before topic ids: by default a
+            random one, as Kafka's controller makes it. A replica set derives its topics' ids
+            so that every node gives a topic the same one.
         **defaults: LogConfig fields applied to every topic unless the topic overrides them, or
             the store's dynamic defaults (:meth:`alter_defaults`, Kafka's dynamic broker
             configs) set them.
@@ -144,6 +154,12 @@ class LogStore:
     :class:`~logstore.store.views.StoreView` or the read-only commands, which adopt in memory.
     :attr:`adopted` names the topics this open adopted (empty for a store).
 
+    Topic ids (KIP-516, :mod:`logstore.store.topicids`): every topic has one, kept in its
+    topic file and copied into Kafka's ``partition.metadata`` in each partition directory when
+    the partition is opened; a topic deleted and created again has a new one. An adopted Kafka
+    topic keeps the id of its ``partition.metadata``; a topic of a store written before topic
+    ids gets one when the store is opened (durable, once, under the topic lock).
+
     Raises:
         LogLockedError: the store is open exclusively elsewhere (or this open is exclusive and
             another holds it), or a running Kafka broker holds the log directory's lock.
@@ -155,7 +171,8 @@ class LogStore:
 
     def __init__(self, root: str | os.PathLike[str], *, shared: bool = True, maintenance: bool = True,
                  retention_check_interval_ms: int = 300_000, cleaner_backoff_ms: int = 15_000,
-                 cleaner: bool = True, transaction_fsync: bool = False, **defaults: Any) -> None:
+                 cleaner: bool = True, transaction_fsync: bool = False,
+                 topic_ids: Callable[[str], uuid.UUID] | None = None, **defaults: Any) -> None:
         self.root = os.path.abspath(os.fspath(root))
         #: the defaults this store object was opened with (Kafka's static broker configs)
         self.static_defaults = LogConfig.build(None, **defaults)
@@ -173,6 +190,12 @@ class LogStore:
         self._clients: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._closers: list[Any] = []
         self._topics_cache: dict[str, _TopicEntry] = {}
+        self._new_topic_id: Callable[[str], uuid.UUID] = topic_ids or (lambda name: new_topic_id())
+        #: topic name <-> id, as the topic files said when last read (the files are the home)
+        self._ids: dict[str, uuid.UUID] = {}
+        self._names: dict[uuid.UUID, str] = {}
+        #: topics being deleted by this process: their partitions are not opened again meanwhile
+        self._deleting: set[str] = set()
         self._closed = False
         self._closing = False
         self._cleaner = Cleaner() if cleaner else None
@@ -190,6 +213,7 @@ class LogStore:
             #: topics this open adopted from a Kafka log directory (see the class docstring)
             self.adopted: tuple[str, ...] = self._ensure_topics_dir()
             self._write_meta()
+            self._assign_topic_ids()
             self._read_dynamic_defaults(force=True)
             self._remove_deleted_topics()
             self.notify_page = self._map_notify_page()
@@ -219,7 +243,38 @@ class LogStore:
     def _ensure_topics_dir(self) -> tuple[str, ...]:
         """Create ``.topics/``, adopting the partition directories of a Kafka log directory;
         return the names of the topics adopted (see :func:`logstore.store.kafkadirs.adopt`)."""
-        return kafkadirs.adopt(self.root, TOPICS_DIR, self._metadata_lock, _topic_file_text)
+        return kafkadirs.adopt(self.root, TOPICS_DIR, self._metadata_lock, topic_file_text, self._new_topic_id)
+
+    def _assign_topic_ids(self) -> None:
+        """Give every topic of a store written before topic ids its id (durable). The id found
+        in one of its partitions' ``partition.metadata`` (a Kafka log directory adopted before
+        topic ids) wins over a new one. Idempotent and safe with other processes opening the
+        store: each file is re-read under the topic lock before it is rewritten."""
+        topics_dir = os.path.join(self.root, TOPICS_DIR)
+        missing = [name for name in _fileio.ops.listdir(topics_dir) if LEGAL_TOPIC_NAME.fullmatch(name)
+                   and (entry := read_topic_entry(os.path.join(topics_dir, name))) is not None
+                   and entry.topic_id is None]
+        if not missing:
+            return
+        with self._metadata_lock():
+            for name in missing:
+                entry = self._read_topic(name)
+                if entry is None or entry.topic_id is not None:
+                    continue
+                topic_id = None
+                for p in range(entry.partitions):
+                    topic_id = read_partition_metadata(os.path.join(self.root, f"{name}-{p}"))
+                    if topic_id is not None:
+                        break
+                if topic_id is None:
+                    topic_id = self._new_topic_id(name)
+                self._write_topic(name, entry.partitions, topic_id, entry.overrides)
+                for p in range(entry.partitions):  # the copies (a mismatch is refused when opened)
+                    directory = os.path.join(self.root, f"{name}-{p}")
+                    if _fileio.ops.exists(directory) and read_partition_metadata(directory) is None:
+                        write_partition_metadata(directory, topic_id)
+                logger.info("%s: topic %s has no topic id (a store written before topic ids): gave it %s",
+                            self.root, name, topic_id_text(topic_id))
 
     def _map_notify_page(self) -> Any:
         if not self.shared:
@@ -261,8 +316,8 @@ class LogStore:
     def _topic_file(self, name: str) -> str:
         return os.path.join(self.root, TOPICS_DIR, name)
 
-    def _read_topic(self, name: str) -> tuple[int, dict[str, str]] | None:
-        return read_topic_file(self._topic_file(name))
+    def _read_topic(self, name: str) -> TopicEntry | None:
+        return read_topic_entry(self._topic_file(name))
 
     def _topic(self, name: str, fresh: bool = False) -> tuple[int, dict[str, str]]:
         """(partition count, overrides) of a topic: cached, and checked against its file at most
@@ -283,13 +338,16 @@ class LogStore:
         if found is None:
             with self._lock:
                 self._topics_cache.pop(name, None)
+                self._forget_id(name)
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist in {self.root}")
-        entry = _TopicEntry(found[0], found[1], identity, now)
+        entry = _TopicEntry(found.partitions, found.overrides, identity, now)
         with self._lock:
             self._topics_cache[name] = entry
+            if found.topic_id is not None:
+                self._remember_id(name, found.topic_id)
             # (read again only when the file changed, or the first time:) its open logs take it
             self._apply_config(name, entry.partitions, self._config_for(entry.overrides))
-        return found
+        return found.partitions, found.overrides
 
     def _apply_config(self, name: str, partitions: int, config: LogConfig) -> None:
         """A topic's config may have changed: its open logs that have another take it now
@@ -302,6 +360,64 @@ class LogStore:
             if self._cleaner is not None:
                 (self._cleaner.add if config.compacted else self._cleaner.remove)(log)
             logger.info("%s: %s-%d takes its topic's new config", self.root, name, p)
+
+    def _remember_id(self, name: str, topic_id: uuid.UUID) -> None:
+        """Cache that ``name`` has ``topic_id`` (under the store's lock)."""
+        old = self._ids.get(name)
+        if old is not None and old != topic_id:
+            self._names.pop(old, None)
+        self._ids[name] = topic_id
+        self._names[topic_id] = name
+
+    def _forget_id(self, name: str) -> None:
+        """Drop ``name``'s cached id (under the store's lock): its topic was deleted."""
+        old = self._ids.pop(name, None)
+        if old is not None and self._names.get(old) == name:
+            del self._names[old]
+
+    def topic_id(self, name: str) -> uuid.UUID:
+        """The topic's id (KIP-516): a random UUID fixed when the topic was created (see the
+        class docstring). Thread-safe.
+
+        Raises:
+            UnknownTopicOrPartitionError: no such topic.
+        """
+        self._topic(name)
+        with self._lock:
+            found = self._ids.get(name)
+        if found is not None:
+            return found
+        entry = self._read_topic(name)  # written by another process after this one read it
+        if entry is None or entry.topic_id is None:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist in {self.root}")
+        with self._lock:
+            self._remember_id(name, entry.topic_id)
+        return entry.topic_id
+
+    def topic_name(self, topic_id: uuid.UUID) -> str:
+        """The name of the topic whose id is ``topic_id``. Thread-safe.
+
+        Raises:
+            UnknownTopicIdError: no topic has this id (it never existed, or its topic was
+                deleted, perhaps created again with another id).
+        """
+        if not isinstance(topic_id, uuid.UUID) or topic_id.int == 0:  # Kafka's "no id" names no topic
+            raise UnknownTopicIdError(f"no topic has id {topic_id!r} in {self.root}")
+        with self._lock:
+            name = self._names.get(topic_id)
+        if name is not None:
+            try:
+                if self.topic_id(name) == topic_id:
+                    return name
+            except UnknownTopicOrPartitionError:
+                pass
+        for name in self.topics(internal=True):  # created by another process, or not read yet
+            try:
+                if self.topic_id(name) == topic_id:
+                    return name
+            except UnknownTopicOrPartitionError:
+                continue
+        raise UnknownTopicIdError(f"no topic has id {topic_id_text(topic_id)} in {self.root}")
 
     def create_topic(self, name: str, partitions: int = 1, *, exist_ok: bool = False, internal: bool = False,
                      **config: Any) -> None:
@@ -330,19 +446,22 @@ class LogStore:
                 if exist_ok:
                     return
                 raise TopicExistsError(f"topic {name!r} already exists in {self.root}")
-            self._write_topic(name, partitions, overrides)
+            topic_id = self._new_topic_id(name)
+            self._write_topic(name, partitions, topic_id, overrides)
         for partition in range(partitions):
             self.partition(name, partition)
         _fileio.ops.fsync_dir(self.root)
         logger.info("%s: created topic %s with %d partition(s)", self.root, name, partitions)
 
-    def _write_topic(self, name: str, partitions: int, overrides: Mapping[str, str]) -> None:
+    def _write_topic(self, name: str, partitions: int, topic_id: uuid.UUID, overrides: Mapping[str, str]) -> None:
         """Replace a topic's file durably (with the metadata lock held): a crash leaves the old
-        file or the new one whole (write_file_atomic); this process's cache forgets the old."""
-        _fileio.ops.write_file_atomic(self._topic_file(name), _topic_file_text(partitions, overrides),
+        file or the new one whole (write_file_atomic); this process's cache forgets the old and
+        knows the id."""
+        _fileio.ops.write_file_atomic(self._topic_file(name), topic_file_text(partitions, topic_id, overrides),
                                       tmp=os.path.join(self.root, TOPICS_DIR + ".tmp"))
         with self._lock:
             self._topics_cache.pop(name, None)
+            self._remember_id(name, topic_id)
 
     def create_partitions(self, name: str, count: int, *, validate_only: bool = False) -> None:
         """Grow a topic to ``count`` partitions (Kafka's CreatePartitions); the new ones are
@@ -373,7 +492,7 @@ class LogStore:
                 raise InvalidPartitionsError(f"topic {name!r}: {count} partitions, more than 1000000")
             if validate_only:
                 return
-            self._write_topic(name, count, overrides)
+            self._write_topic(name, count, self.topic_id(name), overrides)
             for partition in range(current, count):
                 self.partition(name, partition)
         _fileio.ops.fsync_dir(self.root)
@@ -404,7 +523,7 @@ class LogStore:
             config = self._config_for(overrides)
             if validate_only:
                 return overrides
-            self._write_topic(name, partitions, overrides)
+            self._write_topic(name, partitions, self.topic_id(name), overrides)
             with self._lock:
                 self._topics_cache[name] = _TopicEntry(partitions, overrides,
                                                        _fileio.ops.path_identity(self._topic_file(name)),
@@ -520,14 +639,18 @@ class LogStore:
         self._check_open()
         with self._metadata_lock():
             with self._lock:
-                for p in range(partitions):
-                    log = self._logs.pop((name, p), None)
-                    if log is not None:
-                        if self._cleaner is not None:
-                            self._cleaner.remove(log)
-                        log.close()
+                # A reader (a fetch) must not open a partition again between its close here
+                # and the flock taken below: the flock would be refused.
+                self._deleting.add(name)
             held = []
             try:
+                with self._lock:
+                    for p in range(partitions):
+                        log = self._logs.pop((name, p), None)
+                        if log is not None:
+                            if self._cleaner is not None:
+                                self._cleaner.remove(log)
+                            log.close()
                 for p in range(partitions):
                     directory = os.path.join(self.root, f"{name}-{p}")
                     if not _fileio.ops.exists(directory):
@@ -540,6 +663,7 @@ class LogStore:
                 _fileio.ops.fsync_dir(os.path.join(self.root, TOPICS_DIR))
                 with self._lock:
                     self._topics_cache.pop(name, None)
+                    self._forget_id(name)
                 doomed = []
                 for p in range(partitions):
                     directory = os.path.join(self.root, f"{name}-{p}")
@@ -553,6 +677,8 @@ class LogStore:
             finally:
                 for lock in held:
                     lock.release()
+                with self._lock:
+                    self._deleting.discard(name)
             for key in (RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, CLEANER_OFFSET_CHECKPOINT):
                 OffsetCheckpoints(self.root, key).update({(name, p): None for p in range(partitions)})
             for target in doomed:
@@ -575,7 +701,7 @@ class LogStore:
         """The topic's partition count, effective config and persisted overrides."""
         partitions, overrides = self._topic(name)
         return TopicDescription(name, partitions, self._config_for(overrides), dict(overrides),
-                                internal=name.startswith("__"))
+                                internal=name.startswith("__"), topic_id=self.topic_id(name))
 
     def _config_for(self, overrides: Mapping[str, str]) -> LogConfig:
         if not overrides:
@@ -606,10 +732,18 @@ class LogStore:
                 f"topic {topic!r} has partitions 0..{partitions - 1}; there is no partition {partition!r}")
         with self._lock:
             self._check_open()
+            if topic in self._deleting:
+                raise UnknownTopicOrPartitionError(f"topic {topic!r} is being deleted")
             log = self._logs.get(key)
             if log is None or log.closed:
+                topic_id = self.topic_id(topic)
                 log = Log(os.path.join(self.root, f"{topic}-{partition}"), self._config_for(overrides),
                           shared=self.shared, timers=False, notify_page=self.notify_page)
+                try:
+                    _check_partition_metadata(log.path, topic, topic_id)
+                except BaseException:
+                    log.close()
+                    raise
                 self._logs[key] = log
                 if self._cleaner is not None and log.config.compacted:
                     self._cleaner.add(log)
@@ -925,14 +1059,27 @@ class _FileLock:
         self.release()
 
 
-def _topic_file_text(partitions: int, overrides: Mapping[str, str]) -> bytes:
-    """A ``.topics/<topic>`` file: the partition count, then the config overrides, sorted."""
-    return f"partitions={partitions}\n".encode() + _properties_text(overrides)
-
-
 def _properties_text(props: Mapping[str, str]) -> bytes:
     """Java properties, one ``key=value`` line each, sorted."""
     return "".join(f"{k}={v}\n" for k, v in sorted(props.items())).encode()
+
+
+
+def _check_partition_metadata(directory: str, topic: str, topic_id: uuid.UUID) -> None:
+    """Write the partition directory's ``partition.metadata`` when it has none (durable); else
+    check it names ``topic_id``.
+
+    Raises:
+        InconsistentTopicIdError: it names another topic id.
+        LogstoreError: it is malformed.
+    """
+    found = read_partition_metadata(directory)
+    if found is None:
+        write_partition_metadata(directory, topic_id)
+    elif found != topic_id:
+        raise InconsistentTopicIdError(
+            f"{directory}: partition.metadata names topic id {topic_id_text(found)}, topic {topic!r} has id "
+            f"{topic_id_text(topic_id)} (a directory of another topic of that name?): not opened")
 
 
 def _positive(name: str, value: Any) -> int:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import uuid
 from dataclasses import dataclass, replace
 from typing import Any, Callable, ContextManager, Iterator
 
@@ -62,7 +63,8 @@ from ..log.segmentscan import BatchWalk, WalkStop, status_words
 from ..records.batch import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, RecordDecoder, parse_header
 from ..log.filenames import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX, parse_segment_name, segment_name
 from .kafkadirs import validate_topic_name
-from .layout import TOPICS_DIR, read_topic_file
+from .layout import TOPICS_DIR, read_topic_entry, read_topic_file
+from .topicids import read_partition_metadata
 
 __all__ = ["StoreView", "PartitionView", "SegmentBatches", "DataLossError", "LogEnd", "SegmentPosition"]
 
@@ -167,6 +169,26 @@ class StoreView:
             UnknownTopicOrPartitionError: no such topic.
         """
         return self._topic(topic)[1]
+
+    def topic_id(self, topic: str) -> uuid.UUID | None:
+        """The topic's id (KIP-516): from its topic file in a store, from its partitions'
+        ``partition.metadata`` in a Kafka log directory (or in a store written before topic
+        ids, which gets one when a LogStore opens it); None when it has none yet.
+
+        Raises:
+            UnknownTopicOrPartitionError: no such topic.
+            LogstoreError: a malformed topic file or ``partition.metadata``.
+        """
+        count = self.partitions(topic)
+        if not self.kafka_log_dir:
+            entry = read_topic_entry(os.path.join(self.root, TOPICS_DIR, topic))
+            if entry is not None and entry.topic_id is not None:
+                return entry.topic_id
+        for p in range(count):
+            found = read_partition_metadata(os.path.join(self.root, f"{topic}-{p}"))
+            if found is not None:
+                return found
+        return None
 
     def partition(self, topic: str, partition: int) -> "PartitionView":
         """The view of one partition of the topic. A partition without a directory (a gap in
