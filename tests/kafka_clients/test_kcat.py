@@ -80,3 +80,23 @@ def test_kcat_transactional_produce_commits_and_read_committed_consume(kafka_ser
     assert headers[0].attributes & 0x10 and headers[-1].attributes & 0x30 == 0x30  # transactional data, a marker
     out = kcat(kafka_server, "-C", "-t", "kcat-txn", "-e", "-X", "isolation.level=read_committed", "-f", "%s\n")
     assert out.splitlines() == [f"t{i}" for i in range(8)]
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_kcat_authenticates_with_scram_despite_its_doubled_nonce(tmp_path, mechanism):
+    """Debian's kcat (librdkafka 2.0.2) sends back its SCRAM nonce with its own part doubled
+    (librdkafka#4895, fixed in 2.6.1): accepted as Kafka 3.8.1-3.9 accept it, and the wrong
+    password still fails."""
+    from logstore.kafka.server import KafkaServer
+
+    with KafkaServer(str(tmp_path / "store"), ("127.0.0.1", 0), sasl_credentials={"kc": "s3cret"}) as server:
+        def run(password, *args):
+            return subprocess.run([KCAT, "-b", server.bootstrap_servers, "-X", "security.protocol=SASL_PLAINTEXT",
+                                   "-X", f"sasl.mechanisms={mechanism}", "-X", "sasl.username=kc",
+                                   "-X", f"sasl.password={password}", *args], input=b"a\nb\n", capture_output=True,
+                                  timeout=30)
+        produced = run("s3cret", "-P", "-t", "kcat-scram")
+        assert produced.returncode == 0, produced.stderr.decode(errors="replace")
+        assert [r.value for r in server.store.partition("kcat-scram", 0).iter()] == [b"a", b"b"]
+        refused = run("wrong", "-L")
+        assert refused.returncode != 0 and b"Authentication failed" in refused.stderr

@@ -48,7 +48,7 @@ def test_rfc_7677_with_one_bit_of_the_proof_flipped_fails():
     assert not server.done
 
 
-def client_exchange(server, mechanism, user, password, gs2=b"n,,", nonce="clientnonce0123"):
+def client_exchange(server, mechanism, user, password, gs2=b"n,,", nonce="clientnonce0123", final_nonce=None):
     """A client written from RFC 5802; returns (server-final, the signature expected in it)."""
     name = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}[mechanism]
     bare = f"n={user.replace('=', '=3D').replace(',', '=2C')},r={nonce}"
@@ -57,7 +57,8 @@ def client_exchange(server, mechanism, user, password, gs2=b"n,,", nonce="client
     assert attrs["r"].startswith(nonce)
     salted = hashlib.pbkdf2_hmac(name, password.encode(), base64.b64decode(attrs["s"]), int(attrs["i"]))
     client_key = hmac.new(salted, b"Client Key", name).digest()
-    without_proof = f"c={base64.b64encode(gs2).decode()},r={attrs['r']}"
+    sent_nonce = attrs["r"] if final_nonce is None else final_nonce(nonce, attrs["r"])
+    without_proof = f"c={base64.b64encode(gs2).decode()},r={sent_nonce}"
     auth = f"{bare},{server_first},{without_proof}".encode()
     signature = hmac.new(hashlib.new(name, client_key).digest(), auth, name).digest()
     proof = base64.b64encode(bytes(a ^ b for a, b in zip(client_key, signature))).decode()
@@ -73,6 +74,23 @@ def test_scram_round_trip(mechanism, user):
     server = ScramServer(mechanism, credentials.lookup, SECRET)
     final, expected = client_exchange(server, mechanism, user, "pässword")
     assert final == expected and server.done and server.user == user
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_scram_accepts_the_doubled_client_nonce_of_old_librdkafka_and_nothing_else(mechanism):
+    """librdkafka before 2.6.1 (Debian's kcat) sends its nonce again before the whole one in
+    its client-final message (librdkafka#4895); Kafka 3.8.1-3.9 accept that form, so this
+    server does. Any other nonce is refused."""
+    credentials = Credentials({("alice", mechanism): scram_credential(mechanism, "pw")})
+    server = ScramServer(mechanism, credentials.lookup, SECRET)
+    final, expected = client_exchange(server, mechanism, "alice", "pw", final_nonce=lambda mine, whole: mine + whole)
+    assert final == expected and server.done
+    for tampered in (lambda mine, whole: whole + mine, lambda mine, whole: "x" + whole,
+                     lambda mine, whole: mine + mine + whole, lambda mine, whole: whole[:-1]):
+        server = ScramServer(mechanism, credentials.lookup, SECRET)
+        with pytest.raises(SaslAuthenticationError, match="invalid nonce"):
+            client_exchange(server, mechanism, "alice", "pw", final_nonce=tampered)
+        assert not server.done
 
 
 def test_scram_with_y_flag_and_matching_authzid():

@@ -176,6 +176,10 @@ class ScramServer:
         self._server_first = ""
         self._gs2_header = ""
         self._nonce = ""
+        #: the nonce librdkafka before 2.6.1 sends back: its own part again before the whole
+        #: (librdkafka#4895); Kafka 3.8.1 to 3.9 accept it, and so does this server (the proof
+        #: is over the message as sent, so it binds that nonce all the same)
+        self._doubled_nonce = ""
         self.done = False
         self.user: str | None = None
 
@@ -227,6 +231,7 @@ class ScramServer:
         self._gs2_header = message[:len(flag) + len(authzid) + 2]
         self._client_first_bare = bare
         self._nonce = client_nonce + self._server_nonce
+        self._doubled_nonce = client_nonce + self._nonce
         self.user = user
         self._server_first = (f"r={self._nonce},s={base64.b64encode(credential.salt).decode('ascii')},"
                               f"i={credential.iterations}")
@@ -244,7 +249,7 @@ class ScramServer:
             raise SaslAuthenticationError("Authentication failed: invalid SCRAM client-final message") from None
         if binding != self._gs2_header.encode("utf-8"):
             raise SaslAuthenticationError("Authentication failed: invalid SCRAM channel binding")
-        if attrs[1][2:] != self._nonce:
+        if attrs[1][2:] != self._nonce and attrs[1][2:] != self._doubled_nonce:
             raise SaslAuthenticationError("Authentication failed: invalid nonce in the SCRAM client-final message")
         credential = self._credential
         assert credential is not None
