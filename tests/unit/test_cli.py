@@ -167,17 +167,37 @@ def test_produce_and_consume_round_trip(store):
 
 
 def test_consume_follow_prints_records_as_they_arrive(store):
+    """``consume --follow`` starts at the end and prints what is produced after it started. The
+    follower may take a while to start on a loaded machine: records are produced until it prints
+    one, then two more must follow in order. Bounded: a follower that prints nothing fails the
+    test after a minute instead of hanging it."""
+    import queue
     import subprocess
     import sys
+    import threading
     import time
 
     follower = subprocess.Popen([sys.executable, "-m", "logstore", "consume", store, "events", "--follow"],
                                 stdout=subprocess.PIPE, text=True)
+    printed: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [printed.put(line.strip()) for line in follower.stdout], daemon=True).start()
     try:
-        time.sleep(1.5)
-        ok("produce", store, "events", input="late 1\nlate 2\n")
-        lines = [follower.stdout.readline().strip() for _ in range(2)]
-        assert sorted(lines) == ["late 1", "late 2"]
+        deadline, sent, first = time.monotonic() + 60, 0, None
+        while first is None and time.monotonic() < deadline:
+            sent += 1
+            ok("produce", store, "events", input=f"late {sent}\n")
+            try:
+                first = printed.get(timeout=1.0)
+            except queue.Empty:
+                continue
+        assert first is not None, "consume --follow printed nothing within a minute"
+        ok("produce", store, "events", input="after 1\nafter 2\n")
+        lines = [first]
+        while lines[-2:] != ["after 1", "after 2"]:
+            lines.append(printed.get(timeout=30))
+        late = [int(line.split()[1]) for line in lines[:-2]]
+        assert all(line.startswith("late ") for line in lines[:-2])
+        assert late == list(range(late[0], sent + 1))  # from where it started, none missed, none twice
     finally:
         follower.kill()
         follower.wait()
