@@ -658,3 +658,29 @@ def test_no_request_above_closes_its_connection(server):
         assert answer.results[0].log_dir == server.store.root
         sock.sendall(ask.encode(header=True, framed=True))
         assert DescribeLogDirsResponse[1].decode(response(sock), header=True).results[0].error_code == NONE
+
+
+# ---------------------------------------------------------------------------- ElectLeaders
+def test_elect_leaders_answers_election_not_needed_for_every_partition_as_each_already_has_its_leader(server):
+    """confluent-kafka's elect_leaders and kafka-python's: every partition's one replica, this
+    broker, leads it already; an unknown partition UNKNOWN_TOPIC_OR_PARTITION; all partitions
+    (None): nothing to elect, nothing listed (as Kafka lists only what it elected)."""
+    from confluent_kafka import ElectionType
+    from kafka.admin import KafkaAdminClient
+
+    server.store.create_topic("led", 2)
+    a = admin(server)
+    answer = a.elect_leaders(ElectionType.PREFERRED, [TopicPartition("led", 0), TopicPartition("led", 1),
+                                                      TopicPartition("led", 7)]).result(20)
+    codes = {(tp.topic, tp.partition): (None if err is None else err.code()) for tp, err in answer.items()}
+    assert codes == {("led", 0): KafkaError.ELECTION_NOT_NEEDED, ("led", 1): KafkaError.ELECTION_NOT_NEEDED,
+                     ("led", 7): KafkaError.UNKNOWN_TOPIC_OR_PART}
+    assert a.elect_leaders(ElectionType.UNCLEAN, None).result(20) == {}
+    kp = KafkaAdminClient(bootstrap_servers=server.bootstrap_servers)
+    try:
+        result = kp.elect_leaders(0, {"led": [0, 1]}, raise_errors=False)
+        assert [(p.partition_id, p.error_code) for r in result.replica_election_results for p in r.partition_result] \
+            == [(0, 84), (1, 84)]  # ELECTION_NOT_NEEDED
+    finally:
+        kp.close()
+    assert [server.store.partition("led", p).log_end_offset for p in (0, 1)] == [0, 0]  # nothing moved

@@ -783,6 +783,7 @@ RULES: dict[int, Rule] = {
     37: Rule(items=(Items("topics", _topic("name"), Op.ALTER, "results", _named("name")),)),  # CreatePartitions
     42: Rule(items=(Items("groups_names", lambda g: (RT.GROUP, g), Op.DELETE, "results",  # DeleteGroups
                           lambda g: {"group_id": g}),)),
+    43: Rule(needs=(Need(Op.ALTER, _cluster),)),  # ElectLeaders
     44: Rule(items=(Items("resources", _config_resource, Op.ALTER_CONFIGS, "responses",  # IncrementalAlterConfigs
                           lambda r: {"resource_type": r.resource_type, "resource_name": r.resource_name}),)),
     47: Rule(needs=(Need(Op.DELETE, _group),),  # OffsetDelete

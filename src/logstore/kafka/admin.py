@@ -1,5 +1,5 @@
 """Kafka's admin operations on a store: CreatePartitions, AlterConfigs, IncrementalAlterConfigs,
-DeleteRecords and DescribeLogDirs, answered as Kafka's broker answers them.
+DeleteRecords, DescribeLogDirs and ElectLeaders, answered as Kafka's broker answers them.
 
 - **CreatePartitions** grows a topic (:meth:`LogStore.create_partitions`): the new partitions
   are empty. Kafka's errors: UNKNOWN_TOPIC_OR_PARTITION, INVALID_PARTITIONS for a count that
@@ -20,6 +20,12 @@ DeleteRecords and DescribeLogDirs, answered as Kafka's broker answers them.
   partition it holds (on a replica set, followed ones too), its size, its offset lag (as Kafka
   computes it for a current replica: how far its log end is behind its high watermark, so 0)
   and, from v4, the file system's total and usable bytes.
+- **ElectLeaders** (KIP-183, KIP-460): every partition already has its leader, the one this
+  broker is (a replica set's elected one: it has no preferred replica to move leadership to),
+  so each partition named gets ELECTION_NOT_NEEDED and an unknown one
+  UNKNOWN_TOPIC_OR_PARTITION; asked for all partitions, the answer lists none, as Kafka lists
+  only the partitions whose leader it changed. A preferred and an unclean election (v1+'s
+  ``election_type`` 0 and 1) are answered alike; another type is INVALID_REQUEST.
 
 Thread-safety: every handler may run on several threads at once; the store serialises topic
 changes (its metadata lock) and each log its own.
@@ -249,6 +255,27 @@ class AdminApis:
         return {"throttle_time": 0, "error_code": ErrorCode.none,
                 "results": [{"error_code": ErrorCode.none, "log_dir": self.store.root, "topics": topics,
                              "total_bytes": total, "usable_bytes": usable}]}
+
+    def on_elect_leaders(self, request: KafkaRequest) -> dict[str, Any]:
+        body = request.body
+        election_type = getattr(body, "election_type", 0)
+        answer: dict[str, Any] = {"throttle_time": 0, "error_code": ErrorCode.none, "replica_election_results": []}
+        if election_type not in (0, 1):  # 0: preferred, 1: unclean
+            answer["error_code"] = ErrorCode.invalid_request
+            return answer
+        if body.topic_partitions is None:
+            return answer
+        for topic in body.topic_partitions:
+            count = self._count(topic.topic)
+            results = []
+            for index in topic.partitions:
+                if 0 <= index < count:
+                    error, message = ErrorCode.election_not_needed, "the partition's leader is already its leader"
+                else:
+                    error, message = ErrorCode.unknown_topic_or_partition, f"{topic.topic}-{index} does not exist"
+                results.append({"partition_id": index, "error_code": error, "error_message": message})
+            answer["replica_election_results"].append({"topic": topic.topic, "partition_result": results})
+        return answer
 
     def _count(self, name: str) -> int:
         try:

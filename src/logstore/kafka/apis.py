@@ -175,11 +175,12 @@ class KafkaApis:
             29: self.on_describe_acls, 30: self.on_create_acls, 31: self.on_delete_acls,
             60: self.on_describe_cluster, 75: self.on_describe_topic_partitions, 23: self.on_offset_for_leader_epoch,
         }
-        #: CreatePartitions, AlterConfigs, IncrementalAlterConfigs, DeleteRecords, DescribeLogDirs
+        #: CreatePartitions, AlterConfigs, IncrementalAlterConfigs, DeleteRecords, DescribeLogDirs,
+        #: ElectLeaders
         self.admin = AdminApis(self)
         self.handlers.update({37: self.admin.on_create_partitions, 33: self.admin.on_alter_configs,
                               44: self.admin.on_incremental_alter_configs, 21: self.admin.on_delete_records,
-                              35: self.admin.on_describe_log_dirs})
+                              35: self.admin.on_describe_log_dirs, 43: self.admin.on_elect_leaders})
         #: SCRAM users over the protocol, over the listener's SASL users (the server sets them)
         self.scram_users = ScramUsers(None)
         #: Kafka's authorizer (None: everyone may do everything); see :meth:`guard_handlers`

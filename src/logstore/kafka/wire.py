@@ -79,6 +79,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     36: (0, 1),   # SaslAuthenticate (answered by kafka.auth before authentication and to re-authenticate)
     37: (0, 3),   # CreatePartitions (v2+ flexible)
     42: (0, 2),   # DeleteGroups (v2 flexible)
+    43: (0, 2),   # ElectLeaders (v1 election type, v2 flexible)
     44: (0, 1),   # IncrementalAlterConfigs (v1 flexible)
     47: (0, 0),   # OffsetDelete
     50: (0, 0),   # DescribeUserScramCredentials (flexible)
@@ -92,17 +93,15 @@ SUPPORTED: dict[int, tuple[int, int]] = {
 
 API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "OffsetCommit", 9: "OffsetFetch",
              10: "FindCoordinator", 11: "JoinGroup", 12: "Heartbeat", 13: "LeaveGroup", 14: "SyncGroup",
-             15: "DescribeGroups", 16: "ListGroups",
-             17: "SaslHandshake", 18: "ApiVersions", 19: "CreateTopics", 20: "DeleteTopics", 22: "InitProducerId",
-             23: "OffsetForLeaderEpoch", 24: "AddPartitionsToTxn", 25: "AddOffsetsToTxn", 26: "EndTxn",
-             27: "WriteTxnMarkers",
+             15: "DescribeGroups", 16: "ListGroups", 17: "SaslHandshake", 18: "ApiVersions", 19: "CreateTopics",
+             20: "DeleteTopics", 21: "DeleteRecords", 22: "InitProducerId", 23: "OffsetForLeaderEpoch",
+             24: "AddPartitionsToTxn", 25: "AddOffsetsToTxn", 26: "EndTxn", 27: "WriteTxnMarkers",
              28: "TxnOffsetCommit", 29: "DescribeAcls", 30: "CreateAcls", 31: "DeleteAcls", 32: "DescribeConfigs",
-             36: "SaslAuthenticate", 42: "DeleteGroups", 47: "OffsetDelete", 50: "DescribeUserScramCredentials",
-             51: "AlterUserScramCredentials", 60: "DescribeCluster", 61: "DescribeProducers", 75: "DescribeTopicPartitions",
-             65: "DescribeTransactions", 66: "ListTransactions",
-             21: "DeleteRecords", 33: "AlterConfigs", 35: "DescribeLogDirs", 37: "CreatePartitions",
-             44: "IncrementalAlterConfigs",
-             52: "Vote", 53: "BeginQuorumEpoch", 54: "EndQuorumEpoch", 55: "DescribeQuorum"}
+             33: "AlterConfigs", 35: "DescribeLogDirs", 36: "SaslAuthenticate", 37: "CreatePartitions",
+             42: "DeleteGroups", 43: "ElectLeaders", 44: "IncrementalAlterConfigs", 47: "OffsetDelete",
+             50: "DescribeUserScramCredentials", 51: "AlterUserScramCredentials", 52: "Vote", 53: "BeginQuorumEpoch",
+             54: "EndQuorumEpoch", 55: "DescribeQuorum", 60: "DescribeCluster", 61: "DescribeProducers",
+             65: "DescribeTransactions", 66: "ListTransactions", 75: "DescribeTopicPartitions"}
 
 _HEADER = struct.Struct(">hhi")  # api key, api version, correlation id
 #: Produce versions advertised but refused (closing the connection), as Kafka 4 does.
