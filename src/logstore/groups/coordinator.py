@@ -200,6 +200,11 @@ class GroupCoordinator:
         self.min_session_ms = config.min_session_timeout_ms
         self.max_session_ms = config.max_session_timeout_ms
         self.liveness = config.liveness
+        #: ``(group, member id, generation or member epoch, instance id) -> error code or None``:
+        #: the committers of a group another protocol coordinates (KIP-848's consumer groups,
+        #: :meth:`~logstore.groups.consumergroup.ConsumerGroupCoordinator.check_commit`) are
+        #: checked by it; None: not such a group, the classic rules apply. Set by the owner.
+        self.committer_check: Callable[[str, str, int, str | None], int | None] | None = None
         self._groups: dict[str, _Group] = {}
         self._lock = threading.Lock()
         self._load()
@@ -691,6 +696,10 @@ class GroupCoordinator:
         """Whether this member may commit for the group (Kafka's validateOffsetCommit)."""
         if not group_id:
             return ErrorCode.invalid_group_id
+        if self.committer_check is not None:
+            checked = self.committer_check(group_id, member_id, generation, instance_id)
+            if checked is not None:
+                return checked
         group = self._group(group_id, create=generation < 0)
         if group is None:
             return ErrorCode.illegal_generation  # a member of a group this coordinator does not know (a restart)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from dataclasses import replace
 from concurrent.futures import Future
 from typing import Any, Callable, Mapping
@@ -60,6 +61,9 @@ from ..records.batch import parse_header
 from ..txn.producerids import ProducerIds
 from ..groups.offsets import OFFSETS_TOPIC, offset_store
 from ..groups.coordinator import GroupConfig, GroupCoordinator
+from ..groups.consumergroup import (CONSUMER_PROTOCOL_TYPE, ConsumerGroupConfig, ConsumerGroupCoordinator,
+                                    HeartbeatRequest, owned_partitions)
+from .apikeys import CONSUMER_GROUP_DESCRIBE, CONSUMER_GROUP_HEARTBEAT
 from .wire import SUPPORTED, KafkaRequest
 from ..net.purgatory import Purgatory
 from ..store.store import LogStore
@@ -100,6 +104,8 @@ class KafkaApis:
         auto_create_topics, num_partitions: Kafka's ``auto.create.topics.enable`` and
             ``num.partitions``.
         group_config: the group coordinator's settings.
+        consumer_group_config: the consumer group protocol's (KIP-848), or None to serve only
+            the classic protocol (Kafka's ``group.coordinator.rebalance.protocols=classic``).
         txn_config: the transaction coordinator's settings.
         fsync_acks_all: answer an acks=all produce only once its batches are fsynced.
         purgatory: the purgatory to hold fetches in (a replica node's, whose partitions' changes
@@ -113,7 +119,8 @@ class KafkaApis:
     def __init__(self, store: LogStore, *, node_id: int, host: str, port: int, cluster_id: str,
                  auto_create_topics: bool = True, num_partitions: int = 1,
                  group_config: GroupConfig = GroupConfig(), fsync_acks_all: bool = False,
-                 purgatory: Purgatory | None = None, txn_config: TxnConfig = TxnConfig()) -> None:
+                 purgatory: Purgatory | None = None, txn_config: TxnConfig = TxnConfig(),
+                 consumer_group_config: ConsumerGroupConfig | None = ConsumerGroupConfig()) -> None:
         self.store = store
         self.node_id = node_id
         self.host = host
@@ -130,6 +137,8 @@ class KafkaApis:
         #: acks=all answers after an fsync of the partitions written (else once in the log)
         self.fsync_acks_all = fsync_acks_all
         self._groups: GroupCoordinator | None = None
+        self.consumer_group_config = consumer_group_config
+        self._consumer_groups: ConsumerGroupCoordinator | None = None
         self.txn_config = txn_config
         self._txn: TransactionCoordinator | None = None
         #: api key -> (lowest, highest) version served (what ApiVersions advertises)
@@ -146,13 +155,21 @@ class KafkaApis:
             24: self.on_add_partitions_to_txn, 25: self.on_add_offsets_to_txn, 26: self.on_end_txn,
             28: self.on_txn_offset_commit, 61: self.on_describe_producers, 65: self.on_describe_transactions,
             66: self.on_list_transactions,
+            CONSUMER_GROUP_HEARTBEAT: self.on_consumer_group_heartbeat,
+            CONSUMER_GROUP_DESCRIBE: self.on_consumer_group_describe,
         }
+        if consumer_group_config is None:  # only the classic protocol: 68 and 69 not advertised
+            for key in (CONSUMER_GROUP_HEARTBEAT, CONSUMER_GROUP_DESCRIBE):
+                self.supported.pop(key, None)
+                self.handlers.pop(key)
 
     def close(self) -> None:
         """Answer the fetches, joins and syncs still waiting (the server is stopping)."""
         self._appends.close()
         if self._groups is not None:
             self._groups.close()
+        if self._consumer_groups is not None:
+            self._consumer_groups.close()
         if self._owns_purgatory:
             self.purgatory.close()
 
@@ -162,9 +179,40 @@ class KafkaApis:
         if self._groups is None:
             with self._groups_lock:
                 if self._groups is None:
-                    self._groups = GroupCoordinator(offset_store(self.store), self.purgatory, self._partition_exists,
-                                                    self.group_config)
+                    self._groups = self.group_coordinators(offset_store(self.store))
         return self._groups
+
+    @property
+    def consumer_groups(self) -> ConsumerGroupCoordinator | None:
+        """The consumer group protocol's coordinator (KIP-848), over the classic one's offsets;
+        None when only the classic protocol is served."""
+        _ = self.groups  # made with the classic coordinator (a replica node's: for its epoch)
+        return self._consumer_groups
+
+    def group_coordinators(self, offsets: Any) -> GroupCoordinator:
+        """Make the classic coordinator over ``offsets`` (an OffsetStore) and, when served,
+        the consumer group coordinator beside it (``self._consumer_groups``), which checks the
+        commits of its groups (holds: the groups' lock)."""
+        classic = GroupCoordinator(offsets, self.purgatory, self._partition_exists, self.group_config)
+        if self.consumer_group_config is not None:
+            def classic_members(group_id: str) -> bool:
+                found = classic.describe(group_id)
+                return found is not None and bool(found["members"])
+            consumer = ConsumerGroupCoordinator(offsets, self.purgatory, self.subscribable_topics,
+                                                self.consumer_group_config, classic_members)
+            classic.committer_check = consumer.check_commit
+            self._consumer_groups = consumer
+        return classic
+
+    def subscribable_topics(self) -> dict[str, tuple[uuid.UUID, int]]:
+        """``{name: (topic id, partition count)}`` of the topics a consumer group may subscribe to."""
+        out = {}
+        for name in self.store.topics():
+            try:
+                out[name] = (topic_id(name), self.store.partitions_for(name))
+            except (UnknownTopicOrPartitionError, InvalidTopicError):
+                continue  # deleted meanwhile
+        return out
 
     @property
     def txn(self) -> TransactionCoordinator:
@@ -190,12 +238,14 @@ class KafkaApis:
     # ------------------------------------------------------------------ Metadata
     def on_metadata(self, request: KafkaRequest) -> dict[str, Any]:
         body = request.body
-        requested = None if body.topics is None else [t.name for t in body.topics]
+        requested = None if body.topics is None else requested_topics(body.topics,
+                                                                      lambda: self.store.topics(internal=True))
         if request.api_version == 0 and requested == []:
             requested = None  # v0: an empty list means every topic
         allow_create = self.auto_create_topics and getattr(body, "allow_auto_topic_creation", True)
         names = self.store.topics() if requested is None else requested
-        topics = [self._topic_metadata(name, allow_create and requested is not None) for name in names]
+        topics = [self._topic_metadata(name, allow_create and requested is not None) if isinstance(name, str)
+                  else _unknown_topic_id(name) for name in names]
         return {
             "throttle_time": 0,
             "brokers": [{"node_id": self.node_id, "host": self.host, "port": self.port, "rack": None}],
@@ -223,7 +273,7 @@ class KafkaApis:
             return _topic_refused(name, ErrorCode.unknown_topic_or_partition)
         me = [self.node_id]
         return {
-            "error_code": ErrorCode.none, "name": name, "is_internal": name.startswith("__"),
+            "error_code": ErrorCode.none, "name": name, "topic_id": topic_id(name), "is_internal": name.startswith("__"),
             "partitions": [{"error_code": ErrorCode.none, "partition_index": p, "leader_id": self.node_id,
                             "leader_epoch": 0, "replica_nodes": me, "isr_nodes": me, "offline_replicas": []}
                            for p in range(count)],
@@ -740,6 +790,11 @@ class KafkaApis:
 
     def on_join_group(self, request: KafkaRequest) -> dict[str, Any] | Future:
         body = request.body
+        consumer = self.consumer_groups
+        if consumer is not None and consumer.has_members(body.group_id):
+            # a consumer group's (KIP-848) members: a classic member may not join it here
+            return {"throttle_time": 0, "error_code": ErrorCode.inconsistent_group_protocol, "generation_id": -1,
+                    "protocol_name": "", "leader": "", "member_id": body.member_id, "members": []}
         session_ms = _ms(body.session_timeout)
         rebalance_ms = _ms(body.rebalance_timeout) if request.api_version >= 1 else session_ms
         return self.groups.join(body.group_id, body.member_id, getattr(body, "group_instance_id", None),
@@ -774,7 +829,11 @@ class KafkaApis:
         body = request.body
         items = [(t.name, p.partition_index, p.committed_offset, p.committed_metadata)
                  for t in body.topics for p in t.partitions]
-        errors = self.groups.commit_offsets(body.group_id, body.generation_id_or_member_epoch, body.member_id,
+        consumer = self.consumer_groups
+        refused = consumer.check_commit(body.group_id, body.member_id, body.generation_id_or_member_epoch,
+                                        getattr(body, "group_instance_id", None), request.api_version) \
+            if consumer is not None else None
+        errors = [refused] * len(items) if refused else self.groups.commit_offsets(body.group_id, body.generation_id_or_member_epoch, body.member_id,
                                             getattr(body, "group_instance_id", None), items)
         topics: dict[str, list[dict[str, Any]]] = {}
         for (topic, partition, _, _), error in zip(items, errors):
@@ -796,8 +855,15 @@ class KafkaApis:
 
     def on_describe_groups(self, request: KafkaRequest) -> dict[str, Any]:
         groups = []
+        consumer = self.consumer_groups
         for group_id in request.body.groups:
             found = self.groups.describe(group_id)
+            described = consumer.describe(group_id) if consumer is not None and found is None else None
+            if described is not None:  # a consumer group (KIP-848): its type, state and members
+                found = {"state": described["group_state"], "protocol_type": CONSUMER_PROTOCOL_TYPE, "protocol": "",
+                         "members": [{"member_id": m["member_id"], "group_instance_id": m["instance_id"],
+                                      "client_id": m["client_id"], "client_host": m["client_host"],
+                                      "metadata": b"", "assignment": b""} for m in described["members"]]}
             if found is None:  # Kafka describes an unknown group as a dead one
                 found = {"state": "Dead", "protocol_type": "", "protocol": "", "members": []}
             groups.append({"error_code": ErrorCode.none, "group_id": group_id, "group_state": found["state"],
@@ -810,8 +876,41 @@ class KafkaApis:
         return {"throttle_time": 0, "groups": groups}
 
     def on_list_groups(self, request: KafkaRequest) -> dict[str, Any]:
+        listed = {g: (t, state) for g, t, state in self.groups.groups()}
+        consumer = self.consumer_groups
+        if consumer is not None:
+            listed.update({g: (CONSUMER_PROTOCOL_TYPE, state) for g, state in consumer.groups()})
         return {"throttle_time": 0, "error_code": ErrorCode.none,
-                "groups": [{"group_id": g, "protocol_type": t} for g, t, _ in self.groups.groups()]}
+                "groups": [{"group_id": g, "protocol_type": t, "group_state": state}
+                           for g, (t, state) in sorted(listed.items())]}
+
+    # ------------------------------------------------------------------ consumer groups (KIP-848)
+    def on_consumer_group_heartbeat(self, request: KafkaRequest) -> dict[str, Any]:
+        body = request.body
+        consumer = self.consumer_groups
+        assert consumer is not None  # served only with it
+        return consumer.heartbeat(HeartbeatRequest(
+            body.group_id, body.member_id, body.member_epoch, body.instance_id, body.rack_id,
+            _ms(body.rebalance_timeout), body.subscribed_topic_names,
+            getattr(body, "subscribed_topic_regex", None), body.server_assignor,
+            owned_partitions(body.topic_partitions), request.client_id or "", request.client_host,
+            request.api_version))
+
+    def on_consumer_group_describe(self, request: KafkaRequest) -> dict[str, Any]:
+        consumer = self.consumer_groups
+        assert consumer is not None
+        groups = []
+        for group_id in request.body.group_ids:
+            found = consumer.describe(group_id)
+            if found is None:
+                groups.append({"error_code": ErrorCode.group_id_not_found, "group_id": group_id,
+                               "error_message": f"group {group_id} is not a consumer group", "group_state": "Dead",
+                               "group_epoch": -1, "assignment_epoch": -1, "assignor_name": "", "members": [],
+                               "authorized_operations": -2147483648})
+            else:
+                groups.append({"error_code": ErrorCode.none, "error_message": None,
+                               "authorized_operations": -2147483648, **found})
+        return {"throttle_time": 0, "groups": groups}
 
 
 #: what a transactional produce's verification may answer while the coordinator is busy or
@@ -823,7 +922,40 @@ _VERIFY_RETRIABLE = frozenset({ErrorCode.concurrent_transactions, ErrorCode.coor
 
 def _topic_refused(name: str, error: ErrorCode) -> dict[str, Any]:
     """Metadata's answer for a topic it cannot describe."""
-    return {"error_code": error, "name": name, "is_internal": False, "partitions": []}
+    return {"error_code": error, "name": name, "topic_id": uuid.UUID(int=0), "is_internal": False, "partitions": []}
+
+
+def _unknown_topic_id(tid: uuid.UUID) -> dict[str, Any]:
+    return {"error_code": ErrorCode.unknown_topic_id, "name": None, "topic_id": tid, "is_internal": False,
+            "partitions": []}
+
+
+def requested_topics(topics: Any, names: Callable[[], list[str]]) -> list[str | uuid.UUID]:
+    """The names of a Metadata request's topics (v12: a topic may be named by its id alone; an
+    id that names no topic of ``names()`` stays a UUID, answered UNKNOWN_TOPIC_ID)."""
+    by_id: dict[uuid.UUID, str] | None = None
+    out: list[str | uuid.UUID] = []
+    for t in topics:
+        if t.name is not None:
+            out.append(t.name)
+            continue
+        if by_id is None:
+            by_id = {topic_id(n): n for n in names()}
+        tid = getattr(t, "topic_id", None) or uuid.UUID(int=0)
+        out.append(by_id.get(tid, tid))
+    return out
+
+
+#: the namespace of :func:`topic_id`'s names
+_TOPIC_IDS = uuid.UUID("6c6f6773-746f-7265-2d74-6f7069632d69")
+
+
+def topic_id(name: str) -> uuid.UUID:
+    """A topic's id (KIP-516), as Metadata v10+ and the consumer group protocol name it.
+
+    Stand-in until topics keep a stored id (``partition.metadata``): derived from the name, so
+    stable across restarts and nodes, but the same for a topic deleted and created again."""
+    return uuid.uuid5(_TOPIC_IDS, name)
 
 
 def _ms(value: Any) -> int:

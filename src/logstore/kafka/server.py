@@ -52,6 +52,7 @@ from ..txn.coordinator import TxnConfig
 from .apis import KafkaApis, api_version_ranges
 from .auth import SaslAuthenticator
 from .credentials import MECHANISMS, Credentials, CredentialsFile
+from ..groups.consumergroup import ConsumerGroupConfig
 from ..groups.coordinator import GroupConfig
 from .wire import KafkaProtocolError, KafkaRequest, UnsupportedVersionError, encode, parse_request
 from ..store.store import LogStore
@@ -251,6 +252,10 @@ class KafkaServer:
             (:class:`~logstore.txn.coordinator.TxnConfig`: ``transaction.max.timeout.ms``,
             ``transactional.id.expiration.ms``, the intervals of its timeout and expiry checks;
             ``fsync`` is on with ``fsync_acks_all``: power-loss durability for transactions too).
+        consumer_group_config: the consumer group protocol's settings
+            (:class:`~logstore.groups.consumergroup.ConsumerGroupConfig`: Kafka's
+            ``group.consumer.*``); None serves only the classic protocol (Kafka's
+            ``group.coordinator.rebalance.protocols=classic``).
 
     Durability: a produce is answered once its batch is in the log (acks=1; acks=all too unless
     ``fsync_acks_all``): in the page cache, which survives the death of the process, and
@@ -273,7 +278,8 @@ class KafkaServer:
                  group_min_session_timeout_ms: int = 6000, group_max_session_timeout_ms: int = 1_800_000,
                  group_initial_rebalance_delay_ms: int = 0, fsync_acks_all: bool = False,
                  group_liveness: Callable[[str], bool] | None = None,
-                 apis_factory: Callable[..., KafkaApis] = KafkaApis, txn_config: TxnConfig = TxnConfig()) -> None:
+                 apis_factory: Callable[..., KafkaApis] = KafkaApis, txn_config: TxnConfig = TxnConfig(),
+                 consumer_group_config: ConsumerGroupConfig | None = ConsumerGroupConfig()) -> None:
         context = tls.server_context() if isinstance(tls, TLSConfig) else tls
         client_certs = context is not None and context.verify_mode == ssl.CERT_REQUIRED
         local = isinstance(listen, (str, os.PathLike))  # a Unix socket: its file's permissions guard it
@@ -299,7 +305,7 @@ class KafkaServer:
                                    auto_create_topics=auto_create_topics, num_partitions=num_partitions,
                                    group_config=GroupConfig(group_min_session_timeout_ms, group_max_session_timeout_ms,
                                                             group_initial_rebalance_delay_ms, group_liveness),
-                                   fsync_acks_all=fsync_acks_all,
+                                   fsync_acks_all=fsync_acks_all, consumer_group_config=consumer_group_config,
                                    txn_config=replace(txn_config, fsync=txn_config.fsync or fsync_acks_all))
             self._protocol = KafkaProtocol(self._apis, max_request_bytes, sasl, sasl_max_receive_bytes)
             self._server = net.Server(listen, self._protocol, tls=context, limits=limits,

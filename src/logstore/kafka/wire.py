@@ -50,8 +50,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     0: (0, 11),   # Produce (v0-v2 advertised, refused: see _REFUSED_PRODUCE; v9+ flexible)
     1: (4, 11),   # Fetch
     2: (1, 5),    # ListOffsets
-    3: (0, 8),    # Metadata
-    8: (2, 7),    # OffsetCommit
+    3: (0, 12),   # Metadata (v9+ flexible, v10+ topic ids)
+    8: (2, 9),    # OffsetCommit (v8+ flexible; v9: a consumer group's member epoch, KIP-848)
     9: (1, 5),    # OffsetFetch
     10: (0, 2),   # FindCoordinator
     11: (0, 5),   # JoinGroup
@@ -74,6 +74,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     61: (0, 0),   # DescribeProducers (flexible)
     65: (0, 0),   # DescribeTransactions (flexible)
     66: (0, 1),   # ListTransactions (flexible)
+    68: (0, 1),   # ConsumerGroupHeartbeat (KIP-848; not advertised when only classic groups are served)
+    69: (0, 1),   # ConsumerGroupDescribe (KIP-848)
 }
 
 API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "OffsetCommit", 9: "OffsetFetch",
@@ -83,7 +85,8 @@ API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "Offs
              23: "OffsetForLeaderEpoch", 24: "AddPartitionsToTxn", 25: "AddOffsetsToTxn", 26: "EndTxn",
              27: "WriteTxnMarkers",
              28: "TxnOffsetCommit", 32: "DescribeConfigs", 36: "SaslAuthenticate", 61: "DescribeProducers",
-             65: "DescribeTransactions", 66: "ListTransactions",
+             65: "DescribeTransactions", 66: "ListTransactions", 68: "ConsumerGroupHeartbeat",
+             69: "ConsumerGroupDescribe",
              52: "Vote", 53: "BeginQuorumEpoch", 54: "EndQuorumEpoch", 55: "DescribeQuorum"}
 
 _HEADER = struct.Struct(">hhi")  # api key, api version, correlation id

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 import time
 from concurrent.futures import Future
 from typing import Any
@@ -68,7 +69,7 @@ from ..errors import (
     OutOfOrderSequenceError,
     RecordTooLargeError,
 )
-from ..kafka.apis import KafkaApis, one_v2_batch_problem
+from ..kafka.apis import KafkaApis, one_v2_batch_problem, requested_topics, topic_id
 from ..groups.coordinator import GroupCoordinator
 from ..kafka.wire import KafkaRequest
 from ..groups.offsets import OFFSETS_TOPIC, OffsetStore
@@ -115,7 +116,8 @@ class ReplicaKafkaApis(KafkaApis):
         self.cluster_id = context.cluster_id  # one for every node of the set
         self._groups_epoch = -1
         for key, refusal in _GROUP_REFUSALS.items():
-            self.handlers[key] = self._coordinated(self.handlers[key], refusal)
+            if key in self.handlers:  # (68 and 69 only with the consumer group protocol)
+                self.handlers[key] = self._coordinated(self.handlers[key], refusal)
         # The peers' requests, on the same listener.
         self.peer_apis = peer_apis
         self.supported = {**self.supported, **PEER_VERSIONS}
@@ -170,9 +172,12 @@ class ReplicaKafkaApis(KafkaApis):
         look for the coordinator again) and the groups are forgotten."""
         with self._groups_lock:
             old, self._groups = self._groups, None
+            consumer, self._consumer_groups = self._consumer_groups, None
             self._groups_epoch = -1
         if old is not None:
             old.close()
+        if consumer is not None:
+            consumer.close()
 
     @property
     def groups(self) -> GroupCoordinator:
@@ -187,8 +192,10 @@ class ReplicaKafkaApis(KafkaApis):
                 old, self._groups = self._groups, None
                 if old is not None:
                     old.close()
+                if self._consumer_groups is not None:
+                    self._consumer_groups.close()
                 store = OffsetStore(ReplicatedLog(self.context, self.leader, rep, epoch, GROUP_WRITE_TIMEOUT_S))
-                self._groups = GroupCoordinator(store, self.purgatory, self._partition_exists, self.group_config)
+                self._groups = self.group_coordinators(store)  # with the consumer groups' (KIP-848)
                 self._groups_epoch = epoch
             return self._groups
 
@@ -207,6 +214,13 @@ class ReplicaKafkaApis(KafkaApis):
         return {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None, "node_id": leader,
                 "host": host, "port": port}
 
+    def subscribable_topics(self) -> dict[str, tuple[uuid.UUID, int]]:
+        counts: dict[str, int] = {}
+        for topic, partition in self.context.replicas:
+            if not topic.startswith("__"):
+                counts[topic] = max(counts.get(topic, 0), partition + 1)
+        return {name: (topic_id(name), count) for name, count in counts.items()}
+
     def _replica(self, topic: str, partition: int) -> PartitionReplica | None:
         return self.context.replica(topic, partition)
 
@@ -220,22 +234,26 @@ class ReplicaKafkaApis(KafkaApis):
     # ------------------------------------------------------------------ Metadata
     def on_metadata(self, request: KafkaRequest) -> dict[str, Any]:
         body = request.body
-        requested = None if body.topics is None else [t.name for t in body.topics]
+        requested = None if body.topics is None else requested_topics(
+            body.topics, lambda: sorted({t for t, _ in self.context.replicas}))
         if request.api_version == 0 and requested == []:
             requested = None
         topics = sorted({t for t, _ in self.context.replicas}) if requested is None else requested
         brokers = [{"node_id": n, "host": host, "port": port, "rack": None}
                    for n, (host, port) in sorted(self.kafka_brokers.items())]
         return {"throttle_time": 0, "brokers": brokers, "cluster_id": self.cluster_id, "controller_id": self.node_id,
-                "topics": [self._replicated_topic(name) for name in topics],
+                "topics": [self._replicated_topic(name) if isinstance(name, str) else
+                           {"error_code": ErrorCode.unknown_topic_id, "name": None, "topic_id": name,
+                            "is_internal": False, "partitions": []} for name in topics],
                 "cluster_authorized_operations": -2147483648}
 
     def _replicated_topic(self, name: str) -> dict[str, Any]:
         partitions = sorted(p for t, p in self.context.replicas if t == name)
         if not partitions:
-            return {"error_code": ErrorCode.unknown_topic_or_partition, "name": name, "is_internal": False,
-                    "partitions": []}
-        return {"error_code": ErrorCode.none, "name": name, "is_internal": name.startswith("__"),
+            return {"error_code": ErrorCode.unknown_topic_or_partition, "name": name, "topic_id": uuid.UUID(int=0),
+                    "is_internal": False, "partitions": []}
+        return {"error_code": ErrorCode.none, "name": name, "topic_id": topic_id(name),
+                "is_internal": name.startswith("__"),
                 "partitions": [self._partition(name, p) for p in partitions],
                 "topic_authorized_operations": -2147483648}
 
@@ -527,4 +545,11 @@ _GROUP_REFUSALS: dict[int, Any] = {
     15: _refuse_describe,
     16: lambda request: {"throttle_time": 0, "error_code": ErrorCode.none, "groups": []},
     28: _refuse_commit,  # TxnOffsetCommit goes to the group's coordinator
+    68: lambda request: {"throttle_time": 0, "error_code": ErrorCode.not_coordinator,
+                         "error_message": "not the group coordinator", "member_id": request.body.member_id or None,
+                         "member_epoch": -1, "heartbeat_interval": 0, "assignment": None},
+    69: lambda request: {"throttle_time": 0, "groups": [
+        {"error_code": ErrorCode.not_coordinator, "error_message": None, "group_id": g, "group_state": "",
+         "group_epoch": -1, "assignment_epoch": -1, "assignor_name": "", "members": [],
+         "authorized_operations": -2147483648} for g in request.body.group_ids]},
 }
