@@ -54,7 +54,8 @@ from .errors import LogstoreError, OffsetOutOfRangeError
 from .groups.offsets import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIG
 from .txn.metadata import TRANSACTION_STATE_TOPIC, TRANSACTION_STATE_TOPIC_CONFIG
 from .kafka.credentials import Credentials, CredentialsFile
-from .kafka.server import KafkaServer, add_transaction_arguments, transaction_config
+from .kafka.server import (KafkaServer, add_consumer_group_arguments, add_transaction_arguments,
+                           consumer_group_config, transaction_config)
 from .net import server as net
 from .net.protocol import TLSConfig
 from .net.purgatory import Purgatory
@@ -484,6 +485,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
     parser.add_argument("--sasl-credentials", help="Kafka clients' SASL users (a file written by logstore "
                         "kafka-user); the replica user logs in with the secret")
     add_transaction_arguments(parser)
+    add_consumer_group_arguments(parser)
     args = parser.parse_args(argv)
     tls_files = (args.tls_cert, args.tls_key, args.tls_ca)
     if any(tls_files) and not all(tls_files):
@@ -516,7 +518,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
     except OSError as exc:
         parser.error(f"cannot read the secret file: {exc}")
     try:
-        options: dict[str, Any] = {"txn_config": transaction_config(args)}
+        options: dict[str, Any] = {"txn_config": transaction_config(args),
+                                   "consumer_group_config": consumer_group_config(args)}
         if args.sasl_credentials:
             options["sasl_credentials"] = args.sasl_credentials
         node = ReplicaNode(args.node_id, args.data_dir, address(args.listen), peers, secret, partitions=topics,

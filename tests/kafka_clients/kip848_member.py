@@ -6,11 +6,13 @@ A confluent-kafka (librdkafka) consumer with ``group.protocol=consumer`` subscri
 GROUP (as a static member when INSTANCE_ID is given). For every record it commits the offset
 after it (synchronously) and then prints ``R <partition> <offset> <value>``; it prints
 ``A <partitions>`` whenever its assignment changes. It runs until killed or until its stdin
-closes, then closes the consumer (a static member leaves with epoch -2).
+closes, then closes the consumer (a static member leaves with epoch -2). The environment's
+``KIP848_CONFIG`` (JSON) adds librdkafka settings (a replica set's login).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import sys
@@ -32,6 +34,7 @@ def main() -> None:
     bootstrap, topic, group = sys.argv[1:4]
     config = {"bootstrap.servers": bootstrap, "group.id": group, "group.protocol": "consumer",
               "enable.auto.commit": False, "auto.offset.reset": "earliest", "client.id": "kip848-member"}
+    config.update(json.loads(os.environ.get("KIP848_CONFIG", "{}")))
     if len(sys.argv) > 4:
         config["group.instance.id"] = sys.argv[4]
     consumer = Consumer(config)

@@ -5,6 +5,7 @@ store's ``__consumer_offsets`` in log order, never move backwards."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -30,9 +31,12 @@ CONFIG = ConsumerGroupConfig(session_timeout_ms=3000, heartbeat_interval_ms=250)
 
 
 class Member:
-    def __init__(self, bootstrap, instance_id=None, group="grp"):
+    """A kip848_member.py process; ``config``: more librdkafka settings (a login)."""
+
+    def __init__(self, bootstrap, instance_id=None, group="grp", config=None):
         args = [sys.executable, MEMBER, bootstrap, "work", group] + ([instance_id] if instance_id else [])
-        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        env = {**os.environ, "KIP848_CONFIG": json.dumps(config or {})}
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         self.lines: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
 

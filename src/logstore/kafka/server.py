@@ -437,6 +437,40 @@ def transaction_config(args: Any) -> TxnConfig:
                      max_ongoing=args.max_ongoing_transactions)
 
 
+def add_consumer_group_arguments(parser: Any) -> None:
+    """The consumer group protocol's (KIP-848) command-line options (``logstore serve`` and
+    ``logstore node``), by Kafka's setting names, read back by :func:`consumer_group_config`."""
+    parser.add_argument("--group-coordinator-rebalance-protocols", default="classic,consumer", metavar="P,P",
+                        help="the group protocols served: classic, and consumer (KIP-848) unless left out")
+    parser.add_argument("--group-consumer-session-timeout-ms", type=int,
+                        default=ConsumerGroupConfig.session_timeout_ms, metavar="MS",
+                        help="a consumer-protocol member silent this long is fenced")
+    parser.add_argument("--group-consumer-heartbeat-interval-ms", type=int,
+                        default=ConsumerGroupConfig.heartbeat_interval_ms, metavar="MS",
+                        help="how often consumer-protocol members heartbeat")
+    parser.add_argument("--group-consumer-assignors", default=",".join(ConsumerGroupConfig.assignors),
+                        metavar="A,A", help="the server-side assignors (uniform, range); the first is the default")
+
+
+def consumer_group_config(args: Any) -> ConsumerGroupConfig | None:
+    """The ConsumerGroupConfig of parsed :func:`add_consumer_group_arguments` options (None:
+    the classic protocol only).
+
+    Raises:
+        ValueError: an unknown protocol or assignor.
+    """
+    protocols = {p.strip() for p in args.group_coordinator_rebalance_protocols.split(",") if p.strip()}
+    if not protocols <= {"classic", "consumer"} or "classic" not in protocols:
+        raise ValueError(f"group.coordinator.rebalance.protocols must be classic or classic,consumer, not "
+                         f"{args.group_coordinator_rebalance_protocols}")
+    if "consumer" not in protocols:
+        return None
+    return ConsumerGroupConfig(session_timeout_ms=args.group_consumer_session_timeout_ms,
+                               heartbeat_interval_ms=args.group_consumer_heartbeat_interval_ms,
+                               assignors=tuple(a.strip() for a in args.group_consumer_assignors.split(",")
+                                               if a.strip()))
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int:
     """``logstore serve ROOT [--listen HOST:PORT] [--advertised-listener HOST:PORT] [--node-id N]
     [--sasl-credentials FILE [--sasl-mechanisms M,M]] [--tls-cert F --tls-key F [--tls-ca F]]``:
@@ -463,6 +497,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
     parser.add_argument("--fsync-acks-all", action="store_true",
                         help="answer acks=all produces once their batches are fsynced (transactions' too)")
     add_transaction_arguments(parser)
+    add_consumer_group_arguments(parser)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -473,6 +508,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
     logging.basicConfig(level=logging.WARNING, format=f"{prog}: %(levelname)s: %(message)s")
     try:
         txn_config = transaction_config(args)
+        consumer_groups = consumer_group_config(args)
     except ValueError as exc:
         sys.stderr.write(f"{prog}: {exc}\n")
         return 2
@@ -485,6 +521,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
                              allow_anonymous=args.allow_anonymous, fsync_acks_all=args.fsync_acks_all,
                              tls=TLSConfig(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None,
                              sasl_credentials=args.sasl_credentials, txn_config=txn_config,
+                             consumer_group_config=consumer_groups,
                              sasl_mechanisms=[m.strip() for m in args.sasl_mechanisms.split(",") if m.strip()])
     except (LogstoreError, OSError, ValueError) as exc:
         sys.stderr.write(f"{prog}: {exc}\n")
