@@ -35,7 +35,7 @@ from kio.serial import entity_reader
 from kio.serial.errors import SerialError
 
 from ..errors import LogstoreError
-from .apikeys import PRODUCE
+from .apikeys import METADATA, PRODUCE
 from .bounds import check_flexible, check_flexible_header
 from .writer import write_response
 
@@ -185,10 +185,20 @@ def parse_request(frame: bytes | bytearray | memoryview,
     except (KioIndexError, SerialError, ValueError, struct.error, KeyError) as exc:  # KeyError: an unknown tag
         raise KafkaProtocolError(f"{API_NAMES.get(api_key, api_key)} v{api_version}: malformed request: "
                                  f"{exc}") from None
-    if offset + size != len(data):
+    if offset + size != len(data) and not _brokers_only_metadata(api_key, api_version, data, offset, size):
         raise KafkaProtocolError(f"{API_NAMES.get(api_key, api_key)} v{api_version}: "
                                  f"{len(data) - offset - size} bytes after the request")
     return KafkaRequest(api_key, api_version, correlation_id, header.client_id, body)
+
+
+def _brokers_only_metadata(api_key: int, api_version: int, data: Any, offset: int, size: int) -> bool:
+    """Whether the bytes after a request are librdkafka's "brokers only" Metadata v11+: its
+    topic count is written as a 4-byte zero where the flexible version has a one-byte compact
+    count, which reads as a null array (every topic) followed by the request's last 3 bytes
+    again. Kafka's readers ignore what follows a request, so Kafka answers it with every
+    topic; so does this server, for this one shape (any other stray bytes are refused)."""
+    return (api_key == METADATA and api_version >= 11 and len(data) - offset - size == 3
+            and bytes(data[offset:offset + 4]) == b"\0\0\0\0")
 
 
 # ---------------------------------------------------------------------- writing responses
