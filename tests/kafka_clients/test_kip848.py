@@ -224,3 +224,67 @@ def test_the_group_survives_a_server_restart_with_its_epoch_and_assignment(tmp_p
         for m in members:
             m.stop()
         server.stop()
+
+
+def _consume_all(consumer, want, timeout=30):
+    got = []
+    deadline = time.monotonic() + timeout
+    while len(got) < want and time.monotonic() < deadline:
+        msg = consumer.poll(0.2)
+        if msg is not None and not msg.error():
+            got.append((msg.topic(), msg.partition(), msg.offset()))
+    return got
+
+
+def test_a_regex_subscription_and_the_range_assignor(server):
+    server.store.create_topic("work-b", 2)
+    server.store.create_topic("other", 1)
+    for topic, count in (("work", PARTITIONS), ("work-b", 2), ("other", 1)):
+        for p in range(count):
+            server.store.partition(topic, p).append_batch([b"x"])
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": server.bootstrap_servers, "group.id": "regex",
+                                         "group.protocol": "consumer", "group.remote.assignor": "range",
+                                         "auto.offset.reset": "earliest"})
+    try:
+        consumer.subscribe(["^work.*"])
+        got = _consume_all(consumer, PARTITIONS + 2)
+        assert sorted({(t, p) for t, p, _ in got}) == sorted([("work", p) for p in range(PARTITIONS)]
+                                                              + [("work-b", 0), ("work-b", 1)])
+    finally:
+        consumer.close()
+
+
+def test_an_invalid_regex_is_refused_with_kafkas_error(server):
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": server.bootstrap_servers, "group.id": "bad",
+                                         "group.protocol": "consumer"})
+    try:
+        consumer.subscribe(["^(work)\\1$"])  # a backreference: POSIX (librdkafka's check) but not RE2
+        deadline = time.monotonic() + 20
+        error = None
+        while error is None and time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is not None and msg.error():
+                error = msg.error()
+        assert error is not None and error.code() == confluent_kafka.KafkaError._FATAL  # librdkafka: fatal
+        assert "The regular expression is not valid" in error.str()  # Kafka's INVALID_REGULAR_EXPRESSION
+    finally:
+        consumer.close()
+
+
+def test_list_and_describe_groups_name_a_consumer_groups_type_and_state(server):
+    from kafka.admin import KafkaAdminClient
+
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": server.bootstrap_servers, "group.id": "listed",
+                                         "group.protocol": "consumer"})
+    admin = KafkaAdminClient(bootstrap_servers=server.bootstrap_servers)
+    try:
+        consumer.subscribe(["work"])
+        wait_for("an assignment", lambda: consumer.poll(0.1) is None and len(consumer.assignment()) == PARTITIONS)
+        assert {"group_id": "listed", "protocol_type": "consumer"} in admin.list_groups()
+        described = admin.describe_groups(["listed"])["listed"]
+        assert (described["error"], described["group_state"], described["protocol_type"]) == \
+            (None, "Stable", "consumer")
+        assert len(described["members"]) == 1
+    finally:
+        admin.close()
+        consumer.close()
