@@ -288,3 +288,31 @@ def test_list_and_describe_groups_name_a_consumer_groups_type_and_state(server):
     finally:
         admin.close()
         consumer.close()
+
+
+def test_an_emptied_consumer_group_id_is_taken_over_by_a_classic_consumer(server):
+    from kafka import KafkaConsumer
+
+    append_phase(server.store, 1)
+    first = confluent_kafka.Consumer({"bootstrap.servers": server.bootstrap_servers, "group.id": "handover",
+                                      "group.protocol": "consumer", "auto.offset.reset": "earliest",
+                                      "enable.auto.commit": False})
+    first.subscribe(["work"])
+    try:
+        got = _consume_all(first, PARTITIONS * PER_PARTITION // 2)
+        first.commit(asynchronous=False)
+    finally:
+        first.close()  # the last member leaves: the group is empty
+    done = {p: max(o for t, q, o in got if q == p) + 1 for p in {q for _, q, _ in got}}
+    classic = KafkaConsumer("work", bootstrap_servers=server.bootstrap_servers, group_id="handover",
+                            enable_auto_commit=False, auto_offset_reset="earliest", consumer_timeout_ms=5000)
+    try:
+        rest = [(r.partition, r.offset) for r in classic]
+        classic.commit()
+    finally:
+        classic.close()
+    assert sorted(rest + [(p, o) for _, p, o in got]) == sorted((p, o) for p in range(PARTITIONS)
+                                                               for o in range(PER_PARTITION))
+    assert all(o >= done.get(p, 0) for p, o in rest)  # from the consumer group's commits on
+    final = assert_commits_never_backwards(server.store, "handover")
+    assert final == {("work", p): PER_PARTITION for p in range(PARTITIONS)}

@@ -589,13 +589,17 @@ class ConsumerGroupCoordinator:
         """Whether a commit for ``group_id`` may be made by this member at this epoch: None when
         ``group_id`` is no consumer group (the classic rules apply), else an error code (0: yes).
         ``api_version``: the OffsetCommit's (a member of this protocol must use v9 or later;
-        None for a transactional commit, which has no such rule)."""
+        None for a transactional commit, which has no such rule). An empty consumer group
+        answers None too: its id may have become a classic group's (a JoinGroup takes it
+        over, as in Kafka), and the classic rules accept an admin's commit to an empty group."""
         group = self._get(group_id)
         if group is None:
             return None
         with group.lock:
+            if not group.members:
+                return None
             if member_epoch < 0 and not member_id:
-                return ErrorCode.none if not group.members else ErrorCode.unknown_member_id
+                return ErrorCode.unknown_member_id
             member = group.members.get(member_id)
             if member is None:
                 return ErrorCode.unknown_member_id

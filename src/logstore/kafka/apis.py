@@ -879,7 +879,9 @@ class KafkaApis:
         listed = {g: (t, state) for g, t, state in self.groups.groups()}
         consumer = self.consumer_groups
         if consumer is not None:
-            listed.update({g: (CONSUMER_PROTOCOL_TYPE, state) for g, state in consumer.groups()})
+            for group_id, state in consumer.groups():  # an empty one may have become a classic group
+                if state != "Empty" or listed.get(group_id, ("", "Empty"))[1] == "Empty":
+                    listed[group_id] = (CONSUMER_PROTOCOL_TYPE, state)
         return {"throttle_time": 0, "error_code": ErrorCode.none,
                 "groups": [{"group_id": g, "protocol_type": t, "group_state": state}
                            for g, (t, state) in sorted(listed.items())]}
