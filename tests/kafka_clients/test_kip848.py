@@ -316,3 +316,40 @@ def test_an_emptied_consumer_group_id_is_taken_over_by_a_classic_consumer(server
     assert all(o >= done.get(p, 0) for p, o in rest)  # from the consumer group's commits on
     final = assert_commits_never_backwards(server.store, "handover")
     assert final == {("work", p): PER_PARTITION for p in range(PARTITIONS)}
+
+
+def test_the_brokers_consumer_group_settings_by_kafkas_names(server):
+    from confluent_kafka.admin import ConfigResource
+
+    admin = AdminClient({"bootstrap.servers": server.bootstrap_servers})
+    resource = ConfigResource(ConfigResource.Type.BROKER, "0")
+    configs = admin.describe_configs([resource])[resource].result(timeout=10)
+    assert configs["group.coordinator.rebalance.protocols"].value == "classic,consumer"
+    assert configs["group.consumer.session.timeout.ms"].value == str(CONFIG.session_timeout_ms)
+    assert configs["group.consumer.heartbeat.interval.ms"].value == str(CONFIG.heartbeat_interval_ms)
+    assert configs["group.consumer.assignors"].value == "uniform,range"
+
+
+@pytest.mark.parametrize("protocols, served", [("classic", "classic"), ("classic,consumer", "classic,consumer")])
+def test_logstore_serve_takes_the_consumer_group_options(tmp_path, protocols, served):
+    from .test_serve_cli import served as serve
+
+    with serve(tmp_path / "store", "--group-coordinator-rebalance-protocols", protocols,
+               "--group-consumer-session-timeout-ms", "7000", "--group-consumer-assignors", "range") as bootstrap:
+        from confluent_kafka.admin import ConfigResource
+
+        resource = ConfigResource(ConfigResource.Type.BROKER, "0")
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        configs = admin.describe_configs([resource])[resource].result(10)
+    assert configs["group.coordinator.rebalance.protocols"].value == served
+    if served == "classic,consumer":
+        assert configs["group.consumer.session.timeout.ms"].value == "7000"
+        assert configs["group.consumer.assignors"].value == "range"
+    else:
+        assert "group.consumer.session.timeout.ms" not in configs
+
+
+def test_logstore_serve_refuses_an_unknown_assignor(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "logstore", "serve", str(tmp_path / "s"), "--listen", "127.0.0.1:0",
+                           "--group-consumer-assignors", "sticky"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "group.consumer.assignors" in proc.stderr

@@ -777,7 +777,18 @@ class KafkaApis:
                 "group.min.session.timeout.ms": group.min_session_timeout_ms,
                 "group.max.session.timeout.ms": group.max_session_timeout_ms,
                 "group.initial.rebalance.delay.ms": group.initial_rebalance_delay_ms,
-                "log.dirs": self.store.root}
+                "log.dirs": self.store.root, **self._consumer_group_settings()}
+
+    def _consumer_group_settings(self) -> dict[str, Any]:
+        """KIP-848's broker settings by Kafka's names."""
+        consumer = self.consumer_group_config
+        if consumer is None:
+            return {"group.coordinator.rebalance.protocols": "classic"}
+        return {"group.coordinator.rebalance.protocols": "classic,consumer",
+                "group.consumer.session.timeout.ms": consumer.session_timeout_ms,
+                "group.consumer.heartbeat.interval.ms": consumer.heartbeat_interval_ms,
+                "group.consumer.assignors": ",".join(consumer.assignors),
+                "group.consumer.max.size": consumer.max_size}
 
     # ------------------------------------------------------------------ consumer groups
     def on_find_coordinator(self, request: KafkaRequest) -> dict[str, Any]:
