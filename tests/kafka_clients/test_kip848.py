@@ -162,7 +162,7 @@ def test_members_join_leave_and_one_killed_consume_every_record_once(server):
         assert final == {("work", p): 4 * PER_PARTITION for p in range(PARTITIONS)}
         # what the group looks like through the admin client (ConsumerGroupDescribe)
         admin = AdminClient({"bootstrap.servers": server.bootstrap_servers})
-        described = admin.describe_consumer_groups(["grp"])["grp"].result()
+        described = admin.describe_consumer_groups(["grp"])["grp"].result(timeout=10)
         assert described.type == ConsumerGroupType.CONSUMER
         assert described.state == ConsumerGroupState.STABLE and described.partition_assignor == "uniform"
         (only,) = described.members
@@ -206,13 +206,14 @@ def test_the_group_survives_a_server_restart_with_its_epoch_and_assignment(tmp_p
         append_phase(server.store, 1)
         wait_for("phase 1 consumed", lambda: consumed(members, 1) >= PARTITIONS * PER_PARTITION)
         admin = AdminClient({"bootstrap.servers": server.bootstrap_servers})
-        before = admin.describe_consumer_groups(["grp"])["grp"].result()
+        before = admin.describe_consumer_groups(["grp"])["grp"].result(timeout=10)
         held = [m.assignment() for m in members]
         server.stop()
         server = KafkaServer(str(tmp_path), ("127.0.0.1", port), consumer_group_config=CONFIG).start()
         append_phase(server.store, 2)
         wait_for("phase 2 consumed", lambda: consumed(members, 2) >= PARTITIONS * PER_PARTITION)
-        after = admin.describe_consumer_groups(["grp"])["grp"].result()
+        admin = AdminClient({"bootstrap.servers": server.bootstrap_servers})  # a new connection
+        after = admin.describe_consumer_groups(["grp"])["grp"].result(timeout=10)
         assert [m.assignment() for m in members] == held  # taken up where it was: no rebalance
         assert {m.member_id: sorted(tp.partition for tp in m.assignment.topic_partitions) for m in after.members} == \
             {m.member_id: sorted(tp.partition for tp in m.assignment.topic_partitions) for m in before.members}
@@ -250,6 +251,9 @@ def test_a_regex_subscription_and_the_range_assignor(server):
         got = _consume_all(consumer, PARTITIONS + 2)
         assert sorted({(t, p) for t, p, _ in got}) == sorted([("work", p) for p in range(PARTITIONS)]
                                                               + [("work-b", 0), ("work-b", 1)])
+        admin = AdminClient({"bootstrap.servers": server.bootstrap_servers})
+        described = admin.describe_consumer_groups(["regex"])["regex"].result(timeout=10)
+        assert described.partition_assignor == "range"
     finally:
         consumer.close()
 
