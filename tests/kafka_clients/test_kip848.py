@@ -357,3 +357,20 @@ def test_logstore_serve_refuses_an_unknown_assignor(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "logstore", "serve", str(tmp_path / "s"), "--listen", "127.0.0.1:0",
                            "--group-consumer-assignors", "sticky"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "group.consumer.assignors" in proc.stderr
+
+
+@pytest.mark.parametrize("config, advertised", [(CONFIG, True), (None, False)], ids=["consumer", "classic-only"])
+def test_api_versions_advertises_the_consumer_group_apis_only_where_served(tmp_path, config, advertised):
+    import socket
+
+    from .test_wire_edges import api_versions_v0, request, response
+
+    server = KafkaServer(str(tmp_path), ("127.0.0.1", 0), consumer_group_config=config).start()
+    try:
+        with socket.create_connection(server.address, timeout=10) as s:
+            s.sendall(request(18, 0, 5))
+            correlation, error, ranges = api_versions_v0(response(s))
+        assert (correlation, error) == (5, 0)
+        assert (ranges.get(68), ranges.get(69)) == (((0, 1), (0, 1)) if advertised else (None, None))
+    finally:
+        server.stop()

@@ -159,3 +159,25 @@ def test_a_new_topic_matching_the_regex_bumps_the_epoch(env):
     nxt = beat(c, "a", 1, {T: frozenset({0, 1, 2, 3})})
     assert nxt["member_epoch"] == 2
     assert {tp["topic_id"] for tp in nxt["assignment"]["topic_partitions"]} == {T, other}
+
+
+def test_the_records_survive_compaction_and_unknown_record_types_are_skipped(env):
+    coordinator, _, store = env
+    c = coordinator()
+    join(c, "a")
+    join(c, "b")
+    beat(c, "a", 1, {T: frozenset({0, 1, 2, 3})})
+    beat(c, "b", 2, {}, instance_id=None)
+    assert beat(c, "b", 2, {})["error_code"] == 0
+    join(c, "gone")
+    assert beat(c, "gone", -1)["member_epoch"] == -1  # its records: tombstones
+    before = c.describe("g")
+    c.close()
+    log = store.partition("__consumer_offsets", 0)
+    # a record of a later Kafka (a share group's, key version 10) and a garbled consumer record
+    log.append_batch([b"\x00\x00anything", b"\x00\x00\x00"], [b"\x00\x0a\x00\x01g", b"\x00\x03\x00\x01h"])
+    log.roll()
+    log.compact()
+    again = coordinator().describe("g")
+    assert again == before
+    assert "gone" not in {m["member_id"] for m in again["members"]}
