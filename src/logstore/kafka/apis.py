@@ -155,6 +155,7 @@ class KafkaApis:
             24: self.on_add_partitions_to_txn, 25: self.on_add_offsets_to_txn, 26: self.on_end_txn,
             28: self.on_txn_offset_commit, 61: self.on_describe_producers, 65: self.on_describe_transactions,
             66: self.on_list_transactions,
+            23: self.on_offset_for_leader_epoch,
             CONSUMER_GROUP_HEARTBEAT: self.on_consumer_group_heartbeat,
             CONSUMER_GROUP_DESCRIBE: self.on_consumer_group_describe,
         }
@@ -279,6 +280,35 @@ class KafkaApis:
                            for p in range(count)],
             "topic_authorized_operations": -2147483648,
         }
+
+    # ------------------------------------------------------------------ OffsetForLeaderEpoch
+    def on_offset_for_leader_epoch(self, request: KafkaRequest) -> dict[str, Any]:
+        """KIP-320: where each asked leader epoch ends in the partition's log (a consumer that
+        sees a new leader epoch in Metadata v9+ checks its position with it). A current leader
+        epoch older than the log's is FENCED_LEADER_EPOCH, a newer one UNKNOWN_LEADER_EPOCH
+        (not checked on a log without epochs, a single store's: Metadata names epoch 0 there)."""
+        topics = []
+        for topic in request.body.topics:
+            partitions = []
+            for p in topic.partitions:
+                entry: dict[str, Any] = {"error_code": ErrorCode.none, "partition": p.partition, "leader_epoch": -1,
+                                         "end_offset": -1}
+                refused = self.partition_error(topic.topic, p.partition)
+                try:
+                    if refused:
+                        raise UnknownTopicOrPartitionError(f"{topic.topic}-{p.partition}")
+                    log = self.store.partition(topic.topic, p.partition)
+                    latest = log.latest_epoch
+                    if 0 <= latest and 0 <= p.current_leader_epoch != latest:
+                        entry["error_code"] = (ErrorCode.fenced_leader_epoch if p.current_leader_epoch < latest
+                                               else ErrorCode.unknown_leader_epoch)
+                    else:
+                        entry["leader_epoch"], entry["end_offset"] = log.end_offset_for_epoch(p.leader_epoch)
+                except (UnknownTopicOrPartitionError, InvalidTopicError):
+                    entry["error_code"] = refused or ErrorCode.unknown_topic_or_partition
+                partitions.append(entry)
+            topics.append({"topic": topic.topic, "partitions": partitions})
+        return {"throttle_time": 0, "topics": topics}
 
     # ------------------------------------------------------------------ Produce
     def on_produce(self, request: KafkaRequest) -> dict[str, Any] | None:

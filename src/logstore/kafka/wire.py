@@ -65,6 +65,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     19: (2, 4),   # CreateTopics
     20: (1, 3),   # DeleteTopics
     22: (0, 4),   # InitProducerId (v2+ flexible; v3+ KIP-360's epoch bump)
+    23: (2, 4),   # OffsetForLeaderEpoch (v4 flexible; KIP-320: clients that trust Metadata v9+'s leader epochs)
     24: (0, 3),   # AddPartitionsToTxn (v3 flexible; v4 batches transactions between brokers)
     25: (0, 3),   # AddOffsetsToTxn (v3 flexible)
     26: (0, 4),   # EndTxn (v3+ flexible; v5 is KIP-890's transaction version 2)
