@@ -65,3 +65,42 @@ def test_a_consumer_group_carries_on_after_the_coordinator_is_killed(tmp_path):
         assert all(offset >= 2 * PER_PARTITION for offset in final.values())
     finally:
         store.close()
+
+
+def test_offset_for_leader_epoch_answers_where_each_epoch_ends(tmp_path):
+    """KIP-320 through kafka-python's message classes: the leader answers where an epoch ends,
+    a follower NOT_LEADER_OR_FOLLOWER, a stale current epoch FENCED_LEADER_EPOCH."""
+    from kafka.protocol.consumer.offsets import OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse
+
+    from .test_inprocess import wait_for as wait_until
+    from .test_kafka_listener import KEY, Conn, kafka_cluster, leader_of, stop_all
+
+    topic_cls = OffsetForLeaderEpochRequest.OffsetForLeaderTopic
+    partition_cls = topic_cls.OffsetForLeaderPartition
+
+    def ask(address, current, epoch):
+        conn = Conn(address)
+        try:
+            request = OffsetForLeaderEpochRequest(version=3, replica_id=-1, topics=[topic_cls(
+                topic="replicated", partitions=[partition_cls(partition=0, current_leader_epoch=current,
+                                                              leader_epoch=epoch)])])
+            answer = conn.call(request, OffsetForLeaderEpochResponse)
+        finally:
+            conn.close()
+        (topic,) = answer.topics
+        (partition,) = topic.partitions
+        return partition.error_code, partition.leader_epoch, partition.end_offset
+
+    nodes, kafka = kafka_cluster(tmp_path)
+    try:
+        leader = leader_of(nodes)
+        wait_until(lambda: all(n.describe()[KEY]["leader"] == leader for n in nodes.values()))
+        epoch = nodes[leader].describe()[KEY]["epoch"]
+        error, found_epoch, end_offset = ask(kafka[leader], epoch, epoch)
+        assert (error, found_epoch) == (0, epoch) and end_offset >= 0  # the latest epoch ends at the log end
+        assert ask(kafka[leader], epoch - 1, epoch)[0] == 74  # FENCED_LEADER_EPOCH
+        assert ask(kafka[leader], epoch + 1, epoch)[0] == 75  # UNKNOWN_LEADER_EPOCH
+        follower = next(i for i in nodes if i != leader)
+        assert ask(kafka[follower], epoch, epoch)[0] == 6  # NOT_LEADER_OR_FOLLOWER
+    finally:
+        stop_all(nodes)
