@@ -181,3 +181,19 @@ def test_the_records_survive_compaction_and_unknown_record_types_are_skipped(env
     again = coordinator().describe("g")
     assert again == before
     assert "gone" not in {m["member_id"] for m in again["members"]}
+
+
+def test_a_member_that_does_not_revoke_within_its_rebalance_timeout_is_fenced(env):
+    coordinator, _, _ = env
+    c = coordinator()
+    join(c, "a", rt=300)
+    join(c, "b")
+    asked = beat(c, "a", 1, {T: frozenset({0, 1, 2, 3})})
+    assert len(parts(asked)) == 2  # two to revoke, which it never does
+    deadline = time.monotonic() + 10
+    while "a" in {m["member_id"] for m in c.describe("g")["members"]}:
+        assert time.monotonic() < deadline, "the member was never fenced"
+        time.sleep(0.05)
+    assert beat(c, "a", 1)["error_code"] == ErrorCode.unknown_member_id
+    got = beat(c, "b", 2, {})
+    assert got["member_epoch"] == c.describe("g")["group_epoch"] and parts(got) == {0, 1, 2, 3}
