@@ -55,8 +55,9 @@ from .groups.offsets import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIG
 from .txn.metadata import TRANSACTION_STATE_TOPIC, TRANSACTION_STATE_TOPIC_CONFIG
 from .replica.acls import ACLS_TOPIC, ACLS_TOPIC_CONFIG
 from .kafka.credentials import Credentials, CredentialsFile
-from .kafka.server import (KafkaServer, add_authorizer_arguments, add_sasl_arguments, add_transaction_arguments,
-                           authorizer_options, sasl_options, transaction_config)
+from .kafka.server import (KafkaServer, add_authorizer_arguments, add_consumer_group_arguments, add_sasl_arguments,
+                           add_transaction_arguments, authorizer_options, consumer_group_config, sasl_options,
+                           transaction_config)
 from .net import server as net
 from .net.protocol import TLSConfig
 from .net.purgatory import Purgatory
@@ -499,6 +500,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
     add_sasl_arguments(parser)  # Kafka clients' SASL; the replica user logs in with the secret (SCRAM-SHA-256)
     add_authorizer_arguments(parser)
     add_transaction_arguments(parser)
+    add_consumer_group_arguments(parser)
     args = parser.parse_args(argv)
     tls_files = (args.tls_cert, args.tls_key, args.tls_ca)
     if any(tls_files) and not all(tls_files):
@@ -532,7 +534,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
         parser.error(f"cannot read the secret file: {exc}")
     try:
         options: dict[str, Any] = {"txn_config": transaction_config(args), **sasl_options(args),
-                                   **authorizer_options(args)}
+                                   **authorizer_options(args), "consumer_group_config": consumer_group_config(args)}
         node = ReplicaNode(args.node_id, args.data_dir, address(args.listen), peers, secret, partitions=topics,
                            election_timeout_ms=args.election_timeout_ms,
                            min_insync_replicas=args.min_insync_replicas,

@@ -18,10 +18,12 @@ class KafkaNodes:
     """``n`` node processes. With ``proxies``, each node reaches each peer's listener through a
     :class:`LinkProxy` (``proxies[(i, j)]``: i -> j); Metadata still names the listeners
     themselves to clients. Clients log in with :attr:`client_config` (SASL SCRAM as the
-    replica user). ``topics``: ``name:partitions``, several separated by commas."""
+    replica user). ``topics``: ``name:partitions``, several separated by commas; ``options``:
+    more ``logstore node`` options for every node."""
 
     def __init__(self, tmp: Path, secret: bytes, topics: str = "replicated:1", n: int = 3,
-                 election_timeout_ms: int = 300, proxies: bool = False, log_level: str = "INFO") -> None:
+                 election_timeout_ms: int = 300, proxies: bool = False, log_level: str = "INFO",
+                 options: tuple[str, ...] = ()) -> None:
         self.tmp = Path(tmp)
         ports = free_ports(n)
         self.addrs = {i: ("127.0.0.1", ports[i]) for i in range(n)}
@@ -30,6 +32,7 @@ class KafkaNodes:
         self.topics = topics
         self.election_timeout_ms = election_timeout_ms
         self.log_level = log_level
+        self.options = options
         self.proxies = ({(i, j): LinkProxy(self.addrs[j], f"{i}->{j}") for i in range(n) for j in range(n) if i != j}
                         if proxies else {})
         (self.tmp / "secret").write_bytes(secret)
@@ -64,7 +67,7 @@ class KafkaNodes:
              f"--listen={h}:{p}", f"--secret-file={self.tmp / 'secret'}",
              f"--election-timeout-ms={self.election_timeout_ms}",
              *[f"--topic={topic}" for topic in self.topics.split(",")], f"--log-level={self.log_level}",
-             *peers, *advertised],
+             *peers, *advertised, *self.options],
             stdout=subprocess.PIPE, stderr=open(self.tmp / f"node{i}.log", "ab"))
         line = self.procs[i].stdout.readline()
         assert f"serving on {h}:{p}".encode() in line, line

@@ -61,7 +61,7 @@ from .metadata import GroupMember, GroupMetadata
 from .offsets import OffsetStore
 from ..net.purgatory import Purgatory
 
-__all__ = ["GroupConfig", "GroupCoordinator", "EMPTY", "PREPARING_REBALANCE", "COMPLETING_REBALANCE", "STABLE", "DEAD",
+__all__ = ["GroupConfig", "GroupCoordinator", "listed_by", "EMPTY", "PREPARING_REBALANCE", "COMPLETING_REBALANCE", "STABLE", "DEAD",
            "CLASSIC"]
 
 logger = logging.getLogger("logstore.kafka.groups")
@@ -174,6 +174,15 @@ class _Group:
         return max(common, key=lambda n: votes[n])
 
 
+def listed_by(state: str, group_type: str, states: Iterable[str], types: Iterable[str]) -> bool:
+    """Whether ListGroups' filters keep a group in ``state`` of ``group_type``: ``states`` and
+    ``types``, when not empty, keep only the groups in one of them, compared ignoring case (as
+    Kafka's ListGroups v4 and v5 filters)."""
+    wanted_states = {s.lower() for s in states}
+    wanted_types = {t.lower() for t in types}
+    return (not wanted_states or state.lower() in wanted_states) and (not wanted_types or group_type.lower() in wanted_types)
+
+
 @dataclass(frozen=True)
 class GroupConfig:
     """The coordinator's settings, as Kafka's broker settings of the same names.
@@ -214,6 +223,11 @@ class GroupCoordinator:
         self.min_session_ms = config.min_session_timeout_ms
         self.max_session_ms = config.max_session_timeout_ms
         self.liveness = config.liveness
+        #: ``(group, member id, generation or member epoch, instance id) -> error code or None``:
+        #: the committers of a group another protocol coordinates (KIP-848's consumer groups,
+        #: :meth:`~logstore.groups.consumergroup.ConsumerGroupCoordinator.check_commit`) are
+        #: checked by it; None: not such a group, the classic rules apply. Set by the owner.
+        self.committer_check: Callable[[str, str, int, str | None], int | None] | None = None
         self._groups: dict[str, _Group] = {}
         self._lock = threading.Lock()
         self._load()
@@ -763,6 +777,10 @@ class GroupCoordinator:
         group of KIP-848's protocol would fence by member epoch here instead)."""
         if not group_id:
             return ErrorCode.invalid_group_id
+        if self.committer_check is not None:
+            checked = self.committer_check(group_id, member_id, generation, instance_id)
+            if checked is not None:
+                return checked
         group = self._group(group_id, create=generation < 0)
         if group is None:
             return ErrorCode.illegal_generation  # a member of a group this coordinator does not know (a restart)
@@ -951,11 +969,8 @@ class GroupCoordinator:
                     out[group.group_id] = (group.protocol_type or "", group.state, group.group_type())
         for group_id in self.offsets.groups():
             out.setdefault(group_id, ("", EMPTY, CLASSIC))
-        wanted_states = {s.lower() for s in states}
-        wanted_types = {t.lower() for t in types}
         return [(group_id, kind, state, group_type) for group_id, (kind, state, group_type) in sorted(out.items())
-                if (not wanted_states or state.lower() in wanted_states)
-                and (not wanted_types or group_type.lower() in wanted_types)]
+                if listed_by(state, group_type, states, types)]
 
     def close(self) -> None:
         """Answer every waiting join and sync (the server is stopping): the members look for the

@@ -39,6 +39,7 @@ from .._native import lib
 from ..errors import CorruptRecordError, OffsetOutOfRangeError
 from ..records.batch import Record, RecordDecoder, batch_headers
 from ..records.control import ControlType, read_marker
+from .consumerrecords import CONSUMER_KEY_VERSIONS
 from .metadata import GroupMetadata, decode_group_key, decode_group_value, encode_group_key, encode_group_value
 
 __all__ = ["OffsetStore", "OffsetsReplay", "OFFSETS_TOPIC", "encode_offset_key", "encode_offset_value", "decode_offset_key", "decode_offset_value",
@@ -155,6 +156,9 @@ class OffsetsReplay:
         self.leader_epochs: dict[tuple[str, str, int], int] = {}
         #: group -> its last stored membership
         self.groups: dict[str, GroupMetadata] = {}
+        #: key -> value of the last record of each of Kafka's consumer group records (KIP-848,
+        #: :mod:`~logstore.groups.consumerrecords`), read by the consumer group coordinator
+        self.consumer_records: dict[bytes, bytes] = {}
         #: producer id -> the offset records of its open transaction, in log order
         self.pending: dict[int, list[Record]] = {}
         self._decoder = RecordDecoder()
@@ -228,6 +232,12 @@ class OffsetsReplay:
                     self.leader_epochs.pop(parsed, None)
 
     def _take_group(self, key: bytes, value: bytes | None, offset: int) -> None:
+        if len(key) >= 2 and _I16.unpack_from(key, 0)[0] in CONSUMER_KEY_VERSIONS:
+            if value is None:
+                self.consumer_records.pop(bytes(key), None)
+            else:
+                self.consumer_records[bytes(key)] = bytes(value)
+            return
         try:
             group = decode_group_key(key)
             if group is None:
@@ -357,6 +367,32 @@ class OffsetStore:
             self._log.flush()  # type: ignore[attr-defined]
         with self._lock:
             self._catch_up()
+
+    def append_records(self, records: Iterable[tuple[bytes, bytes | None]], durable: bool = True) -> None:
+        """Write ``(key, value)`` records (a None value: a tombstone) in one batch: all or none
+        (the consumer group records of :mod:`~logstore.groups.consumerrecords`).
+
+        Durability: fsynced (or held by a majority) on return unless ``durable`` is False.
+        Thread-safe."""
+        keys: list[bytes | None] = []
+        values: list[bytes | None] = []
+        for key, value in records:
+            keys.append(key)
+            values.append(value)
+        if not keys:
+            return
+        with self._lock:
+            self._log.append_batch(values, keys)  # type: ignore[attr-defined]
+        if durable:
+            self._log.flush()  # type: ignore[attr-defined]
+        with self._lock:
+            self._catch_up()
+
+    def consumer_group_records(self) -> dict[bytes, bytes]:
+        """The last value of every live consumer group record, by key. Thread-safe."""
+        with self._lock:
+            self._catch_up()
+            return dict(self._replay.consumer_records)
 
     def group_metadata(self) -> dict[str, GroupMetadata]:
         """Every group's last stored membership (:mod:`logstore.groups.metadata`)."""

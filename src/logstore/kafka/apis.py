@@ -73,8 +73,11 @@ from ..log.epochs import UNDEFINED_EPOCH, UNDEFINED_OFFSET
 from ..records.batch import parse_header
 from ..txn.producerids import ProducerIds
 from ..groups.offsets import OFFSETS_TOPIC, offset_store
-from ..groups.coordinator import GroupConfig, GroupCoordinator
+from ..groups.coordinator import GroupConfig, GroupCoordinator, listed_by
 from .scramusers import ScramUsers
+from ..groups.consumergroup import (CONSUMER_PROTOCOL_TYPE, ConsumerGroupConfig, ConsumerGroupCoordinator,
+                                    HeartbeatRequest, owned_partitions)
+from .apikeys import CONSUMER_GROUP_DESCRIBE, CONSUMER_GROUP_HEARTBEAT
 from .wire import SUPPORTED, KafkaRequest
 from ..net.purgatory import Purgatory
 from ..store.store import LogStore
@@ -125,6 +128,8 @@ class KafkaApis:
         auto_create_topics, num_partitions: Kafka's ``auto.create.topics.enable`` and
             ``num.partitions``.
         group_config: the group coordinator's settings.
+        consumer_group_config: the consumer group protocol's (KIP-848), or None to serve only
+            the classic protocol (Kafka's ``group.coordinator.rebalance.protocols=classic``).
         txn_config: the transaction coordinator's settings.
         fsync_acks_all: answer an acks=all produce only once its batches are fsynced.
         purgatory: the purgatory to hold fetches in (a replica node's, whose partitions' changes
@@ -138,7 +143,8 @@ class KafkaApis:
     def __init__(self, store: LogStore, *, node_id: int, host: str, port: int, cluster_id: str,
                  auto_create_topics: bool = True, num_partitions: int = 1,
                  group_config: GroupConfig = GroupConfig(), fsync_acks_all: bool = False,
-                 purgatory: Purgatory | None = None, txn_config: TxnConfig = TxnConfig()) -> None:
+                 purgatory: Purgatory | None = None, txn_config: TxnConfig = TxnConfig(),
+                 consumer_group_config: ConsumerGroupConfig | None = ConsumerGroupConfig()) -> None:
         self.store = store
         self.node_id = node_id
         self.host = host
@@ -155,6 +161,8 @@ class KafkaApis:
         #: acks=all answers after an fsync of the partitions written (else once in the log)
         self.fsync_acks_all = fsync_acks_all
         self._groups: GroupCoordinator | None = None
+        self.consumer_group_config = consumer_group_config
+        self._consumer_groups: ConsumerGroupCoordinator | None = None
         self.txn_config = txn_config
         self._txn: TransactionCoordinator | None = None
         #: api key -> (lowest, highest) version served (what ApiVersions advertises)
@@ -174,7 +182,13 @@ class KafkaApis:
             50: self.on_describe_user_scram_credentials, 51: self.on_alter_user_scram_credentials,
             29: self.on_describe_acls, 30: self.on_create_acls, 31: self.on_delete_acls,
             60: self.on_describe_cluster, 75: self.on_describe_topic_partitions, 23: self.on_offset_for_leader_epoch,
+            CONSUMER_GROUP_HEARTBEAT: self.on_consumer_group_heartbeat,
+            CONSUMER_GROUP_DESCRIBE: self.on_consumer_group_describe,
         }
+        if consumer_group_config is None:  # only the classic protocol: 68 and 69 not advertised
+            for key in (CONSUMER_GROUP_HEARTBEAT, CONSUMER_GROUP_DESCRIBE):
+                self.supported.pop(key, None)
+                self.handlers.pop(key)
         #: CreatePartitions, AlterConfigs, IncrementalAlterConfigs, DeleteRecords, DescribeLogDirs,
         #: ElectLeaders
         self.admin = AdminApis(self)
@@ -213,6 +227,8 @@ class KafkaApis:
         self._appends.close()
         if self._groups is not None:
             self._groups.close()
+        if self._consumer_groups is not None:
+            self._consumer_groups.close()
         if self._owns_purgatory:
             self.purgatory.close()
 
@@ -222,9 +238,40 @@ class KafkaApis:
         if self._groups is None:
             with self._groups_lock:
                 if self._groups is None:
-                    self._groups = GroupCoordinator(offset_store(self.store), self.purgatory, self._partition_exists,
-                                                    self.group_config)
+                    self._groups = self.group_coordinators(offset_store(self.store))
         return self._groups
+
+    @property
+    def consumer_groups(self) -> ConsumerGroupCoordinator | None:
+        """The consumer group protocol's coordinator (KIP-848), over the classic one's offsets;
+        None when only the classic protocol is served."""
+        _ = self.groups  # made with the classic coordinator (a replica node's: for its epoch)
+        return self._consumer_groups
+
+    def group_coordinators(self, offsets: Any) -> GroupCoordinator:
+        """Make the classic coordinator over ``offsets`` (an OffsetStore) and, when served,
+        the consumer group coordinator beside it (``self._consumer_groups``), which checks the
+        commits of its groups (holds: the groups' lock)."""
+        classic = GroupCoordinator(offsets, self.purgatory, self._partition_exists, self.group_config)
+        if self.consumer_group_config is not None:
+            def classic_members(group_id: str) -> bool:
+                found = classic.describe(group_id)
+                return found is not None and bool(found["members"])
+            consumer = ConsumerGroupCoordinator(offsets, self.purgatory, self.subscribable_topics,
+                                                self.consumer_group_config, classic_members)
+            classic.committer_check = consumer.check_commit
+            self._consumer_groups = consumer
+        return classic
+
+    def subscribable_topics(self) -> dict[str, tuple[uuid.UUID, int]]:
+        """``{name: (topic id, partition count)}`` of the topics a consumer group may subscribe to."""
+        out = {}
+        for name in self.store.topics():
+            try:
+                out[name] = (self.store.topic_id(name), self.store.partitions_for(name))
+            except (UnknownTopicOrPartitionError, InvalidTopicError):
+                continue  # deleted meanwhile
+        return out
 
     @property
     def txn(self) -> TransactionCoordinator:
@@ -1049,7 +1096,18 @@ class KafkaApis:
                 "group.min.session.timeout.ms": group.min_session_timeout_ms,
                 "group.max.session.timeout.ms": group.max_session_timeout_ms,
                 "group.initial.rebalance.delay.ms": group.initial_rebalance_delay_ms,
-                "log.dirs": self.store.root}
+                "log.dirs": self.store.root, **self._consumer_group_settings()}
+
+    def _consumer_group_settings(self) -> dict[str, Any]:
+        """KIP-848's broker settings by Kafka's names."""
+        consumer = self.consumer_group_config
+        if consumer is None:
+            return {"group.coordinator.rebalance.protocols": "classic"}
+        return {"group.coordinator.rebalance.protocols": "classic,consumer",
+                "group.consumer.session.timeout.ms": consumer.session_timeout_ms,
+                "group.consumer.heartbeat.interval.ms": consumer.heartbeat_interval_ms,
+                "group.consumer.assignors": ",".join(consumer.assignors),
+                "group.consumer.max.size": consumer.max_size}
 
     # ------------------------------------------------------------------ consumer groups
     def coordinator_of(self, key_type: int, key: str) -> dict[str, Any]:
@@ -1073,6 +1131,11 @@ class KafkaApis:
 
     def on_join_group(self, request: KafkaRequest) -> dict[str, Any] | Future:
         body = request.body
+        consumer = self.consumer_groups
+        if consumer is not None and consumer.has_members(body.group_id):
+            # a consumer group's (KIP-848) members: a classic member may not join it here
+            return {"throttle_time": 0, "error_code": ErrorCode.inconsistent_group_protocol, "generation_id": -1,
+                    "protocol_name": "", "leader": "", "member_id": body.member_id, "members": []}
         session_ms = _ms(body.session_timeout)
         rebalance_ms = _ms(body.rebalance_timeout) if request.api_version >= 1 else session_ms
         if getattr(body, "reason", None):
@@ -1114,8 +1177,13 @@ class KafkaApis:
         body = request.body
         items = [(t.name, p.partition_index, p.committed_offset, getattr(p, "committed_leader_epoch", -1),
                   p.committed_metadata) for t in body.topics for p in t.partitions]
-        errors = self.groups.commit_offsets(body.group_id, body.generation_id_or_member_epoch, body.member_id,
-                                            getattr(body, "group_instance_id", None), items, request.api_version)
+        consumer = self.consumer_groups
+        refused = consumer.check_commit(body.group_id, body.member_id, body.generation_id_or_member_epoch,
+                                        getattr(body, "group_instance_id", None), request.api_version) \
+            if consumer is not None else None
+        errors = [refused] * len(items) if refused else \
+            self.groups.commit_offsets(body.group_id, body.generation_id_or_member_epoch, body.member_id,
+                                       getattr(body, "group_instance_id", None), items, request.api_version)
         topics: dict[str, list[dict[str, Any]]] = {}
         for (topic, partition, _, _, _), error in zip(items, errors):
             topics.setdefault(topic, []).append({"partition_index": partition, "error_code": error})
@@ -1128,12 +1196,21 @@ class KafkaApis:
         if request.api_version < 8:
             answer = self._group_offsets(body.group_id, body.topics)
             return {"throttle_time": 0, "error_code": answer["error_code"], "topics": answer["topics"]}
-        return {"throttle_time": 0, "groups": [self._group_offsets(g.group_id, g.topics) for g in body.groups]}
+        return {"throttle_time": 0, "groups": [
+            self._group_offsets(g.group_id, g.topics, getattr(g, "member_id", None), getattr(g, "member_epoch", -1))
+            for g in body.groups]}
 
-    def _group_offsets(self, group_id: str, topics: Any) -> dict[str, Any]:
-        """One group's OffsetFetch answer (``group_id``, ``error_code``, ``topics``)."""
+    def _group_offsets(self, group_id: str, topics: Any, member_id: str | None = None,
+                       member_epoch: int = -1) -> dict[str, Any]:
+        """One group's OffsetFetch answer (``group_id``, ``error_code``, ``topics``). From v9 a
+        consumer group's member names itself: an unknown member or a stale epoch is refused
+        (KIP-848; a classic group ignores them, as Kafka's)."""
         if not group_id:
             return {"group_id": group_id, "error_code": ErrorCode.invalid_group_id, "topics": []}
+        consumer = self.consumer_groups
+        refused = consumer.check_offset_fetch(group_id, member_id, member_epoch) if consumer is not None else 0
+        if refused:
+            return {"group_id": group_id, "error_code": refused, "topics": []}
         wanted = None if topics is None else [(t.name, p) for t in topics for p in t.partition_indexes]
         answers: dict[str, list[dict[str, Any]]] = {}
         for topic, partition, offset, epoch, metadata in self.groups.fetch_offsets(group_id, wanted):
@@ -1160,9 +1237,16 @@ class KafkaApis:
 
     def on_describe_groups(self, request: KafkaRequest) -> dict[str, Any]:
         groups = []
+        consumer = self.consumer_groups
         for group_id in request.body.groups:
             found = self.groups.describe(group_id)
             error, message = ErrorCode.none, None
+            described = consumer.describe(group_id) if consumer is not None and found is None else None
+            if described is not None:  # a consumer group (KIP-848): its type, state and members
+                found = {"state": described["group_state"], "protocol_type": CONSUMER_PROTOCOL_TYPE, "protocol": "",
+                         "members": [{"member_id": m["member_id"], "group_instance_id": m["instance_id"],
+                                      "client_id": m["client_id"], "client_host": m["client_host"],
+                                      "metadata": b"", "assignment": b""} for m in described["members"]]}
             if found is None:  # Kafka describes an unknown group as a dead one (v6: GROUP_ID_NOT_FOUND)
                 found = {"state": "Dead", "protocol_type": "", "protocol": "", "members": []}
                 if request.api_version >= 6:
@@ -1179,10 +1263,44 @@ class KafkaApis:
 
     def on_list_groups(self, request: KafkaRequest) -> dict[str, Any]:
         body = request.body
-        listed = self.groups.groups(getattr(body, "states_filter", ()), getattr(body, "types_filter", ()))
+        listed = {g: (t, state, kind) for g, t, state, kind in self.groups.groups()}
+        consumer = self.consumer_groups
+        if consumer is not None:
+            for group_id, state in consumer.groups():  # an empty one may have become a classic group
+                if state != "Empty" or listed.get(group_id, ("", "Empty", ""))[1] == "Empty":
+                    listed[group_id] = (CONSUMER_PROTOCOL_TYPE, state, CONSUMER_PROTOCOL_TYPE)
+        states, types = getattr(body, "states_filter", ()), getattr(body, "types_filter", ())
         return {"throttle_time": 0, "error_code": ErrorCode.none,
                 "groups": [{"group_id": g, "protocol_type": t, "group_state": state, "group_type": kind}
-                           for g, t, state, kind in listed]}
+                           for g, (t, state, kind) in sorted(listed.items()) if listed_by(state, kind, states, types)]}
+
+    # ------------------------------------------------------------------ consumer groups (KIP-848)
+    def on_consumer_group_heartbeat(self, request: KafkaRequest) -> dict[str, Any]:
+        body = request.body
+        consumer = self.consumer_groups
+        assert consumer is not None  # served only with it
+        return consumer.heartbeat(HeartbeatRequest(
+            body.group_id, body.member_id, body.member_epoch, body.instance_id, body.rack_id,
+            _ms(body.rebalance_timeout), body.subscribed_topic_names,
+            getattr(body, "subscribed_topic_regex", None), body.server_assignor,
+            owned_partitions(body.topic_partitions), request.client_id or "", request.client_host,
+            request.api_version))
+
+    def on_consumer_group_describe(self, request: KafkaRequest) -> dict[str, Any]:
+        consumer = self.consumer_groups
+        assert consumer is not None
+        groups = []
+        for group_id in request.body.group_ids:
+            found = consumer.describe(group_id)
+            if found is None:
+                groups.append({"error_code": ErrorCode.group_id_not_found, "group_id": group_id,
+                               "error_message": f"group {group_id} is not a consumer group", "group_state": "Dead",
+                               "group_epoch": -1, "assignment_epoch": -1, "assignor_name": "", "members": [],
+                               "authorized_operations": -2147483648})
+            else:
+                groups.append({"error_code": ErrorCode.none, "error_message": None,
+                               "authorized_operations": -2147483648, **found})
+        return {"throttle_time": 0, "groups": groups}
 
 
 #: what a transactional produce's verification may answer while the coordinator is busy or

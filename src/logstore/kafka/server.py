@@ -63,6 +63,7 @@ from .auth import SASL_MECHANISMS, SaslAuthenticator
 from .credentials import Credentials, CredentialsFile
 from .oauth import CONFIG_NAMES as OAUTHBEARER_CONFIG_NAMES, OAuthBearerValidator
 from .scramusers import ScramUsers
+from ..groups.consumergroup import ConsumerGroupConfig
 from ..groups.coordinator import GroupConfig
 from .wire import KafkaProtocolError, KafkaRequest, UnsupportedVersionError, encode, parse_request
 from ..store.store import LogStore
@@ -265,6 +266,10 @@ class KafkaServer:
             (:class:`~logstore.txn.coordinator.TxnConfig`: ``transaction.max.timeout.ms``,
             ``transactional.id.expiration.ms``, the intervals of its timeout and expiry checks;
             ``fsync`` is on with ``fsync_acks_all``: power-loss durability for transactions too).
+        consumer_group_config: the consumer group protocol's settings
+            (:class:`~logstore.groups.consumergroup.ConsumerGroupConfig`: Kafka's
+            ``group.consumer.*``); None serves only the classic protocol (Kafka's
+            ``group.coordinator.rebalance.protocols=classic``).
 
     Durability: a produce is answered once its batch is in the log (acks=1; acks=all too unless
     ``fsync_acks_all``): in the page cache, which survives the death of the process, and
@@ -291,7 +296,8 @@ class KafkaServer:
                  group_liveness: Callable[[str], bool] | None = None,
                  apis_factory: Callable[..., KafkaApis] = KafkaApis, txn_config: TxnConfig = TxnConfig(),
                  authorizer: bool | Authorizer = False, super_users: Sequence[str] = (),
-                 allow_everyone_if_no_acl_found: bool = False) -> None:
+                 allow_everyone_if_no_acl_found: bool = False,
+                 consumer_group_config: ConsumerGroupConfig | None = ConsumerGroupConfig()) -> None:
         context = tls.server_context() if isinstance(tls, TLSConfig) else tls
         client_certs = context is not None and context.verify_mode == ssl.CERT_REQUIRED
         local = isinstance(listen, (str, os.PathLike))  # a Unix socket: its file's permissions guard it
@@ -321,7 +327,7 @@ class KafkaServer:
                                    auto_create_topics=auto_create_topics, num_partitions=num_partitions,
                                    group_config=GroupConfig(group_min_session_timeout_ms, group_max_session_timeout_ms,
                                                             group_initial_rebalance_delay_ms, group_liveness),
-                                   fsync_acks_all=fsync_acks_all,
+                                   fsync_acks_all=fsync_acks_all, consumer_group_config=consumer_group_config,
                                    txn_config=replace(txn_config, fsync=txn_config.fsync or fsync_acks_all))
             apis.scram_users = ScramUsers(sasl)
             if authorizer is True:
@@ -531,6 +537,40 @@ def authorizer_options(args: Any) -> dict[str, Any]:
             "super_users": [u.strip() for u in args.super_users.split(";") if u.strip()]}
 
 
+def add_consumer_group_arguments(parser: Any) -> None:
+    """The consumer group protocol's (KIP-848) command-line options (``logstore serve`` and
+    ``logstore node``), by Kafka's setting names, read back by :func:`consumer_group_config`."""
+    parser.add_argument("--group-coordinator-rebalance-protocols", default="classic,consumer", metavar="P,P",
+                        help="the group protocols served: classic, and consumer (KIP-848) unless left out")
+    parser.add_argument("--group-consumer-session-timeout-ms", type=int,
+                        default=ConsumerGroupConfig.session_timeout_ms, metavar="MS",
+                        help="a consumer-protocol member silent this long is fenced")
+    parser.add_argument("--group-consumer-heartbeat-interval-ms", type=int,
+                        default=ConsumerGroupConfig.heartbeat_interval_ms, metavar="MS",
+                        help="how often consumer-protocol members heartbeat")
+    parser.add_argument("--group-consumer-assignors", default=",".join(ConsumerGroupConfig.assignors),
+                        metavar="A,A", help="the server-side assignors (uniform, range); the first is the default")
+
+
+def consumer_group_config(args: Any) -> ConsumerGroupConfig | None:
+    """The ConsumerGroupConfig of parsed :func:`add_consumer_group_arguments` options (None:
+    the classic protocol only).
+
+    Raises:
+        ValueError: an unknown protocol or assignor.
+    """
+    protocols = {p.strip() for p in args.group_coordinator_rebalance_protocols.split(",") if p.strip()}
+    if not protocols <= {"classic", "consumer"} or "classic" not in protocols:
+        raise ValueError(f"group.coordinator.rebalance.protocols must be classic or classic,consumer, not "
+                         f"{args.group_coordinator_rebalance_protocols}")
+    if "consumer" not in protocols:
+        return None
+    return ConsumerGroupConfig(session_timeout_ms=args.group_consumer_session_timeout_ms,
+                               heartbeat_interval_ms=args.group_consumer_heartbeat_interval_ms,
+                               assignors=tuple(a.strip() for a in args.group_consumer_assignors.split(",")
+                                               if a.strip()))
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int:
     """``logstore serve ROOT [--listen HOST:PORT] [--advertised-listener HOST:PORT] [--node-id N]
     [--sasl-credentials FILE] [--sasl-oauthbearer NAME=VALUE ...] [--sasl-mechanisms M,M]
@@ -558,6 +598,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
                         help="how long a new group's first rebalance waits for more members (Kafka's "
                              "group.initial.rebalance.delay.ms; Kafka's default is 3000, logstore's 0)")
     add_transaction_arguments(parser)
+    add_consumer_group_arguments(parser)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -572,6 +613,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
     try:
         txn_config = transaction_config(args)
         sasl = sasl_options(args)
+        consumer_groups = consumer_group_config(args)
     except ValueError as exc:
         sys.stderr.write(f"{prog}: {exc}\n")
         return 2
@@ -584,6 +626,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
                              allow_anonymous=args.allow_anonymous, fsync_acks_all=args.fsync_acks_all,
                              tls=TLSConfig(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None,
                              group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
+                             consumer_group_config=consumer_groups,
                              txn_config=txn_config, **sasl, **authorizer_options(args))
     except (LogstoreError, OSError, ValueError) as exc:
         sys.stderr.write(f"{prog}: {exc}\n")

@@ -88,6 +88,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     61: (0, 0),   # DescribeProducers (flexible)
     65: (0, 0),   # DescribeTransactions (flexible)
     66: (0, 1),   # ListTransactions (flexible)
+    68: (0, 1),   # ConsumerGroupHeartbeat (KIP-848; not advertised when only classic groups are served)
+    69: (0, 1),   # ConsumerGroupDescribe (KIP-848)
     75: (0, 0),   # DescribeTopicPartitions (flexible; KIP-966)
 }
 
@@ -101,7 +103,8 @@ API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "Offs
              42: "DeleteGroups", 43: "ElectLeaders", 44: "IncrementalAlterConfigs", 47: "OffsetDelete",
              50: "DescribeUserScramCredentials", 51: "AlterUserScramCredentials", 52: "Vote", 53: "BeginQuorumEpoch",
              54: "EndQuorumEpoch", 55: "DescribeQuorum", 60: "DescribeCluster", 61: "DescribeProducers",
-             65: "DescribeTransactions", 66: "ListTransactions", 75: "DescribeTopicPartitions"}
+             65: "DescribeTransactions", 66: "ListTransactions", 68: "ConsumerGroupHeartbeat",
+             69: "ConsumerGroupDescribe", 75: "DescribeTopicPartitions"}
 
 _HEADER = struct.Struct(">hhi")  # api key, api version, correlation id
 #: Produce versions advertised but refused (closing the connection), as Kafka 4 does.

@@ -67,6 +67,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import uuid
 import time
 from concurrent.futures import Future
 from typing import Any, Iterable
@@ -138,7 +139,8 @@ class ReplicaKafkaApis(KafkaApis):
         #: the set's replicated ACLs, once an authorizer is made (:meth:`new_authorizer`)
         self.acls: ReplicatedAcls | None = None
         for key, refusal in _GROUP_REFUSALS.items():
-            self.handlers[key] = self._coordinated(self.handlers[key], refusal)
+            if key in self.handlers:  # (68 and 69 only with the consumer group protocol)
+                self.handlers[key] = self._coordinated(self.handlers[key], refusal)
         # The peers' requests, on the same listener.
         self.peer_apis = peer_apis
         self.supported = {**self.supported, **PEER_VERSIONS}
@@ -233,9 +235,12 @@ class ReplicaKafkaApis(KafkaApis):
         look for the coordinator again) and the groups are forgotten."""
         with self._groups_lock:
             old, self._groups = self._groups, None
+            consumer, self._consumer_groups = self._consumer_groups, None
             self._groups_epoch = -1
         if old is not None:
             old.close()
+        if consumer is not None:
+            consumer.close()
 
     @property
     def groups(self) -> GroupCoordinator:
@@ -250,8 +255,10 @@ class ReplicaKafkaApis(KafkaApis):
                 old, self._groups = self._groups, None
                 if old is not None:
                     old.close()
+                if self._consumer_groups is not None:
+                    self._consumer_groups.close()
                 store = OffsetStore(ReplicatedLog(self.context, self.leader, rep, epoch, GROUP_WRITE_TIMEOUT_S))
-                self._groups = GroupCoordinator(store, self.purgatory, self._partition_exists, self.group_config)
+                self._groups = self.group_coordinators(store)  # with the consumer groups' (KIP-848)
                 self._groups_epoch = epoch
             return self._groups
 
@@ -267,6 +274,13 @@ class ReplicaKafkaApis(KafkaApis):
                     "error_message": f"no leader of {topic}-0 yet", "node_id": -1, "host": "", "port": -1}
         host, port = self.kafka_brokers[leader]
         return {"error_code": ErrorCode.none, "error_message": None, "node_id": leader, "host": host, "port": port}
+
+    def subscribable_topics(self) -> dict[str, tuple[uuid.UUID, int]]:
+        counts: dict[str, int] = {}
+        for topic, partition in self.context.replicas:
+            if not topic.startswith("__"):
+                counts[topic] = max(counts.get(topic, 0), partition + 1)
+        return {name: (self.store.topic_id(name), count) for name, count in counts.items()}
 
     def _replica(self, topic: str, partition: int) -> PartitionReplica | None:
         return self.context.replica(topic, partition)
@@ -643,4 +657,11 @@ _GROUP_REFUSALS: dict[int, Any] = {
     42: lambda request: {"throttle_time": 0, "results": [{"group_id": g, "error_code": ErrorCode.not_coordinator}
                                                          for g in request.body.groups_names]},
     47: lambda request: {"throttle_time": 0, "error_code": ErrorCode.not_coordinator, "topics": []},
+    68: lambda request: {"throttle_time": 0, "error_code": ErrorCode.not_coordinator,
+                         "error_message": "not the group coordinator", "member_id": request.body.member_id or None,
+                         "member_epoch": -1, "heartbeat_interval": 0, "assignment": None},
+    69: lambda request: {"throttle_time": 0, "groups": [
+        {"error_code": ErrorCode.not_coordinator, "error_message": None, "group_id": g, "group_state": "",
+         "group_epoch": -1, "assignment_epoch": -1, "assignor_name": "", "members": [],
+         "authorized_operations": -2147483648} for g in request.body.group_ids]},
 }

@@ -1,0 +1,732 @@
+"""Kafka's consumer group protocol (KIP-848): ConsumerGroupHeartbeat, ConsumerGroupDescribe, fenced commits.
+
+A consumer group of the new protocol is driven by its members' heartbeats alone; the
+coordinator computes the assignment (Kafka's GroupMetadataManager, ConsumerGroup,
+ConsumerGroupMember). Three epochs order everything:
+
+- the *group epoch*, bumped whenever the group's membership, a member's subscription or the
+  subscribed topics' partition counts change;
+- the *target assignment epoch*: the group epoch the target assignment was last computed for.
+  A heartbeat that finds it behind the group epoch runs the group's server-side assignor
+  (:mod:`~logstore.groups.assignors`: ``uniform`` or ``range``, the members' ``server_assignor``
+  choice, else the first of ``group.consumer.assignors``);
+- each *member epoch*: a member reaches the target epoch step by step
+  (:mod:`~logstore.groups.reconciliation`): it first revokes what the target takes from it,
+  and gets a partition only once its previous holder has released it.
+
+Requests and errors, as Kafka's: a member joins with epoch 0 (v1: with the id it generated;
+v0: the coordinator gives one), heartbeats with its epoch (FENCED_MEMBER_EPOCH when the epoch
+is not its own, or its previous one with nothing it no longer holds; UNKNOWN_MEMBER_ID when the
+coordinator does not know it), and leaves with -1. A static member (``instance_id``) leaves
+with -2 and keeps its assignment: a new process with the same instance id takes the member's
+place, epoch and assignment without a rebalance (UNRELEASED_INSTANCE_ID while the old one has
+not left). A member that sends no heartbeat within ``group.consumer.session.timeout.ms`` is
+fenced (its partitions are released, the group epoch bumped), and so is one that has not
+revoked its partitions within its rebalance timeout. Group states: Empty, Assigning (the
+target is behind the group epoch), Reconciling (a member is not yet at the target), Stable.
+
+Offset commits of a consumer group (:meth:`ConsumerGroupCoordinator.check_commit`) must come
+from a member at its current epoch (STALE_MEMBER_EPOCH for an older one, FENCED_MEMBER_EPOCH
+for a newer, UNKNOWN_MEMBER_ID for a stranger); epoch -1 without a member id (admin tools) is
+accepted while the group has no members.
+
+Durability: every change is written to ``__consumer_offsets`` as Kafka's consumer group
+records (:mod:`~logstore.groups.consumerrecords`, through the :class:`OffsetStore` the classic
+groups use) before the heartbeat that made it is answered (fsynced, or held by a majority on a
+replica set); changes made by timers are written without waiting. A coordinator that starts
+over the same records (a restart, a new leader of the offsets partition) takes every group up
+where it was: epochs, subscriptions, target and current assignments; each member's session
+starts again. A write that fails answers COORDINATOR_NOT_AVAILABLE and the group is read
+back from its records.
+
+Timers (sessions, revocations) are watches in the server's
+:class:`~logstore.net.purgatory.Purgatory`.
+
+Thread-safety: every method may be called from any thread; each group has its own lock,
+taken before the :class:`OffsetStore`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping
+
+from ..errorcodes import ErrorCode
+from ..errors import CorruptRecordError, LogstoreError
+from ..net.purgatory import Purgatory
+from . import consumerrecords as rec
+from .assignors import ASSIGNORS, Assignment, assign
+from .offsets import OffsetStore
+from .reconciliation import STABLE, STATE_NAMES, UNREVOKED_PARTITIONS, MemberAssignment, reconcile, subset
+
+__all__ = ["ConsumerGroupConfig", "ConsumerGroupCoordinator", "HeartbeatRequest", "LEAVE", "LEAVE_STATIC",
+           "CONSUMER_PROTOCOL_TYPE"]
+
+logger = logging.getLogger("logstore.groups.consumer")
+
+#: the member epochs of a leave, and of a static member's temporary leave
+LEAVE = -1
+LEAVE_STATIC = -2
+#: the protocol type ListGroups and DescribeGroups name a consumer group by
+CONSUMER_PROTOCOL_TYPE = "consumer"
+EMPTY, ASSIGNING, RECONCILING, STABLE_STATE = "Empty", "Assigning", "Reconciling", "Stable"
+#: RE2/J, which Kafka compiles subscriptions with, has no lookaround and no backreference
+_NOT_RE2 = re.compile(r"\(\?<?[=!]|\\[1-9]|\(\?P=")
+
+
+@dataclass(frozen=True)
+class ConsumerGroupConfig:
+    """The consumer group coordinator's settings, by Kafka's broker settings of the same names.
+
+    Attributes:
+        session_timeout_ms: ``group.consumer.session.timeout.ms`` (45000).
+        heartbeat_interval_ms: ``group.consumer.heartbeat.interval.ms`` (5000).
+        assignors: ``group.consumer.assignors``: the server-side assignors a member may name;
+            the first is the default.
+        max_size: ``group.consumer.max.size``: GROUP_MAX_SIZE_REACHED past it.
+    """
+
+    session_timeout_ms: int = 45000
+    heartbeat_interval_ms: int = 5000
+    assignors: tuple[str, ...] = ASSIGNORS
+    max_size: int = 2 ** 31 - 1
+
+    def __post_init__(self) -> None:
+        unknown = [a for a in self.assignors if a not in ASSIGNORS]
+        if unknown or not self.assignors:
+            raise ValueError(f"group.consumer.assignors must name some of {', '.join(ASSIGNORS)}, not {unknown}")
+
+
+@dataclass(frozen=True)
+class HeartbeatRequest:
+    """A ConsumerGroupHeartbeat's fields (None: unchanged since the last heartbeat)."""
+
+    group_id: str
+    member_id: str
+    member_epoch: int
+    instance_id: str | None = None
+    rack_id: str | None = None
+    rebalance_timeout_ms: int = -1
+    subscribed_topic_names: tuple[str, ...] | None = None
+    subscribed_topic_regex: str | None = None
+    server_assignor: str | None = None
+    owned: Assignment | None = None
+    client_id: str = ""
+    client_host: str = ""
+    #: v0: a joining member may come without an id (the coordinator makes one)
+    version: int = 1
+
+
+class _HeartbeatError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class _Member:
+    __slots__ = ("member_id", "meta", "at", "deadline", "revoke_watch")
+
+    def __init__(self, member_id: str, meta: rec.MemberMetadata, at: MemberAssignment) -> None:
+        self.member_id = member_id
+        self.meta = meta
+        self.at = at
+        self.deadline = 0.0  # the session ends unless a heartbeat comes first (monotonic)
+        self.revoke_watch = -1  # the epoch a revocation timer watches, -1 none
+
+
+class _Group:
+    """One consumer group's state (see the module docstring); guarded by ``lock``."""
+
+    def __init__(self, group_id: str) -> None:
+        self.group_id = group_id
+        self.lock = threading.RLock()
+        self.epoch = 0
+        self.assignment_epoch = 0
+        self.target: dict[str, Assignment] = {}
+        self.members: dict[str, _Member] = {}
+        self.static: dict[str, str] = {}  # instance id -> member id
+        self.topics: dict[uuid.UUID, tuple[str, int]] = {}  # the subscribed topics at the last epoch bump
+        self.assignor = ""
+
+    def state(self) -> str:
+        if not self.members:
+            return EMPTY
+        if self.assignment_epoch != self.epoch:
+            return ASSIGNING
+        if any(m.at.epoch != self.assignment_epoch or m.at.state != STABLE for m in self.members.values()):
+            return RECONCILING
+        return STABLE_STATE
+
+    def owner_epochs(self, but: str) -> dict[tuple[uuid.UUID, int], int]:
+        """(topic id, partition) -> the epoch of the member other than ``but`` holding it."""
+        out = {}
+        for m in self.members.values():
+            if m.member_id == but:
+                continue
+            for parts in (m.at.assigned, m.at.pending_revocation):
+                for topic, ps in parts.items():
+                    for p in ps:
+                        out[(topic, p)] = m.at.epoch
+        return out
+
+
+def _empty_at() -> MemberAssignment:
+    return MemberAssignment(0, 0, STABLE, {}, {})
+
+
+class ConsumerGroupCoordinator:
+    """The coordinator of every consumer group (KIP-848) of one server (see the module docstring).
+
+    Args:
+        offsets: the store's ``__consumer_offsets`` (shared with the classic coordinator).
+        purgatory: the server's purgatory (its timer runs sessions and revocation timeouts).
+        topics: ``() -> {topic name: (topic id, partition count)}`` of every topic a group may
+            subscribe to (internal ones left out).
+        config: :class:`ConsumerGroupConfig`.
+        classic_members: ``group id -> bool``: whether a classic group of that id has members
+            (a consumer-protocol member cannot join it: GROUP_ID_NOT_FOUND).
+    """
+
+    def __init__(self, offsets: OffsetStore, purgatory: Purgatory,
+                 topics: Callable[[], Mapping[str, tuple[uuid.UUID, int]]],
+                 config: ConsumerGroupConfig = ConsumerGroupConfig(),
+                 classic_members: Callable[[str], bool] = lambda group_id: False) -> None:
+        self.offsets = offsets
+        self.purgatory = purgatory
+        self.topics = topics
+        self.config = config
+        self.classic_members = classic_members
+        self._groups: dict[str, _Group] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._load()
+
+    # ------------------------------------------------------------------ loading
+    def _load(self) -> None:
+        """Take every group up from its records (see the module docstring)."""
+        by_group: dict[str, list[tuple[int, str | None, bytes]]] = {}
+        for key, value in self.offsets.consumer_group_records().items():
+            try:
+                parsed = rec.decode_key(key)
+            except CorruptRecordError as exc:
+                logger.warning("skipping a consumer group record: %s", exc)
+                continue
+            if parsed is not None:
+                by_group.setdefault(parsed[1], []).append((parsed[0], parsed[2], value))
+        for group_id, records in by_group.items():
+            group = self._group_from(group_id, records)
+            if group is not None:
+                self._groups[group_id] = group
+                logger.info("consumer group %s: loaded at epoch %d with %d members", group_id, group.epoch,
+                            len(group.members))
+
+    def _group_from(self, group_id: str, records: list[tuple[int, str | None, bytes]]) -> _Group | None:
+        group = _Group(group_id)
+        metas: dict[str, rec.MemberMetadata] = {}
+        current: dict[str, rec.CurrentAssignment] = {}
+        exists = False
+        for version, member, value in records:
+            try:
+                decoded = rec.decode_value(version, value)
+            except CorruptRecordError as exc:
+                logger.warning("consumer group %s: skipping a record: %s", group_id, exc)
+                continue
+            if decoded is None:
+                continue
+            if version == rec.GROUP_METADATA:
+                group.epoch, exists = decoded, True
+            elif version == rec.TARGET_METADATA:
+                group.assignment_epoch = decoded
+            elif version == rec.PARTITION_METADATA:
+                group.topics = decoded
+            elif version == rec.MEMBER_METADATA and member is not None:
+                metas[member] = decoded
+            elif version == rec.TARGET_MEMBER and member is not None:
+                group.target[member] = decoded
+            elif version == rec.CURRENT_ASSIGNMENT and member is not None:
+                current[member] = decoded
+        if not exists:
+            return None
+        now = time.monotonic()
+        for member_id, meta in metas.items():
+            c = current.get(member_id)
+            at = MemberAssignment(*c) if c is not None else _empty_at()
+            member = group.members[member_id] = _Member(member_id, meta, at)
+            if meta.instance_id is not None:
+                group.static[meta.instance_id] = member_id
+            member.deadline = now + self.config.session_timeout_ms / 1000.0
+            self._watch_session(group, member)
+        group.target = {m: a for m, a in group.target.items() if m in group.members}
+        group.assignor = self._assignor(group)
+        return group
+
+    def _reload(self, group_id: str) -> None:
+        """Read one group back from its records (after a write that failed: what the log holds
+        wins over what this coordinator had in memory)."""
+        records = []
+        for key, value in self.offsets.consumer_group_records().items():
+            try:
+                parsed = rec.decode_key(key)
+            except CorruptRecordError:
+                continue
+            if parsed is not None and parsed[1] == group_id:
+                records.append((parsed[0], parsed[2], value))
+        group = self._group_from(group_id, records)
+        with self._lock:
+            if group is None:
+                self._groups.pop(group_id, None)
+            else:
+                self._groups[group_id] = group
+
+    # ------------------------------------------------------------------ queries
+    def owns(self, group_id: str) -> bool:
+        """Whether ``group_id`` is a consumer group here (its classic requests are refused)."""
+        with self._lock:
+            return group_id in self._groups
+
+    def has_members(self, group_id: str) -> bool:
+        """Whether the consumer group ``group_id`` has members."""
+        group = self._get(group_id)
+        if group is None:
+            return False
+        with group.lock:
+            return bool(group.members)
+
+    def _get(self, group_id: str) -> _Group | None:
+        with self._lock:
+            return self._groups.get(group_id)
+
+    def groups(self) -> list[tuple[str, str]]:
+        """(group id, state) of every consumer group (ListGroups)."""
+        with self._lock:
+            groups = list(self._groups.values())
+        out = []
+        for group in groups:
+            with group.lock:
+                out.append((group.group_id, group.state()))
+        return sorted(out)
+
+    # ------------------------------------------------------------------ heartbeat
+    def heartbeat(self, request: HeartbeatRequest) -> dict[str, Any]:
+        """A ConsumerGroupHeartbeat: its answer's fields (named as in its latest version)."""
+        try:
+            _validate(request, self.config)
+        except _HeartbeatError as exc:
+            return _error(exc.code, exc.message, request.member_id)
+        if self._closed:
+            return _error(ErrorCode.not_coordinator, "the coordinator is closing", request.member_id)
+        if request.member_epoch == 0 and self.classic_members(request.group_id):
+            return _error(ErrorCode.group_id_not_found, f"group {request.group_id} is a classic group with members",
+                          request.member_id)
+        with self._lock:
+            group = self._groups.get(request.group_id)
+            if group is None and request.member_epoch == 0:
+                group = self._groups[request.group_id] = _Group(request.group_id)
+        if group is None:
+            return _error(ErrorCode.unknown_member_id, f"group {request.group_id} has no member {request.member_id}",
+                          request.member_id)
+        writes: list[tuple[bytes, bytes | None]] = []
+        with group.lock:
+            try:
+                if request.member_epoch in (LEAVE, LEAVE_STATIC):
+                    answer = self._leave(group, request, writes)
+                else:
+                    answer = self._heartbeat(group, request, writes)
+            except _HeartbeatError as exc:
+                return _error(exc.code, exc.message, request.member_id)
+            if writes and not self._write(group, writes, durable=True):
+                return _error(ErrorCode.coordinator_not_available, "the group's records could not be written",
+                              request.member_id)
+            return answer
+
+    def _write(self, group: _Group, writes: list[tuple[bytes, bytes | None]], durable: bool) -> bool:
+        """Write a change's records (holds the group's lock); on failure the group is read
+        back from its records."""
+        try:
+            self.offsets.append_records(writes, durable=durable)
+        except (LogstoreError, OSError, ValueError) as exc:
+            logger.error("consumer group %s: its records could not be written: %s", group.group_id, exc)
+            self._reload(group.group_id)
+            return False
+        return True
+
+    def _heartbeat(self, group: _Group, request: HeartbeatRequest, writes: list[tuple[bytes, bytes | None]]
+                   ) -> dict[str, Any]:
+        member_id = request.member_id or (str(uuid.uuid4()) if request.version == 0 else "")
+        member = group.members.get(member_id)
+        bump = False
+        full = request.member_epoch == 0
+        if request.member_epoch == 0:
+            if member is None and request.instance_id is not None and request.instance_id in group.static:
+                member = self._replace_static(group, request.instance_id, member_id, writes)
+            if member is None:
+                if len(group.members) >= self.config.max_size:
+                    raise _HeartbeatError(ErrorCode.group_max_size_reached,
+                                          f"group {group.group_id} has {len(group.members)} members")
+                member = _Member(member_id, rec.MemberMetadata(request.instance_id, None, request.client_id,
+                                 request.client_host, (), None, -1, None), _empty_at())
+                group.members[member_id] = member
+                if request.instance_id is not None:
+                    group.static[request.instance_id] = member_id
+                bump = True
+                logger.info("consumer group %s: member %s joins", group.group_id, member_id)
+        else:
+            if member is None:
+                raise _HeartbeatError(ErrorCode.unknown_member_id,
+                                      f"group {group.group_id} has no member {member_id}")
+            at = member.at
+            if request.member_epoch > at.epoch or (request.member_epoch < at.epoch and (
+                    request.member_epoch != at.previous_epoch or not subset(request.owned, at.assigned))):
+                raise _HeartbeatError(ErrorCode.fenced_member_epoch,
+                                      f"member {member_id} is at epoch {at.epoch}, not {request.member_epoch}")
+        meta = _updated(member.meta, request)
+        if meta != member.meta:
+            if (meta.subscribed_topic_names, meta.subscribed_topic_regex, meta.server_assignor) != (
+                    member.meta.subscribed_topic_names, member.meta.subscribed_topic_regex,
+                    member.meta.server_assignor):
+                bump = True
+            member.meta = meta
+            writes.append((rec.encode_key(rec.MEMBER_METADATA, group.group_id, member_id),
+                           rec.encode_value(rec.MEMBER_METADATA, meta)))
+        topics = self._subscribed_topics(group)
+        if topics != group.topics:
+            group.topics = topics
+            writes.append((rec.encode_key(rec.PARTITION_METADATA, group.group_id),
+                           rec.encode_value(rec.PARTITION_METADATA, topics)))
+            bump = True
+        if bump or not group.epoch:
+            self._bump(group, writes)
+        if group.assignment_epoch != group.epoch:
+            self._compute_target(group, writes)
+        before = member.at
+        owners = group.owner_epochs(member_id)
+        after = reconcile(before, group.assignment_epoch, group.target.get(member_id, {}),
+                          lambda t, p: owners.get((t, p), -1), request.owned)
+        if after != before:
+            member.at = after
+            writes.append(self._current_record(group, member))
+            if after.state == UNREVOKED_PARTITIONS and member.revoke_watch != after.epoch:
+                self._watch_revocation(group, member)
+        self._touch(group, member)
+        send = full or after != before or (request.owned is not None and {
+            t: p for t, p in request.owned.items() if p} != {t: p for t, p in after.assigned.items() if p})
+        return {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None, "member_id": member_id,
+                "member_epoch": after.epoch, "heartbeat_interval": self.config.heartbeat_interval_ms,
+                "assignment": {"topic_partitions": [{"topic_id": t, "partitions": sorted(p)}
+                                                    for t, p in sorted(after.assigned.items()) if p]}
+                if send else None}
+
+    def _replace_static(self, group: _Group, instance_id: str, member_id: str,
+                        writes: list[tuple[bytes, bytes | None]]) -> _Member:
+        """A static member's new process takes the place of its old one, which must have left
+        with epoch -2: same assignment, same epoch, no rebalance."""
+        old = group.members[group.static[instance_id]]
+        if old.at.epoch != LEAVE_STATIC:
+            raise _HeartbeatError(ErrorCode.unreleased_instance_id,
+                                  f"instance {instance_id} is still held by member {old.member_id}")
+        self._remove(group, old, writes)
+        at = old.at._replace(epoch=old.at.previous_epoch)
+        member = group.members[member_id] = _Member(member_id, old.meta, at)
+        group.static[instance_id] = member_id
+        if old.member_id in group.target:
+            group.target[member_id] = group.target.pop(old.member_id)
+        else:
+            group.target.pop(old.member_id, None)
+        writes.append((rec.encode_key(rec.MEMBER_METADATA, group.group_id, member_id),
+                       rec.encode_value(rec.MEMBER_METADATA, old.meta)))
+        writes.append((rec.encode_key(rec.TARGET_MEMBER, group.group_id, member_id),
+                       rec.encode_value(rec.TARGET_MEMBER, group.target.get(member_id, {}))))
+        writes.append(self._current_record(group, member))
+        logger.info("consumer group %s: static member %s (%s) replaces %s", group.group_id, member_id, instance_id,
+                    old.member_id)
+        return member
+
+    def _leave(self, group: _Group, request: HeartbeatRequest, writes: list[tuple[bytes, bytes | None]]
+               ) -> dict[str, Any]:
+        member = group.members.get(request.member_id)
+        if member is None and request.instance_id is not None:
+            found = group.static.get(request.instance_id)
+            member = group.members.get(found) if found is not None else None
+        if member is None:
+            raise _HeartbeatError(ErrorCode.unknown_member_id,
+                                  f"group {group.group_id} has no member {request.member_id}")
+        if request.member_epoch == LEAVE_STATIC and member.meta.instance_id is not None:
+            if member.at.epoch != LEAVE_STATIC:
+                member.at = member.at._replace(epoch=LEAVE_STATIC, previous_epoch=member.at.epoch)
+                writes.append(self._current_record(group, member))
+                logger.info("consumer group %s: static member %s (%s) leaves for now", group.group_id,
+                            member.member_id, member.meta.instance_id)
+        else:
+            self._remove(group, member, writes)
+            self._bump(group, writes)
+            logger.info("consumer group %s: member %s leaves", group.group_id, member.member_id)
+        return {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None,
+                "member_id": member.member_id, "member_epoch": request.member_epoch, "heartbeat_interval": 0,
+                "assignment": None}
+
+    def _remove(self, group: _Group, member: _Member, writes: list[tuple[bytes, bytes | None]]) -> None:
+        """Forget a member (its partitions are free at once); tombstones for its records."""
+        group.members.pop(member.member_id, None)
+        group.target.pop(member.member_id, None)
+        if member.meta.instance_id is not None and group.static.get(member.meta.instance_id) == member.member_id:
+            del group.static[member.meta.instance_id]
+        for version in (rec.CURRENT_ASSIGNMENT, rec.TARGET_MEMBER, rec.MEMBER_METADATA):
+            writes.append((rec.encode_key(version, group.group_id, member.member_id), None))
+
+    def _bump(self, group: _Group, writes: list[tuple[bytes, bytes | None]]) -> None:
+        group.epoch += 1
+        writes.append((rec.encode_key(rec.GROUP_METADATA, group.group_id),
+                       rec.encode_value(rec.GROUP_METADATA, group.epoch)))
+
+    def _current_record(self, group: _Group, member: _Member) -> tuple[bytes, bytes]:
+        return (rec.encode_key(rec.CURRENT_ASSIGNMENT, group.group_id, member.member_id),
+                rec.encode_value(rec.CURRENT_ASSIGNMENT, rec.CurrentAssignment(*member.at)))
+
+    def _assignor(self, group: _Group) -> str:
+        """The members' most named server assignor, else the default (Kafka's rule)."""
+        named = Counter(m.meta.server_assignor for m in group.members.values() if m.meta.server_assignor)
+        return named.most_common(1)[0][0] if named else self.config.assignors[0]
+
+    def _member_topics(self, meta: rec.MemberMetadata, topics: Mapping[str, tuple[uuid.UUID, int]]
+                       ) -> dict[str, tuple[uuid.UUID, int]]:
+        names = {n: topics[n] for n in meta.subscribed_topic_names if n in topics}
+        if meta.subscribed_topic_regex:
+            pattern = re.compile(meta.subscribed_topic_regex)
+            names.update({n: v for n, v in topics.items() if pattern.fullmatch(n)})
+        return names
+
+    def _subscribed_topics(self, group: _Group) -> dict[uuid.UUID, tuple[str, int]]:
+        topics = self.topics()
+        out: dict[uuid.UUID, tuple[str, int]] = {}
+        for member in group.members.values():
+            for name, (tid, count) in self._member_topics(member.meta, topics).items():
+                out[tid] = (name, count)
+        return out
+
+    def _compute_target(self, group: _Group, writes: list[tuple[bytes, bytes | None]]) -> None:
+        topics = {name: (tid, count) for tid, (name, count) in group.topics.items()}
+        subscriptions = {m.member_id: frozenset(tid for tid, _ in self._member_topics(m.meta, topics).values())
+                         for m in group.members.values()}
+        group.assignor = self._assignor(group)
+        target = assign(group.assignor, subscriptions, {tid: n for tid, (_, n) in group.topics.items()},
+                        group.target)
+        for member_id, assignment in target.items():
+            if group.target.get(member_id) != assignment:
+                writes.append((rec.encode_key(rec.TARGET_MEMBER, group.group_id, member_id),
+                               rec.encode_value(rec.TARGET_MEMBER, assignment)))
+        group.target = target
+        group.assignment_epoch = group.epoch
+        writes.append((rec.encode_key(rec.TARGET_METADATA, group.group_id),
+                       rec.encode_value(rec.TARGET_METADATA, group.epoch)))
+        logger.info("consumer group %s: target assignment of epoch %d (%s) for %d members", group.group_id,
+                    group.epoch, group.assignor, len(target))
+
+    # ------------------------------------------------------------------ timers
+    def _touch(self, group: _Group, member: _Member) -> None:
+        watched = member.deadline > 0
+        member.deadline = time.monotonic() + self.config.session_timeout_ms / 1000.0
+        if not watched:
+            self._watch_session(group, member)
+
+    def _watch_session(self, group: _Group, member: _Member) -> None:
+        def attempt(expired: bool) -> bool | None:
+            if not expired:
+                return None
+            if self._closed:
+                return True
+            writes: list[tuple[bytes, bytes | None]] = []
+            with group.lock:
+                if group.members.get(member.member_id) is member:
+                    now = time.monotonic()
+                    if now >= member.deadline:
+                        logger.info("consumer group %s: member %s fenced: its session timed out", group.group_id,
+                                    member.member_id)
+                        self._remove(group, member, writes)
+                        self._bump(group, writes)
+                        self._write(group, writes, durable=False)
+                    else:
+                        self.purgatory.watch(("consumer-member", group.group_id, member.member_id), attempt,
+                                             member.deadline - now)
+            return True
+
+        timeout = max(0.0, member.deadline - time.monotonic())
+        self.purgatory.watch(("consumer-member", group.group_id, member.member_id), attempt, timeout)
+
+    def _watch_revocation(self, group: _Group, member: _Member) -> None:
+        epoch = member.revoke_watch = member.at.epoch
+        timeout_ms = member.meta.rebalance_timeout_ms if member.meta.rebalance_timeout_ms > 0 else \
+            self.config.session_timeout_ms
+
+        def attempt(expired: bool) -> bool | None:
+            if not expired:
+                return None
+            if self._closed:
+                return True
+            writes: list[tuple[bytes, bytes | None]] = []
+            with group.lock:
+                if group.members.get(member.member_id) is member and member.at.epoch == epoch and \
+                        member.at.state == UNREVOKED_PARTITIONS:
+                    logger.info("consumer group %s: member %s fenced: it did not revoke its partitions within "
+                                "%d ms", group.group_id, member.member_id, timeout_ms)
+                    self._remove(group, member, writes)
+                    self._bump(group, writes)
+                    self._write(group, writes, durable=False)
+            return True
+
+        self.purgatory.watch(("consumer-revoke", group.group_id, member.member_id, epoch), attempt,
+                             timeout_ms / 1000.0)
+
+    # ------------------------------------------------------------------ offsets
+    def check_commit(self, group_id: str, member_id: str, member_epoch: int, instance_id: str | None = None,
+                     api_version: int | None = None) -> int | None:
+        """Whether a commit for ``group_id`` may be made by this member at this epoch: None when
+        ``group_id`` is no consumer group (the classic rules apply), else an error code (0: yes).
+        ``api_version``: the OffsetCommit's (a member of this protocol must use v9 or later;
+        None for a transactional commit, which has no such rule). An empty consumer group
+        answers None too: its id may have become a classic group's (a JoinGroup takes it
+        over, as in Kafka), and the classic rules accept an admin's commit to an empty group."""
+        group = self._get(group_id)
+        if group is None:
+            return None
+        with group.lock:
+            if not group.members:
+                return None
+            if member_epoch < 0 and not member_id:
+                return ErrorCode.unknown_member_id
+            member = group.members.get(member_id)
+            if member is None:
+                return ErrorCode.unknown_member_id
+            if api_version is not None and api_version < 9:
+                return ErrorCode.unsupported_version
+            if member_epoch > member.at.epoch:
+                return ErrorCode.fenced_member_epoch
+            if member_epoch < member.at.epoch:
+                return ErrorCode.stale_member_epoch
+            return ErrorCode.none
+
+    def check_offset_fetch(self, group_id: str, member_id: str | None, member_epoch: int) -> int:
+        """Whether an OffsetFetch (v9+) naming a member may read the group's offsets: 0, or
+        UNKNOWN_MEMBER_ID / STALE_MEMBER_EPOCH (Kafka's validateOffsetFetch)."""
+        group = self._get(group_id)
+        if group is None or (member_epoch < 0 and not member_id):
+            return ErrorCode.none
+        with group.lock:
+            member = group.members.get(member_id or "")
+            if member is None:
+                return ErrorCode.unknown_member_id
+            return ErrorCode.none if member_epoch == member.at.epoch else ErrorCode.stale_member_epoch
+
+    # ------------------------------------------------------------------ describe
+    def describe(self, group_id: str) -> dict[str, Any] | None:
+        """A group as ConsumerGroupDescribe names it (topics by id and name), or None."""
+        group = self._get(group_id)
+        if group is None:
+            return None
+        with group.lock:
+            def named(assignment: Assignment) -> dict[str, Any]:
+                return {"topic_partitions": [{"topic_id": t, "topic_name": group.topics.get(t, ("", 0))[0],
+                                              "partitions": sorted(p)} for t, p in sorted(assignment.items()) if p]}
+            return {"group_id": group_id, "group_state": group.state(), "group_epoch": group.epoch,
+                    "assignment_epoch": group.assignment_epoch, "assignor_name": group.assignor or
+                    self._assignor(group),
+                    "members": [{"member_id": m.member_id, "instance_id": m.meta.instance_id,
+                                 "rack_id": m.meta.rack_id, "member_epoch": m.at.epoch,
+                                 "client_id": m.meta.client_id, "client_host": m.meta.client_host,
+                                 "subscribed_topic_names": list(m.meta.subscribed_topic_names),
+                                 "subscribed_topic_regex": m.meta.subscribed_topic_regex,
+                                 "assignment": named(m.at.assigned),
+                                 "target_assignment": named(group.target.get(m.member_id, {})),
+                                 "member_type": 1, "state": STATE_NAMES.get(m.at.state, "UNKNOWN")}
+                                for m in group.members.values()]}
+
+    def close(self) -> None:
+        """Stop acting on timers (the server is stopping, or the node no longer coordinates)."""
+        self._closed = True
+
+
+# ---------------------------------------------------------------------- request checks
+def _validate(request: HeartbeatRequest, config: ConsumerGroupConfig) -> None:
+    """Kafka's throwIfConsumerGroupHeartbeatRequestIsInvalid, and the assignor and regex."""
+    def invalid(message: str) -> _HeartbeatError:
+        return _HeartbeatError(ErrorCode.invalid_request, message)
+
+    if not request.group_id:
+        raise invalid("GroupId can't be empty.")
+    if request.instance_id is not None and not request.instance_id:
+        raise invalid("InstanceId can't be empty.")
+    if request.rack_id is not None and not request.rack_id:
+        raise invalid("RackId can't be empty.")
+    epoch = request.member_epoch
+    if not request.member_id and (request.version >= 1 or epoch != 0):
+        raise invalid("MemberId can't be empty.")
+    if epoch == 0:
+        if request.rebalance_timeout_ms == -1:
+            raise invalid("RebalanceTimeoutMs must be provided in first request.")
+        if request.owned is None or any(request.owned.values()):
+            raise invalid("TopicPartitions must be empty when (re-)joining.")
+        if request.subscribed_topic_names is None and request.subscribed_topic_regex is None:
+            raise invalid("SubscribedTopicNames or SubscribedTopicRegex must be set in first request.")
+    elif epoch == LEAVE_STATIC:
+        if request.instance_id is None:
+            raise invalid("InstanceId can't be null.")
+    elif epoch < LEAVE_STATIC:
+        raise invalid(f"MemberEpoch {epoch} is invalid.")
+    if request.server_assignor is not None and request.server_assignor not in config.assignors:
+        raise _HeartbeatError(ErrorCode.unsupported_assignor,
+                              f"ServerAssignor {request.server_assignor} is not supported. Supported assignors: "
+                              f"{', '.join(config.assignors)}.")
+    if request.subscribed_topic_regex:
+        check_regex(request.subscribed_topic_regex)
+
+
+def check_regex(pattern: str) -> None:
+    """Refuse a subscription regex that RE2/J (Kafka's) or Python cannot compile alike."""
+    problem = None
+    if _NOT_RE2.search(pattern):
+        problem = "lookarounds and backreferences are not RE2 syntax"
+    else:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            problem = str(exc)
+    if problem is not None:
+        raise _HeartbeatError(ErrorCode.invalid_regular_expression,
+                              f"SubscribedTopicRegex {pattern!r} is not a valid regular expression: {problem}")
+
+
+def _updated(meta: rec.MemberMetadata, request: HeartbeatRequest) -> rec.MemberMetadata:
+    """The member's metadata with what the request changes (its null fields change nothing)."""
+    names = meta.subscribed_topic_names if request.subscribed_topic_names is None else \
+        tuple(sorted(set(request.subscribed_topic_names)))
+    regex = meta.subscribed_topic_regex if request.subscribed_topic_regex is None else \
+        (request.subscribed_topic_regex or None)
+    return rec.MemberMetadata(
+        request.instance_id if request.instance_id is not None else meta.instance_id,
+        request.rack_id if request.rack_id is not None else meta.rack_id,
+        request.client_id or meta.client_id, request.client_host or meta.client_host, names, regex,
+        request.rebalance_timeout_ms if request.rebalance_timeout_ms != -1 else meta.rebalance_timeout_ms,
+        request.server_assignor if request.server_assignor is not None else meta.server_assignor)
+
+
+def _error(code: int, message: str, member_id: str) -> dict[str, Any]:
+    return {"throttle_time": 0, "error_code": code, "error_message": message, "member_id": member_id or None,
+            "member_epoch": -1, "heartbeat_interval": 0, "assignment": None}
+
+
+def owned_partitions(topic_partitions: Iterable[Any] | None) -> Assignment | None:
+    """A request's ``topic_partitions`` (kio entities with ``topic_id`` and ``partitions``) as
+    an assignment; None when the request has none."""
+    if topic_partitions is None:
+        return None
+    out: dict[uuid.UUID, frozenset[int]] = {}
+    for tp in topic_partitions:
+        if tp.topic_id is not None:
+            out[tp.topic_id] = out.get(tp.topic_id, frozenset()) | frozenset(int(p) for p in tp.partitions)
+    return out

@@ -1,0 +1,60 @@
+"""A consumer of the KIP-848 group protocol in its own process, for test_kip848.py.
+
+    python kip848_member.py BOOTSTRAP TOPIC GROUP [INSTANCE_ID]
+
+A confluent-kafka (librdkafka) consumer with ``group.protocol=consumer`` subscribes to TOPIC in
+GROUP (as a static member when INSTANCE_ID is given). For every record it commits the offset
+after it (synchronously) and then prints ``R <partition> <offset> <value>``; it prints
+``A <partitions>`` whenever its assignment changes. It runs until killed or until its stdin
+closes, then closes the consumer (a static member leaves with epoch -2). The environment's
+``KIP848_CONFIG`` (JSON) adds librdkafka settings (a replica set's login).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import sys
+
+
+def say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def stdin_closed() -> bool:
+    ready, _, _ = select.select([sys.stdin], [], [], 0)
+    return bool(ready) and not os.read(sys.stdin.fileno(), 1)
+
+
+def main() -> None:
+    from confluent_kafka import Consumer, KafkaException
+
+    bootstrap, topic, group = sys.argv[1:4]
+    config = {"bootstrap.servers": bootstrap, "group.id": group, "group.protocol": "consumer",
+              "enable.auto.commit": False, "auto.offset.reset": "earliest", "client.id": "kip848-member"}
+    config.update(json.loads(os.environ.get("KIP848_CONFIG", "{}")))
+    if len(sys.argv) > 4:
+        config["group.instance.id"] = sys.argv[4]
+    consumer = Consumer(config)
+    consumer.subscribe([topic])
+    shown = None
+    while not stdin_closed():
+        msg = consumer.poll(0.1)
+        now = sorted(tp.partition for tp in consumer.assignment())
+        if now != shown:
+            shown = now
+            say("A " + ",".join(str(p) for p in now))
+        if msg is None or msg.error():
+            continue
+        try:
+            consumer.commit(message=msg, asynchronous=False)
+        except KafkaException:
+            continue  # fenced or moved meanwhile: its next owner reads this record again
+        say(f"R {msg.partition()} {msg.offset()} {msg.value().decode()}")
+    consumer.close()
+
+
+if __name__ == "__main__":
+    main()
