@@ -67,15 +67,19 @@ NEEDED_HEADERS = [
 ]
 NEEDED_TOOLS = [("gcc", "gcc"), ("g++", "g++"), ("make", "make"), ("pkg-config", "pkg-config")]
 
-# Tests that cannot run against one broker without external tooling, by test number.
+# Tests that cannot run against one broker without external tooling, by test number or name.
 EXCLUDED = {
+    "0045_subscribe_update_non_exist_and_partchange": "runs Kafka's kafka-topics.sh (KAFKA_PATH) to add partitions",
+    "0045_subscribe_update_topic_remove": "runs Kafka's kafka-topics.sh (KAFKA_PATH) to delete a topic",
     "0052": "runs Kafka's kafka-topics.sh (KAFKA_PATH) to make a topic with message.timestamp.type",
     "0077": "runs Kafka's kafka-topics.sh (KAFKA_PATH) to make a compacted topic",
     "0097": "needs the SSL listener and certificates trivup sets up",
     "0098": "drives Kafka's Java TransactionProducerCli (KAFKA_PATH)",
     "0101": "fetch-from-follower: needs several brokers in racks",
     "0103": "creates its topics with replication factor 3 (trivup's three brokers)",
+    "0107": "creates its topics with replication factor 3 (trivup's three brokers)",
     "0109": "runs Kafka's kafka-configs.sh (KAFKA_PATH)",
+    "0111": "creates its topic with replication factor 3 (trivup's three brokers)",
     "0115": "runs Kafka's kafka-acls.sh (KAFKA_PATH)",
     "0119": "runs Kafka's kafka-acls.sh (KAFKA_PATH)",
     "0126": "needs a SASL/OAUTHBEARER listener and an OIDC token endpoint",
@@ -245,10 +249,12 @@ def build(src: Path, jobs: int = 2) -> Path:
 
 @dataclass(frozen=True)
 class SuiteTest:
-    """One entry of librdkafka's test table (tests/test.c)."""
+    """One entry of librdkafka's test table (tests/test.c): its name, flags and the scenarios
+    (cluster setups, ``tests/scenarios/``) it runs in."""
 
     name: str
     flags: str
+    scenarios: tuple[str, ...] = ("default",)
 
     @property
     def number(self) -> str:
@@ -258,6 +264,16 @@ class SuiteTest:
     def talks_to_a_broker(self) -> bool:
         return not re.search(r"TEST_F_(LOCAL|MANUAL|KNOWN_ISSUE)\b", self.flags)
 
+    @property
+    def runs(self) -> bool:
+        """Whether the harness runs it: it talks to a broker and is not excluded."""
+        return self.talks_to_a_broker and self.number not in EXCLUDED and self.name not in EXCLUDED \
+            and not self.number.startswith("8")
+
+
+# The scenarios the harness serves, with the options of ``logstore serve`` that make them.
+SCENARIOS = {"default": (), "noautocreate": ("--no-auto-create-topics",)}
+
 
 def suite_tests(src: Path) -> list[SuiteTest]:
     """The entries of ``struct test tests[]`` in ``tests/test.c``, in order."""
@@ -265,17 +281,23 @@ def suite_tests(src: Path) -> list[SuiteTest]:
     start = text.index("struct test tests[]")
     table = text[start:text.index("{NULL}", start)]
     table = re.sub(r"/\*.*?\*/", "", table, flags=re.S)
-    return [SuiteTest(name, flags.strip())
-            for name, flags in re.findall(r"_TEST\(\s*(\w+)\s*,\s*([^,)]*)", table)]
+    tests = []
+    for entry in table.split("_TEST(")[1:]:
+        match = re.match(r"\s*(\w+)\s*,\s*([^,)]*)", entry)
+        scenario = re.search(r'\.scenario\s*=\s*"([^"]*)"', entry)
+        tests.append(SuiteTest(match.group(1), match.group(2).strip(),
+                               tuple(scenario.group(1).split(",")) if scenario else ("default",)))
+    return tests
 
 
-def numbers_to_run(src: Path, only: list[str] | None = None) -> list[str]:
-    """The test numbers to run: those with a test that talks to a broker, not excluded."""
+def numbers_to_run(src: Path, only: list[str] | None = None, scenario: str = "default") -> list[str]:
+    """The test numbers to run in ``scenario``: those with a test of the scenario that talks to
+    a broker, not excluded."""
     numbers: list[str] = []
     for test in suite_tests(src):
-        if test.talks_to_a_broker and test.number not in EXCLUDED and test.number not in numbers:
-            if not test.number.startswith("8") and (only is None or test.number in only):
-                numbers.append(test.number)
+        if test.runs and scenario in test.scenarios and test.number not in numbers \
+                and (only is None or test.number in only):
+            numbers.append(test.number)
     return numbers
 
 
@@ -345,14 +367,15 @@ _STARTED = re.compile(r"=+ Running test (\S+) =+")
 _PASSED = re.compile(r"=+ Test (\S+) PASSED =+")
 
 
-def parse_output(number: str, text: str, timed_out: bool) -> list[Outcome]:
+def parse_output(number: str, text: str, timed_out: bool, names: set[str] | None = None) -> list[Outcome]:
     """The outcomes of test ``number``'s run from the runner's output: its summary table, or,
-    when it was killed before printing one, its last failure."""
+    when it was killed before printing one, its first failure. ``names``: the tests of the
+    scenario that ran (the others of that number are left out)."""
     text = _ANSI.sub("", text)
     outcomes: dict[str, Outcome] = {}
     for line in text.splitlines():
         row = _ROW.match(line)
-        if row and row.group(1).startswith(number + "_"):
+        if row and row.group(1).startswith(number + "_") and (names is None or row.group(1) in names):
             name, state, duration, message = row.groups()
             message = message.strip()
             if state == "SKIPPED" and message.startswith("Filtered due to negative test flags"):
@@ -383,18 +406,21 @@ def parse_output(number: str, text: str, timed_out: bool) -> list[Outcome]:
     return list(outcomes.values())
 
 
-def run_one(src: Path, number: str, conf: Path, logs: Path, *, kafka_version: str, group_protocol: str,
-            quick: bool, timeout: float) -> list[Outcome]:
-    """Run test ``number`` in its own test-runner process; its output goes to ``logs/NUMBER.log``."""
+def run_one(src: Path, number: str, conf: Path, logs: Path, *, scenario: str, kafka_version: str,
+            group_protocol: str, quick: bool, timeout: float) -> list[Outcome]:
+    """Run test ``number`` of ``scenario`` in its own test-runner process; its output goes to
+    ``logs/NUMBER[-SCENARIO].log``."""
     tests = src / "tests"
     env = dict(os.environ, TESTS=number, TEST_KAFKA_VERSION=kafka_version, RDKAFKA_TEST_CONF=str(conf),
                LD_LIBRARY_PATH=os.pathsep.join([str(src / "src"), str(src / "src-cpp")]), TEST_LEVEL="2")
     env.pop("TESTS_SKIP", None)
     if group_protocol != "classic":
         env["TEST_CONSUMER_GROUP_PROTOCOL"] = group_protocol
-    args = ["./test-runner", "-L", "-p2"] + (["-Q"] if quick else [])
+    args = ["./test-runner", "-L", "-p2", "-s", scenario] + (["-Q"] if quick else [])
+    names = {t.name for t in suite_tests(src) if t.runs and scenario in t.scenarios and t.number == number}
     started = time.monotonic()
-    with open(logs / f"{number}.log", "w+") as out:
+    suffix = "" if scenario == "default" else f"-{scenario}"
+    with open(logs / f"{number}{suffix}.log", "w+") as out:
         proc = subprocess.Popen(args, cwd=tests, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         timed_out = False
@@ -405,7 +431,7 @@ def run_one(src: Path, number: str, conf: Path, logs: Path, *, kafka_version: st
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         out.seek(0)
-        outcomes = parse_output(number, out.read(), timed_out)
+        outcomes = parse_output(number, out.read(), timed_out, names)
     if timed_out:
         for outcome in outcomes:
             outcome.message = f"killed after {timeout:.0f} s; {outcome.message}".rstrip("; ")
@@ -421,25 +447,30 @@ def run(src: Path, build: Path = BUILD, *, only: list[str] | None = None, kafka_
     runner = src / "tests" / "test-runner"
     if not runner.exists():
         raise HarnessError(f"{runner} is not built: run the build step first")
-    numbers = numbers_to_run(src, only)
     logs = build / "logs"
     if logs.exists():
         shutil.rmtree(logs)
     logs.mkdir(parents=True)
     started = time.monotonic()
-    with Served(build / "store", *serve_args) as served:
-        conf = build / "test.conf"
-        conf.write_text(f"bootstrap.servers={served.bootstrap}\ntest.topic.random=true\n")
-        # librdkafka's README tells a developer to write tests/test.conf: the same file.
-        shutil.copyfile(conf, src / "tests" / "test.conf")
-        outcomes: list[Outcome] = []
-        with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-            futures = [pool.submit(run_one, src, n, conf, logs, kafka_version=kafka_version,
-                                   group_protocol=group_protocol, quick=quick, timeout=timeout) for n in numbers]
-            for future in futures:
-                outcomes.extend(future.result())
+    outcomes: list[Outcome] = []
+    for scenario, scenario_args in SCENARIOS.items():
+        numbers = numbers_to_run(src, only, scenario)
+        if not numbers:
+            continue
+        store = build / ("store" if scenario == "default" else f"store-{scenario}")
+        with Served(store, *scenario_args, *serve_args) as served:
+            conf = build / "test.conf"
+            conf.write_text(f"bootstrap.servers={served.bootstrap}\ntest.topic.random=true\n")
+            # librdkafka's README tells a developer to write tests/test.conf: the same file.
+            shutil.copyfile(conf, src / "tests" / "test.conf")
+            with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+                futures = [pool.submit(run_one, src, n, conf, logs, scenario=scenario, kafka_version=kafka_version,
+                                       group_protocol=group_protocol, quick=quick, timeout=timeout)
+                           for n in numbers]
+                for future in futures:
+                    outcomes.extend(future.result())
     outcomes.extend(Outcome(f"{n}", "EXCLUDED", 0.0, reason) for n, reason in sorted(EXCLUDED.items())
-                    if only is None or n in only)
+                    if only is None or n[:4] in only)
     outcomes.sort(key=lambda o: o.name)
     summary = {
         "librdkafka": librdkafka_version(src),
@@ -508,8 +539,11 @@ def table(summary: dict) -> str:
             out.append("")
         out.append("Passed: " + (", ".join(passed) if passed else "none") + ".")
         if skipped:
-            out.append("Skipped by the suite: " + "; ".join(f"{t['name']} ({_cell(t['message'])})"
-                                                           for t in skipped) + ".")
+            reasons: dict[str, list[str]] = {}
+            for t in skipped:
+                reasons.setdefault(t["message"] or "no reason given", []).append(t["name"])
+            out.append("Skipped by the suite: " + "; ".join(f"{', '.join(names)} ({_cell(reason)})"
+                                                           for reason, names in reasons.items()) + ".")
         out.append("")
     excluded = [t for t in tests if t["state"] == "EXCLUDED"]
     if excluded:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -147,9 +148,10 @@ def test_update_rewrites_only_the_part_between_the_markers(tmp_path):
     assert text.endswith(suite.TABLE_END + "\nafter\n")
 
 
-def test_every_finding_names_a_test_number_the_harness_knows():
-    numbers = {n for ns in suite.AREAS.values() for n in ns.split()}
-    assert all(len(n) == 4 and n.isdigit() for n in numbers | set(suite.FINDINGS) | set(suite.EXCLUDED))
+def test_every_area_finding_and_exclusion_names_a_test_by_its_number_or_name():
+    numbers = {n for ns in suite.AREAS.values() for n in ns.split()} | set(suite.FINDINGS)
+    assert all(len(n) == 4 and n.isdigit() for n in numbers)
+    assert all(re.fullmatch(r"\d{4}(_\w+)?", n) for n in suite.EXCLUDED)
 
 
 @pytest.mark.slow
