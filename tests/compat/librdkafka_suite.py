@@ -199,9 +199,7 @@ def fetch(build: Path = BUILD) -> Path:
                               capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
             raise HarnessError(f"npm pack {spec} failed: {done.stderr.strip()[-2000:]}")
-        tarball = Path(tmp) / json.loads(done.stdout)[0]["filename"].replace("@", "").replace("/", "-")
-        if not tarball.exists():
-            tarball = next(Path(tmp).glob("*.tgz"))
+        tarball = Path(tmp) / Path(json.loads(done.stdout)[0]["filename"]).name
         actual = _sha256(tarball)
         if actual != sha:
             raise HarnessError(f"{spec}: sha256 {actual}, the Makefile pins {sha}")
@@ -214,10 +212,7 @@ def fetch(build: Path = BUILD) -> Path:
             tar.extractall(partial, members=[m for m in members if m.name], filter="tar")
         if not (partial / "tests" / "test.c").exists():
             raise HarnessError(f"{spec} does not carry librdkafka's tests/")
-        # librdkafka's build scripts must be executable; npm keeps the modes, tar filters may not.
-        for script in ("configure", "lds-gen.py", "packaging/tools/gh-release-checksums.py"):
-            if (partial / script).exists():
-                (partial / script).chmod(0o755)
+        (partial / "configure").chmod(0o755)  # (the tarball's modes are kept; this one must hold)
         partial.rename(target)
     return target
 
