@@ -30,7 +30,8 @@ runner costs only itself. ``TEST_KAFKA_VERSION`` says which Kafka the tests may 
 protocol consumers speak (``--group-protocol consumer``: KIP-848).
 
 The summary (``summary.json``: one entry per test with its state, duration and the failing
-check's message) is what COMPAT.md's table is made from: ``table --update COMPAT.md`` rewrites
+check's message; in the build directory, or ``--out DIR`` to keep several runs) is what
+COMPAT.md's table is made from: ``table --update COMPAT.md`` rewrites
 the part between its markers, with the areas and diagnoses of ``AREAS`` and ``FINDINGS``.
 """
 
@@ -601,8 +602,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallel", type=int, default=4, help="test-runner processes at once")
     parser.add_argument("--timeout", type=float, default=420, help="seconds one test number may take")
     parser.add_argument("--update", type=Path, help="table: rewrite this document's table (COMPAT.md)")
+    parser.add_argument("--out", type=Path, help="where run writes (and table reads) the summary, logs and "
+                                                  "stores (default: the build directory)")
     args = parser.parse_args(argv)
     build_dir = args.build_dir.resolve()
+    out = (args.out or build_dir).resolve()
     try:
         if args.command in ("fetch", "build", "run", "all"):
             src = fetch(build_dir)
@@ -612,12 +616,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"built {src / 'tests' / 'test-runner'} ({time.monotonic() - t0:.0f} s)")
         if args.command in ("run", "all"):
             only = args.tests.split(",") if args.tests else None
-            summary = run(src, build_dir, only=only, kafka_version=args.kafka_version,
+            summary = run(src, out, only=only, kafka_version=args.kafka_version,
                           group_protocol=args.group_protocol, quick=args.quick, parallel=args.parallel,
                           timeout=args.timeout)
             print(summary_text(summary), end="")
         if args.command in ("table", "all"):
-            summary = json.loads((build_dir / "summary.json").read_text())
+            summary = json.loads((out / "summary.json").read_text())
             if args.update:
                 update_document(args.update, summary)
             elif args.command == "table":
