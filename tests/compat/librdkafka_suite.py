@@ -112,10 +112,10 @@ FAST_SUBSET = ("0001", "0012", "0017", "0030", "0035", "0063", "0090")
 # One-line diagnoses of the server-side cause of each failing test, by number (kept by hand,
 # from the test's source and its failing check; COMPAT.md prints them beside the failures).
 FINDINGS: dict[str, str] = {
-    "0011": "IncrementalAlterConfigs (44) is not served, so the topic never becomes compacted; once it is, a "
-            "produce refused for a keyless record (INVALID_RECORD) must name the record in ProduceResponse's "
-            "record_errors (batch_index), which logstore leaves empty: librdkafka tells the bad records from the "
-            "rest of the batch (INVALID_DIFFERENT_RECORD) by it [admin; Produce]",
+    "0011": "IncrementalAlterConfigs (44) is not served, so the topic never becomes compacted [admin]. (The "
+            "rest of the check, each keyless record named in ProduceResponse's record_errors so that librdkafka "
+            "fails the others of the batch with INVALID_DIFFERENT_RECORD, is fixed: "
+            "kafka.apis.keyless_record_errors)",
     "0044": "CreatePartitions (37) is not served [admin]",
     "0045": "timing: one CreateTopics of 100 topics took over the test's 30 s with four runners on 2 busy "
             "cores (passes alone)",
