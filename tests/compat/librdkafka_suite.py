@@ -431,7 +431,7 @@ def parse_output(number: str, text: str, timed_out: bool, names: set[str] | None
 
 
 def run_one(src: Path, number: str, conf: Path, logs: Path, *, scenario: str, kafka_version: str,
-            group_protocol: str, quick: bool, timeout: float) -> list[Outcome]:
+            group_protocol: str, quick: bool, idempotent: bool, timeout: float) -> list[Outcome]:
     """Run test ``number`` of ``scenario`` in its own test-runner process; its output goes to
     ``logs/NUMBER[-SCENARIO].log``."""
     tests = src / "tests"
@@ -440,7 +440,7 @@ def run_one(src: Path, number: str, conf: Path, logs: Path, *, scenario: str, ka
     env.pop("TESTS_SKIP", None)
     if group_protocol != "classic":
         env["TEST_CONSUMER_GROUP_PROTOCOL"] = group_protocol
-    args = ["./test-runner", "-L", "-p2", "-s", scenario] + (["-Q"] if quick else [])
+    args = ["./test-runner", "-L", "-p2", "-s", scenario] + (["-Q"] if quick else []) + (["-P"] if idempotent else [])
     names = {t.name for t in suite_tests(src) if t.runs and scenario in t.scenarios and t.number == number}
     started = time.monotonic()
     suffix = "" if scenario == "default" else f"-{scenario}"
@@ -464,7 +464,8 @@ def run_one(src: Path, number: str, conf: Path, logs: Path, *, scenario: str, ka
 
 
 def run(src: Path, build: Path = BUILD, *, only: list[str] | None = None, kafka_version: str = KAFKA_VERSION,
-        group_protocol: str = "classic", quick: bool = False, parallel: int = 4, timeout: float = 420,
+        group_protocol: str = "classic", quick: bool = False, idempotent: bool = False, parallel: int = 4,
+        timeout: float = 420,
         serve_args: tuple[str, ...] = ()) -> dict:
     """Serve a fresh store, run the tests, write ``summary.json`` and ``summary.txt`` in
     ``build``; returns the summary."""
@@ -489,7 +490,8 @@ def run(src: Path, build: Path = BUILD, *, only: list[str] | None = None, kafka_
             shutil.copyfile(conf, src / "tests" / "test.conf")
             with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
                 futures = [pool.submit(run_one, src, n, conf, logs, scenario=scenario, kafka_version=kafka_version,
-                                       group_protocol=group_protocol, quick=quick, timeout=timeout)
+                                       group_protocol=group_protocol, quick=quick, idempotent=idempotent,
+                                       timeout=timeout)
                            for n in numbers]
                 for future in futures:
                     outcomes.extend(future.result())
@@ -502,6 +504,7 @@ def run(src: Path, build: Path = BUILD, *, only: list[str] | None = None, kafka_
         "kafka_version": kafka_version,
         "group_protocol": group_protocol,
         "quick": quick,
+        "idempotent": idempotent,
         "seconds": round(time.monotonic() - started, 1),
         "counts": {state: sum(o.state == state for o in outcomes)
                    for state in ("PASSED", "FAILED", "TIMEOUT", "SKIPPED", "EXCLUDED")},
@@ -512,11 +515,16 @@ def run(src: Path, build: Path = BUILD, *, only: list[str] | None = None, kafka_
     return summary
 
 
+def _mode(summary: dict) -> str:
+    mode = "quick mode" if summary["quick"] else "full mode"
+    return mode + (", idempotent producers" if summary.get("idempotent") else "")
+
+
 def summary_text(summary: dict) -> str:
     """The summary as one line per test, then the counts (the plain closing line)."""
     lines = [f"librdkafka {summary['librdkafka']} tests against logstore serve "
              f"(TEST_KAFKA_VERSION={summary['kafka_version']}, group protocol {summary['group_protocol']}, "
-             f"{'quick' if summary['quick'] else 'full'} mode, {summary['seconds']} s)"]
+             f"{_mode(summary)}, {summary['seconds']} s)"]
     for t in summary["tests"]:
         lines.append(f"{t['state']:<8} {t['name']:<42} {t['duration']:8.1f}s  {t['message']}".rstrip())
     c = summary["counts"]
@@ -543,7 +551,7 @@ def table(summary: dict) -> str:
     c = summary["counts"]
     out = [f"Run: librdkafka {summary['librdkafka']} (`{summary['source']}`), "
            f"TEST_KAFKA_VERSION={summary['kafka_version']}, group protocol `{summary['group_protocol']}`, "
-           f"{'quick' if summary['quick'] else 'full'} mode: **{c['PASSED']} passed, "
+           f"{_mode(summary)}: **{c['PASSED']} passed, "
            f"{c['FAILED'] + c['TIMEOUT']} failed, {c['SKIPPED']} skipped**, {c['EXCLUDED']} excluded "
            f"({summary['seconds']:.0f} s).", ""]
     areas = sorted({area_of(t["name"].split("_", 1)[0]) for t in tests})
@@ -599,6 +607,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group-protocol", default="classic", choices=["classic", "consumer"],
                         help="TEST_CONSUMER_GROUP_PROTOCOL (consumer: KIP-848)")
     parser.add_argument("--quick", action="store_true", help="the suite's quick mode (-Q): fewer messages")
+    parser.add_argument("--idempotent", action="store_true",
+                        help="every producer with enable.idempotence=true (the suite's -P)")
     parser.add_argument("--parallel", type=int, default=4, help="test-runner processes at once")
     parser.add_argument("--timeout", type=float, default=420, help="seconds one test number may take")
     parser.add_argument("--update", type=Path, help="table: rewrite this document's table (COMPAT.md)")
@@ -617,7 +627,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in ("run", "all"):
             only = args.tests.split(",") if args.tests else None
             summary = run(src, out, only=only, kafka_version=args.kafka_version,
-                          group_protocol=args.group_protocol, quick=args.quick, parallel=args.parallel,
+                          group_protocol=args.group_protocol, quick=args.quick, idempotent=args.idempotent,
+                          parallel=args.parallel,
                           timeout=args.timeout)
             print(summary_text(summary), end="")
         if args.command in ("table", "all"):
