@@ -138,18 +138,28 @@ def test_the_table_groups_failures_by_area_with_their_check_and_diagnosis(monkey
     assert "".join(suite.summary_text(SUMMARY).splitlines(True)[-1:]) == "1 passed, 1 failed, 1 skipped, 1 excluded\n"
 
 
+def test_a_consumer_protocol_run_gives_group_tests_the_kip848_diagnosis(monkeypatch):
+    monkeypatch.setitem(suite.FINDINGS, "0044", "CreatePartitions (37) is not served")
+    monkeypatch.setitem(suite.CONSUMER_FINDINGS, "0044", "no heartbeat")
+    assert "| no heartbeat |" in suite.table(dict(SUMMARY, group_protocol="consumer"))
+    assert "| CreatePartitions (37) is not served |" in suite.table(SUMMARY)
+
+
 def test_update_rewrites_only_the_part_between_the_markers(tmp_path):
     doc = tmp_path / "COMPAT.md"
-    doc.write_text(f"# title\n\nprose\n{suite.TABLE_START}\nold table\n{suite.TABLE_END}\nafter\n")
+    start, end = suite.markers(SUMMARY)
+    consumer = suite.markers(dict(SUMMARY, group_protocol="consumer"))
+    assert consumer != (start, end)
+    doc.write_text(f"# title\n\nprose\n{start}\nold table\n{end}\n{consumer[0]}\nkept\n{consumer[1]}\nafter\n")
     suite.update_document(doc, SUMMARY)
     text = doc.read_text()
-    assert text.startswith("# title\n\nprose\n" + suite.TABLE_START)
+    assert text.startswith("# title\n\nprose\n" + start)
     assert "old table" not in text and "0044_partition_cnt" in text
-    assert text.endswith(suite.TABLE_END + "\nafter\n")
+    assert text.endswith(f"{end}\n{consumer[0]}\nkept\n{consumer[1]}\nafter\n")
 
 
 def test_every_area_finding_and_exclusion_names_a_test_by_its_number_or_name():
-    numbers = {n for ns in suite.AREAS.values() for n in ns.split()} | set(suite.FINDINGS)
+    numbers = {n for ns in suite.AREAS.values() for n in ns.split()} | set(suite.FINDINGS) | set(suite.CONSUMER_FINDINGS)
     assert all(len(n) == 4 and n.isdigit() for n in numbers)
     assert all(re.fullmatch(r"\d{4}(_\w+)?", n) for n in suite.EXCLUDED)
 
