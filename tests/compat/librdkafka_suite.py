@@ -10,7 +10,7 @@ and no external tooling, and writes what happened::
     python tests/compat/librdkafka_suite.py build   # librdkafka and tests/test-runner (cached)
     python tests/compat/librdkafka_suite.py run     # serve, run, write build/compat/summary.{json,txt}
     python tests/compat/librdkafka_suite.py table   # COMPAT.md's table from the last summary
-    python tests/compat/librdkafka_suite.py all     # fetch, build, run, table
+    python tests/compat/librdkafka_suite.py all     # fetch, build, run (make compat)
 
 Where the source comes from. CI reaches PyPI, npm and Debian only. Debian (bookworm) has
 librdkafka 2.0.2, older than KIP-848's tests; Confluent's JavaScript client on npm bundles
@@ -184,8 +184,7 @@ def pins() -> tuple[str, str]:
 
 def source_dir(build: Path = BUILD) -> Path:
     """Where the pinned librdkafka source tree is extracted (one directory per pin)."""
-    spec, sha = pins()
-    return build / f"librdkafka-{sha[:12]}"
+    return build / f"librdkafka-{pins()[1][:12]}"
 
 
 def _sha256(path: Path) -> str:
@@ -214,7 +213,7 @@ def fetch(build: Path = BUILD) -> Path:
         tarball = Path(tmp) / Path(json.loads(done.stdout)[0]["filename"]).name
         actual = _sha256(tarball)
         if actual != sha:
-            raise HarnessError(f"{spec}: sha256 {actual}, the Makefile pins {sha}")
+            raise HarnessError(f"{spec}: sha256 {actual}, pinned {sha} (LIBRDKAFKA_SHA256)")
         partial = Path(tmp) / "src"
         prefix = "package/deps/librdkafka/"
         with tarfile.open(tarball) as tar:
@@ -487,6 +486,8 @@ def run(src: Path, build: Path = BUILD, *, only: list[str] | None = None, kafka_
     if logs.exists():
         shutil.rmtree(logs)
     logs.mkdir(parents=True)
+    for stale in (src / "tests").glob("stats_*.json"):  # each test's statistics, left by earlier runs
+        stale.unlink()
     started = time.monotonic()
     outcomes: list[Outcome] = []
     for scenario, scenario_args in SCENARIOS.items():
