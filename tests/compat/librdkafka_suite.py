@@ -423,7 +423,8 @@ def parse_output(number: str, text: str, timed_out: bool, names: set[str] | None
     # Each test it started passed, failed (its first failure is the cause) or never finished.
     lines = text.splitlines()
     for i, line in enumerate(lines):
-        if (started := _STARTED.search(line)) and started.group(1).startswith(number + "_"):
+        if (started := _STARTED.search(line)) and started.group(1).startswith(number + "_") \
+                and (names is None or started.group(1) in names):
             outcomes.setdefault(started.group(1), Outcome(started.group(1), "TIMEOUT" if timed_out else "FAILED",
                                                           0.0, "did not finish"))
         elif (passed := _PASSED.search(line)) and passed.group(1) in outcomes:
