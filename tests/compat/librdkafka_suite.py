@@ -129,9 +129,9 @@ FINDINGS: dict[str, str] = {
     "0082": "Fetch's overall max_bytes (1 MB) answered with 19 MB: the first partition is bounded only by its "
             "own partition_max_bytes where KIP-74 lets only its first batch pass the limit; librdkafka drops "
             "the connection (receive.message.max.bytes) and loops [admin: KIP-74]",
-    "0089": "group.initial.rebalance.delay.ms is 0 (Kafka's default 3000): the first consumer gets the only "
-            "partition alone, the second one's join rebalances it away before max.poll.interval.ms "
-            "[groups]",
+    "0089": "intermittent: group.initial.rebalance.delay.ms is 0 (Kafka's default 3000), so when the first "
+            "consumer's join completes before the second's it gets the only partition alone, and the second "
+            "one's join rebalances it away before max.poll.interval.ms [groups]",
     "0102": "a static member (group.instance.id) that closes without leaving and rejoins makes the whole "
             "group rebalance (REVOKE_PARTITIONS where Kafka hands the member its assignment back) [groups]",
     "0112": "CreatePartitions (37) is not served [admin]",
