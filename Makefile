@@ -87,7 +87,8 @@ fuzz:
 # tree at deps/librdkafka, tests/ included): librdkafka 2.15.1. The harness checks the sha256.
 export LIBRDKAFKA_NPM    := @confluentinc/kafka-javascript@1.10.1
 export LIBRDKAFKA_SHA256 := ada7d703bb1d3237e2292bfabf438d663b6160c9f1ac2a2406b5dc4257c81b66
-# COMPAT_FLAGS: e.g. --group-protocol consumer (KIP-848), --quick, --tests 0001,0081
+# COMPAT_FLAGS: e.g. --group-protocol consumer (KIP-848), --idempotent, --quick, --tests 0001,0081,
+# --out DIR (keep a run apart); COMPAT.md says what each run found.
 COMPAT_FLAGS ?=
 compat: $(STAMP)
 	$(PY) tests/compat/librdkafka_suite.py all $(COMPAT_FLAGS)
