@@ -123,10 +123,7 @@ FINDINGS: dict[str, str] = {
     "0069": "CreatePartitions (37) is not served [admin]",
     "0081": "its first failure stops the rest: CreateTopics with an explicit replica assignment naming this "
             "broker (replicas [node id]) refused with INVALID_REPLICATION_FACTOR, where Kafka accepts it "
-            "[admin]; behind it the subtests of AlterConfigs, IncrementalAlterConfigs, CreatePartitions, "
-            "DeleteRecords, DeleteGroups, DeleteConsumerGroupOffsets, DescribeCluster, DescribeTopics, "
-            "ListOffsets, ListConsumerGroups and UserScramCredentials (issue 29's earlier try found there: no "
-            "authorized operations (KIP-430), a committed offset's leader epoch -1, no group type)",
+            "[admin]; the subtests behind it, run one by one, are in COMPAT.md's \"0081 subtest by subtest\"",
     "0082": "Fetch's overall max_bytes (1 MB) answered with 19 MB: the first partition is bounded only by its "
             "own partition_max_bytes where KIP-74 lets only its first batch pass the limit; librdkafka drops "
             "the connection (receive.message.max.bytes) and loops [admin: KIP-74]",
