@@ -50,7 +50,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,6 +108,16 @@ AREAS = {
 # the cluster id, the idempotent producer.
 FAST_SUBSET = ("0001", "0012", "0017", "0030", "0035", "0063", "0090")
 
+# Tests whose first failure would hide the rest run once per subtest (``SUBTESTS=do_test_NAME:``,
+# one runner each): 0081 walks the whole admin API.
+SPLIT = {
+    "0081": ("CreateTopics", "DeleteTopics", "CreatePartitions", "DescribeConfigs", "DescribeConfigs_groups",
+             "AlterConfigs", "IncrementalAlterConfigs", "DeleteRecords", "DeleteGroups", "DescribeConsumerGroups",
+             "ListConsumerGroups", "ListConsumerGroupOffsets", "AlterConsumerGroupOffsets",
+             "DeleteConsumerGroupOffsets", "DescribeTopics", "DescribeCluster", "ListOffsets",
+             "UserScramCredentials"),
+}
+
 # One-line diagnoses of the server-side cause of each failing test, by number (kept by hand,
 # from the test's source and its failing check; COMPAT.md prints them beside the failures).
 FINDINGS: dict[str, str] = {
@@ -124,6 +134,26 @@ FINDINGS: dict[str, str] = {
     "0081": "its first failure stops the rest: CreateTopics with an explicit replica assignment naming this "
             "broker (replicas [node id]) refused with INVALID_REPLICATION_FACTOR, where Kafka accepts it "
             "[admin]; the subtests behind it, run one by one, are in COMPAT.md's \"0081 subtest by subtest\"",
+    "0081[CreateTopics]": "an explicit replica assignment naming this broker (replicas [node id]) refused with "
+                          "INVALID_REPLICATION_FACTOR, where Kafka accepts it [admin]",
+    "0081[CreatePartitions]": "CreatePartitions (37) is not served [admin]",
+    "0081[DescribeConfigs_groups]": "DescribeConfigs of a GROUP resource (type 32, KIP-848's group configs) "
+                                    "refused: INVALID_REQUEST \"resource type 32 has no configs\" [KIP-848, admin]",
+    "0081[AlterConfigs]": "AlterConfigs (33) is not served [admin]",
+    "0081[IncrementalAlterConfigs]": "IncrementalAlterConfigs (44) is not served [admin]",
+    "0081[DeleteRecords]": "DeleteRecords (21) is not served [admin]",
+    "0081[DeleteGroups]": "DeleteGroups (42) is not served [groups, admin]",
+    "0081[DescribeConsumerGroups]": "its cleanup deletes the group: DeleteGroups (42) is not served [groups, admin]",
+    "0081[ListConsumerGroups]": "no group type in ListGroups' answer (v5) [groups]",
+    "0081[ListConsumerGroupOffsets]": "a committed offset's leader epoch (2) read back as -1: OffsetFetch does not "
+                                      "return committed_leader_epoch [groups]",
+    "0081[AlterConsumerGroupOffsets]": "a committed offset's leader epoch (2) read back as -1: OffsetFetch does not "
+                                       "return committed_leader_epoch [groups]",
+    "0081[DeleteConsumerGroupOffsets]": "OffsetDelete (47) is not served [groups, admin]",
+    "0081[DescribeTopics]": "no authorized operations (KIP-430) for a topic [ACLs]",
+    "0081[DescribeCluster]": "no authorized operations (KIP-430) for the cluster [ACLs, admin]",
+    "0081[ListOffsets]": "the newest-timestamp query (-3, KIP-734) answered with offset 0 [admin, versions]",
+    "0081[UserScramCredentials]": "DescribeUserScramCredentials and AlterUserScramCredentials are not served [SASL]",
     "0082": "Fetch's overall max_bytes (1 MB) answered with 19 MB: the first partition is bounded only by its "
             "own partition_max_bytes where KIP-74 lets only its first batch pass the limit; librdkafka drops "
             "the connection (receive.message.max.bytes) and loops [admin: KIP-74]",
@@ -440,19 +470,24 @@ def parse_output(number: str, text: str, timed_out: bool, names: set[str] | None
 
 
 def run_one(src: Path, number: str, conf: Path, logs: Path, *, scenario: str, kafka_version: str,
-            group_protocol: str, quick: bool, idempotent: bool, timeout: float) -> list[Outcome]:
-    """Run test ``number`` of ``scenario`` in its own test-runner process; its output goes to
-    ``logs/NUMBER[-SCENARIO].log``."""
+            group_protocol: str, quick: bool, idempotent: bool, timeout: float,
+            subtest: str | None = None) -> list[Outcome]:
+    """Run test ``number`` of ``scenario`` (only its ``do_test_<subtest>`` when given) in its own
+    test-runner process; its output goes to ``logs/NUMBER[-SCENARIO][-SUBTEST].log``, its outcomes
+    are named ``NAME[SUBTEST]``."""
     tests = src / "tests"
     env = dict(os.environ, TESTS=number, TEST_KAFKA_VERSION=kafka_version, RDKAFKA_TEST_CONF=str(conf),
                LD_LIBRARY_PATH=os.pathsep.join([str(src / "src"), str(src / "src-cpp")]), TEST_LEVEL="2")
     env.pop("TESTS_SKIP", None)
+    env.pop("SUBTESTS", None)
+    if subtest is not None:
+        env["SUBTESTS"] = f"do_test_{subtest}:"  # (the colon: not do_test_<subtest>_more)
     if group_protocol != "classic":
         env["TEST_CONSUMER_GROUP_PROTOCOL"] = group_protocol
     args = ["./test-runner", "-L", "-p2", "-s", scenario] + (["-Q"] if quick else []) + (["-P"] if idempotent else [])
     names = {t.name for t in suite_tests(src) if t.runs and scenario in t.scenarios and t.number == number}
     started = time.monotonic()
-    suffix = "" if scenario == "default" else f"-{scenario}"
+    suffix = ("" if scenario == "default" else f"-{scenario}") + ("" if subtest is None else f"-{subtest}")
     with open(logs / f"{number}{suffix}.log", "w+") as out:
         proc = subprocess.Popen(args, cwd=tests, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -465,6 +500,8 @@ def run_one(src: Path, number: str, conf: Path, logs: Path, *, scenario: str, ka
             proc.wait()
         out.seek(0)
         outcomes = parse_output(number, out.read(), timed_out, names)
+    if subtest is not None:
+        outcomes = [replace(o, name=f"{o.name}[{subtest}]") for o in outcomes]
     if timed_out:
         for outcome in outcomes:
             outcome.message = f"killed after {timeout:.0f} s; {outcome.message}".rstrip("; ")
@@ -502,8 +539,8 @@ def run(src: Path, build: Path = BUILD, *, only: list[str] | None = None, kafka_
             with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
                 futures = [pool.submit(run_one, src, n, conf, logs, scenario=scenario, kafka_version=kafka_version,
                                        group_protocol=group_protocol, quick=quick, idempotent=idempotent,
-                                       timeout=timeout)
-                           for n in numbers]
+                                       timeout=timeout, subtest=sub)
+                           for n in numbers for sub in (SPLIT.get(n) if scenario == "default" else None) or [None]]
                 for future in futures:
                     outcomes.extend(future.result())
     outcomes.extend(Outcome(f"{n}", "EXCLUDED", 0.0, reason) for n, reason in sorted(EXCLUDED.items())
@@ -583,8 +620,9 @@ def table(summary: dict) -> str:
             out.append("|---|---|---|---|")
             for t in bad:
                 number = t["name"].split("_", 1)[0]
+                subtest = number + t["name"][t["name"].index("["):] if "[" in t["name"] else None
                 diagnosis = (summary["group_protocol"] == "consumer" and CONSUMER_FINDINGS.get(number)) \
-                    or FINDINGS.get(number, "not diagnosed yet: read build/compat/logs/")
+                    or FINDINGS.get(subtest) or FINDINGS.get(number, "not diagnosed yet: read build/compat/logs/")
                 out.append(f"| {t['name']} | {t['state']} | {_cell(t['message'])} | {_cell(diagnosis, 1000)} |")
             out.append("")
         out.append("Passed: " + (", ".join(passed) if passed else "none") + ".")

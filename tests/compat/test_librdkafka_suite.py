@@ -138,6 +138,19 @@ def test_the_table_groups_failures_by_area_with_their_check_and_diagnosis(monkey
     assert "".join(suite.summary_text(SUMMARY).splitlines(True)[-1:]) == "1 passed, 1 failed, 1 skipped, 1 excluded\n"
 
 
+def test_a_split_tests_subtests_get_their_own_diagnosis(monkeypatch):
+    monkeypatch.setitem(suite.FINDINGS, "0081", "the first failure hides the rest")
+    monkeypatch.setitem(suite.FINDINGS, "0081[AlterConfigs]", "AlterConfigs (33) is not served")
+    monkeypatch.delitem(suite.FINDINGS, "0081[ListOffsets]", raising=False)
+    summary = dict(SUMMARY, tests=[{"name": "0081_admin[AlterConfigs]", "state": "FAILED", "duration": 1.0,
+                                    "message": "_UNSUPPORTED_FEATURE"},
+                                   {"name": "0081_admin[ListOffsets]", "state": "FAILED", "duration": 1.0,
+                                    "message": "Expected offset 1, got 0"}])
+    text = suite.table(summary)
+    assert "| 0081_admin[AlterConfigs] | FAILED | _UNSUPPORTED_FEATURE | AlterConfigs (33) is not served |" in text
+    assert "| 0081_admin[ListOffsets] | FAILED | Expected offset 1, got 0 | the first failure hides the rest |" in text
+
+
 def test_a_consumer_protocol_run_gives_group_tests_the_kip848_diagnosis(monkeypatch):
     monkeypatch.setitem(suite.FINDINGS, "0044", "CreatePartitions (37) is not served")
     monkeypatch.setitem(suite.CONSUMER_FINDINGS, "0044", "no heartbeat")
@@ -159,8 +172,11 @@ def test_update_rewrites_only_the_part_between_the_markers(tmp_path):
 
 
 def test_every_area_finding_and_exclusion_names_a_test_by_its_number_or_name():
-    numbers = {n for ns in suite.AREAS.values() for n in ns.split()} | set(suite.FINDINGS) | set(suite.CONSUMER_FINDINGS)
+    numbers = {n for ns in suite.AREAS.values() for n in ns.split()} | set(suite.CONSUMER_FINDINGS)
     assert all(len(n) == 4 and n.isdigit() for n in numbers)
+    for key in suite.FINDINGS:
+        number, _, subtest = key.partition("[")
+        assert len(number) == 4 and number.isdigit() and (not subtest or subtest[:-1] in suite.SPLIT[number]), key
     assert all(re.fullmatch(r"\d{4}(_\w+)?", n) for n in suite.EXCLUDED)
 
 
