@@ -133,7 +133,7 @@ FINDINGS: dict[str, str] = {
     "0069": "CreatePartitions (37) is not served [admin]",
     "0081": "its first failure stops the rest: CreateTopics with an explicit replica assignment naming this "
             "broker (replicas [node id]) refused with INVALID_REPLICATION_FACTOR, where Kafka accepts it "
-            "[admin]; the subtests behind it, run one by one, are in COMPAT.md's \"0081 subtest by subtest\"",
+            "[admin]; the tables of runs with SPLIT name each of its subtests",
     "0081[CreateTopics]": "an explicit replica assignment naming this broker (replicas [node id]) refused with "
                           "INVALID_REPLICATION_FACTOR, where Kafka accepts it [admin]",
     "0081[CreatePartitions]": "CreatePartitions (37) is not served [admin]",
