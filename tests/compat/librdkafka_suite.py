@@ -136,7 +136,8 @@ FINDINGS: dict[str, str] = {
             "[admin]; the tables of runs with SPLIT name each of its subtests",
     "0081[CreateTopics]": "an explicit replica assignment naming this broker (replicas [node id]) refused with "
                           "INVALID_REPLICATION_FACTOR, where Kafka accepts it [admin]",
-    "0081[CreatePartitions]": "CreatePartitions (37) is not served [admin]",
+    "0081[CreatePartitions]": "its CreateTopics with an explicit replica assignment is refused first (as "
+                              "0081[CreateTopics]); then CreatePartitions (37) is not served [admin]",
     "0081[DescribeConfigs_groups]": "DescribeConfigs of a GROUP resource (type 32, KIP-848's group configs) "
                                     "refused: INVALID_REQUEST \"resource type 32 has no configs\" [KIP-848, admin]",
     "0081[AlterConfigs]": "AlterConfigs (33) is not served [admin]",
