@@ -8,6 +8,8 @@
 #               kill -9 soak of SOAK_SECONDS (default 300)
 #   make asan   rebuild the C core with ASan/UBSan and run the native and corruption tests (also: make sanitize)
 #   make fuzz   libFuzzer (clang) on every C parser, FUZZ_SECONDS each (default 60); seeds in tests/fuzz/corpus
+#   make compat librdkafka's own test suite against `logstore serve` (needs npm and Debian's -dev
+#               libraries: see COMPAT.md); summary in build/compat/summary.txt
 
 PYTHON ?= python3
 VENV   := .venv
@@ -20,7 +22,7 @@ PYTEST_FLAGS ?= -q
 # kill -9 figures) are printed by the process that ran the tests.
 PARALLEL ?= -n 2 --dist loadfile
 
-.PHONY: demo test bench soak asan sanitize fuzz venv clean
+.PHONY: demo test bench soak asan sanitize fuzz compat venv clean
 
 $(STAMP): $(DEPS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -80,6 +82,16 @@ fuzz:
 		grep -E "stat::number_of_executed_units|stat::new_units_added" build/fuzz/$$t.log; \
 		test $$status -eq 0 || { tail -n 60 build/fuzz/$$t.log; echo "fuzz $$t: FINDING (crash input in build/fuzz)"; exit 1; }; \
 	done
+
+# librdkafka's source, from the npm package of Confluent's JavaScript client (it bundles the whole
+# tree at deps/librdkafka, tests/ included): librdkafka 2.15.1. The harness checks the sha256.
+export LIBRDKAFKA_NPM    := @confluentinc/kafka-javascript@1.10.1
+export LIBRDKAFKA_SHA256 := ada7d703bb1d3237e2292bfabf438d663b6160c9f1ac2a2406b5dc4257c81b66
+# COMPAT_FLAGS: e.g. --group-protocol consumer (KIP-848), --idempotent, --quick, --tests 0001,0081,
+# --out DIR (keep a run apart); COMPAT.md says what each run found.
+COMPAT_FLAGS ?=
+compat: $(STAMP)
+	$(PY) tests/compat/librdkafka_suite.py all $(COMPAT_FLAGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info src/logstore/_native/_lib.* .pytest_cache .hypothesis

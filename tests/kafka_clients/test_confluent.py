@@ -113,6 +113,28 @@ def test_unknown_partition_is_refused_and_nothing_is_written(kafka_server):
     assert [kafka_server.store.partition("two", i).log_end_offset for i in range(2)] == [0, 0]
 
 
+def test_a_compacted_topic_refuses_the_keyless_records_of_a_batch_and_the_rest_may_be_sent_again(kafka_server):
+    """A batch with keyless records to a compacted topic (made by AdminClient): librdkafka fails
+    the keyless ones with INVALID_RECORD and, reading the answer's record_errors, the others
+    with INVALID_DIFFERENT_RECORD; those, produced again, are written (read back by the store)."""
+    admin = AdminClient({"bootstrap.servers": kafka_server.bootstrap_servers})
+    admin.create_topics([NewTopic("compacted", 1, 1, config={"cleanup.policy": "compact"})])["compacted"].result(10)
+    p = Producer({"bootstrap.servers": kafka_server.bootstrap_servers, "linger.ms": 500, "retries": 0})
+    outcomes = {}
+    for i, key in enumerate([b"a", None, b"c", None]):
+        p.produce("compacted", key=key, value=b"v%d" % i, partition=0,
+                  on_delivery=lambda err, msg: outcomes.__setitem__(msg.value(), err and err.code()))
+    p.flush(10)
+    assert outcomes == {b"v0": KafkaError._INVALID_DIFFERENT_RECORD, b"v1": KafkaError.INVALID_RECORD,
+                        b"v2": KafkaError._INVALID_DIFFERENT_RECORD, b"v3": KafkaError.INVALID_RECORD}
+    assert kafka_server.store.partition("compacted", 0).log_end_offset == 0
+    for value, key in [(b"v0", b"a"), (b"v2", b"c")]:
+        p.produce("compacted", key=key, value=value, partition=0)
+    assert p.flush(10) == 0
+    assert [(r.key, r.value) for r in kafka_server.store.partition("compacted", 0).iter()] == \
+        [(b"a", b"v0"), (b"c", b"v2")]
+
+
 def test_offsets_for_times_and_watermarks(kafka_server):
     p = Producer({"bootstrap.servers": kafka_server.bootstrap_servers})
     for i in range(10):

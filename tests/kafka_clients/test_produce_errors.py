@@ -68,6 +68,32 @@ def test_a_keyless_record_in_a_compacted_topic_is_invalid_record(server):
     assert errors == {("keyed", 0): INVALID_RECORD} and end(server, "keyed") == before
 
 
+def record_errors(server, topics):
+    """Send one Produce v8 request ({topic: {partition: batch}}); each partition's
+    (error, [batch index of each record_errors entry], [their messages])."""
+    request = ProduceRequest[8](None, -1, 10_000, [(t, list(parts.items())) for t, parts in topics.items()])
+    request.with_header(1, "errors-test")
+    with socket.create_connection(server.address, timeout=10) as s:
+        s.sendall(request.encode(header=True, framed=True))
+        size = struct.unpack(">i", s.recv(4, socket.MSG_WAITALL))[0]
+        payload = s.recv(size, socket.MSG_WAITALL)
+    answer = ProduceResponse[8].decode(payload, header=True)
+    return {(t, p[0]): (p[1], [i for i, _ in p[5]], [m for _, m in p[5]]) for t, parts in answer.topics for p in parts}
+
+
+def test_a_compacted_topic_names_each_keyless_record_of_a_refused_batch(server):
+    """ProduceResponse's record_errors (read by kafka-python's structs): the batch index of each
+    record without a key, as Kafka's LogValidator answers; nothing is written. A refusal for
+    another reason names no record."""
+    before = end(server, "keyed")
+    keyless = batch([(b"a", b"1"), (None, b"2"), (b"c", b"3"), (None, b"4")])
+    answers = record_errors(server, {"keyed": {0: keyless}, "small": {0: batch([(None, b"z" * 2000)])}})
+    error, indexes, messages = answers[("keyed", 0)]
+    assert (error, indexes) == (INVALID_RECORD, [1, 3]) and all(messages)
+    assert answers[("small", 0)] == (MESSAGE_TOO_LARGE, [], [])
+    assert end(server, "keyed") == before
+
+
 def test_a_batch_over_max_message_bytes_is_message_too_large(server):
     errors = produce(server, {"small": {0: batch([(None, b"x" * 2000)])}})
     assert errors == {("small", 0): MESSAGE_TOO_LARGE} and end(server, "small") == 0

@@ -70,7 +70,7 @@ from .admin import AdminApis
 from .._native import lib
 from ..log.config import LogConfig
 from ..log.epochs import UNDEFINED_EPOCH, UNDEFINED_OFFSET
-from ..records.batch import parse_header
+from ..records.batch import decode_batches, parse_header
 from ..txn.producerids import ProducerIds
 from ..groups.offsets import OFFSETS_TOPIC, offset_store
 from ..groups.coordinator import GroupConfig, GroupCoordinator, listed_by
@@ -117,6 +117,22 @@ def one_v2_batch_problem(records: bytes | memoryview) -> str | None:
             return f"{len(records) - size} bytes after the first batch: Produce v3 and later carry exactly one"
     return None
 
+
+
+def keyless_record_errors(config: LogConfig, records: bytes | None) -> list[dict[str, Any]]:
+    """ProduceResponse's ``record_errors`` for a batch a compacted log refused
+    (INVALID_RECORD): the index in the batch of each record without a key, as Kafka's
+    LogValidator names them. A client tells those records (INVALID_RECORD) from the rest of
+    the batch by them (librdkafka fails the others with INVALID_DIFFERENT_RECORD, which the
+    application may produce again); for any other refusal the list is empty. Pure, thread-safe."""
+    if not config.compacted or not records:
+        return []
+    try:
+        keys = [record.key for record in decode_batches(records)]
+    except (LogstoreError, ValueError):  # a batch refused for being corrupt: no record to name
+        return []
+    return [{"batch_index": i, "batch_index_error_message": "a compacted topic does not accept a record without a key"}
+            for i, key in enumerate(keys) if key is None]
 
 class KafkaApis:
     """The request handlers of one server over ``store`` (see the module docstring).
@@ -511,9 +527,11 @@ class KafkaApis:
                                                         body.transactional_id)
                 # As Kafka: a refused partition's log start offset is unknown (-1).
                 start = self._log_start(topic.name, data.index) if error == ErrorCode.none else -1
+                refused = keyless_record_errors(self.store.partition(topic.name, data.index).config,
+                                                data.records) if error == ErrorCode.invalid_record else []
                 partitions.append({"index": data.index, "error_code": error, "base_offset": base,
                                    "log_append_time": None, "log_start_offset": start,
-                                   "record_errors": [], "error_message": message})
+                                   "record_errors": refused, "error_message": message})
             answers.append({"name": topic.name, "partition_responses": partitions})
         if acks == -1 and self.fsync_acks_all:
             self._fsync(answers)
