@@ -384,7 +384,11 @@ class Served:
         self.log_path = root.parent / f"{root.name}.serve.log"
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "logstore", "serve", str(root), "--listen",
-                                      "127.0.0.1:0", "--num-partitions", "4", *args],
+                                      "127.0.0.1:0", "--num-partitions", "4",
+                                      # Kafka's default (logstore serve's is 0), which the suite's
+                                      # group tests expect: members starting together share the
+                                      # first generation
+                                      "--group-initial-rebalance-delay-ms", "3000", *args],
                                      stdout=subprocess.PIPE, stderr=self._log, text=True, env=env)
         line = self.proc.stdout.readline()
         if not line.startswith("serving "):
