@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import random
+import uuid
 
 import pytest
 
@@ -262,6 +263,9 @@ def test_every_crash_state_of_a_store_keeps_topics_records_and_committed_offsets
              "topics": set(), "deleted": set(), "created": False}
     rng = random.Random(9)
 
+    def ids(name):  # the workload's topic ids, known to the check (its own creations get random ones)
+        return uuid.uuid5(uuid.NAMESPACE_URL, f"logstore-crash/{name}")
+
     def produce(store, n, tag):
         for _ in range(n):
             tp = rng.choice(parts)
@@ -278,7 +282,7 @@ def test_every_crash_state_of_a_store_keeps_topics_records_and_committed_offsets
         model["committed"] = positions
 
     def workload():
-        store = LogStore(root, maintenance=False, **STORE)
+        store = LogStore(root, maintenance=False, topic_ids=ids, **STORE)
         model["created"] = True
         # Small segments for the offsets topic too (its own default is 100 MiB, preallocated in
         # 8 MiB steps: real allocations on tmpfs, at every one of thousands of reopenings).
@@ -297,7 +301,7 @@ def test_every_crash_state_of_a_store_keeps_topics_records_and_committed_offsets
         model["deleted"].add("audit")
         produce(store, 6, "a")
         store.close()
-        store = LogStore(root, maintenance=False, **STORE)
+        store = LogStore(root, maintenance=False, topic_ids=ids, **STORE)
         produce(store, 6, "b")
         commit(store)
         store.close()
@@ -311,9 +315,20 @@ def test_every_crash_state_of_a_store_keeps_topics_records_and_committed_offsets
             topics = set(store.topics())
             assert oracle["topics"] <= topics, f"topics {sorted(oracle['topics'] - topics)} were created, now gone"
             assert not oracle["deleted"] & topics, f"topics {sorted(oracle['deleted'] & topics)} came back"
+            for name in topics - {OFFSETS_TOPIC}:  # a topic keeps the id it was created with
+                assert store.topic_id(name) == ids(name), f"topic {name}: id {store.topic_id(name)}, not {ids(name)}"
             if "events" in topics:
                 for tp in parts:
                     check_log(store.partition(*tp), history[tp], 0, oracle["durable"][tp], rng, f"{tp}")
+            recreated = "audit" not in topics
+            if recreated:
+                # Deleted, perhaps in a crash half-way, or not created yet: it can be created
+                # again, empty, with a new id (no directory of the old one refuses it or lends
+                # it records).
+                store.create_topic("audit", 1)
+                log = store.partition("audit", 0)
+                assert log.log_end_offset == 0, f"topic audit created again holds {log.log_end_offset} old records"
+                assert store.topic_id("audit") != ids("audit")
             if oracle["committed"] is not None:
                 for tp in parts:
                     got = offset_store(store).committed("g", *tp)
@@ -321,6 +336,10 @@ def test_every_crash_state_of_a_store_keeps_topics_records_and_committed_offsets
                     assert got in allowed, f"group g at {tp}: committed {got}, expected one of {allowed}"
             assert not [n for n in os.listdir(where) if n.endswith("-delete")], "a deleted topic's directory is left"
         _verify_clean(where)
+        if recreated:
+            with LogStore(where, maintenance=False, **STORE) as store:  # and it stays so when opened again
+                assert "audit" in store.topics()
+                assert store.partition("audit", 0).log_end_offset == 0
 
     _run(mem_path, "store: topics, appends, commits", workload, lambda: dict(model, topics=set(model["topics"]),
          deleted=set(model["deleted"])), check, depth, minimum_states=1200, max_states_per_point=8)

@@ -336,22 +336,55 @@ class LogStore:
                 found[parsed[1]] = name
         return found
 
-    def _set_aside(self, name: str, why: str) -> bool:
+    def _set_aside(self, name: str, why: str) -> str | None:
         """Rename the partition directory ``name`` to a ``.<random>-delete`` name (with the
-        metadata lock held; the caller fsyncs the root), unless another process has its log
-        open. Kafka's ``<topic>-<p>.<id>-delete`` can exceed NAME_MAX for long topic names;
-        ``.<id>-delete`` never does, nor can it look like a partition."""
+        metadata lock held; the caller fsyncs the root and removes it), unless another process
+        has its log open; return where it went, None when left. Kafka's
+        ``<topic>-<p>.<id>-delete`` can exceed NAME_MAX for long topic names; ``.<id>-delete``
+        never does, nor can it look like a partition."""
         directory = os.path.join(self.root, name)
         lock = _FileLock(os.path.join(directory, LOCK_FILE), blocking=False)
         if not lock.acquired:
             logger.warning("%s: %s: %s, but a process has it open: left", self.root, name, why)
-            return False
+            return None
+        target = os.path.join(self.root, f".{uuid.uuid4().hex}{DELETE_SUFFIX}")
         try:
-            _fileio.ops.rename(directory, os.path.join(self.root, f".{uuid.uuid4().hex}{DELETE_SUFFIX}"))
+            _fileio.ops.rename(directory, target)
         finally:
             lock.release()
         logger.warning("%s: %s: %s: set aside for deletion", self.root, name, why)
-        return True
+        return target
+
+    def _set_aside_all(self, topic: str, first: int, action: str) -> list[str]:
+        """Set aside ``topic``'s directories numbered ``first`` and up (with the metadata lock
+        held, before its topic file counts them): left by a topic of that name deleted in a
+        crash, they would refuse the new one's id, or lend it their records. Returns where
+        they went.
+
+        Raises:
+            LogLockedError: another process has one open (nothing of the topic is written).
+        """
+        aside = []
+        for number, leftover in sorted(self._partition_dirs(topic).items()):
+            if number < first:
+                continue
+            target = self._set_aside(leftover, "a directory left by an earlier topic of that name")
+            if target is None:
+                raise LogLockedError(f"cannot {action} topic {topic!r}: {leftover}, left by an earlier topic of "
+                                     f"that name, is open in another process")
+            aside.append(target)
+        if aside:
+            _fileio.ops.fsync_dir(self.root)
+        return aside
+
+    def _remove_trees(self, targets: Sequence[str]) -> None:
+        """Remove directories renamed ``*-delete`` (a failure is logged: the next open of the
+        store finishes the removal)."""
+        for target in targets:
+            try:
+                _fileio.ops.remove_tree(target)
+            except OSError as exc:
+                logger.warning("%s: could not remove %s: %s", self.root, target, exc)
 
     def _remove_deleted_topics(self) -> None:
         """Finish topic deletions that a crash interrupted (directories renamed ``*-delete``)."""
@@ -525,16 +558,13 @@ class LogStore:
                 if exist_ok:
                     return
                 raise TopicExistsError(f"topic {name!r} already exists in {self.root}")
-            if not name.startswith("__"):  # (an internal topic's directories are its own: see _set_aside_orphans)
-                for leftover in self._partition_dirs(name).values():
-                    if not self._set_aside(leftover, "a directory of an earlier topic of that name"):
-                        raise LogLockedError(f"cannot create topic {name!r}: {leftover}, a directory of an earlier "
-                                             f"topic of that name, is open in another process")
+            aside = [] if name.startswith("__") else self._set_aside_all(name, 0, "create")
             topic_id = self._new_topic_id(name)
             self._write_topic(name, partitions, topic_id, overrides)
             for partition in range(partitions):
                 self._open_partition(name, partition)
         _fileio.ops.fsync_dir(self.root)
+        self._remove_trees(aside)
         logger.info("%s: created topic %s with %d partition(s)", self.root, name, partitions)
 
     def _write_topic(self, name: str, partitions: int, topic_id: uuid.UUID, overrides: Mapping[str, str]) -> None:
@@ -576,15 +606,12 @@ class LogStore:
                 raise InvalidPartitionsError(f"topic {name!r}: {count} partitions, more than 1000000")
             if validate_only:
                 return
-            if not name.startswith("__"):
-                for number, leftover in self._partition_dirs(name).items():
-                    if number >= current and not self._set_aside(leftover, "a directory past its topic's count"):
-                        raise LogLockedError(f"cannot grow topic {name!r}: {leftover}, past its count, is open in "
-                                             f"another process")
+            aside = [] if name.startswith("__") else self._set_aside_all(name, current, "grow")
             self._write_topic(name, count, self.topic_id(name), overrides)
             for partition in range(current, count):
                 self._open_partition(name, partition)
         _fileio.ops.fsync_dir(self.root)
+        self._remove_trees(aside)
         logger.info("%s: topic %s grown from %d to %d partition(s)", self.root, name, current, count)
 
     def alter_topic_config(self, name: str, edit: Callable[[dict[str, str]], Mapping[str, Any]], *,
@@ -773,11 +800,7 @@ class LogStore:
                     lock.release()
             for key in (RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, CLEANER_OFFSET_CHECKPOINT):
                 OffsetCheckpoints(self.root, key).update({(name, p): None for p in numbers})
-            for target in doomed:
-                try:
-                    _fileio.ops.remove_tree(target)
-                except OSError as exc:  # the next open of the store finishes the removal
-                    logger.warning("%s: could not remove %s: %s", self.root, target, exc)
+            self._remove_trees(doomed)
         logger.info("%s: deleted topic %s", self.root, name)
 
     def topics(self, internal: bool = False) -> list[str]:
