@@ -11,7 +11,8 @@
                                             topic (Java properties; nothing else lives in .topics)
         .topic-defaults                     the dynamic defaults of every topic's config (Java
                                             properties; absent until set)
-        .topics.lock                        flock serialising topic creation and deletion
+        .topics.lock                        flock serialising topic creation, changes and
+                                            deletion, and the opening of partitions
         .topics.tmp                         a topic file being written
         .topics.adopt/                      topic files of a Kafka log directory being adopted
         .kafka-consumer-offsets/            Kafka's __consumer_offsets, set aside at adoption
