@@ -752,8 +752,11 @@ class LogStore:
             UnknownTopicOrPartitionError: no such topic.
             LogLockedError: another process has one of its partitions open.
 
-        Durable on return; a crash half-way leaves directories named ``*-delete`` that the next
-        open of the store removes.
+        Durable on return; a crash half-way leaves directories named ``*-delete``, or partition
+        directories no topic file counts, that the next open of the store removes (and that
+        creating the topic again sets aside). Every ``<name>-<n>`` directory goes, whatever
+        count this process had cached: the count and the directories are read under the
+        metadata lock, during which no process opens a partition.
         """
         validate_topic_name(name)
         self._check_open()
