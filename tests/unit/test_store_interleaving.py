@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from logstore import InvalidPartitionsError, LogStore, UnknownTopicOrPartitionError
+from logstore import InvalidPartitionsError, LogStore
 from logstore import _fileio
 from logstore.store import store as store_module
 from logstore.store.layout import read_topic_entry

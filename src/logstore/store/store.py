@@ -316,15 +316,16 @@ class LogStore:
         if not _fileio.ops.exists(topics_dir):
             return []
         found = []
+        counts: dict[str, int] = {}  # each topic file read once
         for name in _fileio.ops.listdir(self.root):
             parsed = kafkadirs.parse_partition_dir(name)
             if not isinstance(parsed, tuple) or parsed[0].startswith("__"):
                 continue
             topic, number = parsed
-            if not os.path.isdir(os.path.join(self.root, name)):
-                continue
-            entry = self._read_topic(topic)
-            if entry is None or number >= entry.partitions:
+            if topic not in counts:
+                entry = self._read_topic(topic)
+                counts[topic] = 0 if entry is None else entry.partitions
+            if number >= counts[topic] and os.path.isdir(os.path.join(self.root, name)):
                 found.append(name)
         return found
 
@@ -873,7 +874,8 @@ class LogStore:
                 self._topics_cache.pop(topic, None)
                 self._forget_id(topic)
             raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist in {self.root}")
-        self._take_entry(topic, found, time.monotonic())
+        with self._lock:  # (the cache is left to _topic: it applies a change to the open logs)
+            self._remember_id(topic, found.topic_id)
         if not 0 <= partition < found.partitions:
             raise UnknownTopicOrPartitionError(
                 f"topic {topic!r} has partitions 0..{found.partitions - 1}; there is no partition {partition!r}")
