@@ -55,6 +55,12 @@ logger = logging.getLogger("logstore.segment")
 _APPENDER_SIZE = ffi.sizeof("ls_appender")
 _GROWTH_STEP = 8 << 20  # first map of a non-preallocated active segment; doubles after
 _ZERO_CHUNK = 1 << 20  # bytes read or zeroed at a time when walking or clearing a tail
+#: The batch size limit reads validate against: none beyond the segment's bytes (0). A topic's
+#: max.message.bytes governs appends only, as in Kafka: lowered on a live log, it must not
+#: make the larger batches already written unreadable (a Fetch of them would fail as corrupt).
+#: Every batch a read checks is bounded by the bytes the segment holds, as at recovery
+#: (:class:`~logstore.log.segmentscan.BatchWalk`) and in the record decoder.
+READ_BATCH_LIMIT = 0
 _JOURNAL_MAGIC = b"LSTRUNC1"
 
 
@@ -95,6 +101,8 @@ class LogSegment:
         self.base_offset = base_offset
         self.segment_bytes = segment_bytes
         self.index_interval_bytes = index_interval_bytes
+        #: the largest batch an append may write (the topic's max.message.bytes); never applied
+        #: to reads (see READ_BATCH_LIMIT)
         self.max_batch_bytes = max_batch_bytes
         self.preallocate = preallocate
         stem = os.path.join(directory, segment_name(base_offset))
@@ -643,7 +651,7 @@ class LogSegment:
         end = position
         try:
             while end < size:
-                n = lib.ls_batch_validate(ptr + end, size - end, self.max_batch_bytes, hdr, crc)
+                n = lib.ls_batch_validate(ptr + end, size - end, READ_BATCH_LIMIT, hdr, crc)
                 if n < 0:
                     stored = hdr.crc if n == lib.LS_ERR_CRC else None
                     raise CorruptRecordError(self.path, end, status_words(n), stored,
@@ -688,7 +696,7 @@ class LogSegment:
 
     def _new_point_reads(self) -> PointReads:
         """The memo sized for the segment: the active one may grow to segment_bytes."""
-        return PointReads(self.max_batch_bytes, self.segment_bytes if self._appender is not None else self.size)
+        return PointReads(READ_BATCH_LIMIT, self.segment_bytes if self._appender is not None else self.size)
 
     def point_entry(self) -> tuple[Any, int, int, Any, int, Any, int, int] | None:
         """What a log's :class:`~logstore.log.pointread.PointLog` reads this segment with (its

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import random
+import uuid
 
 import pytest
 
@@ -36,6 +37,8 @@ from logstore import Log, LogStore, _fileio
 from logstore import tools
 from logstore.client.consumer import offset_store
 from logstore.groups.offsets import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIG
+from logstore.store.layout import read_topic_entry
+from logstore.store.topicids import read_partition_metadata, write_partition_metadata
 
 from crashcheck import CONFIG, Writer, check_log, key_for, value_for
 from explorer import REPORTS, Recorder, Report, dir_variants, explore, file_variants
@@ -262,6 +265,9 @@ def test_every_crash_state_of_a_store_keeps_topics_records_and_committed_offsets
              "topics": set(), "deleted": set(), "created": False}
     rng = random.Random(9)
 
+    def ids(name):  # the workload's topic ids, known to the check (its own creations get random ones)
+        return uuid.uuid5(uuid.NAMESPACE_URL, f"logstore-crash/{name}")
+
     def produce(store, n, tag):
         for _ in range(n):
             tp = rng.choice(parts)
@@ -278,7 +284,7 @@ def test_every_crash_state_of_a_store_keeps_topics_records_and_committed_offsets
         model["committed"] = positions
 
     def workload():
-        store = LogStore(root, maintenance=False, **STORE)
+        store = LogStore(root, maintenance=False, topic_ids=ids, **STORE)
         model["created"] = True
         # Small segments for the offsets topic too (its own default is 100 MiB, preallocated in
         # 8 MiB steps: real allocations on tmpfs, at every one of thousands of reopenings).
@@ -297,7 +303,7 @@ def test_every_crash_state_of_a_store_keeps_topics_records_and_committed_offsets
         model["deleted"].add("audit")
         produce(store, 6, "a")
         store.close()
-        store = LogStore(root, maintenance=False, **STORE)
+        store = LogStore(root, maintenance=False, topic_ids=ids, **STORE)
         produce(store, 6, "b")
         commit(store)
         store.close()
@@ -311,9 +317,20 @@ def test_every_crash_state_of_a_store_keeps_topics_records_and_committed_offsets
             topics = set(store.topics())
             assert oracle["topics"] <= topics, f"topics {sorted(oracle['topics'] - topics)} were created, now gone"
             assert not oracle["deleted"] & topics, f"topics {sorted(oracle['deleted'] & topics)} came back"
+            for name in topics - {OFFSETS_TOPIC}:  # a topic keeps the id it was created with
+                assert store.topic_id(name) == ids(name), f"topic {name}: id {store.topic_id(name)}, not {ids(name)}"
             if "events" in topics:
                 for tp in parts:
                     check_log(store.partition(*tp), history[tp], 0, oracle["durable"][tp], rng, f"{tp}")
+            recreated = "audit" not in topics
+            if recreated:
+                # Deleted, perhaps in a crash half-way, or not created yet: it can be created
+                # again, empty, with a new id (no directory of the old one refuses it or lends
+                # it records).
+                store.create_topic("audit", 1)
+                log = store.partition("audit", 0)
+                assert log.log_end_offset == 0, f"topic audit created again holds {log.log_end_offset} old records"
+                assert store.topic_id("audit") != ids("audit")
             if oracle["committed"] is not None:
                 for tp in parts:
                     got = offset_store(store).committed("g", *tp)
@@ -321,6 +338,10 @@ def test_every_crash_state_of_a_store_keeps_topics_records_and_committed_offsets
                     assert got in allowed, f"group g at {tp}: committed {got}, expected one of {allowed}"
             assert not [n for n in os.listdir(where) if n.endswith("-delete")], "a deleted topic's directory is left"
         _verify_clean(where)
+        if recreated:
+            with LogStore(where, maintenance=False, **STORE) as store:  # and it stays so when opened again
+                assert "audit" in store.topics()
+                assert store.partition("audit", 0).log_end_offset == 0
 
     _run(mem_path, "store: topics, appends, commits", workload, lambda: dict(model, topics=set(model["topics"]),
          deleted=set(model["deleted"])), check, depth, minimum_states=1200, max_states_per_point=8)
@@ -397,6 +418,60 @@ def test_every_crash_state_of_a_growing_topic_keeps_the_old_count_or_the_new_and
          lambda: {"created": model["created"], "counts": model["counts"], "overrides": model["overrides"],
                   "durable": dict(model["durable"]), "defaults": model["defaults"]}, check, depth, minimum_states=600, max_states_per_point=8)
 
+
+
+@pytest.mark.parametrize("depth", DEPTHS)
+def test_every_crash_state_of_giving_a_store_written_before_topic_ids_its_ids_keeps_them_stable(mem_path, depth):
+    """A store written before topic ids (no ``topic.id`` in its topic files; ``partition.metadata``
+    in no directory, or, for an adopted Kafka topic, in some) is opened: ``_assign_topic_ids``
+    writes each topic's id. A crash anywhere in it leaves every topic usable: its partitions
+    open (no copy of an id disagrees with the topic file), the records stay, an id found in a
+    ``partition.metadata`` is kept, and an id once in a topic file durably is the one kept."""
+    root = mem_path / "work" / "store"
+    kafka_id = uuid.UUID("5b6e9a4c-1f0e-4b7a-9d1e-2f3a4b5c6d7e")
+    with LogStore(root, maintenance=False, **STORE) as store:  # made durably before the recording
+        store.create_topic("plain", 2)
+        store.create_topic("adopted", 2)
+        for topic in ("plain", "adopted"):
+            for p in range(2):
+                for i in range(3):
+                    store.partition(topic, p).append(value_for(i, topic), key=key_for(i))
+    for topic in ("plain", "adopted"):
+        path = os.path.join(root, ".topics", topic)
+        with open(path) as f:
+            lines = [line for line in f if not line.startswith("topic.id=")]
+        with open(path, "w") as f:
+            f.writelines(lines)
+        for p in range(2):
+            os.unlink(os.path.join(root, f"{topic}-{p}", "partition.metadata"))
+    write_partition_metadata(os.path.join(root, "adopted-1"), kafka_id)  # as Kafka wrote it, in one partition
+
+    def ids(name):
+        return uuid.uuid5(uuid.NAMESPACE_URL, f"logstore-migration/{name}")
+
+    def workload():
+        LogStore(root, maintenance=False, topic_ids=ids, **STORE).close()
+
+    def check(path, oracle, rng):
+        where = os.path.join(path, "store")
+        before = {t: read_topic_entry(os.path.join(where, ".topics", t)).topic_id for t in ("plain", "adopted")}
+        with LogStore(where, maintenance=False, **STORE) as store:
+            assert store.topic_id("adopted") == kafka_id, "the id of the adopted topic's partition.metadata is lost"
+            for topic in ("plain", "adopted"):
+                topic_id = store.topic_id(topic)
+                if before[topic] is not None:
+                    assert topic_id == before[topic], f"topic {topic}: id {topic_id}, its file said {before[topic]}"
+                for p in range(2):
+                    log = store.partition(topic, p)
+                    assert [r.value for r in log.read(0)] == [value_for(i, topic) for i in range(3)]
+                    assert read_partition_metadata(log.path) == topic_id
+        with LogStore(where, maintenance=False, **STORE) as store:  # the ids are durable now
+            assert {t: store.topic_id(t) for t in ("plain", "adopted")} == \
+                {t: read_topic_entry(os.path.join(where, ".topics", t)).topic_id for t in ("plain", "adopted")}
+        _verify_clean(where)
+
+    _run(mem_path, "store: topic ids given to a store written before them", workload,
+         dict, check, depth, minimum_states=60, max_states_per_point=16)
 
 TXN_STORE = dict(segment_bytes=2048, segment_index_bytes=4096, index_interval_bytes=256, flush_messages=1)
 

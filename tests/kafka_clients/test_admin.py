@@ -266,6 +266,29 @@ def test_incremental_alter_configs_sets_deletes_appends_and_subtracts_and_open_l
         server.stop()
 
 
+@pytest.mark.regression
+def test_lowering_max_message_bytes_keeps_larger_batches_already_written_readable(server):
+    """Kafka applies max.message.bytes to new appends only: a batch written under the old limit
+    is still fetched (it was read as corrupt: the reads checked it against the new limit)."""
+    a = admin(server)
+    assert results(a.create_topics([NewTopic("shrunk", 1)]))["shrunk"] is None
+    p = Producer({"bootstrap.servers": server.bootstrap_servers, "linger.ms": 0, "message.max.bytes": 1_000_000})
+    p.produce("shrunk", b"x" * 200_000, partition=0)
+    p.produce("shrunk", b"small", partition=0)
+    assert p.flush(20) == 0
+    r = ConfigResource("topic", "shrunk", incremental_configs=[
+        ConfigEntry("max.message.bytes", "100000", incremental_operation=AlterConfigOpType.SET)])
+    assert results(a.incremental_alter_configs([r]))[r] is None
+    assert server.store.partition("shrunk", 0).config.max_message_bytes == 100_000
+    assert [(o, len(v)) for o, v in consume(server, "shrunk", 0, 0, 2)] == [(0, 200_000), (1, 5)]
+    assert [(o, len(v)) for o, v in consume(server, "shrunk", 0, 1, 1)] == [(1, 5)]
+    server = restarted(server)
+    try:
+        assert [(o, len(v)) for o, v in consume(server, "shrunk", 0, 0, 2)] == [(0, 200_000), (1, 5)]
+        assert [len(r.value) for r in server.store.partition("shrunk", 0).read(0)] == [200_000, 5]
+    finally:
+        server.stop()
+
 def test_alter_configs_replaces_the_whole_set_of_overrides(server):
     server.store.create_topic("whole", 1, retention_ms=100_000, segment_ms=200_000)
     a = admin(server)

@@ -235,7 +235,7 @@ def test_the_admin_changes_are_refused_by_policy_with_a_message(tmp_path):
 
 def test_delete_records_moves_every_replicas_log_start_and_survives_a_failover(tmp_path):
     """DeleteRecords through confluent-kafka's AdminClient: the leader answers once every
-    follower in sync moved its log start (they learn it from their fetches), so the leader
+    follower moved its log start (they learn it from their fetches), so the leader
     elected after the old one stops starts there too; a consumer reads from it."""
     from confluent_kafka.admin import AdminClient, OffsetSpec
 
@@ -294,6 +294,48 @@ def test_delete_records_moves_every_replicas_log_start_and_survives_a_failover(t
     finally:
         stop_all(nodes)
 
+
+@pytest.mark.regression
+def test_delete_records_is_not_acknowledged_while_a_voter_that_could_lead_next_lacks_the_new_log_start(tmp_path):
+    """A follower out of sync (here: down, past replica.lag.time.max.ms) holds a log as long as
+    the others, so it can win the next election; a DeleteRecords answered without it could be
+    undone by it. The leader answers REQUEST_TIMED_OUT (its own log start moved) until every
+    voter has the new start; once the follower is back, DeleteRecords succeeds and every
+    replica starts there."""
+    from confluent_kafka.admin import AdminClient
+
+    nodes, kafka = kafka_cluster(tmp_path, replica_lag_time_max_ms=300)
+    bootstrap = ",".join(f"{h}:{p}" for h, p in kafka.values())
+    try:
+        leader = leader_of(nodes)
+        conn = Conn(kafka[leader])
+        error, base = produce(conn, batch([b"r%d" % i for i in range(10)]))
+        conn.close()
+        assert error == NONE
+        follower = next(i for i in nodes if i != leader)
+        wait_for(lambda: nodes[follower].store.partition("replicated", 0).log_end_offset ==
+                        nodes[leader].store.partition("replicated", 0).log_end_offset)
+        nodes[follower].stop()
+        wait_for(lambda: follower not in nodes[leader].describe()[KEY]["in_sync"])
+        admin = AdminClient({**CONFLUENT_LOGIN, "bootstrap.servers": ",".join(
+            f"{h}:{p}" for i, (h, p) in kafka.items() if i != follower)})
+        target = base + 6
+        [deleted] = admin.delete_records([confluent_kafka.TopicPartition("replicated", 0, target)],
+                                         operation_timeout=2, request_timeout=20).values()
+        with pytest.raises(confluent_kafka.KafkaException) as refused:
+            deleted.result(timeout=30)
+        assert refused.value.args[0].code() == confluent_kafka.KafkaError.REQUEST_TIMED_OUT
+        nodes[follower] = ReplicaNode(follower, str(tmp_path / f"node{follower}"), kafka[follower],
+                                      {j: a for j, a in kafka.items() if j != follower}, SECRET,
+                                      election_timeout_ms=300, partitions=(("replicated", 1),),
+                                      replica_lag_time_max_ms=300).start()
+        admin = AdminClient({**CONFLUENT_LOGIN, "bootstrap.servers": bootstrap})
+        [deleted] = admin.delete_records([confluent_kafka.TopicPartition("replicated", 0, target)],
+                                         operation_timeout=30).values()
+        assert deleted.result(timeout=60).low_watermark == target
+        assert [n.store.partition("replicated", 0).log_start_offset for n in nodes.values()] == [target] * 3
+    finally:
+        stop_all(nodes)
 
 def test_a_transactional_batch_the_coordinator_does_not_know_is_refused(tmp_path):
     """KIP-890's verification on a replica set: a transactional batch that would open a

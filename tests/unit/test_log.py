@@ -783,6 +783,49 @@ def test_compacted_log_rejects_records_without_key_and_writes_nothing(path: path
         assert log.append_batch([b"a"], keys=[b"k2"]) == 2
 
 
+
+class _CompactOnAcquire:
+    """A log's lock that, the first time it is taken, makes the log compacted: the moment an
+    append that checked the policy before the lock finds another one under it."""
+
+    def __init__(self, log, lock) -> None:
+        self.log, self.lock, self.armed = log, lock, True
+
+    def acquire(self, *args):
+        got = self.lock.acquire(*args)
+        if self.armed:
+            self.armed = False
+            self.log.update_config(self.log.config.replace(cleanup_policy="compact"))
+        return got
+
+    def release(self):
+        self.lock.release()
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+@pytest.mark.regression
+@pytest.mark.parametrize("append", [
+    lambda log: log.append(b"v"),
+    lambda log: log.append(b"v", headers=[("h", b"1")]),
+    lambda log: log.append_batch([b"a", b"b"]),
+], ids=["fast-path", "general", "batch"])
+def test_a_keyless_record_is_refused_by_a_log_made_compacted_while_it_waited_for_the_lock(path, monkeypatch, append):
+    with Log.open(path) as log:
+        log.append(b"before")
+        monkeypatch.setattr(log, "_lock", _CompactOnAcquire(log, log._lock))
+        with pytest.raises(logstore.InvalidRecordError):
+            append(log)
+        monkeypatch.undo()
+        assert log.config.cleanup_policy == "compact"
+        assert log.log_end_offset == 1
+        assert [r.value for r in log.read(0)] == [b"before"]
+
 def test_control_batches_take_offsets_but_reads_pass_over_them(tmp_path: pathlib.Path) -> None:
     from logstore.records.control import leader_change_record
 

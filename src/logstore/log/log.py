@@ -585,6 +585,9 @@ class Log:
             ts = _time_ns() // 1_000_000 if timestamp is None else timestamp
             lock = self._lock
             lock.acquire()  # explicit acquire/release: ~100 ns cheaper than `with` per call
+            if not self._plain_appends:  # update_config changed the policy (compacted?) since the check
+                lock.release()
+                return self._append_general(value, key, headers, timestamp)
             try:
                 if ts > self._roll_deadline:
                     self._roll_for_time(ts)
@@ -644,6 +647,8 @@ class Log:
             codec = codec_for(None if control else compression)  # control batches: never compressed
         with self._lock, self._w:
             self._check_open()
+            if self._keys_required and (keys is None or any(k is None for k in keys)):
+                raise self._keyless_record_error()  # (again: update_config may have run since the check)
             if transactional and not self._producers.loaded:
                 self._producers.current(self._log_start_offset, self._appender.next_offset)
             first = self._append_records_locked(values, keys, headers, timestamps, codec, producer_id,
@@ -760,6 +765,8 @@ class Log:
         if self._forced_codec:
             return self.append_batch([value], [key], [list(headers)] if headers else None, [ts])
         with self._lock, self._w:
+            if key is None and self._keys_required:  # (again: update_config may have run since)
+                raise self._keyless_record_error()
             if ts > self._roll_deadline:
                 self._roll_for_time(ts)
             offset = _append_record(
@@ -895,6 +902,9 @@ class Log:
         transactional = bool(header.attributes & lib.LS_ATTR_TRANSACTIONAL)
         with self._lock, self._w:
             self._check_open()
+            if records is None and self._keys_required and any(r.key is None for r in decode_batches(batch)):
+                # update_config made the log compacted since the check above (rare: decoded here)
+                raise self._keyless_record_error()
             if pid >= 0:
                 table = self._producers.current(self._log_start_offset, self._appender.next_offset)
                 last_sequence = increment_sequence(header.base_sequence, header.last_offset_delta)

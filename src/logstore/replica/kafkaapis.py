@@ -21,8 +21,8 @@ broker of a Kafka cluster does:
 - Topics are the node's replicated partitions: CreateTopics and DeleteTopics are refused, and
   so are CreatePartitions, AlterConfigs and IncrementalAlterConfigs (POLICY_VIOLATION with a
   message). DeleteRecords goes to the leader, which moves its log start and answers once every
-  follower in sync moved its own (the followers learn it from their fetches' answers and report
-  theirs in their fetches, as Kafka's); DescribeLogDirs describes every partition this node holds.
+  follower moved its own (the followers learn it from their fetches' answers and report theirs
+  in their fetches, as Kafka's; every voter, since any may win the next election); DescribeLogDirs describes every partition this node holds.
 - SASL users are each node's own (the credentials file and the replica user): AlterUserScramCredentials
   is refused (POLICY_VIOLATION), DescribeUserScramCredentials describes the node's.
 - **InitProducerId** hands out ids unique across the replica set (``id * (max voter + 1) +
@@ -157,7 +157,7 @@ class ReplicaKafkaApis(KafkaApis):
         for key in REPLICA_REFUSED:
             self.handlers[key] = lambda request: refused(
                 request, "a replica set's partitions and configs are fixed when its nodes start")
-        # DeleteRecords by the leader, answered once its followers in sync moved their log start
+        # DeleteRecords by the leader, answered once every follower moved its log start
         self.admin = AdminApis(self, move_log_start=self._move_log_start)
         self.handlers.update({21: self.admin.on_delete_records, 35: self.admin.on_describe_log_dirs})
         # A fetch never blocks (a caught-up one waits in the purgatory; the store's flush

@@ -182,10 +182,17 @@ class LeaderSide:
     def delete_records(self, rep: PartitionReplica, offset: int, timeout_s: float) -> "Future[tuple[int, int]]":
         """Move ``rep``'s log start to ``offset`` (at most the high watermark; the caller checked)
         as its leader (Kafka's DeleteRecords): the future's result is (error code, low
-        watermark) once every follower in sync reported a log start at or past it (they learn
-        it from their fetches' answers; Kafka's DelayedDeleteRecords), so that no leader
-        elected later shows the records again; NOT_LEADER_OR_FOLLOWER when the leadership
-        goes, REQUEST_TIMED_OUT after ``timeout_s`` (the leader's log start has moved)."""
+        watermark) once every voter reported a log start at or past it (the followers learn it
+        from their fetches' answers; Kafka's DelayedDeleteRecords), so that no leader elected
+        later shows the records again; NOT_LEADER_OR_FOLLOWER when the leadership goes,
+        REQUEST_TIMED_OUT after ``timeout_s`` (the leader's log start has moved; the followers
+        take it up when they fetch).
+
+        Every voter, not the followers in sync as Kafka's ISR: Kafka elects only a replica of
+        the ISR, but a vote here compares (last epoch, end offset) alone, so a follower that
+        was out of sync, with a log as long, can win the next election and would lead with
+        the old log start. A voter down makes DeleteRecords time out rather than answer a
+        success a later leader could undo."""
         context = self._context
         with context.purgatory.deferred(), rep.cond:
             election = rep.election
@@ -199,13 +206,13 @@ class LeaderSide:
         return context.purgatory.watch(rep.key, lambda expired: self._deleted(rep, epoch, target, expired), timeout_s)
 
     def _deleted(self, rep: PartitionReplica, epoch: int, target: int, expired: bool) -> tuple[int, int] | None:
-        """A DeleteRecords' outcome once the followers in sync moved their log start to
-        ``target``; None while it waits (see purgatory)."""
+        """A DeleteRecords' outcome once every follower moved its log start to ``target``; None
+        while it waits (see purgatory)."""
         with rep.cond:
             election = rep.election
             if election.role is not Role.LEADER or election.epoch != epoch or self._context.stopping.is_set():
                 return ErrorCode.not_leader_or_follower, -1
-            behind = [p for p in self.in_sync_followers(rep, time.monotonic()) if rep.starts.get(p, -1) < target]
+            behind = [p for p in self._context.peers if rep.starts.get(p, -1) < target]
             if not behind:
                 return ErrorCode.none, rep.log.log_start_offset
         if expired:

@@ -11,7 +11,8 @@
                                             topic (Java properties; nothing else lives in .topics)
         .topic-defaults                     the dynamic defaults of every topic's config (Java
                                             properties; absent until set)
-        .topics.lock                        flock serialising topic creation and deletion
+        .topics.lock                        flock serialising topic creation, changes and
+                                            deletion, and the opening of partitions
         .topics.tmp                         a topic file being written
         .topics.adopt/                      topic files of a Kafka log directory being adopted
         .kafka-consumer-offsets/            Kafka's __consumer_offsets, set aside at adoption
@@ -194,8 +195,6 @@ class LogStore:
         #: topic name <-> id, as the topic files said when last read (the files are the home)
         self._ids: dict[str, uuid.UUID] = {}
         self._names: dict[uuid.UUID, str] = {}
-        #: topics being deleted by this process: their partitions are not opened again meanwhile
-        self._deleting: set[str] = set()
         self._closed = False
         self._closing = False
         self._cleaner = Cleaner() if cleaner else None
@@ -215,6 +214,7 @@ class LogStore:
             self._write_meta()
             self._assign_topic_ids()
             self._read_dynamic_defaults(force=True)
+            self._set_aside_orphans()
             self._remove_deleted_topics()
             self.notify_page = self._map_notify_page()
         except BaseException:
@@ -289,6 +289,105 @@ class LogStore:
             ops.close(fd)
         return ffi.from_buffer(self._notify_mm)
 
+    def _set_aside_orphans(self) -> None:
+        """Rename ``*-delete`` every partition directory of a user topic that has no topic
+        file, or a number not below its topic's count: what a crash inside
+        :meth:`delete_topic` left (the topic file is unlinked before the directories are
+        renamed), or a store written before deletion counted the directories themselves.
+        Left there, a topic created again under that name would refuse them (another topic
+        id) or, without ``partition.metadata``, take up the deleted topic's records.
+
+        Internal topics (``__consumer_offsets``, ...) are left alone: their directories may
+        come before their topic file (created on first use), and their records are not the
+        user's to lose. A directory whose log another process holds open is left too (logged).
+        Runs after adoption (a Kafka log directory's partitions all have topic files by then),
+        each candidate checked again under the metadata lock."""
+        candidates = self._orphans()
+        if not candidates:
+            return
+        with self._metadata_lock():
+            for name in self._orphans():
+                self._set_aside(name, "its topic does not have it (a deletion a crash cut short)")
+            _fileio.ops.fsync_dir(self.root)
+
+    def _orphans(self) -> list[str]:
+        """The user topics' partition directories that no topic file counts."""
+        topics_dir = os.path.join(self.root, TOPICS_DIR)
+        if not _fileio.ops.exists(topics_dir):
+            return []
+        found = []
+        counts: dict[str, int] = {}  # each topic file read once
+        for name in _fileio.ops.listdir(self.root):
+            parsed = kafkadirs.parse_partition_dir(name)
+            if not isinstance(parsed, tuple) or parsed[0].startswith("__"):
+                continue
+            topic, number = parsed
+            if topic not in counts:
+                entry = self._read_topic(topic)
+                counts[topic] = 0 if entry is None else entry.partitions
+            if number >= counts[topic] and os.path.isdir(os.path.join(self.root, name)):
+                found.append(name)
+        return found
+
+    def _partition_dirs(self, topic: str) -> dict[int, str]:
+        """Every directory ``<topic>-<n>`` in the root, whatever the topic file counts."""
+        found = {}
+        for name in _fileio.ops.listdir(self.root):
+            parsed = kafkadirs.parse_partition_dir(name)
+            if isinstance(parsed, tuple) and parsed[0] == topic and os.path.isdir(os.path.join(self.root, name)):
+                found[parsed[1]] = name
+        return found
+
+    def _set_aside(self, name: str, why: str) -> str | None:
+        """Rename the partition directory ``name`` to a ``.<random>-delete`` name (with the
+        metadata lock held; the caller fsyncs the root and removes it), unless another process
+        has its log open; return where it went, None when left. Kafka's
+        ``<topic>-<p>.<id>-delete`` can exceed NAME_MAX for long topic names; ``.<id>-delete``
+        never does, nor can it look like a partition."""
+        directory = os.path.join(self.root, name)
+        lock = _FileLock(os.path.join(directory, LOCK_FILE), blocking=False)
+        if not lock.acquired:
+            logger.warning("%s: %s: %s, but a process has it open: left", self.root, name, why)
+            return None
+        target = os.path.join(self.root, f".{uuid.uuid4().hex}{DELETE_SUFFIX}")
+        try:
+            _fileio.ops.rename(directory, target)
+        finally:
+            lock.release()
+        logger.warning("%s: %s: %s: set aside for deletion", self.root, name, why)
+        return target
+
+    def _set_aside_all(self, topic: str, first: int, action: str) -> list[str]:
+        """Set aside ``topic``'s directories numbered ``first`` and up (with the metadata lock
+        held, before its topic file counts them): left by a topic of that name deleted in a
+        crash, they would refuse the new one's id, or lend it their records. Returns where
+        they went.
+
+        Raises:
+            LogLockedError: another process has one open (nothing of the topic is written).
+        """
+        aside = []
+        for number, leftover in sorted(self._partition_dirs(topic).items()):
+            if number < first:
+                continue
+            target = self._set_aside(leftover, "a directory left by an earlier topic of that name")
+            if target is None:
+                raise LogLockedError(f"cannot {action} topic {topic!r}: {leftover}, left by an earlier topic of "
+                                     f"that name, is open in another process")
+            aside.append(target)
+        if aside:
+            _fileio.ops.fsync_dir(self.root)
+        return aside
+
+    def _remove_trees(self, targets: Sequence[str]) -> None:
+        """Remove directories renamed ``*-delete`` (a failure is logged: the next open of the
+        store finishes the removal)."""
+        for target in targets:
+            try:
+                _fileio.ops.remove_tree(target)
+            except OSError as exc:
+                logger.warning("%s: could not remove %s: %s", self.root, target, exc)
+
     def _remove_deleted_topics(self) -> None:
         """Finish topic deletions that a crash interrupted (directories renamed ``*-delete``)."""
         for name in _fileio.ops.listdir(self.root):
@@ -330,33 +429,48 @@ class LogStore:
             cached = self._topics_cache.get(name)
             if cached is not None and not fresh and now - cached.checked < TOPIC_MAX_AGE_S:
                 return cached.partitions, cached.overrides
-        identity = _fileio.ops.path_identity(self._topic_file(name))  # before the read: see _TopicEntry
-        if cached is not None and identity == cached.identity:
-            cached.checked = now
-            return cached.partitions, cached.overrides
-        found = self._read_topic(name) if identity is not None else None
+        found = self._read_topic(name)
         if found is None:
             with self._lock:
                 self._topics_cache.pop(name, None)
                 self._forget_id(name)
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist in {self.root}")
-        entry = _TopicEntry(found.partitions, found.overrides, identity, now)
+        self._take_entry(name, found, now)
+        return found.partitions, found.overrides
+
+    def _take_entry(self, name: str, found: TopicEntry, now: float) -> None:
+        """Cache what the topic file says now; when it says something else than the cache did
+        (or the first time), the topic's open logs take its config."""
+        entry = _TopicEntry(found.partitions, found.overrides, found.topic_id, now)
         with self._lock:
+            cached = self._topics_cache.get(name)
             self._topics_cache[name] = entry
             if found.topic_id is not None:
                 self._remember_id(name, found.topic_id)
-            # (read again only when the file changed, or the first time:) its open logs take it
-            self._apply_config(name, entry.partitions, self._config_for(entry.overrides))
-        return found.partitions, found.overrides
+            if cached is not None and cached.same_file(entry):
+                return
+            changes = self._config_changes(name, entry.partitions, self._config_for(entry.overrides))
+        self._apply_changes(changes)
 
-    def _apply_config(self, name: str, partitions: int, config: LogConfig) -> None:
-        """A topic's config may have changed: its open logs that have another take it now
-        (with the store's lock held)."""
+    def _config_changes(self, name: str, partitions: int, config: LogConfig) -> list[tuple[str, int, Log, LogConfig]]:
+        """The topic's open logs whose config is not ``config`` (with the store's lock held):
+        what :meth:`_apply_changes` gives them once the store's lock is released."""
+        changes = []
         for p in range(partitions):
             log = self._logs.get((name, p))
-            if log is None or log.closed or log.config == config:
-                continue
-            log.update_config(config)
+            if log is not None and not log.closed and log.config != config:
+                changes.append((name, p, log, config))
+        return changes
+
+    def _apply_changes(self, changes: Sequence[tuple[str, int, Log, LogConfig]]) -> None:
+        """Give each log its topic's new config, without the store's lock: a log's lock may be
+        held for a whole cleaner pass, and the store's lock must not wait for it (every topic's
+        lookups would)."""
+        for name, p, log, config in changes:
+            try:
+                log.update_config(config)
+            except LogClosedError:
+                continue  # its topic was deleted, or the store closed, meanwhile
             if self._cleaner is not None:
                 (self._cleaner.add if config.compacted else self._cleaner.remove)(log)
             logger.info("%s: %s-%d takes its topic's new config", self.root, name, p)
@@ -446,11 +560,13 @@ class LogStore:
                 if exist_ok:
                     return
                 raise TopicExistsError(f"topic {name!r} already exists in {self.root}")
+            aside = [] if name.startswith("__") else self._set_aside_all(name, 0, "create")
             topic_id = self._new_topic_id(name)
             self._write_topic(name, partitions, topic_id, overrides)
-        for partition in range(partitions):
-            self.partition(name, partition)
+            for partition in range(partitions):
+                self._open_partition(name, partition)
         _fileio.ops.fsync_dir(self.root)
+        self._remove_trees(aside)
         logger.info("%s: created topic %s with %d partition(s)", self.root, name, partitions)
 
     def _write_topic(self, name: str, partitions: int, topic_id: uuid.UUID, overrides: Mapping[str, str]) -> None:
@@ -492,10 +608,12 @@ class LogStore:
                 raise InvalidPartitionsError(f"topic {name!r}: {count} partitions, more than 1000000")
             if validate_only:
                 return
+            aside = [] if name.startswith("__") else self._set_aside_all(name, current, "grow")
             self._write_topic(name, count, self.topic_id(name), overrides)
             for partition in range(current, count):
-                self.partition(name, partition)
+                self._open_partition(name, partition)
         _fileio.ops.fsync_dir(self.root)
+        self._remove_trees(aside)
         logger.info("%s: topic %s grown from %d to %d partition(s)", self.root, name, current, count)
 
     def alter_topic_config(self, name: str, edit: Callable[[dict[str, str]], Mapping[str, Any]], *,
@@ -523,12 +641,12 @@ class LogStore:
             config = self._config_for(overrides)
             if validate_only:
                 return overrides
-            self._write_topic(name, partitions, self.topic_id(name), overrides)
+            topic_id = self.topic_id(name)
+            self._write_topic(name, partitions, topic_id, overrides)
             with self._lock:
-                self._topics_cache[name] = _TopicEntry(partitions, overrides,
-                                                       _fileio.ops.path_identity(self._topic_file(name)),
-                                                       time.monotonic())
-                self._apply_config(name, partitions, config)
+                self._topics_cache[name] = _TopicEntry(partitions, overrides, topic_id, time.monotonic())
+                changes = self._config_changes(name, partitions, config)
+        self._apply_changes(changes)
         logger.info("%s: topic %s config overrides now %s", self.root, name, overrides)
         return dict(overrides)
 
@@ -591,18 +709,20 @@ class LogStore:
         if not force and now - cached.checked < TOPIC_MAX_AGE_S:
             return
         path = os.path.join(self.root, TOPIC_DEFAULTS_FILE)
-        identity = _fileio.ops.path_identity(path)  # before the read (see _TopicEntry)
-        if identity == cached.identity and cached.checked:
+        try:
+            props = parse_properties(_fileio.ops.read_file(path).decode("utf-8"), path)
+        except FileNotFoundError:
+            props = {}
+        if props == cached.overrides and cached.checked:
             cached.checked = now
             return
-        props = parse_properties(_fileio.ops.read_file(path).decode("utf-8"), path) if identity is not None else {}
         try:
             defaults = LogConfig.from_kafka({**self.static_defaults.to_kafka(), **props}) if props else \
                 self.static_defaults
         except InvalidConfigError as exc:
             raise LogstoreError(f"{path}: {exc}") from None
         with self._lock:
-            self._dynamic = _TopicEntry(0, props, identity, now)
+            self._dynamic = _TopicEntry(0, props, None, now)
             changed = defaults != self.defaults
             self.defaults = defaults
             topics = {topic for topic, _ in self._logs} if changed else set()
@@ -612,7 +732,8 @@ class LogStore:
             except (UnknownTopicOrPartitionError, InvalidTopicError):
                 continue  # deleted meanwhile
             with self._lock:
-                self._apply_config(topic, partitions, self._config_for(overrides))
+                changes = self._config_changes(topic, partitions, self._config_for(overrides))
+            self._apply_changes(changes)
 
     def _overrides(self, config: Mapping[str, Any]) -> dict[str, str]:
         """Validate overrides against the defaults; return them by Kafka names as strings."""
@@ -632,30 +753,35 @@ class LogStore:
             UnknownTopicOrPartitionError: no such topic.
             LogLockedError: another process has one of its partitions open.
 
-        Durable on return; a crash half-way leaves directories named ``*-delete`` that the next
-        open of the store removes.
+        Durable on return; a crash half-way leaves directories named ``*-delete``, or partition
+        directories no topic file counts, that the next open of the store removes (and that
+        creating the topic again sets aside). Every ``<name>-<n>`` directory goes, whatever
+        count this process had cached: the count and the directories are read under the
+        metadata lock, during which no process opens a partition.
         """
-        partitions, _ = self._topic(name)
+        validate_topic_name(name)
         self._check_open()
-        with self._metadata_lock():
-            with self._lock:
-                # A reader (a fetch) must not open a partition again between its close here
-                # and the flock taken below: the flock would be refused.
-                self._deleting.add(name)
+        with self._metadata_lock():  # no partition is opened meanwhile, by any thread or process
+            # The count and the directories as they are now: another process may have grown
+            # the topic a moment ago, and a directory past the count (a crash) goes too.
+            found = self._read_topic(name)
+            if found is None:
+                with self._lock:
+                    self._topics_cache.pop(name, None)
+                    self._forget_id(name)
+                raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist in {self.root}")
+            directories = self._partition_dirs(name)
+            numbers = set(range(found.partitions)) | set(directories)
             held = []
             try:
                 with self._lock:
-                    for p in range(partitions):
-                        log = self._logs.pop((name, p), None)
-                        if log is not None:
-                            if self._cleaner is not None:
-                                self._cleaner.remove(log)
-                            log.close()
-                for p in range(partitions):
-                    directory = os.path.join(self.root, f"{name}-{p}")
-                    if not _fileio.ops.exists(directory):
-                        continue
-                    lock = _FileLock(os.path.join(directory, LOCK_FILE), blocking=False)
+                    closing = [self._logs.pop(key) for key in list(self._logs) if key[0] == name]
+                for log in closing:
+                    if self._cleaner is not None:
+                        self._cleaner.remove(log)
+                    log.close()
+                for p, directory in sorted(directories.items()):
+                    lock = _FileLock(os.path.join(self.root, directory, LOCK_FILE), blocking=False)
                     if not lock.acquired:
                         raise LogLockedError(f"cannot delete topic {name!r}: partition {p} is open in another process")
                     held.append(lock)
@@ -664,28 +790,22 @@ class LogStore:
                 with self._lock:
                     self._topics_cache.pop(name, None)
                     self._forget_id(name)
+                # A crash from here on leaves directories no topic file counts: the next open
+                # of the store sets them aside (_set_aside_orphans), as does create_topic.
                 doomed = []
-                for p in range(partitions):
-                    directory = os.path.join(self.root, f"{name}-{p}")
-                    if _fileio.ops.exists(directory):
-                        # Kafka's <topic>-<p>.<id>-delete can exceed NAME_MAX for long topic
-                        # names; ".<id>-delete" never does, nor can it look like a partition.
-                        target = os.path.join(self.root, f".{uuid.uuid4().hex}{DELETE_SUFFIX}")
-                        _fileio.ops.rename(directory, target)
-                        doomed.append(target)
+                for p, directory in sorted(directories.items()):
+                    # Kafka's <topic>-<p>.<id>-delete can exceed NAME_MAX for long topic
+                    # names; ".<id>-delete" never does, nor can it look like a partition.
+                    target = os.path.join(self.root, f".{uuid.uuid4().hex}{DELETE_SUFFIX}")
+                    _fileio.ops.rename(os.path.join(self.root, directory), target)
+                    doomed.append(target)
                 _fileio.ops.fsync_dir(self.root)
             finally:
                 for lock in held:
                     lock.release()
-                with self._lock:
-                    self._deleting.discard(name)
             for key in (RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, CLEANER_OFFSET_CHECKPOINT):
-                OffsetCheckpoints(self.root, key).update({(name, p): None for p in range(partitions)})
-            for target in doomed:
-                try:
-                    _fileio.ops.remove_tree(target)
-                except OSError as exc:  # the next open of the store finishes the removal
-                    logger.warning("%s: could not remove %s: %s", self.root, target, exc)
+                OffsetCheckpoints(self.root, key).update({(name, p): None for p in numbers})
+            self._remove_trees(doomed)
         logger.info("%s: deleted topic %s", self.root, name)
 
     def topics(self, internal: bool = False) -> list[str]:
@@ -724,30 +844,54 @@ class LogStore:
         log = self._logs.get(key)
         if log is not None and not log.closed:
             return log
-        partitions, overrides = self._topic(topic)
+        partitions, _ = self._topic(topic)
         if partition >= partitions:  # grown by another process since this one looked?
-            partitions, overrides = self._topic(topic, fresh=True)
+            partitions, _ = self._topic(topic, fresh=True)
         if isinstance(partition, bool) or not isinstance(partition, int) or not 0 <= partition < partitions:
             raise UnknownTopicOrPartitionError(
                 f"topic {topic!r} has partitions 0..{partitions - 1}; there is no partition {partition!r}")
+        with self._metadata_lock():
+            return self._open_partition(topic, partition)
+
+    def _open_partition(self, topic: str, partition: int) -> Log:
+        """Open one partition (with the metadata lock held) from one read of its topic file,
+        made now: its count, config and id together.
+
+        Invariant: a partition is opened, and its ``partition.metadata`` written, only under
+        the metadata lock, which every creation, growth and deletion of a topic holds
+        throughout. So no process opens a partition of a topic deleted meanwhile (making its
+        directory again) or writes a deleted topic's id into a re-created one's directory.
+        The store's lock is not held while the log opens (recovery may take long)."""
+        key = (topic, partition)
         with self._lock:
             self._check_open()
-            if topic in self._deleting:
-                raise UnknownTopicOrPartitionError(f"topic {topic!r} is being deleted")
             log = self._logs.get(key)
-            if log is None or log.closed:
-                topic_id = self.topic_id(topic)
-                log = Log(os.path.join(self.root, f"{topic}-{partition}"), self._config_for(overrides),
-                          shared=self.shared, timers=False, notify_page=self.notify_page)
-                try:
-                    _check_partition_metadata(log.path, topic, topic_id)
-                except BaseException:
-                    log.close()
-                    raise
-                self._logs[key] = log
-                if self._cleaner is not None and log.config.compacted:
-                    self._cleaner.add(log)
+        if log is not None and not log.closed:
             return log
+        found = self._read_topic(topic)
+        if found is None or found.topic_id is None:
+            with self._lock:
+                self._topics_cache.pop(topic, None)
+                self._forget_id(topic)
+            raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist in {self.root}")
+        with self._lock:  # (the cache is left to _topic: it applies a change to the open logs)
+            self._remember_id(topic, found.topic_id)
+        if not 0 <= partition < found.partitions:
+            raise UnknownTopicOrPartitionError(
+                f"topic {topic!r} has partitions 0..{found.partitions - 1}; there is no partition {partition!r}")
+        log = Log(os.path.join(self.root, f"{topic}-{partition}"), self._config_for(found.overrides),
+                  shared=self.shared, timers=False, notify_page=self.notify_page)
+        try:
+            _check_partition_metadata(log.path, topic, found.topic_id)
+            with self._lock:
+                self._check_open()
+                self._logs[key] = log
+        except BaseException:
+            log.close()
+            raise
+        if self._cleaner is not None and log.config.compacted:
+            self._cleaner.add(log)
+        return log
 
     def logs(self) -> Iterator[tuple[str, int, Log]]:
         """Every partition of every topic (internal ones included), opening them as needed."""
@@ -1022,19 +1166,31 @@ class LogStore:
 
 
 class _TopicEntry:
-    """A topic file as this process last read it. ``identity`` is the file's (device, inode),
-    taken before the read: the file is only ever replaced by a rename, so a different identity
-    means a newer file (at worst an unchanged one is read again)."""
+    """A topic file (or ``.topic-defaults``) as this process last read it: its count, overrides
+    and topic id.
 
-    __slots__ = ("partitions", "overrides", "identity", "checked")
+    Invariant: a change is seen by reading the file and comparing what it says, never by the
+    file's identity. The file is replaced by a rename, and ext4 hands the freed inode to the
+    next replacement, so two rewrites in a row can put a changed file back on the cached
+    (device, inode); its size and mtime can match too (the kernel's file times tick every few
+    milliseconds, and ``retention.ms=1000`` and ``=2000`` are the same size). A topic file is a
+    few hundred bytes: reading it once a second per open topic costs less than a stat's doubt.
+    """
 
-    def __init__(self, partitions: int, overrides: dict[str, str], identity: tuple[int, int] | None,
+    __slots__ = ("partitions", "overrides", "topic_id", "checked")
+
+    def __init__(self, partitions: int, overrides: dict[str, str], topic_id: uuid.UUID | None,
                  checked: float) -> None:
         self.partitions = partitions
         self.overrides = overrides
-        self.identity = identity
-        #: when the file was last found unchanged (monotonic seconds)
+        self.topic_id = topic_id
+        #: when the file was last read (monotonic seconds)
         self.checked = checked
+
+    def same_file(self, other: "_TopicEntry") -> bool:
+        """True when ``other`` says what this entry says (count, overrides and id)."""
+        return (self.partitions == other.partitions and self.overrides == other.overrides
+                and self.topic_id == other.topic_id)
 
 
 class _FileLock:
