@@ -47,7 +47,8 @@ from typing import Any, Callable, Mapping
 
 from ..errorcodes import ErrorCode
 from ..net.purgatory import mapped
-from .acls import ANONYMOUS, CLUSTER_NAME, AclOperation, AclView, Authorizer, ResourceType, all_operations
+from .acls import (ACLS_TOPIC, ANONYMOUS, CLUSTER_NAME, AclOperation, AclView, Authorizer, ResourceType,
+                   all_operations)
 from .wire import KafkaRequest, response_class
 from .writer import field_shape
 
@@ -92,6 +93,10 @@ class Access:
         """Whether the principal may do ``operation`` on the resource."""
         if self.view is None:
             return True
+        if resource_type == RT.TOPIC and name == ACLS_TOPIC:
+            # The ACLs' own topic: only the replica peers may touch it (Fetch, ListOffsets,
+            # Metadata, DeleteRecords, ...), whatever READ or DESCRIBE on Topic:* says.
+            operation, resource_type, name = Op.CLUSTER_ACTION, RT.CLUSTER, CLUSTER_NAME
         key = (operation, resource_type, name)
         answer = self._answers.get(key)
         if answer is None:
@@ -111,6 +116,9 @@ class Access:
         """KIP-430's bit field of the operations allowed on the resource."""
         if self.view is None:
             return all_operations(resource_type)
+        if resource_type == RT.TOPIC and name == ACLS_TOPIC and not self.allowed(Op.CLUSTER_ACTION, RT.CLUSTER,
+                                                                                 CLUSTER_NAME):
+            return 0
         return self.view.authorized_operations(self.principal, self.host, resource_type, name)
 
 
@@ -383,6 +391,8 @@ class GuardContext:
     auto_create_topics: Callable[[], bool] = field(default=lambda: True)
     #: a topic id's topic name (None: unknown); the server that serves topic ids gives it
     topic_name: Callable[[uuid.UUID], str | None] = field(default=lambda topic_id: None)
+    #: the topics an all-topics request lists, sorted (DescribeTopicPartitions' filter)
+    topic_names: Callable[[], list[str]] = field(default=lambda: [])
 
 
 def guard(handlers: Mapping[int, Handler], authorizer: Authorizer | None, context: GuardContext,
@@ -658,6 +668,37 @@ def _add_partitions_to_txn(access: Access, request: KafkaRequest, handler: Handl
     return _apply(rule, access, request, handler)
 
 
+def _describe_topic_partitions(access: Access, request: KafkaRequest, handler: Handler,
+                               context: GuardContext) -> Any:
+    """DescribeTopicPartitions (as Kafka's DescribeTopicPartitionsRequestHandler): "all topics"
+    is decided from the request as sent (no topic named) and lists only the topics the
+    principal may describe, pages and cursor included (the handler is asked for them by name);
+    a named topic denied DESCRIBE is answered TOPIC_AUTHORIZATION_FAILED with the zero topic
+    id, exists or not, and when every named topic is denied the handler is not asked at all
+    (an empty list would be "all")."""
+    body = request.body
+    cls = _entity(response_class(request.api_key, request.api_version), ("topics",))
+    if not body.topics:
+        allowed = [name for name in context.topic_names() if access.allowed(Op.DESCRIBE, RT.TOPIC, name)]
+        if not allowed:
+            answer = error_response(request, ErrorCode.none)
+            answer.update(topics=[], next_cursor=None)
+            return answer
+        topic_cls = _entity(type(body), ("topics",))
+        request = _with_body(request, dataclasses.replace(body, topics=tuple(topic_cls(name=n) for n in allowed)))
+        return _merge(handler(request), {}, lambda fields: _topic_operations(access, request, fields))
+    kept = [t for t in body.topics if access.allowed(Op.DESCRIBE, RT.TOPIC, t.name)]
+    denied = [_default(cls, {"name": t.name, "error_code": ErrorCode.topic_authorization_failed})
+              for t in body.topics if not access.allowed(Op.DESCRIBE, RT.TOPIC, t.name)]
+    if not kept:
+        answer = error_response(request, ErrorCode.none)
+        answer.update(topics=denied, next_cursor=None)
+        return answer
+    if denied:
+        request = _with_body(request, dataclasses.replace(body, topics=tuple(kept)))
+    return _merge(handler(request), {"topics": denied}, lambda fields: _topic_operations(access, request, fields))
+
+
 def _offset_for_leader_epoch(access: Access, request: KafkaRequest, handler: Handler, context: GuardContext) -> Any:
     """OffsetForLeaderEpoch: a consumer's (no replica id) needs DESCRIBE on each topic, a
     follower's CLUSTER_ACTION (as Kafka's)."""
@@ -795,6 +836,5 @@ RULES: dict[int, Rule] = {
     68: _READ_GROUP,  # ConsumerGroupHeartbeat
     69: Rule(items=(Items("group_ids", lambda g: (RT.GROUP, g), Op.DESCRIBE, "groups",  # ConsumerGroupDescribe
                           lambda g: {"group_id": g}),), operations=_group_operations),
-    75: Rule(items=(Items("topics", _topic("name"), Op.DESCRIBE, "topics", _named("name")),),  # DescribeTopicPartitions
-             operations=_topic_operations),
+    75: Rule(custom=_describe_topic_partitions, operations=_topic_operations),  # DescribeTopicPartitions
 }
