@@ -49,7 +49,7 @@ from ..errorcodes import ErrorCode
 from ..net.purgatory import mapped
 from .acls import (ACLS_TOPIC, ANONYMOUS, CLUSTER_NAME, AclOperation, AclView, Authorizer, ResourceType,
                    all_operations)
-from .wire import KafkaRequest, response_class
+from .wire import KafkaRequest, fetch_replica_id, response_class
 from .writer import field_shape
 
 __all__ = ["RULES", "Rule", "Need", "Items", "Access", "guard", "error_response", "AUTHORIZATION_ERRORS"]
@@ -460,7 +460,8 @@ def _find_coordinator(access: Access, request: KafkaRequest, handler: Handler, c
     """FindCoordinator: DESCRIBE on the group (key type 0) or the transactional id (1); a
     batched request (v4) answers each denied key with its error."""
     body = request.body
-    kind = RT.GROUP if body.key_type == 0 else RT.TRANSACTIONAL_ID if body.key_type == 1 else None
+    key_type = getattr(body, "key_type", 0)  # v0 has none: its key is a group
+    kind = RT.GROUP if key_type == 0 else RT.TRANSACTIONAL_ID if key_type == 1 else None
     if kind is None:
         return handler(request)
     keys = getattr(body, "coordinator_keys", None)
@@ -567,6 +568,16 @@ def _topic_operations(access: Access, request: KafkaRequest, fields: dict[str, A
             topic["topic_authorized_operations"] = access.operations(RT.TOPIC, topic["name"])
 
 
+def _created_topic_configs(access: Access, request: KafkaRequest, fields: dict[str, Any]) -> None:
+    """CreateTopics v5+: a created topic's configs, partition count and replication factor only
+    with DESCRIBE_CONFIGS on it, else ``topic_config_error_code`` TOPIC_AUTHORIZATION_FAILED (as
+    Kafka's ``includeConfigsAndMetadata``)."""
+    for topic in fields["topics"]:
+        if topic["error_code"] == ErrorCode.none and not access.allowed(Op.DESCRIBE_CONFIGS, RT.TOPIC, topic["name"]):
+            topic.update(topic_config_error_code=ErrorCode.topic_authorization_failed, num_partitions=-1,
+                         replication_factor=-1, configs=[])
+
+
 def _list_groups(access: Access, request: KafkaRequest, fields: dict[str, Any]) -> None:
     """ListGroups: all groups with DESCRIBE on the cluster, else those the principal may describe."""
     if not access.allowed(Op.DESCRIBE, RT.CLUSTER, CLUSTER_NAME):
@@ -635,7 +646,7 @@ def _fetch(access: Access, request: KafkaRequest, handler: Handler, context: Gua
     items = Items("topics", _topic_by_name_or_id(context, "topic"), Op.READ, "responses",
                   lambda t: {"topic": getattr(t, "topic", None), "topic_id": getattr(t, "topic_id", None)},
                   partitions=("partitions", "partition", "partitions", "partition_index"))
-    if getattr(request.body, "replica_id", -1) >= 0:
+    if fetch_replica_id(request) >= 0:
         if access.allowed(Op.CLUSTER_ACTION, RT.CLUSTER, CLUSTER_NAME):
             return handler(request)
         return _refuse_all(request, Rule(items=(items,)), ErrorCode.topic_authorization_failed,
@@ -791,7 +802,7 @@ RULES: dict[int, Rule] = {
     16: Rule(answer_filter=_list_groups),  # ListGroups
     17: _OPEN, 18: _OPEN, 36: _OPEN,  # SaslHandshake, ApiVersions, SaslAuthenticate
     19: Rule(items=(Items("topics", _topic("name"), Op.CREATE, "topics", _named("name"),  # CreateTopics
-                          or_cluster=Op.CREATE),)),
+                          or_cluster=Op.CREATE),), answer_filter=_created_topic_configs),
     20: Rule(custom=_delete_topics),
     22: Rule(custom=_init_producer_id),
     23: Rule(custom=_offset_for_leader_epoch),

@@ -90,7 +90,7 @@ from ..kafka.admin import REPLICA_REFUSED, AdminApis, refused
 from ..kafka.apis import KafkaApis, delete_topics_asked, internal_topic_refusal, one_v2_batch_problem
 from ..store.topicids import ZERO_TOPIC_ID
 from ..groups.coordinator import GroupCoordinator
-from ..kafka.wire import KafkaRequest
+from ..kafka.wire import KafkaRequest, fetch_replica_id
 from ..groups.offsets import OFFSETS_TOPIC, OffsetStore
 from ..txn.coordinator import TransactionCoordinator
 from ..txn.metadata import TRANSACTION_STATE_TOPIC
@@ -206,9 +206,7 @@ class ReplicaKafkaApis(KafkaApis):
         return dataclasses.asdict(answer)  # type: ignore[no-any-return]
 
     def on_fetch(self, request: KafkaRequest) -> dict[str, Any] | Future:
-        body = request.body
-        replica_id = body.replica_state.replica_id if request.api_version >= 15 else body.replica_id
-        if replica_id >= 0:  # a follower's
+        if fetch_replica_id(request) >= 0:  # a follower's
             return self.peer_apis.on_replica_fetch(request)
         return super().on_fetch(request)
 
