@@ -241,3 +241,76 @@ def test_a_reserved_user_is_only_scram_never_an_oauthbearer_token(tmp_path):
         assert "t" in password_login("SCRAM-SHA-256").topics  # the reserved user, by SCRAM: a super user
         with pytest.raises(ck.KafkaException):
             password_login("PLAIN")
+
+
+def kip848_server(tmp_path):
+    from logstore.groups.consumergroup import ConsumerGroupConfig
+    return serve(tmp_path / "store", consumer_group_config=ConsumerGroupConfig(heartbeat_interval_ms=500))
+
+
+def consume_until(consumer, want, timeout=30.0):
+    """(topic, partition) pairs read until ``want`` records or the timeout; the errors seen."""
+    import time
+    got, errors = [], []
+    deadline = time.monotonic() + timeout
+    while len(got) < want and time.monotonic() < deadline:
+        msg = consumer.poll(0.2)
+        if msg is None:
+            continue
+        if msg.error():
+            errors.append(msg.error())
+            if msg.error().fatal() or msg.error().code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                break
+        else:
+            got.append((msg.topic(), msg.partition()))
+    return got, errors
+
+
+def test_a_kip848_regex_resolves_only_to_the_topics_the_member_may_describe(tmp_path):
+    with kip848_server(tmp_path) as server:
+        for name in ("work-a", "work-b", "secret-work"):
+            server.store.create_topic(name, 1)
+            server.store.partition(name, 0).append_batch([b"x"])
+        grant(server, binding(ResourceType.GROUP, "g", "User:alice", AclOperation.READ),
+              binding(ResourceType.TOPIC, "work-", "User:alice", AclOperation.READ,
+                      pattern=ck.admin.ResourcePatternType.PREFIXED),
+              binding(ResourceType.GROUP, "g", "User:bob", AclOperation.DESCRIBE),
+              binding(ResourceType.TOPIC, "work-a", "User:bob", AclOperation.DESCRIBE))
+        consumer = ck.Consumer({**ck_config(server, "alice"), "group.id": "g", "group.protocol": "consumer",
+                                "auto.offset.reset": "earliest"})
+        try:
+            consumer.subscribe(["^.*work.*"])
+            got, errors = consume_until(consumer, 2)
+            assert sorted(got) == [("work-a", 0), ("work-b", 0)], errors
+            # the group as the super user sees it: only the topics alice may describe
+            (future,) = admin(server).describe_consumer_groups(["g"]).values()
+            described = future.result(timeout=10)
+            assigned = {tp.topic for m in described.members for tp in m.assignment.topic_partitions}
+            assert assigned == {"work-a", "work-b"}
+            # bob may describe the group but not work-b, which it names: TOPIC_AUTHORIZATION_FAILED
+            (future,) = admin(server, "bob").describe_consumer_groups(["g"]).values()
+            with pytest.raises(ck.KafkaException) as refused:
+                future.result(timeout=10)
+            assert refused.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+        finally:
+            consumer.close()
+
+
+def test_a_kip848_subscription_naming_an_undescribable_topic_is_topic_authorization_failed(tmp_path):
+    with kip848_server(tmp_path) as server:
+        server.store.create_topic("secret", 1)
+        server.store.partition("secret", 0).append_batch([b"hidden"])
+        grant(server, binding(ResourceType.GROUP, "g", "User:alice", AclOperation.READ))
+        consumer = ck.Consumer({**ck_config(server, "alice"), "group.id": "g", "group.protocol": "consumer",
+                                "auto.offset.reset": "earliest"})
+        try:
+            consumer.subscribe(["secret"])
+            got, errors = consume_until(consumer, 1, timeout=15)
+            assert got == []
+            assert KafkaError.TOPIC_AUTHORIZATION_FAILED in [e.code() for e in errors]
+        finally:
+            consumer.close()
+        # the coordinator gave no one the topic: the group has no assignment of it
+        (future,) = admin(server).describe_consumer_groups(["g"]).values()
+        described = future.result(timeout=10)
+        assert not [tp for m in described.members for tp in m.assignment.topic_partitions]

@@ -52,7 +52,8 @@ from .acls import (ACLS_TOPIC, ANONYMOUS, CLUSTER_NAME, AclOperation, AclView, A
 from .wire import KafkaRequest, fetch_replica_id, response_class
 from .writer import field_shape
 
-__all__ = ["RULES", "Rule", "Need", "Items", "Access", "guard", "error_response", "AUTHORIZATION_ERRORS"]
+__all__ = ["RULES", "Rule", "Need", "Items", "Access", "guard", "error_response", "AUTHORIZATION_ERRORS",
+           "topic_describer"]
 
 logger = logging.getLogger("logstore.kafka.authorizer")
 
@@ -89,8 +90,10 @@ class Access:
         host = request.client_host[1:] if request.client_host.startswith("/") else request.client_host
         return cls(None if authorizer is None else authorizer.snapshot(), request.principal or ANONYMOUS, host)
 
-    def allowed(self, operation: AclOperation, resource_type: ResourceType, name: str) -> bool:
-        """Whether the principal may do ``operation`` on the resource."""
+    def allowed(self, operation: AclOperation, resource_type: ResourceType, name: str,
+                log_denied: bool = True) -> bool:
+        """Whether the principal may do ``operation`` on the resource (a denial logged unless
+        ``log_denied`` is false: a filter, as Kafka's ``logIfDenied``)."""
         if self.view is None:
             return True
         if resource_type == RT.TOPIC and name == ACLS_TOPIC:
@@ -102,7 +105,7 @@ class Access:
         if answer is None:
             answer = self._answers[key] = self.view.authorize(self.principal, self.host, operation, resource_type,
                                                               name)
-            if not answer:
+            if not answer and log_denied:
                 logger.info("Principal = %s is Denied operation = %s from host = %s on resource = %s:LITERAL:%s",
                             self.principal, operation.name, self.host, resource_type.name, name)
         return answer
@@ -120,6 +123,20 @@ class Access:
                                                                                  CLUSTER_NAME):
             return 0
         return self.view.authorized_operations(self.principal, self.host, resource_type, name)
+
+
+def topic_describer(authorizer: Authorizer | None, request: KafkaRequest) -> Callable[[str], bool] | None:
+    """Whether ``request``'s principal (from its host) may DESCRIBE a topic, asked of the
+    authorizer's ACLs at each call (so a later change counts); None without an authorizer.
+    What a KIP-848 member's regex subscription may resolve to. Thread-safe."""
+    if authorizer is None:
+        return None
+    access = Access.of(authorizer, request)
+    principal, host = access.principal, access.host
+
+    def may_describe(name: str) -> bool:
+        return Access(authorizer.snapshot(), principal, host).allowed(Op.DESCRIBE, RT.TOPIC, name, log_denied=False)
+    return may_describe
 
 
 @dataclass(frozen=True)
@@ -710,6 +727,41 @@ def _describe_topic_partitions(access: Access, request: KafkaRequest, handler: H
     return _merge(handler(request), {"topics": denied}, lambda fields: _topic_operations(access, request, fields))
 
 
+def _consumer_group_heartbeat(access: Access, request: KafkaRequest, handler: Handler,
+                              context: GuardContext) -> Any:
+    """ConsumerGroupHeartbeat (as Kafka's KafkaApis): READ on the group, and DESCRIBE on every
+    topic the subscription names, else the heartbeat is TOPIC_AUTHORIZATION_FAILED. A regex
+    resolves only to the topics the member may describe (the handler gives the coordinator
+    :func:`topic_describer`)."""
+    body = request.body
+    if not access.allowed(Op.READ, RT.GROUP, body.group_id):
+        return error_response(request, ErrorCode.group_authorization_failed,
+                              f"not authorized to READ GROUP {body.group_id}")
+    denied = sorted({n for n in body.subscribed_topic_names or () if not access.allowed(Op.DESCRIBE, RT.TOPIC, n)})
+    if denied:
+        return error_response(request, ErrorCode.topic_authorization_failed,
+                              f"not authorized to DESCRIBE the subscribed topic(s) {', '.join(denied)}")
+    return handler(request)
+
+
+def _consumer_group_described_topics(access: Access, request: KafkaRequest, fields: dict[str, Any]) -> None:
+    """ConsumerGroupDescribe: a group whose members' subscriptions or assignments name a topic
+    the principal may not describe is answered TOPIC_AUTHORIZATION_FAILED, without its members
+    (as Kafka's KafkaApis)."""
+    for group in fields["groups"]:
+        if group["error_code"] != ErrorCode.none:
+            continue
+        named = set()
+        for member in group["members"]:
+            named.update(member.get("subscribed_topic_names") or ())
+            for kind in ("assignment", "target_assignment"):
+                named.update(t["topic_name"] for t in (member.get(kind) or {}).get("topic_partitions", ()))
+        if any(not access.allowed(Op.DESCRIBE, RT.TOPIC, name) for name in sorted(named)):
+            group.update(error_code=ErrorCode.topic_authorization_failed, members=[],
+                         error_message="The group has described topic(s) that the client is not authorized "
+                                       "to describe.")
+
+
 def _offset_for_leader_epoch(access: Access, request: KafkaRequest, handler: Handler, context: GuardContext) -> Any:
     """OffsetForLeaderEpoch: a consumer's (no replica id) needs DESCRIBE on each topic, a
     follower's CLUSTER_ACTION (as Kafka's)."""
@@ -844,8 +896,9 @@ RULES: dict[int, Rule] = {
     50: Rule(needs=(Need(Op.DESCRIBE, _cluster),)),  # DescribeUserScramCredentials
     51: Rule(needs=(Need(Op.ALTER, _cluster),)),  # AlterUserScramCredentials
     60: Rule(operations=_cluster_operations),  # DescribeCluster
-    68: _READ_GROUP,  # ConsumerGroupHeartbeat
+    68: Rule(custom=_consumer_group_heartbeat),  # ConsumerGroupHeartbeat
     69: Rule(items=(Items("group_ids", lambda g: (RT.GROUP, g), Op.DESCRIBE, "groups",  # ConsumerGroupDescribe
-                          lambda g: {"group_id": g}),), operations=_group_operations),
+                          lambda g: {"group_id": g}),), answer_filter=_consumer_group_described_topics,
+             operations=_group_operations),
     75: Rule(custom=_describe_topic_partitions, operations=_topic_operations),  # DescribeTopicPartitions
 }

@@ -1324,7 +1324,7 @@ class KafkaApis:
             _ms(body.rebalance_timeout), body.subscribed_topic_names,
             getattr(body, "subscribed_topic_regex", None), body.server_assignor,
             owned_partitions(body.topic_partitions), request.client_id or "", request.client_host,
-            request.api_version))
+            request.api_version, aclguard.topic_describer(self.authorizer, request)))
 
     def on_consumer_group_describe(self, request: KafkaRequest) -> dict[str, Any]:
         consumer = self.consumer_groups
