@@ -292,6 +292,10 @@ def test_a_kip848_regex_resolves_only_to_the_topics_the_member_may_describe(tmp_
             with pytest.raises(ck.KafkaException) as refused:
                 future.result(timeout=10)
             assert refused.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+            # granted later: the regex resolves to it at the member's next heartbeat
+            grant(server, binding(ResourceType.TOPIC, "secret-work", "User:alice", AclOperation.READ))
+            got, errors = consume_until(consumer, 1)
+            assert got == [("secret-work", 0)], errors
         finally:
             consumer.close()
 

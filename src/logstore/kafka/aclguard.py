@@ -15,10 +15,15 @@ A :class:`Rule` says, as Kafka's KafkaApis does per API:
   ``filterByAuthorized``). The answers are built from the response's schema (kio's class of
   the version asked), so an entry has every field of its version.
 - ``answer_filter``: what an answer lists that the principal may not see is dropped from it
-  (ListGroups, ListTransactions, OffsetFetch of all of a group's topics).
+  (ListGroups, ListTransactions, OffsetFetch of all of a group's topics, a new topic's configs
+  in CreateTopics, a consumer group naming undescribable topics in ConsumerGroupDescribe).
 - ``custom``: an API whose rule is more than that (Metadata's hidden topics and auto-creation,
-  a follower's Fetch, topics named by id, InitProducerId's IDEMPOTENT_WRITE) wraps its handler
-  itself.
+  a follower's Fetch, topics named by id, InitProducerId's IDEMPOTENT_WRITE,
+  DescribeTopicPartitions' "all topics", ConsumerGroupHeartbeat's subscribed topics) wraps its
+  handler itself.
+
+A replica set's ACLs topic (``__acls``) is the peers' alone: every operation on it needs
+CLUSTER_ACTION on the cluster, whatever the ACLs on topics say (:meth:`Access.allowed`).
 - ``operations``: KIP-430's authorized operations, filled into the answer when the request
   asks for them (with or without an authorizer: without one, every operation).
 
