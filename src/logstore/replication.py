@@ -295,7 +295,7 @@ class ReplicaNode:
             self.kafka = KafkaServer(self.store, listen, advertised=advertised, node_id=node_id,
                                      auto_create_topics=False, tls=tls, max_request_bytes=max_frame,
                                      limits=net.Limits(max_connections, self.handshake_s, self.idle_s),
-                                     sasl_credentials=credentials, **options,
+                                     sasl_credentials=credentials, sasl_reserved_users=(REPLICA_USER,), **options,
                                      apis_factory=lambda *a, **kw: ReplicaKafkaApis(
                                          self.context, self._leader, peer_apis, self._brokers, *a, **kw))
         except BaseException:  # e.g. the port is taken: the store must not stay open (and locked)

@@ -78,6 +78,9 @@ GOOD_PLAIN = Credentials({("u", "PLAIN"): plain_credential("pw", SALT)}).to_text
     (GOOD_PLAIN + ",extra=1", "unknown extra"),
     (GOOD_PLAIN.replace("iterations=4096", "iterations=4k"), "not a number"),
     (GOOD_PLAIN.replace("iterations=4096", "iterations=100"), "iterations=100"),
+    pytest.param(GOOD_PLAIN.replace("iterations=4096", "iterations=16385"),
+                 "iterations=16385 (between 4096 and 16384)",  # Kafka's SCRAM maximum, also PLAIN's
+                 marks=pytest.mark.regression),
     (GOOD_SCRAM.replace("salt=", "salt=!"), "salt is not base64"),
     (GOOD_SCRAM.replace("SCRAM-SHA-256", "SCRAM-SHA-512"), "must be 64 bytes"),
 ])
@@ -182,3 +185,14 @@ def test_alter_rewrites_the_file_at_once_and_all_or_nothing(tmp_path):
         source.alter([("alice", "SCRAM-SHA-256"), ("carol", "PLAIN")], {})
     assert path.read_bytes() == before
     assert sorted(source.current().entries()) == [("alice", "SCRAM-SHA-256"), ("bob", "SCRAM-SHA-512")]
+
+
+@pytest.mark.regression
+def test_iterations_are_capped_at_kafkas_scram_maximum():
+    """A PLAIN check runs PBKDF2 on the listener's loop for every attempt: a credential may ask
+    for at most Kafka's SCRAM maximum, 16384 iterations (it was 1,000,000)."""
+    assert plain_credential("pw", iterations=16384).iterations == 16384
+    for make in (lambda: plain_credential("pw", iterations=16385),
+                 lambda: scram_credential("SCRAM-SHA-256", "pw", iterations=1_000_000)):
+        with pytest.raises(ValueError, match="between 4096 and 16384"):
+            make()

@@ -121,6 +121,10 @@ class HeartbeatRequest:
     client_host: str = ""
     #: v0: a joining member may come without an id (the coordinator makes one)
     version: int = 1
+    #: whether the member's principal may describe a topic (an authorizer's DESCRIBE, asked
+    #: live); a regex subscription resolves only to those topics (Kafka's regex refresh with
+    #: the authorizer). None: every topic (no authorizer).
+    may_describe: Callable[[str], bool] | None = None
 
 
 class _HeartbeatError(Exception):
@@ -131,7 +135,7 @@ class _HeartbeatError(Exception):
 
 
 class _Member:
-    __slots__ = ("member_id", "meta", "at", "deadline", "revoke_watch")
+    __slots__ = ("member_id", "meta", "at", "deadline", "revoke_watch", "may_describe", "resolved")
 
     def __init__(self, member_id: str, meta: rec.MemberMetadata, at: MemberAssignment) -> None:
         self.member_id = member_id
@@ -139,6 +143,11 @@ class _Member:
         self.at = at
         self.deadline = 0.0  # the session ends unless a heartbeat comes first (monotonic)
         self.revoke_watch = -1  # the epoch a revocation timer watches, -1 none
+        #: its principal's DESCRIBE on a topic, from its last heartbeat (not durable: None, every
+        #: topic, until a heartbeat to this coordinator gives it)
+        self.may_describe: Callable[[str], bool] | None = None
+        #: the topic names its subscription resolved to at the group's last target computation
+        self.resolved: frozenset[str] | None = None
 
 
 class _Group:
@@ -387,6 +396,9 @@ class ConsumerGroupCoordinator:
                 raise _HeartbeatError(ErrorCode.fenced_member_epoch,
                                       f"member {member_id} is at epoch {at.epoch}, not {request.member_epoch}")
         meta = _updated(member.meta, request)
+        resolved_before = member.resolved if member.resolved is not None else \
+            frozenset(self._member_topics(member.meta, self.topics(), member.may_describe))
+        member.may_describe = request.may_describe
         if meta != member.meta:
             if (meta.subscribed_topic_names, meta.subscribed_topic_regex, meta.server_assignor) != (
                     member.meta.subscribed_topic_names, member.meta.subscribed_topic_regex,
@@ -395,6 +407,8 @@ class ConsumerGroupCoordinator:
             member.meta = meta
             writes.append((rec.encode_key(rec.MEMBER_METADATA, group.group_id, member_id),
                            rec.encode_value(rec.MEMBER_METADATA, meta)))
+        if frozenset(self._member_topics(member.meta, self.topics(), member.may_describe)) != resolved_before:
+            bump = True  # the topics its regex may resolve to changed (its ACLs, or new topics)
         topics = self._subscribed_topics(group)
         if topics != group.topics:
             group.topics = topics
@@ -494,26 +508,32 @@ class ConsumerGroupCoordinator:
         named = Counter(m.meta.server_assignor for m in group.members.values() if m.meta.server_assignor)
         return named.most_common(1)[0][0] if named else self.config.assignors[0]
 
-    def _member_topics(self, meta: rec.MemberMetadata, topics: Mapping[str, tuple[uuid.UUID, int]]
-                       ) -> dict[str, tuple[uuid.UUID, int]]:
+    def _member_topics(self, meta: rec.MemberMetadata, topics: Mapping[str, tuple[uuid.UUID, int]],
+                       may_describe: Callable[[str], bool] | None) -> dict[str, tuple[uuid.UUID, int]]:
+        """The topics a member's subscription names: its topic names (their DESCRIBE was
+        checked when it sent them), and those its regex matches that ``may_describe`` allows."""
         names = {n: topics[n] for n in meta.subscribed_topic_names if n in topics}
         if meta.subscribed_topic_regex:
             pattern = re.compile(meta.subscribed_topic_regex)
-            names.update({n: v for n, v in topics.items() if pattern.fullmatch(n)})
+            names.update({n: v for n, v in topics.items() if pattern.fullmatch(n) and n not in names
+                          and (may_describe is None or may_describe(n))})
         return names
 
     def _subscribed_topics(self, group: _Group) -> dict[uuid.UUID, tuple[str, int]]:
         topics = self.topics()
         out: dict[uuid.UUID, tuple[str, int]] = {}
         for member in group.members.values():
-            for name, (tid, count) in self._member_topics(member.meta, topics).items():
+            for name, (tid, count) in self._member_topics(member.meta, topics, member.may_describe).items():
                 out[tid] = (name, count)
         return out
 
     def _compute_target(self, group: _Group, writes: list[tuple[bytes, bytes | None]]) -> None:
         topics = {name: (tid, count) for tid, (name, count) in group.topics.items()}
-        subscriptions = {m.member_id: frozenset(tid for tid, _ in self._member_topics(m.meta, topics).values())
-                         for m in group.members.values()}
+        subscriptions = {}
+        for m in group.members.values():
+            resolved = self._member_topics(m.meta, topics, m.may_describe)
+            m.resolved = frozenset(resolved)
+            subscriptions[m.member_id] = frozenset(tid for tid, _ in resolved.values())
         group.assignor = self._assignor(group)
         target = assign(group.assignor, subscriptions, {tid: n for tid, (_, n) in group.topics.items()},
                         group.target)

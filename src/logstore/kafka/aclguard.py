@@ -15,10 +15,15 @@ A :class:`Rule` says, as Kafka's KafkaApis does per API:
   ``filterByAuthorized``). The answers are built from the response's schema (kio's class of
   the version asked), so an entry has every field of its version.
 - ``answer_filter``: what an answer lists that the principal may not see is dropped from it
-  (ListGroups, ListTransactions, OffsetFetch of all of a group's topics).
+  (ListGroups, ListTransactions, OffsetFetch of all of a group's topics, a new topic's configs
+  in CreateTopics, a consumer group naming undescribable topics in ConsumerGroupDescribe).
 - ``custom``: an API whose rule is more than that (Metadata's hidden topics and auto-creation,
-  a follower's Fetch, topics named by id, InitProducerId's IDEMPOTENT_WRITE) wraps its handler
-  itself.
+  a follower's Fetch, topics named by id, InitProducerId's IDEMPOTENT_WRITE,
+  DescribeTopicPartitions' "all topics", ConsumerGroupHeartbeat's subscribed topics) wraps its
+  handler itself.
+
+A replica set's ACLs topic (``__acls``) is the peers' alone: every operation on it needs
+CLUSTER_ACTION on the cluster, whatever the ACLs on topics say (:meth:`Access.allowed`).
 - ``operations``: KIP-430's authorized operations, filled into the answer when the request
   asks for them (with or without an authorizer: without one, every operation).
 
@@ -47,11 +52,13 @@ from typing import Any, Callable, Mapping
 
 from ..errorcodes import ErrorCode
 from ..net.purgatory import mapped
-from .acls import ANONYMOUS, CLUSTER_NAME, AclOperation, AclView, Authorizer, ResourceType, all_operations
-from .wire import KafkaRequest, response_class
+from .acls import (ACLS_TOPIC, ANONYMOUS, CLUSTER_NAME, AclOperation, AclView, Authorizer, ResourceType,
+                   all_operations)
+from .wire import KafkaRequest, fetch_replica_id, response_class
 from .writer import field_shape
 
-__all__ = ["RULES", "Rule", "Need", "Items", "Access", "guard", "error_response", "AUTHORIZATION_ERRORS"]
+__all__ = ["RULES", "Rule", "Need", "Items", "Access", "guard", "error_response", "AUTHORIZATION_ERRORS",
+           "topic_describer"]
 
 logger = logging.getLogger("logstore.kafka.authorizer")
 
@@ -88,16 +95,22 @@ class Access:
         host = request.client_host[1:] if request.client_host.startswith("/") else request.client_host
         return cls(None if authorizer is None else authorizer.snapshot(), request.principal or ANONYMOUS, host)
 
-    def allowed(self, operation: AclOperation, resource_type: ResourceType, name: str) -> bool:
-        """Whether the principal may do ``operation`` on the resource."""
+    def allowed(self, operation: AclOperation, resource_type: ResourceType, name: str,
+                log_denied: bool = True) -> bool:
+        """Whether the principal may do ``operation`` on the resource (a denial logged unless
+        ``log_denied`` is false: a filter, as Kafka's ``logIfDenied``)."""
         if self.view is None:
             return True
+        if resource_type == RT.TOPIC and name == ACLS_TOPIC:
+            # The ACLs' own topic: only the replica peers may touch it (Fetch, ListOffsets,
+            # Metadata, DeleteRecords, ...), whatever READ or DESCRIBE on Topic:* says.
+            operation, resource_type, name = Op.CLUSTER_ACTION, RT.CLUSTER, CLUSTER_NAME
         key = (operation, resource_type, name)
         answer = self._answers.get(key)
         if answer is None:
             answer = self._answers[key] = self.view.authorize(self.principal, self.host, operation, resource_type,
                                                               name)
-            if not answer:
+            if not answer and log_denied:
                 logger.info("Principal = %s is Denied operation = %s from host = %s on resource = %s:LITERAL:%s",
                             self.principal, operation.name, self.host, resource_type.name, name)
         return answer
@@ -111,7 +124,24 @@ class Access:
         """KIP-430's bit field of the operations allowed on the resource."""
         if self.view is None:
             return all_operations(resource_type)
+        if resource_type == RT.TOPIC and name == ACLS_TOPIC and not self.allowed(Op.CLUSTER_ACTION, RT.CLUSTER,
+                                                                                 CLUSTER_NAME):
+            return 0
         return self.view.authorized_operations(self.principal, self.host, resource_type, name)
+
+
+def topic_describer(authorizer: Authorizer | None, request: KafkaRequest) -> Callable[[str], bool] | None:
+    """Whether ``request``'s principal (from its host) may DESCRIBE a topic, asked of the
+    authorizer's ACLs at each call (so a later change counts); None without an authorizer.
+    What a KIP-848 member's regex subscription may resolve to. Thread-safe."""
+    if authorizer is None:
+        return None
+    access = Access.of(authorizer, request)
+    principal, host = access.principal, access.host
+
+    def may_describe(name: str) -> bool:
+        return Access(authorizer.snapshot(), principal, host).allowed(Op.DESCRIBE, RT.TOPIC, name, log_denied=False)
+    return may_describe
 
 
 @dataclass(frozen=True)
@@ -383,6 +413,8 @@ class GuardContext:
     auto_create_topics: Callable[[], bool] = field(default=lambda: True)
     #: a topic id's topic name (None: unknown); the server that serves topic ids gives it
     topic_name: Callable[[uuid.UUID], str | None] = field(default=lambda topic_id: None)
+    #: the topics an all-topics request lists, sorted (DescribeTopicPartitions' filter)
+    topic_names: Callable[[], list[str]] = field(default=lambda: [])
 
 
 def guard(handlers: Mapping[int, Handler], authorizer: Authorizer | None, context: GuardContext,
@@ -450,7 +482,8 @@ def _find_coordinator(access: Access, request: KafkaRequest, handler: Handler, c
     """FindCoordinator: DESCRIBE on the group (key type 0) or the transactional id (1); a
     batched request (v4) answers each denied key with its error."""
     body = request.body
-    kind = RT.GROUP if body.key_type == 0 else RT.TRANSACTIONAL_ID if body.key_type == 1 else None
+    key_type = getattr(body, "key_type", 0)  # v0 has none: its key is a group
+    kind = RT.GROUP if key_type == 0 else RT.TRANSACTIONAL_ID if key_type == 1 else None
     if kind is None:
         return handler(request)
     keys = getattr(body, "coordinator_keys", None)
@@ -557,6 +590,16 @@ def _topic_operations(access: Access, request: KafkaRequest, fields: dict[str, A
             topic["topic_authorized_operations"] = access.operations(RT.TOPIC, topic["name"])
 
 
+def _created_topic_configs(access: Access, request: KafkaRequest, fields: dict[str, Any]) -> None:
+    """CreateTopics v5+: a created topic's configs, partition count and replication factor only
+    with DESCRIBE_CONFIGS on it, else ``topic_config_error_code`` TOPIC_AUTHORIZATION_FAILED (as
+    Kafka's ``includeConfigsAndMetadata``)."""
+    for topic in fields["topics"]:
+        if topic["error_code"] == ErrorCode.none and not access.allowed(Op.DESCRIBE_CONFIGS, RT.TOPIC, topic["name"]):
+            topic.update(topic_config_error_code=ErrorCode.topic_authorization_failed, num_partitions=-1,
+                         replication_factor=-1, configs=[])
+
+
 def _list_groups(access: Access, request: KafkaRequest, fields: dict[str, Any]) -> None:
     """ListGroups: all groups with DESCRIBE on the cluster, else those the principal may describe."""
     if not access.allowed(Op.DESCRIBE, RT.CLUSTER, CLUSTER_NAME):
@@ -625,7 +668,7 @@ def _fetch(access: Access, request: KafkaRequest, handler: Handler, context: Gua
     items = Items("topics", _topic_by_name_or_id(context, "topic"), Op.READ, "responses",
                   lambda t: {"topic": getattr(t, "topic", None), "topic_id": getattr(t, "topic_id", None)},
                   partitions=("partitions", "partition", "partitions", "partition_index"))
-    if getattr(request.body, "replica_id", -1) >= 0:
+    if fetch_replica_id(request) >= 0:
         if access.allowed(Op.CLUSTER_ACTION, RT.CLUSTER, CLUSTER_NAME):
             return handler(request)
         return _refuse_all(request, Rule(items=(items,)), ErrorCode.topic_authorization_failed,
@@ -656,6 +699,72 @@ def _add_partitions_to_txn(access: Access, request: KafkaRequest, handler: Handl
                                                              "partition_index"),
                                  error_field="partition_error_code", all_or_nothing=True),))
     return _apply(rule, access, request, handler)
+
+
+def _describe_topic_partitions(access: Access, request: KafkaRequest, handler: Handler,
+                               context: GuardContext) -> Any:
+    """DescribeTopicPartitions (as Kafka's DescribeTopicPartitionsRequestHandler): "all topics"
+    is decided from the request as sent (no topic named) and lists only the topics the
+    principal may describe, pages and cursor included (the handler is asked for them by name);
+    a named topic denied DESCRIBE is answered TOPIC_AUTHORIZATION_FAILED with the zero topic
+    id, exists or not, and when every named topic is denied the handler is not asked at all
+    (an empty list would be "all")."""
+    body = request.body
+    cls = _entity(response_class(request.api_key, request.api_version), ("topics",))
+    if not body.topics:
+        allowed = [name for name in context.topic_names() if access.allowed(Op.DESCRIBE, RT.TOPIC, name)]
+        if not allowed:
+            answer = error_response(request, ErrorCode.none)
+            answer.update(topics=[], next_cursor=None)
+            return answer
+        topic_cls = _entity(type(body), ("topics",))
+        request = _with_body(request, dataclasses.replace(body, topics=tuple(topic_cls(name=n) for n in allowed)))
+        return _merge(handler(request), {}, lambda fields: _topic_operations(access, request, fields))
+    kept = [t for t in body.topics if access.allowed(Op.DESCRIBE, RT.TOPIC, t.name)]
+    denied = [_default(cls, {"name": t.name, "error_code": ErrorCode.topic_authorization_failed})
+              for t in body.topics if not access.allowed(Op.DESCRIBE, RT.TOPIC, t.name)]
+    if not kept:
+        answer = error_response(request, ErrorCode.none)
+        answer.update(topics=denied, next_cursor=None)
+        return answer
+    if denied:
+        request = _with_body(request, dataclasses.replace(body, topics=tuple(kept)))
+    return _merge(handler(request), {"topics": denied}, lambda fields: _topic_operations(access, request, fields))
+
+
+def _consumer_group_heartbeat(access: Access, request: KafkaRequest, handler: Handler,
+                              context: GuardContext) -> Any:
+    """ConsumerGroupHeartbeat (as Kafka's KafkaApis): READ on the group, and DESCRIBE on every
+    topic the subscription names, else the heartbeat is TOPIC_AUTHORIZATION_FAILED. A regex
+    resolves only to the topics the member may describe (the handler gives the coordinator
+    :func:`topic_describer`)."""
+    body = request.body
+    if not access.allowed(Op.READ, RT.GROUP, body.group_id):
+        return error_response(request, ErrorCode.group_authorization_failed,
+                              f"not authorized to READ GROUP {body.group_id}")
+    denied = sorted({n for n in body.subscribed_topic_names or () if not access.allowed(Op.DESCRIBE, RT.TOPIC, n)})
+    if denied:
+        return error_response(request, ErrorCode.topic_authorization_failed,
+                              f"not authorized to DESCRIBE the subscribed topic(s) {', '.join(denied)}")
+    return handler(request)
+
+
+def _consumer_group_described_topics(access: Access, request: KafkaRequest, fields: dict[str, Any]) -> None:
+    """ConsumerGroupDescribe: a group whose members' subscriptions or assignments name a topic
+    the principal may not describe is answered TOPIC_AUTHORIZATION_FAILED, without its members
+    (as Kafka's KafkaApis)."""
+    for group in fields["groups"]:
+        if group["error_code"] != ErrorCode.none:
+            continue
+        named = set()
+        for member in group["members"]:
+            named.update(member.get("subscribed_topic_names") or ())
+            for kind in ("assignment", "target_assignment"):
+                named.update(t["topic_name"] for t in (member.get(kind) or {}).get("topic_partitions", ()))
+        if any(not access.allowed(Op.DESCRIBE, RT.TOPIC, name) for name in sorted(named)):
+            group.update(error_code=ErrorCode.topic_authorization_failed, members=[],
+                         error_message="The group has described topic(s) that the client is not authorized "
+                                       "to describe.")
 
 
 def _offset_for_leader_epoch(access: Access, request: KafkaRequest, handler: Handler, context: GuardContext) -> Any:
@@ -750,7 +859,7 @@ RULES: dict[int, Rule] = {
     16: Rule(answer_filter=_list_groups),  # ListGroups
     17: _OPEN, 18: _OPEN, 36: _OPEN,  # SaslHandshake, ApiVersions, SaslAuthenticate
     19: Rule(items=(Items("topics", _topic("name"), Op.CREATE, "topics", _named("name"),  # CreateTopics
-                          or_cluster=Op.CREATE),)),
+                          or_cluster=Op.CREATE),), answer_filter=_created_topic_configs),
     20: Rule(custom=_delete_topics),
     22: Rule(custom=_init_producer_id),
     23: Rule(custom=_offset_for_leader_epoch),
@@ -792,9 +901,9 @@ RULES: dict[int, Rule] = {
     50: Rule(needs=(Need(Op.DESCRIBE, _cluster),)),  # DescribeUserScramCredentials
     51: Rule(needs=(Need(Op.ALTER, _cluster),)),  # AlterUserScramCredentials
     60: Rule(operations=_cluster_operations),  # DescribeCluster
-    68: _READ_GROUP,  # ConsumerGroupHeartbeat
+    68: Rule(custom=_consumer_group_heartbeat),  # ConsumerGroupHeartbeat
     69: Rule(items=(Items("group_ids", lambda g: (RT.GROUP, g), Op.DESCRIBE, "groups",  # ConsumerGroupDescribe
-                          lambda g: {"group_id": g}),), operations=_group_operations),
-    75: Rule(items=(Items("topics", _topic("name"), Op.DESCRIBE, "topics", _named("name")),),  # DescribeTopicPartitions
-             operations=_topic_operations),
+                          lambda g: {"group_id": g}),), answer_filter=_consumer_group_described_topics,
+             operations=_group_operations),
+    75: Rule(custom=_describe_topic_partitions, operations=_topic_operations),  # DescribeTopicPartitions
 }

@@ -38,7 +38,7 @@ from ..errors import LogstoreError
 
 __all__ = ["ResourceType", "PatternType", "AclOperation", "AclPermissionType", "AclBinding", "AclBindingFilter",
            "AclError", "AclSet", "AclSource", "MemoryAcls", "Authorizer", "CLUSTER_NAME", "WILDCARD", "WILDCARD_PRINCIPAL",
-           "ANONYMOUS", "SUPPORTED_OPERATIONS", "AclView", "all_operations", "parse_principal"]
+           "ANONYMOUS", "SUPPORTED_OPERATIONS", "AclView", "all_operations", "parse_principal", "ACLS_TOPIC"]
 
 #: The one name of the CLUSTER resource (Kafka's ``kafka-cluster``).
 CLUSTER_NAME = "kafka-cluster"
@@ -48,6 +48,9 @@ WILDCARD = "*"
 WILDCARD_PRINCIPAL = "User:*"
 #: The principal of a connection that did not authenticate (Kafka's ``User:ANONYMOUS``).
 ANONYMOUS = "User:ANONYMOUS"
+#: The internal topic a replica set keeps its ACLs in (one partition): only the replica peers
+#: (CLUSTER_ACTION on the cluster) may read it, whatever the ACLs on topics say.
+ACLS_TOPIC = "__acls"
 
 
 class ResourceType(enum.IntEnum):

@@ -85,7 +85,8 @@ from ..store.topicids import ZERO_TOPIC_ID, topic_id_text
 from ..txn.coordinator import TransactionCoordinator, TxnConfig
 from ..txn.local import store_coordinator
 
-__all__ = ["KafkaApis", "one_v2_batch_problem", "delete_topics_asked", "FetchTopic", "UNKNOWN_OPERATIONS"]
+__all__ = ["KafkaApis", "one_v2_batch_problem", "delete_topics_asked", "FetchTopic", "UNKNOWN_OPERATIONS",
+           "is_internal_topic", "internal_topic_refusal"]
 
 logger = logging.getLogger("logstore.kafka")
 
@@ -100,6 +101,22 @@ MAX_REQUEST_PARTITION_SIZE_LIMIT = 2000
 _SOFTWARE = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
 #: A fetched partition's offsets when it is answered with an error (Kafka's: unknown).
 _NO_OFFSETS = {"high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None}
+
+
+def is_internal_topic(name: str) -> bool:
+    """Whether ``name`` is an internal topic (``__consumer_offsets``, ``__transaction_state``,
+    a replica set's ``__acls``): every name starting with ``__``, the names the store reserves
+    for its own topics (``LogStore.create_topic``'s ``internal``). Pure."""
+    return name.startswith("__")
+
+
+def internal_topic_refusal(topic: str) -> tuple[int, int, str] | None:
+    """A client's produce to ``topic`` refused as Kafka's ReplicaManager refuses an append to an
+    internal topic, whatever the ACLs say (INVALID_TOPIC_EXCEPTION, base offset -1, why), or
+    None: not internal. Only the server's own coordinators write internal topics. Pure."""
+    if not is_internal_topic(topic):
+        return None
+    return ErrorCode.invalid_topic_exception, -1, f"Cannot append to internal topic {topic}"
 
 
 def one_v2_batch_problem(records: bytes | memoryview) -> str | None:
@@ -230,7 +247,8 @@ class KafkaApis:
         self.authorizer = authorizer
         self.handlers = aclguard.guard(self.handlers, authorizer,
                                        aclguard.GuardContext(lambda name: self._partition_exists(name, 0),
-                                                             lambda: self.auto_create_topics, self._topic_name))
+                                                             lambda: self.auto_create_topics, self._topic_name,
+                                                             self.known_topics))
 
     def _topic_name(self, topic_id: uuid.UUID) -> str | None:
         try:
@@ -406,7 +424,7 @@ class KafkaApis:
         if not partitions:
             return _topic_refused(name, ErrorCode.unknown_topic_or_partition)
         return {"error_code": ErrorCode.none, "name": name, "topic_id": self.store.topic_id(name),
-                "is_internal": name.startswith("__"), "partitions": partitions,
+                "is_internal": is_internal_topic(name), "partitions": partitions,
                 "topic_authorized_operations": UNKNOWN_OPERATIONS}
 
     # ------------------------------------------------------------------ DescribeTopicPartitions
@@ -450,7 +468,7 @@ class KafkaApis:
             for p in chosen:
                 p.update(eligible_leader_replicas=[], last_known_elr=[])
             topics.append({"error_code": ErrorCode.none, "name": name, "topic_id": self.store.topic_id(name),
-                           "is_internal": name.startswith("__"), "partitions": chosen,
+                           "is_internal": is_internal_topic(name), "partitions": chosen,
                            "topic_authorized_operations": UNKNOWN_OPERATIONS})
             left = [p for p in states if p["partition_index"] >= first][len(chosen):]
             if left:
@@ -559,7 +577,11 @@ class KafkaApis:
         A retry of a batch already in the log gets that batch's base offset (Kafka answers a
         duplicate so). As Kafka's ProduceRequest.validateRecords: exactly one magic 2 batch. A
         transactional batch must come with the request's transactional id and go to a
-        partition of the producer's ongoing transaction."""
+        partition of the producer's ongoing transaction. An internal topic is refused first."""
+        refused_internal = internal_topic_refusal(topic)
+        if refused_internal is not None:
+            logger.info("refused a produce to %s-%d: %s", topic, partition, refused_internal[2])
+            return refused_internal
         try:
             log = self.store.partition(topic, partition)
         except (UnknownTopicOrPartitionError, InvalidTopicError):
@@ -1302,7 +1324,7 @@ class KafkaApis:
             _ms(body.rebalance_timeout), body.subscribed_topic_names,
             getattr(body, "subscribed_topic_regex", None), body.server_assignor,
             owned_partitions(body.topic_partitions), request.client_id or "", request.client_host,
-            request.api_version))
+            request.api_version, aclguard.topic_describer(self.authorizer, request)))
 
     def on_consumer_group_describe(self, request: KafkaRequest) -> dict[str, Any]:
         consumer = self.consumer_groups

@@ -56,7 +56,7 @@ import re
 import secrets
 import struct
 import time
-from typing import Any, Callable, Mapping, Sequence, Union
+from typing import Any, Callable, Collection, Mapping, Sequence, Union
 
 from ..net import server as net
 from ..errors import LogstoreError
@@ -385,6 +385,9 @@ class SaslAuthenticator:
         connections_max_reauth_ms: Kafka's ``connections.max.reauth.ms`` (KIP-368): a session
             lasts at most this long (0: no limit but an OAUTHBEARER token's expiry); a client
             re-authenticates on its connection before then, or is closed at its next request.
+        reserved_users: user names that only SCRAM authenticates, against ``credentials``
+            (a replica set's own peer user): PLAIN and OAUTHBEARER refuse them, whatever a
+            token's principal claim says.
 
     Raises:
         ValueError: no mechanism, an unknown one, or one enabled without what it checks.
@@ -396,7 +399,7 @@ class SaslAuthenticator:
                                      | None) = None,
                  mechanisms: Sequence[str] | None = None, failed_authentication_delay_s: float = 0.1,
                  oauthbearer: OAuthBearerValidator | Mapping[str, Any] | None = None,
-                 connections_max_reauth_ms: int = 0) -> None:
+                 connections_max_reauth_ms: int = 0, reserved_users: Collection[str] = ()) -> None:
         if mechanisms is None:
             mechanisms = (MECHANISMS if credentials is not None else ()) + ((OAUTHBEARER,) if oauthbearer is not None
                                                                             else ())
@@ -414,6 +417,7 @@ class SaslAuthenticator:
         self.mechanisms = mechanisms
         self.failed_authentication_delay_s = failed_authentication_delay_s
         self.connections_max_reauth_ms = connections_max_reauth_ms
+        self.reserved_users = frozenset(reserved_users)
         self._fake_secret = secrets.token_bytes(32)
         if isinstance(credentials, (str, os.PathLike)):
             credentials = CredentialsFile(credentials)
@@ -573,6 +577,10 @@ class SaslHandshake(net.Handshake):
             if self._bad_mechanism is not None:
                 raise SaslAuthenticationError(self._bad_mechanism)
             answer = mechanism.step(token)
+            if mechanism.done and mechanism.user in self._authenticator.reserved_users and \
+                    not mechanism.mechanism.startswith("SCRAM-"):
+                raise SaslAuthenticationError(f"Authentication failed: the user {mechanism.user!r} is reserved: "
+                                              f"SASL {mechanism.mechanism} may not authenticate it")
             if mechanism.done and self._previous is not None and f"User:{mechanism.user}" != self._previous[1]:
                 raise SaslAuthenticationError(f"Cannot change principals during re-authentication from "
                                               f"{self._previous[1].replace(':', '.', 1)}: User.{mechanism.user}")

@@ -29,7 +29,8 @@ import logging
 from typing import Any
 
 from ..errorcodes import ErrorCode
-from .credentials import MIN_ITERATIONS, SCRAM_HASHES, CredentialsError, ScramCredential, scram_credential_of_salted
+from .credentials import (MAX_ITERATIONS, MIN_ITERATIONS, SCRAM_HASHES, CredentialsError, ScramCredential,
+                          scram_credential_of_salted)
 from .wire import KafkaRequest
 
 __all__ = ["SCRAM_MECHANISM_TYPES", "MAX_PROTOCOL_ITERATIONS", "ScramUsers"]
@@ -39,8 +40,8 @@ logger = logging.getLogger("logstore.kafka")
 #: Kafka's ScramMechanism types on the wire.
 SCRAM_MECHANISM_TYPES = {1: "SCRAM-SHA-256", 2: "SCRAM-SHA-512"}
 _TYPE_OF = {name: code for code, name in SCRAM_MECHANISM_TYPES.items()}
-#: The most iterations an upsertion may ask for (Kafka's controller's limit).
-MAX_PROTOCOL_ITERATIONS = 16384
+#: The most iterations an upsertion may ask for (Kafka's controller's limit, the credentials' own).
+MAX_PROTOCOL_ITERATIONS = MAX_ITERATIONS
 _TWICE = "A user credential cannot be altered twice in the same request"
 
 

@@ -241,6 +241,8 @@ class KafkaServer:
             SASL session lasts at most this long (an OAUTHBEARER session never past its token's
             expiry, in any case); clients re-authenticate on the connection before then, and
             a connection that sends anything else after it is closed.
+        sasl_reserved_users: user names only SCRAM authenticates, against ``sasl_credentials``
+            (a replica node's peer user): PLAIN and OAUTHBEARER refuse them.
         sasl_max_receive_bytes: the largest frame before authentication.
         failed_authentication_delay_ms: how long a connection that failed authentication stays
             open after its answer, reading nothing (Kafka's
@@ -288,7 +290,7 @@ class KafkaServer:
                                     | None) = None,
                  sasl_mechanisms: Sequence[str] | None = None,
                  sasl_oauthbearer: OAuthBearerValidator | Mapping[str, Any] | None = None,
-                 connections_max_reauth_ms: int = 0,
+                 connections_max_reauth_ms: int = 0, sasl_reserved_users: Sequence[str] = (),
                  sasl_max_receive_bytes: int = DEFAULT_SASL_MAX_RECEIVE_BYTES,
                  failed_authentication_delay_ms: int = 100,
                  group_min_session_timeout_ms: int = 6000, group_max_session_timeout_ms: int = 1_800_000,
@@ -310,7 +312,8 @@ class KafkaServer:
                                 "configure SASL (sasl_credentials, --sasl-credentials; sasl_oauthbearer) or TLS "
                                 "client certificates (--tls-ca), or pass allow_anonymous=True (--allow-anonymous)")
         sasl = (SaslAuthenticator(sasl_credentials, sasl_mechanisms, failed_authentication_delay_ms / 1000,
-                                  sasl_oauthbearer, connections_max_reauth_ms) if with_sasl else None)
+                                  sasl_oauthbearer, connections_max_reauth_ms, sasl_reserved_users)
+                if with_sasl else None)
         if sasl is not None and context is None and "PLAIN" in sasl.mechanisms and not local and \
                 not _is_loopback(listen[0]):
             logger.warning("SASL PLAIN without TLS on %s: passwords cross the network in clear", listen[0])

@@ -40,7 +40,7 @@ from .bounds import check_flexible, check_flexible_header
 from .writer import write_response
 
 __all__ = ["SUPPORTED", "API_NAMES", "KafkaRequest", "KafkaProtocolError", "UnsupportedVersionError",
-           "parse_request", "response_class", "encode"]
+           "parse_request", "response_class", "encode", "fetch_replica_id"]
 
 #: api key -> (lowest, highest) version served, flexible ones included (each checked by
 #: :mod:`~logstore.kafka.bounds` before kio reads it). (:func:`parse_request` takes other ranges
@@ -157,6 +157,15 @@ class KafkaRequest:
 
     def __repr__(self) -> str:
         return f"KafkaRequest({self.name} v{self.api_version}, id={self.correlation_id}, client={self.client_id!r})"
+
+
+def fetch_replica_id(request: KafkaRequest) -> int:
+    """A Fetch's replica id (a follower's node id; -1 for a consumer): in ``replica_id`` up to
+    v14, in ``replica_state.replica_id`` from v15 (KIP-903). Pure."""
+    body = request.body
+    if request.api_version >= 15:
+        return body.replica_state.replica_id  # type: ignore[no-any-return]
+    return getattr(body, "replica_id", -1)  # type: ignore[no-any-return]
 
 
 _READERS: dict[tuple[int, int], tuple[Any, Any]] = {}

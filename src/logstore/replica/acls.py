@@ -31,7 +31,7 @@ from typing import Callable, TypeVar
 
 from ..errors import LogstoreError, NotLeaderOrFollowerError
 from ..kafka.aclfile import decode, encode
-from ..kafka.acls import AclError, AclSet
+from ..kafka.acls import ACLS_TOPIC, AclError, AclSet
 from .context import NodeContext
 from .leader import LeaderSide
 from .quorum import Role
@@ -41,8 +41,6 @@ __all__ = ["ReplicatedAcls", "ACLS_TOPIC", "ACLS_TOPIC_CONFIG", "ACLS_KEY"]
 
 logger = logging.getLogger("logstore.replication.acls")
 
-#: The replicated topic of a replica set's ACLs (one partition).
-ACLS_TOPIC = "__acls"
 #: Its config: compacted (the newest record of the key is the ACLs).
 ACLS_TOPIC_CONFIG = dict(cleanup_policy="compact", min_cleanable_dirty_ratio=0.5)
 #: The key of every record.

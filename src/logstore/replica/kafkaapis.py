@@ -87,10 +87,10 @@ from ..errors import (
 )
 from ..kafka.acls import Authorizer
 from ..kafka.admin import REPLICA_REFUSED, AdminApis, refused
-from ..kafka.apis import KafkaApis, delete_topics_asked, one_v2_batch_problem
+from ..kafka.apis import KafkaApis, delete_topics_asked, internal_topic_refusal, one_v2_batch_problem
 from ..store.topicids import ZERO_TOPIC_ID
 from ..groups.coordinator import GroupCoordinator
-from ..kafka.wire import KafkaRequest
+from ..kafka.wire import KafkaRequest, fetch_replica_id
 from ..groups.offsets import OFFSETS_TOPIC, OffsetStore
 from ..txn.coordinator import TransactionCoordinator
 from ..txn.metadata import TRANSACTION_STATE_TOPIC
@@ -206,9 +206,7 @@ class ReplicaKafkaApis(KafkaApis):
         return dataclasses.asdict(answer)  # type: ignore[no-any-return]
 
     def on_fetch(self, request: KafkaRequest) -> dict[str, Any] | Future:
-        body = request.body
-        replica_id = body.replica_state.replica_id if request.api_version >= 15 else body.replica_id
-        if replica_id >= 0:  # a follower's
+        if fetch_replica_id(request) >= 0:  # a follower's
             return self.peer_apis.on_replica_fetch(request)
         return super().on_fetch(request)
 
@@ -403,7 +401,12 @@ class ReplicaKafkaApis(KafkaApis):
                            ) -> tuple[int, int, str | None] | Future:
         """Append on the leader: an outcome (error, base offset, message) now, or its Future
         (acks=all, until the high watermark passes the batch). A transactional batch that opens
-        its producer's transaction in the partition is verified with the coordinator first."""
+        its producer's transaction in the partition is verified with the coordinator first. An
+        internal topic (``__acls``, ``__consumer_offsets``, ...) is refused to every client."""
+        refused_internal = internal_topic_refusal(topic)
+        if refused_internal is not None:
+            logger.info("refused a produce to %s-%d: %s", topic, partition, refused_internal[2])
+            return refused_internal
         rep = self._replica(topic, partition)
         if rep is None:
             return ErrorCode.unknown_topic_or_partition, -1, f"{topic}-{partition} is not replicated by this cluster"
