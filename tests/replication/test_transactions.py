@@ -71,7 +71,12 @@ def test_commit_and_abort_across_partitions_with_a_read_committed_consumer(tmp_p
         coordinator = leader_of(nodes, TXN_KEY)
         conn = Conn(addrs[(coordinator + 1) % 3])
         from kafka.protocol.old.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse
-        found = conn.call(FindCoordinatorRequest[1]("tx", 1), FindCoordinatorResponse[1])
+        deadline = time.monotonic() + 15
+        while True:  # the node asked may not have learned the leader yet: COORDINATOR_NOT_AVAILABLE, retried
+            found = conn.call(FindCoordinatorRequest[1]("tx", 1), FindCoordinatorResponse[1])
+            if found.error_code != 15 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         assert (found.error_code, found.coordinator_id) == (0, coordinator)
         conn.close()
         producer = transactional_producer(addrs, "tx")
