@@ -170,3 +170,19 @@ def test_a_deferred_block_defers_only_its_own_threads_answers(purgatory):
         other.start()
         other.join()
         assert future.done()   # completed by the other thread, which defers nothing
+
+
+def test_when_settled_answers_once_every_future_filled_its_item():
+    from concurrent.futures import Future
+
+    from logstore.net.purgatory import when_settled
+
+    answer = {"items": [{"n": 0}, {"n": 0}]}
+    futures = [Future(), Future()]
+    done = when_settled(answer, list(zip(answer["items"], futures)),
+                        lambda item, f: item.update(n=f.result() if f.exception() is None else -1))
+    futures[1].set_result(7)
+    assert not done.done()
+    futures[0].set_exception(TimeoutError())
+    assert done.result(0) is answer and answer["items"] == [{"n": -1}, {"n": 7}]
+    assert when_settled(answer, [], lambda item, f: None).result(0) is answer  # nothing to wait for

@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 
 from ..errors import CorruptRecordError
 from .assignors import Assignment
+from ..records.control import uvarint
 
 __all__ = ["GROUP_METADATA", "PARTITION_METADATA", "MEMBER_METADATA", "TARGET_METADATA", "TARGET_MEMBER",
            "CURRENT_ASSIGNMENT", "CONSUMER_KEY_VERSIONS", "MemberMetadata", "CurrentAssignment",
@@ -111,24 +112,15 @@ def decode_key(key: bytes) -> tuple[int, str, str | None] | None:
 
 
 # ---------------------------------------------------------------------- flexible values
-def _uvarint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def _compact_string(text: str | None) -> bytes:
     if text is None:
         return b"\0"
     raw = text.encode("utf-8")
-    return _uvarint(len(raw) + 1) + raw
+    return uvarint(len(raw) + 1) + raw
 
 
 def _compact_array(items: list[bytes]) -> bytes:
-    return _uvarint(len(items) + 1) + b"".join(items)
+    return uvarint(len(items) + 1) + b"".join(items)
 
 
 def _partitions(assignment: Assignment) -> bytes:

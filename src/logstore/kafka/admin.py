@@ -35,11 +35,11 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from concurrent.futures import Future
 from typing import Any, Callable
 
 from ..errorcodes import ErrorCode
+from ..net.purgatory import when_settled
 from ..errors import (
     InvalidConfigError,
     InvalidPartitionsError,
@@ -200,7 +200,7 @@ class AdminApis:
                 partitions.append(entry)
             topics.append({"name": topic.name, "partitions": partitions})
         answer = {"throttle_time": 0, "topics": topics}
-        return answer if not waiting else _when_settled(answer, waiting)
+        return answer if not waiting else when_settled(answer, waiting, _fill_low_watermark)
 
     def _delete_records(self, topic: str, partition: int, offset: int,
                         timeout_s: float) -> tuple[int, int] | Future:
@@ -294,24 +294,10 @@ def _seconds(value: Any) -> float:
     return value.total_seconds() if hasattr(value, "total_seconds") else int(value) / 1000.0
 
 
-def _when_settled(answer: dict[str, Any], waiting: list[tuple[dict[str, Any], Future]]) -> Future:
-    """``answer`` once every future of ``waiting`` settled, each writing its (error code, low
-    watermark) into its entry (REQUEST_TIMED_OUT for an exception)."""
-    done: Future = Future()
-    left = [len(waiting)]
-    lock = threading.Lock()
-
-    def one(entry: dict[str, Any], future: Future) -> None:
-        if future.exception() is None:
-            entry["error_code"], entry["low_watermark"] = future.result()
-        else:
-            entry["error_code"] = ErrorCode.request_timed_out
-        with lock:
-            left[0] -= 1
-            last = left[0] == 0
-        if last:
-            done.set_result(answer)
-
-    for entry, future in waiting:
-        future.add_done_callback(lambda f, e=entry: one(e, f))
-    return done
+def _fill_low_watermark(entry: dict[str, Any], future: Future) -> None:
+    """A DeleteRecords partition's answer from its move's (error code, low watermark)
+    (REQUEST_TIMED_OUT for an exception)."""
+    if future.exception() is None:
+        entry["error_code"], entry["low_watermark"] = future.result()
+    else:
+        entry["error_code"] = ErrorCode.request_timed_out

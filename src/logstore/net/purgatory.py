@@ -33,9 +33,9 @@ import threading
 import time
 from concurrent.futures import Future
 from contextlib import contextmanager
-from typing import Any, Callable, Hashable, Iterator
+from typing import Any, Callable, Hashable, Iterator, Sequence
 
-__all__ = ["Purgatory", "mapped"]
+__all__ = ["Purgatory", "mapped", "when_settled"]
 
 logger = logging.getLogger("logstore.net.purgatory")
 
@@ -237,3 +237,27 @@ def mapped(future: Future, fn: Callable[[Any], Any]) -> Future:
 
     future.add_done_callback(done)
     return out
+
+
+def when_settled(answer: Any, waiting: Sequence[tuple[Any, Future]], fill: Callable[[Any, Future], None]) -> Future:
+    """A Future of ``answer``, settled once every future of ``waiting`` has: ``fill(item,
+    future)`` runs for each (item, future) pair as its future settles (on the thread that
+    settles it), writing what it came to into ``answer``'s ``item``. Thread-safe."""
+    done: Future = Future()
+    left = [len(waiting)]
+    lock = threading.Lock()
+    if not waiting:
+        done.set_result(answer)
+        return done
+
+    def one(item: Any, future: Future) -> None:
+        fill(item, future)
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            done.set_result(answer)
+
+    for item, future in waiting:
+        future.add_done_callback(lambda f, i=item: one(i, f))
+    return done

@@ -28,7 +28,7 @@ from typing import Any, Iterable
 from ..errors import CorruptRecordError
 from .batch import HEADER_SIZE
 
-__all__ = ["ControlType", "end_txn_marker_record", "control_key_type", "marker_coordinator_epoch",
+__all__ = ["ControlType", "uvarint", "end_txn_marker_record", "control_key_type", "marker_coordinator_epoch",
            "leader_change_record", "read_control_record", "read_marker", "CONTROL_LEADER_CHANGE"]
 
 _KEY = struct.Struct(">hh")
@@ -90,7 +90,9 @@ def marker_coordinator_epoch(value: bytes | bytearray | memoryview | None, what:
     return epoch
 
 
-def _uvarint(n: int) -> bytes:
+def uvarint(n: int) -> bytes:
+    """An unsigned varint (Kafka's UNSIGNED_VARINT: the compact lengths and tag numbers of a
+    flexible message), for the record values logstore writes in Kafka's flexible formats."""
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -162,7 +164,7 @@ def leader_change_record(leader: int, voters: Iterable[int], granting: Iterable[
     compact arrays of voters, empty tagged fields). FORMAT.md §13 shows the bytes."""
     def voter_array(ids: Iterable[int]) -> bytes:
         ids = list(ids)
-        return _uvarint(len(ids) + 1) + b"".join(struct.pack(">i", v) + b"\x00" for v in ids)
+        return uvarint(len(ids) + 1) + b"".join(struct.pack(">i", v) + b"\x00" for v in ids)
 
     key = _KEY.pack(0, CONTROL_LEADER_CHANGE)
     value = struct.pack(">hi", 0, leader) + voter_array(voters) + voter_array(granting) + b"\x00"

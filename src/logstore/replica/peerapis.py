@@ -29,7 +29,6 @@ Thread-safety: every method may be called from any thread (the listener's worker
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import Future
 from typing import Any
@@ -37,6 +36,7 @@ from typing import Any
 from .quorum import NONE, Role
 from ..errorcodes import ErrorCode
 from ..kafka.wire import KafkaRequest
+from ..net.purgatory import when_settled
 from .context import NodeContext
 from .elections import ElectionDriver
 from .leader import FetchAnswer, LeaderSide
@@ -214,21 +214,11 @@ def gather(answer: dict[str, Any], waiting: list[tuple[dict[str, Any], Future]])
     when nothing waits, else its Future."""
     if not waiting:
         return answer
-    done: Future = Future()
-    left = [len(waiting)]
-    lock = threading.Lock()
+    return when_settled(answer, waiting, _fill_error_code)
 
-    def one(entry: dict[str, Any], future: Future) -> None:
-        entry["error_code"] = future.result() if future.exception() is None else ErrorCode.request_timed_out
-        with lock:
-            left[0] -= 1
-            last = left[0] == 0
-        if last:
-            done.set_result(answer)
 
-    for entry, future in waiting:
-        future.add_done_callback(lambda f, e=entry: one(e, f))
-    return done
+def _fill_error_code(entry: dict[str, Any], future: Future) -> None:
+    entry["error_code"] = future.result() if future.exception() is None else ErrorCode.request_timed_out
 
 
 def _fetch_response(topic: str, partition: int, answer: FetchAnswer) -> dict[str, Any]:

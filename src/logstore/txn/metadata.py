@@ -55,6 +55,7 @@ from enum import IntEnum
 from typing import Iterable, NamedTuple
 
 from ..errors import CorruptRecordError, LogstoreError, ProducerFencedError
+from ..records.control import uvarint
 
 __all__ = [
     "TRANSACTION_STATE_TOPIC", "TRANSACTION_STATE_TOPIC_CONFIG", "TRANSACTION_MAX_TIMEOUT_MS",
@@ -219,15 +220,6 @@ class TxnLogEntry(NamedTuple):
 
 
 # ---------------------------------------------------------------------------------------- codec
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _utf8(text: str, what: str) -> bytes:
     if not isinstance(text, str):
         raise TypeError(f"{what} must be a str, got {type(text).__name__}")
@@ -289,17 +281,17 @@ def encode_txn_value(entry: TxnLogEntry, version: int = 1) -> bytes:
             parts += [_I16.pack(len(raw)), raw, _I32.pack(len(ids))]
             parts += [_pack(_I32, p, "partition") for p in ids]
     else:
-        parts.append(_uvarint(0 if groups is None else len(groups) + 1))
+        parts.append(uvarint(0 if groups is None else len(groups) + 1))
         for topic, ids in groups or ():
             raw = _utf8(topic, "topic")
-            parts += [_uvarint(len(raw) + 1), raw, _uvarint(len(ids) + 1)]
+            parts += [uvarint(len(raw) + 1), raw, uvarint(len(ids) + 1)]
             parts += [_pack(_I32, p, "partition") for p in ids]
             parts.append(b"\x00")  # the entry's tagged fields: none
     parts.append(_pack(_TIMES, (entry.txn_last_update_timestamp, entry.txn_start_timestamp), "timestamps"))
     if version >= 1:
-        parts.append(_uvarint(len(tagged)))
+        parts.append(uvarint(len(tagged)))
         for tag, data in tagged:
-            parts += [_uvarint(tag), _uvarint(len(data)), data]
+            parts += [uvarint(tag), uvarint(len(data)), data]
     return b"".join(parts)
 
 
