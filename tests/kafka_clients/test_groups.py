@@ -5,8 +5,6 @@ session and rebalance timeouts, and offset commits that the library's consumers 
 
 from __future__ import annotations
 
-import socket
-import struct
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -31,6 +29,7 @@ from kafka.protocol.old.group import (
 
 from logstore.client.consumer import offset_store
 from logstore.kafka.server import KafkaServer
+from .wire_conn import RequestConnection  # noqa: E402
 
 NONE, UNKNOWN_TOPIC = 0, 3
 ILLEGAL_GENERATION, INCONSISTENT_PROTOCOL, INVALID_GROUP_ID, UNKNOWN_MEMBER_ID = 22, 23, 24, 25
@@ -46,33 +45,9 @@ def server(tmp_path):
     s.stop()
 
 
-class Conn:
+def Conn(server):
     """One connection; ``call`` sends a request and decodes its response with kafka-python."""
-
-    def __init__(self, server):
-        self.sock = socket.create_connection(server.address, timeout=20)
-        self.correlation = 0
-
-    def call(self, request, response_cls):
-        self.correlation += 1
-        request.with_header(self.correlation, "groups-test")
-        self.sock.sendall(request.encode(header=True, framed=True))
-        (n,) = struct.unpack(">i", self._exactly(4))
-        response = response_cls.decode(self._exactly(n), header=True)
-        assert response.header.correlation_id == self.correlation
-        return response
-
-    def _exactly(self, n):
-        buf = b""
-        while len(buf) < n:
-            chunk = self.sock.recv(n - len(buf))
-            if not chunk:
-                raise ConnectionError("closed")
-            buf += chunk
-        return buf
-
-    def close(self):
-        self.sock.close()
+    return RequestConnection(server.address, "groups-test")
 
 
 class Member:

@@ -8,8 +8,6 @@ back through confluent-kafka, kafka-python and the store."""
 
 from __future__ import annotations
 
-import socket
-import struct
 import uuid
 
 import pytest
@@ -26,6 +24,7 @@ from confluent_kafka.admin import AclOperation, ResourceType  # noqa: E402
 from kafka.protocol.admin.topics import CreateTopicsRequest, CreateTopicsResponse  # noqa: E402
 from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse  # noqa: E402
 from kafka.protocol.old.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse  # noqa: E402
+from .wire_conn import RequestConnection  # noqa: E402
 
 pytestmark = pytest.mark.regression
 
@@ -35,37 +34,10 @@ ZERO_ID = uuid.UUID(int=0)
 NO_ID = (None, ZERO_ID)  # (kafka-python reads the zero id as None)
 
 
-class Conn:
+def Conn(address, user, password):
     """kafka-python's request classes over a socket logged in with SCRAM."""
-
-    def __init__(self, address, user, password):
-        self.sock = socket.create_connection(address, timeout=20)
-        scram_login(self.sock, MECHANISM, user, password)
-        self.correlation = 10
-
-    def call(self, request, response_cls):
-        self.correlation += 1
-        request.with_header(self.correlation, "security-review")
-        self.sock.sendall(request.encode(header=True, framed=True))
-        (size,) = struct.unpack(">i", self._exactly(4))
-        data = self._exactly(size)
-        version = getattr(request, "version", None)
-        answer = response_cls.decode(data, header=True) if version is None else \
-            response_cls.decode(data, version=version, header=True)
-        assert answer.header.correlation_id == self.correlation
-        return answer
-
-    def _exactly(self, n):
-        buf = b""
-        while len(buf) < n:
-            chunk = self.sock.recv(n - len(buf))
-            if not chunk:
-                raise ConnectionError("closed")
-            buf += chunk
-        return buf
-
-    def close(self):
-        self.sock.close()
+    return RequestConnection(address, "security-review",
+                             login=lambda sock: scram_login(sock, MECHANISM, user, password))
 
 
 @pytest.fixture

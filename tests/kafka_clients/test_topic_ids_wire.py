@@ -6,8 +6,6 @@ DescribeTopicPartitions' cursor."""
 
 from __future__ import annotations
 
-import socket
-import struct
 import uuid
 
 import pytest
@@ -24,36 +22,14 @@ from kafka.protocol.admin.topics import (  # noqa: E402
 from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse  # noqa: E402
 from kafka.protocol.metadata import MetadataRequest  # noqa: E402
 from kafka.protocol.metadata import MetadataResponse  # noqa: E402
+from .wire_conn import RequestConnection  # noqa: E402
 
 NONE, UNKNOWN_TOPIC_OR_PARTITION, INVALID_REQUEST, UNKNOWN_TOPIC_ID = 0, 3, 42, 100
 STALE = uuid.UUID("8d8a9a4e-8d9e-4c1d-9b7a-0123456789ab")
 
 
-class Conn:
-    def __init__(self, server):
-        self.sock = socket.create_connection(server.address, timeout=20)
-        self.correlation = 0
-
-    def call(self, request, response_cls):
-        self.correlation += 1
-        request.with_header(self.correlation, "ids-test")
-        self.sock.sendall(request.encode(header=True, framed=True))
-        (size,) = struct.unpack(">i", self._exactly(4))
-        answer = response_cls.decode(self._exactly(size), version=request.version, header=True)
-        assert answer.header.correlation_id == self.correlation
-        return answer
-
-    def _exactly(self, n):
-        buf = b""
-        while len(buf) < n:
-            chunk = self.sock.recv(n - len(buf))
-            if not chunk:
-                raise ConnectionError("closed")
-            buf += chunk
-        return buf
-
-    def close(self):
-        self.sock.close()
+def Conn(server):
+    return RequestConnection(server.address, "ids-test")
 
 
 @pytest.fixture
