@@ -119,6 +119,7 @@ def _topics_read(args: argparse.Namespace, out: TextIO) -> int:
     is), or on a single partition directory."""
     from .log.config import LogConfig
     from .store.topicids import topic_id_text
+    from .store.kafkadirs import is_internal_topic
     from .store.views import StoreView
     from .tools.dump import is_partition_dir
     from .tools.stats import partition_key
@@ -129,7 +130,7 @@ def _topics_read(args: argparse.Namespace, out: TextIO) -> int:
     if is_partition_dir(root):
         topic = partition_key(root)[0]
         if args.action == "list":
-            names = [topic] if args.internal or not topic.startswith("__") else []
+            names = [topic] if args.internal or not is_internal_topic(topic) else []
             _print_names(args, out, names)
             return 0
         root = os.path.dirname(root)  # describe: the topic as the enclosing store knows it
@@ -142,7 +143,7 @@ def _topics_read(args: argparse.Namespace, out: TextIO) -> int:
     partitions, overrides = view.partitions(args.name), view.overrides(args.name)
     defaults = LogConfig.build(None)
     config = LogConfig.from_kafka({**defaults.to_kafka(), **overrides}) if overrides else defaults
-    internal = args.name.startswith("__")
+    internal = is_internal_topic(args.name)
     found_id = view.topic_id(args.name)
     topic_id = None if found_id is None else topic_id_text(found_id)
     if args.json:

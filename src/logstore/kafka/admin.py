@@ -40,6 +40,7 @@ from typing import Any, Callable
 
 from ..errorcodes import ErrorCode
 from ..net.purgatory import when_settled
+from ..store.kafkadirs import is_internal_topic
 from ..errors import (
     InvalidConfigError,
     InvalidPartitionsError,
@@ -109,7 +110,7 @@ class AdminApis:
             current = self.store.partitions_for(name)
         except (UnknownTopicOrPartitionError, InvalidTopicError):
             return ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist"
-        if name.startswith("__"):
+        if is_internal_topic(name):
             return ErrorCode.invalid_request, f"internal topic {name!r} keeps its {current} partition(s)"
         if count < current:
             return ErrorCode.invalid_partitions, (f"Topic currently has {current} partitions, which is higher than "

@@ -80,6 +80,7 @@ from ..groups.consumergroup import (CONSUMER_PROTOCOL_TYPE, ConsumerGroupConfig,
 from .apikeys import CONSUMER_GROUP_DESCRIBE, CONSUMER_GROUP_HEARTBEAT
 from .wire import SUPPORTED, KafkaRequest
 from ..net.purgatory import Purgatory
+from ..store.kafkadirs import is_internal_topic
 from ..store.store import LogStore
 from ..store.topicids import ZERO_TOPIC_ID, topic_id_text
 from ..txn.coordinator import TransactionCoordinator, TxnConfig
@@ -101,13 +102,6 @@ MAX_REQUEST_PARTITION_SIZE_LIMIT = 2000
 _SOFTWARE = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
 #: A fetched partition's offsets when it is answered with an error (Kafka's: unknown).
 _NO_OFFSETS = {"high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None}
-
-
-def is_internal_topic(name: str) -> bool:
-    """Whether ``name`` is an internal topic (``__consumer_offsets``, ``__transaction_state``,
-    a replica set's ``__acls``): every name starting with ``__``, the names the store reserves
-    for its own topics (``LogStore.create_topic``'s ``internal``). Pure."""
-    return name.startswith("__")
 
 
 def internal_topic_refusal(topic: str) -> tuple[int, int, str] | None:
@@ -891,7 +885,7 @@ class KafkaApis:
             return ErrorCode.invalid_topic_exception, str(exc)
         except UnknownTopicOrPartitionError:
             pass
-        if name.startswith("__"):  # as LogStore.create_topic
+        if is_internal_topic(name):  # as LogStore.create_topic
             return (ErrorCode.invalid_topic_exception,
                     f"topic names starting with '__' are reserved for internal topics: {name!r}")
         nulls = sorted(k for k, v in configs.items() if v is None)

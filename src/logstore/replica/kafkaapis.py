@@ -89,6 +89,7 @@ from ..kafka.acls import Authorizer
 from ..kafka.admin import REPLICA_REFUSED, AdminApis, refused
 from ..kafka.apis import KafkaApis, delete_topics_asked, internal_topic_refusal, one_v2_batch_problem
 from ..store.topicids import ZERO_TOPIC_ID
+from ..store.kafkadirs import is_internal_topic
 from ..groups.coordinator import GroupCoordinator
 from ..kafka.wire import KafkaRequest, fetch_replica_id
 from ..groups.offsets import OFFSETS_TOPIC, OffsetStore
@@ -276,7 +277,7 @@ class ReplicaKafkaApis(KafkaApis):
     def subscribable_topics(self) -> dict[str, tuple[uuid.UUID, int]]:
         counts: dict[str, int] = {}
         for topic, partition in self.context.replicas:
-            if not topic.startswith("__"):
+            if not is_internal_topic(topic):
                 counts[topic] = max(counts.get(topic, 0), partition + 1)
         return {name: (self.store.topic_id(name), count) for name, count in counts.items()}
 

@@ -71,7 +71,7 @@ from ..checkpoint import (
 from ..errors import CorruptRecordError, InconsistentTopicIdError, InvalidTopicError, LogLockedError, LogstoreError
 from .topicids import read_partition_metadata, topic_id_text
 
-__all__ = ["AdoptedTopic", "SkippedDir", "LogDirScan", "scan", "looks_like_log_dir", "parse_partition_dir",
+__all__ = ["is_internal_topic", "AdoptedTopic", "SkippedDir", "LogDirScan", "scan", "looks_like_log_dir", "parse_partition_dir",
            "validate_topic_name", "OFFSETS_ASIDE_DIR", "OFFSETS_TOPIC_OVERRIDES", "adopt", "refuse_kafka_broker"]
 
 logger = logging.getLogger("logstore.store.kafkadirs")
@@ -144,6 +144,13 @@ class LogDirScan:
     #: names of the ``__consumer_offsets-<n>`` directories that are not compatible (see the
     #: module docstring); empty when there are none or they were adopted
     foreign_offsets: tuple[str, ...] = ()
+
+
+def is_internal_topic(name: str) -> bool:
+    """Whether ``name`` is an internal topic (``__consumer_offsets``, ``__transaction_state``,
+    a replica set's ``__acls``): every name starting with ``__``, the names the store reserves
+    for its own topics (``LogStore.create_topic``'s ``internal``). Pure."""
+    return name.startswith("__")
 
 
 def validate_topic_name(name: Any) -> str:

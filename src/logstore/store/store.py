@@ -50,7 +50,7 @@ from typing import Any, Callable, Generator, Iterator, Mapping, Sequence, TypeVa
 from .. import _fileio
 from ..log.arrow import table as arrow_table
 from . import kafkadirs
-from .kafkadirs import LEGAL_TOPIC_NAME, validate_topic_name
+from .kafkadirs import LEGAL_TOPIC_NAME, is_internal_topic, validate_topic_name
 from .layout import TOPICS_DIR, TopicEntry, parse_properties, read_topic_entry, topic_file_text
 from .topicids import new_topic_id, read_partition_metadata, topic_id_text, write_partition_metadata
 from .._native import ffi, lib
@@ -319,7 +319,7 @@ class LogStore:
         counts: dict[str, int] = {}  # each topic file read once
         for name in _fileio.ops.listdir(self.root):
             parsed = kafkadirs.parse_partition_dir(name)
-            if not isinstance(parsed, tuple) or parsed[0].startswith("__"):
+            if not isinstance(parsed, tuple) or is_internal_topic(parsed[0]):
                 continue
             topic, number = parsed
             if topic not in counts:
@@ -548,7 +548,7 @@ class LogStore:
         Durable on return: the topic's properties file and partition directories are fsynced.
         """
         validate_topic_name(name)
-        if name.startswith("__") and not internal:
+        if is_internal_topic(name) and not internal:
             raise InvalidTopicError(f"topic names starting with '__' are reserved for internal topics: {name!r}")
         if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= 1_000_000:
             raise InvalidConfigError(f"partitions must be an int from 1 to 1000000, got {partitions!r}")
@@ -560,7 +560,7 @@ class LogStore:
                 if exist_ok:
                     return
                 raise TopicExistsError(f"topic {name!r} already exists in {self.root}")
-            aside = [] if name.startswith("__") else self._set_aside_all(name, 0, "create")
+            aside = [] if is_internal_topic(name) else self._set_aside_all(name, 0, "create")
             topic_id = self._new_topic_id(name)
             self._write_topic(name, partitions, topic_id, overrides)
             for partition in range(partitions):
@@ -608,7 +608,7 @@ class LogStore:
                 raise InvalidPartitionsError(f"topic {name!r}: {count} partitions, more than 1000000")
             if validate_only:
                 return
-            aside = [] if name.startswith("__") else self._set_aside_all(name, current, "grow")
+            aside = [] if is_internal_topic(name) else self._set_aside_all(name, current, "grow")
             self._write_topic(name, count, self.topic_id(name), overrides)
             for partition in range(current, count):
                 self._open_partition(name, partition)
@@ -813,7 +813,7 @@ class LogStore:
         self._check_open()
         names = []
         for name in _fileio.ops.listdir(os.path.join(self.root, TOPICS_DIR)):
-            if LEGAL_TOPIC_NAME.fullmatch(name) and name not in (".", "..") and (internal or not name.startswith("__")):
+            if LEGAL_TOPIC_NAME.fullmatch(name) and name not in (".", "..") and (internal or not is_internal_topic(name)):
                 names.append(name)
         return sorted(names)
 
@@ -821,7 +821,7 @@ class LogStore:
         """The topic's partition count, effective config and persisted overrides."""
         partitions, overrides = self._topic(name)
         return TopicDescription(name, partitions, self._config_for(overrides), dict(overrides),
-                                internal=name.startswith("__"), topic_id=self.topic_id(name))
+                                internal=is_internal_topic(name), topic_id=self.topic_id(name))
 
     def _config_for(self, overrides: Mapping[str, str]) -> LogConfig:
         if not overrides:

@@ -62,7 +62,7 @@ from ..log.producerstate import CorruptSnapshotError, ProducerStateTable
 from ..log.segmentscan import BatchWalk, WalkStop, status_words
 from ..records.batch import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, RecordDecoder, parse_header
 from ..log.filenames import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX, parse_segment_name, segment_name
-from .kafkadirs import validate_topic_name
+from .kafkadirs import is_internal_topic, validate_topic_name
 from .layout import TOPICS_DIR, read_topic_entry, read_topic_file
 from .topicids import read_partition_metadata
 
@@ -140,7 +140,7 @@ class StoreView:
                 except LogstoreError:
                     continue
                 names.append(name)
-        return sorted(n for n in names if internal or not n.startswith("__"))
+        return sorted(n for n in names if internal or not is_internal_topic(n))
 
     def _topic(self, topic: str) -> tuple[int, dict[str, str]]:
         validate_topic_name(topic)
