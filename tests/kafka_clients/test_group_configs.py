@@ -251,3 +251,11 @@ def test_a_lowered_session_timeout_fences_a_killed_member_by_the_groups_timeout(
         finally:
             for m in members:
                 m.stop()
+
+
+def test_a_broker_serving_only_classic_groups_refuses_group_configs(tmp_path):
+    with KafkaServer(str(tmp_path), ("127.0.0.1", 0), consumer_group_config=None) as srv:
+        admin = ck_admin(srv.bootstrap_servers)
+        error = incremental(admin, "g", (SESSION, AlterConfigOpType.SET, "50000"))
+        assert error.code() == INVALID_CONFIG and "rebalance.protocols=classic" in error.str()
+        assert describe(admin, "g")[SESSION].value == "45000"

@@ -9,7 +9,8 @@ import pytest
 from .test_kafka_listener import CONFLUENT_LOGIN, kafka_cluster, leader_of, stop_all
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType  # noqa: E402
+from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource,  # noqa: E402
+                                   ResourceType)
 
 POLICY_VIOLATION = 44
 
@@ -18,7 +19,8 @@ def test_a_replica_set_describes_the_defaults_and_refuses_changes(tmp_path):
     nodes, addresses = kafka_cluster(tmp_path)
     try:
         leader_of(nodes)
-        admin = AdminClient({**CONFLUENT_LOGIN, "bootstrap.servers": ",".join(f"{h}:{p}" for h, p in addresses.values())})
+        bootstrap = ",".join(f"{h}:{p}" for h, p in addresses.values())
+        admin = AdminClient({**CONFLUENT_LOGIN, "bootstrap.servers": bootstrap})
         [described] = admin.describe_configs([ConfigResource(ResourceType.GROUP, "g")]).values()
         entries = described.result(timeout=20)
         assert {n: e.value for n, e in entries.items()} == {"consumer.session.timeout.ms": "45000",

@@ -194,8 +194,8 @@ class AdminApis:
         kept durably in the store's group config file; its members take them at their next
         heartbeat."""
         if self.apis.consumer_group_config is None:
-            return ErrorCode.invalid_config, ("group configs apply to consumer groups (KIP-848), which this broker does "
-                                              "not serve (group.coordinator.rebalance.protocols=classic)")
+            return ErrorCode.invalid_config, ("group configs apply to consumer groups (KIP-848), which this broker "
+                                              "does not serve (group.coordinator.rebalance.protocols=classic)")
 
         def change(current: Any) -> tuple[Any, tuple[int, str | None]]:
             error, message, new = kafkaconfigs.alter_group(name, current, changes, incremental,

@@ -42,7 +42,8 @@ from ..errors import InvalidConfigError, InvalidTopicError, UnknownTopicOrPartit
 from ..errorcodes import ErrorCode
 from ..store.store import LogStore
 
-__all__ = ["TOPIC", "BROKER", "GROUP", "GROUP_CONFIGS", "GroupConfigBounds", "describe_group", "alter_group", "NOT_TOPIC_CONFIGS", "DYNAMIC_BROKER_CONFIGS", "SET", "DELETE", "APPEND", "SUBTRACT", "describe_topic",
+__all__ = ["TOPIC", "BROKER", "GROUP", "GROUP_CONFIGS", "GroupConfigBounds", "describe_group", "alter_group",
+           "NOT_TOPIC_CONFIGS", "DYNAMIC_BROKER_CONFIGS", "SET", "DELETE", "APPEND", "SUBTRACT", "describe_topic",
            "describe_broker", "check_topic_changes", "apply_changes", "store_keywords", "alter_broker"]
 
 #: Kafka's ConfigResource types.
@@ -402,17 +403,19 @@ def alter_group(group: str, current: Mapping[str, str], changes: Sequence[tuple[
             values[name] = broker[broker_name]
             continue
         number = int(text) if _JAVA_INT.fullmatch(text) else None
+        invalid = f"Invalid value {text} for configuration {name}"
         if number is None or not -_INT_MAX - 1 <= number <= _INT_MAX:
-            return ErrorCode.invalid_config, f"Invalid value {text} for configuration {name}: Not a number of type INT", {}
+            return ErrorCode.invalid_config, f"{invalid}: Not a number of type INT", {}
         if number < 1:
-            return ErrorCode.invalid_config, f"Invalid value {text} for configuration {name}: Value must be at least 1", {}
+            return ErrorCode.invalid_config, f"{invalid}: Value must be at least 1", {}
         new[name] = str(number)
         values[name] = number
-    for name, (_, low_name, high_name) in GROUP_CONFIGS.items():
-        if values[name] < broker[low_name]:
-            return ErrorCode.invalid_config, f"{name} must be greater than or equal to {low_name} ({broker[low_name]})", {}
-        if values[name] > broker[high_name]:
-            return ErrorCode.invalid_config, f"{name} must be less than or equal to {high_name} ({broker[high_name]})", {}
+    for name, (_, low, high) in GROUP_CONFIGS.items():
+        if values[name] < broker[low]:
+            return ErrorCode.invalid_config, f"{name} must be greater than or equal to {low} ({broker[low]})", {}
+        if values[name] > broker[high]:
+            return ErrorCode.invalid_config, f"{name} must be less than or equal to {high} ({broker[high]})", {}
     if values["consumer.session.timeout.ms"] <= values["consumer.heartbeat.interval.ms"]:
-        return ErrorCode.invalid_config, "consumer.session.timeout.ms must be greater than consumer.heartbeat.interval.ms", {}
+        return ErrorCode.invalid_config, ("consumer.session.timeout.ms must be greater than "
+                                          "consumer.heartbeat.interval.ms"), {}
     return ErrorCode.none, None, new
