@@ -64,10 +64,10 @@ from ..errors import (
     UnsupportedCodecError,
 )
 from . import aclapis, aclguard, configs as kafkaconfigs
-from .groupconfigfile import GroupConfigFile
 from .aclfile import AclFile
 from .acls import Authorizer
 from .admin import AdminApis
+from .groupconfigfile import GroupConfigFile
 from .._native import lib
 from ..log.config import LogConfig
 from ..log.epochs import UNDEFINED_EPOCH, UNDEFINED_OFFSET
