@@ -135,13 +135,14 @@ class _HeartbeatError(Exception):
 
 
 class _Member:
-    __slots__ = ("member_id", "meta", "at", "deadline", "revoke_watch", "may_describe", "resolved")
+    __slots__ = ("member_id", "meta", "at", "deadline", "session_watch", "revoke_watch", "may_describe", "resolved")
 
     def __init__(self, member_id: str, meta: rec.MemberMetadata, at: MemberAssignment) -> None:
         self.member_id = member_id
         self.meta = meta
         self.at = at
         self.deadline = 0.0  # the session ends unless a heartbeat comes first (monotonic)
+        self.session_watch = 0  # the session timer that counts (a shorter timeout starts a new one)
         self.revoke_watch = -1  # the epoch a revocation timer watches, -1 none
         #: its principal's DESCRIBE on a topic, from its last heartbeat (not durable: None, every
         #: topic, until a heartbeat to this coordinator gives it)
@@ -201,16 +202,22 @@ class ConsumerGroupCoordinator:
         config: :class:`ConsumerGroupConfig`.
         classic_members: ``group id -> bool``: whether a classic group of that id has members
             (a consumer-protocol member cannot join it: GROUP_ID_NOT_FOUND).
+        timeouts: ``group id -> (session timeout ms, heartbeat interval ms)``: a group's own
+            ``consumer.session.timeout.ms`` and ``consumer.heartbeat.interval.ms`` (Kafka's group
+            configs), asked at each heartbeat, so a change counts from a member's next one;
+            None: ``config``'s for every group.
     """
 
     def __init__(self, offsets: OffsetStore, purgatory: Purgatory,
                  topics: Callable[[], Mapping[str, tuple[uuid.UUID, int]]],
                  config: ConsumerGroupConfig = ConsumerGroupConfig(),
-                 classic_members: Callable[[str], bool] = lambda group_id: False) -> None:
+                 classic_members: Callable[[str], bool] = lambda group_id: False,
+                 timeouts: Callable[[str], tuple[int, int]] | None = None) -> None:
         self.offsets = offsets
         self.purgatory = purgatory
         self.topics = topics
         self.config = config
+        self.timeouts = timeouts or (lambda group_id: (config.session_timeout_ms, config.heartbeat_interval_ms))
         self.classic_members = classic_members
         self._groups: dict[str, _Group] = {}
         self._lock = threading.Lock()
@@ -270,7 +277,7 @@ class ConsumerGroupCoordinator:
             member = group.members[member_id] = _Member(member_id, meta, at)
             if meta.instance_id is not None:
                 group.static[meta.instance_id] = member_id
-            member.deadline = now + self.config.session_timeout_ms / 1000.0
+            member.deadline = now + self.timeouts(group_id)[0] / 1000.0
             self._watch_session(group, member)
         group.target = {m: a for m, a in group.target.items() if m in group.members}
         group.assignor = self._assignor(group)
@@ -432,7 +439,7 @@ class ConsumerGroupCoordinator:
         send = full or after != before or (request.owned is not None and {
             t: p for t, p in request.owned.items() if p} != {t: p for t, p in after.assigned.items() if p})
         return {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None, "member_id": member_id,
-                "member_epoch": after.epoch, "heartbeat_interval": self.config.heartbeat_interval_ms,
+                "member_epoch": after.epoch, "heartbeat_interval": self.timeouts(group.group_id)[1],
                 "assignment": {"topic_partitions": [{"topic_id": t, "partitions": sorted(p)}
                                                     for t, p in sorted(after.assigned.items()) if p]}
                 if send else None}
@@ -550,16 +557,19 @@ class ConsumerGroupCoordinator:
 
     # ------------------------------------------------------------------ timers
     def _touch(self, group: _Group, member: _Member) -> None:
-        watched = member.deadline > 0
-        member.deadline = time.monotonic() + self.config.session_timeout_ms / 1000.0
-        if not watched:
+        before = member.deadline
+        member.deadline = time.monotonic() + self.timeouts(group.group_id)[0] / 1000.0
+        if before <= 0 or member.deadline < before:  # (a shorter session timeout: a new, earlier timer)
             self._watch_session(group, member)
 
     def _watch_session(self, group: _Group, member: _Member) -> None:
+        member.session_watch += 1
+        mine = member.session_watch
+
         def attempt(expired: bool) -> bool | None:
             if not expired:
                 return None
-            if self._closed:
+            if self._closed or member.session_watch != mine:
                 return True
             writes: list[tuple[bytes, bytes | None]] = []
             with group.lock:
@@ -582,7 +592,7 @@ class ConsumerGroupCoordinator:
     def _watch_revocation(self, group: _Group, member: _Member) -> None:
         epoch = member.revoke_watch = member.at.epoch
         timeout_ms = member.meta.rebalance_timeout_ms if member.meta.rebalance_timeout_ms > 0 else \
-            self.config.session_timeout_ms
+            self.timeouts(group.group_id)[0]
 
         def attempt(expired: bool) -> bool | None:
             if not expired:

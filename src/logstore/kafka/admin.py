@@ -10,7 +10,9 @@ DeleteRecords, DescribeLogDirs and ElectLeaders, answered as Kafka's broker answ
 - **AlterConfigs** replaces a topic's whole set of overrides, **IncrementalAlterConfigs**
   changes some (SET, DELETE, APPEND and SUBTRACT for a list config such as
   ``cleanup.policy``); the rules are :mod:`logstore.kafka.configs`', the change
-  :meth:`LogStore.alter_topic_config`'s (durable, and taken by the open logs at once).
+  :meth:`LogStore.alter_topic_config`'s (durable, and taken by the open logs at once). A
+  group's configs (resource type GROUP) go to the store's group config file
+  (:mod:`logstore.kafka.groupconfigfile`) and count from its members' next heartbeat.
 - **DeleteRecords** moves a partition's log start (``Log.delete_records_before``, durable):
   -1 means the high watermark, an offset past it is OFFSET_OUT_OF_RANGE, a topic whose
   cleanup.policy lacks ``delete`` is POLICY_VIOLATION (as Kafka); the answer is the new low
@@ -166,6 +168,8 @@ class AdminApis:
         if resource_type == kafkaconfigs.BROKER:
             return kafkaconfigs.alter_broker(self.store, self.apis.node_id, name, self.apis.broker_settings(), changes,
                                              incremental, validate_only)
+        if resource_type == kafkaconfigs.GROUP:
+            return self._alter_group(name, changes, incremental, validate_only)
         if resource_type != kafkaconfigs.TOPIC:
             return ErrorCode.invalid_request, f"resource type {resource_type} has no configs to alter here"
         refused = kafkaconfigs.check_topic_changes(changes, incremental)
@@ -183,6 +187,25 @@ class AdminApis:
             logger.error("altering the configs of %s failed: %s", name, exc)
             return ErrorCode.kafka_storage_error, str(exc)
         return ErrorCode.none, None
+
+    def _alter_group(self, name: str, changes: list[tuple[str, int, str | None]], incremental: bool,
+                     validate_only: bool) -> tuple[int, str | None]:
+        """A group's own configs changed (:func:`~logstore.kafka.configs.alter_group`'s rules),
+        kept durably in the store's group config file; its members take them at their next
+        heartbeat."""
+        if self.apis.consumer_group_config is None:
+            return ErrorCode.invalid_config, ("group configs apply to consumer groups (KIP-848), which this broker "
+                                              "does not serve (group.coordinator.rebalance.protocols=classic)")
+
+        def change(current: Any) -> tuple[Any, tuple[int, str | None]]:
+            error, message, new = kafkaconfigs.alter_group(name, current, changes, incremental,
+                                                           self.apis.group_settings())
+            return (new if error == ErrorCode.none and not validate_only else None), (error, message)
+        try:
+            return self.apis.group_configs.update(name, change)
+        except (OSError, LogstoreError) as exc:
+            logger.error("altering the configs of group %s failed: %s", name, exc)
+            return ErrorCode.kafka_storage_error, str(exc)
 
     # ------------------------------------------------------------------ DeleteRecords
     def on_delete_records(self, request: KafkaRequest) -> dict[str, Any] | Future:

@@ -67,6 +67,7 @@ from . import aclapis, aclguard, configs as kafkaconfigs
 from .aclfile import AclFile
 from .acls import Authorizer
 from .admin import AdminApis
+from .groupconfigfile import GroupConfigFile
 from .._native import lib
 from ..log.config import LogConfig
 from ..log.epochs import UNDEFINED_EPOCH, UNDEFINED_OFFSET
@@ -158,6 +159,8 @@ class KafkaApis:
         consumer_group_config: the consumer group protocol's (KIP-848), or None to serve only
             the classic protocol (Kafka's ``group.coordinator.rebalance.protocols=classic``).
         txn_config: the transaction coordinator's settings.
+        group_config_bounds: the broker's bounds of a consumer group's own configs
+            (``group.consumer.min/max.*``).
         fsync_acks_all: answer an acks=all produce only once its batches are fsynced.
         purgatory: the purgatory to hold fetches in (a replica node's, whose partitions' changes
             wake them); None: one of its own, closed by :meth:`close`.
@@ -171,7 +174,8 @@ class KafkaApis:
                  auto_create_topics: bool = True, num_partitions: int = 1,
                  group_config: GroupConfig = GroupConfig(), fsync_acks_all: bool = False,
                  purgatory: Purgatory | None = None, txn_config: TxnConfig = TxnConfig(),
-                 consumer_group_config: ConsumerGroupConfig | None = ConsumerGroupConfig()) -> None:
+                 consumer_group_config: ConsumerGroupConfig | None = ConsumerGroupConfig(),
+                 group_config_bounds: kafkaconfigs.GroupConfigBounds = kafkaconfigs.GroupConfigBounds()) -> None:
         self.store = store
         self.node_id = node_id
         self.host = host
@@ -190,6 +194,9 @@ class KafkaApis:
         self._groups: GroupCoordinator | None = None
         self.consumer_group_config = consumer_group_config
         self._consumer_groups: ConsumerGroupCoordinator | None = None
+        #: the groups' own configs (resource type GROUP), durable in the store's directory
+        self.group_configs = GroupConfigFile(store.root)
+        self.group_config_bounds = group_config_bounds
         self.txn_config = txn_config
         self._txn: TransactionCoordinator | None = None
         #: api key -> (lowest, highest) version served (what ApiVersions advertises)
@@ -286,7 +293,7 @@ class KafkaApis:
                 found = classic.describe(group_id)
                 return found is not None and bool(found["members"])
             consumer = ConsumerGroupCoordinator(offsets, self.purgatory, self.subscribable_topics,
-                                                self.consumer_group_config, classic_members)
+                                                self.consumer_group_config, classic_members, self.group_timeouts)
             classic.committer_check = consumer.check_commit
             self._consumer_groups = consumer
         return classic
@@ -1114,6 +1121,10 @@ class KafkaApis:
                 error, message, configs = kafkaconfigs.describe_broker(self.node_id, resource.resource_name,
                                                                        self.broker_settings(), keys,
                                                                        body.include_synonyms, self.store)
+            elif resource.resource_type == kafkaconfigs.GROUP:
+                error, message, configs = kafkaconfigs.describe_group(
+                    resource.resource_name, self.group_configs.of(resource.resource_name), self.group_settings(),
+                    keys, body.include_synonyms)
             else:
                 error, configs = ErrorCode.invalid_request, []
                 message = f"resource type {resource.resource_type} has no configs"
@@ -1137,11 +1148,29 @@ class KafkaApis:
         consumer = self.consumer_group_config
         if consumer is None:
             return {"group.coordinator.rebalance.protocols": "classic"}
-        return {"group.coordinator.rebalance.protocols": "classic,consumer",
-                "group.consumer.session.timeout.ms": consumer.session_timeout_ms,
-                "group.consumer.heartbeat.interval.ms": consumer.heartbeat_interval_ms,
+        return {"group.coordinator.rebalance.protocols": "classic,consumer", **self.group_settings(),
                 "group.consumer.assignors": ",".join(consumer.assignors),
                 "group.consumer.max.size": consumer.max_size}
+
+    def group_settings(self) -> dict[str, int]:
+        """The broker's ``group.consumer.*`` defaults and bounds of a group's own configs
+        (:meth:`GroupConfigBounds.settings <logstore.kafka.configs.GroupConfigBounds.settings>`)."""
+        consumer = self.consumer_group_config or ConsumerGroupConfig()
+        return self.group_config_bounds.settings(consumer.session_timeout_ms, consumer.heartbeat_interval_ms)
+
+    def group_timeouts(self, group_id: str) -> tuple[int, int]:
+        """A consumer group's (session timeout, heartbeat interval) in ms: its own configs
+        (``consumer.session.timeout.ms``, ``consumer.heartbeat.interval.ms``), else the broker's."""
+        own = self.group_configs.of(group_id)
+        consumer = self.consumer_group_config or ConsumerGroupConfig()
+        defaults = (consumer.session_timeout_ms, consumer.heartbeat_interval_ms)
+        try:
+            return (int(own.get("consumer.session.timeout.ms", defaults[0])),
+                    int(own.get("consumer.heartbeat.interval.ms", defaults[1])))
+        except ValueError:  # (a file edited by hand: AlterConfigs never writes one)
+            logger.error("consumer group %s: invalid configs %s in %s; using the broker's", group_id, dict(own),
+                         self.group_configs.path)
+            return defaults
 
     # ------------------------------------------------------------------ consumer groups
     def coordinator_of(self, key_type: int, key: str) -> dict[str, Any]:

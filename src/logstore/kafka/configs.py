@@ -16,12 +16,25 @@ set, IncrementalAlterConfigs SETs, DELETEs, and APPENDs to or SUBTRACTs from a l
 The broker's dynamic configs are the store's dynamic defaults (:func:`alter_broker`); its other
 settings are fixed when the server starts.
 
+A group's configs (resource type GROUP, KIP-848) are the consumer group protocol's
+``consumer.session.timeout.ms`` and ``consumer.heartbeat.interval.ms``
+(:data:`GROUP_CONFIGS`): :func:`describe_group` gives each with its source (the group's own
+setting, GROUP_CONFIG; else the broker's ``group.consumer.*``), and :func:`alter_group` checks a
+change as Kafka's ``GroupConfig`` does (a whole number of at least 1, within the broker's
+``group.consumer.min/max.*`` bounds, :class:`GroupConfigBounds`, the session longer than the
+heartbeat interval) before the caller keeps it. Kafka's share and streams group configs
+(``share.*``, ``streams.*``) belong to group types this broker does not serve: they are not
+described, and a change of one is INVALID_CONFIG saying so, rather than a setting kept that
+nothing would ever apply.
+
 Thread-safety: the functions are pure over what they are given (the store's describe() is
 thread-safe).
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from ..log.config import KAFKA_NAMES, LogConfig
@@ -29,12 +42,14 @@ from ..errors import InvalidConfigError, InvalidTopicError, UnknownTopicOrPartit
 from ..errorcodes import ErrorCode
 from ..store.store import LogStore
 
-__all__ = ["TOPIC", "BROKER", "NOT_TOPIC_CONFIGS", "DYNAMIC_BROKER_CONFIGS", "SET", "DELETE", "APPEND", "SUBTRACT", "describe_topic",
+__all__ = ["TOPIC", "BROKER", "GROUP", "GROUP_CONFIGS", "GroupConfigBounds", "describe_group", "alter_group",
+           "NOT_TOPIC_CONFIGS", "DYNAMIC_BROKER_CONFIGS", "SET", "DELETE", "APPEND", "SUBTRACT", "describe_topic",
            "describe_broker", "check_topic_changes", "apply_changes", "store_keywords", "alter_broker"]
 
 #: Kafka's ConfigResource types.
 TOPIC = 2
 BROKER = 4
+GROUP = 32
 
 #: IncrementalAlterConfigs' operations (Kafka's AlterConfigOp.OpType).
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
@@ -45,6 +60,7 @@ DYNAMIC_TOPIC_CONFIG = 1
 DYNAMIC_BROKER_CONFIG = 2
 STATIC_BROKER_CONFIG = 4
 DEFAULT_CONFIG = 5
+GROUP_CONFIG = 8
 
 # Kafka's ConfigDef types.
 _BOOLEAN, _STRING, _INT, _LONG, _DOUBLE, _LIST = 1, 2, 3, 5, 6, 7
@@ -174,6 +190,22 @@ def check_topic_changes(changes: Sequence[tuple[str, int, str | None]], incremen
     """Why a topic's (name, operation, value) changes are refused before they are tried, as
     (error code, message), or None. ``broker``: the changes of the broker's dynamic configs,
     by their topic config names (which may include the broker-only dedupe buffer)."""
+    refused = _check_shape(changes, incremental, "topic")
+    if refused is not None:
+        return refused
+    for name, operation, value in changes:
+        if name not in KAFKA_NAMES or (name in NOT_TOPIC_CONFIGS and not broker):
+            return ErrorCode.invalid_config, f"Unknown topic config name: {name}"
+        if operation in (APPEND, SUBTRACT) and _TYPES.get(name) != _LIST:
+            return ErrorCode.invalid_config, (f"Config value {_OPERATIONS[operation]} is not allowed for config key: "
+                                              f"{name}")
+    return None
+
+
+def _check_shape(changes: Sequence[tuple[str, int, str | None]], incremental: bool,
+                 kind: str) -> tuple[int, str] | None:
+    """Why changes of a ``kind`` resource are refused whatever their names: a key named twice,
+    an unknown operation, a null value to set."""
     names = [name for name, _, _ in changes]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
@@ -184,12 +216,7 @@ def check_topic_changes(changes: Sequence[tuple[str, int, str | None]], incremen
         if value is None and operation != DELETE:
             if incremental:
                 return ErrorCode.invalid_request, f"Null value not supported for : {name}"
-            return ErrorCode.invalid_config, f"null value not supported for topic configs: {name}"
-        if name not in KAFKA_NAMES or (name in NOT_TOPIC_CONFIGS and not broker):
-            return ErrorCode.invalid_config, f"Unknown topic config name: {name}"
-        if operation in (APPEND, SUBTRACT) and _TYPES.get(name) != _LIST:
-            return ErrorCode.invalid_config, (f"Config value {_OPERATIONS[operation]} is not allowed for config key: "
-                                              f"{name}")
+            return ErrorCode.invalid_config, f"null value not supported for {kind} configs: {name}"
     return None
 
 
@@ -260,3 +287,135 @@ def alter_broker(store: LogStore, node_id: int, resource_name: str, settings: Ma
     except (InvalidConfigError, TypeError, ValueError) as exc:
         return ErrorCode.invalid_config, str(exc)
     return ErrorCode.none, None
+
+
+# ---------------------------------------------------------------------- group configs
+#: A group's configs (Kafka's ``GroupConfig``) that apply to the groups this broker serves ->
+#: the broker setting that gives its default, and the broker's lower and upper bounds of it.
+GROUP_CONFIGS = {
+    "consumer.session.timeout.ms": ("group.consumer.session.timeout.ms", "group.consumer.min.session.timeout.ms",
+                                    "group.consumer.max.session.timeout.ms"),
+    "consumer.heartbeat.interval.ms": ("group.consumer.heartbeat.interval.ms",
+                                       "group.consumer.min.heartbeat.interval.ms",
+                                       "group.consumer.max.heartbeat.interval.ms"),
+}
+#: Kafka's defaults of the broker's group settings named in :data:`GROUP_CONFIGS`.
+_GROUP_KAFKA_DEFAULTS = {"group.consumer.session.timeout.ms": 45000, "group.consumer.heartbeat.interval.ms": 5000}
+#: Kafka's group configs of the group types this broker does not serve, by their prefix.
+_UNSERVED_GROUP_TYPES = {"share.": "share", "streams.": "streams"}
+_INT_MAX = 2 ** 31 - 1
+#: What Java's Integer.parseInt reads (no underscores, no other digits than ASCII's)
+_JAVA_INT = re.compile(r"[+-]?[0-9]+")
+
+
+@dataclass(frozen=True)
+class GroupConfigBounds:
+    """The broker's bounds of a consumer group's configs, by Kafka's settings of the same names:
+    ``group.consumer.min.session.timeout.ms`` (45000), ``group.consumer.max.session.timeout.ms``
+    (60000), ``group.consumer.min.heartbeat.interval.ms`` (5000) and
+    ``group.consumer.max.heartbeat.interval.ms`` (15000). Immutable; fixed when the server starts.
+    """
+
+    min_session_timeout_ms: int = 45000
+    max_session_timeout_ms: int = 60000
+    min_heartbeat_interval_ms: int = 5000
+    max_heartbeat_interval_ms: int = 15000
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_session_timeout_ms <= self.max_session_timeout_ms:
+            raise ValueError("group.consumer.min.session.timeout.ms must be at least 1 and at most "
+                             "group.consumer.max.session.timeout.ms")
+        if not 1 <= self.min_heartbeat_interval_ms <= self.max_heartbeat_interval_ms:
+            raise ValueError("group.consumer.min.heartbeat.interval.ms must be at least 1 and at most "
+                             "group.consumer.max.heartbeat.interval.ms")
+
+    def settings(self, session_timeout_ms: int, heartbeat_interval_ms: int) -> dict[str, int]:
+        """The bounds by Kafka's names, each widened to take in the broker's own default
+        (``session_timeout_ms``, ``heartbeat_interval_ms``): Kafka refuses to start with a
+        default outside its bounds; logstore serves a lower default (as tests do) and keeps a
+        group that leaves the config unset valid. Also the defaults, by their names."""
+        return {"group.consumer.session.timeout.ms": session_timeout_ms,
+                "group.consumer.heartbeat.interval.ms": heartbeat_interval_ms,
+                "group.consumer.min.session.timeout.ms": min(self.min_session_timeout_ms, session_timeout_ms),
+                "group.consumer.max.session.timeout.ms": max(self.max_session_timeout_ms, session_timeout_ms),
+                "group.consumer.min.heartbeat.interval.ms": min(self.min_heartbeat_interval_ms,
+                                                                heartbeat_interval_ms),
+                "group.consumer.max.heartbeat.interval.ms": max(self.max_heartbeat_interval_ms,
+                                                                heartbeat_interval_ms)}
+
+
+def describe_group(group: str, overrides: Mapping[str, str], broker: Mapping[str, int], keys: Sequence[str] | None,
+                   include_synonyms: bool) -> tuple[int, str | None, list[dict[str, Any]]]:
+    """(error code, error message, config entries) of a group (it need not exist, as in
+    Kafka): each of :data:`GROUP_CONFIGS` with the group's own value (GROUP_CONFIG) or the
+    broker's (``broker``: :meth:`GroupConfigBounds.settings`), whose synonyms are the broker's
+    setting (STATIC_BROKER_CONFIG when it is not Kafka's default) and Kafka's default."""
+    if not group:
+        return ErrorCode.invalid_request, "Group name must not be empty", []
+    entries = []
+    for name, (broker_name, _, _) in GROUP_CONFIGS.items():
+        if keys is not None and name not in keys:
+            continue
+        levels = []
+        if name in overrides:
+            levels.append((name, overrides[name], GROUP_CONFIG))
+        if broker[broker_name] != _GROUP_KAFKA_DEFAULTS[broker_name]:
+            levels.append((broker_name, str(broker[broker_name]), STATIC_BROKER_CONFIG))
+        levels.append((broker_name, str(_GROUP_KAFKA_DEFAULTS[broker_name]), DEFAULT_CONFIG))
+        entry = _entry(name, levels[0][1], levels[0][2], levels, include_synonyms)
+        entry["config_type"] = _INT
+        entries.append(entry)
+    return ErrorCode.none, None, entries
+
+
+def alter_group(group: str, current: Mapping[str, str], changes: Sequence[tuple[str, int, str | None]],
+                incremental: bool, broker: Mapping[str, int]) -> tuple[int, str | None, dict[str, str]]:
+    """(error code, message, the group's new overrides) of ``changes`` to a group whose own
+    configs are ``current``, checked as Kafka's ``GroupConfig`` checks them against the broker's
+    settings (``broker``: :meth:`GroupConfigBounds.settings`); AlterConfigs replaces the whole
+    set, IncrementalAlterConfigs SETs and DELETEs. The caller keeps the result when the code is
+    NONE."""
+    if not group:
+        return ErrorCode.invalid_request, "Default group resources are not allowed.", {}
+    refused = _check_shape(changes, incremental, "group")
+    if refused is not None:
+        return (*refused, {})
+    for name, operation, _ in changes:
+        if name not in GROUP_CONFIGS:
+            kind = next((k for prefix, k in _UNSERVED_GROUP_TYPES.items() if name.startswith(prefix)), None)
+            if kind is not None:
+                return ErrorCode.invalid_config, (f"{name} is a {kind} group config, and this broker serves no "
+                                                  f"{kind} groups (only classic and consumer groups)"), {}
+            return ErrorCode.invalid_config, f"Unknown group config name: {name}", {}
+        if operation in (APPEND, SUBTRACT):
+            return ErrorCode.invalid_config, (f"Config value {_OPERATIONS[operation]} is not allowed for config key: "
+                                              f"{name}"), {}
+    new: dict[str, str] = {} if not incremental else dict(current)
+    for name, operation, value in changes:
+        if operation == DELETE:
+            new.pop(name, None)
+        else:
+            new[name] = (value or "").strip()
+    values = {}
+    for name, (broker_name, _, _) in GROUP_CONFIGS.items():
+        text = new.get(name)
+        if text is None:
+            values[name] = broker[broker_name]
+            continue
+        number = int(text) if _JAVA_INT.fullmatch(text) else None
+        invalid = f"Invalid value {text} for configuration {name}"
+        if number is None or not -_INT_MAX - 1 <= number <= _INT_MAX:
+            return ErrorCode.invalid_config, f"{invalid}: Not a number of type INT", {}
+        if number < 1:
+            return ErrorCode.invalid_config, f"{invalid}: Value must be at least 1", {}
+        new[name] = str(number)
+        values[name] = number
+    for name, (_, low, high) in GROUP_CONFIGS.items():
+        if values[name] < broker[low]:
+            return ErrorCode.invalid_config, f"{name} must be greater than or equal to {low} ({broker[low]})", {}
+        if values[name] > broker[high]:
+            return ErrorCode.invalid_config, f"{name} must be less than or equal to {high} ({broker[high]})", {}
+    if values["consumer.session.timeout.ms"] <= values["consumer.heartbeat.interval.ms"]:
+        return ErrorCode.invalid_config, ("consumer.session.timeout.ms must be greater than "
+                                          "consumer.heartbeat.interval.ms"), {}
+    return ErrorCode.none, None, new

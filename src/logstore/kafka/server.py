@@ -64,6 +64,7 @@ from .credentials import Credentials, CredentialsFile
 from .oauth import CONFIG_NAMES as OAUTHBEARER_CONFIG_NAMES, OAuthBearerValidator
 from .scramusers import ScramUsers
 from ..groups.consumergroup import ConsumerGroupConfig
+from .configs import GroupConfigBounds
 from ..groups.coordinator import GroupConfig
 from .wire import KafkaProtocolError, KafkaRequest, UnsupportedVersionError, encode, parse_request
 from ..store.store import LogStore
@@ -272,6 +273,9 @@ class KafkaServer:
             (:class:`~logstore.groups.consumergroup.ConsumerGroupConfig`: Kafka's
             ``group.consumer.*``); None serves only the classic protocol (Kafka's
             ``group.coordinator.rebalance.protocols=classic``).
+        group_config_bounds: the bounds of a consumer group's own configs
+            (:class:`~logstore.kafka.configs.GroupConfigBounds`: Kafka's
+            ``group.consumer.min/max.session.timeout.ms`` and ``...heartbeat.interval.ms``).
 
     Durability: a produce is answered once its batch is in the log (acks=1; acks=all too unless
     ``fsync_acks_all``): in the page cache, which survives the death of the process, and
@@ -299,7 +303,8 @@ class KafkaServer:
                  apis_factory: Callable[..., KafkaApis] = KafkaApis, txn_config: TxnConfig = TxnConfig(),
                  authorizer: bool | Authorizer = False, super_users: Sequence[str] = (),
                  allow_everyone_if_no_acl_found: bool = False,
-                 consumer_group_config: ConsumerGroupConfig | None = ConsumerGroupConfig()) -> None:
+                 consumer_group_config: ConsumerGroupConfig | None = ConsumerGroupConfig(),
+                 group_config_bounds: GroupConfigBounds = GroupConfigBounds()) -> None:
         context = tls.server_context() if isinstance(tls, TLSConfig) else tls
         client_certs = context is not None and context.verify_mode == ssl.CERT_REQUIRED
         local = isinstance(listen, (str, os.PathLike))  # a Unix socket: its file's permissions guard it
@@ -331,6 +336,7 @@ class KafkaServer:
                                    group_config=GroupConfig(group_min_session_timeout_ms, group_max_session_timeout_ms,
                                                             group_initial_rebalance_delay_ms, group_liveness),
                                    fsync_acks_all=fsync_acks_all, consumer_group_config=consumer_group_config,
+                                   group_config_bounds=group_config_bounds,
                                    txn_config=replace(txn_config, fsync=txn_config.fsync or fsync_acks_all))
             apis.scram_users = ScramUsers(sasl)
             if authorizer is True:
@@ -555,6 +561,28 @@ def add_consumer_group_arguments(parser: Any) -> None:
                         metavar="A,A", help="the server-side assignors (uniform, range); the first is the default")
 
 
+def add_group_config_arguments(parser: Any) -> None:
+    """``logstore serve``'s bounds of a consumer group's own configs, by Kafka's setting names,
+    read back by :func:`group_config_bounds`."""
+    for name, what in (("session-timeout", "a group's consumer.session.timeout.ms"),
+                       ("heartbeat-interval", "a group's consumer.heartbeat.interval.ms")):
+        for end in ("min", "max"):
+            field = f"{end}_{name.replace('-', '_')}_ms"
+            parser.add_argument(f"--group-consumer-{end}-{name}-ms", type=int, metavar="MS",
+                                default=getattr(GroupConfigBounds, field), help=f"the {end}imum of {what}")
+
+
+def group_config_bounds(args: Any) -> GroupConfigBounds:
+    """The GroupConfigBounds of parsed :func:`add_group_config_arguments` options.
+
+    Raises:
+        ValueError: a minimum above its maximum, or below 1.
+    """
+    return GroupConfigBounds(args.group_consumer_min_session_timeout_ms, args.group_consumer_max_session_timeout_ms,
+                             args.group_consumer_min_heartbeat_interval_ms,
+                             args.group_consumer_max_heartbeat_interval_ms)
+
+
 def consumer_group_config(args: Any) -> ConsumerGroupConfig | None:
     """The ConsumerGroupConfig of parsed :func:`add_consumer_group_arguments` options (None:
     the classic protocol only).
@@ -602,6 +630,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
                              "group.initial.rebalance.delay.ms; Kafka's default is 3000, logstore's 0)")
     add_transaction_arguments(parser)
     add_consumer_group_arguments(parser)
+    add_group_config_arguments(parser)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -617,6 +646,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
         txn_config = transaction_config(args)
         sasl = sasl_options(args)
         consumer_groups = consumer_group_config(args)
+        bounds = group_config_bounds(args)
     except ValueError as exc:
         sys.stderr.write(f"{prog}: {exc}\n")
         return 2
@@ -629,7 +659,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
                              allow_anonymous=args.allow_anonymous, fsync_acks_all=args.fsync_acks_all,
                              tls=TLSConfig(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None,
                              group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
-                             consumer_group_config=consumer_groups,
+                             consumer_group_config=consumer_groups, group_config_bounds=bounds,
                              txn_config=txn_config, **sasl, **authorizer_options(args))
     except (LogstoreError, OSError, ValueError) as exc:
         sys.stderr.write(f"{prog}: {exc}\n")
