@@ -10,7 +10,8 @@ A credential never holds a password, only what the server needs to check one:
   PBKDF2 for SCRAM: the client does.
 - PLAIN (RFC 4616): a salt, an iteration count and ``PBKDF2-HMAC-SHA256(password, salt,
   iterations)``. A PLAIN client sends its password, so the server runs PBKDF2 once per
-  attempt (about 2.5 ms at the default 4096 iterations, on the listener's loop thread).
+  attempt (about 2.5 ms at the default 4096 iterations, on one of the listener's verification
+  threads, off its network loop).
 
 Passwords are UTF-8 without SASLprep, as Kafka and its clients use them.
 
@@ -66,8 +67,8 @@ MIN_ITERATIONS = 4096
 #: Iterations of a new credential.
 DEFAULT_ITERATIONS = 4096
 #: The most iterations a credential may ask for: Kafka's SCRAM maximum (ScramMechanism's 16384),
-#: for PLAIN hashes too, whose check runs PBKDF2 on the listener's loop thread for every attempt,
-#: an unauthenticated client's included (about 10 ms at this count).
+#: for PLAIN hashes too, whose check runs PBKDF2 for every attempt, an unauthenticated client's
+#: included (about 10 ms at this count, on the listener's verification threads).
 MAX_ITERATIONS = 16384
 #: Bytes of a new salt.
 SALT_BYTES = 16
