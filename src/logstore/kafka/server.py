@@ -50,7 +50,6 @@ from dataclasses import replace
 from concurrent.futures import Future
 from typing import Any, Callable, Mapping, Sequence
 
-from .. import _fileio
 from ..errorcodes import ErrorCode
 from ..net import server as net
 from ..metrics import Histogram
@@ -66,7 +65,7 @@ from .scramusers import ScramUsers
 from ..groups.consumergroup import ConsumerGroupConfig
 from ..groups.coordinator import GroupConfig
 from .wire import KafkaProtocolError, KafkaRequest, UnsupportedVersionError, encode, parse_request
-from ..store.store import LogStore
+from ..store.store import LogStore, meta_properties
 from ..net.protocol import TLSConfig
 from ..net.purgatory import mapped as _mapped
 
@@ -441,13 +440,7 @@ def _is_loopback(host: str) -> bool:
 def _cluster_id(root: str) -> str:
     """Kafka's cluster id (22 characters of URL-safe base64): ``cluster.id`` in a Kafka log
     directory's meta.properties, else one derived from the store's ``directory.id``."""
-    path = os.path.join(root, "meta.properties")
-    props: dict[str, str] = {}
-    if _fileio.ops.exists(path):
-        for line in _fileio.ops.read_file(path).decode("utf-8", "replace").splitlines():
-            key, sep, value = line.partition("=")
-            if sep and not key.startswith("#"):
-                props[key.strip()] = value.strip()
+    props = meta_properties(root)
     if props.get("cluster.id"):
         return props["cluster.id"]
     try:

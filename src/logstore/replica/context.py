@@ -16,27 +16,97 @@ when the node built it.
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
+import logging
 import ssl
 import threading
+import time
 import uuid
 
+from ..errors import LogstoreError
+from ..kafka.apikeys import METADATA
+from ..kafka.client import KafkaClientError
 from ..net.purgatory import Purgatory
-from .client import NodeConnection, PeerConnections
+from .client import NodeConnection, PeerConnections, metadata_request
 from .partition import PartitionReplica
 
-__all__ = ["NodeContext", "cluster_id_of", "replica_topic_id"]
+__all__ = ["NodeContext", "random_cluster_id", "check_cluster_id", "agree_cluster_id", "replica_topic_id"]
+
+logger = logging.getLogger("logstore.replication")
+
+#: How long one question to a peer for its cluster id may take.
+_ASK_TIMEOUT_S = 2.0
 
 
-def cluster_id_of(secret: bytes, voters: list[int]) -> str:
-    """The replica set's cluster id: one for every node (clients check that brokers agree on
-    it), derived from the set's secret and its voters, so no node has to tell the others."""
-    digest = hashlib.sha256(secret + repr(sorted(voters)).encode()).digest()
-    return base64.urlsafe_b64encode(digest[:16]).decode().rstrip("=")
+def random_cluster_id() -> str:
+    """A new cluster id, as ``kafka-storage random-uuid`` prints one: 16 random bytes in
+    URL-safe base64 without padding (22 characters), never starting with ``-``."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
+
+
+def check_cluster_id(cluster_id: str) -> str:
+    """``cluster_id`` if it is one of Kafka's (16 bytes in URL-safe base64, 22 characters, as
+    ``kafka-storage format --cluster-id`` takes it).
+
+    Raises:
+        ValueError: it is not."""
+    try:
+        raw = base64.urlsafe_b64decode(cluster_id + "==")
+    except (binascii.Error, ValueError):
+        raw = b""
+    if len(cluster_id) != 22 or len(raw) != 16:
+        raise ValueError(f"{cluster_id!r} is not a cluster id (22 characters of URL-safe base64, as "
+                         "'kafka-storage random-uuid' prints)")
+    return cluster_id
+
+
+def agree_cluster_id(node_id: int, peers: dict[int, tuple[str, int]], secret: bytes,
+                     tls: ssl.SSLContext | None, timeout_s: float, stopping: threading.Event | None = None) -> str:
+    """The cluster id of a replica set whose node ``node_id`` has none yet (a new data
+    directory, or one written before cluster ids were kept, and no ``--cluster-id``): the id a
+    peer already has (asked with Metadata as the replica user; a peer answers once it serves,
+    and only a node that has its id serves), else, for the voter with the lowest id, a new
+    random one (:func:`random_cluster_id`). Another node asks its peers again until one
+    answers, for at most ``timeout_s``: start the lowest voter first, or give every node the
+    same id. The id says nothing of the secret. Blocking; thread-safe.
+
+    Raises:
+        LogstoreError: no peer answered with an id within ``timeout_s`` (or ``stopping`` set).
+    """
+    seed = min(set(peers) | {node_id})
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for peer, address in sorted(peers.items()):
+            try:
+                conn = NodeConnection(address, secret, node_id, _ASK_TIMEOUT_S, tls)
+            except KafkaClientError:
+                continue
+            try:
+                answer = conn.request(METADATA, metadata_request([]), _ASK_TIMEOUT_S)
+            except KafkaClientError:
+                continue
+            finally:
+                conn.close()
+            if answer.cluster_id:
+                logger.info("node %d: cluster id %s, as node %d has it", node_id, answer.cluster_id, peer)
+                return str(answer.cluster_id)
+        if node_id == seed:
+            chosen = random_cluster_id()
+            logger.info("node %d: no peer has a cluster id yet; chose %s", node_id, chosen)
+            return chosen
+        if time.monotonic() >= deadline or (stopping is not None and stopping.is_set()):
+            raise LogstoreError(f"node {node_id} has no cluster id and no peer told it one within {timeout_s:g} s: "
+                                f"start node {seed} first (it chooses one), or give every node the same cluster id "
+                                "(--cluster-id)")
+        time.sleep(0.2)
 
 
 def replica_topic_id(cluster_id: str, topic: str) -> uuid.UUID:
-    """The topic id (KIP-516) every node of a replica set gives ``topic``.
+    """The topic id (KIP-516) every node of a replica set gives ``topic`` when it creates it.
 
     A replica set's topics are fixed when its nodes start, each node creating them in its own
     store; there is no controller to hand out a random id and no topic creation to replicate.
@@ -44,7 +114,9 @@ def replica_topic_id(cluster_id: str, topic: str) -> uuid.UUID:
     name: the nodes agree without a message, and another replica set (another cluster id)
     gives the same name another id, as Kafka clients expect of another cluster. A topic of a
     replica set is never deleted and created again (DeleteTopics is refused), so one name has
-    one id for the set's life. As Kafka's ``Uuid.randomUuid``, the id is never 0, 1 or one
+    one id for the set's life. The id is kept in the topic's file from its creation on: a set
+    whose cluster id was once derived otherwise (from its secret, before cluster ids were
+    chosen) keeps its topics' ids. As Kafka's ``Uuid.randomUuid``, the id is never 0, 1 or one
     whose text starts with ``-``: the hash is taken again with a counter until it is not.
     """
     counter = 0
@@ -63,6 +135,7 @@ class NodeContext:
         node_id: this node's id, unique in the set.
         peers: {node id: (host, port)}: the other voters' listeners.
         secret: the set's shared secret (the replica user's SASL password).
+        cluster_id: the set's cluster id (chosen once, kept in each node's ``meta.properties``).
         election_timeout_s: the base election timeout.
         replica_lag_s: a follower is in sync while it reached the leader's end this recently.
         fetch_wait_s: how long a caught-up follower's fetch waits at the leader.
@@ -72,23 +145,24 @@ class NodeContext:
         purgatory: the node's delayed requests (held fetches, acks=all produces), by partition.
 
     The settings are plain attributes that the parts read at each use, so a change (say of
-    ``min_insync``) takes effect at the next request. ``voters`` (the peers and this node) and
-    ``cluster_id`` (one for every node of the set: clients check that brokers agree on it, and
-    peers' requests carry it) follow from the identity.
+    ``min_insync``) takes effect at the next request. ``voters`` (the peers and this node)
+    follow from the identity; ``cluster_id`` is one for every node of the set (clients check
+    that brokers agree on it, and peers' requests carry it: a node of another cluster is
+    refused with INCONSISTENT_CLUSTER_ID).
 
     Thread-safety: the partitions are added before the node starts and only looked up
     afterwards; each :class:`PartitionReplica` is changed under its own ``cond``; ``stopping``,
     ``peer_connections`` and ``purgatory`` are thread-safe.
     """
 
-    def __init__(self, node_id: int, peers: dict[int, tuple[str, int]], secret: bytes, *,
+    def __init__(self, node_id: int, peers: dict[int, tuple[str, int]], secret: bytes, cluster_id: str, *,
                  election_timeout_s: float, replica_lag_s: float, fetch_wait_s: float, min_insync: int,
                  fetch_max_bytes: int, client_tls: ssl.SSLContext | None, purgatory: Purgatory) -> None:
         self.node_id = node_id
         self.peers = dict(peers)
         self.voters = sorted(set(self.peers) | {node_id})
         self.secret = secret
-        self.cluster_id = cluster_id_of(secret, self.voters)
+        self.cluster_id = cluster_id
         self.election_timeout_s = election_timeout_s
         self.replica_lag_s = replica_lag_s
         self.fetch_wait_s = fetch_wait_s
