@@ -72,7 +72,7 @@ from .replica.client import (
     ReplicationTimeoutError,
     replica_password,
 )
-from .replica.context import NodeContext, agree_cluster_id, check_cluster_id, replica_topic_id
+from .replica.context import NodeContext, check_cluster_id, default_cluster_id, replica_topic_id
 from .replica.elections import ElectionDriver
 from .replica.follower import Fetchers
 from .replica.kafkaapis import ReplicaKafkaApis
@@ -166,11 +166,10 @@ class ReplicaNode:
         cluster_id: the set's cluster id (Kafka's ``cluster.id``, what ``kafka-storage
             random-uuid`` prints; the same on every node), kept in the data directory's
             ``meta.properties``; a directory that belongs to another cluster refuses to start.
-            None: the one the directory keeps, else the one a peer has, else (the voter with
-            the lowest id) a new random one (:func:`~logstore.replica.context.agree_cluster_id`:
-            another node waits up to ``cluster_id_timeout_s`` for a peer to tell it). Never
-            derived from the secret, which a client reading the id could otherwise guess.
-        cluster_id_timeout_s: how long a node without a cluster id waits for a peer's.
+            None: the one the directory keeps, else one derived from the voters' ids
+            (:func:`~logstore.replica.context.default_cluster_id`, the same on every node, and
+            kept from then on). Never derived from the secret, which a client reading the id
+            could otherwise guess.
         kafka_options: more :class:`~logstore.kafka.server.KafkaServer` arguments, e.g.
             ``sasl_credentials`` (Kafka clients' users, besides the replica user),
             ``sasl_mechanisms``, group settings.
@@ -215,7 +214,7 @@ class ReplicaNode:
                  connections_max_idle_ms: int = 600_000, handshake_timeout_ms: int = 10_000,
                  advertised: tuple[str, int] | None = None,
                  advertised_peers: dict[int, tuple[str, int]] | None = None,
-                 cluster_id: str | None = None, cluster_id_timeout_s: float = 60.0,
+                 cluster_id: str | None = None,
                  kafka_options: dict[str, Any] | None = None) -> None:
         if not secret:
             raise ValueError("a shared secret is required")
@@ -247,14 +246,14 @@ class ReplicaNode:
         client_tls = tls.client_context() if tls is not None else None
         credentials = _ReplicaCredentials(password, options.pop("sasl_credentials", None),
                                           options.get("sasl_mechanisms"))
-        # The set's cluster id: given, kept by the directory, or agreed (see agree_cluster_id).
+        # The set's cluster id: given, or kept by the directory, or the voters' default.
         kept = meta_properties(data_dir).get("cluster.id") or None
         if cluster_id is not None:
             check_cluster_id(cluster_id)
             if kept is not None and kept != cluster_id:
                 raise LogstoreError(f"{data_dir} belongs to cluster {kept}, not {cluster_id} (its meta.properties' "
                                     "cluster.id): a node of one replica set cannot join another")
-        chosen: str = kept or cluster_id or agree_cluster_id(node_id, peers, secret, client_tls, cluster_id_timeout_s)
+        chosen: str = kept or cluster_id or default_cluster_id(sorted(set(peers) | {node_id}))
         # Every node derives a topic's id from the set's cluster id and the topic's name (see
         # replica_topic_id), for the topics it creates and those of a store older than topic ids;
         # a topic keeps the id it has.
@@ -504,8 +503,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
     parser.add_argument("--secret-file", required=True)
     parser.add_argument("--cluster-id", help="the set's cluster id, the same on every node (22 characters of URL-safe "
                         "base64, as 'kafka-storage random-uuid' prints; kept in the data directory's meta.properties). "
-                        "Default: the one the directory keeps, else a peer's, else a new one chosen by the lowest "
-                        "node id")
+                        "Default: the one the directory keeps, else one derived from the node ids (the same for every "
+                        "set of the same ids)")
     parser.add_argument("--topic", action="append", default=[], help="name:partitions (default replicated:1)")
     parser.add_argument("--election-timeout-ms", type=int, default=1000)
     parser.add_argument("--min-insync-replicas", type=int, default=2)

@@ -133,9 +133,6 @@ FINDINGS: dict[str, str] = {
                                      "(see 0081[AlterConfigs]) [admin]",
     "0081[DescribeConfigs_groups]": "DescribeConfigs of a GROUP resource (type 32, KIP-848's group configs) "
                                     "refused: INVALID_REQUEST \"resource type 32 has no configs\" [KIP-848, admin]",
-    "0081[UserScramCredentials]": "the harness serves without SASL, so the listener has no credentials file "
-                                  "to keep SCRAM users in: AlterUserScramCredentials answers INVALID_REQUEST "
-                                  "(Kafka keeps them in its metadata whether SASL is on or not) [SASL]",
     "0113": "timing: its cooperative rebalances, each after Kafka's 3 s initial delay, take longer than the "
             "harness's 420 s per test [groups]",
 }

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from logstore.replica.context import replica_topic_id
+from logstore.replica.context import default_cluster_id, replica_topic_id
 from logstore.store.topicids import read_partition_metadata
 
 from .test_inprocess import wait_for
@@ -194,11 +194,11 @@ def _described_ids(addrs, topics):
 @pytest.mark.regression
 def test_an_existing_set_keeps_its_topic_ids_under_a_cluster_id_chosen_once(tmp_path):
     """The cluster id was derived from the set's secret (any client reading it could guess the
-    secret offline). A set written then, restarted with this version, chooses a random cluster
-    id once (the lowest node, the others ask it) and keeps it in each node's meta.properties;
-    the topics keep the ids their clients know (derived from the old id, kept in the stores);
-    the records stay. A node whose directory is older, started alone later, takes the id its
-    running peers have."""
+    secret offline). A set written then, restarted with this version, takes an id that says
+    nothing of the secret (derived from its node ids) and keeps it in each node's
+    meta.properties; the topics keep the ids their clients know (derived from the old id, kept
+    in the stores); the records stay. A node whose directory is older, started alone later,
+    takes the same id as its running peers."""
     from .test_kafka_listener import SECRET
 
     legacy = _legacy_cluster_id(SECRET, [0, 1, 2])
@@ -218,7 +218,8 @@ def test_an_existing_set_keeps_its_topic_ids_under_a_cluster_id_chosen_once(tmp_
     nodes, addrs = kafka_cluster(tmp_path, partitions=PARTITIONS)  # no cluster id given
     try:
         chosen = nodes[0].context.cluster_id
-        assert chosen != legacy and all(n.context.cluster_id == chosen for n in nodes.values())
+        assert chosen == default_cluster_id([0, 1, 2]) != legacy
+        assert all(n.context.cluster_id == chosen for n in nodes.values())
         for i in range(3):
             assert f"cluster.id={chosen}\n" in (tmp_path / f"node{i}" / "meta.properties").read_text()
         leader_of(nodes, ("wide", 2))

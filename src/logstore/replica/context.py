@@ -18,25 +18,15 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import logging
 import ssl
 import threading
-import time
 import uuid
 
-from ..errors import LogstoreError
-from ..kafka.apikeys import METADATA
-from ..kafka.client import KafkaClientError
 from ..net.purgatory import Purgatory
-from .client import NodeConnection, PeerConnections, metadata_request
+from .client import NodeConnection, PeerConnections
 from .partition import PartitionReplica
 
-__all__ = ["NodeContext", "random_cluster_id", "check_cluster_id", "agree_cluster_id", "replica_topic_id"]
-
-logger = logging.getLogger("logstore.replication")
-
-#: How long one question to a peer for its cluster id may take.
-_ASK_TIMEOUT_S = 2.0
+__all__ = ["NodeContext", "random_cluster_id", "check_cluster_id", "default_cluster_id", "replica_topic_id"]
 
 
 def random_cluster_id() -> str:
@@ -64,45 +54,16 @@ def check_cluster_id(cluster_id: str) -> str:
     return cluster_id
 
 
-def agree_cluster_id(node_id: int, peers: dict[int, tuple[str, int]], secret: bytes,
-                     tls: ssl.SSLContext | None, timeout_s: float, stopping: threading.Event | None = None) -> str:
-    """The cluster id of a replica set whose node ``node_id`` has none yet (a new data
-    directory, or one written before cluster ids were kept, and no ``--cluster-id``): the id a
-    peer already has (asked with Metadata as the replica user; a peer answers once it serves,
-    and only a node that has its id serves), else, for the voter with the lowest id, a new
-    random one (:func:`random_cluster_id`). Another node asks its peers again until one
-    answers, for at most ``timeout_s``: start the lowest voter first, or give every node the
-    same id. The id says nothing of the secret. Blocking; thread-safe.
-
-    Raises:
-        LogstoreError: no peer answered with an id within ``timeout_s`` (or ``stopping`` set).
-    """
-    seed = min(set(peers) | {node_id})
-    deadline = time.monotonic() + timeout_s
-    while True:
-        for peer, address in sorted(peers.items()):
-            try:
-                conn = NodeConnection(address, secret, node_id, _ASK_TIMEOUT_S, tls)
-            except KafkaClientError:
-                continue
-            try:
-                answer = conn.request(METADATA, metadata_request([]), _ASK_TIMEOUT_S)
-            except KafkaClientError:
-                continue
-            finally:
-                conn.close()
-            if answer.cluster_id:
-                logger.info("node %d: cluster id %s, as node %d has it", node_id, answer.cluster_id, peer)
-                return str(answer.cluster_id)
-        if node_id == seed:
-            chosen = random_cluster_id()
-            logger.info("node %d: no peer has a cluster id yet; chose %s", node_id, chosen)
-            return chosen
-        if time.monotonic() >= deadline or (stopping is not None and stopping.is_set()):
-            raise LogstoreError(f"node {node_id} has no cluster id and no peer told it one within {timeout_s:g} s: "
-                                f"start node {seed} first (it chooses one), or give every node the same cluster id "
-                                "(--cluster-id)")
-        time.sleep(0.2)
+def default_cluster_id(voters: list[int]) -> str:
+    """The cluster id of a replica set none was given to (``--cluster-id``), as its nodes take
+    it at their first start and keep it in ``meta.properties``: derived from the voters' ids
+    alone, so that every node takes the same without a message, and it says nothing of the
+    secret. Every set of the same node ids takes the same one: give each set its own
+    (:func:`random_cluster_id`) where sets may meet, as Kafka's ``kafka-storage format``
+    asks. Pure."""
+    digest = hashlib.sha256(f"logstore-cluster-id\0{sorted(voters)!r}".encode()).digest()
+    text = base64.urlsafe_b64encode(digest[:16]).decode().rstrip("=")
+    return text if not text.startswith("-") else "A" + text[1:]
 
 
 def replica_topic_id(cluster_id: str, topic: str) -> uuid.UUID:
