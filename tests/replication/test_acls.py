@@ -42,6 +42,20 @@ def committed_acls(node):
     return decode(values[-1], "test") if values else None
 
 
+def create_acl(admin, binding):
+    """CreateAcls through confluent-kafka, asked again while the answer is NOT_CONTROLLER (the
+    ACLs' new leader commits its first record)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            assert [f.result() for f in admin.create_acls([binding], request_timeout=15).values()] == [None]
+            return
+        except confluent_kafka.KafkaException as exc:
+            if time.monotonic() > deadline or exc.args[0].code() != KafkaError.NOT_CONTROLLER:
+                raise
+            time.sleep(0.2)
+
+
 def produce_error(addrs, user, topic):
     producer = confluent_kafka.Producer({**login(addrs, user), "message.timeout.ms": 15000})
     errors = []
@@ -58,17 +72,8 @@ def test_acls_replicated_to_every_node_and_enforced_by_the_leader(tmp_path):
         # no ACLs: alice may not write; the set's own replica user still replicates
         assert produce_error(addrs, "alice", TOPIC).code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
         admin = AdminClient(login(addrs, "admin"))
-        grant = AclBinding(ResourceType.TOPIC, TOPIC, ResourcePatternType.LITERAL, "User:alice", "*",
-                           AclOperation.WRITE, AclPermissionType.ALLOW)
-        deadline = time.monotonic() + 30
-        while True:  # (NOT_CONTROLLER while the ACLs' new leader commits its first record)
-            try:
-                assert [f.result() for f in admin.create_acls([grant], request_timeout=15).values()] == [None]
-                break
-            except confluent_kafka.KafkaException as exc:
-                if time.monotonic() > deadline or exc.args[0].code() != KafkaError.NOT_CONTROLLER:
-                    raise
-                time.sleep(0.2)
+        create_acl(admin, AclBinding(ResourceType.TOPIC, TOPIC, ResourcePatternType.LITERAL, "User:alice", "*",
+                                     AclOperation.WRITE, AclPermissionType.ALLOW))
         for node in nodes.values():  # every node holds it below its high watermark
             wait_for(lambda: committed_acls(node) is not None, timeout=10)
             assert [(a.resource_type, a.name, a.principal, a.operation) for a in committed_acls(node)] == [
@@ -150,17 +155,8 @@ def test_a_forwarded_change_is_authorized_by_the_acls_leader_not_by_a_lagging_fo
 
         monkeypatch.setattr(ReplicatedAcls, "current", lagging)
         admin = AdminClient({**login(addrs, "admin"), "bootstrap.servers": "%s:%d" % addrs[leader]})
-        grant = AclBinding(ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL, "User:carol", "*",
-                           AclOperation.ALTER, AclPermissionType.ALLOW)
-        deadline = time.monotonic() + 30
-        while True:  # (NOT_CONTROLLER while the ACLs' new leader commits its first record)
-            try:
-                assert [f.result() for f in admin.create_acls([grant], request_timeout=15).values()] == [None]
-                break
-            except confluent_kafka.KafkaException as exc:
-                if time.monotonic() > deadline or exc.args[0].code() != KafkaError.NOT_CONTROLLER:
-                    raise
-                time.sleep(0.2)
+        create_acl(admin, AclBinding(ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL, "User:carol",
+                                     "*", AclOperation.ALTER, AclPermissionType.ALLOW))
         wait_for(lambda: committed_acls(nodes[follower]) is not None, timeout=10)
         carol = Conn(addrs[follower], "carol", users["carol"])
         try:

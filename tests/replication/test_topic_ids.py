@@ -29,6 +29,22 @@ def _uuid(ck_uuid) -> uuid.UUID:
     return uuid.UUID(bytes=base64.urlsafe_b64decode(str(ck_uuid) + "=="))
 
 
+def assigned_values(consumer, count):
+    """The first ``count`` values of replicated-0 from its start, read by ``consumer`` (closed
+    after; Fetch v13+ addresses the topic by id)."""
+    try:
+        consumer.assign([TopicPartition("replicated", 0, 0)])
+        got: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(got) < count and time.monotonic() < deadline:
+            m = consumer.poll(0.5)
+            if m is not None and m.error() is None:
+                got.append(m.value())
+        return got
+    finally:
+        consumer.close()
+
+
 def test_every_node_gives_a_topic_the_same_id_and_clients_read_it_from_any(tmp_path):
     nodes, addrs = kafka_cluster(tmp_path, partitions=PARTITIONS)
     try:
@@ -71,17 +87,7 @@ def test_a_consumer_fetching_by_id_reads_what_the_leader_committed(tmp_path):
         assert producer.flush(30) == 0
         consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "by-id", "enable.auto.commit": False,
                              **CONFLUENT_LOGIN})
-        try:
-            consumer.assign([TopicPartition("replicated", 0, 0)])  # librdkafka 2.16: Fetch v13+, by topic id
-            got = []
-            deadline = time.monotonic() + 30
-            while len(got) < 10 and time.monotonic() < deadline:
-                m = consumer.poll(0.5)
-                if m is not None and m.error() is None:
-                    got.append(m.value())
-            assert got == [b"r%d" % i for i in range(10)]
-        finally:
-            consumer.close()
+        assert assigned_values(consumer, 10) == [b"r%d" % i for i in range(10)]  # librdkafka 2.16: by topic id
     finally:
         stop_all(nodes)
 
@@ -227,17 +233,7 @@ def test_an_existing_set_keeps_its_topic_ids_under_a_cluster_id_chosen_once(tmp_
         assert after == before and new_cluster == chosen
         consumer = Consumer({"bootstrap.servers": "%s:%d" % addrs[1], "group.id": "upgrade",
                              "enable.auto.commit": False, **CONFLUENT_LOGIN})
-        try:
-            consumer.assign([TopicPartition("replicated", 0, 0)])
-            got: list[bytes] = []
-            deadline = time.monotonic() + 30
-            while len(got) < 5 and time.monotonic() < deadline:
-                m = consumer.poll(0.5)
-                if m is not None and m.error() is None:
-                    got.append(m.value())
-            assert got == [b"old%d" % i for i in range(5)]
-        finally:
-            consumer.close()
+        assert assigned_values(consumer, 5) == [b"old%d" % i for i in range(5)]
         # node 2 restarted from an older directory while 0 and 1 run: it takes their id
         nodes[2].stop()
         _strip_cluster_id(tmp_path / "node2")

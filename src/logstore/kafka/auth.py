@@ -567,11 +567,13 @@ class SaslHandshake(net.Handshake):
         self._state = _TOKENS if request.api_version >= 1 else _RAW_TOKENS
         return _frame(request, {"error_code": ErrorCode.none, "mechanisms": enabled})
 
-    def _authenticate(self, request: Any) -> bytes | net.SlowStep:
+    def _off_the_loop_if_slow(self, step: Callable[[], bytes]) -> bytes | net.SlowStep:
+        """``step()`` now, or as a SlowStep when the mechanism's steps are costly (PLAIN)."""
         assert self._mechanism is not None
-        if self._mechanism.slow:
-            return net.SlowStep(lambda: self._authenticate_now(request))
-        return self._authenticate_now(request)
+        return net.SlowStep(step) if self._mechanism.slow else step()
+
+    def _authenticate(self, request: Any) -> bytes | net.SlowStep:
+        return self._off_the_loop_if_slow(lambda: self._authenticate_now(request))
 
     def _authenticate_now(self, request: Any) -> bytes:
         try:
@@ -585,10 +587,7 @@ class SaslHandshake(net.Handshake):
                                 "session_lifetime": lifetime_ms or 0})
 
     def _raw_token(self, frame: bytearray) -> bytes | net.SlowStep:
-        assert self._mechanism is not None
-        if self._mechanism.slow:
-            return net.SlowStep(lambda: self._raw_token_now(frame))
-        return self._raw_token_now(frame)
+        return self._off_the_loop_if_slow(lambda: self._raw_token_now(frame))
 
     def _raw_token_now(self, frame: bytearray) -> bytes:
         try:
