@@ -274,7 +274,7 @@ class ReplicaNode:
         #: what the node's parts share; held fetches and acks=all produces wait in its purgatory,
         #: keyed by partition
         self.context = NodeContext(
-            node_id, peers, secret, chosen, election_timeout_s=election_timeout_s,
+            node_id, peers, secret, cluster_id=chosen, election_timeout_s=election_timeout_s,
             replica_lag_s=replica_lag_time_max_ms / 1000.0,
             fetch_wait_s=max(0.0, min(replica_fetch_wait_max_ms / 1000.0, election_timeout_s / 2)),
             min_insync=min_insync_replicas, fetch_max_bytes=fetch_max_bytes, client_tls=client_tls,

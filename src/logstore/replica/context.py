@@ -96,7 +96,8 @@ class NodeContext:
         node_id: this node's id, unique in the set.
         peers: {node id: (host, port)}: the other voters' listeners.
         secret: the set's shared secret (the replica user's SASL password).
-        cluster_id: the set's cluster id (chosen once, kept in each node's ``meta.properties``).
+        cluster_id: the set's cluster id (chosen once, kept in each node's ``meta.properties``;
+            None: :func:`default_cluster_id` of the voters).
         election_timeout_s: the base election timeout.
         replica_lag_s: a follower is in sync while it reached the leader's end this recently.
         fetch_wait_s: how long a caught-up follower's fetch waits at the leader.
@@ -116,14 +117,14 @@ class NodeContext:
     ``peer_connections`` and ``purgatory`` are thread-safe.
     """
 
-    def __init__(self, node_id: int, peers: dict[int, tuple[str, int]], secret: bytes, cluster_id: str, *,
-                 election_timeout_s: float, replica_lag_s: float, fetch_wait_s: float, min_insync: int,
+    def __init__(self, node_id: int, peers: dict[int, tuple[str, int]], secret: bytes, *,
+                 cluster_id: str | None = None, election_timeout_s: float, replica_lag_s: float, fetch_wait_s: float, min_insync: int,
                  fetch_max_bytes: int, client_tls: ssl.SSLContext | None, purgatory: Purgatory) -> None:
         self.node_id = node_id
         self.peers = dict(peers)
         self.voters = sorted(set(self.peers) | {node_id})
         self.secret = secret
-        self.cluster_id = cluster_id
+        self.cluster_id = cluster_id if cluster_id is not None else default_cluster_id(self.voters)
         self.election_timeout_s = election_timeout_s
         self.replica_lag_s = replica_lag_s
         self.fetch_wait_s = fetch_wait_s
