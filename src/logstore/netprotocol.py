@@ -2,6 +2,6 @@
 its old path (``logstore.netprotocol``) for applications that configure TLS; the code lives in
 :mod:`logstore.net.protocol`."""
 
-from .net.protocol import Handshake, HandshakeError, Limits, Protocol, Response, Session, TLSConfig
+from .net.protocol import Handshake, HandshakeError, Limits, Protocol, Response, Session, SlowStep, TLSConfig
 
-__all__ = ["Protocol", "Handshake", "HandshakeError", "Session", "Limits", "Response", "TLSConfig"]
+__all__ = ["Protocol", "Handshake", "HandshakeError", "SlowStep", "Session", "Limits", "Response", "TLSConfig"]

@@ -72,7 +72,7 @@ from .replica.client import (
     ReplicationTimeoutError,
     replica_password,
 )
-from .replica.context import NodeContext, cluster_id_of, replica_topic_id
+from .replica.context import NodeContext, check_cluster_id, default_cluster_id, replica_topic_id
 from .replica.elections import ElectionDriver
 from .replica.follower import Fetchers
 from .replica.kafkaapis import ReplicaKafkaApis
@@ -80,7 +80,7 @@ from .replica.leader import LeaderSide
 from .replica.partition import PartitionReplica
 from .replica.peerapis import PeerApis
 from .replica.quorum import NONE, Election, QuorumStateFile, Role
-from .store.store import LogStore
+from .store.store import LogStore, meta_properties
 
 __all__ = ["ReplicaNode", "Client", "Fetched", "TLSConfig", "ReplicationError", "NotLeaderError",
            "NotEnoughReplicasError", "ReplicationTimeoutError", "REPLICA_USER", "main",
@@ -163,6 +163,13 @@ class ReplicaNode:
         advertised: (host, port) that Metadata names for this node (default: the bound one).
         advertised_peers: {node id: (host, port)} that Metadata names for the peers (default:
             ``peers``; differs when this node reaches its peers another way, e.g. a proxy).
+        cluster_id: the set's cluster id (Kafka's ``cluster.id``, what ``kafka-storage
+            random-uuid`` prints; the same on every node), kept in the data directory's
+            ``meta.properties``; a directory that belongs to another cluster refuses to start.
+            None: the one the directory keeps, else one derived from the voters' ids
+            (:func:`~logstore.replica.context.default_cluster_id`, the same on every node, and
+            kept from then on). Never derived from the secret, which a client reading the id
+            could otherwise guess.
         kafka_options: more :class:`~logstore.kafka.server.KafkaServer` arguments, e.g.
             ``sasl_credentials`` (Kafka clients' users, besides the replica user),
             ``sasl_mechanisms``, group settings.
@@ -207,6 +214,7 @@ class ReplicaNode:
                  connections_max_idle_ms: int = 600_000, handshake_timeout_ms: int = 10_000,
                  advertised: tuple[str, int] | None = None,
                  advertised_peers: dict[int, tuple[str, int]] | None = None,
+                 cluster_id: str | None = None,
                  kafka_options: dict[str, Any] | None = None) -> None:
         if not secret:
             raise ValueError("a shared secret is required")
@@ -238,11 +246,24 @@ class ReplicaNode:
         client_tls = tls.client_context() if tls is not None else None
         credentials = _ReplicaCredentials(password, options.pop("sasl_credentials", None),
                                           options.get("sasl_mechanisms"))
+        # The set's cluster id: given, or kept by the directory, or the voters' default.
+        kept = meta_properties(data_dir).get("cluster.id") or None
+        if cluster_id is not None:
+            check_cluster_id(cluster_id)
+            if kept is not None and kept != cluster_id:
+                raise LogstoreError(f"{data_dir} belongs to cluster {kept}, not {cluster_id} (its meta.properties' "
+                                    "cluster.id): a node of one replica set cannot join another")
+        chosen: str = kept or cluster_id or default_cluster_id(sorted(set(peers) | {node_id}))
         # Every node derives a topic's id from the set's cluster id and the topic's name (see
-        # replica_topic_id), for the topics it creates and those of a store older than topic ids.
-        cluster_id = cluster_id_of(secret, sorted(set(peers) | {node_id}))
+        # replica_topic_id), for the topics it creates and those of a store older than topic ids;
+        # a topic keeps the id it has.
         self.store = LogStore(data_dir, shared=False, maintenance=False,
-                              topic_ids=lambda name: replica_topic_id(cluster_id, name))
+                              topic_ids=lambda name: replica_topic_id(chosen, name))
+        try:
+            self.store.set_cluster_id(chosen)
+        except BaseException:
+            self.store.close()
+            raise
         # The high watermark each partition had (Kafka's replication-offset-checkpoint): a
         # restarted replica must not take its uncommitted tail for committed. It is written
         # every second and at stop, so it may lag; a lower bound is safe (the leader's fetch
@@ -253,7 +274,7 @@ class ReplicaNode:
         #: what the node's parts share; held fetches and acks=all produces wait in its purgatory,
         #: keyed by partition
         self.context = NodeContext(
-            node_id, peers, secret, election_timeout_s=election_timeout_s,
+            node_id, peers, secret, cluster_id=chosen, election_timeout_s=election_timeout_s,
             replica_lag_s=replica_lag_time_max_ms / 1000.0,
             fetch_wait_s=max(0.0, min(replica_fetch_wait_max_ms / 1000.0, election_timeout_s / 2)),
             min_insync=min_insync_replicas, fetch_max_bytes=fetch_max_bytes, client_tls=client_tls,
@@ -272,11 +293,6 @@ class ReplicaNode:
                     self.store.create_topic(topic, 1, exist_ok=True, internal=True, **_INTERNAL_TOPICS[topic])
                 else:
                     self.store.create_topic(topic, count, exist_ok=True)
-                if self.store.topic_id(topic) != replica_topic_id(cluster_id, topic):
-                    logger.warning("node %d: topic %s has id %s, not the one the replica set derives (%s): "
-                                   "its store was written by another cluster or by a plain LogStore, and "
-                                   "the other nodes may name it by another id", node_id, topic,
-                                   self.store.topic_id(topic), replica_topic_id(cluster_id, topic))
                 for p in range(count):
                     self._add_replica(topic, p)
         except BaseException:
@@ -472,7 +488,7 @@ class _ReplicaCredentials(CredentialsFile):
 def main(argv: list[str] | None = None, prog: str = "python -m logstore.replication") -> int:
     """Run one replica node until SIGTERM/SIGINT: ``logstore node --node-id 0 --data-dir DIR
     --listen 127.0.0.1:9000 --peer 1=127.0.0.1:9001 --peer 2=127.0.0.1:9002 --secret-file FILE
-    [--topic NAME:PARTITIONS] [--tls-cert F --tls-key F --tls-ca F] [--advertised HOST:PORT]
+    [--cluster-id ID] [--topic NAME:PARTITIONS] [--tls-cert F --tls-key F --tls-ca F] [--advertised HOST:PORT]
     [--sasl-credentials FILE] [--sasl-oauthbearer NAME=VALUE ...] [--connections-max-reauth-ms MS]``. ``--listen`` is the node's one listener, Kafka's protocol, for
     Kafka clients and peers; ``--peer`` names the peers' listeners. Prints one "serving" line on
     stdout once it listens."""
@@ -485,6 +501,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
     parser.add_argument("--listen", required=True, help="host:port")
     parser.add_argument("--peer", action="append", default=[], help="id=host:port (repeat)")
     parser.add_argument("--secret-file", required=True)
+    parser.add_argument("--cluster-id", help="the set's cluster id, the same on every node (22 characters of URL-safe "
+                        "base64, as 'kafka-storage random-uuid' prints; kept in the data directory's meta.properties). "
+                        "Default: the one the directory keeps, else one derived from the node ids (the same for every "
+                        "set of the same ids)")
     parser.add_argument("--topic", action="append", default=[], help="name:partitions (default replicated:1)")
     parser.add_argument("--election-timeout-ms", type=int, default=1000)
     parser.add_argument("--min-insync-replicas", type=int, default=2)
@@ -543,7 +563,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
                            connections_max_idle_ms=args.connections_max_idle_ms,
                            advertised=address(args.advertised) if args.advertised else None,
                            advertised_peers=id_addresses(args.advertised_peer) if args.advertised_peer else None,
-                           kafka_options=options).start()
+                           cluster_id=args.cluster_id, kafka_options=options).start()
     except (ValueError, OSError, LogstoreError) as exc:
         parser.error(str(exc))
     import faulthandler

@@ -131,9 +131,6 @@ FINDINGS: dict[str, str] = {
                           "INVALID_CONFIG (\"Unknown broker config name\") [admin]",
     "0081[IncrementalAlterConfigs]": "the test also sets sasl.kerberos.min.time.before.relogin on the broker "
                                      "(see 0081[AlterConfigs]) [admin]",
-    "0081[UserScramCredentials]": "the harness serves without SASL, so the listener has no credentials file "
-                                  "to keep SCRAM users in: AlterUserScramCredentials answers INVALID_REQUEST "
-                                  "(Kafka keeps them in its metadata whether SASL is on or not) [SASL]",
     "0113": "timing: its cooperative rebalances, each after Kafka's 3 s initial delay, take longer than the "
             "harness's 420 s per test [groups]",
 }

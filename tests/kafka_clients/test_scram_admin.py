@@ -186,3 +186,49 @@ def test_a_password_added_by_kafka_user_is_seen_by_describe_at_once(tmp_path, us
                 time.sleep(0.2)
         assert [(i.mechanism, i.iterations) for i in info.scram_credential_infos] == [
             (ScramMechanism.SCRAM_SHA_256, 5000)]
+
+
+@pytest.mark.regression
+def test_a_listener_without_sasl_keeps_scram_users_in_the_store(tmp_path):
+    """Kafka keeps SCRAM users in its metadata whatever its listeners speak: on a listener
+    without SASL, AlterUserScramCredentials writes the data directory's own credentials file
+    (librdkafka's 0081 [UserScramCredentials] runs so); DescribeUserScramCredentials, ``logstore
+    kafka-user`` on the directory and a later SASL listener on the same directory all see them.
+    Before, a listener without --sasl-credentials refused the alteration."""
+    root = tmp_path / "store"
+    with KafkaServer(str(root), ("127.0.0.1", 0)) as server:
+        admin = AdminClient({"bootstrap.servers": server.bootstrap_servers})
+        assert admin.describe_user_scram_credentials().result(10) == {}
+        futures = admin.alter_user_scram_credentials([UserScramCredentialUpsertion(
+            "lena", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096), b"lena-secret")])
+        assert futures["lena"].result(10) is None
+        kp_admin = KafkaAdminClient(bootstrap_servers=server.bootstrap_servers, request_timeout_ms=10_000)
+        try:
+            assert kp_admin.describe_user_scram_credentials(["lena"]) == {"lena": {"error": None, "credential_infos": [
+                {"mechanism": KpScramMechanism.SCRAM_SHA_256, "iterations": 4096}]}}
+        finally:
+            kp_admin.close()
+    assert (root / ".sasl-credentials").stat().st_mode & 0o777 == 0o600
+    assert b"lena-secret" not in (root / ".sasl-credentials").read_bytes()
+    # logstore kafka-user given the data directory: lists lena, adds mo
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cli_main(["kafka-user", "list", str(root)]) == 0
+    assert out.getvalue().splitlines() == ["lena\tSCRAM-SHA-256"]
+    assert cli_main(["kafka-user", "add", str(root), "mo", "--mechanism", "SCRAM-SHA-512"],
+                    stdin=io.StringIO("mo-secret\n")) == 0
+    # a SASL listener on the same directory, no file named: both authenticate with SCRAM
+    with KafkaServer(str(root), ("127.0.0.1", 0), sasl_mechanisms=["SCRAM-SHA-256", "SCRAM-SHA-512"]) as server:
+        assert can_produce(server, "lena", "lena-secret", "SCRAM-SHA-256", "users")
+        assert not can_produce(server, "lena", "wrong", "SCRAM-SHA-256", "users")
+        assert can_produce(server, "mo", "mo-secret", "SCRAM-SHA-512", "users")
+        admin = AdminClient(confluent(server, "mo", "mo-secret"))
+        assert sorted(admin.describe_user_scram_credentials().result(10)) == ["lena", "mo"]
+        futures = admin.alter_user_scram_credentials([UserScramCredentialDeletion("lena",
+                                                                                  ScramMechanism.SCRAM_SHA_256)])
+        assert futures["lena"].result(10) is None
+        assert not can_produce(server, "lena", "lena-secret", "SCRAM-SHA-256", "users")
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert cli_main(["kafka-user", "list", str(root)]) == 0
+    assert out.getvalue().splitlines() == ["mo\tSCRAM-SHA-512"]

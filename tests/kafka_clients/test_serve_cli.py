@@ -156,7 +156,7 @@ def test_serve_refuses_unknown_or_incomplete_oauthbearer_settings(tmp_path):
     assert added.returncode == 0, added.stderr
     for args, message in ((["--sasl-oauthbearer", "sasl.oauthbearer.nope=1"], "expected NAME=VALUE"),
                           (["--sasl-oauthbearer", "sasl.oauthbearer.expected.issuer=x"], "exactly one of"),
-                          (["--sasl-mechanisms", "OAUTHBEARER"], "need SASL"),
+                          (["--sasl-mechanisms", "OAUTHBEARER"], "OAUTHBEARER needs"),
                           (["--sasl-credentials", str(tmp_path / "users"), "--sasl-mechanisms", "OAUTHBEARER"],
                            "OAUTHBEARER needs")):
         run = subprocess.run([sys.executable, "-m", "logstore", "serve", str(tmp_path / "s"), *args],

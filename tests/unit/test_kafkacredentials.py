@@ -196,3 +196,20 @@ def test_iterations_are_capped_at_kafkas_scram_maximum():
                  lambda: scram_credential("SCRAM-SHA-256", "pw", iterations=1_000_000)):
         with pytest.raises(ValueError, match="between 4096 and 16384"):
             make()
+
+
+def test_a_stores_own_file_may_not_exist_yet(tmp_path):
+    """A data directory's own users (.sasl-credentials): none until the file is written, then
+    those of the file; ``users_path`` maps a directory to it and leaves a file's path alone."""
+    from logstore.kafka.credentials import STORE_FILE_NAME, store_users_path, users_path
+
+    path = store_users_path(tmp_path)
+    assert path == str(tmp_path / STORE_FILE_NAME) == users_path(tmp_path)
+    assert users_path(tmp_path / "named") == str(tmp_path / "named")
+    with pytest.raises(CredentialsError):
+        CredentialsFile(path)
+    users = CredentialsFile(path, check_interval_s=0, missing_ok=True)
+    assert len(users.current()) == 0
+    users.alter([], {("ann", "SCRAM-SHA-256"): scram_credential("SCRAM-SHA-256", "pw")})
+    assert (tmp_path / STORE_FILE_NAME).stat().st_mode & 0o777 == 0o600
+    assert CredentialsFile(path).current().users() == ["ann"]

@@ -37,7 +37,13 @@ Mechanisms (:class:`PlainServer`, :class:`ScramServer`) check what the client se
 :mod:`~logstore.kafka.oauth`. An unknown user goes through the same exchange as a known
 one: SCRAM answers with a salt derived from the user name under a per-process secret and the
 default iteration count, PLAIN runs PBKDF2 against a dummy credential; both fail with the same
-message as a wrong password. PLAIN and SCRAM use only the standard library's hashlib, hmac and
+message as a wrong password.
+
+Cost on the network loop: PLAIN's PBKDF2 (up to 16384 iterations, 10 ms and more) runs off it,
+on the listener's verification threads (:class:`~logstore.net.protocol.SlowStep`), so that
+clients sending bad passwords delay only their own connections and the other handshakes
+waiting for those threads. SCRAM's server side never runs PBKDF2 (the client does): a step is
+a few HMACs and hashes, microseconds, and stays on the loop, an unknown user's included. PLAIN and SCRAM use only the standard library's hashlib, hmac and
 secrets.
 
 Thread-safety: :class:`SaslAuthenticator` is thread-safe (one per listener); the mechanism
@@ -108,6 +114,8 @@ class PlainServer:
     mechanism = "PLAIN"
     #: a password's credential does not expire (KIP-368: only OAUTHBEARER's tokens do)
     lifetime_ms: int | None = None
+    #: a step runs PBKDF2 (milliseconds): off the network loop (:class:`~logstore.net.protocol.SlowStep`)
+    slow = True
 
     def __init__(self, lookup: Callable[[str, str], Any]) -> None:
         self._lookup = lookup
@@ -162,6 +170,8 @@ class ScramServer:
     """
 
     lifetime_ms: int | None = None
+    #: a step is a few HMACs and hashes (microseconds): on the loop
+    slow = False
 
     def __init__(self, mechanism: str, lookup: Callable[[str, str], Any], fake_secret: bytes,
                  server_nonce: str | None = None) -> None:
@@ -306,6 +316,8 @@ class OAuthBearerServer:
     """
 
     mechanism = OAUTHBEARER
+    #: a step is one signature check (an RSA or EC verification: well under a millisecond): on the loop
+    slow = False
 
     def __init__(self, validator: OAuthBearerValidator) -> None:
         self._validator = validator
@@ -481,7 +493,10 @@ class SaslHandshake(net.Handshake):
     (:meth:`reauthenticate`), without ApiVersions, with the same mechanism and principal: a
     different mechanism fails the first SaslAuthenticate, a different principal the last
     (SASL_AUTHENTICATION_FAILED, then the connection is closed), as in Kafka.
-    Not thread-safe; never blocks (a PLAIN check runs one PBKDF2, a JWT one signature check).
+    Not thread-safe; never blocks: a PLAIN check (one PBKDF2, milliseconds) is handed back as a
+    :class:`~logstore.net.protocol.SlowStep`, which the network loop runs on a verification
+    thread while the connection waits (the handshake belongs to that thread meanwhile); a SCRAM
+    step (a few HMACs) and a JWT's signature check run on the loop.
     """
 
     def __init__(self, authenticator: SaslAuthenticator, session: net.Session,
@@ -511,7 +526,7 @@ class SaslHandshake(net.Handshake):
         self._state, self.done, self._mechanism = _REAUTH_MECHANISM, False, None
         return True
 
-    def receive(self, frame: bytearray) -> bytes:
+    def receive(self, frame: bytearray) -> bytes | net.SlowStep:
         if self._state is _RAW_TOKENS:
             return self._raw_token(frame)
         if len(frame) < 8:
@@ -552,7 +567,15 @@ class SaslHandshake(net.Handshake):
         self._state = _TOKENS if request.api_version >= 1 else _RAW_TOKENS
         return _frame(request, {"error_code": ErrorCode.none, "mechanisms": enabled})
 
-    def _authenticate(self, request: Any) -> bytes:
+    def _off_the_loop_if_slow(self, step: Callable[[], bytes]) -> bytes | net.SlowStep:
+        """``step()`` now, or as a SlowStep when the mechanism's steps are costly (PLAIN)."""
+        assert self._mechanism is not None
+        return net.SlowStep(step) if self._mechanism.slow else step()
+
+    def _authenticate(self, request: Any) -> bytes | net.SlowStep:
+        return self._off_the_loop_if_slow(lambda: self._authenticate_now(request))
+
+    def _authenticate_now(self, request: Any) -> bytes:
         try:
             token = self._step(request.body.auth_bytes)
         except SaslAuthenticationError as exc:
@@ -563,7 +586,10 @@ class SaslHandshake(net.Handshake):
         return _frame(request, {"error_code": ErrorCode.none, "error_message": None, "auth_bytes": token,
                                 "session_lifetime": lifetime_ms or 0})
 
-    def _raw_token(self, frame: bytearray) -> bytes:
+    def _raw_token(self, frame: bytearray) -> bytes | net.SlowStep:
+        return self._off_the_loop_if_slow(lambda: self._raw_token_now(frame))
+
+    def _raw_token_now(self, frame: bytearray) -> bytes:
         try:
             token = self._step(bytes(frame))
         except SaslAuthenticationError as exc:

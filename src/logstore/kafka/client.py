@@ -58,7 +58,8 @@ from .apikeys import (
 from .bounds import check_response
 from .writer import write_request
 
-__all__ = ["KafkaClient", "KafkaClientError", "KafkaErrorResponse", "Broker", "Security", "Connection", "VERSIONS"]
+__all__ = ["KafkaClient", "KafkaClientError", "KafkaErrorResponse", "Broker", "Security", "Connection", "VERSIONS",
+           "read_response"]
 
 #: api key -> the version this client sends
 VERSIONS: dict[int, int] = {API_VERSIONS: 0, METADATA: 8, PRODUCE: 8, LIST_OFFSETS: 5, CREATE_TOPICS: 4,
@@ -152,6 +153,26 @@ class Broker:
     node_id: int
     host: str
     port: int
+
+
+def read_response(api_key: int, version: int, frame: bytes | memoryview, correlation_id: int,
+                  what: str = "a response") -> Any:
+    """kio's body of the response ``frame`` (header and body, after the size) of ``api_key`` at
+    ``version``, checked before kio reads it and against the request's ``correlation_id``. Pure.
+
+    Raises:
+        KafkaClientError: a malformed response, or one that does not answer the request.
+    """
+    response_cls = load_response_schema(api_key, version)
+    try:
+        check_response(response_cls, frame)  # before kio, whose native reader trusts compact counts
+        head, offset = entity_reader(response_cls.__header_schema__)(frame, 0)
+        body_obj, used = entity_reader(response_cls)(frame, offset)
+    except (SerialError, ValueError, KeyError, struct.error) as exc:  # KeyError: an unknown tag
+        raise KafkaClientError(f"{what}: malformed response: {exc}") from None
+    if head.correlation_id != correlation_id or offset + used != len(frame):
+        raise KafkaClientError(f"{what}: a response that does not answer the request")
+    return body_obj
 
 
 class Connection:
@@ -260,16 +281,7 @@ class Connection:
             frame = memoryview(self._read(size)).toreadonly()
         except OSError as exc:
             raise KafkaClientError(f"{what}: {exc}") from exc
-        response_cls = load_response_schema(api_key, version)
-        try:
-            check_response(response_cls, frame)  # before kio, whose native reader trusts compact counts
-            head, offset = entity_reader(response_cls.__header_schema__)(frame, 0)
-            body_obj, used = entity_reader(response_cls)(frame, offset)
-        except (SerialError, ValueError, KeyError, struct.error) as exc:  # KeyError: an unknown tag
-            raise KafkaClientError(f"{what}: malformed response: {exc}") from None
-        if head.correlation_id != self.correlation_id or offset + used != len(frame):
-            raise KafkaClientError(f"{what}: a response that does not answer the request")
-        return body_obj
+        return read_response(api_key, version, frame, self.correlation_id, what)
 
     def send_only(self, api_key: int, fields: Mapping[str, Any], version: int) -> None:
         """Write one request and read nothing (a Produce with acks=0 has no answer).

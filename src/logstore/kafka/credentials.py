@@ -10,7 +10,8 @@ A credential never holds a password, only what the server needs to check one:
   PBKDF2 for SCRAM: the client does.
 - PLAIN (RFC 4616): a salt, an iteration count and ``PBKDF2-HMAC-SHA256(password, salt,
   iterations)``. A PLAIN client sends its password, so the server runs PBKDF2 once per
-  attempt (about 2.5 ms at the default 4096 iterations, on the listener's loop thread).
+  attempt (about 2.5 ms at the default 4096 iterations, on one of the listener's verification
+  threads, off its network loop).
 
 Passwords are UTF-8 without SASLprep, as Kafka and its clients use them.
 
@@ -24,6 +25,13 @@ The user name is percent-encoded (RFC 3986) except letters, digits and ``-._~@+`
 name may hold any character (``:`` is ``%3A``); base64 is the standard alphabet with padding.
 A malformed line is an error naming the file and the line. :func:`add_user` (and ``logstore
 kafka-user add``) writes the file atomically with mode 0600.
+
+A store's own users: Kafka keeps SCRAM users in its metadata whatever its listeners speak; a
+logstore data directory keeps them in :data:`STORE_FILE_NAME` (``<root>/.sasl-credentials``,
+this format), the file used when no other is named: by ``logstore serve`` (its SASL users
+unless ``--sasl-credentials``, and AlterUserScramCredentials and DescribeUserScramCredentials
+on a listener without SASL), and by ``logstore kafka-user`` given the data directory instead of
+a file (:func:`users_path`). A store without it has no users.
 
 Thread-safety: the credential classes and :class:`Credentials` are immutable; :class:`CredentialsFile`
 is thread-safe. Durability: :func:`add_user` and :func:`remove_user` replace the file
@@ -50,7 +58,8 @@ from typing import Mapping, Sequence, TextIO, Union
 from .. import _fileio
 from ..errors import LogstoreError
 
-__all__ = ["MECHANISMS", "SCRAM_HASHES", "MIN_ITERATIONS", "DEFAULT_ITERATIONS", "FILE_FORMAT", "CredentialsError",
+__all__ = ["MECHANISMS", "SCRAM_HASHES", "MIN_ITERATIONS", "DEFAULT_ITERATIONS", "FILE_FORMAT", "STORE_FILE_NAME",
+           "CredentialsError", "store_users_path", "users_path",
            "ScramCredential", "PlainCredential", "Credential", "Credentials", "CredentialsFile", "scram_credential",
            "scram_credential_of_salted",
            "plain_credential", "add_user", "remove_user", "main"]
@@ -66,18 +75,33 @@ MIN_ITERATIONS = 4096
 #: Iterations of a new credential.
 DEFAULT_ITERATIONS = 4096
 #: The most iterations a credential may ask for: Kafka's SCRAM maximum (ScramMechanism's 16384),
-#: for PLAIN hashes too, whose check runs PBKDF2 on the listener's loop thread for every attempt,
-#: an unauthenticated client's included (about 10 ms at this count).
+#: for PLAIN hashes too, whose check runs PBKDF2 for every attempt, an unauthenticated client's
+#: included (about 10 ms at this count, on the listener's verification threads).
 MAX_ITERATIONS = 16384
 #: Bytes of a new salt.
 SALT_BYTES = 16
 #: One line of the credentials file (see the module docstring).
 FILE_FORMAT = "USER:MECHANISM:key=value,..."
+#: A data directory's own credentials file (see the module docstring).
+STORE_FILE_NAME = ".sasl-credentials"
 _SAFE = "-._~@+"
 
 
 class CredentialsError(LogstoreError, ValueError):
     """A credentials file or mapping that cannot be used: names the file and line."""
+
+
+def store_users_path(root: str | os.PathLike[str]) -> str:
+    """The credentials file of the data directory ``root``: its SASL users when no other file is
+    named (it may not exist yet: no users)."""
+    return os.path.join(os.fspath(root), STORE_FILE_NAME)
+
+
+def users_path(path: str | os.PathLike[str]) -> str:
+    """``path`` itself, or the data directory's own file (:func:`store_users_path`) when
+    ``path`` is a directory (``logstore kafka-user add /data/store alice``)."""
+    path = os.fspath(path)
+    return store_users_path(path) if os.path.isdir(path) else path
 
 
 @dataclass(frozen=True)
@@ -324,15 +348,21 @@ class CredentialsFile:
     checks at most once per ``check_interval_s`` whether the file was replaced (another inode,
     as :func:`add_user` and most editors write it) or changed size, and re-reads it then. A
     file that became unreadable or invalid leaves the credentials as they were (logged once per
-    change). Thread-safe."""
+    change). ``missing_ok``: a file that does not exist (yet) holds no users, rather than an
+    error (a data directory's own file, :func:`store_users_path`); :meth:`alter` creates it.
+    Thread-safe."""
 
-    def __init__(self, path: str | os.PathLike[str], check_interval_s: float = 1.0) -> None:
+    def __init__(self, path: str | os.PathLike[str], check_interval_s: float = 1.0, missing_ok: bool = False) -> None:
         self.path = os.fspath(path)
         self.check_interval_s = check_interval_s
+        self._missing_ok = missing_ok
         self._lock = threading.Lock()
         self._stamp = self._identity()
-        self._credentials = Credentials.load(self.path)
+        self._credentials = self._load()
         self._checked = time.monotonic()
+
+    def _load(self) -> Credentials:
+        return _read_existing(self.path) if self._missing_ok else Credentials.load(self.path)
 
     def _identity(self) -> tuple[object, ...] | None:
         ops = _fileio.ops
@@ -356,7 +386,7 @@ class CredentialsFile:
                 return self._credentials
             self._stamp = stamp
             try:
-                self._credentials = Credentials.load(self.path)
+                self._credentials = self._load()
                 logger.info("re-read the SASL credentials in %s (%d entries)", self.path, len(self._credentials))
             except CredentialsError as exc:
                 logger.error("keeping the SASL credentials read before: %s", exc)
@@ -432,31 +462,37 @@ def remove_user(path: str | os.PathLike[str], user: str, mechanisms: Sequence[st
     return len(gone)
 
 
+_FILE_HELP = f"a credentials file, or a store's data directory (its own users, in {STORE_FILE_NAME})"
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "logstore kafka-user", stdin: TextIO | None = None) -> int:
     """``logstore kafka-user add FILE USER --mechanism M [--mechanism M ...] [--iterations N]
     [--password-file F]`` (the password is the first line of standard input unless
     ``--password-file``), ``logstore kafka-user delete FILE USER [--mechanism M ...]`` and
-    ``logstore kafka-user list FILE``."""
+    ``logstore kafka-user list FILE``. FILE is a credentials file, or a data directory for its
+    own users (:func:`users_path`)."""
     parser = argparse.ArgumentParser(prog=prog, description="Manage the SASL credentials file of logstore serve "
-                                     "(--sasl-credentials FILE): salted keys only, never a password.")
+                                     "(--sasl-credentials FILE), or a data directory's own users (FILE a store "
+                                     f"directory: its {STORE_FILE_NAME}): salted keys only, never a password.")
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     add = sub.add_parser("add", help="add or replace a user's credentials (password from standard input)")
-    add.add_argument("file")
+    add.add_argument("file", help=_FILE_HELP)
     add.add_argument("user")
     add.add_argument("--mechanism", action="append", choices=MECHANISMS, required=True,
                      help="SCRAM-SHA-256, SCRAM-SHA-512 or PLAIN (repeat for several)")
     add.add_argument("--iterations", type=int, default=DEFAULT_ITERATIONS)
     add.add_argument("--password-file", help="read the password from the first line of this file")
     delete = sub.add_parser("delete", help="remove a user's credentials")
-    delete.add_argument("file")
+    delete.add_argument("file", help=_FILE_HELP)
     delete.add_argument("user")
     delete.add_argument("--mechanism", action="append", choices=MECHANISMS, help="only these (default: all)")
     listing = sub.add_parser("list", help="print each user and mechanism")
-    listing.add_argument("file")
+    listing.add_argument("file", help=_FILE_HELP)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
+    path = users_path(args.file)
     try:
         if args.action == "add":
             if args.password_file:
@@ -464,13 +500,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore kafka-user", s
             else:
                 text = (stdin or sys.stdin).readline()
             password = text.splitlines()[0] if text else ""
-            add_user(args.file, args.user, password, args.mechanism, args.iterations)
+            add_user(path, args.user, password, args.mechanism, args.iterations)
         elif args.action == "delete":
-            if not remove_user(args.file, args.user, args.mechanism):
-                sys.stderr.write(f"{prog}: {args.user!r} has no such credentials in {args.file}\n")
+            if not remove_user(path, args.user, args.mechanism):
+                sys.stderr.write(f"{prog}: {args.user!r} has no such credentials in {path}\n")
                 return 1
         else:
-            for user, mechanism in sorted(Credentials.load(args.file).entries()):
+            listed = _read_existing(path) if path != args.file else Credentials.load(path)
+            for user, mechanism in sorted(listed.entries()):
                 sys.stdout.write(f"{user}\t{mechanism}\n")
     except (LogstoreError, OSError, ValueError) as exc:
         sys.stderr.write(f"{prog}: {exc}\n")

@@ -1,5 +1,6 @@
 """SCRAM users over Kafka's protocol (KIP-554): DescribeUserScramCredentials (50) and
-AlterUserScramCredentials (51), on the credentials file ``logstore kafka-user`` manages.
+AlterUserScramCredentials (51), on the credentials file ``logstore kafka-user`` manages (the
+data directory's own unless the listener names another).
 
 :class:`ScramUsers` answers both from the listener's SASL users
 (:class:`~logstore.kafka.auth.SaslAuthenticator`): Describe lists each user's SCRAM mechanisms
@@ -13,9 +14,14 @@ Kafka's errors, as its controller gives them: a user named twice in one request
 DUPLICATE_RESOURCE, a deletion of a credential that does not exist or a Describe of an unknown
 user RESOURCE_NOT_FOUND, a mechanism other than SCRAM-SHA-256 (1) and SCRAM-SHA-512 (2)
 UNSUPPORTED_SASL_MECHANISM, an empty user name, an empty salt or an iteration count outside
-4096-16384 UNACCEPTABLE_CREDENTIAL. A user's changes are applied together or not at all. A
-listener whose users are not a file (a mapping, or no password mechanism) refuses Alter with
-INVALID_REQUEST and a message saying so.
+4096-16384 UNACCEPTABLE_CREDENTIAL. A user's changes are applied together or not at all.
+
+Where the users are: a SASL listener's own (its credentials file, by default the data
+directory's, :func:`~logstore.kafka.credentials.store_users_path`); on a listener without SASL,
+the data directory's file all the same (``store_users``), as Kafka keeps SCRAM users in its
+metadata whatever its listeners speak: a later ``logstore serve --sasl-mechanisms ...`` on the
+directory authenticates them. A listener whose users are not a file (a mapping) refuses Alter
+with INVALID_REQUEST and a message saying so.
 
 Authorization: on a SASL listener every request comes from an authenticated principal; any
 principal may use both APIs until ACLs restrict them (Kafka: ALTER and DESCRIBE on the cluster).
@@ -29,8 +35,8 @@ import logging
 from typing import Any
 
 from ..errorcodes import ErrorCode
-from .credentials import (MAX_ITERATIONS, MIN_ITERATIONS, SCRAM_HASHES, CredentialsError, ScramCredential,
-                          scram_credential_of_salted)
+from .credentials import (MAX_ITERATIONS, MIN_ITERATIONS, SCRAM_HASHES, Credentials, CredentialsError,
+                          CredentialsFile, ScramCredential, scram_credential_of_salted)
 from .wire import KafkaRequest
 
 __all__ = ["SCRAM_MECHANISM_TYPES", "MAX_PROTOCOL_ITERATIONS", "ScramUsers"]
@@ -46,11 +52,19 @@ _TWICE = "A user credential cannot be altered twice in the same request"
 
 
 class ScramUsers:
-    """The two APIs over ``sasl`` (a :class:`~logstore.kafka.auth.SaslAuthenticator`, or None
-    on a listener without SASL: no users). Thread-safe."""
+    """The two APIs over ``sasl`` (a :class:`~logstore.kafka.auth.SaslAuthenticator`), or, on a
+    listener without SASL (``sasl`` None), over ``store_users`` (the data directory's
+    :class:`~logstore.kafka.credentials.CredentialsFile`; None: no users, Alter refused).
+    Thread-safe."""
 
-    def __init__(self, sasl: Any) -> None:
+    def __init__(self, sasl: Any, store_users: CredentialsFile | None = None) -> None:
         self._sasl = sasl
+        self._store_users = store_users
+
+    def _credentials(self) -> Credentials:
+        if self._sasl is not None:
+            return self._sasl.credentials()
+        return self._store_users.current() if self._store_users is not None else Credentials()
 
     def _unauthenticated(self, request: KafkaRequest) -> bool:
         return self._sasl is not None and request.principal is None
@@ -61,7 +75,7 @@ class ScramUsers:
         if self._unauthenticated(request):
             return {"throttle_time": 0, "error_code": ErrorCode.cluster_authorization_failed,
                     "error_message": "DescribeUserScramCredentials needs an authenticated principal", "results": []}
-        entries = self._sasl.credentials().entries() if self._sasl is not None else {}
+        entries = self._credentials().entries()
         scram: dict[str, list[dict[str, int]]] = {}
         for (user, mechanism), credential in sorted(entries.items()):
             if mechanism in _TYPE_OF and isinstance(credential, ScramCredential):
@@ -124,7 +138,7 @@ class ScramUsers:
             refusal = (ErrorCode.cluster_authorization_failed, "AlterUserScramCredentials needs an authenticated "
                                                                "principal")
             return _alter_answer({}, {}, {**{n: refusal for n in [*deletions, *upsertions]}, **errors})
-        target = self._sasl.credentials_file if self._sasl is not None else None
+        target = self._sasl.credentials_file if self._sasl is not None else self._store_users
         if target is None:
             refusal = (ErrorCode.invalid_request, "this listener's SASL users are not a credentials file "
                                                   "(logstore serve --sasl-credentials FILE): nothing to alter")

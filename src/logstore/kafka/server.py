@@ -50,7 +50,6 @@ from dataclasses import replace
 from concurrent.futures import Future
 from typing import Any, Callable, Mapping, Sequence
 
-from .. import _fileio
 from ..errorcodes import ErrorCode
 from ..net import server as net
 from ..metrics import Histogram
@@ -60,14 +59,14 @@ from ..txn.coordinator import TxnConfig
 from .apis import KafkaApis, api_version_ranges
 from .acls import Authorizer
 from .auth import SASL_MECHANISMS, SaslAuthenticator
-from .credentials import Credentials, CredentialsFile
-from .oauth import CONFIG_NAMES as OAUTHBEARER_CONFIG_NAMES, OAuthBearerValidator
+from .credentials import MECHANISMS, STORE_FILE_NAME, Credentials, CredentialsFile, store_users_path
+from .oauth import CONFIG_NAMES as OAUTHBEARER_CONFIG_NAMES, OAUTHBEARER, OAuthBearerValidator
 from .scramusers import ScramUsers
 from ..groups.consumergroup import ConsumerGroupConfig
 from .configs import GroupConfigBounds
 from ..groups.coordinator import GroupConfig
 from .wire import KafkaProtocolError, KafkaRequest, UnsupportedVersionError, encode, parse_request
-from ..store.store import LogStore
+from ..store.store import LogStore, meta_properties
 from ..net.protocol import TLSConfig
 from ..net.purgatory import mapped as _mapped
 
@@ -229,10 +228,15 @@ class KafkaServer:
             (salted keys are derived for each mechanism and the passwords dropped) or
             ``{user: {mechanism: credential}}``, a
             :class:`~logstore.kafka.credentials.Credentials` (fixed) or a ``CredentialsFile``.
+            None: the data directory's own file
+            (:func:`~logstore.kafka.credentials.store_users_path`, ``.sasl-credentials``; no
+            users while it does not exist), the users of the password mechanisms
+            ``sasl_mechanisms`` enables, and of AlterUserScramCredentials and
+            DescribeUserScramCredentials with or without SASL.
         sasl_mechanisms: the mechanisms enabled (Kafka's ``sasl.enabled.mechanisms``: PLAIN,
             SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER; None: the password ones with
             ``sasl_credentials``, OAUTHBEARER with ``sasl_oauthbearer``); a user authenticates with
-            those it has a credential for.
+            those it has a credential for. Enables SASL by itself too.
         sasl_oauthbearer: enables SASL/OAUTHBEARER: a mapping of Kafka's ``sasl.oauthbearer.*``
             settings (:data:`~logstore.kafka.oauth.CONFIG_NAMES`: a JWKS URL with the expected
             issuer and audience, or the unsecured validator for development) or a validator
@@ -308,16 +312,24 @@ class KafkaServer:
         context = tls.server_context() if isinstance(tls, TLSConfig) else tls
         client_certs = context is not None and context.verify_mode == ssl.CERT_REQUIRED
         local = isinstance(listen, (str, os.PathLike))  # a Unix socket: its file's permissions guard it
-        with_sasl = sasl_credentials is not None or sasl_oauthbearer is not None
-        if not with_sasl and (sasl_mechanisms is not None or connections_max_reauth_ms):
-            raise ValueError("sasl_mechanisms and connections_max_reauth_ms need SASL: sasl_credentials "
-                             "(--sasl-credentials) or sasl_oauthbearer (--sasl-oauthbearer)")
+        with_sasl = sasl_credentials is not None or sasl_oauthbearer is not None or sasl_mechanisms is not None
+        if not with_sasl and connections_max_reauth_ms:
+            raise ValueError("connections_max_reauth_ms needs SASL: sasl_credentials (--sasl-credentials), "
+                             "sasl_mechanisms (--sasl-mechanisms) or sasl_oauthbearer (--sasl-oauthbearer)")
         if not local and not _is_loopback(listen[0]) and not allow_anonymous and not with_sasl and not client_certs:
             raise LogstoreError(f"refusing to serve {listen[0]} without authentication: bind a loopback address, "
                                 "configure SASL (sasl_credentials, --sasl-credentials; sasl_oauthbearer) or TLS "
                                 "client certificates (--tls-ca), or pass allow_anonymous=True (--allow-anonymous)")
-        sasl = (SaslAuthenticator(sasl_credentials, sasl_mechanisms, failed_authentication_delay_ms / 1000,
-                                  sasl_oauthbearer, connections_max_reauth_ms, sasl_reserved_users)
+        # The data directory's own users, when no others are named (Kafka keeps SCRAM users in its
+        # metadata whatever its listeners speak).
+        store_users = None if sasl_credentials is not None else CredentialsFile(store_users_path(
+            root_or_store.root if isinstance(root_or_store, LogStore) else root_or_store), missing_ok=True)
+        if with_sasl and sasl_mechanisms is None:
+            sasl_mechanisms = ((MECHANISMS if sasl_credentials is not None else ())
+                               + ((OAUTHBEARER,) if sasl_oauthbearer is not None else ()))
+        sasl = (SaslAuthenticator(store_users if sasl_credentials is None else sasl_credentials, sasl_mechanisms,
+                                  failed_authentication_delay_ms / 1000, sasl_oauthbearer,
+                                  connections_max_reauth_ms, sasl_reserved_users)
                 if with_sasl else None)
         if sasl is not None and context is None and "PLAIN" in sasl.mechanisms and not local and \
                 not _is_loopback(listen[0]):
@@ -338,7 +350,7 @@ class KafkaServer:
                                    fsync_acks_all=fsync_acks_all, consumer_group_config=consumer_group_config,
                                    group_config_bounds=group_config_bounds,
                                    txn_config=replace(txn_config, fsync=txn_config.fsync or fsync_acks_all))
-            apis.scram_users = ScramUsers(sasl)
+            apis.scram_users = ScramUsers(sasl, store_users)
             if authorizer is True:
                 authorizer = apis.new_authorizer(super_users, allow_everyone_if_no_acl_found)
             apis.guard_handlers(authorizer or None)
@@ -434,13 +446,7 @@ def _is_loopback(host: str) -> bool:
 def _cluster_id(root: str) -> str:
     """Kafka's cluster id (22 characters of URL-safe base64): ``cluster.id`` in a Kafka log
     directory's meta.properties, else one derived from the store's ``directory.id``."""
-    path = os.path.join(root, "meta.properties")
-    props: dict[str, str] = {}
-    if _fileio.ops.exists(path):
-        for line in _fileio.ops.read_file(path).decode("utf-8", "replace").splitlines():
-            key, sep, value = line.partition("=")
-            if sep and not key.startswith("#"):
-                props[key.strip()] = value.strip()
+    props = meta_properties(root)
     if props.get("cluster.id"):
         return props["cluster.id"]
     try:
@@ -466,7 +472,9 @@ def add_sasl_arguments(parser: Any) -> None:
                              "AlterUserScramCredentials; re-read when it changes)")
     parser.add_argument("--sasl-mechanisms", metavar="M,M",
                         help=f"the SASL mechanisms enabled, among {','.join(SASL_MECHANISMS)} (default: the "
-                             "password ones with --sasl-credentials, OAUTHBEARER with --sasl-oauthbearer)")
+                             "password ones with --sasl-credentials, OAUTHBEARER with --sasl-oauthbearer); the "
+                             "password ones without --sasl-credentials check the store's own users (logstore "
+                             f"kafka-user add DIR USER, AlterUserScramCredentials: DIR/{STORE_FILE_NAME})")
     parser.add_argument("--sasl-oauthbearer", action="append", default=[], metavar="NAME=VALUE",
                         help="enable SASL/OAUTHBEARER with Kafka's settings (repeat), e.g. "
                              "sasl.oauthbearer.jwks.endpoint.url=file:///etc/jwks.json, "

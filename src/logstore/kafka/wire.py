@@ -102,7 +102,7 @@ API_NAMES = {0: "Produce", 1: "Fetch", 2: "ListOffsets", 3: "Metadata", 8: "Offs
              33: "AlterConfigs", 35: "DescribeLogDirs", 36: "SaslAuthenticate", 37: "CreatePartitions",
              42: "DeleteGroups", 43: "ElectLeaders", 44: "IncrementalAlterConfigs", 47: "OffsetDelete",
              50: "DescribeUserScramCredentials", 51: "AlterUserScramCredentials", 52: "Vote", 53: "BeginQuorumEpoch",
-             54: "EndQuorumEpoch", 55: "DescribeQuorum", 60: "DescribeCluster", 61: "DescribeProducers",
+             54: "EndQuorumEpoch", 55: "DescribeQuorum", 58: "Envelope", 60: "DescribeCluster", 61: "DescribeProducers",
              65: "DescribeTransactions", 66: "ListTransactions", 68: "ConsumerGroupHeartbeat",
              69: "ConsumerGroupDescribe", 75: "DescribeTopicPartitions"}
 

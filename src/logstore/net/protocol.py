@@ -16,12 +16,12 @@ import abc
 import ssl
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Sequence, Union
+from typing import Any, Callable, Sequence, Union
 
 from .._fileio import FileRegion
 from ..errors import LogstoreError
 
-__all__ = ["Protocol", "Handshake", "HandshakeError", "Session", "Limits", "Response", "TLSConfig"]
+__all__ = ["Protocol", "Handshake", "HandshakeError", "SlowStep", "Session", "Limits", "Response", "TLSConfig"]
 
 #: What a handler returns: bytes to write (whole frames), several buffers written in order (a
 #: :class:`~logstore._fileio.FileRegion` among them is written with sendfile, and closed), None
@@ -39,6 +39,22 @@ class HandshakeError(LogstoreError):
         super().__init__(message)
         self.reply = reply
         self.close_delay_s = close_delay_s
+
+
+class SlowStep:
+    """A handshake step too costly for the loop thread (a PLAIN password's PBKDF2: milliseconds,
+    during which every other connection of the listener would wait), returned by
+    :meth:`Handshake.receive` instead of its reply. The loop mutes the connection (nothing more
+    is read from it), runs ``run()`` on one of the listener's few verification threads, and
+    takes its outcome back on the loop as it would have taken :meth:`Handshake.receive`'s: the
+    reply bytes, or a :class:`HandshakeError`. Meanwhile ``run`` owns the handshake (the loop
+    does not touch it until the outcome is back), and other connections are served.
+    Immutable."""
+
+    __slots__ = ("run",)
+
+    def __init__(self, run: Callable[[], bytes]) -> None:
+        self.run = run
 
 
 class Session:
@@ -85,9 +101,10 @@ class Handshake(abc.ABC):
         return False
 
     @abc.abstractmethod
-    def receive(self, frame: bytearray) -> bytes:
+    def receive(self, frame: bytearray) -> bytes | SlowStep:
         """Take one frame (its body, after the size prefix; the loop does not reuse the buffer)
-        and return the bytes to send back (whole frames; may be empty).
+        and return the bytes to send back (whole frames; may be empty), or a :class:`SlowStep`
+        that computes them off the loop.
 
         Raises:
             HandshakeError: the peer failed; its ``reply`` is sent, then the connection closed.

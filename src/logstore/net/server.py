@@ -33,6 +33,14 @@ once more; otherwise a frame that arrives after the session's end closes the con
 unanswered, as Kafka closes an expired connection at its next request. A connection never has a
 request in a worker while it re-authenticates: frames are read one at a time.
 
+A handshake step that costs more than the loop may spend (a PLAIN password's PBKDF2, up to
+16384 iterations: 10 ms and more) comes back from ``Handshake.receive`` as a :class:`SlowStep`:
+the connection is muted, as for a request in a worker, the step runs on one of the listener's
+verification threads (at most :data:`VERIFICATION_THREADS`, so that a flood of bad passwords
+costs the other connections at most that many cores, never the loop), and its outcome comes
+back to the loop, which answers and goes on with the handshake in the frames' order. The
+handshake deadline is not enforced while the step runs (a connection past it is closed after).
+
 Invariants:
 
 - A connection has at most one request in a worker at a time: after it delivers a frame it is
@@ -86,10 +94,11 @@ from typing import Any, Sequence
 from .. import _fileio
 from .._fileio import FileRegion
 from ..errors import LogstoreError
-from .protocol import Handshake, HandshakeError, Limits, Protocol, Response, Session
+from .protocol import Handshake, HandshakeError, Limits, Protocol, Response, Session, SlowStep
 from .workers import WorkerPool
 
-__all__ = ["Server", "Protocol", "Handshake", "HandshakeError", "Session", "Limits", "Response", "connect_unix"]
+__all__ = ["Server", "Protocol", "Handshake", "HandshakeError", "SlowStep", "Session", "Limits", "Response",
+           "connect_unix"]
 
 logger = logging.getLogger("logstore.net.server")
 
@@ -97,6 +106,8 @@ logger = logging.getLogger("logstore.net.server")
 _SEND_CHUNK = 256 * 1024
 #: The most buffers handed to one sendmsg() (below every system's IOV_MAX).
 _SENDMSG_BUFFERS = 512
+#: The threads of a listener that run handshakes' slow steps (:class:`SlowStep`) at once.
+VERIFICATION_THREADS = 2
 #: How long accepting pauses after accept() itself failed (out of file descriptors).
 _ACCEPT_BACKOFF_S = 0.1
 #: The longest path a Unix socket address holds (Linux's sun_path is 108 bytes, NUL included);
@@ -110,6 +121,17 @@ class _Failed:
     __slots__ = ("exc",)
 
     def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class _Stepped:
+    """A :class:`SlowStep`'s outcome (its reply, or the exception it raised), carried from the
+    verification thread to the loop."""
+
+    __slots__ = ("reply", "exc")
+
+    def __init__(self, reply: bytes, exc: BaseException | None) -> None:
+        self.reply = reply
         self.exc = exc
 
 
@@ -228,6 +250,7 @@ class Server:
         self._loop_ident = -1
         self._sleep_until = float("inf")  # when the loop's select() returns at the latest
         self._workers = WorkerPool(f"{self._thread_name}-worker", limits.max_connections)
+        self._verifiers = WorkerPool(f"{self._thread_name}-verify", VERIFICATION_THREADS)
         self._counts = _Counters()
         self._handed_back = _Counters()  # answers written off the loop (under _lock)
         # epoll and kqueue see a registration made while another thread waits in select().
@@ -260,6 +283,7 @@ class Server:
         else:
             self._wake()
             thread.join(timeout)
+        self._verifiers.close(max(0.0, deadline - time.monotonic()))
         self._workers.close(max(0.0, deadline - time.monotonic()))
 
     def sessions(self) -> list[Session]:
@@ -554,26 +578,13 @@ class Server:
             try:
                 reply = conn.handshake.receive(frame)
             except HandshakeError as exc:
-                if conn.reauthenticating:
-                    self._counts.reauth_failed += 1
-                else:
-                    self._counts.auth_failed += 1
-                logger.debug("%s: connection %d failed the handshake: %s", self.name, conn.session.id, exc)
-                if not exc.reply:
-                    self._close(conn)
-                    return
-                reply, conn.close_after_write, conn.muted = exc.reply, True, True
-                conn.close_delay_s = exc.close_delay_s
+                self._handshake_step(conn, b"", exc)
+                return
+            if isinstance(reply, SlowStep):
+                conn.muted = conn.in_flight = True
+                self._verifiers.submit(self._verify, conn, reply)
             else:
-                if conn.handshake.done:
-                    if conn.reauthenticating:
-                        self._counts.reauth_ok += 1
-                    else:
-                        self._counts.auth_ok += 1
-                    self._authenticated(conn)
-            if reply:
-                self._queue(conn, [reply])
-                self._write(conn)
+                self._handshake_step(conn, reply, None)
             return
         conn.muted = conn.in_flight = True
         self._counts.requests += 1
@@ -581,6 +592,41 @@ class Server:
             self._work(conn, frame)  # its answer is delivered at the end of this turn
         else:
             self._workers.submit(self._work, conn, frame)
+
+    def _handshake_step(self, conn: _Conn, reply: bytes, exc: HandshakeError | None) -> None:
+        """Act on one handshake step's outcome (on the loop): answer, and open the connection
+        when the handshake is done, or answer the failure and close."""
+        assert conn.handshake is not None
+        if exc is not None:
+            if conn.reauthenticating:
+                self._counts.reauth_failed += 1
+            else:
+                self._counts.auth_failed += 1
+            logger.debug("%s: connection %d failed the handshake: %s", self.name, conn.session.id, exc)
+            if not exc.reply:
+                self._close(conn)
+                return
+            reply, conn.close_after_write, conn.muted = exc.reply, True, True
+            conn.close_delay_s = exc.close_delay_s
+        elif conn.handshake.done:
+            if conn.reauthenticating:
+                self._counts.reauth_ok += 1
+            else:
+                self._counts.auth_ok += 1
+            self._authenticated(conn)
+        if reply:
+            self._queue(conn, [reply])
+            self._write(conn)
+
+    def _verify(self, conn: _Conn, step: SlowStep) -> None:
+        """Run a handshake's slow step (on a verification thread) and hand its outcome to the loop."""
+        try:
+            outcome = _Stepped(step.run(), None)
+        except BaseException as exc:  # noqa: BLE001 - the loop acts on it (a HandshakeError) or closes
+            outcome = _Stepped(b"", exc)
+        with self._lock:
+            self._done.append((conn, outcome))
+        self._wake()
 
     # ------------------------------------------------------------------ handlers and responses
     def _work(self, conn: _Conn, frame: bytearray) -> None:
@@ -645,7 +691,19 @@ class Server:
             if conn.state is _CLOSED:
                 self._lingering -= 1
                 _release(result.rest if isinstance(result, _Sent) else _buffers(result) if result is not None
-                         and not isinstance(result, _Failed) else ())
+                         and not isinstance(result, (_Failed, _Stepped)) else ())
+                continue
+            if isinstance(result, _Stepped):  # a handshake's slow step is done: on with the handshake
+                conn.muted = False
+                try:
+                    if result.exc is not None and not isinstance(result.exc, HandshakeError):
+                        self._fail(conn, result.exc)
+                    else:
+                        self._handshake_step(conn, result.reply, result.exc)
+                        self._read(conn)  # frames the peer sent meanwhile (none is read while muted)
+                except Exception as exc:  # noqa: BLE001
+                    self._fail(conn, exc)
+                self._interest(conn)
                 continue
             # The idle clock restarts with the answer (the request may have taken longer).
             conn.deadline = time.monotonic() + self.limits.idle_timeout_s

@@ -24,8 +24,8 @@ from ..records import compression
 from .quorum import NONE
 from ..errorcodes import ErrorCode
 from ..errors import LogstoreError, OffsetOutOfRangeError
-from ..kafka.apikeys import (ADD_PARTITIONS_TO_TXN, BEGIN_QUORUM_EPOCH, CREATE_ACLS, DELETE_ACLS, DESCRIBE_QUORUM,
-                             FETCH, LIST_OFFSETS, METADATA, PRODUCE, VOTE, WRITE_TXN_MARKERS)
+from ..kafka.apikeys import (ADD_PARTITIONS_TO_TXN, BEGIN_QUORUM_EPOCH, DESCRIBE_QUORUM, ENVELOPE, FETCH,
+                             LIST_OFFSETS, METADATA, PRODUCE, VOTE, WRITE_TXN_MARKERS)
 from ..kafka.client import Security, Connection
 from ..net.protocol import TLSConfig
 from ..records.batch import BatchBuilder, Record, decode_batches, end_offset_of
@@ -40,7 +40,7 @@ REPLICA_MECHANISM = "SCRAM-SHA-256"
 # API keys and the versions replication speaks.
 VERSIONS = {PRODUCE: 8, FETCH: 12, LIST_OFFSETS: 5, METADATA: 8, VOTE: 2, BEGIN_QUORUM_EPOCH: 1,
             WRITE_TXN_MARKERS: 1, ADD_PARTITIONS_TO_TXN: 4,
-            DESCRIBE_QUORUM: 1, CREATE_ACLS: 3, DELETE_ACLS: 3}  # (ACL changes forwarded to their leader)
+            DESCRIBE_QUORUM: 1, ENVELOPE: 0}  # (ACL changes forwarded to their leader, in an Envelope: KIP-590)
 
 #: the text of a ReplicationError for a code its answer carried without an error_message
 ERROR_TEXT = {

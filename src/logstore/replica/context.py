@@ -16,6 +16,7 @@ when the node built it.
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import ssl
 import threading
@@ -25,18 +26,48 @@ from ..net.purgatory import Purgatory
 from .client import NodeConnection, PeerConnections
 from .partition import PartitionReplica
 
-__all__ = ["NodeContext", "cluster_id_of", "replica_topic_id"]
+__all__ = ["NodeContext", "random_cluster_id", "check_cluster_id", "default_cluster_id", "replica_topic_id"]
 
 
-def cluster_id_of(secret: bytes, voters: list[int]) -> str:
-    """The replica set's cluster id: one for every node (clients check that brokers agree on
-    it), derived from the set's secret and its voters, so no node has to tell the others."""
-    digest = hashlib.sha256(secret + repr(sorted(voters)).encode()).digest()
-    return base64.urlsafe_b64encode(digest[:16]).decode().rstrip("=")
+def random_cluster_id() -> str:
+    """A new cluster id, as ``kafka-storage random-uuid`` prints one: 16 random bytes in
+    URL-safe base64 without padding (22 characters), never starting with ``-``."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
+
+
+def check_cluster_id(cluster_id: str) -> str:
+    """``cluster_id`` if it is one of Kafka's (16 bytes in URL-safe base64, 22 characters, as
+    ``kafka-storage format --cluster-id`` takes it).
+
+    Raises:
+        ValueError: it is not."""
+    try:
+        raw = base64.urlsafe_b64decode(cluster_id + "==")
+    except (binascii.Error, ValueError):
+        raw = b""
+    if len(cluster_id) != 22 or len(raw) != 16:
+        raise ValueError(f"{cluster_id!r} is not a cluster id (22 characters of URL-safe base64, as "
+                         "'kafka-storage random-uuid' prints)")
+    return cluster_id
+
+
+def default_cluster_id(voters: list[int]) -> str:
+    """The cluster id of a replica set none was given to (``--cluster-id``), as its nodes take
+    it at their first start and keep it in ``meta.properties``: derived from the voters' ids
+    alone, so that every node takes the same without a message, and it says nothing of the
+    secret. Every set of the same node ids takes the same one: give each set its own
+    (:func:`random_cluster_id`) where sets may meet, as Kafka's ``kafka-storage format``
+    asks. Pure."""
+    digest = hashlib.sha256(f"logstore-cluster-id\0{sorted(voters)!r}".encode()).digest()
+    text = base64.urlsafe_b64encode(digest[:16]).decode().rstrip("=")
+    return text if not text.startswith("-") else "A" + text[1:]
 
 
 def replica_topic_id(cluster_id: str, topic: str) -> uuid.UUID:
-    """The topic id (KIP-516) every node of a replica set gives ``topic``.
+    """The topic id (KIP-516) every node of a replica set gives ``topic`` when it creates it.
 
     A replica set's topics are fixed when its nodes start, each node creating them in its own
     store; there is no controller to hand out a random id and no topic creation to replicate.
@@ -44,7 +75,9 @@ def replica_topic_id(cluster_id: str, topic: str) -> uuid.UUID:
     name: the nodes agree without a message, and another replica set (another cluster id)
     gives the same name another id, as Kafka clients expect of another cluster. A topic of a
     replica set is never deleted and created again (DeleteTopics is refused), so one name has
-    one id for the set's life. As Kafka's ``Uuid.randomUuid``, the id is never 0, 1 or one
+    one id for the set's life. The id is kept in the topic's file from its creation on: a set
+    whose cluster id was once derived otherwise (from its secret, before cluster ids were
+    chosen) keeps its topics' ids. As Kafka's ``Uuid.randomUuid``, the id is never 0, 1 or one
     whose text starts with ``-``: the hash is taken again with a counter until it is not.
     """
     counter = 0
@@ -63,6 +96,8 @@ class NodeContext:
         node_id: this node's id, unique in the set.
         peers: {node id: (host, port)}: the other voters' listeners.
         secret: the set's shared secret (the replica user's SASL password).
+        cluster_id: the set's cluster id (chosen once, kept in each node's ``meta.properties``;
+            None: :func:`default_cluster_id` of the voters).
         election_timeout_s: the base election timeout.
         replica_lag_s: a follower is in sync while it reached the leader's end this recently.
         fetch_wait_s: how long a caught-up follower's fetch waits at the leader.
@@ -72,9 +107,10 @@ class NodeContext:
         purgatory: the node's delayed requests (held fetches, acks=all produces), by partition.
 
     The settings are plain attributes that the parts read at each use, so a change (say of
-    ``min_insync``) takes effect at the next request. ``voters`` (the peers and this node) and
-    ``cluster_id`` (one for every node of the set: clients check that brokers agree on it, and
-    peers' requests carry it) follow from the identity.
+    ``min_insync``) takes effect at the next request. ``voters`` (the peers and this node)
+    follow from the identity; ``cluster_id`` is one for every node of the set (clients check
+    that brokers agree on it, and peers' requests carry it: a node of another cluster is
+    refused with INCONSISTENT_CLUSTER_ID).
 
     Thread-safety: the partitions are added before the node starts and only looked up
     afterwards; each :class:`PartitionReplica` is changed under its own ``cond``; ``stopping``,
@@ -82,13 +118,13 @@ class NodeContext:
     """
 
     def __init__(self, node_id: int, peers: dict[int, tuple[str, int]], secret: bytes, *,
-                 election_timeout_s: float, replica_lag_s: float, fetch_wait_s: float, min_insync: int,
+                 cluster_id: str | None = None, election_timeout_s: float, replica_lag_s: float, fetch_wait_s: float, min_insync: int,
                  fetch_max_bytes: int, client_tls: ssl.SSLContext | None, purgatory: Purgatory) -> None:
         self.node_id = node_id
         self.peers = dict(peers)
         self.voters = sorted(set(self.peers) | {node_id})
         self.secret = secret
-        self.cluster_id = cluster_id_of(secret, self.voters)
+        self.cluster_id = cluster_id if cluster_id is not None else default_cluster_id(self.voters)
         self.election_timeout_s = election_timeout_s
         self.replica_lag_s = replica_lag_s
         self.fetch_wait_s = fetch_wait_s

@@ -43,8 +43,14 @@ stable offset, which never passes the high watermark.
 replicated in ``__acls`` (:mod:`~logstore.replica.acls`) and enforced by every node with the
 table of :mod:`~logstore.kafka.aclguard`; the replica user is a super user (the peers'
 requests). CreateAcls and DeleteAcls are made by the leader of ``__acls-0``: another node
-forwards them there (the request is authorized where it arrived) and answers what the leader
-answered; DescribeAcls answers from the node's committed copy.
+forwards them there in an Envelope (KIP-590's idea: the client's request as it came, with its
+principal and address), and the leader authorizes that principal against its own ACLs, the
+newest committed, where the change is applied: a follower's copy may lag, and a principal whose
+ALTER was just revoked must not alter the ACLs through it. The follower answers what the leader
+answered; DescribeAcls answers from the node's committed copy. The Envelope is the peers' only
+(the replica user's; any other principal gets CLUSTER_AUTHORIZATION_FAILED); its principal is
+the text ``User:<name>`` in UTF-8 (null: anonymous), its client address the IP's bytes, as
+Kafka's; it carries only CreateAcls and DeleteAcls (another request: INVALID_REQUEST).
 
 **Consumer groups** are coordinated by the leader of ``__consumer_offsets`` partition 0, which
 the set replicates like any partition (Kafka's rule: a group's coordinator leads the offsets
@@ -65,6 +71,7 @@ take no partition lock.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
 import threading
 import uuid
@@ -86,12 +93,16 @@ from ..errors import (
     UnsupportedCodecError,
 )
 from ..kafka.acls import Authorizer
+from ..kafka.apikeys import CREATE_ACLS, DELETE_ACLS, ENVELOPE
+from ..kafka.client import KafkaClientError, read_response
+from ..kafka.writer import write_request
 from ..kafka.admin import REPLICA_REFUSED, AdminApis, refused
 from ..kafka.apis import KafkaApis, delete_topics_asked, internal_topic_refusal, one_v2_batch_problem
 from ..store.topicids import ZERO_TOPIC_ID
 from ..store.kafkadirs import is_internal_topic
 from ..groups.coordinator import GroupCoordinator
-from ..kafka.wire import KafkaRequest, fetch_replica_id
+from ..kafka.wire import (KafkaProtocolError, KafkaRequest, UnsupportedVersionError, encode, fetch_replica_id,
+                          parse_request)
 from ..groups.offsets import OFFSETS_TOPIC, OffsetStore
 from ..txn.coordinator import TransactionCoordinator
 from ..txn.metadata import TRANSACTION_STATE_TOPIC
@@ -146,7 +157,11 @@ class ReplicaKafkaApis(KafkaApis):
         self.peer_apis = peer_apis
         self.supported = {**self.supported, **PEER_VERSIONS}
         self.handlers.update({27: self.peer_apis.on_write_txn_markers, 52: self.peer_apis.on_vote,
-                              53: self.peer_apis.on_begin_quorum_epoch, 55: self.peer_apis.on_describe_quorum})
+                              53: self.peer_apis.on_begin_quorum_epoch, 55: self.peer_apis.on_describe_quorum,
+                              ENVELOPE: self.on_envelope})
+        self.supported[ENVELOPE] = (0, 0)
+        #: CreateAcls and DeleteAcls that came in an Envelope: authorized here, never forwarded again
+        self._enveloped: dict[int, Any] = {}
         # Transactions: the leader of __transaction_state-0 coordinates (see the module docstring).
         self.markers = ReplicaMarkers(context, leader)
         self.slot = TxnCoordinatorSlot(context, leader, self.markers, self._new_producer_id, self.txn_config)
@@ -181,15 +196,21 @@ class ReplicaKafkaApis(KafkaApis):
         self.acls = ReplicatedAcls(self.context, self.leader)
         return Authorizer(self.acls, [*super_users, f"User:{REPLICA_USER}"], allow_everyone_if_no_acl_found)
 
-    def on_create_acls(self, request: KafkaRequest) -> dict[str, Any]:
-        return self._acl_change(request, super().on_create_acls, "results")
-
-    def on_delete_acls(self, request: KafkaRequest) -> dict[str, Any]:
-        return self._acl_change(request, super().on_delete_acls, "filter_results")
+    def guard_handlers(self, authorizer: Authorizer | None) -> None:
+        """KafkaApis' guard; then CreateAcls and DeleteAcls are authorized and made here while
+        this node leads ``__acls-0``, else forwarded unauthorized (the leader authorizes), and
+        the Envelopes' go to the guarded handlers (made here whoever leads by now: never
+        forwarded twice)."""
+        super().guard_handlers(authorizer)
+        here = {CREATE_ACLS: self.handlers[CREATE_ACLS], DELETE_ACLS: self.handlers[DELETE_ACLS]}
+        self._enveloped = here
+        self.handlers[CREATE_ACLS] = lambda request: self._acl_change(request, here[CREATE_ACLS], "results")
+        self.handlers[DELETE_ACLS] = lambda request: self._acl_change(request, here[DELETE_ACLS], "filter_results")
 
     def _acl_change(self, request: KafkaRequest, here: Any, results: str) -> dict[str, Any]:
-        """A change of the ACLs: made here when this node leads ``__acls-0`` (or there is no
-        authorizer: SECURITY_DISABLED), else forwarded to the node that does."""
+        """A change of the ACLs: authorized and made here when this node leads ``__acls-0``
+        (or there is no authorizer: SECURITY_DISABLED), else forwarded to the node that does,
+        in an Envelope that names the client's principal: the leader authorizes it."""
         acls = self.acls
         if self.authorizer is None or acls is None or acls.leading():
             return here(request)  # type: ignore[no-any-return]
@@ -197,14 +218,41 @@ class ReplicaKafkaApis(KafkaApis):
         listed = request.body.creations if results == "results" else request.body.filters
         if leader not in self.context.peers:
             return _refuse_acl_change(results, listed, ErrorCode.not_controller, "no leader of the ACLs yet")
+        inner = write_request(request.correlation_id, type(request.body), request.client_id,
+                              dataclasses.asdict(request.body))
+        envelope = {"request_data": bytes(inner[4:]),  # (after the size)
+                    "request_principal": None if request.principal is None else str(request.principal).encode(),
+                    "client_host_address": _host_bytes(request.client_host)}
         try:
-            answer = self.context.peer_connections.request(leader, request.api_key, dataclasses.asdict(request.body),
-                                                           GROUP_WRITE_TIMEOUT_S)
+            answer = self.context.peer_connections.request(leader, ENVELOPE, envelope, GROUP_WRITE_TIMEOUT_S)
+            if answer.error_code != ErrorCode.none or answer.response_data is None:
+                raise KafkaClientError(f"Envelope answered {ErrorCode(answer.error_code).name}")
+            body = read_response(request.api_key, request.api_version, memoryview(answer.response_data),
+                                 request.correlation_id, f"the {request.name} node {leader} answered")
         except (OSError, LogstoreError) as exc:
             logger.warning("forwarding %s to node %d failed: %s", request.name, leader, exc)
             return _refuse_acl_change(results, listed, ErrorCode.not_controller,
                                       f"node {leader}, the ACLs' leader, did not answer: {exc}")
-        return dataclasses.asdict(answer)  # type: ignore[no-any-return]
+        return dataclasses.asdict(body)  # type: ignore[no-any-return]
+
+    def on_envelope(self, request: KafkaRequest) -> dict[str, Any]:
+        """A peer's forwarded CreateAcls or DeleteAcls (see the module docstring): authorized
+        here, for the principal and address it names, and made here."""
+        if request.principal != f"User:{REPLICA_USER}":
+            return {"response_data": None, "error_code": ErrorCode.cluster_authorization_failed}
+        body = request.body
+        try:
+            inner = parse_request(bytes(body.request_data), {key: self.supported[key]
+                                                             for key in (CREATE_ACLS, DELETE_ACLS)})
+            principal = None if body.request_principal is None else bytes(body.request_principal).decode("utf-8")
+            host = _host_text(bytes(body.client_host_address))
+        except (KafkaProtocolError, UnsupportedVersionError, UnicodeDecodeError, ValueError) as exc:
+            logger.warning("refusing an Envelope: %s", exc)
+            return {"response_data": None, "error_code": ErrorCode.invalid_request}
+        inner.principal, inner.client_host = principal, host
+        answer = self._enveloped[inner.api_key](inner)
+        frame = b"".join(bytes(b) for b in encode(inner.correlation_id, inner.api_key, inner.api_version, answer))
+        return {"response_data": frame[4:], "error_code": ErrorCode.none}
 
     def on_fetch(self, request: KafkaRequest) -> dict[str, Any] | Future:
         if fetch_replica_id(request) >= 0:  # a follower's
@@ -563,6 +611,23 @@ class ReplicaKafkaApis(KafkaApis):
             return {"throttle_time": 0, "error_code": ErrorCode.none, "unknown_state_filters": [],
                     "transaction_states": []}
         return super().on_list_transactions(request)
+
+
+def _host_bytes(client_host: str) -> bytes:
+    """A client's address as an Envelope carries it (Kafka's: the IP's 4 or 16 bytes; empty when
+    it is none, as a Unix socket's)."""
+    try:
+        return ipaddress.ip_address(client_host.lstrip("/")).packed
+    except ValueError:
+        return b""
+
+
+def _host_text(raw: bytes) -> str:
+    """:func:`_host_bytes` back to the form a request's ``client_host`` has (``/127.0.0.1``).
+
+    Raises:
+        ValueError: neither 4 nor 16 bytes, nor empty."""
+    return "/" + str(ipaddress.ip_address(raw)) if raw else ""
 
 
 def _refuse_acl_change(results: str, listed: Any, error: int, message: str) -> dict[str, Any]:

@@ -29,6 +29,7 @@ Thread-safety: every method may be called from any thread (the listener's worker
 
 from __future__ import annotations
 
+import logging
 import time
 from concurrent.futures import Future
 from typing import Any
@@ -51,6 +52,8 @@ PEER_VERSIONS = {27: (1, 1), 52: (2, 2), 53: (1, 1), 55: (1, 1)}
 MARKER_COMMIT_TIMEOUT_S = 10.0
 _PRINCIPAL = f"User:{REPLICA_USER}"
 
+logger = logging.getLogger("logstore.replication")
+
 
 class PeerApis:
     """The answers to replication's requests on a node's listener (see the module docstring):
@@ -60,6 +63,7 @@ class PeerApis:
         self.context = context
         self.elections = elections
         self.leader = leader
+        self._foreign_clusters: set[str] = set()  # the other clusters' ids refused (logged once each)
 
     def refusal(self, request: KafkaRequest) -> int:
         """The top-level error of a peer request (0: go ahead)."""
@@ -67,6 +71,11 @@ class PeerApis:
             return ErrorCode.cluster_authorization_failed
         cluster = getattr(request.body, "cluster_id", None)
         if cluster is not None and cluster != self.context.cluster_id:
+            if cluster not in self._foreign_clusters:
+                self._foreign_clusters.add(cluster)
+                logger.error("node %d refuses %s from %s: it belongs to cluster %r, this node to %r "
+                             "(INCONSISTENT_CLUSTER_ID)", self.context.node_id, request.name, request.client_host,
+                             cluster, self.context.cluster_id)
             return ErrorCode.inconsistent_cluster_id
         voter = getattr(request.body, "voter_id", -1)
         if voter >= 0 and voter != self.context.node_id:  # meant for another voter (KIP-853)

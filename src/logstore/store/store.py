@@ -3,7 +3,9 @@
 ::
 
     <root>/
-        meta.properties                     store format version and id
+        meta.properties                     store format version and id; ``cluster.id``, the
+                                            cluster the directory belongs to (a replica set's
+                                            node, or Kafka's), once one is set
         .lock                               flock: shared by every process using the store
                                             (exclusive for a store opened with shared=False)
         .notify                             notification page long-polling consumers sleep on
@@ -77,7 +79,7 @@ from ..errors import (
 from ..log.log import Log
 from ..log.shared import new_notify_page
 
-__all__ = ["LogStore", "TopicDescription", "validate_topic_name"]
+__all__ = ["LogStore", "TopicDescription", "validate_topic_name", "meta_properties"]
 
 logger = logging.getLogger("logstore.store.store")
 
@@ -94,6 +96,15 @@ TOPIC_DEFAULTS_FILE = ".topic-defaults"
 #: count or config made by another process sharing the store is seen after at most this)
 TOPIC_MAX_AGE_S = 1.0
 _FIELD_TO_KAFKA = {field_name: kafka for kafka, field_name in KAFKA_NAMES.items()}
+
+
+def meta_properties(root: str | os.PathLike[str]) -> dict[str, str]:
+    """The data directory's ``meta.properties`` (``version``, ``directory.id``, ``cluster.id``
+    once set, ...); empty when there is none. Reads the file (through ``_fileio``); thread-safe."""
+    path = os.path.join(os.fspath(root), META_FILE)
+    if not _fileio.ops.exists(path):
+        return {}
+    return parse_properties(_fileio.ops.read_file(path).decode("utf-8", "replace"), path)
 
 
 @dataclass(frozen=True)
@@ -239,6 +250,26 @@ class LogStore:
             if not ops.exists(path):
                 text = f"#logstore data directory\nversion={STORE_VERSION}\ndirectory.id={uuid.uuid4()}\n"
                 ops.write_file_atomic(path, text.encode())
+
+    def set_cluster_id(self, cluster_id: str) -> None:
+        """Record in ``meta.properties`` that this directory belongs to the cluster ``cluster_id``
+        (Kafka's ``cluster.id``, as ``kafka-storage format`` writes it). Durable on return
+        (atomic rewrite); a no-op when it is recorded already. Thread-safe (the store's
+        metadata lock, across processes too).
+
+        Raises:
+            LogstoreError: the directory belongs to another cluster already.
+        """
+        path = os.path.join(self.root, META_FILE)
+        with self._metadata_lock():
+            current = meta_properties(self.root).get("cluster.id")
+            if current == cluster_id:
+                return
+            if current:
+                raise LogstoreError(f"{path}: this data directory belongs to cluster {current}, not {cluster_id}")
+            text = _fileio.ops.read_file(path).decode("utf-8", "replace")
+            text = (text if text.endswith("\n") else text + "\n") + f"cluster.id={cluster_id}\n"
+            _fileio.ops.write_file_atomic(path, text.encode())
 
     def _ensure_topics_dir(self) -> tuple[str, ...]:
         """Create ``.topics/``, adopting the partition directories of a Kafka log directory;
