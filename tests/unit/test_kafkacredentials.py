@@ -7,6 +7,7 @@ import base64
 import hashlib
 import io
 import logging
+import threading
 
 import pytest
 
@@ -213,3 +214,29 @@ def test_a_stores_own_file_may_not_exist_yet(tmp_path):
     users.alter([], {("ann", "SCRAM-SHA-256"): scram_credential("SCRAM-SHA-256", "pw")})
     assert (tmp_path / STORE_FILE_NAME).stat().st_mode & 0o777 == 0o600
     assert CredentialsFile(path).current().users() == ["ann"]
+
+
+@pytest.mark.regression
+def test_concurrent_writers_of_one_file_lose_no_user(tmp_path):
+    """``logstore kafka-user`` and a server's AlterUserScramCredentials write the same file:
+    each read-change-write holds the flock beside it, so no writer undoes another's user."""
+    path = tmp_path / "users"
+    live = CredentialsFile(path, missing_ok=True)
+    credential = scram_credential("SCRAM-SHA-256", "pw", iterations=4096)
+
+    def cli_writer(n):
+        for i in range(15):
+            add_user(path, f"cli-{n}-{i}", "pw", iterations=4096)
+
+    def server_writer():
+        for i in range(15):
+            live.alter([], {(f"srv-{i}", "SCRAM-SHA-256"): credential})
+
+    threads = [threading.Thread(target=cli_writer, args=(n,)) for n in range(3)]
+    threads.append(threading.Thread(target=server_writer))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    users = set(Credentials.load(path).users())
+    assert users == {f"cli-{n}-{i}" for n in range(3) for i in range(15)} | {f"srv-{i}" for i in range(15)}

@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -53,7 +54,7 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
-from typing import Mapping, Sequence, TextIO, Union
+from typing import Iterator, Mapping, Sequence, TextIO, Union
 
 from .. import _fileio
 from ..errors import LogstoreError
@@ -403,7 +404,7 @@ class CredentialsFile:
             KeyError: a deletion of a credential the file does not hold (nothing is written).
             CredentialsError, OSError: the file cannot be read or written (nothing changes).
         """
-        with self._lock:
+        with self._lock, _writer_lock(self.path):
             entries = _read_existing(self.path).entries()
             for key in deletions:
                 del entries[key]
@@ -415,6 +416,21 @@ class CredentialsFile:
 
 
 # ---------------------------------------------------------------------- writing the file
+@contextlib.contextmanager
+def _writer_lock(path: str) -> Iterator[None]:
+    """Hold the flock of ``.lock-<name>`` beside the credentials file ``path``: one read-change-
+    write of the file at a time, across threads and processes (``logstore kafka-user`` beside a
+    server's AlterUserScramCredentials)."""
+    ops = _fileio.ops
+    directory, name = os.path.split(os.path.abspath(path))
+    fd = ops.open(os.path.join(directory, f".lock-{name}"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        ops.lock(fd, blocking=True)
+        yield
+    finally:
+        ops.close(fd)  # (closing releases the flock)
+
+
 def _read_existing(path: str) -> Credentials:
     return Credentials.load(path) if _fileio.ops.exists(path) else Credentials()
 
@@ -437,28 +453,32 @@ def add_user(path: str | os.PathLike[str], user: str, password: str, mechanisms:
              iterations: int = DEFAULT_ITERATIONS) -> None:
     """Add ``user`` to the credentials file ``path`` (created if missing) for each of
     ``mechanisms``, replacing the user's credentials for those mechanisms. Only salted keys
-    are written. Durable when it returns; not safe against a concurrent writer of the file."""
+    are written. Durable when it returns; one writer at a time (the flock of ``.lock-<name>``
+    beside the file), so a concurrent AlterUserScramCredentials or ``kafka-user`` loses nothing."""
     path = os.fspath(path)
     if not user:
         raise ValueError("the user name must not be empty")
     if not password:
         raise ValueError("the password must not be empty")
-    entries = _read_existing(path).entries()
-    for mechanism in mechanisms:
-        entries[user, mechanism] = _credential(mechanism, password, iterations)
-    _write(path, Credentials(entries))
+    credentials = {mechanism: _credential(mechanism, password, iterations) for mechanism in mechanisms}
+    with _writer_lock(path):
+        entries = _read_existing(path).entries()
+        for mechanism, credential in credentials.items():
+            entries[user, mechanism] = credential
+        _write(path, Credentials(entries))
 
 
 def remove_user(path: str | os.PathLike[str], user: str, mechanisms: Sequence[str] | None = None) -> int:
     """Remove ``user``'s credentials (for ``mechanisms``, or all) from ``path``; returns how many
-    were removed. Durable when it returns."""
+    were removed. Durable when it returns; one writer at a time, as :func:`add_user`."""
     path = os.fspath(path)
-    entries = _read_existing(path).entries()
-    gone = [key for key in entries if key[0] == user and (mechanisms is None or key[1] in mechanisms)]
-    for key in gone:
-        del entries[key]
-    if gone:
-        _write(path, Credentials(entries))
+    with _writer_lock(path):
+        entries = _read_existing(path).entries()
+        gone = [key for key in entries if key[0] == user and (mechanisms is None or key[1] in mechanisms)]
+        for key in gone:
+            del entries[key]
+        if gone:
+            _write(path, Credentials(entries))
     return len(gone)
 
 
