@@ -46,27 +46,23 @@ from ..errors import (
     InvalidPartitionsError,
     InvalidTopicError,
     LogstoreError,
+    NotLeaderOrFollowerError,
     OffsetOutOfRangeError,
+    RequestTimedOutError,
     UnknownTopicOrPartitionError,
 )
 from . import configs as kafkaconfigs
 from .wire import KafkaRequest
 
-__all__ = ["AdminApis", "REPLICA_REFUSED", "refused"]
+__all__ = ["AdminApis", "refused"]
 
 logger = logging.getLogger("logstore.kafka")
 
-#: the admin APIs a replica set refuses (POLICY_VIOLATION, see :func:`refused`): its topics are
-#: fixed when its nodes start, and a config would have to be replicated
-REPLICA_REFUSED = frozenset({33, 37, 44})
-
-
-def refused(request: KafkaRequest, message: str) -> dict[str, Any]:
-    """The answer of a broker that refuses an admin request of :data:`REPLICA_REFUSED`
-    (CreatePartitions, AlterConfigs, IncrementalAlterConfigs) by policy: POLICY_VIOLATION for
-    each item, with ``message``."""
+def refused(request: KafkaRequest, message: str, error: int = ErrorCode.policy_violation) -> dict[str, Any]:
+    """The answer refusing every item of a CreatePartitions, AlterConfigs or
+    IncrementalAlterConfigs request with ``error`` (POLICY_VIOLATION by default) and
+    ``message``: e.g. a replica set's answer when no node leads its metadata (NOT_CONTROLLER)."""
     body = request.body
-    error = ErrorCode.policy_violation
     if request.api_key == 37:
         return {"throttle_time": 0, "results": [{"name": t.name, "error_code": error, "error_message": message}
                                                 for t in body.topics]}
@@ -89,6 +85,29 @@ class AdminApis:
         #: or a Future of it: the log's own by default; a replica set's leader waits for its
         #: followers
         self.move_log_start = move_log_start or _move_log_start
+
+    # ------------------------------------------------------------------ the changes (a replica set's replicate them)
+    def new_partition_replicas(self) -> list[int]:
+        """The brokers a new partition's replicas are on (what an explicit assignment must
+        name): this broker."""
+        return [self.apis.node_id]
+
+    def grow_topic(self, name: str, count: int, validate_only: bool) -> None:
+        """Grow ``name`` to ``count`` partitions (:meth:`LogStore.create_partitions`, whose
+        errors it raises)."""
+        self.store.create_partitions(name, count, validate_only=validate_only)
+
+    def alter_topic(self, name: str, edit: Callable[[dict[str, str]], Any], validate_only: bool) -> None:
+        """Replace ``name``'s overrides by ``edit(current)`` (:meth:`LogStore.alter_topic_config`,
+        whose errors it raises)."""
+        self.store.alter_topic_config(name, edit, validate_only=validate_only)
+
+    def alter_broker(self, name: str, changes: list[tuple[str, int, str | None]], incremental: bool,
+                     validate_only: bool) -> tuple[int, str | None]:
+        """(error code, message) of a change to broker ``name``'s configs
+        (:func:`logstore.kafka.configs.alter_broker`: the store's dynamic defaults)."""
+        return kafkaconfigs.alter_broker(self.store, self.apis.node_id, name, self.apis.broker_settings(), changes,
+                                         incremental, validate_only)
 
     # ------------------------------------------------------------------ CreatePartitions
     def on_create_partitions(self, request: KafkaRequest) -> dict[str, Any]:
@@ -122,17 +141,20 @@ class AdminApis:
                 return ErrorCode.invalid_replica_assignment, (
                     f"Attempted to add {count - current} additional partition(s), but only {len(assignments)} "
                     "assignment(s) were specified.")
+            replicas = sorted(self.new_partition_replicas())
             for assignment in assignments:
                 brokers = list(assignment.broker_ids)
-                if brokers != [self.apis.node_id]:
+                if sorted(brokers) != replicas or len(set(brokers)) != len(brokers):
                     return ErrorCode.invalid_replica_assignment, (
-                        f"assignment {brokers} does not name this broker ({self.apis.node_id}) as the one replica")
+                        f"assignment {brokers} does not name the brokers every partition is on: {replicas}")
         try:
-            self.store.create_partitions(name, count, validate_only=validate_only)
+            self.grow_topic(name, count, validate_only)
         except UnknownTopicOrPartitionError:
             return ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist"
         except InvalidPartitionsError as exc:  # grown meanwhile, or too many
             return ErrorCode.invalid_partitions, str(exc)
+        except (NotLeaderOrFollowerError, RequestTimedOutError) as exc:  # a replica set's metadata leader
+            return _replication_error(exc)
         except (OSError, LogstoreError) as exc:
             logger.error("CreatePartitions of %s to %d failed: %s", name, count, exc)
             return ErrorCode.kafka_storage_error, str(exc)
@@ -164,21 +186,21 @@ class AdminApis:
     def _alter_resource(self, resource_type: int, name: str, changes: list[tuple[str, int, str | None]],
                         incremental: bool, validate_only: bool) -> tuple[int, str | None]:
         if resource_type == kafkaconfigs.BROKER:
-            return kafkaconfigs.alter_broker(self.store, self.apis.node_id, name, self.apis.broker_settings(), changes,
-                                             incremental, validate_only)
+            return self.alter_broker(name, changes, incremental, validate_only)
         if resource_type != kafkaconfigs.TOPIC:
             return ErrorCode.invalid_request, f"resource type {resource_type} has no configs to alter here"
         refused = kafkaconfigs.check_topic_changes(changes, incremental)
         if refused is not None:
             return refused
         try:
-            self.store.alter_topic_config(name, lambda current: kafkaconfigs.store_keywords(
-                kafkaconfigs.apply_changes(self.store.defaults, current, changes, incremental)),
-                validate_only=validate_only)
+            self.alter_topic(name, lambda current: kafkaconfigs.store_keywords(
+                kafkaconfigs.apply_changes(self.store.defaults, current, changes, incremental)), validate_only)
         except (UnknownTopicOrPartitionError, InvalidTopicError):
             return ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist"
         except (InvalidConfigError, TypeError, ValueError) as exc:
             return ErrorCode.invalid_config, str(exc)
+        except (NotLeaderOrFollowerError, RequestTimedOutError) as exc:  # a replica set's metadata leader
+            return _replication_error(exc)
         except (OSError, LogstoreError) as exc:
             logger.error("altering the configs of %s failed: %s", name, exc)
             return ErrorCode.kafka_storage_error, str(exc)
@@ -302,3 +324,12 @@ def _fill_low_watermark(entry: dict[str, Any], future: Future) -> None:
         entry["error_code"], entry["low_watermark"] = future.result()
     else:
         entry["error_code"] = ErrorCode.request_timed_out
+
+
+def _replication_error(exc: LogstoreError) -> tuple[int, str]:
+    """A replicated change that did not commit: NOT_CONTROLLER when this node does not (or no
+    longer) lead the metadata (Kafka's admin clients look for the controller again and retry),
+    REQUEST_TIMED_OUT when no majority took it in time (it may still commit)."""
+    if isinstance(exc, NotLeaderOrFollowerError):
+        return ErrorCode.not_controller, str(exc)
+    return ErrorCode.request_timed_out, str(exc)

@@ -76,8 +76,8 @@ class NodeContext:
     ``cluster_id`` (one for every node of the set: clients check that brokers agree on it, and
     peers' requests carry it) follow from the identity.
 
-    Thread-safety: the partitions are added before the node starts and only looked up
-    afterwards; each :class:`PartitionReplica` is changed under its own ``cond``; ``stopping``,
+    Thread-safety: the partitions are added before the node starts, or later (a
+    CreatePartitions) into a new table; each :class:`PartitionReplica` is changed under its own ``cond``; ``stopping``,
     ``peer_connections`` and ``purgatory`` are thread-safe.
     """
 
@@ -104,8 +104,9 @@ class NodeContext:
         self.peer_connections = PeerConnections(self.peers, secret, node_id, client_tls, self.stopping)
 
     def add_replica(self, rep: PartitionReplica) -> None:
-        """Replicate ``rep``'s partition (before the node starts)."""
-        self.replicas[rep.key] = rep
+        """Replicate ``rep``'s partition (before the node starts, or while it runs: a new
+        table replaces ``replicas``, so that a thread iterating the old one is not disturbed)."""
+        self.replicas = {**self.replicas, rep.key: rep}
 
     def replica(self, topic: str, partition: int) -> PartitionReplica | None:
         """The replicated partition ``topic``-``partition``, or None when this node does not
