@@ -501,7 +501,8 @@ class ReplicaKafkaApis(KafkaApis):
         return {"throttle_time": 0, "topics": [
             {"name": t.name, "error_code": ErrorCode.policy_violation, "topic_id": ZERO_TOPIC_ID, "num_partitions": -1,
              "replication_factor": -1, "configs": [],
-             "error_message": "a replica set's partitions are fixed when its nodes start"}
+             "error_message": "a replica set's topics are named when its nodes start (logstore node --topic); "
+                              "CreatePartitions grows them"}
             for t in request.body.topics]}
 
     def on_delete_topics(self, request: KafkaRequest) -> dict[str, Any]:
