@@ -28,6 +28,7 @@ replica/elections.py        election driving: timers, pre-vote, campaigns, Vote,
 replica/leader.py           the leader's side: taking up an epoch, followers' fetches, HW, ISR
 replica/follower.py         the follower's fetcher threads
 replica/kafkaapis.py        the listener's answers to Kafka clients (Metadata, Produce, Fetch, groups)
+replica/metadata.py         topic configs and new partitions, replicated in ``__cluster_metadata``
 replica/peerapis.py         the listener's answers to peers (Fetch, Vote, BeginQuorumEpoch, DescribeQuorum)
 replica/client.py           ``Client``, connections to nodes and peers, the replication errors
 kafka/server.py, net/       the listener every connection is served by
@@ -146,7 +147,11 @@ class ReplicaNode:
         partitions: [(topic, partitions)] to replicate (created when missing). Kafka clients'
             ``__consumer_offsets`` and ``__transaction_state`` are always replicated, one
             partition each: their leaders coordinate the groups and the transactions; with
-            an authorizer (``kafka_options``' ``authorizer``), ``__acls`` too: the ACLs.
+            an authorizer (``kafka_options``' ``authorizer``), ``__acls`` too: the ACLs; and
+            ``__cluster_metadata``, the topic changes made at runtime (CreatePartitions, topic
+            configs: :mod:`~logstore.replica.metadata`). A topic's count here is its count when
+            it is created; CreatePartitions grows it, and the metadata wins over a smaller
+            count named at a later start.
         election_timeout_ms: base election timeout (randomised up to twice it).
         replica_lag_time_max_ms: a follower is in sync while it reached the leader's end this
             recently.
@@ -529,7 +534,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
     parser.add_argument("--listen", required=True, help="host:port")
     parser.add_argument("--peer", action="append", default=[], help="id=host:port (repeat)")
     parser.add_argument("--secret-file", required=True)
-    parser.add_argument("--topic", action="append", default=[], help="name:partitions (default replicated:1)")
+    parser.add_argument("--topic", action="append", default=[],
+                        help="name:partitions (default replicated:1); the count when the topic is created: "
+                             "CreatePartitions grows it, and its count then wins over a smaller one here")
     parser.add_argument("--election-timeout-ms", type=int, default=1000)
     parser.add_argument("--min-insync-replicas", type=int, default=2)
     parser.add_argument("--log-level", default="WARNING", help="logging level for the node (INFO shows elections)")

@@ -27,6 +27,12 @@ DeleteRecords, DescribeLogDirs and ElectLeaders, answered as Kafka's broker answ
   only the partitions whose leader it changed. A preferred and an unclean election (v1+'s
   ``election_type`` 0 and 1) are answered alike; another type is INVALID_REQUEST.
 
+On a replica set (:class:`~logstore.replica.metadata.ReplicaAdminApis`) the changes of
+CreatePartitions and of topic configs go through the set's replicated metadata instead of this
+store alone (the hooks :meth:`AdminApis.grow_topic`, :meth:`~AdminApis.alter_topic`,
+:meth:`~AdminApis.alter_broker`, :meth:`~AdminApis.new_partition_replicas`): NOT_CONTROLLER
+when the node no longer leads it, REQUEST_TIMED_OUT when no majority took the change in time.
+
 Thread-safety: every handler may run on several threads at once; the store serialises topic
 changes (its metadata lock) and each log its own.
 """
