@@ -276,6 +276,9 @@ class ReplicaNode:
         if options.get("authorizer"):  # the ACLs, replicated (replica.acls)
             partitions.append((ACLS_TOPIC, 1))
         try:
+            # and the topics CreateTopics made (the metadata's: its store has them)
+            named = {t for t, _ in partitions}
+            partitions += [(t, self.store.partitions_for(t)) for t in self.store.topics() if t not in named]
             for topic, count in partitions:
                 if topic in _INTERNAL_TOPICS:
                     self.store.create_topic(topic, 1, exist_ok=True, internal=True, **_INTERNAL_TOPICS[topic])

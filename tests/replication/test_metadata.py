@@ -271,3 +271,64 @@ def test_new_partitions_take_keyed_records_partitioned_as_kafka_and_another_clie
                 wait_for(lambda: len(node.read(TOPIC, p, 0)) == count)
     finally:
         stop_all(nodes)
+
+
+def test_create_topics_on_the_set_and_delete_topics_refused(tmp_path):
+    from kafka.admin import KafkaAdminClient, NewTopic as KPNewTopic
+    from kafka.errors import TopicAlreadyExistsError
+    from confluent_kafka.admin import NewTopic
+
+    nodes, addrs = kafka_cluster(tmp_path)
+    try:
+        leader_of(nodes, META)
+        admin = AdminClient(login(addrs))
+        until_done(lambda: admin.create_topics([NewTopic("fresh", 2, replication_factor=3,
+                                                         config={"retention.ms": "60000"})]))
+        for node in nodes.values():
+            wait_for(lambda: {("fresh", 0), ("fresh", 1)} <= set(node.describe()))
+            assert node.store.partition("fresh", 1).config.retention_ms == 60000
+        # one topic id on every node; Metadata lists it, not __cluster_metadata
+        assert len({node.store.topic_id("fresh") for node in nodes.values()}) == 1
+        listed = admin.list_topics(timeout=10).topics
+        assert "fresh" in listed and METADATA_TOPIC not in listed
+        # Kafka's errors: a replication factor other than the voters', a name taken
+        with pytest.raises(confluent_kafka.KafkaException) as factor:
+            until_done(lambda: admin.create_topics([NewTopic("single", 1, replication_factor=1)]))
+        assert factor.value.args[0].code() == KafkaError.INVALID_REPLICATION_FACTOR
+        kp = KafkaAdminClient(**kafka_python_login(addrs))
+        try:
+            with pytest.raises(TopicAlreadyExistsError):
+                kp.create_topics([KPNewTopic("fresh", 1, 3)])
+        finally:
+            kp.close()
+        for p in (0, 1):
+            leader_of(nodes, ("fresh", p))
+        producer = confluent_kafka.Producer({**login(addrs), "acks": "all", "partitioner": "murmur2_random"})
+        for i in range(20):
+            producer.produce("fresh", key=f"k{i}".encode(), value=f"v{i}".encode())
+        assert producer.flush(30) == 0
+        consumer = confluent_kafka.Consumer({**login(addrs), "group.id": "fresh-reader",
+                                             "auto.offset.reset": "earliest"})
+        try:
+            consumer.subscribe(["fresh"])
+            seen = set()
+            deadline = time.monotonic() + 60
+            while len(seen) < 20 and time.monotonic() < deadline:
+                message = consumer.poll(1.0)
+                if message is not None and message.error() is None:
+                    seen.add(message.value())
+        finally:
+            consumer.close()
+        assert seen == {f"v{i}".encode() for i in range(20)}
+        # DeleteTopics: refused (each node derives a topic's id from its name)
+        [deleted] = admin.delete_topics(["fresh"]).values()
+        with pytest.raises(confluent_kafka.KafkaException) as refused:
+            deleted.result(timeout=20)
+        assert refused.value.args[0].code() == KafkaError.POLICY_VIOLATION
+        # a node restarted with its command line's topics only still replicates the created one
+        nodes[2].stop()
+        nodes[2] = restart(tmp_path, addrs, 2)
+        assert {("fresh", 0), ("fresh", 1)} <= set(nodes[2].describe())
+        wait_for(lambda: sum(len(nodes[2].read("fresh", p, 0)) for p in (0, 1)) == 20, timeout=20)
+    finally:
+        stop_all(nodes)

@@ -4,7 +4,7 @@ DeleteRecords, DescribeLogDirs and ElectLeaders, answered as Kafka's broker answ
 - **CreatePartitions** grows a topic (:meth:`LogStore.create_partitions`): the new partitions
   are empty. Kafka's errors: UNKNOWN_TOPIC_OR_PARTITION, INVALID_PARTITIONS for a count that
   does not grow, INVALID_REPLICA_ASSIGNMENT for an assignment of the wrong shape or naming
-  another broker (this broker holds the one replica of each partition), INVALID_REQUEST for a
+  another broker (``KafkaApis.replica_nodes``: this broker, a replica set's voters), INVALID_REQUEST for a
   topic named twice in one request, and for the internal topics, whose single partition the
   coordinators rely on. ``validate_only`` checks and changes nothing.
 - **AlterConfigs** replaces a topic's whole set of overrides, **IncrementalAlterConfigs**
@@ -30,7 +30,7 @@ DeleteRecords, DescribeLogDirs and ElectLeaders, answered as Kafka's broker answ
 On a replica set (:class:`~logstore.replica.metadata.ReplicaAdminApis`) the changes of
 CreatePartitions and of topic configs go through the set's replicated metadata instead of this
 store alone (the hooks :meth:`AdminApis.grow_topic`, :meth:`~AdminApis.alter_topic`,
-:meth:`~AdminApis.alter_broker`, :meth:`~AdminApis.new_partition_replicas`): NOT_CONTROLLER
+:meth:`~AdminApis.alter_broker`): NOT_CONTROLLER
 when the node no longer leads it, REQUEST_TIMED_OUT when no majority took the change in time.
 
 Thread-safety: every handler may run on several threads at once; the store serialises topic
@@ -47,6 +47,7 @@ from typing import Any, Callable
 from ..errorcodes import ErrorCode
 from ..net.purgatory import when_settled
 from ..store.kafkadirs import is_internal_topic
+from ..store.topicids import ZERO_TOPIC_ID
 from ..errors import (
     InvalidConfigError,
     InvalidPartitionsError,
@@ -65,13 +66,17 @@ __all__ = ["AdminApis", "refused"]
 logger = logging.getLogger("logstore.kafka")
 
 def refused(request: KafkaRequest, message: str, error: int = ErrorCode.policy_violation) -> dict[str, Any]:
-    """The answer refusing every item of a CreatePartitions, AlterConfigs or
+    """The answer refusing every item of a CreateTopics, CreatePartitions, AlterConfigs or
     IncrementalAlterConfigs request with ``error`` (POLICY_VIOLATION by default) and
     ``message``: e.g. a replica set's answer when no node leads its metadata (NOT_CONTROLLER)."""
     body = request.body
     if request.api_key == 37:
         return {"throttle_time": 0, "results": [{"name": t.name, "error_code": error, "error_message": message}
                                                 for t in body.topics]}
+    if request.api_key == 19:  # CreateTopics
+        return {"throttle_time": 0, "topics": [
+            {"name": t.name, "error_code": error, "error_message": message, "topic_id": ZERO_TOPIC_ID,
+             "num_partitions": -1, "replication_factor": -1, "configs": []} for t in body.topics]}
     return {"throttle_time": 0, "responses": [
         {"error_code": error, "error_message": message, "resource_type": r.resource_type,
          "resource_name": r.resource_name} for r in body.resources]}
@@ -93,11 +98,6 @@ class AdminApis:
         self.move_log_start = move_log_start or _move_log_start
 
     # ------------------------------------------------------------------ the changes (a replica set's replicate them)
-    def new_partition_replicas(self) -> list[int]:
-        """The brokers a new partition's replicas are on (what an explicit assignment must
-        name): this broker."""
-        return [self.apis.node_id]
-
     def grow_topic(self, name: str, count: int, validate_only: bool) -> None:
         """Grow ``name`` to ``count`` partitions (:meth:`LogStore.create_partitions`, whose
         errors it raises)."""
@@ -147,7 +147,7 @@ class AdminApis:
                 return ErrorCode.invalid_replica_assignment, (
                     f"Attempted to add {count - current} additional partition(s), but only {len(assignments)} "
                     "assignment(s) were specified.")
-            replicas = sorted(self.new_partition_replicas())
+            replicas = sorted(self.apis.replica_nodes())
             for assignment in assignments:
                 brokers = list(assignment.broker_ids)
                 if sorted(brokers) != replicas or len(set(brokers)) != len(brokers):

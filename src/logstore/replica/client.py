@@ -41,7 +41,8 @@ REPLICA_MECHANISM = "SCRAM-SHA-256"
 VERSIONS = {PRODUCE: 8, FETCH: 12, LIST_OFFSETS: 5, METADATA: 8, VOTE: 2, BEGIN_QUORUM_EPOCH: 1,
             WRITE_TXN_MARKERS: 1, ADD_PARTITIONS_TO_TXN: 4,
             DESCRIBE_QUORUM: 1, CREATE_ACLS: 3, DELETE_ACLS: 3,  # (ACL changes forwarded to their leader)
-            33: 2, 37: 3, 44: 1}  # (AlterConfigs, CreatePartitions, IncrementalAlterConfigs: to the metadata's)
+            19: 7, 33: 2, 37: 3, 44: 1}  # (CreateTopics, AlterConfigs, CreatePartitions, IncrementalAlterConfigs:
+                                         # forwarded to the metadata's leader)
 
 #: the text of a ReplicationError for a code its answer carried without an error_message
 ERROR_TEXT = {

@@ -83,9 +83,13 @@ from ..errors import (
     CorruptRecordError,
     InvalidProducerEpochError,
     InvalidRecordError,
+    InvalidTopicError,
     LogstoreError,
+    NotLeaderOrFollowerError,
     OutOfOrderSequenceError,
     RecordTooLargeError,
+    RequestTimedOutError,
+    TopicExistsError,
     UnknownTopicOrPartitionError,
     UnsupportedCodecError,
 )
@@ -172,7 +176,8 @@ class ReplicaKafkaApis(KafkaApis):
         self.handlers.update({21: self.admin.on_delete_records, 35: self.admin.on_describe_log_dirs,
                               33: self._metadata_change(self.admin.on_alter_configs),
                               37: self._metadata_change(self.admin.on_create_partitions),
-                              44: self._metadata_change(self.admin.on_incremental_alter_configs)})
+                              44: self._metadata_change(self.admin.on_incremental_alter_configs),
+                              19: self._metadata_change(self.handlers[19])})
         # A fetch never blocks (a caught-up one waits in the purgatory; the store's flush
         # policy fsyncs outside the log's lock): answered on the network loop, no thread
         # hand-off per follower fetch.
@@ -497,18 +502,33 @@ class ReplicaKafkaApis(KafkaApis):
         return leader.await_commit(rep, epoch, first, last, timeout_s)
 
     # ------------------------------------------------------------------ topics and producer ids
-    def on_create_topics(self, request: KafkaRequest) -> dict[str, Any]:
-        return {"throttle_time": 0, "topics": [
-            {"name": t.name, "error_code": ErrorCode.policy_violation, "topic_id": ZERO_TOPIC_ID, "num_partitions": -1,
-             "replication_factor": -1, "configs": [],
-             "error_message": "a replica set's topics are named when its nodes start (logstore node --topic); "
-                              "CreatePartitions grows them"}
-            for t in request.body.topics]}
+    def replica_nodes(self) -> list[int]:
+        """Every partition's replicas: the voters."""
+        return list(self.context.voters)
+
+    def make_topic(self, name: str, partitions: int, configs: dict[str, str | None]) -> tuple[int, str | None]:
+        """CreateTopics' creation, replicated (:meth:`ReplicatedMetadata.create_topic`; the
+        request came to, or was forwarded to, the metadata's leader)."""
+        try:
+            self.metadata.create_topic(name, partitions, {k: v for k, v in configs.items() if v is not None})
+        except TopicExistsError:
+            return ErrorCode.topic_already_exists, f"topic {name!r} already exists"
+        except InvalidTopicError as exc:
+            return ErrorCode.invalid_topic_exception, str(exc)
+        except NotLeaderOrFollowerError as exc:
+            return ErrorCode.not_controller, str(exc)
+        except RequestTimedOutError as exc:
+            return ErrorCode.request_timed_out, str(exc)
+        except (OSError, LogstoreError) as exc:
+            logger.error("creating topic %s failed: %s", name, exc)
+            return ErrorCode.kafka_storage_error, str(exc)
+        return ErrorCode.none, None
 
     def on_delete_topics(self, request: KafkaRequest) -> dict[str, Any]:
         return {"throttle_time": 0, "responses": [
             {"name": name, "topic_id": topic_id or ZERO_TOPIC_ID, "error_code": error or ErrorCode.policy_violation,
-             "error_message": message or "a replica set's topics are fixed when its nodes start"}
+             "error_message": message or "a replica set's topics are never deleted (each node derives a topic's "
+                                         "id from its name)"}
             for name, topic_id, error, message in delete_topics_asked(request)]}
 
     def on_alter_user_scram_credentials(self, request: KafkaRequest) -> dict[str, Any]:

@@ -52,7 +52,7 @@ import threading
 from typing import Any, Callable, Mapping
 
 from ..errorcodes import ErrorCode
-from ..errors import LogstoreError, NotLeaderOrFollowerError, UnknownTopicOrPartitionError
+from ..errors import LogstoreError, NotLeaderOrFollowerError, TopicExistsError, UnknownTopicOrPartitionError
 from ..kafka import configs as kafkaconfigs
 from ..kafka.admin import AdminApis
 from ..store.store import LogStore
@@ -69,9 +69,17 @@ logger = logging.getLogger("logstore.replication.metadata")
 METADATA_TOPIC = "__cluster_metadata"
 #: its config: compacted (a key's newest record is the fact)
 METADATA_TOPIC_CONFIG = dict(cleanup_policy="compact", min_cleanable_dirty_ratio=0.5)
+_TOPIC_PREFIX = b"topic:"
 _CONFIG_PREFIX = b"topic-config:"
 _PARTITIONS_PREFIX = b"partitions:"
 _READ_BYTES = 1 << 20
+
+
+def topic_record(topic: str, count: int, configs: Mapping[str, str]) -> tuple[bytes, bytes]:
+    """(key, value) of a topic record: a topic created with its partition count and overrides.
+    Pure."""
+    return _TOPIC_PREFIX + topic.encode(), json.dumps({"topic": topic, "count": count,
+                                                       "configs": dict(configs)}).encode()
 
 
 def config_record(topic: str, configs: Mapping[str, str]) -> tuple[bytes, bytes]:
@@ -139,7 +147,11 @@ class ReplicatedMetadata:
         try:
             fact = json.loads(value)
             topic = fact["topic"]
-            if key.startswith(_CONFIG_PREFIX):
+            if key.startswith(_TOPIC_PREFIX):
+                count = int(fact["count"])
+                self.store.create_topic(topic, count, exist_ok=True, **kafkaconfigs.store_keywords(fact["configs"]))
+                self.grow(topic, count)
+            elif key.startswith(_CONFIG_PREFIX):
                 configs = fact["configs"]
                 self.store.alter_topic_config(topic, lambda _current: kafkaconfigs.store_keywords(configs))
             elif key.startswith(_PARTITIONS_PREFIX):
@@ -192,6 +204,24 @@ class ReplicatedMetadata:
             log.flush()
             self.catch_up()
 
+    def create_topic(self, name: str, count: int, configs: Mapping[str, str]) -> None:
+        """Create ``name`` with ``count`` partitions and the overrides ``configs`` (Kafka's
+        names, checked by the caller) on every node (as :meth:`LogStore.create_topic`, whose
+        errors it raises; the leader only, see :meth:`_change`). Its topic id is the one every
+        node derives from its name (:func:`~logstore.replica.context.replica_topic_id`): a
+        replica set's topics are never deleted.
+
+        Raises:
+            TopicExistsError: the topic exists (its creation committed meanwhile).
+        """
+        def check() -> tuple[bytes, bytes] | None:
+            try:
+                self.store.partitions_for(name)
+            except UnknownTopicOrPartitionError:
+                return topic_record(name, count, configs)
+            raise TopicExistsError(f"topic {name!r} already exists")
+        self._change(check)
+
     def alter_topic_config(self, name: str, edit: Callable[[dict[str, str]], Mapping[str, Any]],
                            validate_only: bool = False) -> None:
         """Replace ``name``'s overrides by ``edit(current)`` on every node (as
@@ -222,9 +252,6 @@ class ReplicaAdminApis(AdminApis):
     def __init__(self, apis: Any, metadata: ReplicatedMetadata, **kwargs: Any) -> None:
         super().__init__(apis, **kwargs)
         self.metadata = metadata
-
-    def new_partition_replicas(self) -> list[int]:
-        return list(self.metadata.context.voters)
 
     def grow_topic(self, name: str, count: int, validate_only: bool) -> None:
         self.metadata.create_partitions(name, count, validate_only)
