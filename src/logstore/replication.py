@@ -150,8 +150,8 @@ class ReplicaNode:
             an authorizer (``kafka_options``' ``authorizer``), ``__acls`` too: the ACLs; and
             ``__cluster_metadata``, the topic changes made at runtime (CreatePartitions, topic
             configs: :mod:`~logstore.replica.metadata`). A topic's count here is its count when
-            it is created; CreatePartitions grows it, and the metadata wins over a smaller
-            count named at a later start.
+            it is created; CreatePartitions grows it, and the metadata wins over the count
+            named at a later start. The topics CreateTopics made are replicated too.
         election_timeout_ms: base election timeout (randomised up to twice it).
         replica_lag_time_max_ms: a follower is in sync while it reached the leader's end this
             recently.
@@ -539,7 +539,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
     parser.add_argument("--secret-file", required=True)
     parser.add_argument("--topic", action="append", default=[],
                         help="name:partitions (default replicated:1); the count when the topic is created: "
-                             "CreatePartitions grows it, and its count then wins over a smaller one here")
+                             "CreatePartitions grows it, and its count then wins over the one here")
     parser.add_argument("--election-timeout-ms", type=int, default=1000)
     parser.add_argument("--min-insync-replicas", type=int, default=2)
     parser.add_argument("--log-level", default="WARNING", help="logging level for the node (INFO shows elections)")

@@ -18,12 +18,13 @@ broker of a Kafka cluster does:
   first append would be: with acks=all, once it is committed.
 - **Fetch** and **ListOffsets** go to the leader too, and stop at the high watermark: a
   consumer sees committed records only.
-- Topics are the node's replicated partitions: CreateTopics and DeleteTopics are refused
-  (POLICY_VIOLATION with a message). **CreatePartitions**, **AlterConfigs** and
-  **IncrementalAlterConfigs** of topics are made by the leader of ``__cluster_metadata-0``
+- Topics are the node's replicated partitions: DeleteTopics is refused (POLICY_VIOLATION with
+  a message: a topic's id is derived from its name). **CreateTopics**, **CreatePartitions**,
+  **AlterConfigs** and **IncrementalAlterConfigs** of topics are made by the leader of ``__cluster_metadata-0``
   (:mod:`~logstore.replica.metadata`): another node forwards them there and answers what it
   answered (NOT_CONTROLLER while there is none); every node applies the committed change to its
-  store, new partitions becoming replicated partitions; broker configs are refused
+  store, new topics' partitions becoming replicated partitions (every voter a replica);
+  broker configs are refused
   (POLICY_VIOLATION). DeleteRecords goes to the leader, which moves its log start and answers once every
   follower moved its own (the followers learn it from their fetches' answers and report theirs
   in their fetches, as Kafka's; every voter, since any may win the next election); DescribeLogDirs describes every partition this node holds.

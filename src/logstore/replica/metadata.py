@@ -1,12 +1,17 @@
 """A replica set's topic metadata changed at runtime: :class:`ReplicatedMetadata`, records in
 the replicated ``__cluster_metadata`` topic, and :class:`ReplicaAdminApis`, the admin handlers
-that make the changes through it.
+that make the changes through it (CreateTopics: ``ReplicaKafkaApis.make_topic``).
 
 Each node of a replica set has its own store, so a topic's config override or a new partition
 made in one store would never reach the others. As Kafka's KRaft keeps such facts in
 ``__cluster_metadata`` (ConfigRecord, PartitionRecord), a replica set keeps them in a replicated
 ``__cluster_metadata`` topic (one partition, compacted, replicated like ``__consumer_offsets``):
 
+- A **topic record** (key ``topic:<topic>``) holds a topic CreateTopics made: ``{"topic": ...,
+  "count": n, "configs": {...}}`` (Kafka writes a TopicRecord, a PartitionRecord per partition
+  and a ConfigRecord per config). Its id is the one every node derives from its name
+  (:func:`~logstore.replica.context.replica_topic_id`): topics are never deleted (DeleteTopics
+  is refused), so a name has one id for the set's life.
 - A **topic config record** (key ``topic-config:<topic>``) holds the topic's whole set of
   overrides after a change, by Kafka's names (``{"topic": ..., "configs": {"retention.ms":
   "1000", ...}}``): the set AlterConfigs would write. Kafka writes one ConfigRecord per config
@@ -34,8 +39,9 @@ moves its high watermark, it applies them. Applying is idempotent (a record sets
 does not add to one), so a record applied again after a restart changes nothing.
 
 The topics named on ``logstore node``'s command line (``--topic name:partitions``) are created
-when missing; the partition count the metadata records wins over a smaller count there (a node
-restarted with its old ``--topic`` keeps the partitions CreatePartitions added).
+when missing; the partition count the metadata records wins over the count there (a node
+restarted with its old ``--topic`` keeps the partitions CreatePartitions added), and a node
+replicates every topic its store has, those CreateTopics made too.
 
 Broker configs (the dynamic defaults) are refused on a replica set (POLICY_VIOLATION): each
 node's defaults are its own store's.
