@@ -424,8 +424,8 @@ class ReplicaNode:
                 self._elections.tick(rep, now)
             try:
                 self.metadata.catch_up()  # the topic changes committed since
-            except (OSError, LogstoreError) as exc:
-                logger.warning("node %d: could not read %s: %s", self.node_id, METADATA_TOPIC, exc)
+            except Exception:  # noqa: BLE001 - whatever failed, this thread's elections must go on
+                logger.exception("node %d: could not apply %s", self.node_id, METADATA_TOPIC)
 
     def _partition_changed(self, rep: PartitionReplica) -> None:
         """Answer the delayed requests of ``rep`` that can be answered now."""

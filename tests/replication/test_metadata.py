@@ -159,11 +159,32 @@ def test_a_node_down_during_changes_catches_up_when_it_rejoins(tmp_path):
         until_done(lambda: admin.incremental_alter_configs([ConfigResource("topic", TOPIC, incremental_configs=[
             ConfigEntry("retention.bytes", "777777", incremental_operation=AlterConfigOpType.SET)])]))
         until_done(lambda: admin.create_partitions([NewPartitions(TOPIC, 2)]))
+        # and kafka-python's admin: CreatePartitions, and an incremental AlterConfigs
+        from kafka.admin import ConfigResource as KPConfigResource, ConfigResourceType, KafkaAdminClient
+        from kafka.admin import NewPartitions as KPNewPartitions
+        from kafka.errors import KafkaError as KafkaPythonError
+        kp = KafkaAdminClient(**kafka_python_login(live))
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    kp.create_partitions({TOPIC: KPNewPartitions(total_count=3)})
+                    kp.alter_configs([KPConfigResource(ConfigResourceType.TOPIC, TOPIC,
+                                                       configs={"segment.ms": "3600000"})], incremental=True)
+                    break
+                except KafkaPythonError:  # NOT_CONTROLLER while a new metadata leader takes over
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+        finally:
+            kp.close()
         nodes[down] = restart(tmp_path, addrs, down)  # with its old --topic count: the metadata wins
         wait_for(lambda: nodes[down].store.partition(TOPIC, 0).config.retention_bytes == 777777, timeout=20)
-        wait_for(lambda: (TOPIC, 1) in nodes[down].describe(), timeout=20)
-        assert nodes[down].store.partitions_for(TOPIC) == 2
+        wait_for(lambda: (TOPIC, 2) in nodes[down].describe(), timeout=20)
+        assert nodes[down].store.partitions_for(TOPIC) == 3
+        assert nodes[down].store.partition(TOPIC, 2).config.segment_ms == 3600000
         wait_for(lambda: described(addrs[down], "retention.bytes") == "777777")
+        wait_for(lambda: described(addrs[down], "segment.ms") == "3600000")
     finally:
         stop_all(nodes)
 

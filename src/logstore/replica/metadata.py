@@ -36,7 +36,9 @@ own elections and fetchers, through the ``grow`` hook its node gives): as its no
 the high watermark moved, and from the log's start when the node starts. A node that was down
 during a change catches up when it rejoins: its fetcher copies the records, the leader's answer
 moves its high watermark, it applies them. Applying is idempotent (a record sets a state, it
-does not add to one), so a record applied again after a restart changes nothing.
+does not add to one), so a record applied again after a restart changes nothing. A record
+that cannot be applied (say the disk refused a partition directory) is logged and skipped, and
+tried again at the node's next start.
 
 The topics named on ``logstore node``'s command line (``--topic name:partitions``) are created
 when missing; the partition count the metadata records wins over the count there (a node
