@@ -66,7 +66,8 @@ def test_a_record_that_cannot_be_applied_is_skipped(tmp_path):
     try:
         store.create_topic("t", 1)
         log.append_batch([b"not json", json.dumps({"topic": "missing", "configs": {}}).encode(),
-                          config_record("t", {"retention.ms": "soon"})[1], config_record("t", {"retention.ms": "9"})[1]],
+                          config_record("t", {"retention.ms": "soon"})[1],
+                          config_record("t", {"retention.ms": "9"})[1]],
                          [b"topic-config:t", b"topic-config:missing", b"topic-config:t", b"topic-config:t"])
         log.high_watermark = log.log_end_offset
         metadata.catch_up()

@@ -3,10 +3,11 @@ DeleteRecords, DescribeLogDirs and ElectLeaders, answered as Kafka's broker answ
 
 - **CreatePartitions** grows a topic (:meth:`LogStore.create_partitions`): the new partitions
   are empty. Kafka's errors: UNKNOWN_TOPIC_OR_PARTITION, INVALID_PARTITIONS for a count that
-  does not grow, INVALID_REPLICA_ASSIGNMENT for an assignment of the wrong shape or naming
-  another broker (``KafkaApis.replica_nodes``: this broker, a replica set's voters), INVALID_REQUEST for a
-  topic named twice in one request, and for the internal topics, whose single partition the
-  coordinators rely on. ``validate_only`` checks and changes nothing.
+  does not grow, INVALID_REPLICA_ASSIGNMENT for an assignment of the wrong shape or not naming
+  the brokers every partition is on (``KafkaApis.replica_nodes``: this broker; a replica set's
+  voters), INVALID_REQUEST for a topic named twice in one request, and for the internal
+  topics, whose single partition the coordinators rely on. ``validate_only`` checks and
+  changes nothing.
 - **AlterConfigs** replaces a topic's whole set of overrides, **IncrementalAlterConfigs**
   changes some (SET, DELETE, APPEND and SUBTRACT for a list config such as
   ``cleanup.policy``); the rules are :mod:`logstore.kafka.configs`', the change
@@ -30,8 +31,8 @@ DeleteRecords, DescribeLogDirs and ElectLeaders, answered as Kafka's broker answ
 On a replica set (:class:`~logstore.replica.metadata.ReplicaAdminApis`) the changes of
 CreatePartitions and of topic configs go through the set's replicated metadata instead of this
 store alone (the hooks :meth:`AdminApis.grow_topic`, :meth:`~AdminApis.alter_topic`,
-:meth:`~AdminApis.alter_broker`): NOT_CONTROLLER
-when the node no longer leads it, REQUEST_TIMED_OUT when no majority took the change in time.
+:meth:`~AdminApis.alter_broker`): NOT_CONTROLLER when the node no longer leads it,
+REQUEST_TIMED_OUT when no majority took the change in time.
 
 Thread-safety: every handler may run on several threads at once; the store serialises topic
 changes (its metadata lock) and each log its own.
@@ -97,7 +98,8 @@ class AdminApis:
         #: followers
         self.move_log_start = move_log_start or _move_log_start
 
-    # ------------------------------------------------------------------ the changes (a replica set's replicate them)
+    # ------------------------------------------------------------------ the changes
+    # (hooks: a replica set's replicate them)
     def grow_topic(self, name: str, count: int, validate_only: bool) -> None:
         """Grow ``name`` to ``count`` partitions (:meth:`LogStore.create_partitions`, whose
         errors it raises)."""

@@ -38,10 +38,10 @@ def cluster_id_of(secret: bytes, voters: list[int]) -> str:
 def replica_topic_id(cluster_id: str, topic: str) -> uuid.UUID:
     """The topic id (KIP-516) every node of a replica set gives ``topic``.
 
-    Each node creates a replica set's topics in its own store (those named when it starts, and
-    those CreateTopics made, as it applies the replicated metadata), with no controller to
-    hand out a random id. So each node derives it from what all the nodes share, the cluster
-    id, and the topic's name: the nodes agree without a message, and another replica set (another cluster id)
+    Each node creates a replica set's topics in its own store (those it starts with, and those
+    CreateTopics made, from the replicated metadata); there is no controller to hand out ids.
+    So each node derives it from what all the nodes share, the cluster id, and the topic's
+    name: the nodes agree without a message, and another replica set (another cluster id)
     gives the same name another id, as Kafka clients expect of another cluster. A topic of a
     replica set is never deleted and created again (DeleteTopics is refused), so one name has
     one id for the set's life. As Kafka's ``Uuid.randomUuid``, the id is never 0, 1 or one
@@ -77,8 +77,8 @@ class NodeContext:
     peers' requests carry it) follow from the identity.
 
     Thread-safety: the partitions are added before the node starts, or later (a
-    CreatePartitions) into a new table; each :class:`PartitionReplica` is changed under its own ``cond``; ``stopping``,
-    ``peer_connections`` and ``purgatory`` are thread-safe.
+    CreatePartitions) into a new table; each :class:`PartitionReplica` is changed under its
+    own ``cond``; ``stopping``, ``peer_connections`` and ``purgatory`` are thread-safe.
     """
 
     def __init__(self, node_id: int, peers: dict[int, tuple[str, int]], secret: bytes, *,
