@@ -31,7 +31,7 @@ DeleteRecords, DescribeLogDirs and ElectLeaders, answered as Kafka's broker answ
 On a replica set (:class:`~logstore.replica.metadata.ReplicaAdminApis`) the changes of
 CreatePartitions and of topic configs go through the set's replicated metadata instead of this
 store alone (the hooks :meth:`AdminApis.grow_topic`, :meth:`~AdminApis.alter_topic`,
-:meth:`~AdminApis.alter_broker`): NOT_CONTROLLER when the node no longer leads it,
+:meth:`~AdminApis.resource_refusal`): NOT_CONTROLLER when the node no longer leads it,
 REQUEST_TIMED_OUT when no majority took the change in time.
 
 Thread-safety: every handler may run on several threads at once; the store serialises topic
@@ -110,12 +110,10 @@ class AdminApis:
         whose errors it raises)."""
         self.store.alter_topic_config(name, edit, validate_only=validate_only)
 
-    def alter_broker(self, name: str, changes: list[tuple[str, int, str | None]], incremental: bool,
-                     validate_only: bool) -> tuple[int, str | None]:
-        """(error code, message) of a change to broker ``name``'s configs
-        (:func:`logstore.kafka.configs.alter_broker`: the store's dynamic defaults)."""
-        return kafkaconfigs.alter_broker(self.store, self.apis.node_id, name, self.apis.broker_settings(), changes,
-                                         incremental, validate_only)
+    def resource_refusal(self, resource_type: int) -> tuple[int, str] | None:
+        """(error code, message) refusing every config change of ``resource_type`` here, or
+        None: none refused (a replica set refuses what it does not replicate)."""
+        return None
 
     # ------------------------------------------------------------------ CreatePartitions
     def on_create_partitions(self, request: KafkaRequest) -> dict[str, Any]:
@@ -180,8 +178,11 @@ class AdminApis:
         keys = [(r.resource_type, r.resource_name) for r in body.resources]
         responses = []
         for resource in body.resources:
+            refusal = self.resource_refusal(resource.resource_type)
             if keys.count((resource.resource_type, resource.resource_name)) > 1:
                 error, message = ErrorCode.invalid_request, "Duplicate resource in request."
+            elif refusal is not None:
+                error, message = refusal
             else:
                 changes = [(c.name, getattr(c, "config_operation", kafkaconfigs.SET), c.value)
                            for c in resource.configs]
@@ -194,7 +195,8 @@ class AdminApis:
     def _alter_resource(self, resource_type: int, name: str, changes: list[tuple[str, int, str | None]],
                         incremental: bool, validate_only: bool) -> tuple[int, str | None]:
         if resource_type == kafkaconfigs.BROKER:
-            return self.alter_broker(name, changes, incremental, validate_only)
+            return kafkaconfigs.alter_broker(self.store, self.apis.node_id, name, self.apis.broker_settings(), changes,
+                                             incremental, validate_only)
         if resource_type != kafkaconfigs.TOPIC:
             return ErrorCode.invalid_request, f"resource type {resource_type} has no configs to alter here"
         refused = kafkaconfigs.check_topic_changes(changes, incremental)

@@ -45,8 +45,8 @@ when missing; the partition count the metadata records wins over the count there
 restarted with its old ``--topic`` keeps the partitions CreatePartitions added), and a node
 replicates every topic its store has, those CreateTopics made too.
 
-Broker configs (the dynamic defaults) are refused on a replica set (POLICY_VIOLATION): each
-node's defaults are its own store's.
+Broker configs (the dynamic defaults), and those of any resource but a topic, are refused on a
+replica set (POLICY_VIOLATION): each node's are its own store's, fixed when it starts.
 
 Thread-safety: thread-safe. Durability: a change returns once a majority holds it; each node's
 store takes it durably (the store's own rules) when the node applies it.
@@ -254,7 +254,8 @@ class ReplicaAdminApis(AdminApis):
     """:class:`~logstore.kafka.admin.AdminApis` of a replica node: CreatePartitions and topic
     configs through the set's :class:`ReplicatedMetadata` (the leader of
     ``__cluster_metadata-0`` answers; the node's Kafka listener forwards to it), a new
-    partition's replicas being the voters; broker configs refused (see the module docstring).
+    partition's replicas being the voters; the configs of any other resource (a broker's, a
+    group's) refused (see the module docstring).
     Thread-safety: as AdminApis."""
 
     def __init__(self, apis: Any, metadata: ReplicatedMetadata, **kwargs: Any) -> None:
@@ -268,10 +269,12 @@ class ReplicaAdminApis(AdminApis):
                     validate_only: bool) -> None:
         self.metadata.alter_topic_config(name, edit, validate_only)
 
-    def alter_broker(self, name: str, changes: list[tuple[str, int, str | None]], incremental: bool,
-                     validate_only: bool) -> tuple[int, str | None]:
-        return ErrorCode.policy_violation, ("a replica set's broker configs (dynamic defaults) are each node's own "
-                                            "and not replicated: set topic configs instead")
+    def resource_refusal(self, resource_type: int) -> tuple[int, str] | None:
+        if resource_type == kafkaconfigs.TOPIC:
+            return None
+        return ErrorCode.policy_violation, ("only topic configs are replicated on a replica set: its broker configs "
+                                            "(dynamic defaults) and any other resource's are fixed when each node "
+                                            "starts")
 
 
 def known_partitions(store: LogStore, topic: str, asked: int) -> int:
