@@ -338,12 +338,6 @@ class ReplicaKafkaApis(KafkaApis):
         return [{"node_id": n, "host": host, "port": port, "rack": None}
                 for n, (host, port) in sorted(self.kafka_brokers.items())]
 
-    def controller_id(self) -> int:
-        """The leader of ``__cluster_metadata-0``, which makes the topic changes (as KRaft's
-        active controller); this node while none is known."""
-        leader = self.metadata.leader_id()
-        return leader if leader in self.kafka_brokers else self.node_id
-
     def known_topics(self) -> list[str]:
         return sorted({t for t, _ in self.context.replicas if t != METADATA_TOPIC})  # (Kafka's hides it too)
 
