@@ -28,6 +28,7 @@ replica/elections.py        election driving: timers, pre-vote, campaigns, Vote,
 replica/leader.py           the leader's side: taking up an epoch, followers' fetches, HW, ISR
 replica/follower.py         the follower's fetcher threads
 replica/kafkaapis.py        the listener's answers to Kafka clients (Metadata, Produce, Fetch, groups)
+replica/metadata.py         topic configs and new partitions, replicated in ``__cluster_metadata``
 replica/peerapis.py         the listener's answers to peers (Fetch, Vote, BeginQuorumEpoch, DescribeQuorum)
 replica/client.py           ``Client``, connections to nodes and peers, the replication errors
 kafka/server.py, net/       the listener every connection is served by
@@ -54,6 +55,7 @@ from .errors import LogstoreError, OffsetOutOfRangeError
 from .groups.offsets import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIG
 from .txn.metadata import TRANSACTION_STATE_TOPIC, TRANSACTION_STATE_TOPIC_CONFIG
 from .replica.acls import ACLS_TOPIC, ACLS_TOPIC_CONFIG
+from .replica.metadata import METADATA_TOPIC, METADATA_TOPIC_CONFIG, ReplicatedMetadata, known_partitions
 from .kafka.credentials import Credentials, CredentialsFile
 from .kafka.server import (KafkaServer, add_authorizer_arguments, add_consumer_group_arguments, add_sasl_arguments,
                            add_transaction_arguments, authorizer_options, consumer_group_config, sasl_options,
@@ -111,7 +113,7 @@ logger = logging.getLogger("logstore.replication")
 
 #: the topics a node always replicates (one partition each), with their configs
 _INTERNAL_TOPICS = {OFFSETS_TOPIC: OFFSETS_TOPIC_CONFIG, TRANSACTION_STATE_TOPIC: TRANSACTION_STATE_TOPIC_CONFIG,
-                    ACLS_TOPIC: ACLS_TOPIC_CONFIG}
+                    ACLS_TOPIC: ACLS_TOPIC_CONFIG, METADATA_TOPIC: METADATA_TOPIC_CONFIG}
 
 
 class _ContextSetting:
@@ -145,7 +147,11 @@ class ReplicaNode:
         partitions: [(topic, partitions)] to replicate (created when missing). Kafka clients'
             ``__consumer_offsets`` and ``__transaction_state`` are always replicated, one
             partition each: their leaders coordinate the groups and the transactions; with
-            an authorizer (``kafka_options``' ``authorizer``), ``__acls`` too: the ACLs.
+            an authorizer (``kafka_options``' ``authorizer``), ``__acls`` too: the ACLs; and
+            ``__cluster_metadata``, the topic changes made at runtime (CreatePartitions, topic
+            configs: :mod:`~logstore.replica.metadata`). A topic's count here is its count when
+            it is created; CreatePartitions grows it, and the metadata wins over the count
+            named at a later start. The topics CreateTopics made are replicated too.
         election_timeout_ms: base election timeout (randomised up to twice it).
         replica_lag_time_max_ms: a follower is in sync while it reached the leader's end this
             recently.
@@ -279,20 +285,27 @@ class ReplicaNode:
             fetch_wait_s=max(0.0, min(replica_fetch_wait_max_ms / 1000.0, election_timeout_s / 2)),
             min_insync=min_insync_replicas, fetch_max_bytes=fetch_max_bytes, client_tls=client_tls,
             purgatory=Purgatory(f"replica-{node_id}"))
-        self._replicas = self.context.replicas  # filled by _add_replica below, fixed once started
+        self._started = False  # start() ran: a partition added later gets its fetcher at once
+        self._grow_lock = threading.Lock()  # start()'s fetchers and _grow's, one at a time
         self._stop = self.context.stopping  # set by stop(); every part's loop and wait ends at it
         partitions = [(t, c) for t, c in partitions if t not in _INTERNAL_TOPICS]
         # Kafka clients' consumer groups and transactions: one partition each, whose leader
         # coordinates them
         partitions += [(OFFSETS_TOPIC, 1), (TRANSACTION_STATE_TOPIC, 1)]
+        # the topic changes made at runtime (CreatePartitions, topic configs: replica.metadata)
+        partitions.append((METADATA_TOPIC, 1))
         if options.get("authorizer"):  # the ACLs, replicated (replica.acls)
             partitions.append((ACLS_TOPIC, 1))
         try:
+            # and the topics CreateTopics made (the metadata's: its store has them)
+            named = {t for t, _ in partitions}
+            partitions += [(t, self.store.partitions_for(t)) for t in self.store.topics() if t not in named]
             for topic, count in partitions:
                 if topic in _INTERNAL_TOPICS:
                     self.store.create_topic(topic, 1, exist_ok=True, internal=True, **_INTERNAL_TOPICS[topic])
                 else:
                     self.store.create_topic(topic, count, exist_ok=True)
+                    count = known_partitions(self.store, topic, count)  # grown by the metadata: it wins
                 for p in range(count):
                     self._add_replica(topic, p)
         except BaseException:
@@ -304,6 +317,15 @@ class ReplicaNode:
         self._elections = ElectionDriver(self.context, self._leader)
         self._fetchers = Fetchers(self.context, self._elections)
         peer_apis = PeerApis(self.context, self._elections, self._leader)
+        #: the set's topic metadata changed at runtime; what this node committed is applied now
+        #: (again: applying is idempotent), the rest as its high watermark moves (the tick)
+        self.metadata = ReplicatedMetadata(self.context, self._leader, self.store, self._grow)
+        try:
+            self.metadata.catch_up()
+        except BaseException:
+            self.purgatory.close()
+            self.store.close()
+            raise
         #: every node's advertised listener, by id (what Metadata names)
         self._brokers: dict[int, tuple[str, int]] = dict(advertised_peers or self.peers)
         try:
@@ -313,7 +335,8 @@ class ReplicaNode:
                                      limits=net.Limits(max_connections, self.handshake_s, self.idle_s),
                                      sasl_credentials=credentials, sasl_reserved_users=(REPLICA_USER,), **options,
                                      apis_factory=lambda *a, **kw: ReplicaKafkaApis(
-                                         self.context, self._leader, peer_apis, self._brokers, *a, **kw))
+                                         self.context, self._leader, peer_apis, self._brokers, self.metadata, *a,
+                                         **kw))
         except BaseException:  # e.g. the port is taken: the store must not stay open (and locked)
             self.purgatory.close()
             self.store.close()
@@ -333,6 +356,32 @@ class ReplicaNode:
         log.active_producers()
         self.context.add_replica(PartitionReplica(topic, p, log, election, hw=hw, on_change=self._partition_changed))
 
+    @property
+    def _replicas(self) -> dict[tuple[str, int], PartitionReplica]:
+        """The replicated partitions (the context's; a new table each time one is added)."""
+        return self.context.replicas
+
+    def _grow(self, topic: str, count: int) -> None:
+        """Replicate ``topic``'s partitions up to ``count`` (its store has them): the ones this
+        node does not replicate yet are added, with an election timer and, once the node has
+        started, a fetcher (:class:`ReplicatedMetadata`'s hook, on the thread applying a
+        partitions record)."""
+        with self._grow_lock:
+            for p in range(count):
+                if (topic, p) in self._replicas or self._stop.is_set():
+                    continue
+                self._add_replica(topic, p)
+                logger.info("node %d: now replicating %s-%d", self.node_id, topic, p)
+                if self._started:
+                    rep = self._replicas[(topic, p)]
+                    rep.deadline = self._elections.next_deadline(time.monotonic())
+                    self._start_thread(self._fetchers.run, (rep,), f"fetch-{topic}-{p}")
+
+    def _start_thread(self, target: Callable[..., None], args: tuple[Any, ...], name: str) -> None:
+        t = threading.Thread(target=target, args=args, name=f"replica-{self.node_id}-{name}", daemon=True)
+        t.start()
+        self._threads.append(t)
+
     # ------------------------------------------------------------------ life cycle
     def start(self) -> "ReplicaNode":
         """Start serving, electing and replicating (background threads); returns self."""
@@ -342,14 +391,13 @@ class ReplicaNode:
             if r.election.leader != NONE and r.election.leader != self.node_id:
                 r.log.high_watermark = min(r.hw, r.log.log_end_offset)
         self.kafka.start()
-        targets: list[tuple[Callable[..., None], tuple[Any, ...], str]] = [(self._tick_loop, (), "tick")]
-        # One fetcher per partition, each on its own connection, so that a long-polling fetch
-        # of one partition never holds up another's.
-        targets += [(self._fetchers.run, (r,), f"fetch-{r.topic}-{r.partition}") for r in self._replicas.values()]
-        for target, args, name in targets:
-            t = threading.Thread(target=target, args=args, name=f"replica-{self.node_id}-{name}", daemon=True)
-            t.start()
-            self._threads.append(t)
+        with self._grow_lock:
+            self._started = True
+            # One fetcher per partition, each on its own connection, so that a long-polling
+            # fetch of one partition never holds up another's.
+            for r in self._replicas.values():
+                self._start_thread(self._fetchers.run, (r,), f"fetch-{r.topic}-{r.partition}")
+            self._start_thread(self._tick_loop, (), "tick")
         return self
 
     def stop(self) -> None:
@@ -362,7 +410,7 @@ class ReplicaNode:
                 r.cond.notify_all()
         self.purgatory.close()  # held fetches and acks=all produces are answered now
         self.kafka.stop()  # closes the listener and every connection; waits for the handlers
-        for t in self._threads:
+        for t in list(self._threads):
             t.join(5)
         self.peer_connections.close()  # any made meanwhile
         try:
@@ -390,6 +438,10 @@ class ReplicaNode:
                     self._hw_written_at = now
             for rep in self._replicas.values():
                 self._elections.tick(rep, now)
+            try:
+                self.metadata.catch_up()  # the topic changes committed since
+            except Exception:  # noqa: BLE001 - whatever failed, this thread's elections must go on
+                logger.exception("node %d: could not apply %s", self.node_id, METADATA_TOPIC)
 
     def _partition_changed(self, rep: PartitionReplica) -> None:
         """Answer the delayed requests of ``rep`` that can be answered now."""
@@ -505,7 +557,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
                         "base64, as 'kafka-storage random-uuid' prints; kept in the data directory's meta.properties). "
                         "Default: the one the directory keeps, else one derived from the node ids (the same for every "
                         "set of the same ids)")
-    parser.add_argument("--topic", action="append", default=[], help="name:partitions (default replicated:1)")
+    parser.add_argument("--topic", action="append", default=[],
+                        help="name:partitions (default replicated:1); the count when the topic is created: "
+                             "CreatePartitions grows it, and its count then wins over the one here")
     parser.add_argument("--election-timeout-ms", type=int, default=1000)
     parser.add_argument("--min-insync-replicas", type=int, default=2)
     parser.add_argument("--log-level", default="WARNING", help="logging level for the node (INFO shows elections)")

@@ -88,4 +88,6 @@ def test_a_refusing_broker_answers_each_item_with_policy_violation():
     assert grow["results"] == [{"name": "t", "error_code": ErrorCode.policy_violation, "error_message": "fixed"}]
     alter = admin.refused(request(44, resources=[SimpleNamespace(resource_type=2, resource_name="t")]), "fixed")
     assert alter["responses"][0]["error_code"] == ErrorCode.policy_violation
-    assert admin.REPLICA_REFUSED == {33, 37, 44}
+    other = admin.refused(request(33, resources=[SimpleNamespace(resource_type=2, resource_name="t")]), "no leader",
+                          ErrorCode.not_controller)
+    assert other["responses"][0]["error_code"] == ErrorCode.not_controller

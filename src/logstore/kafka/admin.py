@@ -3,10 +3,11 @@ DeleteRecords, DescribeLogDirs and ElectLeaders, answered as Kafka's broker answ
 
 - **CreatePartitions** grows a topic (:meth:`LogStore.create_partitions`): the new partitions
   are empty. Kafka's errors: UNKNOWN_TOPIC_OR_PARTITION, INVALID_PARTITIONS for a count that
-  does not grow, INVALID_REPLICA_ASSIGNMENT for an assignment of the wrong shape or naming
-  another broker (this broker holds the one replica of each partition), INVALID_REQUEST for a
-  topic named twice in one request, and for the internal topics, whose single partition the
-  coordinators rely on. ``validate_only`` checks and changes nothing.
+  does not grow, INVALID_REPLICA_ASSIGNMENT for an assignment of the wrong shape or not naming
+  the brokers every partition is on (``KafkaApis.replica_nodes``: this broker; a replica set's
+  voters), INVALID_REQUEST for a topic named twice in one request, and for the internal
+  topics, whose single partition the coordinators rely on. ``validate_only`` checks and
+  changes nothing.
 - **AlterConfigs** replaces a topic's whole set of overrides, **IncrementalAlterConfigs**
   changes some (SET, DELETE, APPEND and SUBTRACT for a list config such as
   ``cleanup.policy``); the rules are :mod:`logstore.kafka.configs`', the change
@@ -29,6 +30,12 @@ DeleteRecords, DescribeLogDirs and ElectLeaders, answered as Kafka's broker answ
   only the partitions whose leader it changed. A preferred and an unclean election (v1+'s
   ``election_type`` 0 and 1) are answered alike; another type is INVALID_REQUEST.
 
+On a replica set (:class:`~logstore.replica.metadata.ReplicaAdminApis`) the changes of
+CreatePartitions and of topic configs go through the set's replicated metadata instead of this
+store alone (the hooks :meth:`AdminApis.grow_topic`, :meth:`~AdminApis.alter_topic`,
+:meth:`~AdminApis.resource_refusal`): NOT_CONTROLLER when the node no longer leads it,
+REQUEST_TIMED_OUT when no majority took the change in time.
+
 Thread-safety: every handler may run on several threads at once; the store serialises topic
 changes (its metadata lock) and each log its own.
 """
@@ -43,35 +50,36 @@ from typing import Any, Callable
 from ..errorcodes import ErrorCode
 from ..net.purgatory import when_settled
 from ..store.kafkadirs import is_internal_topic
+from ..store.topicids import ZERO_TOPIC_ID
 from ..errors import (
     InvalidConfigError,
     InvalidPartitionsError,
     InvalidTopicError,
     LogstoreError,
+    NotLeaderOrFollowerError,
     OffsetOutOfRangeError,
+    RequestTimedOutError,
     UnknownTopicOrPartitionError,
 )
 from . import configs as kafkaconfigs
 from .wire import KafkaRequest
 
-__all__ = ["AdminApis", "REPLICA_REFUSED", "refused"]
+__all__ = ["AdminApis", "refused"]
 
 logger = logging.getLogger("logstore.kafka")
 
-#: the admin APIs a replica set refuses (POLICY_VIOLATION, see :func:`refused`): its topics are
-#: fixed when its nodes start, and a config would have to be replicated
-REPLICA_REFUSED = frozenset({33, 37, 44})
-
-
-def refused(request: KafkaRequest, message: str) -> dict[str, Any]:
-    """The answer of a broker that refuses an admin request of :data:`REPLICA_REFUSED`
-    (CreatePartitions, AlterConfigs, IncrementalAlterConfigs) by policy: POLICY_VIOLATION for
-    each item, with ``message``."""
+def refused(request: KafkaRequest, message: str, error: int = ErrorCode.policy_violation) -> dict[str, Any]:
+    """The answer refusing every item of a CreateTopics, CreatePartitions, AlterConfigs or
+    IncrementalAlterConfigs request with ``error`` (POLICY_VIOLATION by default) and
+    ``message``: e.g. a replica set's answer when no node leads its metadata (NOT_CONTROLLER)."""
     body = request.body
-    error = ErrorCode.policy_violation
     if request.api_key == 37:
         return {"throttle_time": 0, "results": [{"name": t.name, "error_code": error, "error_message": message}
                                                 for t in body.topics]}
+    if request.api_key == 19:  # CreateTopics
+        return {"throttle_time": 0, "topics": [
+            {"name": t.name, "error_code": error, "error_message": message, "topic_id": ZERO_TOPIC_ID,
+             "num_partitions": -1, "replication_factor": -1, "configs": []} for t in body.topics]}
     return {"throttle_time": 0, "responses": [
         {"error_code": error, "error_message": message, "resource_type": r.resource_type,
          "resource_name": r.resource_name} for r in body.resources]}
@@ -91,6 +99,23 @@ class AdminApis:
         #: or a Future of it: the log's own by default; a replica set's leader waits for its
         #: followers
         self.move_log_start = move_log_start or _move_log_start
+
+    # ------------------------------------------------------------------ the changes
+    # (hooks: a replica set's replicate them)
+    def grow_topic(self, name: str, count: int, validate_only: bool) -> None:
+        """Grow ``name`` to ``count`` partitions (:meth:`LogStore.create_partitions`, whose
+        errors it raises)."""
+        self.store.create_partitions(name, count, validate_only=validate_only)
+
+    def alter_topic(self, name: str, edit: Callable[[dict[str, str]], Any], validate_only: bool) -> None:
+        """Replace ``name``'s overrides by ``edit(current)`` (:meth:`LogStore.alter_topic_config`,
+        whose errors it raises)."""
+        self.store.alter_topic_config(name, edit, validate_only=validate_only)
+
+    def resource_refusal(self, resource_type: int) -> tuple[int, str] | None:
+        """(error code, message) refusing every config change of ``resource_type`` here, or
+        None: none refused (a replica set refuses what it does not replicate)."""
+        return None
 
     # ------------------------------------------------------------------ CreatePartitions
     def on_create_partitions(self, request: KafkaRequest) -> dict[str, Any]:
@@ -124,17 +149,20 @@ class AdminApis:
                 return ErrorCode.invalid_replica_assignment, (
                     f"Attempted to add {count - current} additional partition(s), but only {len(assignments)} "
                     "assignment(s) were specified.")
+            replicas = sorted(self.apis.replica_nodes())
             for assignment in assignments:
                 brokers = list(assignment.broker_ids)
-                if brokers != [self.apis.node_id]:
+                if sorted(brokers) != replicas or len(set(brokers)) != len(brokers):
                     return ErrorCode.invalid_replica_assignment, (
-                        f"assignment {brokers} does not name this broker ({self.apis.node_id}) as the one replica")
+                        f"assignment {brokers} does not name the brokers every partition is on: {replicas}")
         try:
-            self.store.create_partitions(name, count, validate_only=validate_only)
+            self.grow_topic(name, count, validate_only)
         except UnknownTopicOrPartitionError:
             return ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist"
         except InvalidPartitionsError as exc:  # grown meanwhile, or too many
             return ErrorCode.invalid_partitions, str(exc)
+        except (NotLeaderOrFollowerError, RequestTimedOutError) as exc:  # a replica set's metadata leader
+            return _replication_error(exc)
         except (OSError, LogstoreError) as exc:
             logger.error("CreatePartitions of %s to %d failed: %s", name, count, exc)
             return ErrorCode.kafka_storage_error, str(exc)
@@ -152,8 +180,11 @@ class AdminApis:
         keys = [(r.resource_type, r.resource_name) for r in body.resources]
         responses = []
         for resource in body.resources:
+            refusal = self.resource_refusal(resource.resource_type)
             if keys.count((resource.resource_type, resource.resource_name)) > 1:
                 error, message = ErrorCode.invalid_request, "Duplicate resource in request."
+            elif refusal is not None:
+                error, message = refusal
             else:
                 changes = [(c.name, getattr(c, "config_operation", kafkaconfigs.SET), c.value)
                            for c in resource.configs]
@@ -176,13 +207,14 @@ class AdminApis:
         if refused is not None:
             return refused
         try:
-            self.store.alter_topic_config(name, lambda current: kafkaconfigs.store_keywords(
-                kafkaconfigs.apply_changes(self.store.defaults, current, changes, incremental)),
-                validate_only=validate_only)
+            self.alter_topic(name, lambda current: kafkaconfigs.store_keywords(
+                kafkaconfigs.apply_changes(self.store.defaults, current, changes, incremental)), validate_only)
         except (UnknownTopicOrPartitionError, InvalidTopicError):
             return ErrorCode.unknown_topic_or_partition, f"topic {name!r} does not exist"
         except (InvalidConfigError, TypeError, ValueError) as exc:
             return ErrorCode.invalid_config, str(exc)
+        except (NotLeaderOrFollowerError, RequestTimedOutError) as exc:  # a replica set's metadata leader
+            return _replication_error(exc)
         except (OSError, LogstoreError) as exc:
             logger.error("altering the configs of %s failed: %s", name, exc)
             return ErrorCode.kafka_storage_error, str(exc)
@@ -325,3 +357,12 @@ def _fill_low_watermark(entry: dict[str, Any], future: Future) -> None:
         entry["error_code"], entry["low_watermark"] = future.result()
     else:
         entry["error_code"] = ErrorCode.request_timed_out
+
+
+def _replication_error(exc: LogstoreError) -> tuple[int, str]:
+    """A replicated change that did not commit: NOT_CONTROLLER when this node does not (or no
+    longer) lead the metadata (Kafka's admin clients look for the controller again and retry),
+    REQUEST_TIMED_OUT when no majority took it in time (it may still commit)."""
+    if isinstance(exc, NotLeaderOrFollowerError):
+        return ErrorCode.not_controller, str(exc)
+    return ErrorCode.request_timed_out, str(exc)

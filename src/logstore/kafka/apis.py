@@ -848,18 +848,18 @@ class KafkaApis:
             if error == ErrorCode.none and topic.assignments:
                 # Kafka: an explicit assignment comes with num_partitions and replication_factor -1
                 error, message, partitions = self._check_assignment(topic)
-            elif error == ErrorCode.none and topic.replication_factor not in (-1, 1):
+            elif error == ErrorCode.none and topic.replication_factor not in (-1, len(self.replica_nodes())):
                 error = ErrorCode.invalid_replication_factor
-                message = "this broker has one replica of each partition"
+                message = f"every partition has {len(self.replica_nodes())} replica(s), on {self.replica_nodes()}"
             if error == ErrorCode.none and partitions <= 0:
                 error, message = ErrorCode.invalid_partitions, f"{partitions} partitions"
             if error == ErrorCode.none and not body.validate_only:
-                error, message = self._create(topic.name, partitions, configs)
+                error, message = self.make_topic(topic.name, partitions, configs)
             result = {"name": topic.name, "error_code": error, "error_message": message, "topic_id": ZERO_TOPIC_ID,
                       "num_partitions": -1, "replication_factor": -1, "configs": []}
             if error == ErrorCode.none and request.api_version >= 5:
                 # v5+ (KIP-525): what the topic was created with; v7+: its id (none when only validated)
-                result.update(num_partitions=partitions, replication_factor=1,
+                result.update(num_partitions=partitions, replication_factor=len(self.replica_nodes()),
                               configs=kafkaconfigs.new_topic_configs(self.store, configs))
                 if not body.validate_only:
                     result["topic_id"] = self.store.topic_id(topic.name)
@@ -869,18 +869,23 @@ class KafkaApis:
     def _check_assignment(self, topic: Any) -> tuple[int, str | None, int]:
         """(error, message, partition count) of CreateTopics' explicit replica assignment: as
         Kafka, partitions numbered 0..n-1 and no num_partitions or replication_factor beside
-        it; here each partition's one replica must be this broker."""
+        it; each partition's replicas must be :meth:`replica_nodes`."""
         if topic.num_partitions != -1 or topic.replication_factor != -1:
             return (ErrorCode.invalid_request, "Both numPartitions or replicationFactor and replicasAssignments "
                     "were set. Both cannot be used at the same time.", 0)
         indexes = sorted(a.partition_index for a in topic.assignments)
         if indexes != list(range(len(indexes))):
             return ErrorCode.invalid_replica_assignment, f"partitions {indexes} are not numbered 0..n-1", 0
+        replicas = sorted(self.replica_nodes())
         for a in topic.assignments:
-            if list(a.broker_ids) != [self.node_id]:
+            if sorted(a.broker_ids) != replicas or len(set(a.broker_ids)) != len(a.broker_ids):
                 return (ErrorCode.invalid_replica_assignment, f"partition {a.partition_index}: replicas "
-                        f"{list(a.broker_ids)}, but this broker ({self.node_id}) holds the one replica", 0)
+                        f"{list(a.broker_ids)}, but every partition's replicas are {replicas}", 0)
         return ErrorCode.none, None, len(indexes)
+
+    def replica_nodes(self) -> list[int]:
+        """The brokers every partition's replicas are on: this broker (a replica set: its voters)."""
+        return [self.node_id]
 
     def _check_new_topic(self, name: str, configs: dict[str, str | None]) -> tuple[int, str | None]:
         """A legal name not taken, and topic configs by Kafka's names with valid values (a null
@@ -907,7 +912,9 @@ class KafkaApis:
             return ErrorCode.invalid_config, str(exc)
         return ErrorCode.none, None
 
-    def _create(self, name: str, partitions: int, configs: dict[str, str | None]) -> tuple[int, str | None]:
+    def make_topic(self, name: str, partitions: int, configs: dict[str, str | None]) -> tuple[int, str | None]:
+        """(error, message) of CreateTopics' creation of a checked topic (a replica set
+        replicates it)."""
         # By Kafka's names, as strings: the store reads a dotted name as Kafka's; the one without
         # a dot (preallocate) is also a LogConfig field, which takes the typed value.
         try:

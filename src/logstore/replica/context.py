@@ -69,8 +69,8 @@ def default_cluster_id(voters: list[int]) -> str:
 def replica_topic_id(cluster_id: str, topic: str) -> uuid.UUID:
     """The topic id (KIP-516) every node of a replica set gives ``topic`` when it creates it.
 
-    A replica set's topics are fixed when its nodes start, each node creating them in its own
-    store; there is no controller to hand out a random id and no topic creation to replicate.
+    Each node creates a replica set's topics in its own store (those it starts with, and those
+    CreateTopics made, from the replicated metadata); there is no controller to hand out ids.
     So each node derives it from what all the nodes share, the cluster id, and the topic's
     name: the nodes agree without a message, and another replica set (another cluster id)
     gives the same name another id, as Kafka clients expect of another cluster. A topic of a
@@ -112,9 +112,9 @@ class NodeContext:
     that brokers agree on it, and peers' requests carry it: a node of another cluster is
     refused with INCONSISTENT_CLUSTER_ID).
 
-    Thread-safety: the partitions are added before the node starts and only looked up
-    afterwards; each :class:`PartitionReplica` is changed under its own ``cond``; ``stopping``,
-    ``peer_connections`` and ``purgatory`` are thread-safe.
+    Thread-safety: the partitions are added before the node starts, or later (a
+    CreatePartitions) into a new table; each :class:`PartitionReplica` is changed under its
+    own ``cond``; ``stopping``, ``peer_connections`` and ``purgatory`` are thread-safe.
     """
 
     def __init__(self, node_id: int, peers: dict[int, tuple[str, int]], secret: bytes, *,
@@ -140,8 +140,9 @@ class NodeContext:
         self.peer_connections = PeerConnections(self.peers, secret, node_id, client_tls, self.stopping)
 
     def add_replica(self, rep: PartitionReplica) -> None:
-        """Replicate ``rep``'s partition (before the node starts)."""
-        self.replicas[rep.key] = rep
+        """Replicate ``rep``'s partition (before the node starts, or while it runs: a new
+        table replaces ``replicas``, so that a thread iterating the old one is not disturbed)."""
+        self.replicas = {**self.replicas, rep.key: rep}
 
     def replica(self, topic: str, partition: int) -> PartitionReplica | None:
         """The replicated partition ``topic``-``partition``, or None when this node does not

@@ -18,9 +18,14 @@ broker of a Kafka cluster does:
   first append would be: with acks=all, once it is committed.
 - **Fetch** and **ListOffsets** go to the leader too, and stop at the high watermark: a
   consumer sees committed records only.
-- Topics are the node's replicated partitions: CreateTopics and DeleteTopics are refused, and
-  so are CreatePartitions, AlterConfigs and IncrementalAlterConfigs (POLICY_VIOLATION with a
-  message). DeleteRecords goes to the leader, which moves its log start and answers once every
+- Topics are the node's replicated partitions: DeleteTopics is refused (POLICY_VIOLATION with
+  a message: a topic's id is derived from its name). **CreateTopics**, **CreatePartitions**,
+  **AlterConfigs** and **IncrementalAlterConfigs** of topics are made by the leader of ``__cluster_metadata-0``
+  (:mod:`~logstore.replica.metadata`): another node forwards them there and answers what it
+  answered (NOT_CONTROLLER while there is none); every node applies the committed change to its
+  store, new topics' partitions becoming replicated partitions (every voter a replica);
+  broker configs are refused
+  (POLICY_VIOLATION). DeleteRecords goes to the leader, which moves its log start and answers once every
   follower moved its own (the followers learn it from their fetches' answers and report theirs
   in their fetches, as Kafka's; every voter, since any may win the next election); DescribeLogDirs describes every partition this node holds.
 - SASL users are each node's own (the credentials file and the replica user): AlterUserScramCredentials
@@ -86,9 +91,13 @@ from ..errors import (
     CorruptRecordError,
     InvalidProducerEpochError,
     InvalidRecordError,
+    InvalidTopicError,
     LogstoreError,
+    NotLeaderOrFollowerError,
     OutOfOrderSequenceError,
     RecordTooLargeError,
+    RequestTimedOutError,
+    TopicExistsError,
     UnknownTopicOrPartitionError,
     UnsupportedCodecError,
 )
@@ -96,7 +105,7 @@ from ..kafka.acls import Authorizer
 from ..kafka.apikeys import CREATE_ACLS, DELETE_ACLS, ENVELOPE
 from ..kafka.client import KafkaClientError, read_response
 from ..kafka.writer import write_request
-from ..kafka.admin import REPLICA_REFUSED, AdminApis, refused
+from ..kafka.admin import refused
 from ..kafka.apis import KafkaApis, delete_topics_asked, internal_topic_refusal, one_v2_batch_problem
 from ..store.topicids import ZERO_TOPIC_ID
 from ..store.kafkadirs import is_internal_topic
@@ -111,9 +120,10 @@ from .acls import ReplicatedAcls
 from .client import REPLICA_USER
 from .context import NodeContext
 from .leader import LeaderSide
+from .metadata import METADATA_TOPIC, ReplicaAdminApis, ReplicatedMetadata
 from .partition import PartitionReplica
 from .peerapis import PEER_VERSIONS, PeerApis
-from .replicatedlog import ReplicatedLog
+from .replicatedlog import WRITE_TIMEOUT_S, ReplicatedLog
 from .transactions import ReplicaMarkers, TxnCoordinatorSlot, TxnVerifier
 
 __all__ = ["ReplicaKafkaApis"]
@@ -123,6 +133,9 @@ logger = logging.getLogger("logstore.replication.kafka")
 OFFSETS_KEY = (OFFSETS_TOPIC, 0)
 #: how long a group write waits for the majority (then the request fails; the client retries)
 GROUP_WRITE_TIMEOUT_S = 10.0
+#: how long a forwarded topic change waits for the metadata's leader (which waits up to
+#: WRITE_TIMEOUT_S for its majority)
+_FORWARD_TIMEOUT_S = WRITE_TIMEOUT_S + 5.0
 
 
 class ReplicaKafkaApis(KafkaApis):
@@ -133,12 +146,14 @@ class ReplicaKafkaApis(KafkaApis):
         leader: the node's leader side (in-sync replicas, the high watermark, acks=all).
         peer_apis: the answers to the peers' requests, served on the same listener.
         kafka_brokers: ``{node id: (host, port)}``: every node's advertised Kafka listener.
+        metadata: the set's replicated topic metadata (CreatePartitions, topic configs).
         **kwargs: KafkaApis' arguments (the store is the node's; the purgatory is the node's,
             so that its partitions' changes wake held fetches and acks=all produces).
     """
 
     def __init__(self, context: NodeContext, leader: LeaderSide, peer_apis: PeerApis,
-                 kafka_brokers: dict[int, tuple[str, int]], *args: Any, **kwargs: Any) -> None:
+                 kafka_brokers: dict[int, tuple[str, int]], metadata: ReplicatedMetadata, *args: Any,
+                 **kwargs: Any) -> None:
         kwargs["purgatory"] = context.purgatory
         kwargs["auto_create_topics"] = False
         super().__init__(*args, **kwargs)
@@ -170,12 +185,15 @@ class ReplicaKafkaApis(KafkaApis):
         for key, refusal in _TXN_REFUSALS.items():
             self.handlers[key] = self._txn_coordinated(self.handlers[key], refusal)
         self.slot.start()
-        for key in REPLICA_REFUSED:
-            self.handlers[key] = lambda request: refused(
-                request, "a replica set's partitions and configs are fixed when its nodes start")
-        # DeleteRecords by the leader, answered once every follower moved its log start
-        self.admin = AdminApis(self, move_log_start=self._move_log_start)
-        self.handlers.update({21: self.admin.on_delete_records, 35: self.admin.on_describe_log_dirs})
+        # DeleteRecords by the leader, answered once every follower moved its log start; topic
+        # changes by the metadata's leader, forwarded there
+        self.metadata = metadata
+        self.admin = ReplicaAdminApis(self, metadata, move_log_start=self._move_log_start)
+        self.handlers.update({21: self.admin.on_delete_records, 35: self.admin.on_describe_log_dirs,
+                              33: self._metadata_change(self.admin.on_alter_configs),
+                              37: self._metadata_change(self.admin.on_create_partitions),
+                              44: self._metadata_change(self.admin.on_incremental_alter_configs),
+                              19: self._metadata_change(self.handlers[19])})
         # A fetch never blocks (a caught-up one waits in the purgatory; the store's flush
         # policy fsyncs outside the log's lock): answered on the network loop, no thread
         # hand-off per follower fetch.
@@ -253,6 +271,29 @@ class ReplicaKafkaApis(KafkaApis):
         answer = self._enveloped[inner.api_key](inner)
         frame = b"".join(bytes(b) for b in encode(inner.correlation_id, inner.api_key, inner.api_version, answer))
         return {"response_data": frame[4:], "error_code": ErrorCode.none}
+
+    # ------------------------------------------------------------------ topic metadata
+    def _metadata_change(self, here: Any) -> Any:
+        """A handler of a topic change: run here when this node leads ``__cluster_metadata-0``,
+        else forwarded to the node that does (the request is authorized where it arrived), whose
+        answer is this one."""
+        def answer(request: KafkaRequest) -> dict[str, Any]:
+            metadata = self.metadata
+            if metadata.leading():
+                return here(request)  # type: ignore[no-any-return]
+            leader = metadata.leader_id()
+            if leader not in self.context.peers:
+                return refused(request, f"no leader of {METADATA_TOPIC} yet", ErrorCode.not_controller)
+            try:
+                forwarded = self.context.peer_connections.request(leader, request.api_key,
+                                                                  dataclasses.asdict(request.body),
+                                                                  _FORWARD_TIMEOUT_S)
+            except (OSError, LogstoreError) as exc:
+                logger.warning("forwarding %s to node %d failed: %s", request.name, leader, exc)
+                return refused(request, f"node {leader}, the metadata's leader, did not answer: {exc}",
+                               ErrorCode.not_controller)
+            return dataclasses.asdict(forwarded)  # type: ignore[no-any-return]
+        return answer
 
     def on_fetch(self, request: KafkaRequest) -> dict[str, Any] | Future:
         if fetch_replica_id(request) >= 0:  # a follower's
@@ -346,7 +387,7 @@ class ReplicaKafkaApis(KafkaApis):
                 for n, (host, port) in sorted(self.kafka_brokers.items())]
 
     def known_topics(self) -> list[str]:
-        return sorted({t for t, _ in self.context.replicas})
+        return sorted({t for t, _ in self.context.replicas if t != METADATA_TOPIC})  # (Kafka's hides it too)
 
     def partition_states(self, name: str) -> list[dict[str, Any]]:
         partitions = sorted(p for t, p in self.context.replicas if t == name)
@@ -504,17 +545,33 @@ class ReplicaKafkaApis(KafkaApis):
         return leader.await_commit(rep, epoch, first, last, timeout_s)
 
     # ------------------------------------------------------------------ topics and producer ids
-    def on_create_topics(self, request: KafkaRequest) -> dict[str, Any]:
-        return {"throttle_time": 0, "topics": [
-            {"name": t.name, "error_code": ErrorCode.policy_violation, "topic_id": ZERO_TOPIC_ID, "num_partitions": -1,
-             "replication_factor": -1, "configs": [],
-             "error_message": "a replica set's partitions are fixed when its nodes start"}
-            for t in request.body.topics]}
+    def replica_nodes(self) -> list[int]:
+        """Every partition's replicas: the voters."""
+        return list(self.context.voters)
+
+    def make_topic(self, name: str, partitions: int, configs: dict[str, str | None]) -> tuple[int, str | None]:
+        """CreateTopics' creation, replicated (:meth:`ReplicatedMetadata.create_topic`; the
+        request came to, or was forwarded to, the metadata's leader)."""
+        try:
+            self.metadata.create_topic(name, partitions, {k: v for k, v in configs.items() if v is not None})
+        except TopicExistsError:
+            return ErrorCode.topic_already_exists, f"topic {name!r} already exists"
+        except InvalidTopicError as exc:
+            return ErrorCode.invalid_topic_exception, str(exc)
+        except NotLeaderOrFollowerError as exc:
+            return ErrorCode.not_controller, str(exc)
+        except RequestTimedOutError as exc:
+            return ErrorCode.request_timed_out, str(exc)
+        except (OSError, LogstoreError) as exc:
+            logger.error("creating topic %s failed: %s", name, exc)
+            return ErrorCode.kafka_storage_error, str(exc)
+        return ErrorCode.none, None
 
     def on_delete_topics(self, request: KafkaRequest) -> dict[str, Any]:
         return {"throttle_time": 0, "responses": [
             {"name": name, "topic_id": topic_id or ZERO_TOPIC_ID, "error_code": error or ErrorCode.policy_violation,
-             "error_message": message or "a replica set's topics are fixed when its nodes start"}
+             "error_message": message or "a replica set's topics are never deleted (each node derives a topic's "
+                                         "id from its name)"}
             for name, topic_id, error, message in delete_topics_asked(request)]}
 
     def on_alter_user_scram_credentials(self, request: KafkaRequest) -> dict[str, Any]:
