@@ -223,3 +223,78 @@ def test_an_envelope_from_a_client_is_refused(tmp_path):
         assert committed_acls(nodes[leader]) is None  # (an ACL made would be committed before the answer)
     finally:
         stop_all(nodes)
+
+
+@pytest.mark.regression
+def test_a_forwarded_topic_change_is_authorized_by_the_metadata_leader(tmp_path, monkeypatch):
+    """A topic change sent to a node that leads neither ``__acls`` nor ``__cluster_metadata`` is
+    forwarded to the metadata's leader in an Envelope naming the client's principal, and that
+    leader authorizes it with its own ACLs: carol, whose ALTER_CONFIGS on the topic was revoked,
+    cannot change the topic through a node whose copy of the ACLs still grants it (before, the
+    node that received the request authorized it and forwarded it as the replica user)."""
+    from kafka.protocol.admin import (DescribeConfigsRequest, DescribeConfigsResponse,
+                                      IncrementalAlterConfigsRequest as R, IncrementalAlterConfigsResponse)
+
+    from logstore.replica.metadata import METADATA_TOPIC
+
+    users = {**USERS, "carol": "carol-secret"}
+    options = {**OPTIONS, "sasl_credentials": users}
+    nodes, addrs = kafka_cluster(tmp_path, min_insync_replicas=2, kafka_options=options)
+    try:
+        acls_leader = leader_of(nodes, (ACLS_TOPIC, 0))
+        metadata_leader = leader_of(nodes, (METADATA_TOPIC, 0))
+        other = next(i for i in nodes if i not in (acls_leader, metadata_leader))
+        held: dict[str, object] = {}
+        current = ReplicatedAcls.current
+
+        def lagging(self):
+            if self.context.node_id != other:
+                return current(self)
+            if "hold" not in held:
+                held["view"] = current(self)
+            return held["view"]
+
+        monkeypatch.setattr(ReplicatedAcls, "current", lagging)
+        admin = AdminClient({**login(addrs, "admin"), "bootstrap.servers": "%s:%d" % addrs[acls_leader]})
+        create_acl(admin, AclBinding(ResourceType.TOPIC, TOPIC, ResourcePatternType.LITERAL, "User:carol", "*",
+                                     AclOperation.ALTER_CONFIGS, AclPermissionType.ALLOW))
+        for i in nodes:
+            wait_for(lambda: committed_acls(nodes[i]) is not None, timeout=10)
+        D = DescribeConfigsRequest
+        describe = D(resources=[D.DescribeConfigsResource(resource_type=2, resource_name=TOPIC,
+                                                          configuration_keys=["retention.ms"])],
+                     include_synonyms=False, version=1)
+
+        def set_retention(conn, value):
+            request = R(resources=[R.AlterConfigsResource(resource_type=2, resource_name=TOPIC, configs=[
+                R.AlterConfigsResource.AlterableConfig(name="retention.ms", config_operation=0, value=value)])],
+                validate_only=False, version=1)
+            deadline = time.monotonic() + 30
+            while True:
+                code = conn.call(request, IncrementalAlterConfigsResponse).responses[0].error_code
+                if code != KafkaError.NOT_CONTROLLER or time.monotonic() > deadline:
+                    return code
+                time.sleep(0.2)
+
+        carol = Conn(addrs[other], "carol", users["carol"])
+        try:
+            assert set_retention(carol, "111111") == 0  # granted: made by the metadata's leader, as carol
+            for node in nodes.values():
+                wait_for(lambda: node.store.partition(TOPIC, 0).config.retention_ms == 111111, timeout=10)
+            # this node's authorizer reads its ACLs (ALTER_CONFIGS implies DESCRIBE_CONFIGS), and
+            # its view is held from now on; then the grant is revoked
+            assert carol.call(describe, DescribeConfigsResponse).results[0].error_code == 0
+            held["hold"] = True
+            revoke = AclBindingFilter(ResourceType.TOPIC, TOPIC, ResourcePatternType.LITERAL, "User:carol", "*",
+                                      AclOperation.ALTER_CONFIGS, AclPermissionType.ALLOW)
+            assert [len(f.result()) for f in admin.delete_acls([revoke], request_timeout=15).values()] == [1]
+            wait_for(lambda: not any(a.principal == "User:carol" for a in committed_acls(nodes[metadata_leader])),
+                     timeout=10)
+            assert set_retention(carol, "222222") == KafkaError.TOPIC_AUTHORIZATION_FAILED
+        finally:
+            carol.close()
+        assert any(a.principal == "User:carol" for a in held["view"])  # this node's view still grants it
+        time.sleep(0.5)  # (a change made would be committed and applied by now)
+        assert all(node.store.partition(TOPIC, 0).config.retention_ms == 111111 for node in nodes.values())
+    finally:
+        stop_all(nodes)

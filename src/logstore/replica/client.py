@@ -40,9 +40,8 @@ REPLICA_MECHANISM = "SCRAM-SHA-256"
 # API keys and the versions replication speaks.
 VERSIONS = {PRODUCE: 8, FETCH: 12, LIST_OFFSETS: 5, METADATA: 8, VOTE: 2, BEGIN_QUORUM_EPOCH: 1,
             WRITE_TXN_MARKERS: 1, ADD_PARTITIONS_TO_TXN: 4,
-            DESCRIBE_QUORUM: 1, ENVELOPE: 0,  # (ACL changes forwarded to their leader, in an Envelope: KIP-590)
-            19: 7, 33: 2, 37: 3, 44: 1}  # (CreateTopics, AlterConfigs, CreatePartitions, IncrementalAlterConfigs:
-                                         # forwarded to the metadata's leader)
+            DESCRIBE_QUORUM: 1,
+            ENVELOPE: 0}  # (ACL and topic changes forwarded to their leader, in an Envelope: KIP-590)
 
 #: the text of a ReplicationError for a code its answer carried without an error_message
 ERROR_TEXT = {

@@ -21,8 +21,9 @@ broker of a Kafka cluster does:
 - Topics are the node's replicated partitions: DeleteTopics is refused (POLICY_VIOLATION with
   a message: a topic's id is derived from its name). **CreateTopics**, **CreatePartitions**,
   **AlterConfigs** and **IncrementalAlterConfigs** of topics are made by the leader of ``__cluster_metadata-0``
-  (:mod:`~logstore.replica.metadata`): another node forwards them there and answers what it
-  answered (NOT_CONTROLLER while there is none); every node applies the committed change to its
+  (:mod:`~logstore.replica.metadata`): another node forwards them there in an Envelope, as it
+  forwards the ACLs' changes (below: the leader authorizes), and answers what it answered
+  (NOT_CONTROLLER while there is none); every node applies the committed change to its
   store, new topics' partitions becoming replicated partitions (every voter a replica);
   broker configs are refused
   (POLICY_VIOLATION). DeleteRecords goes to the leader, which moves its log start and answers once every
@@ -55,7 +56,8 @@ ALTER was just revoked must not alter the ACLs through it. The follower answers 
 answered; DescribeAcls answers from the node's committed copy. The Envelope is the peers' only
 (the replica user's; any other principal gets CLUSTER_AUTHORIZATION_FAILED); its principal is
 the text ``User:<name>`` in UTF-8 (null: anonymous), its client address the IP's bytes, as
-Kafka's; it carries only CreateAcls and DeleteAcls (another request: INVALID_REQUEST).
+Kafka's; it carries only CreateAcls, DeleteAcls and the topic changes above (another request:
+INVALID_REQUEST).
 
 **Consumer groups** are coordinated by the leader of ``__consumer_offsets`` partition 0, which
 the set replicates like any partition (Kafka's rule: a group's coordinator leads the offsets
@@ -106,6 +108,7 @@ from ..kafka.apikeys import CREATE_ACLS, DELETE_ACLS, ENVELOPE
 from ..kafka.client import KafkaClientError, read_response
 from ..kafka.writer import write_request
 from ..kafka.admin import refused
+from ..kafka.configs import TOPIC
 from ..kafka.apis import KafkaApis, delete_topics_asked, internal_topic_refusal, one_v2_batch_problem
 from ..store.topicids import ZERO_TOPIC_ID
 from ..store.kafkadirs import is_internal_topic
@@ -175,7 +178,8 @@ class ReplicaKafkaApis(KafkaApis):
                               53: self.peer_apis.on_begin_quorum_epoch, 55: self.peer_apis.on_describe_quorum,
                               ENVELOPE: self.on_envelope})
         self.supported[ENVELOPE] = (0, 0)
-        #: CreateAcls and DeleteAcls that came in an Envelope: authorized here, never forwarded again
+        #: the changes made only by a replicated topic's leader (the ACLs' and the metadata's),
+        #: as they came in an Envelope: authorized here, made here, never forwarded again
         self._enveloped: dict[int, Any] = {}
         # Transactions: the leader of __transaction_state-0 coordinates (see the module docstring).
         self.markers = ReplicaMarkers(context, leader)
@@ -189,11 +193,11 @@ class ReplicaKafkaApis(KafkaApis):
         # changes by the metadata's leader, forwarded there
         self.metadata = metadata
         self.admin = ReplicaAdminApis(self, metadata, move_log_start=self._move_log_start)
+        # (made here; guard_handlers puts each behind its rule, then forwards it while another
+        # node leads the metadata)
         self.handlers.update({21: self.admin.on_delete_records, 35: self.admin.on_describe_log_dirs,
-                              33: self._metadata_change(self.admin.on_alter_configs),
-                              37: self._metadata_change(self.admin.on_create_partitions),
-                              44: self._metadata_change(self.admin.on_incremental_alter_configs),
-                              19: self._metadata_change(self.handlers[19])})
+                              33: self.admin.on_alter_configs, 37: self.admin.on_create_partitions,
+                              44: self.admin.on_incremental_alter_configs})
         # A fetch never blocks (a caught-up one waits in the purgatory; the store's flush
         # policy fsyncs outside the log's lock): answered on the network loop, no thread
         # hand-off per follower fetch.
@@ -215,15 +219,19 @@ class ReplicaKafkaApis(KafkaApis):
         return Authorizer(self.acls, [*super_users, f"User:{REPLICA_USER}"], allow_everyone_if_no_acl_found)
 
     def guard_handlers(self, authorizer: Authorizer | None) -> None:
-        """KafkaApis' guard; then CreateAcls and DeleteAcls are authorized and made here while
-        this node leads ``__acls-0``, else forwarded unauthorized (the leader authorizes), and
-        the Envelopes' go to the guarded handlers (made here whoever leads by now: never
-        forwarded twice)."""
+        """KafkaApis' guard; then the changes that a replicated topic's leader makes (CreateAcls
+        and DeleteAcls: ``__acls-0``'s; CreateTopics, CreatePartitions, AlterConfigs and
+        IncrementalAlterConfigs: ``__cluster_metadata-0``'s) are made here while this node
+        leads it, else forwarded unauthorized in an Envelope (the leader authorizes, with its
+        own ACLs), and the Envelopes' go to the guarded handlers (made here whoever leads by
+        now: never forwarded twice)."""
         super().guard_handlers(authorizer)
-        here = {CREATE_ACLS: self.handlers[CREATE_ACLS], DELETE_ACLS: self.handlers[DELETE_ACLS]}
+        here = {key: self.handlers[key] for key in (CREATE_ACLS, DELETE_ACLS, *_METADATA_CHANGES)}
         self._enveloped = here
         self.handlers[CREATE_ACLS] = lambda request: self._acl_change(request, here[CREATE_ACLS], "results")
         self.handlers[DELETE_ACLS] = lambda request: self._acl_change(request, here[DELETE_ACLS], "filter_results")
+        for key in _METADATA_CHANGES:
+            self.handlers[key] = self._metadata_change(here[key])
 
     def _acl_change(self, request: KafkaRequest, here: Any, results: str) -> dict[str, Any]:
         """A change of the ACLs: authorized and made here when this node leads ``__acls-0``
@@ -236,32 +244,62 @@ class ReplicaKafkaApis(KafkaApis):
         listed = request.body.creations if results == "results" else request.body.filters
         if leader not in self.context.peers:
             return _refuse_acl_change(results, listed, ErrorCode.not_controller, "no leader of the ACLs yet")
+        try:
+            return self._forward_enveloped(request, leader)
+        except (OSError, LogstoreError) as exc:
+            logger.warning("forwarding %s to node %d failed: %s", request.name, leader, exc)
+            return _refuse_acl_change(results, listed, ErrorCode.not_controller,
+                                      f"node {leader}, the ACLs' leader, did not answer: {exc}")
+
+    def _metadata_change(self, here: Any) -> Any:
+        """A handler of a topic change: made here when this node leads
+        ``__cluster_metadata-0``, or when it changes no topic (a broker's or a group's configs,
+        refused here by policy whoever leads), else forwarded to the node that does in an
+        Envelope naming the client's principal (the leader authorizes it), whose answer is this
+        one."""
+        def answer(request: KafkaRequest) -> dict[str, Any]:
+            metadata = self.metadata
+            if metadata.leading() or not _changes_topics(request):
+                return here(request)  # type: ignore[no-any-return]
+            leader = metadata.leader_id()
+            if leader not in self.context.peers:
+                return refused(request, f"no leader of {METADATA_TOPIC} yet", ErrorCode.not_controller)
+            try:
+                return self._forward_enveloped(request, leader, _FORWARD_TIMEOUT_S)
+            except (OSError, LogstoreError) as exc:
+                logger.warning("forwarding %s to node %d failed: %s", request.name, leader, exc)
+                return refused(request, f"node {leader}, the metadata's leader, did not answer: {exc}",
+                               ErrorCode.not_controller)
+        return answer
+
+    def _forward_enveloped(self, request: KafkaRequest, leader: int,
+                           timeout_s: float = GROUP_WRITE_TIMEOUT_S) -> dict[str, Any]:
+        """``request`` as the client sent it, with its principal and address, in an Envelope to
+        peer ``leader``; returns the answer the leader made.
+
+        Raises:
+            OSError, LogstoreError: the peer did not answer, or refused the Envelope.
+        """
         inner = write_request(request.correlation_id, type(request.body), request.client_id,
                               dataclasses.asdict(request.body))
         envelope = {"request_data": bytes(inner[4:]),  # (after the size)
                     "request_principal": None if request.principal is None else str(request.principal).encode(),
                     "client_host_address": _host_bytes(request.client_host)}
-        try:
-            answer = self.context.peer_connections.request(leader, ENVELOPE, envelope, GROUP_WRITE_TIMEOUT_S)
-            if answer.error_code != ErrorCode.none or answer.response_data is None:
-                raise KafkaClientError(f"Envelope answered {ErrorCode(answer.error_code).name}")
-            body = read_response(request.api_key, request.api_version, memoryview(answer.response_data),
-                                 request.correlation_id, f"the {request.name} node {leader} answered")
-        except (OSError, LogstoreError) as exc:
-            logger.warning("forwarding %s to node %d failed: %s", request.name, leader, exc)
-            return _refuse_acl_change(results, listed, ErrorCode.not_controller,
-                                      f"node {leader}, the ACLs' leader, did not answer: {exc}")
+        answer = self.context.peer_connections.request(leader, ENVELOPE, envelope, timeout_s)
+        if answer.error_code != ErrorCode.none or answer.response_data is None:
+            raise KafkaClientError(f"Envelope answered {ErrorCode(answer.error_code).name}")
+        body = read_response(request.api_key, request.api_version, memoryview(answer.response_data),
+                             request.correlation_id, f"the {request.name} node {leader} answered")
         return dataclasses.asdict(body)  # type: ignore[no-any-return]
 
     def on_envelope(self, request: KafkaRequest) -> dict[str, Any]:
-        """A peer's forwarded CreateAcls or DeleteAcls (see the module docstring): authorized
-        here, for the principal and address it names, and made here."""
+        """A peer's forwarded change (see the module docstring): authorized here, for the
+        principal and address it names, and made here."""
         if request.principal != f"User:{REPLICA_USER}":
             return {"response_data": None, "error_code": ErrorCode.cluster_authorization_failed}
         body = request.body
         try:
-            inner = parse_request(bytes(body.request_data), {key: self.supported[key]
-                                                             for key in (CREATE_ACLS, DELETE_ACLS)})
+            inner = parse_request(bytes(body.request_data), {key: self.supported[key] for key in self._enveloped})
             principal = None if body.request_principal is None else bytes(body.request_principal).decode("utf-8")
             host = _host_text(bytes(body.client_host_address))
         except (KafkaProtocolError, UnsupportedVersionError, UnicodeDecodeError, ValueError) as exc:
@@ -271,29 +309,6 @@ class ReplicaKafkaApis(KafkaApis):
         answer = self._enveloped[inner.api_key](inner)
         frame = b"".join(bytes(b) for b in encode(inner.correlation_id, inner.api_key, inner.api_version, answer))
         return {"response_data": frame[4:], "error_code": ErrorCode.none}
-
-    # ------------------------------------------------------------------ topic metadata
-    def _metadata_change(self, here: Any) -> Any:
-        """A handler of a topic change: run here when this node leads ``__cluster_metadata-0``,
-        else forwarded to the node that does (the request is authorized where it arrived), whose
-        answer is this one."""
-        def answer(request: KafkaRequest) -> dict[str, Any]:
-            metadata = self.metadata
-            if metadata.leading():
-                return here(request)  # type: ignore[no-any-return]
-            leader = metadata.leader_id()
-            if leader not in self.context.peers:
-                return refused(request, f"no leader of {METADATA_TOPIC} yet", ErrorCode.not_controller)
-            try:
-                forwarded = self.context.peer_connections.request(leader, request.api_key,
-                                                                  dataclasses.asdict(request.body),
-                                                                  _FORWARD_TIMEOUT_S)
-            except (OSError, LogstoreError) as exc:
-                logger.warning("forwarding %s to node %d failed: %s", request.name, leader, exc)
-                return refused(request, f"node {leader}, the metadata's leader, did not answer: {exc}",
-                               ErrorCode.not_controller)
-            return dataclasses.asdict(forwarded)  # type: ignore[no-any-return]
-        return answer
 
     def on_fetch(self, request: KafkaRequest) -> dict[str, Any] | Future:
         if fetch_replica_id(request) >= 0:  # a follower's
@@ -685,6 +700,19 @@ def _host_text(raw: bytes) -> str:
     Raises:
         ValueError: neither 4 nor 16 bytes, nor empty."""
     return "/" + str(ipaddress.ip_address(raw)) if raw else ""
+
+
+#: the topic changes the leader of ``__cluster_metadata-0`` makes: CreateTopics, AlterConfigs,
+#: CreatePartitions, IncrementalAlterConfigs
+_METADATA_CHANGES = (19, 33, 37, 44)
+
+
+def _changes_topics(request: KafkaRequest) -> bool:
+    """Whether ``request`` (one of :data:`_METADATA_CHANGES`) changes a topic: the config APIs
+    may name only brokers and groups, whose configs are each node's (refused by policy)."""
+    if request.api_key in (33, 44):
+        return any(r.resource_type == TOPIC for r in request.body.resources)
+    return True
 
 
 def _refuse_acl_change(results: str, listed: Any, error: int, message: str) -> dict[str, Any]:
