@@ -260,6 +260,9 @@ class ReplicaNode:
                 raise LogstoreError(f"{data_dir} belongs to cluster {kept}, not {cluster_id} (its meta.properties' "
                                     "cluster.id): a node of one replica set cannot join another")
         chosen: str = kept or cluster_id or default_cluster_id(sorted(set(peers) | {node_id}))
+        if not kept and not cluster_id:
+            logger.info("node %d: no --cluster-id given: the set takes %s, derived from its node ids (every set "
+                        "of the same ids takes the same one: give sets that may meet their own)", node_id, chosen)
         # Every node derives a topic's id from the set's cluster id and the topic's name (see
         # replica_topic_id), for the topics it creates and those of a store older than topic ids;
         # a topic keeps the id it has.

@@ -191,12 +191,13 @@ def test_a_password_added_by_kafka_user_is_seen_by_describe_at_once(tmp_path, us
 @pytest.mark.regression
 def test_a_listener_without_sasl_keeps_scram_users_in_the_store(tmp_path):
     """Kafka keeps SCRAM users in its metadata whatever its listeners speak: on a listener
-    without SASL, AlterUserScramCredentials writes the data directory's own credentials file
-    (librdkafka's 0081 [UserScramCredentials] runs so); DescribeUserScramCredentials, ``logstore
-    kafka-user`` on the directory and a later SASL listener on the same directory all see them.
-    Before, a listener without --sasl-credentials refused the alteration."""
+    without SASL (with an authorizer, which decides who may alter them),
+    AlterUserScramCredentials writes the data directory's own credentials file;
+    DescribeUserScramCredentials, ``logstore kafka-user`` on the directory and a later SASL
+    listener on the same directory all see them. Before, a listener without --sasl-credentials
+    refused the alteration."""
     root = tmp_path / "store"
-    with KafkaServer(str(root), ("127.0.0.1", 0)) as server:
+    with KafkaServer(str(root), ("127.0.0.1", 0), authorizer=True, allow_everyone_if_no_acl_found=True) as server:
         admin = AdminClient({"bootstrap.servers": server.bootstrap_servers})
         assert admin.describe_user_scram_credentials().result(10) == {}
         futures = admin.alter_user_scram_credentials([UserScramCredentialUpsertion(
@@ -232,3 +233,27 @@ def test_a_listener_without_sasl_keeps_scram_users_in_the_store(tmp_path):
     with redirect_stdout(out):
         assert cli_main(["kafka-user", "list", str(root)]) == 0
     assert out.getvalue().splitlines() == ["mo\tSCRAM-SHA-512"]
+
+
+@pytest.mark.regression
+def test_a_listener_that_neither_authenticates_nor_authorizes_mints_no_login(tmp_path):
+    """Two servers on one store: an open loopback listener (no SASL, no authorizer) and a SASL
+    listener with an authorizer whose super user is admin, both on the store's own users. The
+    open listener's AlterUserScramCredentials is refused (POLICY_VIOLATION), so whoever reaches
+    it cannot mint admin's login for the other; DescribeUserScramCredentials still answers.
+    Before, the open listener wrote the store's users, and its client became a super user of
+    the SASL listener."""
+    root = tmp_path / "store"
+    with KafkaServer(str(root), ("127.0.0.1", 0)) as open_server, \
+            KafkaServer(str(root), ("127.0.0.1", 0), sasl_mechanisms=["SCRAM-SHA-256"], authorizer=True,
+                        super_users=["User:admin"]) as sasl_server:
+        admin = AdminClient({"bootstrap.servers": open_server.bootstrap_servers})
+        futures = admin.alter_user_scram_credentials([UserScramCredentialUpsertion(
+            "admin", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096), b"minted")])
+        with pytest.raises(ck.KafkaException) as refused:
+            futures["admin"].result(10)
+        assert refused.value.args[0].code() == ck.KafkaError.POLICY_VIOLATION
+        assert "authenticates no one" in refused.value.args[0].str()
+        assert admin.describe_user_scram_credentials().result(10) == {}
+        assert not (root / ".sasl-credentials").exists()
+        assert not can_produce(sasl_server, "admin", "minted", "SCRAM-SHA-256", "users")

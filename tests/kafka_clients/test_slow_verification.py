@@ -14,7 +14,7 @@ import pytest
 from logstore.kafka.credentials import PlainCredential, plain_credential
 from logstore.kafka.server import KafkaServer
 
-from .test_sasl_wire import sasl_authenticate, sasl_handshake
+from .test_sasl_wire import bytes_field, request, sasl_authenticate, sasl_handshake
 
 ck = pytest.importorskip("confluent_kafka")
 from confluent_kafka.admin import AdminClient  # noqa: E402
@@ -85,3 +85,31 @@ def test_a_wrong_password_after_a_slow_check_is_refused_and_closed(tmp_path):
         failed = server.metrics()["kafka.server:type=socket-server-metrics,listener=kafka,"
                                   "name=failed-authentication-total"]
         assert failed == 1
+
+
+def test_a_slow_check_that_outlives_the_handshake_deadline_closes_its_connection(tmp_path):
+    """The handshake deadline is not enforced while a slow step runs (nothing is read then);
+    a connection past it when the step ends is closed unanswered, as one that did not finish
+    its handshake in time. Before, the check finished, the connection opened, and its requests
+    were served."""
+    from logstore.net import server as net
+
+    STARTED.clear()
+    RELEASE.clear()
+    real = plain_credential("right")
+    users = {"slow": {"PLAIN": HeldPlainCredential(real.salt, real.iterations, real.hash)}}
+    limits = net.Limits(max_connections=16, handshake_timeout_s=0.2)
+    with KafkaServer(str(tmp_path / "store"), ("127.0.0.1", 0), sasl_credentials=users, limits=limits) as server:
+        with socket.create_connection(server.address, timeout=10) as sock:
+            assert sasl_handshake(sock, "PLAIN")[0] == 0
+            closed: list[bytes] = []
+            reader = threading.Thread(target=lambda: closed.append(sock.recv(1)))
+            sock.sendall(request(36, 1, 2, bytes_field(b"\0slow\0right")))
+            assert STARTED.wait(10)
+            threading.Event().wait(0.5)  # past the handshake deadline while the check is held
+            RELEASE.set()
+            reader.start()
+            reader.join(15)
+            assert closed == [b""]  # closed, and nothing answered
+        expired = server.metrics()["logstore:type=socket-server-metrics,listener=kafka,name=connection-expired-total"]
+        assert expired == 1

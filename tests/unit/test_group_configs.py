@@ -5,6 +5,7 @@ tests/kafka_clients/test_group_configs.py."""
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -32,18 +33,35 @@ def test_the_file_keeps_each_groups_configs_and_another_instance_sees_a_change(t
     assert os.stat(tmp_path / GROUP_CONFIG_FILE).st_mtime_ns == stamp
 
 
-def test_an_invalid_file_is_refused_at_open_and_kept_out_once_open(tmp_path):
+def test_an_invalid_file_is_logged_at_open_kept_out_once_open_and_never_overwritten(tmp_path, caplog):
     live = GroupConfigFile(tmp_path)
     live.update("g", lambda current: ({SESSION: "50000"}, None))
-    (tmp_path / GROUP_CONFIG_FILE).write_text('{"version": 1, "groups": {"g": {"consumer.session.timeout.ms": 5}}}')
-    with pytest.raises(GroupConfigFileError, match="not a group config file"):
-        GroupConfigFile(tmp_path)
+    bad = '{"version": 1, "groups": {"g": {"consumer.session.timeout.ms": 5}}}'
+    (tmp_path / GROUP_CONFIG_FILE).write_text(bad)
+    with caplog.at_level(logging.ERROR, logger="logstore"):
+        opened = GroupConfigFile(tmp_path)  # a server starts (a replica node, a classic-only broker): defaults
+    assert opened.of("g") == {} and "not a group config file" in caplog.text
     assert live.of("g") == {SESSION: "50000"}  # the configs read before
-    with pytest.raises(GroupConfigFileError):
-        live.update("g", lambda current: ({}, None))
+    for reader in (live, opened):
+        with pytest.raises(GroupConfigFileError):
+            reader.update("g", lambda current: ({}, None))
+    assert (tmp_path / GROUP_CONFIG_FILE).read_text() == bad  # nothing overwritten
     (tmp_path / GROUP_CONFIG_FILE).write_text("not json")
-    with pytest.raises(GroupConfigFileError):
-        GroupConfigFile(tmp_path)
+    assert GroupConfigFile(tmp_path).of("g") == {}
+    (tmp_path / GROUP_CONFIG_FILE).write_text('{"version": 1, "groups": {"g": {"consumer.session.timeout.ms": "50000"}}}')
+    assert opened.of("g") == {SESSION: "50000"}  # replaced by a valid one: read
+
+
+@pytest.mark.regression
+def test_a_value_of_thousands_of_digits_is_invalid_config_not_a_crash():
+    """Python's int() refuses strings of 4300+ digits (ValueError): before, such a value crashed
+    the handler and closed the connection."""
+    for text in ("9" * 5000, "0" * 5000 + "45000", "12345678901"):
+        code, message, _ = alter_group("g", {}, [(SESSION, SET, text)], True, BROKER)
+        if text.endswith("45000"):
+            assert code == ErrorCode.none
+        else:
+            assert code == ErrorCode.invalid_config and "Not a number of type INT" in message
 
 
 def test_alter_group_sets_deletes_and_replaces():

@@ -240,3 +240,37 @@ def test_concurrent_writers_of_one_file_lose_no_user(tmp_path):
         t.join(60)
     users = set(Credentials.load(path).users())
     assert users == {f"cli-{n}-{i}" for n in range(3) for i in range(15)} | {f"srv-{i}" for i in range(15)}
+
+
+@pytest.mark.regression
+def test_current_never_waits_for_a_writer(tmp_path, monkeypatch):
+    """A SASL handshake reads the credentials on the listener's network loop: while
+    AlterUserScramCredentials (or ``logstore kafka-user`` holding the flock) rewrites the file,
+    current() answers with the credentials read before instead of waiting. Before, it waited
+    on the lock the writer held through its fsyncs, and every connection of the listener froze."""
+    from logstore import _fileio
+
+    path = tmp_path / "users"
+    add_user(path, "old", "pw", iterations=4096)
+    live = CredentialsFile(path, check_interval_s=0.0)
+    writing, release = threading.Event(), threading.Event()
+    waited_out: list[bool] = []
+    real_fsync_dir = _fileio.FileOps.fsync_dir
+
+    def slow_fsync_dir(self, directory):
+        if threading.current_thread().name == "writer":
+            writing.set()
+            if not release.wait(30):
+                waited_out.append(True)  # (current() was stuck behind this writer)
+        real_fsync_dir(self, directory)
+
+    monkeypatch.setattr(_fileio.FileOps, "fsync_dir", slow_fsync_dir)
+    credential = scram_credential("SCRAM-SHA-256", "pw", iterations=4096)
+    writer = threading.Thread(target=live.alter, args=([], {("new", "SCRAM-SHA-256"): credential}), name="writer")
+    writer.start()
+    assert writing.wait(30)
+    assert "old" in live.current().users()  # answered while the writer is mid-write
+    release.set()
+    writer.join(30)
+    assert not waited_out
+    assert sorted(live.current().users()) == ["new", "old"]

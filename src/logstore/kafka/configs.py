@@ -305,7 +305,7 @@ _GROUP_KAFKA_DEFAULTS = {"group.consumer.session.timeout.ms": 45000, "group.cons
 _UNSERVED_GROUP_TYPES = {"share.": "share", "streams.": "streams"}
 _INT_MAX = 2 ** 31 - 1
 #: What Java's Integer.parseInt reads (no underscores, no other digits than ASCII's)
-_JAVA_INT = re.compile(r"[+-]?[0-9]+")
+_JAVA_INT = re.compile(r"([+-]?)0*([0-9]{1,10})")  # (longer: no INT; Python's int() refuses 4300+ digits)
 
 
 @dataclass(frozen=True)
@@ -402,7 +402,8 @@ def alter_group(group: str, current: Mapping[str, str], changes: Sequence[tuple[
         if text is None:
             values[name] = broker[broker_name]
             continue
-        number = int(text) if _JAVA_INT.fullmatch(text) else None
+        digits = _JAVA_INT.fullmatch(text)
+        number = int(digits[1] + digits[2]) if digits else None
         invalid = f"Invalid value {text} for configuration {name}"
         if number is None or not -_INT_MAX - 1 <= number <= _INT_MAX:
             return ErrorCode.invalid_config, f"{invalid}: Not a number of type INT", {}

@@ -357,7 +357,8 @@ class CredentialsFile:
         self.path = os.fspath(path)
         self.check_interval_s = check_interval_s
         self._missing_ok = missing_ok
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # a re-read; never waited for (see current)
+        self._write_lock = threading.Lock()  # this process's writers, one at a time (then the flock)
         self._stamp = self._identity()
         self._credentials = self._load()
         self._checked = time.monotonic()
@@ -371,11 +372,15 @@ class CredentialsFile:
         return None if identity is None else (*identity, ops.size(self.path))
 
     def current(self) -> Credentials:
-        """The credentials now (re-read when the file changed)."""
+        """The credentials now (re-read when the file changed). Never waits: called on a
+        listener's network loop, it answers with the credentials read before while another
+        thread re-reads or publishes them."""
         now = time.monotonic()
         if now - self._checked < self.check_interval_s:
             return self._credentials
-        with self._lock:
+        if not self._lock.acquire(blocking=False):
+            return self._credentials
+        try:
             if now - self._checked < self.check_interval_s:
                 return self._credentials
             self._checked = now
@@ -392,6 +397,8 @@ class CredentialsFile:
             except CredentialsError as exc:
                 logger.error("keeping the SASL credentials read before: %s", exc)
             return self._credentials
+        finally:
+            self._lock.release()
 
     def alter(self, deletions: Sequence[tuple[str, str]],
               upsertions: Mapping[tuple[str, str], Credential]) -> Credentials:
@@ -404,14 +411,16 @@ class CredentialsFile:
             KeyError: a deletion of a credential the file does not hold (nothing is written).
             CredentialsError, OSError: the file cannot be read or written (nothing changes).
         """
-        with self._lock, _writer_lock(self.path):
+        with self._write_lock, _writer_lock(self.path):
             entries = _read_existing(self.path).entries()
             for key in deletions:
                 del entries[key]
             entries.update(upsertions)
             credentials = Credentials(entries)
             _write(self.path, credentials)
-            self._credentials, self._stamp, self._checked = credentials, self._identity(), time.monotonic()
+            stamp = self._identity()
+            with self._lock:  # published once written (a re-read holds it only while it reads)
+                self._credentials, self._stamp, self._checked = credentials, stamp, time.monotonic()
             return credentials
 
 

@@ -55,18 +55,21 @@ class GroupConfigFileError(LogstoreError, ValueError):
 
 
 class GroupConfigFile:
-    """The group configs of the store at ``root`` (see the module docstring). Thread-safe.
-
-    Raises (at construction):
-        GroupConfigFileError: the file exists and is not valid.
-    """
+    """The group configs of the store at ``root`` (see the module docstring). A file that is
+    not valid at construction is logged and read as no configs (every group on the broker's
+    defaults) until it is replaced by a valid one; a change refuses to overwrite it
+    (:meth:`update` raises). Thread-safe."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = os.fspath(root)
         self.path = os.path.join(self.root, GROUP_CONFIG_FILE)
         self._lock = threading.Lock()
         self._stamp = _fileio.ops.path_stamp(self.path)
-        self._configs: dict[str, dict[str, str]] = self._read()
+        self._configs: dict[str, dict[str, str]] = {}
+        try:
+            self._configs = self._read()
+        except (GroupConfigFileError, OSError) as exc:
+            logger.error("every group on the broker's defaults until the group configs are readable: %s", exc)
 
     def _read(self) -> dict[str, dict[str, str]]:
         if not _fileio.ops.exists(self.path):

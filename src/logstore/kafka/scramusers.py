@@ -55,11 +55,16 @@ class ScramUsers:
     """The two APIs over ``sasl`` (a :class:`~logstore.kafka.auth.SaslAuthenticator`), or, on a
     listener without SASL (``sasl`` None), over ``store_users`` (the data directory's
     :class:`~logstore.kafka.credentials.CredentialsFile`; None: no users, Alter refused).
-    Thread-safe."""
+    ``authorized``: the listener has an authorizer (which decides who may alter). A listener
+    that neither authenticates nor authorizes refuses Alter (POLICY_VIOLATION): whoever reaches
+    it could otherwise mint a login, even a super user's, for another listener of the store
+    that does authenticate (Kafka's listeners share one authorizer; logstore's servers each
+    have their own). Thread-safe."""
 
-    def __init__(self, sasl: Any, store_users: CredentialsFile | None = None) -> None:
+    def __init__(self, sasl: Any, store_users: CredentialsFile | None = None, authorized: bool = False) -> None:
         self._sasl = sasl
         self._store_users = store_users
+        self._authorized = authorized
 
     def _credentials(self) -> Credentials:
         if self._sasl is not None:
@@ -137,6 +142,11 @@ class ScramUsers:
         if self._unauthenticated(request):
             refusal = (ErrorCode.cluster_authorization_failed, "AlterUserScramCredentials needs an authenticated "
                                                                "principal")
+            return _alter_answer({}, {}, {**{n: refusal for n in [*deletions, *upsertions]}, **errors})
+        if self._sasl is None and not self._authorized:
+            refusal = (ErrorCode.policy_violation, "this listener authenticates no one and has no authorizer, so it "
+                                                   "may not create logins for the store: serve with SASL or "
+                                                   "--authorizer, or use logstore kafka-user DATA_DIR")
             return _alter_answer({}, {}, {**{n: refusal for n in [*deletions, *upsertions]}, **errors})
         target = self._sasl.credentials_file if self._sasl is not None else self._store_users
         if target is None:

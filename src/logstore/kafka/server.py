@@ -59,7 +59,8 @@ from ..txn.coordinator import TxnConfig
 from .apis import KafkaApis, api_version_ranges
 from .acls import Authorizer
 from .auth import SASL_MECHANISMS, SaslAuthenticator
-from .credentials import MECHANISMS, STORE_FILE_NAME, Credentials, CredentialsFile, store_users_path
+from .credentials import (MECHANISMS, STORE_FILE_NAME, Credentials, CredentialsError, CredentialsFile,
+                          store_users_path)
 from .oauth import CONFIG_NAMES as OAUTHBEARER_CONFIG_NAMES, OAUTHBEARER, OAuthBearerValidator
 from .scramusers import ScramUsers
 from ..groups.consumergroup import ConsumerGroupConfig
@@ -322,8 +323,16 @@ class KafkaServer:
                                 "client certificates (--tls-ca), or pass allow_anonymous=True (--allow-anonymous)")
         # The data directory's own users, when no others are named (Kafka keeps SCRAM users in its
         # metadata whatever its listeners speak).
-        store_users = None if sasl_credentials is not None else CredentialsFile(store_users_path(
-            root_or_store.root if isinstance(root_or_store, LogStore) else root_or_store), missing_ok=True)
+        store_users = None
+        if sasl_credentials is None:
+            try:
+                store_users = CredentialsFile(store_users_path(
+                    root_or_store.root if isinstance(root_or_store, LogStore) else root_or_store), missing_ok=True)
+            except CredentialsError as exc:
+                if with_sasl:
+                    raise  # (the listener's users: it cannot serve without them)
+                logger.error("the store's SASL users are not readable, so this listener without SASL neither "
+                             "describes nor alters them: %s", exc)
         if with_sasl and sasl_mechanisms is None:
             sasl_mechanisms = ((MECHANISMS if sasl_credentials is not None else ())
                                + ((OAUTHBEARER,) if sasl_oauthbearer is not None else ()))
@@ -350,9 +359,9 @@ class KafkaServer:
                                    fsync_acks_all=fsync_acks_all, consumer_group_config=consumer_group_config,
                                    group_config_bounds=group_config_bounds,
                                    txn_config=replace(txn_config, fsync=txn_config.fsync or fsync_acks_all))
-            apis.scram_users = ScramUsers(sasl, store_users)
             if authorizer is True:
                 authorizer = apis.new_authorizer(super_users, allow_everyone_if_no_acl_found)
+            apis.scram_users = ScramUsers(sasl, store_users, authorized=bool(authorizer))
             apis.guard_handlers(authorizer or None)
             self._protocol = KafkaProtocol(self._apis, max_request_bytes, sasl, sasl_max_receive_bytes)
             self._server = net.Server(listen, self._protocol, tls=context, limits=limits,

@@ -39,7 +39,8 @@ the connection is muted, as for a request in a worker, the step runs on one of t
 verification threads (at most :data:`VERIFICATION_THREADS`, so that a flood of bad passwords
 costs the other connections at most that many cores, never the loop), and its outcome comes
 back to the loop, which answers and goes on with the handshake in the frames' order. The
-handshake deadline is not enforced while the step runs (a connection past it is closed after).
+handshake deadline is not enforced while the step runs: a connection past it when the step
+ends is closed then, unanswered.
 
 Invariants:
 
@@ -695,6 +696,12 @@ class Server:
                 continue
             if isinstance(result, _Stepped):  # a handshake's slow step is done: on with the handshake
                 conn.muted = False
+                if time.monotonic() >= conn.deadline and not conn.lingering:  # (not waited for meanwhile)
+                    logger.debug("%s: closing connection %d: it did not finish its handshake in time", self.name,
+                                 conn.session.id)
+                    self._counts.expired += 1
+                    self._close(conn)
+                    continue
                 try:
                     if result.exc is not None and not isinstance(result.exc, HandshakeError):
                         self._fail(conn, result.exc)

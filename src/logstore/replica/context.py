@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import re
 import ssl
 import threading
 import uuid
@@ -38,17 +39,22 @@ def random_cluster_id() -> str:
             return text
 
 
+_CLUSTER_ID = re.compile(r"[A-Za-z0-9_-]{22}")
+
+
 def check_cluster_id(cluster_id: str) -> str:
     """``cluster_id`` if it is one of Kafka's (16 bytes in URL-safe base64, 22 characters, as
     ``kafka-storage format --cluster-id`` takes it).
 
     Raises:
         ValueError: it is not."""
-    try:
-        raw = base64.urlsafe_b64decode(cluster_id + "==")
-    except (binascii.Error, ValueError):
-        raw = b""
-    if len(cluster_id) != 22 or len(raw) != 16:
+    raw = b""
+    if _CLUSTER_ID.fullmatch(cluster_id):  # (urlsafe_b64decode also takes "+" and "/")
+        try:
+            raw = base64.urlsafe_b64decode(cluster_id + "==")
+        except (binascii.Error, ValueError):
+            pass
+    if len(raw) != 16:
         raise ValueError(f"{cluster_id!r} is not a cluster id (22 characters of URL-safe base64, as "
                          "'kafka-storage random-uuid' prints)")
     return cluster_id
