@@ -163,6 +163,8 @@ class _Group:
         self.static: dict[str, str] = {}  # instance id -> member id
         self.topics: dict[uuid.UUID, tuple[str, int]] = {}  # the subscribed topics at the last epoch bump
         self.assignor = ""
+        #: deleted (DeleteGroups): a request that found it before then looks again
+        self.dead = False
 
     def state(self) -> str:
         if not self.members:
@@ -276,18 +278,22 @@ class ConsumerGroupCoordinator:
         group.assignor = self._assignor(group)
         return group
 
-    def _reload(self, group_id: str) -> None:
-        """Read one group back from its records (after a write that failed: what the log holds
-        wins over what this coordinator had in memory)."""
-        records = []
+    def _records_of(self, group_id: str) -> dict[bytes, tuple[int, str | None, bytes]]:
+        """Every live record of ``group_id``: key -> (key version, member id or None, value)."""
+        out = {}
         for key, value in self.offsets.consumer_group_records().items():
             try:
                 parsed = rec.decode_key(key)
             except CorruptRecordError:
                 continue
             if parsed is not None and parsed[1] == group_id:
-                records.append((parsed[0], parsed[2], value))
-        group = self._group_from(group_id, records)
+                out[key] = (parsed[0], parsed[2], value)
+        return out
+
+    def _reload(self, group_id: str) -> None:
+        """Read one group back from its records (after a write that failed: what the log holds
+        wins over what this coordinator had in memory)."""
+        group = self._group_from(group_id, list(self._records_of(group_id).values()))
         with self._lock:
             if group is None:
                 self._groups.pop(group_id, None)
@@ -343,6 +349,8 @@ class ConsumerGroupCoordinator:
                           request.member_id)
         writes: list[tuple[bytes, bytes | None]] = []
         with group.lock:
+            if group.dead:  # deleted meanwhile: a new group of that id, or an unknown member
+                return self.heartbeat(request)
             try:
                 if request.member_epoch in (LEAVE, LEAVE_STATIC):
                     answer = self._leave(group, request, writes)
@@ -642,6 +650,69 @@ class ConsumerGroupCoordinator:
             if member is None:
                 return ErrorCode.unknown_member_id
             return ErrorCode.none if member_epoch == member.at.epoch else ErrorCode.stale_member_epoch
+
+    # ------------------------------------------------------------------ deletion
+    def delete_group(self, group_id: str) -> int | None:
+        """A DeleteGroups of ``group_id``: None when it is no consumer group here (the classic
+        rules apply), else an error code: NON_EMPTY_GROUP while it has members, else 0 once
+        its records and committed offsets are tombstoned, in one batch (Kafka's deletion of an
+        empty consumer group; the id may then start a group of either protocol).
+
+        Durability: fsynced (or held by a majority) before this returns. Thread-safe."""
+        group = self._get(group_id)
+        if group is None:
+            return None
+        with group.lock:
+            if group.dead:
+                return None
+            if group.members:
+                return ErrorCode.non_empty_group
+            try:
+                self.offsets.delete_group(group_id, self._records_of(group_id))
+            except (LogstoreError, OSError, ValueError) as exc:
+                logger.error("consumer group %s: could not be deleted: %s", group_id, exc)
+                self._reload(group_id)
+                return ErrorCode.coordinator_not_available
+            group.dead = True
+            with self._lock:
+                if self._groups.get(group_id) is group:
+                    del self._groups[group_id]
+            logger.info("consumer group %s: deleted", group_id)
+            return ErrorCode.none
+
+    def delete_offsets(self, group_id: str, partitions: Iterable[tuple[str, int]],
+                       partition_exists: Callable[[str, int], bool]) -> tuple[int, list[int]] | None:
+        """An OffsetDelete for ``group_id``: None when it is no consumer group here (the classic
+        rules apply), else (the group's error, an error per partition), as Kafka's: a partition
+        of a topic some member's subscription resolves to is kept (GROUP_SUBSCRIBED_TO_TOPIC),
+        one of no topic here is UNKNOWN_TOPIC_OR_PARTITION, the others' offsets are deleted.
+
+        Durability: the tombstones are fsynced before this returns. Thread-safe."""
+        group = self._get(group_id)
+        if group is None:
+            return None
+        with group.lock:
+            if group.dead:
+                return None
+            topics = self.topics()
+            subscribed = set()
+            for member in group.members.values():
+                subscribed.update(self._member_topics(member.meta, topics, member.may_describe))
+            errors, doomed = [], []
+            for topic, partition in partitions:
+                if not partition_exists(topic, partition):
+                    errors.append(ErrorCode.unknown_topic_or_partition)
+                elif topic in subscribed:
+                    errors.append(ErrorCode.group_subscribed_to_topic)
+                else:
+                    doomed.append((topic, partition))
+                    errors.append(ErrorCode.none)
+            try:
+                self.offsets.delete(group_id, doomed, durable=True)
+            except (LogstoreError, OSError, ValueError) as exc:
+                logger.error("consumer group %s: offsets could not be deleted: %s", group_id, exc)
+                return ErrorCode.coordinator_not_available, []
+            return ErrorCode.none, errors
 
     # ------------------------------------------------------------------ describe
     def describe(self, group_id: str) -> dict[str, Any] | None:

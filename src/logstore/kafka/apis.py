@@ -1257,7 +1257,10 @@ class KafkaApis:
     def on_offset_delete(self, request: KafkaRequest) -> dict[str, Any]:
         body = request.body
         wanted = [(t.name, p.partition_index) for t in body.topics for p in t.partitions]
-        error, errors = self.groups.delete_offsets(body.group_id, wanted)
+        consumer = self.consumer_groups
+        done = consumer.delete_offsets(body.group_id, wanted, self._partition_exists) \
+            if consumer is not None and body.group_id and not self._classic_members(body.group_id) else None
+        error, errors = done if done is not None else self.groups.delete_offsets(body.group_id, wanted)
         topics: dict[str, list[dict[str, Any]]] = {}
         for (topic, partition), code in zip(wanted, errors):
             topics.setdefault(topic, []).append({"partition_index": partition, "error_code": code})
@@ -1265,9 +1268,25 @@ class KafkaApis:
                 "topics": [{"name": t, "partitions": parts} for t, parts in topics.items()]}
 
     def on_delete_groups(self, request: KafkaRequest) -> dict[str, Any]:
-        names = list(request.body.groups_names)
-        return {"throttle_time": 0, "results": [{"group_id": g, "error_code": e}
-                                                for g, e in zip(names, self.groups.delete_groups(names))]}
+        return {"throttle_time": 0, "results": [{"group_id": g, "error_code": self._delete_group(g)}
+                                                for g in request.body.groups_names]}
+
+    def _delete_group(self, group_id: str) -> int:
+        """One group of a DeleteGroups: a consumer group's (KIP-848) by its coordinator, unless
+        its id has become a classic group's with members; else the classic coordinator's."""
+        consumer = self.consumer_groups
+        if consumer is not None and group_id and not self._classic_members(group_id):
+            error = consumer.delete_group(group_id)
+            if error is not None:
+                if error == ErrorCode.none:  # a classic group's empty entry of that id goes too
+                    self.groups.delete_groups([group_id])
+                return error
+        return self.groups.delete_groups([group_id])[0]
+
+    def _classic_members(self, group_id: str) -> bool:
+        """Whether a classic group ``group_id`` has members here."""
+        found = self.groups.describe(group_id)
+        return found is not None and bool(found["members"])
 
     def on_describe_groups(self, request: KafkaRequest) -> dict[str, Any]:
         groups = []
