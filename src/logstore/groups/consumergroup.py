@@ -62,11 +62,13 @@ from ..errors import CorruptRecordError, LogstoreError
 from ..net.purgatory import Purgatory
 from . import consumerrecords as rec
 from .assignors import ASSIGNORS, Assignment, assign
+from .consumerprotocol import encode_assignment, parse_subscription, subscription_version
 from .offsets import OffsetStore
-from .reconciliation import STABLE, STATE_NAMES, UNREVOKED_PARTITIONS, MemberAssignment, reconcile, subset
+from .reconciliation import STABLE, STATE_NAMES, UNRELEASED_PARTITIONS, UNREVOKED_PARTITIONS, MemberAssignment, \
+    reconcile, subset
 
-__all__ = ["ConsumerGroupConfig", "ConsumerGroupCoordinator", "HeartbeatRequest", "LEAVE", "LEAVE_STATIC",
-           "CONSUMER_PROTOCOL_TYPE"]
+__all__ = ["ConsumerGroupConfig", "ConsumerGroupCoordinator", "HeartbeatRequest", "ClassicJoin", "LEAVE",
+           "LEAVE_STATIC", "CONSUMER_PROTOCOL_TYPE"]
 
 logger = logging.getLogger("logstore.groups.consumer")
 
@@ -125,6 +127,23 @@ class HeartbeatRequest:
     #: live); a regex subscription resolves only to those topics (Kafka's regex refresh with
     #: the authorizer). None: every topic (no authorizer).
     may_describe: Callable[[str], bool] | None = None
+
+
+@dataclass(frozen=True)
+class ClassicJoin:
+    """A JoinGroup's fields, for a consumer group that takes classic members."""
+
+    group_id: str
+    member_id: str
+    instance_id: str | None
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocol_type: str
+    protocols: tuple[tuple[str, bytes], ...]
+    #: JoinGroup v4+: a dynamic member without an id gets one with MEMBER_ID_REQUIRED first
+    require_known_member_id: bool
 
 
 class _HeartbeatError(Exception):
@@ -272,7 +291,7 @@ class ConsumerGroupCoordinator:
             member = group.members[member_id] = _Member(member_id, meta, at)
             if meta.instance_id is not None:
                 group.static[meta.instance_id] = member_id
-            member.deadline = now + self.config.session_timeout_ms / 1000.0
+            member.deadline = now + self._session_ms(member) / 1000.0
             self._watch_session(group, member)
         group.target = {m: a for m, a in group.target.items() if m in group.members}
         group.assignor = self._assignor(group)
@@ -403,17 +422,35 @@ class ConsumerGroupCoordinator:
                     request.member_epoch != at.previous_epoch or not subset(request.owned, at.assigned))):
                 raise _HeartbeatError(ErrorCode.fenced_member_epoch,
                                       f"member {member_id} is at epoch {at.epoch}, not {request.member_epoch}")
-        meta = _updated(member.meta, request)
+        before = self._advance(group, member, _updated(member.meta, request), request.may_describe, request.owned,
+                               writes, bump)
+        after = member.at
+        send = full or after != before or (request.owned is not None and {
+            t: p for t, p in request.owned.items() if p} != {t: p for t, p in after.assigned.items() if p})
+        return {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None, "member_id": member_id,
+                "member_epoch": after.epoch, "heartbeat_interval": self.config.heartbeat_interval_ms,
+                "assignment": {"topic_partitions": [{"topic_id": t, "partitions": sorted(p)}
+                                                    for t, p in sorted(after.assigned.items()) if p]}
+                if send else None}
+
+    def _advance(self, group: _Group, member: _Member, meta: rec.MemberMetadata,
+                 may_describe: Callable[[str], bool] | None, owned: Assignment | None,
+                 writes: list[tuple[bytes, bytes | None]], bump: bool) -> MemberAssignment:
+        """A member's request of either protocol, past its checks: its new metadata (written
+        when changed; the group epoch bumped when its subscription or the subscribed topics
+        changed, or ``bump``), the target computed when behind the group epoch, the member's
+        next reconciliation step from what it says it ``owned``, its session renewed. Returns
+        where the member stood before (its new place is ``member.at``). Holds the group's lock."""
         resolved_before = member.resolved if member.resolved is not None else \
             frozenset(self._member_topics(member.meta, self.topics(), member.may_describe))
-        member.may_describe = request.may_describe
+        member.may_describe = may_describe
         if meta != member.meta:
             if (meta.subscribed_topic_names, meta.subscribed_topic_regex, meta.server_assignor) != (
                     member.meta.subscribed_topic_names, member.meta.subscribed_topic_regex,
                     member.meta.server_assignor):
                 bump = True
             member.meta = meta
-            writes.append((rec.encode_key(rec.MEMBER_METADATA, group.group_id, member_id),
+            writes.append((rec.encode_key(rec.MEMBER_METADATA, group.group_id, member.member_id),
                            rec.encode_value(rec.MEMBER_METADATA, meta)))
         if frozenset(self._member_topics(member.meta, self.topics(), member.may_describe)) != resolved_before:
             bump = True  # the topics its regex may resolve to changed (its ACLs, or new topics)
@@ -428,33 +465,31 @@ class ConsumerGroupCoordinator:
         if group.assignment_epoch != group.epoch:
             self._compute_target(group, writes)
         before = member.at
-        owners = group.owner_epochs(member_id)
-        after = reconcile(before, group.assignment_epoch, group.target.get(member_id, {}),
-                          lambda t, p: owners.get((t, p), -1), request.owned)
+        owners = group.owner_epochs(member.member_id)
+        after = reconcile(before, group.assignment_epoch, group.target.get(member.member_id, {}),
+                          lambda t, p: owners.get((t, p), -1), owned)
         if after != before:
             member.at = after
             writes.append(self._current_record(group, member))
             if after.state == UNREVOKED_PARTITIONS and member.revoke_watch != after.epoch:
                 self._watch_revocation(group, member)
         self._touch(group, member)
-        send = full or after != before or (request.owned is not None and {
-            t: p for t, p in request.owned.items() if p} != {t: p for t, p in after.assigned.items() if p})
-        return {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None, "member_id": member_id,
-                "member_epoch": after.epoch, "heartbeat_interval": self.config.heartbeat_interval_ms,
-                "assignment": {"topic_partitions": [{"topic_id": t, "partitions": sorted(p)}
-                                                    for t, p in sorted(after.assigned.items()) if p]}
-                if send else None}
+        return before
 
     def _replace_static(self, group: _Group, instance_id: str, member_id: str,
-                        writes: list[tuple[bytes, bytes | None]]) -> _Member:
-        """A static member's new process takes the place of its old one, which must have left
-        with epoch -2: same assignment, same epoch, no rebalance."""
+                        writes: list[tuple[bytes, bytes | None]], classic: bool = False) -> _Member:
+        """A static member's new process takes the place of its old one: same assignment, no
+        rebalance. Between members of the consumer protocol the old one must have left with
+        epoch -2, and the new one takes its epoch; when either speaks the classic protocol
+        (``classic``: the new one does) it is replaced at once, from epoch 0 (Kafka's rule)."""
         old = group.members[group.static[instance_id]]
-        if old.at.epoch != LEAVE_STATIC:
+        either_classic = classic or old.meta.classic is not None
+        if old.at.epoch != LEAVE_STATIC and not either_classic:
             raise _HeartbeatError(ErrorCode.unreleased_instance_id,
                                   f"instance {instance_id} is still held by member {old.member_id}")
         self._remove(group, old, writes)
-        at = old.at._replace(epoch=old.at.previous_epoch)
+        at = old.at._replace(epoch=0, previous_epoch=0) if either_classic else \
+            old.at._replace(epoch=old.at.previous_epoch)
         member = group.members[member_id] = _Member(member_id, old.meta, at)
         group.static[instance_id] = member_id
         if old.member_id in group.target:
@@ -557,9 +592,14 @@ class ConsumerGroupCoordinator:
                     group.epoch, group.assignor, len(target))
 
     # ------------------------------------------------------------------ timers
+    def _session_ms(self, member: _Member) -> int:
+        """A member's session timeout: a classic member's own, else the group's."""
+        classic = member.meta.classic
+        return classic.session_timeout_ms if classic is not None else self.config.session_timeout_ms
+
     def _touch(self, group: _Group, member: _Member) -> None:
         watched = member.deadline > 0
-        member.deadline = time.monotonic() + self.config.session_timeout_ms / 1000.0
+        member.deadline = time.monotonic() + self._session_ms(member) / 1000.0
         if not watched:
             self._watch_session(group, member)
 
@@ -631,6 +671,8 @@ class ConsumerGroupCoordinator:
             member = group.members.get(member_id)
             if member is None:
                 return ErrorCode.unknown_member_id
+            if member.meta.classic is not None:  # a classic member commits with its generation
+                return ErrorCode.none if member_epoch == member.at.epoch else ErrorCode.illegal_generation
             if api_version is not None and api_version < 9:
                 return ErrorCode.unsupported_version
             if member_epoch > member.at.epoch:
@@ -650,6 +692,212 @@ class ConsumerGroupCoordinator:
             if member is None:
                 return ErrorCode.unknown_member_id
             return ErrorCode.none if member_epoch == member.at.epoch else ErrorCode.stale_member_epoch
+
+    # ------------------------------------------------------------------ classic members
+    def takes_classic(self, group_id: str) -> bool:
+        """Whether the classic requests (JoinGroup, SyncGroup, Heartbeat, LeaveGroup) of
+        ``group_id`` are this coordinator's: it is a consumer group with members. (An empty one's
+        id is taken over by a classic group, as Kafka's.)"""
+        return self.has_members(group_id)
+
+    def classic_join(self, join: ClassicJoin) -> dict[str, Any]:
+        """A JoinGroup into a consumer group (Kafka's classicGroupJoinToConsumerGroup): the
+        member's subscription and owned partitions are read from its first protocol's
+        ConsumerProtocolSubscription, the group's assignor computes its partitions, and the
+        answer (no leader, no member list: nothing for the member to assign) carries its member
+        epoch as the generation. Its answer's fields; durable before it returns. Thread-safe."""
+        if self._closed:
+            return _classic_join_error(ErrorCode.not_coordinator, join.member_id)
+        group = self._get(join.group_id)
+        if group is None:
+            return _classic_join_error(ErrorCode.coordinator_not_available, join.member_id)
+        writes: list[tuple[bytes, bytes | None]] = []
+        with group.lock:
+            if group.dead:
+                return self.classic_join(join)
+            try:
+                answer = self._classic_join(group, join, writes)
+            except _HeartbeatError as exc:
+                logger.info("consumer group %s: classic join of %r refused: %s", group.group_id, join.member_id,
+                            exc.message)
+                return _classic_join_error(exc.code, join.member_id)
+            if writes and not self._write(group, writes, durable=True):
+                return _classic_join_error(ErrorCode.coordinator_not_available, join.member_id)
+            return answer
+
+    def _supports_classic(self, group: _Group, protocol_type: str, names: Iterable[str]) -> bool:
+        """Kafka's supportsClassicProtocols: a ``consumer`` protocol type, and a protocol every
+        classic member of the group supports (any, in a group without classic members)."""
+        names = set(names)
+        if protocol_type != CONSUMER_PROTOCOL_TYPE or not names:
+            return False
+        for member in group.members.values():
+            if member.meta.classic is not None:
+                names &= {name for name, _ in member.meta.classic.protocols}
+        return bool(names)
+
+    def _classic_join(self, group: _Group, join: ClassicJoin, writes: list[tuple[bytes, bytes | None]]
+                      ) -> dict[str, Any]:
+        member_id = join.member_id or str(uuid.uuid4())
+        if not self._supports_classic(group, join.protocol_type, (name for name, _ in join.protocols)):
+            raise _HeartbeatError(ErrorCode.inconsistent_group_protocol,
+                                  f"member {member_id}'s protocols are not supported by group {group.group_id}")
+        if not join.member_id and join.require_known_member_id and join.instance_id is None:
+            return _classic_join_error(ErrorCode.member_id_required, member_id)
+        try:
+            subscription = parse_subscription(join.protocols[0][1])
+        except ValueError as exc:
+            raise _HeartbeatError(ErrorCode.inconsistent_group_protocol, str(exc)) from None
+        bump = replaced = False
+        member = None
+        held = group.static.get(join.instance_id) if join.instance_id is not None else None
+        if held is not None and not join.member_id:  # a static member's new process takes its place
+            member = self._replace_static(group, join.instance_id or "", member_id, writes, classic=True)
+            replaced = True
+        elif held is not None and held != member_id:
+            raise _HeartbeatError(ErrorCode.fenced_instance_id,
+                                  f"instance {join.instance_id} is held by member {held}, not {member_id}")
+        else:
+            member = group.members.get(member_id)
+        if member is None:
+            if len(group.members) >= self.config.max_size:
+                raise _HeartbeatError(ErrorCode.group_max_size_reached,
+                                      f"group {group.group_id} has {len(group.members)} members")
+            member = group.members[member_id] = _Member(member_id, rec.MemberMetadata(
+                join.instance_id, None, join.client_id, join.client_host, (), None, -1, None), _empty_at())
+            if join.instance_id is not None:
+                group.static[join.instance_id] = member_id
+            bump = True
+            logger.info("consumer group %s: classic member %s joins", group.group_id, member_id)
+        elif member.meta.classic is None and not replaced:
+            raise _HeartbeatError(ErrorCode.unknown_member_id, f"member {member_id} uses the consumer protocol")
+        topics = self.topics()
+        owned = {topics[name][0]: parts for name, parts in subscription.owned.items() if name in topics}
+        meta = rec.MemberMetadata(join.instance_id, subscription.rack_id, join.client_id or member.meta.client_id,
+                                  join.client_host or member.meta.client_host,
+                                  tuple(sorted(set(subscription.topics))), None, join.rebalance_timeout_ms, None,
+                                  rec.ClassicMemberMetadata(join.session_timeout_ms, tuple(join.protocols)))
+        self._advance(group, member, meta, None, owned, writes, bump)
+        return {"throttle_time": 0, "error_code": ErrorCode.none, "generation_id": member.at.epoch,
+                "protocol_type": CONSUMER_PROTOCOL_TYPE, "protocol_name": join.protocols[0][0], "leader": "",
+                "skip_assignment": False, "member_id": member_id, "members": []}
+
+    def _classic_member(self, group: _Group, member_id: str, instance_id: str | None) -> _Member:
+        """The classic member a request names (Kafka's validateConsumerGroupMember): by its
+        instance id when given (FENCED_INSTANCE_ID when another member id holds it), else by id."""
+        if instance_id is not None:
+            held = group.static.get(instance_id)
+            if held is None:
+                raise _HeartbeatError(ErrorCode.unknown_member_id, f"no member has instance id {instance_id}")
+            if held != member_id:
+                raise _HeartbeatError(ErrorCode.fenced_instance_id,
+                                      f"instance {instance_id} is held by member {held}, not {member_id}")
+        member = group.members.get(member_id)
+        if member is None or member.meta.classic is None:
+            raise _HeartbeatError(ErrorCode.unknown_member_id,
+                                  f"group {group.group_id} has no classic member {member_id}")
+        return member
+
+    def classic_sync(self, group_id: str, generation: int, member_id: str, instance_id: str | None,
+                     protocol_type: str | None, protocol_name: str | None) -> dict[str, Any]:
+        """A SyncGroup of a classic member: its current partitions as a ConsumerProtocolAssignment
+        of its subscription's version (ILLEGAL_GENERATION for another generation than its member
+        epoch, REBALANCE_IN_PROGRESS when the group moved on and it must rejoin first). Its
+        answer's fields. Thread-safe."""
+        group = self._get(group_id)
+        if group is None:
+            return _sync_answer(ErrorCode.unknown_member_id)
+        with group.lock:
+            try:
+                member = self._classic_member(group, member_id, instance_id)
+                classic = member.meta.classic
+                assert classic is not None
+                if generation != member.at.epoch:
+                    raise _HeartbeatError(ErrorCode.illegal_generation, f"member {member_id} is at epoch "
+                                          f"{member.at.epoch}, not {generation}")
+                if (protocol_type is not None and protocol_type != CONSUMER_PROTOCOL_TYPE) or (
+                        protocol_name is not None and protocol_name not in {n for n, _ in classic.protocols}):
+                    raise _HeartbeatError(ErrorCode.inconsistent_group_protocol,
+                                          f"protocol {protocol_type}/{protocol_name} is not the member's")
+                if group.epoch > member.at.epoch and member.at.state != UNREVOKED_PARTITIONS:
+                    raise _HeartbeatError(ErrorCode.rebalance_in_progress, f"group {group_id} is at epoch "
+                                          f"{group.epoch}: member {member_id} must rejoin")
+            except _HeartbeatError as exc:
+                return _sync_answer(exc.code)
+            self._touch(group, member)
+            names = {tid: name for name, (tid, _) in self.topics().items()}
+            names.update({tid: name for tid, (name, _) in group.topics.items()})
+            try:
+                version = subscription_version(classic.protocols[0][1])
+            except ValueError:
+                version = 0
+            assignment = encode_assignment({names[t]: p for t, p in member.at.assigned.items() if p and t in names},
+                                           version)
+            return _sync_answer(ErrorCode.none, assignment, protocol_type or CONSUMER_PROTOCOL_TYPE,
+                                protocol_name or classic.protocols[0][0])
+
+    def classic_heartbeat(self, group_id: str, generation: int, member_id: str, instance_id: str | None) -> int:
+        """A Heartbeat of a classic member: its error code. REBALANCE_IN_PROGRESS (rejoin) when
+        the group epoch passed its own, when it must revoke partitions, or when partitions it
+        waits for are free (Kafka's classicGroupHeartbeatToConsumerGroup). Thread-safe."""
+        group = self._get(group_id)
+        if group is None:
+            return ErrorCode.unknown_member_id
+        with group.lock:
+            try:
+                member = self._classic_member(group, member_id, instance_id)
+            except _HeartbeatError as exc:
+                return exc.code
+            if generation != member.at.epoch:
+                return ErrorCode.illegal_generation
+            self._touch(group, member)
+            at = member.at
+            if at.epoch < group.epoch or at.state == UNREVOKED_PARTITIONS or (
+                    at.state == UNRELEASED_PARTITIONS and not self._waits_for_others(group, member)):
+                return ErrorCode.rebalance_in_progress
+            return ErrorCode.none
+
+    def _waits_for_others(self, group: _Group, member: _Member) -> bool:
+        """Whether a partition of the member's target that it does not hold is held by another."""
+        owners = group.owner_epochs(member.member_id)
+        return any((t, p) in owners for t, ps in group.target.get(member.member_id, {}).items() for p in ps
+                   if p not in member.at.assigned.get(t, frozenset()))
+
+    def classic_leave(self, group_id: str, members: Iterable[tuple[str, str | None]]) -> list[int]:
+        """A LeaveGroup of classic members, ``(member id, instance id)`` pairs (an empty member
+        id with an instance id: an admin's removal): an error code for each; the group epoch is
+        bumped once for those that left. Durable before it returns. Thread-safe."""
+        members = list(members)
+        group = self._get(group_id)
+        if group is None:
+            return [ErrorCode.unknown_member_id for _ in members]
+        writes: list[tuple[bytes, bytes | None]] = []
+        errors = []
+        with group.lock:
+            for member_id, instance_id in members:
+                try:
+                    if instance_id is not None and not member_id:
+                        held = group.static.get(instance_id)
+                        if held is None:
+                            raise _HeartbeatError(ErrorCode.unknown_member_id, f"no instance {instance_id}")
+                        member_id = held
+                    member = self._classic_member(group, member_id, instance_id)
+                except _HeartbeatError as exc:
+                    errors.append(exc.code)
+                    continue
+                self._remove(group, member, writes)
+                logger.info("consumer group %s: classic member %s leaves", group_id, member_id)
+                errors.append(ErrorCode.none)
+            if writes:
+                topics = self._subscribed_topics(group)
+                if topics != group.topics:
+                    group.topics = topics
+                    writes.append((rec.encode_key(rec.PARTITION_METADATA, group_id),
+                                   rec.encode_value(rec.PARTITION_METADATA, topics)))
+                self._bump(group, writes)
+                if not self._write(group, writes, durable=True):
+                    return [ErrorCode.coordinator_not_available for _ in members]
+        return errors
 
     # ------------------------------------------------------------------ deletion
     def delete_group(self, group_id: str) -> int | None:
@@ -734,7 +982,7 @@ class ConsumerGroupCoordinator:
                                  "subscribed_topic_regex": m.meta.subscribed_topic_regex,
                                  "assignment": named(m.at.assigned),
                                  "target_assignment": named(group.target.get(m.member_id, {})),
-                                 "member_type": 1, "state": STATE_NAMES.get(m.at.state, "UNKNOWN")}
+                                 "member_type": 0 if m.meta.classic is not None else 1, "state": STATE_NAMES.get(m.at.state, "UNKNOWN")}
                                 for m in group.members.values()]}
 
     def close(self) -> None:
@@ -804,6 +1052,17 @@ def _updated(meta: rec.MemberMetadata, request: HeartbeatRequest) -> rec.MemberM
         request.client_id or meta.client_id, request.client_host or meta.client_host, names, regex,
         request.rebalance_timeout_ms if request.rebalance_timeout_ms != -1 else meta.rebalance_timeout_ms,
         request.server_assignor if request.server_assignor is not None else meta.server_assignor)
+
+
+def _classic_join_error(code: int, member_id: str) -> dict[str, Any]:
+    return {"throttle_time": 0, "error_code": code, "generation_id": -1, "protocol_type": None,
+            "protocol_name": "", "leader": "", "skip_assignment": False, "member_id": member_id, "members": []}
+
+
+def _sync_answer(code: int, assignment: bytes = b"", protocol_type: str | None = None,
+                 protocol_name: str | None = None) -> dict[str, Any]:
+    return {"throttle_time": 0, "error_code": code, "protocol_type": protocol_type, "protocol_name": protocol_name,
+            "assignment": assignment}
 
 
 def _error(code: int, message: str, member_id: str) -> dict[str, Any]:

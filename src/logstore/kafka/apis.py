@@ -75,8 +75,8 @@ from ..txn.producerids import ProducerIds
 from ..groups.offsets import OFFSETS_TOPIC, offset_store
 from ..groups.coordinator import GroupConfig, GroupCoordinator, listed_by
 from .scramusers import ScramUsers
-from ..groups.consumergroup import (CONSUMER_PROTOCOL_TYPE, ConsumerGroupConfig, ConsumerGroupCoordinator,
-                                    HeartbeatRequest, owned_partitions)
+from ..groups.consumergroup import (CONSUMER_PROTOCOL_TYPE, ClassicJoin, ConsumerGroupConfig,
+                                    ConsumerGroupCoordinator, HeartbeatRequest, owned_partitions)
 from .apikeys import CONSUMER_GROUP_DESCRIBE, CONSUMER_GROUP_HEARTBEAT
 from .wire import SUPPORTED, KafkaRequest
 from ..net.purgatory import Purgatory
@@ -1165,15 +1165,16 @@ class KafkaApis:
 
     def on_join_group(self, request: KafkaRequest) -> dict[str, Any] | Future:
         body = request.body
-        consumer = self.consumer_groups
-        if consumer is not None and consumer.has_members(body.group_id):
-            # a consumer group's (KIP-848) members: a classic member may not join it here
-            return {"throttle_time": 0, "error_code": ErrorCode.inconsistent_group_protocol, "generation_id": -1,
-                    "protocol_name": "", "leader": "", "member_id": body.member_id, "members": []}
         session_ms = _ms(body.session_timeout)
         rebalance_ms = _ms(body.rebalance_timeout) if request.api_version >= 1 else session_ms
         if getattr(body, "reason", None):
             logger.info("group %s: member %r joins: %s", body.group_id, body.member_id, body.reason)
+        consumer = self.consumer_groups
+        if consumer is not None and consumer.takes_classic(body.group_id):  # a classic member of a consumer group
+            return consumer.classic_join(ClassicJoin(
+                body.group_id, body.member_id, getattr(body, "group_instance_id", None), request.client_id or "",
+                request.client_host, session_ms, rebalance_ms, body.protocol_type,
+                tuple((p.name, p.metadata) for p in body.protocols), request.api_version >= 4))
         return self.groups.join(body.group_id, body.member_id, getattr(body, "group_instance_id", None),
                                 request.client_id or "", request.client_host, session_ms, rebalance_ms,
                                 body.protocol_type,
@@ -1181,6 +1182,11 @@ class KafkaApis:
 
     def on_sync_group(self, request: KafkaRequest) -> dict[str, Any] | Future:
         body = request.body
+        consumer = self.consumer_groups
+        if consumer is not None and consumer.takes_classic(body.group_id):
+            return consumer.classic_sync(body.group_id, body.generation_id, body.member_id,
+                                         getattr(body, "group_instance_id", None),
+                                         getattr(body, "protocol_type", None), getattr(body, "protocol_name", None))
         return self.groups.sync(body.group_id, body.generation_id, body.member_id,
                                 getattr(body, "group_instance_id", None),
                                 {a.member_id: a.assignment for a in body.assignments},
@@ -1188,21 +1194,26 @@ class KafkaApis:
 
     def on_heartbeat(self, request: KafkaRequest) -> dict[str, Any]:
         body = request.body
-        error = self.groups.heartbeat(body.group_id, body.generation_id, body.member_id,
-                                      getattr(body, "group_instance_id", None))
+        consumer = self.consumer_groups
+        on = consumer.classic_heartbeat if consumer is not None and consumer.takes_classic(body.group_id) else \
+            self.groups.heartbeat
+        error = on(body.group_id, body.generation_id, body.member_id, getattr(body, "group_instance_id", None))
         return {"throttle_time": 0, "error_code": error}
 
     def on_leave_group(self, request: KafkaRequest) -> dict[str, Any]:
         body = request.body
+        consumer = self.consumer_groups
+        leave = consumer.classic_leave if consumer is not None and consumer.takes_classic(body.group_id) else \
+            self.groups.leave
         if request.api_version < 3:
-            (error,) = self.groups.leave(body.group_id, [(body.member_id, None)])
+            (error,) = leave(body.group_id, [(body.member_id, None)])
             return {"throttle_time": 0, "error_code": error}
         for m in body.members:
             if getattr(m, "reason", None):
                 logger.info("group %s: member %r leaves: %s", body.group_id, m.member_id or m.group_instance_id,
                             m.reason)
         members = [(m.member_id, m.group_instance_id) for m in body.members]
-        errors = self.groups.leave(body.group_id, members)
+        errors = leave(body.group_id, members)
         return {"throttle_time": 0, "error_code": ErrorCode.none,
                 "members": [{"member_id": member_id, "group_instance_id": instance_id, "error_code": error}
                             for (member_id, instance_id), error in zip(members, errors)]}

@@ -24,12 +24,12 @@ import socket
 import struct
 from typing import Any, Iterable, Mapping, NamedTuple
 
-from kio.schema.consumer_protocol_assignment.v0.data import ConsumerProtocolAssignment, TopicPartition
 from kio.schema.consumer_protocol_subscription.v0.data import ConsumerProtocolSubscription
 from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import SerialError
 
 from ..errorcodes import ErrorCode
+from ..groups import consumerprotocol
 from ..groups.consumerprotocol import MAX_READ_VERSION, subscribed_topics
 from .apikeys import HEARTBEAT, JOIN_GROUP, LEAVE_GROUP, OFFSET_COMMIT, SYNC_GROUP
 from .client import Connection, KafkaClientError, Security
@@ -83,13 +83,7 @@ def decode_subscription(data: bytes) -> list[str]:
 
 def encode_assignment(partitions: Mapping[str, Iterable[int]]) -> bytes:
     """SyncGroup assignment of the consumer protocol (version 0): ``{topic: partitions}``."""
-    out = io.BytesIO()
-    out.write(_I16.pack(0))
-    assigned = tuple(TopicPartition(topic=topic, partitions=tuple(sorted(parts)))  # type: ignore[arg-type]
-                     for topic, parts in sorted(partitions.items()))
-    entity_writer(ConsumerProtocolAssignment)(out, ConsumerProtocolAssignment(assigned_partitions=assigned,
-                                                                               user_data=None))
-    return out.getvalue()
+    return consumerprotocol.encode_assignment(partitions, 0)
 
 
 def decode_assignment(data: bytes) -> dict[str, list[int]]:
