@@ -62,13 +62,15 @@ from ..errors import CorruptRecordError, LogstoreError
 from ..net.purgatory import Purgatory
 from . import consumerrecords as rec
 from .assignors import ASSIGNORS, Assignment, assign
-from .consumerprotocol import encode_assignment, parse_subscription, subscription_version
+from .consumerprotocol import assigned_partitions, encode_assignment, parse_subscription, subscription_version
+from .coordinator import GroupCoordinator
+from .metadata import GroupMember, GroupMetadata, encode_group_key, encode_group_value
 from .offsets import OffsetStore
 from .reconciliation import STABLE, STATE_NAMES, UNRELEASED_PARTITIONS, UNREVOKED_PARTITIONS, MemberAssignment, \
     reconcile, subset
 
 __all__ = ["ConsumerGroupConfig", "ConsumerGroupCoordinator", "HeartbeatRequest", "ClassicJoin", "LEAVE",
-           "LEAVE_STATIC", "CONSUMER_PROTOCOL_TYPE"]
+           "LEAVE_STATIC", "CONSUMER_PROTOCOL_TYPE", "MIGRATION_POLICIES"]
 
 logger = logging.getLogger("logstore.groups.consumer")
 
@@ -78,6 +80,9 @@ LEAVE_STATIC = -2
 #: the protocol type ListGroups and DescribeGroups name a consumer group by
 CONSUMER_PROTOCOL_TYPE = "consumer"
 EMPTY, ASSIGNING, RECONCILING, STABLE_STATE = "Empty", "Assigning", "Reconciling", "Stable"
+#: Kafka's ConsumerGroupMigrationPolicy values (``group.consumer.migration.policy``, any case there)
+BIDIRECTIONAL, UPGRADE, DOWNGRADE, DISABLED = "bidirectional", "upgrade", "downgrade", "disabled"
+MIGRATION_POLICIES = (BIDIRECTIONAL, UPGRADE, DOWNGRADE, DISABLED)
 #: RE2/J, which Kafka compiles subscriptions with, has no lookaround and no backreference
 _NOT_RE2 = re.compile(r"\(\?<?[=!]|\\[1-9]|\(\?P=")
 
@@ -92,17 +97,36 @@ class ConsumerGroupConfig:
         assignors: ``group.consumer.assignors``: the server-side assignors a member may name;
             the first is the default.
         max_size: ``group.consumer.max.size``: GROUP_MAX_SIZE_REACHED past it.
+        migration_policy: ``group.consumer.migration.policy``: ``bidirectional`` (Kafka 4's
+            default), ``upgrade``, ``downgrade`` or ``disabled``: whether a classic group with
+            members becomes a consumer group when a member of the consumer protocol joins it,
+            and whether a consumer group whose last consumer-protocol member leaves becomes a
+            classic group again.
     """
 
     session_timeout_ms: int = 45000
     heartbeat_interval_ms: int = 5000
     assignors: tuple[str, ...] = ASSIGNORS
     max_size: int = 2 ** 31 - 1
+    migration_policy: str = BIDIRECTIONAL
 
     def __post_init__(self) -> None:
         unknown = [a for a in self.assignors if a not in ASSIGNORS]
         if unknown or not self.assignors:
             raise ValueError(f"group.consumer.assignors must name some of {', '.join(ASSIGNORS)}, not {unknown}")
+        if self.migration_policy not in MIGRATION_POLICIES:
+            raise ValueError(f"group.consumer.migration.policy must be one of {', '.join(MIGRATION_POLICIES)}, "
+                             f"not {self.migration_policy!r}")
+
+    @property
+    def upgrades(self) -> bool:
+        """Whether a classic group may become a consumer group (online upgrade)."""
+        return self.migration_policy in (BIDIRECTIONAL, UPGRADE)
+
+    @property
+    def downgrades(self) -> bool:
+        """Whether a consumer group may become a classic group (online downgrade)."""
+        return self.migration_policy in (BIDIRECTIONAL, DOWNGRADE)
 
 
 @dataclass(frozen=True)
@@ -185,6 +209,14 @@ class _Group:
         #: deleted (DeleteGroups): a request that found it before then looks again
         self.dead = False
 
+    def kill(self) -> None:
+        """The group is gone from this coordinator (deleted, or now a classic group): a request
+        that found it looks again, and its members' timers find nobody."""
+        self.dead = True
+        self.members = {}
+        self.static = {}
+        self.target = {}
+
     def state(self) -> str:
         if not self.members:
             return EMPTY
@@ -220,19 +252,19 @@ class ConsumerGroupCoordinator:
         topics: ``() -> {topic name: (topic id, partition count)}`` of every topic a group may
             subscribe to (internal ones left out).
         config: :class:`ConsumerGroupConfig`.
-        classic_members: ``group id -> bool``: whether a classic group of that id has members
-            (a consumer-protocol member cannot join it: GROUP_ID_NOT_FOUND).
+        classic: the classic protocol's coordinator of the same ``__consumer_offsets``, which
+            groups are converted from and to (None: no classic groups, no conversions).
     """
 
     def __init__(self, offsets: OffsetStore, purgatory: Purgatory,
                  topics: Callable[[], Mapping[str, tuple[uuid.UUID, int]]],
                  config: ConsumerGroupConfig = ConsumerGroupConfig(),
-                 classic_members: Callable[[str], bool] = lambda group_id: False) -> None:
+                 classic: GroupCoordinator | None = None) -> None:
         self.offsets = offsets
         self.purgatory = purgatory
         self.topics = topics
         self.config = config
-        self.classic_members = classic_members
+        self.classic = classic
         self._groups: dict[str, _Group] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -356,9 +388,10 @@ class ConsumerGroupCoordinator:
             return _error(exc.code, exc.message, request.member_id)
         if self._closed:
             return _error(ErrorCode.not_coordinator, "the coordinator is closing", request.member_id)
-        if request.member_epoch == 0 and self.classic_members(request.group_id):
-            return _error(ErrorCode.group_id_not_found, f"group {request.group_id} is a classic group with members",
-                          request.member_id)
+        if request.member_epoch == 0 and self.classic_has_members(request.group_id) and \
+                not self._upgrade(request.group_id):
+            return _error(ErrorCode.group_id_not_found, f"group {request.group_id} is a classic group with members "
+                          f"(group.consumer.migration.policy {self.config.migration_policy})", request.member_id)
         with self._lock:
             group = self._groups.get(request.group_id)
             if group is None and request.member_epoch == 0:
@@ -520,7 +553,7 @@ class ConsumerGroupCoordinator:
                 writes.append(self._current_record(group, member))
                 logger.info("consumer group %s: static member %s (%s) leaves for now", group.group_id,
                             member.member_id, member.meta.instance_id)
-        else:
+        elif not self._downgrade(group, member, durable=True):
             self._remove(group, member, writes)
             self._bump(group, writes)
             logger.info("consumer group %s: member %s leaves", group.group_id, member.member_id)
@@ -616,6 +649,8 @@ class ConsumerGroupCoordinator:
                     if now >= member.deadline:
                         logger.info("consumer group %s: member %s fenced: its session timed out", group.group_id,
                                     member.member_id)
+                        if self._downgrade(group, member, durable=False):
+                            return True
                         self._remove(group, member, writes)
                         self._bump(group, writes)
                         self._write(group, writes, durable=False)
@@ -643,6 +678,8 @@ class ConsumerGroupCoordinator:
                         member.at.state == UNREVOKED_PARTITIONS:
                     logger.info("consumer group %s: member %s fenced: it did not revoke its partitions within "
                                 "%d ms", group.group_id, member.member_id, timeout_ms)
+                    if self._downgrade(group, member, durable=False):
+                        return True
                     self._remove(group, member, writes)
                     self._bump(group, writes)
                     self._write(group, writes, durable=False)
@@ -808,6 +845,8 @@ class ConsumerGroupCoordinator:
         if group is None:
             return _sync_answer(ErrorCode.unknown_member_id)
         with group.lock:
+            if group.dead:  # it became a classic group meanwhile: the member joins that
+                return _sync_answer(ErrorCode.rebalance_in_progress)
             try:
                 member = self._classic_member(group, member_id, instance_id)
                 classic = member.meta.classic
@@ -844,6 +883,8 @@ class ConsumerGroupCoordinator:
         if group is None:
             return ErrorCode.unknown_member_id
         with group.lock:
+            if group.dead:  # it became a classic group meanwhile: the member joins that
+                return ErrorCode.rebalance_in_progress
             try:
                 member = self._classic_member(group, member_id, instance_id)
             except _HeartbeatError as exc:
@@ -874,6 +915,8 @@ class ConsumerGroupCoordinator:
         writes: list[tuple[bytes, bytes | None]] = []
         errors = []
         with group.lock:
+            if group.dead and self.classic is not None:  # it became a classic group meanwhile
+                return self.classic.leave(group_id, members)
             for member_id, instance_id in members:
                 try:
                     if instance_id is not None and not member_id:
@@ -899,6 +942,148 @@ class ConsumerGroupCoordinator:
                     return [ErrorCode.coordinator_not_available for _ in members]
         return errors
 
+    # ------------------------------------------------------------------ conversions
+    def classic_has_members(self, group_id: str) -> bool:
+        """Whether a classic group ``group_id`` has members (its classic coordinator's)."""
+        if self.classic is None:
+            return False
+        found = self.classic.describe(group_id)
+        return found is not None and bool(found["members"])
+
+    def _upgrade(self, group_id: str) -> bool:
+        """Kafka's online upgrade: the classic group ``group_id`` becomes a consumer group (where
+        ``group.consumer.migration.policy`` allows, its protocol type is ``consumer`` and its
+        size fits), each member keeping its generation's assignment (ConsumerGroup.fromClassicGroup);
+        the classic group's tombstone and the consumer group's records go in one batch, and
+        neither kind of request for the group is answered in between. Whether it was done."""
+        if self.classic is None or not self.config.upgrades:
+            return False
+        held: list[_Group] = []
+
+        def convert(stored: GroupMetadata) -> list[tuple[bytes, bytes | None]] | None:
+            if stored.protocol_type != CONSUMER_PROTOCOL_TYPE or len(stored.members) >= self.config.max_size:
+                return None
+            try:
+                group, writes = self._from_classic(group_id, stored)
+            except ValueError as exc:
+                logger.warning("classic group %s cannot become a consumer group: %s", group_id, exc)
+                return None
+            group.lock.acquire()
+            held.append(group)
+            with self._lock:
+                old = self._groups.get(group_id)
+                if old is not None:
+                    old.kill()
+                self._groups[group_id] = group
+            return writes
+
+        try:
+            done = self.classic.hand_over(group_id, convert)
+            if held and not done:  # the batch was not written: the classic group stays
+                held[0].kill()
+                with self._lock:
+                    if self._groups.get(group_id) is held[0]:
+                        del self._groups[group_id]
+            if done:
+                logger.info("classic group %s: became a consumer group (online upgrade)", group_id)
+                for member in held[0].members.values():
+                    self._watch_session(held[0], member)
+            return done
+        finally:
+            if held:
+                held[0].lock.release()
+
+    def _from_classic(self, group_id: str, stored: GroupMetadata
+                      ) -> tuple[_Group, list[tuple[bytes, bytes | None]]]:
+        """A consumer group of a classic group's members, and its records: the group epoch and
+        every member's epoch is the classic generation, its current and target assignment the
+        partitions it was handed.
+
+        Raises:
+            ValueError: a member's subscription or assignment is not the consumer protocol's.
+        """
+        group = _Group(group_id)
+        group.epoch = group.assignment_epoch = stored.generation
+        topics = self.topics()
+        now = time.monotonic()
+        for m in stored.members:
+            subscription = parse_subscription(m.subscription)
+            assigned = {topics[name][0]: frozenset(parts)
+                        for name, parts in assigned_partitions(m.assignment).items() if name in topics and parts}
+            meta = rec.MemberMetadata(m.group_instance_id, subscription.rack_id, m.client_id, m.client_host,
+                                      tuple(sorted(set(subscription.topics))), None, m.rebalance_timeout_ms, None,
+                                      rec.ClassicMemberMetadata(m.session_timeout_ms,
+                                                                ((stored.protocol or "", m.subscription),)))
+            member = group.members[m.member_id] = _Member(
+                m.member_id, meta, MemberAssignment(stored.generation, stored.generation, STABLE, assigned, {}))
+            member.deadline = now + m.session_timeout_ms / 1000.0
+            if m.group_instance_id is not None:
+                group.static[m.group_instance_id] = m.member_id
+            group.target[m.member_id] = assigned
+        group.topics = self._subscribed_topics(group)
+        group.assignor = self._assignor(group)
+        writes: list[tuple[bytes, bytes | None]] = [
+            (rec.encode_key(rec.GROUP_METADATA, group_id), rec.encode_value(rec.GROUP_METADATA, group.epoch)),
+            (rec.encode_key(rec.PARTITION_METADATA, group_id), rec.encode_value(rec.PARTITION_METADATA, group.topics)),
+            (rec.encode_key(rec.TARGET_METADATA, group_id), rec.encode_value(rec.TARGET_METADATA, group.epoch))]
+        for member in group.members.values():
+            writes.append((rec.encode_key(rec.MEMBER_METADATA, group_id, member.member_id),
+                           rec.encode_value(rec.MEMBER_METADATA, member.meta)))
+            writes.append((rec.encode_key(rec.TARGET_MEMBER, group_id, member.member_id),
+                           rec.encode_value(rec.TARGET_MEMBER, member.at.assigned)))
+            writes.append(self._current_record(group, member))
+        return group, writes
+
+    def _downgrade(self, group: _Group, leaving: _Member, durable: bool) -> bool:
+        """Kafka's online downgrade, when ``leaving`` (leaving or fenced) is the group's last
+        member of the consumer protocol and classic members remain (where
+        ``group.consumer.migration.policy`` allows): the group becomes a classic group of those
+        members, each handed its target partitions at the group epoch as generation
+        (ClassicGroup.fromConsumerGroup), which rebalances at once. The consumer group's
+        tombstones and the classic group's metadata record go in one batch (``durable``: waited
+        for). Whether it was done (else the caller removes the member). Holds the group's lock."""
+        others = [m for m in group.members.values() if m is not leaving]
+        if self.classic is None or not self.config.downgrades or leaving.meta.classic is not None or not others \
+                or any(m.meta.classic is None for m in others):
+            return False
+        common = None
+        for m in others:
+            names = [name for name, _ in m.meta.classic.protocols]  # type: ignore[union-attr]
+            common = names if common is None else [n for n in common if n in names]
+        if not common:
+            return False
+        protocol = common[0]
+        by_id = {tid: name for tid, (name, _) in group.topics.items()}
+        members = []
+        for m in others:
+            metadata = dict(m.meta.classic.protocols)[protocol]  # type: ignore[union-attr]
+            try:
+                version = subscription_version(metadata)
+            except ValueError:
+                version = 0
+            target = group.target.get(m.member_id, m.at.assigned)
+            members.append(GroupMember(m.member_id, m.meta.instance_id, m.meta.client_id, m.meta.client_host,
+                                       m.meta.rebalance_timeout_ms, self._session_ms(m), metadata,
+                                       encode_assignment({by_id[t]: p for t, p in target.items() if p and t in by_id},
+                                                         version)))
+        stored = GroupMetadata(CONSUMER_PROTOCOL_TYPE, group.epoch, protocol, members[0].member_id,
+                               int(time.time() * 1000), tuple(members))
+        writes: list[tuple[bytes, bytes | None]] = [(key, None) for key in self._records_of(group.group_id)]
+        writes.append((encode_group_key(group.group_id), encode_group_value(stored)))
+        try:
+            self.offsets.append_records(writes, durable=durable)
+        except (LogstoreError, OSError, ValueError) as exc:
+            logger.error("consumer group %s: could not become a classic group: %s", group.group_id, exc)
+            return False
+        group.kill()
+        with self._lock:
+            if self._groups.get(group.group_id) is group:
+                del self._groups[group.group_id]
+        self.classic.adopt(group.group_id, stored)
+        logger.info("consumer group %s: became a classic group of %d members when member %s left (online "
+                    "downgrade)", group.group_id, len(members), leaving.member_id)
+        return True
+
     # ------------------------------------------------------------------ deletion
     def delete_group(self, group_id: str) -> int | None:
         """A DeleteGroups of ``group_id``: None when it is no consumer group here (the classic
@@ -921,7 +1106,7 @@ class ConsumerGroupCoordinator:
                 logger.error("consumer group %s: could not be deleted: %s", group_id, exc)
                 self._reload(group_id)
                 return ErrorCode.coordinator_not_available
-            group.dead = True
+            group.kill()
             with self._lock:
                 if self._groups.get(group_id) is group:
                     del self._groups[group_id]

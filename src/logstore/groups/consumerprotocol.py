@@ -23,7 +23,7 @@ from kio.serial import entity_reader, entity_writer
 from kio.serial.errors import SerialError
 
 __all__ = ["subscribed_topics", "MAX_READ_VERSION", "Subscription", "parse_subscription", "encode_assignment",
-           "subscription_version"]
+           "assigned_partitions", "subscription_version"]
 
 #: the newest version of the consumer protocol's schemas read as such
 MAX_READ_VERSION = 3
@@ -99,3 +99,25 @@ def encode_assignment(partitions: Mapping[str, Iterable[int]], version: int = 0)
     entity_writer(module.ConsumerProtocolAssignment)(out, module.ConsumerProtocolAssignment(
         assigned_partitions=assigned, user_data=None))
     return out.getvalue()
+
+
+def assigned_partitions(data: bytes) -> dict[str, list[int]]:
+    """``{topic: partitions}`` of a ``ConsumerProtocolAssignment`` (any version); no bytes (what
+    a member the leader named nothing for is handed) is {}.
+
+    Raises:
+        ValueError: the assignment is truncated, malformed or of a negative version.
+    """
+    if not data:
+        return {}
+    version = subscription_version(data)
+    module = __import__(f"kio.schema.consumer_protocol_assignment.v{min(version, MAX_READ_VERSION)}.data",
+                        fromlist=["ConsumerProtocolAssignment"])
+    try:
+        parsed, _ = entity_reader(module.ConsumerProtocolAssignment)(memoryview(data)[2:].toreadonly(), 0)
+    except (SerialError, ValueError, struct.error, IndexError) as exc:
+        raise ValueError(f"a malformed consumer protocol assignment: {exc}") from None
+    out: dict[str, list[int]] = {}
+    for tp in parsed.assigned_partitions:
+        out.setdefault(str(tp.topic), []).extend(int(p) for p in tp.partitions)
+    return out

@@ -282,11 +282,8 @@ class KafkaApis:
         commits of its groups (holds: the groups' lock)."""
         classic = GroupCoordinator(offsets, self.purgatory, self._partition_exists, self.group_config)
         if self.consumer_group_config is not None:
-            def classic_members(group_id: str) -> bool:
-                found = classic.describe(group_id)
-                return found is not None and bool(found["members"])
             consumer = ConsumerGroupCoordinator(offsets, self.purgatory, self.subscribable_topics,
-                                                self.consumer_group_config, classic_members)
+                                                self.consumer_group_config, classic)
             classic.committer_check = consumer.check_commit
             self._consumer_groups = consumer
         return classic
@@ -1141,7 +1138,8 @@ class KafkaApis:
                 "group.consumer.session.timeout.ms": consumer.session_timeout_ms,
                 "group.consumer.heartbeat.interval.ms": consumer.heartbeat_interval_ms,
                 "group.consumer.assignors": ",".join(consumer.assignors),
-                "group.consumer.max.size": consumer.max_size}
+                "group.consumer.max.size": consumer.max_size,
+                "group.consumer.migration.policy": consumer.migration_policy.upper()}
 
     # ------------------------------------------------------------------ consumer groups
     def coordinator_of(self, key_type: int, key: str) -> dict[str, Any]:
@@ -1270,7 +1268,7 @@ class KafkaApis:
         wanted = [(t.name, p.partition_index) for t in body.topics for p in t.partitions]
         consumer = self.consumer_groups
         done = consumer.delete_offsets(body.group_id, wanted, self._partition_exists) \
-            if consumer is not None and body.group_id and not self._classic_members(body.group_id) else None
+            if consumer is not None and body.group_id and not consumer.classic_has_members(body.group_id) else None
         error, errors = done if done is not None else self.groups.delete_offsets(body.group_id, wanted)
         topics: dict[str, list[dict[str, Any]]] = {}
         for (topic, partition), code in zip(wanted, errors):
@@ -1286,18 +1284,13 @@ class KafkaApis:
         """One group of a DeleteGroups: a consumer group's (KIP-848) by its coordinator, unless
         its id has become a classic group's with members; else the classic coordinator's."""
         consumer = self.consumer_groups
-        if consumer is not None and group_id and not self._classic_members(group_id):
+        if consumer is not None and group_id and not consumer.classic_has_members(group_id):
             error = consumer.delete_group(group_id)
             if error is not None:
                 if error == ErrorCode.none:  # a classic group's empty entry of that id goes too
                     self.groups.delete_groups([group_id])
                 return error
         return self.groups.delete_groups([group_id])[0]
-
-    def _classic_members(self, group_id: str) -> bool:
-        """Whether a classic group ``group_id`` has members here."""
-        found = self.groups.describe(group_id)
-        return found is not None and bool(found["members"])
 
     def on_describe_groups(self, request: KafkaRequest) -> dict[str, Any]:
         groups = []
