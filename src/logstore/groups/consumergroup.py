@@ -520,15 +520,14 @@ class ConsumerGroupCoordinator:
         if old.at.epoch != LEAVE_STATIC and not either_classic:
             raise _HeartbeatError(ErrorCode.unreleased_instance_id,
                                   f"instance {instance_id} is still held by member {old.member_id}")
+        target = group.target.get(old.member_id)
         self._remove(group, old, writes)
         at = old.at._replace(epoch=0, previous_epoch=0) if either_classic else \
             old.at._replace(epoch=old.at.previous_epoch)
         member = group.members[member_id] = _Member(member_id, old.meta, at)
         group.static[instance_id] = member_id
-        if old.member_id in group.target:
-            group.target[member_id] = group.target.pop(old.member_id)
-        else:
-            group.target.pop(old.member_id, None)
+        if target is not None:
+            group.target[member_id] = target
         writes.append((rec.encode_key(rec.MEMBER_METADATA, group.group_id, member_id),
                        rec.encode_value(rec.MEMBER_METADATA, old.meta)))
         writes.append((rec.encode_key(rec.TARGET_MEMBER, group.group_id, member_id),
