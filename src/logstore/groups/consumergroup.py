@@ -323,7 +323,7 @@ class ConsumerGroupCoordinator:
             member = group.members[member_id] = _Member(member_id, meta, at)
             if meta.instance_id is not None:
                 group.static[meta.instance_id] = member_id
-            member.deadline = now + self._session_ms(member) / 1000.0
+            member.deadline = now + self._session_ms(group, member) / 1000.0
             self._watch_session(group, member)
         group.target = {m: a for m, a in group.target.items() if m in group.members}
         group.assignor = self._assignor(group)
@@ -624,14 +624,14 @@ class ConsumerGroupCoordinator:
                     group.epoch, group.assignor, len(target))
 
     # ------------------------------------------------------------------ timers
-    def _session_ms(self, member: _Member) -> int:
+    def _session_ms(self, group: _Group, member: _Member) -> int:
         """A member's session timeout: a classic member's own, else the group's."""
         classic = member.meta.classic
         return classic.session_timeout_ms if classic is not None else self.config.session_timeout_ms
 
     def _touch(self, group: _Group, member: _Member) -> None:
         watched = member.deadline > 0
-        member.deadline = time.monotonic() + self._session_ms(member) / 1000.0
+        member.deadline = time.monotonic() + self._session_ms(group, member) / 1000.0
         if not watched:
             self._watch_session(group, member)
 
@@ -1062,7 +1062,7 @@ class ConsumerGroupCoordinator:
                 version = 0
             target = group.target.get(m.member_id, m.at.assigned)
             members.append(GroupMember(m.member_id, m.meta.instance_id, m.meta.client_id, m.meta.client_host,
-                                       m.meta.rebalance_timeout_ms, self._session_ms(m), metadata,
+                                       m.meta.rebalance_timeout_ms, self._session_ms(group, m), metadata,
                                        encode_assignment({by_id[t]: p for t, p in target.items() if p and t in by_id},
                                                          version)))
         stored = GroupMetadata(CONSUMER_PROTOCOL_TYPE, group.epoch, protocol, members[0].member_id,
