@@ -163,3 +163,32 @@ def test_a_classic_group_is_upgraded_and_downgraded_by_rolling_its_members(serve
             m.stop()
     final = assert_commits_never_backwards(server.store, "rolling")
     assert final == {("work", p): (phase - 1) * PER_PARTITION for p in range(PARTITIONS)}
+
+
+def test_a_mixed_group_survives_a_server_restart(tmp_path):
+    server = KafkaServer(str(tmp_path), ("127.0.0.1", 0), consumer_group_config=CONFIG,
+                         group_min_session_timeout_ms=1000).start()
+    server.store.create_topic("work", PARTITIONS)
+    port = server.address[1]
+    members = [consumer_member(server.bootstrap_servers, "kept"), kafka_python(server.bootstrap_servers, "kept")]
+    try:
+        settled(members)
+        consumed_once(server, members, members, 1)
+        held = [m.assignment() for m in members]
+        admin = AdminClient({"bootstrap.servers": server.bootstrap_servers})
+        before = admin.describe_consumer_groups(["kept"])["kept"].result(timeout=10)
+        server.stop()
+        server = KafkaServer(str(tmp_path), ("127.0.0.1", port), consumer_group_config=CONFIG,
+                             group_min_session_timeout_ms=1000).start()
+        consumed_once(server, members, members, 2)
+        assert [m.assignment() for m in members] == held  # taken up where it was, its classic member too
+        admin = AdminClient({"bootstrap.servers": server.bootstrap_servers})
+        after = admin.describe_consumer_groups(["kept"])["kept"].result(timeout=10)
+        assert after.type == ConsumerGroupType.CONSUMER
+        assert {m.member_id for m in after.members} == {m.member_id for m in before.members}
+        assert assert_commits_never_backwards(server.store, "kept") == \
+            {("work", p): 2 * PER_PARTITION for p in range(PARTITIONS)}
+    finally:
+        for m in members:
+            m.stop()
+        server.stop()

@@ -180,6 +180,8 @@ def test_only_a_classic_member_with_a_protocol_every_classic_member_has_may_join
     garbage = c.classic_join(ClassicJoin("g", "z", None, "cl", "h", 30000, 30000, "consumer",
                                          (("range", b"\x00"),), True))
     assert garbage["error_code"] == ErrorCode.inconsistent_group_protocol
+    # group.min.session.timeout.ms (100 here) and group.max.session.timeout.ms, as for any JoinGroup
+    assert classic_join(c, "z", session_ms=50)["error_code"] == ErrorCode.invalid_session_timeout
 
 
 def test_a_static_classic_member_is_replaced_by_its_new_process_without_a_rebalance(env):

@@ -744,6 +744,9 @@ class ConsumerGroupCoordinator:
         epoch as the generation. Its answer's fields; durable before it returns. Thread-safe."""
         if self._closed:
             return _classic_join_error(ErrorCode.not_coordinator, join.member_id)
+        if self.classic is not None and not \
+                self.classic.min_session_ms <= join.session_timeout_ms <= self.classic.max_session_ms:
+            return _classic_join_error(ErrorCode.invalid_session_timeout, join.member_id)  # Kafka's bounds
         group = self._get(join.group_id)
         if group is None:
             return _classic_join_error(ErrorCode.coordinator_not_available, join.member_id)
