@@ -26,9 +26,11 @@ from confluent_kafka import ConsumerGroupType  # noqa: E402
 from confluent_kafka.admin import AdminClient  # noqa: E402
 
 HERE = os.path.dirname(__file__)
-CONFIG = ConsumerGroupConfig(session_timeout_ms=3000, heartbeat_interval_ms=250)
-#: librdkafka's classic protocol, eager range assignment, short sessions
-CLASSIC = {"group.protocol": "classic", "partition.assignment.strategy": "range", "session.timeout.ms": 6000,
+#: sessions long enough for a loaded machine (no member is killed here), frequent heartbeats
+CONFIG = ConsumerGroupConfig(session_timeout_ms=10000, heartbeat_interval_ms=250)
+SESSION_MS = 10000
+#: librdkafka's classic protocol, eager range assignment
+CLASSIC = {"group.protocol": "classic", "partition.assignment.strategy": "range", "session.timeout.ms": SESSION_MS,
            "heartbeat.interval.ms": 500}
 
 
@@ -76,7 +78,8 @@ def confluent_classic(bootstrap, group):
 
 def kafka_python(bootstrap, group):
     """kafka-python (the classic protocol only)."""
-    return Proc([os.path.join(HERE, "group_member.py"), "kafka-python", bootstrap, "work", group])
+    return Proc([os.path.join(HERE, "group_member.py"), "kafka-python", bootstrap, "work", group],
+                {"GROUP_MEMBER_SESSION_MS": str(SESSION_MS)})
 
 
 def settled(members):
