@@ -1077,11 +1077,11 @@ class ConsumerGroupCoordinator:
         except (LogstoreError, OSError, ValueError) as exc:
             logger.error("consumer group %s: could not become a classic group: %s", group.group_id, exc)
             return False
+        self.classic.adopt(group.group_id, stored)  # first: a request for the group finds one kind or the other
         group.kill()
         with self._lock:
             if self._groups.get(group.group_id) is group:
                 del self._groups[group.group_id]
-        self.classic.adopt(group.group_id, stored)
         logger.info("consumer group %s: became a classic group of %d members when member %s left (online "
                     "downgrade)", group.group_id, len(members), leaving.member_id)
         return True
