@@ -25,6 +25,19 @@ fenced (its partitions are released, the group epoch bumped), and so is one that
 revoked its partitions within its rebalance timeout. Group states: Empty, Assigning (the
 target is behind the group epoch), Reconciling (a member is not yet at the target), Stable.
 
+Mixed groups (Kafka's upgrade path): a member of the classic protocol may belong to a consumer
+group (:meth:`ConsumerGroupCoordinator.classic_join`, ``classic_sync``, ``classic_heartbeat``,
+``classic_leave``: Kafka's classicGroup*ToConsumerGroup). Its subscription and owned partitions
+come from its JoinGroup's ConsumerProtocolSubscription, its generation is its member epoch, its
+SyncGroup hands it its current partitions, and its Heartbeat answers REBALANCE_IN_PROGRESS when
+it must rejoin to move on (the group epoch passed its own, it must revoke, or what it waits for
+is free). Its session timeout and protocols are kept in its member record (ClassicMemberMetadata).
+Where ``group.consumer.migration.policy`` allows, a consumer-protocol member joining a classic
+group with members converts it (online upgrade: :meth:`GroupCoordinator.hand_over`), and the
+last consumer-protocol member leaving a group of classic members converts it back (online
+downgrade: :meth:`GroupCoordinator.adopt`); each conversion is one batch of records, made under
+both groups' locks (the classic group's taken first).
+
 Offset commits of a consumer group (:meth:`ConsumerGroupCoordinator.check_commit`) must come
 from a member at its current epoch (STALE_MEMBER_EPOCH for an older one, FENCED_MEMBER_EPOCH
 for a newer, UNKNOWN_MEMBER_ID for a stranger); epoch -1 without a member id (admin tools) is
@@ -43,7 +56,7 @@ Timers (sessions, revocations) are watches in the server's
 :class:`~logstore.net.purgatory.Purgatory`.
 
 Thread-safety: every method may be called from any thread; each group has its own lock,
-taken before the :class:`OffsetStore`'s.
+taken before the :class:`OffsetStore`'s (and after a classic group's, in a conversion).
 """
 
 from __future__ import annotations

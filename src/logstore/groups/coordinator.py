@@ -36,6 +36,10 @@ their next heartbeat and join again (their commits of the old generation are sti
 meanwhile), so a removal or a rebalance that the old coordinator had under way is never lost,
 and a member that died with it is dropped when the rebalance timeout passes without its join.
 
+A group of protocol type ``consumer`` may be handed over to the KIP-848 coordinator
+(:meth:`GroupCoordinator.hand_over`: Kafka's online upgrade) and taken back from it
+(:meth:`GroupCoordinator.adopt`: the online downgrade, which rebalances at once).
+
 Timers (session, rebalance and pending-member timeouts) are watches in the server's
 :class:`~logstore.net.purgatory.Purgatory`; no thread waits per group or member.
 
