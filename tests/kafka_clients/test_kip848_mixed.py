@@ -95,7 +95,15 @@ def consumed_once(server, members, everyone, phase):
     def seen():
         return [r for m in everyone for r in m.records() if r[2].startswith(f"{phase}-")]
 
-    wait_for(f"phase {phase} consumed", lambda: len({r[2] for r in seen()}) == want, timeout=90)
+    try:
+        wait_for(f"phase {phase} consumed", lambda: len({r[2] for r in seen()}) == want, timeout=90)
+    except AssertionError:  # say where the group stands (the coordinator's own view, for the diagnosis)
+        missing = sorted({f"{phase}-{p}-{i}" for p in range(PARTITIONS) for i in range(PER_PARTITION)} -
+                         {r[2] for r in seen()})
+        consumer = server._apis.consumer_groups
+        views = {g: consumer.describe(g) for g in ("mixed", "rolling", "kept")} if consumer is not None else {}
+        raise AssertionError(f"phase {phase}: {len(missing)} records not consumed (first {missing[:3]}); members' "
+                             f"assignments {[m.assignment() for m in members]}; groups {views}") from None
     values = [r[2] for r in seen()]
     assert len(values) == len(set(values)) == want, f"phase {phase}: some record was consumed twice"
 
