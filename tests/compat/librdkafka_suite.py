@@ -145,9 +145,6 @@ CONSUMER_FINDINGS: dict[str, str] = {
             "background, so its first assignment holds only the literal topic (2 partitions) and the regex's "
             "come in a later heartbeat; logstore resolves the regex in the same heartbeat and assigns all 10 "
             "at once (the same final assignment) [KIP-848]",
-    "0081[DeleteConsumerGroupOffsets]": "OffsetDelete does not know consumer groups, so the offsets of a topic "
-                                        "a KIP-848 member subscribes to are deleted where Kafka answers "
-                                        "GROUP_SUBSCRIBED_TO_TOPIC [KIP-848, groups]",
     "0113": "timing: a variation of its cooperative rebalance outlived the test's own timeout [groups]",
 }
 

@@ -4,7 +4,8 @@
 
 A confluent-kafka (librdkafka) consumer with ``group.protocol=consumer`` subscribes to TOPIC in
 GROUP (as a static member when INSTANCE_ID is given). For every record it commits the offset
-after it (synchronously) and then prints ``R <partition> <offset> <value>``; it prints
+after it (synchronously) and then prints ``R <partition> <offset> <value>`` (a record whose commit
+fails is read again while its partition stays with the member); it prints
 ``A <partitions>`` whenever its assignment changes. It runs until killed or until its stdin
 closes, then closes the consumer (a static member leaves with epoch -2). The environment's
 ``KIP848_CONFIG`` (JSON) adds librdkafka settings (a replica set's login).
@@ -29,7 +30,7 @@ def stdin_closed() -> bool:
 
 
 def main() -> None:
-    from confluent_kafka import Consumer, KafkaException
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     bootstrap, topic, group = sys.argv[1:4]
     config = {"bootstrap.servers": bootstrap, "group.id": group, "group.protocol": "consumer",
@@ -50,8 +51,12 @@ def main() -> None:
             continue
         try:
             consumer.commit(message=msg, asynchronous=False)
-        except KafkaException:
-            continue  # fenced or moved meanwhile: its next owner reads this record again
+        except KafkaException:  # a stale epoch, fenced, or moved meanwhile: not committed
+            try:  # read it again while the partition is still this member's
+                consumer.seek(TopicPartition(msg.topic(), msg.partition(), msg.offset()))
+            except KafkaException:
+                pass  # moved: its next owner reads it again from the last commit
+            continue
         say(f"R {msg.partition()} {msg.offset()} {msg.value().decode()}")
     consumer.close()
 

@@ -43,9 +43,22 @@ def test_member_metadata_round_trips_and_skips_unknown_tagged_fields():
     meta = rec.MemberMetadata("inst", None, "client", "/127.0.0.1", ("a", "b"), "t.*", 30000, "range")
     raw = rec.encode_value(rec.MEMBER_METADATA, meta)
     assert rec.decode_value(rec.MEMBER_METADATA, raw) == meta
-    # a tagged field (ClassicMemberMetadata, tag 0) written by a newer writer is skipped
-    tagged = raw[:-1] + b"\x01\x00\x03abc"
+    # a tagged field this reader does not know (tag 5) is skipped
+    tagged = raw[:-1] + b"\x01\x05\x03abc"
     assert rec.decode_value(rec.MEMBER_METADATA, tagged) == meta
+
+
+def test_a_classic_members_metadata_is_kafkas_tagged_field_0():
+    classic = rec.ClassicMemberMetadata(10000, (("range", b"\x00\x01sub"), ("cooperative-sticky", b"")))
+    meta = rec.MemberMetadata(None, "r1", "client", "/127.0.0.1", ("a",), None, 30000, None, classic)
+    raw = rec.encode_value(rec.MEMBER_METADATA, meta)
+    plain = rec.encode_value(rec.MEMBER_METADATA, meta._replace(classic=None))
+    # Kafka's layout: the plain value's fields, then one tagged field (tag 0) holding the
+    # session timeout and the compact array of (name, metadata, no tags), then its own tags
+    body = (b"\x00\x00\x27\x10" + b"\x03" + b"\x06range" + b"\x06\x00\x01sub" + b"\x00"
+            + b"\x13cooperative-sticky" + b"\x01" + b"\x00" + b"\x00")
+    assert raw == plain[:-1] + b"\x01\x00" + bytes([len(body)]) + body
+    assert rec.decode_value(rec.MEMBER_METADATA, raw) == meta
 
 
 def test_partition_metadata_and_target_member_round_trip():

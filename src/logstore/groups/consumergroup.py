@@ -25,6 +25,19 @@ fenced (its partitions are released, the group epoch bumped), and so is one that
 revoked its partitions within its rebalance timeout. Group states: Empty, Assigning (the
 target is behind the group epoch), Reconciling (a member is not yet at the target), Stable.
 
+Mixed groups (Kafka's upgrade path): a member of the classic protocol may belong to a consumer
+group (:meth:`ConsumerGroupCoordinator.classic_join`, ``classic_sync``, ``classic_heartbeat``,
+``classic_leave``: Kafka's classicGroup*ToConsumerGroup). Its subscription and owned partitions
+come from its JoinGroup's ConsumerProtocolSubscription, its generation is its member epoch, its
+SyncGroup hands it its current partitions, and its Heartbeat answers REBALANCE_IN_PROGRESS when
+it must rejoin to move on (the group epoch passed its own, it must revoke, or what it waits for
+is free). Its session timeout and protocols are kept in its member record (ClassicMemberMetadata).
+Where ``group.consumer.migration.policy`` allows, a consumer-protocol member joining a classic
+group with members converts it (online upgrade: :meth:`GroupCoordinator.hand_over`), and the
+last consumer-protocol member leaving a group of classic members converts it back (online
+downgrade: :meth:`GroupCoordinator.adopt`); each conversion is one batch of records, made under
+both groups' locks (the classic group's taken first).
+
 Offset commits of a consumer group (:meth:`ConsumerGroupCoordinator.check_commit`) must come
 from a member at its current epoch (STALE_MEMBER_EPOCH for an older one, FENCED_MEMBER_EPOCH
 for a newer, UNKNOWN_MEMBER_ID for a stranger); epoch -1 without a member id (admin tools) is
@@ -43,7 +56,7 @@ Timers (sessions, revocations) are watches in the server's
 :class:`~logstore.net.purgatory.Purgatory`.
 
 Thread-safety: every method may be called from any thread; each group has its own lock,
-taken before the :class:`OffsetStore`'s.
+taken before the :class:`OffsetStore`'s (and after a classic group's, in a conversion).
 """
 
 from __future__ import annotations
@@ -62,11 +75,15 @@ from ..errors import CorruptRecordError, LogstoreError
 from ..net.purgatory import Purgatory
 from . import consumerrecords as rec
 from .assignors import ASSIGNORS, Assignment, assign
+from .consumerprotocol import assigned_partitions, encode_assignment, parse_subscription, subscription_version
+from .coordinator import GroupCoordinator
+from .metadata import GroupMember, GroupMetadata, encode_group_key, encode_group_value
 from .offsets import OffsetStore
-from .reconciliation import STABLE, STATE_NAMES, UNREVOKED_PARTITIONS, MemberAssignment, reconcile, subset
+from .reconciliation import STABLE, STATE_NAMES, UNRELEASED_PARTITIONS, UNREVOKED_PARTITIONS, MemberAssignment, \
+    reconcile, subset
 
-__all__ = ["ConsumerGroupConfig", "ConsumerGroupCoordinator", "HeartbeatRequest", "LEAVE", "LEAVE_STATIC",
-           "CONSUMER_PROTOCOL_TYPE"]
+__all__ = ["ConsumerGroupConfig", "ConsumerGroupCoordinator", "HeartbeatRequest", "ClassicJoin", "LEAVE",
+           "LEAVE_STATIC", "CONSUMER_PROTOCOL_TYPE", "MIGRATION_POLICIES"]
 
 logger = logging.getLogger("logstore.groups.consumer")
 
@@ -76,6 +93,9 @@ LEAVE_STATIC = -2
 #: the protocol type ListGroups and DescribeGroups name a consumer group by
 CONSUMER_PROTOCOL_TYPE = "consumer"
 EMPTY, ASSIGNING, RECONCILING, STABLE_STATE = "Empty", "Assigning", "Reconciling", "Stable"
+#: Kafka's ConsumerGroupMigrationPolicy values (``group.consumer.migration.policy``, any case there)
+BIDIRECTIONAL, UPGRADE, DOWNGRADE, DISABLED = "bidirectional", "upgrade", "downgrade", "disabled"
+MIGRATION_POLICIES = (BIDIRECTIONAL, UPGRADE, DOWNGRADE, DISABLED)
 #: RE2/J, which Kafka compiles subscriptions with, has no lookaround and no backreference
 _NOT_RE2 = re.compile(r"\(\?<?[=!]|\\[1-9]|\(\?P=")
 
@@ -90,17 +110,36 @@ class ConsumerGroupConfig:
         assignors: ``group.consumer.assignors``: the server-side assignors a member may name;
             the first is the default.
         max_size: ``group.consumer.max.size``: GROUP_MAX_SIZE_REACHED past it.
+        migration_policy: ``group.consumer.migration.policy``: ``bidirectional`` (Kafka 4's
+            default), ``upgrade``, ``downgrade`` or ``disabled``: whether a classic group with
+            members becomes a consumer group when a member of the consumer protocol joins it,
+            and whether a consumer group whose last consumer-protocol member leaves becomes a
+            classic group again.
     """
 
     session_timeout_ms: int = 45000
     heartbeat_interval_ms: int = 5000
     assignors: tuple[str, ...] = ASSIGNORS
     max_size: int = 2 ** 31 - 1
+    migration_policy: str = BIDIRECTIONAL
 
     def __post_init__(self) -> None:
         unknown = [a for a in self.assignors if a not in ASSIGNORS]
         if unknown or not self.assignors:
             raise ValueError(f"group.consumer.assignors must name some of {', '.join(ASSIGNORS)}, not {unknown}")
+        if self.migration_policy not in MIGRATION_POLICIES:
+            raise ValueError(f"group.consumer.migration.policy must be one of {', '.join(MIGRATION_POLICIES)}, "
+                             f"not {self.migration_policy!r}")
+
+    @property
+    def upgrades(self) -> bool:
+        """Whether a classic group may become a consumer group (online upgrade)."""
+        return self.migration_policy in (BIDIRECTIONAL, UPGRADE)
+
+    @property
+    def downgrades(self) -> bool:
+        """Whether a consumer group may become a classic group (online downgrade)."""
+        return self.migration_policy in (BIDIRECTIONAL, DOWNGRADE)
 
 
 @dataclass(frozen=True)
@@ -125,6 +164,23 @@ class HeartbeatRequest:
     #: live); a regex subscription resolves only to those topics (Kafka's regex refresh with
     #: the authorizer). None: every topic (no authorizer).
     may_describe: Callable[[str], bool] | None = None
+
+
+@dataclass(frozen=True)
+class ClassicJoin:
+    """A JoinGroup's fields, for a consumer group that takes classic members."""
+
+    group_id: str
+    member_id: str
+    instance_id: str | None
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    protocol_type: str
+    protocols: tuple[tuple[str, bytes], ...]
+    #: JoinGroup v4+: a dynamic member without an id gets one with MEMBER_ID_REQUIRED first
+    require_known_member_id: bool
 
 
 class _HeartbeatError(Exception):
@@ -164,6 +220,16 @@ class _Group:
         self.static: dict[str, str] = {}  # instance id -> member id
         self.topics: dict[uuid.UUID, tuple[str, int]] = {}  # the subscribed topics at the last epoch bump
         self.assignor = ""
+        #: deleted (DeleteGroups): a request that found it before then looks again
+        self.dead = False
+
+    def kill(self) -> None:
+        """The group is gone from this coordinator (deleted, or now a classic group): a request
+        that found it looks again, and its members' timers find nobody."""
+        self.dead = True
+        self.members = {}
+        self.static = {}
+        self.target = {}
 
     def state(self) -> str:
         if not self.members:
@@ -200,8 +266,8 @@ class ConsumerGroupCoordinator:
         topics: ``() -> {topic name: (topic id, partition count)}`` of every topic a group may
             subscribe to (internal ones left out).
         config: :class:`ConsumerGroupConfig`.
-        classic_members: ``group id -> bool``: whether a classic group of that id has members
-            (a consumer-protocol member cannot join it: GROUP_ID_NOT_FOUND).
+        classic: the classic protocol's coordinator of the same ``__consumer_offsets``, which
+            groups are converted from and to (None: no classic groups, no conversions).
         timeouts: ``group id -> (session timeout ms, heartbeat interval ms)``: a group's own
             ``consumer.session.timeout.ms`` and ``consumer.heartbeat.interval.ms`` (Kafka's group
             configs), asked at each heartbeat, so a change counts from a member's next one;
@@ -211,14 +277,14 @@ class ConsumerGroupCoordinator:
     def __init__(self, offsets: OffsetStore, purgatory: Purgatory,
                  topics: Callable[[], Mapping[str, tuple[uuid.UUID, int]]],
                  config: ConsumerGroupConfig = ConsumerGroupConfig(),
-                 classic_members: Callable[[str], bool] = lambda group_id: False,
+                 classic: GroupCoordinator | None = None,
                  timeouts: Callable[[str], tuple[int, int]] | None = None) -> None:
         self.offsets = offsets
         self.purgatory = purgatory
         self.topics = topics
         self.config = config
         self.timeouts = timeouts or (lambda group_id: (config.session_timeout_ms, config.heartbeat_interval_ms))
-        self.classic_members = classic_members
+        self.classic = classic
         self._groups: dict[str, _Group] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -277,24 +343,28 @@ class ConsumerGroupCoordinator:
             member = group.members[member_id] = _Member(member_id, meta, at)
             if meta.instance_id is not None:
                 group.static[meta.instance_id] = member_id
-            member.deadline = now + self.timeouts(group_id)[0] / 1000.0
+            member.deadline = now + self._session_ms(group, member) / 1000.0
             self._watch_session(group, member)
         group.target = {m: a for m, a in group.target.items() if m in group.members}
         group.assignor = self._assignor(group)
         return group
 
-    def _reload(self, group_id: str) -> None:
-        """Read one group back from its records (after a write that failed: what the log holds
-        wins over what this coordinator had in memory)."""
-        records = []
+    def _records_of(self, group_id: str) -> dict[bytes, tuple[int, str | None, bytes]]:
+        """Every live record of ``group_id``: key -> (key version, member id or None, value)."""
+        out = {}
         for key, value in self.offsets.consumer_group_records().items():
             try:
                 parsed = rec.decode_key(key)
             except CorruptRecordError:
                 continue
             if parsed is not None and parsed[1] == group_id:
-                records.append((parsed[0], parsed[2], value))
-        group = self._group_from(group_id, records)
+                out[key] = (parsed[0], parsed[2], value)
+        return out
+
+    def _reload(self, group_id: str) -> None:
+        """Read one group back from its records (after a write that failed: what the log holds
+        wins over what this coordinator had in memory)."""
+        group = self._group_from(group_id, list(self._records_of(group_id).values()))
         with self._lock:
             if group is None:
                 self._groups.pop(group_id, None)
@@ -338,9 +408,10 @@ class ConsumerGroupCoordinator:
             return _error(exc.code, exc.message, request.member_id)
         if self._closed:
             return _error(ErrorCode.not_coordinator, "the coordinator is closing", request.member_id)
-        if request.member_epoch == 0 and self.classic_members(request.group_id):
-            return _error(ErrorCode.group_id_not_found, f"group {request.group_id} is a classic group with members",
-                          request.member_id)
+        if request.member_epoch == 0 and self.classic_has_members(request.group_id) and \
+                not self._upgrade(request.group_id):
+            return _error(ErrorCode.group_id_not_found, f"group {request.group_id} is a classic group with members "
+                          f"(group.consumer.migration.policy {self.config.migration_policy})", request.member_id)
         with self._lock:
             group = self._groups.get(request.group_id)
             if group is None and request.member_epoch == 0:
@@ -350,6 +421,8 @@ class ConsumerGroupCoordinator:
                           request.member_id)
         writes: list[tuple[bytes, bytes | None]] = []
         with group.lock:
+            if group.dead:  # deleted meanwhile: a new group of that id, or an unknown member
+                return self.heartbeat(request)
             try:
                 if request.member_epoch in (LEAVE, LEAVE_STATIC):
                     answer = self._leave(group, request, writes)
@@ -402,17 +475,35 @@ class ConsumerGroupCoordinator:
                     request.member_epoch != at.previous_epoch or not subset(request.owned, at.assigned))):
                 raise _HeartbeatError(ErrorCode.fenced_member_epoch,
                                       f"member {member_id} is at epoch {at.epoch}, not {request.member_epoch}")
-        meta = _updated(member.meta, request)
+        before = self._advance(group, member, _updated(member.meta, request), request.may_describe, request.owned,
+                               writes, bump)
+        after = member.at
+        send = full or after != before or (request.owned is not None and {
+            t: p for t, p in request.owned.items() if p} != {t: p for t, p in after.assigned.items() if p})
+        return {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None, "member_id": member_id,
+                "member_epoch": after.epoch, "heartbeat_interval": self.timeouts(group.group_id)[1],
+                "assignment": {"topic_partitions": [{"topic_id": t, "partitions": sorted(p)}
+                                                    for t, p in sorted(after.assigned.items()) if p]}
+                if send else None}
+
+    def _advance(self, group: _Group, member: _Member, meta: rec.MemberMetadata,
+                 may_describe: Callable[[str], bool] | None, owned: Assignment | None,
+                 writes: list[tuple[bytes, bytes | None]], bump: bool) -> MemberAssignment:
+        """A member's request of either protocol, past its checks: its new metadata (written
+        when changed; the group epoch bumped when its subscription or the subscribed topics
+        changed, or ``bump``), the target computed when behind the group epoch, the member's
+        next reconciliation step from what it says it ``owned``, its session renewed. Returns
+        where the member stood before (its new place is ``member.at``). Holds the group's lock."""
         resolved_before = member.resolved if member.resolved is not None else \
             frozenset(self._member_topics(member.meta, self.topics(), member.may_describe))
-        member.may_describe = request.may_describe
+        member.may_describe = may_describe
         if meta != member.meta:
             if (meta.subscribed_topic_names, meta.subscribed_topic_regex, meta.server_assignor) != (
                     member.meta.subscribed_topic_names, member.meta.subscribed_topic_regex,
                     member.meta.server_assignor):
                 bump = True
             member.meta = meta
-            writes.append((rec.encode_key(rec.MEMBER_METADATA, group.group_id, member_id),
+            writes.append((rec.encode_key(rec.MEMBER_METADATA, group.group_id, member.member_id),
                            rec.encode_value(rec.MEMBER_METADATA, meta)))
         if frozenset(self._member_topics(member.meta, self.topics(), member.may_describe)) != resolved_before:
             bump = True  # the topics its regex may resolve to changed (its ACLs, or new topics)
@@ -427,39 +518,36 @@ class ConsumerGroupCoordinator:
         if group.assignment_epoch != group.epoch:
             self._compute_target(group, writes)
         before = member.at
-        owners = group.owner_epochs(member_id)
-        after = reconcile(before, group.assignment_epoch, group.target.get(member_id, {}),
-                          lambda t, p: owners.get((t, p), -1), request.owned)
+        owners = group.owner_epochs(member.member_id)
+        after = reconcile(before, group.assignment_epoch, group.target.get(member.member_id, {}),
+                          lambda t, p: owners.get((t, p), -1), owned)
         if after != before:
             member.at = after
             writes.append(self._current_record(group, member))
             if after.state == UNREVOKED_PARTITIONS and member.revoke_watch != after.epoch:
                 self._watch_revocation(group, member)
         self._touch(group, member)
-        send = full or after != before or (request.owned is not None and {
-            t: p for t, p in request.owned.items() if p} != {t: p for t, p in after.assigned.items() if p})
-        return {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None, "member_id": member_id,
-                "member_epoch": after.epoch, "heartbeat_interval": self.timeouts(group.group_id)[1],
-                "assignment": {"topic_partitions": [{"topic_id": t, "partitions": sorted(p)}
-                                                    for t, p in sorted(after.assigned.items()) if p]}
-                if send else None}
+        return before
 
     def _replace_static(self, group: _Group, instance_id: str, member_id: str,
-                        writes: list[tuple[bytes, bytes | None]]) -> _Member:
-        """A static member's new process takes the place of its old one, which must have left
-        with epoch -2: same assignment, same epoch, no rebalance."""
+                        writes: list[tuple[bytes, bytes | None]], classic: bool = False) -> _Member:
+        """A static member's new process takes the place of its old one: same assignment, no
+        rebalance. Between members of the consumer protocol the old one must have left with
+        epoch -2, and the new one takes its epoch; when either speaks the classic protocol
+        (``classic``: the new one does) it is replaced at once, from epoch 0 (Kafka's rule)."""
         old = group.members[group.static[instance_id]]
-        if old.at.epoch != LEAVE_STATIC:
+        either_classic = classic or old.meta.classic is not None
+        if old.at.epoch != LEAVE_STATIC and not either_classic:
             raise _HeartbeatError(ErrorCode.unreleased_instance_id,
                                   f"instance {instance_id} is still held by member {old.member_id}")
+        target = group.target.get(old.member_id)
         self._remove(group, old, writes)
-        at = old.at._replace(epoch=old.at.previous_epoch)
+        at = old.at._replace(epoch=0, previous_epoch=0) if either_classic else \
+            old.at._replace(epoch=old.at.previous_epoch)
         member = group.members[member_id] = _Member(member_id, old.meta, at)
         group.static[instance_id] = member_id
-        if old.member_id in group.target:
-            group.target[member_id] = group.target.pop(old.member_id)
-        else:
-            group.target.pop(old.member_id, None)
+        if target is not None:
+            group.target[member_id] = target
         writes.append((rec.encode_key(rec.MEMBER_METADATA, group.group_id, member_id),
                        rec.encode_value(rec.MEMBER_METADATA, old.meta)))
         writes.append((rec.encode_key(rec.TARGET_MEMBER, group.group_id, member_id),
@@ -484,7 +572,7 @@ class ConsumerGroupCoordinator:
                 writes.append(self._current_record(group, member))
                 logger.info("consumer group %s: static member %s (%s) leaves for now", group.group_id,
                             member.member_id, member.meta.instance_id)
-        else:
+        elif not self._downgrade(group, member, durable=True):
             self._remove(group, member, writes)
             self._bump(group, writes)
             logger.info("consumer group %s: member %s leaves", group.group_id, member.member_id)
@@ -556,9 +644,14 @@ class ConsumerGroupCoordinator:
                     group.epoch, group.assignor, len(target))
 
     # ------------------------------------------------------------------ timers
+    def _session_ms(self, group: _Group, member: _Member) -> int:
+        """A member's session timeout: a classic member's own, else the group's."""
+        classic = member.meta.classic
+        return classic.session_timeout_ms if classic is not None else self.timeouts(group.group_id)[0]
+
     def _touch(self, group: _Group, member: _Member) -> None:
         before = member.deadline
-        member.deadline = time.monotonic() + self.timeouts(group.group_id)[0] / 1000.0
+        member.deadline = time.monotonic() + self._session_ms(group, member) / 1000.0
         if before <= 0 or member.deadline < before:  # (a shorter session timeout: a new, earlier timer)
             self._watch_session(group, member)
 
@@ -578,6 +671,8 @@ class ConsumerGroupCoordinator:
                     if now >= member.deadline:
                         logger.info("consumer group %s: member %s fenced: its session timed out", group.group_id,
                                     member.member_id)
+                        if self._downgrade(group, member, durable=False):
+                            return True
                         self._remove(group, member, writes)
                         self._bump(group, writes)
                         self._write(group, writes, durable=False)
@@ -605,6 +700,8 @@ class ConsumerGroupCoordinator:
                         member.at.state == UNREVOKED_PARTITIONS:
                     logger.info("consumer group %s: member %s fenced: it did not revoke its partitions within "
                                 "%d ms", group.group_id, member.member_id, timeout_ms)
+                    if self._downgrade(group, member, durable=False):
+                        return True
                     self._remove(group, member, writes)
                     self._bump(group, writes)
                     self._write(group, writes, durable=False)
@@ -633,6 +730,8 @@ class ConsumerGroupCoordinator:
             member = group.members.get(member_id)
             if member is None:
                 return ErrorCode.unknown_member_id
+            if member.meta.classic is not None:  # a classic member commits with its generation
+                return ErrorCode.none if member_epoch == member.at.epoch else ErrorCode.illegal_generation
             if api_version is not None and api_version < 9:
                 return ErrorCode.unsupported_version
             if member_epoch > member.at.epoch:
@@ -652,6 +751,426 @@ class ConsumerGroupCoordinator:
             if member is None:
                 return ErrorCode.unknown_member_id
             return ErrorCode.none if member_epoch == member.at.epoch else ErrorCode.stale_member_epoch
+
+    # ------------------------------------------------------------------ classic members
+    def takes_classic(self, group_id: str) -> bool:
+        """Whether the classic requests (JoinGroup, SyncGroup, Heartbeat, LeaveGroup) of
+        ``group_id`` are this coordinator's: it is a consumer group with members. (An empty one's
+        id is taken over by a classic group, as Kafka's.)"""
+        return self.has_members(group_id)
+
+    def classic_join(self, join: ClassicJoin) -> dict[str, Any]:
+        """A JoinGroup into a consumer group (Kafka's classicGroupJoinToConsumerGroup): the
+        member's subscription and owned partitions are read from its first protocol's
+        ConsumerProtocolSubscription, the group's assignor computes its partitions, and the
+        answer (no leader, no member list: nothing for the member to assign) carries its member
+        epoch as the generation. Its answer's fields; durable before it returns. Thread-safe."""
+        if self._closed:
+            return _classic_join_error(ErrorCode.not_coordinator, join.member_id)
+        if self.classic is not None and not \
+                self.classic.min_session_ms <= join.session_timeout_ms <= self.classic.max_session_ms:
+            return _classic_join_error(ErrorCode.invalid_session_timeout, join.member_id)  # Kafka's bounds
+        group = self._get(join.group_id)
+        if group is None:
+            return _classic_join_error(ErrorCode.coordinator_not_available, join.member_id)
+        writes: list[tuple[bytes, bytes | None]] = []
+        with group.lock:
+            if group.dead:
+                return self.classic_join(join)
+            try:
+                answer = self._classic_join(group, join, writes)
+            except _HeartbeatError as exc:
+                logger.info("consumer group %s: classic join of %r refused: %s", group.group_id, join.member_id,
+                            exc.message)
+                return _classic_join_error(exc.code, join.member_id)
+            if writes and not self._write(group, writes, durable=True):
+                return _classic_join_error(ErrorCode.coordinator_not_available, join.member_id)
+            return answer
+
+    def _supports_classic(self, group: _Group, protocol_type: str, names: Iterable[str]) -> bool:
+        """Kafka's supportsClassicProtocols: a ``consumer`` protocol type, and a protocol every
+        classic member of the group supports (any, in a group without classic members)."""
+        names = set(names)
+        if protocol_type != CONSUMER_PROTOCOL_TYPE or not names:
+            return False
+        for member in group.members.values():
+            if member.meta.classic is not None:
+                names &= {name for name, _ in member.meta.classic.protocols}
+        return bool(names)
+
+    def _classic_join(self, group: _Group, join: ClassicJoin, writes: list[tuple[bytes, bytes | None]]
+                      ) -> dict[str, Any]:
+        member_id = join.member_id or str(uuid.uuid4())
+        if not self._supports_classic(group, join.protocol_type, (name for name, _ in join.protocols)):
+            raise _HeartbeatError(ErrorCode.inconsistent_group_protocol,
+                                  f"member {member_id}'s protocols are not supported by group {group.group_id}")
+        if not join.member_id and join.require_known_member_id and join.instance_id is None:
+            return _classic_join_error(ErrorCode.member_id_required, member_id)
+        try:
+            subscription = parse_subscription(join.protocols[0][1])
+        except ValueError as exc:
+            raise _HeartbeatError(ErrorCode.inconsistent_group_protocol, str(exc)) from None
+        bump = replaced = False
+        member = None
+        held = group.static.get(join.instance_id) if join.instance_id is not None else None
+        if held is not None and not join.member_id:  # a static member's new process takes its place
+            member = self._replace_static(group, join.instance_id or "", member_id, writes, classic=True)
+            replaced = True
+        elif held is not None and held != member_id:
+            raise _HeartbeatError(ErrorCode.fenced_instance_id,
+                                  f"instance {join.instance_id} is held by member {held}, not {member_id}")
+        else:
+            member = group.members.get(member_id)
+        if member is None:
+            if len(group.members) >= self.config.max_size:
+                raise _HeartbeatError(ErrorCode.group_max_size_reached,
+                                      f"group {group.group_id} has {len(group.members)} members")
+            member = group.members[member_id] = _Member(member_id, rec.MemberMetadata(
+                join.instance_id, None, join.client_id, join.client_host, (), None, -1, None), _empty_at())
+            if join.instance_id is not None:
+                group.static[join.instance_id] = member_id
+            bump = True
+            logger.info("consumer group %s: classic member %s joins", group.group_id, member_id)
+        elif member.meta.classic is None and not replaced:
+            raise _HeartbeatError(ErrorCode.unknown_member_id, f"member {member_id} uses the consumer protocol")
+        topics = self.topics()
+        owned = {topics[name][0]: parts for name, parts in subscription.owned.items() if name in topics}
+        meta = rec.MemberMetadata(join.instance_id, subscription.rack_id, join.client_id or member.meta.client_id,
+                                  join.client_host or member.meta.client_host,
+                                  tuple(sorted(set(subscription.topics))), None, join.rebalance_timeout_ms, None,
+                                  rec.ClassicMemberMetadata(join.session_timeout_ms, tuple(join.protocols)))
+        self._advance(group, member, meta, None, owned, writes, bump)
+        return {"throttle_time": 0, "error_code": ErrorCode.none, "generation_id": member.at.epoch,
+                "protocol_type": CONSUMER_PROTOCOL_TYPE, "protocol_name": join.protocols[0][0], "leader": "",
+                "skip_assignment": False, "member_id": member_id, "members": []}
+
+    def _classic_member(self, group: _Group, member_id: str, instance_id: str | None) -> _Member:
+        """The classic member a request names (Kafka's validateConsumerGroupMember): by its
+        instance id when given (FENCED_INSTANCE_ID when another member id holds it), else by id."""
+        if instance_id is not None:
+            held = group.static.get(instance_id)
+            if held is None:
+                raise _HeartbeatError(ErrorCode.unknown_member_id, f"no member has instance id {instance_id}")
+            if held != member_id:
+                raise _HeartbeatError(ErrorCode.fenced_instance_id,
+                                      f"instance {instance_id} is held by member {held}, not {member_id}")
+        member = group.members.get(member_id)
+        if member is None or member.meta.classic is None:
+            raise _HeartbeatError(ErrorCode.unknown_member_id,
+                                  f"group {group.group_id} has no classic member {member_id}")
+        return member
+
+    def classic_sync(self, group_id: str, generation: int, member_id: str, instance_id: str | None,
+                     protocol_type: str | None, protocol_name: str | None) -> dict[str, Any]:
+        """A SyncGroup of a classic member: its current partitions as a ConsumerProtocolAssignment
+        of its subscription's version (ILLEGAL_GENERATION for another generation than its member
+        epoch, REBALANCE_IN_PROGRESS when the group moved on and it must rejoin first). Its
+        answer's fields. Thread-safe."""
+        group = self._get(group_id)
+        if group is None:
+            return _sync_answer(ErrorCode.unknown_member_id)
+        with group.lock:
+            if group.dead:  # it became a classic group meanwhile: the member joins that
+                return _sync_answer(ErrorCode.rebalance_in_progress)
+            try:
+                member = self._classic_member(group, member_id, instance_id)
+                classic = member.meta.classic
+                assert classic is not None
+                if generation != member.at.epoch:
+                    raise _HeartbeatError(ErrorCode.illegal_generation, f"member {member_id} is at epoch "
+                                          f"{member.at.epoch}, not {generation}")
+                if (protocol_type is not None and protocol_type != CONSUMER_PROTOCOL_TYPE) or (
+                        protocol_name is not None and protocol_name not in {n for n, _ in classic.protocols}):
+                    raise _HeartbeatError(ErrorCode.inconsistent_group_protocol,
+                                          f"protocol {protocol_type}/{protocol_name} is not the member's")
+                if group.epoch > member.at.epoch and member.at.state != UNREVOKED_PARTITIONS:
+                    raise _HeartbeatError(ErrorCode.rebalance_in_progress, f"group {group_id} is at epoch "
+                                          f"{group.epoch}: member {member_id} must rejoin")
+            except _HeartbeatError as exc:
+                return _sync_answer(exc.code)
+            self._touch(group, member)
+            names = {tid: name for name, (tid, _) in self.topics().items()}
+            names.update({tid: name for tid, (name, _) in group.topics.items()})
+            try:
+                version = subscription_version(classic.protocols[0][1])
+            except ValueError:
+                version = 0
+            assignment = encode_assignment({names[t]: p for t, p in member.at.assigned.items() if p and t in names},
+                                           version)
+            return _sync_answer(ErrorCode.none, assignment, protocol_type or CONSUMER_PROTOCOL_TYPE,
+                                protocol_name or classic.protocols[0][0])
+
+    def classic_heartbeat(self, group_id: str, generation: int, member_id: str, instance_id: str | None) -> int:
+        """A Heartbeat of a classic member: its error code. REBALANCE_IN_PROGRESS (rejoin) when
+        the group epoch passed its own, when it must revoke partitions, or when partitions it
+        waits for are free (Kafka's classicGroupHeartbeatToConsumerGroup). Thread-safe."""
+        group = self._get(group_id)
+        if group is None:
+            return ErrorCode.unknown_member_id
+        with group.lock:
+            if group.dead:  # it became a classic group meanwhile: the member joins that
+                return ErrorCode.rebalance_in_progress
+            try:
+                member = self._classic_member(group, member_id, instance_id)
+            except _HeartbeatError as exc:
+                return exc.code
+            if generation != member.at.epoch:
+                return ErrorCode.illegal_generation
+            self._touch(group, member)
+            at = member.at
+            if at.epoch < group.epoch or at.state == UNREVOKED_PARTITIONS or (
+                    at.state == UNRELEASED_PARTITIONS and not self._waits_for_others(group, member)):
+                return ErrorCode.rebalance_in_progress
+            return ErrorCode.none
+
+    def _waits_for_others(self, group: _Group, member: _Member) -> bool:
+        """Whether a partition of the member's target that it does not hold is held by another."""
+        owners = group.owner_epochs(member.member_id)
+        return any((t, p) in owners for t, ps in group.target.get(member.member_id, {}).items() for p in ps
+                   if p not in member.at.assigned.get(t, frozenset()))
+
+    def classic_leave(self, group_id: str, members: Iterable[tuple[str, str | None]]) -> list[int]:
+        """A LeaveGroup of classic members, ``(member id, instance id)`` pairs (an empty member
+        id with an instance id: an admin's removal): an error code for each; the group epoch is
+        bumped once for those that left. Durable before it returns. Thread-safe."""
+        members = list(members)
+        group = self._get(group_id)
+        if group is None:
+            return [ErrorCode.unknown_member_id for _ in members]
+        writes: list[tuple[bytes, bytes | None]] = []
+        errors = []
+        with group.lock:
+            if group.dead and self.classic is not None:  # it became a classic group meanwhile
+                return self.classic.leave(group_id, members)
+            for member_id, instance_id in members:
+                try:
+                    if instance_id is not None and not member_id:
+                        held = group.static.get(instance_id)
+                        if held is None:
+                            raise _HeartbeatError(ErrorCode.unknown_member_id, f"no instance {instance_id}")
+                        member_id = held
+                    member = self._classic_member(group, member_id, instance_id)
+                except _HeartbeatError as exc:
+                    errors.append(exc.code)
+                    continue
+                self._remove(group, member, writes)
+                logger.info("consumer group %s: classic member %s leaves", group_id, member_id)
+                errors.append(ErrorCode.none)
+            if writes:
+                topics = self._subscribed_topics(group)
+                if topics != group.topics:
+                    group.topics = topics
+                    writes.append((rec.encode_key(rec.PARTITION_METADATA, group_id),
+                                   rec.encode_value(rec.PARTITION_METADATA, topics)))
+                self._bump(group, writes)
+                if not self._write(group, writes, durable=True):
+                    return [ErrorCode.coordinator_not_available for _ in members]
+        return errors
+
+    # ------------------------------------------------------------------ conversions
+    def classic_has_members(self, group_id: str) -> bool:
+        """Whether a classic group ``group_id`` has members (its classic coordinator's)."""
+        if self.classic is None:
+            return False
+        found = self.classic.describe(group_id)
+        return found is not None and bool(found["members"])
+
+    def _upgrade(self, group_id: str) -> bool:
+        """Kafka's online upgrade: the classic group ``group_id`` becomes a consumer group (where
+        ``group.consumer.migration.policy`` allows, its protocol type is ``consumer`` and its
+        size fits), each member keeping its generation's assignment (ConsumerGroup.fromClassicGroup);
+        the classic group's tombstone and the consumer group's records go in one batch, and
+        neither kind of request for the group is answered in between. Whether it was done."""
+        if self.classic is None or not self.config.upgrades:
+            return False
+        held: list[_Group] = []
+
+        def convert(stored: GroupMetadata) -> list[tuple[bytes, bytes | None]] | None:
+            if stored.protocol_type != CONSUMER_PROTOCOL_TYPE or len(stored.members) >= self.config.max_size:
+                return None
+            try:
+                group, writes = self._from_classic(group_id, stored)
+            except ValueError as exc:
+                logger.warning("classic group %s cannot become a consumer group: %s", group_id, exc)
+                return None
+            group.lock.acquire()
+            held.append(group)
+            with self._lock:
+                old = self._groups.get(group_id)
+                if old is not None:
+                    old.kill()
+                self._groups[group_id] = group
+            return writes
+
+        try:
+            done = self.classic.hand_over(group_id, convert)
+            if held and not done:  # the batch was not written: the classic group stays
+                held[0].kill()
+                with self._lock:
+                    if self._groups.get(group_id) is held[0]:
+                        del self._groups[group_id]
+            if done:
+                logger.info("classic group %s: became a consumer group (online upgrade)", group_id)
+                for member in held[0].members.values():
+                    self._watch_session(held[0], member)
+            return done
+        finally:
+            if held:
+                held[0].lock.release()
+
+    def _from_classic(self, group_id: str, stored: GroupMetadata
+                      ) -> tuple[_Group, list[tuple[bytes, bytes | None]]]:
+        """A consumer group of a classic group's members, and its records: the group epoch and
+        every member's epoch is the classic generation, its current and target assignment the
+        partitions it was handed.
+
+        Raises:
+            ValueError: a member's subscription or assignment is not the consumer protocol's.
+        """
+        group = _Group(group_id)
+        group.epoch = group.assignment_epoch = stored.generation
+        topics = self.topics()
+        now = time.monotonic()
+        for m in stored.members:
+            subscription = parse_subscription(m.subscription)
+            assigned = {topics[name][0]: frozenset(parts)
+                        for name, parts in assigned_partitions(m.assignment).items() if name in topics and parts}
+            meta = rec.MemberMetadata(m.group_instance_id, subscription.rack_id, m.client_id, m.client_host,
+                                      tuple(sorted(set(subscription.topics))), None, m.rebalance_timeout_ms, None,
+                                      rec.ClassicMemberMetadata(m.session_timeout_ms,
+                                                                ((stored.protocol or "", m.subscription),)))
+            member = group.members[m.member_id] = _Member(
+                m.member_id, meta, MemberAssignment(stored.generation, stored.generation, STABLE, assigned, {}))
+            member.deadline = now + m.session_timeout_ms / 1000.0
+            if m.group_instance_id is not None:
+                group.static[m.group_instance_id] = m.member_id
+            group.target[m.member_id] = assigned
+        group.topics = self._subscribed_topics(group)
+        group.assignor = self._assignor(group)
+        writes: list[tuple[bytes, bytes | None]] = [
+            (rec.encode_key(rec.GROUP_METADATA, group_id), rec.encode_value(rec.GROUP_METADATA, group.epoch)),
+            (rec.encode_key(rec.PARTITION_METADATA, group_id), rec.encode_value(rec.PARTITION_METADATA, group.topics)),
+            (rec.encode_key(rec.TARGET_METADATA, group_id), rec.encode_value(rec.TARGET_METADATA, group.epoch))]
+        for member in group.members.values():
+            writes.append((rec.encode_key(rec.MEMBER_METADATA, group_id, member.member_id),
+                           rec.encode_value(rec.MEMBER_METADATA, member.meta)))
+            writes.append((rec.encode_key(rec.TARGET_MEMBER, group_id, member.member_id),
+                           rec.encode_value(rec.TARGET_MEMBER, member.at.assigned)))
+            writes.append(self._current_record(group, member))
+        return group, writes
+
+    def _downgrade(self, group: _Group, leaving: _Member, durable: bool) -> bool:
+        """Kafka's online downgrade, when ``leaving`` (leaving or fenced) is the group's last
+        member of the consumer protocol and classic members remain (where
+        ``group.consumer.migration.policy`` allows): the group becomes a classic group of those
+        members, each handed its target partitions at the group epoch as generation
+        (ClassicGroup.fromConsumerGroup), which rebalances at once. The consumer group's
+        tombstones and the classic group's metadata record go in one batch (``durable``: waited
+        for). Whether it was done (else the caller removes the member). Holds the group's lock."""
+        others = [m for m in group.members.values() if m is not leaving]
+        if self.classic is None or not self.config.downgrades or leaving.meta.classic is not None or not others \
+                or any(m.meta.classic is None for m in others):
+            return False
+        common = None
+        for m in others:
+            names = [name for name, _ in m.meta.classic.protocols]  # type: ignore[union-attr]
+            common = names if common is None else [n for n in common if n in names]
+        if not common:
+            return False
+        protocol = common[0]
+        by_id = {tid: name for tid, (name, _) in group.topics.items()}
+        members = []
+        for m in others:
+            metadata = dict(m.meta.classic.protocols)[protocol]  # type: ignore[union-attr]
+            try:
+                version = subscription_version(metadata)
+            except ValueError:
+                version = 0
+            target = group.target.get(m.member_id, m.at.assigned)
+            members.append(GroupMember(m.member_id, m.meta.instance_id, m.meta.client_id, m.meta.client_host,
+                                       m.meta.rebalance_timeout_ms, self._session_ms(group, m), metadata,
+                                       encode_assignment({by_id[t]: p for t, p in target.items() if p and t in by_id},
+                                                         version)))
+        stored = GroupMetadata(CONSUMER_PROTOCOL_TYPE, group.epoch, protocol, members[0].member_id,
+                               int(time.time() * 1000), tuple(members))
+        writes: list[tuple[bytes, bytes | None]] = [(key, None) for key in self._records_of(group.group_id)]
+        writes.append((encode_group_key(group.group_id), encode_group_value(stored)))
+        try:
+            self.offsets.append_records(writes, durable=durable)
+        except (LogstoreError, OSError, ValueError) as exc:
+            logger.error("consumer group %s: could not become a classic group: %s", group.group_id, exc)
+            return False
+        self.classic.adopt(group.group_id, stored)  # first: a request for the group finds one kind or the other
+        group.kill()
+        with self._lock:
+            if self._groups.get(group.group_id) is group:
+                del self._groups[group.group_id]
+        logger.info("consumer group %s: became a classic group of %d members when member %s left (online "
+                    "downgrade)", group.group_id, len(members), leaving.member_id)
+        return True
+
+    # ------------------------------------------------------------------ deletion
+    def delete_group(self, group_id: str) -> int | None:
+        """A DeleteGroups of ``group_id``: None when it is no consumer group here (the classic
+        rules apply), else an error code: NON_EMPTY_GROUP while it has members, else 0 once
+        its records and committed offsets are tombstoned, in one batch (Kafka's deletion of an
+        empty consumer group; the id may then start a group of either protocol).
+
+        Durability: fsynced (or held by a majority) before this returns. Thread-safe."""
+        group = self._get(group_id)
+        if group is None:
+            return None
+        with group.lock:
+            if group.dead:
+                return None
+            if group.members:
+                return ErrorCode.non_empty_group
+            try:
+                self.offsets.delete_group(group_id, self._records_of(group_id))
+            except (LogstoreError, OSError, ValueError) as exc:
+                logger.error("consumer group %s: could not be deleted: %s", group_id, exc)
+                self._reload(group_id)
+                return ErrorCode.coordinator_not_available
+            group.kill()
+            with self._lock:
+                if self._groups.get(group_id) is group:
+                    del self._groups[group_id]
+            logger.info("consumer group %s: deleted", group_id)
+            return ErrorCode.none
+
+    def delete_offsets(self, group_id: str, partitions: Iterable[tuple[str, int]],
+                       partition_exists: Callable[[str, int], bool]) -> tuple[int, list[int]] | None:
+        """An OffsetDelete for ``group_id``: None when it is no consumer group here (the classic
+        rules apply), else (the group's error, an error per partition), as Kafka's: a partition
+        of a topic some member's subscription resolves to is kept (GROUP_SUBSCRIBED_TO_TOPIC),
+        one of no topic here is UNKNOWN_TOPIC_OR_PARTITION, the others' offsets are deleted.
+
+        Durability: the tombstones are fsynced before this returns. Thread-safe."""
+        group = self._get(group_id)
+        if group is None:
+            return None
+        with group.lock:
+            if group.dead:
+                return None
+            topics = self.topics()
+            subscribed = set()
+            for member in group.members.values():
+                subscribed.update(self._member_topics(member.meta, topics, member.may_describe))
+            errors, doomed = [], []
+            for topic, partition in partitions:
+                if not partition_exists(topic, partition):
+                    errors.append(ErrorCode.unknown_topic_or_partition)
+                elif topic in subscribed:
+                    errors.append(ErrorCode.group_subscribed_to_topic)
+                else:
+                    doomed.append((topic, partition))
+                    errors.append(ErrorCode.none)
+            try:
+                self.offsets.delete(group_id, doomed, durable=True)
+            except (LogstoreError, OSError, ValueError) as exc:
+                logger.error("consumer group %s: offsets could not be deleted: %s", group_id, exc)
+                return ErrorCode.coordinator_not_available, []
+            return ErrorCode.none, errors
 
     # ------------------------------------------------------------------ describe
     def describe(self, group_id: str) -> dict[str, Any] | None:
@@ -673,7 +1192,7 @@ class ConsumerGroupCoordinator:
                                  "subscribed_topic_regex": m.meta.subscribed_topic_regex,
                                  "assignment": named(m.at.assigned),
                                  "target_assignment": named(group.target.get(m.member_id, {})),
-                                 "member_type": 1, "state": STATE_NAMES.get(m.at.state, "UNKNOWN")}
+                                 "member_type": 0 if m.meta.classic is not None else 1, "state": STATE_NAMES.get(m.at.state, "UNKNOWN")}
                                 for m in group.members.values()]}
 
     def close(self) -> None:
@@ -743,6 +1262,17 @@ def _updated(meta: rec.MemberMetadata, request: HeartbeatRequest) -> rec.MemberM
         request.client_id or meta.client_id, request.client_host or meta.client_host, names, regex,
         request.rebalance_timeout_ms if request.rebalance_timeout_ms != -1 else meta.rebalance_timeout_ms,
         request.server_assignor if request.server_assignor is not None else meta.server_assignor)
+
+
+def _classic_join_error(code: int, member_id: str) -> dict[str, Any]:
+    return {"throttle_time": 0, "error_code": code, "generation_id": -1, "protocol_type": None,
+            "protocol_name": "", "leader": "", "skip_assignment": False, "member_id": member_id, "members": []}
+
+
+def _sync_answer(code: int, assignment: bytes = b"", protocol_type: str | None = None,
+                 protocol_name: str | None = None) -> dict[str, Any]:
+    return {"throttle_time": 0, "error_code": code, "protocol_type": protocol_type, "protocol_name": protocol_name,
+            "assignment": assignment}
 
 
 def _error(code: int, message: str, member_id: str) -> dict[str, Any]:

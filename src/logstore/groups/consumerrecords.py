@@ -19,8 +19,10 @@ ConsumerGroupCurrentMemberAssignment (8)        group, member  epoch, previous e
 
 Keys are Kafka's non-flexible encoding (``int16 version`` then ``int16``-length strings); values
 are ``int16 version`` then the flexible encoding of Kafka's JSON specs (compact strings and
-arrays, UUIDs as 16 bytes, a tagged-field section, whose fields are skipped: the classic
-member metadata of a mixed group is not kept here).
+arrays, UUIDs as 16 bytes, a tagged-field section). A member that speaks the classic protocol
+(JoinGroup, SyncGroup, Heartbeat) inside a consumer group keeps, as Kafka's, its session
+timeout and supported protocols in the member metadata's tagged field 0
+(``ClassicMemberMetadata``); other tagged fields are skipped.
 
 Thread-safety: pure functions over immutable values.
 """
@@ -36,7 +38,7 @@ from .assignors import Assignment
 from ..records.control import uvarint
 
 __all__ = ["GROUP_METADATA", "PARTITION_METADATA", "MEMBER_METADATA", "TARGET_METADATA", "TARGET_MEMBER",
-           "CURRENT_ASSIGNMENT", "CONSUMER_KEY_VERSIONS", "MemberMetadata", "CurrentAssignment",
+           "CURRENT_ASSIGNMENT", "CONSUMER_KEY_VERSIONS", "ClassicMemberMetadata", "MemberMetadata", "CurrentAssignment",
            "encode_key", "decode_key", "encode_value", "decode_value"]
 
 GROUP_METADATA = 3
@@ -53,8 +55,16 @@ _I32 = struct.Struct(">i")
 _I8 = struct.Struct(">b")
 
 
+class ClassicMemberMetadata(NamedTuple):
+    """ConsumerGroupMemberMetadataValue's ClassicMemberMetadata: a classic member's session
+    timeout and its JoinGroup protocols, (name, metadata) in its order of preference."""
+
+    session_timeout_ms: int
+    protocols: tuple[tuple[str, bytes], ...]
+
+
 class MemberMetadata(NamedTuple):
-    """ConsumerGroupMemberMetadataValue."""
+    """ConsumerGroupMemberMetadataValue (``classic``: None for a member of the consumer protocol)."""
 
     instance_id: str | None
     rack_id: str | None
@@ -64,6 +74,7 @@ class MemberMetadata(NamedTuple):
     subscribed_topic_regex: str | None
     rebalance_timeout_ms: int
     server_assignor: str | None
+    classic: ClassicMemberMetadata | None = None
 
 
 class CurrentAssignment(NamedTuple):
@@ -119,6 +130,10 @@ def _compact_string(text: str | None) -> bytes:
     return uvarint(len(raw) + 1) + raw
 
 
+def _compact_bytes(raw: bytes) -> bytes:
+    return uvarint(len(raw) + 1) + raw
+
+
 def _compact_array(items: list[bytes]) -> bytes:
     return uvarint(len(items) + 1) + b"".join(items)
 
@@ -145,6 +160,11 @@ def encode_value(version: int, value: Any) -> bytes:
                 + _compact_array([_compact_string(t) for t in m.subscribed_topic_names])
                 + _compact_string(m.subscribed_topic_regex) + _I32.pack(m.rebalance_timeout_ms)
                 + _compact_string(m.server_assignor))
+        if m.classic is not None:
+            classic = (_I32.pack(m.classic.session_timeout_ms)
+                       + _compact_array([_compact_string(name) + _compact_bytes(meta) + b"\0"
+                                         for name, meta in m.classic.protocols]) + b"\0")
+            return head + body + b"\x01\x00" + uvarint(len(classic)) + classic  # tagged field 0
     elif version == TARGET_MEMBER:
         body = _partitions(value)
     elif version == CURRENT_ASSIGNMENT:
@@ -216,12 +236,25 @@ class _Reader:
         self.pos += 16
         return found
 
-    def tags(self) -> None:
+    def tags(self) -> dict[int, bytes]:
+        """The tagged fields: tag -> raw bytes."""
+        out = {}
         for _ in range(self.uvarint()):
-            self.uvarint()
+            tag = self.uvarint()
             size = self.uvarint()
             self._need(size)
+            out[tag] = self.buf[self.pos:self.pos + size]
             self.pos += size
+        return out
+
+    def raw_bytes(self) -> bytes:
+        n = self.uvarint()
+        if n == 0:
+            raise CorruptRecordError(None, None, f"consumer group record {self.what}: null bytes")
+        self._need(n - 1)
+        raw = self.buf[self.pos:self.pos + n - 1]
+        self.pos += n - 1
+        return raw
 
     def partitions(self) -> Assignment:
         out: dict[uuid.UUID, frozenset[int]] = {}
@@ -271,6 +304,11 @@ def decode_value(version: int, value: bytes) -> Any:
         regex = reader.string()
         out = MemberMetadata(instance_id, rack_id, client_id, client_host, names, regex, reader.fixed(_I32),
                              reader.string())
+        tagged = reader.tags()
+        if 0 in tagged:
+            out = out._replace(classic=_classic(_Reader(tagged[0], 0, "classic member metadata")))
+        reader.end()
+        return out
     elif version == TARGET_MEMBER:
         out = reader.partitions()
     elif version == CURRENT_ASSIGNMENT:
@@ -281,3 +319,15 @@ def decode_value(version: int, value: bytes) -> Any:
     reader.tags()
     reader.end()
     return out
+
+
+def _classic(reader: _Reader) -> ClassicMemberMetadata:
+    session = reader.fixed(_I32)
+    protocols = []
+    for _ in range(reader.count()):
+        name = reader.string() or ""
+        protocols.append((name, reader.raw_bytes()))
+        reader.tags()
+    reader.tags()
+    reader.end()
+    return ClassicMemberMetadata(session, tuple(protocols))

@@ -36,6 +36,10 @@ their next heartbeat and join again (their commits of the old generation are sti
 meanwhile), so a removal or a rebalance that the old coordinator had under way is never lost,
 and a member that died with it is dropped when the rebalance timeout passes without its join.
 
+A group of protocol type ``consumer`` may be handed over to the KIP-848 coordinator
+(:meth:`GroupCoordinator.hand_over`: Kafka's online upgrade) and taken back from it
+(:meth:`GroupCoordinator.adopt`: the online downgrade, which rebalances at once).
+
 Timers (session, rebalance and pending-member timeouts) are watches in the server's
 :class:`~logstore.net.purgatory.Purgatory`; no thread waits per group or member.
 
@@ -57,7 +61,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from ..errors import LogstoreError
 from ..errorcodes import ErrorCode
 from .consumerprotocol import subscribed_topics
-from .metadata import GroupMember, GroupMetadata
+from .metadata import GroupMember, GroupMetadata, encode_group_key
 from .offsets import OffsetStore
 from ..net.purgatory import Purgatory
 
@@ -235,31 +239,96 @@ class GroupCoordinator:
     def _load(self) -> None:
         """Take up every group's last stored generation (see the module docstring)."""
         for group_id, stored in self.offsets.group_metadata().items():
-            if not stored.members:
-                continue
-            group = self._groups[group_id] = _Group(group_id)
-            group.state = STABLE
-            group.generation = stored.generation
-            group.protocol_type = stored.protocol_type
-            group.protocol = stored.protocol or ""
-            group.leader = stored.leader if stored.leader in {m.member_id for m in stored.members} else None
-            for m in stored.members:
-                rebalance_ms = m.rebalance_timeout_ms if m.rebalance_timeout_ms >= 0 else m.session_timeout_ms
-                member = _Member(m.member_id, m.group_instance_id, m.client_id, m.client_host, m.session_timeout_ms,
-                                 rebalance_ms, [(group.protocol, m.subscription)])
-                member.assignment = m.assignment
-                group.members[m.member_id] = member
-                if m.group_instance_id is not None:
-                    group.static[m.group_instance_id] = m.member_id
-                self._touch(group, member)
-            if group.leader is None:
-                group.leader = next(iter(group.members))
-            logger.info("group %s: loaded generation %d with %d members", group_id, group.generation,
-                        len(group.members))
-            done: Done = []
-            with group.lock:
-                self._prepare_rebalance(group, "a new coordinator took the group over", done)
-            _complete(done)
+            if stored.members:
+                self._take_up(group_id, stored, "a new coordinator took the group over")
+
+    def _take_up(self, group_id: str, stored: GroupMetadata, why: str) -> None:
+        """Make ``group_id`` a group at ``stored``'s generation and members, and start a rebalance."""
+        group = _Group(group_id)
+        group.state = STABLE
+        group.generation = stored.generation
+        group.protocol_type = stored.protocol_type
+        group.protocol = stored.protocol or ""
+        group.leader = stored.leader if stored.leader in {m.member_id for m in stored.members} else None
+        for m in stored.members:
+            rebalance_ms = m.rebalance_timeout_ms if m.rebalance_timeout_ms >= 0 else m.session_timeout_ms
+            member = _Member(m.member_id, m.group_instance_id, m.client_id, m.client_host, m.session_timeout_ms,
+                             rebalance_ms, [(group.protocol, m.subscription)])
+            member.assignment = m.assignment
+            group.members[m.member_id] = member
+            if m.group_instance_id is not None:
+                group.static[m.group_instance_id] = m.member_id
+            self._touch(group, member)
+        if group.leader is None:
+            group.leader = next(iter(group.members))
+        with self._lock:
+            old = self._groups.get(group_id)
+            if old is not None:
+                old.state = DEAD
+            self._groups[group_id] = group
+        logger.info("group %s: taken up at generation %d with %d members (%s)", group_id, group.generation,
+                    len(group.members), why)
+        done: Done = []
+        with group.lock:
+            self._prepare_rebalance(group, why, done)
+        _complete(done)
+
+    # ------------------------------------------------------------------ conversions (KIP-848 mixed groups)
+    def adopt(self, group_id: str, stored: GroupMetadata) -> None:
+        """Take up a group another protocol's coordinator hands over (a KIP-848 consumer group
+        whose last member of the consumer protocol left: Kafka's online downgrade), at
+        ``stored``'s generation and members, and start a rebalance. ``stored`` is already
+        written (with the other coordinator's tombstones, in one batch). Thread-safe."""
+        self._take_up(group_id, stored, "converted from a consumer group")
+
+    def hand_over(self, group_id: str, convert: Callable[[GroupMetadata], list[tuple[bytes, bytes | None]] | None]
+                  ) -> bool:
+        """Give a group with members to another protocol's coordinator (Kafka's online upgrade to
+        a KIP-848 consumer group): ``convert`` gets the group as its metadata record would hold
+        it (each member's subscription of the chosen protocol, or of its first while none is
+        chosen) and answers the records that make it the other kind (None: it refuses); they
+        are written with this group's tombstone in one batch, the group is gone from here and
+        its waiting joins and syncs are answered REBALANCE_IN_PROGRESS. Whether it was handed
+        over. ``convert`` runs under the group's lock (a lock taken after it). Thread-safe."""
+        group = self._group(group_id, create=False)
+        if group is None:
+            return False
+        done: Done = []
+        with group.lock:
+            if group.state == DEAD or not group.members:
+                return False
+            members = tuple(GroupMember(m.member_id, m.instance_id, m.client_id, m.client_host, m.rebalance_ms,
+                                        m.session_ms, m.metadata(group.protocol) if group.protocol else
+                                        m.protocols[0][1], m.assignment) for m in group.members.values())
+            stored = GroupMetadata(group.protocol_type or "", group.generation,
+                                   group.protocol or next(iter(group.members.values())).names()[0], group.leader,
+                                   int(time.time() * 1000), members)
+            writes = convert(stored)
+            if writes is None:
+                return False
+            try:
+                self.offsets.append_records([(encode_group_key(group_id), None)] + writes, durable=True)
+            except (LogstoreError, OSError, ValueError) as exc:
+                logger.error("group %s: could not be handed over: %s", group_id, exc)
+                return False
+            for member in group.members.values():
+                if member.join is not None:
+                    done.append((member.join, _join_error(ErrorCode.rebalance_in_progress, member.member_id)))
+                    member.join = None
+                if member.sync is not None:
+                    done.append((member.sync, _sync_answer(ErrorCode.rebalance_in_progress)))
+                    member.sync = None
+            group.state = DEAD
+            group.members = {}  # its timers find nobody
+            group.static = {}
+            group.pending = set()
+            with self._lock:
+                if self._groups.get(group_id) is group:
+                    del self._groups[group_id]
+            logger.info("group %s: handed over at generation %d with %d members", group_id, group.generation,
+                        len(members))
+        _complete(done)
+        return True
 
     def _store(self, group: _Group, durable: bool = True) -> bool:
         """Write the group's membership (holds the group's lock); whether it was written (a

@@ -413,10 +413,11 @@ class OffsetStore:
             with self._lock:
                 self._catch_up()
 
-    def delete_group(self, group: str) -> None:
+    def delete_group(self, group: str, records: Iterable[bytes] = ()) -> None:
         """Remove ``group`` whole (Kafka's DeleteGroups): a tombstone for each of its committed
-        offsets and one for its membership, in one batch, so that a crash leaves the group
-        whole or gone. Transactional commits still waiting for their marker are not touched.
+        offsets, one for its membership and one for each key of ``records`` (a consumer
+        group's records), in one batch, so that a crash leaves the group whole or gone.
+        Transactional commits still waiting for their marker are not touched.
 
         Durability: fsynced on return. Thread-safe."""
         with self._lock:
@@ -424,6 +425,7 @@ class OffsetStore:
             keys: list[bytes | None] = [encode_offset_key(group, t, p)
                                         for (g, t, p) in self._offsets if g == group]
             keys.append(encode_group_key(group))
+            keys.extend(records)
             self._log.append_batch([None] * len(keys), keys)  # type: ignore[attr-defined]
         self._log.flush()  # type: ignore[attr-defined]
         with self._lock:

@@ -76,8 +76,8 @@ from ..txn.producerids import ProducerIds
 from ..groups.offsets import OFFSETS_TOPIC, offset_store
 from ..groups.coordinator import GroupConfig, GroupCoordinator, listed_by
 from .scramusers import ScramUsers
-from ..groups.consumergroup import (CONSUMER_PROTOCOL_TYPE, ConsumerGroupConfig, ConsumerGroupCoordinator,
-                                    HeartbeatRequest, owned_partitions)
+from ..groups.consumergroup import (CONSUMER_PROTOCOL_TYPE, ClassicJoin, ConsumerGroupConfig,
+                                    ConsumerGroupCoordinator, HeartbeatRequest, owned_partitions)
 from .apikeys import CONSUMER_GROUP_DESCRIBE, CONSUMER_GROUP_HEARTBEAT
 from .wire import SUPPORTED, KafkaRequest
 from ..net.purgatory import Purgatory
@@ -289,11 +289,8 @@ class KafkaApis:
         commits of its groups (holds: the groups' lock)."""
         classic = GroupCoordinator(offsets, self.purgatory, self._partition_exists, self.group_config)
         if self.consumer_group_config is not None:
-            def classic_members(group_id: str) -> bool:
-                found = classic.describe(group_id)
-                return found is not None and bool(found["members"])
             consumer = ConsumerGroupCoordinator(offsets, self.purgatory, self.subscribable_topics,
-                                                self.consumer_group_config, classic_members, self.group_timeouts)
+                                                self.consumer_group_config, classic, self.group_timeouts)
             classic.committer_check = consumer.check_commit
             self._consumer_groups = consumer
         return classic
@@ -1157,7 +1154,8 @@ class KafkaApis:
             return {"group.coordinator.rebalance.protocols": "classic"}
         return {"group.coordinator.rebalance.protocols": "classic,consumer", **self.group_settings(),
                 "group.consumer.assignors": ",".join(consumer.assignors),
-                "group.consumer.max.size": consumer.max_size}
+                "group.consumer.max.size": consumer.max_size,
+                "group.consumer.migration.policy": consumer.migration_policy.upper()}
 
     def group_settings(self) -> dict[str, int]:
         """The broker's ``group.consumer.*`` defaults and bounds of a group's own configs
@@ -1201,15 +1199,16 @@ class KafkaApis:
 
     def on_join_group(self, request: KafkaRequest) -> dict[str, Any] | Future:
         body = request.body
-        consumer = self.consumer_groups
-        if consumer is not None and consumer.has_members(body.group_id):
-            # a consumer group's (KIP-848) members: a classic member may not join it here
-            return {"throttle_time": 0, "error_code": ErrorCode.inconsistent_group_protocol, "generation_id": -1,
-                    "protocol_name": "", "leader": "", "member_id": body.member_id, "members": []}
         session_ms = _ms(body.session_timeout)
         rebalance_ms = _ms(body.rebalance_timeout) if request.api_version >= 1 else session_ms
         if getattr(body, "reason", None):
             logger.info("group %s: member %r joins: %s", body.group_id, body.member_id, body.reason)
+        consumer = self.consumer_groups
+        if consumer is not None and consumer.takes_classic(body.group_id):  # a classic member of a consumer group
+            return consumer.classic_join(ClassicJoin(
+                body.group_id, body.member_id, getattr(body, "group_instance_id", None), request.client_id or "",
+                request.client_host, session_ms, rebalance_ms, body.protocol_type,
+                tuple((p.name, p.metadata) for p in body.protocols), request.api_version >= 4))
         return self.groups.join(body.group_id, body.member_id, getattr(body, "group_instance_id", None),
                                 request.client_id or "", request.client_host, session_ms, rebalance_ms,
                                 body.protocol_type,
@@ -1217,6 +1216,11 @@ class KafkaApis:
 
     def on_sync_group(self, request: KafkaRequest) -> dict[str, Any] | Future:
         body = request.body
+        consumer = self.consumer_groups
+        if consumer is not None and consumer.takes_classic(body.group_id):
+            return consumer.classic_sync(body.group_id, body.generation_id, body.member_id,
+                                         getattr(body, "group_instance_id", None),
+                                         getattr(body, "protocol_type", None), getattr(body, "protocol_name", None))
         return self.groups.sync(body.group_id, body.generation_id, body.member_id,
                                 getattr(body, "group_instance_id", None),
                                 {a.member_id: a.assignment for a in body.assignments},
@@ -1224,21 +1228,26 @@ class KafkaApis:
 
     def on_heartbeat(self, request: KafkaRequest) -> dict[str, Any]:
         body = request.body
-        error = self.groups.heartbeat(body.group_id, body.generation_id, body.member_id,
-                                      getattr(body, "group_instance_id", None))
+        consumer = self.consumer_groups
+        on = consumer.classic_heartbeat if consumer is not None and consumer.takes_classic(body.group_id) else \
+            self.groups.heartbeat
+        error = on(body.group_id, body.generation_id, body.member_id, getattr(body, "group_instance_id", None))
         return {"throttle_time": 0, "error_code": error}
 
     def on_leave_group(self, request: KafkaRequest) -> dict[str, Any]:
         body = request.body
+        consumer = self.consumer_groups
+        leave = consumer.classic_leave if consumer is not None and consumer.takes_classic(body.group_id) else \
+            self.groups.leave
         if request.api_version < 3:
-            (error,) = self.groups.leave(body.group_id, [(body.member_id, None)])
+            (error,) = leave(body.group_id, [(body.member_id, None)])
             return {"throttle_time": 0, "error_code": error}
         for m in body.members:
             if getattr(m, "reason", None):
                 logger.info("group %s: member %r leaves: %s", body.group_id, m.member_id or m.group_instance_id,
                             m.reason)
         members = [(m.member_id, m.group_instance_id) for m in body.members]
-        errors = self.groups.leave(body.group_id, members)
+        errors = leave(body.group_id, members)
         return {"throttle_time": 0, "error_code": ErrorCode.none,
                 "members": [{"member_id": member_id, "group_instance_id": instance_id, "error_code": error}
                             for (member_id, instance_id), error in zip(members, errors)]}
@@ -1293,7 +1302,10 @@ class KafkaApis:
     def on_offset_delete(self, request: KafkaRequest) -> dict[str, Any]:
         body = request.body
         wanted = [(t.name, p.partition_index) for t in body.topics for p in t.partitions]
-        error, errors = self.groups.delete_offsets(body.group_id, wanted)
+        consumer = self.consumer_groups
+        done = consumer.delete_offsets(body.group_id, wanted, self._partition_exists) \
+            if consumer is not None and body.group_id and not consumer.classic_has_members(body.group_id) else None
+        error, errors = done if done is not None else self.groups.delete_offsets(body.group_id, wanted)
         topics: dict[str, list[dict[str, Any]]] = {}
         for (topic, partition), code in zip(wanted, errors):
             topics.setdefault(topic, []).append({"partition_index": partition, "error_code": code})
@@ -1301,9 +1313,20 @@ class KafkaApis:
                 "topics": [{"name": t, "partitions": parts} for t, parts in topics.items()]}
 
     def on_delete_groups(self, request: KafkaRequest) -> dict[str, Any]:
-        names = list(request.body.groups_names)
-        return {"throttle_time": 0, "results": [{"group_id": g, "error_code": e}
-                                                for g, e in zip(names, self.groups.delete_groups(names))]}
+        return {"throttle_time": 0, "results": [{"group_id": g, "error_code": self._delete_group(g)}
+                                                for g in request.body.groups_names]}
+
+    def _delete_group(self, group_id: str) -> int:
+        """One group of a DeleteGroups: a consumer group's (KIP-848) by its coordinator, unless
+        its id has become a classic group's with members; else the classic coordinator's."""
+        consumer = self.consumer_groups
+        if consumer is not None and group_id and not consumer.classic_has_members(group_id):
+            error = consumer.delete_group(group_id)
+            if error is not None:
+                if error == ErrorCode.none:  # a classic group's empty entry of that id goes too
+                    self.groups.delete_groups([group_id])
+                return error
+        return self.groups.delete_groups([group_id])[0]
 
     def on_describe_groups(self, request: KafkaRequest) -> dict[str, Any]:
         groups = []

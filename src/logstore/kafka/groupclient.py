@@ -24,13 +24,12 @@ import socket
 import struct
 from typing import Any, Iterable, Mapping, NamedTuple
 
-from kio.schema.consumer_protocol_assignment.v0.data import ConsumerProtocolAssignment, TopicPartition
 from kio.schema.consumer_protocol_subscription.v0.data import ConsumerProtocolSubscription
-from kio.serial import entity_reader, entity_writer
-from kio.serial.errors import SerialError
+from kio.serial import entity_writer
 
 from ..errorcodes import ErrorCode
-from ..groups.consumerprotocol import MAX_READ_VERSION, subscribed_topics
+from ..groups import consumerprotocol
+from ..groups.consumerprotocol import subscribed_topics
 from .apikeys import HEARTBEAT, JOIN_GROUP, LEAVE_GROUP, OFFSET_COMMIT, SYNC_GROUP
 from .client import Connection, KafkaClientError, Security
 
@@ -63,16 +62,6 @@ def encode_subscription(topics: Iterable[str]) -> bytes:
     return out.getvalue()
 
 
-def _versioned(data: bytes, what: str, schemas: str) -> tuple[type, memoryview]:
-    if len(data) < 2:
-        raise KafkaClientError(f"a consumer protocol {what} of {len(data)} bytes")
-    (version,) = _I16.unpack_from(data, 0)
-    if version < 0:
-        raise KafkaClientError(f"a consumer protocol {what} of version {version}")
-    module = __import__(f"kio.schema.{schemas}.v{min(version, MAX_READ_VERSION)}.data", fromlist=["x"])
-    return module.ConsumerProtocolAssignment, memoryview(data)[2:].toreadonly()
-
-
 def decode_subscription(data: bytes) -> list[str]:
     """The topics of a consumer protocol subscription (any version)."""
     try:
@@ -83,29 +72,16 @@ def decode_subscription(data: bytes) -> list[str]:
 
 def encode_assignment(partitions: Mapping[str, Iterable[int]]) -> bytes:
     """SyncGroup assignment of the consumer protocol (version 0): ``{topic: partitions}``."""
-    out = io.BytesIO()
-    out.write(_I16.pack(0))
-    assigned = tuple(TopicPartition(topic=topic, partitions=tuple(sorted(parts)))  # type: ignore[arg-type]
-                     for topic, parts in sorted(partitions.items()))
-    entity_writer(ConsumerProtocolAssignment)(out, ConsumerProtocolAssignment(assigned_partitions=assigned,
-                                                                               user_data=None))
-    return out.getvalue()
+    return consumerprotocol.encode_assignment(partitions, 0)
 
 
 def decode_assignment(data: bytes) -> dict[str, list[int]]:
     """``{topic: partitions}`` of a consumer protocol assignment (any version); an empty
     assignment (no bytes, as a coordinator hands a member the leader named nothing for) is {}."""
-    if not data:
-        return {}
-    cls, body = _versioned(data, "assignment", "consumer_protocol_assignment")
     try:
-        parsed, _ = entity_reader(cls)(body, 0)
-    except (SerialError, ValueError, struct.error, IndexError) as exc:
-        raise KafkaClientError(f"a malformed consumer protocol assignment: {exc}") from None
-    out: dict[str, list[int]] = {}
-    for tp in parsed.assigned_partitions:
-        out.setdefault(str(tp.topic), []).extend(int(p) for p in tp.partitions)
-    return out
+        return consumerprotocol.assigned_partitions(data)
+    except ValueError as exc:
+        raise KafkaClientError(str(exc)) from None
 
 
 def range_assign(subscriptions: Mapping[str, Iterable[str]],

@@ -63,7 +63,7 @@ from .credentials import (MECHANISMS, STORE_FILE_NAME, Credentials, CredentialsE
                           store_users_path)
 from .oauth import CONFIG_NAMES as OAUTHBEARER_CONFIG_NAMES, OAUTHBEARER, OAuthBearerValidator
 from .scramusers import ScramUsers
-from ..groups.consumergroup import ConsumerGroupConfig
+from ..groups.consumergroup import MIGRATION_POLICIES, ConsumerGroupConfig
 from .configs import GroupConfigBounds
 from ..groups.coordinator import GroupConfig
 from .wire import KafkaProtocolError, KafkaRequest, UnsupportedVersionError, encode, parse_request
@@ -576,6 +576,10 @@ def add_consumer_group_arguments(parser: Any) -> None:
                         help="how often consumer-protocol members heartbeat")
     parser.add_argument("--group-consumer-assignors", default=",".join(ConsumerGroupConfig.assignors),
                         metavar="A,A", help="the server-side assignors (uniform, range); the first is the default")
+    parser.add_argument("--group-consumer-migration-policy", default=ConsumerGroupConfig.migration_policy,
+                        type=str.lower, choices=MIGRATION_POLICIES,
+                        help="whether classic groups become consumer groups (upgrade) and back (downgrade) as "
+                             "their members change protocol")
 
 
 def add_group_config_arguments(parser: Any) -> None:
@@ -616,7 +620,8 @@ def consumer_group_config(args: Any) -> ConsumerGroupConfig | None:
     return ConsumerGroupConfig(session_timeout_ms=args.group_consumer_session_timeout_ms,
                                heartbeat_interval_ms=args.group_consumer_heartbeat_interval_ms,
                                assignors=tuple(a.strip() for a in args.group_consumer_assignors.split(",")
-                                               if a.strip()))
+                                               if a.strip()),
+                               migration_policy=args.group_consumer_migration_policy)
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int:
