@@ -62,7 +62,6 @@ taken before the :class:`OffsetStore`'s (and after a classic group's, in a conve
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 import uuid
@@ -81,6 +80,7 @@ from .metadata import GroupMember, GroupMetadata, encode_group_key, encode_group
 from .offsets import OffsetStore
 from .reconciliation import STABLE, STATE_NAMES, UNRELEASED_PARTITIONS, UNREVOKED_PARTITIONS, MemberAssignment, \
     reconcile, subset
+from .topicregex import InvalidTopicRegex, topic_matcher
 
 __all__ = ["ConsumerGroupConfig", "ConsumerGroupCoordinator", "HeartbeatRequest", "ClassicJoin", "LEAVE",
            "LEAVE_STATIC", "CONSUMER_PROTOCOL_TYPE", "MIGRATION_POLICIES"]
@@ -96,8 +96,6 @@ EMPTY, ASSIGNING, RECONCILING, STABLE_STATE = "Empty", "Assigning", "Reconciling
 #: Kafka's ConsumerGroupMigrationPolicy values (``group.consumer.migration.policy``, any case there)
 BIDIRECTIONAL, UPGRADE, DOWNGRADE, DISABLED = "bidirectional", "upgrade", "downgrade", "disabled"
 MIGRATION_POLICIES = (BIDIRECTIONAL, UPGRADE, DOWNGRADE, DISABLED)
-#: RE2/J, which Kafka compiles subscriptions with, has no lookaround and no backreference
-_NOT_RE2 = re.compile(r"\(\?<?[=!]|\\[1-9]|\(\?P=")
 
 
 @dataclass(frozen=True)
@@ -609,8 +607,12 @@ class ConsumerGroupCoordinator:
         checked when it sent them), and those its regex matches that ``may_describe`` allows."""
         names = {n: topics[n] for n in meta.subscribed_topic_names if n in topics}
         if meta.subscribed_topic_regex:
-            pattern = re.compile(meta.subscribed_topic_regex)
-            names.update({n: v for n, v in topics.items() if pattern.fullmatch(n) and n not in names
+            try:
+                matches = topic_matcher(meta.subscribed_topic_regex)
+            except InvalidTopicRegex as exc:  # (kept by a version that checked less: it matches nothing)
+                logger.warning("subscription regex %r matches no topic: %s", meta.subscribed_topic_regex, exc)
+                return names
+            names.update({n: v for n, v in topics.items() if matches(n) and n not in names
                           and (may_describe is None or may_describe(n))})
         return names
 
@@ -1236,18 +1238,12 @@ def _validate(request: HeartbeatRequest, config: ConsumerGroupConfig) -> None:
 
 
 def check_regex(pattern: str) -> None:
-    """Refuse a subscription regex that RE2/J (Kafka's) or Python cannot compile alike."""
-    problem = None
-    if _NOT_RE2.search(pattern):
-        problem = "lookarounds and backreferences are not RE2 syntax"
-    else:
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            problem = str(exc)
-    if problem is not None:
+    """Refuse a subscription regex that RE2 (Kafka's RE2/J) cannot compile."""
+    try:
+        topic_matcher(pattern)
+    except InvalidTopicRegex as exc:
         raise _HeartbeatError(ErrorCode.invalid_regular_expression,
-                              f"SubscribedTopicRegex {pattern!r} is not a valid regular expression: {problem}")
+                              f"SubscribedTopicRegex {pattern!r} is not a valid regular expression: {exc}") from None
 
 
 def _updated(meta: rec.MemberMetadata, request: HeartbeatRequest) -> rec.MemberMetadata:
