@@ -75,7 +75,7 @@ from ..net.purgatory import Purgatory
 from . import consumerrecords as rec
 from .assignors import ASSIGNORS, Assignment, assign
 from .consumerprotocol import assigned_partitions, encode_assignment, parse_subscription, subscription_version
-from .coordinator import GroupCoordinator
+from .coordinator import GroupCoordinator, delete_unsubscribed_offsets
 from .metadata import GroupMember, GroupMetadata, encode_group_key, encode_group_value
 from .offsets import OffsetStore
 from .reconciliation import STABLE, STATE_NAMES, UNRELEASED_PARTITIONS, UNREVOKED_PARTITIONS, MemberAssignment, \
@@ -1158,21 +1158,7 @@ class ConsumerGroupCoordinator:
             subscribed = set()
             for member in group.members.values():
                 subscribed.update(self._member_topics(member.meta, topics, member.may_describe))
-            errors, doomed = [], []
-            for topic, partition in partitions:
-                if not partition_exists(topic, partition):
-                    errors.append(ErrorCode.unknown_topic_or_partition)
-                elif topic in subscribed:
-                    errors.append(ErrorCode.group_subscribed_to_topic)
-                else:
-                    doomed.append((topic, partition))
-                    errors.append(ErrorCode.none)
-            try:
-                self.offsets.delete(group_id, doomed, durable=True)
-            except (LogstoreError, OSError, ValueError) as exc:
-                logger.error("consumer group %s: offsets could not be deleted: %s", group_id, exc)
-                return ErrorCode.coordinator_not_available, []
-            return ErrorCode.none, errors
+            return delete_unsubscribed_offsets(self.offsets, group_id, partitions, partition_exists, subscribed)
 
     # ------------------------------------------------------------------ describe
     def describe(self, group_id: str) -> dict[str, Any] | None:

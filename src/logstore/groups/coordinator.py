@@ -187,6 +187,31 @@ def listed_by(state: str, group_type: str, states: Iterable[str], types: Iterabl
     return (not wanted_states or state.lower() in wanted_states) and (not wanted_types or group_type.lower() in wanted_types)
 
 
+def delete_unsubscribed_offsets(offsets: OffsetStore, group_id: str, partitions: Iterable[tuple[str, int]],
+                                partition_exists: Callable[[str, int], bool], subscribed: set[str] | None
+                                ) -> tuple[int, list[int]]:
+    """OffsetDelete's rule for a group of either protocol, its lock held: (the group's error,
+    an error per partition): a partition of no topic here is UNKNOWN_TOPIC_OR_PARTITION, one of
+    a topic in ``subscribed`` (None: every topic) GROUP_SUBSCRIBED_TO_TOPIC, and the others'
+    offsets are deleted, the tombstones fsynced (COORDINATOR_NOT_AVAILABLE if they cannot be)."""
+    errors: list[int] = []
+    doomed = []
+    for topic, partition in partitions:
+        if not partition_exists(topic, partition):
+            errors.append(ErrorCode.unknown_topic_or_partition)
+        elif subscribed is None or topic in subscribed:
+            errors.append(ErrorCode.group_subscribed_to_topic)
+        else:
+            doomed.append((topic, partition))
+            errors.append(ErrorCode.none)
+    try:
+        offsets.delete(group_id, doomed, durable=True)
+    except (LogstoreError, OSError, ValueError) as exc:
+        logger.error("group %s: offsets could not be deleted: %s", group_id, exc)
+        return ErrorCode.coordinator_not_available, []
+    return ErrorCode.none, errors
+
+
 @dataclass(frozen=True)
 class GroupConfig:
     """The coordinator's settings, as Kafka's broker settings of the same names.
@@ -909,22 +934,7 @@ class GroupCoordinator:
                 subscribed = self._subscribed_topics(group)
             else:
                 return ErrorCode.non_empty_group, []
-            errors: list[int] = []
-            doomed = []
-            for topic, partition in partitions:
-                if not self.partition_exists(topic, partition):
-                    errors.append(ErrorCode.unknown_topic_or_partition)
-                elif subscribed is None or topic in subscribed:
-                    errors.append(ErrorCode.group_subscribed_to_topic)
-                else:
-                    doomed.append((topic, partition))
-                    errors.append(ErrorCode.none)
-            try:
-                self.offsets.delete(group_id, doomed, durable=True)
-            except (LogstoreError, OSError, ValueError) as exc:
-                logger.error("group %s: offsets could not be deleted: %s", group_id, exc)
-                return ErrorCode.coordinator_not_available, []
-            return ErrorCode.none, errors
+            return delete_unsubscribed_offsets(self.offsets, group_id, partitions, self.partition_exists, subscribed)
 
     def _subscribed_topics(self, group: _Group) -> set[str] | None:
         """The topics the members of a consumer-protocol group subscribe to (every protocol's
