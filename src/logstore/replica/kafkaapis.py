@@ -91,6 +91,8 @@ from .._native import lib
 from ..errorcodes import ErrorCode, code_for
 from ..errors import (
     CorruptRecordError,
+    InvalidConfigError,
+    InvalidPartitionsError,
     InvalidProducerEpochError,
     InvalidRecordError,
     InvalidTopicError,
@@ -573,6 +575,10 @@ class ReplicaKafkaApis(KafkaApis):
             return ErrorCode.topic_already_exists, f"topic {name!r} already exists"
         except InvalidTopicError as exc:
             return ErrorCode.invalid_topic_exception, str(exc)
+        except InvalidPartitionsError as exc:
+            return ErrorCode.invalid_partitions, str(exc)
+        except (InvalidConfigError, TypeError, ValueError) as exc:
+            return ErrorCode.invalid_config, str(exc)
         except NotLeaderOrFollowerError as exc:
             return ErrorCode.not_controller, str(exc)
         except RequestTimedOutError as exc:
