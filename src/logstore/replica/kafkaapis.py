@@ -287,7 +287,7 @@ class ReplicaKafkaApis(KafkaApis):
         envelope = {"request_data": bytes(inner[4:]),  # (after the size)
                     "request_principal": None if request.principal is None else str(request.principal).encode(),
                     "client_host_address": _host_bytes(request.client_host)}
-        answer = self.context.peer_connections.request(leader, ENVELOPE, envelope, timeout_s)
+        answer = self.context.forward_connections.request(leader, ENVELOPE, envelope, timeout_s)
         if answer.error_code != ErrorCode.none or answer.response_data is None:
             raise KafkaClientError(f"Envelope answered {ErrorCode(answer.error_code).name}")
         body = read_response(request.api_key, request.api_version, memoryview(answer.response_data),

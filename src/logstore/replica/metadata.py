@@ -32,11 +32,17 @@ IncrementalAlterConfigs and CreatePartitions to that leader
 
 Every node applies the records below its high watermark, in order, to its store (the topic's
 open logs take a new config at once; new partitions become replicated partitions with their
-own elections and fetchers, through the ``grow`` hook its node gives): as its node's tick finds
-the high watermark moved, and from the log's start when the node starts. A node that was down
+own elections and fetchers, through the ``grow`` hook its node gives): as its node's metadata
+thread finds the high watermark moved (never on the thread that ticks the elections), and from
+the log's start when the node starts. Records below the offset applied to are committed: a
+high watermark that goes back (a follower taking a new leader's, still behind) is waited out,
+never read from again; the start's replay takes each topic's configs from its newest record
+only, so a checkpointed high watermark older than what was applied cannot undo a change. A node that was down
 during a change catches up when it rejoins: its fetcher copies the records, the leader's answer
 moves its high watermark, it applies them. Applying is idempotent (a record sets a state, it
-does not add to one), so a record applied again after a restart changes nothing. A record
+does not add to one: a topic record, "the topic exists with at least its count of partitions
+and exactly its overrides", whatever the node's store had, a topic named on its command line
+too), so a record applied again after a restart changes nothing. A record
 that cannot be applied (say the disk refused a partition directory) is logged and skipped, and
 tried again at the node's next start.
 
@@ -146,7 +152,7 @@ class ReplicatedMetadata:
         self.store = store
         self.grow = grow
         self.timeout_s = timeout_s
-        self._lock = threading.RLock()  # applying (the tick's and a change's)
+        self._lock = threading.RLock()  # applying (the metadata thread's and a change's)
         self._update_lock = threading.Lock()  # one change at a time
         self._read_to = -1  # the offset the records were applied up to
 
