@@ -290,6 +290,7 @@ class ReplicaNode:
             purgatory=Purgatory(f"replica-{node_id}"))
         self._started = False  # start() ran: a partition added later gets its fetcher at once
         self._grow_lock = threading.Lock()  # start()'s fetchers and _grow's, one at a time
+        self._metadata_moved = threading.Event()  # __cluster_metadata-0 changed: wakes the metadata's applier
         self._stop = self.context.stopping  # set by stop(); every part's loop and wait ends at it
         partitions = [(t, c) for t, c in partitions if t not in _INTERNAL_TOPICS]
         # Kafka clients' consumer groups and transactions: one partition each, whose leader
@@ -321,7 +322,7 @@ class ReplicaNode:
         self._fetchers = Fetchers(self.context, self._elections)
         peer_apis = PeerApis(self.context, self._elections, self._leader)
         #: the set's topic metadata changed at runtime; what this node committed is applied now
-        #: (again: applying is idempotent), the rest as its high watermark moves (the tick)
+        #: (again: applying is idempotent), the rest as its high watermark moves (its own thread)
         self.metadata = ReplicatedMetadata(self.context, self._leader, self.store, self._grow)
         try:
             self.metadata.catch_up()
@@ -401,12 +402,14 @@ class ReplicaNode:
             for r in self._replicas.values():
                 self._start_thread(self._fetchers.run, (r,), f"fetch-{r.topic}-{r.partition}")
             self._start_thread(self._tick_loop, (), "tick")
+            self._start_thread(self._metadata_loop, (), "metadata")
         return self
 
     def stop(self) -> None:
         """Stop every thread, close connections and the store. Not resumable."""
         self._stop.set()
         self.peer_connections.close()  # requests blocked on a peer fail at once
+        self.context.forward_connections.close()
         self._fetchers.close()
         for r in self._replicas.values():  # threads waiting on a partition see the stop flag
             with r.cond:
@@ -416,6 +419,7 @@ class ReplicaNode:
         for t in list(self._threads):
             t.join(5)
         self.peer_connections.close()  # any made meanwhile
+        self.context.forward_connections.close()
         try:
             self._checkpoint_high_watermarks()
         except OSError as exc:
@@ -441,13 +445,26 @@ class ReplicaNode:
                     self._hw_written_at = now
             for rep in self._replicas.values():
                 self._elections.tick(rep, now)
+
+    def _metadata_loop(self) -> None:
+        """Apply the topic changes committed since (:meth:`ReplicatedMetadata.catch_up`), on a
+        thread of their own: a large one (thousands of partitions, each with its files and its
+        fetcher) must never hold up the tick's elections. Woken when ``__cluster_metadata-0``
+        changes, and every 50 ms (a follower's high watermark moves without a wake-up)."""
+        while not self._stop.is_set():
+            self._metadata_moved.wait(0.05)
+            self._metadata_moved.clear()
             try:
-                self.metadata.catch_up()  # the topic changes committed since
-            except Exception:  # noqa: BLE001 - whatever failed, this thread's elections must go on
+                self.metadata.catch_up()
+            except Exception:  # noqa: BLE001 - whatever failed, the next change must still be applied
                 logger.exception("node %d: could not apply %s", self.node_id, METADATA_TOPIC)
+                self._stop.wait(1.0)
 
     def _partition_changed(self, rep: PartitionReplica) -> None:
-        """Answer the delayed requests of ``rep`` that can be answered now."""
+        """Answer the delayed requests of ``rep`` that can be answered now (and wake the
+        metadata's applier for ``__cluster_metadata-0``)."""
+        if rep.topic == METADATA_TOPIC:
+            self._metadata_moved.set()
         self.purgatory.check(rep.key)
 
     # ------------------------------------------------------------------ reading and reporting

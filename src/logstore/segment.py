@@ -505,19 +505,29 @@ class LogSegment:
             self._records = res.records
 
     # ------------------------------------------------------------------ appends
-    def append_batch(self, batch: bytes | bytearray | memoryview) -> int:
+    def append_batch(self, batch: bytes | bytearray | memoryview, any_size: bool = False) -> int:
         """Append one encoded batch; return its base offset or a negative LS_ERR_ code.
 
         LS_ERR_FULL means the segment must roll (the caller's policy); a map that is merely too
         small is grown here. A writable batch is stamped in place and written with pwrite (see
         ls_appender_append_batch_external); a read-only one is copied through the map.
+        ``any_size``: the batch is not held to ``max_batch_bytes`` (a batch the server writes
+        itself, such as a control batch, or one a follower copies from its leader: Kafka checks
+        max.message.bytes on clients' batches only).
         """
         a = self._appender
         n = len(batch)
         writable = not isinstance(batch, bytes) and not (isinstance(batch, memoryview) and batch.readonly)
-        rc = self._append_once(a, batch, n, writable)
-        if rc == lib.LS_ERR_FULL and self.grow_for(n):
+        limit = a.max_batch_bytes
+        if any_size:
+            a.max_batch_bytes = 0
+        try:
             rc = self._append_once(a, batch, n, writable)
+            if rc == lib.LS_ERR_FULL and self.grow_for(n):
+                rc = self._append_once(a, batch, n, writable)
+        finally:
+            if any_size:
+                a.max_batch_bytes = limit
         return rc
 
     def _append_once(self, a: Any, batch: Any, n: int, writable: bool) -> int:

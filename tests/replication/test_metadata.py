@@ -367,3 +367,166 @@ def test_create_topics_on_the_set_and_delete_topics_refused(tmp_path):
         wait_for(lambda: sum(len(nodes[2].read("fresh", p, 0)) for p in (0, 1)) == 20, timeout=20)
     finally:
         stop_all(nodes)
+
+
+@pytest.mark.regression
+def test_a_tiny_max_message_bytes_keeps_leaders_and_internal_topics_configs_are_refused(tmp_path):
+    """max.message.bytes holds clients' batches only: a new leader's leader-change record is
+    written all the same, so the partition gets a leader after its leader stops and takes
+    produces; the internal topics' configs (the metadata log's own, the coordinators') are
+    refused on a replica set (POLICY_VIOLATION), so the metadata can never be frozen or wiped."""
+    nodes, addrs = kafka_cluster(tmp_path)
+    try:
+        leader_of(nodes, META)
+        assert set_config(addrs[0], "max.message.bytes", "100") == (0, None)
+        for node in nodes.values():
+            wait_for(lambda: node.store.partition(TOPIC, 0).config.max_message_bytes == 100)
+        admin = AdminClient(login(addrs))
+        for topic, name, value in ((METADATA_TOPIC, "max.message.bytes", "100"),
+                                   (METADATA_TOPIC, "cleanup.policy", "delete"),
+                                   ("__consumer_offsets", "retention.ms", "1")):
+            change = ConfigResource("topic", topic, incremental_configs=[
+                ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)])
+            with pytest.raises(confluent_kafka.KafkaException) as refused:
+                until_done(lambda: admin.incremental_alter_configs([change]))
+            assert refused.value.args[0].code() == KafkaError.POLICY_VIOLATION
+        for node in nodes.values():
+            assert node.store.partition(METADATA_TOPIC, 0).config.cleanup_policy == "compact"
+        first = leader_of(nodes, (TOPIC, 0))
+        nodes[first].stop()
+        rest = {i: n for i, n in nodes.items() if i != first}
+        second = leader_of(rest, (TOPIC, 0), timeout=20)
+        assert second != first
+        producer = confluent_kafka.Producer({**login({i: addrs[i] for i in rest}), "acks": "all"})
+        producer.produce(TOPIC, value=b"v")
+        assert producer.flush(30) == 0
+        wait_for(lambda: [r.value for r in rest[second].read(TOPIC, 0, 0)] == [b"v"])
+    finally:
+        stop_all(nodes)
+
+
+@pytest.mark.regression
+def test_create_topics_the_store_would_refuse_commit_nothing(tmp_path):
+    """A CreateTopics no node could apply (more partitions than one change may create, a
+    config the store refuses) is refused with Kafka's error by the metadata's leader, also
+    when forwarded, and writes no record; a good one right after is created everywhere."""
+    from confluent_kafka.admin import NewTopic
+    from kafka.admin import KafkaAdminClient, NewTopic as KPNewTopic
+    from kafka.errors import InvalidPartitionsError
+
+    nodes, addrs = kafka_cluster(tmp_path)
+    try:
+        leader = leader_of(nodes, META)
+        follower = next(i for i in nodes if i != leader)
+        end = nodes[leader].store.partition(METADATA_TOPIC, 0).log_end_offset
+        for i in (leader, follower):
+            admin = AdminClient(login({i: addrs[i]}))  # (confluent-kafka itself refuses above 100000)
+            with pytest.raises(confluent_kafka.KafkaException) as refused:
+                until_done(lambda: admin.create_topics([NewTopic(f"huge{i}", 20_000, replication_factor=3)]))
+            assert refused.value.args[0].code() == KafkaError.INVALID_PARTITIONS
+            kp = KafkaAdminClient(**kafka_python_login({i: addrs[i]}))
+            try:
+                with pytest.raises(InvalidPartitionsError):
+                    kp.create_topics([KPNewTopic(f"huge{i}", 2_000_000, 3)])
+            finally:
+                kp.close()
+        assert nodes[leader].store.partition(METADATA_TOPIC, 0).log_end_offset == end
+        admin = AdminClient(login(addrs))
+        until_done(lambda: admin.create_topics([NewTopic("fine", 2, replication_factor=3)]))
+        for node in nodes.values():
+            wait_for(lambda: {("fine", 0), ("fine", 1)} <= set(node.describe()))
+            assert not any(t.startswith("huge") for t in node.store.topics())
+    finally:
+        stop_all(nodes)
+
+
+def _blocking(grow, entered, release):
+    """A grow hook that waits for ``release`` (a slow apply: thousands of partitions)."""
+    def hook(topic, count):
+        entered.set()
+        release.wait(60)
+        return grow(topic, count)
+    return hook
+
+
+def _create_partitions_in_background(addrs, i, count, answered):
+    """CreatePartitions (kafka-python's messages) on node ``i``'s listener, on a thread,
+    retried while the metadata's new leader has not committed its log yet; ``answered`` is set
+    once it was answered otherwise, whatever the answer."""
+    from kafka.protocol.admin import CreatePartitionsRequest, CreatePartitionsResponse
+
+    R = CreatePartitionsRequest
+    request = R(topics=[R.CreatePartitionsTopic(name=TOPIC, count=count, assignments=None)], timeout_ms=60000,
+                validate_only=False, version=1)
+
+    def run():
+        conn = Conn(addrs[i])
+        try:
+            deadline = time.monotonic() + 30
+            while conn.call(request, CreatePartitionsResponse).results[0].error_code in RETRIED and \
+                    time.monotonic() < deadline:
+                time.sleep(0.2)
+        except Exception:  # noqa: BLE001 - any answer will do: the test looks at the nodes
+            pass
+        finally:
+            conn.close()
+            answered.set()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.regression
+def test_elections_go_on_while_a_slow_topic_change_is_applied(tmp_path):
+    """The metadata's records are applied on a thread of their own: while two nodes are stuck
+    applying a CreatePartitions, the partition whose leader stopped gets a new leader among them."""
+    nodes, addrs = kafka_cluster(tmp_path)
+    release = threading.Event()
+    answered = threading.Event()
+    try:
+        leader_of(nodes, META)
+        first = leader_of(nodes, (TOPIC, 0))
+        rest = {i: n for i, n in nodes.items() if i != first}
+        entered = {i: threading.Event() for i in rest}
+        for i, node in rest.items():
+            node.metadata.grow = _blocking(node.metadata.grow, entered[i], release)
+        _create_partitions_in_background(addrs, first, 2, answered)
+        for event in entered.values():
+            assert event.wait(30)
+        nodes[first].stop()
+        assert leader_of(rest, (TOPIC, 0), timeout=20) != first
+        release.set()
+        for node in rest.values():
+            wait_for(lambda: (TOPIC, 1) in node.describe(), timeout=20)
+    finally:
+        release.set()
+        stop_all(nodes)
+
+
+@pytest.mark.regression
+def test_a_forwarded_change_does_not_hold_the_peer_connection_of_elections(tmp_path):
+    """A CreatePartitions forwarded to the metadata's leader waits for it on a connection of its
+    own: meanwhile the forwarding node's election requests to that leader (leader discovery
+    here) are answered at once, while the forwarded change is still unanswered."""
+    from logstore.replica.client import METADATA, metadata_request
+
+    nodes, addrs = kafka_cluster(tmp_path)
+    release = threading.Event()
+    answered = threading.Event()
+    try:
+        meta = leader_of(nodes, META)
+        via = next(i for i in nodes if i != meta)
+        entered = threading.Event()
+        nodes[meta].metadata.grow = _blocking(nodes[meta].metadata.grow, entered, release)
+        _create_partitions_in_background(addrs, via, 2, answered)
+        assert entered.wait(30)  # the leader is applying it: the Envelope from `via` waits for its answer
+        answer = nodes[via].context.peer_connections.request(meta, METADATA, metadata_request([TOPIC]), 5.0)
+        assert [t.name for t in answer.topics] == [TOPIC]
+        assert not answered.is_set()
+        release.set()
+        assert answered.wait(60)
+        for node in nodes.values():
+            wait_for(lambda: (TOPIC, 1) in node.describe(), timeout=20)
+    finally:
+        release.set()
+        stop_all(nodes)

@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import pytest
+
 from logstore import LogStore
+from logstore.errors import RecordTooLargeError
 from logstore.replica.metadata import (METADATA_TOPIC, METADATA_TOPIC_CONFIG, ReplicatedMetadata, config_record,
                                        known_partitions, partitions_record, topic_record)
 
@@ -56,7 +59,7 @@ def test_committed_records_are_applied_in_order_and_again_without_harm(tmp_path)
         again = ReplicatedMetadata(metadata.context, None, store, lambda topic, count: grown.append((topic, count)))
         again.catch_up()
         assert store.partitions_for("t") == 3 and store.partition("t", 2).config.segment_ms == 7000
-        assert grown[-2:] == [("t", 1), ("t", 3)]
+        assert grown[-2:] == [("t", 3), ("t", 3)]  # (a topic record: every partition the store has)
     finally:
         store.close()
 
@@ -84,5 +87,69 @@ def test_the_stores_count_wins_over_the_command_lines(tmp_path):
         store.create_partitions("t", 4)
         assert known_partitions(store, "t", 1) == 4
         assert known_partitions(store, "t", 6) == 4
+    finally:
+        store.close()
+
+
+@pytest.mark.regression
+def test_control_batches_and_copies_are_not_held_to_max_message_bytes(tmp_path):
+    """A leader's leader-change record and a transaction marker are the server's own batches:
+    a tiny max.message.bytes refuses clients' batches only, so the partition still gets leaders
+    (and its followers copy the leader's batches whatever their size)."""
+    store = LogStore(str(tmp_path / "store"))
+    try:
+        store.create_topic("tiny", 2, max_message_bytes=80)
+        log, copy = store.partition("tiny", 0), store.partition("tiny", 1)
+        with pytest.raises(RecordTooLargeError):
+            log.append_batch([b"x" * 200], [b"k"])
+        first = log.append_batch([b"v" * 200], [b"leader-change"], control=True)
+        marker = log.append_txn_marker(7, 0, commit=True)
+        assert (first, marker) == (0, 1) and log.log_end_offset == 2
+        assert copy.append_replicated(log.read_raw(0)) == 2
+        assert copy.log_end_offset == 2
+    finally:
+        store.close()
+
+
+@pytest.mark.regression
+def test_applied_records_are_never_read_again_and_a_stale_replay_keeps_the_newest_config(tmp_path):
+    """A high watermark below what was applied (a new leader's) reads nothing again; a restart
+    whose checkpointed high watermark is older than the newest applied config does not undo
+    it (only a topic's newest config-bearing record is applied again)."""
+    store, log, metadata, grown = _node(tmp_path)
+    try:
+        for key, value in (topic_record("t", 1, {"retention.ms": "1000"}), config_record("t", {"retention.ms": "2000"}),
+                           config_record("t", {"retention.ms": "3000"})):
+            log.append_batch([value], [key])
+        log.high_watermark = 3
+        metadata.catch_up()
+        assert store.partition("t", 0).config.retention_ms == 3000
+        store.alter_topic_config("t", lambda _current: {"retention.ms": "4000"})  # (a marker: nothing reapplied)
+        log.high_watermark = 1  # a follower takes a new leader's lower high watermark
+        metadata.catch_up()
+        log.high_watermark = 3
+        metadata.catch_up()
+        assert store.partition("t", 0).config.retention_ms == 4000
+        store.alter_topic_config("t", lambda _current: {"retention.ms": "3000"})
+        log.high_watermark = 2  # restarted on a stale checkpoint: the newest record is above it
+        ReplicatedMetadata(metadata.context, None, store, lambda topic, count: None).catch_up()
+        assert store.partition("t", 0).config.retention_ms == 3000
+    finally:
+        store.close()
+
+
+@pytest.mark.regression
+def test_a_topic_record_over_a_topic_the_store_had_sets_its_count_and_configs(tmp_path):
+    """A topic the node's command line made (one partition, no overrides) takes the created
+    topic's count and overrides from its record, as every other node has them."""
+    store, log, metadata, grown = _node(tmp_path)
+    try:
+        store.create_topic("t", 1)
+        key, value = topic_record("t", 3, {"retention.ms": "5000"})
+        log.append_batch([value], [key])
+        log.high_watermark = 1
+        metadata.catch_up()
+        assert store.partitions_for("t") == 3 and grown == [("t", 3)]
+        assert all(store.partition("t", p).config.retention_ms == 5000 for p in range(3))
     finally:
         store.close()

@@ -112,9 +112,10 @@ class AdminApis:
         whose errors it raises)."""
         self.store.alter_topic_config(name, edit, validate_only=validate_only)
 
-    def resource_refusal(self, resource_type: int) -> tuple[int, str] | None:
-        """(error code, message) refusing every config change of ``resource_type`` here, or
-        None: none refused (a replica set refuses what it does not replicate)."""
+    def resource_refusal(self, resource_type: int, resource_name: str) -> tuple[int, str] | None:
+        """(error code, message) refusing every config change of the resource here, or None:
+        none refused (a replica set refuses what it does not replicate, and its internal
+        topics')."""
         return None
 
     # ------------------------------------------------------------------ CreatePartitions
@@ -180,7 +181,7 @@ class AdminApis:
         keys = [(r.resource_type, r.resource_name) for r in body.resources]
         responses = []
         for resource in body.resources:
-            refusal = self.resource_refusal(resource.resource_type)
+            refusal = self.resource_refusal(resource.resource_type, resource.resource_name)
             if keys.count((resource.resource_type, resource.resource_name)) > 1:
                 error, message = ErrorCode.invalid_request, "Duplicate resource in request."
             elif refusal is not None:

@@ -130,6 +130,8 @@ _time_ns = time.time_ns
 _NO_WRITER = nullcontext()
 #: a COMMIT or ABORT marker: a control batch that is also transactional
 _MARKER_BITS = lib.LS_ATTR_CONTROL | lib.LS_ATTR_TRANSACTIONAL
+#: the split limit of a batch held to no max_message_bytes (a control batch)
+_ANY_SIZE = 1 << 62
 
 
 def _partition_key(path: str) -> tuple[str, int]:
@@ -789,15 +791,18 @@ class Log:
         above max_message_bytes), append them, teach the producer state each batch of a producer
         (``marker``: the batch is a transaction marker of this control type and coordinator epoch);
         return the first offset."""
+        # A control batch is the server's own (a leader change, a transaction marker): Kafka holds
+        # only clients' batches to max.message.bytes, and a small one must never stop a partition
+        # from getting a leader or a transaction from ending.
         batches = encode_batches(self._builder, values, keys, headers, timestamps,
-                                 limit=self.config.max_message_bytes, codec=codec,
+                                 limit=_ANY_SIZE if control else self.config.max_message_bytes, codec=codec,
                                  level=self.config.level_for(codec), timestamp_type=self._ts_type,
                                  log_append_time=_time_ns() // 1_000_000 if self._ts_type else None,
                                  producer_id=producer_id, base_sequence=base_sequence, control=control,
                                  producer_epoch=producer_epoch, transactional=transactional)
         first = -1
         for batch, max_ts in batches:
-            offset = self._append_encoded_locked(batch, max_ts)
+            offset = self._append_encoded_locked(batch, max_ts, any_size=control)
             if first < 0:
                 first = offset
             if producer_id >= 0 and self._producers.loaded:
@@ -927,15 +932,15 @@ class Log:
         self._after_append(last)
         return AppendInfo(first, last, False)
 
-    def _append_encoded_locked(self, batch: Any, max_timestamp: int) -> int:
+    def _append_encoded_locked(self, batch: Any, max_timestamp: int, any_size: bool = False) -> int:
         """Append one encoded batch to the active segment (rolling for time or room first);
-        return its base offset."""
+        return its base offset. ``any_size``: not held to max_message_bytes (a control batch)."""
         if max_timestamp > self._roll_deadline:
             self._roll_for_time(max_timestamp)
-        offset = self._active.append_batch(batch)
+        offset = self._active.append_batch(batch, any_size)
         if offset == lib.LS_ERR_FULL:
             self._make_room(len(batch))
-            offset = self._active.append_batch(batch)
+            offset = self._active.append_batch(batch, any_size)
         if offset < 0:
             check(offset, self._active.path, size=len(batch), limit=self.config.max_message_bytes)
         return offset
@@ -1567,7 +1572,7 @@ class Log:
         n = len(view)
         hdr = ffi.new("ls_batch_header *")
         crc = ffi.new("uint32_t *")
-        limit = self.config.max_message_bytes
+        limit = 0  # any size: the leader took the batch (Kafka's followers never check max.message.bytes)
         position = 0
         while position < n:
             chunk = view[position:]
@@ -1591,11 +1596,11 @@ class Log:
                 if not self._producers.loaded:  # (the abort must be indexed: the state must be known)
                     self._producers.current(self._log_start_offset, self._appender.next_offset)
             batch = bytes(chunk[:size])
-            offset = self._active.append_batch(batch)
+            offset = self._active.append_batch(batch, True)
             if offset == lib.LS_ERR_FULL:
                 self._make_room(size)
                 self._appender.partition_leader_epoch = epoch
-                offset = self._active.append_batch(batch)
+                offset = self._active.append_batch(batch, True)
             if offset < 0:
                 check(offset, self._active.path, size=size, limit=limit)
             if hdr.producer_id >= 0:  # learnt as it is, never checked

@@ -167,11 +167,14 @@ class PeerConnections:
         self._conns: dict[int, NodeConnection] = {}
 
     def request(self, peer: int, api_key: int, fields: Mapping[str, Any], timeout: float) -> Any:
-        """One request to ``peer``; kio's answer.
+        """One request to ``peer``; kio's answer. Waits at most ``timeout`` for the connection
+        (another thread's request on it) too, so a request never waits without bound behind
+        another.
 
         Raises:
-            OSError, LogstoreError: the peer could not answer (the connection is dropped), or
-            the node is stopping (ConnectionError).
+            OSError, LogstoreError: the peer could not answer (the connection is dropped), the
+            connection stayed busy for ``timeout`` (TimeoutError; kept), or the node is
+            stopping (ConnectionError).
         """
         with self._lock:
             conn = self._conns.get(peer)
@@ -186,12 +189,15 @@ class PeerConnections:
                 fresh.close()
             if stopped:
                 raise ConnectionError(f"node {self._node_id} is stopping")
+        if not conn.lock.acquire(timeout=max(0.0, timeout)):
+            raise TimeoutError(f"the connection to node {peer} stayed busy for {timeout:.1f}s")
         try:
-            with conn.lock:
-                return conn.request(api_key, fields, timeout)
+            return conn.request(api_key, fields, timeout)
         except (OSError, LogstoreError):
             self.drop(peer)
             raise
+        finally:
+            conn.lock.release()
 
     def drop(self, peer: int) -> None:
         """Close the connection to ``peer`` (a request blocked on it fails at once)."""

@@ -120,7 +120,8 @@ class NodeContext:
 
     Thread-safety: the partitions are added before the node starts, or later (a
     CreatePartitions) into a new table; each :class:`PartitionReplica` is changed under its
-    own ``cond``; ``stopping``, ``peer_connections`` and ``purgatory`` are thread-safe.
+    own ``cond``; ``stopping``, ``peer_connections``, ``forward_connections`` and ``purgatory``
+    are thread-safe.
     """
 
     def __init__(self, node_id: int, peers: dict[int, tuple[str, int]], secret: bytes, *,
@@ -144,6 +145,9 @@ class NodeContext:
         self._client_tls = client_tls
         #: the connections for votes, BeginQuorumEpoch and leader discovery (one per peer)
         self.peer_connections = PeerConnections(self.peers, secret, node_id, client_tls, self.stopping)
+        #: the connections for the Envelopes this node forwards (topic and ACL changes, which
+        #: wait for a majority): never the elections' ones, which must not wait behind them
+        self.forward_connections = PeerConnections(self.peers, secret, node_id, client_tls, self.stopping)
 
     def add_replica(self, rep: PartitionReplica) -> None:
         """Replicate ``rep``'s partition (before the node starts, or while it runs: a new

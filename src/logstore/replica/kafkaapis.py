@@ -91,6 +91,8 @@ from .._native import lib
 from ..errorcodes import ErrorCode, code_for
 from ..errors import (
     CorruptRecordError,
+    InvalidConfigError,
+    InvalidPartitionsError,
     InvalidProducerEpochError,
     InvalidRecordError,
     InvalidTopicError,
@@ -285,7 +287,7 @@ class ReplicaKafkaApis(KafkaApis):
         envelope = {"request_data": bytes(inner[4:]),  # (after the size)
                     "request_principal": None if request.principal is None else str(request.principal).encode(),
                     "client_host_address": _host_bytes(request.client_host)}
-        answer = self.context.peer_connections.request(leader, ENVELOPE, envelope, timeout_s)
+        answer = self.context.forward_connections.request(leader, ENVELOPE, envelope, timeout_s)
         if answer.error_code != ErrorCode.none or answer.response_data is None:
             raise KafkaClientError(f"Envelope answered {ErrorCode(answer.error_code).name}")
         body = read_response(request.api_key, request.api_version, memoryview(answer.response_data),
@@ -573,6 +575,10 @@ class ReplicaKafkaApis(KafkaApis):
             return ErrorCode.topic_already_exists, f"topic {name!r} already exists"
         except InvalidTopicError as exc:
             return ErrorCode.invalid_topic_exception, str(exc)
+        except InvalidPartitionsError as exc:
+            return ErrorCode.invalid_partitions, str(exc)
+        except (InvalidConfigError, TypeError, ValueError) as exc:
+            return ErrorCode.invalid_config, str(exc)
         except NotLeaderOrFollowerError as exc:
             return ErrorCode.not_controller, str(exc)
         except RequestTimedOutError as exc:

@@ -32,11 +32,17 @@ IncrementalAlterConfigs and CreatePartitions to that leader
 
 Every node applies the records below its high watermark, in order, to its store (the topic's
 open logs take a new config at once; new partitions become replicated partitions with their
-own elections and fetchers, through the ``grow`` hook its node gives): as its node's tick finds
-the high watermark moved, and from the log's start when the node starts. A node that was down
+own elections and fetchers, through the ``grow`` hook its node gives): as its node's metadata
+thread finds the high watermark moved (never on the thread that ticks the elections), and from
+the log's start when the node starts. Records below the offset applied to are committed: a
+high watermark that goes back (a follower taking a new leader's, still behind) is waited out,
+never read from again; the start's replay takes each topic's configs from its newest record
+only, so a checkpointed high watermark older than what was applied cannot undo a change. A node that was down
 during a change catches up when it rejoins: its fetcher copies the records, the leader's answer
 moves its high watermark, it applies them. Applying is idempotent (a record sets a state, it
-does not add to one), so a record applied again after a restart changes nothing. A record
+does not add to one: a topic record, "the topic exists with at least its count of partitions
+and exactly its overrides", whatever the node's store had, a topic named on its command line
+too), so a record applied again after a restart changes nothing. A record
 that cannot be applied (say the disk refused a partition directory) is logged and skipped, and
 tried again at the node's next start.
 
@@ -60,16 +66,19 @@ import threading
 from typing import Any, Callable, Mapping
 
 from ..errorcodes import ErrorCode
-from ..errors import LogstoreError, NotLeaderOrFollowerError, TopicExistsError, UnknownTopicOrPartitionError
+from ..errors import (InvalidPartitionsError, LogstoreError, NotLeaderOrFollowerError, TopicExistsError,
+                      UnknownTopicOrPartitionError)
 from ..kafka import configs as kafkaconfigs
 from ..kafka.admin import AdminApis
+from ..log.config import LogConfig
+from ..store.kafkadirs import is_internal_topic
 from ..store.store import LogStore
 from .context import NodeContext
 from .leader import LeaderSide
 from .quorum import Role
 from .replicatedlog import WRITE_TIMEOUT_S, ReplicatedLog
 
-__all__ = ["ReplicatedMetadata", "ReplicaAdminApis", "METADATA_TOPIC", "METADATA_TOPIC_CONFIG"]
+__all__ = ["ReplicatedMetadata", "ReplicaAdminApis", "METADATA_TOPIC", "METADATA_TOPIC_CONFIG", "MAX_PARTITIONS_PER_CHANGE"]
 
 logger = logging.getLogger("logstore.replication.metadata")
 
@@ -100,6 +109,30 @@ def partitions_record(topic: str, count: int) -> tuple[bytes, bytes]:
     return _PARTITIONS_PREFIX + topic.encode(), json.dumps({"topic": topic, "count": count}).encode()
 
 
+#: the most partitions one change creates (a CreateTopics topic, a CreatePartitions growth):
+#: every node makes them, their files and their fetchers when it applies the change, so one
+#: change stays bounded (Kafka's controller also caps the partitions one request creates)
+MAX_PARTITIONS_PER_CHANGE = 10_000
+
+
+def _check_new_partitions(name: str, count: int) -> None:
+    """Raise InvalidPartitionsError unless one change may create ``count`` partitions. Pure."""
+    if not 1 <= count <= MAX_PARTITIONS_PER_CHANGE:
+        raise InvalidPartitionsError(f"topic {name!r}: {count} new partition(s); a replica set creates 1 to "
+                                     f"{MAX_PARTITIONS_PER_CHANGE} in one change")
+
+
+def _topic_of(key: bytes | None, value: bytes | None) -> str | None:
+    """The topic a record names (None: a record naming none, or unreadable). Pure."""
+    if key is None or value is None:
+        return None
+    try:
+        topic = json.loads(value)["topic"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return topic if isinstance(topic, str) else None
+
+
 class ReplicatedMetadata:
     """The topic metadata of a replica set (see the module docstring). Thread-safe.
 
@@ -119,7 +152,7 @@ class ReplicatedMetadata:
         self.store = store
         self.grow = grow
         self.timeout_s = timeout_s
-        self._lock = threading.RLock()  # applying (the tick's and a change's)
+        self._lock = threading.RLock()  # applying (the metadata thread's and a change's)
         self._update_lock = threading.Lock()  # one change at a time
         self._read_to = -1  # the offset the records were applied up to
 
@@ -132,24 +165,54 @@ class ReplicatedMetadata:
     # ------------------------------------------------------------------ applying
     def catch_up(self) -> None:
         """Apply every committed record not applied yet (one attribute read when none is new).
-        A record that cannot be applied is logged and skipped."""
+        Records below the offset applied to are committed: a high watermark below it (a new
+        leader's, not yet moved) is waited out, never read from again. The first call (the
+        node's start) replays the log from its start; there a topic's configs are taken from
+        its newest record only (see :meth:`_newest_configs`). A record that cannot be applied
+        is logged and skipped."""
         log = self._replica().log
-        hw = log.high_watermark
-        if hw == self._read_to:
+        if log.high_watermark <= self._read_to:
             return
         with self._lock:
-            start = self._read_to if 0 <= self._read_to <= hw else log.log_start_offset
-            offset = max(start, log.log_start_offset)
+            hw = log.high_watermark
+            if hw <= self._read_to:
+                return
+            newest = self._newest_configs(log) if self._read_to < 0 else None
+            offset = max(self._read_to, log.log_start_offset)
             while offset < hw:
                 records = log.read(offset, max_bytes=_READ_BYTES, max_offset=hw)
                 if not records:
                     break
                 for record in records:
-                    self._apply(record.key, record.value, record.offset)
+                    configs = newest is None or newest.get(_topic_of(record.key, record.value)) == record.offset
+                    self._apply(record.key, record.value, record.offset, configs)
                 offset = records[-1].offset + 1
             self._read_to = hw
 
-    def _apply(self, key: bytes | None, value: bytes | None, offset: int) -> None:
+    @staticmethod
+    def _newest_configs(log: Any) -> dict[str | None, int]:
+        """The offset of each topic's newest record carrying its configs (a topic or topic
+        config record), in the whole log up to its end, committed or not. A restart replays the
+        log up to its checkpointed high watermark, which may be older than what was applied
+        before; the store already holds the newest configs applied, so an older record must
+        not undo them: only the newest is applied again (a newer one above the high watermark
+        is applied when it commits; one that was applied is committed, so it stays)."""
+        newest: dict[str | None, int] = {}
+        offset = log.log_start_offset
+        while True:
+            records = log.read(offset, max_bytes=_READ_BYTES)
+            if not records:
+                return newest
+            for record in records:
+                if record.key is not None and record.key.startswith((_TOPIC_PREFIX, _CONFIG_PREFIX)):
+                    newest[_topic_of(record.key, record.value)] = record.offset
+            offset = records[-1].offset + 1
+
+    def _apply(self, key: bytes | None, value: bytes | None, offset: int, configs: bool = True) -> None:
+        """Apply one record to the store: a topic record as "the topic exists with at least its
+        count of partitions (and, with ``configs``, exactly its overrides)", whatever the store
+        had (a topic named on the command line too); a config record's overrides (with
+        ``configs``); a partitions record's count."""
         if key is None or value is None:
             return
         try:
@@ -157,11 +220,17 @@ class ReplicatedMetadata:
             topic = fact["topic"]
             if key.startswith(_TOPIC_PREFIX):
                 count = int(fact["count"])
-                self.store.create_topic(topic, count, exist_ok=True, **kafkaconfigs.store_keywords(fact["configs"]))
-                self.grow(topic, count)
+                overrides = kafkaconfigs.store_keywords(fact["configs"])
+                self.store.create_topic(topic, count, exist_ok=True, **overrides)
+                if self.store.partitions_for(topic) < count:
+                    self.store.create_partitions(topic, count)
+                if configs:
+                    self.store.alter_topic_config(topic, lambda _current: overrides)
+                self.grow(topic, self.store.partitions_for(topic))
             elif key.startswith(_CONFIG_PREFIX):
-                configs = fact["configs"]
-                self.store.alter_topic_config(topic, lambda _current: kafkaconfigs.store_keywords(configs))
+                if configs:
+                    new = kafkaconfigs.store_keywords(fact["configs"])
+                    self.store.alter_topic_config(topic, lambda _current: new)
             elif key.startswith(_PARTITIONS_PREFIX):
                 count = int(fact["count"])
                 if self.store.partitions_for(topic) < count:
@@ -219,16 +288,30 @@ class ReplicatedMetadata:
         node derives from its name (:func:`~logstore.replica.context.replica_topic_id`): a
         replica set's topics are never deleted.
 
+        Every node applies the record, so it is checked first as :meth:`LogStore.create_topic`
+        would check it (a record no node can apply is never written), and the answer is an
+        error when this node could not apply it.
+
         Raises:
             TopicExistsError: the topic exists (its creation committed meanwhile).
+            InvalidPartitionsError: ``count`` is below 1, or above :data:`MAX_PARTITIONS_PER_CHANGE`.
+            InvalidConfigError: an override the store refuses.
+            LogstoreError: committed, but this node's store could not take it (logged).
         """
         def check() -> tuple[bytes, bytes] | None:
             try:
                 self.store.partitions_for(name)
             except UnknownTopicOrPartitionError:
+                _check_new_partitions(name, count)
+                LogConfig.from_kafka({**self.store.defaults.to_kafka(), **configs})
                 return topic_record(name, count, configs)
             raise TopicExistsError(f"topic {name!r} already exists")
         self._change(check)
+        try:
+            self.store.partitions_for(name)
+        except UnknownTopicOrPartitionError:
+            raise LogstoreError(f"topic {name!r} was committed to {METADATA_TOPIC} but this node could not create "
+                                "it (see its log)") from None
 
     def alter_topic_config(self, name: str, edit: Callable[[dict[str, str]], Mapping[str, Any]],
                            validate_only: bool = False) -> None:
@@ -246,6 +329,7 @@ class ReplicatedMetadata:
         :meth:`_change`)."""
         def check() -> tuple[bytes, bytes] | None:
             self.store.create_partitions(name, count, validate_only=True)
+            _check_new_partitions(name, count - self.store.partitions_for(name))
             return None if validate_only else partitions_record(name, count)
         self._change(check)
 
@@ -269,8 +353,12 @@ class ReplicaAdminApis(AdminApis):
                     validate_only: bool) -> None:
         self.metadata.alter_topic_config(name, edit, validate_only)
 
-    def resource_refusal(self, resource_type: int) -> tuple[int, str] | None:
+    def resource_refusal(self, resource_type: int, resource_name: str) -> tuple[int, str] | None:
         if resource_type == kafkaconfigs.TOPIC:
+            if is_internal_topic(resource_name):
+                return ErrorCode.policy_violation, (
+                    f"internal topic {resource_name!r} keeps the configs the replica set gives it: its replication "
+                    "and its coordinators rely on them (a compacted metadata log, leader-change records)")
             return None
         return ErrorCode.policy_violation, ("only topic configs are replicated on a replica set: its broker configs "
                                             "(dynamic defaults) and any other resource's are fixed when each node "
