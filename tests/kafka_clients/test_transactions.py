@@ -140,6 +140,11 @@ def test_a_second_producer_with_the_same_id_fences_the_first(kafka_server):
     error = raised.value.args[0]
     assert error.fatal() or error.txn_requires_abort() or error.code() in (
         ck.KafkaError._FENCED, ck.KafkaError.PRODUCER_FENCED, ck.KafkaError.INVALID_PRODUCER_EPOCH)
+    # EndTxn is answered once PrepareCommit is durable; the markers follow (as Kafka's), so a
+    # read_committed view shows the commit once its marker is written
+    deadline = time.monotonic() + 15
+    while committed_values(kafka_server.store, "fenced", 1) == [] and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert committed_values(kafka_server.store, "fenced", 1) == [b"from the new producer"]
 
 
