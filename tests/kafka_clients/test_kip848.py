@@ -30,13 +30,14 @@ PER_PARTITION = 10
 CONFIG = ConsumerGroupConfig(session_timeout_ms=3000, heartbeat_interval_ms=250)
 
 
-class Member:
-    """A kip848_member.py process; ``config``: more librdkafka settings (a login)."""
+class MemberProcess:
+    """A group member in its own process (``args`` after the interpreter; ``env``: more
+    environment), printing ``A <partitions>`` and ``R <partition> <offset> <value>`` lines;
+    stopped by closing its standard input."""
 
-    def __init__(self, bootstrap, instance_id=None, group="grp", config=None):
-        args = [sys.executable, MEMBER, bootstrap, "work", group] + ([instance_id] if instance_id else [])
-        env = {**os.environ, "KIP848_CONFIG": json.dumps(config or {})}
-        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    def __init__(self, args, env=None):
+        self.proc = subprocess.Popen([sys.executable, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, env={**os.environ, **(env or {})})
         self.lines: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -67,6 +68,14 @@ class Member:
     def kill(self):
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
+
+
+class Member(MemberProcess):
+    """A kip848_member.py process; ``config``: more librdkafka settings (a login)."""
+
+    def __init__(self, bootstrap, instance_id=None, group="grp", config=None):
+        super().__init__([MEMBER, bootstrap, "work", group] + ([instance_id] if instance_id else []),
+                         {"KIP848_CONFIG": json.dumps(config or {})})
 
 
 def wait_for(what, predicate, timeout=60):

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import threading
 
 import pytest
 
 from logstore.groups.consumergroup import ConsumerGroupConfig
 from logstore.kafka.server import KafkaServer
 
-from .test_kip848 import PARTITIONS, PER_PARTITION, append_phase, assert_commits_never_backwards, stable, wait_for
+from .test_kip848 import (PARTITIONS, PER_PARTITION, MemberProcess as Proc, append_phase,
+                          assert_commits_never_backwards, stable, wait_for)
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka import ConsumerGroupType  # noqa: E402
@@ -32,37 +30,6 @@ SESSION_MS = 10000
 #: librdkafka's classic protocol, eager range assignment
 CLASSIC = {"group.protocol": "classic", "partition.assignment.strategy": "range", "session.timeout.ms": SESSION_MS,
            "heartbeat.interval.ms": 500}
-
-
-class Proc:
-    """A member process printing ``A <partitions>`` and ``R <partition> <offset> <value>`` lines."""
-
-    def __init__(self, args, env=None):
-        self.proc = subprocess.Popen([sys.executable, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, env={**os.environ, **(env or {})})
-        self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.append(line.strip())
-
-    def assignment(self):
-        found = [{int(p) for p in line[2:].split(",") if p} for line in list(self.lines) if line.startswith("A ")]
-        return found[-1] if found else None
-
-    def records(self):
-        return [(int(p), int(o), v) for _, p, o, v in
-                (line.split(" ", 3) for line in list(self.lines) if line.startswith("R "))]
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def consumer_member(bootstrap, group):

@@ -1,8 +1,10 @@
 """A KIP-848 consumer group on a replica set (``logstore node`` processes): two librdkafka
-consumers (``group.protocol=consumer``) carry on after the group coordinator's node, the leader
-of ``__consumer_offsets-0``, is killed with SIGKILL: the new leader takes the group up from the
-replicated records (no rebalance: the members keep their epochs and partitions), every record is
-consumed once, and the commits, read afterwards from a node's own store, never move backwards."""
+consumers carry on after the group coordinator's node, the leader of ``__consumer_offsets-0``,
+is killed with SIGKILL: the new leader takes the group up from the replicated records (no
+rebalance: the members keep their epochs and partitions), every record is consumed once, and
+the commits, read afterwards from a node's own store, never move backwards. Both members speak
+the consumer protocol (``group.protocol=consumer``), or, in a mixed group, one of them the
+classic protocol (taken up with its session timeout and protocols)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,9 @@ confluent_kafka = pytest.importorskip("confluent_kafka")
 SECRET = b"kip848-secret"
 PARTITIONS = 6
 PER_PARTITION = 10
+#: a member of a mixed group: librdkafka's classic protocol, eager range assignment
+CLASSIC = {"group.protocol": "classic", "partition.assignment.strategy": "range", "session.timeout.ms": 10000,
+           "heartbeat.interval.ms": 500}
 
 
 def produce_phase(cluster, phase):
@@ -29,18 +34,21 @@ def produce_phase(cluster, phase):
     assert producer.flush(60) == 0
 
 
-def test_a_consumer_group_carries_on_after_the_coordinator_is_killed(tmp_path):
+@pytest.mark.parametrize("mixed", [False, True], ids=["consumer", "mixed"])
+def test_a_consumer_group_carries_on_after_the_coordinator_is_killed(tmp_path, mixed):
     cluster = KafkaNodes(tmp_path, SECRET, topics=f"work:{PARTITIONS}",
                          options=("--group-consumer-session-timeout-ms=10000",
                                   "--group-consumer-heartbeat-interval-ms=300"))
     members = []
+    successor = None
     try:
         for i in cluster.addrs:
             cluster.start(i)
         coordinator = cluster.leader("__consumer_offsets")
         assert coordinator is not None and cluster.leader("work") is not None
         produce_phase(cluster, 1)
-        members = [Member(cluster.bootstrap, config=cluster.client_config) for _ in range(2)]
+        members = [Member(cluster.bootstrap, config=cluster.client_config),
+                   Member(cluster.bootstrap, config={**cluster.client_config, **(CLASSIC if mixed else {})})]
         wait_for("a stable group of two", lambda: stable(members), timeout=90)
         wait_for("phase 1 consumed", lambda: consumed(members, 1) >= PARTITIONS * PER_PARTITION, timeout=90)
         held = [m.assignment() for m in members]
