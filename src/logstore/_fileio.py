@@ -104,6 +104,19 @@ class FileOps:
             return False
         return True
 
+    @contextmanager
+    def locked(self, lock_path: str, mode: int = 0o644) -> Iterator[None]:
+        """Hold the exclusive flock of the lock file ``lock_path`` (created with ``mode`` if
+        missing) for the block: one holder at a time, across processes and across threads that
+        each enter it (each opens its own descriptor). Released when the block ends, by closing
+        the descriptor."""
+        fd = self.open(lock_path, os.O_RDWR | os.O_CREAT, mode)
+        try:
+            self.lock(fd, blocking=True)
+            yield
+        finally:
+            self.close(fd)
+
     def identity(self, fd: int) -> tuple[int, int]:
         """(device, inode) of an open file."""
         st = os.fstat(fd)

@@ -153,9 +153,7 @@ class OffsetCheckpoints:
     def update(self, changes: dict[tuple[str, int], int | None]) -> None:
         """Set (or, with None, remove) entries and write the file durably."""
         with _process_lock(self.file.path):
-            fd = _fileio.ops.open(self._lock_path, os.O_RDWR | os.O_CREAT)
-            try:
-                _fileio.ops.lock(fd, blocking=True)
+            with _fileio.ops.locked(self._lock_path):
                 try:
                     current = self.read()
                 except CorruptCheckpointError:
@@ -169,5 +167,3 @@ class OffsetCheckpoints:
                 self.file.write(
                     [(topic, partition, offset) for (topic, partition), offset in sorted(current.items())]
                 )
-            finally:
-                _fileio.ops.close(fd)  # closing the descriptor releases the flock

@@ -294,3 +294,29 @@ def test_data_end_is_where_the_first_hole_starts(ops: FileOps) -> None:
             assert ops.data_end(fd) == 4096  # the first hole, not the last
         finally:
             ops.close(fd)
+
+
+def test_locked_holds_one_holder_at_a_time_across_threads(tmp_path):
+    """``FileOps.locked``: the flock of a lock file, one holder at a time (each entry opens its
+    own descriptor, so threads of one process exclude each other as processes do)."""
+    import threading
+
+    path = str(tmp_path / ".lock-x")
+    inside, peak, lock = [0], [0], threading.Lock()
+
+    def enter():
+        for _ in range(20):
+            with _fileio.ops.locked(path):
+                with lock:
+                    inside[0] += 1
+                    peak[0] = max(peak[0], inside[0])
+                threading.Event().wait(0.001)
+                with lock:
+                    inside[0] -= 1
+
+    threads = [threading.Thread(target=enter) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert peak[0] == 1 and inside[0] == 0

@@ -100,17 +100,13 @@ class AclFile:
         """
         ops = _fileio.ops
         with self._lock:
-            fd = ops.open(os.path.join(self.root, ACL_LOCK), os.O_RDWR | os.O_CREAT)
-            try:
-                ops.lock(fd, blocking=True)
+            with ops.locked(os.path.join(self.root, ACL_LOCK)):
                 acls = self._read()
                 new, result = change(acls)
                 if new != acls:
                     ops.write_file_atomic(self.path, encode(new))
                 self._acls = new
                 self._stamp = self._identity()
-            finally:
-                ops.close(fd)  # (closing releases the flock)
             return result
 
 

@@ -432,12 +432,8 @@ def _writer_lock(path: str) -> Iterator[None]:
     server's AlterUserScramCredentials)."""
     ops = _fileio.ops
     directory, name = os.path.split(os.path.abspath(path))
-    fd = ops.open(os.path.join(directory, f".lock-{name}"), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        ops.lock(fd, blocking=True)
+    with ops.locked(os.path.join(directory, f".lock-{name}"), 0o600):
         yield
-    finally:
-        ops.close(fd)  # (closing releases the flock)
 
 
 def _read_existing(path: str) -> Credentials:

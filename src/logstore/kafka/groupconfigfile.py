@@ -109,9 +109,7 @@ class GroupConfigFile:
         """
         ops = _fileio.ops
         with self._lock:
-            fd = ops.open(os.path.join(self.root, GROUP_CONFIG_LOCK), os.O_RDWR | os.O_CREAT)
-            try:
-                ops.lock(fd, blocking=True)
+            with ops.locked(os.path.join(self.root, GROUP_CONFIG_LOCK)):
                 configs = self._read()
                 new, result = change(configs.get(group, {}))
                 if new is not None and dict(new) != configs.get(group, {}):
@@ -123,8 +121,6 @@ class GroupConfigFile:
                     ops.write_file_atomic(self.path, encode(configs))
                 self._configs = configs
                 self._stamp = ops.path_stamp(self.path)
-            finally:
-                ops.close(fd)  # (closing releases the flock)
             return result
 
 

@@ -61,9 +61,7 @@ class ProducerIds:
 
     def _take_block(self) -> tuple[int, int]:
         ops = _fileio.ops
-        fd = ops.open(f"{self._root}/{PRODUCER_IDS_LOCK}", os.O_RDWR | os.O_CREAT)
-        try:
-            ops.lock(fd, blocking=True)
+        with ops.locked(f"{self._root}/{PRODUCER_IDS_LOCK}"):
             if ops.exists(self._path):
                 text = ops.read_file(self._path).decode("ascii", "replace").strip()
                 if not text.isdigit():
@@ -72,8 +70,6 @@ class ProducerIds:
             else:
                 start = _above_known_producers(self._root)
             ops.write_file_atomic(self._path, f"{start + _ID_BLOCK}\n".encode())
-        finally:
-            ops.close(fd)  # closing the descriptor releases the flock
         return start, start + _ID_BLOCK
 
 
