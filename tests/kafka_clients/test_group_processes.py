@@ -66,6 +66,18 @@ def wait_for(what, predicate, timeout=60):
         time.sleep(0.1)
 
 
+def twice(members):
+    """Which client read which record more than once, with each client's lines in order."""
+    seen: dict[tuple, list[str]] = {}
+    for m in members:
+        for r in m.records():
+            seen.setdefault(r, []).append(m.client)
+    repeated = sorted((r, who) for r, who in seen.items() if len(who) > 1)
+    return f"read twice: {repeated[:20]}; lines: " + "; ".join(
+        f"{m.client}: {[line for line in m.lines if line.startswith('A ') or line.split(' ')[1:2] == [str(p)]]}"
+        for m in members for p in sorted({r[0] for r, _ in repeated[:1]}))
+
+
 def append_phase(store, phase):
     for p in range(PARTITIONS):
         log = store.partition("work", p)
@@ -106,7 +118,7 @@ def test_three_clients_in_one_group_survive_a_sigkill(tmp_path):
                  >= PARTITIONS * PER_PARTITION)
         time.sleep(0.5)  # nothing more may come: a re-read would show up here
         consumed = [r for m in members for r in m.records()]
-        assert len(consumed) == len(set(consumed)) == 2 * PARTITIONS * PER_PARTITION
+        assert len(consumed) == len(set(consumed)) == 2 * PARTITIONS * PER_PARTITION, twice(members)
         taken_over = [r for m in survivors for r in m.records() if r[0] in lost and r[2].startswith("2-")]
         assert sorted(o for p, o, _ in taken_over if p == min(lost))[0] == PER_PARTITION  # from the commit on
         offsets = offset_store(server.store)

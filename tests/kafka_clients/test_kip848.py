@@ -102,6 +102,16 @@ def consumed(members, phase):
     return sum(1 for m in members for r in m.records() if r[2].startswith(f"{phase}-"))
 
 
+def twice(members):
+    """Which member read which record more than once, with every member's assignments in order."""
+    seen: dict[tuple, list[int]] = {}
+    for i, m in enumerate(members):
+        for r in m.records():
+            seen.setdefault(r, []).append(i)
+    repeated = {r: who for r, who in seen.items() if len(who) > 1}
+    return {"repeated": sorted(repeated.items())[:20], "assignments": [m.assignments() for m in members]}
+
+
 def commits_in_log_order(store, group):
     """Every offset committed for ``group``, read from the store's ``__consumer_offsets`` in order."""
     log = store.partition(OFFSETS_TOPIC, 0)
@@ -163,7 +173,8 @@ def test_members_join_leave_and_one_killed_consume_every_record_once(server):
         wait_for("phase 4 consumed", lambda: consumed([survivor], 4) >= PARTITIONS * PER_PARTITION)
 
         everything = [r for m in members for r in m.records()]
-        assert len(everything) == len(set(everything)) == 4 * PARTITIONS * PER_PARTITION, "a record read twice"
+        assert len(everything) == len(set(everything)) == 4 * PARTITIONS * PER_PARTITION, \
+            f"a record read twice: {twice(members)}"
         assert {v for _, _, v in everything} == {f"{ph}-{p}-{i}" for ph in range(1, 5) for p in range(PARTITIONS)
                                                 for i in range(PER_PARTITION)}
         assert lost, "the victim held partitions"
