@@ -38,6 +38,8 @@ from .errors import (
     OutOfOrderSequenceError,
     RecordTooLargeError,
     RequestTimedOutError,
+    RemoteStorageError,
+    RemoteResourceNotFoundError,
     InconsistentTopicIdError,
     TopicExistsError,
     UnknownTopicIdError,
@@ -104,6 +106,8 @@ __all__ = [
     "OutOfOrderSequenceError",
     "NotLeaderOrFollowerError",
     "RequestTimedOutError",
+    "RemoteStorageError",
+    "RemoteResourceNotFoundError",
     "__version__",
 ]
 

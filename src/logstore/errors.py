@@ -35,6 +35,8 @@ __all__ = [
     "CommitFailedError",
     "NotLeaderOrFollowerError",
     "RequestTimedOutError",
+    "RemoteStorageError",
+    "RemoteResourceNotFoundError",
 ]
 
 
@@ -289,3 +291,16 @@ class RequestTimedOutError(LogstoreError):
 class ProducerFencedError(LogstoreError):
     """A newer producer took the transactional id over (Kafka's PRODUCER_FENCED): this producer
     may write no more; close it. (Its open transaction was aborted.)"""
+
+
+class RemoteStorageError(LogstoreError):
+    """The remote tier (tiered storage, KIP-405) failed: the object store could not be reached,
+    refused, timed out, or returned bytes that fail their checks. The message names the remote
+    segment (its topic, partition, offsets and id) and what was asked of it. Nothing local is
+    lost: a copy is retried later, and a read may be retried once the store answers (Kafka's
+    RemoteStorageException)."""
+
+
+class RemoteResourceNotFoundError(RemoteStorageError):
+    """An object the remote tier's metadata names is not in the object store (Kafka's
+    RemoteResourceNotFoundException): deleted meanwhile by retention, or lost by the store."""

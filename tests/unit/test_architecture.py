@@ -26,6 +26,7 @@ FLOORS: list[tuple[str, set[str]]] = [
     ("log", {"log", "cleaner"}),
     ("groups", {"groups"}),
     ("txn", {"txn"}),
+    ("tiered", {"tiered"}),
     ("store", {"store"}),
     ("kafka", {"kafka"}),
     ("client", {"client"}),
