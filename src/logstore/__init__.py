@@ -40,6 +40,7 @@ from .errors import (
     RequestTimedOutError,
     RemoteStorageError,
     RemoteResourceNotFoundError,
+    OffsetMovedToTieredStorageError,
     InconsistentTopicIdError,
     TopicExistsError,
     UnknownTopicIdError,
@@ -108,6 +109,7 @@ __all__ = [
     "RequestTimedOutError",
     "RemoteStorageError",
     "RemoteResourceNotFoundError",
+    "OffsetMovedToTieredStorageError",
     "__version__",
 ]
 

@@ -35,6 +35,7 @@ from .errors import (
     InvalidTxnStateError,
     LogstoreError,
     NotLeaderOrFollowerError,
+    OffsetMovedToTieredStorageError,
     OutOfOrderSequenceError,
     ProducerFencedError,
     RecordTooLargeError,
@@ -66,6 +67,7 @@ _EXCEPTION_CODES: dict[type[LogstoreError], ErrorCode] = {
     UnsupportedCodecError: ErrorCode.unsupported_compression_type,
     UnknownTopicIdError: ErrorCode.unknown_topic_id,
     InconsistentTopicIdError: ErrorCode.inconsistent_topic_id,
+    OffsetMovedToTieredStorageError: ErrorCode.offset_moved_to_tiered_storage,
 }
 
 

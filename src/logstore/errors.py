@@ -37,6 +37,7 @@ __all__ = [
     "RequestTimedOutError",
     "RemoteStorageError",
     "RemoteResourceNotFoundError",
+    "OffsetMovedToTieredStorageError",
 ]
 
 
@@ -304,3 +305,26 @@ class RemoteStorageError(LogstoreError):
 class RemoteResourceNotFoundError(RemoteStorageError):
     """An object the remote tier's metadata names is not in the object store (Kafka's
     RemoteResourceNotFoundException): deleted meanwhile by retention, or lost by the store."""
+
+
+class OffsetMovedToTieredStorageError(LogstoreError):
+    """The offset asked for is no longer on local disk but in the remote tier (tiered storage;
+    Kafka's OFFSET_MOVED_TO_TIERED_STORAGE, error 109). Raised by the zero-copy read of a local
+    segment region (``Log.read_region``): read it with ``Log.read_raw`` instead, which fetches
+    from the remote tier; a follower builds its state from the remote tier.
+
+    Attributes:
+        offset: the offset asked for.
+        local_log_start_offset: the first offset on local disk.
+    """
+
+    def __init__(self, offset: int, local_log_start_offset: int, what: str = "") -> None:
+        self.offset = offset
+        self.local_log_start_offset = local_log_start_offset
+        self.what = what
+        prefix = f"{what}: " if what else ""
+        super().__init__(f"{prefix}offset {offset} is in the remote tier; the local log starts at "
+                         f"{local_log_start_offset}")
+
+    def __reduce__(self):
+        return (type(self), (self.offset, self.local_log_start_offset, self.what))

@@ -349,10 +349,10 @@ static PyObject *pointlog_read(PointLog *self, PyObject *const *args, Py_ssize_t
         PyErr_Clear();
         Py_RETURN_NONE;
     }
-    if (offset < start) {
-        Py_RETURN_NONE;
+    if (offset < start || (self->n > 0 && offset < self->bases[0])) {
+        Py_RETURN_NONE; /* below the log start, or below the local segments (tiered storage) */
     }
-    /* The last segment based at or below offset (the first when none is). */
+    /* The last segment based at or below offset. */
     Py_ssize_t lo = 0, hi = self->n;
     while (hi - lo > 1) {
         Py_ssize_t mid = lo + (hi - lo) / 2;

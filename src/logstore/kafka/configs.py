@@ -68,7 +68,7 @@ _TYPES = {"segment.bytes": _INT, "segment.index.bytes": _INT, "index.interval.by
           "max.message.bytes": _INT, "compression.gzip.level": _INT, "compression.lz4.level": _INT,
           "compression.zstd.level": _INT, "log.cleaner.dedupe.buffer.size": _LONG, "cleanup.policy": _LIST,
           "compression.type": _STRING, "message.timestamp.type": _STRING, "preallocate": _BOOLEAN,
-          "min.cleanable.dirty.ratio": _DOUBLE}
+          "min.cleanable.dirty.ratio": _DOUBLE, "remote.storage.enable": _BOOLEAN}
 #: How Kafka writes the codecs' default levels (LogConfig keeps None, to_kafka a long's maximum).
 _DEFAULT_LEVELS = {"compression.gzip.level": "-1", "compression.lz4.level": "9", "compression.zstd.level": "3"}
 
@@ -94,6 +94,7 @@ _BROKER_NAMES = {
     "delete.retention.ms": "log.cleaner.delete.retention.ms",
     "min.compaction.lag.ms": "log.cleaner.min.compaction.lag.ms",
     "max.compaction.lag.ms": "log.cleaner.max.compaction.lag.ms",
+    "local.retention.ms": "log.local.retention.ms", "local.retention.bytes": "log.local.retention.bytes",
 }
 
 #: Settings a store keeps per topic that Kafka has only as broker settings: not among a topic's

@@ -63,6 +63,13 @@ class LogConfig:
         max_compaction_lag_ms: the cleaner's settings (see logstore.cleaner).
         cleaner_dedupe_buffer_size: memory for the key -> offset map of one compaction pass
             (20 bytes per slot); a dirty section with more keys is cleaned over several passes.
+        remote_storage_enable: tiered storage (KIP-405): sealed segments are copied to the
+            store's object store and read back from there once they leave the local disk. Once
+            on, it stays on (Kafka refuses to turn it off); not with compaction.
+        local_retention_ms, local_retention_bytes: with remote storage, how long (how much of)
+            the sealed segments stay on local disk once copied; -2 (Kafka's default) means the
+            same as retention_ms / retention_bytes. Never more than those. A segment leaves the
+            local disk only once it is copied, whatever these say.
     """
 
     segment_bytes: int = 1073741824
@@ -88,6 +95,9 @@ class LogConfig:
     min_compaction_lag_ms: int = 0
     max_compaction_lag_ms: int = LONG_MAX
     cleaner_dedupe_buffer_size: int = 32 << 20
+    remote_storage_enable: bool = False
+    local_retention_ms: int = -2
+    local_retention_bytes: int = -2
 
     def __post_init__(self) -> None:
         for name, spec in _FIELD_SPECS.items():
@@ -109,6 +119,18 @@ class LogConfig:
             raise InvalidConfigError(
                 f"min_cleanable_dirty_ratio must be in [0, 1], got {self.min_cleanable_dirty_ratio!r}"
             )
+        # Kafka's rules (LogConfig.validateRemoteStorageRetentionSize/Time and ...OnlyIfSupported)
+        if self.retention_ms >= 0 and (self.local_retention_ms > self.retention_ms or self.local_retention_ms == -1):
+            raise InvalidConfigError(f"local_retention_ms ({self.local_retention_ms}) must not exceed retention_ms "
+                                     f"({self.retention_ms})")
+        if self.retention_bytes >= 0 and (self.local_retention_bytes > self.retention_bytes or
+                                          self.local_retention_bytes == -1):
+            raise InvalidConfigError(f"local_retention_bytes ({self.local_retention_bytes}) must not exceed "
+                                     f"retention_bytes ({self.retention_bytes})")
+        if self.remote_storage_enable and self.compacted:
+            raise InvalidConfigError("remote_storage_enable cannot be set with cleanup_policy "
+                                     f"{self.cleanup_policy!r}: tiered storage is for topics that delete, "
+                                     "not compact")
 
     # ------------------------------------------------------------------ conversions
     @classmethod
@@ -186,6 +208,16 @@ class LogConfig:
         return "compact" in self.cleanup_policy.split(",")
 
     @property
+    def local_retention_ms_effective(self) -> int:
+        """How long copied segments stay on local disk (-2 resolved to retention_ms; -1: kept)."""
+        return self.retention_ms if self.local_retention_ms == -2 else self.local_retention_ms
+
+    @property
+    def local_retention_bytes_effective(self) -> int:
+        """How many bytes of the log stay on local disk (-2 resolved to retention_bytes; -1: no limit)."""
+        return self.retention_bytes if self.local_retention_bytes == -2 else self.local_retention_bytes
+
+    @property
     def deletes(self) -> bool:
         """True when the cleanup policy includes time/size retention."""
         return "delete" in self.cleanup_policy.split(",")
@@ -215,6 +247,9 @@ _FIELD_SPECS: dict[str, dict] = {
     "message_timestamp_type": {"kind": "str"},
     "cleanup_policy": {"kind": "str"},
     "min_cleanable_dirty_ratio": {"kind": "float"},
+    "remote_storage_enable": {"kind": "bool"},
+    "local_retention_ms": _int(-2),
+    "local_retention_bytes": _int(-2),
 }
 _FIELD_NAMES = tuple(_FIELD_SPECS)
 
@@ -243,6 +278,9 @@ KAFKA_NAMES = {
     "min.compaction.lag.ms": "min_compaction_lag_ms",
     "max.compaction.lag.ms": "max_compaction_lag_ms",
     "log.cleaner.dedupe.buffer.size": "cleaner_dedupe_buffer_size",
+    "remote.storage.enable": "remote_storage_enable",
+    "local.retention.ms": "local_retention_ms",
+    "local.retention.bytes": "local_retention_bytes",
 }
 
 

@@ -90,9 +90,13 @@ class LogLoader:
         self.recovery_points = recovery_points
         self.start_offsets = start_offsets
 
-    def load(self, recovery_point: int | None = None, log_start_offset: int | None = None) -> LoadedLog:
+    def load(self, recovery_point: int | None = None, log_start_offset: int | None = None,
+             start_below_segments: bool = False) -> LoadedLog:
         """Load the segments and recover what needs it. ``recovery_point``/``log_start_offset``
         replace the checkpoint files' values (repair of a shared log after a writer died).
+        ``start_below_segments``: the log start checkpoint may lie below the first segment
+        (tiered storage: the older segments are remote; the log checks it against its remote
+        tier when one is attached).
 
         On return the set holds at least one segment; the last one may still be sealed (the
         caller activates it) and segments it recovered are fsynced.
@@ -180,7 +184,7 @@ class LogLoader:
         end_offset = segments.last.next_offset
         start = segments.first.base_offset
         if start_checkpoint is not None:
-            start = max(start, start_checkpoint)
+            start = start_checkpoint if start_below_segments else max(start, start_checkpoint)
         report = RecoveryReport(clean, recovered, truncated, deleted, rebuilt)
         if start > end_offset:
             # The log start moved past everything on disk: the log starts over there (Kafka's

@@ -57,6 +57,7 @@ from ..cleaner import CleanerReport, CleanerState, LogCompaction
 from ..errors import (
     InvalidRecordError,
     LogClosedError,
+    OffsetMovedToTieredStorageError,
     LogLockedError,
     LogOfflineError,
     LogstoreError,
@@ -96,8 +97,9 @@ from .loader import CLEAN_SHUTDOWN_FILE, LogLoader, RecoveryReport
 from .metrics import AppendMeter
 from .producers import ProducerStateManager
 from .producerstate import CompletedTxn, ProducerStateEntry, increment_sequence
+from .remote import RemoteTier
 from .retention import log_start_after, segments_to_delete
-from .segments import LogSegments
+from .segments import ColumnsFrom, LogSegments, decode_columns_from
 from .shared import ExclusiveHold, SharedCoordinator, SharedHooks
 from .waiters import AppendWaiters
 
@@ -124,6 +126,8 @@ _TS_MIN, _TS_MAX = -(2**63), 2**63 - 1
 CHECKPOINT_INTERVAL_S = 60.0
 _DEFAULT_MAX_BYTES = 1 << 20
 _ITER_CHUNK_BYTES = 256 << 10
+#: bytes of remote batches an Arrow read fetches at a time (one ranged get each)
+_REMOTE_ARROW_BYTES = 4 << 20
 _append_record = lib.ls_appender_append_record
 _NULL = ffi.NULL
 _time_ns = time.time_ns
@@ -225,6 +229,8 @@ class Log:
         self.leader_epochs: LeaderEpochCache | None = None
         # The partition's offsets (the active segment's appender holds the log end).
         self._log_start_offset = 0
+        #: the remote segments (tiered storage), handed by the store's remote log manager
+        self._remote: RemoteTier | None = None
         self._high_watermark: int | None = None
         self._recovery_point = 0
         self._flushed_offset = 0
@@ -334,7 +340,8 @@ class Log:
         the log start, the recovery point, the log end, and the leader epochs.
         ``recovery_point``/``log_start_offset`` replace the checkpoint files' values (the repair of
         a shared log whose writer died)."""
-        loaded = self._loader.load(recovery_point, log_start_offset)
+        loaded = self._loader.load(recovery_point, log_start_offset,
+                                   start_below_segments=self.config.remote_storage_enable)
         if loaded.start_past_end:
             self._set_active(self._segments.replace_all(loaded.log_start_offset))
         last = self._segments.last
@@ -478,6 +485,48 @@ class Log:
             with self._lock:
                 self._follow()
         return self._log_start_offset
+
+    @property
+    def local_log_start_offset(self) -> int:
+        """The first offset on local disk: :attr:`log_start_offset`, unless tiered storage
+        moved older segments to the remote tier (then the first local segment's base)."""
+        with self._lock:
+            self._follow()
+            return self._local_start()
+
+    def _local_start(self) -> int:
+        """Under the lock: the first offset of the local segments (never below the log start)."""
+        return max(self._log_start_offset, self._segments.first.base_offset)
+
+    def attach_remote(self, tier: RemoteTier) -> None:
+        """Read the offsets below the first local segment from ``tier`` (tiered storage): the
+        store's remote log manager calls it once the log is open. The log start becomes the
+        remote tier's start when that is older than the first local segment (and not below
+        the log start a DeleteRecords set), else the first local segment's base: durable on
+        return. Thread-safe.
+
+        Raises:
+            ValueError: the log's config does not enable remote storage.
+        """
+        if not self.config.remote_storage_enable:
+            raise ValueError(f"{self.path}: remote.storage.enable is off; no remote tier can be attached")
+        remote_start = tier.start_offset()
+        with self._lock, self._w:
+            self._check_open()
+            local = self._segments.first.base_offset
+            start = local if remote_start is None or remote_start > local else remote_start
+            self._remote = tier
+            start = max(start, self._log_start_offset)
+            if start != self._log_start_offset:
+                logger.info("%s: log start %d -> %d (remote tier from %s, local from %d)", self.path,
+                            self._log_start_offset, start, remote_start, local)
+                self._log_start_offset = start
+                self._write_checkpoints()
+
+    @property
+    def remote_tier(self) -> RemoteTier | None:
+        """The attached remote tier, None without tiered storage."""
+        return self._remote
 
     @property
     def log_end_offset(self) -> int:
@@ -877,7 +926,15 @@ class Log:
             self._follow()
             if upper <= start:
                 return []
-            return self._segments.aborted_transactions(start, upper)
+            local = self._segments.aborted_transactions(start, upper)
+            first = self._segments.first.base_offset
+            if start >= first or self._remote is None:
+                return local
+            remote = self._remote
+        # Below the local segments: the remote segments' transaction indexes too (an aborted
+        # transaction may span the boundary; each entry is listed once).
+        found = remote.aborted_transactions(start, min(upper, first)) + local
+        return sorted(set(found), key=lambda t: (t.first_offset, t.last_offset, t.producer_id))
 
     def producer_transactions(self) -> dict[int, int]:
         """Producer id -> first offset of each transaction open in this log (Kafka's
@@ -1176,7 +1233,57 @@ class Log:
             limit = end if max_offset is None else min(max_offset, end)
             if offset >= limit:
                 return []
-            return self._segments.read(self._decoder, offset, max_bytes, limit, max_records)
+            remote = self._remote_holding(offset, "read")
+            if remote is None:
+                return self._segments.read(self._decoder, offset, max_bytes, limit, max_records)
+        return self._read_remote(remote, offset, max_bytes, limit, max_records)
+
+    def _remote_holding(self, offset: int, what: str) -> RemoteTier | None:
+        """Under the lock, for an ``offset`` at or above the log start: the remote tier when
+        ``offset`` lies below the local segments (tiered storage), else None.
+
+        Raises:
+            OffsetMovedToTieredStorageError: it lies below them and no remote tier is attached.
+        """
+        first = self._segments.first.base_offset
+        if offset >= first:
+            return None
+        if self._remote is None:
+            raise OffsetMovedToTieredStorageError(offset, first, f"{what} from {self.path} (no remote tier attached)")
+        return self._remote
+
+    def _read_remote(self, remote: RemoteTier, offset: int, max_bytes: int, limit: int,
+                     max_records: int | None) -> list[Record]:
+        """Log.read below the local segments, without the log's lock: records from the remote
+        batches holding ``offset`` on (the next remote segment when one holds none of them,
+        the local segments once past the remote ones)."""
+        decoder = RecordDecoder()
+        where = f"{self.path} (remote tier)"
+        while offset < limit:
+            raw = remote.read_raw(offset, max_bytes)
+            if not raw:
+                break  # no remote segment holds it: the local ones take over
+            records, _ = decoder.decode(raw, 0, len(raw), offset, limit, max_records, where, exact=True)
+            if records:
+                if max_records is not None:
+                    del records[max_records:]
+                return records
+            after = offset
+            for _, header in batch_headers(raw):
+                after = header.last_offset + 1
+            if after <= offset:
+                break
+            offset = after  # only control records or records below the offset: read on
+        with self._lock:
+            self._check_open()
+            self._follow()
+            if offset < self._log_start_offset:
+                raise OffsetOutOfRangeError(offset, self._log_start_offset, self._appender.next_offset,
+                                            f"read from {self.path} (the log start moved past it)")
+            first = self._segments.first.base_offset
+        # Past what the remote tier holds: the local segments from here (a gap between the two
+        # would be skipped as a compacted range is).
+        return self.read(max(offset, first), max_bytes, max_records, limit) if max(offset, first) < limit else []
 
     def _read_committed(self, offset: int, max_bytes: int, max_records: int | None, max_offset: int | None,
                         isolation_level: str) -> list[Record]:
@@ -1212,9 +1319,10 @@ class Log:
 
     def _raw_chunks(self, offset: int, stop: int, max_bytes: int) -> Iterator[tuple[bytes, list[tuple[int, Any]]]]:
         """The whole batches from the one holding ``offset`` up to ``stop`` (exclusive), a
-        chunk of about ``max_bytes`` at a time (each read under the lock, CRC-checked): the
-        chunk's bytes and its batches' (position, header). For the walks that must see batch
-        headers (read_committed: producer ids and flags) rather than records.
+        chunk of about ``max_bytes`` at a time (each read under the lock, CRC-checked; from the
+        remote tier without it): the chunk's bytes and its batches' (position, header). For the
+        walks that must see batch headers (read_committed: producer ids and flags) rather than
+        records.
 
         Raises:
             OffsetOutOfRangeError: the log start moved past the walk.
@@ -1222,7 +1330,14 @@ class Log:
         while offset < stop:
             with self._lock:
                 self._check_readable_from(offset)
-                raw = self._segments.read_raw(offset, max_bytes)
+                remote = self._remote_holding(offset, "read")
+                raw = self._segments.read_raw(offset, max_bytes) if remote is None else b""
+            if remote is not None:
+                raw = remote.read_raw(offset, max_bytes)
+                if not raw:  # no remote segment holds it: on from the local segments
+                    with self._lock:
+                        self._check_readable_from(offset)
+                        raw = self._segments.read_raw(max(offset, self._segments.first.base_offset), max_bytes)
             batches = []
             for position, header in batch_headers(raw):
                 if header.base_offset >= stop:
@@ -1378,10 +1493,32 @@ class Log:
                 return self._log_start_offset
             if timestamp == LATEST_TIMESTAMP:
                 return self._appender.next_offset
+            remote = self._remote if self._log_start_offset < self._segments.first.base_offset else None
+            if remote is None:
+                return self._segments.offset_for_timestamp(self._decoder, timestamp, self._log_start_offset)
+            start = self._log_start_offset
+        found = remote.offset_for_timestamp(timestamp)  # the remote segments first, without the lock
+        if found is not None:
+            return max(found, start)
+        with self._lock:
+            self._check_open()
             return self._segments.offset_for_timestamp(self._decoder, timestamp, self._log_start_offset)
 
     def _arrow_batches(self, arrowread: Any, offset: int, stop: int, columns: Sequence[str],
                  max_records: int | None) -> Iterator[Any]:
+        with self._lock:
+            self._check_readable_from(offset)
+            remote = self._remote_holding(offset, "read_arrow") if offset < stop else None
+            first = self._segments.first.base_offset
+        if remote is not None:  # below the local segments: the remote tier's batches first
+            upto = min(stop, first)
+            for batch in self._arrow_remote(arrowread, remote, offset, upto, columns, max_records):
+                if max_records is not None:
+                    max_records -= batch.num_rows
+                yield batch
+            if max_records is not None and max_records <= 0:
+                return
+            offset = upto
         if max_records is None and (os.cpu_count() or 1) > 1:
             yield from self._arrow_batches_in_pairs(arrowread, offset, stop, columns)
             return
@@ -1393,6 +1530,22 @@ class Log:
                 limit = min(stop, offset + arrowread.ROWS_PER_BATCH)
                 offset = max(self._segments.decode_columns(decoder, offset, limit, builder.sink), builder.next_offset)
             yield from builder.take()
+
+    def _arrow_remote(self, arrowread: Any, remote: RemoteTier, offset: int, upto: int, columns: Sequence[str],
+                      max_records: int | None) -> Iterator[Any]:
+        """iter_arrow's batches of the offsets [offset, upto) below the local segments, decoded
+        by C from the remote tier's batches (fetched without the log's lock, CRC-checked)."""
+        builder = arrowread.ArrowBuilder(self.topic, self.partition, offset, upto, columns, max_records)
+        decoder = RecordDecoder(capacity=arrowread.ROWS_PER_BATCH)
+        where = f"{self.path} (remote tier)"
+        while offset < upto and not builder.done:
+            raw = remote.read_raw(offset, _REMOTE_ARROW_BYTES)
+            if not raw:
+                break  # no remote segment holds it: the local segments go on from upto
+            after = decode_columns_from(decoder, ColumnsFrom(raw, 0, len(raw), where), offset, upto, builder.sink)
+            offset = upto if after is None else max(after, builder.next_offset)
+            yield from builder.take()
+        yield from builder.take()
 
     def _check_readable_from(self, offset: int) -> None:
         """Under the log's lock: the log is open and ``offset`` is not below its start."""
@@ -1444,7 +1597,14 @@ class Log:
             CorruptRecordError: a batch on the way is invalid.
         """
         with self._reading(offset, "read_raw") as start:
-            return self._segments.read_raw(start, max_bytes)
+            remote = self._remote_holding(start, "read_raw")
+            if remote is None:
+                return self._segments.read_raw(start, max_bytes)
+        raw = remote.read_raw(start, max_bytes)
+        if raw:
+            return raw
+        with self._reading(offset, "read_raw") as start:  # past the remote segments: the local ones
+            return self._segments.read_raw(max(start, self._segments.first.base_offset), max_bytes)
 
     def read_region(self, offset: int, max_bytes: int = _DEFAULT_MAX_BYTES,
                     max_offset: int | None = None, end_offset: bool = False) -> FileRegion | None:
@@ -1459,8 +1619,13 @@ class Log:
 
         Raises:
             OffsetOutOfRangeError, CorruptRecordError: as :meth:`read_raw`.
+            OffsetMovedToTieredStorageError: ``offset`` lies below the local segments (tiered
+                storage): :meth:`read_raw` reads it from the remote tier.
         """
         with self._reading(offset, "read_region") as start:
+            first = self._segments.first.base_offset
+            if start < first:
+                raise OffsetMovedToTieredStorageError(start, first, f"read_region from {self.path}")
             segment, position, length = self._segments.locate_raw(start, max_bytes)
             if segment is None:
                 return None
@@ -1697,7 +1862,9 @@ class Log:
                 return self._log_start_offset
             self._log_start_offset = offset
             self._write_checkpoints()  # durable before the segments below it go
-            self._delete_segments(self._segments.below(offset))
+            # (the start is where it must be; with tiered storage the first local segment may
+            # lie far above it)
+            self._delete_segments(self._segments.below(offset), move_start=False)
             return self._log_start_offset
 
     def enforce_retention(self, now_ms: int | None = None) -> int:
@@ -1715,26 +1882,32 @@ class Log:
     def _enforce_retention(self, now_ms: int) -> int:
         """Log.enforce_retention: delete the segments retention lets go at ``now_ms``; return how
         many went."""
+        copied = -1
+        if self.config.remote_storage_enable:
+            remote = self._remote
+            copied = remote.copied_through() if remote is not None else -1  # (not under the lock)
         with self._lock, self._w:
             self._check_open()
-            doomed = segments_to_delete(self._segments, self._log_start_offset, self.config, now_ms)
+            doomed = segments_to_delete(self._segments, self._log_start_offset, self.config, now_ms, copied)
             if not doomed:
                 return 0
-            self._delete_segments(doomed)
+            # With tiered storage the records stay readable from the remote tier: the log start
+            # stays where it is (only the local start moves).
+            self._delete_segments(doomed, move_start=not self.config.remote_storage_enable)
             self._segments.unlink_due()
             return len(doomed)
 
-    def _delete_segments(self, doomed: list[LogSegment]) -> None:
+    def _delete_segments(self, doomed: list[LogSegment], move_start: bool = True) -> None:
         """Remove segments from the log (rolling first when the active one is among them): move the
-        log start past them durably, then rename their files .deleted (unlinked after
-        file_delete_delay_ms)."""
+        log start past them durably (unless ``move_start`` is False: copied segments leaving the
+        local disk), then rename their files .deleted (unlinked after file_delete_delay_ms)."""
         with self._io_guard():
             self._begin_layout_change()
             doomed = sorted(doomed, key=lambda s: s.base_offset)
             if any(segment is self._segments.active for segment in doomed):
                 self._roll()
             first = log_start_after(self._segments, doomed, self._log_start_offset)
-            if first > self._log_start_offset:
+            if move_start and first > self._log_start_offset:
                 # The renames may reach the disk in any order before the directory fsync; the
                 # checkpoint written first is what the reopened log starts at: the log start moves
                 # durably before any segment below it is renamed.

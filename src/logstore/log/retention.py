@@ -10,6 +10,13 @@ Kafka's rules, for a log whose cleanup policy includes "delete":
 * whatever the policy: a segment wholly below the log start offset (moved by
   ``delete_records_before``, Kafka's DeleteRecords) goes.
 
+With remote storage (tiered storage, KIP-405) these rules decide only what leaves the *local*
+disk, by the local retention settings (``local.retention.ms``/``.bytes``), and only among the
+sealed segments already copied (every offset at or below the remote tier's copied end): a
+segment that is not copied stays whatever retention says, so nothing is lost while the object
+store is unreachable. The log start does not move: the records stay readable from the remote
+tier, whose own retention (by the total settings) is the remote log manager's.
+
 The functions here decide; :class:`~logstore.log.log.Log` moves the log start and deletes through
 its segment set. Pure functions: no I/O, no locks.
 """
@@ -24,12 +31,16 @@ from ..segment import LogSegment
 __all__ = ["segments_to_delete", "log_start_after"]
 
 
-def segments_to_delete(segments: LogSegments, log_start_offset: int, config: Any, now_ms: int) -> list[LogSegment]:
+def segments_to_delete(segments: LogSegments, log_start_offset: int, config: Any, now_ms: int,
+                       copied_through: int = -1) -> list[LogSegment]:
     """The segments retention removes now, oldest first (the active one among them when it
-    expired: the caller rolls before deleting it)."""
+    expired: the caller rolls before deleting it). ``copied_through``: with remote storage, the
+    last offset the remote tier holds (see the module docstring)."""
     doomed: list[LogSegment] = segments.below(log_start_offset)
     if not config.deletes:
         return doomed
+    if config.remote_storage_enable:
+        return doomed + _local_segments_to_delete(segments, doomed, config, now_ms, copied_through)
     ordered = list(segments.values())
     if config.retention_ms >= 0:
         for segment in ordered:
@@ -47,6 +58,30 @@ def segments_to_delete(segments: LogSegments, log_start_offset: int, config: Any
             excess -= segment.size
             doomed.append(segment)
     return doomed
+
+
+def _local_segments_to_delete(segments: LogSegments, doomed: list[LogSegment], config: Any, now_ms: int,
+                              copied_through: int) -> list[LogSegment]:
+    """The copied sealed segments local retention lets go, oldest first."""
+    copied = [s for s in segments.sealed() if s not in doomed and s.next_offset - 1 <= copied_through]
+    out: list[LogSegment] = []
+    retention_ms = config.local_retention_ms_effective
+    if retention_ms >= 0:
+        for segment in copied:
+            if segment.max_timestamp >= now_ms - retention_ms:
+                break
+            out.append(segment)
+    retention_bytes = config.local_retention_bytes_effective
+    if retention_bytes >= 0:
+        excess = segments.size_in_bytes - sum(s.size for s in doomed + out) - retention_bytes
+        for segment in copied:
+            if segment in out:
+                continue
+            if excess - segment.size < 0:
+                break
+            excess -= segment.size
+            out.append(segment)
+    return out
 
 
 def log_start_after(segments: LogSegments, doomed: list[LogSegment], log_start_offset: int) -> int:
