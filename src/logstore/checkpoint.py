@@ -35,6 +35,7 @@ __all__ = [
     "CLEANER_OFFSET_CHECKPOINT",
     "REPLICATION_OFFSET_CHECKPOINT",
     "LEADER_EPOCH_CHECKPOINT",
+    "encode_checkpoint",
 ]
 
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
@@ -98,16 +99,20 @@ class CheckpointFile:
 
     def write(self, entries: Iterable[Sequence[object]]) -> None:
         """Replace the file's entries durably (temp file + fsync + rename + directory fsync)."""
-        rows = []
-        for entry in entries:
-            fields = [str(field) for field in entry]
-            if len(fields) != self.fields or any(not f or any(c.isspace() for c in f) for f in fields):
-                raise ValueError(
-                    f"{self.path}: an entry needs {self.fields} non-empty fields without whitespace, got {entry!r}"
-                )
-            rows.append(" ".join(fields))
-        text = f"{CHECKPOINT_VERSION}\n{len(rows)}\n" + "".join(row + "\n" for row in rows)
-        _fileio.ops.write_file_atomic(self.path, text.encode("utf-8"))
+        _fileio.ops.write_file_atomic(self.path, encode_checkpoint(entries, self.fields, self.path))
+
+
+def encode_checkpoint(entries: Iterable[Sequence[object]], fields: int, what: str = "checkpoint") -> bytes:
+    """A checkpoint file's bytes (version 0, the count, one line per entry of ``fields``
+    whitespace-free fields), as :class:`CheckpointFile` writes them (and a remote segment's
+    leader-epoch checkpoint is uploaded). Pure."""
+    rows = []
+    for entry in entries:
+        values = [str(field) for field in entry]
+        if len(values) != fields or any(not f or any(c.isspace() for c in f) for f in values):
+            raise ValueError(f"{what}: an entry needs {fields} non-empty fields without whitespace, got {entry!r}")
+        rows.append(" ".join(values))
+    return (f"{CHECKPOINT_VERSION}\n{len(rows)}\n" + "".join(row + "\n" for row in rows)).encode("utf-8")
 
 
 _process_locks: dict[str, threading.Lock] = {}

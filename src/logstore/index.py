@@ -36,7 +36,7 @@ from . import _fileio
 from ._native import ffi, lib
 from .errors import CorruptIndexError
 
-__all__ = ["OffsetIndex", "TimeIndex", "TransactionIndex", "AbortedTxn", "AbortedBatches"]
+__all__ = ["OffsetIndex", "TimeIndex", "TransactionIndex", "AbortedTxn", "AbortedBatches", "parse_txn_entries"]
 
 
 class _Index:
@@ -396,6 +396,24 @@ class AbortedBatches:
         return any(first <= base_offset <= last for first, last in self._by_producer.get(producer_id, ()))
 
 
+def parse_txn_entries(data: bytes, base_offset: int) -> tuple[list[AbortedTxn], str | None]:
+    """The entries of a ``.txnindex`` file's bytes (see :class:`TransactionIndex`), up to the
+    first invalid one, and why the rest cannot be trusted (None when all are valid). Pure."""
+    entry = TransactionIndex.ENTRY
+    size = entry.size
+    damage = f"file size {len(data)} is not a multiple of {size} bytes" if len(data) % size else None
+    entries: list[AbortedTxn] = []
+    last = -1
+    for n, (version, pid, first, last_offset, lso) in enumerate(entry.iter_unpack(data[:len(data) - len(data) % size])):
+        if (version != TransactionIndex.VERSION or pid < 0 or not 0 <= first <= last_offset or last_offset <= last
+                or last_offset < base_offset):
+            damage = damage or f"entry {n} is invalid (version {version}, producer {pid}, offsets {first}..{last_offset})"
+            break
+        entries.append(AbortedTxn(pid, first, last_offset, lso))
+        last = last_offset
+    return entries, damage
+
+
 class TransactionIndex:
     """TransactionIndex owns NNN.txnindex: the aborted transactions whose ABORT marker is in the
     segment, in marker order (Kafka's TransactionIndex). Each entry is 34 bytes, big-endian::
@@ -439,19 +457,7 @@ class TransactionIndex:
             data = _fileio.ops.read_file(self.path)
         except FileNotFoundError:
             return
-        base_offset = self.base_offset
-        size = self.ENTRY.size
-        if len(data) % size:
-            self.damage = f"file size {len(data)} is not a multiple of {size} bytes"
-        last = -1
-        for n, (version, pid, first, last_offset, lso) in enumerate(self.ENTRY.iter_unpack(data[:len(data) - len(data) % size])):
-            if (version != self.VERSION or pid < 0 or not 0 <= first <= last_offset or last_offset <= last
-                    or last_offset < base_offset):
-                self.damage = self.damage or f"entry {n} is invalid (version {version}, producer {pid}, " \
-                                             f"offsets {first}..{last_offset})"
-                break
-            self.entries.append(AbortedTxn(pid, first, last_offset, lso))
-            last = last_offset
+        self.entries, self.damage = parse_txn_entries(data, self.base_offset)
 
     def __len__(self) -> int:
         return len(self.entries)

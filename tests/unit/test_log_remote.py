@@ -224,3 +224,23 @@ def test_aborted_transactions_of_remote_segments_are_listed(tmp_path):
     assert log.aborted_transactions(0, 20) == [AbortedTxn(7, 3, 9, 3)]
     assert log.aborted_transactions(10, 20) == []
     log.close()
+
+
+def test_segments_to_copy_stop_at_the_high_watermark_and_name_their_files(tmp_path):
+    log = filled(tmp_path)
+    try:
+        log.assign_leader_epoch(3)
+        log.append(b"x")
+        sealed = log.segments[:-1]
+        found = log.segments_to_copy(0)
+        assert [c.base_offset for c in found] == [s.base_offset for s in sealed]
+        for c, nxt in zip(found, log.segments[1:]):
+            assert c.end_offset == nxt.base_offset - 1 and os.path.exists(c.log_path)
+            assert os.path.getsize(c.log_path) == c.size and c.offset_index_path.endswith(".index")
+            assert c.txn_index_path is None
+        assert found[0].leader_epoch_checkpoint.startswith(b"0\n")
+        assert log.segments_to_copy(found[2].base_offset)[0].base_offset == found[2].base_offset
+        log.high_watermark = found[3].end_offset  # the fourth segment's last record not yet replicated
+        assert [c.base_offset for c in log.segments_to_copy(0)] == [c.base_offset for c in found[:3]]
+    finally:
+        log.close()

@@ -52,6 +52,7 @@ from ..checkpoint import (
     LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
     OffsetCheckpoints,
+    encode_checkpoint,
 )
 from ..cleaner import CleanerReport, CleanerState, LogCompaction
 from ..errors import (
@@ -95,9 +96,9 @@ from .epochs import LeaderEpochCache
 from .flusher import NEVER, Flusher, FlushHooks
 from .loader import CLEAN_SHUTDOWN_FILE, LogLoader, RecoveryReport
 from .metrics import AppendMeter
-from .producers import ProducerStateManager
+from .producers import ProducerStateManager, snapshot_path
 from .producerstate import CompletedTxn, ProducerStateEntry, increment_sequence
-from .remote import RemoteTier
+from .remote import CopyableSegment, RemoteTier
 from .retention import log_start_after, segments_to_delete
 from .segments import ColumnsFrom, LogSegments, decode_columns_from
 from .shared import ExclusiveHold, SharedCoordinator, SharedHooks
@@ -522,6 +523,40 @@ class Log:
                             self._log_start_offset, start, remote_start, local)
                 self._log_start_offset = start
                 self._write_checkpoints()
+
+    def segments_to_copy(self, from_offset: int) -> list[CopyableSegment]:
+        """The sealed segments the remote tier may copy now, oldest first: those whose records
+        all lie at or above ``from_offset`` (the next offset the tier lacks) and below both the
+        high watermark and the last stable offset (no record a majority may still lose, no open
+        transaction), with the paths of their files and their leader epochs. The files stay
+        until the tier holds them (local retention waits for the copy), unless a DeleteRecords
+        or the topic's deletion takes them first. Thread-safe."""
+        stable = self.last_stable_offset
+        with self._lock:
+            self._check_open()
+            self._follow()
+            hw = self._high_watermark if self._high_watermark is not None else self._appender.next_offset
+            ceiling = min(hw, stable, self._appender.next_offset)
+            entries = self.leader_epochs.entries if self.leader_epochs is not None else []
+            out = []
+            for segment in self._segments.sealed():
+                base, end = segment.base_offset, segment.next_offset - 1
+                if base < max(from_offset, self._log_start_offset) or segment.size == 0:
+                    continue
+                if end >= ceiling:
+                    break
+                held = {}
+                for i, (epoch, start) in enumerate(entries):
+                    after = entries[i + 1][1] if i + 1 < len(entries) else end + 1
+                    if start <= end and after > base:
+                        held[epoch] = max(start, base)
+                checkpoint = encode_checkpoint([(e, o) for e, o in entries if o <= end], 2, "leader-epoch-checkpoint")
+                snapshot = snapshot_path(self.path, end + 1)
+                out.append(CopyableSegment(
+                    base, end, segment.size, segment.max_timestamp, segment.path, segment.offset_index.path,
+                    segment.time_index.path, segment.txn_index.path if len(segment.txn_index) else None,
+                    snapshot if _fileio.ops.exists(snapshot) else None, held, checkpoint))
+            return out
 
     @property
     def remote_tier(self) -> RemoteTier | None:

@@ -15,10 +15,31 @@ from any thread, without the log's lock).
 from __future__ import annotations
 
 import abc
+from typing import Mapping, NamedTuple
 
 from ..index import AbortedTxn
 
-__all__ = ["RemoteTier"]
+__all__ = ["RemoteTier", "CopyableSegment"]
+
+
+class CopyableSegment(NamedTuple):
+    """A sealed segment the remote tier may copy (``Log.segments_to_copy``): its offsets
+    (``end_offset`` inclusive), its size and newest timestamp, the paths of its files (the
+    ``.txnindex`` and the producer snapshot at its end None when there is none), the leader
+    epochs it holds records of (epoch -> its first offset in the segment) and the leader-epoch
+    checkpoint's bytes up to its end. Immutable."""
+
+    base_offset: int
+    end_offset: int
+    size: int
+    max_timestamp: int
+    log_path: str
+    offset_index_path: str
+    time_index_path: str
+    txn_index_path: str | None
+    producer_snapshot_path: str | None
+    leader_epochs: Mapping[int, int]
+    leader_epoch_checkpoint: bytes
 
 
 class RemoteTier(abc.ABC):
