@@ -11,7 +11,7 @@ import pytest
 
 from logstore import _fileio
 from logstore.errors import InvalidConfigError, RemoteResourceNotFoundError, RemoteStorageError
-from logstore.tiered.objectstore import PART_SIZE, ObjectStore, open_object_store
+from logstore.tiered.objectstore import PART_SIZE, open_object_store
 
 
 def _write(path, data: bytes) -> str:
@@ -194,11 +194,22 @@ def test_bad_keys_are_value_errors():
     ("s3://bucket", {"no_such_option": "1"}),
     ("s3://bucket", {"timeout": "5s"}),
 ])
-def test_bad_urls_and_options_are_config_errors(url, options, tmp_path):
+def test_bad_urls_and_options_are_config_errors(url, options):
     with pytest.raises(InvalidConfigError):
         open_object_store(url, options)
+
+
+def test_bad_limits_are_config_errors():
     with pytest.raises(InvalidConfigError):
         open_object_store("memory://", request_timeout=0)
+    with pytest.raises(InvalidConfigError):
+        open_object_store("memory://", max_retries=-1)
+
+
+def test_a_local_directory_that_cannot_be_made_is_a_remote_storage_error(tmp_path):
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(RemoteStorageError, match="file/remote"):
+        open_object_store(f"file://{tmp_path}/file/remote")
 
 
 def test_a_local_directory_is_made_and_every_key_lies_under_its_path(tmp_path):

@@ -123,12 +123,14 @@ class ObjectStore:
             ``AWS_ENDPOINT_URL``, ...; ``GOOGLE_*``, ``AZURE_*``). An ``http://`` endpoint
             (given or from the environment) allows plain HTTP, as the AWS tools do. A local
             directory and memory take no options.
-        request_timeout: seconds one request may take (per attempt).
-        max_retries: retries of a transiently failed request, with exponential backoff.
+        request_timeout: seconds one request to a cloud store may take (per attempt).
+        max_retries: retries of a transiently failed request to a cloud store, with
+            exponential backoff. (A local directory and memory answer at once or fail.)
 
     Raises:
         InvalidConfigError: an unknown scheme, a relative ``file://`` path, an unknown option,
             ``timeout`` among the options (it is ``request_timeout``).
+        RemoteStorageError: a local directory that cannot be made.
 
     Durability and thread-safety: see the module docstring.
     """
@@ -150,7 +152,10 @@ class ObjectStore:
                 raise InvalidConfigError(f"object store {self._url}: a local directory is file:///absolute/path")
             self._refuse_options(options)
             root = os.path.normpath(parts.path)
-            _fileio.ops.makedirs_durable(root)
+            try:
+                _fileio.ops.makedirs_durable(root)
+            except OSError as exc:
+                raise RemoteStorageError(f"object store {self._url}: cannot make the directory {root}: {exc}") from exc
             self._local_root = root
             self._store = LocalStore(root)
         elif scheme == "memory":
