@@ -70,9 +70,10 @@ class SeaweedFS:
     """One SeaweedFS server process (see the module docstring). Not thread-safe: one test
     drives it."""
 
-    def __init__(self, directory: str, binary: str) -> None:
+    def __init__(self, directory: str, binary: str, volume_mb: int = 64) -> None:
         self.directory = directory
         self.binary = binary
+        self.volume_mb = volume_mb
         self.ports = dict(zip(_PORTS, _free_ports(len(_PORTS))))
         self.process: subprocess.Popen | None = None
         self.start_seconds: float | None = None
@@ -104,7 +105,7 @@ class SeaweedFS:
         return [self.binary, "mini", f"-dir={os.path.join(self.directory, 'data')}", "-ip=127.0.0.1",
                 "-ip.bind=127.0.0.1", *ports, "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false",
                 "-admin.ui=false", f"-s3.config={os.path.join(self.directory, 's3.json')}",
-                "-master.volumeSizeLimitMB=64", "-master.telemetry=false", "-master.resumeState=false",
+                f"-master.volumeSizeLimitMB={self.volume_mb}", "-master.telemetry=false", "-master.resumeState=false",
                 f"-filer.localSocket={os.path.join(tmp, 'filer.sock')}", f"-s3.localSocket={os.path.join(tmp, 's3.sock')}"]
 
     def start(self, timeout: float = 60.0) -> "SeaweedFS":
