@@ -138,12 +138,12 @@ class ObjectStore:
     def __init__(self, url: str, options: Mapping[str, str] | None = None, *,
                  request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
                  max_retries: int = DEFAULT_MAX_RETRIES) -> None:
-        if request_timeout <= 0:
-            raise InvalidConfigError(f"object store {url}: request_timeout {request_timeout} must be > 0")
-        if max_retries < 0:
-            raise InvalidConfigError(f"object store {url}: max_retries {max_retries} must be >= 0")
         parts = urlsplit(url)
         self._url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+        if request_timeout <= 0:
+            raise InvalidConfigError(f"object store {self._url}: request_timeout {request_timeout} must be > 0")
+        if max_retries < 0:
+            raise InvalidConfigError(f"object store {self._url}: max_retries {max_retries} must be >= 0")
         self._local_root: str | None = None
         options = dict(options or {})
         scheme = parts.scheme.lower()
@@ -234,7 +234,11 @@ class ObjectStore:
         except OSError as exc:
             raise RemoteStorageError(f"put {key!r} to {self._url}: cannot open the local file {path}: {exc}") from exc
         try:
-            size = _fileio.ops.fsize(fd)
+            try:
+                size = _fileio.ops.fsize(fd)
+            except OSError as exc:
+                raise RemoteStorageError(f"put {key!r} to {self._url}: cannot stat the local file {path}: "
+                                         f"{exc}") from exc
             if size <= PART_SIZE:
                 data = self._read_local(fd, path, key, 0, size)
                 self._call("put", key, obstore.put, store, key, data, use_multipart=False)
