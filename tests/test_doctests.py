@@ -9,7 +9,7 @@ import pytest
 
 MODULES = ["logstore", "logstore.store.store", "logstore.log.config", "logstore.store.kafkadirs", "logstore.kafka.credentials",
            "logstore.errorcodes", "logstore.records.control", "logstore.index", "logstore.txn.metadata",
-           "logstore.log.producerstate"]
+           "logstore.log.producerstate", "logstore.tiered.objectstore", "logstore.tiered.storage"]
 
 
 @pytest.mark.parametrize("name", MODULES)
