@@ -39,6 +39,7 @@ demo: $(STAMP)
 	$(PY) examples/replicated_cluster.py
 	$(PY) examples/kafka_clients.py
 	$(PY) examples/arrow_analytics.py
+	$(PY) examples/tiered_storage.py
 	$(PY) examples/spark_batch.py
 
 test: $(STAMP)

@@ -17,3 +17,11 @@ def test_example_runs(name):
     done = subprocess.run([sys.executable, str(EXAMPLES / name)], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip()
+
+
+def test_the_tiered_storage_example_reads_every_record_back():
+    done = subprocess.run([sys.executable, str(EXAMPLES / "tiered_storage.py")], capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "iterating the whole log: 20000 records" in done.stdout
+    assert "local log start 0" not in done.stdout  # the copied segments left the local disk

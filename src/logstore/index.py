@@ -36,7 +36,8 @@ from . import _fileio
 from ._native import ffi, lib
 from .errors import CorruptIndexError
 
-__all__ = ["OffsetIndex", "TimeIndex", "TransactionIndex", "AbortedTxn", "AbortedBatches", "parse_txn_entries"]
+__all__ = ["OffsetIndex", "TimeIndex", "TransactionIndex", "AbortedTxn", "AbortedBatches", "parse_txn_entries",
+           "offset_index_lookup", "time_index_lookup"]
 
 
 class _Index:
@@ -303,6 +304,35 @@ class OffsetIndex(_Index):
         if keep > 0 and self.entry(slot)[0] >= offset:
             keep -= 1
         self._truncate_entries(max(keep, 0))
+
+
+def offset_index_lookup(data: bytes, base_offset: int, offset: int) -> tuple[int, int]:
+    """:meth:`OffsetIndex.lookup` over an index file's bytes (a remote segment's ``.index``):
+    (offset, position) of the largest entry whose offset <= ``offset``, (base_offset, 0) when
+    none is. A partial trailing entry is ignored. Thread-safe."""
+    entries = len(data) // lib.LS_INDEX_ENTRY_SIZE
+    rel = offset - base_offset
+    if not entries or rel < 0:
+        return base_offset, 0
+    slot = lib.ls_index_lookup(ffi.from_buffer(data), entries, min(rel, 2**31 - 1))
+    if slot < 0:
+        return base_offset, 0
+    raw = data[slot * 8:slot * 8 + 8]
+    return base_offset + int.from_bytes(raw[:4], "big", signed=True), int.from_bytes(raw[4:], "big", signed=True)
+
+
+def time_index_lookup(data: bytes, base_offset: int, timestamp: int) -> tuple[int, int]:
+    """:meth:`TimeIndex.lookup` over an index file's bytes (a remote segment's ``.timeindex``):
+    (timestamp, offset) of the largest entry whose timestamp <= ``timestamp``, (-1, base_offset)
+    when none is. Thread-safe."""
+    entries = len(data) // lib.LS_TIMEINDEX_ENTRY_SIZE
+    if not entries:
+        return -1, base_offset
+    slot = lib.ls_timeindex_lookup(ffi.from_buffer(data), entries, timestamp)
+    if slot < 0:
+        return -1, base_offset
+    raw = data[slot * 12:slot * 12 + 12]
+    return int.from_bytes(raw[:8], "big", signed=True), base_offset + int.from_bytes(raw[8:], "big", signed=True)
 
 
 class TimeIndex(_Index):

@@ -74,6 +74,9 @@ class MemoryTier(RemoteTier):
     def size_in_bytes(self):
         return sum(len(d) for _, _, d in self.segments)
 
+    def max_timestamp(self):
+        return max((h.max_timestamp for _, _, d in self.segments for _, h in batch_headers(d)), default=-1)
+
 
 CONFIG = dict(segment_bytes=4096, remote_storage_enable=True, local_retention_bytes=0, retention_bytes=-1,
               retention_ms=-1, local_retention_ms=-1)

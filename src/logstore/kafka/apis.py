@@ -55,9 +55,11 @@ from ..errors import (
     InvalidRecordError,
     InvalidTopicError,
     LogstoreError,
+    OffsetMovedToTieredStorageError,
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
     RecordTooLargeError,
+    RemoteStorageError,
     TopicExistsError,
     UnknownTopicIdError,
     UnknownTopicOrPartitionError,
@@ -71,7 +73,7 @@ from .groupconfigfile import GroupConfigFile
 from .._native import lib
 from ..log.config import LogConfig
 from ..log.epochs import UNDEFINED_EPOCH, UNDEFINED_OFFSET
-from ..records.batch import decode_batches, parse_header
+from ..records.batch import batch_headers, decode_batches, parse_header
 from ..txn.producerids import ProducerIds
 from ..groups.offsets import OFFSETS_TOPIC, offset_store
 from ..groups.coordinator import GroupConfig, GroupCoordinator, listed_by
@@ -740,9 +742,15 @@ class KafkaApis:
             limit = min(partition_max, max_bytes - total)
             if limit <= 0:
                 continue
+            remote_end = -1
             try:
-                data = log.read_region(offset, max(limit, 1), max_offset=visible,  # written with sendfile
-                                       end_offset=read_committed)
+                try:
+                    data = log.read_region(offset, max(limit, 1), max_offset=visible,  # written with sendfile
+                                           end_offset=read_committed)
+                except OffsetMovedToTieredStorageError:
+                    # Below the local segments (tiered storage): whole batches from the object
+                    # store, CRC-checked, all below the high watermark (only those are copied).
+                    data, remote_end = _remote_batches(log.read_raw(offset, max(limit, 1)), visible)
             except OffsetOutOfRangeError:
                 entry.update(_NO_OFFSETS, error_code=ErrorCode.offset_out_of_range)
                 errors = True
@@ -752,16 +760,23 @@ class KafkaApis:
                 entry.update(_NO_OFFSETS, error_code=ErrorCode.unknown_server_error)
                 errors = True
                 continue
+            except RemoteStorageError as exc:  # the object store failed: Kafka answers this way too
+                logger.error("fetch from %s-%d at %d from the remote tier: %s", topic, partition, offset, exc)
+                entry.update(_NO_OFFSETS, error_code=ErrorCode.unknown_server_error)
+                errors = True
+                continue
             if data is not None and total and len(data) > limit:
-                data.close()  # a later partition's first batch alone is over what is left: none
+                if isinstance(data, FileRegion):
+                    data.close()  # a later partition's first batch alone is over what is left: none
                 data = None
             if data is not None:
                 entry["records"] = data
                 total += len(data)
                 if read_committed:  # Kafka's rule: the aborted transactions overlapping the data
+                    end = data.end_offset if isinstance(data, FileRegion) else remote_end
                     entry["aborted_transactions"] = [
                         {"producer_id": txn.producer_id, "first_offset": txn.first_offset}
-                        for txn in log.aborted_transactions(offset, data.end_offset)]
+                        for txn in log.aborted_transactions(offset, end)]
         answer = {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0,
                   "responses": [{"topic": t.name or "", "topic_id": t.topic_id or ZERO_TOPIC_ID, "partitions": parts}
                                 for t, parts in topics.items()],
@@ -809,12 +824,14 @@ class KafkaApis:
         visible = log.last_stable_offset if read_committed else log.high_watermark
         if ts == -1:
             return {"offset": visible, "leader_epoch": max(log.latest_epoch, 0)}
-        if ts in (-2, -4):
-            start = log.log_start_offset
+        if ts in (-2, -4):  # -4: the first offset on local disk (KIP-1005; tiered storage keeps less)
+            start = log.log_start_offset if ts == -2 else log.local_log_start_offset
             return {"offset": start, "leader_epoch": _epoch_at(log, start)}
         if ts == -3:
             infos = log.segments
             newest = max((info.max_timestamp for info in infos), default=-1)
+            if log.remote_tier is not None:
+                newest = max(newest, log.remote_tier.max_timestamp())
             found = log.offset_for_timestamp(newest) if newest >= 0 else None
             wanted = newest
         else:
@@ -1534,6 +1551,17 @@ class _AppendWatcher:
 
     def _fetch_keys(self) -> list[tuple[str, int]]:
         return [key for key in self.purgatory.keys() if isinstance(key, tuple) and len(key) == 2]
+
+
+def _remote_batches(raw: bytes, visible: int) -> tuple[bytes | None, int]:
+    """A fetch's batches from the remote tier, none at or above ``visible`` (whole batches), and
+    the offset after the last one (-1 when there is none)."""
+    end, after = 0, -1
+    for position, header in batch_headers(raw):
+        if header.base_offset >= visible:
+            break
+        end, after = position + header.size, header.last_offset + 1
+    return (raw[:end] if end else None), after
 
 
 def _release(answer: Mapping[str, Any]) -> None:

@@ -85,5 +85,9 @@ class RemoteTier(abc.ABC):
         """
 
     @abc.abstractmethod
+    def max_timestamp(self) -> int:
+        """The newest record timestamp the finished remote segments hold, -1 when none."""
+
+    @abc.abstractmethod
     def size_in_bytes(self) -> int:
         """The bytes of the finished remote segments."""

@@ -95,6 +95,10 @@ TOPIC_DEFAULTS_FILE = ".topic-defaults"
 #: how long this process trusts what it read of a topic file before it looks again (a changed
 #: count or config made by another process sharing the store is seen after at most this)
 TOPIC_MAX_AGE_S = 1.0
+#: Kafka's internal topic of the remote segments' metadata (tiered storage)
+REMOTE_LOG_METADATA_TOPIC = "__remote_log_metadata"
+#: the flock that makes one process of a shared store the one that copies and expires
+REMOTE_LEAD_LOCK = ".lock-remote-log-manager"
 _FIELD_TO_KAFKA = {field_name: kafka for kafka, field_name in KAFKA_NAMES.items()}
 
 
@@ -150,6 +154,22 @@ class LogStore:
             created here and for those of a store written before topic ids: by default a
             random one, as Kafka's controller makes it. A replica set derives its topics' ids
             so that every node gives a topic the same one.
+        remote_storage: tiered storage (KIP-405): the object store that topics with
+            ``remote_storage_enable`` copy their sealed segments to, as a URL
+            (``file:///path``: a local directory, no server; ``s3://bucket/prefix``,
+            ``gs://...``, ``az://...`` with ``remote_storage_options``, credentials from the
+            environment as the cloud's own tools read them) or a
+            :class:`~logstore.tiered.storage.RemoteStorageManager` of your own. None: no topic
+            may enable remote storage. See :mod:`logstore.tiered.manager`.
+        remote_storage_options: the object store's settings (obstore's names: ``endpoint``,
+            ``region``, ``allow_http``, ...).
+        remote_log_metadata_manager: a callable given the store's ``__remote_log_metadata``
+            log that returns the :class:`~logstore.tiered.rlmm.RemoteLogMetadataManager` to
+            use (default: the topic-based one).
+        remote_log_manager_task_interval_ms, remote_fetch_max_wait_ms,
+        remote_log_index_cache_size_bytes: Kafka's broker settings of those names
+            (``remote.log.manager.task.interval.ms``, ...; see
+            :class:`~logstore.tiered.manager.RemoteLogManagerConfig`).
         **defaults: LogConfig fields applied to every topic unless the topic overrides them, or
             the store's dynamic defaults (:meth:`alter_defaults`, Kafka's dynamic broker
             configs) set them.
@@ -184,8 +204,18 @@ class LogStore:
     def __init__(self, root: str | os.PathLike[str], *, shared: bool = True, maintenance: bool = True,
                  retention_check_interval_ms: int = 300_000, cleaner_backoff_ms: int = 15_000,
                  cleaner: bool = True, transaction_fsync: bool = False,
-                 topic_ids: Callable[[str], uuid.UUID] | None = None, **defaults: Any) -> None:
+                 topic_ids: Callable[[str], uuid.UUID] | None = None, remote_storage: Any = None,
+                 remote_storage_options: Mapping[str, str] | None = None,
+                 remote_log_metadata_manager: Callable[[Log], Any] | None = None,
+                 remote_log_manager_task_interval_ms: int = 30_000, remote_fetch_max_wait_ms: int = 500,
+                 remote_log_index_cache_size_bytes: int = 1 << 30, **defaults: Any) -> None:
         self.root = os.path.abspath(os.fspath(root))
+        self._remote_spec = (remote_storage, dict(remote_storage_options or {}), remote_log_metadata_manager,
+                             remote_log_manager_task_interval_ms, remote_fetch_max_wait_ms,
+                             remote_log_index_cache_size_bytes)
+        self._remote: Any = None  # the RemoteLogManager, made on first use
+        self._remote_lead_fd = -1  # the flock that makes this process the one that copies
+        self._maintenance = maintenance
         #: the defaults this store object was opened with (Kafka's static broker configs)
         self.static_defaults = LogConfig.build(None, **defaults)
         #: the defaults every topic's config starts from: the static ones with the store's
@@ -500,6 +530,8 @@ class LogStore:
         for name, p, log, config in changes:
             try:
                 log.update_config(config)
+                if config.remote_storage_enable and log.remote_tier is None and self._remote is not None:
+                    self._remote.attach(log, self.topic_id(name))
             except LogClosedError:
                 continue  # its topic was deleted, or the store closed, meanwhile
             if self._cleaner is not None:
@@ -585,7 +617,12 @@ class LogStore:
             raise InvalidConfigError(f"partitions must be an int from 1 to 1000000, got {partitions!r}")
         overrides = self._overrides(config)
         self._check_open()
+        tiered = self._config_for(overrides).remote_storage_enable
+        if tiered:
+            self._check_remote_storage(name)
         with self._metadata_lock():
+            if tiered:
+                self._remote_manager_locked()
             existing = self._read_topic(name)
             if existing is not None:
                 if exist_ok:
@@ -670,8 +707,15 @@ class LogStore:
             wanted = edit(dict(current))
             overrides = self._overrides(wanted)
             config = self._config_for(overrides)
+            if self._config_for(current).remote_storage_enable and not config.remote_storage_enable:
+                raise InvalidConfigError(f"topic {name!r}: remote.storage.enable cannot be turned off once on "
+                                         f"(its older segments are only in the remote tier)")
+            if config.remote_storage_enable:
+                self._check_remote_storage(name)
             if validate_only:
                 return overrides
+            if config.remote_storage_enable:
+                self._remote_manager_locked()
             topic_id = self.topic_id(name)
             self._write_topic(name, partitions, topic_id, overrides)
             with self._lock:
@@ -810,6 +854,8 @@ class LogStore:
                 for log in closing:
                     if self._cleaner is not None:
                         self._cleaner.remove(log)
+                    if self._remote is not None:
+                        self._remote.detach(log)
                     log.close()
                 for p, directory in sorted(directories.items()):
                     lock = _FileLock(os.path.join(self.root, directory, LOCK_FILE), blocking=False)
@@ -837,7 +883,13 @@ class LogStore:
             for key in (RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, CLEANER_OFFSET_CHECKPOINT):
                 OffsetCheckpoints(self.root, key).update({(name, p): None for p in numbers})
             self._remove_trees(doomed)
+            manager = self._remote_manager_locked() if self._config_for(found.overrides).remote_storage_enable \
+                else None
         logger.info("%s: deleted topic %s", self.root, name)
+        if manager is not None and found.topic_id is not None:
+            # The remote segments go after the local ones, without the metadata lock (an object
+            # store may be slow); what fails now is retried by the remote log manager's rounds.
+            manager.delete_partitions(found.topic_id, name, sorted(numbers))
 
     def topics(self, internal: bool = False) -> list[str]:
         """Names of the topics, sorted (internal ones like ``__consumer_offsets`` only when asked)."""
@@ -922,7 +974,81 @@ class LogStore:
             raise
         if self._cleaner is not None and log.config.compacted:
             self._cleaner.add(log)
+        if log.config.remote_storage_enable and not is_internal_topic(topic):
+            manager = self._remote_manager_locked()
+            if manager is not None:
+                manager.attach(log, found.topic_id)
+            else:
+                logger.warning("%s: %s-%d enables remote storage but this store was opened without "
+                               "remote_storage: its records below the local segments cannot be read here",
+                               self.root, topic, partition)
         return log
+
+    # ------------------------------------------------------------------ tiered storage
+    def _check_remote_storage(self, topic: str) -> None:
+        if self._remote_spec[0] is None:
+            raise InvalidConfigError(f"topic {topic!r}: remote.storage.enable needs a store opened with "
+                                     f"remote_storage (an object store URL such as file:///path or s3://bucket)")
+
+    @property
+    def remote_log_manager(self) -> Any:
+        """The store's :class:`~logstore.tiered.manager.RemoteLogManager` (tiered storage),
+        made on first use (with the ``__remote_log_metadata`` topic); None for a store opened
+        without ``remote_storage``. Thread-safe."""
+        if self._remote is not None or self._remote_spec[0] is None:
+            return self._remote
+        self._check_open()
+        with self._metadata_lock():
+            return self._remote_manager_locked()
+
+    def _remote_manager_locked(self) -> Any:
+        """The RemoteLogManager, made now if it is not (with the metadata lock held: the
+        ``__remote_log_metadata`` topic is created and opened under it)."""
+        with self._lock:
+            if self._remote is not None:
+                return self._remote
+        storage, options, rlmm_factory, interval_ms, fetch_wait_ms, cache_bytes = self._remote_spec
+        if storage is None:
+            return None
+        from ..tiered.manager import RemoteLogManager, RemoteLogManagerConfig
+        from ..tiered.rlmm import TopicBasedRemoteLogMetadataManager
+        from ..tiered.storage import RemoteStorageManager
+
+        config = RemoteLogManagerConfig(task_interval_ms=interval_ms, fetch_max_wait_ms=fetch_wait_ms,
+                                        index_cache_size_bytes=cache_bytes)
+        name = REMOTE_LOG_METADATA_TOPIC
+        if self._read_topic(name) is None:
+            self._write_topic(name, 1, self._new_topic_id(name),
+                              self._overrides({"retention_ms": -1, "retention_bytes": -1,
+                                               "remote_storage_enable": False}))
+            _fileio.ops.fsync_dir(self.root)
+        metadata_log = self._open_partition(name, 0)
+        rlmm = rlmm_factory(metadata_log) if rlmm_factory is not None else \
+            TopicBasedRemoteLogMetadataManager(metadata_log)
+        rsm = storage if isinstance(storage, RemoteStorageManager) else \
+            RemoteStorageManager.from_url(str(storage), options)
+        manager = RemoteLogManager(rsm, rlmm, config, name=self.root, may_run=self._lead_remote)
+        with self._lock:
+            self._remote = manager
+        if self._maintenance:
+            manager.start()
+        return manager
+
+    def _lead_remote(self) -> bool:
+        """Whether this process is the one of a shared store that copies and expires remote
+        segments (it holds ``.lock-remote-log-manager``; asked again each round until it does)."""
+        with self._lock:
+            if self._remote_lead_fd >= 0:
+                return True
+            if self._closed:
+                return False
+            ops = _fileio.ops
+            fd = ops.open(os.path.join(self.root, REMOTE_LEAD_LOCK), os.O_RDWR | os.O_CREAT)
+            if ops.lock(fd, blocking=False):
+                self._remote_lead_fd = fd
+                return True
+            ops.close(fd)
+            return False
 
     def logs(self) -> Iterator[tuple[str, int, Log]]:
         """Every partition of every topic (internal ones included), opening them as needed."""
@@ -959,6 +1085,9 @@ class LogStore:
         out["kafka.log:type=LogCleaner,name=max-dirty-percent"] = dirty
         out["kafka.log:type=LogCleanerManager,name=uncleanable-partitions-count"] = uncleanable
         out["kafka.log:type=LogCleaner,name=max-clean-time-secs"] = clean_time
+        if self._remote is not None:
+            for name, value in self._remote.metrics().items():
+                out[f"kafka.server:type=BrokerTopicMetrics,name={name}"] = value
         return out
 
     # ------------------------------------------------------------------ Arrow
@@ -1090,7 +1219,12 @@ class LogStore:
         if self._cleaner is not None:
             while self._cleaner.run_once(now_ms) is not None:
                 cleaned += 1
-        return {"segments_deleted": deleted, "flushes": flushes, "logs_cleaned": cleaned}
+        out = {"segments_deleted": deleted, "flushes": flushes, "logs_cleaned": cleaned}
+        if self._remote is not None:
+            done = self._remote.run_once(now_ms)
+            out.update(remote_segments_copied=done["copied"], remote_segments_deleted=done["deleted"],
+                       remote_errors=done["errors"])
+        return out
 
     def _look_at_open_topics(self) -> None:
         """Check the files of the topics with open logs and the dynamic defaults (at most every
@@ -1175,6 +1309,14 @@ class LogStore:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
+        if self._remote is not None:
+            try:
+                self._remote.close()  # its thread stops before the logs close
+            except Exception as exc:  # noqa: BLE001 - close the rest, then report
+                errors.append(exc)
+        if self._remote_lead_fd >= 0:
+            _fileio.ops.close(self._remote_lead_fd)
+            self._remote_lead_fd = -1
         with self._lock:
             logs = list(self._logs.values())
             self._logs.clear()

@@ -1,0 +1,653 @@
+"""A store's remote tier (KIP-405): :class:`RemoteLogManager` and each partition's
+:class:`RemotePartition`.
+
+The manager is Kafka's RemoteLogManager for one store. It is given a RemoteStorageManager (the
+object store) and a RemoteLogMetadataManager (the remote segments' facts, kept in
+``__remote_log_metadata``), and is handed each log whose topic enables remote storage
+(:meth:`RemoteLogManager.attach`). For each such log it:
+
+* copies (:meth:`~RemoteLogManager.copy_segments`, Kafka's RLMCopyTask) every sealed segment
+  whose records all lie below the high watermark and the last stable offset, oldest first, each
+  under a new segment id: "COPY_SEGMENT_STARTED" durable, the upload, "COPY_SEGMENT_FINISHED"
+  durable. A copy that fails is marked for deletion and retried from scratch later (with
+  backoff while the object store is down); the local segment stays until a copy finishes.
+* expires (:meth:`~RemoteLogManager.expire_segments`, Kafka's RLMExpirationTask) the remote
+  segments past the topic's total retention (``retention.ms``, ``retention.bytes`` counting the
+  local segments not yet copied) or below the log start (DeleteRecords): the log start moves past
+  them durably first, then each goes through DELETE_SEGMENT_STARTED, the object store's delete
+  and DELETE_SEGMENT_FINISHED. Copies a crash cut short (COPY_SEGMENT_STARTED and nobody copying)
+  and deletions it cut short (DELETE_SEGMENT_STARTED) are finished the same way: no orphan stays.
+* serves the log's reads below its local segments through a :class:`RemotePartition` (the log's
+  :class:`~logstore.log.remote.RemoteTier`): the remote segment holding an offset, its offset
+  index (cached, bounded by bytes), a ranged get of whole batches, every batch CRC-checked.
+
+Crash safety: at every step of a copy or a deletion the records are readable from one of the two
+tiers; the next run finishes or undoes what was cut short (see above).
+
+Thread-safety: thread-safe. One background thread (``logstore-remote-log[<name>]``, when
+:meth:`RemoteLogManager.start` ran) runs the tasks every ``task_interval_ms``; a partition's copy
+and expiration hold that partition's task lock; reads take no lock but the index cache's.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .._native import lib
+from ..errors import CorruptRecordError, LogClosedError, LogstoreError, RemoteResourceNotFoundError, RemoteStorageError
+from ..index import AbortedTxn, offset_index_lookup, parse_txn_entries, time_index_lookup
+from ..log.remote import CopyableSegment, RemoteTier
+from ..records.batch import HEADER_SIZE, RecordDecoder, parse_header, validate_batch
+from .metadata import (
+    IndexType,
+    LogSegmentData,
+    RemoteLogSegmentId,
+    RemoteLogSegmentMetadata,
+    RemoteLogSegmentMetadataUpdate,
+    RemoteLogSegmentState,
+    RemotePartitionDeleteMetadata,
+    RemotePartitionDeleteState,
+    TopicIdPartition,
+)
+from .rlmm import RemoteLogMetadataManager
+from .storage import RemoteStorageManager
+
+__all__ = ["RemoteLogManager", "RemoteLogManagerConfig", "RemotePartition", "RemoteIndexCache"]
+
+logger = logging.getLogger(__name__)
+
+STARTED = RemoteLogSegmentState.COPY_SEGMENT_STARTED
+FINISHED = RemoteLogSegmentState.COPY_SEGMENT_FINISHED
+DELETE_STARTED = RemoteLogSegmentState.DELETE_SEGMENT_STARTED
+DELETE_FINISHED = RemoteLogSegmentState.DELETE_SEGMENT_FINISHED
+
+
+@dataclass(frozen=True)
+class RemoteLogManagerConfig:
+    """The store's remote tier settings, by Kafka's broker config names.
+
+    Attributes:
+        task_interval_ms: ``remote.log.manager.task.interval.ms``: how often each partition's
+            copy and expiration run (Kafka's default 30 s).
+        fetch_max_wait_ms: ``remote.fetch.max.wait.ms``: how long a Kafka fetch waits for a
+            remote read before it answers with what it has.
+        index_cache_size_bytes: ``remote.log.index.file.cache.total.size.bytes``: the bound of
+            the remote indexes kept in memory (Kafka's default 1 GiB).
+        retry_backoff_ms, retry_backoff_max_ms: ``remote.log.manager.task.retry.backoff.ms`` and
+            ``.max.ms``: a partition whose copy failed waits this long (doubling, with 20%
+            jitter) before it tries again.
+        broker_id: the node named in the metadata events (0 for a store that is no replica set).
+    """
+
+    task_interval_ms: int = 30_000
+    fetch_max_wait_ms: int = 500
+    index_cache_size_bytes: int = 1 << 30
+    retry_backoff_ms: int = 500
+    retry_backoff_max_ms: int = 30_000
+    broker_id: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("task_interval_ms", "fetch_max_wait_ms", "retry_backoff_ms", "retry_backoff_max_ms"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.index_cache_size_bytes < 1:
+            raise ValueError(f"index_cache_size_bytes must be >= 1, got {self.index_cache_size_bytes}")
+
+
+class RemoteIndexCache:
+    """The remote segments' indexes a reader fetched, by (segment id, index type), least
+    recently used first out once their bytes pass ``max_bytes`` (Kafka's RemoteIndexCache, in
+    memory). Thread-safe: one lock, never held while an index is fetched."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[tuple[Any, IndexType], bytes] = OrderedDict()
+        self._bytes = 0
+        self.hits = self.misses = 0
+
+    def get(self, metadata: RemoteLogSegmentMetadata, index_type: IndexType,
+            fetch: Callable[[RemoteLogSegmentMetadata, IndexType], bytes]) -> bytes:
+        """The index, from the cache or fetched (outside the lock) and kept."""
+        key = (metadata.segment_id.id, index_type)
+        with self._lock:
+            data = self._entries.get(key)
+            if data is not None:
+                self._entries.move_to_end(key)
+                self.hits += 1
+                return data
+            self.misses += 1
+        data = fetch(metadata, index_type)
+        with self._lock:
+            if key not in self._entries and len(data) <= self.max_bytes:
+                self._entries[key] = data
+                self._bytes += len(data)
+                while self._bytes > self.max_bytes:
+                    _, dropped = self._entries.popitem(last=False)
+                    self._bytes -= len(dropped)
+        return data
+
+    def forget(self, segment_id: RemoteLogSegmentId) -> None:
+        """Drop a deleted segment's indexes."""
+        with self._lock:
+            for index_type in IndexType:
+                data = self._entries.pop((segment_id.id, index_type), None)
+                if data is not None:
+                    self._bytes -= len(data)
+
+    @property
+    def size_in_bytes(self) -> int:
+        with self._lock:
+            return self._bytes
+
+
+class _Meter:
+    """Totals behind the Kafka rate metrics of the remote tier (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.values: dict[str, int] = {name: 0 for name in (
+            "RemoteCopyBytesPerSec", "RemoteCopyRequestsPerSec", "RemoteCopyErrorsPerSec",
+            "RemoteFetchBytesPerSec", "RemoteFetchRequestsPerSec", "RemoteFetchErrorsPerSec",
+            "RemoteDeleteRequestsPerSec", "RemoteDeleteErrorsPerSec")}
+
+    def add(self, name: str, amount: int = 1) -> None:
+        with self._lock:
+            self.values[name] += amount
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.values)
+
+
+class RemotePartition(RemoteTier):
+    """One partition's remote segments as its log reads them (see the module docstring).
+    Thread-safe."""
+
+    def __init__(self, tp: TopicIdPartition, rsm: RemoteStorageManager, rlmm: RemoteLogMetadataManager,
+                 cache: RemoteIndexCache, meter: _Meter) -> None:
+        self.tp = tp
+        self._rsm = rsm
+        self._rlmm = rlmm
+        self._cache = cache
+        self._meter = meter
+
+    def start_offset(self) -> int | None:
+        self._rlmm.catch_up()  # (another process of a shared store may have copied)
+        return self._rlmm.remote_log_start_offset(self.tp)
+
+    def copied_through(self) -> int:
+        end = self._rlmm.remote_log_end_offset(self.tp)
+        return -1 if end is None else end
+
+    def size_in_bytes(self) -> int:
+        return self._rlmm.remote_log_size(self.tp)
+
+    def max_timestamp(self) -> int:
+        return max((m.max_timestamp_ms for m in self.finished_segments()), default=-1)
+
+    def finished_segments(self) -> list[RemoteLogSegmentMetadata]:
+        """The readable remote segments, oldest first."""
+        return [m for m in self._rlmm.list_remote_log_segments(self.tp) if m.state == FINISHED]
+
+    def _index(self, metadata: RemoteLogSegmentMetadata, index_type: IndexType) -> bytes:
+        return self._cache.get(metadata, index_type, self._rsm.fetch_index)
+
+    def _fetch(self, metadata: RemoteLogSegmentMetadata, start: int, end: int) -> bytes:
+        """Bytes [start, end) of the segment (end clipped to its size)."""
+        end = min(end, metadata.segment_size_in_bytes)
+        if end <= start:
+            return b""
+        data = self._rsm.fetch_log_segment(metadata, start, end - 1)
+        self._meter.add("RemoteFetchBytesPerSec", len(data))
+        self._meter.add("RemoteFetchRequestsPerSec")
+        if len(data) != end - start:
+            raise RemoteStorageError(f"{metadata.describe()}: asked for bytes {start}..{end} and got {len(data)}")
+        return data
+
+    def read_raw(self, offset: int, max_bytes: int) -> bytes:
+        metadata = self._rlmm.segment_for_offset(self.tp, offset)
+        if metadata is None and self._rlmm.catch_up():  # copied by another process meanwhile?
+            metadata = self._rlmm.segment_for_offset(self.tp, offset)
+        if metadata is None:
+            return b""
+        try:
+            return self._read_batches(metadata, offset, max_bytes)
+        except RemoteResourceNotFoundError:
+            if self._rlmm.segment_for_offset(self.tp, offset) is None:
+                return b""  # deleted meanwhile (retention): the caller finds the log start moved
+            self._meter.add("RemoteFetchErrorsPerSec")
+            raise
+        except RemoteStorageError:
+            self._meter.add("RemoteFetchErrorsPerSec")
+            raise
+
+    def _read_batches(self, metadata: RemoteLogSegmentMetadata, offset: int, max_bytes: int) -> bytes:
+        """Whole batches of ``metadata`` from the one holding ``offset``: about ``max_bytes``,
+        at least one batch, each validated (CRC included)."""
+        _, position = offset_index_lookup(self._index(metadata, IndexType.OFFSET), metadata.start_offset, offset)
+        size = metadata.segment_size_in_bytes
+        want = max(max_bytes, HEADER_SIZE)
+        data = self._fetch(metadata, position, position + want)
+        start = 0  # of the first batch holding offset or after it, in data
+        while True:
+            if len(data) - start < HEADER_SIZE:
+                if position + len(data) >= size:
+                    return b""  # nothing at or after offset in this segment
+                data = data[start:] + self._fetch(metadata, position + len(data), position + len(data) + want)
+                position += start
+                start = 0
+                continue
+            header = parse_header(data, start)
+            if header.size < HEADER_SIZE or position + start + header.size > size:
+                raise RemoteStorageError(f"{metadata.describe()}: a batch at byte {position + start} claims "
+                                         f"{header.size} bytes, past the segment's {size}")
+            if header.last_offset >= offset:
+                break
+            start += header.size
+        # the first batch wanted starts at `start`: make sure it is whole, then take whole batches
+        first_end = start + header.size
+        if first_end > len(data):
+            data = data[:] + self._fetch(metadata, position + len(data), position + first_end)
+        end = start
+        while end + HEADER_SIZE <= len(data):
+            header = parse_header(data, end)
+            if header.size < HEADER_SIZE or end + header.size > len(data) or (end > start and end + header.size - start > want):
+                break
+            try:
+                validate_batch(data, end, path=metadata.describe())
+            except CorruptRecordError as exc:
+                raise RemoteStorageError(f"{metadata.describe()}: {exc}") from exc
+            end += header.size
+        return bytes(data[start:end])
+
+    def offset_for_timestamp(self, timestamp: int) -> int | None:
+        for metadata in self.finished_segments():
+            if metadata.max_timestamp_ms < timestamp:
+                continue
+            found = self._offset_in_segment(metadata, timestamp)
+            if found is not None:
+                return found
+        return None
+
+    def _offset_in_segment(self, metadata: RemoteLogSegmentMetadata, timestamp: int) -> int | None:
+        """The first offset of ``metadata`` whose record's timestamp is >= ``timestamp``."""
+        entry_ts, entry_offset = time_index_lookup(self._index(metadata, IndexType.TIMESTAMP),
+                                                   metadata.start_offset, timestamp - 1)
+        # every record up to the entry's offset is at most entry_ts old, below timestamp
+        offset = entry_offset if entry_ts >= 0 else metadata.start_offset
+        decoder = RecordDecoder()
+        while offset <= metadata.end_offset:
+            raw = self._read_batches(metadata, offset, 1 << 20)
+            if not raw:
+                return None
+            position = 0
+            while position < len(raw):
+                header = parse_header(raw, position)
+                if header.max_timestamp >= timestamp and not header.attributes & lib.LS_ATTR_CONTROL:
+                    records, _ = decoder.decode(raw, position, position + header.size, offset, header.last_offset + 1,
+                                                None, metadata.describe())
+                    for record in records:
+                        if record.timestamp >= timestamp:
+                            return record.offset
+                position += header.size
+                offset = header.last_offset + 1
+        return None
+
+    def aborted_transactions(self, start: int, upper: int) -> list[AbortedTxn]:
+        out: list[AbortedTxn] = []
+        for metadata in self.finished_segments():
+            if metadata.txn_index_empty or metadata.end_offset < start:
+                continue
+            if metadata.start_offset >= upper:
+                break
+            entries, damage = parse_txn_entries(self._index(metadata, IndexType.TRANSACTION), metadata.start_offset)
+            if damage:
+                raise RemoteStorageError(f"{metadata.describe()}: its transaction index: {damage}")
+            out.extend(t for t in entries if t.last_offset >= start and t.first_offset < upper)
+        return out
+
+
+class _Attached:
+    """A log the manager tiers: its partition, its task lock, its copy backoff."""
+
+    def __init__(self, log: Any, partition: RemotePartition) -> None:
+        self.log = log
+        self.partition = partition
+        self.lock = threading.Lock()
+        self.retry_at = 0.0
+        self.backoff_ms = 0
+        self.copy_lag_bytes = 0
+
+
+class RemoteLogManager:
+    """A store's remote tier (see the module docstring). Thread-safe.
+
+    Args:
+        rsm: the object store's RemoteStorageManager (closed by :meth:`close`).
+        rlmm: the remote segments' metadata manager (closed by :meth:`close`).
+        config: the settings.
+        name: names the background thread.
+        may_run: asked before each round's copies and expirations: False while another process
+            of a shared store is the one that runs them (this one then only follows the metadata).
+    """
+
+    def __init__(self, rsm: RemoteStorageManager, rlmm: RemoteLogMetadataManager,
+                 config: RemoteLogManagerConfig | None = None, name: str = "",
+                 may_run: Callable[[], bool] | None = None) -> None:
+        self._may_run = may_run
+        self.rsm = rsm
+        self.rlmm = rlmm
+        self.config = config or RemoteLogManagerConfig()
+        self.name = name
+        self.cache = RemoteIndexCache(self.config.index_cache_size_bytes)
+        self._meter = _Meter()
+        self._lock = threading.Lock()
+        self._attached: dict[TopicIdPartition, _Attached] = {}
+        self._in_flight: set[RemoteLogSegmentId] = set()
+        #: partitions of deleted topics whose remote segments are still to go
+        self._doomed: set[TopicIdPartition] = set()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ partitions
+    def attach(self, log: Any, topic_id: Any) -> RemotePartition:
+        """Tier ``log`` (a :class:`~logstore.log.log.Log` whose config enables remote storage),
+        of the topic with id ``topic_id``: its reads below its local segments go to the remote
+        tier from now on, and the tasks copy and expire its segments. Thread-safe."""
+        tp = TopicIdPartition(topic_id, log.topic, log.partition)
+        partition = RemotePartition(tp, self.rsm, self.rlmm, self.cache, self._meter)
+        log.attach_remote(partition)
+        with self._lock:
+            self._attached[tp] = _Attached(log, partition)
+        self._wake.set()
+        return partition
+
+    def detach(self, log: Any) -> None:
+        """Stop tiering ``log`` (it is closing); waits for a task running on it. Thread-safe."""
+        with self._lock:
+            found = [a for tp, a in self._attached.items() if a.log is log]
+            for a in found:
+                self._attached.pop(a.partition.tp, None)
+        for a in found:
+            with a.lock:
+                pass
+
+    def partitions(self) -> list[TopicIdPartition]:
+        with self._lock:
+            return sorted(self._attached)
+
+    def _get(self, log: Any) -> _Attached:
+        with self._lock:
+            for a in self._attached.values():
+                if a.log is log:
+                    return a
+        raise LogstoreError(f"{getattr(log, 'path', log)} is not attached to the remote tier")
+
+    # ------------------------------------------------------------------ copying
+    def copy_segments(self, log: Any) -> int:
+        """Copy every sealed segment of ``log`` the tier may take (see the module docstring);
+        return how many were copied. Each is durable in the tier when counted.
+
+        Raises:
+            RemoteStorageError: a copy failed (the segment stays local; the ones before it are
+                copied).
+        """
+        attached = self._get(log)
+        with attached.lock:
+            return self._copy(attached)
+
+    def _copy(self, attached: _Attached) -> int:
+        tp, log = attached.partition.tp, attached.log
+        copied = 0
+        through = attached.partition.copied_through()
+        for segment in log.segments_to_copy(through + 1):
+            if segment.base_offset <= through:
+                continue
+            self._copy_one(tp, segment)
+            copied += 1
+            through = segment.end_offset
+        return copied
+
+    def _copy_one(self, tp: TopicIdPartition, segment: CopyableSegment) -> None:
+        metadata = RemoteLogSegmentMetadata(
+            RemoteLogSegmentId.generate(tp), segment.base_offset, segment.end_offset, segment.max_timestamp,
+            self.config.broker_id, _now_ms(), segment.size, dict(segment.leader_epochs), STARTED, None,
+            segment.txn_index_path is None)
+        data = LogSegmentData(segment.log_path, segment.offset_index_path, segment.time_index_path,
+                              segment.txn_index_path, segment.producer_snapshot_path, segment.leader_epoch_checkpoint)
+        with self._lock:
+            self._in_flight.add(metadata.segment_id)
+        try:
+            self.rlmm.add_remote_log_segment_metadata(metadata)  # durable before the upload
+            try:
+                custom = self.rsm.copy_log_segment_data(metadata, data)
+            except Exception as exc:
+                self._meter.add("RemoteCopyErrorsPerSec")
+                logger.warning("%s: copy failed: %s", metadata.describe(), exc)
+                try:  # undo now; if this fails too, the expiration task finishes it later
+                    self._delete(metadata)
+                except LogstoreError as undo:
+                    logger.warning("%s: its partial copy stays until the next expiration: %s", metadata.describe(),
+                                   undo)
+                if isinstance(exc, RemoteStorageError):
+                    raise
+                # (a local file gone meanwhile: a DeleteRecords or the topic's deletion took it)
+                raise RemoteStorageError(f"{metadata.describe()}: copy failed: {exc}") from exc
+            self.rlmm.update_remote_log_segment_metadata(RemoteLogSegmentMetadataUpdate(
+                metadata.segment_id, _now_ms(), FINISHED, self.config.broker_id, custom))
+            self._meter.add("RemoteCopyBytesPerSec", segment.size)
+            self._meter.add("RemoteCopyRequestsPerSec")
+            logger.debug("%s: copied (%d bytes)", metadata.describe(), segment.size)
+        finally:
+            with self._lock:
+                self._in_flight.discard(metadata.segment_id)
+
+    # ------------------------------------------------------------------ expiration
+    def expire_segments(self, log: Any, now_ms: int | None = None) -> int:
+        """Delete the remote segments of ``log`` past its topic's total retention or below its
+        log start, and finish copies and deletions a crash cut short; return how many remote
+        segments were deleted. The log start moves past the expired ones, durably, first.
+
+        Raises:
+            RemoteStorageError: a deletion failed (the segment stays DELETE_SEGMENT_STARTED and
+                is deleted again at the next run).
+        """
+        attached = self._get(log)
+        with attached.lock:
+            return self._expire(attached, _now_ms() if now_ms is None else now_ms)
+
+    def _expire(self, attached: _Attached, now_ms: int) -> int:
+        tp, log = attached.partition.tp, attached.log
+        config = log.config
+        segments = self.rlmm.list_remote_log_segments(tp)
+        with self._lock:
+            in_flight = set(self._in_flight)
+        leftovers = [m for m in segments if (m.state == STARTED and m.segment_id not in in_flight)
+                     or m.state == DELETE_STARTED]
+        finished = [m for m in segments if m.state == FINISHED]
+        start = log.log_start_offset
+        doomed = [m for m in finished if m.end_offset < start]
+        rest = [m for m in finished if m.end_offset >= start]
+        if config.deletes and config.retention_ms >= 0:
+            while rest and rest[0].max_timestamp_ms < now_ms - config.retention_ms:
+                doomed.append(rest.pop(0))
+        if config.deletes and config.retention_bytes >= 0:
+            through = rest[-1].end_offset if rest else (doomed[-1].end_offset if doomed else -1)
+            local_only = sum(s.size for s in log.segments if s.base_offset > through)
+            total = sum(m.segment_size_in_bytes for m in rest) + local_only
+            while rest and total - rest[0].segment_size_in_bytes >= config.retention_bytes:
+                total -= rest[0].segment_size_in_bytes
+                doomed.append(rest.pop(0))
+        new_start = max((m.end_offset + 1 for m in doomed), default=start)
+        if new_start > start:
+            log.delete_records_before(new_start)  # durable before any remote segment goes
+        deleted = 0
+        for metadata in leftovers + doomed:
+            self._delete(metadata)
+            if metadata.state == FINISHED:
+                deleted += 1
+        return deleted
+
+    def _delete(self, metadata: RemoteLogSegmentMetadata) -> None:
+        """DELETE_SEGMENT_STARTED (unless it is already), the objects, DELETE_SEGMENT_FINISHED."""
+        if metadata.state != DELETE_STARTED:
+            self.rlmm.update_remote_log_segment_metadata(RemoteLogSegmentMetadataUpdate(
+                metadata.segment_id, _now_ms(), DELETE_STARTED, self.config.broker_id))
+        try:
+            self.rsm.delete_log_segment_data(metadata)
+        except RemoteStorageError:
+            self._meter.add("RemoteDeleteErrorsPerSec")
+            raise
+        self._meter.add("RemoteDeleteRequestsPerSec")
+        self.cache.forget(metadata.segment_id)
+        self.rlmm.update_remote_log_segment_metadata(RemoteLogSegmentMetadataUpdate(
+            metadata.segment_id, _now_ms(), DELETE_FINISHED, self.config.broker_id))
+
+    def delete_partitions(self, topic_id: Any, topic: str, partitions: list[int]) -> int:
+        """Delete the remote segments of these partitions of a deleted topic (as
+        :meth:`delete_partition`); a partition whose deletion fails now is retried at each
+        round until it is done. Returns how many segments went now."""
+        deleted = 0
+        for p in partitions:
+            tp = TopicIdPartition(topic_id, topic, p)
+            with self._lock:
+                self._doomed.add(tp)
+            try:
+                deleted += self.delete_partition(tp)
+            except RemoteStorageError as exc:
+                logger.warning("%s: the remote segments of the deleted partition stay until a later round: %s", tp, exc)
+        return deleted
+
+    def delete_partition(self, tp: TopicIdPartition) -> int:
+        """Delete every remote segment of ``tp`` (its topic was deleted): marked, each segment
+        deleted, finished; return how many segments went. Durable at each step: an interrupted
+        deletion is finished by calling again (the store does at its next open)."""
+        with self._lock:
+            attached = self._attached.pop(tp, None)
+        if attached is not None:
+            with attached.lock:
+                pass
+        for state in (RemotePartitionDeleteState.DELETE_PARTITION_MARKED,
+                      RemotePartitionDeleteState.DELETE_PARTITION_STARTED):
+            self.rlmm.put_remote_partition_delete_metadata(RemotePartitionDeleteMetadata(
+                tp, state, _now_ms(), self.config.broker_id))
+        deleted = 0
+        for metadata in self.rlmm.list_remote_log_segments(tp):
+            if metadata.state != DELETE_FINISHED:
+                self._delete(metadata)
+                deleted += 1
+        self.rlmm.put_remote_partition_delete_metadata(RemotePartitionDeleteMetadata(
+            tp, RemotePartitionDeleteState.DELETE_PARTITION_FINISHED, _now_ms(), self.config.broker_id))
+        with self._lock:
+            self._doomed.discard(tp)
+        return deleted
+
+    # ------------------------------------------------------------------ the tasks
+    def run_once(self, now_ms: int | None = None) -> dict[str, int]:
+        """One round of every attached partition's copy and expiration (a partition in its
+        copy backoff skips its copy); returns counts: copied, deleted, errors. Errors are
+        logged and counted, never raised."""
+        copied = deleted = errors = 0
+        if self._may_run is not None and not self._may_run():
+            self.rlmm.catch_up()  # another process copies: follow what it records
+            return {"copied": 0, "deleted": 0, "errors": 0}
+        with self._lock:
+            attached = list(self._attached.values())
+            doomed = sorted(self._doomed)
+        for tp in doomed:
+            try:
+                deleted += self.delete_partition(tp)
+            except RemoteStorageError as exc:
+                errors += 1
+                logger.warning("%s: deleting the remote segments of the deleted partition failed: %s", tp, exc)
+        for a in attached:
+            if self._stop.is_set():
+                break
+            with a.lock:
+                if a.log.closed:
+                    continue
+                try:
+                    if time.monotonic() >= a.retry_at:
+                        copied += self._copy(a)
+                        a.backoff_ms = 0
+                        a.retry_at = 0.0
+                        if copied:
+                            a.log.enforce_retention()  # the copied segments may leave the local disk now
+                except RemoteStorageError as exc:
+                    errors += 1
+                    a.backoff_ms = min(self.config.retry_backoff_max_ms,
+                                       max(self.config.retry_backoff_ms, a.backoff_ms * 2))
+                    a.retry_at = time.monotonic() + a.backoff_ms * random.uniform(0.8, 1.2) / 1000
+                    logger.warning("%s: copy to the remote tier failed (next try in %d ms): %s", a.partition.tp,
+                                   a.backoff_ms, exc)
+                except LogClosedError:
+                    continue
+                try:
+                    deleted += self._expire(a, _now_ms() if now_ms is None else now_ms)
+                except RemoteStorageError as exc:
+                    errors += 1
+                    logger.warning("%s: remote expiration failed: %s", a.partition.tp, exc)
+                except LogClosedError:
+                    continue
+                a.copy_lag_bytes = sum(s.size for s in a.log.segments_to_copy(a.partition.copied_through() + 1))
+        return {"copied": copied, "deleted": deleted, "errors": errors}
+
+    def start(self) -> None:
+        """Run the tasks in the background every ``task_interval_ms`` (and soon after a log is
+        attached) until :meth:`close`."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name=f"logstore-remote-log[{self.name}]", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Run the tasks soon (a segment rolled)."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        interval = self.config.task_interval_ms / 1000
+        while not self._stop.is_set():
+            try:
+                self.run_once()
+            except Exception:  # noqa: BLE001 - the thread must survive a bug in one round
+                logger.exception("remote log manager round failed")
+            self._wake.wait(interval)
+            self._wake.clear()
+
+    def metrics(self) -> dict[str, int]:
+        """Kafka's remote tier metrics (BrokerTopicMetrics' names) for the whole store: the
+        ``...PerSec`` entries are totals since the start (a rate is their difference over
+        time), ``RemoteCopyLagBytes`` the bytes of local segments waiting for a copy (at the last
+        round), ``RemoteLogSizeBytes`` the bytes held in the tier."""
+        out = self._meter.snapshot()
+        with self._lock:
+            attached = list(self._attached.values())
+        out["RemoteCopyLagBytes"] = sum(a.copy_lag_bytes for a in attached)
+        out["RemoteLogSizeBytes"] = sum(a.partition.size_in_bytes() for a in attached)
+        out["RemoteLogIndexCacheBytes"] = self.cache.size_in_bytes
+        return out
+
+    def close(self) -> None:
+        """Stop the background thread (waiting for its round) and close both managers."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.rlmm.close()
+        self.rsm.close()
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000

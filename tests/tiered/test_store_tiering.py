@@ -1,0 +1,206 @@
+"""A store's tiered storage end to end over a local directory (``file://``): sealed segments
+copied by the remote log manager and dropped from the local disk, every reader reading the same
+records across the boundary, total retention and DeleteRecords expiring remote segments, topic
+deletion emptying the object store, copies a crash cut short cleaned up, and an object store that
+fails: appends and local reads go on, nothing local goes until a copy finishes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from logstore import LogStore, RemoteStorageError
+from logstore.errors import InvalidConfigError
+from logstore.tiered.metadata import RemoteLogSegmentId, RemoteLogSegmentMetadata, RemoteLogSegmentState, \
+    TopicIdPartition
+from logstore.tiered.storage import RemoteStorageManager
+
+TOPIC_CONFIG = dict(segment_bytes=4096, remote_storage_enable=True, local_retention_bytes=0, retention_ms=-1,
+                    local_retention_ms=-1)
+
+
+def remote_files(root):
+    out = []
+    for dirpath, _, names in os.walk(root):
+        out.extend(os.path.join(dirpath, n) for n in names)
+    return out
+
+
+@pytest.fixture
+def remote_dir(tmp_path):
+    path = tmp_path / "remote"
+    path.mkdir()
+    return path
+
+
+def open_store(tmp_path, remote_dir, **kw):
+    return LogStore(tmp_path / "data", maintenance=False, remote_storage=f"file://{remote_dir}", **kw)
+
+
+def fill(store, topic="t", n=600, partitions=1):
+    store.create_topic(topic, partitions, **TOPIC_CONFIG)
+    for p in range(partitions):
+        log = store.partition(topic, p)
+        for i in range(n):
+            log.append(f"{topic}-{p}-{i:05d}".encode() * 4, key=f"k{i}".encode(), timestamp=1_000_000 + i)
+    return [store.partition(topic, p) for p in range(partitions)]
+
+
+def test_sealed_segments_move_to_the_remote_tier_and_read_back_the_same(tmp_path, remote_dir):
+    pytest.importorskip("pyarrow")
+    with open_store(tmp_path, remote_dir) as store:
+        (log,) = fill(store)
+        before = [(r.offset, r.key, r.value, r.timestamp) for r in log.iter()]
+        sealed = len(log.segments) - 1
+        done = store.run_maintenance()
+        assert done["remote_segments_copied"] == sealed and done["remote_errors"] == 0
+        assert log.log_start_offset == 0 and log.local_log_start_offset > 500
+        assert len(log.segments) == 1  # only the active segment is local
+        assert [(r.offset, r.key, r.value, r.timestamp) for r in log.iter()] == before
+        assert log.read(3, max_records=1)[0].value == b"t-0-00003" * 4
+        assert log.read_arrow().num_rows == 600
+        assert log.offset_for_timestamp(1_000_000 + 17) == 17
+        metrics = store.metrics()
+        assert metrics["kafka.server:type=BrokerTopicMetrics,name=RemoteCopyBytesPerSec"] > 0
+        assert metrics["kafka.server:type=BrokerTopicMetrics,name=RemoteLogSizeBytes"] > 0
+        assert any(f.endswith(".log") for f in remote_files(remote_dir))
+    # a new store object over the same directories reads everything back
+    with open_store(tmp_path, remote_dir) as store:
+        log = store.partition("t", 0)
+        assert log.log_start_offset == 0
+        assert [(r.offset, r.key, r.value, r.timestamp) for r in log.iter()] == before
+
+
+def test_copies_wait_for_the_high_watermark(tmp_path, remote_dir):
+    with open_store(tmp_path, remote_dir) as store:
+        (log,) = fill(store)
+        first_two = log.segments[2].base_offset
+        log.high_watermark = first_two  # as a replica set's leader: the rest not yet on a majority
+        store.run_maintenance()
+        assert log.local_log_start_offset == first_two
+        assert store.remote_log_manager.rlmm.remote_log_end_offset(store.remote_log_manager.partitions()[0]) == \
+            first_two - 1
+
+
+def test_total_retention_and_delete_records_expire_remote_segments(tmp_path, remote_dir):
+    with open_store(tmp_path, remote_dir) as store:
+        (log,) = fill(store)
+        store.run_maintenance()
+        manager = store.remote_log_manager
+        (tp,) = manager.partitions()
+        segments = [m for m in manager.rlmm.list_remote_log_segments(tp)
+                    if m.state == RemoteLogSegmentState.COPY_SEGMENT_FINISHED]
+        log.delete_records_before(segments[1].start_offset + 1)
+        assert manager.expire_segments(log) == 1  # the first is wholly below the log start
+        assert manager.rlmm.remote_log_start_offset(tp) == segments[1].start_offset
+        # total retention by time: every remote segment's newest record is old
+        store.alter_topic_config("t", lambda c: {**c, "retention.ms": "1000", "local.retention.ms": "1000"})
+        gone = manager.expire_segments(log)
+        assert gone == len(segments) - 1
+        assert log.log_start_offset == segments[-1].end_offset + 1 == log.local_log_start_offset
+        assert [r.offset for r in log.iter()][0] == log.log_start_offset
+        assert not [f for f in remote_files(remote_dir) if f.endswith(".log")]
+
+
+def test_deleting_the_topic_empties_the_remote_tier(tmp_path, remote_dir):
+    with open_store(tmp_path, remote_dir) as store:
+        fill(store, partitions=2, n=300)
+        store.run_maintenance()
+        assert remote_files(remote_dir)
+        store.delete_topic("t")
+        assert not remote_files(remote_dir)
+
+
+def test_a_copy_cut_short_by_a_crash_is_cleaned_up(tmp_path, remote_dir):
+    with open_store(tmp_path, remote_dir) as store:
+        (log,) = fill(store)
+        manager = store.remote_log_manager
+        (tp,) = manager.partitions()
+        # what a crash between "started" and "finished" leaves: the metadata and a partial upload
+        orphan = RemoteLogSegmentMetadata(RemoteLogSegmentId.generate(tp), 0, 10, 1, 0, 1, 100)
+        manager.rlmm.add_remote_log_segment_metadata(orphan)  # (its upload never happened)
+    with open_store(tmp_path, remote_dir) as store:
+        log = store.partition("t", 0)
+        done = store.run_maintenance()
+        assert done["remote_errors"] == 0
+        manager = store.remote_log_manager
+        states = {m.segment_id: m.state for m in manager.rlmm.list_remote_log_segments(manager.partitions()[0])}
+        assert states[orphan.segment_id] == RemoteLogSegmentState.DELETE_SEGMENT_FINISHED
+        assert [r.offset for r in log.iter()] == list(range(600))
+
+
+class Failing(RemoteStorageManager):
+    """The default manager, with copies failing while ``down``."""
+
+    def __init__(self, url):
+        self.inner = RemoteStorageManager.from_url(url)
+        self.down = True
+        self.copies = 0
+
+    def copy_log_segment_data(self, metadata, data):
+        self.copies += 1
+        if self.down:
+            raise RemoteStorageError(f"{metadata.describe()}: the object store is down (test)")
+        return self.inner.copy_log_segment_data(metadata, data)
+
+    def fetch_log_segment(self, metadata, start_position, end_position=None):
+        return self.inner.fetch_log_segment(metadata, start_position, end_position)
+
+    def fetch_index(self, metadata, index_type):
+        return self.inner.fetch_index(metadata, index_type)
+
+    def delete_log_segment_data(self, metadata):
+        return self.inner.delete_log_segment_data(metadata)
+
+    def close(self):
+        self.inner.close()
+
+
+def test_an_object_store_that_is_down_loses_nothing_and_copies_resume(tmp_path, remote_dir):
+    rsm = Failing(f"file://{remote_dir}")
+    with LogStore(tmp_path / "data", maintenance=False, remote_storage=rsm,
+                  remote_log_manager_task_interval_ms=10) as store:
+        (log,) = fill(store)
+        segments = len(log.segments)
+        done = store.run_maintenance()
+        assert done["remote_errors"] == 1 and done["remote_segments_copied"] == 0
+        assert len(log.segments) == segments and log.local_log_start_offset == 0  # nothing local went
+        log.append(b"more")  # appends and reads go on
+        assert log.read(0, max_records=1)[0].offset == 0
+        rsm.down = False
+        manager = store.remote_log_manager
+        assert manager.copy_segments(log) == segments - 1
+        log.enforce_retention()
+        assert log.local_log_start_offset > 0
+        assert [r.offset for r in log.iter()] == list(range(601))
+        assert store.metrics()["kafka.server:type=BrokerTopicMetrics,name=RemoteCopyErrorsPerSec"] == 1
+
+
+def test_remote_storage_needs_a_store_with_an_object_store_and_stays_on(tmp_path, remote_dir):
+    with LogStore(tmp_path / "plain", maintenance=False) as store:
+        with pytest.raises(InvalidConfigError, match="remote_storage"):
+            store.create_topic("t", remote_storage_enable=True)
+    with open_store(tmp_path, remote_dir) as store:
+        store.create_topic("t", **TOPIC_CONFIG)
+        with pytest.raises(InvalidConfigError, match="cannot be turned off"):
+            store.alter_topic_config("t", lambda c: {**c, "remote.storage.enable": "false"})
+        with pytest.raises(InvalidConfigError, match="compact"):
+            store.create_topic("c", remote_storage_enable=True, cleanup_policy="compact")
+        store.create_topic("later", segment_bytes=4096)
+        log = store.partition("later", 0)
+        for i in range(300):
+            log.append(b"x" * 50)
+        store.alter_topic_config("later", lambda c: {**c, "remote.storage.enable": "true", "local.retention.bytes": "0"})
+        assert log.remote_tier is not None
+        store.run_maintenance()
+        assert log.local_log_start_offset > 0 and log.read(0, max_records=1)[0].offset == 0
+
+
+def test_topic_partitions_of_the_metadata(tmp_path, remote_dir):
+    with open_store(tmp_path, remote_dir) as store:
+        fill(store, n=200)
+        store.run_maintenance()
+        assert "__remote_log_metadata" in store.topics(internal=True)
+        assert store.describe("__remote_log_metadata").config.retention_ms == -1
+        assert isinstance(store.remote_log_manager.partitions()[0], TopicIdPartition)
