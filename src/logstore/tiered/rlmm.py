@@ -213,6 +213,11 @@ class RemotePartitionMetadataStore:
 
     def __init__(self) -> None:
         self._partitions: dict[TopicIdPartition, _PartitionState] = {}
+        # Partitions forgotten after their deletion finished: every later event of theirs is
+        # refused, as the log's fold would refuse it (after DELETE_PARTITION_FINISHED), so the
+        # state stays the fold of the log. A partition's name and id only; none come back
+        # (a topic created again has a new id).
+        self._forgotten: set[TopicIdPartition] = set()
 
     # ------------------------------------------------------------------ events
     def validate(self, event: RemoteLogMetadata) -> None:
@@ -224,6 +229,11 @@ class RemotePartitionMetadataStore:
                 partition being deleted; an invalid transition of a segment or a partition.
             TypeError: ``event`` is none of the three kinds.
         """
+        tp = event.segment_id.topic_id_partition if isinstance(event, RemoteLogSegmentMetadataUpdate) \
+            else getattr(event, "topic_id_partition", None)
+        if tp in self._forgotten and not isinstance(event, RemoteLogSegmentMetadataUpdate):
+            raise ValueError(f"partition {tp} was deleted (DELETE_PARTITION_FINISHED) and forgotten: "
+                             "nothing more is recorded of it")
         if isinstance(event, RemoteLogSegmentMetadata):
             part = self._partitions.get(event.topic_id_partition)
             if event.state != _S.COPY_SEGMENT_STARTED:
@@ -332,6 +342,7 @@ class RemotePartitionMetadataStore:
             raise ValueError(f"partition {tp} is forgotten only after DELETE_PARTITION_FINISHED, its deletion "
                              f"is {state}")
         del self._partitions[tp]
+        self._forgotten.add(tp)
 
     # ------------------------------------------------------------------ lookups
     def remote_log_segment_metadata(self, tp: TopicIdPartition, leader_epoch: int,
