@@ -116,22 +116,15 @@ RemoteLogMetadata = Union[RemoteLogSegmentMetadata, RemoteLogSegmentMetadataUpda
 class RemoteLogMetadataRecordError(CorruptRecordError):
     """A ``__remote_log_metadata`` record that cannot be read: truncated, a length past its end,
     trailing bytes, an unknown state id, values that break a field's rule. Immutable; safe to
-    share.
+    share. ``detail`` says what is wrong (``reason`` adds the topic); the codec knows no offset,
+    its reader names it."""
 
-    Attributes:
-        detail: what is wrong, in words (``reason`` adds the topic and the offset).
-        offset: the record's offset in ``__remote_log_metadata``, or None when unknown (the codec
-            does not know it; the manager's load adds it).
-    """
-
-    def __init__(self, detail: str, offset: int | None = None) -> None:
+    def __init__(self, detail: str) -> None:
         self.detail = detail
-        self.offset = offset
-        where = "" if offset is None else f" at offset {offset}"
-        super().__init__(None, None, f"{REMOTE_LOG_METADATA_TOPIC} record{where}: {detail}")
+        super().__init__(None, None, f"{REMOTE_LOG_METADATA_TOPIC} record: {detail}")
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]  # pickling keeps this class's arguments
-        return (type(self), (self.detail, self.offset))
+    def __reduce__(self):  # type: ignore[no-untyped-def]  # pickling keeps this class's argument
+        return (type(self), (self.detail,))
 
 
 class UnsupportedRemoteLogMetadataError(RemoteLogMetadataRecordError):
