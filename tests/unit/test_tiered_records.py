@@ -245,7 +245,8 @@ def as_message(value: Any) -> tuple[SchemaCodec, dict]:
             "RemoteLogSegmentId": _segment_id_dict(value.segment_id), "StartOffset": value.start_offset,
             "EndOffset": value.end_offset, "BrokerId": value.broker_id, "MaxTimestampMs": value.max_timestamp_ms,
             "EventTimestampMs": value.event_timestamp_ms,
-            "SegmentLeaderEpochs": [{"LeaderEpoch": e, "Offset": o} for e, o in sorted(value.segment_leader_epochs.items())],
+            "SegmentLeaderEpochs": [{"LeaderEpoch": e, "Offset": o}
+                                    for e, o in sorted(value.segment_leader_epochs.items())],
             "SegmentSizeInBytes": value.segment_size_in_bytes, "CustomMetadata": value.custom_metadata,
             "RemoteLogSegmentState": int(value.state), "TxnIndexEmpty": value.txn_index_empty}
     if isinstance(value, RemoteLogSegmentMetadataUpdate):
@@ -333,6 +334,7 @@ TP = TopicIdPartition(TOPIC_ID, "orders", 3)
 SEGMENT_ID = RemoteLogSegmentId(TP, SEGMENT_UUID)
 TP_BYTES = b"\x07orders" + TOPIC_ID.bytes + b"\x00\x00\x00\x03" + b"\x00"  # Name, Id, Partition, no tags
 SEGMENT_ID_BYTES = TP_BYTES + SEGMENT_UUID.bytes + b"\x00"
+S_DELETE_STARTED = RemoteLogSegmentState.DELETE_SEGMENT_STARTED
 
 
 def test_a_segment_metadata_record_byte_for_byte():
@@ -431,7 +433,7 @@ def test_malformed_records_name_what_was_wrong():
 
 
 def test_unknown_tagged_fields_are_skipped_everywhere():
-    data = records.encode(RemoteLogSegmentMetadataUpdate(SEGMENT_ID, 5, RemoteLogSegmentState.DELETE_SEGMENT_STARTED, 1))
+    data = records.encode(RemoteLogSegmentMetadataUpdate(SEGMENT_ID, 5, S_DELETE_STARTED, 1))
     # a tagged field (tag 4, 3 bytes) inside TopicIdPartition and one at the message's end
     tp_end = 3 + len(TP_BYTES) - 1
     tagged = data[:tp_end] + b"\x01\x04\x03abc" + data[tp_end + 1:-1] + b"\x01\x09\x01z"

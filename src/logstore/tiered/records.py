@@ -11,36 +11,38 @@ and the message is the flexible encoding (compact strings, arrays and bytes; UUI
 a tagged-field section after every struct) of one of Kafka's JSON specs under
 ``storage/src/main/resources/message/``:
 
-=====  ====================================  ===================================================
-apiKey message                               fields (v0, in order)
-=====  ====================================  ===================================================
-0      RemoteLogSegmentMetadataRecord        RemoteLogSegmentId {TopicIdPartition {Name, Id,
-                                             Partition}, Id}, StartOffset, EndOffset, BrokerId,
-                                             MaxTimestampMs, EventTimestampMs,
-                                             SegmentLeaderEpochs [{LeaderEpoch, Offset}],
-                                             SegmentSizeInBytes, CustomMetadata (nullable),
-                                             RemoteLogSegmentState; tagged 0: TxnIndexEmpty
-1      RemoteLogSegmentMetadataUpdateRecord  RemoteLogSegmentId, BrokerId, EventTimestampMs,
-                                             CustomMetadata (nullable), RemoteLogSegmentState
-2      RemotePartitionDeleteMetadataRecord   TopicIdPartition, BrokerId, EventTimestampMs,
-                                             RemotePartitionDeleteState
-3      RemoteLogSegmentMetadataSnapshotRecord  (Kafka's local snapshot files only: refused here)
-=====  ====================================  ===================================================
+======  ========================================  ==============================================
+apiKey  message                                   fields (v0, in order)
+======  ========================================  ==============================================
+0       RemoteLogSegmentMetadataRecord            RemoteLogSegmentId {TopicIdPartition {Name, Id,
+                                                  Partition}, Id}, StartOffset, EndOffset,
+                                                  BrokerId, MaxTimestampMs, EventTimestampMs,
+                                                  SegmentLeaderEpochs [{LeaderEpoch, Offset}],
+                                                  SegmentSizeInBytes, CustomMetadata (nullable),
+                                                  RemoteLogSegmentState; tagged 0: TxnIndexEmpty
+1       RemoteLogSegmentMetadataUpdateRecord      RemoteLogSegmentId, BrokerId, EventTimestampMs,
+                                                  CustomMetadata (nullable), RemoteLogSegmentState
+2       RemotePartitionDeleteMetadataRecord       TopicIdPartition, BrokerId, EventTimestampMs,
+                                                  RemotePartitionDeleteState
+3       RemoteLogSegmentMetadataSnapshotRecord    Kafka's local snapshot files only: refused here
+======  ========================================  ==============================================
 
 Every record names its partition by topic id *and* topic name (``TopicIdPartition {Name, Id,
 Partition}``), so the name needs no other source. The leader epochs of a segment travel as
 ``SegmentLeaderEpochs`` (epoch -> the segment's first offset in it, ascending by epoch), the
-RemoteStorageManager's custom metadata as the nullable ``CustomMetadata`` bytes (an update's
-replaces the segment's; this codec writes what the value holds), and ``TxnIndexEmpty`` (KIP-1058)
-as tagged field 0, written only when true, as Kafka's writer leaves a field at its default
-(false) out: a record without it reads as False, "the segment may have a transaction index".
+RemoteStorageManager's custom metadata as the nullable ``CustomMetadata`` bytes of an added
+segment and of each update (how an update's applies is ``RemoteLogSegmentMetadata.with_update``'s
+rule; this codec writes what the value holds), and ``TxnIndexEmpty`` (KIP-1058) as tagged
+field 0, written only when true, as Kafka's writer leaves a field at its default (false) out: a
+record without it reads as False, "the segment may have a transaction index".
 
 Versions: every record is written at version 0, which every Kafka with tiered storage reads.
-Version 1 (a later Kafka's: tagged fields only, ``BrokerLeaderEpoch`` and ``EndOffset``) is
-read, its new tagged fields skipped, as are unknown tagged fields of any version. A newer
-version, whose required fields this code cannot know, an unknown apiKey, and a snapshot record
-are refused with :class:`UnsupportedRemoteLogMetadataError`; a truncated or malformed record
-(a length past its end, trailing bytes, an unknown state id, offsets that are no range) with
+Version 1 (a later Kafka's, which adds only tagged fields: ``BrokerLeaderEpoch``, and an
+update's or a deletion's ``EndOffset``) is read, its new tagged fields skipped, as are unknown
+tagged fields of any version. A newer version, whose required fields this code cannot know, an
+unknown apiKey, and a snapshot record are refused with
+:class:`UnsupportedRemoteLogMetadataError`; a truncated or malformed record (a length past its
+end, trailing bytes, an unknown state id, offsets that are no range) with
 :class:`RemoteLogMetadataRecordError`. Every length is checked before it is used.
 
 Thread-safety: pure functions over immutable values.

@@ -229,11 +229,10 @@ class RemotePartitionMetadataStore:
                 partition being deleted; an invalid transition of a segment or a partition.
             TypeError: ``event`` is none of the three kinds.
         """
-        tp = event.segment_id.topic_id_partition if isinstance(event, RemoteLogSegmentMetadataUpdate) \
-            else getattr(event, "topic_id_partition", None)
-        if tp in self._forgotten and not isinstance(event, RemoteLogSegmentMetadataUpdate):
-            raise ValueError(f"partition {tp} was deleted (DELETE_PARTITION_FINISHED) and forgotten: "
-                             "nothing more is recorded of it")
+        if isinstance(event, (RemoteLogSegmentMetadata, RemotePartitionDeleteMetadata)) \
+                and event.topic_id_partition in self._forgotten:
+            raise ValueError(f"partition {event.topic_id_partition} was deleted (DELETE_PARTITION_FINISHED) and "
+                             "forgotten: nothing more is recorded of it")
         if isinstance(event, RemoteLogSegmentMetadata):
             part = self._partitions.get(event.topic_id_partition)
             if event.state != _S.COPY_SEGMENT_STARTED:
