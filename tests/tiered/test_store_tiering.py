@@ -213,3 +213,17 @@ def test_topic_partitions_of_the_metadata(tmp_path, remote_dir):
         assert "__remote_log_metadata" in store.topics(internal=True)
         assert store.describe("__remote_log_metadata").config.retention_ms == -1
         assert isinstance(store.remote_log_manager.partitions()[0], TopicIdPartition)
+
+
+def test_the_store_remembers_its_remote_tier_without_credentials(tmp_path, remote_dir):
+    from logstore.store.layout import read_remote_storage, remote_storage_text
+    text = remote_storage_text("s3://b/p", {"secret_access_key": "hush", "session_token": "t", "region": "x"}).decode()
+    assert "hush" not in text and "option.region=x" in text and "session_token" not in text
+    with LogStore(tmp_path / "data", maintenance=False, remote_storage=f"file://{remote_dir}") as store:
+        fill(store, n=300)
+        store.run_maintenance()
+    assert read_remote_storage(str(tmp_path / "data")) == (f"file://{remote_dir}", {})
+    with LogStore(tmp_path / "data", maintenance=False) as store:  # no remote_storage given
+        log = store.partition("t", 0)
+        assert log.local_log_start_offset > 0
+        assert [r.offset for r in log.iter()] == list(range(300))

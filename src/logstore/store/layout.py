@@ -15,7 +15,7 @@ from .. import _fileio
 from ..errors import LogstoreError
 from .topicids import parse_topic_id, topic_id_text
 
-__all__ = ["TOPICS_DIR", "TOPIC_ID_KEY", "TopicEntry", "read_topic_entry", "read_topic_file", "topic_file_text",
+__all__ = ["REMOTE_STORAGE_FILE", "read_remote_storage", "remote_storage_text", "TOPICS_DIR", "TOPIC_ID_KEY", "TopicEntry", "read_topic_entry", "read_topic_file", "topic_file_text",
            "parse_properties"]
 
 #: the directory of a store's topic files (``.topics/<topic>``: partitions, topic id, config overrides)
@@ -92,3 +92,35 @@ def parse_properties(text: str, path: str) -> dict[str, str]:
             raise LogstoreError(f"{path}, line {number}: expected key=value, got {line!r}")
         props[key.strip()] = value.strip()
     return props
+
+
+#: where a store remembers its remote tier (tiered storage): the object store's URL and options
+REMOTE_STORAGE_FILE = ".remote-storage"
+_URL_KEY = "url"
+#: option names never written down: credentials come from the environment
+_SECRET_WORDS = ("secret", "password", "token", "access_key", "credential", "sas")
+
+
+def remote_storage_text(url: str, options: Mapping[str, str]) -> bytes:
+    """The ``.remote-storage`` file's bytes: the URL, and the options but credentials (an option
+    whose name says secret, password, token, access key, credential or SAS is left out)."""
+    if "\n" in url or any("\n" in f"{k}{v}" or "=" in k for k, v in options.items()):
+        raise LogstoreError("the remote storage URL and options must be single lines without '=' in names")
+    kept = {k: str(v) for k, v in options.items() if not any(w in k.lower() for w in _SECRET_WORDS)}
+    lines = [f"{_URL_KEY}={url}"] + [f"option.{k}={v}" for k, v in sorted(kept.items())]
+    return ("".join(line + "\n" for line in lines)).encode()
+
+
+def read_remote_storage(root: str) -> tuple[str, dict[str, str]] | None:
+    """The remote tier a store remembers (``.remote-storage``): (URL, options), None when it has
+    none. Thread-safe; reads the file once."""
+    path = f"{root}/{REMOTE_STORAGE_FILE}"
+    try:
+        text = _fileio.ops.read_file(path).decode("utf-8")
+    except FileNotFoundError:
+        return None
+    props = parse_properties(text, path)
+    url = props.get(_URL_KEY)
+    if not url:
+        raise LogstoreError(f"{path}: no {_URL_KEY}= line")
+    return url, {k[len("option."):]: v for k, v in props.items() if k.startswith("option.")}

@@ -53,7 +53,8 @@ from .. import _fileio
 from ..log.arrow import table as arrow_table
 from . import kafkadirs
 from .kafkadirs import LEGAL_TOPIC_NAME, is_internal_topic, validate_topic_name
-from .layout import TOPICS_DIR, TopicEntry, parse_properties, read_topic_entry, topic_file_text
+from .layout import REMOTE_STORAGE_FILE, TOPICS_DIR, TopicEntry, parse_properties, read_remote_storage, \
+    read_topic_entry, remote_storage_text, topic_file_text
 from .topicids import new_topic_id, read_partition_metadata, topic_id_text, write_partition_metadata
 from .._native import ffi, lib
 from ..checkpoint import (
@@ -159,8 +160,11 @@ class LogStore:
             (``file:///path``: a local directory, no server; ``s3://bucket/prefix``,
             ``gs://...``, ``az://...`` with ``remote_storage_options``, credentials from the
             environment as the cloud's own tools read them) or a
-            :class:`~logstore.tiered.storage.RemoteStorageManager` of your own. None: no topic
-            may enable remote storage. See :mod:`logstore.tiered.manager`.
+            :class:`~logstore.tiered.storage.RemoteStorageManager` of your own. A URL is
+            remembered in the store's ``.remote-storage`` (credentials left out), so later opens
+            (and the read-only views, the tools and Spark) find the tier without it. None: the
+            remembered one, if any; else no topic may enable remote storage. See
+            :mod:`logstore.tiered.manager`.
         remote_storage_options: the object store's settings (obstore's names: ``endpoint``,
             ``region``, ``allow_http``, ...).
         remote_log_metadata_manager: a callable given the store's ``__remote_log_metadata``
@@ -210,6 +214,11 @@ class LogStore:
                  remote_log_manager_task_interval_ms: int = 30_000, remote_fetch_max_wait_ms: int = 500,
                  remote_log_index_cache_size_bytes: int = 1 << 30, **defaults: Any) -> None:
         self.root = os.path.abspath(os.fspath(root))
+        if remote_storage is None:
+            remembered = read_remote_storage(self.root)
+            if remembered is not None:
+                remote_storage, remote_storage_options = remembered[0], {**remembered[1],
+                                                                         **(remote_storage_options or {})}
         self._remote_spec = (remote_storage, dict(remote_storage_options or {}), remote_log_metadata_manager,
                              remote_log_manager_task_interval_ms, remote_fetch_max_wait_ms,
                              remote_log_index_cache_size_bytes)
@@ -1010,6 +1019,15 @@ class LogStore:
         storage, options, rlmm_factory, interval_ms, fetch_wait_ms, cache_bytes = self._remote_spec
         if storage is None:
             return None
+        if isinstance(storage, str):  # remembered for the next opens and the read-only readers
+            text = remote_storage_text(storage, options)
+            path = os.path.join(self.root, REMOTE_STORAGE_FILE)
+            try:
+                current = _fileio.ops.read_file(path)
+            except FileNotFoundError:
+                current = None
+            if current != text:
+                _fileio.ops.write_file_atomic(path, text)
         from ..tiered.manager import RemoteLogManager, RemoteLogManagerConfig
         from ..tiered.rlmm import TopicBasedRemoteLogMetadataManager
         from ..tiered.storage import RemoteStorageManager
