@@ -32,6 +32,12 @@ logstore:type=socket-server-metrics,listener=L,name=...             connection-r
 kafka.network:type=RequestChannel,listener=L,name=RequestQueueSize  requests waiting for a worker thread
 kafka.network:type=RequestMetrics,name=RequestsPerSec,request=API   Kafka server (KafkaServer.metrics): requests answered
 kafka.network:type=RequestMetrics,name=TotalTimeMs,request=API      Kafka server: handler to answer, histogram (ms)
+kafka.server:type=BrokerTopicMetrics,name=RemoteCopyBytesPerSec     tiered storage, store-wide: bytes copied to the remote tier;
+    also RemoteCopyRequestsPerSec, RemoteCopyErrorsPerSec, RemoteFetchBytesPerSec, RemoteFetchRequestsPerSec,
+    RemoteFetchErrorsPerSec, RemoteDeleteRequestsPerSec, RemoteDeleteErrorsPerSec (since the start), and the
+    gauges RemoteCopyLagBytes, RemoteLogSizeBytes, RemoteLogIndexCacheBytes
+kafka.log:type=RemoteLog,name=RemoteCopyLagBytes                    tiered storage, per partition: bytes waiting for a copy;
+    also RemoteCopyLagSegments, RemoteLogSizeBytes, RemoteLogMetadataCount (finished remote segments)
 ==================================================================== ==============================
 
 In the Prometheus text, a JMX name's domain, ``type`` and ``name`` make the metric's name and its

@@ -64,6 +64,8 @@ def test_sealed_segments_move_to_the_remote_tier_and_read_back_the_same(tmp_path
         metrics = store.metrics()
         assert metrics["kafka.server:type=BrokerTopicMetrics,name=RemoteCopyBytesPerSec"] > 0
         assert metrics["kafka.server:type=BrokerTopicMetrics,name=RemoteLogSizeBytes"] > 0
+        assert metrics["kafka.log:type=RemoteLog,name=RemoteLogMetadataCount"] == {("t", 0): sealed}
+        assert metrics["kafka.log:type=RemoteLog,name=RemoteCopyLagSegments"] == {("t", 0): 0}
         assert any(f.endswith(".log") for f in remote_files(remote_dir))
     # a new store object over the same directories reads everything back
     with open_store(tmp_path, remote_dir) as store:

@@ -1106,6 +1106,8 @@ class LogStore:
         if self._remote is not None:
             for name, value in self._remote.metrics().items():
                 out[f"kafka.server:type=BrokerTopicMetrics,name={name}"] = value
+            for name, values in self._remote.partition_metrics().items():
+                out[f"kafka.log:type=RemoteLog,name={name}"] = values
         return out
 
     # ------------------------------------------------------------------ Arrow

@@ -324,6 +324,7 @@ class _Attached:
         self.retry_at = 0.0
         self.backoff_ms = 0
         self.copy_lag_bytes = 0
+        self.copy_lag_segments = 0
 
 
 class RemoteLogManager:
@@ -598,7 +599,8 @@ class RemoteLogManager:
                     logger.warning("%s: remote expiration failed: %s", a.partition.tp, exc)
                 except LogClosedError:
                     continue
-                a.copy_lag_bytes = sum(s.size for s in a.log.segments_to_copy(a.partition.copied_through() + 1))
+                waiting = a.log.segments_to_copy(a.partition.copied_through() + 1)
+                a.copy_lag_bytes, a.copy_lag_segments = sum(s.size for s in waiting), len(waiting)
         return {"copied": copied, "deleted": deleted, "errors": errors}
 
     def start(self) -> None:
@@ -634,6 +636,23 @@ class RemoteLogManager:
         out["RemoteCopyLagBytes"] = sum(a.copy_lag_bytes for a in attached)
         out["RemoteLogSizeBytes"] = sum(a.partition.size_in_bytes() for a in attached)
         out["RemoteLogIndexCacheBytes"] = self.cache.size_in_bytes
+        return out
+
+    def partition_metrics(self) -> dict[str, dict[tuple[str, int], int]]:
+        """Kafka's per-partition remote tier gauges, ``{name: {(topic, partition): value}}``:
+        ``RemoteCopyLagBytes`` and ``RemoteCopyLagSegments`` (local segments waiting for a
+        copy, at the last round), ``RemoteLogSizeBytes`` and ``RemoteLogMetadataCount`` (the
+        finished remote segments)."""
+        with self._lock:
+            attached = list(self._attached.values())
+        out: dict[str, dict[tuple[str, int], int]] = {name: {} for name in (
+            "RemoteCopyLagBytes", "RemoteCopyLagSegments", "RemoteLogSizeBytes", "RemoteLogMetadataCount")}
+        for a in attached:
+            key = (a.partition.tp.topic, a.partition.tp.partition)
+            out["RemoteCopyLagBytes"][key] = a.copy_lag_bytes
+            out["RemoteCopyLagSegments"][key] = a.copy_lag_segments
+            out["RemoteLogSizeBytes"][key] = a.partition.size_in_bytes()
+            out["RemoteLogMetadataCount"][key] = len(a.partition.finished_segments())
         return out
 
     def close(self) -> None:
