@@ -229,3 +229,31 @@ def test_the_store_remembers_its_remote_tier_without_credentials(tmp_path, remot
         log = store.partition("t", 0)
         assert log.local_log_start_offset > 0
         assert [r.offset for r in log.iter()] == list(range(300))
+
+
+def test_both_managers_are_replaceable(tmp_path, remote_dir):
+    from logstore.tiered.rlmm import TopicBasedRemoteLogMetadataManager
+
+    events = []
+
+    class Counting(TopicBasedRemoteLogMetadataManager):
+        def add_remote_log_segment_metadata(self, metadata):
+            events.append(("add", metadata.start_offset))
+            super().add_remote_log_segment_metadata(metadata)
+
+    class Mine(Failing):  # the object store manager of the user's own, here one that works
+        def __init__(self, url):
+            super().__init__(url)
+            self.down = False
+
+    rsm = Mine(f"file://{remote_dir}")
+    with LogStore(tmp_path / "data", maintenance=False, remote_storage=rsm,
+                  remote_log_metadata_manager=Counting) as store:
+        (log,) = fill(store, n=300)
+        store.run_maintenance()
+        assert isinstance(store.remote_log_manager.rlmm, Counting)
+        offsets = [offset for _, offset in events]
+        assert offsets[0] == 0 and offsets == sorted(set(offsets))  # each sealed segment once, in order
+        assert rsm.copies == len(events) > 0
+        assert [r.offset for r in log.iter()] == list(range(300))
+    assert not (tmp_path / "data" / ".remote-storage").exists()  # a user's own manager is not remembered
