@@ -105,28 +105,6 @@ def test_commits_are_fenced_by_member_epoch(env):
     assert c.check_commit("g", "", -1) is None  # empty: the classic rules (an admin may commit)
 
 
-def test_a_commit_for_a_partition_the_member_no_longer_holds_is_refused(env):
-    """KIP-1251: once a member has revoked a partition (its next owner may already have read the
-    committed offset), its late commit for it is refused; while it is revoking, it may commit."""
-    coordinator, _, _ = env
-    c = coordinator()
-    join(c, "a")
-    assert c.check_commit_partitions("g", "a", [("t", 0), ("t", 3), ("other", 0)]) == \
-        [0, 0, ErrorCode.stale_member_epoch]
-    join(c, "b")
-    kept = parts(beat(c, "a", 1, {T: frozenset({0, 1, 2, 3})}))
-    moving = sorted({0, 1, 2, 3} - kept)
-    assert c.check_commit_partitions("g", "a", [("t", p) for p in moving]) == [0, 0]  # still revoking
-    beat(c, "a", 1, {T: frozenset(kept)})  # revoked
-    assert c.check_commit_partitions("g", "a", [("t", moving[0]), ("t", min(kept))]) == \
-        [ErrorCode.stale_member_epoch, 0]
-    assert c.check_commit_partitions("g", "b", [("t", moving[0])]) == [ErrorCode.stale_member_epoch]  # not yet b's
-    beat(c, "b", 2, {})
-    assert c.check_commit_partitions("g", "b", [("t", moving[0])]) == [0]
-    assert c.check_commit_partitions("g", "", [("t", 0)]) == [0]  # no member: check_commit's rules
-    assert c.check_commit_partitions("nogroup", "a", [("t", 0)]) == [0]
-
-
 def test_a_static_member_rejoins_with_its_assignment_and_no_rebalance(env):
     coordinator, _, _ = env
     c = coordinator()

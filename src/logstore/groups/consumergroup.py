@@ -67,7 +67,7 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping
 
 from ..errorcodes import ErrorCode
 from ..errors import CorruptRecordError, LogstoreError
@@ -741,30 +741,6 @@ class ConsumerGroupCoordinator:
             if member_epoch < member.at.epoch:
                 return ErrorCode.stale_member_epoch
             return ErrorCode.none
-
-    def check_commit_partitions(self, group_id: str, member_id: str,
-                                partitions: Sequence[tuple[str, int]]) -> list[int]:
-        """Per partition of a commit :meth:`check_commit` accepted: 0, or STALE_MEMBER_EPOCH for
-        a partition a member of this protocol neither holds nor is revoking (KIP-1251's rule: a
-        commit for a partition that has moved on would overwrite its next owner's starting
-        point, whose OffsetFetch may already have read the offset before it). Zeros for a
-        classic member, an admin's commit (no member) and any group this coordinator does not
-        hold. Thread-safe."""
-        group = self._get(group_id)
-        if group is None:
-            return [ErrorCode.none] * len(partitions)
-        with group.lock:
-            member = group.members.get(member_id)
-            if member is None or member.meta.classic is not None:
-                return [ErrorCode.none] * len(partitions)
-            ids = {name: topic_id for topic_id, (name, _) in group.topics.items()}
-            out = []
-            for topic, partition in partitions:
-                topic_id = ids.get(topic)
-                held = topic_id is not None and (partition in member.at.assigned.get(topic_id, ()) or
-                                                 partition in member.at.pending_revocation.get(topic_id, ()))
-                out.append(ErrorCode.none if held else ErrorCode.stale_member_epoch)
-            return out
 
     def check_offset_fetch(self, group_id: str, member_id: str | None, member_epoch: int) -> int:
         """Whether an OffsetFetch (v9+) naming a member may read the group's offsets: 0, or

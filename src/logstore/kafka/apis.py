@@ -1277,16 +1277,9 @@ class KafkaApis:
         refused = consumer.check_commit(body.group_id, body.member_id, body.generation_id_or_member_epoch,
                                         getattr(body, "group_instance_id", None), request.api_version) \
             if consumer is not None else None
-        if refused:
-            errors = [refused] * len(items)
-        else:
-            moved = consumer.check_commit_partitions(body.group_id, body.member_id, [i[:2] for i in items]) \
-                if consumer is not None and body.member_id else [ErrorCode.none] * len(items)
-            kept = [i for i, error in zip(items, moved) if not error]
-            done = iter(self.groups.commit_offsets(body.group_id, body.generation_id_or_member_epoch, body.member_id,
-                                                   getattr(body, "group_instance_id", None), kept,
-                                                   request.api_version) if kept else ())
-            errors = [error or next(done) for error in moved]
+        errors = [refused] * len(items) if refused else \
+            self.groups.commit_offsets(body.group_id, body.generation_id_or_member_epoch, body.member_id,
+                                       getattr(body, "group_instance_id", None), items, request.api_version)
         topics: dict[str, list[dict[str, Any]]] = {}
         for (topic, partition, _, _, _), error in zip(items, errors):
             topics.setdefault(topic, []).append({"partition_index": partition, "error_code": error})
