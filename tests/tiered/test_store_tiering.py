@@ -257,3 +257,121 @@ def test_both_managers_are_replaceable(tmp_path, remote_dir):
         assert rsm.copies == len(events) > 0
         assert [r.offset for r in log.iter()] == list(range(300))
     assert not (tmp_path / "data" / ".remote-storage").exists()  # a user's own manager is not remembered
+
+
+# ---------------------------------------------------------------------- the review's findings
+
+
+def test_delete_records_inside_a_segment_not_yet_copied_loses_nothing(tmp_path, remote_dir):
+    with open_store(tmp_path, remote_dir) as store:
+        (log,) = fill(store)
+        first = log.segments[0]
+        cut = first.base_offset + (first.next_offset - first.base_offset) // 2
+        log.delete_records_before(cut)
+        store.run_maintenance()
+        assert log.local_log_start_offset > first.next_offset  # copied (the straddling one too) and dropped
+        assert [r.offset for r in log.iter()] == list(range(cut, 600))
+        assert log.read(cut, max_records=1)[0].offset == cut
+        assert log.read_arrow().column("offset").to_pylist() == list(range(cut, 600))
+
+
+def test_a_lost_log_start_checkpoint_takes_the_remote_start_and_deletes_nothing(tmp_path, remote_dir):
+    with open_store(tmp_path, remote_dir) as store:
+        fill(store)
+        store.run_maintenance()
+        count = len(store.remote_log_manager.rlmm.list_remote_log_segments(store.remote_log_manager.partitions()[0]))
+    (tmp_path / "data" / "log-start-offset-checkpoint").write_text("garbage\n")
+    with open_store(tmp_path, remote_dir) as store:
+        log = store.partition("t", 0)
+        assert log.log_start_offset == 0
+        store.run_maintenance()
+        manager = store.remote_log_manager
+        assert len(manager.rlmm.list_remote_log_segments(manager.partitions()[0])) == count
+        assert [r.offset for r in log.iter()] == list(range(600))
+
+
+def test_remote_reads_with_small_budgets_and_limits(tmp_path, remote_dir):
+    with open_store(tmp_path, remote_dir) as store:
+        (log,) = fill(store)
+        store.run_maintenance()
+        local = log.local_log_start_offset
+        for offset in range(0, local, 7):
+            raw = log.read_raw(offset, 50)  # at least the batch holding it, whole
+            assert raw and log.read(offset, max_bytes=50)[0].offset == offset
+        assert [r.offset for r in log.read(100, max_offset=101)] == [100]
+        assert [r.offset for r in log.iter(63, 101)] == list(range(63, 101))
+
+
+def test_an_arrow_read_survives_local_retention_during_it(tmp_path, remote_dir):
+    with open_store(tmp_path, remote_dir) as store:
+        (log,) = fill(store)
+        manager = store.remote_log_manager
+        half = log.segments[len(log.segments) // 2].base_offset
+        log.high_watermark = half
+        manager.copy_segments(log)
+        log.enforce_retention()
+        assert log.local_log_start_offset == half
+        batches = log.iter_arrow()
+        seen = next(batches).column("offset").to_pylist()  # the remote part
+        log.high_watermark = log.log_end_offset
+        manager.copy_segments(log)  # meanwhile the rest is copied and leaves the local disk
+        log.enforce_retention()
+        assert log.local_log_start_offset > half
+        for batch in batches:
+            seen.extend(batch.column("offset").to_pylist())
+        assert seen == list(range(600))
+
+
+def test_the_copying_process_tiers_partitions_only_others_write(tmp_path, remote_dir):
+    a = open_store(tmp_path, remote_dir)
+    b = open_store(tmp_path, remote_dir)
+    try:
+        assert a.remote_log_manager is not None
+        a.run_maintenance()  # a takes the copier's role (it holds .lock-remote-log-manager)
+        (log_b,) = fill(b, topic="bt")
+        sealed = len(log_b.segments) - 1
+        assert b.run_maintenance()["remote_segments_copied"] == 0  # b follows
+        assert a.run_maintenance()["remote_segments_copied"] == sealed
+        b.run_maintenance()
+        assert log_b.local_log_start_offset > 0  # b's local retention saw the copies
+        assert [r.offset for r in log_b.iter()] == list(range(600))
+    finally:
+        b.close()
+        a.close()
+
+
+def test_remote_storage_is_no_store_default(tmp_path, remote_dir):
+    with pytest.raises(InvalidConfigError, match="per topic"):
+        LogStore(tmp_path / "x", maintenance=False, remote_storage=f"file://{remote_dir}", remote_storage_enable=True)
+    with open_store(tmp_path, remote_dir) as store:
+        with pytest.raises(InvalidConfigError, match="per topic"):
+            store.alter_defaults(lambda d: {**d, "remote.storage.enable": "true"})
+        store.alter_defaults(lambda d: {**d, "local.retention.ms": "60000"})  # local retention may be
+
+
+def test_a_deleted_topics_remote_segments_go_at_a_later_round(tmp_path, remote_dir):
+    class NoDeletes(Failing):
+        def __init__(self, url):
+            super().__init__(url)
+            self.down = False
+
+        def delete_log_segment_data(self, metadata):
+            raise RemoteStorageError(f"{metadata.describe()}: deletes fail (test)")
+
+    with LogStore(tmp_path / "data", maintenance=False, remote_storage=NoDeletes(f"file://{remote_dir}")) as store:
+        fill(store, n=300)
+        store.run_maintenance()
+        store.delete_topic("t")
+        assert remote_files(remote_dir)  # left behind: the object store refused
+    with open_store(tmp_path, remote_dir) as store:  # the next open finishes it
+        store.run_maintenance()
+        assert not remote_files(remote_dir)
+
+
+def test_remote_segments_name_a_leader_epoch(tmp_path, remote_dir):
+    with open_store(tmp_path, remote_dir) as store:
+        fill(store, n=300)
+        store.run_maintenance()
+        manager = store.remote_log_manager
+        for m in manager.rlmm.list_remote_log_segments(manager.partitions()[0]):
+            assert m.segment_leader_epochs == {0: m.start_offset}

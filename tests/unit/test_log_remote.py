@@ -56,7 +56,7 @@ class MemoryTier(RemoteTier):
                 return data[out_start:out_end] if out_start is not None else b""
         return b""
 
-    def offset_for_timestamp(self, timestamp):
+    def offset_for_timestamp(self, timestamp, start_offset):
         for _, _, data in self.segments:
             for _, header in batch_headers(data):
                 if header.max_timestamp >= timestamp:
@@ -64,7 +64,7 @@ class MemoryTier(RemoteTier):
                     records, _ = RecordDecoder().decode(data, 0, len(data), header.base_offset, header.last_offset + 1,
                                                         None, "mem")
                     for r in records:
-                        if r.timestamp >= timestamp:
+                        if r.timestamp >= timestamp and r.offset >= start_offset:
                             return r.offset
         return None
 

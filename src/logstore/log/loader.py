@@ -71,6 +71,9 @@ class LoadedLog:
     #: the base of the first segment whose transaction index must be written anew (recovery
     #: found markers in it, or its index is damaged), None when every index can be trusted
     txn_rebuild_from: int | None = None
+    #: the log start came from the checkpoint file (False: it had no entry, or was unreadable,
+    #: and the first segment's base stands in; a tiered log then takes its remote tier's start)
+    start_checkpointed: bool = True
 
 
 class LogLoader:
@@ -189,7 +192,7 @@ class LogLoader:
         if start > end_offset:
             # The log start moved past everything on disk: the log starts over there (Kafka's
             # truncateFullyAndStartAt).
-            return LoadedLog(start, start, True, report)
+            return LoadedLog(start, start, True, report, start_checkpointed=start_checkpoint is not None)
         if txn_rebuild_from is not None and txn_rebuild_from not in segments:
             txn_rebuild_from = None  # (its segment was dropped after a torn batch before it)
         if recovered:
@@ -203,7 +206,7 @@ class LogLoader:
             recovery_point = end_offset
         else:
             recovery_point = min(max(recovery_point, start), end_offset)
-        return LoadedLog(start, recovery_point, False, report, txn_rebuild_from)
+        return LoadedLog(start, recovery_point, False, report, txn_rebuild_from, start_checkpoint is not None)
 
     def read_checkpoints(self) -> tuple[int | None, int | None]:
         """(recovery point, log start offset) from the log directory's checkpoint files.

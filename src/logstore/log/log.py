@@ -42,7 +42,7 @@ import threading
 import time
 from contextlib import contextmanager, nullcontext
 from itertools import chain
-from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Sequence
+from typing import Any, Generator, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 from .. import _fileio
 from .._fileio import FileRegion
@@ -178,6 +178,19 @@ def _non_negative(offset: Any, what: str) -> int:
         raise ValueError(f"cannot {what} negative offset {offset}")
     return offset
 
+def _counted(part: Generator[Any, None, int], left: list[int | None]) -> Generator[Any, None, int]:
+    """Yield ``part``'s record batches, counting their rows off ``left[0]`` (None: no limit);
+    return what ``part`` returns."""
+    while True:
+        try:
+            batch = next(part)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        if left[0] is not None:
+            left[0] -= batch.num_rows
+        yield batch
+
+
 def _cut_at(fd: int, position: int, length: int, max_offset: int) -> int:
     """The bytes of the region's whole entries below ``max_offset`` (their heads read again: the
     region's batches were checked whole, so each is sound)."""
@@ -232,6 +245,8 @@ class Log:
         self._log_start_offset = 0
         #: the remote segments (tiered storage), handed by the store's remote log manager
         self._remote: RemoteTier | None = None
+        #: the log start came from its checkpoint (see LoadedLog.start_checkpointed)
+        self._start_checkpointed = True
         self._high_watermark: int | None = None
         self._recovery_point = 0
         self._flushed_offset = 0
@@ -350,6 +365,7 @@ class Log:
             last.activate()
         self._set_active(last)
         self._log_start_offset = loaded.log_start_offset
+        self._start_checkpointed = loaded.start_checkpointed
         self._recovery_point = self._flushed_offset = loaded.recovery_point
         self._update_flush_at()
         cache = self.leader_epochs = self._loader.load_leader_epochs(loaded.log_start_offset, self._appender.next_offset)
@@ -503,8 +519,8 @@ class Log:
         """Read the offsets below the first local segment from ``tier`` (tiered storage): the
         store's remote log manager calls it once the log is open. The log start becomes the
         remote tier's start when that is older than the first local segment (and not below
-        the log start a DeleteRecords set), else the first local segment's base: durable on
-        return. Thread-safe.
+        the log start a DeleteRecords set, unless the checkpoint file had no entry for the
+        log), else the first local segment's base: durable on return. Thread-safe.
 
         Raises:
             ValueError: the log's config does not enable remote storage.
@@ -517,7 +533,8 @@ class Log:
             local = self._segments.first.base_offset
             start = local if remote_start is None or remote_start > local else remote_start
             self._remote = tier
-            start = max(start, self._log_start_offset)
+            if self._start_checkpointed:  # (else: no checkpoint said where it starts; the tier does)
+                start = max(start, self._log_start_offset)
             if start != self._log_start_offset:
                 logger.info("%s: log start %d -> %d (remote tier from %s, local from %d)", self.path,
                             self._log_start_offset, start, remote_start, local)
@@ -525,12 +542,14 @@ class Log:
                 self._write_checkpoints()
 
     def segments_to_copy(self, from_offset: int) -> list[CopyableSegment]:
-        """The sealed segments the remote tier may copy now, oldest first: those whose records
-        all lie at or above ``from_offset`` (the next offset the tier lacks) and below both the
-        high watermark and the last stable offset (no record a majority may still lose, no open
-        transaction), with the paths of their files and their leader epochs. The files stay
-        until the tier holds them (local retention waits for the copy), unless a DeleteRecords
-        or the topic's deletion takes them first. Thread-safe."""
+        """The sealed segments the remote tier may copy now, oldest first: those holding an
+        offset at or above both ``from_offset`` (the next offset the tier lacks) and the log
+        start (the one holding that offset too, whole: Kafka copies a segment that straddles
+        it), and whose records all lie below both the high watermark and the last stable
+        offset (no record a majority may still lose, no open transaction), with the paths of
+        their files and their leader epochs. The files stay until the tier holds them (local
+        retention waits for the copy), unless a DeleteRecords or the topic's deletion takes
+        them first. Thread-safe."""
         stable = self.last_stable_offset
         with self._lock:
             self._check_open()
@@ -541,7 +560,7 @@ class Log:
             out = []
             for segment in self._segments.sealed():
                 base, end = segment.base_offset, segment.next_offset - 1
-                if base < max(from_offset, self._log_start_offset) or segment.size == 0:
+                if end < max(from_offset, self._log_start_offset) or segment.size == 0:
                     continue
                 if end >= ceiling:
                     break
@@ -550,6 +569,8 @@ class Log:
                     after = entries[i + 1][1] if i + 1 < len(entries) else end + 1
                     if start <= end and after > base:
                         held[epoch] = max(start, base)
+                if not held:  # a log never led in an epoch (a store's own): Kafka's records need one
+                    held[0] = base
                 checkpoint = encode_checkpoint([(e, o) for e, o in entries if o <= end], 2, "leader-epoch-checkpoint")
                 snapshot = snapshot_path(self.path, end + 1)
                 out.append(CopyableSegment(
@@ -1299,6 +1320,8 @@ class Log:
             if not raw:
                 break  # no remote segment holds it: the local ones take over
             records, _ = decoder.decode(raw, 0, len(raw), offset, limit, max_records, where, exact=True)
+            if records and records[-1].offset >= limit:  # a batch straddling the limit comes whole
+                records = [r for r in records if r.offset < limit]
             if records:
                 if max_records is not None:
                     del records[max_records:]
@@ -1532,55 +1555,69 @@ class Log:
             if remote is None:
                 return self._segments.offset_for_timestamp(self._decoder, timestamp, self._log_start_offset)
             start = self._log_start_offset
-        found = remote.offset_for_timestamp(timestamp)  # the remote segments first, without the lock
+        found = remote.offset_for_timestamp(timestamp, start)  # the remote segments first, without the lock
         if found is not None:
-            return max(found, start)
+            return found
         with self._lock:
             self._check_open()
             return self._segments.offset_for_timestamp(self._decoder, timestamp, self._log_start_offset)
 
     def _arrow_batches(self, arrowread: Any, offset: int, stop: int, columns: Sequence[str],
                  max_records: int | None) -> Iterator[Any]:
-        with self._lock:
-            self._check_readable_from(offset)
-            remote = self._remote_holding(offset, "read_arrow") if offset < stop else None
-            first = self._segments.first.base_offset
-        if remote is not None:  # below the local segments: the remote tier's batches first
-            upto = min(stop, first)
-            for batch in self._arrow_remote(arrowread, remote, offset, upto, columns, max_records):
-                if max_records is not None:
-                    max_records -= batch.num_rows
-                yield batch
-            if max_records is not None and max_records <= 0:
-                return
-            offset = upto
-        if max_records is None and (os.cpu_count() or 1) > 1:
-            yield from self._arrow_batches_in_pairs(arrowread, offset, stop, columns)
-            return
+        """iter_arrow's batches of [offset, stop): from the remote tier below the local segments,
+        then from the local ones; a part whose local segments leave the disk meanwhile (local
+        retention) is read from the tier again, and one the log start moved past raises."""
+        left = [max_records]  # what may still be returned (None: no limit), shared with the parts
+        while offset < stop and (left[0] is None or left[0] > 0):
+            with self._lock:
+                self._check_readable_from(offset)
+                remote = self._remote_holding(offset, "read_arrow")
+                first = self._segments.first.base_offset
+            if remote is not None:  # below the local segments: the remote tier's batches
+                part = self._arrow_remote(arrowread, remote, offset, min(stop, first), columns, left[0])
+            elif left[0] is None and (os.cpu_count() or 1) > 1:
+                part = self._arrow_batches_in_pairs(arrowread, offset, stop, columns)
+            else:
+                part = self._arrow_local(arrowread, offset, stop, columns, left[0])
+            offset = yield from _counted(part, left)
+
+    def _arrow_local(self, arrowread: Any, offset: int, stop: int, columns: Sequence[str],
+                     max_records: int | None) -> Generator[Any, None, int]:
+        """iter_arrow's batches from the local segments, a chunk at a time under the lock;
+        returns the offset it stopped at (``stop``, or one local retention took meanwhile)."""
         builder = arrowread.ArrowBuilder(self.topic, self.partition, offset, stop, columns, max_records)
         decoder = RecordDecoder(capacity=arrowread.ROWS_PER_BATCH)
         while offset < stop and not builder.done:
             with self._lock:
                 self._check_readable_from(offset)
+                if offset < self._segments.first.base_offset:
+                    break  # gone from the local disk: the caller reads it from the remote tier
                 limit = min(stop, offset + arrowread.ROWS_PER_BATCH)
                 offset = max(self._segments.decode_columns(decoder, offset, limit, builder.sink), builder.next_offset)
             yield from builder.take()
+        yield from builder.take()
+        return stop if builder.done else offset
 
     def _arrow_remote(self, arrowread: Any, remote: RemoteTier, offset: int, upto: int, columns: Sequence[str],
-                      max_records: int | None) -> Iterator[Any]:
+                      max_records: int | None) -> Generator[Any, None, int]:
         """iter_arrow's batches of the offsets [offset, upto) below the local segments, decoded
-        by C from the remote tier's batches (fetched without the log's lock, CRC-checked)."""
+        by C from the remote tier's batches (fetched without the log's lock, CRC-checked);
+        returns the offset it stopped at."""
         builder = arrowread.ArrowBuilder(self.topic, self.partition, offset, upto, columns, max_records)
         decoder = RecordDecoder(capacity=arrowread.ROWS_PER_BATCH)
         where = f"{self.path} (remote tier)"
         while offset < upto and not builder.done:
             raw = remote.read_raw(offset, _REMOTE_ARROW_BYTES)
-            if not raw:
-                break  # no remote segment holds it: the local segments go on from upto
+            if not raw:  # nothing remote from here: the log start moved past it, or the local segments go on
+                with self._lock:
+                    self._check_readable_from(offset)
+                    offset = max(offset, self._segments.first.base_offset)
+                break
             after = decode_columns_from(decoder, ColumnsFrom(raw, 0, len(raw), where), offset, upto, builder.sink)
             offset = upto if after is None else max(after, builder.next_offset)
             yield from builder.take()
         yield from builder.take()
+        return upto if builder.done else offset
 
     def _check_readable_from(self, offset: int) -> None:
         """Under the log's lock: the log is open and ``offset`` is not below its start."""
@@ -1590,7 +1627,8 @@ class Log:
             raise OffsetOutOfRangeError(offset, self._log_start_offset, self._appender.next_offset,
                                         f"read_arrow from {self.path} (the log start moved past it)")
 
-    def _arrow_batches_in_pairs(self, arrowread: Any, offset: int, stop: int, columns: Sequence[str]) -> Iterator[Any]:
+    def _arrow_batches_in_pairs(self, arrowread: Any, offset: int, stop: int,
+                                columns: Sequence[str]) -> Generator[Any, None, int]:
         """Two chunks at a time on two cores: while this thread decodes ``[offset, mid)``, a
         helper thread decodes from ``mid`` on in the segment holding it (located here first), and
         the log's lock is held until both are done, so nothing moves under either. The C decode and
@@ -1601,6 +1639,8 @@ class Log:
         while offset < stop:
             with self._lock:
                 self._check_readable_from(offset)
+                if offset < self._segments.first.base_offset:
+                    return offset  # gone from the local disk: the caller reads it from the remote tier
                 mid = min(stop, offset + rows)
                 first = arrowread.ArrowBuilder(self.topic, self.partition, offset, mid, columns)
                 second, helper = None, None
@@ -1621,6 +1661,7 @@ class Log:
             yield from first.take()
             if second is not None:
                 yield from second.take()
+        return offset
 
     def read_raw(self, offset: int, max_bytes: int = _DEFAULT_MAX_BYTES) -> bytes:
         """Whole batches, byte for byte as stored, from the one holding ``offset`` on (at least

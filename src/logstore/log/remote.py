@@ -57,9 +57,9 @@ class RemoteTier(abc.ABC):
     @abc.abstractmethod
     def read_raw(self, offset: int, max_bytes: int) -> bytes:
         """Whole batches, byte for byte as the log wrote them, from the remote batch holding
-        ``offset`` on: at least one batch when a remote segment holds ``offset``, else about
-        ``max_bytes``, all from one remote segment; every batch CRC-checked; b"" when no
-        finished remote segment holds ``offset``.
+        ``offset`` on (when no remote segment holds it, from the first remote batch after it):
+        at least one batch, else about ``max_bytes``, all from one remote segment; every batch
+        CRC-checked; b"" when no finished remote segment holds ``offset`` or anything after it.
 
         Raises:
             RemoteStorageError: the object store failed or returned bytes that fail their
@@ -67,9 +67,9 @@ class RemoteTier(abc.ABC):
         """
 
     @abc.abstractmethod
-    def offset_for_timestamp(self, timestamp: int) -> int | None:
-        """The first remote offset whose record's timestamp is at or after ``timestamp``, None
-        when no remote record is that recent.
+    def offset_for_timestamp(self, timestamp: int, start_offset: int) -> int | None:
+        """The first remote offset at or above ``start_offset`` (the log start) whose record's
+        timestamp is at or after ``timestamp``, None when no such remote record is that recent.
 
         Raises:
             RemoteStorageError: as :meth:`read_raw`.

@@ -223,10 +223,13 @@ class LogStore:
                              remote_log_manager_task_interval_ms, remote_fetch_max_wait_ms,
                              remote_log_index_cache_size_bytes)
         self._remote: Any = None  # the RemoteLogManager, made on first use
+        #: logs whose topic enabled remote storage in another process before this one had a manager
+        self._attach_pending: list[tuple[Log, str]] = []
         self._remote_lead_fd = -1  # the flock that makes this process the one that copies
         self._maintenance = maintenance
         #: the defaults this store object was opened with (Kafka's static broker configs)
         self.static_defaults = LogConfig.build(None, **defaults)
+        _no_remote_default(self.static_defaults.remote_storage_enable)
         #: the defaults every topic's config starts from: the static ones with the store's
         #: dynamic defaults (``.topic-defaults``, :meth:`alter_defaults`) over them
         self.defaults = self.static_defaults
@@ -271,6 +274,7 @@ class LogStore:
             ops.close(self._lock_fd)
             raise
         if maintenance:
+            self._start_remote_if_tiered()
             self._thread = threading.Thread(target=self._run, name=f"logstore-maintenance[{self.root}]", daemon=True)
             self._thread.start()
 
@@ -539,8 +543,12 @@ class LogStore:
         for name, p, log, config in changes:
             try:
                 log.update_config(config)
-                if config.remote_storage_enable and log.remote_tier is None and self._remote is not None:
-                    self._remote.attach(log, self.topic_id(name))
+                if config.remote_storage_enable and log.remote_tier is None:
+                    if self._remote is not None:
+                        self._remote.attach(log, self.topic_id(name))
+                    else:  # (the manager is made under the metadata lock, which may be held here)
+                        with self._lock:
+                            self._attach_pending.append((log, name))
             except LogClosedError:
                 continue  # its topic was deleted, or the store closed, meanwhile
             if self._cleaner is not None:
@@ -782,6 +790,7 @@ class LogStore:
         dotted = {k: str(v) for k, v in wanted.items() if "." in k}
         merged = self.static_defaults.replace(**plain)
         merged = LogConfig.from_kafka({**merged.to_kafka(), **dotted})
+        _no_remote_default(merged.remote_storage_enable)
         kafka = merged.to_kafka()
         return {name: kafka[name] for name in {_FIELD_TO_KAFKA[k] for k in plain} | set(dotted)}
 
@@ -1045,7 +1054,8 @@ class LogStore:
             TopicBasedRemoteLogMetadataManager(metadata_log)
         rsm = storage if isinstance(storage, RemoteStorageManager) else \
             RemoteStorageManager.from_url(str(storage), options)
-        manager = RemoteLogManager(rsm, rlmm, config, name=self.root, may_run=self._lead_remote)
+        manager = RemoteLogManager(rsm, rlmm, config, name=self.root, may_run=self._lead_remote,
+                                   before_round=self._open_tiered)
         with self._lock:
             self._remote = manager
         if self._maintenance:
@@ -1240,6 +1250,7 @@ class LogStore:
             while self._cleaner.run_once(now_ms) is not None:
                 cleaned += 1
         out = {"segments_deleted": deleted, "flushes": flushes, "logs_cleaned": cleaned}
+        self._start_remote_if_tiered()
         if self._remote is not None:
             done = self._remote.run_once(now_ms)
             out.update(remote_segments_copied=done["copied"], remote_segments_deleted=done["deleted"],
@@ -1258,6 +1269,35 @@ class LogStore:
                 self._topic(name)
             except (UnknownTopicOrPartitionError, InvalidTopicError):
                 continue  # deleted meanwhile
+        with self._lock:
+            pending, self._attach_pending = self._attach_pending, []
+        if pending and self.remote_log_manager is not None:  # (a topic another process tiered)
+            for log, name in pending:
+                if not log.closed and log.remote_tier is None:
+                    try:
+                        self._remote.attach(log, self.topic_id(name))
+                    except (LogClosedError, UnknownTopicOrPartitionError):
+                        continue
+
+    def _start_remote_if_tiered(self) -> None:
+        """Make the remote log manager when the store has tiered anything before (its
+        ``__remote_log_metadata`` topic exists), so that its rounds finish what earlier runs
+        left (a deleted topic's remote segments) even before a tiered partition is opened."""
+        if self._remote is None and self._remote_spec[0] is not None and \
+                self._read_topic(REMOTE_LOG_METADATA_TOPIC) is not None:
+            self.remote_log_manager  # noqa: B018 - made (and started) on first use
+
+    def _open_tiered(self) -> None:
+        """Open (and so attach) every partition of every topic that enables remote storage: the
+        process that copies tiers them all, whoever writes them (the manager's round hook)."""
+        for topic in self.topics():
+            try:
+                partitions, overrides = self._topic(topic)
+                if self._config_for(overrides).remote_storage_enable:
+                    for p in range(partitions):
+                        self.partition(topic, p)
+            except (UnknownTopicOrPartitionError, InvalidTopicError, LogClosedError):
+                continue  # deleted meanwhile, or the store closes
 
     def _tick_seconds(self) -> float:
         with self._lock:
@@ -1406,6 +1446,14 @@ class _FileLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _no_remote_default(enabled: bool) -> None:
+    """remote.storage.enable is a topic's own setting: as a store default, a topic could lose it
+    (and its older segments with it) when the default changes."""
+    if enabled:
+        raise InvalidConfigError("remote.storage.enable is set per topic (create_topic, alter_topic_config), "
+                                 "not as a store default: a topic must not lose it when a default changes")
 
 
 def _properties_text(props: Mapping[str, str]) -> bytes:

@@ -216,10 +216,19 @@ class RemotePartition(RemoteTier):
         if metadata is None and self._rlmm.catch_up():  # copied by another process meanwhile?
             metadata = self._rlmm.segment_for_offset(self.tp, offset)
         if metadata is None:
-            return b""
+            # No remote segment holds it: the next one does, if any (a gap is skipped as a
+            # compacted range would be, and said; past the last one the local segments go on).
+            later = [m for m in self.finished_segments() if m.start_offset > offset]
+            if not later:
+                return b""
+            metadata = min(later, key=lambda m: m.start_offset)
+            logger.warning("%s: no remote segment holds offset %d; reading on from %s", self.tp, offset,
+                           metadata.describe())
+            offset = metadata.start_offset
         try:
             return self._read_batches(metadata, offset, max_bytes)
         except RemoteResourceNotFoundError:
+            self._rlmm.catch_up()  # (another process may have expired it)
             if self._rlmm.segment_for_offset(self.tp, offset) is None:
                 return b""  # deleted meanwhile (retention): the caller finds the log start moved
             self._meter.add("RemoteFetchErrorsPerSec")
@@ -234,31 +243,31 @@ class RemotePartition(RemoteTier):
         _, position = offset_index_lookup(self._index(metadata, IndexType.OFFSET), metadata.start_offset, offset)
         size = metadata.segment_size_in_bytes
         want = max(max_bytes, HEADER_SIZE)
-        data = self._fetch(metadata, position, position + want)
-        start = 0  # of the first batch holding offset or after it, in data
+        # `data` holds the segment's bytes from file position `base`; `start` is where the
+        # batch looked at begins in it
+        base, data, start = position, self._fetch(metadata, position, position + want), 0
         while True:
             if len(data) - start < HEADER_SIZE:
-                if position + len(data) >= size:
+                at = base + start  # the next batch's position (past what was fetched, maybe)
+                if at + HEADER_SIZE > size:
                     return b""  # nothing at or after offset in this segment
-                data = data[start:] + self._fetch(metadata, position + len(data), position + len(data) + want)
-                position += start
-                start = 0
+                base, data, start = at, self._fetch(metadata, at, at + want), 0
                 continue
             header = parse_header(data, start)
-            if header.size < HEADER_SIZE or position + start + header.size > size:
-                raise RemoteStorageError(f"{metadata.describe()}: a batch at byte {position + start} claims "
+            if header.size < HEADER_SIZE or base + start + header.size > size:
+                raise RemoteStorageError(f"{metadata.describe()}: a batch at byte {base + start} claims "
                                          f"{header.size} bytes, past the segment's {size}")
             if header.last_offset >= offset:
                 break
             start += header.size
-        # the first batch wanted starts at `start`: make sure it is whole, then take whole batches
-        first_end = start + header.size
-        if first_end > len(data):
-            data = data[:] + self._fetch(metadata, position + len(data), position + first_end)
+        if start + header.size > len(data):  # the first batch wanted, whole
+            data = data[start:] + self._fetch(metadata, base + len(data), base + start + header.size)
+            base, start = base + start, 0
         end = start
         while end + HEADER_SIZE <= len(data):
             header = parse_header(data, end)
-            if header.size < HEADER_SIZE or end + header.size > len(data) or (end > start and end + header.size - start > want):
+            if header.size < HEADER_SIZE or end + header.size > len(data) or \
+                    (end > start and end + header.size - start > want):
                 break
             try:
                 validate_batch(data, end, path=metadata.describe())
@@ -267,21 +276,22 @@ class RemotePartition(RemoteTier):
             end += header.size
         return bytes(data[start:end])
 
-    def offset_for_timestamp(self, timestamp: int) -> int | None:
+    def offset_for_timestamp(self, timestamp: int, start_offset: int) -> int | None:
         for metadata in self.finished_segments():
-            if metadata.max_timestamp_ms < timestamp:
+            if metadata.max_timestamp_ms < timestamp or metadata.end_offset < start_offset:
                 continue
-            found = self._offset_in_segment(metadata, timestamp)
+            found = self._offset_in_segment(metadata, timestamp, start_offset)
             if found is not None:
                 return found
         return None
 
-    def _offset_in_segment(self, metadata: RemoteLogSegmentMetadata, timestamp: int) -> int | None:
-        """The first offset of ``metadata`` whose record's timestamp is >= ``timestamp``."""
+    def _offset_in_segment(self, metadata: RemoteLogSegmentMetadata, timestamp: int, start_offset: int) -> int | None:
+        """The first offset of ``metadata`` at or above ``start_offset`` whose record's
+        timestamp is >= ``timestamp``."""
         entry_ts, entry_offset = time_index_lookup(self._index(metadata, IndexType.TIMESTAMP),
                                                    metadata.start_offset, timestamp - 1)
         # every record up to the entry's offset is at most entry_ts old, below timestamp
-        offset = entry_offset if entry_ts >= 0 else metadata.start_offset
+        offset = max(entry_offset if entry_ts >= 0 else metadata.start_offset, start_offset)
         decoder = RecordDecoder()
         while offset <= metadata.end_offset:
             raw = self._read_batches(metadata, offset, 1 << 20)
@@ -294,7 +304,7 @@ class RemotePartition(RemoteTier):
                     records, _ = decoder.decode(raw, position, position + header.size, offset, header.last_offset + 1,
                                                 None, metadata.describe())
                     for record in records:
-                        if record.timestamp >= timestamp:
+                        if record.timestamp >= timestamp and record.offset >= start_offset:
                             return record.offset
                 position += header.size
                 offset = header.last_offset + 1
@@ -325,6 +335,8 @@ class _Attached:
         self.backoff_ms = 0
         self.copy_lag_bytes = 0
         self.copy_lag_segments = 0
+        #: no longer tiered (its log closes, or its topic is deleted): tasks leave it alone
+        self.detached = False
 
 
 class RemoteLogManager:
@@ -337,12 +349,16 @@ class RemoteLogManager:
         name: names the background thread.
         may_run: asked before each round's copies and expirations: False while another process
             of a shared store is the one that runs them (this one then only follows the metadata).
+        before_round: called at the start of each round this process runs (the store opens, and
+            so attaches, every partition of its tiered topics: some may be written only by
+            other processes).
     """
 
     def __init__(self, rsm: RemoteStorageManager, rlmm: RemoteLogMetadataManager,
                  config: RemoteLogManagerConfig | None = None, name: str = "",
-                 may_run: Callable[[], bool] | None = None) -> None:
+                 may_run: Callable[[], bool] | None = None, before_round: Callable[[], None] | None = None) -> None:
         self._may_run = may_run
+        self._before_round = before_round
         self.rsm = rsm
         self.rlmm = rlmm
         self.config = config or RemoteLogManagerConfig()
@@ -378,8 +394,9 @@ class RemoteLogManager:
             found = [a for tp, a in self._attached.items() if a.log is log]
             for a in found:
                 self._attached.pop(a.partition.tp, None)
+                a.detached = True
         for a in found:
-            with a.lock:
+            with a.lock:  # (a task running on it stops after its current segment)
                 pass
 
     def partitions(self) -> list[TopicIdPartition]:
@@ -411,8 +428,10 @@ class RemoteLogManager:
         copied = 0
         through = attached.partition.copied_through()
         for segment in log.segments_to_copy(through + 1):
-            if segment.base_offset <= through:
+            if segment.end_offset <= through:
                 continue
+            if attached.detached:
+                break  # (its topic is being deleted, or the log closes)
             self._copy_one(tp, segment)
             copied += 1
             through = segment.end_offset
@@ -467,6 +486,8 @@ class RemoteLogManager:
             return self._expire(attached, _now_ms() if now_ms is None else now_ms)
 
     def _expire(self, attached: _Attached, now_ms: int) -> int:
+        if attached.detached:
+            return 0
         tp, log = attached.partition.tp, attached.log
         config = log.config
         segments = self.rlmm.list_remote_log_segments(tp)
@@ -534,13 +555,17 @@ class RemoteLogManager:
         deletion is finished by calling again (the store does at its next open)."""
         with self._lock:
             attached = self._attached.pop(tp, None)
+            if attached is not None:
+                attached.detached = True
         if attached is not None:
             with attached.lock:
                 pass
+        current = self.rlmm.partition_delete_state(tp)  # (a retry goes on from where it stopped)
         for state in (RemotePartitionDeleteState.DELETE_PARTITION_MARKED,
                       RemotePartitionDeleteState.DELETE_PARTITION_STARTED):
-            self.rlmm.put_remote_partition_delete_metadata(RemotePartitionDeleteMetadata(
-                tp, state, _now_ms(), self.config.broker_id))
+            if current is None or state > current:
+                self.rlmm.put_remote_partition_delete_metadata(RemotePartitionDeleteMetadata(
+                    tp, state, _now_ms(), self.config.broker_id))
         deleted = 0
         for metadata in self.rlmm.list_remote_log_segments(tp):
             if metadata.state != DELETE_FINISHED:
@@ -555,53 +580,74 @@ class RemoteLogManager:
     # ------------------------------------------------------------------ the tasks
     def run_once(self, now_ms: int | None = None) -> dict[str, int]:
         """One round of every attached partition's copy and expiration (a partition in its
-        copy backoff skips its copy); returns counts: copied, deleted, errors. Errors are
-        logged and counted, never raised."""
+        copy backoff skips its copy), and of the deletions of deleted topics' partitions;
+        returns counts: copied, deleted, errors. A partition's failure is logged and counted,
+        never raised, and never keeps the others waiting."""
         copied = deleted = errors = 0
         if self._may_run is not None and not self._may_run():
             self.rlmm.catch_up()  # another process copies: follow what it records
             return {"copied": 0, "deleted": 0, "errors": 0}
+        self.rlmm.catch_up()
+        if self._before_round is not None:
+            try:
+                self._before_round()
+            except Exception:  # noqa: BLE001 - the round goes on with what is attached
+                logger.exception("remote log manager: attaching the tiered partitions failed")
+        for tp in self.rlmm.partitions():  # deletions a crash or a failure left unfinished
+            state = self.rlmm.partition_delete_state(tp)
+            if state is not None and state != RemotePartitionDeleteState.DELETE_PARTITION_FINISHED:
+                with self._lock:
+                    self._doomed.add(tp)
         with self._lock:
             attached = list(self._attached.values())
             doomed = sorted(self._doomed)
         for tp in doomed:
             try:
                 deleted += self.delete_partition(tp)
-            except RemoteStorageError as exc:
+            except Exception as exc:  # noqa: BLE001 - retried at the next round
                 errors += 1
                 logger.warning("%s: deleting the remote segments of the deleted partition failed: %s", tp, exc)
         for a in attached:
             if self._stop.is_set():
                 break
-            with a.lock:
-                if a.log.closed:
-                    continue
-                try:
-                    if time.monotonic() >= a.retry_at:
-                        copied += self._copy(a)
-                        a.backoff_ms = 0
-                        a.retry_at = 0.0
-                        if copied:
-                            a.log.enforce_retention()  # the copied segments may leave the local disk now
-                except RemoteStorageError as exc:
-                    errors += 1
-                    a.backoff_ms = min(self.config.retry_backoff_max_ms,
-                                       max(self.config.retry_backoff_ms, a.backoff_ms * 2))
-                    a.retry_at = time.monotonic() + a.backoff_ms * random.uniform(0.8, 1.2) / 1000
-                    logger.warning("%s: copy to the remote tier failed (next try in %d ms): %s", a.partition.tp,
-                                   a.backoff_ms, exc)
-                except LogClosedError:
-                    continue
-                try:
-                    deleted += self._expire(a, _now_ms() if now_ms is None else now_ms)
-                except RemoteStorageError as exc:
-                    errors += 1
-                    logger.warning("%s: remote expiration failed: %s", a.partition.tp, exc)
-                except LogClosedError:
-                    continue
+            copied_now, deleted_now, failed = self._round(a, now_ms)
+            copied += copied_now
+            deleted += deleted_now
+            errors += failed
+        return {"copied": copied, "deleted": deleted, "errors": errors}
+
+    def _round(self, a: _Attached, now_ms: int | None) -> tuple[int, int, int]:
+        """One partition's copy (unless in its backoff) and expiration: (copied, deleted, errors)."""
+        copied = deleted = errors = 0
+        with a.lock:
+            if a.detached or a.log.closed:
+                return 0, 0, 0
+            try:
+                if time.monotonic() >= a.retry_at:
+                    copied = self._copy(a)
+                    a.backoff_ms = 0
+                    a.retry_at = 0.0
+                    if copied:
+                        a.log.enforce_retention()  # the copied segments may leave the local disk now
+            except LogClosedError:
+                return copied, 0, 0
+            except Exception as exc:  # noqa: BLE001 - a store that is down, a log offline: back off
+                errors += 1
+                a.backoff_ms = min(self.config.retry_backoff_max_ms,
+                                   max(self.config.retry_backoff_ms, a.backoff_ms * 2))
+                a.retry_at = time.monotonic() + a.backoff_ms * random.uniform(0.8, 1.2) / 1000
+                logger.warning("%s: copy to the remote tier failed (next try in %d ms): %s", a.partition.tp,
+                               a.backoff_ms, exc)
+            try:
+                deleted = self._expire(a, _now_ms() if now_ms is None else now_ms)
                 waiting = a.log.segments_to_copy(a.partition.copied_through() + 1)
                 a.copy_lag_bytes, a.copy_lag_segments = sum(s.size for s in waiting), len(waiting)
-        return {"copied": copied, "deleted": deleted, "errors": errors}
+            except LogClosedError:
+                pass
+            except Exception as exc:  # noqa: BLE001 - retried at the next round
+                errors += 1
+                logger.warning("%s: remote expiration failed: %s", a.partition.tp, exc)
+        return copied, deleted, errors
 
     def start(self) -> None:
         """Run the tasks in the background every ``task_interval_ms`` (and soon after a log is

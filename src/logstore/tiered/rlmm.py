@@ -153,6 +153,11 @@ class RemoteLogMetadataManager(abc.ABC):
         """
 
     @abc.abstractmethod
+    def partitions(self) -> list[TopicIdPartition]:
+        """Every partition anything is kept of (segments or a deletion), sorted: the remote log
+        manager finishes the deletions found there."""
+
+    @abc.abstractmethod
     def catch_up(self) -> int:
         """Apply the events others recorded since this manager last looked (a follower's copy);
         return how many were applied."""
