@@ -237,10 +237,11 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                         "before the stream read them; set failOnDataLoss=false to skip them")
                 begin = log_start
             if stop > begin:
-                ranges.append(OffsetRange(self.planner.root, tp[0], tp[1], begin, stop,
-                                          fail_on_data_loss=self.planner.fail_on_data_loss,
-                                          include_headers=self.planner.include_headers,
-                                          columns=self.planner.columns).stopping_at(view.log_end()))
+                segments = view.segments()
+                ranges.append(self.planner.with_remote(OffsetRange(
+                    self.planner.root, tp[0], tp[1], begin, stop, fail_on_data_loss=self.planner.fail_on_data_loss,
+                    include_headers=self.planner.include_headers,
+                    columns=self.planner.columns).stopping_at(view.log_end(segments)), view, segments))
         return self.planner.split(ranges)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
