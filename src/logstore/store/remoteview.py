@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import logging
 import struct
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from .._native import lib
 from ..errors import DataLossError, LogstoreError, RemoteResourceNotFoundError, RemoteStorageError
 from ..index import AbortedBatches, AbortedTxn
-from ..records.batch import RecordDecoder, batch_headers
+from ..records.batch import RecordDecoder, batch_headers, end_offset_of
 from ..tiered.manager import RemoteIndexCache, RemoteSegmentReader
 from ..tiered.metadata import IndexType, RemoteLogSegmentMetadata, TopicIdPartition
 from ..tiered.rlmm import RemotePartitionMetadataStore, apply_records
@@ -189,7 +190,11 @@ class RemotePartitionView:
         ``end`` in the last batch reach the sink too; it drops them). Each ranged get is of
         whole batches, about ``window`` bytes, every one CRC-checked twice over (by the read
         path, then by the decoder) before any row of it is given. A generator: it yields after
-        each get. Offsets no segment of the view holds are skipped.
+        each get's rows. Offsets no segment of the view holds are skipped.
+
+        The next get runs in a thread of its own while this one's bytes are decoded and the
+        caller takes the rows (obstore releases the GIL while it waits): the object store's
+        latency overlaps the work on the bytes before. At most two windows are held.
 
         Raises:
             DataLossError: a segment's objects are gone (retention deleted it since the view was
@@ -198,31 +203,47 @@ class RemotePartitionView:
                 segment and the byte).
         """
         decoder = decoder or RecordDecoder()
-        for metadata in self.segments_in(start, end):
-            offset = max(start, metadata.start_offset)
-            while offset <= metadata.end_offset and offset < end:
+        segments = self.segments_in(start, end)
+        if not segments:
+            return
+        reader = self.reader
+        pool = ThreadPoolExecutor(1, thread_name_prefix="logstore-remote-read")
+        try:
+            i, offset = 0, max(start, segments[0].start_offset)
+            pending: Future | None = pool.submit(reader.batches_view, segments[0], offset, window)
+            while pending is not None:
+                metadata = segments[i]
                 try:
-                    raw = self.reader.read_batches(metadata, offset, window)
+                    raw = pending.result()
                 except RemoteResourceNotFoundError as exc:
                     if not skip_lost:
                         raise DataLossError(f"{self.tp}: offsets {offset}..{metadata.end_offset} are gone from the "
                                             f"remote tier (deleted since the read was planned?): {exc}") from exc
                     logger.warning("%s: skipping offsets %d..%d, gone from the remote tier: %s", self.tp, offset,
                                    metadata.end_offset, exc)
-                    break
-                if not raw:
-                    break
+                    raw = memoryview(b"")
+                # The next get: on in this segment after these batches, else the next segment.
+                after = end_offset_of(raw, offset) if len(raw) else metadata.end_offset + 1
+                pending = None
+                if after < end and after <= metadata.end_offset:
+                    pending = pool.submit(reader.batches_view, metadata, after, window)
+                elif after < end and i + 1 < len(segments):
+                    i += 1
+                    after = max(start, segments[i].start_offset)
+                    pending = pool.submit(reader.batches_view, segments[i], after, window)
+                offset = after
+                if not len(raw):
+                    continue
                 where = metadata.describe()
                 stop = decoder.decode_columns(raw, 0, len(raw), sink, min_offset=start, max_offset=end, path=where)
                 if decoder.last_stop == lib.LS_STOP_ERROR:
-                    raise RemoteStorageError(f"{where}: the batch at byte {stop} of a ranged get from offset "
-                                             f"{offset} does not decode")
-                if decoder.last_batch_offset < offset:
-                    break  # (only batches below offset: nothing more here)
-                offset = decoder.last_batch_offset + 1
+                    raise RemoteStorageError(f"{where}: the batch at byte {stop} of a ranged get of whole batches "
+                                             f"does not decode")
                 yield None
                 if decoder.last_stop == lib.LS_STOP_MAX_OFFSET:
                     return
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def aborted_transactions(self, start: int, end: int) -> list[AbortedTxn]:
         """The aborted transactions the remote segments' transaction indexes list that overlap

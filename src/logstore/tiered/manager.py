@@ -219,6 +219,13 @@ class RemoteSegmentReader:
             RemoteStorageError: the object store failed, or a batch fails its checks (the
                 message names the remote segment and the byte).
         """
+        found = self.batches_view(metadata, offset, max_bytes)
+        return found.obj if len(found) == len(found.obj) else bytes(found)  # type: ignore[return-value]
+
+    def batches_view(self, metadata: RemoteLogSegmentMetadata, offset: int, max_bytes: int) -> memoryview:
+        """:meth:`read_batches`'s batches as a view of the fetched bytes, without the copy a
+        slice of them would take (a scan's ranged gets end inside a batch, which the next one
+        fetches again: a copy of every byte, a quarter of the remote read's time)."""
         _, position = offset_index_lookup(self.index(metadata, IndexType.OFFSET), metadata.start_offset, offset)
         size = metadata.segment_size_in_bytes
         want = max(max_bytes, HEADER_SIZE)
@@ -227,7 +234,7 @@ class RemoteSegmentReader:
         while True:
             if len(data) - start < HEADER_SIZE:
                 if position + len(data) >= size:
-                    return b""  # nothing at or after offset in this segment
+                    return memoryview(b"")  # nothing at or after offset in this segment
                 data = data[start:] + self.fetch(metadata, position + len(data), position + len(data) + want)
                 position += start
                 start = 0
@@ -253,7 +260,7 @@ class RemoteSegmentReader:
             except CorruptRecordError as exc:
                 raise RemoteStorageError(f"{metadata.describe()}: {exc}") from exc
             end += header.size
-        return bytes(data[start:end]) if start or end < len(data) else data
+        return memoryview(data)[start:end]
 
     def offset_for_timestamp(self, segments: list[RemoteLogSegmentMetadata], timestamp: int) -> int | None:
         """The first offset of ``segments`` (oldest first) whose record's timestamp is at or
