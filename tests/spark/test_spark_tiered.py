@@ -178,3 +178,19 @@ def test_spark_reads_a_tiered_topic_from_s3(spark, s3_server, tmp_path):
     assert collected(df) == sorted((row for p in expected for row in rows_of(expected[p])), key=by_offset)
     with pytest.raises(Exception, match="remote segment t-"):
         read(spark, root).count()  # no credentials: the object store refuses, naming the segment
+
+
+def test_a_local_range_whose_segments_moved_to_the_remote_tier_meanwhile_reads_from_there(tmp_path):
+    root = str(tmp_path / "moving")
+    with LogStore(root, maintenance=False, remote_storage=f"file://{tmp_path / 'remote'}") as store:
+        store.create_topic("t", 1, **TOPIC_CONFIG)
+        log = store.partition("t", 0)
+        for i in range(500):
+            log.append(b"record %d " % i + b"x" * 40, timestamp=T0 + i)
+        ranges = plan(Planner({"path": root, "subscribe": "t", "maxRecordsPerPartition": "200"}, None, False))
+        assert all(r.local_from < 0 for r in ranges) and len(ranges) > 1  # planned while all local
+        store.run_maintenance()  # copied, then dropped from the local disk
+        assert log.local_log_start_offset > 300
+        expected = [r.value for r in log.iter()]
+    got = [v for r in ranges for b in read_range(r) for v in b.column("value").to_pylist()]
+    assert got == expected
