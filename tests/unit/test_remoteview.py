@@ -140,3 +140,46 @@ def test_the_object_store_given_wins_and_an_unknown_one_is_named(tiered, tmp_pat
     unknown = StoreView(root).partition("t", 0).remote
     with pytest.raises(LogstoreError, match="remoteStorage"):
         unknown.read_batches(0, 100)
+
+
+def cli(*argv):
+    import io
+
+    from logstore.cli import main
+
+    out = io.StringIO()
+    return main(list(argv), stdout=out), out.getvalue()
+
+
+def test_stats_show_the_remote_tier_and_the_bytes_to_copy(tiered):
+    import json
+
+    root, _, _, said = tiered
+    code, text = cli("stats", root, "--json")
+    rows = {(r["topic"], r["partition"]): r for r in json.loads(text)}
+    for p in range(2):
+        row = rows[("t", p)]
+        assert row["log_start_offset"] == 0 and row["local_log_start_offset"] == said[p][1]
+        assert row["remote_segments"] == len(said[p][2])
+        assert row["remote_bytes"] == sum(m.segment_size_in_bytes for m in said[p][2])
+        assert row["copy_lag_bytes"] > 0  # the 100 records appended after the copy filled sealed segments
+    assert rows[("plain", 0)]["remote_segments"] is None
+    code, text = cli("stats", root)
+    assert code == 0 and f"remote tier: {len(said[0][2])} segments" in text
+
+
+def test_verify_remote_reads_every_remote_batch(tiered):
+    root, remote_dir, expected, said = tiered
+    code, text = cli("verify", root, "--remote")
+    assert code == 0 and text.endswith("OK\n"), text
+    damaged = said[1][2][2]
+    with open(os.path.join(remote_dir, object_key(damaged, LOG_SUFFIX)), "r+b") as f:
+        f.seek(200)
+        byte = f.read(1)
+        f.seek(200)
+        f.write(bytes([byte[0] ^ 0x01]))
+    assert cli("verify", root)[0] == 0  # the local files are intact
+    code, text = cli("verify", root, "--remote")
+    problems = [line for line in text.splitlines() if line.startswith("PROBLEM")]
+    assert code == 1 and len(problems) == 1
+    assert f"remote segment t-1 [{damaged.start_offset}..{damaged.end_offset}] id {damaged.segment_id.id}" in problems[0]
