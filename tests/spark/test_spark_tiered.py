@@ -116,6 +116,9 @@ def test_remote_ranges_are_planned_per_segment_and_pruned(tiered):
     ranges = plan(planner)
     assert len([r for r in ranges if r.local_from >= 0]) >= local[0] // 30
     assert [o for r in ranges for b in read_range(r) for o in b.column("offset").to_pylist()] == list(range(800))
+    import pickle
+
+    assert pickle.loads(pickle.dumps(planner)).split(ranges[:1]) == ranges[:1]  # (Spark ships the planner)
     # a pushed timestamp lower bound leaves out the remote segments whose records are all older
     planner = Planner({"path": root, "assign": '{"t":[0]}', "pruneOnPushdown": "true"}, None, False)
     from pyspark.sql.datasource import GreaterThanOrEqual

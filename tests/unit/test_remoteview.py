@@ -183,3 +183,20 @@ def test_verify_remote_reads_every_remote_batch(tiered):
     problems = [line for line in text.splitlines() if line.startswith("PROBLEM")]
     assert code == 1 and len(problems) == 1
     assert f"remote segment t-1 [{damaged.start_offset}..{damaged.end_offset}] id {damaged.segment_id.id}" in problems[0]
+
+
+def test_a_view_follows_copies_made_after_it(tiered):
+    root, _, _, said = tiered
+    view = StoreView(root)
+    before = view.partition("t", 0).remote
+    assert view.partition("t", 0).remote is before  # nothing changed: the same view, its index cache
+    with LogStore(root, maintenance=False) as store:  # the remembered remote tier
+        log = store.partition("t", 0)
+        for i in range(300):
+            log.append(b"more %d" % i * 10)
+        store.run_maintenance()
+        local_start = log.local_log_start_offset
+    after = view.partition("t", 0)
+    assert len(after.remote.segments) > len(before.segments) and after.remote.segments[:len(before.segments)] == \
+        before.segments
+    assert after.local_log_start_offset() == local_start == after.remote.end_offset + 1

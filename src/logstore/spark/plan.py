@@ -316,7 +316,16 @@ class Planner:
         local = view.local_log_start_offset(segments)
         if view.remote is None or r.start >= local:
             return r
-        remote = view.remote.segments_in(r.start, min(r.end, local))
+        upto = min(r.end, local)
+        remote = view.remote.segments_in(r.start, upto)
+        if not _covers(remote, r.start, upto):
+            # Invariant: a segment leaves the local disk only once its copy is finished in the
+            # metadata, so the two tiers hold every offset. A hole means the metadata was read
+            # before a copy that the local listing, read after it, already shows: read it again.
+            remote = self.store.partition(r.topic, r.partition).remote.segments_in(r.start, upto)  # type: ignore[union-attr]
+            if not _covers(remote, r.start, upto):
+                raise DataLossError(f"{r.topic}-{r.partition}: offsets from {r.start} to {upto - 1} are neither on "
+                                    f"local disk nor all in the remote tier's metadata")
         if self.timestamp_low is not None:
             remote = [m for m in remote if m.max_timestamp_ms >= self.timestamp_low]
         return replace(r, local_from=local, remote_segments=tuple(remote), segment=-1, position=0,
@@ -451,3 +460,12 @@ class Planner:
             begin = replace(r, start=offset, segment=segment, position=position, find_start_ts=None)
         out.append(begin)
         return [x for x in out if x.end > x.start]
+
+
+def _covers(segments: list[RemoteLogSegmentMetadata], start: int, end: int) -> bool:
+    """Whether ``segments`` (ascending) hold every offset of [start, end)."""
+    for m in segments:
+        if m.start_offset > start:
+            return False
+        start = max(start, m.end_offset + 1)
+    return start >= end

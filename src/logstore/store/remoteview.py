@@ -6,8 +6,8 @@ that open no store (Spark's driver and executors, ``logstore stats``/``dump``/``
 them through a :class:`RemotePartitionView` instead: the partition's finished remote segments,
 Kafka's *referenced* ones (none lies inside another, so their offsets ascend) as a
 :class:`~logstore.tiered.rlmm.RemotePartitionMetadataStore` folds them from the store's
-``__remote_log_metadata`` records (:func:`fold_remote_log_metadata`, read by
-:class:`~logstore.store.views.StoreView`), and the object store they live in, opened on first
+``__remote_log_metadata`` records (read by :meth:`StoreView.remote_tier
+<logstore.store.views.StoreView.remote_tier>`), and the object store they live in, opened on first
 use from a URL (the one the caller gives, else the one the store remembers in
 ``.remote-storage``). Its reads are :class:`~logstore.tiered.manager.RemoteSegmentReader`'s, the
 store's own read path: whole batches from a segment's offset index and a ranged get, every batch
@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import struct
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from .._native import lib
 from ..errors import DataLossError, LogstoreError, RemoteResourceNotFoundError, RemoteStorageError
@@ -35,10 +35,9 @@ from ..index import AbortedBatches, AbortedTxn
 from ..records.batch import RecordDecoder, batch_headers, end_offset_of
 from ..tiered.manager import RemoteIndexCache, RemoteSegmentReader
 from ..tiered.metadata import IndexType, RemoteLogSegmentMetadata, TopicIdPartition
-from ..tiered.rlmm import RemotePartitionMetadataStore, apply_records
 from ..tiered.storage import RemoteStorageManager
 
-__all__ = ["RemotePartitionView", "fold_remote_log_metadata", "REMOTE_READ_BYTES"]
+__all__ = ["RemotePartitionView", "REMOTE_READ_BYTES"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,15 +50,6 @@ _OFFSET_ENTRY = struct.Struct(">ii")
 
 #: sink(buf, out, n): n decoded rows in ``out`` (an ``ls_records_out``), positions into ``buf``
 ColumnSink = Callable[[Any, Any, int], None]
-
-
-def fold_remote_log_metadata(records: Iterable[tuple[int, bytes | None]]) -> RemotePartitionMetadataStore:
-    """The remote segments' state that ``__remote_log_metadata`` records, (offset, value) in log
-    order, fold into (the rule of :func:`~logstore.tiered.rlmm.apply_records`: what cannot be
-    decoded or applied is logged and skipped). Pure but for the logging."""
-    store = RemotePartitionMetadataStore()
-    apply_records(store, records)
-    return store
 
 
 class RemotePartitionView:

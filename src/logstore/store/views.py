@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
 import uuid
 from dataclasses import dataclass, replace
 from typing import Any, Callable, ContextManager, Iterator, Mapping
@@ -64,9 +65,10 @@ from ..records.batch import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, RecordDecode
 from ..log.filenames import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX, parse_segment_name, segment_name
 from .kafkadirs import is_internal_topic, validate_topic_name
 from .layout import TOPICS_DIR, read_remote_storage, read_topic_entry, read_topic_file
-from .remoteview import RemotePartitionView, fold_remote_log_metadata
+from .remoteview import RemotePartitionView
 from ..tiered.metadata import TopicIdPartition
 from ..tiered.records import REMOTE_LOG_METADATA_TOPIC
+from ..tiered.rlmm import RemotePartitionMetadataStore, apply_records
 from .topicids import read_partition_metadata
 
 __all__ = ["StoreView", "PartitionView", "SegmentBatches", "DataLossError", "LogEnd", "SegmentPosition"]
@@ -118,8 +120,10 @@ class StoreView:
         self._adopted: dict[str, kafkadirs.AdoptedTopic] | None = None
         self._remote_storage = remote_storage
         self._remote_options = dict(remote_storage_options or {})
-        self._remote_metadata: Any = None  # the fold of __remote_log_metadata, read on first use
-        self._remote_views: dict[tuple[str, int], RemotePartitionView | None] = {}
+        self._remote_lock = threading.Lock()  # the fold below: catching up and reading it
+        self._remote_metadata: RemotePartitionMetadataStore | None = None  # __remote_log_metadata's fold
+        self._remote_read_to = 0  # ... up to this offset
+        self._remote_views: dict[tuple[str, int], RemotePartitionView] = {}
         #: True when ``root`` is a Kafka log directory (no ``.topics/``) adopted in memory
         self.kafka_log_dir = not _fileio.ops.exists(os.path.join(self.root, TOPICS_DIR))
         if not self.kafka_log_dir:
@@ -129,6 +133,16 @@ class StoreView:
         if not kafkadirs.looks_like_log_dir(self.root):
             raise LogstoreError(f"{self.root} is not a logstore data directory (no {TOPICS_DIR}/) nor a Kafka log "
                                 "directory (no meta.properties, checkpoint files or <topic>-<partition>/ directories)")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the remote tier's fold, views and lock (Spark ships a planner's
+        view to its workers): they are read again where they are used."""
+        state = dict(self.__dict__)
+        state.update(_remote_lock=None, _remote_metadata=None, _remote_read_to=0, _remote_views={})
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _remote_lock=threading.Lock())
 
     def _kafka_topics(self) -> dict[str, kafkadirs.AdoptedTopic]:
         if self._adopted is None:
@@ -214,12 +228,14 @@ class StoreView:
                     remote_storage_options: Mapping[str, str] | None = None) -> RemotePartitionView | None:
         """The remote tier of one partition (tiered storage, KIP-405), read-only: its finished,
         referenced remote segments as the store's ``__remote_log_metadata`` records them now
-        (read once per view, through a :class:`PartitionView`, up to its high watermark, and
-        folded as the store's metadata manager folds them), and the object store they live in:
-        ``remote_storage`` (with ``remote_storage_options``) when given, else the view's, else
-        the one the store remembers (``.remote-storage``, its options beneath the given ones;
-        credentials come from the environment). None when the topic neither enables
-        ``remote.storage.enable`` nor has remote segments.
+        (read through a :class:`PartitionView` up to its high watermark, and folded as the
+        store's metadata manager folds them; each call reads what was appended since the last),
+        and the object store they live in: ``remote_storage`` (with ``remote_storage_options``)
+        when given, else the view's, else the one the store remembers (``.remote-storage``, its
+        options beneath the given ones; credentials come from the environment). None when the
+        topic neither enables ``remote.storage.enable`` nor has remote segments. The view of a
+        partition whose segments did not change since the last call is the same object (its
+        index cache serves again). Thread-safe.
 
         Raises:
             UnknownTopicOrPartitionError: no such topic.
@@ -228,34 +244,43 @@ class StoreView:
         overrides = self.overrides(topic)
         if self.kafka_log_dir or is_internal_topic(topic):
             return None
-        if remote_storage is None and remote_storage_options is None and (topic, partition) in self._remote_views:
-            return self._remote_views[(topic, partition)]
-        store = self._remote_log_metadata()
         topic_id = self.topic_id(topic)
-        segments = [] if store is None or topic_id is None else \
-            store.referenced_segments(_topic_id_partition(topic_id, topic, partition))
+        tp = _topic_id_partition(topic_id, topic, partition)
+        with self._remote_lock:
+            store = self._remote_log_metadata()
+            segments = [] if store is None or topic_id is None else store.referenced_segments(tp)
         if not segments and overrides.get("remote.storage.enable", "false").strip().lower() != "true":
             return None
+        default = remote_storage is None and remote_storage_options is None
+        known = self._remote_views.get((topic, partition)) if default else None
+        if known is not None and known.segments == tuple(segments):
+            return known
         url = remote_storage or self._remote_storage
         options = {**self._remote_options, **(remote_storage_options or {})}
         remembered = read_remote_storage(self.root)
         if url is None and remembered is not None:
             url, options = remembered[0], {**remembered[1], **options}
-        view = RemotePartitionView(_topic_id_partition(topic_id, topic, partition), segments, url, options)
-        if remote_storage is None and remote_storage_options is None:
-            self._remote_views[(topic, partition)] = view  # (its index cache serves the next calls)
+        view = RemotePartitionView(tp, segments, url, options)
+        if default:
+            self._remote_views[(topic, partition)] = view
         return view
 
-    def _remote_log_metadata(self) -> Any:
-        """The fold of ``__remote_log_metadata-0`` (a RemotePartitionMetadataStore), None for a
-        store without one; read on first use."""
-        if self._remote_metadata is None:
-            try:
-                self.partitions(REMOTE_LOG_METADATA_TOPIC)
-            except UnknownTopicOrPartitionError:
-                return None
-            view = PartitionView(self.root, REMOTE_LOG_METADATA_TOPIC, 0, must_exist=False)
-            self._remote_metadata = fold_remote_log_metadata(view.records(0, view.high_watermark()))
+    def _remote_log_metadata(self) -> RemotePartitionMetadataStore | None:
+        """The fold of ``__remote_log_metadata-0`` up to its high watermark now (the records
+        appended since the last call applied; all of them again when the log is shorter than
+        what was applied: a replica's truncation), None for a store without one. Held: the
+        remote lock."""
+        try:
+            self.partitions(REMOTE_LOG_METADATA_TOPIC)
+        except UnknownTopicOrPartitionError:
+            return None
+        view = PartitionView(self.root, REMOTE_LOG_METADATA_TOPIC, 0, must_exist=False)
+        end = view.high_watermark()
+        if self._remote_metadata is None or end < self._remote_read_to:
+            self._remote_metadata, self._remote_read_to = RemotePartitionMetadataStore(), 0
+        if end > self._remote_read_to:
+            apply_records(self._remote_metadata, view.records(self._remote_read_to, end))
+            self._remote_read_to = end
         return self._remote_metadata
 
 
