@@ -136,6 +136,24 @@ def test_remote_ranges_are_planned_per_segment_and_pruned(tiered):
     assert offsets == list(range(100, 600))
 
 
+def test_a_remote_tier_the_store_does_not_name_is_asked_for_when_planning(tiered, tmp_path):
+    import os
+    import shutil
+
+    from logstore.spark.options import SparkOptionError
+
+    root, _, _ = tiered
+    copy = str(tmp_path / "copy")
+    shutil.copytree(root, copy)
+    os.unlink(os.path.join(copy, ".remote-storage"))
+    with pytest.raises(SparkOptionError, match="remoteStorage"):
+        plan(Planner({"path": copy, "subscribe": "t"}, None, False))
+    planner = Planner({"path": copy, "subscribe": "t", "remoteStorage": f"file://{os.path.dirname(root)}/remote",
+                       "remoteStorage.secret_access_key": "hush"}, None, False)
+    ranges = plan(planner)
+    assert ranges[0].remote_storage.endswith("/remote") and "hush" not in repr(ranges[0])
+
+
 def test_read_committed_over_remote_transaction_indexes(tmp_path):
     root = str(tmp_path / "txn")
     with LogStore(root, maintenance=False, remote_storage=f"file://{tmp_path / 'remote'}") as store:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import os
 from bisect import bisect_left
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
 from pyspark.sql.datasource import (
@@ -95,9 +95,10 @@ class OffsetRange(InputPartition):
     #: (-1: the whole range is local)
     local_from: int = -1
     remote_segments: tuple[RemoteLogSegmentMetadata, ...] = ()
-    #: the object store of the remote segments (URL) and its options
+    #: the object store of the remote segments (URL) and its options (out of the repr: they
+    #: may hold credentials)
     remote_storage: str | None = None
-    remote_options: tuple[tuple[str, str], ...] = ()
+    remote_options: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
     def stopping_at(self, log_end: LogEnd) -> "OffsetRange":
         """This range, told where the log ended when it was planned (see stop_segment)."""
@@ -326,6 +327,10 @@ class Planner:
             if not _covers(remote, r.start, upto):
                 raise DataLossError(f"{r.topic}-{r.partition}: offsets from {r.start} to {upto - 1} are neither on "
                                     f"local disk nor all in the remote tier's metadata")
+        if view.remote.url is None:
+            raise SparkOptionError(f"{r.topic}-{r.partition}: offsets {r.start}..{upto - 1} are in a remote tier "
+                                   f"the store at {self.root} does not name (no .remote-storage): give the option "
+                                   f"remoteStorage (its URL) and remoteStorage.<name> options")
         if self.timestamp_low is not None:
             remote = [m for m in remote if m.max_timestamp_ms >= self.timestamp_low]
         return replace(r, local_from=local, remote_segments=tuple(remote), segment=-1, position=0,

@@ -7,8 +7,11 @@ these views instead. They never open a file for writing, never take a lock and n
 
 * :class:`StoreView` lists a store's topics and partition counts from ``.topics/``, or those of a
   Kafka log directory from its partition directories (:mod:`logstore.store.kafkadirs`);
-* :class:`PartitionView` lists a partition's segments, finds its log start (segment files and
-  ``log-start-offset-checkpoint``) and log end (the valid batches after the last offset index
+* :meth:`StoreView.remote_tier` gives a tiered partition's remote tier (tiered storage:
+  :class:`~logstore.store.remoteview.RemotePartitionView`, its remote segments from the fold of
+  ``__remote_log_metadata``, read from the object store);
+* :class:`PartitionView` lists a partition's segments, finds its log start (segment files,
+  ``log-start-offset-checkpoint`` and the remote tier's first offset) and log end (the valid batches after the last offset index
   entry of the last segment, as :class:`~logstore.log.segmentscan.BatchWalk` finds them for
   recovery: CRC included, so a torn tail is not counted),
   maps offsets and timestamps to byte positions through the sparse indexes, and decodes offset
