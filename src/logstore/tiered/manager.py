@@ -229,31 +229,31 @@ class RemoteSegmentReader:
         _, position = offset_index_lookup(self.index(metadata, IndexType.OFFSET), metadata.start_offset, offset)
         size = metadata.segment_size_in_bytes
         want = max(max_bytes, HEADER_SIZE)
-        data = self.fetch(metadata, position, position + want)
-        start = 0  # of the first batch holding offset or after it, in data
+        # `data` holds the segment's bytes from file position `base`; `start` is where the
+        # batch looked at begins in it
+        base, data, start = position, self.fetch(metadata, position, position + want), 0
         while True:
             if len(data) - start < HEADER_SIZE:
-                if position + len(data) >= size:
+                at = base + start  # the next batch's position (past what was fetched, maybe)
+                if at + HEADER_SIZE > size:
                     return memoryview(b"")  # nothing at or after offset in this segment
-                data = data[start:] + self.fetch(metadata, position + len(data), position + len(data) + want)
-                position += start
-                start = 0
+                base, data, start = at, self.fetch(metadata, at, at + want), 0
                 continue
             header = parse_header(data, start)
-            if header.size < HEADER_SIZE or position + start + header.size > size:
-                raise RemoteStorageError(f"{metadata.describe()}: a batch at byte {position + start} claims "
+            if header.size < HEADER_SIZE or base + start + header.size > size:
+                raise RemoteStorageError(f"{metadata.describe()}: a batch at byte {base + start} claims "
                                          f"{header.size} bytes, past the segment's {size}")
             if header.last_offset >= offset:
                 break
             start += header.size
-        # the first batch wanted starts at `start`: make sure it is whole, then take whole batches
-        first_end = start + header.size
-        if first_end > len(data):
-            data = data[:] + self.fetch(metadata, position + len(data), position + first_end)
+        if start + header.size > len(data):  # the first batch wanted, whole
+            data = data[start:] + self.fetch(metadata, base + len(data), base + start + header.size)
+            base, start = base + start, 0
         end = start
         while end + HEADER_SIZE <= len(data):
             header = parse_header(data, end)
-            if header.size < HEADER_SIZE or end + header.size > len(data) or (end > start and end + header.size - start > want):
+            if header.size < HEADER_SIZE or end + header.size > len(data) or \
+                    (end > start and end + header.size - start > want):
                 break
             try:
                 validate_batch(data, end, path=metadata.describe())
@@ -262,24 +262,26 @@ class RemoteSegmentReader:
             end += header.size
         return memoryview(data)[start:end]
 
-    def offset_for_timestamp(self, segments: list[RemoteLogSegmentMetadata], timestamp: int) -> int | None:
-        """The first offset of ``segments`` (oldest first) whose record's timestamp is at or
-        after ``timestamp`` (a segment whose newest record is older is skipped unread); None
-        when none is that recent."""
+    def offset_for_timestamp(self, segments: list[RemoteLogSegmentMetadata], timestamp: int,
+                             start_offset: int = 0) -> int | None:
+        """The first offset at or above ``start_offset`` of ``segments`` (oldest first) whose
+        record's timestamp is at or after ``timestamp`` (a segment whose newest record is older
+        is skipped unread); None when none is that recent."""
         for metadata in segments:
-            if metadata.max_timestamp_ms < timestamp:
+            if metadata.max_timestamp_ms < timestamp or metadata.end_offset < start_offset:
                 continue
-            found = self._offset_in_segment(metadata, timestamp)
+            found = self._offset_in_segment(metadata, timestamp, start_offset)
             if found is not None:
                 return found
         return None
 
-    def _offset_in_segment(self, metadata: RemoteLogSegmentMetadata, timestamp: int) -> int | None:
-        """The first offset of ``metadata`` whose record's timestamp is >= ``timestamp``."""
+    def _offset_in_segment(self, metadata: RemoteLogSegmentMetadata, timestamp: int, start_offset: int) -> int | None:
+        """The first offset of ``metadata`` at or above ``start_offset`` whose record's
+        timestamp is >= ``timestamp``."""
         entry_ts, entry_offset = time_index_lookup(self.index(metadata, IndexType.TIMESTAMP),
                                                    metadata.start_offset, timestamp - 1)
         # every record up to the entry's offset is at most entry_ts old, below timestamp
-        offset = entry_offset if entry_ts >= 0 else metadata.start_offset
+        offset = max(entry_offset if entry_ts >= 0 else metadata.start_offset, start_offset)
         decoder = RecordDecoder()
         while offset <= metadata.end_offset:
             raw = self.read_batches(metadata, offset, 1 << 20)
@@ -292,7 +294,7 @@ class RemoteSegmentReader:
                     records, _ = decoder.decode(raw, position, position + header.size, offset, header.last_offset + 1,
                                                 None, metadata.describe())
                     for record in records:
-                        if record.timestamp >= timestamp:
+                        if record.timestamp >= timestamp and record.offset >= start_offset:
                             return record.offset
                 position += header.size
                 offset = header.last_offset + 1
@@ -353,10 +355,19 @@ class RemotePartition(RemoteTier):
         if metadata is None and self._rlmm.catch_up():  # copied by another process meanwhile?
             metadata = self._rlmm.segment_for_offset(self.tp, offset)
         if metadata is None:
-            return b""
+            # No remote segment holds it: the next one does, if any (a gap is skipped as a
+            # compacted range would be, and said; past the last one the local segments go on).
+            later = [m for m in self.finished_segments() if m.start_offset > offset]
+            if not later:
+                return b""
+            metadata = min(later, key=lambda m: m.start_offset)
+            logger.warning("%s: no remote segment holds offset %d; reading on from %s", self.tp, offset,
+                           metadata.describe())
+            offset = metadata.start_offset
         try:
             return self._reader.read_batches(metadata, offset, max_bytes)
         except RemoteResourceNotFoundError:
+            self._rlmm.catch_up()  # (another process may have expired it)
             if self._rlmm.segment_for_offset(self.tp, offset) is None:
                 return b""  # deleted meanwhile (retention): the caller finds the log start moved
             self._meter.add("RemoteFetchErrorsPerSec")
@@ -365,8 +376,8 @@ class RemotePartition(RemoteTier):
             self._meter.add("RemoteFetchErrorsPerSec")
             raise
 
-    def offset_for_timestamp(self, timestamp: int) -> int | None:
-        return self._reader.offset_for_timestamp(self.finished_segments(), timestamp)
+    def offset_for_timestamp(self, timestamp: int, start_offset: int = 0) -> int | None:
+        return self._reader.offset_for_timestamp(self.finished_segments(), timestamp, start_offset)
 
     def aborted_transactions(self, start: int, upper: int) -> list[AbortedTxn]:
         return self._reader.aborted_transactions(self.finished_segments(), start, upper)
