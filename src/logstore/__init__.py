@@ -41,6 +41,7 @@ from .errors import (
     RemoteStorageError,
     RemoteResourceNotFoundError,
     OffsetMovedToTieredStorageError,
+    DataLossError,
     InconsistentTopicIdError,
     TopicExistsError,
     UnknownTopicIdError,
@@ -110,6 +111,7 @@ __all__ = [
     "RemoteStorageError",
     "RemoteResourceNotFoundError",
     "OffsetMovedToTieredStorageError",
+    "DataLossError",
     "__version__",
 ]
 

@@ -9,7 +9,7 @@
                      [--partition N] [--max-records N] [--follow] [--print-key]
                      [--isolation-level read_uncommitted|read_committed]
     logstore dump FILES... [--print-data] [--deep] [--json]               (like kafka-dump-log)
-    logstore verify PATH [--json]          (full scrub; exit status 1 when anything is wrong)
+    logstore verify PATH [--json] [--remote] (full scrub; exit status 1 when anything is wrong)
     logstore recover PATH [--json]         (run crash recovery now; report what it did)
     logstore stats PATH [--json]           (offsets, bytes, records, ratios, consumer lag; read only)
     logstore compact ROOT [TOPIC ...]      (one cleaner pass over compacted topics)
@@ -319,7 +319,7 @@ def _verify(args: argparse.Namespace, out: TextIO) -> int:
     from .tools.verify import verify
 
     started = time.monotonic()
-    report = verify(args.path, progress=_progress(args))
+    report = verify(args.path, progress=_progress(args), remote=args.remote, remote_storage=args.remote_storage)
     if args.json:
         _print_json(out, {**report.as_dict(), "seconds": round(time.monotonic() - started, 3)})
     else:
@@ -402,6 +402,9 @@ def _stats(args: argparse.Namespace, out: TextIO) -> int:
         lag = " ".join(f"{g}={n}" for g, n in s.group_lag.items())
         out.write(f"{s.topic + '-' + str(s.partition):<28} {s.log_start_offset:>10} {s.log_end_offset:>10} "
                   f"{s.segments:>5} {s.bytes:>12} {s.records:>10} {s.compression_ratio:>6.2f} {dirty:>6}  {lag}\n")
+        if s.remote_segments is not None:
+            out.write(f"{'':<4}remote tier: {s.remote_segments} segments, {s.remote_bytes} bytes; local log from "
+                      f"{s.local_log_start_offset}; {s.copy_lag_bytes} bytes to copy\n")
     return 0
 
 
@@ -507,6 +510,10 @@ def _parser(out: TextIO | None = None) -> argparse.ArgumentParser:
     p = command("verify", "check every CRC, record, offset and index entry; exit 1 on any problem")
     p.add_argument("path", help="a store, a partition directory or a .log file")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--remote", action="store_true",
+                   help="tiered storage: read and check the remote segments' batches too (from the object store)")
+    p.add_argument("--remote-storage", metavar="URL",
+                   help="the object store of the remote segments, instead of the one the store remembers")
 
     p = command("recover", "run crash recovery now (truncate torn tails, rebuild indexes) and report it")
     p.add_argument("path", help="a store or a partition directory (not in use)")

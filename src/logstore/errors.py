@@ -38,6 +38,7 @@ __all__ = [
     "RemoteStorageError",
     "RemoteResourceNotFoundError",
     "OffsetMovedToTieredStorageError",
+    "DataLossError",
 ]
 
 
@@ -328,3 +329,8 @@ class OffsetMovedToTieredStorageError(LogstoreError):
 
     def __reduce__(self):
         return (type(self), (self.offset, self.local_log_start_offset, self.what))
+
+
+class DataLossError(LogstoreError):
+    """Offsets a read-only reader (Spark, the tools: ``logstore.store.views``) planned to read
+    are gone: retention or DeleteRecords removed them, locally or from the remote tier."""

@@ -21,7 +21,7 @@ from ..errors import LogstoreError
 from ..store.views import StoreView
 
 __all__ = ["SCHEMA", "SCHEMA_WITH_HEADERS", "schema_struct", "SparkOptionError", "EARLIEST", "LATEST",
-           "READ_OPTIONS", "WRITE_OPTIONS", "NEVER_NULL", "parse_options", "bool_option", "int_option",
+           "READ_OPTIONS", "READ_OPTION_PREFIXES", "WRITE_OPTIONS", "NEVER_NULL", "parse_options", "bool_option", "int_option",
            "json_option", "topic_partitions", "per_partition", "timestamp_ms"]
 
 SCHEMA = ("key binary, value binary, topic string, partition int, offset long, "
@@ -46,8 +46,11 @@ EARLIEST, LATEST = -2, -1  # offsets in startingOffsets/endingOffsets JSON, as K
 READ_OPTIONS = {
     "path", "subscribe", "subscribepattern", "assign", "startingoffsets", "endingoffsets",
     "startingtimestamp", "endingtimestamp", "failondataloss", "includeheaders", "minpartitions",
-    "maxrecordsperpartition", "maxoffsetspertrigger", "pruneonpushdown", "kafka.isolation.level",
+    "maxrecordsperpartition", "maxoffsetspertrigger", "pruneonpushdown", "kafka.isolation.level", "remotestorage",
 }
+#: prefixes of the read options named freely: ``remoteStorage.<name>`` is the object store's
+#: option ``<name>`` (obstore's names: endpoint, region, access_key_id, allow_http, ...)
+READ_OPTION_PREFIXES = ("remotestorage.",)
 WRITE_OPTIONS = {"path", "topic"}
 NEVER_NULL = ("topic", "partition", "offset", "timestamp", "timestampType")
 
@@ -56,13 +59,14 @@ class SparkOptionError(LogstoreError, ValueError):
     """An option of the "logstore" Spark source is unknown, missing or has a bad value."""
 
 
-def parse_options(raw: Any, allowed: set[str]) -> dict[str, str]:
-    """Spark's options as {lower-case name: value}; unknown names and a missing path raise."""
+def parse_options(raw: Any, allowed: set[str], prefixes: tuple[str, ...] = ()) -> dict[str, str]:
+    """Spark's options as {lower-case name: value}; unknown names (neither in ``allowed`` nor
+    starting with one of ``prefixes``) and a missing path raise."""
     opts = {str(k).lower(): str(v) for k, v in dict(raw).items()}
-    unknown = sorted(set(opts) - allowed)
+    unknown = sorted(k for k in set(opts) - allowed if not any(k.startswith(p) and len(k) > len(p) for p in prefixes))
     if unknown:
         raise SparkOptionError(f"unknown option(s) {', '.join(unknown)} for the logstore source; "
-                               f"known: {', '.join(sorted(allowed))}")
+                               f"known: {', '.join(sorted(allowed) + [p + '<name>' for p in prefixes])}")
     if not opts.get("path"):
         raise SparkOptionError("option 'path' (the store's root directory) is required")
     return opts

@@ -3,6 +3,17 @@
 The driver plans from segment file names, sparse index entries and the batch headers after the
 last index entry (:mod:`logstore.store.views`); no record is read there. Each input partition is a
 picklable :class:`OffsetRange` that an executor reads with :func:`logstore.spark.read.read_range`.
+
+A tiered partition (tiered storage, KIP-405) keeps its older offsets only in the object store:
+the planner cuts them into remote ranges (one per remote segment, neighbours together up to
+:data:`REMOTE_RANGE_BYTES`, a larger segment cut at its remote offset index's entries), from the
+remote segments' metadata in ``__remote_log_metadata`` (:meth:`StoreView.remote_tier
+<logstore.store.views.StoreView.remote_tier>`), pruned as local ranges are (offsets, and a
+timestamp lower bound by each segment's newest timestamp); each executor reads its remote range
+from the object store itself. A range is local, remote, or (only where a timestamp search must
+not be cut) remote below ``local_from`` and local from there; the rest of planning and reading is
+the same for all.
+
 Thread-safety: Spark creates a Planner per query; nothing is shared.
 """
 
@@ -11,7 +22,7 @@ from __future__ import annotations
 import math
 import os
 from bisect import bisect_left
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
 from pyspark.sql.datasource import (
@@ -27,11 +38,13 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from ..store.views import DataLossError, LogEnd, StoreView
+from ..store.views import DataLossError, LogEnd, PartitionView, StoreView
+from ..tiered.metadata import RemoteLogSegmentMetadata
 from .options import (
     EARLIEST,
     LATEST,
     NEVER_NULL,
+    READ_OPTION_PREFIXES,
     READ_OPTIONS,
     SparkOptionError,
     bool_option,
@@ -43,7 +56,11 @@ from .options import (
     topic_partitions,
 )
 
-__all__ = ["schema_columns", "OffsetRange", "Planner"]
+__all__ = ["schema_columns", "OffsetRange", "Planner", "REMOTE_RANGE_BYTES"]
+
+#: the bytes of remote segments one input partition reads at most, unless one segment is more
+#: and has no offset index entry to cut it at (as Spark's spark.sql.files.maxPartitionBytes)
+REMOTE_RANGE_BYTES = 128 << 20
 
 
 @dataclass(frozen=True)
@@ -73,6 +90,15 @@ class OffsetRange(InputPartition):
     #: leave out the records of aborted transactions (``kafka.isolation.level=read_committed``;
     #: the range already ends at or below the last stable offset)
     read_committed: bool = False
+    #: tiered storage: the offsets below ``local_from`` are read from these remote segments
+    #: (ascending; offsets none of them holds were pruned), the rest from the local segments
+    #: (-1: the whole range is local)
+    local_from: int = -1
+    remote_segments: tuple[RemoteLogSegmentMetadata, ...] = ()
+    #: the object store of the remote segments (URL) and its options (out of the repr: they
+    #: may hold credentials)
+    remote_storage: str | None = None
+    remote_options: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
     def stopping_at(self, log_end: LogEnd) -> "OffsetRange":
         """This range, told where the log ended when it was planned (see stop_segment)."""
@@ -109,9 +135,14 @@ class Planner:
     """Turns options (and pushed filters) into OffsetRanges, on the driver."""
 
     def __init__(self, options: Any, schema: StructType, streaming: bool) -> None:
-        self.opts = parse_options(options, READ_OPTIONS)
+        self.opts = parse_options(options, READ_OPTIONS, READ_OPTION_PREFIXES)
         self.root = os.path.abspath(self.opts["path"])
-        self.store = StoreView(self.root)
+        #: the object store of tiered topics' remote segments (None: the one the store remembers)
+        self.remote_storage = self.opts.get("remotestorage")
+        self.remote_options = {k[len("remotestorage."):]: v for k, v in self.opts.items()
+                               if k.startswith("remotestorage.")}
+        self.store = StoreView(self.root, remote_storage=self.remote_storage,
+                               remote_storage_options=self.remote_options)
         self.streaming = streaming
         self.partitions = topic_partitions(self.opts, self.store)
         self.include_headers = bool_option(self.opts, "includeheaders", False)
@@ -274,12 +305,42 @@ class Planner:
             raise SparkOptionError(f"ending offset {end} of {topic}-{p} is before its starting offset {start}")
         if end <= start:
             return None
-        return OffsetRange(self.root, topic, p, start, end, find_start_ts=find_start, find_end_ts=find_end,
-                           fail_on_data_loss=self.fail_on_data_loss, include_headers=self.include_headers,
-                           columns=self.columns, read_committed=self.read_committed).stopping_at(log_end)
+        r = OffsetRange(self.root, topic, p, start, end, find_start_ts=find_start, find_end_ts=find_end,
+                        fail_on_data_loss=self.fail_on_data_loss, include_headers=self.include_headers,
+                        columns=self.columns, read_committed=self.read_committed).stopping_at(log_end)
+        return self.with_remote(r, view, segments)
+
+    def with_remote(self, r: OffsetRange, view: PartitionView, segments: list[int]) -> OffsetRange:
+        """``r`` told which of its offsets are in the remote tier (below the local segments) and
+        which remote segments hold them, those whose records are all older than a pushed
+        timestamp lower bound left out."""
+        local = view.local_log_start_offset(segments)
+        if view.remote is None or r.start >= local:
+            return r
+        upto = min(r.end, local)
+        remote = view.remote.segments_in(r.start, upto)
+        if not _covers(remote, r.start, upto):
+            # Invariant: a segment leaves the local disk only once its copy is finished in the
+            # metadata, so the two tiers hold every offset. A hole means the metadata was read
+            # before a copy that the local listing, read after it, already shows: read it again.
+            remote = self.store.partition(r.topic, r.partition).remote.segments_in(r.start, upto)  # type: ignore[union-attr]
+            if not _covers(remote, r.start, upto):
+                raise DataLossError(f"{r.topic}-{r.partition}: offsets from {r.start} to {upto - 1} are neither on "
+                                    f"local disk nor all in the remote tier's metadata")
+        if view.remote.url is None:
+            raise SparkOptionError(f"{r.topic}-{r.partition}: offsets {r.start}..{upto - 1} are in a remote tier "
+                                   f"the store at {self.root} does not name (no .remote-storage): give the option "
+                                   f"remoteStorage (its URL) and remoteStorage.<name> options")
+        if self.timestamp_low is not None:
+            remote = [m for m in remote if m.max_timestamp_ms >= self.timestamp_low]
+        return replace(r, local_from=local, remote_segments=tuple(remote), segment=-1, position=0,
+                       remote_storage=view.remote.url, remote_options=tuple(sorted(view.remote.options.items())))
 
     def split(self, ranges: list[OffsetRange]) -> list[OffsetRange]:
-        """Split ranges (maxRecordsPerPartition, minPartitions) at offset index entries."""
+        """Cut the remote part of each range from its local part and into pieces of about
+        REMOTE_RANGE_BYTES of remote segments, then split ranges (maxRecordsPerPartition,
+        minPartitions) at offset index entries."""
+        ranges = [piece for r in ranges for piece in self._tiers(r)]
         counts = [r.end - r.start for r in ranges]
         pieces = [1] * len(ranges)
         if self.max_records is not None:
@@ -294,7 +355,81 @@ class Planner:
             out.extend(self._split_one(r, n))
         return out
 
+    # ------------------------------------------------------------------ tiered ranges
+    def _tiers(self, r: OffsetRange) -> list[OffsetRange]:
+        """``r`` cut where its local part begins and between its remote segments, each piece
+        about REMOTE_RANGE_BYTES of them at most (a larger segment cut at its offset index's
+        entries), wherever a timestamp search allows a cut."""
+        if r.local_from < 0:
+            return [r]
+        cuts = [r.local_from]
+        size = 0
+        for m in r.remote_segments:
+            if size and size + m.segment_size_in_bytes > REMOTE_RANGE_BYTES:
+                cuts.append(m.start_offset)
+                size = 0
+            size += m.segment_size_in_bytes
+            if m.segment_size_in_bytes > REMOTE_RANGE_BYTES:
+                view = self.store.partition(r.topic, r.partition)
+                mark = REMOTE_RANGE_BYTES
+                for offset, position in view.remote.offset_index(m):  # type: ignore[union-attr]
+                    if position >= mark:
+                        cuts.append(offset)
+                        mark = position + REMOTE_RANGE_BYTES
+                cuts.append(m.end_offset + 1)
+                size = 0
+        return self._cut(r, cuts)
+
+    def _cut(self, r: OffsetRange, cuts: list[int]) -> list[OffsetRange]:
+        """``r`` in pieces starting at each offset of ``cuts`` strictly inside it where a
+        timestamp search allows (never inside the offsets where one runs)."""
+        allowed = self._cuttable(r)
+        points = sorted({c for c in cuts if r.start < c < r.end and allowed(c)})
+        out = []
+        for a, b in zip([r.start, *points], [*points, r.end]):
+            remote = a < r.local_from
+            out.append(replace(
+                r, start=a, end=b, find_start_ts=r.find_start_ts if a == r.start else None,
+                find_end_ts=r.find_end_ts if b == r.end else None,
+                segment=r.segment if a == r.start else -1, position=r.position if a == r.start else 0,
+                stop_segment=r.stop_segment if b == r.end else -1, stop_position=r.stop_position if b == r.end else 0,
+                local_from=r.local_from if remote else -1,
+                remote_segments=tuple(m for m in r.remote_segments if m.end_offset >= a and m.start_offset < b)
+                if remote else ()))
+        return out
+
+    def _cuttable(self, r: OffsetRange) -> Any:
+        """Where ``r`` may be cut: above the offsets where its starting timestamp's record may
+        be, at or below the first where its ending timestamp's may be."""
+        if r.find_start_ts is None and r.find_end_ts is None:
+            return lambda c: True
+        view = self.store.partition(r.topic, r.partition)
+        floor, ceiling = r.start, r.end
+        if r.find_start_ts is not None:
+            _, bound = view.timestamp_bounds(r.find_start_ts)
+            floor = r.end if bound is None else bound + 1
+        if r.find_end_ts is not None:
+            ceiling, _ = view.timestamp_bounds(r.find_end_ts)
+        return lambda c: floor <= c <= ceiling
+
+    def _split_remote(self, r: OffsetRange, pieces: int) -> list[OffsetRange]:
+        """A range with a remote part in about ``pieces`` pieces of equal offsets, cut at its
+        remote segments' starts and, when they are too few, their offset index entries."""
+        points = [m.start_offset for m in r.remote_segments] + [r.local_from]
+        if len([p for p in points if r.start < p < r.end]) < pieces - 1:
+            view = self.store.partition(r.topic, r.partition)
+            for m in r.remote_segments:
+                points.extend(offset for offset, _ in view.remote.offset_index(m))  # type: ignore[union-attr]
+        offsets = sorted({p for p in points if r.start < p < r.end})
+        if not offsets:
+            return [r]
+        step = (r.end - r.start) / pieces
+        cuts = {offsets[min(bisect_left(offsets, r.start + k * step), len(offsets) - 1)] for k in range(1, pieces)}
+        return self._cut(r, sorted(cuts))
+
     def _split_one(self, r: OffsetRange, pieces: int) -> list[OffsetRange]:
+        if r.local_from >= 0:
+            return self._split_remote(r, pieces) if pieces > 1 else [r]
         view = self.store.partition(r.topic, r.partition)
         segments = view.segments()
         first = view.seek(r.start, segments)
@@ -330,3 +465,12 @@ class Planner:
             begin = replace(r, start=offset, segment=segment, position=position, find_start_ts=None)
         out.append(begin)
         return [x for x in out if x.end > x.start]
+
+
+def _covers(segments: list[RemoteLogSegmentMetadata], start: int, end: int) -> bool:
+    """Whether ``segments`` (ascending) hold every offset of [start, end)."""
+    for m in segments:
+        if m.start_offset > start:
+            return False
+        start = max(start, m.end_offset + 1)
+    return start >= end

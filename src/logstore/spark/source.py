@@ -33,7 +33,9 @@ separated), ``subscribePattern`` (a Java-style regular expression over topic nam
 each partition whose timestamp is at least this, as Kafka's ListOffsets finds it);
 ``failOnDataLoss`` (default true: offsets below the log start are an error, else skipped);
 ``includeHeaders``; ``minPartitions`` and ``maxRecordsPerPartition`` (split large partitions
-into offset ranges at sparse index entries); ``pruneOnPushdown`` (see below). Streaming reads
+into offset ranges at sparse index entries); ``pruneOnPushdown`` (see below); ``remoteStorage``
+and ``remoteStorage.<name>`` (a tiered topic's object store and its options, instead of the one
+the store remembers: see :mod:`logstore.spark.plan`). Streaming reads
 add ``maxOffsetsPerTrigger`` and honour ``Trigger.AvailableNow``. Writes take ``topic`` (or a
 ``topic`` column) and the columns ``value`` and optionally ``key`` (binary or string),
 ``partition``, ``headers`` and ``timestamp``. Unknown options and bad values raise
@@ -50,7 +52,8 @@ on the driver. Each input partition is a picklable :class:`OffsetRange`; the exe
 runs it maps the segment files read-only, decodes the batches with the C decoder (every batch's
 CRC checked) and builds Arrow record batches straight from the decoded columns (keys and values
 gathered by C into Arrow buffers). Executors therefore need the store's directory at the same
-path (local mode, or a shared mount).
+path (local mode, or a shared mount). The older offsets of a tiered topic (tiered storage) they
+read from the object store themselves, with ranged gets of whole batches, each CRC-checked.
 
 Filter pushdown: with ``spark.sql.python.filterPushdown.enabled`` and ``pruneOnPushdown=true``,
 predicates on ``topic``, ``partition`` and ``offset`` are applied exactly by the planner, and a
@@ -237,10 +240,11 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                         "before the stream read them; set failOnDataLoss=false to skip them")
                 begin = log_start
             if stop > begin:
-                ranges.append(OffsetRange(self.planner.root, tp[0], tp[1], begin, stop,
-                                          fail_on_data_loss=self.planner.fail_on_data_loss,
-                                          include_headers=self.planner.include_headers,
-                                          columns=self.planner.columns).stopping_at(view.log_end()))
+                segments = view.segments()
+                ranges.append(self.planner.with_remote(OffsetRange(
+                    self.planner.root, tp[0], tp[1], begin, stop, fail_on_data_loss=self.planner.fail_on_data_loss,
+                    include_headers=self.planner.include_headers,
+                    columns=self.planner.columns).stopping_at(view.log_end(segments)), view, segments))
         return self.planner.split(ranges)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -7,8 +7,11 @@ these views instead. They never open a file for writing, never take a lock and n
 
 * :class:`StoreView` lists a store's topics and partition counts from ``.topics/``, or those of a
   Kafka log directory from its partition directories (:mod:`logstore.store.kafkadirs`);
-* :class:`PartitionView` lists a partition's segments, finds its log start (segment files and
-  ``log-start-offset-checkpoint``) and log end (the valid batches after the last offset index
+* :meth:`StoreView.remote_tier` gives a tiered partition's remote tier (tiered storage:
+  :class:`~logstore.store.remoteview.RemotePartitionView`, its remote segments from the fold of
+  ``__remote_log_metadata``, read from the object store);
+* :class:`PartitionView` lists a partition's segments, finds its log start (segment files,
+  ``log-start-offset-checkpoint`` and the remote tier's first offset) and log end (the valid batches after the last offset index
   entry of the last segment, as :class:`~logstore.log.segmentscan.BatchWalk` finds them for
   recovery: CRC included, so a torn tail is not counted),
   maps offsets and timestamps to byte positions through the sparse indexes, and decodes offset
@@ -42,9 +45,10 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
 import uuid
 from dataclasses import dataclass, replace
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any, Callable, ContextManager, Iterator, Mapping
 
 from .. import _fileio
 from . import kafkadirs
@@ -55,7 +59,7 @@ from ..checkpoint import (
     CorruptCheckpointError,
     OffsetCheckpoints,
 )
-from ..errors import CorruptRecordError, LogstoreError, UnknownTopicOrPartitionError
+from ..errors import CorruptRecordError, DataLossError, LogstoreError, UnknownTopicOrPartitionError
 from ..index import AbortedBatches, AbortedTxn, OffsetIndex, TimeIndex, TransactionIndex
 from ..log.producers import snapshot_offsets, snapshot_path
 from ..log.producerstate import CorruptSnapshotError, ProducerStateTable
@@ -63,17 +67,17 @@ from ..log.segmentscan import BatchWalk, WalkStop, status_words
 from ..records.batch import HEADER_SIZE, LOG_OVERHEAD, BatchHeader, RecordDecoder, parse_header
 from ..log.filenames import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX, parse_segment_name, segment_name
 from .kafkadirs import is_internal_topic, validate_topic_name
-from .layout import TOPICS_DIR, read_topic_entry, read_topic_file
+from .layout import TOPICS_DIR, read_remote_storage, read_topic_entry, read_topic_file
+from .remoteview import RemotePartitionView
+from ..tiered.metadata import TopicIdPartition
+from ..tiered.records import REMOTE_LOG_METADATA_TOPIC
+from ..tiered.rlmm import RemotePartitionMetadataStore, apply_records
 from .topicids import read_partition_metadata
 
 __all__ = ["StoreView", "PartitionView", "SegmentBatches", "DataLossError", "LogEnd", "SegmentPosition"]
 
 #: sink(buf, out, n): n decoded rows in ``out`` (an ``ls_records_out``), positions into ``buf``
 ColumnSink = Callable[[Any, Any, int], None]
-
-
-class DataLossError(LogstoreError):
-    """Offsets a reader planned to read are gone (retention or DeleteRecords removed them)."""
 
 
 @dataclass(frozen=True)
@@ -108,11 +112,21 @@ class StoreView:
         LogstoreError: ``root`` is neither (the message says what is missing).
     """
 
-    def __init__(self, root: str | os.PathLike[str], quiet: bool = False) -> None:
-        """``quiet``: do not log what a Kafka log directory's scan skips."""
+    def __init__(self, root: str | os.PathLike[str], quiet: bool = False, *, remote_storage: str | None = None,
+                 remote_storage_options: Mapping[str, str] | None = None) -> None:
+        """``quiet``: do not log what a Kafka log directory's scan skips. ``remote_storage`` and
+        ``remote_storage_options``: the object store of the store's remote tier (tiered
+        storage), instead of the one the store remembers (``.remote-storage``), with its
+        options on top of the remembered ones (see :meth:`remote_tier`)."""
         self.root = os.fspath(root)
         self._quiet = quiet
         self._adopted: dict[str, kafkadirs.AdoptedTopic] | None = None
+        self._remote_storage = remote_storage
+        self._remote_options = dict(remote_storage_options or {})
+        self._remote_lock = threading.Lock()  # the fold below: catching up and reading it
+        self._remote_metadata: RemotePartitionMetadataStore | None = None  # __remote_log_metadata's fold
+        self._remote_read_to = 0  # ... up to this offset
+        self._remote_views: dict[tuple[str, int], RemotePartitionView] = {}
         #: True when ``root`` is a Kafka log directory (no ``.topics/``) adopted in memory
         self.kafka_log_dir = not _fileio.ops.exists(os.path.join(self.root, TOPICS_DIR))
         if not self.kafka_log_dir:
@@ -122,6 +136,16 @@ class StoreView:
         if not kafkadirs.looks_like_log_dir(self.root):
             raise LogstoreError(f"{self.root} is not a logstore data directory (no {TOPICS_DIR}/) nor a Kafka log "
                                 "directory (no meta.properties, checkpoint files or <topic>-<partition>/ directories)")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the remote tier's fold, views and lock (Spark ships a planner's
+        view to its workers): they are read again where they are used."""
+        state = dict(self.__dict__)
+        state.update(_remote_lock=None, _remote_metadata=None, _remote_read_to=0, _remote_views={})
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _remote_lock=threading.Lock())
 
     def _kafka_topics(self) -> dict[str, kafkadirs.AdoptedTopic]:
         if self._adopted is None:
@@ -201,18 +225,84 @@ class StoreView:
         if isinstance(partition, bool) or not isinstance(partition, int) or not 0 <= partition < count:
             raise UnknownTopicOrPartitionError(
                 f"topic {topic!r} has partitions 0..{count - 1}; there is no partition {partition!r}")
-        return PartitionView(self.root, topic, partition, must_exist=False)
+        return PartitionView(self.root, topic, partition, must_exist=False, remote=self.remote_tier(topic, partition))
+
+    def remote_tier(self, topic: str, partition: int, remote_storage: str | None = None,
+                    remote_storage_options: Mapping[str, str] | None = None) -> RemotePartitionView | None:
+        """The remote tier of one partition (tiered storage, KIP-405), read-only: its finished,
+        referenced remote segments as the store's ``__remote_log_metadata`` records them now
+        (read through a :class:`PartitionView` up to its high watermark, and folded as the
+        store's metadata manager folds them; each call reads what was appended since the last),
+        and the object store they live in: ``remote_storage`` (with ``remote_storage_options``)
+        when given, else the view's, else the one the store remembers (``.remote-storage``, its
+        options beneath the given ones; credentials come from the environment). None when the
+        topic neither enables ``remote.storage.enable`` nor has remote segments. The view of a
+        partition whose segments did not change since the last call is the same object (its
+        index cache serves again). Thread-safe.
+
+        Raises:
+            UnknownTopicOrPartitionError: no such topic.
+            LogstoreError: a malformed topic file or ``.remote-storage``.
+        """
+        overrides = self.overrides(topic)
+        if self.kafka_log_dir or is_internal_topic(topic):
+            return None
+        topic_id = self.topic_id(topic)
+        tp = _topic_id_partition(topic_id, topic, partition)
+        with self._remote_lock:
+            store = self._remote_log_metadata()
+            segments = [] if store is None or topic_id is None else store.referenced_segments(tp)
+        if not segments and overrides.get("remote.storage.enable", "false").strip().lower() != "true":
+            return None
+        default = remote_storage is None and remote_storage_options is None
+        known = self._remote_views.get((topic, partition)) if default else None
+        if known is not None and known.segments == tuple(segments):
+            return known
+        url = remote_storage or self._remote_storage
+        options = {**self._remote_options, **(remote_storage_options or {})}
+        remembered = read_remote_storage(self.root)
+        if url is None and remembered is not None:
+            url, options = remembered[0], {**remembered[1], **options}
+        view = RemotePartitionView(tp, segments, url, options)
+        if default:
+            self._remote_views[(topic, partition)] = view
+        return view
+
+    def _remote_log_metadata(self) -> RemotePartitionMetadataStore | None:
+        """The fold of ``__remote_log_metadata-0`` up to its high watermark now (the records
+        appended since the last call applied; all of them again when the log is shorter than
+        what was applied: a replica's truncation), None for a store without one. Held: the
+        remote lock."""
+        try:
+            self.partitions(REMOTE_LOG_METADATA_TOPIC)
+        except UnknownTopicOrPartitionError:
+            return None
+        view = PartitionView(self.root, REMOTE_LOG_METADATA_TOPIC, 0, must_exist=False)
+        end = view.high_watermark()
+        if self._remote_metadata is None or end < self._remote_read_to:
+            self._remote_metadata, self._remote_read_to = RemotePartitionMetadataStore(), 0
+        if end > self._remote_read_to:
+            apply_records(self._remote_metadata, view.records(self._remote_read_to, end))
+            self._remote_read_to = end
+        return self._remote_metadata
+
+
+def _topic_id_partition(topic_id: uuid.UUID | None, topic: str, partition: int) -> TopicIdPartition:
+    return TopicIdPartition(topic_id or uuid.UUID(int=0), topic, partition)
 
 
 class PartitionView:
-    """Read-only view of one partition directory ``<root>/<topic>-<partition>``."""
+    """Read-only view of one partition directory ``<root>/<topic>-<partition>``, and of its
+    remote tier when it has one (tiered storage: see :meth:`StoreView.remote_tier`)."""
 
     def __init__(self, root: str, topic: str, partition: int, *, path: str | None = None,
-                 must_exist: bool = True) -> None:
+                 must_exist: bool = True, remote: RemotePartitionView | None = None) -> None:
         """``path`` (default ``<root>/<topic>-<partition>``) names a partition directory whose
         name is not of that form (keyed as partition -1 in ``root``'s checkpoints, as
         :class:`~logstore.log.log.Log` keys it). With ``must_exist`` false a missing directory
-        reads as a partition with no segments.
+        reads as a partition with no segments. ``remote``: the partition's remote tier (tiered
+        storage, :meth:`StoreView.remote_tier`), whose segments may hold the offsets below the
+        local ones.
 
         Raises:
             UnknownTopicOrPartitionError: the directory does not exist (with ``must_exist``).
@@ -220,6 +310,8 @@ class PartitionView:
         self.root = root
         self.topic = topic
         self.partition = partition
+        #: the remote tier of a tiered partition (None: the local segments are all there is)
+        self.remote = remote
         self.path = path if path is not None else os.path.join(root, f"{topic}-{partition}")
         if must_exist and not _fileio.ops.exists(self.path):
             raise UnknownTopicOrPartitionError(f"partition {topic}-{partition} has no directory in {root}")
@@ -250,12 +342,25 @@ class PartitionView:
 
     def log_start_offset(self, segments: list[int] | None = None) -> int:
         """First readable offset: the first segment's base offset, or the checkpointed log start
-        when DeleteRecords/retention moved it inside that segment."""
+        when DeleteRecords/retention moved it inside that segment. With a remote tier whose
+        segments start below the local ones, the first remote offset instead (not below the
+        checkpointed start), as ``Log.attach_remote`` sets it."""
         segments = self.segments() if segments is None else segments
-        if not segments:
+        remote_start = self.remote.start_offset if self.remote is not None else None
+        if not segments and remote_start is None:
             return 0
         start = self._checkpoint(LOG_START_OFFSET_CHECKPOINT)
-        return max(segments[0], start if start is not None else 0)
+        first = segments[0] if segments else 2**63 - 1
+        if remote_start is not None and remote_start < first:
+            first = remote_start
+        return max(first, start if start is not None else 0)
+
+    def local_log_start_offset(self, segments: list[int] | None = None) -> int:
+        """The first offset on local disk (``Log.local_log_start_offset``): the log start, or
+        the first local segment's base when the older ones are only in the remote tier."""
+        segments = self.segments() if segments is None else segments
+        start = self.log_start_offset(segments)
+        return max(start, segments[0]) if segments else start
 
     def log_end_offset(self, segments: list[int] | None = None) -> int:
         """The offset after the last valid batch (CRC checked) of the last segment."""
@@ -434,6 +539,13 @@ class PartitionView:
         log end). A reader finds it exactly by reading [low, high] (see read_columns)."""
         segments = self.segments() if segments is None else segments
         low = segments[0] if segments else 0
+        if self.remote is not None and self.remote.segments:
+            # The remote segments first: their newest timestamps bound the search, unread.
+            found = self.remote.timestamp_bounds(timestamp)
+            if found is not None and (not segments or found[0] < segments[0]):
+                return found
+            if not segments:
+                return self.remote.segments[-1].end_offset + 1, None
         for base in segments:
             index = TimeIndex.open_readonly(self.segment_file(base, TIMEINDEX_SUFFIX), base)
             if index is None:
@@ -457,6 +569,29 @@ class PartitionView:
         return low, None
 
     # ------------------------------------------------------------------ reading
+    def records(self, start: int, end: int) -> Iterator[tuple[int, bytes | None]]:
+        """(offset, value) of the local records with ``start <= offset < end``, in offset order
+        (control records left out): a small internal topic's, decoded whole segment by segment
+        (every batch CRC-checked).
+
+        Raises:
+            CorruptRecordError: an invalid batch inside a segment's valid range.
+        """
+        segments = self.segments()
+        decoder = RecordDecoder()
+        for i, base in enumerate(segments):
+            if base >= end or (i + 1 < len(segments) and segments[i + 1] <= start):
+                continue
+            try:
+                mapped = self._map(base, segments)
+            except FileNotFoundError:
+                continue  # (deleted since it was listed: its records are gone)
+            with mapped as data:
+                found, _ = decoder.decode(data, 0, len(data), start, end, path=self.segment_file(base))
+                for record in found:
+                    if start <= record.offset < end:
+                        yield record.offset, record.value
+
     def scan(self, start: int, end: int, sink: ColumnSink, decoder: RecordDecoder | None = None,
              hint: SegmentPosition | None = None, window: int = 8 << 20,
              stop_at: SegmentPosition | None = None) -> Iterator[None]:
@@ -486,6 +621,9 @@ class PartitionView:
         if not segments or start < log_start:
             raise DataLossError(f"{self.topic}-{self.partition}: offsets from {start} are gone "
                                 f"(the log starts at {log_start})")
+        if start < segments[0]:
+            raise DataLossError(f"{self.topic}-{self.partition}: offsets from {start} are no longer on local disk "
+                                f"(its segments start at {segments[0]}; the older ones are in the remote tier)")
         if hint is None or hint.segment not in segments:
             hint = self.seek(start, segments)
         position = hint.position

@@ -58,7 +58,7 @@ from .metadata import (
 from .rlmm import RemoteLogMetadataManager
 from .storage import RemoteStorageManager
 
-__all__ = ["RemoteLogManager", "RemoteLogManagerConfig", "RemotePartition", "RemoteIndexCache"]
+__all__ = ["RemoteLogManager", "RemoteLogManagerConfig", "RemotePartition", "RemoteIndexCache", "RemoteSegmentReader"]
 
 logger = logging.getLogger(__name__)
 
@@ -166,17 +166,171 @@ class _Meter:
             return dict(self.values)
 
 
+class RemoteSegmentReader:
+    """The one read path of remote segments, for every reader: the store's logs (through
+    :class:`RemotePartition`) and the read-only readers that have no store open (Spark's
+    executors, the tools: :mod:`logstore.store.remoteview`). Given a segment's metadata, it
+    answers whole batches from the one holding an offset (its offset index, cached, then one
+    ranged get, each batch CRC-checked), the first offset at or after a timestamp, and the
+    aborted transactions of the segments' transaction indexes.
+
+    Args:
+        rsm: the object store's RemoteStorageManager (not closed here).
+        cache: the indexes fetched, shared with other readers or not.
+        count: called with a metric's name and an amount for each fetch (Kafka's
+            ``RemoteFetchBytesPerSec``, ``RemoteFetchRequestsPerSec``), or None.
+
+    Thread-safety: thread-safe (the cache has its lock; nothing else is kept).
+    """
+
+    def __init__(self, rsm: RemoteStorageManager, cache: RemoteIndexCache,
+                 count: Callable[[str, int], None] | None = None) -> None:
+        self.rsm = rsm
+        self.cache = cache
+        self._count = count
+
+    def index(self, metadata: RemoteLogSegmentMetadata, index_type: IndexType) -> bytes:
+        """One of the segment's indexes, from the cache or fetched."""
+        return self.cache.get(metadata, index_type, self.rsm.fetch_index)
+
+    def fetch(self, metadata: RemoteLogSegmentMetadata, start: int, end: int) -> bytes:
+        """Bytes [start, end) of the segment's ``.log`` (end clipped to its size).
+
+        Raises:
+            RemoteStorageError: the object store failed, or answered fewer bytes.
+        """
+        end = min(end, metadata.segment_size_in_bytes)
+        if end <= start:
+            return b""
+        data = self.rsm.fetch_log_segment(metadata, start, end - 1)
+        if self._count is not None:
+            self._count("RemoteFetchBytesPerSec", len(data))
+            self._count("RemoteFetchRequestsPerSec", 1)
+        if len(data) != end - start:
+            raise RemoteStorageError(f"{metadata.describe()}: asked for bytes {start}..{end} and got {len(data)}")
+        return data
+
+    def read_batches(self, metadata: RemoteLogSegmentMetadata, offset: int, max_bytes: int) -> bytes:
+        """Whole batches of ``metadata`` from the one holding ``offset`` (or the first after
+        it): about ``max_bytes``, at least one batch, each validated (CRC included); b"" when
+        the segment holds nothing at or after ``offset``.
+
+        Raises:
+            RemoteStorageError: the object store failed, or a batch fails its checks (the
+                message names the remote segment and the byte).
+        """
+        found = self.batches_view(metadata, offset, max_bytes)
+        return found.obj if len(found) == len(found.obj) else bytes(found)  # type: ignore[return-value]
+
+    def batches_view(self, metadata: RemoteLogSegmentMetadata, offset: int, max_bytes: int) -> memoryview:
+        """:meth:`read_batches`'s batches as a view of the fetched bytes, without the copy a
+        slice of them would take (a scan's ranged gets end inside a batch, which the next one
+        fetches again: a copy of every byte, a quarter of the remote read's time)."""
+        _, position = offset_index_lookup(self.index(metadata, IndexType.OFFSET), metadata.start_offset, offset)
+        size = metadata.segment_size_in_bytes
+        want = max(max_bytes, HEADER_SIZE)
+        # `data` holds the segment's bytes from file position `base`; `start` is where the
+        # batch looked at begins in it
+        base, data, start = position, self.fetch(metadata, position, position + want), 0
+        while True:
+            if len(data) - start < HEADER_SIZE:
+                at = base + start  # the next batch's position (past what was fetched, maybe)
+                if at + HEADER_SIZE > size:
+                    return memoryview(b"")  # nothing at or after offset in this segment
+                base, data, start = at, self.fetch(metadata, at, at + want), 0
+                continue
+            header = parse_header(data, start)
+            if header.size < HEADER_SIZE or base + start + header.size > size:
+                raise RemoteStorageError(f"{metadata.describe()}: a batch at byte {base + start} claims "
+                                         f"{header.size} bytes, past the segment's {size}")
+            if header.last_offset >= offset:
+                break
+            start += header.size
+        if start + header.size > len(data):  # the first batch wanted, whole
+            data = data[start:] + self.fetch(metadata, base + len(data), base + start + header.size)
+            base, start = base + start, 0
+        end = start
+        while end + HEADER_SIZE <= len(data):
+            header = parse_header(data, end)
+            if header.size < HEADER_SIZE or end + header.size > len(data) or \
+                    (end > start and end + header.size - start > want):
+                break
+            try:
+                validate_batch(data, end, path=metadata.describe())
+            except CorruptRecordError as exc:
+                raise RemoteStorageError(f"{metadata.describe()}: {exc}") from exc
+            end += header.size
+        return memoryview(data)[start:end]
+
+    def offset_for_timestamp(self, segments: list[RemoteLogSegmentMetadata], timestamp: int,
+                             start_offset: int = 0) -> int | None:
+        """The first offset at or above ``start_offset`` of ``segments`` (oldest first) whose
+        record's timestamp is at or after ``timestamp`` (a segment whose newest record is older
+        is skipped unread); None when none is that recent."""
+        for metadata in segments:
+            if metadata.max_timestamp_ms < timestamp or metadata.end_offset < start_offset:
+                continue
+            found = self._offset_in_segment(metadata, timestamp, start_offset)
+            if found is not None:
+                return found
+        return None
+
+    def _offset_in_segment(self, metadata: RemoteLogSegmentMetadata, timestamp: int, start_offset: int) -> int | None:
+        """The first offset of ``metadata`` at or above ``start_offset`` whose record's
+        timestamp is >= ``timestamp``."""
+        entry_ts, entry_offset = time_index_lookup(self.index(metadata, IndexType.TIMESTAMP),
+                                                   metadata.start_offset, timestamp - 1)
+        # every record up to the entry's offset is at most entry_ts old, below timestamp
+        offset = max(entry_offset if entry_ts >= 0 else metadata.start_offset, start_offset)
+        decoder = RecordDecoder()
+        while offset <= metadata.end_offset:
+            raw = self.read_batches(metadata, offset, 1 << 20)
+            if not raw:
+                return None
+            position = 0
+            while position < len(raw):
+                header = parse_header(raw, position)
+                if header.max_timestamp >= timestamp and not header.attributes & lib.LS_ATTR_CONTROL:
+                    records, _ = decoder.decode(raw, position, position + header.size, offset, header.last_offset + 1,
+                                                None, metadata.describe())
+                    for record in records:
+                        if record.timestamp >= timestamp and record.offset >= start_offset:
+                            return record.offset
+                position += header.size
+                offset = header.last_offset + 1
+        return None
+
+    def aborted_transactions(self, segments: list[RemoteLogSegmentMetadata], start: int,
+                             upper: int) -> list[AbortedTxn]:
+        """The aborted transactions the transaction indexes of ``segments`` (oldest first) list
+        that overlap the offsets [start, upper).
+
+        Raises:
+            RemoteStorageError: the object store failed, or an index is damaged.
+        """
+        out: list[AbortedTxn] = []
+        for metadata in segments:
+            if metadata.txn_index_empty or metadata.end_offset < start:
+                continue
+            if metadata.start_offset >= upper:
+                break
+            entries, damage = parse_txn_entries(self.index(metadata, IndexType.TRANSACTION), metadata.start_offset)
+            if damage:
+                raise RemoteStorageError(f"{metadata.describe()}: its transaction index: {damage}")
+            out.extend(t for t in entries if t.last_offset >= start and t.first_offset < upper)
+        return out
+
+
 class RemotePartition(RemoteTier):
-    """One partition's remote segments as its log reads them (see the module docstring).
-    Thread-safe."""
+    """One partition's remote segments as its log reads them (see the module docstring), through
+    a :class:`RemoteSegmentReader`. Thread-safe."""
 
     def __init__(self, tp: TopicIdPartition, rsm: RemoteStorageManager, rlmm: RemoteLogMetadataManager,
                  cache: RemoteIndexCache, meter: _Meter) -> None:
         self.tp = tp
-        self._rsm = rsm
         self._rlmm = rlmm
-        self._cache = cache
         self._meter = meter
+        self._reader = RemoteSegmentReader(rsm, cache, meter.add)
 
     def start_offset(self) -> int | None:
         self._rlmm.catch_up()  # (another process of a shared store may have copied)
@@ -196,21 +350,6 @@ class RemotePartition(RemoteTier):
         """The readable remote segments, oldest first."""
         return [m for m in self._rlmm.list_remote_log_segments(self.tp) if m.state == FINISHED]
 
-    def _index(self, metadata: RemoteLogSegmentMetadata, index_type: IndexType) -> bytes:
-        return self._cache.get(metadata, index_type, self._rsm.fetch_index)
-
-    def _fetch(self, metadata: RemoteLogSegmentMetadata, start: int, end: int) -> bytes:
-        """Bytes [start, end) of the segment (end clipped to its size)."""
-        end = min(end, metadata.segment_size_in_bytes)
-        if end <= start:
-            return b""
-        data = self._rsm.fetch_log_segment(metadata, start, end - 1)
-        self._meter.add("RemoteFetchBytesPerSec", len(data))
-        self._meter.add("RemoteFetchRequestsPerSec")
-        if len(data) != end - start:
-            raise RemoteStorageError(f"{metadata.describe()}: asked for bytes {start}..{end} and got {len(data)}")
-        return data
-
     def read_raw(self, offset: int, max_bytes: int) -> bytes:
         metadata = self._rlmm.segment_for_offset(self.tp, offset)
         if metadata is None and self._rlmm.catch_up():  # copied by another process meanwhile?
@@ -226,7 +365,7 @@ class RemotePartition(RemoteTier):
                            metadata.describe())
             offset = metadata.start_offset
         try:
-            return self._read_batches(metadata, offset, max_bytes)
+            return self._reader.read_batches(metadata, offset, max_bytes)
         except RemoteResourceNotFoundError:
             self._rlmm.catch_up()  # (another process may have expired it)
             if self._rlmm.segment_for_offset(self.tp, offset) is None:
@@ -237,91 +376,11 @@ class RemotePartition(RemoteTier):
             self._meter.add("RemoteFetchErrorsPerSec")
             raise
 
-    def _read_batches(self, metadata: RemoteLogSegmentMetadata, offset: int, max_bytes: int) -> bytes:
-        """Whole batches of ``metadata`` from the one holding ``offset``: about ``max_bytes``,
-        at least one batch, each validated (CRC included)."""
-        _, position = offset_index_lookup(self._index(metadata, IndexType.OFFSET), metadata.start_offset, offset)
-        size = metadata.segment_size_in_bytes
-        want = max(max_bytes, HEADER_SIZE)
-        # `data` holds the segment's bytes from file position `base`; `start` is where the
-        # batch looked at begins in it
-        base, data, start = position, self._fetch(metadata, position, position + want), 0
-        while True:
-            if len(data) - start < HEADER_SIZE:
-                at = base + start  # the next batch's position (past what was fetched, maybe)
-                if at + HEADER_SIZE > size:
-                    return b""  # nothing at or after offset in this segment
-                base, data, start = at, self._fetch(metadata, at, at + want), 0
-                continue
-            header = parse_header(data, start)
-            if header.size < HEADER_SIZE or base + start + header.size > size:
-                raise RemoteStorageError(f"{metadata.describe()}: a batch at byte {base + start} claims "
-                                         f"{header.size} bytes, past the segment's {size}")
-            if header.last_offset >= offset:
-                break
-            start += header.size
-        if start + header.size > len(data):  # the first batch wanted, whole
-            data = data[start:] + self._fetch(metadata, base + len(data), base + start + header.size)
-            base, start = base + start, 0
-        end = start
-        while end + HEADER_SIZE <= len(data):
-            header = parse_header(data, end)
-            if header.size < HEADER_SIZE or end + header.size > len(data) or \
-                    (end > start and end + header.size - start > want):
-                break
-            try:
-                validate_batch(data, end, path=metadata.describe())
-            except CorruptRecordError as exc:
-                raise RemoteStorageError(f"{metadata.describe()}: {exc}") from exc
-            end += header.size
-        return bytes(data[start:end])
-
-    def offset_for_timestamp(self, timestamp: int, start_offset: int) -> int | None:
-        for metadata in self.finished_segments():
-            if metadata.max_timestamp_ms < timestamp or metadata.end_offset < start_offset:
-                continue
-            found = self._offset_in_segment(metadata, timestamp, start_offset)
-            if found is not None:
-                return found
-        return None
-
-    def _offset_in_segment(self, metadata: RemoteLogSegmentMetadata, timestamp: int, start_offset: int) -> int | None:
-        """The first offset of ``metadata`` at or above ``start_offset`` whose record's
-        timestamp is >= ``timestamp``."""
-        entry_ts, entry_offset = time_index_lookup(self._index(metadata, IndexType.TIMESTAMP),
-                                                   metadata.start_offset, timestamp - 1)
-        # every record up to the entry's offset is at most entry_ts old, below timestamp
-        offset = max(entry_offset if entry_ts >= 0 else metadata.start_offset, start_offset)
-        decoder = RecordDecoder()
-        while offset <= metadata.end_offset:
-            raw = self._read_batches(metadata, offset, 1 << 20)
-            if not raw:
-                return None
-            position = 0
-            while position < len(raw):
-                header = parse_header(raw, position)
-                if header.max_timestamp >= timestamp and not header.attributes & lib.LS_ATTR_CONTROL:
-                    records, _ = decoder.decode(raw, position, position + header.size, offset, header.last_offset + 1,
-                                                None, metadata.describe())
-                    for record in records:
-                        if record.timestamp >= timestamp and record.offset >= start_offset:
-                            return record.offset
-                position += header.size
-                offset = header.last_offset + 1
-        return None
+    def offset_for_timestamp(self, timestamp: int, start_offset: int = 0) -> int | None:
+        return self._reader.offset_for_timestamp(self.finished_segments(), timestamp, start_offset)
 
     def aborted_transactions(self, start: int, upper: int) -> list[AbortedTxn]:
-        out: list[AbortedTxn] = []
-        for metadata in self.finished_segments():
-            if metadata.txn_index_empty or metadata.end_offset < start:
-                continue
-            if metadata.start_offset >= upper:
-                break
-            entries, damage = parse_txn_entries(self._index(metadata, IndexType.TRANSACTION), metadata.start_offset)
-            if damage:
-                raise RemoteStorageError(f"{metadata.describe()}: its transaction index: {damage}")
-            out.extend(t for t in entries if t.last_offset >= start and t.first_offset < upper)
-        return out
+        return self._reader.aborted_transactions(self.finished_segments(), start, upper)
 
 
 class _Attached:

@@ -56,7 +56,8 @@ from .metadata import (
 )
 from .records import REMOTE_LOG_METADATA_TOPIC, RemoteLogMetadata, RemoteLogMetadataRecordError, decode, encode
 
-__all__ = ["RemoteLogMetadataManager", "RemotePartitionMetadataStore", "TopicBasedRemoteLogMetadataManager"]
+__all__ = ["RemoteLogMetadataManager", "RemotePartitionMetadataStore", "TopicBasedRemoteLogMetadataManager",
+           "apply_records"]
 
 logger = logging.getLogger(__name__)
 
@@ -398,6 +399,12 @@ class RemotePartitionMetadataStore:
         part = self._partitions.get(tp)
         return None if part is None or not part.referenced else part.referenced.peekitem(0)[0]
 
+    def referenced_segments(self, tp: TopicIdPartition) -> list[RemoteLogSegmentMetadata]:
+        """The referenced COPY_SEGMENT_FINISHED segments of ``tp`` (what readers read: none
+        lies inside another), by ascending start offset; their ends ascend too."""
+        part = self._partitions.get(tp)
+        return [] if part is None else [part.segments[segment_id] for segment_id in part.referenced.values()]
+
     def remote_log_end_offset(self, tp: TopicIdPartition) -> int | None:
         part = self._partitions.get(tp)
         if part is None or not part.referenced:
@@ -526,30 +533,11 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
 
     @staticmethod
     def _decoded(record: Any) -> RemoteLogMetadata | None:
-        if record.value is None:
-            logger.warning("skipping the record at offset %d of %s: it has no value", record.offset,
-                           REMOTE_LOG_METADATA_TOPIC)
-            return None
-        try:
-            return decode(record.value)
-        except RemoteLogMetadataRecordError as exc:
-            logger.warning("skipping the record at offset %d of %s: %s", record.offset, REMOTE_LOG_METADATA_TOPIC,
-                           exc.detail)
-            return None
+        return _decoded(record.offset, record.value)
 
     def _apply_all(self, events: Iterable[tuple[int, RemoteLogMetadata | None]]) -> int:
         """Apply each decoded event (held: the state lock); an event the state refuses is skipped."""
-        applied = 0
-        for offset, event in events:
-            if event is None:
-                continue
-            try:
-                self._store.apply(event)
-            except (ValueError, RemoteResourceNotFoundError) as exc:
-                logger.warning("skipping the record at offset %d of %s: %s", offset, REMOTE_LOG_METADATA_TOPIC, exc)
-                continue
-            applied += 1
-        return applied
+        return _apply_all(self._store, events)
 
     def close(self) -> None:
         """See :meth:`RemoteLogMetadataManager.close`. The log stays open (its owner closes it)."""
@@ -602,3 +590,38 @@ class TopicBasedRemoteLogMetadataManager(RemoteLogMetadataManager):
     def partitions(self) -> list[TopicIdPartition]:
         """The partitions anything is kept of, sorted."""
         return self._lookup(RemotePartitionMetadataStore.partitions)  # type: ignore[no-any-return]
+
+
+def _decoded(offset: int, value: bytes | None) -> RemoteLogMetadata | None:
+    """The event of the record at ``offset``, None (logged) when it has no value or cannot be
+    decoded."""
+    if value is None:
+        logger.warning("skipping the record at offset %d of %s: it has no value", offset, REMOTE_LOG_METADATA_TOPIC)
+        return None
+    try:
+        return decode(value)
+    except RemoteLogMetadataRecordError as exc:
+        logger.warning("skipping the record at offset %d of %s: %s", offset, REMOTE_LOG_METADATA_TOPIC, exc.detail)
+        return None
+
+
+def _apply_all(store: RemotePartitionMetadataStore, events: Iterable[tuple[int, RemoteLogMetadata | None]]) -> int:
+    applied = 0
+    for offset, event in events:
+        if event is None:
+            continue
+        try:
+            store.apply(event)
+        except (ValueError, RemoteResourceNotFoundError) as exc:
+            logger.warning("skipping the record at offset %d of %s: %s", offset, REMOTE_LOG_METADATA_TOPIC, exc)
+            continue
+        applied += 1
+    return applied
+
+
+def apply_records(store: RemotePartitionMetadataStore, records: Iterable[tuple[int, bytes | None]]) -> int:
+    """Fold ``__remote_log_metadata`` records, (offset, value) in log order, into ``store`` by
+    the rule of :class:`TopicBasedRemoteLogMetadataManager`'s load (the one statement of it): a
+    record that cannot be decoded, or whose event the state refuses, is logged and skipped.
+    Returns how many were applied. Not thread-safe (as ``store``)."""
+    return _apply_all(store, ((offset, _decoded(offset, value)) for offset, value in records))

@@ -4,8 +4,10 @@
 directory or of one partition directory: the log start and end offsets, segments, bytes,
 batches and records (each segment's valid batches, from the one walk
 :class:`~logstore.log.segmentscan.BatchWalk`), the compression ratio, the dirty ratio of a
-compacted topic, and the lag of every consumer group that committed offsets in
-``__consumer_offsets``.
+compacted topic, the lag of every consumer group that committed offsets in
+``__consumer_offsets``, and for a tiered partition (tiered storage) its remote segments and
+bytes (from ``__remote_log_metadata``; the object store is not asked), its local log start and
+the bytes of sealed local segments waiting to be copied.
 
 Everything here only reads (files are mapped read-only through ``_fileio``; nothing is locked,
 repaired or created), so it may run on a store in use, on a copy, or on segments written by
@@ -54,6 +56,13 @@ class PartitionStats:
     dirty_ratio: float | None
     #: consumer group -> committed offset lag (log end - committed)
     group_lag: dict[str, int] = field(default_factory=dict)
+    #: tiered storage (None for a partition without a remote tier): the first offset on local
+    #: disk, the remote segments and their bytes, and the bytes of sealed local segments not
+    #: yet copied (Kafka's RemoteCopyLagBytes, sealed segments only)
+    local_log_start_offset: int | None = None
+    remote_segments: int | None = None
+    remote_bytes: int | None = None
+    copy_lag_bytes: int | None = None
 
 
 def stats(path: str, progress: Progress = SILENT) -> list[PartitionStats]:
@@ -140,9 +149,17 @@ def _partition_stats(view: PartitionView, compacted: bool, cleaner: dict[tuple[s
         first_dirty = max(cleaner.get(key, 0), start)
         sealed = sum(b for _, b in sealed_sizes)
         dirty = sum(b for nxt, b in sealed_sizes if nxt > first_dirty) / sealed if sealed else 0.0
-    return PartitionStats(view.topic, view.partition, start, end, len(segments), size, batches, records,
-                          uncompressed / stored if stored else 1.0, dirty,
-                          {group: max(0, end - offset) for group, offset in sorted(lags.get(key, {}).items())})
+    out = PartitionStats(view.topic, view.partition, start, end, len(segments), size, batches, records,
+                         uncompressed / stored if stored else 1.0, dirty,
+                         {group: max(0, end - offset) for group, offset in sorted(lags.get(key, {}).items())})
+    if view.remote is not None:
+        remote = view.remote
+        copied = -1 if remote.end_offset is None else remote.end_offset
+        out.local_log_start_offset = view.local_log_start_offset(segments)
+        out.remote_segments = len(remote.segments)
+        out.remote_bytes = remote.size_in_bytes
+        out.copy_lag_bytes = sum(b for nxt, b in sealed_sizes if nxt - 1 > copied)
+    return out
 
 
 def _is_compacted(view: StoreView | None, topic: str) -> bool:

@@ -28,15 +28,15 @@ from typing import Any
 from .. import _fileio
 from .._native import lib
 from ..checkpoint import LEADER_EPOCH_CHECKPOINT, CheckpointFile, CorruptCheckpointError
-from ..errors import CorruptRecordError, LogstoreError
+from ..errors import CorruptRecordError, LogstoreError, RemoteStorageError
 from ..log.filenames import SNAPSHOT_SUFFIX
 from ..log.producers import snapshot_offsets
 from ..log.producerstate import CompletedTxn, CorruptSnapshotError, ProducerStateTable
-from ..records.batch import BatchHeader, RecordDecoder
+from ..records.batch import BatchHeader, RecordDecoder, batch_headers
 from ..log.filenames import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX, parse_segment_name, segment_name
 from ..store.kafkadirs import looks_like_log_dir
 from ..store.layout import TOPICS_DIR
-from ..store.views import SegmentBatches
+from ..store.views import SegmentBatches, StoreView
 from .dump import (OFFSET_CHECKPOINTS, index_entries, is_partition_dir, segment_base_offset, timeindex_entries,
                    txnindex_entries)
 from .progress import SILENT, Progress
@@ -82,9 +82,15 @@ class VerifyReport:
         return out
 
 
-def verify(path: str, progress: Progress = SILENT) -> VerifyReport:
+def verify(path: str, progress: Progress = SILENT, remote: bool = False,
+           remote_storage: str | None = None) -> VerifyReport:
     """Scrub ``path``: a store root, a Kafka log directory (every subdirectory holding
     segments, skipped ones included), a partition directory or one ``.log`` file. Reads only.
+
+    With ``remote``, a store's tiered partitions' remote segments (tiered storage) are read
+    from the object store too (``remote_storage``, else the one the store remembers): every
+    batch's header and CRC, its records decoded, and the offsets each segment's metadata
+    claims; a problem names the remote segment (its partition, offsets and id).
 
     Raises:
         LogstoreError: ``path`` is none of those.
@@ -118,7 +124,47 @@ def verify(path: str, progress: Progress = SILENT) -> VerifyReport:
             _verify_partition(directory, report, progress)
     finally:
         progress.finish()
+    if remote and ops.exists(os.path.join(path, TOPICS_DIR)):
+        _verify_remote(StoreView(path, remote_storage=remote_storage), report)
     return report
+
+
+def _verify_remote(view: StoreView, report: VerifyReport) -> None:
+    """Read every remote segment of every tiered partition of the store, whole batches at a
+    time (each validated by the read path: header and CRC), and decode its records."""
+    for topic in view.topics():
+        for p in range(view.partitions(topic)):
+            tier = view.remote_tier(topic, p)
+            if tier is None:
+                continue
+            with tier:
+                for metadata in tier.segments:
+                    _verify_remote_segment(tier, metadata, report)
+
+
+def _verify_remote_segment(tier: Any, metadata: Any, report: VerifyReport) -> None:
+    where = metadata.describe()
+    report.segments += 1
+    offset, first = metadata.start_offset, None
+    decoder = RecordDecoder()
+    try:
+        while offset <= metadata.end_offset:
+            raw = tier.reader.read_batches(metadata, offset, 8 << 20)
+            if not raw:
+                break
+            records, _ = decoder.decode(raw, 0, len(raw), 0, -1, path=where)
+            for _, header in batch_headers(raw):
+                first = header.base_offset if first is None else first
+                report.batches += 1
+                offset = header.last_offset + 1
+            report.records += len(records)
+            report.bytes += len(raw)
+    except (RemoteStorageError, CorruptRecordError) as exc:
+        report.problems.append(Problem(where, str(exc), offset=offset))
+        return
+    if first != metadata.start_offset or offset != metadata.end_offset + 1:
+        report.problems.append(Problem(where, f"its batches hold offsets {first}..{offset - 1}, its metadata says "
+                                              f"{metadata.start_offset}..{metadata.end_offset}"))
 
 
 def _verify_partition(directory: str, report: VerifyReport, progress: Progress) -> None:
