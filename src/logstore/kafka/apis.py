@@ -955,10 +955,23 @@ class KafkaApis:
         if unknown:
             return ErrorCode.invalid_config, f"unknown topic config name: {', '.join(unknown)}"
         try:
-            LogConfig.from_kafka({**self.store.defaults.to_kafka(), **configs})
+            config = LogConfig.from_kafka({**self.store.defaults.to_kafka(), **configs})
         except (InvalidConfigError, TypeError, ValueError) as exc:
             return ErrorCode.invalid_config, str(exc)
+        if config.remote_storage_enable:
+            refused = self.remote_storage_refusal(name)
+            if refused is not None:
+                return ErrorCode.invalid_config, refused
         return ErrorCode.none, None
+
+    def remote_storage_refusal(self, topic: str) -> str | None:
+        """Why ``topic`` may not enable remote storage (tiered storage) on this broker, or
+        None: the store's reason (it has no object store)."""
+        try:
+            self.store.check_remote_storage(topic)
+        except InvalidConfigError as exc:
+            return str(exc)
+        return None
 
     def make_topic(self, name: str, partitions: int, configs: dict[str, str | None]) -> tuple[int, str | None]:
         """(error, message) of CreateTopics' creation of a checked topic (a replica set
