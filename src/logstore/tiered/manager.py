@@ -177,6 +177,9 @@ class RemotePartition(RemoteTier):
         self._rlmm = rlmm
         self._cache = cache
         self._meter = meter
+        #: the bytes the last read fetched past its whole batches: (segment id, their position,
+        #: the offset of the batch starting there, the bytes), for the next sequential read
+        self._tail: tuple[RemoteLogSegmentId, int, int, bytes] | None = None
 
     def start_offset(self) -> int | None:
         self._rlmm.catch_up()  # (another process of a shared store may have copied)
@@ -234,7 +237,19 @@ class RemotePartition(RemoteTier):
         _, position = offset_index_lookup(self._index(metadata, IndexType.OFFSET), metadata.start_offset, offset)
         size = metadata.segment_size_in_bytes
         want = max(max_bytes, HEADER_SIZE)
-        data = self._fetch(metadata, position, position + want)
+        # A sequential reader goes on where the last read stopped: the bytes it fetched past its
+        # whole batches start the next read (at a batch boundary; every batch before it ends
+        # below its offset), followed by a ranged get of max_bytes more when they are fewer, so
+        # the segment is fetched once, in ranges of max_bytes (at most twice that is kept). With
+        # 1 MiB reads of 200 KB batches, fetching those bytes again made 1.56x the ranged gets
+        # of a raw reader: 0.51x its speed; fetching only up to max_bytes, 1.19x: 0.71x.
+        tail = self._tail
+        if tail is not None and tail[0] == metadata.segment_id and tail[2] <= offset and tail[1] >= position:
+            position, data = tail[1], tail[3]
+            if len(data) < want:
+                data = data + self._fetch(metadata, position + len(data), position + len(data) + want)
+        else:
+            data = self._fetch(metadata, position, position + want)
         start = 0  # of the first batch holding offset or after it, in data
         while True:
             if len(data) - start < HEADER_SIZE:
@@ -265,6 +280,9 @@ class RemotePartition(RemoteTier):
             except CorruptRecordError as exc:
                 raise RemoteStorageError(f"{metadata.describe()}: {exc}") from exc
             end += header.size
+            after = header.last_offset + 1
+        if end > start and len(data) > end:
+            self._tail = (metadata.segment_id, position + end, after, bytes(data[end:]))
         return bytes(data[start:end])
 
     def offset_for_timestamp(self, timestamp: int) -> int | None:
