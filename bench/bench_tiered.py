@@ -182,7 +182,7 @@ TOPIC_CONFIG = {"segment_bytes": TOPIC_SEGMENT_BYTES, "remote_storage_enable": T
 
 def _fill(store, topic: str, values, keys, **config):
     """A topic of TOPIC_SEGMENTS sealed segments (and an active one) of 200-byte values."""
-    store.create_topic(topic, 1, **TOPIC_CONFIG, **config)
+    store.create_topic(topic, 1, **{**TOPIC_CONFIG, **config})
     log = store.partition(topic, 0)
     n = 0
     while len(log.segments) <= TOPIC_SEGMENTS:
@@ -253,6 +253,7 @@ def remote_topic(s3, pool):
     with _workload.scratch_dir("logstore-bench-tiered-read-") as root:
         with LogStore(root, maintenance=False, remote_storage=url, remote_storage_options=server.options()) as store:
             log = _fill(store, "read", values, keys, local_retention_bytes=0)
+            _fill(store, "local", values, keys, remote_storage_enable=False)  # the consumer's local peer
             done = store.run_maintenance()
             assert done["remote_segments_copied"] == TOPIC_SEGMENTS and done["remote_errors"] == 0
             boundary = log.local_log_start_offset
@@ -266,7 +267,8 @@ def _remote_bytes(segments) -> int:
 
 
 @pytest.mark.benchmark(group="tiered sequential read of a topic's 64 MiB remote part (SeaweedFS, loopback)")
-@pytest.mark.parametrize("how", ["obstore-raw", "Log.read_raw", "Log.iter", "confluent-kafka"])
+@pytest.mark.parametrize("how", ["obstore-raw", "Log.read_raw", "Log.iter", "confluent-kafka (local topic)",
+                                 "confluent-kafka"])
 def test_read_remote_topic(benchmark, s3, remote_topic, how):
     from logstore import LogStore
     from logstore.records.batch import batch_headers
@@ -315,7 +317,7 @@ def test_read_remote_topic(benchmark, s3, remote_topic, how):
             def read():
                 consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench", "enable.auto.commit": False,
                                      "fetch.queue.backoff.ms": 10})
-                consumer.assign([TopicPartition("read", 0, 0)])
+                consumer.assign([TopicPartition("local" if "local" in how else "read", 0, 0)])
                 n, last = 0, -1
                 try:
                     while last < boundary - 1:
@@ -332,13 +334,18 @@ def test_read_remote_topic(benchmark, s3, remote_topic, how):
     _report.report(benchmark, nbytes=nbytes, unit="MB/s", note=how)
     TIMES[("remote read", how)] = (benchmark.stats.stats.mean, benchmark.stats.stats.min)
     raw_times = TIMES.get(("remote read", "obstore-raw"))
-    if raw_times and how != "obstore-raw":
+    if raw_times and how not in ("obstore-raw", "confluent-kafka (local topic)"):
         _ratio_rows_against(benchmark, f"remote read: {how}", TIMES[("remote read", how)], raw_times)
+    local_times = TIMES.get(("remote read", "confluent-kafka (local topic)"))
+    if local_times and how == "confluent-kafka":  # the client's own ceiling: the same records on local disk
+        _ratio_rows_against(benchmark, "remote read: confluent-kafka", TIMES[("remote read", how)], local_times,
+                            "the same consumer of the topic on local disk", None)
 
 
-def _ratio_rows_against(benchmark, what: str, ours, raw) -> None:
+def _ratio_rows_against(benchmark, what: str, ours, peer, peer_name: str = "obstore raw",
+                        target: float | None = 0.8) -> None:
     for label, index in (("mean", 0), ("fastest", 1)):
-        ratio = raw[index] / ours[index]
-        benchmark.extra_info[f"logstore_vs_raw_{label}"] = ratio
-        _report.ROWS.append(_report.Row(benchmark.group, f"{what} / obstore raw ({label} round)", ratio, None, "x",
-                                        0.8, note="higher is better for logstore"))
+        ratio = peer[index] / ours[index]
+        benchmark.extra_info[f"logstore_vs_{peer_name.replace(' ', '_')}_{label}"] = ratio
+        _report.ROWS.append(_report.Row(benchmark.group, f"{what} / {peer_name} ({label} round)", ratio, None, "x",
+                                        target, note="higher is better for logstore"))

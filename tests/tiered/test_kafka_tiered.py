@@ -598,3 +598,33 @@ def test_the_object_store_stopped_while_the_store_tiers_loses_nothing(tmp_path):
             server.stop()
     finally:
         weed.kill()
+
+
+def test_a_sequential_remote_read_fetches_each_byte_once_and_reads_the_same(tmp_path):
+    """Reads that go on where the last one stopped start from the bytes it fetched past its
+    whole batches and the range fetched ahead meanwhile: the object store serves each byte of
+    the remote segments once, and the batches are those a fresh read returns."""
+    fetched = "kafka.server:type=BrokerTopicMetrics,name=RemoteFetchBytesPerSec"
+    with LogStore(str(tmp_path / "data"), maintenance=False, remote_storage=f"file://{tmp_path}/remote") as store:
+        store.create_topic("t", 1, segment_bytes=64 << 10, remote_storage_enable=True, local_retention_bytes=0,
+                           retention_ms=-1)
+        log = store.partition("t", 0)
+        for i in range(300):
+            log.append_batch([b"%05d-" % i + bytes(40 + i % 200) for _ in range(20)])
+        store.run_maintenance()
+        boundary = log.local_log_start_offset
+        remote_bytes = log.remote_tier.size_in_bytes()
+        assert boundary > 0 and remote_bytes > 4 * (64 << 10)
+        before = store.metrics()[fetched]
+        offset, chunks = 0, []
+        while offset < boundary:
+            raw = log.read_raw(offset, 10_000)
+            chunks.append((offset, raw))
+            offset = offsets_of(raw)[-1] + 1
+        assert store.metrics()[fetched] - before == remote_bytes
+        assert [r.offset for r in log.iter(0, boundary)] == list(range(boundary))
+    with LogStore(str(tmp_path / "data"), maintenance=False, remote_storage=f"file://{tmp_path}/remote") as store:
+        log = store.partition("t", 0)  # fresh reads, one at a time, by a new store: the same batches
+        for at, raw in chunks[::7]:
+            fresh = log.read_raw(at, 10_000)  # (whole batches within what its ranged get brought)
+            assert fresh and (raw.startswith(fresh) or fresh.startswith(raw))

@@ -36,6 +36,7 @@ import random
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -66,6 +67,8 @@ STARTED = RemoteLogSegmentState.COPY_SEGMENT_STARTED
 FINISHED = RemoteLogSegmentState.COPY_SEGMENT_FINISHED
 DELETE_STARTED = RemoteLogSegmentState.DELETE_SEGMENT_STARTED
 DELETE_FINISHED = RemoteLogSegmentState.DELETE_SEGMENT_FINISHED
+#: threads of the sequential readers' read-ahead (each holds one range in flight at a time)
+READ_AHEAD_THREADS = 4
 
 
 @dataclass(frozen=True)
@@ -168,18 +171,25 @@ class _Meter:
 
 class RemotePartition(RemoteTier):
     """One partition's remote segments as its log reads them (see the module docstring).
+
+    ``read_ahead`` (an executor; None: none): once a reader reads sequentially (a read starts
+    where the last one stopped), the next range of the segment is fetched in the background
+    while the reader works on what it got, at most one range (``max_bytes``) per partition.
     Thread-safe."""
 
     def __init__(self, tp: TopicIdPartition, rsm: RemoteStorageManager, rlmm: RemoteLogMetadataManager,
-                 cache: RemoteIndexCache, meter: _Meter) -> None:
+                 cache: RemoteIndexCache, meter: _Meter, read_ahead: Executor | None = None) -> None:
         self.tp = tp
         self._rsm = rsm
         self._rlmm = rlmm
         self._cache = cache
         self._meter = meter
+        self._read_ahead = read_ahead
         #: the bytes the last read fetched past its whole batches: (segment id, their position,
         #: the offset of the batch starting there, the bytes), for the next sequential read
         self._tail: tuple[RemoteLogSegmentId, int, int, bytes] | None = None
+        #: the range fetched ahead: (segment id, its position, the Future of its bytes)
+        self._ahead: tuple[RemoteLogSegmentId, int, Future] | None = None
 
     def start_offset(self) -> int | None:
         self._rlmm.catch_up()  # (another process of a shared store may have copied)
@@ -244,10 +254,11 @@ class RemotePartition(RemoteTier):
         # 1 MiB reads of 200 KB batches, fetching those bytes again made 1.56x the ranged gets
         # of a raw reader: 0.51x its speed; fetching only up to max_bytes, 1.19x: 0.71x.
         tail = self._tail
-        if tail is not None and tail[0] == metadata.segment_id and tail[2] <= offset and tail[1] >= position:
+        sequential = tail is not None and tail[0] == metadata.segment_id and tail[2] <= offset and tail[1] >= position
+        if sequential:
             position, data = tail[1], tail[3]
             if len(data) < want:
-                data = data + self._fetch(metadata, position + len(data), position + len(data) + want)
+                data = data + self._fetch_next(metadata, position + len(data), want)
         else:
             data = self._fetch(metadata, position, position + want)
         start = 0  # of the first batch holding offset or after it, in data
@@ -283,7 +294,32 @@ class RemotePartition(RemoteTier):
             after = header.last_offset + 1
         if end > start and len(data) > end:
             self._tail = (metadata.segment_id, position + end, after, bytes(data[end:]))
+            if sequential and self._read_ahead is not None and len(data) - end < want and position + len(data) < size:
+                self._fetch_ahead(metadata, position + len(data), want)
         return bytes(data[start:end])
+
+    def _fetch_next(self, metadata: RemoteLogSegmentMetadata, start: int, want: int) -> bytes:
+        """Bytes [start, start + want) of the segment: those fetched ahead when they are these."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == metadata.segment_id and ahead[1] == start:
+            try:
+                data = ahead[2].result()
+            except (RemoteStorageError, LogstoreError):
+                pass  # fetched again below: its failure is this read's
+            else:
+                if len(data) >= min(want, metadata.segment_size_in_bytes - start):
+                    return data
+                return data + self._fetch(metadata, start + len(data), start + want)
+        return self._fetch(metadata, start, start + want)
+
+    def _fetch_ahead(self, metadata: RemoteLogSegmentMetadata, start: int, want: int) -> None:
+        """Start fetching [start, start + want) in the background (a sequential reader's next
+        range); the executor refusing (closed) fetches nothing."""
+        try:
+            future = self._read_ahead.submit(self._fetch, metadata, start, start + want)  # type: ignore[union-attr]
+        except RuntimeError:  # the manager is closing
+            return
+        self._ahead = (metadata.segment_id, start, future)
 
     def offset_for_timestamp(self, timestamp: int) -> int | None:
         for metadata in self.finished_segments():
@@ -375,6 +411,8 @@ class RemoteLogManager:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
+        #: the sequential readers' read-ahead (RemotePartition), threads started as used
+        self._read_ahead = ThreadPoolExecutor(READ_AHEAD_THREADS, thread_name_prefix="logstore-remote-read-ahead")
 
     # ------------------------------------------------------------------ partitions
     def attach(self, log: Any, topic_id: Any) -> RemotePartition:
@@ -382,7 +420,7 @@ class RemoteLogManager:
         of the topic with id ``topic_id``: its reads below its local segments go to the remote
         tier from now on, and the tasks copy and expire its segments. Thread-safe."""
         tp = TopicIdPartition(topic_id, log.topic, log.partition)
-        partition = RemotePartition(tp, self.rsm, self.rlmm, self.cache, self._meter)
+        partition = RemotePartition(tp, self.rsm, self.rlmm, self.cache, self._meter, self._read_ahead)
         log.attach_remote(partition)
         with self._lock:
             self._attached[tp] = _Attached(log, partition)
@@ -663,6 +701,7 @@ class RemoteLogManager:
         self._wake.set()
         if self._thread is not None:
             self._thread.join()
+        self._read_ahead.shutdown(wait=False, cancel_futures=True)  # (a fetch in flight ends by its timeout)
         self.rlmm.close()
         self.rsm.close()
 
