@@ -340,6 +340,13 @@ def test_list_offsets_of_a_tiered_topic(served):
 
 
 # ---------------------------------------------------------------------- configs through admin clients
+def broker_configs(server):
+    """The broker's configs by confluent-kafka's DescribeConfigs: {name: value}."""
+    admin = AdminClient({"bootstrap.servers": server.bootstrap_servers})
+    [future] = admin.describe_configs([ConfigResource("broker", str(server.node_id))]).values()
+    return {name: entry.value for name, entry in future.result(20).items()}
+
+
 def test_tiered_topic_configs_through_admin_clients_and_kafkas_errors(tmp_path):
     kafka = pytest.importorskip("kafka")
     from kafka.admin import ConfigResource as KPResource, ConfigResourceType, KafkaAdminClient, NewTopic as KPNewTopic
@@ -362,11 +369,16 @@ def test_tiered_topic_configs_through_admin_clients_and_kafkas_errors(tmp_path):
         with pytest.raises(KafkaException) as refused:
             future.result(20)
         assert refused.value.args[0].code() == KafkaError.INVALID_CONFIG
+        assert broker_configs(plain)["remote.log.storage.system.enable"] == "false"
     finally:
         plain.stop()
 
-    server = serve(tmp_path / "data", f"file://{tmp_path}/remote", {})
+    server = serve(tmp_path / "data", f"file://{tmp_path}/remote", {}, remote_fetch_max_wait_ms=700)
     try:
+        broker = broker_configs(server)
+        assert broker["remote.log.storage.system.enable"] == "true"
+        assert broker["remote.fetch.max.wait.ms"] == "700"
+        assert broker["remote.log.manager.task.interval.ms"] == "3600000"
         admin = AdminClient({"bootstrap.servers": server.bootstrap_servers})
         [future] = admin.create_topics([NewTopic("compacted", 1, 1, config={
             "remote.storage.enable": "true", "cleanup.policy": "compact"})]).values()

@@ -1209,7 +1209,18 @@ class KafkaApis:
                 "group.min.session.timeout.ms": group.min_session_timeout_ms,
                 "group.max.session.timeout.ms": group.max_session_timeout_ms,
                 "group.initial.rebalance.delay.ms": group.initial_rebalance_delay_ms,
-                "log.dirs": self.store.root, **self._consumer_group_settings()}
+                "log.dirs": self.store.root, **self._consumer_group_settings(), **self._remote_settings()}
+
+    def _remote_settings(self) -> dict[str, Any]:
+        """Tiered storage's broker settings by Kafka's names (the store's remote log manager's)."""
+        manager = self.store.remote_log_manager
+        settings: dict[str, Any] = {"remote.log.storage.system.enable": manager is not None,
+                                    "remote.log.reader.threads": self.remote_reader.threads}
+        if manager is not None:
+            settings.update({"remote.log.manager.task.interval.ms": manager.config.task_interval_ms,
+                             "remote.fetch.max.wait.ms": manager.config.fetch_max_wait_ms,
+                             "remote.log.index.file.cache.total.size.bytes": manager.config.index_cache_size_bytes})
+        return settings
 
     def _consumer_group_settings(self) -> dict[str, Any]:
         """KIP-848's broker settings by Kafka's names."""
