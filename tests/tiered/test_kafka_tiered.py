@@ -348,7 +348,7 @@ def broker_configs(server):
 
 
 def test_tiered_topic_configs_through_admin_clients_and_kafkas_errors(tmp_path):
-    kafka = pytest.importorskip("kafka")
+    pytest.importorskip("kafka")
     from kafka.admin import ConfigResource as KPResource, ConfigResourceType, KafkaAdminClient, NewTopic as KPNewTopic
     from kafka.errors import InvalidConfigurationError
 
