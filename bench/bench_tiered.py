@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from tiered.seaweedfs import SeaweedFS, weed_binary  # noqa: E402 - the tests' S3 server
 
 from logstore import Log  # noqa: E402
+from logstore.tiered.manager import READ_AHEAD_BYTES  # noqa: E402
 from logstore.tiered.metadata import (LogSegmentData, RemoteLogSegmentId, RemoteLogSegmentMetadata,  # noqa: E402
                                       TopicIdPartition)
 from logstore.tiered.objectstore import open_object_store  # noqa: E402
@@ -267,8 +268,8 @@ def _remote_bytes(segments) -> int:
 
 
 @pytest.mark.benchmark(group="tiered sequential read of a topic's 64 MiB remote part (SeaweedFS, loopback)")
-@pytest.mark.parametrize("how", ["obstore-raw", "Log.read_raw", "Log.iter", "confluent-kafka (local topic)",
-                                 "confluent-kafka"])
+@pytest.mark.parametrize("how", ["obstore-raw", "obstore-raw 4 MiB", "Log.read_raw", "Log.iter",
+                                 "confluent-kafka (local topic)", "confluent-kafka"])
 def test_read_remote_topic(benchmark, s3, remote_topic, how):
     from logstore import LogStore
     from logstore.records.batch import batch_headers
@@ -276,15 +277,16 @@ def test_read_remote_topic(benchmark, s3, remote_topic, how):
     server, url = s3
     root, boundary, segments = remote_topic
     nbytes = _remote_bytes(segments)
-    if how == "obstore-raw":
+    if how.startswith("obstore-raw"):  # the peer: ranged gets of the reads' size (and of the read-ahead's)
         raw = _raw_store(server, url)
+        step = RANGE if how == "obstore-raw" else READ_AHEAD_BYTES
 
         def read():
             n = 0
             for metadata in segments:
                 key, size = object_key(metadata, LOG_SUFFIX), metadata.segment_size_in_bytes
-                for start in range(0, size, RANGE):
-                    n += len(obstore.get_range(raw, key, start=start, end=min(start + RANGE, size)))
+                for start in range(0, size, step):
+                    n += len(obstore.get_range(raw, key, start=start, end=min(start + step, size)))
             return n
         assert benchmark.pedantic(read, rounds=5, iterations=1, warmup_rounds=1) == nbytes
     elif how.startswith("Log."):
@@ -334,7 +336,7 @@ def test_read_remote_topic(benchmark, s3, remote_topic, how):
     _report.report(benchmark, nbytes=nbytes, unit="MB/s", note=how)
     TIMES[("remote read", how)] = (benchmark.stats.stats.mean, benchmark.stats.stats.min)
     raw_times = TIMES.get(("remote read", "obstore-raw"))
-    if raw_times and how not in ("obstore-raw", "confluent-kafka (local topic)"):
+    if raw_times and how not in ("obstore-raw", "obstore-raw 4 MiB", "confluent-kafka (local topic)"):
         _ratio_rows_against(benchmark, f"remote read: {how}", TIMES[("remote read", how)], raw_times)
     local_times = TIMES.get(("remote read", "confluent-kafka (local topic)"))
     if local_times and how == "confluent-kafka":  # the client's own ceiling: the same records on local disk
