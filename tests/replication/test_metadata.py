@@ -530,3 +530,36 @@ def test_a_forwarded_change_does_not_hold_the_peer_connection_of_elections(tmp_p
     finally:
         release.set()
         stop_all(nodes)
+
+
+def test_remote_storage_is_refused_on_a_replica_set_with_a_clear_error(tmp_path):
+    """Tiered storage is not yet replicated: CreateTopics (validate-only too, on the leader and
+    forwarded by a follower) and AlterConfigs enabling ``remote.storage.enable`` get
+    INVALID_CONFIG saying so, and no metadata record is written."""
+    from confluent_kafka.admin import NewTopic
+
+    nodes, addrs = kafka_cluster(tmp_path)
+    try:
+        leader = leader_of(nodes, META)
+        follower = next(i for i in nodes if i != leader)
+        admin = AdminClient(login(addrs))
+        until_done(lambda: admin.create_topics([NewTopic("plain", 1, replication_factor=3)]))
+        for node in nodes.values():
+            wait_for(lambda: ("plain", 0) in set(node.describe()))
+        end = nodes[leader].store.partition(METADATA_TOPIC, 0).log_end_offset
+        for i in (leader, follower):
+            one = AdminClient(login({i: addrs[i]}))
+            for validate_only in (True, False):
+                with pytest.raises(confluent_kafka.KafkaException) as refused:
+                    until_done(lambda: one.create_topics([NewTopic(f"tiered{i}", 1, replication_factor=3, config={
+                        "remote.storage.enable": "true"})], validate_only=validate_only))
+                assert refused.value.args[0].code() == KafkaError.INVALID_CONFIG
+                assert "not yet on a replica set" in refused.value.args[0].str()
+            code, message = set_config(addrs[i], "remote.storage.enable", "true", topic="plain")
+            assert code == KafkaError.INVALID_CONFIG and "not yet on a replica set" in message
+        assert nodes[leader].store.partition(METADATA_TOPIC, 0).log_end_offset == end
+        for node in nodes.values():
+            assert not any(t.startswith("tiered") for t in node.store.topics())
+            assert node.store.partition("plain", 0).config.remote_storage_enable is False
+    finally:
+        stop_all(nodes)

@@ -14,7 +14,10 @@ produce with acks=0, which gets no response).
 - Fetch: whole batches from the one holding the fetch offset, at least one batch per partition
   even past the byte limits (KIP-74), as file regions that the network layer writes with
   sendfile; a fetch with fewer than ``min_bytes`` waits up to ``max_wait_ms`` in the purgatory
-  for an append, through this server or by any process sharing the store.
+  for an append, through this server or by any process sharing the store. Below the local
+  segments (tiered storage), a partition's batches come from the object store on the remote
+  reader's threads, the fetch waiting at most ``remote.fetch.max.wait.ms`` for them
+  (:mod:`~logstore.kafka.remotefetch`).
 - Metadata names this one broker as the leader, replica and in-sync replica of every
   partition; a topic asked for that does not exist is created when the server auto-creates
   topics (Kafka's ``auto.create.topics.enable``). DescribeTopicPartitions (KIP-966) and
@@ -73,7 +76,7 @@ from .groupconfigfile import GroupConfigFile
 from .._native import lib
 from ..log.config import LogConfig
 from ..log.epochs import UNDEFINED_EPOCH, UNDEFINED_OFFSET
-from ..records.batch import batch_headers, decode_batches, parse_header
+from ..records.batch import decode_batches, parse_header
 from ..txn.producerids import ProducerIds
 from ..groups.offsets import OFFSETS_TOPIC, offset_store
 from ..groups.coordinator import GroupConfig, GroupCoordinator, listed_by
@@ -83,6 +86,7 @@ from ..groups.consumergroup import (CONSUMER_PROTOCOL_TYPE, ClassicJoin, Consume
 from .apikeys import CONSUMER_GROUP_DESCRIBE, CONSUMER_GROUP_HEARTBEAT
 from .wire import SUPPORTED, KafkaRequest
 from ..net.purgatory import Purgatory
+from .remotefetch import NO_OFFSETS, RemoteFetch, RemoteRead, RemoteReader
 from ..store.kafkadirs import is_internal_topic
 from ..store.store import LogStore
 from ..store.topicids import ZERO_TOPIC_ID, topic_id_text
@@ -104,7 +108,7 @@ MAX_REQUEST_PARTITION_SIZE_LIMIT = 2000
 #: ApiVersions v3+'s client software name and version (Kafka's ApiVersionsRequest.isValid)
 _SOFTWARE = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
 #: A fetched partition's offsets when it is answered with an error (Kafka's: unknown).
-_NO_OFFSETS = {"high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None}
+_NO_OFFSETS = NO_OFFSETS
 
 
 def internal_topic_refusal(topic: str) -> tuple[int, int, str] | None:
@@ -188,6 +192,8 @@ class KafkaApis:
         self._owns_purgatory = purgatory is None
         self.purgatory = purgatory if purgatory is not None else Purgatory(f"kafka-{node_id}")
         self._appends = _AppendWatcher(store, self.purgatory, f"kafka-{node_id}-appends")
+        #: the threads that read the remote tier for fetches (tiered storage)
+        self.remote_reader = RemoteReader(f"kafka-{node_id}-remote-reader")
         self.producer_ids = ProducerIds(store.root)
         self._groups_lock = threading.Lock()
         self.group_config = group_config
@@ -262,6 +268,7 @@ class KafkaApis:
     def close(self) -> None:
         """Answer the fetches, joins and syncs still waiting (the server is stopping)."""
         self._appends.close()
+        self.remote_reader.close()
         if self._groups is not None:
             self._groups.close()
         if self._consumer_groups is not None:
@@ -665,7 +672,10 @@ class KafkaApis:
             return None
 
         counter = self.store.notification()  # appends from here on wake the wait below
-        answer, size = self._fetch(wanted, body.max_bytes, read_committed)
+        reads: list[RemoteRead] = []
+        answer, size = self._fetch(wanted, body.max_bytes, read_committed, reads)
+        if reads:  # records only the remote tier holds: answered once read, whatever min_bytes says
+            return RemoteFetch(answer, reads).watch(self.purgatory, self._remote_fetch_max_wait_ms())
         if size >= body.min_bytes or size < 0 or max_wait_ms <= 0 or not wanted:
             return answer
         _release(answer)
@@ -687,9 +697,22 @@ class KafkaApis:
         except UnknownTopicIdError:
             return FetchTopic(None, topic.topic_id)
 
+    def _remote_fetch_max_wait_ms(self) -> int:
+        """Kafka's ``remote.fetch.max.wait.ms``: the store's (500 without a remote tier)."""
+        manager = self.store.remote_log_manager
+        return 500 if manager is None else int(manager.config.fetch_max_wait_ms)
+
     def _fetch(self, wanted: list[tuple["FetchTopic", int, int, int]], max_bytes: int,
-               read_committed: bool = False) -> tuple[dict[str, Any], int]:
-        """The answer to a fetch now, and the record bytes in it (-1: an error to report now).
+               read_committed: bool = False, reads: list[RemoteRead] | None = None) -> tuple[dict[str, Any], int]:
+        """The answer to a fetch now, and the record bytes in it (-1: answer now, with an error
+        to report, or records below the local segments that only a new fetch reads).
+
+        A partition whose records at the fetch offset are only in the remote tier (below the
+        local segments) gets a read on the :class:`~logstore.kafka.remotefetch.RemoteReader`
+        appended to ``reads`` (its records filled in when it finishes, by
+        :class:`~logstore.kafka.remotefetch.RemoteFetch`), its ``limit`` counted as read for the
+        partitions after it; without ``reads`` (a fetch waiting in the purgatory, whose attempts
+        run on whatever thread checks) none is read and the answer is due now.
 
         As Kafka's: a partition in error has no offsets (-1); read_committed reads stop at the
         last stable offset and list the aborted transactions that overlap the records returned
@@ -742,26 +765,29 @@ class KafkaApis:
             limit = min(partition_max, max_bytes - total)
             if limit <= 0:
                 continue
-            remote_end = -1
             try:
+                data = log.read_region(offset, max(limit, 1), max_offset=visible,  # written with sendfile
+                                       end_offset=read_committed)
+            except OffsetMovedToTieredStorageError:
+                # Below the local segments (tiered storage): whole batches from the object store,
+                # CRC-checked, all below the high watermark (only those are copied), read on the
+                # remote reader's threads.
+                if reads is None:
+                    errors = True  # (answered now: the client's next fetch reads it)
+                    continue
                 try:
-                    data = log.read_region(offset, max(limit, 1), max_offset=visible,  # written with sendfile
-                                           end_offset=read_committed)
-                except OffsetMovedToTieredStorageError:
-                    # Below the local segments (tiered storage): whole batches from the object
-                    # store, CRC-checked, all below the high watermark (only those are copied).
-                    data, remote_end = _remote_batches(log.read_raw(offset, max(limit, 1)), visible)
+                    future = self.remote_reader.read(log, offset, limit, visible, read_committed)
+                except LogstoreError:  # the server stops
+                    continue
+                reads.append(RemoteRead(entry, f"{topic}-{partition} at {offset}", limit, total == 0, future))
+                total += max(limit, 1)
+                continue
             except OffsetOutOfRangeError:
                 entry.update(_NO_OFFSETS, error_code=ErrorCode.offset_out_of_range)
                 errors = True
                 continue
             except CorruptRecordError as exc:
                 logger.error("fetch from %s-%d at %d: %s", topic, partition, offset, exc)
-                entry.update(_NO_OFFSETS, error_code=ErrorCode.unknown_server_error)
-                errors = True
-                continue
-            except RemoteStorageError as exc:  # the object store failed: Kafka answers this way too
-                logger.error("fetch from %s-%d at %d from the remote tier: %s", topic, partition, offset, exc)
                 entry.update(_NO_OFFSETS, error_code=ErrorCode.unknown_server_error)
                 errors = True
                 continue
@@ -773,10 +799,9 @@ class KafkaApis:
                 entry["records"] = data
                 total += len(data)
                 if read_committed:  # Kafka's rule: the aborted transactions overlapping the data
-                    end = data.end_offset if isinstance(data, FileRegion) else remote_end
                     entry["aborted_transactions"] = [
                         {"producer_id": txn.producer_id, "first_offset": txn.first_offset}
-                        for txn in log.aborted_transactions(offset, end)]
+                        for txn in log.aborted_transactions(offset, data.end_offset)]
         answer = {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0,
                   "responses": [{"topic": t.name or "", "topic_id": t.topic_id or ZERO_TOPIC_ID, "partitions": parts}
                                 for t, parts in topics.items()],
@@ -786,10 +811,12 @@ class KafkaApis:
     # ------------------------------------------------------------------ ListOffsets
     def on_list_offsets(self, request: KafkaRequest) -> dict[str, Any]:
         """Kafka's ListOffsets: -1 the last fetchable offset (high watermark, or the last stable
-        offset for read_committed), -2 the log start, -3 (v7+, KIP-734) the first record with the
-        largest timestamp, -4 (v8+, KIP-1005) the local log start (the log start: nothing is
-        tiered), else the first record at or after the timestamp below the last fetchable
-        offset. A sentinel the version cannot carry is UNSUPPORTED_VERSION for its partition, a
+        offset for read_committed), -2 the log start (with tiered storage, the remote tier's
+        first offset), -3 (v7+, KIP-734) the first record with the largest timestamp (the remote
+        segments' too), -4 (v8+, KIP-1005) the local log start (the first offset on local disk),
+        else the first record at or after the timestamp below the last fetchable offset (read
+        from the remote tier when it lies there; its failure is UNKNOWN_SERVER_ERROR for the
+        partition). A sentinel the version cannot carry is UNSUPPORTED_VERSION for its partition, a
         partition named twice INVALID_REQUEST (as Kafka's ReplicaManager). The leader epoch is
         the epoch cache's for the offset (the partition's for -1)."""
         body = request.body
@@ -820,6 +847,13 @@ class KafkaApis:
             log = self.store.partition(topic, partition)
         except (UnknownTopicOrPartitionError, InvalidTopicError):
             return {"error_code": refused or ErrorCode.unknown_topic_or_partition}
+        try:
+            return self._list_log_offset(log, ts, read_committed)
+        except RemoteStorageError as exc:  # the object store failed: Kafka answers this way too
+            logger.error("list offsets of %s-%d at %d from the remote tier: %s", topic, partition, ts, exc)
+            return {"error_code": ErrorCode.unknown_server_error}
+
+    def _list_log_offset(self, log: Any, ts: int, read_committed: bool) -> dict[str, Any]:
         # Kafka's lastFetchableOffset: read_committed (v2+) sees up to the LSO
         visible = log.last_stable_offset if read_committed else log.high_watermark
         if ts == -1:
@@ -845,7 +879,7 @@ class KafkaApis:
         except OffsetOutOfRangeError:  # deleted by retention meanwhile
             return {}
         except CorruptRecordError as exc:  # a fetch from there reports it
-            logger.error("list offsets of %s-%d at %d: %s", topic, partition, found, exc)
+            logger.error("list offsets of %s at %d: %s", log.path, found, exc)
             record = []
         return {"offset": found, "timestamp": record[0].timestamp if record else wanted,
                 "leader_epoch": _epoch_at(log, found)}
@@ -921,10 +955,23 @@ class KafkaApis:
         if unknown:
             return ErrorCode.invalid_config, f"unknown topic config name: {', '.join(unknown)}"
         try:
-            LogConfig.from_kafka({**self.store.defaults.to_kafka(), **configs})
+            config = LogConfig.from_kafka({**self.store.defaults.to_kafka(), **configs})
         except (InvalidConfigError, TypeError, ValueError) as exc:
             return ErrorCode.invalid_config, str(exc)
+        if config.remote_storage_enable:
+            refused = self.remote_storage_refusal(name)
+            if refused is not None:
+                return ErrorCode.invalid_config, refused
         return ErrorCode.none, None
+
+    def remote_storage_refusal(self, topic: str) -> str | None:
+        """Why ``topic`` may not enable remote storage (tiered storage) on this broker, or
+        None: the store's reason (it has no object store)."""
+        try:
+            self.store.check_remote_storage(topic)
+        except InvalidConfigError as exc:
+            return str(exc)
+        return None
 
     def make_topic(self, name: str, partitions: int, configs: dict[str, str | None]) -> tuple[int, str | None]:
         """(error, message) of CreateTopics' creation of a checked topic (a replica set
@@ -1162,7 +1209,18 @@ class KafkaApis:
                 "group.min.session.timeout.ms": group.min_session_timeout_ms,
                 "group.max.session.timeout.ms": group.max_session_timeout_ms,
                 "group.initial.rebalance.delay.ms": group.initial_rebalance_delay_ms,
-                "log.dirs": self.store.root, **self._consumer_group_settings()}
+                "log.dirs": self.store.root, **self._consumer_group_settings(), **self._remote_settings()}
+
+    def _remote_settings(self) -> dict[str, Any]:
+        """Tiered storage's broker settings by Kafka's names (the store's remote log manager's)."""
+        manager = self.store.remote_log_manager
+        settings: dict[str, Any] = {"remote.log.storage.system.enable": manager is not None,
+                                    "remote.log.reader.threads": self.remote_reader.threads}
+        if manager is not None:
+            settings.update({"remote.log.manager.task.interval.ms": manager.config.task_interval_ms,
+                             "remote.fetch.max.wait.ms": manager.config.fetch_max_wait_ms,
+                             "remote.log.index.file.cache.total.size.bytes": manager.config.index_cache_size_bytes})
+        return settings
 
     def _consumer_group_settings(self) -> dict[str, Any]:
         """KIP-848's broker settings by Kafka's names."""
@@ -1544,17 +1602,6 @@ class _AppendWatcher:
 
     def _fetch_keys(self) -> list[tuple[str, int]]:
         return [key for key in self.purgatory.keys() if isinstance(key, tuple) and len(key) == 2]
-
-
-def _remote_batches(raw: bytes, visible: int) -> tuple[bytes | None, int]:
-    """A fetch's batches from the remote tier, none at or above ``visible`` (whole batches), and
-    the offset after the last one (-1 when there is none)."""
-    end, after = 0, -1
-    for position, header in batch_headers(raw):
-        if header.base_offset >= visible:
-            break
-        end, after = position + header.size, header.last_offset + 1
-    return (raw[:end] if end else None), after
 
 
 def _release(answer: Mapping[str, Any]) -> None:

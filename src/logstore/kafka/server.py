@@ -72,7 +72,8 @@ from ..net.protocol import TLSConfig
 from ..net.purgatory import mapped as _mapped
 
 __all__ = ["KafkaServer", "KafkaProtocol", "RequestMetrics", "add_sasl_arguments", "sasl_options",
-           "add_authorizer_arguments", "authorizer_options", "main"]
+           "add_authorizer_arguments", "authorizer_options", "add_remote_storage_arguments",
+           "remote_storage_options", "main"]
 
 logger = logging.getLogger("logstore.kafka")
 
@@ -281,6 +282,11 @@ class KafkaServer:
         group_config_bounds: the bounds of a consumer group's own configs
             (:class:`~logstore.kafka.configs.GroupConfigBounds`: Kafka's
             ``group.consumer.min/max.session.timeout.ms`` and ``...heartbeat.interval.ms``).
+        store_options: keyword arguments of the :class:`LogStore` the server opens when given a
+            directory: tiered storage's ``remote_storage``, ``remote_storage_options``,
+            ``remote_log_manager_task_interval_ms``, ``remote_fetch_max_wait_ms`` and
+            ``remote_log_index_cache_size_bytes`` (Kafka's broker settings of those names; see
+            :func:`remote_storage_options`), or any other. Not with an open store.
 
     Durability: a produce is answered once its batch is in the log (acks=1; acks=all too unless
     ``fsync_acks_all``): in the page cache, which survives the death of the process, and
@@ -309,7 +315,10 @@ class KafkaServer:
                  authorizer: bool | Authorizer = False, super_users: Sequence[str] = (),
                  allow_everyone_if_no_acl_found: bool = False,
                  consumer_group_config: ConsumerGroupConfig | None = ConsumerGroupConfig(),
-                 group_config_bounds: GroupConfigBounds = GroupConfigBounds()) -> None:
+                 group_config_bounds: GroupConfigBounds = GroupConfigBounds(),
+                 store_options: Mapping[str, Any] | None = None) -> None:
+        if store_options and isinstance(root_or_store, LogStore):
+            raise ValueError("store_options are for a store the server opens: pass them to the LogStore given")
         context = tls.server_context() if isinstance(tls, TLSConfig) else tls
         client_certs = context is not None and context.verify_mode == ssl.CERT_REQUIRED
         local = isinstance(listen, (str, os.PathLike))  # a Unix socket: its file's permissions guard it
@@ -349,7 +358,7 @@ class KafkaServer:
         if isinstance(root_or_store, LogStore):
             self.store, self._owns_store = root_or_store, False
         else:
-            self.store, self._owns_store = LogStore(root_or_store, shared=True), True
+            self.store, self._owns_store = LogStore(root_or_store, shared=True, **(store_options or {})), True
         apis: KafkaApis | None = None
         try:
             self._apis = apis = apis_factory(self.store, node_id=node_id, host="", port=0, cluster_id=_cluster_id(self.store.root),
@@ -563,6 +572,56 @@ def authorizer_options(args: Any) -> dict[str, Any]:
             "super_users": [u.strip() for u in args.super_users.split(";") if u.strip()]}
 
 
+def add_remote_storage_arguments(parser: Any) -> None:
+    """Tiered storage's command-line options (``logstore serve``), by Kafka's broker setting
+    names, read back by :func:`remote_storage_options`."""
+    parser.add_argument("--remote-storage", metavar="URL",
+                        help="the object store that topics with remote.storage.enable=true copy their sealed "
+                             "segments to (tiered storage): file:///path, s3://bucket, gs://bucket, az://container; "
+                             "remembered in the store (without credentials) for its later opens. S3 credentials "
+                             "come from the environment as the AWS tools read them")
+    parser.add_argument("--remote-storage-option", action="append", default=[], metavar="NAME=VALUE",
+                        help="a setting of --remote-storage's object store (repeat), obstore's names, e.g. "
+                             "endpoint=http://127.0.0.1:8333, region=us-east-1, allow_http=true")
+    parser.add_argument("--remote-log-manager-task-interval-ms", type=int, metavar="MS",
+                        help="how often each tiered partition's copy and expiration run (Kafka's "
+                             "remote.log.manager.task.interval.ms; default 30000)")
+    parser.add_argument("--remote-fetch-max-wait-ms", type=int, metavar="MS",
+                        help="how long a fetch waits for a read from the object store before it answers without "
+                             "that partition's records (Kafka's remote.fetch.max.wait.ms; default 500)")
+    parser.add_argument("--remote-log-index-cache-size-bytes", type=int, metavar="BYTES",
+                        help="the bound of the remote segments' indexes kept in memory (Kafka's "
+                             "remote.log.index.file.cache.total.size.bytes; default 1 GiB)")
+
+
+def remote_storage_options(args: Any) -> dict[str, Any]:
+    """LogStore's tiered-storage arguments from parsed :func:`add_remote_storage_arguments`
+    options (only those given).
+
+    Raises:
+        ValueError: a malformed ``--remote-storage-option``, or a value below 1.
+    """
+    options: dict[str, Any] = {}
+    if args.remote_storage:
+        options["remote_storage"] = args.remote_storage
+    if args.remote_storage_option:
+        settings = {}
+        for item in args.remote_storage_option:
+            name, sep, value = item.partition("=")
+            if not sep or not name.strip():
+                raise ValueError(f"--remote-storage-option {item!r}: expected NAME=VALUE")
+            settings[name.strip()] = value.strip()
+        options["remote_storage_options"] = settings
+    for name in ("remote_log_manager_task_interval_ms", "remote_fetch_max_wait_ms",
+                 "remote_log_index_cache_size_bytes"):
+        value = getattr(args, name)
+        if value is not None:
+            if value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+            options[name] = value
+    return options
+
+
 def add_consumer_group_arguments(parser: Any) -> None:
     """The consumer group protocol's (KIP-848) command-line options (``logstore serve`` and
     ``logstore node``), by Kafka's setting names, read back by :func:`consumer_group_config`."""
@@ -627,7 +686,8 @@ def consumer_group_config(args: Any) -> ConsumerGroupConfig | None:
 def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int:
     """``logstore serve ROOT [--listen HOST:PORT] [--advertised-listener HOST:PORT] [--node-id N]
     [--sasl-credentials FILE] [--sasl-oauthbearer NAME=VALUE ...] [--sasl-mechanisms M,M]
-    [--connections-max-reauth-ms MS] [--tls-cert F --tls-key F [--tls-ca F]]``:
+    [--connections-max-reauth-ms MS] [--tls-cert F --tls-key F [--tls-ca F]] [--remote-storage URL
+    [--remote-storage-option NAME=VALUE ...] [--remote-fetch-max-wait-ms MS] ...]``:
     print the bound address once it accepts, serve until SIGTERM or SIGINT, close cleanly."""
     parser = argparse.ArgumentParser(prog=prog, description="Serve a store to Kafka clients.")
     parser.add_argument("root", help="the store's directory (created if missing)")
@@ -653,6 +713,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
     add_transaction_arguments(parser)
     add_consumer_group_arguments(parser)
     add_group_config_arguments(parser)
+    add_remote_storage_arguments(parser)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -669,6 +730,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
         sasl = sasl_options(args)
         consumer_groups = consumer_group_config(args)
         bounds = group_config_bounds(args)
+        store_options = remote_storage_options(args)
     except ValueError as exc:
         sys.stderr.write(f"{prog}: {exc}\n")
         return 2
@@ -682,7 +744,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
                              tls=TLSConfig(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None,
                              group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
                              consumer_group_config=consumer_groups, group_config_bounds=bounds,
-                             txn_config=txn_config, **sasl, **authorizer_options(args))
+                             txn_config=txn_config, store_options=store_options, **sasl,
+                             **authorizer_options(args))
     except (LogstoreError, OSError, ValueError) as exc:
         sys.stderr.write(f"{prog}: {exc}\n")
         return 1

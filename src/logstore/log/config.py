@@ -121,16 +121,16 @@ class LogConfig:
             )
         # Kafka's rules (LogConfig.validateRemoteStorageRetentionSize/Time and ...OnlyIfSupported)
         if self.retention_ms >= 0 and (self.local_retention_ms > self.retention_ms or self.local_retention_ms == -1):
-            raise InvalidConfigError(f"local_retention_ms ({self.local_retention_ms}) must not exceed retention_ms "
-                                     f"({self.retention_ms})")
+            raise InvalidConfigError(f"local.retention.ms (local_retention_ms) {self.local_retention_ms} must not "
+                                     f"exceed retention.ms {self.retention_ms}")
         if self.retention_bytes >= 0 and (self.local_retention_bytes > self.retention_bytes or
                                           self.local_retention_bytes == -1):
-            raise InvalidConfigError(f"local_retention_bytes ({self.local_retention_bytes}) must not exceed "
-                                     f"retention_bytes ({self.retention_bytes})")
+            raise InvalidConfigError(f"local.retention.bytes (local_retention_bytes) {self.local_retention_bytes} "
+                                     f"must not exceed retention.bytes {self.retention_bytes}")
         if self.remote_storage_enable and self.compacted:
-            raise InvalidConfigError("remote_storage_enable cannot be set with cleanup_policy "
-                                     f"{self.cleanup_policy!r}: tiered storage is for topics that delete, "
-                                     "not compact")
+            raise InvalidConfigError("remote.storage.enable (remote_storage_enable) cannot be true with "
+                                     f"cleanup.policy {self.cleanup_policy!r}: tiered storage is for topics that "
+                                     "delete, not compact")
 
     # ------------------------------------------------------------------ conversions
     @classmethod

@@ -125,7 +125,7 @@ from .acls import ReplicatedAcls
 from .client import REPLICA_USER
 from .context import NodeContext
 from .leader import LeaderSide
-from .metadata import METADATA_TOPIC, ReplicaAdminApis, ReplicatedMetadata
+from .metadata import METADATA_TOPIC, ReplicaAdminApis, ReplicatedMetadata, remote_storage_refusal
 from .partition import PartitionReplica
 from .peerapis import PEER_VERSIONS, PeerApis
 from .replicatedlog import WRITE_TIMEOUT_S, ReplicatedLog
@@ -565,6 +565,10 @@ class ReplicaKafkaApis(KafkaApis):
     def replica_nodes(self) -> list[int]:
         """Every partition's replicas: the voters."""
         return list(self.context.voters)
+
+    def remote_storage_refusal(self, topic: str) -> str | None:
+        """Always a reason: a replica set does not tier yet."""
+        return remote_storage_refusal(topic)
 
     def make_topic(self, name: str, partitions: int, configs: dict[str, str | None]) -> tuple[int, str | None]:
         """CreateTopics' creation, replicated (:meth:`ReplicatedMetadata.create_topic`; the

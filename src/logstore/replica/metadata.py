@@ -66,8 +66,8 @@ import threading
 from typing import Any, Callable, Mapping
 
 from ..errorcodes import ErrorCode
-from ..errors import (InvalidPartitionsError, LogstoreError, NotLeaderOrFollowerError, TopicExistsError,
-                      UnknownTopicOrPartitionError)
+from ..errors import (InvalidConfigError, InvalidPartitionsError, LogstoreError, NotLeaderOrFollowerError,
+                      TopicExistsError, UnknownTopicOrPartitionError)
 from ..kafka import configs as kafkaconfigs
 from ..kafka.admin import AdminApis
 from ..log.config import LogConfig
@@ -303,7 +303,8 @@ class ReplicatedMetadata:
                 self.store.partitions_for(name)
             except UnknownTopicOrPartitionError:
                 _check_new_partitions(name, count)
-                LogConfig.from_kafka({**self.store.defaults.to_kafka(), **configs})
+                if LogConfig.from_kafka({**self.store.defaults.to_kafka(), **configs}).remote_storage_enable:
+                    raise InvalidConfigError(remote_storage_refusal(name))
                 return topic_record(name, count, configs)
             raise TopicExistsError(f"topic {name!r} already exists")
         self._change(check)
@@ -318,8 +319,15 @@ class ReplicatedMetadata:
         """Replace ``name``'s overrides by ``edit(current)`` on every node (as
         :meth:`LogStore.alter_topic_config`, whose errors it raises; the leader only, see
         :meth:`_change`)."""
+        def refusing_remote_storage(current: dict[str, str]) -> Mapping[str, Any]:
+            new = edit(current)
+            enabled = new.get("remote_storage_enable", new.get("remote.storage.enable", False))
+            if enabled is True or str(enabled).lower() == "true":
+                raise InvalidConfigError(remote_storage_refusal(name))
+            return new
+
         def check() -> tuple[bytes, bytes] | None:
-            new = self.store.alter_topic_config(name, edit, validate_only=True)
+            new = self.store.alter_topic_config(name, refusing_remote_storage, validate_only=True)
             return None if validate_only else config_record(name, new)
         self._change(check)
 
@@ -332,6 +340,12 @@ class ReplicatedMetadata:
             _check_new_partitions(name, count - self.store.partitions_for(name))
             return None if validate_only else partitions_record(name, count)
         self._change(check)
+
+
+def remote_storage_refusal(topic: str) -> str:
+    """Why a replica set's topic may not enable remote storage: the set does not tier yet."""
+    return (f"topic {topic!r}: remote.storage.enable is not yet on a replica set (tiered storage is served by a "
+            "single store: logstore serve --remote-storage URL)")
 
 
 class ReplicaAdminApis(AdminApis):

@@ -1003,6 +1003,15 @@ class LogStore:
         return log
 
     # ------------------------------------------------------------------ tiered storage
+    def check_remote_storage(self, topic: str) -> None:
+        """Check that ``topic`` may enable remote storage (the store has an object store)
+        without creating anything (a Kafka server's validate-only CreateTopics). Thread-safe.
+
+        Raises:
+            InvalidConfigError: the store was opened without ``remote_storage``.
+        """
+        self._check_remote_storage(topic)
+
     def _check_remote_storage(self, topic: str) -> None:
         if self._remote_spec[0] is None:
             raise InvalidConfigError(f"topic {topic!r}: remote.storage.enable needs a store opened with "

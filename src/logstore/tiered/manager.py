@@ -36,6 +36,7 @@ import random
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -58,7 +59,8 @@ from .metadata import (
 from .rlmm import RemoteLogMetadataManager
 from .storage import RemoteStorageManager
 
-__all__ = ["RemoteLogManager", "RemoteLogManagerConfig", "RemotePartition", "RemoteIndexCache", "RemoteSegmentReader"]
+__all__ = ["RemoteLogManager", "RemoteLogManagerConfig", "RemotePartition", "RemoteIndexCache", "RemoteSegmentReader",
+           "ReadAheadBuffers"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +68,15 @@ STARTED = RemoteLogSegmentState.COPY_SEGMENT_STARTED
 FINISHED = RemoteLogSegmentState.COPY_SEGMENT_FINISHED
 DELETE_STARTED = RemoteLogSegmentState.DELETE_SEGMENT_STARTED
 DELETE_FINISHED = RemoteLogSegmentState.DELETE_SEGMENT_FINISHED
+#: threads of the sequential readers' read-ahead (each holds one range in flight at a time)
+READ_AHEAD_THREADS = 4
+#: the least a sequential reader's ranged get asks for. Measured on SeaweedFS on loopback (64
+#: MiB of 200 KB batches read in 1 MiB reads): ranges of 1 MiB 0.35 s, 2 MiB 0.27-0.30 s,
+#: 4 MiB 0.21-0.23 s, 8 MiB 0.23 s (an object store's cost is per request as much as per byte)
+READ_AHEAD_BYTES = 4 << 20
+#: what a remote log manager's sequential readers keep between reads, in all (tails and ranges
+#: fetched ahead): 16 partitions read at once at full speed, more with smaller ranges
+READ_AHEAD_BUFFER_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -227,16 +238,49 @@ class RemoteSegmentReader:
         slice of them would take (a scan's ranged gets end inside a batch, which the next one
         fetches again: a copy of every byte, a quarter of the remote read's time)."""
         _, position = offset_index_lookup(self.index(metadata, IndexType.OFFSET), metadata.start_offset, offset)
+        want = max(max_bytes, HEADER_SIZE)
+        data, start, end, _, _ = self._walk(metadata, offset, want, position,
+                                            self.fetch(metadata, position, position + want))
+        return memoryview(data)[start:end]
+
+    def read_on(self, metadata: RemoteLogSegmentMetadata, offset: int, max_bytes: int,
+                tail: tuple[int, int, bytes] | None,
+                more: Callable[[int, int], bytes]) -> tuple[bytes, tuple[int, int, bytes] | None, bool]:
+        """:meth:`read_batches` for a sequential reader, which goes on where its last read
+        stopped: ``tail`` is (position, the offset of the batch starting there, bytes) that a
+        read of this segment fetched past its whole batches, or None; it is used when it starts
+        at or before the batch holding ``offset`` and at or after the offset index's floor
+        (every batch before it ends below ``offset``), followed by ``more(position, want)`` when
+        it holds fewer than ``max_bytes``. Returns (the batches, the tail of this read or None,
+        whether ``tail`` was used)."""
+        _, position = offset_index_lookup(self.index(metadata, IndexType.OFFSET), metadata.start_offset, offset)
         size = metadata.segment_size_in_bytes
         want = max(max_bytes, HEADER_SIZE)
-        # `data` holds the segment's bytes from file position `base`; `start` is where the
-        # batch looked at begins in it
-        base, data, start = position, self.fetch(metadata, position, position + want), 0
+        sequential = tail is not None and tail[1] <= offset and tail[0] >= position
+        if sequential:
+            position, data = tail[0], tail[2]  # type: ignore[index]
+            if len(data) < want and position + len(data) < size:
+                data = data + more(position + len(data), want)
+        else:
+            data = self.fetch(metadata, position, position + want)
+        data, start, end, base, after = self._walk(metadata, offset, want, position, data)
+        left = (base + end, after, bytes(data[end:])) if end > start and len(data) > end else None
+        return bytes(data[start:end]), left, sequential
+
+    def _walk(self, metadata: RemoteLogSegmentMetadata, offset: int, want: int, base: int,
+              data: bytes) -> tuple[bytes, int, int, int, int]:
+        """The batches wanted in ``data`` (the segment's bytes from position ``base``, fetched
+        on as needed): (data, start, end, base, the offset after the last batch) with
+        ``data[start:end]`` the whole batches from the one holding ``offset``, at least one,
+        about ``want`` bytes, each validated; start == end when the segment holds nothing at or
+        after ``offset``."""
+        size = metadata.segment_size_in_bytes
+        start = 0  # where the batch looked at begins in data
         while True:
             if len(data) - start < HEADER_SIZE:
                 at = base + start  # the next batch's position (past what was fetched, maybe)
                 if at + HEADER_SIZE > size:
-                    return memoryview(b"")  # nothing at or after offset in this segment
+                    return data, 0, 0, base, offset  # nothing at or after offset in this segment
                 base, data, start = at, self.fetch(metadata, at, at + want), 0
                 continue
             header = parse_header(data, start)
@@ -249,7 +293,7 @@ class RemoteSegmentReader:
         if start + header.size > len(data):  # the first batch wanted, whole
             data = data[start:] + self.fetch(metadata, base + len(data), base + start + header.size)
             base, start = base + start, 0
-        end = start
+        end, after = start, offset
         while end + HEADER_SIZE <= len(data):
             header = parse_header(data, end)
             if header.size < HEADER_SIZE or end + header.size > len(data) or \
@@ -260,7 +304,8 @@ class RemoteSegmentReader:
             except CorruptRecordError as exc:
                 raise RemoteStorageError(f"{metadata.describe()}: {exc}") from exc
             end += header.size
-        return memoryview(data)[start:end]
+            after = header.last_offset + 1
+        return data, start, end, base, after
 
     def offset_for_timestamp(self, segments: list[RemoteLogSegmentMetadata], timestamp: int,
                              start_offset: int = 0) -> int | None:
@@ -321,16 +366,70 @@ class RemoteSegmentReader:
         return out
 
 
+class ReadAheadBuffers:
+    """What sequential readers of remote segments keep between their reads, per partition: the
+    bytes a read fetched past its whole batches (its tail) and the range fetched ahead (its
+    Future), at most ``max_bytes`` in all (a range in flight counts its size); the least
+    recently used partitions' go first. Thread-safe: one lock, never held while fetching."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        #: partition -> [tail or None, ahead or None, bytes]
+        self._entries: OrderedDict[TopicIdPartition, list[Any]] = OrderedDict()
+        self._bytes = 0
+
+    def take(self, tp: TopicIdPartition) -> tuple[Any, Any]:
+        """(tail, ahead) of ``tp``, forgotten here (the reader puts back what it keeps)."""
+        with self._lock:
+            entry = self._entries.pop(tp, None)
+            if entry is None:
+                return None, None
+            self._bytes -= entry[2]
+            return entry[0], entry[1]
+
+    def put(self, tp: TopicIdPartition, tail: Any, ahead: Any, nbytes: int) -> None:
+        """Keep ``tail`` and ``ahead`` (``nbytes`` in all) for ``tp``'s next read, dropping the
+        least recently used partitions' over the bound (``tp``'s own too if it alone is)."""
+        with self._lock:
+            old = self._entries.pop(tp, None)
+            if old is not None:
+                self._bytes -= old[2]
+            self._entries[tp] = [tail, ahead, nbytes]
+            self._bytes += nbytes
+            while self._bytes > self.max_bytes and self._entries:
+                _, dropped = self._entries.popitem(last=False)
+                self._bytes -= dropped[2]
+
+    @property
+    def size_in_bytes(self) -> int:
+        with self._lock:
+            return self._bytes
+
+
 class RemotePartition(RemoteTier):
-    """One partition's remote segments as its log reads them (see the module docstring), through
-    a :class:`RemoteSegmentReader`. Thread-safe."""
+    """One partition's remote segments as its log reads them (see the module docstring),
+    through a :class:`RemoteSegmentReader`.
+
+    A read keeps the bytes it fetched past its whole batches in ``buffers`` for the partition's
+    next read. With ``read_ahead`` (an executor; None: none), once a reader reads sequentially
+    (a read starts where the last one stopped) the next range of the segment, at least
+    :data:`READ_AHEAD_BYTES`, is fetched in the background while the reader works on what it
+    got, one range per partition at a time. ``buffers`` bounds what all this holds (None: a
+    partition's own bound of :data:`READ_AHEAD_BUFFER_BYTES`). Thread-safe."""
 
     def __init__(self, tp: TopicIdPartition, rsm: RemoteStorageManager, rlmm: RemoteLogMetadataManager,
-                 cache: RemoteIndexCache, meter: _Meter) -> None:
+                 cache: RemoteIndexCache, meter: _Meter, read_ahead: Executor | None = None,
+                 buffers: ReadAheadBuffers | None = None) -> None:
         self.tp = tp
         self._rlmm = rlmm
         self._meter = meter
         self._reader = RemoteSegmentReader(rsm, cache, meter.add)
+        self._read_ahead = read_ahead
+        #: tail: (segment id, the position of the bytes a read fetched past its whole batches,
+        #: the offset of the batch starting there, the bytes); ahead: (segment id, its position,
+        #: the Future of its bytes)
+        self._buffers = buffers if buffers is not None else ReadAheadBuffers(READ_AHEAD_BUFFER_BYTES)
 
     def start_offset(self) -> int | None:
         self._rlmm.catch_up()  # (another process of a shared store may have copied)
@@ -365,7 +464,7 @@ class RemotePartition(RemoteTier):
                            metadata.describe())
             offset = metadata.start_offset
         try:
-            return self._reader.read_batches(metadata, offset, max_bytes)
+            return self._read_batches(metadata, offset, max_bytes)
         except RemoteResourceNotFoundError:
             self._rlmm.catch_up()  # (another process may have expired it)
             if self._rlmm.segment_for_offset(self.tp, offset) is None:
@@ -375,6 +474,53 @@ class RemotePartition(RemoteTier):
         except RemoteStorageError:
             self._meter.add("RemoteFetchErrorsPerSec")
             raise
+
+    def _read_batches(self, metadata: RemoteLogSegmentMetadata, offset: int, max_bytes: int) -> bytes:
+        """Whole batches of ``metadata`` from the one holding ``offset`` (RemoteSegmentReader's
+        ``read_on``): a sequential reader goes on where its last read stopped, with the bytes it
+        fetched past its whole batches, then a ranged get of at least max_bytes more, so the
+        segment is fetched once (with 1 MiB reads of 200 KB batches, fetching those bytes again
+        made 1.56x the ranged gets of a raw reader: 0.51x its speed); and, with a read-ahead
+        executor, the next range is fetched while the reader works on this one."""
+        want = max(max_bytes, HEADER_SIZE)
+        tail, ahead = self._buffers.take(self.tp)
+        mine = tail[1:] if tail is not None and tail[0] == metadata.segment_id else None
+        batches, left, sequential = self._reader.read_on(
+            metadata, offset, max_bytes, mine,
+            lambda start, n: self._fetch_next(metadata, start, max(n, READ_AHEAD_BYTES), ahead))
+        if left is not None:
+            kept, end = left[2], left[0] + len(left[2])
+            ahead = None
+            if sequential and self._read_ahead is not None and len(kept) < want and \
+                    end < metadata.segment_size_in_bytes:
+                ahead = self._fetch_ahead(metadata, end, max(want, READ_AHEAD_BYTES))
+            self._buffers.put(self.tp, (metadata.segment_id, *left), ahead,
+                              len(kept) + (0 if ahead is None else max(want, READ_AHEAD_BYTES)))
+        return batches
+
+    def _fetch_next(self, metadata: RemoteLogSegmentMetadata, start: int, want: int,
+                    ahead: tuple[RemoteLogSegmentId, int, Future] | None) -> bytes:
+        """Bytes [start, start + want) of the segment: those fetched ahead when they are these."""
+        if ahead is not None and ahead[0] == metadata.segment_id and ahead[1] == start:
+            try:
+                data = ahead[2].result()
+            except (RemoteStorageError, LogstoreError):
+                pass  # fetched again below: its failure is this read's
+            else:
+                if len(data) >= min(want, metadata.segment_size_in_bytes - start):
+                    return data
+                return data + self._reader.fetch(metadata, start + len(data), start + want)
+        return self._reader.fetch(metadata, start, start + want)
+
+    def _fetch_ahead(self, metadata: RemoteLogSegmentMetadata, start: int,
+                     want: int) -> tuple[RemoteLogSegmentId, int, Future] | None:
+        """Start fetching [start, start + want) in the background (a sequential reader's next
+        range); None when the executor refuses (closed)."""
+        try:
+            future = self._read_ahead.submit(self._reader.fetch, metadata, start, start + want)  # type: ignore[union-attr]
+        except RuntimeError:  # the manager is closing
+            return None
+        return metadata.segment_id, start, future
 
     def offset_for_timestamp(self, timestamp: int, start_offset: int = 0) -> int | None:
         return self._reader.offset_for_timestamp(self.finished_segments(), timestamp, start_offset)
@@ -433,6 +579,9 @@ class RemoteLogManager:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._closed = False
+        #: the sequential readers' read-ahead (RemotePartition), threads started as used
+        self._read_ahead = ThreadPoolExecutor(READ_AHEAD_THREADS, thread_name_prefix="logstore-remote-read-ahead")
+        self._buffers = ReadAheadBuffers(READ_AHEAD_BUFFER_BYTES)
 
     # ------------------------------------------------------------------ partitions
     def attach(self, log: Any, topic_id: Any) -> RemotePartition:
@@ -440,7 +589,7 @@ class RemoteLogManager:
         of the topic with id ``topic_id``: its reads below its local segments go to the remote
         tier from now on, and the tasks copy and expire its segments. Thread-safe."""
         tp = TopicIdPartition(topic_id, log.topic, log.partition)
-        partition = RemotePartition(tp, self.rsm, self.rlmm, self.cache, self._meter)
+        partition = RemotePartition(tp, self.rsm, self.rlmm, self.cache, self._meter, self._read_ahead, self._buffers)
         log.attach_remote(partition)
         with self._lock:
             self._attached[tp] = _Attached(log, partition)
@@ -769,6 +918,7 @@ class RemoteLogManager:
         self._wake.set()
         if self._thread is not None:
             self._thread.join()
+        self._read_ahead.shutdown(wait=False, cancel_futures=True)  # (a fetch in flight ends by its timeout)
         self.rlmm.close()
         self.rsm.close()
 
