@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import gc
 import mmap
-import os
 import weakref
 
 import pytest
