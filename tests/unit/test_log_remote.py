@@ -96,6 +96,16 @@ def filled(tmp_path, n=400):
     return log
 
 
+def tiered(tmp_path):
+    """A filled log whose sealed segments were copied to a MemoryTier and left the local disk."""
+    log = filled(tmp_path)
+    tier = MemoryTier()
+    log.attach_remote(tier)
+    copy_sealed(log, tier)
+    log.enforce_retention()
+    return log, tier
+
+
 def test_settings_follow_kafkas_rules():
     with pytest.raises(InvalidConfigError, match="compact"):
         LogConfig(remote_storage_enable=True, cleanup_policy="compact")
@@ -129,11 +139,7 @@ def test_local_retention_deletes_only_copied_segments_and_keeps_the_log_start(tm
 
 def test_every_reader_crosses_the_boundary(tmp_path):
     pa = pytest.importorskip("pyarrow")
-    log = filled(tmp_path)
-    tier = MemoryTier()
-    log.attach_remote(tier)
-    copy_sealed(log, tier)
-    log.enforce_retention()
+    log, tier = tiered(tmp_path)
     local = log.local_log_start_offset
     assert local > 50 and len(log.segments) == 1
     # point reads on both sides, and the general read
@@ -166,11 +172,7 @@ def test_every_reader_crosses_the_boundary(tmp_path):
 
 
 def test_a_reopened_log_keeps_its_start_below_the_local_segments(tmp_path):
-    log = filled(tmp_path)
-    tier = MemoryTier()
-    log.attach_remote(tier)
-    copy_sealed(log, tier)
-    log.enforce_retention()
+    log, tier = tiered(tmp_path)
     local = log.local_log_start_offset
     log.close()
     log = Log.open(tmp_path / "t-0", LogConfig(**CONFIG))
@@ -193,11 +195,7 @@ def test_a_reopened_log_keeps_its_start_below_the_local_segments(tmp_path):
 
 
 def test_an_empty_remote_tier_moves_the_start_up_to_the_local_segments(tmp_path):
-    log = filled(tmp_path)
-    tier = MemoryTier()
-    log.attach_remote(tier)
-    copy_sealed(log, tier)
-    log.enforce_retention()
+    log, tier = tiered(tmp_path)
     local = log.local_log_start_offset
     log.close()
     log = Log.open(tmp_path / "t-0", LogConfig(**CONFIG))
@@ -218,11 +216,7 @@ def test_a_log_without_remote_storage_refuses_a_tier(tmp_path):
 
 
 def test_aborted_transactions_of_remote_segments_are_listed(tmp_path):
-    log = filled(tmp_path)
-    tier = MemoryTier()
-    log.attach_remote(tier)
-    copy_sealed(log, tier)
-    log.enforce_retention()
+    log, tier = tiered(tmp_path)
     tier.aborted.append(AbortedTxn(7, 3, 9, 3))
     assert log.aborted_transactions(0, 20) == [AbortedTxn(7, 3, 9, 3)]
     assert log.aborted_transactions(10, 20) == []

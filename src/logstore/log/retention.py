@@ -39,43 +39,31 @@ def segments_to_delete(segments: LogSegments, log_start_offset: int, config: Any
     doomed: list[LogSegment] = segments.below(log_start_offset)
     if not config.deletes:
         return doomed
-    if config.remote_storage_enable:
-        return doomed + _local_segments_to_delete(segments, doomed, config, now_ms, copied_through)
-    ordered = list(segments.values())
-    if config.retention_ms >= 0:
-        for segment in ordered:
-            if segment.size == 0 or segment.max_timestamp >= now_ms - config.retention_ms:
+    if config.remote_storage_enable:  # only copied sealed segments, by the local settings
+        copied = [s for s in segments.sealed() if s.next_offset - 1 <= copied_through]
+        return doomed + _past_retention(segments, copied, doomed, config.local_retention_ms_effective,
+                                        config.local_retention_bytes_effective, now_ms)
+    return doomed + _past_retention(segments, list(segments.values()), doomed, config.retention_ms,
+                                    config.retention_bytes, now_ms)
+
+
+def _past_retention(segments: LogSegments, candidates: list[LogSegment], doomed: list[LogSegment],
+                    retention_ms: int, retention_bytes: int, now_ms: int) -> list[LogSegment]:
+    """Of ``candidates`` (oldest first), those time and size retention let go besides
+    ``doomed``: by time, the oldest whose newest record is older than ``retention_ms`` (up to
+    the first that is not, or is empty); by size, the oldest sealed ones while the log, without
+    them, stays at or above ``retention_bytes`` (-1: no such limit)."""
+    out: list[LogSegment] = []
+    if retention_ms >= 0:
+        for segment in candidates:
+            if segment.size == 0 or segment.max_timestamp >= now_ms - retention_ms:
                 break
             if segment not in doomed:
-                doomed.append(segment)
-    if config.retention_bytes >= 0:
-        excess = segments.size_in_bytes - sum(s.size for s in doomed) - config.retention_bytes
-        for segment in ordered:
-            if segment is segments.active or segment in doomed:
-                continue
-            if excess - segment.size < 0:
-                break
-            excess -= segment.size
-            doomed.append(segment)
-    return doomed
-
-
-def _local_segments_to_delete(segments: LogSegments, doomed: list[LogSegment], config: Any, now_ms: int,
-                              copied_through: int) -> list[LogSegment]:
-    """The copied sealed segments local retention lets go, oldest first."""
-    copied = [s for s in segments.sealed() if s not in doomed and s.next_offset - 1 <= copied_through]
-    out: list[LogSegment] = []
-    retention_ms = config.local_retention_ms_effective
-    if retention_ms >= 0:
-        for segment in copied:
-            if segment.max_timestamp >= now_ms - retention_ms:
-                break
-            out.append(segment)
-    retention_bytes = config.local_retention_bytes_effective
+                out.append(segment)
     if retention_bytes >= 0:
         excess = segments.size_in_bytes - sum(s.size for s in doomed + out) - retention_bytes
-        for segment in copied:
-            if segment in out:
+        for segment in candidates:
+            if segment is segments.active or segment in doomed or segment in out:
                 continue
             if excess - segment.size < 0:
                 break
