@@ -14,6 +14,7 @@
     logstore stats PATH [--json]           (offsets, bytes, records, ratios, consumer lag; read only)
     logstore compact ROOT [TOPIC ...]      (one cleaner pass over compacted topics)
     logstore retention ROOT [TOPIC ...]    (delete segments past retention now)
+    logstore tier ROOT [TOPIC ...] [--remote-storage URL]  (tiered storage: copy and expire now)
     logstore node ...                      (one replication node: logstore node --help)
     logstore serve ROOT [--listen H:P]     (serve a store to Kafka clients: logstore serve --help)
     logstore kafka-user add FILE USER --mechanism M   (SASL credentials for serve; password on stdin)
@@ -432,6 +433,63 @@ def _maintain(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _tier(args: argparse.Namespace, out: TextIO) -> int:
+    """``logstore tier``: copy the tiered topics' sealed segments now, with progress, then
+    apply local retention (copied segments leave the local disk) and the remote tier's total
+    retention."""
+    options = dict(_name_value(item, "--remote-storage-option") for item in args.remote_storage_option)
+    with _open_store(args.root, remote_storage=args.remote_storage, remote_storage_options=options or None) as store:
+        manager = store.remote_log_manager
+        if manager is None:
+            raise LogstoreError(f"{args.root}: no remote tier: give --remote-storage URL (the store remembers it)")
+        if not manager.leading():
+            raise LogstoreError(f"{args.root}: another process of this store copies to the remote tier "
+                                "(it holds .lock-remote-log-manager); it tiers these topics already")
+        topics = args.topics or [t for t in store.topics() if store.describe(t).config.remote_storage_enable]
+        logs = []
+        for topic in topics:
+            if not store.describe(topic).config.remote_storage_enable:
+                raise LogstoreError(f"topic {topic} does not enable remote storage (remote.storage.enable=false)")
+            logs.extend((f"{topic}-{p}", store.partition(topic, p)) for p in range(store.partitions_for(topic)))
+        waiting = [(name, log, manager.waiting(log)) for name, log in logs]
+        progress = _progress(args)
+        progress.start("copy", sum(s.size for _, _, segments in waiting for s in segments))
+        rows = []
+        try:
+            for name, log, _ in waiting:
+                copied_bytes = [0]
+
+                def advance(segment: Any, counter: list[int] = copied_bytes) -> None:
+                    counter[0] += segment.size
+                    progress.advance(segment.size)
+
+                copied = manager.copy_segments(log, on_copied=advance)
+                local = log.enforce_retention()
+                expired = manager.expire_segments(log)
+                rows.append({"partition": name, "segments_copied": copied, "bytes_copied": copied_bytes[0],
+                             "local_segments_deleted": local, "remote_segments_deleted": expired,
+                             "log_start_offset": log.log_start_offset,
+                             "local_log_start_offset": log.local_log_start_offset})
+        finally:
+            progress.finish()
+    if args.json:
+        _print_json(out, rows)
+    else:
+        for r in rows:
+            out.write(f"{r['partition']}: copied {r['segments_copied']} segment(s) ({r['bytes_copied']} bytes), "
+                      f"{r['local_segments_deleted']} left the local disk, {r['remote_segments_deleted']} remote "
+                      f"deleted; log start {r['log_start_offset']}, local log start {r['local_log_start_offset']}\n")
+        out.write(f"copied {sum(r['segments_copied'] for r in rows)} segment(s) of {len(rows)} partition(s)\n")
+    return 0
+
+
+def _name_value(item: str, what: str) -> tuple[str, str]:
+    name, sep, value = item.partition("=")
+    if not sep or not name:
+        raise LogstoreError(f"{what} takes NAME=VALUE, not {item!r}")
+    return name, value
+
+
 # ---------------------------------------------------------------------- parser
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser that prints help to the ``stdout`` given to :func:`main` (argparse
@@ -528,6 +586,16 @@ def _parser(out: TextIO | None = None) -> argparse.ArgumentParser:
         p = command(name, help)
         p.add_argument("root")
         p.add_argument("topics", nargs="*")
+
+    p = command("tier", "tiered storage: copy the sealed segments of topics with remote.storage.enable to the "
+                        "remote tier now (with progress), then apply local and total retention")
+    p.add_argument("root")
+    p.add_argument("topics", nargs="*", help="only these topics (default: every tiered topic)")
+    p.add_argument("--remote-storage", metavar="URL",
+                   help="the object store, when the store does not remember one (file:///path, s3://bucket/prefix)")
+    p.add_argument("--remote-storage-option", action="append", default=[], metavar="NAME=VALUE",
+                   help="an object store setting (obstore's names: endpoint, region, allow_http, ...; repeat)")
+    p.add_argument("--json", action="store_true")
     return parser
 
 
@@ -577,6 +645,7 @@ def main(argv: list[str] | None = None, stdout: TextIO | None = None, stdin: Tex
         "stats": lambda: _stats(args, out),
         "compact": lambda: _maintain(args, out),
         "retention": lambda: _maintain(args, out),
+        "tier": lambda: _tier(args, out),
     }
     # Warnings of the library (e.g. directories of a Kafka log directory that are not adopted)
     # reach standard error as "logstore COMMAND: warning: ...", unless the caller set up logging.

@@ -375,3 +375,28 @@ def test_remote_segments_name_a_leader_epoch(tmp_path, remote_dir):
         manager = store.remote_log_manager
         for m in manager.rlmm.list_remote_log_segments(manager.partitions()[0]):
             assert m.segment_leader_epochs == {0: m.start_offset}
+
+
+def test_the_tier_command_copies_with_progress_and_reports(tmp_path, remote_dir):
+    import io
+    import json
+
+    from logstore.cli import main
+
+    with open_store(tmp_path, remote_dir) as store:
+        fill(store, partitions=2, n=300)
+        store.create_topic("plain")
+        sealed = sum(len(store.partition("t", p).segments) - 1 for p in range(2))
+    out = io.StringIO()
+    assert main(["tier", str(tmp_path / "data"), "--json"], stdout=out) == 0
+    rows = json.loads(out.getvalue())
+    assert [r["partition"] for r in rows] == ["t-0", "t-1"]  # the tiered topic only
+    assert sum(r["segments_copied"] for r in rows) == sealed
+    assert all(r["local_log_start_offset"] > 0 == r["log_start_offset"] for r in rows)
+    out = io.StringIO()
+    assert main(["tier", str(tmp_path / "data")], stdout=out) == 0
+    assert out.getvalue().endswith("copied 0 segment(s) of 2 partition(s)\n")  # nothing left to copy
+    err = io.StringIO()
+    assert main(["tier", str(tmp_path / "data"), "plain"], stdout=err) == 1
+    with LogStore(tmp_path / "data", maintenance=False) as store:
+        assert [r.offset for r in store.partition("t", 1).iter()] == list(range(300))

@@ -619,9 +619,10 @@ class RemoteLogManager:
         raise LogstoreError(f"{getattr(log, 'path', log)} is not attached to the remote tier")
 
     # ------------------------------------------------------------------ copying
-    def copy_segments(self, log: Any) -> int:
+    def copy_segments(self, log: Any, on_copied: Callable[[CopyableSegment], None] | None = None) -> int:
         """Copy every sealed segment of ``log`` the tier may take (see the module docstring);
-        return how many were copied. Each is durable in the tier when counted.
+        return how many were copied. Each is durable in the tier when counted (and handed to
+        ``on_copied``: a command's progress).
 
         Raises:
             RemoteStorageError: a copy failed (the segment stays local; the ones before it are
@@ -629,9 +630,19 @@ class RemoteLogManager:
         """
         attached = self._get(log)
         with attached.lock:
-            return self._copy(attached)
+            return self._copy(attached, on_copied)
 
-    def _copy(self, attached: _Attached) -> int:
+    def waiting(self, log: Any) -> list[CopyableSegment]:
+        """The sealed segments of ``log`` a copy would take now, oldest first."""
+        attached = self._get(log)
+        return log.segments_to_copy(attached.partition.copied_through() + 1)  # type: ignore[no-any-return]
+
+    def leading(self) -> bool:
+        """Whether this process is the one of its store that copies and expires (see
+        ``may_run``); a command that copies asks first."""
+        return self._may_run is None or self._may_run()
+
+    def _copy(self, attached: _Attached, on_copied: Callable[[CopyableSegment], None] | None = None) -> int:
         tp, log = attached.partition.tp, attached.log
         copied = 0
         through = attached.partition.copied_through()
@@ -643,6 +654,8 @@ class RemoteLogManager:
             self._copy_one(tp, segment)
             copied += 1
             through = segment.end_offset
+            if on_copied is not None:
+                on_copied(segment)
         return copied
 
     def _copy_one(self, tp: TopicIdPartition, segment: CopyableSegment) -> None:
