@@ -172,7 +172,7 @@ def tiered_stores():
     disk, "tiered" with its older segments (more than half of the bytes) only in S3 (SeaweedFS on
     loopback); returns (SeaweedFS, {kind: root}, the share of bytes remote)."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-    from tiered.seaweedfs import SeaweedFS, weed_binary  # the tests' S3 server
+    from logstore.seaweedfs import SeaweedFS, weed_binary  # a real S3 server on loopback
 
     binary = weed_binary()
     if binary is None:

@@ -34,7 +34,7 @@ import _workload
 obstore = pytest.importorskip("obstore")
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from tiered.seaweedfs import SeaweedFS, weed_binary  # noqa: E402 - the tests' S3 server
+from logstore.seaweedfs import SeaweedFS, weed_binary  # noqa: E402 - a real S3 server on loopback
 
 from logstore import Log  # noqa: E402
 from logstore.tiered.manager import READ_AHEAD_BYTES  # noqa: E402

@@ -11,7 +11,7 @@ import pytest
 
 from logstore.tiered.objectstore import ObjectStore, open_object_store
 
-from .seaweedfs import SeaweedFS, weed_binary
+from logstore.seaweedfs import SeaweedFS, weed_binary
 
 logger = logging.getLogger("tests.tiered")
 

@@ -18,7 +18,7 @@ from logstore.tiered.objectstore import PART_SIZE, ObjectStore, open_object_stor
 from logstore.tiered.storage import ObjectStoreStorageManager
 
 from .conftest import seaweedfs_or_skip
-from .seaweedfs import SeaweedFS
+from logstore.seaweedfs import SeaweedFS
 
 #: Short, so that a test of a dead server takes seconds: (1 + retries) attempts of 1 s at most.
 TIMEOUT = 1.0

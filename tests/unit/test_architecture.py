@@ -31,7 +31,7 @@ FLOORS: list[tuple[str, set[str]]] = [
     ("kafka", {"kafka"}),
     ("client", {"client"}),
     ("replication", {"replica", "replication"}),
-    ("apps", {"spark", "tools", "mirror", "cli", "testing", "__main__", "netprotocol", ""}),
+    ("apps", {"spark", "tools", "mirror", "cli", "testing", "seaweedfs", "__main__", "netprotocol", ""}),
 ]
 #: modules of these floors may import only from the floors listed (the network layer knows no logs)
 ONLY: dict[str, set[str]] = {"net": {"base", "net"}}

