@@ -37,7 +37,7 @@ from ._native import ffi, lib
 from .errors import CorruptIndexError
 
 __all__ = ["OffsetIndex", "TimeIndex", "TransactionIndex", "AbortedTxn", "AbortedBatches", "parse_txn_entries",
-           "offset_index_lookup", "time_index_lookup"]
+           "offset_index_lookup", "time_index_lookup", "collect_aborted"]
 
 
 class _Index:
@@ -444,6 +444,19 @@ def parse_txn_entries(data: bytes, base_offset: int) -> tuple[list[AbortedTxn], 
     return entries, damage
 
 
+def collect_aborted(entries: list[AbortedTxn], fetch_offset: int, upper_bound: int) -> tuple[list[AbortedTxn], bool]:
+    """Of one transaction index's ``entries`` (in marker order), those that overlap
+    [fetch_offset, upper_bound), and whether the search is complete (Kafka's collectAbortedTxns:
+    see :meth:`TransactionIndex.collect`; a remote segment's index is searched the same way)."""
+    found = []
+    for txn in entries:
+        if txn.last_offset >= fetch_offset and txn.first_offset < upper_bound:
+            found.append(txn)
+        if txn.last_stable_offset >= upper_bound:
+            return found, True
+    return found, False
+
+
 class TransactionIndex:
     """TransactionIndex owns NNN.txnindex: the aborted transactions whose ABORT marker is in the
     segment, in marker order (Kafka's TransactionIndex). Each entry is 34 bytes, big-endian::
@@ -532,13 +545,7 @@ class TransactionIndex:
         ``fetch_offset``, first record before ``upper_bound``), and whether the search is
         complete: an entry's last stable offset reaches ``upper_bound``, so later segments hold
         none for the range (Kafka's collectAbortedTxns)."""
-        found = []
-        for txn in self.entries:
-            if txn.last_offset >= fetch_offset and txn.first_offset < upper_bound:
-                found.append(txn)
-            if txn.last_stable_offset >= upper_bound:
-                return found, True
-        return found, False
+        return collect_aborted(self.entries, fetch_offset, upper_bound)
 
     def truncate_to(self, offset: int) -> None:
         """Drop the entries whose marker is at or after ``offset`` (the log was cut there)."""

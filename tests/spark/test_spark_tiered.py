@@ -215,3 +215,93 @@ def test_a_local_range_whose_segments_moved_to_the_remote_tier_meanwhile_reads_f
         expected = [r.value for r in log.iter()]
     got = [v for r in ranges for b in read_range(r) for v in b.column("value").to_pylist()]
     assert got == expected
+
+
+# ------------------------------------------------------------------ the second review's findings
+
+
+def _plan_all(options):
+    planner = Planner(options, None, False)
+    planner.push([])
+    ranges = [r for tp in planner.selected() if (r := planner.bounds(tp)) is not None]
+    return planner.split(ranges)
+
+
+def test_read_committed_hides_an_aborted_transaction_whose_marker_is_local(tmp_path):
+    """The transaction's records are remote, its ABORT marker (and so its index entry) local."""
+    with LogStore(tmp_path / "data", maintenance=False, remote_storage=f"file://{tmp_path}/remote") as store:
+        store.create_topic("t", segment_bytes=1024, remote_storage_enable=True, local_retention_bytes=0,
+                           retention_ms=-1, local_retention_ms=-1)
+        log = store.partition("t", 0)
+        for i in range(60):
+            log.append(b"plain %d" % i + b"y" * 50)
+        for i in range(20):
+            log.append_batch([b"aborted-%d" % i + b"x" * 50], producer_id=1, producer_epoch=0, base_sequence=i,
+                             transactional=True)
+        log.append_txn_marker(1, 0, commit=False)
+        store.run_maintenance()
+        assert log.local_log_start_offset > 60  # the aborted records are remote, the marker local
+        for i in range(5):
+            log.append(b"tail %d" % i)
+        committed = [(r.offset, r.value) for r in log.iter(isolation_level="read_committed")]
+    for extra in ({}, {"maxRecordsPerPartition": "20"}):
+        ranges = _plan_all({"path": str(tmp_path / "data"), "subscribe": "t",
+                            "kafka.isolation.level": "read_committed", **extra})
+        got = [(o, v) for r in ranges for b in read_range(r)
+               for o, v in zip(b.column("offset").to_pylist(), b.column("value").to_pylist())]
+        assert got == committed, extra
+
+
+def test_a_read_committed_range_whose_segments_moved_during_the_task_reads_once(tmp_path, monkeypatch):
+    """Local retention takes the range's segments (copied meanwhile) during the task, and the
+    query's columns have no offset: the rest comes from the tier, filtered once."""
+    from dataclasses import replace
+
+    import logstore.spark.read as read
+
+    store = LogStore(tmp_path / "data", maintenance=False, remote_storage=f"file://{tmp_path}/remote")
+    try:
+        store.create_topic("t", segment_bytes=1024, remote_storage_enable=True, local_retention_bytes=0,
+                           retention_ms=-1, local_retention_ms=-1)
+        log = store.partition("t", 0)
+        for i in range(40):
+            log.append_batch([b"a%d" % i + b"x" * 50], producer_id=1, producer_epoch=0, base_sequence=i,
+                             transactional=True)
+            if i % 10 == 9:
+                log.append_txn_marker(1, 0, commit=(i // 10) % 2 == 1)
+        for i in range(40):
+            log.append(b"p%d" % i + b"y" * 50)
+        committed = [r.value for r in log.iter(isolation_level="read_committed")]
+        ranges = [replace(r, columns=("value",)) for r in _plan_all(
+            {"path": str(tmp_path / "data"), "subscribe": "t", "kafka.isolation.level": "read_committed"})]
+        assert all(r.local_from < 0 for r in ranges)  # planned all local
+        computed = read._aborted_batches
+
+        def then_tier(r):
+            out = computed(r)
+            store.run_maintenance()  # the segments are copied and leave the local disk right now
+            return out
+
+        monkeypatch.setattr(read, "_aborted_batches", then_tier)
+        got = [v for r in ranges for b in read_range(r) for v in b.column("value").to_pylist()]
+        assert log.local_log_start_offset > 0
+        assert got == committed
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("tiered", [False, True])
+def test_a_starting_timestamp_inside_a_segment_cut_by_delete_records(tmp_path, tiered):
+    config = dict(segment_bytes=1024, retention_ms=-1)
+    if tiered:
+        config.update(remote_storage_enable=True, local_retention_bytes=0, local_retention_ms=-1)
+    with LogStore(tmp_path / "data", maintenance=False, remote_storage=f"file://{tmp_path}/remote") as store:
+        store.create_topic("t", **config)
+        log = store.partition("t", 0)
+        for i in range(100):
+            log.append(b"v%d" % i + b"y" * 50, timestamp=1000 + i)
+        store.run_maintenance()
+        log.delete_records_before(3)
+    ranges = _plan_all({"path": str(tmp_path / "data"), "subscribe": "t", "startingTimestamp": "1001"})
+    got = [o for r in ranges for b in read_range(r) for o in b.column("offset").to_pylist()]
+    assert got == list(range(3, 100))  # ListOffsets' answer for 1001 is the log start, 3

@@ -400,3 +400,27 @@ def test_the_tier_command_copies_with_progress_and_reports(tmp_path, remote_dir)
     assert main(["tier", str(tmp_path / "data"), "plain"], stdout=err) == 1
     with LogStore(tmp_path / "data", maintenance=False) as store:
         assert [r.offset for r in store.partition("t", 1).iter()] == list(range(300))
+
+
+def test_an_aborted_transaction_whose_marker_is_in_a_later_segment_stays_hidden(tmp_path, remote_dir):
+    """Its entry is in the index of the segment holding its marker: a read of its first records
+    (remote) must find it past the range read, as Kafka's collectAbortedTransactions does."""
+    from logstore.kafka.remotefetch import _read
+
+    with open_store(tmp_path, remote_dir) as store:
+        store.create_topic("tx", segment_bytes=1024, remote_storage_enable=True, local_retention_bytes=0,
+                           retention_ms=-1, local_retention_ms=-1)
+        log = store.partition("tx", 0)
+        for i in range(30):  # one transaction over several segments, aborted at the end
+            log.append_batch([b"aborted-%d" % i + b"x" * 50], producer_id=1, producer_epoch=0, base_sequence=i,
+                             transactional=True)
+        log.append_txn_marker(1, 0, commit=False)
+        for i in range(60):
+            log.append(b"plain %d" % i + b"y" * 50)
+        store.run_maintenance()
+        assert log.local_log_start_offset > 31  # the transaction and its marker are remote
+        assert [t.producer_id for t in log.aborted_transactions(0, 5)] == [1]
+        _, aborted = _read(log, 0, 1 << 20, log.high_watermark, True)
+        assert [a["producer_id"] for a in aborted] == [1]
+        committed = [r.value for r in log.iter(isolation_level="read_committed")]
+        assert len(committed) == 60 and not any(v.startswith(b"aborted") for v in committed)

@@ -4,6 +4,8 @@ damaged records, a follower's catch-up, and a stateful test against a model."""
 
 from __future__ import annotations
 
+import os
+
 import logging
 import shutil
 import tempfile
@@ -604,4 +606,6 @@ class RlmmMachine(RuleBasedStateMachine):
 
 
 TestRlmmStateful = RlmmMachine.TestCase
-TestRlmmStateful.settings = settings(max_examples=100, stateful_step_count=30, deadline=None)
+#: 30 sequences in make test (about 5 s); LOGSTORE_STATEFUL_EXAMPLES raises it for a soak
+TestRlmmStateful.settings = settings(max_examples=int(os.environ.get("LOGSTORE_STATEFUL_EXAMPLES", "30")),
+                                     stateful_step_count=30, deadline=None)

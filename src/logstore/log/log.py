@@ -987,9 +987,9 @@ class Log:
             if start >= first or self._remote is None:
                 return local
             remote = self._remote
-        # Below the local segments: the remote segments' transaction indexes too (an aborted
-        # transaction may span the boundary; each entry is listed once).
-        found = remote.aborted_transactions(start, min(upper, first)) + local
+        # Below the local segments: the remote segments' transaction indexes too, searched past
+        # the boundary (an entry lives with its marker, which may be local; each is listed once).
+        found = remote.aborted_transactions(start, upper) + local
         return sorted(set(found), key=lambda t: (t.first_offset, t.last_offset, t.producer_id))
 
     def producer_transactions(self) -> dict[int, int]:
@@ -1308,6 +1308,19 @@ class Log:
             raise OffsetMovedToTieredStorageError(offset, first, f"{what} from {self.path} (no remote tier attached)")
         return self._remote
 
+    def _remote_raw(self, remote: RemoteTier, offset: int, max_bytes: int, what: str) -> bytes:
+        """``remote.read_raw``, without the log's lock. Batches that start past ``offset`` mean
+        no remote segment held it any more: when the log start moved past it meanwhile (the
+        tier's expiration), that is OffsetOutOfRangeError, as Kafka's remote read says, not a
+        silent skip to later records."""
+        raw = remote.read_raw(offset, max_bytes)
+        if raw and parse_header(raw, 0).base_offset > offset:
+            with self._lock:
+                if offset < self._log_start_offset:
+                    raise OffsetOutOfRangeError(offset, self._log_start_offset, self._appender.next_offset,
+                                                f"{what} from {self.path} (the log start moved past it)")
+        return raw
+
     def _read_remote(self, remote: RemoteTier, offset: int, max_bytes: int, limit: int,
                      max_records: int | None) -> list[Record]:
         """Log.read below the local segments, without the log's lock: records from the remote
@@ -1316,7 +1329,7 @@ class Log:
         decoder = RecordDecoder()
         where = f"{self.path} (remote tier)"
         while offset < limit:
-            raw = remote.read_raw(offset, max_bytes)
+            raw = self._remote_raw(remote, offset, max_bytes, "read")
             if not raw:
                 break  # no remote segment holds it: the local ones take over
             records, _ = decoder.decode(raw, 0, len(raw), offset, limit, max_records, where, exact=True)
@@ -1391,7 +1404,7 @@ class Log:
                 remote = self._remote_holding(offset, "read")
                 raw = self._segments.read_raw(offset, max_bytes) if remote is None else b""
             if remote is not None:
-                raw = remote.read_raw(offset, max_bytes)
+                raw = self._remote_raw(remote, offset, max_bytes, "read")
                 if not raw:  # no remote segment holds it: on from the local segments
                     with self._lock:
                         self._check_readable_from(offset)
@@ -1607,7 +1620,7 @@ class Log:
         decoder = RecordDecoder(capacity=arrowread.ROWS_PER_BATCH)
         where = f"{self.path} (remote tier)"
         while offset < upto and not builder.done:
-            raw = remote.read_raw(offset, _REMOTE_ARROW_BYTES)
+            raw = self._remote_raw(remote, offset, _REMOTE_ARROW_BYTES, "read_arrow")
             if not raw:  # nothing remote from here: the log start moved past it, or the local segments go on
                 with self._lock:
                     self._check_readable_from(offset)
@@ -1676,7 +1689,7 @@ class Log:
             remote = self._remote_holding(start, "read_raw")
             if remote is None:
                 return self._segments.read_raw(start, max_bytes)
-        raw = remote.read_raw(start, max_bytes)
+        raw = self._remote_raw(remote, start, max_bytes, "read_raw")
         if raw:
             return raw
         with self._reading(offset, "read_raw") as start:  # past the remote segments: the local ones

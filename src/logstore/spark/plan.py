@@ -281,7 +281,8 @@ class Planner:
             start = log_start if wanted == EARLIEST else high if wanted == LATEST else wanted
             if self.start_ts is not None and not self.streaming:
                 low, bound = view.timestamp_bounds(self.start_ts, segments)
-                start, find_start = low, self.start_ts
+                # (a segment's first offset may lie below the log start: a DeleteRecords inside it)
+                start, find_start = max(low, log_start), self.start_ts
         if start > high:
             raise SparkOptionError(f"starting offset {start} of {topic}-{p} is past its end ({high})")
         if start < log_start:

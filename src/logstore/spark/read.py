@@ -88,15 +88,29 @@ def _remote(r: OffsetRange) -> RemotePartitionView:
                                dict(r.remote_options))
 
 
+def _remote_from_start(r: OffsetRange) -> RemotePartitionView:
+    """The partition's remote tier from the segment holding the range's start to its last
+    remote segment (the range's own when the metadata is not readable here)."""
+    store = StoreView(r.root, remote_storage=r.remote_storage, remote_storage_options=dict(r.remote_options))
+    view = store.partition(r.topic, r.partition).remote
+    segments = view.segments_in(r.start, 1 << 62) if view is not None else []
+    return RemotePartitionView(r.remote_segments[0].topic_id_partition, segments or list(r.remote_segments),
+                               r.remote_storage, dict(r.remote_options))
+
+
 def _aborted_batches(r: OffsetRange) -> list[tuple[int, int]]:
-    """The range's batches of aborted transactions, (first, last) ascending: from the remote
-    segments' transaction indexes below ``local_from``, the local ones above."""
+    """The range's batches of aborted transactions, (first, last) ascending: below
+    ``local_from`` the remote batches, above it the local ones. A transaction's entry lives in
+    the index of the segment holding its ABORT marker, which may come after the range: the
+    remote part is checked against every remote segment's index from the range's start on and
+    the local segments' too (Kafka's collectAbortedTransactions goes on until it is complete)."""
     out: list[tuple[int, int]] = []
     start = r.start
     if r.local_from >= 0:
         if r.remote_segments:
-            with _remote(r) as remote:
-                out += remote.aborted_batches(start, min(r.end, r.local_from))
+            local = PartitionView(r.root, r.topic, r.partition).aborted_transactions(start, r.end)
+            with _remote_from_start(r) as remote:
+                out += remote.aborted_batches(start, min(r.end, r.local_from), more=local)
         start = r.local_from
     if start < r.end:
         out += PartitionView(r.root, r.topic, r.partition).aborted_batches(start, r.end)
@@ -131,17 +145,17 @@ def _batches(r: OffsetRange, builder: ArrowBuilder) -> Iterator[pa.RecordBatch]:
         moved = _moved_to_remote(r, restart)
         if moved is not None:
             # Local retention dropped the segments since the range was planned, after their
-            # copy to the remote tier: read them from there, the rest locally.
-            yield from builder.take()
-            yield from read_range(moved)
+            # copy to the remote tier: read them from there, the rest locally, into the same
+            # builder (the caller filters and selects each batch once; a start timestamp
+            # already found stays found).
+            yield from _batches(moved, builder)
             return
         if r.fail_on_data_loss:
             raise
         # The records are gone: read what is left of the range, if anything.
         restart = max(restart, view.log_start_offset())
         if restart < r.end and restart > start:
-            yield from builder.take()
-            yield from read_range(replace(r, start=restart, segment=-1, position=0))
+            yield from _batches(replace(r, start=restart, segment=-1, position=0), builder)
             return
     yield from builder.take()
 

@@ -244,15 +244,17 @@ class RemotePartitionView:
         """
         return self.reader.aborted_transactions(list(self.segments), start, end)
 
-    def aborted_batches(self, start: int, end: int) -> list[tuple[int, int]]:
+    def aborted_batches(self, start: int, end: int, more: Sequence[AbortedTxn] = ()) -> list[tuple[int, int]]:
         """(first, last) offsets of the remote batches in [start, end) that belong to aborted
         transactions (what a read_committed reader leaves out), ascending; [] when none. Reads
-        the batches' headers only when an aborted transaction overlaps the range.
+        the batches' headers only when an aborted transaction overlaps the range. ``more``:
+        aborted transactions found elsewhere (the local segments' indexes: a transaction's
+        entry lives with its ABORT marker, which may be local).
 
         Raises:
             RemoteStorageError: as :meth:`scan`.
         """
-        aborted = AbortedBatches(self.aborted_transactions(start, end))
+        aborted = AbortedBatches(self.aborted_transactions(start, end) + list(more))
         if not aborted:
             return []
         out = []

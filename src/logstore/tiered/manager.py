@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 from .._native import lib
 from ..errors import CorruptRecordError, LogClosedError, LogstoreError, RemoteResourceNotFoundError, RemoteStorageError
-from ..index import AbortedTxn, offset_index_lookup, parse_txn_entries, time_index_lookup
+from ..index import AbortedTxn, collect_aborted, offset_index_lookup, parse_txn_entries, time_index_lookup
 from ..log.remote import CopyableSegment, RemoteTier
 from ..records.batch import HEADER_SIZE, RecordDecoder, parse_header, validate_batch
 from .metadata import (
@@ -348,7 +348,10 @@ class RemoteSegmentReader:
     def aborted_transactions(self, segments: list[RemoteLogSegmentMetadata], start: int,
                              upper: int) -> list[AbortedTxn]:
         """The aborted transactions the transaction indexes of ``segments`` (oldest first) list
-        that overlap the offsets [start, upper).
+        that overlap the offsets [start, upper): searched from the segment holding ``start`` on,
+        past ``upper`` too (a transaction's entry is in the segment of its ABORT marker, which
+        may come later than its records), until an entry's last stable offset shows that no
+        later segment holds one (Kafka's collectAbortedTransactions), or the segments end.
 
         Raises:
             RemoteStorageError: the object store failed, or an index is damaged.
@@ -357,12 +360,13 @@ class RemoteSegmentReader:
         for metadata in segments:
             if metadata.txn_index_empty or metadata.end_offset < start:
                 continue
-            if metadata.start_offset >= upper:
-                break
             entries, damage = parse_txn_entries(self.index(metadata, IndexType.TRANSACTION), metadata.start_offset)
             if damage:
                 raise RemoteStorageError(f"{metadata.describe()}: its transaction index: {damage}")
-            out.extend(t for t in entries if t.last_offset >= start and t.first_offset < upper)
+            found, complete = collect_aborted(entries, start, upper)
+            out.extend(found)
+            if complete:
+                break
         return out
 
 
@@ -395,16 +399,25 @@ class ReadAheadBuffers:
             old = self._entries.pop(tp, None)
             if old is not None:
                 self._bytes -= old[2]
+                if old[1] is not ahead:
+                    _cancel(old[1])
             self._entries[tp] = [tail, ahead, nbytes]
             self._bytes += nbytes
             while self._bytes > self.max_bytes and self._entries:
                 _, dropped = self._entries.popitem(last=False)
                 self._bytes -= dropped[2]
+                _cancel(dropped[1])  # (a range not fetched yet is not fetched for nobody)
 
     @property
     def size_in_bytes(self) -> int:
         with self._lock:
             return self._bytes
+
+
+def _cancel(ahead: tuple[Any, int, Future] | None) -> None:
+    """Cancel a read-ahead no reader will take (a no-op once it runs or ran)."""
+    if ahead is not None:
+        ahead[2].cancel()
 
 
 class RemotePartition(RemoteTier):
@@ -485,9 +498,12 @@ class RemotePartition(RemoteTier):
         want = max(max_bytes, HEADER_SIZE)
         tail, ahead = self._buffers.take(self.tp)
         mine = tail[1:] if tail is not None and tail[0] == metadata.segment_id else None
-        batches, left, sequential = self._reader.read_on(
-            metadata, offset, max_bytes, mine,
-            lambda start, n: self._fetch_next(metadata, start, max(n, READ_AHEAD_BYTES), ahead))
+        try:
+            batches, left, sequential = self._reader.read_on(
+                metadata, offset, max_bytes, mine,
+                lambda start, n: self._fetch_next(metadata, start, max(n, READ_AHEAD_BYTES), ahead))
+        finally:
+            _cancel(ahead)  # taken now, or never: not fetched for nobody
         if left is not None:
             kept, end = left[2], left[0] + len(left[2])
             ahead = None
