@@ -1,0 +1,138 @@
+"""Tiered storage (KIP-405) on a three-node replica set tiering into ``file://``: the leader of a
+partition copies its sealed segments and the events go to the replicated
+``__remote_log_metadata``; the followers drop their copied segments by local retention and read
+everything back through the tier; Kafka clients read across the boundary."""
+
+from __future__ import annotations
+
+import pytest
+
+from logstore.replication import ReplicaNode
+
+from .test_inprocess import SECRET, free_ports, wait_for
+from .test_kafka_listener import CONFLUENT_LOGIN, leader_of, stop_all
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+TOPIC = "tiered"
+KEY = (TOPIC, 0)
+TOPIC_CONFIG = {"remote.storage.enable": "true", "segment.bytes": "4096", "local.retention.bytes": "0",
+                "retention.ms": "-1", "local.retention.ms": "-1"}
+N = 400
+
+
+def start_node(i, tmp_path, addrs, remote, **kw):
+    return ReplicaNode(i, str(tmp_path / f"node{i}"), addrs[i], {j: a for j, a in addrs.items() if j != i}, SECRET,
+                       election_timeout_ms=300, replica_fetch_wait_max_ms=50, remote_storage=f"file://{remote}",
+                       remote_log_manager_task_interval_ms=100, **kw).start()
+
+
+def tiered_cluster(tmp_path, n=3):
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    ports = free_ports(n)
+    addrs = {i: ("127.0.0.1", ports[i]) for i in range(n)}
+    nodes = {i: start_node(i, tmp_path, addrs, remote) for i in range(n)}
+    return nodes, addrs, remote
+
+
+def bootstrap(addrs):
+    return {"bootstrap.servers": ",".join(f"{h}:{p}" for h, p in addrs.values()), **CONFLUENT_LOGIN}
+
+
+def create_tiered_topic(addrs, nodes):
+    for key in (("__cluster_metadata", 0), ("__remote_log_metadata", 0)):
+        leader_of(nodes, key)
+    admin = AdminClient(bootstrap(addrs))
+    for _ in range(50):
+        future = admin.create_topics([NewTopic(TOPIC, 1, replication_factor=3, config=TOPIC_CONFIG)])[TOPIC]
+        try:
+            future.result(10)
+            break
+        except confluent_kafka.KafkaException as exc:
+            if exc.args[0].code() == confluent_kafka.KafkaError.TOPIC_ALREADY_EXISTS:
+                break
+            if not exc.args[0].retriable() and exc.args[0].code() != confluent_kafka.KafkaError.NOT_CONTROLLER:
+                raise
+    for node in nodes.values():
+        wait_for(lambda: KEY in node.describe(), timeout=20)
+
+
+def produce(addrs, values):
+    producer = confluent_kafka.Producer({**bootstrap(addrs), "acks": "all", "enable.idempotence": True,
+                                         "linger.ms": 0, "batch.num.messages": 10})
+    for v in values:
+        producer.produce(TOPIC, v, partition=0)
+        producer.poll(0)
+    assert producer.flush(30) == 0
+
+
+def consume(addrs, n, offset=0):
+    consumer = confluent_kafka.Consumer({**bootstrap(addrs), "group.id": "g", "enable.auto.commit": False})
+    consumer.assign([confluent_kafka.TopicPartition(TOPIC, 0, offset)])
+    out = []
+    try:
+        import time
+        deadline = time.monotonic() + 30
+        while len(out) < n and time.monotonic() < deadline:
+            m = consumer.poll(0.5)
+            if m is None:
+                continue
+            assert m.error() is None, m.error()
+            out.append((m.offset(), m.value()))
+    finally:
+        consumer.close()
+    return out
+
+
+def values(start, n):
+    return [f"record-{i:05d}".encode() * 8 for i in range(start, start + n)]
+
+
+def read_all(node):
+    """Every record value of the node's replica below its high watermark, through the library
+    (below its local segments: from the tier)."""
+    out, offset = [], 0
+    end = node.describe()[KEY]["high_watermark"]
+    while offset < end:
+        batch = node.read(TOPIC, 0, offset)
+        if not batch:
+            break
+        out.extend(r.value for r in batch)
+        offset = batch[-1].offset + 1
+    return out
+
+
+def local_start(node):
+    return node.store.partition(TOPIC, 0).local_log_start_offset
+
+
+def test_leader_copies_followers_drop_local_copies_and_everyone_reads_back(tmp_path):
+    nodes, addrs, remote = tiered_cluster(tmp_path)
+    try:
+        create_tiered_topic(addrs, nodes)
+        produce(addrs, values(0, N))
+        leader = leader_of(nodes, KEY)
+        # every node's copied segments leave its disk (the leader's by its copies, the
+        # followers' by local retention once the replicated metadata says they are copied)
+        for node in nodes.values():
+            wait_for(lambda: local_start(node) > N // 2, timeout=30)
+        manager = nodes[leader].store.remote_log_manager
+        copied_through = manager.rlmm.remote_log_end_offset(next(iter(manager.partitions())))
+        assert copied_through >= N // 2
+        end = nodes[leader].describe()[KEY]["high_watermark"]
+        for node in nodes.values():
+            wait_for(lambda: node.describe()[KEY]["high_watermark"] >= end, timeout=20)
+        for i, node in nodes.items():
+            log = node.store.partition(TOPIC, 0)
+            assert log.log_start_offset == 0
+            assert read_all(node) == values(0, N), f"node {i}"
+        # a Kafka client reads across the boundary from the leader
+        assert [v for _, v in consume(addrs, N)] == values(0, N)
+        # only the leader wrote segments to the tier: one set of remote segments
+        metadata = [n.store.remote_log_manager.rlmm for n in nodes.values()]
+        for rlmm in metadata:
+            wait_for(lambda: rlmm.catch_up() >= 0 and rlmm.partitions() == metadata[0].partitions())
+    finally:
+        stop_all(nodes)
