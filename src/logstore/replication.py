@@ -83,7 +83,7 @@ from .replica.partition import PartitionReplica
 from .replica.peerapis import PeerApis
 from .replica.quorum import NONE, Election, QuorumStateFile, Role
 from .replica.tiering import (REMOTE_LOG_METADATA_CONFIG, REMOTE_LOG_METADATA_TOPIC, PartitionLeadership,
-                              RemoteMetadataLog)
+                              RemoteMetadataLog, TierCatchUp)
 from .store.layout import read_remote_storage
 from .store.store import LogStore, meta_properties
 from .tiered.rlmm import TopicBasedRemoteLogMetadataManager
@@ -359,7 +359,8 @@ class ReplicaNode:
             self._remote_metadata_log.bind(self.context, self._leader)
         self._leadership = PartitionLeadership(self.context)
         self._elections = ElectionDriver(self.context, self._leader)
-        self._fetchers = Fetchers(self.context, self._elections)
+        self._fetchers = Fetchers(self.context, self._elections,
+                                  TierCatchUp(self.context, lambda: self.store.remote_log_manager))
         peer_apis = PeerApis(self.context, self._elections, self._leader)
         #: the set's topic metadata changed at runtime; what this node committed is applied now
         #: (again: applying is idempotent), the rest as its high watermark moves (its own thread)

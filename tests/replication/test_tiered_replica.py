@@ -136,3 +136,28 @@ def test_leader_copies_followers_drop_local_copies_and_everyone_reads_back(tmp_p
             wait_for(lambda: rlmm.catch_up() >= 0 and rlmm.partitions() == metadata[0].partitions())
     finally:
         stop_all(nodes)
+
+
+def test_a_node_restarted_with_an_empty_disk_catches_up_through_the_remote_tier(tmp_path):
+    import shutil
+
+    nodes, addrs, remote = tiered_cluster(tmp_path)
+    try:
+        create_tiered_topic(addrs, nodes)
+        produce(addrs, values(0, N))
+        leader = leader_of(nodes, KEY)
+        wait_for(lambda: local_start(nodes[leader]) > N // 2, timeout=30)
+        lost = next(i for i in nodes if i != leader and i != leader_of(nodes, ("__remote_log_metadata", 0)))
+        nodes[lost].stop()
+        shutil.rmtree(tmp_path / f"node{lost}")
+        nodes[lost] = start_node(lost, tmp_path, addrs, remote)
+        wait_for(lambda: KEY in nodes[lost].describe(), timeout=20)  # (from the replicated topic metadata)
+        produce(addrs, values(N, 50))
+        end = nodes[leader_of(nodes, KEY)].describe()[KEY]["high_watermark"]
+        wait_for(lambda: nodes[lost].describe()[KEY]["high_watermark"] >= end, timeout=30)
+        log = nodes[lost].store.partition(TOPIC, 0)
+        # it never fetched what the tier holds: its local log starts at the leader's local start
+        assert log.log_start_offset == 0 and log.local_log_start_offset > N // 2
+        assert read_all(nodes[lost]) == values(0, N + 50)
+    finally:
+        stop_all(nodes)

@@ -30,15 +30,16 @@ from typing import Any
 
 from ..errorcodes import ErrorCode
 from ..errors import LogstoreError, NotLeaderOrFollowerError, RequestTimedOutError
-from ..kafka.apikeys import PRODUCE
+from ..kafka.apikeys import LIST_OFFSETS, PRODUCE
 from ..records.batch import BatchBuilder
 from .client import PeerConnections
 from .context import NodeContext
 from .leader import LeaderSide
 from .quorum import Role
 from .replicatedlog import WRITE_TIMEOUT_S, ReplicatedLog
+from ..tiered.metadata import IndexType
 
-__all__ = ["RemoteMetadataLog", "PartitionLeadership", "REMOTE_LOG_METADATA_TOPIC", "REMOTE_LOG_METADATA_CONFIG"]
+__all__ = ["RemoteMetadataLog", "PartitionLeadership", "TierCatchUp", "parse_leader_epochs", "REMOTE_LOG_METADATA_TOPIC", "REMOTE_LOG_METADATA_CONFIG"]
 
 logger = logging.getLogger("logstore.replication.tiering")
 
@@ -178,3 +179,96 @@ class PartitionLeadership:
             return False
         with rep.cond:
             return rep.election.role is Role.LEADER and rep.hw > rep.epoch_start
+
+
+class TierCatchUp:
+    """A follower's start past the records its leader holds only in the remote tier (Kafka's
+    follower on OFFSET_MOVED_TO_TIERED_STORAGE; the fetchers' ``from_tier``): it asks the leader
+    for its local log start (ListOffsets, EARLIEST_LOCAL_TIMESTAMP -4), finds the remote segment
+    holding the offset just below it, fetches that segment's leader-epoch checkpoint and
+    producer snapshot, and restarts its log, empty, past that segment with them
+    (:meth:`~logstore.log.log.Log.start_from_tier`), its log start the leader's; its fetches then
+    go on from there, and its reads below go to the tier. A node restarted with an empty disk
+    catches up this way. Thread-safe (one fetcher per partition calls it).
+
+    Args:
+        context: the node's context.
+        manager: returns the node's remote log manager (None: the node has no remote tier).
+    """
+
+    def __init__(self, context: NodeContext, manager: Any) -> None:
+        self._context = context
+        self._manager = manager
+
+    def __call__(self, rep: Any, conn: Any, leader_log_start: int) -> bool:
+        """Restart ``rep``'s log past the remote tier (see the class docstring); True when it
+        did (or there is nothing to do any more), False when it could not yet (logged; the
+        fetcher retries)."""
+        context, log = self._context, rep.log
+        where = f"node {context.node_id}: {rep.topic}-{rep.partition}"
+        manager = self._manager()
+        tier = log.remote_tier
+        if manager is None or tier is None:
+            logger.error("%s: the leader holds offset %d only in the remote tier and this node has no remote tier "
+                         "for the partition: it cannot follow", where, log.log_end_offset)
+            context.stopping.wait(context.election_timeout_s)
+            return False
+        local_start = self._leader_local_start(rep, conn)
+        if local_start <= log.log_end_offset:
+            return True  # (the leader's local segments reach us again: fetch on)
+        rlmm, rsm = manager.rlmm, manager.rsm
+        metadata = rlmm.segment_for_offset(tier.tp, local_start - 1)
+        if metadata is None:
+            rlmm.catch_up()
+            metadata = rlmm.segment_for_offset(tier.tp, local_start - 1)
+        if metadata is None:
+            logger.info("%s: no remote segment known here holds offset %d yet (the leader's local log starts at "
+                        "%d): waiting for the replicated metadata", where, local_start - 1, local_start)
+            context.stopping.wait(0.1)
+            return False
+        epochs = parse_leader_epochs(rsm.fetch_index(metadata, IndexType.LEADER_EPOCH))
+        snapshot = rsm.fetch_index(metadata, IndexType.PRODUCER_SNAPSHOT) or None
+        start = metadata.end_offset + 1
+        with rep.cond:
+            if rep.election.role is not Role.FOLLOWER:
+                return False
+            log.start_from_tier(start, min(max(leader_log_start, 0), start), epochs, snapshot)
+            rep.hw = log.high_watermark
+        logger.warning("%s: the leader's records below %d are in the remote tier: restarted there (from %s)", where,
+                       start, metadata.describe())
+        return True
+
+    def _leader_local_start(self, rep: Any, conn: Any) -> int:
+        """The leader's local log start (ListOffsets v8, timestamp -4)."""
+        fields = {"replica_id": self._context.node_id, "isolation_level": 0, "topics": [
+            {"name": rep.topic, "partitions": [{"partition_index": rep.partition,
+                                                "current_leader_epoch": rep.election.epoch, "timestamp": -4}]}]}
+        answer = conn.request(LIST_OFFSETS, fields, self._context.election_timeout_s)
+        entry = answer.topics[0].partitions[0]
+        if entry.error_code != ErrorCode.none:
+            raise LogstoreError(f"{rep.topic}-{rep.partition}: the leader's local log start: "
+                                f"{ErrorCode(int(entry.error_code)).name}")
+        return int(entry.offset)
+
+
+def parse_leader_epochs(data: bytes) -> list[tuple[int, int]]:
+    """The (epoch, start offset) entries of a leader-epoch checkpoint's bytes (Kafka's text
+    format: version 0, the count, one "epoch offset" line each). Pure.
+
+    Raises:
+        LogstoreError: the bytes are not such a checkpoint.
+    """
+    lines = data.decode("ascii", "replace").split("\n")
+    try:
+        if lines[0].strip() != "0":
+            raise ValueError(f"version {lines[0]!r}")
+        count = int(lines[1])
+        out = []
+        for line in lines[2:2 + count]:
+            epoch, offset = line.split()
+            out.append((int(epoch), int(offset)))
+        if len(out) != count:
+            raise ValueError(f"{len(out)} entries, the header says {count}")
+    except (IndexError, ValueError) as exc:
+        raise LogstoreError(f"a damaged leader-epoch checkpoint from the remote tier: {exc}") from None
+    return out
