@@ -621,7 +621,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
     --listen 127.0.0.1:9000 --peer 1=127.0.0.1:9001 --peer 2=127.0.0.1:9002 --secret-file FILE
     [--cluster-id ID] [--topic NAME:PARTITIONS] [--tls-cert F --tls-key F --tls-ca F] [--advertised HOST:PORT]
     [--sasl-credentials FILE] [--sasl-oauthbearer NAME=VALUE ...] [--connections-max-reauth-ms MS]
-    [--remote-storage URL [--remote-storage-option NAME=VALUE ...]]``. ``--listen`` is the node's one listener, Kafka's protocol, for
+    [--remote-storage URL [--remote-storage-option NAME=VALUE ...] [--remote-log-manager-task-interval-ms MS]]``. ``--listen`` is the node's one listener, Kafka's protocol, for
     Kafka clients and peers; ``--peer`` names the peers' listeners. Prints one "serving" line on
     stdout once it listens."""
     import argparse
@@ -658,6 +658,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
                              "directory remembers, if any)")
     parser.add_argument("--remote-storage-option", action="append", default=[], metavar="NAME=VALUE",
                         help="an object store setting (obstore's names: endpoint, region, allow_http, ...); repeat")
+    parser.add_argument("--remote-log-manager-task-interval-ms", type=int, default=30_000,
+                        help="Kafka's remote.log.manager.task.interval.ms: how often the tiered partitions' copies, "
+                             "expirations and local retention run (default 30000)")
     add_sasl_arguments(parser)  # Kafka clients' SASL; the replica user logs in with the secret (SCRAM-SHA-256)
     add_authorizer_arguments(parser)
     add_transaction_arguments(parser)
@@ -711,7 +714,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
                            advertised=address(args.advertised) if args.advertised else None,
                            advertised_peers=id_addresses(args.advertised_peer) if args.advertised_peer else None,
                            cluster_id=args.cluster_id, kafka_options=options, remote_storage=args.remote_storage,
-                           remote_storage_options=remote_options or None).start()
+                           remote_storage_options=remote_options or None,
+                           remote_log_manager_task_interval_ms=args.remote_log_manager_task_interval_ms).start()
     except (ValueError, OSError, LogstoreError) as exc:
         parser.error(str(exc))
     import faulthandler

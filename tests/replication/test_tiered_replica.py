@@ -5,12 +5,17 @@ everything back through the tier; Kafka clients read across the boundary."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import time
+
 import pytest
 
 from logstore.replication import ReplicaNode
 
 from .test_inprocess import SECRET, free_ports, wait_for
 from .test_kafka_listener import CONFLUENT_LOGIN, leader_of, stop_all
+from .test_metadata import until_done
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
@@ -45,16 +50,7 @@ def create_tiered_topic(addrs, nodes):
     for key in (("__cluster_metadata", 0), ("__remote_log_metadata", 0)):
         leader_of(nodes, key)
     admin = AdminClient(bootstrap(addrs))
-    for _ in range(50):
-        future = admin.create_topics([NewTopic(TOPIC, 1, replication_factor=3, config=TOPIC_CONFIG)])[TOPIC]
-        try:
-            future.result(10)
-            break
-        except confluent_kafka.KafkaException as exc:
-            if exc.args[0].code() == confluent_kafka.KafkaError.TOPIC_ALREADY_EXISTS:
-                break
-            if not exc.args[0].retriable() and exc.args[0].code() != confluent_kafka.KafkaError.NOT_CONTROLLER:
-                raise
+    until_done(lambda: admin.create_topics([NewTopic(TOPIC, 1, replication_factor=3, config=TOPIC_CONFIG)]))
     for node in nodes.values():
         wait_for(lambda: KEY in node.describe(), timeout=20)
 
@@ -73,7 +69,6 @@ def consume(addrs, n, offset=0):
     consumer.assign([confluent_kafka.TopicPartition(TOPIC, 0, offset)])
     out = []
     try:
-        import time
         deadline = time.monotonic() + 30
         while len(out) < n and time.monotonic() < deadline:
             m = consumer.poll(0.5)
@@ -139,8 +134,6 @@ def test_leader_copies_followers_drop_local_copies_and_everyone_reads_back(tmp_p
 
 
 def test_a_node_restarted_with_an_empty_disk_catches_up_through_the_remote_tier(tmp_path):
-    import shutil
-
     nodes, addrs, remote = tiered_cluster(tmp_path)
     try:
         create_tiered_topic(addrs, nodes)
@@ -161,3 +154,69 @@ def test_a_node_restarted_with_an_empty_disk_catches_up_through_the_remote_tier(
         assert read_all(nodes[lost]) == values(0, N + 50)
     finally:
         stop_all(nodes)
+
+
+def finished_segments(node):
+    manager = node.store.remote_log_manager
+    manager.rlmm.catch_up()
+    tp = node.store.partition(TOPIC, 0).remote_tier.tp
+    return sorted(((m.start_offset, m.end_offset) for m in manager.rlmm.list_remote_log_segments(tp)
+                   if m.state.name == "COPY_SEGMENT_FINISHED"))
+
+
+def test_after_a_leader_failover_the_new_leader_copies_on_from_the_remote_end(tmp_path):
+    nodes, addrs, remote = tiered_cluster(tmp_path)
+    try:
+        create_tiered_topic(addrs, nodes)
+        produce(addrs, values(0, N))
+        old = leader_of(nodes, KEY)
+        wait_for(lambda: finished_segments(nodes[old]) and finished_segments(nodes[old])[-1][1] >= N // 2, timeout=30)
+        copied_before = finished_segments(nodes[old])[-1][1]
+        nodes[old].stop()
+        alive = {i: n for i, n in nodes.items() if i != old}
+        new = leader_of(alive, KEY)
+        produce({i: addrs[i] for i in alive}, values(N, 200))
+        end = alive[new].describe()[KEY]["high_watermark"]
+        # the new leader copies the segments past the old leader's last copy
+        wait_for(lambda: finished_segments(alive[new])[-1][1] >= end - 60, timeout=30)
+        segments = finished_segments(alive[new])
+        assert segments[-1][1] > copied_before
+        covered = -1
+        for start, last in segments:  # no gap between the remote segments (overlaps are read once)
+            assert start <= covered + 1, segments
+            covered = max(covered, last)
+        for node in alive.values():
+            wait_for(lambda: node.describe()[KEY]["high_watermark"] >= end, timeout=20)
+            wait_for(lambda: local_start(node) > copied_before, timeout=30)
+            assert read_all(node) == values(0, N + 200)
+        assert [v for _, v in consume({i: addrs[i] for i in alive}, N + 200)] == values(0, N + 200)
+    finally:
+        stop_all(nodes)
+
+
+def test_logstore_node_processes_tier_into_a_shared_object_store_and_survive_a_kill(tmp_path):
+    """``logstore node --remote-storage file://...`` in three processes: the sealed segments
+    reach the object store, a Kafka consumer reads everything back, also after the leader was
+    killed and restarted on its directory (which remembers the object store)."""
+    from .kafkanodes import KafkaNodes
+
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    cluster = KafkaNodes(tmp_path, SECRET, options=(f"--remote-storage=file://{remote}",
+                                                    "--remote-log-manager-task-interval-ms=100"))
+    try:
+        for i in cluster.addrs:
+            cluster.start(i)
+        admin = AdminClient({"bootstrap.servers": cluster.bootstrap, **cluster.client_config})
+        until_done(lambda: admin.create_topics([NewTopic(TOPIC, 1, replication_factor=3, config=TOPIC_CONFIG)]))
+        assert cluster.leader(TOPIC) is not None
+        produce(cluster.addrs, values(0, N))
+        wait_for(lambda: any(name.endswith(".log") for _, _, names in os.walk(remote) for name in names), timeout=30)
+        assert [v for _, v in consume(cluster.addrs, N)] == values(0, N)
+        leader = cluster.leader(TOPIC)
+        cluster.kill(leader)
+        produce(cluster.addrs, values(N, 20))
+        cluster.start(leader)  # without --remote-storage the directory's would do too; the same here
+        assert [v for _, v in consume(cluster.addrs, N + 20)] == values(0, N + 20)
+    finally:
+        cluster.stop_all()
