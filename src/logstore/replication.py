@@ -31,6 +31,7 @@ replica/kafkaapis.py        the listener's answers to Kafka clients (Metadata, P
 replica/metadata.py         topic configs and new partitions, replicated in ``__cluster_metadata``
 replica/peerapis.py         the listener's answers to peers (Fetch, Vote, BeginQuorumEpoch, DescribeQuorum)
 replica/client.py           ``Client``, connections to nodes and peers, the replication errors
+replica/tiering.py          tiered storage: ``__remote_log_metadata`` replicated, who copies, a follower's start past the tier
 kafka/server.py, net/       the listener every connection is served by
 log/producers.py            (log layer) each producer's epoch and last batches, for idempotent produces
 ==========================  =====================================================================

@@ -220,3 +220,68 @@ def test_logstore_node_processes_tier_into_a_shared_object_store_and_survive_a_k
         assert [v for _, v in consume(cluster.addrs, N + 20)] == values(0, N + 20)
     finally:
         cluster.stop_all()
+
+
+def test_parse_leader_epochs_reads_what_a_log_writes_and_refuses_damage():
+    from logstore.checkpoint import encode_checkpoint
+    from logstore.errors import LogstoreError
+    from logstore.replica.tiering import parse_leader_epochs
+
+    entries = [(0, 0), (3, 60), (5, 120)]
+    assert parse_leader_epochs(encode_checkpoint(entries, 2, "leader-epoch-checkpoint")) == entries
+    assert parse_leader_epochs(encode_checkpoint([], 2, "leader-epoch-checkpoint")) == []
+    for damaged in (b"", b"1\n0\n", b"0\n2\n0 0\n", b"0\nx\n"):
+        with pytest.raises(LogstoreError):
+            parse_leader_epochs(damaged)
+
+
+def test_log_start_from_tier_keeps_the_remote_state_below_the_local_start(tmp_path):
+    from logstore import LogStore
+    from logstore.log.producers import snapshot_path
+    from logstore.records.batch import BatchBuilder
+
+    with LogStore(tmp_path / "a", maintenance=False) as store:
+        source = store.create_topic("t", 1) or store.partition("t", 0)
+        source.append_idempotent(BatchBuilder().build([b"x"] * 3, producer_id=7, producer_epoch=2, base_sequence=0))
+        source.append(b"y")
+        end = source.log_end_offset
+    snapshot = open(snapshot_path(str(tmp_path / "a" / "t-0"), end), "rb").read()
+    with LogStore(tmp_path / "b", maintenance=False) as store:
+        store.create_topic("t", 1)
+        log = store.partition("t", 0)
+        log.append(b"old")
+        with pytest.raises(ValueError):
+            log.start_from_tier(end, end + 1, [], None)
+        log.start_from_tier(end, 1, [(0, 0), (3, 2), (5, end)], snapshot)
+        assert (log.log_start_offset, log.log_end_offset) == (1, end)
+        assert log.latest_epoch == 3  # (the entry at the local start is left out)
+        assert 7 in log.active_producers()  # the producers as of the local start
+        log.append(b"new")
+    with LogStore(tmp_path / "b", maintenance=False) as store:  # durable (this log has no remote tier to
+        log = store.partition("t", 0)                            # read below its local start from)
+        assert (log.log_end_offset, log.latest_epoch) == (end + 1, 3)
+
+
+def test_the_remote_log_manager_copies_only_the_partitions_its_leads_hook_names(tmp_path):
+    """RemoteLogManager(leads=) through LogStore(remote_log_leads=): a partition another node
+    leads is neither copied nor expired here; once it is led here, its segments are copied."""
+    from logstore import LogStore
+
+    led = set()
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    with LogStore(tmp_path / "data", maintenance=False, remote_storage=f"file://{remote}",
+                  remote_log_leads=lambda log: log.partition in led) as store:
+        store.create_topic("t", 2, segment_bytes=4096, remote_storage_enable=True, local_retention_bytes=0,
+                           retention_ms=-1, local_retention_ms=-1)
+        logs = [store.partition("t", p) for p in range(2)]
+        for log in logs:
+            for i in range(300):
+                log.append(f"t-{i:05d}".encode() * 8)
+        sealed = [len(log.segments) - 1 for log in logs]
+        done = store.run_maintenance()
+        assert done["remote_segments_copied"] == 0 and not os.listdir(remote)
+        led.add(1)
+        done = store.run_maintenance()
+        assert done["remote_segments_copied"] == sealed[1]
+        assert logs[0].local_log_start_offset == 0 and logs[1].local_log_start_offset > 0

@@ -17,7 +17,11 @@ broker of a Kafka cluster does:
   REQUEST_TIMED_OUT when the request's timeout runs out first. A duplicate is answered as its
   first append would be: with acks=all, once it is committed.
 - **Fetch** and **ListOffsets** go to the leader too, and stop at the high watermark: a
-  consumer sees committed records only.
+  consumer sees committed records only. With tiered storage (the node's ``remote_storage``)
+  a fetch below the local segments reads the remote tier, as the single store's listener
+  does; ``__remote_log_metadata`` takes produces from the replica user alone (the nodes'
+  metadata managers' writes, :mod:`~logstore.replica.tiering`), as every internal topic
+  refuses clients'.
 - Topics are the node's replicated partitions: DeleteTopics is refused (POLICY_VIOLATION with
   a message: a topic's id is derived from its name). **CreateTopics**, **CreatePartitions**,
   **AlterConfigs** and **IncrementalAlterConfigs** of topics are made by the leader of ``__cluster_metadata-0``
