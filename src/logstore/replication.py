@@ -300,7 +300,8 @@ class ReplicaNode:
                               remote_storage_options=remote_storage_options,
                               remote_log_metadata_manager=self._remote_metadata_manager,
                               remote_log_leads=lambda log: self._leadership is not None and self._leadership(log),
-                              remote_log_manager_task_interval_ms=remote_log_manager_task_interval_ms)
+                              remote_log_manager_task_interval_ms=remote_log_manager_task_interval_ms,
+                              remote_log_broker_id=node_id)
         try:
             self.store.set_cluster_id(chosen)
         except BaseException:

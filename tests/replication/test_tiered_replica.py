@@ -114,8 +114,11 @@ def test_leader_copies_followers_drop_local_copies_and_everyone_reads_back(tmp_p
         for node in nodes.values():
             wait_for(lambda: local_start(node) > N // 2, timeout=30)
         manager = nodes[leader].store.remote_log_manager
-        copied_through = manager.rlmm.remote_log_end_offset(next(iter(manager.partitions())))
+        tp = next(iter(manager.partitions()))
+        copied_through = manager.rlmm.remote_log_end_offset(tp)
         assert copied_through >= N // 2
+        # the events name the node that copied (Kafka's brokerId)
+        assert {m.broker_id for m in manager.rlmm.list_remote_log_segments(tp)} == {leader}
         end = nodes[leader].describe()[KEY]["high_watermark"]
         for node in nodes.values():
             wait_for(lambda: node.describe()[KEY]["high_watermark"] >= end, timeout=20)
