@@ -660,7 +660,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
                              "directory remembers, if any)")
     parser.add_argument("--remote-storage-option", action="append", default=[], metavar="NAME=VALUE",
                         help="an object store setting (obstore's names: endpoint, region, allow_http, ...); repeat")
-    parser.add_argument("--remote-log-manager-task-interval-ms", type=int, default=30_000,
+    parser.add_argument("--remote-log-manager-task-interval-ms", type=int, default=30_000, metavar="MS",
                         help="Kafka's remote.log.manager.task.interval.ms: how often the tiered partitions' copies, "
                              "expirations and local retention run (default 30000)")
     add_sasl_arguments(parser)  # Kafka clients' SASL; the replica user logs in with the secret (SCRAM-SHA-256)

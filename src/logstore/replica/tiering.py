@@ -1,6 +1,7 @@
 """Tiered storage on a replica set (KIP-405): :class:`RemoteMetadataLog`, the replicated
-``__remote_log_metadata-0`` as each node's remote log metadata manager sees it, and
-:class:`PartitionLeadership`, which tells a node's remote log manager the partitions it tiers.
+``__remote_log_metadata-0`` as each node's remote log metadata manager sees it,
+:class:`PartitionLeadership`, which tells a node's remote log manager the partitions it tiers,
+and :class:`TierCatchUp`, a follower's start past what the leader holds only in the tier.
 
 The set shares one object store. Each node's store has a
 :class:`~logstore.tiered.manager.RemoteLogManager` that copies and expires only the partitions
@@ -15,6 +16,12 @@ leader may truncate) and writes its events through that partition's leader
 leader by the replica user, the one principal whose produce to that internal topic the leader
 takes (:class:`~logstore.replica.kafkaapis.ReplicaKafkaApis`); either way the write returns once
 this node's replica has committed it, so the manager reads back its own event.
+
+A follower whose fetch offset its leader holds only in the remote tier (the leader's local
+retention dropped it: OFFSET_MOVED_TO_TIERED_STORAGE) restarts past the remote segment ending
+below the leader's local log start, with that segment's leader epochs and producer snapshot
+(:class:`TierCatchUp`), as Kafka's follower does; a node restarted with an empty disk catches up
+so, without fetching what the tier holds.
 
 Durability: a write returns once a majority holds it and this node's high watermark passed it.
 Thread-safety: thread-safe (the metadata manager serialises its writes; each thread's flush waits
