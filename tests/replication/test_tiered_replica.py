@@ -288,3 +288,32 @@ def test_the_remote_log_manager_copies_only_the_partitions_its_leads_hook_names(
         done = store.run_maintenance()
         assert done["remote_segments_copied"] == sealed[1]
         assert logs[0].local_log_start_offset == 0 and logs[1].local_log_start_offset > 0
+
+
+def test_every_copied_segment_takes_its_own_producer_snapshot_however_many_wait(tmp_path):
+    """Regression: a log kept only its newest few producer snapshots, so the segments waiting
+    for a copy lost theirs (the copy failed, then went without): a follower restarting past the
+    tier (TierCatchUp) then lost the producers' state. Now a snapshot stays until its segment
+    is copied."""
+    from logstore import LogStore
+    from logstore.log.producers import SNAPSHOTS_KEPT
+    from logstore.records.batch import BatchBuilder
+    from logstore.tiered.metadata import IndexType
+
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    with LogStore(tmp_path / "data", maintenance=False, remote_storage=f"file://{remote}") as store:
+        store.create_topic("t", 1, segment_bytes=4096, remote_storage_enable=True, local_retention_bytes=0,
+                           retention_ms=-1, local_retention_ms=-1)
+        log = store.partition("t", 0)
+        builder = BatchBuilder()
+        for i in range(200):
+            log.append_idempotent(builder.build([f"v{i:05d}".encode() * 20], producer_id=9, producer_epoch=0,
+                                                base_sequence=i))
+        assert len(log.segments) - 1 > SNAPSHOTS_KEPT + 2
+        assert store.run_maintenance()["remote_errors"] == 0
+        manager = store.remote_log_manager
+        segments = manager.rlmm.list_remote_log_segments(log.remote_tier.tp)
+        assert len(segments) > SNAPSHOTS_KEPT + 2
+        for metadata in segments:
+            assert manager.rsm.fetch_index(metadata, IndexType.PRODUCER_SNAPSHOT), metadata.describe()

@@ -533,6 +533,8 @@ class Log:
             local = self._segments.first.base_offset
             start = local if remote_start is None or remote_start > local else remote_start
             self._remote = tier
+            # a segment's producer snapshot stays until the tier holds the segment
+            self._producers.keep_after = lambda: tier.copied_through() + 1
             if self._start_checkpointed:  # (else: no checkpoint said where it starts; the tier does)
                 start = max(start, self._log_start_offset)
             if start != self._log_start_offset:
