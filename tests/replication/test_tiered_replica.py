@@ -1,7 +1,9 @@
 """Tiered storage (KIP-405) on a three-node replica set tiering into ``file://``: the leader of a
 partition copies its sealed segments and the events go to the replicated
 ``__remote_log_metadata``; the followers drop their copied segments by local retention and read
-everything back through the tier; Kafka clients read across the boundary."""
+everything back through the tier; Kafka clients read across the boundary; total retention set
+through a follower expires remote segments and moves every node's log start; a new leader copies on
+from the remote end; a node restarted with an empty disk catches up through the tier."""
 
 from __future__ import annotations
 
@@ -128,10 +130,21 @@ def test_leader_copies_followers_drop_local_copies_and_everyone_reads_back(tmp_p
             assert read_all(node) == values(0, N), f"node {i}"
         # a Kafka client reads across the boundary from the leader
         assert [v for _, v in consume(addrs, N)] == values(0, N)
-        # only the leader wrote segments to the tier: one set of remote segments
-        metadata = [n.store.remote_log_manager.rlmm for n in nodes.values()]
-        for rlmm in metadata:
-            wait_for(lambda: rlmm.catch_up() >= 0 and rlmm.partitions() == metadata[0].partitions())
+        # total retention, set through a follower (replicated): the leader expires the oldest
+        # remote segments and moves the log start; every node's log start follows
+        from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+        follower = next(i for i in nodes if i != leader)
+        admin = AdminClient(bootstrap({follower: addrs[follower]}))
+        until_done(lambda: admin.incremental_alter_configs([ConfigResource("topic", TOPIC, incremental_configs=[
+            ConfigEntry("retention.bytes", "16384", incremental_operation=AlterConfigOpType.SET)])]))
+        for node in nodes.values():
+            wait_for(lambda: node.store.partition(TOPIC, 0).log_start_offset > 0, timeout=30)
+        start = nodes[leader].store.partition(TOPIC, 0).log_start_offset
+        remaining = [v for _, v in consume(addrs, 1, offset=start)]
+        assert remaining and remaining[0] in values(0, N)
+        # the remote segments below it go (DELETE_SEGMENT_STARTED, then _FINISHED)
+        wait_for(lambda: all(end >= start for _, end in finished_segments(nodes[leader])), timeout=30)
     finally:
         stop_all(nodes)
 
