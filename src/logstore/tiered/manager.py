@@ -657,6 +657,8 @@ class RemoteLogManager:
                 continue
             if attached.detached:
                 break  # (its topic is being deleted, or the log closes)
+            if self._leads is not None and not self._leads(log):
+                break  # (another node leads it now: that node copies on)
             self._copy_one(tp, segment)
             copied += 1
             through = segment.end_offset
