@@ -31,6 +31,7 @@ replica/kafkaapis.py        the listener's answers to Kafka clients (Metadata, P
 replica/metadata.py         topic configs and new partitions, replicated in ``__cluster_metadata``
 replica/peerapis.py         the listener's answers to peers (Fetch, Vote, BeginQuorumEpoch, DescribeQuorum)
 replica/client.py           ``Client``, connections to nodes and peers, the replication errors
+replica/tiering.py          tiered storage: ``__remote_log_metadata`` replicated, who copies, a follower's start past the tier
 kafka/server.py, net/       the listener every connection is served by
 log/producers.py            (log layer) each producer's epoch and last batches, for idempotent produces
 ==========================  =====================================================================
@@ -82,7 +83,11 @@ from .replica.leader import LeaderSide
 from .replica.partition import PartitionReplica
 from .replica.peerapis import PeerApis
 from .replica.quorum import NONE, Election, QuorumStateFile, Role
+from .replica.tiering import (REMOTE_LOG_METADATA_CONFIG, REMOTE_LOG_METADATA_TOPIC, PartitionLeadership,
+                              RemoteMetadataLog, TierCatchUp)
+from .store.layout import read_remote_storage
 from .store.store import LogStore, meta_properties
+from .tiered.rlmm import TopicBasedRemoteLogMetadataManager
 
 __all__ = ["ReplicaNode", "Client", "Fetched", "TLSConfig", "ReplicationError", "NotLeaderError",
            "NotEnoughReplicasError", "ReplicationTimeoutError", "REPLICA_USER", "main",
@@ -113,7 +118,8 @@ logger = logging.getLogger("logstore.replication")
 
 #: the topics a node always replicates (one partition each), with their configs
 _INTERNAL_TOPICS = {OFFSETS_TOPIC: OFFSETS_TOPIC_CONFIG, TRANSACTION_STATE_TOPIC: TRANSACTION_STATE_TOPIC_CONFIG,
-                    ACLS_TOPIC: ACLS_TOPIC_CONFIG, METADATA_TOPIC: METADATA_TOPIC_CONFIG}
+                    ACLS_TOPIC: ACLS_TOPIC_CONFIG, METADATA_TOPIC: METADATA_TOPIC_CONFIG,
+                    REMOTE_LOG_METADATA_TOPIC: REMOTE_LOG_METADATA_CONFIG}
 
 
 class _ContextSetting:
@@ -179,6 +185,20 @@ class ReplicaNode:
         kafka_options: more :class:`~logstore.kafka.server.KafkaServer` arguments, e.g.
             ``sasl_credentials`` (Kafka clients' users, besides the replica user),
             ``sasl_mechanisms``, group settings.
+        remote_storage: tiered storage (KIP-405): the object store the whole set shares, a URL
+            (``file:///path``, ``s3://bucket/prefix``, ...) or a
+            :class:`~logstore.tiered.storage.RemoteStorageManager`; the same on every node (a
+            URL is remembered by the data directory, as a store's). Topics with
+            ``remote.storage.enable`` are tiered: each partition's leader copies its sealed
+            segments and expires remote ones, every node's local retention drops what the tier
+            holds and reads below its local segments from it; the remote segments' metadata is
+            the replicated ``__remote_log_metadata`` (one partition; see
+            :mod:`~logstore.replica.tiering`). None: the one the directory remembers, if any;
+            else no topic may enable remote storage.
+        remote_storage_options: the object store's settings (obstore's names).
+        remote_log_manager_task_interval_ms: Kafka's ``remote.log.manager.task.interval.ms``:
+            how often each node's copies, expirations and local retention of tiered partitions
+            run.
 
     Connections are served by one event loop (``net.Server``, under ``KafkaServer``); requests
     run on its worker threads. The node's own threads are the tick thread (election timers, the
@@ -221,7 +241,9 @@ class ReplicaNode:
                  advertised: tuple[str, int] | None = None,
                  advertised_peers: dict[int, tuple[str, int]] | None = None,
                  cluster_id: str | None = None,
-                 kafka_options: dict[str, Any] | None = None) -> None:
+                 kafka_options: dict[str, Any] | None = None, remote_storage: Any = None,
+                 remote_storage_options: dict[str, str] | None = None,
+                 remote_log_manager_task_interval_ms: int = 30_000) -> None:
         if not secret:
             raise ValueError("a shared secret is required")
         password = replica_password(secret)
@@ -266,8 +288,20 @@ class ReplicaNode:
         # Every node derives a topic's id from the set's cluster id and the topic's name (see
         # replica_topic_id), for the topics it creates and those of a store older than topic ids;
         # a topic keeps the id it has.
+        # Tiered storage: one object store for the whole set; each node tiers the partitions it
+        # leads, and the remote segments' metadata is the replicated __remote_log_metadata-0
+        # (replica.tiering). Both hooks are bound to the node's parts once they exist.
+        self._remote_metadata_log: RemoteMetadataLog | None = None
+        self._leadership: PartitionLeadership | None = None
+        # (a directory that tiered before remembers its object store: it tiers on without the URL)
+        tiered = remote_storage is not None or read_remote_storage(data_dir) is not None
         self.store = LogStore(data_dir, shared=False, maintenance=False,
-                              topic_ids=lambda name: replica_topic_id(chosen, name))
+                              topic_ids=lambda name: replica_topic_id(chosen, name), remote_storage=remote_storage,
+                              remote_storage_options=remote_storage_options,
+                              remote_log_metadata_manager=self._remote_metadata_manager,
+                              remote_log_leads=lambda log: self._leadership is not None and self._leadership(log),
+                              remote_log_manager_task_interval_ms=remote_log_manager_task_interval_ms,
+                              remote_log_broker_id=node_id)
         try:
             self.store.set_cluster_id(chosen)
         except BaseException:
@@ -300,6 +334,11 @@ class ReplicaNode:
         partitions.append((METADATA_TOPIC, 1))
         if options.get("authorizer"):  # the ACLs, replicated (replica.acls)
             partitions.append((ACLS_TOPIC, 1))
+        if tiered:  # the remote segments' metadata (replica.tiering)
+            partitions.append((REMOTE_LOG_METADATA_TOPIC, 1))
+        # the internal topics first: __remote_log_metadata-0's replica (its high watermark) is
+        # ready before a tiered topic's partition opens the remote log manager
+        partitions.sort(key=lambda item: item[0] not in _INTERNAL_TOPICS)
         try:
             # and the topics CreateTopics made (the metadata's: its store has them)
             named = {t for t, _ in partitions}
@@ -318,8 +357,12 @@ class ReplicaNode:
             raise
         self._threads: list[threading.Thread] = []
         self._leader = LeaderSide(self.context)
+        if self._remote_metadata_log is not None:
+            self._remote_metadata_log.bind(self.context, self._leader)
+        self._leadership = PartitionLeadership(self.context)
         self._elections = ElectionDriver(self.context, self._leader)
-        self._fetchers = Fetchers(self.context, self._elections)
+        self._fetchers = Fetchers(self.context, self._elections,
+                                  TierCatchUp(self.context, lambda: self.store.remote_log_manager))
         peer_apis = PeerApis(self.context, self._elections, self._leader)
         #: the set's topic metadata changed at runtime; what this node committed is applied now
         #: (again: applying is idempotent), the rest as its high watermark moves (its own thread)
@@ -347,6 +390,16 @@ class ReplicaNode:
             raise
         self.address: tuple[str, int] = self.kafka.address
         self._brokers[node_id] = advertised or self.address
+
+    def _remote_metadata_manager(self, log: Any) -> TopicBasedRemoteLogMetadataManager:
+        """The store's remote log metadata manager (its hook, called once, when the store makes
+        its remote log manager): the topic-based one over the replicated
+        ``__remote_log_metadata-0``, read up to this replica's high watermark."""
+        self._remote_metadata_log = RemoteMetadataLog(log)
+        if getattr(self, "_leader", None) is not None:
+            self._remote_metadata_log.bind(self.context, self._leader)
+        return TopicBasedRemoteLogMetadataManager(self._remote_metadata_log,
+                                                  read_to=self._remote_metadata_log.committed_end)
 
     def _add_replica(self, topic: str, p: int) -> None:
         log = self.store.partition(topic, p)
@@ -403,11 +456,19 @@ class ReplicaNode:
                 self._start_thread(self._fetchers.run, (r,), f"fetch-{r.topic}-{r.partition}")
             self._start_thread(self._tick_loop, (), "tick")
             self._start_thread(self._metadata_loop, (), "metadata")
+        manager = self.store.remote_log_manager  # tiered storage: copies, expiration, local retention
+        if manager is not None:
+            manager.start()
         return self
 
     def stop(self) -> None:
         """Stop every thread, close connections and the store. Not resumable."""
         self._stop.set()
+        manager = self.store.remote_log_manager if self._remote_metadata_log is not None else None
+        if self._remote_metadata_log is not None:
+            self._remote_metadata_log.close()  # its writes blocked on the leader fail at once
+        if manager is not None:
+            manager.close()  # its round ends before the listener and the logs go
         self.peer_connections.close()  # requests blocked on a peer fail at once
         self.context.forward_connections.close()
         self._fetchers.close()
@@ -561,7 +622,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
     """Run one replica node until SIGTERM/SIGINT: ``logstore node --node-id 0 --data-dir DIR
     --listen 127.0.0.1:9000 --peer 1=127.0.0.1:9001 --peer 2=127.0.0.1:9002 --secret-file FILE
     [--cluster-id ID] [--topic NAME:PARTITIONS] [--tls-cert F --tls-key F --tls-ca F] [--advertised HOST:PORT]
-    [--sasl-credentials FILE] [--sasl-oauthbearer NAME=VALUE ...] [--connections-max-reauth-ms MS]``. ``--listen`` is the node's one listener, Kafka's protocol, for
+    [--sasl-credentials FILE] [--sasl-oauthbearer NAME=VALUE ...] [--connections-max-reauth-ms MS]
+    [--remote-storage URL [--remote-storage-option NAME=VALUE ...] [--remote-log-manager-task-interval-ms MS]]``. ``--listen`` is the node's one listener, Kafka's protocol, for
     Kafka clients and peers; ``--peer`` names the peers' listeners. Prints one "serving" line on
     stdout once it listens."""
     import argparse
@@ -591,6 +653,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
     parser.add_argument("--advertised", help="host:port that Metadata names for this node (default: the bound one)")
     parser.add_argument("--advertised-peer", action="append", default=[],
                         help="id=host:port: what Metadata names for a peer (default: its --peer)")
+    parser.add_argument("--remote-storage", metavar="URL",
+                        help="tiered storage (KIP-405): the object store the whole set shares (file:///path, "
+                             "s3://bucket/prefix, gs://..., az://...), the same on every node; topics with "
+                             "remote.storage.enable copy their sealed segments there (default: the one the data "
+                             "directory remembers, if any)")
+    parser.add_argument("--remote-storage-option", action="append", default=[], metavar="NAME=VALUE",
+                        help="an object store setting (obstore's names: endpoint, region, allow_http, ...); repeat")
+    parser.add_argument("--remote-log-manager-task-interval-ms", type=int, default=30_000, metavar="MS",
+                        help="Kafka's remote.log.manager.task.interval.ms: how often the tiered partitions' copies, "
+                             "expirations and local retention run (default 30000)")
     add_sasl_arguments(parser)  # Kafka clients' SASL; the replica user logs in with the secret (SCRAM-SHA-256)
     add_authorizer_arguments(parser)
     add_transaction_arguments(parser)
@@ -617,6 +689,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
         return out
 
     peers = id_addresses(args.peer)
+    remote_options = {}
+    for item in args.remote_storage_option:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            parser.error(f"--remote-storage-option: expected NAME=VALUE, got {item!r}")
+        remote_options[name] = value
     topics = []
     for item in args.topic or ["replicated:1"]:
         name, _, count = item.partition(":")
@@ -637,7 +715,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
                            connections_max_idle_ms=args.connections_max_idle_ms,
                            advertised=address(args.advertised) if args.advertised else None,
                            advertised_peers=id_addresses(args.advertised_peer) if args.advertised_peer else None,
-                           cluster_id=args.cluster_id, kafka_options=options).start()
+                           cluster_id=args.cluster_id, kafka_options=options, remote_storage=args.remote_storage,
+                           remote_storage_options=remote_options or None,
+                           remote_log_manager_task_interval_ms=args.remote_log_manager_task_interval_ms).start()
     except (ValueError, OSError, LogstoreError) as exc:
         parser.error(str(exc))
     import faulthandler

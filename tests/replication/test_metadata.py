@@ -532,8 +532,8 @@ def test_a_forwarded_change_does_not_hold_the_peer_connection_of_elections(tmp_p
         stop_all(nodes)
 
 
-def test_remote_storage_is_refused_on_a_replica_set_with_a_clear_error(tmp_path):
-    """Tiered storage is not yet replicated: CreateTopics (validate-only too, on the leader and
+def test_remote_storage_is_refused_on_a_replica_set_without_an_object_store(tmp_path):
+    """Without --remote-storage the set has no object store: CreateTopics (validate-only too, on the leader and
     forwarded by a follower) and AlterConfigs enabling ``remote.storage.enable`` get
     INVALID_CONFIG saying so, and no metadata record is written."""
     from confluent_kafka.admin import NewTopic
@@ -554,9 +554,9 @@ def test_remote_storage_is_refused_on_a_replica_set_with_a_clear_error(tmp_path)
                     until_done(lambda: one.create_topics([NewTopic(f"tiered{i}", 1, replication_factor=3, config={
                         "remote.storage.enable": "true"})], validate_only=validate_only))
                 assert refused.value.args[0].code() == KafkaError.INVALID_CONFIG
-                assert "not yet on a replica set" in refused.value.args[0].str()
+                assert "remote_storage" in refused.value.args[0].str()
             code, message = set_config(addrs[i], "remote.storage.enable", "true", topic="plain")
-            assert code == KafkaError.INVALID_CONFIG and "not yet on a replica set" in message
+            assert code == KafkaError.INVALID_CONFIG and "remote_storage" in message
         assert nodes[leader].store.partition(METADATA_TOPIC, 0).log_end_offset == end
         for node in nodes.values():
             assert not any(t.startswith("tiered") for t in node.store.topics())

@@ -533,6 +533,8 @@ class Log:
             local = self._segments.first.base_offset
             start = local if remote_start is None or remote_start > local else remote_start
             self._remote = tier
+            # a segment's producer snapshot stays until the tier holds the segment
+            self._producers.keep_after = lambda: tier.copied_through() + 1
             if self._start_checkpointed:  # (else: no checkpoint said where it starts; the tier does)
                 start = max(start, self._log_start_offset)
             if start != self._log_start_offset:
@@ -1932,6 +1934,38 @@ class Log:
                     self._high_watermark = offset
                 if self.leader_epochs is not None:
                     self.leader_epochs.truncate_from_end(0)
+                self._write_checkpoints()
+
+    def start_from_tier(self, local_start: int, log_start: int, leader_epochs: Sequence[tuple[int, int]],
+                        producer_snapshot: bytes | None) -> None:
+        """Restart the log, empty, at ``local_start`` with the state the remote tier keeps for
+        the offsets below it (Kafka's follower's buildProducerStateAndLeaderEpochCache): what a
+        follower does when the leader's local segments start past its end, the records below
+        being in the remote tier. ``leader_epochs`` [(epoch, start offset)] is the remote
+        segment's leader-epoch checkpoint (its entries at or above ``local_start`` are left
+        out), ``producer_snapshot`` its producer snapshot (the producers as of ``local_start``;
+        None: none), and ``log_start`` (at most ``local_start``) the leader's log start: the
+        offsets from it up to ``local_start`` are read from the remote tier. Durable on return.
+        Thread-safe.
+
+        Raises:
+            ValueError: ``log_start`` above ``local_start``, or a bad epoch entry.
+        """
+        local_start = _non_negative(local_start, "start a log at")
+        if not 0 <= log_start <= local_start:
+            raise ValueError(f"log start {log_start} must lie in [0, {local_start}]")
+        self.truncate_fully_and_start_at(local_start)
+        with self._lock, self._w:
+            self._check_open()
+            with self._io_guard():
+                if self.leader_epochs is not None:
+                    for epoch, start in leader_epochs:
+                        if start < local_start:
+                            self.leader_epochs.assign(epoch, start)
+                if producer_snapshot:
+                    self._producers.write_snapshot(local_start, producer_snapshot)
+                    self._producers.invalidate()  # loaded from that snapshot at its next use
+                self._log_start_offset = log_start
                 self._write_checkpoints()
 
     # ------------------------------------------------------------------ retention

@@ -27,7 +27,9 @@ segment's base offset) and at a clean close (at the log end), through
 fsync, rename, directory fsync). A failed write costs only a longer load later: it is logged and
 the log goes on. Snapshots below the first segment's base (their log is gone) are deleted, and
 only the newest :data:`SNAPSHOTS_KEPT` are kept (Kafka keeps one per segment; the older ones
-serve only a truncation far back, which replays from an older one or the log start instead).
+serve only a truncation far back, which replays from an older one or the log start instead),
+except, with tiered storage, those of the segments not yet copied (``keep_after``): each copy
+takes its segment's own, which a follower restarting past the tier loads.
 
 Forgetting. A truncation deletes the snapshots above the new end and reloads the table when it
 lost a batch (:meth:`ProducerStateTable.truncate_to` knows only five batches per producer); a
@@ -49,7 +51,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, Callable
 
 from .. import _fileio
 from ..errors import LogstoreError
@@ -103,6 +105,9 @@ class ProducerStateManager:
         self._replayed_from = 0
         #: snapshot offsets on disk (an exclusive log's own record; a shared log lists the directory)
         self._offsets: list[int] | None = None
+        #: tiered storage: returns the offset past which every snapshot is kept, whatever their
+        #: count (those of the segments not yet copied: the copy takes each segment's own)
+        self.keep_after: Callable[[], int] | None = None
 
     # ------------------------------------------------------------------ files
     def _file(self, offset: int) -> str:
@@ -133,7 +138,15 @@ class ProducerStateManager:
         first = self._segments.first.base_offset
         doomed = [o for o in offsets if o < first]
         kept = [o for o in offsets if o >= first]
-        self._delete(doomed + kept[:-SNAPSHOTS_KEPT])
+        old = kept[:-SNAPSHOTS_KEPT]
+        if old and self.keep_after is not None:
+            try:
+                after = self.keep_after()
+            except LogstoreError as exc:  # (the remote tier is closing): the usual count
+                logger.debug("%s: %s", self.path, exc)
+            else:
+                old = [o for o in old if o <= after]
+        self._delete(doomed + old)
 
     # ------------------------------------------------------------------ open
     def open(self, log_end: int) -> None:

@@ -38,7 +38,7 @@ REPLICA_USER = "replica"
 REPLICA_MECHANISM = "SCRAM-SHA-256"
 
 # API keys and the versions replication speaks.
-VERSIONS = {PRODUCE: 8, FETCH: 12, LIST_OFFSETS: 5, METADATA: 8, VOTE: 2, BEGIN_QUORUM_EPOCH: 1,
+VERSIONS = {PRODUCE: 8, FETCH: 12, LIST_OFFSETS: 8, METADATA: 8, VOTE: 2, BEGIN_QUORUM_EPOCH: 1,
             WRITE_TXN_MARKERS: 1, ADD_PARTITIONS_TO_TXN: 4,
             DESCRIBE_QUORUM: 1,
             ENVELOPE: 0}  # (ACL and topic changes forwarded to their leader, in an Envelope: KIP-590)

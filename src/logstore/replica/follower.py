@@ -5,7 +5,11 @@ Kafka's Fetch (v12) with its replica id, its epoch, its log end offset and last 
 its own connection to the leader's listener (so that one partition's long-polling fetch never
 holds up another's), appends the batches byte for byte, and takes the leader's high watermark.
 When the leader names a diverging epoch it truncates (KIP-101/279/320); when the leader's log
-starts past its end it restarts empty there. The election timers are the election driver's:
+starts past its end it restarts empty there. When the leader's records from its offset are only
+in the remote tier (OFFSET_MOVED_TO_TIERED_STORAGE: tiered storage), it restarts at the leader's
+local log start with the state the tier keeps below it (``from_tier``:
+:class:`~logstore.replica.tiering.TierCatchUp`), or, without a remote tier, logs why it cannot
+follow and retries. The election timers are the election driver's:
 a fetch the leader answered pushes the partition's timer back, and a refused or dropped
 connection to the leader makes the node campaign soon rather than after a whole election
 timeout.
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Callable
 
 from .quorum import NONE, Role
 from ..errorcodes import ErrorCode
@@ -35,10 +40,15 @@ logger = logging.getLogger("logstore.replication")
 
 class Fetchers:
     """The fetchers of every partition of a node (its settings are read from ``context`` at
-    each use); what they learn of the leader goes to ``elections``. Thread-safe."""
+    each use); what they learn of the leader goes to ``elections``. ``from_tier(rep, conn,
+    leader's log start)`` restarts a follower whose fetch offset the leader holds only in the
+    remote tier (True: fetch on; False: it could not, yet); None: such a follower logs an error
+    and retries. Thread-safe."""
 
-    def __init__(self, context: NodeContext, elections: ElectionDriver) -> None:
+    def __init__(self, context: NodeContext, elections: ElectionDriver,
+                 from_tier: Callable[[PartitionReplica, NodeConnection, int], bool] | None = None) -> None:
         self._context = context
+        self._from_tier = from_tier
         self._elections = elections
         self._lock = threading.Lock()
         self._conns: dict[tuple[str, int], NodeConnection] = {}
@@ -136,11 +146,22 @@ class Fetchers:
                                context.node_id, rep.topic, rep.partition, log_start, offset)
                 log.truncate_fully_and_start_at(log_start)
                 return True
-            if code != ErrorCode.none or epoch != rep.election.epoch:
+            tiered = code == ErrorCode.offset_moved_to_tiered_storage and epoch == rep.election.epoch
+            if not tiered and (code != ErrorCode.none or epoch != rep.election.epoch):
                 if code == ErrorCode.not_leader_or_follower and leader_id >= 0 and leader_id != leader:
                     rep.election.observe_epoch(epoch, leader_id)
                 return False
             self._elections.heard_from_leader(rep)
+        if tiered:
+            # The leader holds our next offset only in the remote tier: restart past it (network
+            # I/O, outside the partition's lock).
+            if self._from_tier is None:
+                logger.error("node %d: %s-%d: the leader holds offset %d only in the remote tier and this node has "
+                             "no remote storage (give it the set's --remote-storage): it cannot follow",
+                             context.node_id, rep.topic, rep.partition, offset)
+                context.stopping.wait(context.election_timeout_s)  # (not an error every 10 ms)
+                return False
+            return self._from_tier(rep, conn, log_start)
         if div_epoch != -1 or (data is None and div_end >= 0):
             # KIP-279: the leader named the largest epoch it has at or below ours and where that
             # epoch ends in its log. Our history agrees up to the smaller of that end and the end

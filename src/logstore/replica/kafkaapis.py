@@ -17,7 +17,11 @@ broker of a Kafka cluster does:
   REQUEST_TIMED_OUT when the request's timeout runs out first. A duplicate is answered as its
   first append would be: with acks=all, once it is committed.
 - **Fetch** and **ListOffsets** go to the leader too, and stop at the high watermark: a
-  consumer sees committed records only.
+  consumer sees committed records only. With tiered storage (the node's ``remote_storage``)
+  a fetch below the local segments reads the remote tier, as the single store's listener
+  does; ``__remote_log_metadata`` takes produces from the replica user alone (the nodes'
+  metadata managers' writes, :mod:`~logstore.replica.tiering`), as every internal topic
+  refuses clients'.
 - Topics are the node's replicated partitions: DeleteTopics is refused (POLICY_VIOLATION with
   a message: a topic's id is derived from its name). **CreateTopics**, **CreatePartitions**,
   **AlterConfigs** and **IncrementalAlterConfigs** of topics are made by the leader of ``__cluster_metadata-0``
@@ -125,10 +129,11 @@ from .acls import ReplicatedAcls
 from .client import REPLICA_USER
 from .context import NodeContext
 from .leader import LeaderSide
-from .metadata import METADATA_TOPIC, ReplicaAdminApis, ReplicatedMetadata, remote_storage_refusal
+from .metadata import METADATA_TOPIC, ReplicaAdminApis, ReplicatedMetadata
 from .partition import PartitionReplica
 from .peerapis import PEER_VERSIONS, PeerApis
 from .replicatedlog import WRITE_TIMEOUT_S, ReplicatedLog
+from .tiering import REMOTE_LOG_METADATA_TOPIC
 from .transactions import ReplicaMarkers, TxnCoordinatorSlot, TxnVerifier
 
 __all__ = ["ReplicaKafkaApis"]
@@ -456,8 +461,9 @@ class ReplicaKafkaApis(KafkaApis):
                     entry.update(error_code=ErrorCode.invalid_required_acks,
                                  error_message=f"acks must be 0, 1 or -1, not {acks}")
                 else:
-                    outcome = self._replicated_append(topic.name, data.index, data.records, acks, timeout_s,
-                                                      body.transactional_id)
+                    outcome = self._replicated_append(
+                        topic.name, data.index, data.records, acks, timeout_s, body.transactional_id,
+                        peer=request.principal == f"User:{REPLICA_USER}" and topic.name == REMOTE_LOG_METADATA_TOPIC)
                     if isinstance(outcome, Future):
                         waiting.append((entry, outcome))
                     else:
@@ -504,13 +510,14 @@ class ReplicaKafkaApis(KafkaApis):
         return answer
 
     def _replicated_append(self, topic: str, partition: int, records: bytes | None, acks: int,
-                           timeout_s: float, transactional_id: str | None = None
+                           timeout_s: float, transactional_id: str | None = None, peer: bool = False
                            ) -> tuple[int, int, str | None] | Future:
         """Append on the leader: an outcome (error, base offset, message) now, or its Future
         (acks=all, until the high watermark passes the batch). A transactional batch that opens
         its producer's transaction in the partition is verified with the coordinator first. An
-        internal topic (``__acls``, ``__consumer_offsets``, ...) is refused to every client."""
-        refused_internal = internal_topic_refusal(topic)
+        internal topic (``__acls``, ``__consumer_offsets``, ...) is refused to every client;
+        ``peer``: a peer's write of the remote segments' metadata (replica.tiering), taken."""
+        refused_internal = None if peer else internal_topic_refusal(topic)
         if refused_internal is not None:
             logger.info("refused a produce to %s-%d: %s", topic, partition, refused_internal[2])
             return refused_internal
@@ -565,10 +572,6 @@ class ReplicaKafkaApis(KafkaApis):
     def replica_nodes(self) -> list[int]:
         """Every partition's replicas: the voters."""
         return list(self.context.voters)
-
-    def remote_storage_refusal(self, topic: str) -> str | None:
-        """Always a reason: a replica set does not tier yet."""
-        return remote_storage_refusal(topic)
 
     def make_topic(self, name: str, partitions: int, configs: dict[str, str | None]) -> tuple[int, str | None]:
         """CreateTopics' creation, replicated (:meth:`ReplicatedMetadata.create_topic`; the

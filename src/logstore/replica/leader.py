@@ -29,7 +29,7 @@ from typing import NamedTuple
 from .._fileio import FileRegion
 from .quorum import NONE, Role
 from ..errorcodes import ErrorCode, code_for
-from ..errors import (InvalidProducerEpochError, LogstoreError, OffsetOutOfRangeError,
+from ..errors import (InvalidProducerEpochError, LogstoreError, OffsetMovedToTieredStorageError, OffsetOutOfRangeError,
                       TransactionCoordinatorFencedError)
 from ..records.control import leader_change_record
 from .partition import PartitionReplica
@@ -297,6 +297,11 @@ class LeaderSide:
         try:
             # A region of the segment file, written to the follower's socket with sendfile.
             data = (log.read_region(offset, max_bytes) or b"") if offset < end else b""
+        except OffsetMovedToTieredStorageError:
+            # Tiered storage: only the remote tier holds it; the follower restarts at our local
+            # log start with the tier's state below it (replica.tiering.TierCatchUp).
+            return FetchAnswer(ErrorCode.offset_moved_to_tiered_storage, context.node_id, rep.election.epoch, rep.hw,
+                               -1, -1, log.log_start_offset)
         except OffsetOutOfRangeError:
             return FetchAnswer(ErrorCode.offset_out_of_range, context.node_id, rep.election.epoch, rep.hw, -1, -1,
                                log.log_start_offset)

@@ -66,7 +66,7 @@ import threading
 from typing import Any, Callable, Mapping
 
 from ..errorcodes import ErrorCode
-from ..errors import (InvalidConfigError, InvalidPartitionsError, LogstoreError, NotLeaderOrFollowerError,
+from ..errors import (InvalidPartitionsError, LogstoreError, NotLeaderOrFollowerError,
                       TopicExistsError, UnknownTopicOrPartitionError)
 from ..kafka import configs as kafkaconfigs
 from ..kafka.admin import AdminApis
@@ -304,7 +304,7 @@ class ReplicatedMetadata:
             except UnknownTopicOrPartitionError:
                 _check_new_partitions(name, count)
                 if LogConfig.from_kafka({**self.store.defaults.to_kafka(), **configs}).remote_storage_enable:
-                    raise InvalidConfigError(remote_storage_refusal(name))
+                    self.store.check_remote_storage(name)  # (every node has the set's object store)
                 return topic_record(name, count, configs)
             raise TopicExistsError(f"topic {name!r} already exists")
         self._change(check)
@@ -319,15 +319,8 @@ class ReplicatedMetadata:
         """Replace ``name``'s overrides by ``edit(current)`` on every node (as
         :meth:`LogStore.alter_topic_config`, whose errors it raises; the leader only, see
         :meth:`_change`)."""
-        def refusing_remote_storage(current: dict[str, str]) -> Mapping[str, Any]:
-            new = edit(current)
-            enabled = new.get("remote_storage_enable", new.get("remote.storage.enable", False))
-            if enabled is True or str(enabled).lower() == "true":
-                raise InvalidConfigError(remote_storage_refusal(name))
-            return new
-
         def check() -> tuple[bytes, bytes] | None:
-            new = self.store.alter_topic_config(name, refusing_remote_storage, validate_only=True)
+            new = self.store.alter_topic_config(name, edit, validate_only=True)
             return None if validate_only else config_record(name, new)
         self._change(check)
 
@@ -340,12 +333,6 @@ class ReplicatedMetadata:
             _check_new_partitions(name, count - self.store.partitions_for(name))
             return None if validate_only else partitions_record(name, count)
         self._change(check)
-
-
-def remote_storage_refusal(topic: str) -> str:
-    """Why a replica set's topic may not enable remote storage: the set does not tier yet."""
-    return (f"topic {topic!r}: remote.storage.enable is not yet on a replica set (tiered storage is served by a "
-            "single store: logstore serve --remote-storage URL)")
 
 
 class ReplicaAdminApis(AdminApis):

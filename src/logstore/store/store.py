@@ -174,6 +174,11 @@ class LogStore:
         remote_log_index_cache_size_bytes: Kafka's broker settings of those names
             (``remote.log.manager.task.interval.ms``, ...; see
             :class:`~logstore.tiered.manager.RemoteLogManagerConfig`).
+        remote_log_leads: asked with a tiered partition's log before each round of the remote
+            log manager copies and expires it (its ``leads``): a replica set's node tiers only
+            the partitions it leads. None: every partition.
+        remote_log_broker_id: the broker id the remote segments' metadata events name (a
+            replica set's node id; 0 for a store of its own).
         **defaults: LogConfig fields applied to every topic unless the topic overrides them, or
             the store's dynamic defaults (:meth:`alter_defaults`, Kafka's dynamic broker
             configs) set them.
@@ -212,7 +217,9 @@ class LogStore:
                  remote_storage_options: Mapping[str, str] | None = None,
                  remote_log_metadata_manager: Callable[[Log], Any] | None = None,
                  remote_log_manager_task_interval_ms: int = 30_000, remote_fetch_max_wait_ms: int = 500,
-                 remote_log_index_cache_size_bytes: int = 1 << 30, **defaults: Any) -> None:
+                 remote_log_index_cache_size_bytes: int = 1 << 30,
+                 remote_log_leads: Callable[[Log], bool] | None = None, remote_log_broker_id: int = 0,
+                 **defaults: Any) -> None:
         self.root = os.path.abspath(os.fspath(root))
         if remote_storage is None:
             remembered = read_remote_storage(self.root)
@@ -223,6 +230,8 @@ class LogStore:
                              remote_log_manager_task_interval_ms, remote_fetch_max_wait_ms,
                              remote_log_index_cache_size_bytes)
         self._remote: Any = None  # the RemoteLogManager, made on first use
+        self._remote_leads = remote_log_leads
+        self._remote_broker_id = remote_log_broker_id
         #: logs whose topic enabled remote storage in another process before this one had a manager
         self._attach_pending: list[tuple[Log, str]] = []
         self._remote_lead_fd = -1  # the flock that makes this process the one that copies
@@ -1051,7 +1060,7 @@ class LogStore:
         from ..tiered.storage import RemoteStorageManager
 
         config = RemoteLogManagerConfig(task_interval_ms=interval_ms, fetch_max_wait_ms=fetch_wait_ms,
-                                        index_cache_size_bytes=cache_bytes)
+                                        index_cache_size_bytes=cache_bytes, broker_id=self._remote_broker_id)
         name = REMOTE_LOG_METADATA_TOPIC
         if self._read_topic(name) is None:
             self._write_topic(name, 1, self._new_topic_id(name),
@@ -1064,7 +1073,7 @@ class LogStore:
         rsm = storage if isinstance(storage, RemoteStorageManager) else \
             RemoteStorageManager.from_url(str(storage), options)
         manager = RemoteLogManager(rsm, rlmm, config, name=self.root, may_run=self._lead_remote,
-                                   before_round=self._open_tiered)
+                                   before_round=self._open_tiered, leads=self._remote_leads)
         with self._lock:
             self._remote = manager
         if self._maintenance:

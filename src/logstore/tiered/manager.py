@@ -573,12 +573,18 @@ class RemoteLogManager:
         before_round: called at the start of each round this process runs (the store opens, and
             so attaches, every partition of its tiered topics: some may be written only by
             other processes).
+        leads: asked with a partition's log before each round copies and expires it: False when
+            another node of a replica set leads the partition (that node copies and expires it;
+            here the round only applies local retention, which drops the segments the tier
+            holds, and reads below the local segments go to the tier). None: every partition.
     """
 
     def __init__(self, rsm: RemoteStorageManager, rlmm: RemoteLogMetadataManager,
                  config: RemoteLogManagerConfig | None = None, name: str = "",
-                 may_run: Callable[[], bool] | None = None, before_round: Callable[[], None] | None = None) -> None:
+                 may_run: Callable[[], bool] | None = None, before_round: Callable[[], None] | None = None,
+                 leads: Callable[[Any], bool] | None = None) -> None:
         self._may_run = may_run
+        self._leads = leads
         self._before_round = before_round
         self.rsm = rsm
         self.rlmm = rlmm
@@ -667,6 +673,8 @@ class RemoteLogManager:
                 continue
             if attached.detached:
                 break  # (its topic is being deleted, or the log closes)
+            if self._leads is not None and not self._leads(log):
+                break  # (another node leads it now: that node copies on)
             self._copy_one(tp, segment)
             copied += 1
             through = segment.end_offset
@@ -859,6 +867,15 @@ class RemoteLogManager:
         with a.lock:
             if a.detached or a.log.closed:
                 return 0, 0, 0
+            if self._leads is not None and not self._leads(a.log):
+                try:  # another node copies and expires it: what the tier holds may leave the disk
+                    a.log.enforce_retention()
+                except LogClosedError:
+                    pass
+                except Exception as exc:  # noqa: BLE001 - retried at the next round
+                    errors += 1
+                    logger.warning("%s: local retention failed: %s", a.partition.tp, exc)
+                return 0, 0, errors
             try:
                 if time.monotonic() >= a.retry_at:
                     copied = self._copy(a)
