@@ -1045,12 +1045,33 @@ class LogStore:
             TopicBasedRemoteLogMetadataManager(metadata_log)
         rsm = storage if isinstance(storage, RemoteStorageManager) else \
             RemoteStorageManager.from_url(str(storage), options)
-        manager = RemoteLogManager(rsm, rlmm, config, name=self.root, may_run=self._lead_remote)
+        manager = RemoteLogManager(rsm, rlmm, config, name=self.root, may_run=self._lead_remote,
+                                   partition_exists=self._remote_partition_exists)
         with self._lock:
             self._remote = manager
         if self._maintenance:
             manager.start()
         return manager
+
+    def _remote_partition_exists(self, tp: Any) -> bool:
+        """Whether the remote tier's partition ``tp`` (a TopicIdPartition) is one of a topic of
+        this store, by name and id (the remote log manager deletes the remote segments of the
+        others). A topic file that cannot be read counts as there."""
+        try:
+            found = self._read_topic(tp.topic)
+        except (LogstoreError, OSError, ValueError):
+            return True
+        return found is not None and found.topic_id == tp.topic_id and tp.partition < found.partitions
+
+    def _resume_remote(self) -> None:
+        """Make the remote log manager of a store that has remote segments' metadata but opened
+        no tiered partition yet (its only tiered topic was deleted): its rounds finish a
+        deletion a crash cut short."""
+        if self._remote is None and self._remote_spec[0] is not None and \
+                self._read_topic(REMOTE_LOG_METADATA_TOPIC) is not None:
+            self._check_open()
+            with self._metadata_lock():
+                self._remote_manager_locked()
 
     def _lead_remote(self) -> bool:
         """Whether this process is the one of a shared store that copies and expires remote
@@ -1238,6 +1259,7 @@ class LogStore:
             while self._cleaner.run_once(now_ms) is not None:
                 cleaned += 1
         out = {"segments_deleted": deleted, "flushes": flushes, "logs_cleaned": cleaned}
+        self._resume_remote()
         if self._remote is not None:
             done = self._remote.run_once(now_ms)
             out.update(remote_segments_copied=done["copied"], remote_segments_deleted=done["deleted"],
@@ -1284,6 +1306,7 @@ class LogStore:
                             log.enforce_retention()
                         except LogClosedError:
                             pass
+                    self._resume_remote()
                 if now >= next_clean and self._cleaner is not None:
                     next_clean = now + self.cleaner_backoff_ms / 1000.0
                     self._cleaner.run_once()

@@ -153,6 +153,12 @@ class RemoteLogMetadataManager(abc.ABC):
         """
 
     @abc.abstractmethod
+    def partitions(self) -> list[TopicIdPartition]:
+        """The partitions anything is kept of (a segment not yet DELETE_SEGMENT_FINISHED, or a
+        deletion state), sorted: the remote log manager looks among them for the partitions of
+        topics deleted while their remote deletion was cut short."""
+
+    @abc.abstractmethod
     def catch_up(self) -> int:
         """Apply the events others recorded since this manager last looked (a follower's copy);
         return how many were applied."""
