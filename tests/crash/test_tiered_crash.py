@@ -31,13 +31,16 @@ import signal
 import struct
 import subprocess
 import sys
+import time
+from dataclasses import dataclass, field
 
 import pytest
 
 from logstore import _fileio
 
 from explorer import REPORTS, Recorder, explore
-from tieredcheck import STORE, StepFault, Workload, check_tiered_store, snapshot_objects, write_objects
+from tieredcheck import STORE, StepFault, Workload, check_no_orphans, check_tiered_store, snapshot_objects, \
+    write_objects
 
 DEPTHS = [pytest.param("ci", id="ci"), pytest.param("soak", id="soak", marks=pytest.mark.slow)]
 
@@ -165,3 +168,208 @@ def test_a_failure_or_a_kill_at_any_object_store_step_loses_nothing_and_leaves_n
 
 #: (fault, depth, steps cut, steps in the workload, violations) of each run, for the summary
 CUTS: list[tuple[str, str, int, int, int]] = []
+
+
+# ---------------------------------------------------------------------------- kill -9 while tiering
+@dataclass
+class TieredSoakFigures:
+    """What a kill -9 run of the tiering loop did (printed at the end of the run)."""
+
+    seconds: float = 0.0
+    cycles: int = 0
+    killed_while_opening: int = 0
+    records_acknowledged: int = 0
+    records_checked: int = 0
+    remote_segments_seen: int = 0
+    topics_deleted: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        return (f"tiered kill -9: {self.cycles} cycles in {self.seconds:.0f} s ({self.killed_while_opening} killed "
+                f"while opening), {self.records_acknowledged} records acknowledged, {self.records_checked} checked "
+                f"after the kills, {self.remote_segments_seen} remote segments checked, {self.topics_deleted} tiered "
+                f"topics deleted, {len(self.problems)} violations")
+
+
+#: Figures of every tiered kill -9 run in this session.
+SOAK_FIGURES: list[TieredSoakFigures] = []
+
+
+def _parse_lives(paths: list[tuple[str, str]]) -> dict:
+    """The expected values from every life's EXPECTED file (see tiered_worker.py); a torn last
+    line is ignored."""
+    exp: dict = {"acked": {0: [], 1: []}, "start": {0: 0, 1: 0}, "side": {}}
+    for path, tag in paths:
+        if not os.path.exists(path):
+            continue
+        with open(path, "rb") as f:
+            lines = f.read().split(b"\n")[:-1]
+        for raw in lines:
+            fields = raw.decode().split(" ")
+            kind = fields[0]
+            if kind == "A":
+                exp["acked"][int(fields[2])].append((int(fields[3]), int(fields[4]), tag))
+            elif kind == "D":
+                p = int(fields[1])
+                exp["start"][p] = max(exp["start"][p], int(fields[2]))
+            elif kind in "SCXY":
+                exp["side"][fields[1]] = kind
+    return exp
+
+
+def _check_loop_partition(store, p: int, exp: dict, figures: TieredSoakFigures, when: str,
+                          retained_from: int | None = None) -> int:
+    from tiered_worker import loop_value
+
+    log = store.partition("tiered", p)
+    start, end = log.log_start_offset, log.log_end_offset
+    ranges = exp["acked"][p]
+    acked_end = max((last for _, last, _ in ranges), default=-1) + 1
+    assert end >= acked_end, f"tiered-{p} {when}: log ends at {end}, records up to {acked_end - 1} were acknowledged"
+    assert start >= exp["start"][p], f"tiered-{p} {when}: log start {start} is below a returned DeleteRecords " \
+                                     f"({exp['start'][p]})"
+    if retained_from is not None and start > retained_from:
+        tier = log.remote_tier
+        through = tier.copied_through() if tier is not None else -1
+        held = (tier.size_in_bytes() if tier is not None else 0) + \
+            sum(s.size for s in log.segments if s.base_offset > through)
+        assert held >= log.config.retention_bytes, (f"tiered-{p} {when}: retention moved the log start "
+                                                    f"{retained_from} -> {start} leaving {held} bytes")
+    tags = {}
+    for first, last, tag in ranges:
+        for offset in range(max(first, start), last + 1):
+            tags[offset] = tag
+    expected = start
+    for r in log.iter(start):
+        figures.records_checked += 1
+        assert r.offset == expected, f"tiered-{p} {when}: offset {r.offset} after {expected - 1} (gap or repeat)"
+        fields = (r.value or b"").split(b"|", 3)
+        tag = tags.get(r.offset, fields[2].decode(errors="replace") if len(fields) > 2 else "?")
+        assert r.value == loop_value("tiered", r.offset, tag) and r.key == b"k%d" % (r.offset % 13), \
+            f"tiered-{p} {when}: record {r.offset} holds {r.value[:40]!r}, expected the one {tag} wrote"
+        expected += 1
+    assert expected == end, f"tiered-{p} {when}: reads end at {expected}, the log end is {end}"
+    return start
+
+
+def _check_loop(root: str, objects: str, exp: dict, figures: TieredSoakFigures) -> None:
+    from tiered_worker import open_loop_store
+
+    store = open_loop_store(root, objects, maintenance=False)
+    try:
+        starts = [_check_loop_partition(store, p, exp, figures, "after the kill") for p in range(2)]
+        done = store.run_maintenance()
+        assert done.get("remote_errors", 0) == 0, f"the maintenance round after the kill had errors: {done}"
+        for p in range(2):
+            _check_loop_partition(store, p, exp, figures, "after a maintenance round", starts[p])
+        present = set(store.topics())
+        for name, state in exp["side"].items():
+            if state == "C":
+                assert name in present, f"topic {name}: its creation returned, now it is gone"
+            elif state == "Y":
+                assert name not in present, f"topic {name}: its deletion returned, it is back"
+        figures.topics_deleted = sum(1 for state in exp["side"].values() if state == "Y")
+        manager = store.remote_log_manager
+        figures.remote_segments_seen += sum(len(manager.rlmm.list_remote_log_segments(tp))
+                                            for tp in manager.rlmm.partitions())
+        check_no_orphans(store, objects)
+    finally:
+        store.close()
+
+
+def run_tiered_soak(tmp_path, seconds: float, min_cycles: int, seed: int) -> TieredSoakFigures:
+    rng = random.Random(seed)
+    root, objects = str(tmp_path / "store"), str(tmp_path / "objects")
+    figures = TieredSoakFigures()
+    SOAK_FIGURES.append(figures)
+    lives: list[tuple[str, str]] = []
+    started = time.monotonic()
+    while time.monotonic() - started < seconds or figures.cycles < min_cycles:
+        cycle = figures.cycles + 1
+        expected, tag = str(tmp_path / f"expected-{cycle}.log"), f"w{cycle}"
+        lives.append((expected, tag))
+        with open(tmp_path / f"worker-{cycle}.err", "wb") as err:
+            proc = subprocess.Popen([sys.executable, WORKER, "loop", root, objects, expected, tag,
+                                     str(seed * 100_000 + cycle)], stderr=err, cwd=os.path.dirname(WORKER))
+            opened = False
+            if rng.random() < 0.15:
+                time.sleep(rng.uniform(0.0, 0.6))  # usually inside imports, the open or its recovery
+            else:
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline and proc.poll() is None and not opened:
+                    opened = os.path.exists(expected) and os.path.getsize(expected) > 0
+                    time.sleep(0.02)
+                time.sleep(rng.uniform(0.2, 2.0))
+            if proc.poll() is not None:
+                pytest.fail(f"the worker of cycle {cycle} exited by itself ({proc.returncode}):\n"
+                            + (tmp_path / f"worker-{cycle}.err").read_text()[-3000:])
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        figures.cycles = cycle
+        figures.killed_while_opening += not opened
+        exp = _parse_lives(lives)
+        figures.records_acknowledged = sum(last - first + 1 for r in exp["acked"].values() for first, last, _ in r)
+        try:
+            _check_loop(root, objects, exp, figures)
+        except AssertionError as exc:
+            figures.problems.append(f"after kill {cycle}: {exc}")
+            break
+    figures.seconds = time.monotonic() - started
+    return figures
+
+
+def test_kill_9_while_tiering_loses_nothing_and_leaves_no_orphan(tmp_path):
+    """A few kills in make test: the loop tiers, the checks run, nothing is lost or orphaned."""
+    figures = run_tiered_soak(tmp_path, seconds=5.0, min_cycles=3, seed=1)
+    assert not figures.problems, figures.summary() + "\n" + "\n".join(figures.problems)
+    assert figures.records_checked > 0 and figures.remote_segments_seen > 0
+
+
+@pytest.mark.slow
+def test_kill_9_while_tiering_soak(tmp_path):
+    """make soak: half of LOGSTORE_SOAK_SECONDS (default 300) of kills of the tiering loop."""
+    seconds = float(os.environ.get("LOGSTORE_SOAK_SECONDS", "300")) / 2
+    figures = run_tiered_soak(tmp_path, seconds=seconds, min_cycles=10,
+                              seed=int(os.environ.get("LOGSTORE_SOAK_SEED", "7")))
+    assert not figures.problems, figures.summary() + "\n" + "\n".join(figures.problems)
+    assert figures.cycles >= 10
+
+
+# ---------------------------------------------------------------------------- findings
+@pytest.mark.regression(reason=(
+    "fixed: a tiered topic's deletion cut short left its remote segments in the object store for good: "
+    "cut after the topic file went and before the remote deletion was marked, nothing knew of them; "
+    "cut after DELETE_PARTITION_MARKED, only the process's memory did (and a store whose only tiered "
+    "topic it was never made its remote log manager again)"))
+@pytest.mark.parametrize("cut", ["before the remote deletion", "after DELETE_PARTITION_MARKED"])
+@pytest.mark.parametrize("another_tiered_topic", [True, False], ids=["another tiered topic", "the only one"])
+def test_a_topic_deletion_cut_short_is_finished_by_the_next_maintenance_round(tmp_path, cut, another_tiered_topic):
+    from logstore import LogStore, RemoteStorageError
+    from tieredcheck import TIERED_TOPIC, list_objects
+
+    root, objects = tmp_path / "store", tmp_path / "objects"
+    url = f"file://{objects}"
+    with LogStore(root, maintenance=False, remote_storage=url, **STORE) as store:
+        if another_tiered_topic:
+            store.create_topic("kept", 1, **TIERED_TOPIC)
+            for _ in range(30):
+                store.partition("kept", 0).append(b"x" * 100)
+        store.create_topic("gone", 1, **TIERED_TOPIC)
+        for _ in range(30):
+            store.partition("gone", 0).append(b"y" * 100)
+        assert store.run_maintenance()["remote_segments_copied"] >= 2
+        manager = store.remote_log_manager
+        if cut == "before the remote deletion":  # the process dies once the local deletion is durable
+            manager.delete_partitions = lambda *args: 0
+        else:  # the object store fails every delete: the deletion stays marked
+            def refuse(metadata):
+                raise RemoteStorageError(f"{metadata.describe()}: down (test)")
+            manager.rsm.delete_log_segment_data = refuse
+        store.delete_topic("gone")
+        assert any(key.startswith("gone-") for key in list_objects(str(objects)))
+    with LogStore(root, maintenance=False, remote_storage=url, **STORE) as store:
+        assert store.run_maintenance().get("remote_errors") == 0
+        assert not [key for key in list_objects(str(objects)) if key.startswith("gone-")]
+        check_no_orphans(store, str(objects))
+        if another_tiered_topic:
+            assert [r.offset for r in store.partition("kept", 0).iter()] == list(range(30))
