@@ -73,7 +73,7 @@ def _explore(mem_path, depth: str, seed: int) -> None:
         check_tiered_store(store_root, there, point_oracle, rng, STORE)
 
     limits = dict(random_states=8, max_states_per_point=24) if depth == "soak" else \
-        dict(random_states=1, max_states_per_point=3)
+        dict(random_states=1, max_states_per_point=2)
     # (one process: obstore's runtime does not survive the explorer's fork)
     report = explore(recorder.points, str(mem_path / "scratch"), check, seed=seed, workers=1, **limits)
     REPORTS.append((f"tiered storage, seed {seed} [{depth}]", report))
@@ -154,7 +154,7 @@ def _run_cut(tmp, n: int, fault: str) -> None:
 def test_a_failure_or_a_kill_at_any_object_store_step_loses_nothing_and_leaves_no_orphan(tmp_path, fault, depth):
     total = _count_steps(tmp_path)
     assert total >= 60
-    sample = 16 if fault == "raise" else 6
+    sample = 16 if fault == "raise" else 4
     steps = range(1, total + 1) if depth == "soak" else sorted(random.Random(5).sample(range(1, total + 1), sample))
     problems = []
     for n in steps:
@@ -320,7 +320,7 @@ def run_tiered_soak(tmp_path, seconds: float, min_cycles: int, seed: int) -> Tie
 
 def test_kill_9_while_tiering_loses_nothing_and_leaves_no_orphan(tmp_path):
     """A few kills in make test: the loop tiers, the checks run, nothing is lost or orphaned."""
-    figures = run_tiered_soak(tmp_path, seconds=5.0, min_cycles=3, seed=1)
+    figures = run_tiered_soak(tmp_path, seconds=3.0, min_cycles=3, seed=1)
     assert not figures.problems, figures.summary() + "\n" + "\n".join(figures.problems)
     assert figures.records_checked > 0 and figures.remote_segments_seen > 0
 
@@ -373,3 +373,43 @@ def test_a_topic_deletion_cut_short_is_finished_by_the_next_maintenance_round(tm
         check_no_orphans(store, str(objects))
         if another_tiered_topic:
             assert [r.offset for r in store.partition("kept", 0).iter()] == list(range(30))
+
+
+@pytest.mark.regression(reason=(
+    "fixed: local retention of a tiered log renamed the copied segments .deleted with one directory "
+    "fsync after all of them, and the log start does not move (the records stay in the remote tier); "
+    "a file system that persisted a later rename and not an earlier one left a hole between local "
+    "segments (offsets 14..21 unreadable: read locally, not remotely)"))
+def test_local_retention_of_a_tiered_log_leaves_no_hole_whatever_order_its_renames_reach_the_disk(mem_path):
+    from logstore import LogStore
+    from tieredcheck import TIERED_TOPIC
+
+    root, objects = mem_path / "work", mem_path / "objects"
+    url = f"file://{objects}"
+    topic = dict(TIERED_TOPIC, local_retention_bytes=-2)  # keep local copies until the action
+    with LogStore(root / "store", maintenance=False, remote_storage=url, **STORE) as store:
+        store.create_topic("t", 1, **topic)
+        log = store.partition("t", 0)
+        for i in range(60):
+            log.append(b"%d|" % i + b"v" * 60)
+        assert store.remote_log_manager.copy_segments(log) >= 4
+
+    def action():
+        with LogStore(root / "store", maintenance=False, remote_storage=url, **STORE) as store:
+            store.alter_topic_config("t", lambda c: {**c, "local.retention.bytes": "0"})
+            assert store.partition("t", 0).enforce_retention() >= 4
+
+    def check(path, oracle, rng):
+        with LogStore(os.path.join(path, "store"), maintenance=False, remote_storage=url, **STORE) as store:
+            got = [(r.offset, r.value.split(b"|")[0]) for r in store.partition("t", 0).iter()]
+        assert got == [(i, b"%d" % i) for i in range(60)], f"read {[o for o, _ in got]}"
+
+    recorder = Recorder(root, lambda: None)
+    with _fileio.install(recorder):
+        action()
+        recorder.mark("the end")
+    report = explore(recorder.points, str(mem_path / "scratch"), check, workers=1, random_states=4,
+                     max_states_per_point=12)
+    REPORTS.append(("tiered storage: local retention", report))
+    assert not report.violations, report.summary("local retention") + "\n" + "\n".join(report.violations)
+    assert report.states >= 50
