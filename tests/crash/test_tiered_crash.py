@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import shutil
 import signal
 import struct
 import subprocess
@@ -248,7 +249,12 @@ def _check_loop_partition(store, p: int, exp: dict, figures: TieredSoakFigures, 
         assert r.value == loop_value("tiered", r.offset, tag) and r.key == b"k%d" % (r.offset % 13), \
             f"tiered-{p} {when}: record {r.offset} holds {r.value[:40]!r}, expected the one {tag} wrote"
         expected += 1
-    assert expected == end, f"tiered-{p} {when}: reads end at {expected}, the log end is {end}"
+    if expected != end:
+        tier = log.remote_tier
+        remote = [] if tier is None else [(m.start_offset, m.end_offset) for m in tier.finished_segments()]
+        raise AssertionError(f"tiered-{p} {when}: reads end at {expected}, the log end is {end} (log start {start}, "
+                             f"local segments {[(s.base_offset, s.next_offset) for s in log.segments][:6]}, remote "
+                             f"segments {remote[-6:]})")
     return start
 
 
@@ -312,7 +318,9 @@ def run_tiered_soak(tmp_path, seconds: float, min_cycles: int, seed: int) -> Tie
         try:
             _check_loop(root, objects, exp, figures)
         except AssertionError as exc:
-            figures.problems.append(f"after kill {cycle}: {exc}")
+            kept = f"/tmp/logstore-tiered-soak-failure-{os.getpid()}-{cycle}"
+            shutil.copytree(tmp_path, kept, dirs_exist_ok=True)  # (tmp_path may be rotated away)
+            figures.problems.append(f"after kill {cycle}: {exc} (the state is kept in {kept})")
             break
     figures.seconds = time.monotonic() - started
     return figures
@@ -413,3 +421,36 @@ def test_local_retention_of_a_tiered_log_leaves_no_hole_whatever_order_its_renam
     REPORTS.append(("tiered storage: local retention", report))
     assert not report.violations, report.summary("local retention") + "\n" + "\n".join(report.violations)
     assert report.states >= 50
+
+
+@pytest.mark.regression(reason=(
+    "fixed: a process killed inside a put to a local directory left obstore's staging file (key#1) for "
+    "good: the next round deleted the half-copied segment's objects, never the staged one (found by the "
+    "tiered kill -9 soak)"))
+def test_a_put_killed_midway_leaves_no_file_once_its_segment_is_deleted(tmp_path):
+    from logstore import LogStore
+    from logstore.tiered.metadata import RemoteLogSegmentId, RemoteLogSegmentMetadata
+    from logstore.tiered.storage import object_key
+    from tieredcheck import TIERED_TOPIC
+
+    root, objects = tmp_path / "store", tmp_path / "objects"
+    url = f"file://{objects}"
+    with LogStore(root, maintenance=False, remote_storage=url, **STORE) as store:
+        store.create_topic("t", 1, **TIERED_TOPIC)
+        log = store.partition("t", 0)
+        for i in range(30):
+            log.append(b"v" * 100)
+        manager = store.remote_log_manager
+        (tp,) = manager.partitions()
+        c = log.segments_to_copy(0)[0]
+        # what a kill inside the first put of a copy leaves: COPY_SEGMENT_STARTED and a staged file
+        cut = RemoteLogSegmentMetadata(RemoteLogSegmentId.generate(tp), c.base_offset, c.end_offset,
+                                       c.max_timestamp, 0, 1, c.size)
+        manager.rlmm.add_remote_log_segment_metadata(cut)
+        staged = objects / (object_key(cut, ".index") + "#1")
+        staged.parent.mkdir(parents=True, exist_ok=True)
+        staged.write_bytes(b"half an index")
+    with LogStore(root, maintenance=False, remote_storage=url, **STORE) as store:
+        assert store.run_maintenance()["remote_errors"] == 0
+        assert not staged.exists()
+        check_no_orphans(store, str(objects))

@@ -33,12 +33,14 @@ import sys
 
 from logstore import LogStore
 
-#: the loop's store: small segments everywhere, the remote log manager every 20 ms
-LOOP_STORE = dict(segment_bytes=1024, segment_index_bytes=4096, index_interval_bytes=256,
+#: the loop's store: the remote log manager every 20 ms; 256 KiB segments for
+#: ``__remote_log_metadata`` (it keeps every record: 1 KiB ones would run a long soak out of
+#: file descriptors)
+LOOP_STORE = dict(segment_bytes=256 * 1024, segment_index_bytes=4096, index_interval_bytes=256,
                   retention_check_interval_ms=30, remote_log_manager_task_interval_ms=20)
-#: the loop's tiered topics: every append flushed, copied segments leave the disk at once, the
+#: the loop's tiered topics: 1 KiB segments, every append flushed, copied segments leave the disk at once, the
 #: remote tier keeps about 6 KiB per partition
-LOOP_TOPIC = dict(remote_storage_enable=True, flush_messages=1, local_retention_bytes=0, local_retention_ms=-1,
+LOOP_TOPIC = dict(remote_storage_enable=True, segment_bytes=1024, flush_messages=1, local_retention_bytes=0, local_retention_ms=-1,
                   retention_ms=-1, retention_bytes=6000)
 
 
@@ -84,7 +86,7 @@ def loop(root: str, objects: str, expected: str, tag: str, seed: int) -> None:
             side += 1
             name = f"side{tag}x{side}"
             note(f"S {name}")
-            store.create_topic(name, 1, segment_bytes=512, **LOOP_TOPIC)
+            store.create_topic(name, 1, **dict(LOOP_TOPIC, segment_bytes=512))
             note(f"C {name}")
             log = store.partition(name, 0)
             for i in range(rng.randint(10, 40)):
