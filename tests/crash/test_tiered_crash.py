@@ -454,3 +454,26 @@ def test_a_put_killed_midway_leaves_no_file_once_its_segment_is_deleted(tmp_path
         assert store.run_maintenance()["remote_errors"] == 0
         assert not staged.exists()
         check_no_orphans(store, str(objects))
+
+
+@pytest.mark.regression(reason=(
+    "fixed: a segment the log start cut (DeleteRecords into a segment not yet copied) was never copied, "
+    "yet counted as copied once a later segment was, so local retention deleted it: its records at "
+    "and above the log start, acknowledged, were gone and reads skipped them (found by the tiered "
+    "kill -9 soak)"))
+def test_a_segment_cut_by_delete_records_is_copied_before_local_retention_takes_it(tmp_path):
+    from logstore import LogStore
+    from tieredcheck import TIERED_TOPIC
+
+    with LogStore(tmp_path / "store", maintenance=False, remote_storage=f"file://{tmp_path / 'objects'}",
+                  **STORE) as store:
+        store.create_topic("t", 1, **TIERED_TOPIC)
+        log = store.partition("t", 0)
+        for i in range(40):
+            log.append(b"%d|" % i + b"v" * 100)
+        second = log.segments[1]
+        cut = second.base_offset + 2  # inside the second segment, none copied yet
+        log.delete_records_before(cut)
+        store.run_maintenance()  # copies, then local retention drops what the tier holds
+        assert log.local_log_start_offset > second.next_offset
+        assert [r.offset for r in log.iter()] == list(range(cut, 40))

@@ -526,7 +526,8 @@ class Log:
 
     def segments_to_copy(self, from_offset: int) -> list[CopyableSegment]:
         """The sealed segments the remote tier may copy now, oldest first: those whose records
-        all lie at or above ``from_offset`` (the next offset the tier lacks) and below both the
+        all lie at or above ``from_offset`` (the next offset the tier lacks), some at or above
+        the log start, and below both the
         high watermark and the last stable offset (no record a majority may still lose, no open
         transaction), with the paths of their files and their leader epochs. The files stay
         until the tier holds them (local retention waits for the copy), unless a DeleteRecords
@@ -541,7 +542,9 @@ class Log:
             out = []
             for segment in self._segments.sealed():
                 base, end = segment.base_offset, segment.next_offset - 1
-                if base < max(from_offset, self._log_start_offset) or segment.size == 0:
+                # A segment the log start (DeleteRecords) cut is copied whole: its records at and
+                # above the log start exist nowhere else once local retention takes it.
+                if base < from_offset or end < self._log_start_offset or segment.size == 0:
                     continue
                 if end >= ceiling:
                     break
