@@ -31,7 +31,7 @@ def mem_path(tmp_path) -> pathlib.Path:
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """Print the figures of the crash suites that ran: crash states explored
-    (test_crash_explorer.py) and the library call sites where injected I/O errors surfaced
+    (test_crash_explorer.py, test_tiered_crash.py), tiered storage's cuts and kills, and the library call sites where injected I/O errors surfaced
     (test_io_errors.py)."""
     import sys
 
@@ -49,6 +49,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if soak is not None and soak.FIGURES:
         terminalreporter.section("kill -9 soak")
         for figures in soak.FIGURES:
+            terminalreporter.write_line(figures.summary())
+    tiered = sys.modules.get("test_tiered_crash")
+    if tiered is not None and (tiered.SOAK_FIGURES or tiered.CUTS):
+        terminalreporter.section("tiered storage: failures and kills")
+        for fault, depth, cut, total, violations in tiered.CUTS:
+            terminalreporter.write_line(f"{fault} at object store steps [{depth}]: {cut} of {total} steps cut, "
+                                        f"{violations} violations")
+        for figures in tiered.SOAK_FIGURES:
             terminalreporter.write_line(figures.summary())
     io_errors = sys.modules.get("test_io_errors")
     if io_errors is not None and io_errors.CALL_SITES:

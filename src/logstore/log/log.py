@@ -2036,7 +2036,10 @@ class Log:
                 # durably before any segment below it is renamed.
                 self._log_start_offset = first
                 self._write_checkpoints()
-            self._segments.delete(doomed)
+            # Without a move of the log start (copied segments leaving the local disk) the
+            # deletions must reach the disk oldest first: a hole between local segments would
+            # hide the records in it, which only the remote tier holds now.
+            self._segments.delete(doomed, in_order=not move_start)
             self._producers.log_start_moved()
 
     # ------------------------------------------------------------------ compaction

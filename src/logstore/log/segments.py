@@ -419,14 +419,20 @@ class LogSegments:
         return active
 
     # ------------------------------------------------------------------ deletion
-    def delete(self, doomed: list[LogSegment]) -> None:
+    def delete(self, doomed: list[LogSegment], in_order: bool = False) -> None:
         """Remove ``doomed`` (never the active segment) from the set: rename their files
         ``.deleted`` now, fsync the directory, unlink them after file_delete_delay_ms.
 
         Invariant: the caller made the new log start durable first, so a crash that keeps
-        some of the renames and not others leaves a hole the reopened log starts past.
+        some of the renames and not others leaves a hole the reopened log starts past. Where
+        the log start does not move (tiered storage: copied segments leave the local disk, their
+        records stay readable remotely), the caller asks for ``in_order`` (``doomed`` oldest
+        first): the directory is fsynced after each segment's renames, so a crash leaves a
+        prefix of them deleted, never a hole between local segments.
         """
         for segment in doomed:
+            if in_order and segment is not doomed[0]:
+                _fileio.ops.fsync_dir(self.path)
             self._remove(segment.base_offset)
             segment.close(trim=False)
             names = []

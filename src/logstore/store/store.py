@@ -1073,12 +1073,27 @@ class LogStore:
         rsm = storage if isinstance(storage, RemoteStorageManager) else \
             RemoteStorageManager.from_url(str(storage), options)
         manager = RemoteLogManager(rsm, rlmm, config, name=self.root, may_run=self._lead_remote,
-                                   before_round=self._open_tiered, leads=self._remote_leads)
+                                   before_round=self._open_tiered, leads=self._remote_leads,
+                                   # (on a replica set a node may not know a topic yet that the
+                                   # set has: only a single store may take a missing topic file
+                                   # for a deleted topic; the set deletes no topics)
+                                   partition_exists=self._remote_partition_exists if self._remote_leads is None
+                                   else None)
         with self._lock:
             self._remote = manager
         if self._maintenance:
             manager.start()
         return manager
+
+    def _remote_partition_exists(self, tp: Any) -> bool:
+        """Whether the remote tier's partition ``tp`` (a TopicIdPartition) is one of a topic of
+        this store, by name and id (the remote log manager deletes the remote segments of the
+        others). A topic file that cannot be read counts as there."""
+        try:
+            found = self._read_topic(tp.topic)
+        except (LogstoreError, OSError, ValueError):
+            return True
+        return found is not None and found.topic_id == tp.topic_id and tp.partition < found.partitions
 
     def _lead_remote(self) -> bool:
         """Whether this process is the one of a shared store that copies and expires remote
@@ -1350,6 +1365,7 @@ class LogStore:
                             log.enforce_retention()
                         except LogClosedError:
                             pass
+                    self._start_remote_if_tiered()
                 if now >= next_clean and self._cleaner is not None:
                     next_clean = now + self.cleaner_backoff_ms / 1000.0
                     self._cleaner.run_once()

@@ -577,15 +577,23 @@ class RemoteLogManager:
             another node of a replica set leads the partition (that node copies and expires it;
             here the round only applies local retention, which drops the segments the tier
             holds, and reads below the local segments go to the tier). None: every partition.
+        partition_exists: asked at each round of the partitions the metadata keeps segments of
+            that no log attached: False when its topic (that name with that id) is gone. Their
+            remote segments are then deleted (a topic deletion a crash cut short before its
+            remote deletion began). Without it only deletions the metadata marked are resumed.
     """
 
     def __init__(self, rsm: RemoteStorageManager, rlmm: RemoteLogMetadataManager,
                  config: RemoteLogManagerConfig | None = None, name: str = "",
                  may_run: Callable[[], bool] | None = None, before_round: Callable[[], None] | None = None,
-                 leads: Callable[[Any], bool] | None = None) -> None:
+                 leads: Callable[[Any], bool] | None = None,
+                 partition_exists: Callable[[TopicIdPartition], bool] | None = None) -> None:
         self._may_run = may_run
         self._leads = leads
         self._before_round = before_round
+        self._partition_exists = partition_exists
+        #: serialises partition deletions (a round's and a topic deletion's, of the same partition)
+        self._deleting = threading.Lock()
         self.rsm = rsm
         self.rlmm = rlmm
         self.config = config or RemoteLogManagerConfig()
@@ -797,7 +805,8 @@ class RemoteLogManager:
     def delete_partition(self, tp: TopicIdPartition) -> int:
         """Delete every remote segment of ``tp`` (its topic was deleted): marked, each segment
         deleted, finished; return how many segments went. Durable at each step: an interrupted
-        deletion is finished by calling again (the store does at its next open)."""
+        deletion is finished by calling again (the rounds do, after a restart too: see
+        :meth:`run_once`); a finished one is not repeated."""
         with self._lock:
             attached = self._attached.pop(tp, None)
             if attached is not None:
@@ -805,22 +814,46 @@ class RemoteLogManager:
         if attached is not None:
             with attached.lock:
                 pass
-        current = self.rlmm.partition_delete_state(tp)  # (a retry goes on from where it stopped)
-        for state in (RemotePartitionDeleteState.DELETE_PARTITION_MARKED,
-                      RemotePartitionDeleteState.DELETE_PARTITION_STARTED):
-            if current is None or state > current:
+        with self._deleting:
+            state = self.rlmm.partition_delete_state(tp)
+            deleted = 0
+            if state != RemotePartitionDeleteState.DELETE_PARTITION_FINISHED:
+                for step in (RemotePartitionDeleteState.DELETE_PARTITION_MARKED,
+                             RemotePartitionDeleteState.DELETE_PARTITION_STARTED):
+                    if state is None or state.value < step.value:
+                        self.rlmm.put_remote_partition_delete_metadata(RemotePartitionDeleteMetadata(
+                            tp, step, _now_ms(), self.config.broker_id))
+                for metadata in self.rlmm.list_remote_log_segments(tp):
+                    if metadata.state != DELETE_FINISHED:
+                        self._delete(metadata)
+                        deleted += 1
                 self.rlmm.put_remote_partition_delete_metadata(RemotePartitionDeleteMetadata(
-                    tp, state, _now_ms(), self.config.broker_id))
-        deleted = 0
-        for metadata in self.rlmm.list_remote_log_segments(tp):
-            if metadata.state != DELETE_FINISHED:
-                self._delete(metadata)
-                deleted += 1
-        self.rlmm.put_remote_partition_delete_metadata(RemotePartitionDeleteMetadata(
-            tp, RemotePartitionDeleteState.DELETE_PARTITION_FINISHED, _now_ms(), self.config.broker_id))
+                    tp, RemotePartitionDeleteState.DELETE_PARTITION_FINISHED, _now_ms(), self.config.broker_id))
         with self._lock:
             self._doomed.discard(tp)
         return deleted
+
+    def _find_unfinished_deletions(self) -> None:
+        """Add to the partitions to delete those the metadata shows a deletion of that did not
+        finish, and those of a topic that is gone (``partition_exists``) with segments kept:
+        what a crash (or a failure) left of a topic deletion."""
+        with self._lock:
+            attached = set(self._attached)
+            doomed = set(self._doomed)
+        found = []
+        for tp in self.rlmm.partitions():
+            if tp in attached or tp in doomed:
+                continue
+            state = self.rlmm.partition_delete_state(tp)
+            if state == RemotePartitionDeleteState.DELETE_PARTITION_FINISHED:
+                continue
+            if state is not None or (self._partition_exists is not None and self.rlmm.list_remote_log_segments(tp)
+                                     and not self._partition_exists(tp)):
+                found.append(tp)
+        if found:
+            logger.info("resuming the deletion of the remote segments of %s", ", ".join(map(str, found)))
+            with self._lock:
+                self._doomed.update(found)
 
     # ------------------------------------------------------------------ the tasks
     def run_once(self, now_ms: int | None = None) -> dict[str, int]:
@@ -838,11 +871,11 @@ class RemoteLogManager:
                 self._before_round()
             except Exception:  # noqa: BLE001 - the round goes on with what is attached
                 logger.exception("remote log manager: attaching the tiered partitions failed")
-        for tp in self.rlmm.partitions():  # deletions a crash or a failure left unfinished
-            state = self.rlmm.partition_delete_state(tp)
-            if state is not None and state != RemotePartitionDeleteState.DELETE_PARTITION_FINISHED:
-                with self._lock:
-                    self._doomed.add(tp)
+        try:
+            self._find_unfinished_deletions()
+        except LogstoreError as exc:
+            errors += 1
+            logger.warning("looking for unfinished remote deletions failed: %s", exc)
         with self._lock:
             attached = list(self._attached.values())
             doomed = sorted(self._doomed)

@@ -66,6 +66,9 @@ DEFAULT_MAX_RETRIES = 3
 PART_SIZE = 8 << 20
 #: Parts of one multipart upload in flight at once (memory: up to this many parts).
 UPLOAD_CONCURRENCY = 8
+#: Staging names (``key#1``...) a local directory's delete looks for: one per put of the key
+#: in flight when the process died.
+STAGED_PUTS_PROBED = 4
 
 #: obstore's HTTP client options (ClientConfig); every other option is the store's own config
 #: (S3Config, GCSConfig, AzureConfig), which obstore checks. obstore panics on a client option
@@ -313,6 +316,10 @@ class ObjectStore:
     def delete(self, key: str) -> None:
         """Delete the object ``key``; an absent one is no error (idempotent). Durable on return.
 
+        In a local directory it also removes what a put of ``key`` cut short by a crash left:
+        obstore stages a put as ``key#<n>`` and renames it, and a process killed in between
+        leaves that file (never listed, never read, but on disk for good).
+
         Raises:
             RemoteStorageError: the store failed.
         """
@@ -320,11 +327,27 @@ class ObjectStore:
         store = self._open_store("delete", key)
         try:
             self._call("delete", key, obstore.delete, store, key)
+            deleted = True
         except RemoteResourceNotFoundError:
-            return
+            deleted = False
         if self._local_root is not None:
-            directory = os.path.dirname(os.path.join(self._local_root, *key.split("/")))
-            self._call("delete", key, _fileio.ops.fsync_dir, directory)
+            path = os.path.join(self._local_root, *key.split("/"))
+            staged = self._call("delete", key, self._remove_staged_puts, path)
+            if deleted or staged:
+                self._call("delete", key, _fileio.ops.fsync_dir, os.path.dirname(path))
+
+    @staticmethod
+    def _remove_staged_puts(path: str) -> bool:
+        """Unlink what interrupted puts of the local object at ``path`` left (``<path>#<n>``: obstore
+        counts up from 1 past the names in use); whether there was any."""
+        found = False
+        for n in range(1, STAGED_PUTS_PROBED + 1):
+            try:
+                _fileio.ops.unlink(f"{path}#{n}")
+                found = True
+            except FileNotFoundError:
+                continue
+        return found
 
     def list(self, prefix: str = "") -> list[tuple[str, int]]:
         """Every object whose key starts with ``prefix`` (plain string prefix), as (key, size)

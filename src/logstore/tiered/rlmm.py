@@ -155,8 +155,9 @@ class RemoteLogMetadataManager(abc.ABC):
 
     @abc.abstractmethod
     def partitions(self) -> list[TopicIdPartition]:
-        """Every partition anything is kept of (segments or a deletion), sorted: the remote log
-        manager finishes the deletions found there."""
+        """The partitions anything is kept of (a segment not yet DELETE_SEGMENT_FINISHED, or a
+        deletion state), sorted: the remote log manager looks among them for the partitions of
+        topics deleted while their remote deletion was cut short."""
 
     @abc.abstractmethod
     def catch_up(self) -> int:
