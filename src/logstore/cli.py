@@ -8,7 +8,7 @@
     logstore consume ROOT TOPIC [--from-beginning | --offset N | --timestamp MS | --group G]
                      [--partition N] [--max-records N] [--follow] [--print-key]
                      [--isolation-level read_uncommitted|read_committed]
-    logstore dump FILES... [--print-data] [--deep] [--json]               (like kafka-dump-log)
+    logstore dump FILES... [--print-data] [--deep] [--json] [--remote]    (like kafka-dump-log)
     logstore verify PATH [--json] [--remote] (full scrub; exit status 1 when anything is wrong)
     logstore recover PATH [--json]         (run crash recovery now; report what it did)
     logstore stats PATH [--json]           (offsets, bytes, records, ratios, consumer lag; read only)
@@ -254,12 +254,15 @@ def _print_record(out: TextIO, r: Any, args: argparse.Namespace) -> None:
 
 # ---------------------------------------------------------------------- inspection
 def _dump(args: argparse.Namespace, out: TextIO) -> int:
-    from .tools.dump import dump_file
+    from .tools.dump import dump_file, dump_remote
 
     for path in args.files:
         if not args.json:
-            out.write(f"Dumping {path}\n")
-        for item in dump_file(path, print_data=args.print_data, deep=args.deep, progress=_progress(args)):
+            out.write(f"Dumping {path}{' (remote segments)' if args.remote else ''}\n")
+        items = dump_remote(path, print_data=args.print_data, deep=args.deep, remote_storage=args.remote_storage,
+                            progress=_progress(args)) if args.remote else \
+            dump_file(path, print_data=args.print_data, deep=args.deep, progress=_progress(args))
+        for item in items:
             if args.json:
                 _print_json(out, {"file": path, **item})
             else:
@@ -292,6 +295,10 @@ def _describe(item: dict[str, Any]) -> str:
                     line += " headerKeys: " + ",".join(f"{h['key']}={h['value']}" for h in r["header_list"])
             lines.append(line)
         return "\n".join(lines)
+    if kind == "remote-segment":
+        return (f"remote segment {item['segment_id']} offsets: {item['start_offset']}..{item['end_offset']} "
+                f"size: {item['size']} maxTimestamp: {item['max_timestamp']} leaderEpochs: {item['leader_epochs']} "
+                f"state: {item['state']} object: {item['object']}")
     if kind == "index":
         return f"offset: {item['offset']} position: {item['position']}"
     if kind == "timeindex":
@@ -564,6 +571,11 @@ def _parser(out: TextIO | None = None) -> argparse.ArgumentParser:
     p.add_argument("--print-data", action="store_true", help="print keys, values and headers")
     p.add_argument("--deep", action="store_true", help="list the records of every batch")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument("--remote", action="store_true",
+                   help="tiered storage: FILES are partition directories of a store; print their remote segments "
+                        "and their batches, read from the object store")
+    p.add_argument("--remote-storage", metavar="URL",
+                   help="the object store of the remote segments, instead of the one the store remembers")
 
     p = command("verify", "check every CRC, record, offset and index entry; exit 1 on any problem")
     p.add_argument("path", help="a store, a partition directory or a .log file")

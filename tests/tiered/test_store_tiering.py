@@ -424,3 +424,30 @@ def test_an_aborted_transaction_whose_marker_is_in_a_later_segment_stays_hidden(
         assert [a["producer_id"] for a in aborted] == [1]
         committed = [r.value for r in log.iter(isolation_level="read_committed")]
         assert len(committed) == 60 and not any(v.startswith(b"aborted") for v in committed)
+
+
+def test_dump_prints_a_tiered_partitions_remote_segments_and_their_batches(tmp_path, remote_dir):
+    import io
+    import json
+
+    from logstore.cli import main
+
+    with open_store(tmp_path, remote_dir) as store:
+        (log,) = fill(store, n=300)
+        store.run_maintenance()
+        local = log.local_log_start_offset
+    out = io.StringIO()
+    assert main(["dump", str(tmp_path / "data" / "t-0"), "--remote", "--deep", "--json"], stdout=out) == 0
+    items = [json.loads(line) for line in out.getvalue().splitlines()]
+    segments = [i for i in items if i["kind"] == "remote-segment"]
+    assert segments[0]["start_offset"] == 0 and segments[-1]["end_offset"] == local - 1
+    assert all(s["state"] == "COPY_SEGMENT_FINISHED" and s["object"].endswith(".log") for s in segments)
+    offsets = [r["offset"] for i in items if i["kind"] == "batch" for r in i["records"]]
+    assert offsets == list(range(local))
+    first = next(i for i in items if i["kind"] == "batch")
+    assert first["position"] == 0 and first["crc_valid"]
+    text = io.StringIO()
+    assert main(["dump", str(tmp_path / "data" / "t-0"), "--remote", "--print-data"], stdout=text) == 0
+    assert "remote segment " in text.getvalue() and "payload: t-0-00003" in text.getvalue()
+    assert main(["dump", str(tmp_path / "data" / "t-0"), "--remote", "--remote-storage",
+                 f"file://{tmp_path}/nowhere"], stdout=io.StringIO()) == 1  # an object store without them

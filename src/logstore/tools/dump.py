@@ -36,13 +36,14 @@ from ..errors import LogstoreError
 from ..log.filenames import SNAPSHOT_SUFFIX
 from ..log.producerstate import ProducerStateTable
 from ..records import compression
-from ..records.batch import HEADER_SIZE, BatchHeader, RecordDecoder, parse_header
+from ..records.batch import HEADER_SIZE, BatchHeader, RecordDecoder, batch_headers, parse_header
 from ..log.filenames import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX, parse_segment_name
 from ..records.control import ControlType, read_control_record, marker_coordinator_epoch
-from ..store.views import SegmentBatches
+from ..store.views import SegmentBatches, StoreView
+from ..tiered.storage import object_key
 from .progress import SILENT, Progress
 
-__all__ = ["dump_file", "text_or_hex", "index_entries", "timeindex_entries", "txnindex_entries", "segment_base_offset",
+__all__ = ["dump_file", "dump_remote", "text_or_hex", "index_entries", "timeindex_entries", "txnindex_entries", "segment_base_offset",
            "is_partition_dir", "OFFSET_CHECKPOINTS"]
 
 #: The checkpoint files of (topic, partition, offset) lines.
@@ -234,3 +235,55 @@ def _record_dict(r: Any, print_data: bool) -> dict[str, Any]:
         out["value"] = text_or_hex(r.value)
         out["header_list"] = [{"key": k, "value": text_or_hex(v)} for k, v in r.headers]
     return out
+
+
+def dump_remote(partition_dir: str, *, print_data: bool = False, deep: bool = False,
+                remote_storage: str | None = None, progress: Progress = SILENT) -> Iterator[dict[str, Any]]:
+    """Describe the remote segments of a store's tiered partition (tiered storage), read from
+    the object store (``remote_storage``, else the one the store remembers): one
+    ``remote-segment`` dict per remote segment (its id, offsets, size, newest timestamp, leader
+    epochs and state as ``__remote_log_metadata`` records them, and its objects' key), then its
+    batches as :func:`dump_file` gives a ``.log``'s (positions within the remote segment),
+    every batch CRC-checked. Reads only.
+
+    Raises:
+        LogstoreError: ``partition_dir`` is no partition directory of a store, or its topic has
+            no remote tier.
+        RemoteStorageError: the object store failed, or a batch fails its checks.
+    """
+    path = os.path.abspath(partition_dir)
+    root, name = os.path.dirname(path), os.path.basename(path)
+    topic, _, number = name.rpartition("-")
+    if not topic or not number.isdigit():
+        raise LogstoreError(f"{partition_dir}: not a partition directory (<topic>-<partition>)")
+    tier = StoreView(root, remote_storage=remote_storage).remote_tier(topic, int(number))
+    if tier is None:
+        raise LogstoreError(f"{partition_dir}: topic {topic} has no remote tier (remote.storage.enable is off)")
+    decoder = RecordDecoder()
+    progress.start(f"{name} (remote)", tier.size_in_bytes)
+    try:
+        for metadata in tier.segments:
+            yield {"kind": "remote-segment", "segment_id": str(metadata.segment_id.id),
+                   "start_offset": metadata.start_offset, "end_offset": metadata.end_offset,
+                   "size": metadata.segment_size_in_bytes, "max_timestamp": metadata.max_timestamp_ms,
+                   "leader_epochs": dict(metadata.segment_leader_epochs), "state": metadata.state.name,
+                   "txn_index_empty": metadata.txn_index_empty, "object": object_key(metadata, LOG_SUFFIX)}
+            offset, position = metadata.start_offset, 0
+            while offset <= metadata.end_offset:
+                raw = tier.reader.read_batches(metadata, offset, 8 << 20)
+                if not raw:
+                    break
+                for at, header in batch_headers(raw):
+                    batch = _batch_dict(position + at, header)
+                    if header.attributes & lib.LS_ATTR_CONTROL:
+                        batch.update(_control_dict(raw, at, header))
+                    if deep or print_data:
+                        records, _ = decoder.decode(raw, at, at + header.size, path=metadata.describe())
+                        batch["records"] = [_record_dict(r, print_data) for r in records]
+                    yield batch
+                    offset = header.last_offset + 1
+                position += len(raw)
+                progress.advance(len(raw))
+    finally:
+        progress.finish()
+        tier.close()
