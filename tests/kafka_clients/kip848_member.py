@@ -3,8 +3,8 @@
     python kip848_member.py BOOTSTRAP TOPIC GROUP [INSTANCE_ID]
 
 A confluent-kafka (librdkafka) consumer with ``group.protocol=consumer`` subscribes to TOPIC in
-GROUP (as a static member when INSTANCE_ID is given), revocations served in its poll (rebalance
-callbacks). For every record it commits the offset after it (synchronously) and then prints ``R <partition> <offset> <value>`` (a record whose commit
+GROUP (as a static member when INSTANCE_ID is given). For every record it commits the offset
+after it (synchronously) and then prints ``R <partition> <offset> <value>`` (a record whose commit
 fails is read again while its partition stays with the member); it prints
 ``A <partitions>`` whenever its assignment changes. It runs until killed or until its stdin
 closes, then closes the consumer (a static member leaves with epoch -2). The environment's
@@ -39,11 +39,7 @@ def main() -> None:
     if len(sys.argv) > 4:
         config["group.instance.id"] = sys.argv[4]
     consumer = Consumer(config)
-    # With rebalance callbacks, librdkafka serves a revocation in poll(), after this loop's
-    # synchronous commit of the record before it: without them it revokes on its own thread, and
-    # a record polled before the revocation may be committed after it (Kafka accepts a commit at
-    # the member's current epoch), after the partition's next owner read the committed offset.
-    consumer.subscribe([topic], on_assign=lambda c, parts: None, on_revoke=lambda c, parts: None)
+    consumer.subscribe([topic])
     shown = None
     while not stdin_closed():
         msg = consumer.poll(0.1)
