@@ -444,7 +444,12 @@ def _tier(args: argparse.Namespace, out: TextIO) -> int:
     """``logstore tier``: copy the tiered topics' sealed segments now, with progress, then
     apply local retention (copied segments leave the local disk) and the remote tier's total
     retention."""
-    options = dict(_name_value(item, "--remote-storage-option") for item in args.remote_storage_option)
+    from .tiered.objectstore import parse_options
+
+    try:
+        options = parse_options(args.remote_storage_option)
+    except ValueError as exc:
+        raise LogstoreError(str(exc)) from None
     with _open_store(args.root, remote_storage=args.remote_storage, remote_storage_options=options or None) as store:
         manager = store.remote_log_manager
         if manager is None:
@@ -488,13 +493,6 @@ def _tier(args: argparse.Namespace, out: TextIO) -> int:
                       f"deleted; log start {r['log_start_offset']}, local log start {r['local_log_start_offset']}\n")
         out.write(f"copied {sum(r['segments_copied'] for r in rows)} segment(s) of {len(rows)} partition(s)\n")
     return 0
-
-
-def _name_value(item: str, what: str) -> tuple[str, str]:
-    name, sep, value = item.partition("=")
-    if not sep or not name:
-        raise LogstoreError(f"{what} takes NAME=VALUE, not {item!r}")
-    return name, value
 
 
 # ---------------------------------------------------------------------- parser

@@ -88,6 +88,7 @@ from .replica.tiering import (REMOTE_LOG_METADATA_CONFIG, REMOTE_LOG_METADATA_TO
 from .store.layout import read_remote_storage
 from .store.store import LogStore, meta_properties
 from .tiered.rlmm import TopicBasedRemoteLogMetadataManager
+from .tiered.objectstore import parse_options
 
 __all__ = ["ReplicaNode", "Client", "Fetched", "TLSConfig", "ReplicationError", "NotLeaderError",
            "NotEnoughReplicasError", "ReplicationTimeoutError", "REPLICA_USER", "main",
@@ -689,12 +690,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
         return out
 
     peers = id_addresses(args.peer)
-    remote_options = {}
-    for item in args.remote_storage_option:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            parser.error(f"--remote-storage-option: expected NAME=VALUE, got {item!r}")
-        remote_options[name] = value
+    try:
+        remote_options = parse_options(args.remote_storage_option)
+    except ValueError as exc:
+        parser.error(str(exc))
     topics = []
     for item in args.topic or ["replicated:1"]:
         name, _, count = item.partition(":")

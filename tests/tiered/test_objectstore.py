@@ -281,3 +281,13 @@ def test_messages_and_the_url_drop_credentials():
     with pytest.raises(InvalidConfigError) as failure:
         open_object_store("ftp://user:secret@host/x")
     assert "secret" not in str(failure.value) and "ftp://host/x" in str(failure.value)
+
+
+def test_options_given_as_name_value_strings():
+    from logstore.tiered.objectstore import parse_options
+
+    assert parse_options(["endpoint = http://127.0.0.1:1", "allow_http=true", "empty="]) == \
+        {"endpoint": "http://127.0.0.1:1", "allow_http": "true", "empty": ""}
+    for bad in ("novalue", "=x"):
+        with pytest.raises(ValueError, match="expected NAME=VALUE"):
+            parse_options([bad])

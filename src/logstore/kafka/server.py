@@ -69,6 +69,7 @@ from ..groups.coordinator import GroupConfig
 from .wire import KafkaProtocolError, KafkaRequest, UnsupportedVersionError, encode, parse_request
 from ..store.store import LogStore, meta_properties
 from ..net.protocol import TLSConfig
+from ..tiered.objectstore import parse_options
 from ..net.purgatory import mapped as _mapped
 
 __all__ = ["KafkaServer", "KafkaProtocol", "RequestMetrics", "add_sasl_arguments", "sasl_options",
@@ -605,13 +606,7 @@ def remote_storage_options(args: Any) -> dict[str, Any]:
     if args.remote_storage:
         options["remote_storage"] = args.remote_storage
     if args.remote_storage_option:
-        settings = {}
-        for item in args.remote_storage_option:
-            name, sep, value = item.partition("=")
-            if not sep or not name.strip():
-                raise ValueError(f"--remote-storage-option {item!r}: expected NAME=VALUE")
-            settings[name.strip()] = value.strip()
-        options["remote_storage_options"] = settings
+        options["remote_storage_options"] = parse_options(args.remote_storage_option)
     for name in ("remote_log_manager_task_interval_ms", "remote_fetch_max_wait_ms",
                  "remote_log_index_cache_size_bytes"):
         value = getattr(args, name)

@@ -36,7 +36,7 @@ import datetime
 import logging
 import os
 import re
-from typing import Iterator, Mapping
+from typing import Iterable, Iterator, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 import obstore
@@ -53,6 +53,7 @@ __all__ = [
     "DEFAULT_REQUEST_TIMEOUT",
     "DEFAULT_MAX_RETRIES",
     "PART_SIZE",
+    "parse_options",
 ]
 
 logger = logging.getLogger("logstore.tiered")
@@ -449,3 +450,19 @@ def open_object_store(url: str, options: Mapping[str, str] | None = None, *,
         InvalidConfigError: the URL or an option is not understood.
     """
     return ObjectStore(url, options, request_timeout=request_timeout, max_retries=max_retries)
+
+
+def parse_options(items: Iterable[str], what: str = "--remote-storage-option") -> dict[str, str]:
+    """Object store settings given as ``NAME=VALUE`` strings (a command's repeated option) as
+    a dict, names and values stripped.
+
+    Raises:
+        ValueError: an item without ``=`` or without a name (the message names ``what``).
+    """
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"{what} {item!r}: expected NAME=VALUE")
+        out[name.strip()] = value.strip()
+    return out
