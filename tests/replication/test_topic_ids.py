@@ -267,6 +267,9 @@ def test_a_directory_of_another_cluster_and_a_node_of_another_cluster_are_refuse
         wait_for(lambda: "INCONSISTENT_CLUSTER_ID" in caplog.text, timeout=10)
         assert (f"belongs to cluster '{theirs}', this node to '{ours}'" in caplog.text
                 or f"belongs to cluster '{ours}', this node to '{theirs}'" in caplog.text)
+        # node 2, not knowing a leader, asks its peers' Metadata: their answer names their cluster
+        wait_for(lambda: "node 2: node 0 belongs to cluster" in caplog.text
+                 or "node 2: node 1 belongs to cluster" in caplog.text, timeout=10)
         assert nodes[2].describe()[("replicated", 0)]["leader"] not in (0, 1)  # never followed them
     finally:
         stop_all(nodes)

@@ -49,6 +49,7 @@ class ElectionDriver:
         self._context = context
         self._leader = leader
         self._rng = random.Random()
+        self._foreign_clusters: set[str | None] = set()  # other clusters' ids seen in peers' answers (logged once)
 
     # ------------------------------------------------------------------ timers
     def next_deadline(self, now: float | None = None) -> float:
@@ -110,13 +111,21 @@ class ElectionDriver:
     def discover_leader(self, rep: PartitionReplica) -> bool:
         """A node that does not know the leader (it restarted, or missed BeginQuorumEpoch) first asks
         its peers: following a live leader of a newer epoch beats starting an election that would
-        depose it. Returns True when it found one."""
+        depose it. A peer whose answer names another cluster id is not followed. Returns True when
+        it found one."""
         context = self._context
         for peer in context.peers:
             try:
                 answer = context.peer_connections.request(peer, METADATA, metadata_request([rep.topic]),
                                                           timeout=context.election_timeout_s / 4)
             except (OSError, LogstoreError):
+                continue
+            cluster = getattr(answer, "cluster_id", None)
+            if cluster != context.cluster_id:  # a node of another cluster: never followed
+                if cluster not in self._foreign_clusters:
+                    self._foreign_clusters.add(cluster)
+                    logger.error("node %d: node %d belongs to cluster %r, this node to %r: not followed "
+                                 "(INCONSISTENT_CLUSTER_ID)", context.node_id, peer, cluster, context.cluster_id)
                 continue
             for t in answer.topics:
                 for p in t.partitions:
