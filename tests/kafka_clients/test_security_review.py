@@ -190,29 +190,29 @@ def test_a_reserved_user_is_only_scram_never_an_oauthbearer_token(tmp_path):
                      sasl_reserved_users=["replica"], authorizer=True, super_users=["User:replica"]) as srv:
         srv.store.create_topic("t", 1)
 
-        def token_login(principal):
+        def token_login(principal, timeout=8):
             client = ck.admin.AdminClient({
                 "bootstrap.servers": srv.bootstrap_servers, "security.protocol": "SASL_PLAINTEXT",
                 "sasl.mechanisms": "OAUTHBEARER", "enable.sasl.oauthbearer.unsecure.jwt": True,
                 "sasl.oauthbearer.config": f"principal={principal} lifeSeconds=600", "socket.timeout.ms": 5000})
-            return client.list_topics(timeout=8)
+            return client.list_topics(timeout=timeout)
 
         with pytest.raises(ck.KafkaException) as refused:
-            token_login("replica")
+            token_login("replica", timeout=3)  # (a refused login waits out the timeout)
         assert refused.value.args[0].code() in (KafkaError._AUTHENTICATION, KafkaError._TRANSPORT,
                                                 KafkaError._TIMED_OUT)
         assert token_login("olivia").topics == {}  # another principal logs in (and may describe nothing)
 
-        def password_login(mechanism):
+        def password_login(mechanism, timeout=8):
             client = ck.admin.AdminClient({
                 "bootstrap.servers": srv.bootstrap_servers, "security.protocol": "SASL_PLAINTEXT",
                 "sasl.mechanisms": mechanism, "sasl.username": "replica", "sasl.password": users["replica"],
                 "socket.timeout.ms": 5000})
-            return client.list_topics(timeout=8)
+            return client.list_topics(timeout=timeout)
 
         assert "t" in password_login("SCRAM-SHA-256").topics  # the reserved user, by SCRAM: a super user
         with pytest.raises(ck.KafkaException):
-            password_login("PLAIN")
+            password_login("PLAIN", timeout=3)
 
 
 def kip848_server(tmp_path):
