@@ -139,10 +139,13 @@ def test_offset_and_timestamp_ranges(spark, store):
     end = {"zstd": {"0": 150, "1": 7}}
     for options in (dict(subscribe="zstd", startingOffsets=json.dumps(start), endingOffsets=json.dumps(end)),
                     dict(subscribe="gzip", startingTimestamp=str(T0 + 1000 * 123 + 1),
-                         endingTimestamp=str(T0 + 1000 * 300), maxRecordsPerPartition="40")):
+                         endingTimestamp=str(T0 + 1000 * 300), maxRecordsPerPartition="30")):
         jvm = rows(frame(spark, root, "jvm", **options).select("partition", "offset", "value"))
         assert jvm == rows(frame(spark, root, "python", **options).select("partition", "offset", "value"))
         assert jvm
+        # the same planning: as many input partitions (timestamp-found ranges split outside the search)
+        planned = frame(spark, root, "jvm", **options).rdd.getNumPartitions()
+        assert planned == frame(spark, root, "python", **options).rdd.getNumPartitions()
     lo, hi = T0 + 1000 * 123 + 1, T0 + 1000 * 300
     got = rows(frame(spark, root, "jvm", subscribe="gzip", startingTimestamp=str(lo), endingTimestamp=str(hi))
                .select("partition", "offset"))

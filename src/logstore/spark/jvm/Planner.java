@@ -23,9 +23,8 @@ import com.fasterxml.jackson.databind.ObjectMapper;
  * A batch read's options and pushed filters into {@link OffsetRange}s, on the driver: the same
  * options, checks, messages and planning as {@code logstore.spark.options} and
  * {@code logstore.spark.plan.Planner} (ranges from segment file names, sparse index entries and
- * the batch headers after the last one; split at offset index entries). One difference: a range
- * whose start or end is found by a timestamp is not split (the Python planner splits it outside
- * the offsets where the search runs); the rows are the same.
+ * the batch headers after the last one; split at offset index entries, never inside the offsets
+ * where a timestamp search runs).
  *
  * <p>Thread-safety: one per scan, on the driver.
  */
@@ -366,14 +365,24 @@ final class Planner {
         List<Long> segments = view.segments();
         long[] first = view.seek(r.start, segments);
         OffsetRange head = r.from(r.start, first[0], first[1], r.findStartTs);
-        // A range whose ends are found by timestamp stays whole (see the class comment).
-        if (pieces <= 1 || r.findStartTs != null || r.findEndTs != null) {
+        if (pieces <= 1) {
             return List.of(head);
         }
-        // Boundaries at index entries: a read may start there without decoding what precedes.
+        // Boundaries at index entries (a read may start there without decoding what precedes),
+        // never inside the offsets where a timestamp search runs: above the upper bound of the
+        // starting timestamp's first record, at or below the lower bound of the ending one's.
+        long floor = r.start;
+        if (r.findStartTs != null) {
+            long bound = view.timestampBounds(r.findStartTs, segments)[1];
+            if (bound < 0) {
+                return List.of(head);
+            }
+            floor = bound + 1;
+        }
+        long ceiling = r.findEndTs != null ? view.timestampBounds(r.findEndTs, segments)[0] : Long.MAX_VALUE;
         List<long[]> points = new ArrayList<>();
         for (long[] pt : view.indexPositions(segments)) {
-            if (r.start < pt[0] && pt[0] < r.end) {
+            if (floor < pt[0] && pt[0] < r.end && pt[0] <= ceiling) {
                 points.add(pt);
             }
         }

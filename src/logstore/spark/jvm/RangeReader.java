@@ -59,8 +59,8 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
     private final WritableColumnVector[] writable;
     private final ColumnarBatch batch;
     private final PartitionFiles view;
-    private final List<Long> segments;
-    private final long[] hint;
+    private List<Long> segments;
+    private long[] hint;
     private Long findStart;
     private long start;
     private int rows;
@@ -163,7 +163,14 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
             try {
                 channel = FileChannel.open(path, StandardOpenOption.READ);
             } catch (NoSuchFileException e) {
-                continue; // deleted (retention) since it was listed: the check of `reached` reports a loss
+                // Deleted (retention) or merged into another segment (the cleaner) since it was
+                // listed: list again and go on from it, as the Python reader does; offsets that
+                // are gone leave `reached` short of the end, which is reported.
+                start = Math.max(start, base);
+                segments = view.segments();
+                hint = view.seek(start, segments);
+                segmentIndex = -1;
+                continue;
             }
             if (base == r.stopSegment) {
                 limit = r.stopPosition;
