@@ -65,7 +65,7 @@ def store(tmp_path_factory):
             for p in range(2):
                 log = s.partition(codec, p)
                 n = 0
-                for b in range(22):
+                for b in range(14):
                     size = 1 + (b * 5 + p) % 30
                     ids = range(n, n + size)
                     log.append_batch(
@@ -115,7 +115,7 @@ def test_identical_rows_on_every_codec_with_headers(spark, store):
     assert jvm == rows(frame(spark, root, "python", **options))
     want = sorted(((r.key, r.value, t, p, r.offset, utc(r.timestamp), 0, [(k, v) for k, v in r.headers])
                    for (t, p), rs in expected.items() if t in CODECS for r in rs), key=lambda row: row[2:5])
-    assert jvm == want and len(want) > 1000
+    assert jvm == want and len(want) > 500
 
 
 def test_compacted_log_control_records_and_log_append_time(spark, store):
@@ -181,7 +181,8 @@ def test_pushed_filters_prune_partitions_and_offsets(spark, store):
     got = sorted(r.offset for r in df.collect())
     want = [r.offset for r in expected[("snappy", 1)] if 20 <= r.offset < 60 and r.timestamp >= T0 + 1000 * 30]
     assert got == want
-    assert frame(spark, root, "jvm", subscribe="snappy").where("offset IN (3, 5, 200)").count() == 3 * 2
+    wanted = sum(r.offset in (3, 5, 200) for p in range(2) for r in expected[("snappy", p)])
+    assert frame(spark, root, "jvm", subscribe="snappy").where("offset IN (3, 5, 200)").count() == wanted >= 4
 
 
 def test_partitions_split_by_max_records_per_partition(spark, store):
