@@ -3,6 +3,7 @@
 #               replicated cluster, Kafka clients on a served store, Arrow for pandas/polars/DuckDB,
 #               Spark batch source)
 #   make test   same setup, run the whole test suite (< 10 minutes on 2 cores)
+#   make jar    the Spark JVM reader (src/logstore/spark/logstore-spark.jar; demo and test build it)
 #   make bench  run the pytest-benchmark suite in bench/ and bench/compare.py
 #   make soak   long-running suites (marker "slow"): full fault sweeps, deep crash-state exploration, and a
 #               kill -9 soak of SOAK_SECONDS (default 300)
@@ -22,7 +23,7 @@ PYTEST_FLAGS ?= -q
 # kill -9 figures) are printed by the process that ran the tests.
 PARALLEL ?= -n 2 --dist loadfile
 
-.PHONY: demo test bench soak asan sanitize fuzz compat venv clean
+.PHONY: demo test bench soak asan sanitize fuzz compat venv clean jar
 
 $(STAMP): $(DEPS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,7 +33,22 @@ $(STAMP): $(DEPS)
 
 venv: $(STAMP)
 
-demo: $(STAMP)
+# The Spark JVM reader (logstore.spark.jar_path()): Java 17 sources compiled with the JDK's javac
+# against the jars pyspark ships (.venv's pyspark/jars), into a jar inside the Python package.
+JAR         := src/logstore/spark/logstore-spark.jar
+JAR_SOURCES := $(wildcard src/logstore/spark/jvm/*.java) src/logstore/spark/jvm/META-INF/services/org.apache.spark.sql.sources.DataSourceRegister
+$(JAR): $(JAR_SOURCES) $(STAMP)
+	@command -v javac >/dev/null || { echo "make jar needs a Java 17 JDK (javac): apt-get install openjdk-17-jdk-headless"; exit 2; }
+	rm -rf build/jvm && mkdir -p build/jvm/classes/META-INF/services
+	javac --release 17 -Xlint:all,-path,-serial,-processing -Werror -d build/jvm/classes \
+		-cp "$$($(PY) -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars", "*"))')" \
+		$(filter %.java,$(JAR_SOURCES))
+	cp src/logstore/spark/jvm/META-INF/services/* build/jvm/classes/META-INF/services/
+	jar --create --file $@.tmp -C build/jvm/classes . && mv $@.tmp $@
+
+jar: $(JAR)
+
+demo: $(STAMP) $(JAR)
 	$(PY) examples/quickstart.py
 	$(PY) examples/producer_consumer.py
 	$(PY) examples/worker_pool.py
@@ -42,10 +58,10 @@ demo: $(STAMP)
 	$(PY) examples/tiered_storage.py
 	$(PY) examples/spark_batch.py
 
-test: $(STAMP)
+test: $(STAMP) $(JAR)
 	$(PY) -m pytest $(PYTEST_FLAGS) $(PARALLEL) tests
 
-bench: $(STAMP)
+bench: $(STAMP) $(JAR)
 	$(PY) -m pytest -q bench --benchmark-only --benchmark-columns=min,mean,ops
 	$(PY) bench/compare.py
 	$(PY) bench/bench_kafka.py
@@ -95,4 +111,4 @@ compat: $(STAMP)
 	$(PY) tests/compat/librdkafka_suite.py all $(COMPAT_FLAGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info src/logstore/_native/_lib.* .pytest_cache .hypothesis
+	rm -rf $(VENV) build *.egg-info src/*.egg-info src/logstore/_native/_lib.* .pytest_cache .hypothesis $(JAR)

@@ -12,12 +12,15 @@ queries in the same run:
 * ``count(*), sum(length(value))`` in one query (issue 17's);
 * a Parquet write of everything (``df.write.parquet``), the usual first step of a Spark job.
 
-"logstore-pruned" is the source with a user-specified schema naming only the columns the query
-needs (``offset`` for the count, ``value`` for the sums): pyspark's Python data source API does
-not tell a source which columns a query uses, Parquet's reader knows.
+"logstore" is the Python source (``reader=python``); "logstore-pruned" is it with a
+user-specified schema naming only the columns the query needs (``offset`` for the count,
+``value`` for the sums): pyspark's Python data source API does not tell a source which columns a
+query uses, Parquet's reader knows. "logstore-jvm" is ``format("logstore")`` with default options
+and the JVM reader's jar on ``spark.jars`` (``logstore.spark.jar_path()``; issue 31): Spark's
+column pruning and columnar batches, no Python worker.
 
 Targets: the logstore source >= 0.5x Parquet and >= 2x JSON lines (issue 6); pruned, >= 1x
-Parquet (issue 17). The ratios are printed in
+Parquet (issue 17); the JVM reader with default options >= 1x Parquet (issue 31). The ratios are printed in
 the summary table (higher is better for logstore).
 
 Tiered storage (issue 30): ``test_spark_tiered`` scans a tiered topic whose older half (or more)
@@ -96,8 +99,11 @@ def data():
 def spark(data):
     from pyspark.sql import SparkSession
 
+    from logstore.spark import jar_path
+
     os.environ["PYSPARK_PYTHON"] = sys.executable
     session = (SparkSession.builder.master("local[2]").appName("logstore-bench")
+               .config("spark.jars", jar_path())
                .config("spark.ui.enabled", "false").config("spark.driver.memory", "4g")
                .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
                .config("spark.sql.session.timeZone", "UTC").getOrCreate())
@@ -120,10 +126,14 @@ PRUNED = {"count": "offset long", "sum-length": "value binary", "count-sum-lengt
 
 def _frame(spark, data, fmt, query=None):
     base, root = data
-    if fmt == "logstore":
+    if fmt == "logstore-jvm":
         return spark.read.format("logstore").option("path", root).option("subscribe", "events").load()
+    if fmt == "logstore":
+        return (spark.read.format("logstore").option("path", root).option("subscribe", "events")
+                .option("reader", "python").load())
     if fmt == "logstore-pruned":
-        reader = spark.read.format("logstore").option("path", root).option("subscribe", "events")
+        reader = (spark.read.format("logstore").option("path", root).option("subscribe", "events")
+                  .option("reader", "python"))
         if query in PRUNED:
             reader = reader.schema(PRUNED[query])
         return reader.load()
@@ -141,7 +151,12 @@ QUERIES = {
 }
 
 
-@pytest.mark.parametrize("fmt", ["logstore", "logstore-pruned", "parquet", "json"])
+#: the formats of test_spark_read, in the order they run (LOGSTORE_BENCH_SPARK_FORMATS: a comma-separated subset)
+FORMATS = [f for f in os.environ.get("LOGSTORE_BENCH_SPARK_FORMATS", "logstore,logstore-pruned,logstore-jvm,parquet,json")
+           .split(",") if f]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("query", list(QUERIES))
 def test_spark_read(benchmark, spark, data, query, fmt):
     benchmark.group = f"spark {query}"
@@ -153,16 +168,44 @@ def test_spark_read(benchmark, spark, data, query, fmt):
     benchmark.pedantic(run, rounds=2, iterations=1, warmup_rounds=1 if query == "count" else 0)
     _report.report(benchmark, records=RECORDS, note=f"{fmt}, local[2]")
     TIMES[(query, fmt)] = benchmark.stats.stats.mean
-    if fmt == "json":  # the last of the formats: print the ratios of this query
-        for mine in ("logstore", "logstore-pruned"):
+    if fmt == FORMATS[-1]:  # the last of the formats: print the ratios of this query
+        for mine in ("logstore", "logstore-pruned", "logstore-jvm"):
             ours = TIMES.get((query, mine))
-            for other, target in (("parquet", 1.0 if mine == "logstore-pruned" else 0.5), ("json", 2.0)):
+            for other, target in (("parquet", 0.5 if mine == "logstore" else 1.0), ("json", 2.0)):
                 theirs = TIMES.get((query, other))
                 if ours and theirs:
                     ratio = theirs / ours
                     benchmark.extra_info[f"{mine}_vs_{other}"] = ratio
                     _report.ROWS.append(_report.Row(benchmark.group, f"{query}: {mine} speed / {other} speed", ratio,
                                                     None, "x", target, note="higher is better for logstore"))
+
+
+def test_spark_jvm_interleaved(spark, data):
+    """``count(*), sum(length(value))`` with default options: the JVM reader, Parquet and the
+    Python source (whole and pruned) in turns (A, B, C, D, A, B, ...; ``LOGSTORE_BENCH_SPARK_ROUNDS``
+    rounds, default 5), one warm-up round first; the medians and their ratios (issue 31's goal:
+    the JVM reader >= 1x Parquet)."""
+    import statistics
+
+    rounds = int(os.environ.get("LOGSTORE_BENCH_SPARK_ROUNDS", 5))
+    fmts = ["logstore-jvm", "parquet", "logstore", "logstore-pruned"]
+    seconds: dict[str, list[float]] = {f: [] for f in fmts}
+    for r in range(rounds + 1):
+        for fmt in fmts:
+            t0 = time.perf_counter()
+            row = _frame(spark, data, fmt, "count-sum-length").selectExpr("count(*)", "sum(length(value))").first()
+            if r:
+                seconds[fmt].append(time.perf_counter() - t0)
+            assert row[0] == RECORDS // PARTITIONS * PARTITIONS
+    median = {f: statistics.median(v) for f, v in seconds.items()}
+    group = "spark count-sum-length, interleaved"
+    for fmt in fmts:
+        _report.ROWS.append(_report.Row(group, f"{fmt}: median of {rounds}", RECORDS / median[fmt], None, "rec/s", None,
+                                        note=f"{median[fmt]:.3f} s; min {min(seconds[fmt]):.3f} s, "
+                                             f"max {max(seconds[fmt]):.3f} s; load average {os.getloadavg()[0]:.1f}"))
+    for fmt, target in (("logstore-jvm", 1.0), ("logstore", 0.5), ("logstore-pruned", 1.0)):
+        _report.ROWS.append(_report.Row(group, f"{fmt} speed / parquet speed (medians)", median["parquet"] / median[fmt],
+                                        None, "x", target, note="higher is better for logstore"))
 
 
 # ---------------------------------------------------------------------- tiered storage

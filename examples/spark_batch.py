@@ -1,10 +1,11 @@
 """Spark reads a store's segment files directly: spark.read.format("logstore").
 
 A producer writes JSON page views to a 4-partition topic; a local Spark session (2 cores) then
-reads the topic through the "logstore" data source (registered automatically by the
-``pyspark_logstore`` module), parses the JSON and counts views per page, reads an offset range
-the way Spark's Kafka source would, and appends the per-page counts to another topic with
-``df.write.format("logstore")``. Needs the ``spark`` extra (pyspark, pyarrow) and Java 17.
+reads the topic through the "logstore" data source (its JVM reader when ``make jar`` built it,
+else the Python source registered automatically by the ``pyspark_logstore`` module), parses the
+JSON and counts views per page, reads an offset range the way Spark's Kafka source would, and
+appends the per-page counts to another topic with ``df.write.format("logstore")`` (the Python
+source's writer, also with the jar). Needs the ``spark`` extra (pyspark, pyarrow) and Java 17.
 Run: ``python examples/spark_batch.py`` (``make demo`` runs it).
 """
 
@@ -33,7 +34,16 @@ def main() -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession, functions as F
 
-    spark = (SparkSession.builder.master("local[2]").appName("logstore-example")
+    # The JVM reader (built by `make jar`): Spark then reads the batches in its own JVM, building
+    # only the columns a query uses; writes still go through the Python source.
+    from logstore.spark import JarNotBuiltError, jar_path
+
+    builder = SparkSession.builder
+    try:
+        builder = builder.config("spark.jars", jar_path())
+    except JarNotBuiltError as exc:
+        print(f"{exc}; reading with the Python source")
+    spark = (builder.master("local[2]").appName("logstore-example")
              .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
              .config("spark.driver.bindAddress", "127.0.0.1").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")

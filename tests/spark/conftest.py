@@ -1,4 +1,7 @@
-"""One local SparkSession (local[2], Java 17) for the Spark source tests."""
+"""One local SparkSession (local[2], Java 17) for the Spark source tests, with the JVM reader's jar
+on ``spark.jars`` (``make test`` builds it): ``format("logstore")`` is then the JVM provider,
+which reads batches itself and hands writes, streams and what it cannot read to the Python
+source (``reader=python`` asks for the Python source's batch reader)."""
 
 from __future__ import annotations
 
@@ -15,12 +18,15 @@ pytest.importorskip("pyarrow")
 def spark():
     from pyspark.sql import SparkSession
 
+    from logstore.spark import jar_path
+
     # Python workers must run this interpreter (with logstore installed), and every socket stays
     # on the loopback interface.
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     session = (SparkSession.builder.master("local[2]").appName("logstore-tests")
+               .config("spark.jars", jar_path())
                .config("spark.ui.enabled", "false")
                .config("spark.driver.bindAddress", "127.0.0.1")
                .config("spark.driver.host", "127.0.0.1")

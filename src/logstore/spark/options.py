@@ -21,7 +21,7 @@ from ..errors import LogstoreError
 from ..store.views import StoreView
 
 __all__ = ["SCHEMA", "SCHEMA_WITH_HEADERS", "schema_struct", "SparkOptionError", "EARLIEST", "LATEST",
-           "READ_OPTIONS", "READ_OPTION_PREFIXES", "WRITE_OPTIONS", "NEVER_NULL", "parse_options", "bool_option", "int_option",
+           "READ_OPTIONS", "READ_OPTION_PREFIXES", "WRITE_OPTIONS", "NEVER_NULL", "parse_options", "reader_option", "bool_option", "int_option",
            "json_option", "topic_partitions", "per_partition", "timestamp_ms"]
 
 SCHEMA = ("key binary, value binary, topic string, partition int, offset long, "
@@ -47,6 +47,7 @@ READ_OPTIONS = {
     "path", "subscribe", "subscribepattern", "assign", "startingoffsets", "endingoffsets",
     "startingtimestamp", "endingtimestamp", "failondataloss", "includeheaders", "minpartitions",
     "maxrecordsperpartition", "maxoffsetspertrigger", "pruneonpushdown", "kafka.isolation.level", "remotestorage",
+    "reader",
 }
 #: prefixes of the read options named freely: ``remoteStorage.<name>`` is the object store's
 #: option ``<name>`` (obstore's names: endpoint, region, access_key_id, allow_http, ...)
@@ -70,6 +71,19 @@ def parse_options(raw: Any, allowed: set[str], prefixes: tuple[str, ...] = ()) -
     if not opts.get("path"):
         raise SparkOptionError("option 'path' (the store's root directory) is required")
     return opts
+
+
+def reader_option(opts: dict[str, str]) -> str:
+    """The option ``reader``: who reads a batch, ``auto`` (default), ``jvm`` or ``python`` (see
+    :mod:`logstore.spark.source`). The Python source serves ``auto`` and ``python``; ``jvm`` here
+    means the JVM reader's jar is not on the classpath."""
+    value = opts.get("reader", "auto").strip().lower()
+    if value not in ("auto", "jvm", "python"):
+        raise SparkOptionError(f"option 'reader' must be auto, jvm or python, got {opts['reader']!r}")
+    if value == "jvm":
+        raise SparkOptionError("option reader=jvm needs the JVM reader's jar on spark.jars "
+                               "(logstore.spark.jar_path(); built by `make jar`)")
+    return value
 
 
 def bool_option(opts: dict[str, str], name: str, default: bool) -> bool:

@@ -51,6 +51,7 @@ from .options import (
     int_option,
     parse_options,
     per_partition,
+    reader_option,
     schema_struct,
     timestamp_ms,
     topic_partitions,
@@ -144,6 +145,7 @@ class Planner:
         self.store = StoreView(self.root, remote_storage=self.remote_storage,
                                remote_storage_options=self.remote_options)
         self.streaming = streaming
+        reader_option(self.opts)
         self.partitions = topic_partitions(self.opts, self.store)
         self.include_headers = bool_option(self.opts, "includeheaders", False)
         self.fail_on_data_loss = bool_option(self.opts, "failondataloss", True)

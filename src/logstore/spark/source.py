@@ -10,6 +10,15 @@
 (With the package installed, ``pyspark_logstore`` registers the source by itself: Spark looks
 for top-level ``pyspark_*`` modules exposing ``DefaultSource``.)
 
+The JVM reader: with the jar of :func:`logstore.spark.jar_path` on ``spark.jars``,
+``format("logstore")`` is a Spark DataSource V2 in Java (``jvm/``), since Spark 4.3 resolves a
+format name through Java's ``DataSourceRegister`` services before Python data sources. It reads
+batches itself (column pruning, filter pushdown, columnar batches, no Python worker) and hands
+writes and streaming reads to this source, unchanged; with the option ``reader=auto`` (default)
+also the batch reads only this source can do (a tiered store, a Kafka log directory,
+``kafka.isolation.level=read_committed``). ``reader=python`` reads with this source,
+``reader=jvm`` insists on the JVM reader (here, without its jar, an error).
+
 The schema and options follow Spark's Kafka source, so that a query written for Kafka runs
 against a store with ``format("logstore")`` and a ``path``:
 
@@ -36,7 +45,7 @@ each partition whose timestamp is at least this, as Kafka's ListOffsets finds it
 into offset ranges at sparse index entries); ``pruneOnPushdown`` (see below); ``remoteStorage``
 and ``remoteStorage.<name>`` (a tiered topic's object store and its options, instead of the one
 the store remembers: see :mod:`logstore.spark.plan`). Streaming reads
-add ``maxOffsetsPerTrigger`` and honour ``Trigger.AvailableNow``. Writes take ``topic`` (or a
+add ``maxOffsetsPerTrigger`` and honour ``Trigger.AvailableNow``; ``reader`` (see above). Writes take ``topic`` (or a
 ``topic`` column) and the columns ``value`` and optionally ``key`` (binary or string),
 ``partition``, ``headers`` and ``timestamp``. Unknown options and bad values raise
 :class:`SparkOptionError`.

@@ -1,0 +1,247 @@
+"""The Spark JVM reader (logstore-spark.jar, Java) against the Python source and the store's own reads.
+
+The session of conftest.py has the jar on ``spark.jars``, so ``format("logstore")`` is the JVM
+provider: ``reader=jvm`` insists on its batch reader, ``reader=python`` asks for the Python
+source's. Every expectation comes from ``Log.iter`` / ``Log.read`` or from the Python source;
+the JVM reader is never its own oracle."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+
+import pytest
+
+from logstore import LogStore
+from logstore.spark import jar_path
+
+T0 = 1_700_000_000_000  # ms
+CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
+ROW = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers")
+
+
+def frame(spark, root, reader, **options):
+    r = spark.read.format("logstore").option("path", root).option("reader", reader)
+    for key, value in options.items():
+        r = r.option(key, value)
+    return r.load()
+
+
+def rows(df):
+    """The rows as plain tuples (headers as (key, value) tuples), sorted by topic, partition, offset."""
+    out = []
+    for r in df.collect():
+        d = r.asDict()
+        if d.get("headers") is not None:
+            d["headers"] = [(h["key"], None if h["value"] is None else bytes(h["value"])) for h in d["headers"]]
+        for name in ("key", "value"):
+            if d.get(name) is not None:
+                d[name] = bytes(d[name])
+        out.append(tuple(d[c] for c in df.columns))
+    order = [df.columns.index(c) for c in ("topic", "partition", "offset") if c in df.columns]
+    return sorted(out, key=lambda t: tuple(t[i] for i in order))
+
+
+def scan_of(df) -> str:
+    return df._jdf.queryExecution().executedPlan().toString()
+
+
+def utc(ms: int) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).replace(tzinfo=None)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A topic per codec (2 partitions, small segments, dense index entries), a compacted topic
+    with gaps and tombstones, a transactional topic (control records, an aborted transaction)
+    and a LogAppendTime topic; returns (root, {(topic, partition): Log.iter() records})."""
+    root = str(tmp_path_factory.mktemp("spark-jvm") / "store")
+    expected = {}
+    with LogStore(root, maintenance=False) as s:
+        for codec in CODECS:
+            s.create_topic(codec, 2, compression_type=codec, segment_bytes=8 << 10, index_interval_bytes=512)
+            for p in range(2):
+                log = s.partition(codec, p)
+                n = 0
+                for b in range(14):
+                    size = 1 + (b * 5 + p) % 30
+                    ids = range(n, n + size)
+                    log.append_batch(
+                        [None if i % 17 == 5 else b"%s-%d-%d " % (codec.encode(), p, i) + b"v" * (i % 80) for i in ids],
+                        [None if i % 4 == 0 else b"k%d" % (i % 50) for i in ids],
+                        [[("h", b"%d" % i), ("empty", None)] if i % 9 == 0 else [] for i in ids],
+                        timestamps=[T0 + 1000 * i for i in ids])
+                    n += size
+        s.create_topic("compacted", 1, cleanup_policy="compact", segment_bytes=2 << 10)
+        log = s.partition("compacted", 0)
+        for i in range(400):
+            key = b"key-%d" % (i % 30) if i % 7 else b"unique-%d" % i
+            log.append(b"value-%d" % i, key=key, timestamp=T0 + i)
+        log.append(None, key=b"key-1", timestamp=T0 + 400)  # a tombstone
+        log.roll()
+        log.compact()
+        s.create_topic("txn", 1, segment_bytes=2048)
+        log = s.partition("txn", 0)
+        for i in range(20):
+            log.append_batch([b"t-%d-%d" % (i, j) for j in range(3)], producer_id=1, producer_epoch=0,
+                             base_sequence=3 * i, transactional=True)
+            log.append(b"plain %d" % i)
+            log.append_txn_marker(1, 0, commit=i % 3 != 0)
+        s.create_topic("appendtime", 1, message_timestamp_type="LogAppendTime")
+        s.partition("appendtime", 0).append_batch([b"a%d" % i for i in range(50)])
+        for topic in s.topics():
+            for p in range(s.partitions_for(topic)):
+                expected[(topic, p)] = list(s.partition(topic, p).iter())
+    offsets = [r.offset for r in expected[("compacted", 0)]]
+    assert offsets != list(range(offsets[0], offsets[0] + len(offsets)))  # the cleaner left gaps
+    return root, expected
+
+
+def test_format_logstore_is_the_jvm_reader_when_its_jar_is_on_the_classpath(spark, store):
+    root, _ = store
+    assert "LogstoreJvmScan" in scan_of(frame(spark, root, "auto", subscribe="none"))
+    assert "LogstoreJvmScan" not in scan_of(frame(spark, root, "python", subscribe="none"))
+    assert os.path.isfile(jar_path())
+
+
+def test_identical_rows_on_every_codec_with_headers(spark, store):
+    """The JVM and Python readers and Log.iter agree on every field of every row: each codec,
+    null keys and values, headers with null values, explicit timestamps."""
+    root, expected = store
+    options = dict(subscribe=",".join(CODECS), includeHeaders="true")
+    jvm = rows(frame(spark, root, "jvm", **options))
+    assert jvm == rows(frame(spark, root, "python", **options))
+    want = sorted(((r.key, r.value, t, p, r.offset, utc(r.timestamp), 0, [(k, v) for k, v in r.headers])
+                   for (t, p), rs in expected.items() if t in CODECS for r in rs), key=lambda row: row[2:5])
+    assert jvm == want and len(want) > 500
+
+
+def test_compacted_log_control_records_and_log_append_time(spark, store):
+    """Gaps in offsets and tombstones, control records (transaction markers) left out, an
+    aborted transaction's records kept with read_uncommitted, LogAppendTime batches."""
+    root, expected = store
+    options = dict(subscribe="compacted,txn,appendtime")
+    jvm = rows(frame(spark, root, "jvm", **options))
+    assert jvm == rows(frame(spark, root, "python", **options))
+    want = sorted(((r.key, r.value, t, p, r.offset, utc(r.timestamp), r.timestamp_type)
+                   for (t, p), rs in expected.items() if t in ("compacted", "txn", "appendtime") for r in rs),
+                  key=lambda row: row[2:5])
+    assert jvm == want
+    assert any(r[1] is None for r in jvm if r[2] == "compacted")  # tombstones
+    assert {r[6] for r in jvm if r[2] == "appendtime"} == {1}
+
+
+def test_offset_and_timestamp_ranges(spark, store):
+    root, expected = store
+    start = {"zstd": {"0": 10, "1": -2}}
+    end = {"zstd": {"0": 150, "1": 7}}
+    for options in (dict(subscribe="zstd", startingOffsets=json.dumps(start), endingOffsets=json.dumps(end)),
+                    dict(subscribe="gzip", startingTimestamp=str(T0 + 1000 * 123 + 1),
+                         endingTimestamp=str(T0 + 1000 * 300), maxRecordsPerPartition="30")):
+        jvm = rows(frame(spark, root, "jvm", **options).select("partition", "offset", "value"))
+        assert jvm == rows(frame(spark, root, "python", **options).select("partition", "offset", "value"))
+        assert jvm
+        # the same planning: as many input partitions (timestamp-found ranges split outside the search)
+        planned = frame(spark, root, "jvm", **options).rdd.getNumPartitions()
+        assert planned == frame(spark, root, "python", **options).rdd.getNumPartitions()
+    lo, hi = T0 + 1000 * 123 + 1, T0 + 1000 * 300
+    got = rows(frame(spark, root, "jvm", subscribe="gzip", startingTimestamp=str(lo), endingTimestamp=str(hi))
+               .select("partition", "offset"))
+    want = []
+    for p in range(2):
+        records = expected[("gzip", p)]
+        first = next((r.offset for r in records if r.timestamp >= lo), len(records))
+        last = next((r.offset for r in records if r.timestamp >= hi), len(records))
+        want += [(p, o) for o in range(first, last)]
+    assert got == sorted(want)
+
+
+def test_pruned_columns_are_the_only_ones_read(spark, store):
+    root, expected = store
+    df = frame(spark, root, "jvm", subscribe="lz4").select("value", "offset")
+    plan = scan_of(df)
+    assert "LogstoreJvmScan" in plan and "key#" not in plan and "timestamp#" not in plan
+    got = sorted((r.offset, None if r.value is None else bytes(r.value)) for r in df.collect())
+    assert got == sorted((r.offset, r.value) for (t, _), rs in expected.items() if t == "lz4" for r in rs)
+    # a user-specified schema, in its own order
+    df = spark.read.format("logstore").option("path", root).option("subscribe", "lz4").schema(
+        "offset long, value binary").load()
+    assert sorted((r.offset, r.value and bytes(r.value)) for r in df.collect()) == got
+    assert df.selectExpr("count(*)").first()[0] == len(got)
+
+
+def test_pushed_filters_prune_partitions_and_offsets(spark, store):
+    root, expected = store
+    query = "partition = 1 AND offset >= 20 AND offset < 60 AND timestamp >= TIMESTAMP '{}' AND topic = 'snappy'".format(
+        utc(T0 + 1000 * 30).strftime("%Y-%m-%d %H:%M:%S"))
+    df = frame(spark, root, "jvm", subscribe="snappy,zstd").where(query)
+    assert df.rdd.getNumPartitions() == 1  # one partition of one topic planned
+    got = sorted(r.offset for r in df.collect())
+    want = [r.offset for r in expected[("snappy", 1)] if 20 <= r.offset < 60 and r.timestamp >= T0 + 1000 * 30]
+    assert got == want
+    wanted = sum(r.offset in (3, 5, 200) for p in range(2) for r in expected[("snappy", p)])
+    assert frame(spark, root, "jvm", subscribe="snappy").where("offset IN (3, 5, 200)").count() == wanted >= 4
+
+
+def test_partitions_split_by_max_records_per_partition(spark, store):
+    root, expected = store
+    df = frame(spark, root, "jvm", subscribe="none,snappy", maxRecordsPerPartition="60")
+    assert df.rdd.getNumPartitions() >= sum(len(expected[(t, p)]) // 60 for t in ("none", "snappy") for p in range(2))
+    got = rows(df.select("topic", "partition", "offset", "key"))
+    assert got == rows(frame(spark, root, "python", subscribe="none,snappy").select("topic", "partition", "offset", "key"))
+    assert len(got) == sum(len(expected[(t, p)]) for t in ("none", "snappy") for p in range(2))
+
+
+def test_a_corrupted_batch_fails_the_task_naming_file_and_position(spark, store, tmp_path):
+    root, _ = store
+    copy = str(tmp_path / "store")
+    shutil.copytree(root, copy)
+    part = os.path.join(copy, "none-0")
+    first = sorted(f for f in os.listdir(part) if f.endswith(".log"))[0]
+    path = os.path.join(part, first)
+    with open(path, "r+b") as f:  # a byte of the second batch's records: its CRC no longer matches
+        data = f.read()
+        second = 12 + int.from_bytes(data[8:12], "big")
+        f.seek(second + 70)
+        f.write(bytes([data[second + 70] ^ 0xFF]))
+    with pytest.raises(Exception, match=f"Record is corrupt in {path} at position {second}: CRC mismatch"):
+        frame(spark, copy, "jvm", subscribe="none").count()
+    with pytest.raises(Exception, match="corrupt"):
+        frame(spark, copy, "python", subscribe="none").count()
+
+
+def test_a_tiered_store_is_read_by_the_python_source(spark, tmp_path):
+    """The JVM reader has no object store: reader=jvm refuses a tiered topic naming the Python
+    source, reader=auto (the default) hands the read to it, and it reads every record."""
+    root = str(tmp_path / "tiered")
+    with LogStore(root, maintenance=False, remote_storage=f"file://{tmp_path / 'remote'}") as s:
+        s.create_topic("t", 1, segment_bytes=2048, remote_storage_enable=True, local_retention_bytes=0,
+                       retention_ms=-1, local_retention_ms=-1)
+        log = s.partition("t", 0)
+        for i in range(30):
+            log.append_batch([b"%d-%d" % (i, j) for j in range(10)])
+        assert s.run_maintenance()["remote_segments_copied"] > 0
+        assert log.local_log_start_offset > 0
+    with pytest.raises(Exception, match="Python source"):
+        frame(spark, root, "jvm", subscribe="t").count()
+    df = frame(spark, root, "auto", subscribe="t")
+    assert "LogstoreJvmScan" not in scan_of(df)
+    assert sorted(r.offset for r in df.select("offset").collect()) == list(range(300))
+
+
+def test_read_committed_is_read_by_the_python_source(spark, store):
+    root, _ = store
+    options = {"subscribe": "txn", "kafka.isolation.level": "read_committed"}
+    with pytest.raises(Exception, match="read_committed; the Python source reads it"):
+        frame(spark, root, "jvm", **options).count()
+    df = frame(spark, root, "auto", **options)
+    assert "LogstoreJvmScan" not in scan_of(df)
+    assert rows(df.select("offset", "value")) == rows(frame(spark, root, "python", **options).select("offset", "value"))
+
+
+def test_a_bad_reader_option_fails_with_a_clear_message(spark, store):
+    root, _ = store
+    with pytest.raises(Exception, match="option 'reader' must be auto, jvm or python"):
+        frame(spark, root, "fast", subscribe="none").count()
