@@ -65,8 +65,9 @@ class PointReads:
     def __init__(self, max_batch_bytes: int, segment_size: int = 0) -> None:
         slots = max(MEMO_MIN_SLOTS, min(MEMO_SLOTS, 1 << max(0, (segment_size // MEMO_BYTES_PER_SLOT) - 1).bit_length()))
         memo = ffi.new("ls_crc_memo *")
-        arrays = [ffi.new("int64_t[]", slots), ffi.new("uint32_t[]", slots), ffi.new("int32_t[]", slots * MEMO_MARKS)]
-        memo.positions, memo.crcs, memo.marks = arrays
+        arrays = [ffi.new("int64_t[]", slots), ffi.new("uint32_t[]", slots), ffi.new("int32_t[]", slots * MEMO_MARKS),
+                  ffi.new("int64_t[]", slots)]
+        memo.positions, memo.crcs, memo.marks, memo.nexts = arrays
         memo.slots, memo.nmarks = slots, MEMO_MARKS
         state = ffi.new("ls_point *")
         state.memo = memo
