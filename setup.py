@@ -22,7 +22,7 @@ setup(
     ext_modules=[
         Extension(
             "logstore._native._records",
-            sources=[str(NATIVE / "pyrecords.c"), str(NATIVE / "pypoint.c")],
+            sources=[str(NATIVE / "pyrecords.c"), str(NATIVE / "pypoint.c"), str(NATIVE / "pyappend.c")],
             include_dirs=[str(NATIVE)],
             extra_compile_args=build_native.extension_compile_args(),
             extra_link_args=build_native.link_args(),

@@ -124,13 +124,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static int64_t positions[8];
     static uint32_t crcs[8];
     static int32_t marks[8 * 4];
-    ls_crc_memo memo = {positions, crcs, marks, 8, 4};
+    static int64_t nexts[8];
+    ls_crc_memo memo = {positions, crcs, marks, 8, 4, nexts};
     memset(positions, 0, sizeof positions);
+    memset(nexts, 0, sizeof nexts);
     for (int pass = 0; pass < 3; pass++) {
         if (pass == 2) {
             for (int s = 0; s < 8; s++) {
                 int64_t at = len > 0 ? (int64_t)((uint32_t)rd64(data) * 31u + (uint32_t)s * 977u) % len : 0;
                 positions[s] = at + 1;
+                nexts[s] = (int64_t)(rd64(data) ^ rd64(data + 8)) >> (s * 7); /* anything: never a position */
                 crcs[s] = len - at >= LS_BATCH_HEADER_SIZE ? (uint32_t)rd64((const uint8_t *)buf + at + 9) : 0;
             }
             for (int m = 0; m < 8 * 4; m++)

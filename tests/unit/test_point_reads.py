@@ -18,11 +18,14 @@ from logstore._native import ffi
 from logstore.records.batch import BatchBuilder, RecordDecoder, parse_header
 
 
-def make_memo(slots: int = 64, marks: int = 4):
+def make_memo(slots: int = 64, marks: int = 4, nexts: bool = False):
     memo = ffi.new("ls_crc_memo *")
     arrays = (ffi.new("int64_t[]", slots), ffi.new("uint32_t[]", slots), ffi.new("int32_t[]", max(1, slots * marks)))
     memo.positions, memo.crcs, memo.marks = arrays
     memo.slots, memo.nmarks = slots, marks
+    if nexts:
+        arrays += (ffi.new("int64_t[]", slots),)
+        memo.nexts = arrays[-1]
     return memo, arrays
 
 
@@ -48,12 +51,12 @@ specs_st = st.lists(st.tuples(st.integers(1, 40), st.booleans(), st.booleans(), 
 
 
 @settings(max_examples=60, deadline=None)
-@given(specs_st, st.integers(1, 4), st.sampled_from([(64, 4), (1, 1), (2, 0), (8, 16)]))
-def test_partial_reads_return_what_a_whole_read_returns_first_time_and_when_remembered(specs, k, shape):
+@given(specs_st, st.integers(1, 4), st.sampled_from([(64, 4), (1, 1), (2, 0), (8, 16)]), st.booleans())
+def test_partial_reads_return_what_a_whole_read_returns_first_time_and_when_remembered(specs, k, shape, nexts):
     buf, offsets = segment(specs)
     whole, _ = RecordDecoder().decode(buf, 0, len(buf))
     assert [r.offset for r in whole] == offsets
-    memo, _keep = make_memo(*shape)
+    memo, _keep = make_memo(*shape, nexts=nexts)
     decoder = RecordDecoder()
     for _ in range(2):  # the second pass finds the batches in the memo
         for offset in range(offsets[-1] + 2):
@@ -142,6 +145,31 @@ def test_a_partial_read_finds_a_base_offset_damaged_into_the_next_batch(tmp_path
     buf[second : second + 8] = (11).to_bytes(8, "big")  # was 10: now overlaps offset 20
     with pytest.raises(CorruptRecordError):
         RecordDecoder().decode(bytes(buf), 0, len(buf), 12, -1, 1, exact=True)
+
+
+def test_a_remembered_batch_skips_the_next_header_only_while_its_last_offset_is_the_one_checked():
+    """With ``nexts`` the memo notes that the batch after a remembered one was found above it, and
+    later point reads of the batch skip that header: until the batch's own base offset (outside
+    the CRC) changes, when the next header is looked at again and the overlap is found."""
+    buf = bytearray(_dense_segment(3, 10))
+    first, second = parse_header(buf, 0).size, parse_header(buf, parse_header(buf, 0).size).size
+    memo, arrays = make_memo(slots=4, nexts=True)
+    nexts = arrays[3]
+    decoder = RecordDecoder()
+    assert decoder.decode(bytes(buf), 0, len(buf), 12, -1, 1, exact=True, memo=memo)[0][0].offset == 12
+    assert sorted(nexts[i] for i in range(4) if nexts[i]) == [20]  # batch [10, 19] checked against the next
+    assert decoder.decode(bytes(buf), 0, len(buf), 25, -1, 1, exact=True, memo=memo)[0][0].offset == 25
+    assert 30 not in [nexts[i] for i in range(4)]  # the last batch: no header after it yet
+    # The third batch's header damaged downwards: the remembered second batch is read without it.
+    damaged = bytearray(buf)
+    damaged[first + second : first + second + 8] = (15).to_bytes(8, "big")
+    assert decoder.decode(bytes(damaged), 0, len(damaged), 12, -1, 1, exact=True, memo=memo)[0][0].offset == 12
+    # The second batch's own base offset raised (it now overlaps the third): its last offset is
+    # not the one noted, so the next header is looked at and the overlap found.
+    raised = bytearray(buf)
+    raised[first : first + 8] = (11).to_bytes(8, "big")
+    with pytest.raises(CorruptRecordError):
+        decoder.decode(bytes(raised), 0, len(raised), 12, -1, 1, exact=True, memo=memo)
 
 
 def test_log_point_reads_equal_iteration_across_segments_compression_and_headers(tmp_path):

@@ -242,6 +242,11 @@ int32_t ls_first_at_least(const int64_t *values, int32_t n, int64_t target);
  * spaced records, noted by the validating walk; used in batches without offset gaps). A batch
  * replaced at the same position (truncation, then new appends) carries another CRC and is
  * validated again. Every position read from the memo is checked against the batch before use.
+ * A partial walk that stops after a batch looks at the next batch's header (its base offset
+ * must lie above the batch's last offset: baseOffset lies outside the CRC). With nexts, a
+ * remembered batch whose last offset (its header's, as read now) is the one noted when that
+ * check passed skips it: one page of the segment fewer per point read. A truncation drops the
+ * memo with the batches after it.
  * The caller owns the arrays (slots entries; slots * nmarks marks) and zeroes them to start. */
 typedef struct {
     int64_t *positions;        /* per slot: position + 1 of a validated batch; 0 = empty */
@@ -249,6 +254,8 @@ typedef struct {
     int32_t *marks;            /* per slot, nmarks record positions relative to the records */
     int32_t slots;             /* a power of two */
     int32_t nmarks;            /* >= 0 (0: no marks; marks may be NULL) */
+    int64_t *nexts;            /* NULL, or per slot: 1 + the batch's last offset once the header
+                                  of the batch after it was checked against it; 0 = not yet */
 } ls_crc_memo;
 
 /* Cursor for walking consecutive batches of a segment byte range. */

@@ -277,7 +277,7 @@ PyMODINIT_FUNC PyInit__records(void) {
     if (m == NULL) {
         return NULL;
     }
-    if (PyModule_AddFunctions(m, point_methods) < 0 || add_point_types(m) < 0) {
+    if (PyModule_AddFunctions(m, point_methods) < 0 || add_point_types(m) < 0 || add_append_types(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

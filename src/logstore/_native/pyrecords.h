@@ -1,6 +1,7 @@
-/* pyrecords.h -- what the two source files of the _records extension share: pyrecords.c (Record
- * objects from decoded rows, the encoder's columns) and pypoint.c (reads of one record). Internal
- * to the extension: nothing here is part of the cffi core or of logstore.h. */
+/* pyrecords.h -- what the source files of the _records extension share: pyrecords.c (Record
+ * objects from decoded rows, the encoder's columns), pypoint.c (reads of one record) and
+ * pyappend.c (appends of one record). Internal to the extension: nothing here is part of the
+ * cffi core or of logstore.h. */
 
 #ifndef LOGSTORE_PYRECORDS_H
 #define LOGSTORE_PYRECORDS_H
@@ -28,5 +29,8 @@ LSR_INTERNAL PyObject *build_one(PyTypeObject *record_type, const ls_records_out
 /* pypoint.c's module functions (configure, point, point_active) and its type (PointLog). */
 extern LSR_INTERNAL PyMethodDef point_methods[];
 LSR_INTERNAL int add_point_types(PyObject *module);
+
+/* pyappend.c's type (RecordAppender). */
+LSR_INTERNAL int add_append_types(PyObject *module);
 
 #endif

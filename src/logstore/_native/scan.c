@@ -152,6 +152,8 @@ int ls_segment_decode(const char *buf, int64_t len, int64_t min_offset, int64_t 
                 if (!trusted) {
                     slot = memo_claim(cur->memo, pos, hdr->crc);
                     cur->memo->positions[slot] = 0; /* its marks are rewritten below */
+                    if (cur->memo->nexts)
+                        cur->memo->nexts[slot] = 0;
                 }
                 if (cur->memo->nmarks > 0) {
                     walk.marks = cur->memo->marks + (int64_t)slot * cur->memo->nmarks;
@@ -178,13 +180,17 @@ int ls_segment_decode(const char *buf, int64_t len, int64_t min_offset, int64_t 
             /* The baseOffset lies outside the CRC: one damaged upwards makes the batch overlap
              * the next, which a walk over whole batches finds at the next batch. A partial walk
              * stops here, so it looks at the next header: its base offset must lie above. */
-            if (len - cur->position >= LS_BATCH_HEADER_SIZE) {
-                int64_t last = cur->prev_last_offset;
+            int64_t last = cur->prev_last_offset;
+            int64_t *next_checked = slot >= 0 && cur->memo && cur->memo->nexts ? &cur->memo->nexts[slot] : NULL;
+            if (len - cur->position >= LS_BATCH_HEADER_SIZE &&
+                !(trusted && next_checked && *next_checked == last + 1)) {
                 ls_header_load(buf + cur->position, hdr);
                 if (hdr->magic == LS_MAGIC && hdr->base_offset <= last) {
                     cur->stop = LS_STOP_ERROR;
                     return LS_ERR_CORRUPT;
                 }
+                if (next_checked && hdr->magic == LS_MAGIC)
+                    *next_checked = last + 1; /* a batch follows, above this one */
             }
             cur->stop = LS_STOP_FULL;
             return LS_OK;

@@ -47,6 +47,7 @@ from typing import Any, Generator, Iterable, Iterator, Mapping, NamedTuple, Sequ
 from .. import _fileio
 from .._fileio import FileRegion
 from .._native import check, ffi, lib
+from .._native._records import RecordAppender
 from ..checkpoint import (
     CLEANER_OFFSET_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
@@ -130,6 +131,8 @@ _ITER_CHUNK_BYTES = 256 << 10
 #: bytes of remote batches an Arrow read fetches at a time (one ranged get each)
 _REMOTE_ARROW_BYTES = 4 << 20
 _append_record = lib.ls_appender_append_record
+#: where the core's ls_appender_append_record is, for the RecordAppender of the fast path
+_APPEND_RECORD_ADDRESS = int(ffi.cast("uintptr_t", ffi.addressof(lib, "ls_appender_append_record")))
 _NULL = ffi.NULL
 _time_ns = time.time_ns
 _NO_WRITER = nullcontext()
@@ -158,6 +161,12 @@ class AppendInfo(NamedTuple):
     first_offset: int
     last_offset: int
     duplicate: bool
+
+def _record_appender(appender: Any) -> RecordAppender:
+    """The fast path's call into ``ls_appender_append_record`` through ``appender`` (kept alive
+    by it): ``(timestamp, key, value) -> offset or LS_ERR_ code``, one CPython call."""
+    return RecordAppender(appender, int(ffi.cast("uintptr_t", appender)), _APPEND_RECORD_ADDRESS)
+
 
 def _append_settings(config: Any, shared: bool) -> tuple[int, int, int | None, bool, bool]:
     """What the append paths take from ``config``: (timestamp type code, record attributes, the
@@ -256,6 +265,8 @@ class Log:
         #: each idempotent producer's state and the .snapshot files
         self._producers = ProducerStateManager(self.path, self._segments, shared)
         self._appender: Any = CLOSED_APPENDER
+        #: append()'s fast path: a record without headers through self._appender, in one C call
+        self._put_record = _record_appender(CLOSED_APPENDER)
         # What the append paths take from the config; "plain" appends take append()'s fast path.
         (self._ts_type, self._record_attrs, self._forced_codec, self._keys_required,
          self._plain_appends) = _append_settings(config, shared)
@@ -485,9 +496,14 @@ class Log:
     def _set_active(self, segment: LogSegment) -> None:
         self._meter.switch(self._segments.active, segment)
         self._segments.active = segment
-        self._appender = segment.appender
+        self._use_appender(segment.appender)
         # The next append computes the deadline from the segment's first batch (roll_for_time).
         self._roll_deadline = DEADLINE_UNSET
+
+    def _use_appender(self, appender: Any) -> None:
+        """Append through ``appender`` (an ``ls_appender *``) from now on: both append paths."""
+        self._appender = appender
+        self._put_record = _record_appender(appender)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -663,7 +679,7 @@ class Log:
         logger.error("%s: taking the log offline after an I/O error: %s", self.path, exc)
         self._offline = exc
         self._segments.points = None
-        self._appender = CLOSED_APPENDER
+        self._use_appender(CLOSED_APPENDER)
         self._roll_deadline = NEVER
 
     # ------------------------------------------------------------------ appends
@@ -700,8 +716,7 @@ class Log:
             try:
                 if ts > self._roll_deadline:
                     self._roll_for_time(ts)
-                offset = _append_record(self._appender, ts, 0, _NULL if key is None else key,
-                                        0 if key is None else len(key), value, len(value), _NULL, 0, 0)
+                offset = self._put_record(ts, key, value)
                 if offset < 0:
                     offset = self._append_record_slow(offset, ts, key, value, _NULL, 0)
                 if offset < self._flush_at:
@@ -2212,7 +2227,7 @@ class Log:
         """Release every descriptor and map (segments not closed yet are abandoned)."""
         self._segments.abandon_all(closing=True)
         self._closed = True
-        self._appender = CLOSED_APPENDER
+        self._use_appender(CLOSED_APPENDER)
         # .lock before .shared: a process opening the log waits on the writers' lock (.shared) and
         # then tries .lock; released the other way round, the last process out could still hold
         # .lock exclusively when the opener gets there, which would refuse it.

@@ -16,8 +16,11 @@ remap at growth, sealing, truncation): it never reads through a map that is gone
 set associative) is made on a segment's first point read with a slot per 32 KiB of the segment
 (of ``segment_bytes`` for the active one), 16 to 1,024 slots (4-274 KiB). It remembers batches
 validated whole, by position and stored CRC, with the positions of 64 records in each: a later
-read of a record in such a batch skips its CRC and walks from the nearest of them. Both paths of
-the segment share it. It lives while the log is open and is dropped when the segment is
+read of a record in such a batch skips its CRC and walks from the nearest of them. It also notes
+(``nexts``) that the header of the batch after a remembered one was found above it: later reads
+of the batch skip that header (a page of the segment fewer per read) while the batch's last
+offset is still the one checked (its baseOffset lies outside the CRC). Both paths of the segment
+share it. It lives while the log is open and is dropped when the segment is
 truncated (a rewritten batch carries another CRC and would be validated again all the same).
 
 Not thread-safe: the Log's lock serialises the reads of a segment.
@@ -65,8 +68,9 @@ class PointReads:
     def __init__(self, max_batch_bytes: int, segment_size: int = 0) -> None:
         slots = max(MEMO_MIN_SLOTS, min(MEMO_SLOTS, 1 << max(0, (segment_size // MEMO_BYTES_PER_SLOT) - 1).bit_length()))
         memo = ffi.new("ls_crc_memo *")
-        arrays = [ffi.new("int64_t[]", slots), ffi.new("uint32_t[]", slots), ffi.new("int32_t[]", slots * MEMO_MARKS)]
-        memo.positions, memo.crcs, memo.marks = arrays
+        arrays = [ffi.new("int64_t[]", slots), ffi.new("uint32_t[]", slots), ffi.new("int32_t[]", slots * MEMO_MARKS),
+                  ffi.new("int64_t[]", slots)]
+        memo.positions, memo.crcs, memo.marks, memo.nexts = arrays
         memo.slots, memo.nmarks = slots, MEMO_MARKS
         state = ffi.new("ls_point *")
         state.memo = memo

@@ -77,25 +77,33 @@ def encode_batches(builder: BatchBuilder, values: Sequence[Any], keys: Any, head
                               log_append_time=log_append_time, control=control, transactional=transactional)
     if producer_id >= 0:
         kw.update(producer_id=producer_id, producer_epoch=producer_epoch)
+    return _encode_range(builder, values, keys, headers, timestamps, 0, len(values), limit, producer_id,
+                         base_sequence, kw)
 
-    def encode(lo: int, hi: int) -> list[tuple[Any, int]]:
-        whole = lo == 0 and hi == len(values)
-        if producer_id >= 0:
-            kw["base_sequence"] = base_sequence + lo if base_sequence >= 0 else -1
-        batch = builder.build(
-            values if whole else values[lo:hi],
-            keys if keys is None or whole else keys[lo:hi],
-            headers if headers is None or whole else headers[lo:hi],
-            timestamps if timestamps is None or whole else timestamps[lo:hi], copy=not whole, **kw)
-        if len(batch) <= limit:
-            return [(batch, builder.last_max_timestamp)]
-        if hi - lo == 1:
-            raise RecordTooLargeError(len(batch), limit)
-        del batch  # release the scratch view before building the halves
-        mid = (lo + hi) // 2
-        return encode(lo, mid) + encode(mid, hi)
 
-    return encode(0, len(values))
+def _encode_range(builder: BatchBuilder, values: Sequence[Any], keys: Any, headers: Any, timestamps: Any,
+                  lo: int, hi: int, limit: int, producer_id: int, base_sequence: int,
+                  kw: dict[str, Any]) -> list[tuple[Any, int]]:
+    """encode_batches' records [lo, hi), halved until each piece fits ``limit``. (A function of
+    the module, not a closure: a closure that calls itself is a reference cycle, and one per
+    append made the cyclic collector run every few dozen appends.)"""
+    whole = lo == 0 and hi == len(values)
+    if producer_id >= 0:
+        kw["base_sequence"] = base_sequence + lo if base_sequence >= 0 else -1
+    batch = builder.build(
+        values if whole else values[lo:hi],
+        keys if keys is None or whole else keys[lo:hi],
+        headers if headers is None or whole else headers[lo:hi],
+        timestamps if timestamps is None or whole else timestamps[lo:hi], copy=not whole, **kw)
+    if len(batch) <= limit:
+        return [(batch, builder.last_max_timestamp)]
+    if hi - lo == 1:
+        raise RecordTooLargeError(len(batch), limit)
+    del batch  # release the scratch view before building the halves
+    mid = (lo + hi) // 2
+    args = (limit, producer_id, base_sequence, kw)
+    return (_encode_range(builder, values, keys, headers, timestamps, lo, mid, *args)
+            + _encode_range(builder, values, keys, headers, timestamps, mid, hi, *args))
 
 
 def _varint_size(value: int) -> int:
