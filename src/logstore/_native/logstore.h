@@ -230,6 +230,20 @@ int64_t ls_gather_binary(const char *buf, int64_t buf_len, const int32_t *pos, c
                          int32_t n, int32_t *offsets, uint8_t *validity, char *data, int64_t data_cap,
                          int32_t *null_count);
 int64_t ls_binary_size(const int32_t *len, int32_t n);
+/* ls_binary_views: Arrow BinaryView views (16 bytes each: int32 length, then the value itself
+ * when it has at most 12 bytes, zero padded, else its first 4 bytes, buffer_index and its int32
+ * offset in that data buffer) of the n spans buf[pos[i], pos[i] + len[i]) (len -1: null, an
+ * all-zero view), plus the validity bitmap and null count as ls_gather_binary writes them. The
+ * data buffer is buf[base, base + data_len): a value longer than 12 bytes must lie inside it.
+ * Returns 0, LS_ERR_CORRUPT for a span outside buf or a length below -1, LS_ERR_NOSPACE for a
+ * long value outside the data buffer (or at an offset past INT32_MAX), LS_ERR_ARG for unusable
+ * arguments.
+ * ls_view_span: [lo, hi) covering every span longer than 12 bytes (lo == hi when none): the
+ * bytes a data buffer of views of them must hold. */
+int32_t ls_binary_views(const char *buf, int64_t buf_len, int64_t base, int64_t data_len, const int32_t *pos,
+                        const int32_t *len, int32_t n, int32_t buffer_index, uint8_t *views, uint8_t *validity,
+                        int32_t *null_count);
+int32_t ls_view_span(const int32_t *pos, const int32_t *len, int32_t n, int64_t *lo, int64_t *hi);
 void ls_ms_to_us(const int64_t *ms, int32_t n, int64_t *us);
 void ls_widen_int8(const int8_t *in, int32_t n, int32_t *out);
 /* Index of the first of n values that is >= target, or -1 (values in any order). */
