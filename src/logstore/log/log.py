@@ -1662,10 +1662,10 @@ class Log:
 
     def _pin_views(self, reading: ArrowRead, offset: int, limit: int, *builders: Any) -> None:
         """Under the log's lock, with ``views``: give the builders the pinned maps of the
-        segments a decode of [offset, limit] reads (the active one's too, but on a log shared
-        by several processes, whose other writers may own it)."""
+        segments a decode of [offset, limit] reads (the active one's written bytes too: appends
+        only add to them, and every process's truncation replaces a pinned file)."""
         if reading.views:
-            maps = self._segments.view_maps(offset, limit, active=not self.shared)
+            maps = self._segments.view_maps(offset, limit)
             for builder in builders:
                 builder.add_maps(maps)
 

@@ -286,19 +286,17 @@ class LogSegments:
                     break
         return limit
 
-    def view_maps(self, offset: int, limit: int, active: bool = True) -> list[tuple[Any, Any]]:
+    def view_maps(self, offset: int, limit: int) -> list[tuple[Any, Any]]:
         """(segment map, :class:`~logstore.pinnedmap.PinnedMap`) of every segment a decode of
         [offset, limit] may read (see :meth:`ArrowBuilder.add_maps
-        <logstore.records.arrow.ArrowBuilder.add_maps>`); the active segment's only with
-        ``active`` (its written bytes are pinned like a sealed segment's)."""
+        <logstore.records.arrow.ArrowBuilder.add_maps>`), the active one's written bytes too."""
         segments = self._segments
         keys = segments.keys()
         out = []
         i = first = self.floor_index(offset)
         while i < len(keys) and (i == first or keys[i] <= limit):
             segment = segments[keys[i]]
-            if active or not segment.active:
-                out.append((segment.buffer, segment.view_map()))
+            out.append((segment.buffer, segment.view_map()))
             i += 1
         return out
 
