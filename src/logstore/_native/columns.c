@@ -109,6 +109,39 @@ int32_t ls_view_span(const int32_t *pos, const int32_t *len, int32_t n, int64_t 
     return 0;
 }
 
+int32_t ls_take_views(const uint8_t *views_in, const int32_t *len, int32_t n, int64_t data_len, uint8_t *views_out,
+                      uint8_t *validity, int32_t *null_count)
+{
+    if (n < 0 || data_len < 0 || (n > 0 && (views_in == NULL || len == NULL || views_out == NULL))
+        || validity == NULL || null_count == NULL)
+        return LS_ERR_ARG;
+    int32_t nulls = 0;
+    memset(validity, 0, (size_t)((n + 7) / 8));
+    for (int32_t i = 0; i < n; i++) {
+        const uint8_t *v = views_in + (size_t)i * 16;
+        int32_t l, at;
+        memcpy(&l, v, 4);
+        if (len[i] < 0) {
+            if (len[i] != -1 || l != 0)
+                return LS_ERR_CORRUPT;
+            nulls++;
+        } else {
+            if (l != len[i])
+                return LS_ERR_CORRUPT;
+            if (l > 12) {
+                memcpy(&at, v + 12, 4);
+                if (at < 0 || at > data_len - l)
+                    return LS_ERR_NOSPACE;
+            }
+            validity[i >> 3] |= (uint8_t)(1u << (i & 7));
+        }
+    }
+    if (n > 0)
+        memcpy(views_out, views_in, (size_t)n * 16);
+    *null_count = nulls;
+    return 0;
+}
+
 int64_t ls_binary_size(const int32_t *len, int32_t n)
 {
     if (n < 0 || (n > 0 && len == NULL))

@@ -1618,7 +1618,7 @@ class Log:
         returns the offset it stopped at (``stop``, or one local retention took meanwhile)."""
         arrowread = reading.module
         builder = reading.builder(self, offset, stop, max_records)
-        decoder = RecordDecoder(capacity=arrowread.ROWS_PER_BATCH)
+        decoder = RecordDecoder(capacity=arrowread.ROWS_PER_BATCH, views=reading.views)
         while offset < stop and not builder.done:
             with self._lock:
                 self._check_readable_from(offset)
@@ -1637,7 +1637,7 @@ class Log:
         by C from the remote tier's batches (fetched without the log's lock, CRC-checked);
         returns the offset it stopped at."""
         builder = reading.builder(self, offset, upto, max_records)
-        decoder = RecordDecoder(capacity=reading.module.ROWS_PER_BATCH)
+        decoder = RecordDecoder(capacity=reading.module.ROWS_PER_BATCH, views=reading.views)
         where = f"{self.path} (remote tier)"
         while offset < upto and not builder.done:
             raw = self._remote_raw(remote, offset, _REMOTE_ARROW_BYTES, "read_arrow")
@@ -1676,7 +1676,7 @@ class Log:
         the gathering of keys and values release the GIL. Chunk A's builder stops at ``mid``; B's
         takes a batch straddling its limit whole, as the single-chunk loop does."""
         rows = reading.module.ROWS_PER_BATCH
-        decoders = (RecordDecoder(capacity=rows), RecordDecoder(capacity=rows))
+        decoders = (RecordDecoder(capacity=rows, views=reading.views), RecordDecoder(capacity=rows, views=reading.views))
         while offset < stop:
             with self._lock:
                 self._check_readable_from(offset)

@@ -170,7 +170,11 @@ class ArrowBuilder:
                         continue
                     if data is None:
                         data = self._data_buffer(buf, cbuf, out, first, k)
-                    view = _views(cbuf, len(buf), data, pos + first, lens + first, k)
+                    decoded = (out.key_views if name == "key" else out.value_views) if data[1] == 0 else ffi.NULL
+                    if decoded != ffi.NULL:  # written by the decoder's walk: copied and checked
+                        view = _taken_views(decoded + _VIEW * first, data[0], lens + first, k)
+                    else:
+                        view = _views(cbuf, len(buf), data, pos + first, lens + first, k)
                     if view is None:  # a long value outside the pinned bytes: copy the chunk's span
                         data = _copied_span(cbuf, out, first, k, self.columns)
                         view = _views(cbuf, len(buf), data, pos + first, lens + first, k)
@@ -282,6 +286,22 @@ def _views(cbuf: Any, size: int, data: tuple[pa.Buffer, int], pos: Any, lens: An
         return None
     if rc < 0:
         raise LogstoreError(f"cannot write Arrow views of decoded records (error {rc})")
+    return pa.Array.from_buffers(pa.binary_view(), k, [validity if nulls[0] else None, views, buffer],
+                                 null_count=nulls[0])
+
+
+def _taken_views(decoded: Any, buffer: pa.Buffer, lens: Any, k: int) -> pa.Array | None:
+    """The decoder's k views as a BinaryView array over ``buffer`` (the decoded bytes from
+    position 0); None when a long value lies past it."""
+    views, views_ptr = _buffer(_VIEW * k)
+    validity, validity_ptr = _buffer((k + 7) // 8)
+    nulls = ffi.new("int32_t *")
+    rc = lib.ls_take_views(decoded, lens, k, buffer.size, ffi.cast("uint8_t *", views_ptr),
+                           ffi.cast("uint8_t *", validity_ptr), nulls)
+    if rc == lib.LS_ERR_NOSPACE:
+        return None
+    if rc < 0:
+        raise LogstoreError(f"cannot take the decoder's Arrow views (error {rc})")
     return pa.Array.from_buffers(pa.binary_view(), k, [validity if nulls[0] else None, views, buffer],
                                  null_count=nulls[0])
 
