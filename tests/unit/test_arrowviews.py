@@ -329,3 +329,31 @@ def test_the_view_writer_checks_every_span():
     lo, hi = ffi.new("int64_t *"), ffi.new("int64_t *")
     assert lib.ls_view_span(pos, lens, 4, lo, hi) == 0 and (lo[0], hi[0]) == (4, 24)
     assert lib.ls_view_span(pos, lens, 1, lo, hi) == 0 and lo[0] == hi[0]
+
+
+@pytest.mark.slow
+def test_iterating_views_over_2_gib_holds_constant_memory(tmp_path):
+    """iter_arrow(views=True) over 2.2 GiB (make soak): the batches hold maps of the segments,
+    not copies, and once dropped they release them: the anonymous memory and the number of maps
+    stay bounded whatever the log's size."""
+    import gc
+
+    from test_arrowread import _anonymous_kib
+
+    value = b"m" * 1000
+    with Log.open(str(tmp_path / "big-0"), segment_bytes=256 << 20) as log:
+        for _ in range(2200):
+            log.append_batch([value] * 1000)
+        assert log.size_in_bytes > 2.2e9
+        before = peak = _anonymous_kib()
+        maps = 0
+        rows = 0
+        for i, batch in enumerate(log.iter_arrow(columns=["offset", "value"], views=True)):
+            rows += batch.num_rows
+            if i % 8 == 0:
+                peak = max(peak, _anonymous_kib())
+                maps = max(maps, sum(1 for o in gc.get_objects() if isinstance(o, PinnedMap)))
+            del batch
+        assert rows == log.log_end_offset
+    assert peak - before < 200_000, f"iter_arrow(views=True) grew anonymous memory by {peak - before} KiB"
+    assert maps <= 3, f"{maps} pinned maps alive at once"
