@@ -160,7 +160,7 @@ class ArrowBuilder:
         k = last - first
         arrays = []
         cbuf = ffi.from_buffer(buf)
-        data: Any = None
+        spans: Any = None
         try:
             for name in self.columns:
                 if name in ("key", "value"):
@@ -168,16 +168,16 @@ class ArrowBuilder:
                     if not self.views:
                         arrays.append(_binary(cbuf, len(buf), pos + first, lens + first, k))
                         continue
-                    if data is None:
-                        data = self._data_buffer(buf, cbuf, out, first, k)
-                    decoded = (out.key_views if name == "key" else out.value_views) if data[1] == 0 else ffi.NULL
+                    if spans is None:
+                        spans = self._data_buffer(buf, cbuf, out, first, k)
+                    decoded = (out.key_views if name == "key" else out.value_views) if spans[1] == 0 else ffi.NULL
                     if decoded != ffi.NULL:  # written by the decoder's walk: copied and checked
-                        view = _taken_views(decoded + _VIEW * first, data[0], lens + first, k)
+                        view = _taken_views(decoded + _VIEW * first, spans[0], lens + first, k)
                     else:
-                        view = _views(cbuf, len(buf), data, pos + first, lens + first, k)
+                        view = _views(cbuf, len(buf), spans, pos + first, lens + first, k)
                     if view is None:  # a long value outside the pinned bytes: copy the chunk's span
-                        data = _copied_span(cbuf, out, first, k, self.columns)
-                        view = _views(cbuf, len(buf), data, pos + first, lens + first, k)
+                        spans = _copied_span(cbuf, out, first, k, self.columns)
+                        view = _views(cbuf, len(buf), spans, pos + first, lens + first, k)
                         if view is None:
                             raise LogstoreError("decoded record spans do not fit one Arrow data buffer")
                     arrays.append(view)
