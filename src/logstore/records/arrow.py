@@ -277,31 +277,30 @@ def _views(cbuf: Any, size: int, data: tuple[pa.Buffer, int], pos: Any, lens: An
     ``data`` (an Arrow buffer holding ``cbuf``'s bytes from the position it names); None when a
     long value lies outside it."""
     buffer, base = data
-    views, views_ptr = _buffer(_VIEW * k)
-    validity, validity_ptr = _buffer((k + 7) // 8)
-    nulls = ffi.new("int32_t *")
-    rc = lib.ls_binary_views(cbuf, size, base, min(buffer.size, size - base), pos, lens, k, 0,
-                             ffi.cast("uint8_t *", views_ptr), ffi.cast("uint8_t *", validity_ptr), nulls)
-    if rc == lib.LS_ERR_NOSPACE:
-        return None
-    if rc < 0:
-        raise LogstoreError(f"cannot write Arrow views of decoded records (error {rc})")
-    return pa.Array.from_buffers(pa.binary_view(), k, [validity if nulls[0] else None, views, buffer],
-                                 null_count=nulls[0])
+    return _view_array(buffer, k, "write Arrow views of decoded records",
+                       lambda views, validity, nulls: lib.ls_binary_views(
+                           cbuf, size, base, min(buffer.size, size - base), pos, lens, k, 0, views, validity, nulls))
 
 
 def _taken_views(decoded: Any, buffer: pa.Buffer, lens: Any, k: int) -> pa.Array | None:
     """The decoder's k views as a BinaryView array over ``buffer`` (the decoded bytes from
     position 0); None when a long value lies past it."""
+    return _view_array(buffer, k, "take the decoder's Arrow views",
+                       lambda views, validity, nulls: lib.ls_take_views(decoded, lens, k, buffer.size, views,
+                                                                        validity, nulls))
+
+
+def _view_array(buffer: pa.Buffer, k: int, what: str, write: Any) -> pa.Array | None:
+    """A BinaryView array of k rows over data buffer ``buffer``, its views and validity written
+    by ``write(views, validity, null_count)`` (a C call's result: LS_ERR_NOSPACE gives None)."""
     views, views_ptr = _buffer(_VIEW * k)
     validity, validity_ptr = _buffer((k + 7) // 8)
     nulls = ffi.new("int32_t *")
-    rc = lib.ls_take_views(decoded, lens, k, buffer.size, ffi.cast("uint8_t *", views_ptr),
-                           ffi.cast("uint8_t *", validity_ptr), nulls)
+    rc = write(ffi.cast("uint8_t *", views_ptr), ffi.cast("uint8_t *", validity_ptr), nulls)
     if rc == lib.LS_ERR_NOSPACE:
         return None
     if rc < 0:
-        raise LogstoreError(f"cannot take the decoder's Arrow views (error {rc})")
+        raise LogstoreError(f"cannot {what} (error {rc})")
     return pa.Array.from_buffers(pa.binary_view(), k, [validity if nulls[0] else None, views, buffer],
                                  null_count=nulls[0])
 
