@@ -45,11 +45,11 @@ def rows_of(table):
             for o, k, v, hs in zip(d["offset"], d["key"], d["value"], headers)]
 
 
-value_strategy = st.one_of(st.none(), st.binary(max_size=12), st.binary(min_size=13, max_size=300))
+value_strategy = st.one_of(st.none(), st.binary(max_size=12), st.binary(min_size=13, max_size=120))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(sizes=st.lists(st.integers(1, 200), min_size=1, max_size=8), data=st.data())
+@given(sizes=st.lists(st.integers(1, 60), min_size=1, max_size=6), data=st.data())
 def test_views_hold_what_log_read_returns(tmp_path_factory, monkeypatch, sizes, data):
     """Random logs (batch sizes, null keys and values, short values inline and long ones in the
     data buffer, headers, codecs, several segments, small decoder chunks so that chunk pairs and
@@ -69,7 +69,7 @@ def test_views_hold_what_log_read_returns(tmp_path_factory, monkeypatch, sizes, 
         for n in sizes:
             values = data.draw(st.lists(value_strategy, min_size=n, max_size=n))
             keys = data.draw(st.lists(value_strategy, min_size=n, max_size=n))
-            headers = data.draw(st.lists(st.lists(st.tuples(st.text(max_size=4), st.binary(max_size=20)), max_size=2),
+            headers = data.draw(st.lists(st.lists(st.tuples(st.text(max_size=3), st.binary(max_size=8)), max_size=1),
                                          min_size=n, max_size=n))
             log.append_batch(values, keys=keys, headers=headers,
                              compression=data.draw(st.sampled_from([None, None, "zstd", "lz4", "gzip"])))
