@@ -26,8 +26,13 @@ Workloads and what each system does:
                          ORDER BY offset -> row tuple | lmdb cursor -> tuple decoded from the
                          value | persist-queue get() + task_done() (a destructive consume)
   read as Arrow          the same records as one Arrow table (key, value, topic, partition,
-                         offset, timestamp, timestampType): logstore Log.read_arrow() | sqlite3
-                         and lmdb have no columnar read: their sequential read again
+                         offset, timestamp, timestampType): logstore Log.read_arrow(views=True),
+                         keys and values as binary_view columns pointing into the segment file
+                         (nothing copied; every batch CRC-checked) | logstore-binary
+                         Log.read_arrow(), keys and values copied into binary columns (the
+                         default; the "before" of views, interleaved with it) | sqlite3 and
+                         lmdb have no columnar read: their sequential read again (every key and
+                         value copied into a bytes object)
   random read            one record by offset, at 1 in 10 of the offsets written, in a random
                          order (the same for every system): logstore Log.read(offset,
                          max_records=1)[0] | sqlite3 SELECT ... WHERE "offset" = ? | lmdb
@@ -84,7 +89,7 @@ WORKLOADS = ("batch-1000, no fsync", "batch-1000, fsync per batch", "single, no 
              "read as Arrow", "random read")
 READS = ("sequential read", "read as Arrow", "random read")
 LOOKUP_FRACTION = 10  # random read: count // 10 lookups
-SYSTEMS = ("logstore", "sqlite3", "lmdb", "pq.Queue", "pq.SQLiteQueue")
+SYSTEMS = ("logstore", "logstore-binary", "sqlite3", "lmdb", "pq.Queue", "pq.SQLiteQueue")
 
 # Records per measurement (full run); --quick divides by 5. persist-queue is 10-1000x slower, so
 # it gets fewer records; rates are per record, so the counts only set the measurement's length.
@@ -109,13 +114,14 @@ COUNTS = {
     ("sequential read", "pq.Queue"): 3_000,
     ("sequential read", "pq.SQLiteQueue"): 5_000,
     ("read as Arrow", "logstore"): 500_000,  # only logstore has a columnar read: the others
+    ("read as Arrow", "logstore-binary"): 500_000,
     ("read as Arrow", "sqlite3"): 500_000,   # are measured as in "sequential read" (their
     ("read as Arrow", "lmdb"): 500_000,      # fastest way to every record's four fields)
     ("random read", "logstore"): 500_000,
     ("random read", "sqlite3"): 500_000,
     ("random read", "lmdb"): 500_000,
 }
-BATCHED = ("logstore", "sqlite3", "lmdb")  # write (and pre-write for reads) in batches of 1000
+BATCHED = ("logstore", "logstore-binary", "sqlite3", "lmdb")  # write (and pre-write for reads) in batches of 1000
 # Marked with * in the table: no batch API, so the batch rows are per-record puts.
 PER_RECORD_ONLY = {("batch-1000, no fsync", "pq.Queue"), ("batch-1000, no fsync", "pq.SQLiteQueue"),
                    ("batch-1000, fsync per batch", "pq.SQLiteQueue")}
@@ -178,7 +184,7 @@ def logstore_write(path: str, data: Data, workload: str, count: int) -> float:
     return elapsed
 
 
-def logstore_read(path: str, data: Data, count: int, how: str = "sequential read") -> float:
+def logstore_read(path: str, data: Data, count: int, how: str = "sequential read", views: bool = True) -> float:
     log = Log.open(os.path.join(path, "bench-0"))
     try:
         for values, keys in data.batches(count):
@@ -189,7 +195,7 @@ def logstore_read(path: str, data: Data, count: int, how: str = "sequential read
         read = log.read
         t = _settled()
         if how == "read as Arrow":
-            assert log.read_arrow().num_rows == count
+            assert log.read_arrow(views=views).num_rows == count
         elif how == "random read":
             for offset in lookups:
                 read(offset, max_records=1)[0]
@@ -199,6 +205,14 @@ def logstore_read(path: str, data: Data, count: int, how: str = "sequential read
     finally:
         log._abandon()
     return elapsed
+
+
+def logstore_read_binary(path: str, data: Data, count: int, how: str = "sequential read") -> float:
+    """logstore_read with read_arrow's default binary columns (keys and values copied)."""
+    return logstore_read(path, data, count, how, views=False)
+
+
+COLUMNAR = (logstore_read, logstore_read_binary)
 
 
 # ---------------------------------------------------------------------- sqlite3
@@ -387,6 +401,7 @@ def pq_read(system: str) -> Callable[..., float]:
 def runners() -> dict[str, tuple[Callable, Callable] | None]:
     out: dict[str, tuple[Callable, Callable] | None] = {
         "logstore": (logstore_write, logstore_read),
+        "logstore-binary": (logstore_write, logstore_read_binary),
         "sqlite3": (sqlite_write, sqlite_read),
         "lmdb": (lmdb_write, lmdb_read) if lmdb else None,
     }
@@ -398,7 +413,7 @@ def runners() -> dict[str, tuple[Callable, Callable] | None]:
 def measure_once(workload: str, fns, data: Data, count: int) -> float:
     write, read = fns
     with _workload.scratch_dir("logstore-compare-") as path:
-        if workload == "read as Arrow" and read is not logstore_read:
+        if workload == "read as Arrow" and read not in COLUMNAR:
             elapsed = read(path, data, count)  # no columnar read: the sequential one
         elif workload in READS:
             elapsed = read(path, data, count, workload)
@@ -473,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1/5 of the records, one repetition (~30 s)")
     parser.add_argument("--repeat", type=int, default=None, help="runs per figure (median); default 3, quick 1")
-    parser.add_argument("--only", default=None, help="comma-separated systems to run (logstore always runs)")
+    parser.add_argument("--only", default=None, help="comma-separated systems to run (logstore and logstore-binary always run)")
     parser.add_argument("--workloads", default=None,
                         help="comma-separated workloads to run, by name or a part of it (e.g. 'random,Arrow')")
     args = parser.parse_args(argv)
@@ -483,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no workload matches {args.workloads!r}; workloads: {', '.join(WORKLOADS)}")
     repeat = args.repeat or (1 if args.quick else 3)
     scale = 5 if args.quick else 1
-    systems = [s for s in SYSTEMS if args.only is None or s == "logstore" or s in args.only.split(",")]
+    systems = [s for s in SYSTEMS if args.only is None or s.startswith("logstore") or s in args.only.split(",")]
 
     load_start = os.getloadavg()[0]
     print("logstore vs sqlite3 / lmdb / persist-queue: 200-byte JSON values, 16-byte keys")

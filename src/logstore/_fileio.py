@@ -56,6 +56,17 @@ class FileOps:
             written += os.pwrite(fd, view[written:], position + written)
         return written
 
+    def copy_range(self, src: int, dst: int, position: int, count: int) -> int:
+        """Copy up to ``count`` bytes at ``position`` of ``src`` to the same position of
+        ``dst``, in the kernel where it can; returns the bytes copied (0 at the end of ``src``)."""
+        try:
+            return os.copy_file_range(src, dst, count, position, position)
+        except OSError as exc:  # file systems or kernels without it
+            if exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                raise
+        data = os.pread(src, min(count, 1 << 20), position)
+        return os.pwrite(dst, data, position) if data else 0
+
     def fsync(self, fd: int) -> None:
         """fsync a descriptor (data and metadata)."""
         os.fsync(fd)

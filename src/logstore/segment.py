@@ -36,6 +36,7 @@ import errno
 import logging
 import mmap
 import os
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,7 @@ from .index import OffsetIndex, TimeIndex, TransactionIndex
 from .log.filenames import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, TRUNCATION_SUFFIX, TXNINDEX_SUFFIX, segment_name
 from .log.pointread import PointReads
 from .log.segmentscan import BatchWalk, RecoveryResult, status_words
+from .pinnedmap import PinnedMap, in_place_allowed, replace_file
 from .records.batch import HEADER_SIZE, BatchBuilder, Record, RecordDecoder, parse_header
 
 __all__ = ["LogSegment", "SegmentInfo", "RecoveryResult", "write_truncation_journal", "replay_truncation_journal"]
@@ -126,6 +128,7 @@ class LogSegment:
         self._position_out = ffi.new("int64_t *")
         self._leader_epoch = leader_epoch
         self._points: PointReads | None = None  # reads of one record (made on first use)
+        self._pinned: Any = None  # weak reference to the last PinnedMap made (view_map)
         self.closed = False
         if new:
             if self._size:
@@ -328,6 +331,25 @@ class LogSegment:
     def identity(self) -> tuple[int, int]:
         """(device, inode) of the open .log file: tells whether the path still names it."""
         return _fileio.ops.identity(self._fd)
+
+    def view_map(self) -> PinnedMap | None:
+        """A pinned read-only map of the segment's written bytes (:class:`~logstore.pinnedmap.PinnedMap`)
+        for Arrow views into them, shared with the other live views of the same bytes; None
+        when the segment is empty or the file cannot be pinned now (the caller copies). While
+        it lives, truncations of this file replace it instead of changing it in place."""
+        size = self.size
+        if size <= 0:
+            return None
+        identity = self.identity()
+        pinned = self._pinned() if self._pinned is not None else None
+        if pinned is None or pinned.size < size or pinned.identity != identity:
+            try:
+                pinned = PinnedMap(self.path, identity, size)
+            except OSError as exc:
+                logger.debug("%s: not pinned for Arrow views (%s); copying", self.path, exc)
+                return None
+            self._pinned = weakref.ref(pinned)
+        return pinned
 
     def _sync_from_appender(self) -> None:
         a = self._appender
@@ -842,8 +864,12 @@ class LogSegment:
         if valid < file_size:
             # Cut the tail so that stale batches past the valid prefix can never be scanned
             # back into the log by a later recovery (a new map re-extends the file with zeros).
-            _fileio.ops.ftruncate(self._fd, valid)
-            _fileio.ops.fsync(self._fd)
+            with in_place_allowed(self.path) as in_place:
+                if in_place:
+                    _fileio.ops.ftruncate(self._fd, valid)
+                    _fileio.ops.fsync(self._fd)
+                else:  # Arrow views pin the file: leave its bytes as they are
+                    self._take_fd(replace_file(self.path, self._fd, valid))
         self._size = valid
         self._finish_index_rebuild(res)
         if truncated:
@@ -972,41 +998,69 @@ class LogSegment:
         self.time_index.truncate_to(offset)
         self.txn_index.truncate_to(offset)
         a = self._appender
-        if a is not None:
-            mm = self._mm
-            assert mm is not None
-            if replacement:
-                mm[position:new_size] = replacement
-            # Zero the removed bytes so that a later recovery scan cannot resurrect them.
-            for start in range(new_size, size, _ZERO_CHUNK):
-                stop = min(size, start + _ZERO_CHUNK)
-                mm[start:stop] = bytes(stop - start)
-            a.position = new_size
-            self._size = new_size
-            _fileio.ops.fsync(self._fd)
-            res = self._scan()
-            a.next_offset = res.last_offset + 1 if res.last_offset >= 0 else self.base_offset
-            a.records = res.records
-            self._records_at_activation = 0
-            a.max_timestamp = res.max_timestamp
-            a.offset_of_max_timestamp = res.offset_of_max_timestamp
-            a.index_entries = self.offset_index.entries
-            a.timeindex_entries = self.time_index.entries
-            a.last_timeindex_timestamp = self.time_index.last_entry()[0] if self.time_index.entries else -1
-            a.bytes_since_last_entry = 0
-        else:
-            self._unmap()
-            if replacement:
-                _fileio.ops.pwrite(self._fd, replacement, position)
-            _fileio.ops.ftruncate(self._fd, new_size)
-            _fileio.ops.fsync(self._fd)
-            self._size = new_size
-            self._set_facts(self._scan())
+        with in_place_allowed(self.path) as in_place:
+            if not in_place:  # Arrow views pin the file: a new file, the pinned one left as it is
+                self._replace_tail(position, replacement)
+            elif a is not None:
+                self._truncate_active(a, position, replacement, size)
+            else:
+                self._unmap()
+                if replacement:
+                    _fileio.ops.pwrite(self._fd, replacement, position)
+                _fileio.ops.ftruncate(self._fd, new_size)
+                _fileio.ops.fsync(self._fd)
+                self._size = new_size
+                self._set_facts(self._scan())
         # The journal must be gone for good before later appends: replaying it after them
         # would cut them off.
         _fileio.ops.unlink(journal)
         _fileio.ops.fsync_dir(self.directory)
         return size - new_size
+
+    def _truncate_active(self, a: Any, position: int, replacement: Any, size: int) -> None:
+        """truncate_to's change of the active segment in place, through its map."""
+        new_size = position + len(replacement)
+        mm = self._mm
+        assert mm is not None
+        if replacement:
+            mm[position:new_size] = replacement
+        # Zero the removed bytes so that a later recovery scan cannot resurrect them.
+        for start in range(new_size, size, _ZERO_CHUNK):
+            stop = min(size, start + _ZERO_CHUNK)
+            mm[start:stop] = bytes(stop - start)
+        a.position = new_size
+        self._size = new_size
+        _fileio.ops.fsync(self._fd)
+        res = self._scan()
+        a.next_offset = res.last_offset + 1 if res.last_offset >= 0 else self.base_offset
+        a.records = res.records
+        self._records_at_activation = 0
+        a.max_timestamp = res.max_timestamp
+        a.offset_of_max_timestamp = res.offset_of_max_timestamp
+        a.index_entries = self.offset_index.entries
+        a.timeindex_entries = self.time_index.entries
+        a.last_timeindex_timestamp = self.time_index.last_entry()[0] if self.time_index.entries else -1
+        a.bytes_since_last_entry = 0
+
+    def _replace_tail(self, position: int, replacement: Any) -> None:
+        """truncate_to's change made as a new file (the bytes before ``position``, then
+        ``replacement``) renamed over the pinned one; an active segment is active again after."""
+        active = self._appender is not None
+        if active:
+            self._sync_from_appender()
+            self._appender = None
+        self._unmap()
+        self._take_fd(replace_file(self.path, self._fd, position, replacement))
+        self._size = position + len(replacement)
+        self._set_facts(self._scan())
+        if active:
+            self.activate()
+
+    def _take_fd(self, fd: int) -> None:
+        """Use ``fd``, the descriptor of a new file renamed over the .log, instead of the old one."""
+        _fileio.ops.close(self._fd)
+        self._fd = fd
+        self._pinned = None
 
     # ------------------------------------------------------------------ durability / lifecycle
     def flush(self) -> None:
@@ -1110,10 +1164,14 @@ def replay_truncation_journal(journal: str, log_path: str) -> bool:
     if ok and _fileio.ops.exists(log_path):
         fd = _fileio.ops.open(log_path, os.O_RDWR)
         try:
-            if length:
-                _fileio.ops.pwrite(fd, data[24 : 24 + length], position)
-            _fileio.ops.ftruncate(fd, position + length)
-            _fileio.ops.fsync(fd)
+            with in_place_allowed(log_path) as in_place:
+                if in_place:
+                    if length:
+                        _fileio.ops.pwrite(fd, data[24 : 24 + length], position)
+                    _fileio.ops.ftruncate(fd, position + length)
+                    _fileio.ops.fsync(fd)
+                else:  # Arrow views of an earlier open pin the file: a new file instead
+                    _fileio.ops.close(replace_file(log_path, fd, position, data[24 : 24 + length]))
         finally:
             _fileio.ops.close(fd)
         applied = True

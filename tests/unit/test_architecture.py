@@ -22,7 +22,7 @@ FLOORS: list[tuple[str, set[str]]] = [
     ("base", {"errors", "errorcodes", "_fileio", "metrics", "checkpoint", "_native"}),
     ("records", {"records"}),
     ("net", {"net"}),
-    ("segment", {"index", "segment", "log.filenames", "log.pointread", "log.segmentscan"}),
+    ("segment", {"index", "segment", "pinnedmap", "log.filenames", "log.pointread", "log.segmentscan"}),
     ("log", {"log", "cleaner"}),
     ("groups", {"groups"}),
     ("txn", {"txn"}),

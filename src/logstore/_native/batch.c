@@ -147,6 +147,23 @@ int ls_headers_check(const char *buf, int64_t len, int32_t count)
  * in the record]; offsetDelta lies in [0, lastOffsetDelta] and strictly increases; header counts
  * are >= 0 and every header is well formed. The section running out before the last record (or
  * inside a record length varint) is LS_ERR_TRUNCATED; anything else is LS_ERR_CORRUPT. */
+/* One Arrow BinaryView view (ls_binary_views' layout) of the l bytes at p, at position at of the
+ * decoded buffer (data buffer 0); l -1 (null): all zero. The bytes lie in a validated record. */
+static inline void write_view(uint8_t *view, const char *p, int32_t l, int32_t at)
+{
+    memset(view, 0, 16);
+    if (l < 0)
+        return;
+    memcpy(view, &l, 4);
+    if (l <= 12) {
+        if (l > 0)
+            memcpy(view + 4, p, (size_t)l);
+    } else {
+        memcpy(view + 4, p, 4);
+        memcpy(view + 12, &at, 4);
+    }
+}
+
 int64_t ls_records_walk(const char *buf, int64_t start, int64_t end, const ls_batch_header *hdr,
                         int64_t min_offset, const ls_walk *walk, ls_records_out *out)
 {
@@ -261,6 +278,10 @@ int64_t ls_records_walk(const char *buf, int64_t start, int64_t end, const ls_ba
             out->key_len[row] = kl;
             out->value_pos[row] = (int32_t)(v - buf);
             out->value_len[row] = vl;
+            if (out->key_views && out->value_views) {
+                write_view(out->key_views + (size_t)row * 16, k, kl, (int32_t)(k - buf));
+                write_view(out->value_views + (size_t)row * 16, v, vl, (int32_t)(v - buf));
+            }
             out->headers_pos[row] = (int32_t)(h - buf);
             out->headers_len[row] = (int32_t)(re - h);
             out->header_count[row] = hc;

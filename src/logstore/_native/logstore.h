@@ -184,7 +184,10 @@ int64_t ls_batch_encode(const ls_records_in *in, ls_batch_header *hdr, char *out
 /* Columnar output of record decoding. The caller owns the arrays (capacity rows each); decode
  * functions append rows at [count, capacity) and advance count. Positions are byte positions in
  * the buffer passed to the decode call; a length of -1 means null. headers_pos/headers_len delimit
- * the raw header section of each record (header_count entries) for ls_headers_decode. */
+ * the raw header section of each record (header_count entries) for ls_headers_decode.
+ * key_views/value_views (16 bytes a row, both or neither; NULL: not written) receive each row's
+ * key and value as an Arrow BinaryView view into the decoded buffer (buffer index 0, offset = the
+ * position), written while the record's bytes are in cache (see ls_binary_views for the layout). */
 typedef struct {
     int32_t capacity;
     int32_t count;
@@ -198,6 +201,8 @@ typedef struct {
     int32_t *headers_pos;
     int32_t *headers_len;
     int32_t *header_count;
+    uint8_t *key_views;
+    uint8_t *value_views;
 } ls_records_out;
 
 /* Decode the records section buf[0, len) of one batch described by *hdr (records_count records;
@@ -230,6 +235,27 @@ int64_t ls_gather_binary(const char *buf, int64_t buf_len, const int32_t *pos, c
                          int32_t n, int32_t *offsets, uint8_t *validity, char *data, int64_t data_cap,
                          int32_t *null_count);
 int64_t ls_binary_size(const int32_t *len, int32_t n);
+/* ls_binary_views: Arrow BinaryView views (16 bytes each: int32 length, then the value itself
+ * when it has at most 12 bytes, zero padded, else its first 4 bytes, buffer_index and its int32
+ * offset in that data buffer) of the n spans buf[pos[i], pos[i] + len[i]) (len -1: null, an
+ * all-zero view), plus the validity bitmap and null count as ls_gather_binary writes them. The
+ * data buffer is buf[base, base + data_len): a value longer than 12 bytes must lie inside it.
+ * Returns 0, LS_ERR_CORRUPT for a span outside buf or a length below -1, LS_ERR_NOSPACE for a
+ * long value outside the data buffer (or at an offset past INT32_MAX), LS_ERR_ARG for unusable
+ * arguments.
+ * ls_view_span: [lo, hi) covering every span longer than 12 bytes (lo == hi when none): the
+ * bytes a data buffer of views of them must hold. */
+int32_t ls_binary_views(const char *buf, int64_t buf_len, int64_t base, int64_t data_len, const int32_t *pos,
+                        const int32_t *len, int32_t n, int32_t buffer_index, uint8_t *views, uint8_t *validity,
+                        int32_t *null_count);
+int32_t ls_view_span(const int32_t *pos, const int32_t *len, int32_t n, int64_t *lo, int64_t *hi);
+/* ls_take_views: copy n views that the decoder wrote (ls_records_out's key_views or value_views,
+ * into a buffer whose bytes [0, data_len) Arrow is given as data buffer 0) to views_out, writing
+ * the validity bitmap and null count from the lengths len (-1: null). Returns 0, LS_ERR_CORRUPT
+ * when a view's length differs from len, LS_ERR_NOSPACE when a long value lies past data_len
+ * (the caller copies instead), LS_ERR_ARG for unusable arguments. */
+int32_t ls_take_views(const uint8_t *views_in, const int32_t *len, int32_t n, int64_t data_len, uint8_t *views_out,
+                      uint8_t *validity, int32_t *null_count);
 void ls_ms_to_us(const int64_t *ms, int32_t n, int64_t *us);
 void ls_widen_int8(const int8_t *in, int32_t n, int32_t *out);
 /* Index of the first of n values that is >= target, or -1 (values in any order). */

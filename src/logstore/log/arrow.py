@@ -13,12 +13,12 @@ touches until :meth:`DecodeThread.result` returns.
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from .segments import ColumnsFrom, decode_columns_from
 from ..records.batch import RecordDecoder
 
-__all__ = ["arrow_module", "DecodeThread", "table"]
+__all__ = ["arrow_module", "ArrowRead", "DecodeThread", "table"]
 
 
 def arrow_module() -> Any:
@@ -28,6 +28,20 @@ def arrow_module() -> Any:
     except ImportError as exc:
         raise ImportError(f"reading records as Arrow needs pyarrow: pip install 'logstore[arrow]' ({exc})") from exc
     return arrowread
+
+
+class ArrowRead(NamedTuple):
+    """What one ``iter_arrow`` call builds: the module (logstore.records.arrow), the columns
+    (checked) and whether keys and values are views (see ``Log.iter_arrow``)."""
+
+    module: Any
+    columns: Sequence[str]
+    views: bool
+
+    def builder(self, log: Any, start: int, end: int, max_records: int | None = None) -> Any:
+        """An ArrowBuilder of ``log``'s rows [start, end) for this read."""
+        return self.module.ArrowBuilder(log.topic, log.partition, start, end, self.columns, max_records,
+                                        views=self.views)
 
 
 class DecodeThread(threading.Thread):
@@ -54,7 +68,8 @@ class DecodeThread(threading.Thread):
         return self._after
 
 
-def table(batches: list[Any], columns: Sequence[str] | None) -> Any:
-    """Record batches as one ``pyarrow.Table`` of the columns' schema (empty when none)."""
+def table(batches: list[Any], columns: Sequence[str] | None, views: bool = False) -> Any:
+    """Record batches as one ``pyarrow.Table`` of the columns' schema (empty when none; key and
+    value ``binary_view`` with ``views``)."""
     arrowread = arrow_module()
-    return arrowread.pa.Table.from_batches(batches, schema=arrowread.schema(columns))
+    return arrowread.pa.Table.from_batches(batches, schema=arrowread.schema(columns, views))

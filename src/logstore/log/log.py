@@ -91,7 +91,7 @@ from ..records.batching import (
 from ..index import AbortedBatches, AbortedTxn
 from ..records.control import ControlType, end_txn_marker_record, read_marker
 from ..segment import LogSegment, SegmentInfo
-from .arrow import DecodeThread, arrow_module, table
+from .arrow import ArrowRead, DecodeThread, arrow_module, table
 from .config import LogConfig
 from .epochs import LeaderEpochCache
 from .flusher import NEVER, Flusher, FlushHooks
@@ -1481,7 +1481,8 @@ class Log:
         return self.iter()
 
     def iter_arrow(self, start: int | None = None, end: int | None = None, columns: Sequence[str] | None = None,
-                   max_records: int | None = None, isolation_level: str = "read_uncommitted") -> Iterator[Any]:
+                   max_records: int | None = None, isolation_level: str = "read_uncommitted",
+                   views: bool = False) -> Iterator[Any]:
         """The records from ``start`` (default: log start) up to ``end`` (exclusive; default:
         the log end at the time of the call) as ``pyarrow.RecordBatch`` es of at most about
         32,768 rows, in the Spark Kafka source's schema (see :mod:`logstore.records.arrow`):
@@ -1494,6 +1495,20 @@ class Log:
 
         ``isolation_level="read_committed"`` stops at the :attr:`last_stable_offset` and leaves
         out the records of aborted transactions (the ranges between them are read as above).
+
+        ``views=True``: the ``key`` and ``value`` columns are ``pyarrow.binary_view()`` arrays
+        whose values are not copied: those of at most 12 bytes sit in the views themselves, the
+        longer ones are read in place from a read-only map of the segment file (uncompressed
+        batches), from the decompressed bytes of their batch (compressed ones) or from the bytes
+        fetched from the remote tier. Each record batch keeps what it points into alive: a
+        table's maps of the segments it came from stay mapped (page cache, not private memory)
+        and their files stay on disk, even once deleted, until the table is garbage; iterating
+        without keeping the batches stays bounded as before. The bytes viewed never change:
+        while a table maps a segment file, a truncation of that file (``truncate_to``, a
+        replica's truncation, recovery at the next open, in this process or another) writes a
+        new file and renames it over the old one instead of changing it in place, and appends,
+        rolls, compaction and retention only add, rename or unlink files. The batches are
+        immutable and may be read from any thread, after the log is closed too.
 
         Needs pyarrow (``pip install logstore[arrow]``). Thread-safe; concurrent appends past
         ``end`` are not yielded.
@@ -1516,19 +1531,19 @@ class Log:
             if offset < self._log_start_offset or offset > log_end:
                 raise OffsetOutOfRangeError(offset, self._log_start_offset, log_end, f"read_arrow from {self.path}")
             stop = log_end if end is None else min(check_offset(end), log_end)
+        reading = ArrowRead(arrowread, columns, bool(views))
         if isolation_level == "read_uncommitted":
-            return self._arrow_batches(arrowread, offset, stop, columns, max_records)
+            return self._arrow_batches(reading, offset, stop, max_records)
         if isolation_level != "read_committed":
             raise ValueError(f"isolation_level must be 'read_uncommitted' or 'read_committed', not {isolation_level!r}")
         stop = min(stop, self.last_stable_offset)
-        return self._arrow_committed(arrowread, offset, stop, columns, max_records)
+        return self._arrow_committed(reading, offset, stop, max_records)
 
-    def _arrow_committed(self, arrowread: Any, offset: int, stop: int, columns: Sequence[str],
-                         max_records: int | None) -> Iterator[Any]:
+    def _arrow_committed(self, reading: ArrowRead, offset: int, stop: int, max_records: int | None) -> Iterator[Any]:
         """iter_arrow with read_committed: the ranges between aborted batches, each as usual."""
         left = max_records
         for a, b in self.committed_ranges(offset, stop):
-            for batch in self._arrow_batches(arrowread, a, b, columns, left):
+            for batch in self._arrow_batches(reading, a, b, left):
                 if left is not None:
                     left -= batch.num_rows
                 yield batch
@@ -1560,11 +1575,13 @@ class Log:
         return out
 
     def read_arrow(self, start: int | None = None, end: int | None = None, columns: Sequence[str] | None = None,
-                   max_records: int | None = None, isolation_level: str = "read_uncommitted") -> Any:
+                   max_records: int | None = None, isolation_level: str = "read_uncommitted",
+                   views: bool = False) -> Any:
         """:meth:`iter_arrow`'s record batches as one ``pyarrow.Table`` (empty with the schema
         when there are no records). Same arguments, guarantees and errors; the table holds every
-        record asked for in memory."""
-        return table(list(self.iter_arrow(start, end, columns, max_records, isolation_level)), columns)
+        record asked for in memory (with ``views``, the long keys and values as maps of the
+        segment files it read, see :meth:`iter_arrow`)."""
+        return table(list(self.iter_arrow(start, end, columns, max_records, isolation_level, views)), columns, views)
 
     def offset_for_timestamp(self, timestamp: int) -> int | None:
         """Earliest offset whose record timestamp >= ``timestamp`` (Kafka's ListOffsets).
@@ -1592,8 +1609,7 @@ class Log:
             self._check_open()
             return self._segments.offset_for_timestamp(self._decoder, timestamp, self._log_start_offset)
 
-    def _arrow_batches(self, arrowread: Any, offset: int, stop: int, columns: Sequence[str],
-                 max_records: int | None) -> Iterator[Any]:
+    def _arrow_batches(self, reading: ArrowRead, offset: int, stop: int, max_records: int | None) -> Iterator[Any]:
         """iter_arrow's batches of [offset, stop): from the remote tier below the local segments,
         then from the local ones; a part whose local segments leave the disk meanwhile (local
         retention) is read from the tier again, and one the log start moved past raises."""
@@ -1604,37 +1620,39 @@ class Log:
                 remote = self._remote_holding(offset, "read_arrow")
                 first = self._segments.first.base_offset
             if remote is not None:  # below the local segments: the remote tier's batches
-                part = self._arrow_remote(arrowread, remote, offset, min(stop, first), columns, left[0])
+                part = self._arrow_remote(reading, remote, offset, min(stop, first), left[0])
             elif left[0] is None and (os.cpu_count() or 1) > 1:
-                part = self._arrow_batches_in_pairs(arrowread, offset, stop, columns)
+                part = self._arrow_batches_in_pairs(reading, offset, stop)
             else:
-                part = self._arrow_local(arrowread, offset, stop, columns, left[0])
+                part = self._arrow_local(reading, offset, stop, left[0])
             offset = yield from _counted(part, left)
 
-    def _arrow_local(self, arrowread: Any, offset: int, stop: int, columns: Sequence[str],
+    def _arrow_local(self, reading: ArrowRead, offset: int, stop: int,
                      max_records: int | None) -> Generator[Any, None, int]:
         """iter_arrow's batches from the local segments, a chunk at a time under the lock;
         returns the offset it stopped at (``stop``, or one local retention took meanwhile)."""
-        builder = arrowread.ArrowBuilder(self.topic, self.partition, offset, stop, columns, max_records)
-        decoder = RecordDecoder(capacity=arrowread.ROWS_PER_BATCH)
+        arrowread = reading.module
+        builder = reading.builder(self, offset, stop, max_records)
+        decoder = RecordDecoder(capacity=arrowread.ROWS_PER_BATCH, views=reading.views)
         while offset < stop and not builder.done:
             with self._lock:
                 self._check_readable_from(offset)
                 if offset < self._segments.first.base_offset:
                     break  # gone from the local disk: the caller reads it from the remote tier
                 limit = min(stop, offset + arrowread.ROWS_PER_BATCH)
+                self._pin_views(reading, offset, limit, builder)
                 offset = max(self._segments.decode_columns(decoder, offset, limit, builder.sink), builder.next_offset)
             yield from builder.take()
         yield from builder.take()
         return stop if builder.done else offset
 
-    def _arrow_remote(self, arrowread: Any, remote: RemoteTier, offset: int, upto: int, columns: Sequence[str],
+    def _arrow_remote(self, reading: ArrowRead, remote: RemoteTier, offset: int, upto: int,
                       max_records: int | None) -> Generator[Any, None, int]:
         """iter_arrow's batches of the offsets [offset, upto) below the local segments, decoded
         by C from the remote tier's batches (fetched without the log's lock, CRC-checked);
         returns the offset it stopped at."""
-        builder = arrowread.ArrowBuilder(self.topic, self.partition, offset, upto, columns, max_records)
-        decoder = RecordDecoder(capacity=arrowread.ROWS_PER_BATCH)
+        builder = reading.builder(self, offset, upto, max_records)
+        decoder = RecordDecoder(capacity=reading.module.ROWS_PER_BATCH, views=reading.views)
         where = f"{self.path} (remote tier)"
         while offset < upto and not builder.done:
             raw = self._remote_raw(remote, offset, _REMOTE_ARROW_BYTES, "read_arrow")
@@ -1657,30 +1675,41 @@ class Log:
             raise OffsetOutOfRangeError(offset, self._log_start_offset, self._appender.next_offset,
                                         f"read_arrow from {self.path} (the log start moved past it)")
 
-    def _arrow_batches_in_pairs(self, arrowread: Any, offset: int, stop: int,
-                                columns: Sequence[str]) -> Generator[Any, None, int]:
+    def _pin_views(self, reading: ArrowRead, offset: int, limit: int, *builders: Any) -> None:
+        """Under the log's lock, with ``views``: give the builders the pinned maps of the
+        segments a decode of [offset, limit] reads (the active one's written bytes too: appends
+        only add to them, and every process's truncation replaces a pinned file)."""
+        if reading.views:
+            maps = self._segments.view_maps(offset, limit)
+            for builder in builders:
+                builder.add_maps(maps)
+
+    def _arrow_batches_in_pairs(self, reading: ArrowRead, offset: int, stop: int) -> Generator[Any, None, int]:
         """Two chunks at a time on two cores: while this thread decodes ``[offset, mid)``, a
         helper thread decodes from ``mid`` on in the segment holding it (located here first), and
         the log's lock is held until both are done, so nothing moves under either. The C decode and
         the gathering of keys and values release the GIL. Chunk A's builder stops at ``mid``; B's
         takes a batch straddling its limit whole, as the single-chunk loop does."""
-        rows = arrowread.ROWS_PER_BATCH
-        decoders = (RecordDecoder(capacity=rows), RecordDecoder(capacity=rows))
+        rows = reading.module.ROWS_PER_BATCH
+        decoders = (RecordDecoder(capacity=rows, views=reading.views), RecordDecoder(capacity=rows, views=reading.views))
         while offset < stop:
             with self._lock:
                 self._check_readable_from(offset)
                 if offset < self._segments.first.base_offset:
                     return offset  # gone from the local disk: the caller reads it from the remote tier
                 mid = min(stop, offset + rows)
-                first = arrowread.ArrowBuilder(self.topic, self.partition, offset, mid, columns)
+                first = reading.builder(self, offset, mid)
                 second, helper = None, None
                 # Both starts are located before the helper runs: a lookup that finds a damaged
                 # index entry rebuilds that segment's indexes, which unmaps its log for a moment,
                 # so it must not happen while the helper reads the segment.
                 self._segments.columns_from(offset)
                 at = self._segments.columns_from(mid) if mid < stop else None
-                if at is not None:
-                    second = arrowread.ArrowBuilder(self.topic, self.partition, mid, stop, columns)
+                if at is None:
+                    self._pin_views(reading, offset, mid, first)
+                else:
+                    second = reading.builder(self, mid, stop)
+                    self._pin_views(reading, offset, min(stop, mid + rows), first, second)
                     helper = DecodeThread(decoders[1], at, mid, min(stop, mid + rows), second.sink)
                 try:
                     while offset < mid and not first.done:

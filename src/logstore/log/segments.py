@@ -286,6 +286,20 @@ class LogSegments:
                     break
         return limit
 
+    def view_maps(self, offset: int, limit: int) -> list[tuple[Any, Any]]:
+        """(segment map, :class:`~logstore.pinnedmap.PinnedMap`) of every segment a decode of
+        [offset, limit] may read (see :meth:`ArrowBuilder.add_maps
+        <logstore.records.arrow.ArrowBuilder.add_maps>`), the active one's written bytes too."""
+        segments = self._segments
+        keys = segments.keys()
+        out = []
+        i = first = self.floor_index(offset)
+        while i < len(keys) and (i == first or keys[i] <= limit):
+            segment = segments[keys[i]]
+            out.append((segment.buffer, segment.view_map()))
+            i += 1
+        return out
+
     def columns_from(self, offset: int) -> ColumnsFrom | None:
         """Where a decode of the columns from ``offset`` on starts in the segment that would
         hold it (its map made and its index entry checked here), for :func:`decode_columns_from`

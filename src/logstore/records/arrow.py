@@ -7,8 +7,17 @@ record batches with no per-record Python work: the fixed-width columns are hande
 buffers, keys and values gathered by C (``ls_gather_binary``) into Arrow's binary layout. Only
 the ``headers`` column, when asked for, is built record by record.
 
+With ``views=True`` keys and values are not copied at all: they become Arrow BinaryView
+columns (``pyarrow.binary_view()``: 16 bytes per row, holding a value of at most 12 bytes
+itself, else its length, first 4 bytes and place in a data buffer), written by one C call each
+(``ls_binary_views``), whose data buffer is the segment's bytes themselves: a
+:class:`~logstore.pinnedmap.PinnedMap` that the log registers (:meth:`ArrowBuilder.add_maps`) for
+the segments a chunk reads, the decompressed bytes of a compressed batch, or the remote tier's
+fetched bytes. Anything else (a segment that could not be pinned) is copied once per chunk, as
+one span, into one buffer the views point into. The record batches keep those buffers alive.
+
 The schema is the Spark Kafka source's (:data:`COLUMNS`): ``key`` and ``value`` binary (null
-for a null key or value), ``topic`` string, ``partition`` int32, ``offset`` int64,
+for a null key or value; ``binary_view`` with ``views=True``), ``topic`` string, ``partition`` int32, ``offset`` int64,
 ``timestamp`` in microseconds (UTC), ``timestampType`` int32 (0 create time, 1 log append time)
 and, when asked for, ``headers`` as a list of (key string, value binary) structs.
 
@@ -31,6 +40,8 @@ from ..errors import LogstoreError
 from .batch import decode_headers
 
 __all__ = ["COLUMNS", "DEFAULT_COLUMNS", "ROWS_PER_BATCH", "schema", "check_columns", "ArrowBuilder"]
+
+_VIEW = 16  # bytes of one BinaryView view
 
 #: every column, in the Spark Kafka source's order
 COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers")
@@ -66,9 +77,11 @@ def check_columns(columns: Sequence[str] | None) -> tuple[str, ...]:
     return tuple(c for c in COLUMNS if c in names)
 
 
-def schema(columns: Sequence[str] | None = None) -> pa.Schema:
-    """The Arrow schema of the given columns (default: :data:`DEFAULT_COLUMNS`)."""
-    return pa.schema([pa.field(c, _TYPES[c]) for c in check_columns(columns)])
+def schema(columns: Sequence[str] | None = None, views: bool = False) -> pa.Schema:
+    """The Arrow schema of the given columns (default: :data:`DEFAULT_COLUMNS`); with ``views``
+    the key and value columns are ``binary_view`` instead of ``binary``."""
+    return pa.schema([pa.field(c, pa.binary_view() if views and c in ("key", "value") else _TYPES[c])
+                      for c in check_columns(columns)])
 
 
 class ArrowBuilder:
@@ -77,14 +90,17 @@ class ArrowBuilder:
 
     ``max_records`` stops after that many rows. ``start_timestamp`` skips the rows before the
     first whose timestamp is at least it; ``end_timestamp`` stops at the first row whose
-    timestamp is at least it (the Spark source's bounds inside a planned range).
+    timestamp is at least it (the Spark source's bounds inside a planned range). ``views``: keys
+    and values as BinaryView columns pointing into the bytes read (see the module's doc).
     """
 
     def __init__(self, topic: str, partition: int, start: int, end: int, columns: Sequence[str] | None = None,
                  max_records: int | None = None, start_timestamp: int | None = None,
-                 end_timestamp: int | None = None) -> None:
+                 end_timestamp: int | None = None, views: bool = False) -> None:
         self.columns = check_columns(columns)
-        self.schema = schema(self.columns)
+        self.views = views
+        self.schema = schema(self.columns, views)
+        self._maps: dict[int, tuple[Any, Any]] = {}
         self.start = start
         self.end = end
         self.left = max_records
@@ -98,6 +114,12 @@ class ArrowBuilder:
         self.rows = 0
         self._topic = topic.encode("utf-8")
         self._partition = partition
+
+    def add_maps(self, maps: Sequence[tuple[Any, Any]]) -> None:
+        """Register (buffer, PinnedMap) pairs: rows decoded from ``buffer`` (a segment's own map,
+        passed to :meth:`sink`) get views into the PinnedMap of the same file's bytes instead of
+        copies. Replaces the pairs registered before."""
+        self._maps = {id(buf): (buf, pinned) for buf, pinned in maps if buf is not None and pinned is not None}
 
     def take(self) -> list[pa.RecordBatch]:
         """The record batches built since the last call."""
@@ -138,12 +160,27 @@ class ArrowBuilder:
         k = last - first
         arrays = []
         cbuf = ffi.from_buffer(buf)
+        spans: Any = None
         try:
             for name in self.columns:
-                if name == "key":
-                    arrays.append(_binary(cbuf, len(buf), out.key_pos + first, out.key_len + first, k))
-                elif name == "value":
-                    arrays.append(_binary(cbuf, len(buf), out.value_pos + first, out.value_len + first, k))
+                if name in ("key", "value"):
+                    pos, lens = (out.key_pos, out.key_len) if name == "key" else (out.value_pos, out.value_len)
+                    if not self.views:
+                        arrays.append(_binary(cbuf, len(buf), pos + first, lens + first, k))
+                        continue
+                    if spans is None:
+                        spans = self._data_buffer(buf, cbuf, out, first, k)
+                    decoded = (out.key_views if name == "key" else out.value_views) if spans[1] == 0 else ffi.NULL
+                    if decoded != ffi.NULL:  # written by the decoder's walk: copied and checked
+                        view = _taken_views(decoded + _VIEW * first, spans[0], lens + first, k)
+                    else:
+                        view = _views(cbuf, len(buf), spans, pos + first, lens + first, k)
+                    if view is None:  # a long value outside the pinned bytes: copy the chunk's span
+                        spans = _copied_span(cbuf, out, first, k, self.columns)
+                        view = _views(cbuf, len(buf), spans, pos + first, lens + first, k)
+                        if view is None:
+                            raise LogstoreError("decoded record spans do not fit one Arrow data buffer")
+                    arrays.append(view)
                 elif name in ("topic", "partition"):
                     arrays.append(self._constant(name, k))
                 elif name == "offset":
@@ -164,6 +201,17 @@ class ArrowBuilder:
             ffi.release(cbuf)
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
+
+    def _data_buffer(self, buf: Any, cbuf: Any, out: Any, first: int, k: int) -> tuple[pa.Buffer, int]:
+        """(Arrow buffer, position in ``buf`` where it starts) that the views of rows
+        [first, first + k) point into: the PinnedMap registered for ``buf``, ``buf`` itself when
+        it is an immutable bytes object, else a copy of the span the rows' long values cover."""
+        pinned = self._maps.get(id(buf))
+        if pinned is not None and pinned[0] is buf:
+            return pa.foreign_buffer(pinned[1].address, pinned[1].size, base=pinned[1]), 0
+        if type(buf) is bytes:
+            return pa.py_buffer(buf), 0
+        return _copied_span(cbuf, out, first, k, self.columns)
 
     def _constant(self, name: str, k: int) -> pa.Array:
         """The topic or partition column of k rows (a slice of a cached longer one)."""
@@ -200,6 +248,61 @@ def _buffer(size: int) -> tuple[pa.Buffer, Any]:
     way, unlike a fresh calloc) and a C pointer to write it through."""
     buf = pa.allocate_buffer(max(size, 1))
     return buf, ffi.cast("char *", buf.address)
+
+
+def _copied_span(cbuf: Any, out: Any, first: int, k: int, columns: Sequence[str]) -> tuple[pa.Buffer, int]:
+    """A copy of the span of ``cbuf`` that the long keys and values of rows [first, first + k)
+    cover (one memcpy), and where it starts."""
+    lo, hi = ffi.new("int64_t *"), ffi.new("int64_t *")
+    start, end = None, 0
+    for name in ("key", "value"):
+        if name not in columns:
+            continue
+        pos, lens = (out.key_pos, out.key_len) if name == "key" else (out.value_pos, out.value_len)
+        if lib.ls_view_span(pos + first, lens + first, k, lo, hi) < 0:
+            raise LogstoreError("decoded record lengths are invalid")
+        if hi[0] > lo[0]:
+            start = lo[0] if start is None else min(start, lo[0])
+            end = max(end, hi[0])
+    if start is None:
+        start = end = 0
+    data, ptr = _buffer(end - start)
+    if end > start:
+        ffi.memmove(ptr, cbuf + start, end - start)
+    return data, start
+
+
+def _views(cbuf: Any, size: int, data: tuple[pa.Buffer, int], pos: Any, lens: Any, k: int) -> pa.Array | None:
+    """k spans of the decoded buffer as a BinaryView array whose long values point into
+    ``data`` (an Arrow buffer holding ``cbuf``'s bytes from the position it names); None when a
+    long value lies outside it."""
+    buffer, base = data
+    return _view_array(buffer, k, "write Arrow views of decoded records",
+                       lambda views, validity, nulls: lib.ls_binary_views(
+                           cbuf, size, base, min(buffer.size, size - base), pos, lens, k, 0, views, validity, nulls))
+
+
+def _taken_views(decoded: Any, buffer: pa.Buffer, lens: Any, k: int) -> pa.Array | None:
+    """The decoder's k views as a BinaryView array over ``buffer`` (the decoded bytes from
+    position 0); None when a long value lies past it."""
+    return _view_array(buffer, k, "take the decoder's Arrow views",
+                       lambda views, validity, nulls: lib.ls_take_views(decoded, lens, k, buffer.size, views,
+                                                                        validity, nulls))
+
+
+def _view_array(buffer: pa.Buffer, k: int, what: str, write: Any) -> pa.Array | None:
+    """A BinaryView array of k rows over data buffer ``buffer``, its views and validity written
+    by ``write(views, validity, null_count)`` (a C call's result: LS_ERR_NOSPACE gives None)."""
+    views, views_ptr = _buffer(_VIEW * k)
+    validity, validity_ptr = _buffer((k + 7) // 8)
+    nulls = ffi.new("int32_t *")
+    rc = write(ffi.cast("uint8_t *", views_ptr), ffi.cast("uint8_t *", validity_ptr), nulls)
+    if rc == lib.LS_ERR_NOSPACE:
+        return None
+    if rc < 0:
+        raise LogstoreError(f"cannot {what} (error {rc})")
+    return pa.Array.from_buffers(pa.binary_view(), k, [validity if nulls[0] else None, views, buffer],
+                                 null_count=nulls[0])
 
 
 def _binary(cbuf: Any, size: int, pos: Any, lens: Any, k: int) -> pa.Array:

@@ -435,10 +435,14 @@ class RecordDecoder:
 
     Every batch is validated, CRC included, before any of its records is returned; a batch that
     fails raises :class:`CorruptRecordError` naming the file, the batch's position and the stored
-    and computed CRC. Decompressed sizes are bounded by ``max_decompressed_bytes``.
+    and computed CRC. Decompressed sizes are bounded by ``max_decompressed_bytes``. With
+    ``views``, :meth:`decode_columns` also hands its sink each row's key and value as Arrow
+    BinaryView views (``out.key_views``, ``out.value_views``), written during the walk.
     """
 
-    def __init__(self, capacity: int = 4096, max_batch_bytes: int = 0, max_decompressed_bytes: int = 256 << 20) -> None:
+    def __init__(self, capacity: int = 4096, max_batch_bytes: int = 0, max_decompressed_bytes: int = 256 << 20,
+                 views: bool = False) -> None:
+        self.views = views
         self.max_batch_bytes = max_batch_bytes
         self.max_decompressed_bytes = max_decompressed_bytes
         self._cur = ffi.new("ls_cursor *")
@@ -465,6 +469,9 @@ class RecordDecoder:
         )
         (out.offsets, out.timestamps, out.timestamp_types, out.key_pos, out.key_len, out.value_pos,
          out.value_len, out.headers_pos, out.headers_len, out.header_count) = self._arrays
+        if self.views:  # 16 bytes a row each
+            self._view_arrays = (ffi.new("uint8_t[]", 16 * capacity), ffi.new("uint8_t[]", 16 * capacity))
+            out.key_views, out.value_views = self._view_arrays
         out.capacity = capacity
         out.count = 0
         self._out = out

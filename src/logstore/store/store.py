@@ -1156,10 +1156,12 @@ class LogStore:
     # ------------------------------------------------------------------ Arrow
     def iter_arrow(self, topic: str, partitions: Sequence[int] | None = None, start: int | Mapping[int, int] | None = None,
                    end: int | Mapping[int, int] | None = None, start_timestamp: int | None = None,
-                   end_timestamp: int | None = None, columns: Sequence[str] | None = None) -> Iterator[Any]:
+                   end_timestamp: int | None = None, columns: Sequence[str] | None = None,
+                   views: bool = False) -> Iterator[Any]:
         """A topic's records as ``pyarrow.RecordBatch`` es, partition after partition
         (default: every partition, in order), each through :meth:`Log.iter_arrow` (same schema,
-        columns and guarantees).
+        columns and guarantees; ``views`` as there: keys and values as ``binary_view`` columns
+        pointing into the segment files instead of copies).
 
         Per partition the records run from ``start`` (an offset, or {partition: offset};
         default: the log start) up to ``end`` (exclusive; default: the log end). Timestamps
@@ -1188,17 +1190,19 @@ class LogStore:
                     last = at if last is None else min(last, at)
             if first is not None and last is not None and last <= first:
                 continue
-            readers.append(log.iter_arrow(first, last, columns))
+            readers.append(log.iter_arrow(first, last, columns, views=views))
         return itertools.chain.from_iterable(readers)
 
     def read_arrow(self, topic: str, partitions: Sequence[int] | None = None, start: int | Mapping[int, int] | None = None,
                    end: int | Mapping[int, int] | None = None, start_timestamp: int | None = None,
-                   end_timestamp: int | None = None, columns: Sequence[str] | None = None) -> Any:
+                   end_timestamp: int | None = None, columns: Sequence[str] | None = None,
+                   views: bool = False) -> Any:
         """:meth:`iter_arrow`'s batches as one ``pyarrow.Table`` (the same arguments); the
-        table holds every record asked for in memory. Query it with pandas (``to_pandas()``),
-        polars (``polars.from_arrow``) or DuckDB (by the variable's name)."""
-        batches = list(self.iter_arrow(topic, partitions, start, end, start_timestamp, end_timestamp, columns))
-        return arrow_table(batches, columns)
+        table holds every record asked for in memory (with ``views``, its long keys and values
+        as maps of the segment files, see :meth:`Log.iter_arrow`). Query it with pandas
+        (``to_pandas()``), polars (``polars.from_arrow``) or DuckDB (by the variable's name)."""
+        batches = list(self.iter_arrow(topic, partitions, start, end, start_timestamp, end_timestamp, columns, views))
+        return arrow_table(batches, columns, views)
 
     # ------------------------------------------------------------------ clients
     # The client wing sits on the floor above the store: these two factories import it when
