@@ -165,6 +165,18 @@ class LogSegment:
             self._mm.close()
             self._mm = None
 
+    def _drop_appender(self) -> None:
+        """Forget the appender. Its struct may still be held by a Log's fast path
+        (``_records.RecordAppender``) while the map it writes into is about to go: it is emptied
+        first, so that an append through it fails (LS_ERR_ARG, the Log's slow path decides)
+        instead of writing into unmapped memory."""
+        a = self._appender
+        if a is not None:
+            a.log = ffi.NULL
+            a.log_capacity = 0
+            a.position = 0
+        self._appender = None
+
     def _map_readonly(self) -> None:
         self._unmap()
         if self._size > 0:
@@ -319,7 +331,7 @@ class LogSegment:
         the files read-only as they are now (the facts are learnt again on demand)."""
         if self._appender is None:
             return
-        self._appender = None
+        self._drop_appender()
         self._unmap()
         self._size = _fileio.ops.fsize(self._fd)
         self._next_offset = None
@@ -368,7 +380,7 @@ class LogSegment:
             return
         lib.ls_appender_seal(a)
         self._sync_from_appender()
-        self._appender = None
+        self._drop_appender()
         self._unmap()
         _fileio.ops.ftruncate(self._fd, self._size)
         self.offset_index.trim()
@@ -1048,7 +1060,7 @@ class LogSegment:
         active = self._appender is not None
         if active:
             self._sync_from_appender()
-            self._appender = None
+            self._drop_appender()
         self._unmap()
         self._take_fd(replace_file(self.path, self._fd, position, replacement))
         self._size = position + len(replacement)
@@ -1085,7 +1097,7 @@ class LogSegment:
                 self.seal(fsync=True)
             else:
                 self._sync_from_appender()
-                self._appender = None
+                self._drop_appender()
         self._unmap()
         self.offset_index.close()
         self.time_index.close()
@@ -1099,7 +1111,7 @@ class LogSegment:
         """Release maps and descriptors without sealing (simulated crash in tests)."""
         if self.closed:
             return
-        self._appender = None
+        self._drop_appender()
         self._unmap()
         self.offset_index.close()
         self.time_index.close()

@@ -169,3 +169,61 @@ def test_threads_append_while_others_read_random_offsets(tmp_path):
         segment = log._segments.active
         decoded, _ = RecordDecoder().decode(segment.buffer, 0, segment.size)
         assert decoded and decoded[-1].offset == writers * per_writer - 1
+
+
+def test_a_roll_interrupted_after_sealing_takes_the_log_offline_instead_of_appending_into_the_old_map(
+        tmp_path, monkeypatch):
+    """A roll seals the old segment (unmapping it) before it creates the next one. If the creation
+    fails with anything, the fast path must not append through the sealed segment's appender (it
+    wrote into unmapped memory: SIGSEGV); the log goes offline and says why."""
+    from logstore.errors import LogOfflineError
+    from logstore.log import segments as segments_module
+    from logstore.log.config import LogConfig
+
+    log = Log(str(tmp_path / "t-0"), LogConfig(segment_ms=1000, segment_jitter_ms=0))
+    t0 = 1_700_000_000_000
+    assert log.append(b"a", timestamp=t0) == 0
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("no next segment")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(segments_module.LogSegments, "create_segment", refuse)
+        with pytest.raises(RuntimeError, match="no next segment"):
+            log.append(b"b", timestamp=t0 + 5000)  # rolls for time: sealed, then no next segment
+    with pytest.raises(LogOfflineError, match="no next segment"):
+        log.append(b"c" * 100, timestamp=t0 + 1)  # (no roll due: the fast path)
+    log.close()
+    reopened = Log(str(tmp_path / "t-0"), LogConfig(segment_ms=1000, segment_jitter_ms=0))
+    assert [r.value for r in reopened.read(0, max_records=10)] == [b"a"]
+    assert reopened.append(b"d", timestamp=t0 + 6000) == 1
+    reopened.close()
+
+
+def test_a_dropped_appender_refuses_appends(tmp_path):
+    """The struct a RecordAppender holds is emptied when its segment stops being active (sealed,
+    closed, abandoned): an append through it is refused by the core (LS_ERR_ARG), never written."""
+    with Log.open(str(tmp_path / "t-0")) as log:
+        log.append(b"x")
+        appender = _appender(log)
+        log._segments.active.seal()
+        assert appender(0, None, b"y" * 64) == lib.LS_ERR_ARG
+
+
+def test_a_large_record_is_appended_without_the_gil_and_reads_back(tmp_path):
+    """Records of 16 KiB and more are copied with the GIL released (pyappend.c): the same bytes
+    land, from several threads at once."""
+    big = bytes(random.Random(7).randrange(256) for _ in range(200_000))
+    with Log.open(str(tmp_path / "t-0")) as log:
+        def writer(n: int) -> None:
+            for i in range(20):
+                log.append(big, key=b"%d-%d" % (n, i))
+
+        threads = [threading.Thread(target=writer, args=(n,)) for n in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        got = list(log.read(0, max_records=100, max_bytes=1 << 30))
+        assert [r.offset for r in got] == list(range(60)) and all(r.value == big for r in got)
+        assert sorted(r.key for r in got) == sorted(b"%d-%d" % (n, i) for n in range(3) for i in range(20))

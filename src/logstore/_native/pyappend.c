@@ -61,10 +61,19 @@ static PyObject *appender_call(PyObject *callable, PyObject *const *args, size_t
     if (record_field(args[1], "key", &key, &key_len) < 0 || record_field(args[2], "value", &value, &value_len) < 0) {
         return NULL;
     }
-    /* The GIL is held: the call is short (a page fault at most), and key and value cannot go
-     * away meanwhile. The caller (the log's lock) serializes it with every other use of the
-     * appender. */
-    int64_t rc = self->append(self->appender, (int64_t)timestamp, 0, key, key_len, value, value_len, NULL, 0, 0);
+    /* A small record is appended holding the GIL (releasing it costs more than the copy and CRC).
+     * A large one releases it: its copy and CRC take a while, and the first store to a page of
+     * the shared map may wait in the kernel (dirty-page throttling), which would stall every
+     * thread of the process. Key and value stay alive either way (the caller holds them); the
+     * caller (the log's lock) serializes the call with every other use of the appender. */
+    int64_t rc;
+    if ((int64_t)(key_len > 0 ? key_len : 0) + (value_len > 0 ? value_len : 0) >= 16384) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = self->append(self->appender, (int64_t)timestamp, 0, key, key_len, value, value_len, NULL, 0, 0);
+        Py_END_ALLOW_THREADS
+    } else {
+        rc = self->append(self->appender, (int64_t)timestamp, 0, key, key_len, value, value_len, NULL, 0, 0);
+    }
     return PyLong_FromLongLong((long long)rc);
 }
 

@@ -182,6 +182,8 @@ int ls_segment_decode(const char *buf, int64_t len, int64_t min_offset, int64_t 
              * stops here, so it looks at the next header: its base offset must lie above. */
             int64_t last = cur->prev_last_offset;
             int64_t *next_checked = slot >= 0 && cur->memo && cur->memo->nexts ? &cur->memo->nexts[slot] : NULL;
+            if (last == INT64_MAX)
+                next_checked = NULL; /* (a damaged base offset: nothing can follow; no note of it) */
             if (len - cur->position >= LS_BATCH_HEADER_SIZE &&
                 !(trusted && next_checked && *next_checked == last + 1)) {
                 ls_header_load(buf + cur->position, hdr);

@@ -502,8 +502,9 @@ class Log:
 
     def _use_appender(self, appender: Any) -> None:
         """Append through ``appender`` (an ``ls_appender *``) from now on: both append paths."""
+        put_record = _record_appender(appender)  # (first: if it raises, both paths keep the old appender)
         self._appender = appender
-        self._put_record = _record_appender(appender)
+        self._put_record = put_record
 
     # ------------------------------------------------------------------ properties
     @property
@@ -676,7 +677,8 @@ class Log:
             raise
 
     def _go_offline(self, exc: BaseException) -> None:
-        logger.error("%s: taking the log offline after an I/O error: %s", self.path, exc)
+        logger.error("%s: taking the log offline after an I/O error or an interrupted change to its "
+                     "files: %s", self.path, exc)
         self._offline = exc
         self._segments.points = None
         self._use_appender(CLOSED_APPENDER)
@@ -1136,7 +1138,13 @@ class Log:
             if self._segments.active.size == 0:
                 self._roll_deadline = NEVER
                 return
-            segment = self._segments.roll(self._appender.partition_leader_epoch)
+            try:
+                segment = self._segments.roll(self._appender.partition_leader_epoch)
+            except OSError:
+                raise  # (offline by the guard)
+            except BaseException as exc:  # the old segment may be sealed already, without a next one
+                self._go_offline(exc)
+                raise
             self._set_active(segment)
             base = segment.base_offset
             if base > self._recovery_point:
