@@ -23,7 +23,8 @@ Life of a connection::
     accepted --(TLS handshake)--> authenticating --(Handshake.done)--> open
                                         ^                                |
                                         +--(Handshake.reauthenticate)----+
-        read one frame -> muted -> worker: Protocol.handle -> response written -> unmuted
+        read the frames there are (a burst) -> muted -> worker: Protocol.handle each, in order
+            -> their responses written together -> unmuted
 
 Re-authentication (Kafka's KIP-368): a handshake that is done may give its session an end
 (``Handshake.session_expires``). Each frame of the open connection is first offered to
@@ -44,12 +45,18 @@ ends is closed then, unanswered.
 
 Invariants:
 
-- A connection has at most one request in a worker at a time: after it delivers a frame it is
-  *muted* (nothing more is read from it) until the response is written, or until the handler
-  answered None (no response, as for Kafka's acks=0). Responses therefore leave in request
-  order, and one slow request holds up only its own connection.
+- A connection's requests are handled one at a time, in order, as Kafka handles them: what it
+  pipelined and the loop read in one go (a *burst*: at most :data:`BURST_FRAMES` frames, about
+  :data:`BURST_BYTES` bytes) goes to one handler run, and the connection is *muted* (nothing
+  more is read from it) until every answer of the burst is written (a handler's None is no
+  response, as for Kafka's acks=0). The answers leave together (one ``sendmsg``), in request
+  order. A deferred answer (a Future) ends the run: the answers before it are written, then
+  its own once it completes, then the frames after it are handled. One slow request holds up
+  only its own connection, and a connection that pipelines without end is read a burst at a
+  time between the other connections' turns.
 - A frame's size is checked by the protocol before its buffer is allocated; a frame over the cap,
-  a protocol error, a failed handshake or a handler that raises closes only that connection.
+  a protocol error, a failed handshake or a handler that raises closes only that connection,
+  after the answers to the requests it read before that frame.
 - Limits: at most ``max_connections`` connections at once (more are accepted and closed at
   once); the TLS and authentication handshakes together must finish within
   ``handshake_timeout_s`` of the accept; an open connection with no request in a worker that
@@ -61,7 +68,12 @@ Invariants:
 A handler may also return a ``concurrent.futures.Future`` (a deferred answer: the worker is free
 at once, and the loop writes the result when the future completes).
 
-Cost: a request crosses threads once on its way in (loop -> worker). On the way out, the thread
+Cost: a burst of requests crosses threads once on its way in (loop -> worker), however many
+requests it holds: a producer that pipelines one-record requests (librdkafka with
+``linger.ms=0``) is answered a burst per crossing once it sends faster than one crossing takes.
+A run of requests the protocol says never block (:meth:`Protocol.inline`) is answered on the
+loop without a crossing; a burst mixing them with others is split into runs, in order. On the
+way out, the thread
 that has the answer writes it: a handler's worker, or whoever completes a deferred answer (the
 thread whose append wakes a held fetch, see ``purgatory``), straight to the socket when the
 connection is plain (not TLS) and the socket takes the bytes (what it does not take, and every TLS
