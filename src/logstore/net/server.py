@@ -124,6 +124,9 @@ _SENDMSG_BUFFERS = 512
 BURST_FRAMES = 64
 #: ... and the most bytes (the frame that crosses it is the burst's last).
 BURST_BYTES = 1 << 20
+#: The most bytes one recv() into the loop's buffer takes (a frame's rest past this is read
+#: straight into the frame's own buffer).
+_READ_CHUNK = 64 * 1024
 #: No frames to handle after an answer.
 _NO_FRAMES: list[bytearray] = []
 #: The threads of a listener that run handshakes' slow steps (:class:`SlowStep`) at once.
@@ -139,11 +142,12 @@ class _Failed:
     """A handler's exception, carried from the worker to the loop, with the answers of the
     burst's earlier requests (``before``: written before the connection closes)."""
 
-    __slots__ = ("exc", "before")
+    __slots__ = ("exc", "before", "responses")
 
-    def __init__(self, exc: BaseException, before: Sequence[Any] = ()) -> None:
+    def __init__(self, exc: BaseException, before: Sequence[Any] = (), responses: int = 0) -> None:
         self.exc = exc
         self.before = before
+        self.responses = responses  # in ``before``
 
 
 class _Answers:
@@ -215,6 +219,7 @@ class _Conn:
         self.in_flight = False                # a request is in a worker (or its deferred answer pending)
         self.pending: list[bytearray] = []    # frames read, not yet handed to a handler (a burst)
         self.pending_bytes = 0
+        self.leftover = b""                   # bytes read past a burst's bound (see Server._read_burst)
         self.waiting: tuple[Future, list[bytearray]] | None = None  # a _Partial's future and frames after it
         self.close_after_write = False
         self.close_delay_s = 0.0              # a failed handshake's reply written: close this much later
@@ -303,6 +308,8 @@ class Server:
         self._workers = WorkerPool(f"{self._thread_name}-worker", limits.max_connections)
         self._verifiers = WorkerPool(f"{self._thread_name}-verify", VERIFICATION_THREADS)
         self._counts = _Counters()
+        # The loop's read buffer: an open connection's bytes are read here in one go and cut into frames.
+        self._scratch = memoryview(bytearray(_READ_CHUNK))
         self._handed_back = _Counters()  # answers written off the loop (under _lock)
         # epoll and kqueue see a registration made while another thread waits in select().
         self._register_anywhere = type(self._selector).__name__ in ("EpollSelector", "KqueueSelector")
@@ -585,6 +592,9 @@ class Server:
         size = self.protocol.header_size
         try:
             while conn.state in (_AUTH, _OPEN) and not conn.muted and not conn.out:
+                if conn.state is _OPEN and conn.handshake is None:
+                    self._read_burst(conn)
+                    break
                 if conn.body is None:
                     n = self._recv(conn, memoryview(conn.header)[conn.got:])
                     if n is None:
@@ -613,6 +623,57 @@ class Server:
             conn.close_after_write = True
         if conn.pending and conn.state is _OPEN and not conn.muted:
             self._dispatch(conn)
+
+    def _read_burst(self, conn: _Conn) -> None:
+        """Read an open connection's frames into ``conn.pending`` (no handshake may take a frame
+        back: every frame is a request) until the socket has nothing more or the burst is full.
+        Bytes come in chunks through the loop's buffer and are cut into frames there (one
+        recv() for many small requests); a large frame's rest goes straight into its own
+        buffer. What is read past the burst's bound waits in ``conn.leftover`` for the next."""
+        size = self.protocol.header_size
+        while True:
+            if conn.leftover:
+                data, conn.leftover = memoryview(conn.leftover), b""
+            elif conn.body is not None and len(conn.body) - conn.got >= _READ_CHUNK:
+                n = self._recv(conn, memoryview(conn.body)[conn.got:])
+                if n is None:
+                    return
+                conn.got += n
+                data = self._scratch[:0]
+            else:
+                n = self._recv(conn, self._scratch)
+                if n is None:
+                    return
+                data = self._scratch[:n]
+            at, end = 0, len(data)
+            while True:
+                if conn.body is None:
+                    if at == end:
+                        break
+                    k = min(size - conn.got, end - at)
+                    conn.header[conn.got:conn.got + k] = data[at:at + k]
+                    conn.got += k
+                    at += k
+                    if conn.got < size:
+                        break
+                    # The size is checked before the body is allocated.
+                    conn.body = bytearray(self.protocol.frame_size(bytes(conn.header), True))
+                    conn.got = 0
+                k = min(len(conn.body) - conn.got, end - at)
+                if k:
+                    conn.body[conn.got:conn.got + k] = data[at:at + k]
+                    conn.got += k
+                    at += k
+                if conn.got < len(conn.body):
+                    break
+                frame, conn.body, conn.got = conn.body, None, 0
+                conn.pending.append(frame)
+                conn.pending_bytes += len(frame)
+                self._counts.requests += 1
+                if len(conn.pending) >= BURST_FRAMES or conn.pending_bytes >= BURST_BYTES:
+                    if at < end:
+                        conn.leftover = bytes(data[at:end])
+                    return
 
     def _recv(self, conn: _Conn, view: memoryview) -> int | None:
         """Bytes read into ``view``, or None when the socket has none now."""
@@ -731,7 +792,7 @@ class Server:
             try:
                 result: Any = self.protocol.handle(conn.session, frame)
             except BaseException as exc:  # noqa: BLE001 - reported by the loop, which closes the connection
-                self._complete(conn, _Failed(exc, buffers))
+                self._complete(conn, _Failed(exc, buffers, responses))
                 return
             if result is None:  # no response (Kafka's acks=0)
                 continue
@@ -768,7 +829,8 @@ class Server:
         registrations while another thread waits in it (epoll, kqueue). False: the loop must
         do it."""
         with conn.write_lock:
-            if conn.state is not _OPEN or conn.close_after_write or conn.events & ~selectors.EVENT_READ:
+            if conn.state is not _OPEN or conn.close_after_write or conn.events & ~selectors.EVENT_READ \
+                    or conn.leftover:  # (bytes read already: the loop must take them, the socket may not wake it)
                 return False
             if not conn.events and not self._register_anywhere:
                 return False
@@ -829,7 +891,7 @@ class Server:
                 # The burst's earlier answers are written, then the connection closes.
                 self._log_failure(conn, result.exc)
                 conn.close_after_write = True
-                result = _Answers(list(result.before), 0)
+                result = _Answers(list(result.before), result.responses)
             conn.pending[:0] = rest  # handled once this answer is written (see _unmute)
             conn.pending_bytes += sum(len(f) for f in rest)
             try:
