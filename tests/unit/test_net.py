@@ -643,3 +643,35 @@ def test_a_burst_on_a_tls_connection_is_answered_in_order(serve, tls):
     with connect(server, tls=client_ctx) as s:
         s.sendall(b"".join(framed(b) for b in (b"echo:a", b"defer:b", b"file:3", b"echo:c")))
         assert [recv_frame(s) for _ in range(4)] == [b"a", b"b", b"[" + _pattern(3) + b"]", b"c"]
+
+
+class DoneFutureEcho(LoggingEcho):
+    """``ready:x`` answers x through a Future that is done already; ``failed`` through one that
+    failed already."""
+
+    def handle(self, session, request):
+        command, _, arg = bytes(request).partition(b":")
+        if command in (b"ready", b"failed"):
+            with self.lock:
+                self.log.append((session.id, bytes(request)))
+            future: Future = Future()
+            if command == b"ready":
+                future.set_result(framed(arg))
+            else:
+                future.set_exception(RuntimeError("failed already"))
+            return future
+        return super().handle(session, request)
+
+
+def test_a_deferred_answer_done_already_is_written_with_its_burst(serve):
+    protocol = DoneFutureEcho()
+    server = serve(protocol)
+    with connect(server) as s:
+        s.sendall(b"".join(framed(b) for b in (b"echo:a", b"ready:b", b"echo:c", b"ready:d")))
+        assert [recv_frame(s) for _ in range(4)] == [b"a", b"b", b"c", b"d"]
+    with connect(server) as s:
+        s.sendall(b"".join(framed(b) for b in (b"ready:e", b"failed", b"echo:never")))
+        assert recv_frame(s) == b"e"
+        assert hung_up(s)
+    assert b"echo:never" not in [r for _, r in protocol.log]
+    wait_for(lambda: metric(server, "response-total") == 5)

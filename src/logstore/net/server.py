@@ -66,7 +66,9 @@ Invariants:
   behind handlers that wait for it.
 
 A handler may also return a ``concurrent.futures.Future`` (a deferred answer: the worker is free
-at once, and the loop writes the result when the future completes).
+at once, and the loop writes the result when the future completes); one that is done already
+(an acks=all produce whose high watermark is there at once) is taken as an answer in hand, and
+the burst goes on.
 
 Cost: a burst of requests crosses threads once on its way in (loop -> worker), however many
 requests it holds: a producer that pipelines one-record requests (librdkafka with
@@ -796,6 +798,8 @@ class Server:
         for i, frame in enumerate(frames):
             try:
                 result: Any = self.protocol.handle(conn.session, frame)
+                if isinstance(result, Future) and result.done() and not result.cancelled():
+                    result = result.result()  # answered already (acks=all with the high watermark there)
             except BaseException as exc:  # noqa: BLE001 - reported by the loop, which closes the connection
                 self._complete(conn, _Failed(exc, buffers, responses))
                 return
