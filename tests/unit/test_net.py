@@ -675,3 +675,26 @@ def test_a_deferred_answer_done_already_is_written_with_its_burst(serve):
         assert hung_up(s)
     assert b"echo:never" not in [r for _, r in protocol.log]
     wait_for(lambda: metric(server, "response-total") == 5)
+
+
+def _serves_two(server):
+    """Whether two connections at once are served now (each slot free)."""
+    try:
+        with connect(server) as one, connect(server) as two:
+            return call(one, b"echo:1") == b"1" and call(two, b"echo:2") == b"2"
+    except OSError:
+        return False
+
+
+def test_a_connection_closed_while_a_bursts_deferred_answer_waits_gives_its_slot_back(serve):
+    server = serve(limits=net.Limits(max_connections=2))
+    for _ in range(3):  # more times than there are slots
+        s = connect(server)
+        # A large first answer the peer does not read (it stays queued on the server), then a
+        # deferred one: the connection closes while the deferred answer is still awaited.
+        s.sendall(framed(b"big:0:8000000") + framed(b"defer:b"))
+        assert struct.unpack(">i", recv_exactly(s, 4))[0] == 8_000_000
+        s.close()
+        # Once the deferred answer (0.2 s) is done, its slot is free again.
+        wait_for(lambda: _serves_two(server))
+    assert _serves_two(server)

@@ -530,6 +530,10 @@ class Server:
         conn.out.clear()
         if conn.in_flight:
             self._lingering += 1
+        if conn.waiting is not None:  # a deferred answer awaited after a burst's first answers: its
+            future, _ = conn.waiting  # completion, dropped, gives the slot back
+            conn.waiting = None
+            future.add_done_callback(lambda f: self._complete(conn, _settled(f)))
         self._counts.closed += 1
 
     def _interest(self, conn: _Conn, read_while_muted: bool = False) -> None:
