@@ -657,7 +657,25 @@ class Server:
                     return
                 data = self._scratch[:n]
             at, end = 0, len(data)
+            frame_size = self.protocol.frame_size
             while True:
+                if conn.body is None and not conn.got and end - at >= size:
+                    # A whole size prefix here (the common case): the size is checked before
+                    # anything is allocated, and a whole frame is copied out at once.
+                    n = frame_size(bytes(data[at:at + size]), True)
+                    at += size
+                    if end - at < n:
+                        conn.body = bytearray(n)
+                    else:
+                        conn.pending.append(bytearray(data[at:at + n]))
+                        at += n
+                        conn.pending_bytes += n
+                        self._counts.requests += 1
+                        if len(conn.pending) >= BURST_FRAMES or conn.pending_bytes >= BURST_BYTES:
+                            if at < end:
+                                conn.leftover = bytes(data[at:end])
+                            return
+                        continue
                 if conn.body is None:
                     if at == end:
                         break
