@@ -25,6 +25,15 @@ run in turn within each round, and a ratio is the median of the rounds' ratios):
   latency       produce-to-consume latency at 10,000 records/s for 5 s (confluent producer with
                 linger.ms=5 and a confluent consumer long-polling, one poll() per record): p50
                 and p99.
+  one record per request   (``--per-request`` runs only these) an open load of one record per
+                Produce request: a confluent-kafka producer with linger.ms=0 and acks=all sends at
+                1,000, 5,000 and 20,000 records/s for 5 s each (records are due at fixed times,
+                whatever the answers do), each value carrying its due time; a confluent-kafka
+                consumer in the same process (long-polling, one poll() per record) takes each
+                arrival's time. Latency p50/p99/p999 from the due time (so a producer or server
+                that falls behind is charged for it), and the achieved rate: records received
+                over the time from the first due time to the last arrival. Against
+                ``logstore serve`` and librdkafka's mock cluster in turn, each round.
   transactions  (``--transactions`` runs only these) a confluent-kafka transactional producer,
                 1,000 records per transaction (begin, 1,000 produce(), commit), against the same
                 producer idempotent without transactions (enable.idempotence, acks=all), each into
@@ -235,6 +244,91 @@ def latency(bootstrap: str, rate: int = 10_000, seconds: float = 5.0) -> tuple[f
     return samples[len(samples) // 2] * 1000, samples[int(len(samples) * 0.99)] * 1000
 
 
+def open_loop(config: dict, rate: int, seconds: float = 5.0, topic: str = "onebyone") -> dict[str, float]:
+    """One record per Produce request at ``rate`` records/s (see the module docstring): latency
+    percentiles in ms and the achieved records/s. ``config`` names the cluster (its
+    bootstrap.servers, or test.mock.num.brokers: the consumer then joins the producer's mock
+    cluster)."""
+    p = Producer({"linger.ms": 0, "acks": "all", "queue.buffering.max.messages": 2_000_000, **config})
+    p.produce(topic, struct.pack(">d", time.time()), partition=0)  # connect and learn the leader before the clock starts
+    p.flush(30)
+    if "test.mock.num.brokers" in config:
+        broker = next(iter(p.list_topics(timeout=10).brokers.values()))
+        bootstrap = f"{broker.host}:{broker.port}"
+    else:
+        bootstrap = config["bootstrap.servers"]
+    # The mock cluster answers a waiting fetch at its max wait only (an append does not wake it):
+    # its consumer polls every millisecond instead, so that it shows the clients' own latency.
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "onebyone", "enable.auto.commit": False,
+                  "fetch.wait.max.ms": 1 if "test.mock.num.brokers" in config else 500, "fetch.min.bytes": 1})
+    c.assign([TopicPartition(topic, 0, 1)])  # (after the warm-up record)
+    total = int(rate * seconds)
+    arrivals: list[tuple[float, float]] = []
+    done = threading.Event()
+
+    def reader() -> None:
+        while len(arrivals) < total and not done.is_set():
+            m = c.poll(0.2)
+            if m is not None and m.error() is None:
+                arrivals.append((time.time(), struct.unpack(">d", m.value())[0]))
+
+    t = threading.Thread(target=reader)
+    t.start()
+    time.sleep(1.0)  # the consumer's first fetch is waiting
+    started = time.time()
+    for i in range(total):
+        due = started + i / rate
+        delay = due - time.time()
+        if delay > 0.0005:
+            time.sleep(delay)
+        while True:
+            try:
+                p.produce(topic, struct.pack(">d", due), partition=0)
+                break
+            except BufferError:
+                p.poll(0.001)
+        p.poll(0)
+    p.flush(60)
+    t.join(60)
+    done.set()
+    t.join()
+    c.close()
+    if not arrivals:
+        return {"p50": float("nan"), "p99": float("nan"), "p999": float("nan"), "rate": 0.0}
+    lat = sorted((got - due) * 1000 for got, due in arrivals)
+
+    def pct(q: float) -> float:
+        return lat[min(len(lat) - 1, int(len(lat) * q))]
+
+    return {"p50": pct(0.5), "p99": pct(0.99), "p999": pct(0.999),
+            "rate": len(arrivals) / (max(got for got, _ in arrivals) - started)}
+
+
+def per_request(repeat: int, fresh, rates=(1_000, 5_000, 20_000), seconds: float = 5.0,
+                extra: tuple[str, ...] = ()) -> list[tuple[str, float, str]]:
+    """The one-record-per-request figures (see the module docstring): each rate against a
+    fresh ``logstore serve`` and against the mock cluster, in turn within each round."""
+    def served(rate: int) -> dict[str, float]:
+        root = fresh()
+        proc, bootstrap = serve(root, *extra)
+        try:
+            return open_loop({"bootstrap.servers": bootstrap}, rate, seconds)
+        finally:
+            stop(proc)
+            shutil.rmtree(root, ignore_errors=True)
+
+    rows = []
+    for rate in rates:
+        got = rounds(repeat, ours=lambda: served(rate),
+                     mock=lambda: open_loop({"test.mock.num.brokers": 1}, rate, seconds))
+        for who, name in (("ours", "logstore serve"), ("mock", "mock cluster")):
+            runs = got[who]
+            for key, unit in (("p50", "ms"), ("p99", "ms"), ("p999", "ms"), ("rate", "records/s")):
+                rows.append((f"one record per request at {rate:,}/s -> {name}: {key}",
+                             statistics.median(r[key] for r in runs), unit))
+    return rows
+
+
 def produce_transactions(bootstrap: str, n: int, per_transaction: int = 1000, topic: str = "bench",
                          **extra: object) -> float:
     """Records/s of a transactional producer, ``per_transaction`` records per transaction."""
@@ -327,6 +421,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--transactions", action="store_true", help="only the transaction figures")
+    parser.add_argument("--per-request", action="store_true", help="only the one-record-per-request figures")
+    parser.add_argument("--rates", default="1000,5000,20000", help="the --per-request rates (records/s)")
     args = parser.parse_args()
     n = 200_000 if args.quick else 1_000_000
     small = n // 5
@@ -339,6 +435,10 @@ def main() -> None:
 
     if args.transactions:
         show(n, small, repeat, transactions(n, repeat, fresh))
+        return
+    rates = tuple(int(r) for r in args.rates.split(","))
+    if args.per_request:
+        show(n, small, repeat, per_request(repeat, fresh, rates))
         return
 
     def served(extra=(), records=n) -> float:
@@ -391,6 +491,7 @@ def main() -> None:
     rows.append(("consume: aiokafka <- logstore serve", aiokafka, "records/s"))
     rows.append(("produce-to-consume latency at 10k records/s, p50", p50, "ms"))
     rows.append(("produce-to-consume latency at 10k records/s, p99", p99, "ms"))
+    rows += per_request(repeat, fresh, rates)
     rows += transactions(n, repeat, fresh)
     show(n, small, repeat, rows)
 

@@ -552,3 +552,149 @@ def test_the_worker_pool_imports_nothing_of_logstore():
 
     tree = ast.parse(pathlib.Path(module.__file__).read_text())
     assert not [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level > 0]
+
+
+# ---------------------------------------------------------------------- bursts of pipelined requests
+class LoggingEcho(EchoProtocol):
+    """EchoProtocol that logs every request it handles, in order: (session id, request)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[tuple[int, bytes]] = []
+
+    def handle(self, session, request):
+        with self.lock:
+            self.log.append((session.id, bytes(request)))
+        return super().handle(session, request)
+
+
+def test_a_pipelined_burst_is_answered_in_order_around_no_response_and_deferred_answers(serve):
+    protocol = EchoProtocol()
+    server = serve(protocol)
+    with connect(server) as s:
+        s.sendall(b"".join(framed(b) for b in (b"echo:a", b"none", b"defer:b", b"echo:c", b"sleep:0.05:d",
+                                                b"many:3", b"defer:e", b"file:5", b"echo:f")))
+        assert [recv_frame(s) for _ in range(8)] == [b"a", b"b", b"c", b"d", b"yyy", b"e", b"[" + _pattern(5) + b"]",
+                                                     b"f"]
+        assert call(s, b"echo:again") == b"again"
+    assert set(protocol.most_at_once.values()) == {1}  # one handler at a time per connection, as before
+    assert metric(server, "request-total") == 10
+    wait_for(lambda: metric(server, "response-total") == 9)
+
+
+def test_a_burst_over_the_burst_bound_is_answered_whole_and_in_order(serve):
+    server = serve()
+    n = net.BURST_FRAMES * 3 + 5
+    with connect(server) as s:
+        s.sendall(b"".join(framed(b"echo:%d" % i) for i in range(n)))
+        assert [recv_frame(s) for _ in range(n)] == [b"%d" % i for i in range(n)]
+    wait_for(lambda: metric(server, "response-total") == n)
+
+
+def test_a_handler_failing_inside_a_burst_closes_only_its_connection_after_the_earlier_answers(serve):
+    protocol = LoggingEcho()
+    server = serve(protocol)
+    other = connect(server)
+    try:
+        with connect(server) as s:
+            s.sendall(b"".join(framed(b) for b in (b"echo:a", b"defer:b", b"echo:c", b"boom", b"echo:never")))
+            assert [recv_frame(s) for _ in range(3)] == [b"a", b"b", b"c"]
+            assert hung_up(s)
+        assert b"echo:never" not in [r for _, r in protocol.log]  # nothing after the failure is handled
+        assert call(other, b"echo:still") == b"still"
+    finally:
+        other.close()
+
+
+def test_an_oversized_frame_inside_a_burst_closes_its_connection_after_the_earlier_answers(serve):
+    server = serve()
+    other = connect(server)
+    try:
+        with connect(server) as s:
+            s.sendall(framed(b"echo:a") + framed(b"sleep:0.05:b") + struct.pack(">i", CAP + 1) + b"x" * 16)
+            assert [recv_frame(s) for _ in range(2)] == [b"a", b"b"]
+            assert hung_up(s)
+        assert call(other, b"echo:still") == b"still"
+    finally:
+        other.close()
+
+
+def test_a_connection_pipelining_many_requests_does_not_starve_another(serve):
+    protocol = LoggingEcho()
+    server = serve(protocol)
+    busy, quiet = connect(server), connect(server)
+    try:
+        n = 400
+        busy.sendall(b"".join(framed(b"sleep:0.003:x") for _ in range(n)))  # over a second of handler time
+        wait_for(lambda: len(protocol.log) >= 5)
+        assert call(quiet, b"echo:q") == b"q"
+        requests = [r for _, r in protocol.log]
+        # Answered between two bursts of the busy connection, not after all of them.
+        assert requests.index(b"echo:q") < n
+        assert [recv_frame(busy) for _ in range(n)] == [b"x"] * n
+    finally:
+        busy.close()
+        quiet.close()
+
+
+def test_a_burst_on_a_tls_connection_is_answered_in_order(serve, tls):
+    server_ctx, client_ctx = tls
+    server = serve(tls=server_ctx)
+    with connect(server, tls=client_ctx) as s:
+        s.sendall(b"".join(framed(b) for b in (b"echo:a", b"defer:b", b"file:3", b"echo:c")))
+        assert [recv_frame(s) for _ in range(4)] == [b"a", b"b", b"[" + _pattern(3) + b"]", b"c"]
+
+
+class DoneFutureEcho(LoggingEcho):
+    """``ready:x`` answers x through a Future that is done already; ``failed`` through one that
+    failed already."""
+
+    def handle(self, session, request):
+        command, _, arg = bytes(request).partition(b":")
+        if command in (b"ready", b"failed"):
+            with self.lock:
+                self.log.append((session.id, bytes(request)))
+            future: Future = Future()
+            if command == b"ready":
+                future.set_result(framed(arg))
+            else:
+                future.set_exception(RuntimeError("failed already"))
+            return future
+        return super().handle(session, request)
+
+
+def test_a_deferred_answer_done_already_is_written_with_its_burst(serve):
+    protocol = DoneFutureEcho()
+    server = serve(protocol)
+    with connect(server) as s:
+        s.sendall(b"".join(framed(b) for b in (b"echo:a", b"ready:b", b"echo:c", b"ready:d")))
+        assert [recv_frame(s) for _ in range(4)] == [b"a", b"b", b"c", b"d"]
+    with connect(server) as s:
+        s.sendall(b"".join(framed(b) for b in (b"ready:e", b"failed", b"echo:never")))
+        assert recv_frame(s) == b"e"
+        assert hung_up(s)
+    assert b"echo:never" not in [r for _, r in protocol.log]
+    wait_for(lambda: metric(server, "response-total") == 5)
+
+
+def _serves_two(server):
+    """Whether two connections at once are served now (each slot free)."""
+    try:
+        with connect(server) as one, connect(server) as two:
+            return call(one, b"echo:1") == b"1" and call(two, b"echo:2") == b"2"
+    except OSError:
+        return False
+
+
+def test_a_connection_closed_while_a_bursts_deferred_answer_waits_gives_its_slot_back(serve):
+    server = serve(limits=net.Limits(max_connections=2))
+    for _ in range(3):  # more times than there are slots
+        s = connect(server)
+        # A large first answer the peer does not read (it stays queued on the server), then a
+        # deferred one: the connection closes while the deferred answer is still awaited.
+        s.sendall(framed(b"big:0:8000000") + framed(b"defer:b"))
+        assert struct.unpack(">i", recv_exactly(s, 4))[0] == 8_000_000
+        s.close()
+        # Once the deferred answer (0.2 s) is done, its slot is free again.
+        wait_for(lambda: _serves_two(server))
+    assert _serves_two(server)
