@@ -11,6 +11,21 @@
 
 #include "logstore.h"
 
+/* xxHash (BSD-2-Clause, vendored as xxhash.h), compiled into this file only. */
+#define XXH_INLINE_ALL
+#define XXH_STATIC_LINKING_ONLY
+#include "xxhash.h"
+
+/* The key's 16-byte hash as the slot keeps it: XXH3_128 in canonical (big-endian) form, the same
+ * bytes as the xxhash package's xxh3_128_digest, so that maps filled from Python and from decoded
+ * rows agree. */
+static void hash_key(const char *key, size_t len, char *out)
+{
+    XXH128_canonical_t canonical;
+    XXH128_canonicalFromHash(&canonical, XXH3_128bits(key, len));
+    memcpy(out, canonical.digest, LS_OFFSET_MAP_HASH_SIZE);
+}
+
 static int64_t home_slot(const char *hash, int64_t capacity)
 {
     uint64_t h;
@@ -65,27 +80,38 @@ int ls_offset_map_init(ls_offset_map *m, char *memory, int64_t bytes, int32_t lo
     return LS_OK;
 }
 
+/* Record hash -> offset: 1 when recorded, 0 when the map cannot take it (a new key while full,
+ * or an offset beyond 2^32 - 2 past the base), LS_ERR_ARG for an offset below the base. */
+static int put_one(ls_offset_map *m, const char *hash, int64_t offset)
+{
+    if (offset < m->base_offset)
+        return LS_ERR_ARG;
+    if (offset - m->base_offset >= (int64_t)UINT32_MAX - 1)
+        return 0; /* beyond what one pass can index: the next pass starts there */
+    uint32_t value = (uint32_t)(offset - m->base_offset + 1);
+    char *slot = find(m, hash);
+    uint32_t stored = load_value(slot);
+    if (stored == 0) {
+        if (m->size >= m->max_size)
+            return 0;
+        memcpy(slot, hash, LS_OFFSET_MAP_HASH_SIZE);
+        m->size++;
+    }
+    if (value > stored)
+        store_value(slot, value);
+    return 1;
+}
+
 int64_t ls_offset_map_put(ls_offset_map *m, const char *hashes, const int64_t *offsets, int64_t n)
 {
     if (!m || !m->slots || n < 0 || (n && (!hashes || !offsets)))
         return LS_ERR_ARG;
     for (int64_t i = 0; i < n; i++) {
-        if (offsets[i] < m->base_offset)
-            return LS_ERR_ARG;
-        if (offsets[i] - m->base_offset >= (int64_t)UINT32_MAX - 1)
-            return i; /* beyond what one pass can index: the next pass starts there */
-        uint32_t value = (uint32_t)(offsets[i] - m->base_offset + 1);
-        const char *hash = hashes + i * LS_OFFSET_MAP_HASH_SIZE;
-        char *slot = find(m, hash);
-        uint32_t stored = load_value(slot);
-        if (stored == 0) {
-            if (m->size >= m->max_size)
-                return i;
-            memcpy(slot, hash, LS_OFFSET_MAP_HASH_SIZE);
-            m->size++;
-        }
-        if (value > stored)
-            store_value(slot, value);
+        int rc = put_one(m, hashes + i * LS_OFFSET_MAP_HASH_SIZE, offsets[i]);
+        if (rc < 0)
+            return rc;
+        if (rc == 0)
+            return i;
     }
     return n;
 }
@@ -99,4 +125,98 @@ int64_t ls_offset_map_get(ls_offset_map *m, const char *hashes, int64_t *offsets
         offsets_out[i] = value ? m->base_offset + (int64_t)value - 1 : -1;
     }
     return n;
+}
+
+void ls_offset_map_hash(const char *key, int64_t len, char *hash_out)
+{
+    hash_key(key, len > 0 ? (size_t)len : 0, hash_out);
+}
+
+/* Row i's key span, checked against the buffer: 1 with *key set, 0 for a null key, LS_ERR_CORRUPT
+ * for a span outside buf. */
+static int row_key(const char *buf, int64_t buf_len, const ls_records_out *rows, int64_t i, const char **key)
+{
+    int32_t pos = rows->key_pos[i], len = rows->key_len[i];
+    if (len == -1)
+        return 0;
+    if (len < -1 || pos < 0 || (int64_t)pos + len > buf_len)
+        return LS_ERR_CORRUPT;
+    *key = buf + pos;
+    return 1;
+}
+
+/* Whether offset lies in one of the n sorted, disjoint [first, last] ranges. */
+static int in_ranges(const int64_t *ranges, int64_t n, int64_t offset)
+{
+    int64_t lo = 0, hi = n;
+    while (lo < hi) { /* the first range whose last offset is >= offset */
+        int64_t mid = lo + (hi - lo) / 2;
+        if (ranges[2 * mid + 1] < offset)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < n && ranges[2 * lo] <= offset;
+}
+
+static int rows_valid(const ls_offset_map *m, const char *buf, int64_t buf_len, const ls_records_out *rows,
+                      int64_t n)
+{
+    return m && m->slots && rows && n >= 0 && n <= rows->count && buf_len >= 0 && (buf || buf_len == 0) &&
+           (n == 0 || (rows->offsets && rows->key_pos && rows->key_len && rows->value_len));
+}
+
+int ls_offset_map_put_rows(ls_offset_map *m, const char *buf, int64_t buf_len, const ls_records_out *rows,
+                           int64_t n, int64_t end, const int64_t *skip, int64_t n_skip, int64_t *stopped_at)
+{
+    if (!rows_valid(m, buf, buf_len, rows, n) || !stopped_at || n_skip < 0 || (n_skip && !skip))
+        return LS_ERR_ARG;
+    *stopped_at = -1;
+    for (int64_t i = 0; i < n; i++) {
+        const char *key = NULL;
+        int64_t offset = rows->offsets[i];
+        int has_key = row_key(buf, buf_len, rows, i, &key);
+        if (has_key < 0)
+            return has_key;
+        if (!has_key || offset >= end || (n_skip && in_ranges(skip, n_skip, offset)))
+            continue;
+        char hash[LS_OFFSET_MAP_HASH_SIZE];
+        hash_key(key, (size_t)rows->key_len[i], hash);
+        int rc = put_one(m, hash, offset);
+        if (rc < 0)
+            return rc;
+        if (rc == 0) {
+            *stopped_at = offset;
+            return LS_OK;
+        }
+    }
+    return LS_OK;
+}
+
+int ls_offset_map_classify_rows(ls_offset_map *m, const char *buf, int64_t buf_len, const ls_records_out *rows,
+                                int64_t n, int64_t end, int8_t *codes_out)
+{
+    if (!rows_valid(m, buf, buf_len, rows, n) || (n && !codes_out))
+        return LS_ERR_ARG;
+    for (int64_t i = 0; i < n; i++) {
+        const char *key = NULL;
+        int64_t offset = rows->offsets[i];
+        int has_key = row_key(buf, buf_len, rows, i, &key);
+        if (has_key < 0)
+            return has_key;
+        if (has_key && offset < end) {
+            char hash[LS_OFFSET_MAP_HASH_SIZE];
+            hash_key(key, (size_t)rows->key_len[i], hash);
+            uint32_t value = load_value(find(m, hash));
+            if (value && offset < m->base_offset + (int64_t)value - 1) {
+                codes_out[i] = LS_ROW_OBSOLETE;
+                continue;
+            }
+        }
+        if (rows->value_len[i] >= 0)
+            codes_out[i] = LS_ROW_LIVE;
+        else
+            codes_out[i] = offset < end ? LS_ROW_TOMBSTONE : LS_ROW_TOMBSTONE_PAST_END;
+    }
+    return LS_OK;
 }
