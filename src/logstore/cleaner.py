@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import mmap
 import os
 import struct
 import threading
@@ -83,7 +84,7 @@ class OffsetMap:
             raise ValueError(f"memory_bytes must be at least {2 * SLOT_SIZE}, got {memory_bytes}")
         if not 0.0 < load_factor <= 1.0:
             raise ValueError(f"load_factor must be in (0, 1], got {load_factor}")
-        self._memory = bytearray(memory_bytes)
+        self._memory = _map_memory(memory_bytes)
         self._map = ffi.new("ls_offset_map *")
         self._permille = max(1, round(load_factor * 1000))
         if base_offset < 0:
@@ -199,6 +200,19 @@ class OffsetMap:
 
         _decode_rows(decoder, buf, start, end, sink, 0, end_offset, path)
         return bytes(codes)
+
+
+def _map_memory(size: int) -> Any:
+    """Zeroed memory for a map: anonymous pages, in huge pages where the kernel offers them on
+    request (a key's slot is a random place in tens of MB: 4 KiB pages would miss the TLB at
+    almost every key)."""
+    memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # shared memory gets no huge pages
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            memory.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass  # no transparent huge pages here: 4 KiB pages work, only slower
+    return memory
 
 
 def _decode_rows(decoder: RecordDecoder, buf: Any, start: int, end: int, sink: Callable[[Any, Any, int], None],

@@ -159,6 +159,37 @@ static int in_ranges(const int64_t *ranges, int64_t n, int64_t offset)
     return lo < n && ranges[2 * lo] <= offset;
 }
 
+/* Rows are handled CHUNK at a time: their keys hashed and their home slots prefetched first, then
+ * put or looked up in order, so that the slots' cache misses (a map is tens of MB, each key's slot
+ * a random place in it) overlap instead of being paid one after another. */
+#define CHUNK 32
+
+typedef struct {
+    int64_t n;                                 /* rows of the chunk */
+    int8_t hashed[CHUNK];                      /* row has a key that takes part */
+    char hashes[CHUNK][LS_OFFSET_MAP_HASH_SIZE];
+} chunk_hashes;
+
+/* Hash the keys of rows [first, first + c->n) that have one and whose offset lies below end and
+ * outside the skip ranges, prefetching each one's home slot. LS_OK or LS_ERR_CORRUPT. */
+static int hash_chunk(const ls_offset_map *m, const char *buf, int64_t buf_len, const ls_records_out *rows,
+                      int64_t first, int64_t end, const int64_t *skip, int64_t n_skip, chunk_hashes *c)
+{
+    for (int64_t j = 0; j < c->n; j++) {
+        const char *key = NULL;
+        int64_t offset = rows->offsets[first + j];
+        int has_key = row_key(buf, buf_len, rows, first + j, &key);
+        if (has_key < 0)
+            return has_key;
+        c->hashed[j] = has_key && offset < end && !(n_skip && in_ranges(skip, n_skip, offset));
+        if (c->hashed[j]) {
+            hash_key(key, (size_t)rows->key_len[first + j], c->hashes[j]);
+            __builtin_prefetch(m->slots + home_slot(c->hashes[j], m->capacity) * LS_OFFSET_MAP_SLOT_SIZE);
+        }
+    }
+    return LS_OK;
+}
+
 static int rows_valid(const ls_offset_map *m, const char *buf, int64_t buf_len, const ls_records_out *rows,
                       int64_t n)
 {
@@ -172,22 +203,22 @@ int ls_offset_map_put_rows(ls_offset_map *m, const char *buf, int64_t buf_len, c
     if (!rows_valid(m, buf, buf_len, rows, n) || !stopped_at || n_skip < 0 || (n_skip && !skip))
         return LS_ERR_ARG;
     *stopped_at = -1;
-    for (int64_t i = 0; i < n; i++) {
-        const char *key = NULL;
-        int64_t offset = rows->offsets[i];
-        int has_key = row_key(buf, buf_len, rows, i, &key);
-        if (has_key < 0)
-            return has_key;
-        if (!has_key || offset >= end || (n_skip && in_ranges(skip, n_skip, offset)))
-            continue;
-        char hash[LS_OFFSET_MAP_HASH_SIZE];
-        hash_key(key, (size_t)rows->key_len[i], hash);
-        int rc = put_one(m, hash, offset);
+    chunk_hashes c;
+    for (int64_t first = 0; first < n; first += CHUNK) {
+        c.n = n - first < CHUNK ? n - first : CHUNK;
+        int rc = hash_chunk(m, buf, buf_len, rows, first, end, skip, n_skip, &c);
         if (rc < 0)
             return rc;
-        if (rc == 0) {
-            *stopped_at = offset;
-            return LS_OK;
+        for (int64_t j = 0; j < c.n; j++) {
+            if (!c.hashed[j])
+                continue;
+            rc = put_one(m, c.hashes[j], rows->offsets[first + j]);
+            if (rc < 0)
+                return rc;
+            if (rc == 0) {
+                *stopped_at = rows->offsets[first + j];
+                return LS_OK;
+            }
         }
     }
     return LS_OK;
@@ -198,25 +229,26 @@ int ls_offset_map_classify_rows(ls_offset_map *m, const char *buf, int64_t buf_l
 {
     if (!rows_valid(m, buf, buf_len, rows, n) || (n && !codes_out))
         return LS_ERR_ARG;
-    for (int64_t i = 0; i < n; i++) {
-        const char *key = NULL;
-        int64_t offset = rows->offsets[i];
-        int has_key = row_key(buf, buf_len, rows, i, &key);
-        if (has_key < 0)
-            return has_key;
-        if (has_key && offset < end) {
-            char hash[LS_OFFSET_MAP_HASH_SIZE];
-            hash_key(key, (size_t)rows->key_len[i], hash);
-            uint32_t value = load_value(find(m, hash));
-            if (value && offset < m->base_offset + (int64_t)value - 1) {
-                codes_out[i] = LS_ROW_OBSOLETE;
-                continue;
+    chunk_hashes c;
+    for (int64_t first = 0; first < n; first += CHUNK) {
+        c.n = n - first < CHUNK ? n - first : CHUNK;
+        int rc = hash_chunk(m, buf, buf_len, rows, first, end, NULL, 0, &c);
+        if (rc < 0)
+            return rc;
+        for (int64_t j = 0; j < c.n; j++) {
+            int64_t i = first + j, offset = rows->offsets[i];
+            if (c.hashed[j]) {
+                uint32_t value = load_value(find(m, c.hashes[j]));
+                if (value && offset < m->base_offset + (int64_t)value - 1) {
+                    codes_out[i] = LS_ROW_OBSOLETE;
+                    continue;
+                }
             }
+            if (rows->value_len[i] >= 0)
+                codes_out[i] = LS_ROW_LIVE;
+            else
+                codes_out[i] = offset < end ? LS_ROW_TOMBSTONE : LS_ROW_TOMBSTONE_PAST_END;
         }
-        if (rows->value_len[i] >= 0)
-            codes_out[i] = LS_ROW_LIVE;
-        else
-            codes_out[i] = offset < end ? LS_ROW_TOMBSTONE : LS_ROW_TOMBSTONE_PAST_END;
     }
     return LS_OK;
 }
