@@ -92,6 +92,19 @@ class OffsetMap:
         self._base_offset = base_offset
         self.clear()
 
+    @staticmethod
+    def bytes_for(keys: int, load_factor: float = 0.9) -> int:
+        """The memory of the smallest map whose max_size is at least ``keys``."""
+        permille = max(1, round(load_factor * 1000))
+
+        def max_size(capacity: int) -> int:  # as ls_offset_map_init computes it
+            return min(capacity // 1000 * permille + capacity % 1000 * permille // 1000, capacity - 1)
+
+        capacity = max(2, -(-max(keys, 0) * 1000 // permille))
+        while max_size(capacity) < keys:
+            capacity += 1
+        return capacity * SLOT_SIZE
+
     def clear(self) -> None:
         """Forget every key (the memory is reused)."""
         check(lib.ls_offset_map_init(self._map, ffi.from_buffer(self._memory), len(self._memory), self._permille,
@@ -491,7 +504,10 @@ def compact_segments(segments: LogSegments, config: Any, decoder: RecordDecoder,
     end = first_dirty
     aborted = segments.aborted_transactions(sealed[0].base_offset, max(dirty_end, first_dirty))
     if first_dirty < dirty_end:
-        offset_map = OffsetMap(config.cleaner_dedupe_buffer_size, base_offset=first_dirty)
+        # No bigger than the section's offsets could fill: a small dirty section takes little
+        # memory (and zeroing it), and the map fills exactly when the budget's would have.
+        memory = min(config.cleaner_dedupe_buffer_size, OffsetMap.bytes_for(dirty_end - first_dirty))
+        offset_map = OffsetMap(memory, base_offset=first_dirty)
         end = build_offset_map(sealed, decoder, offset_map, first_dirty, dirty_end, aborted)
     groups: list[list[LogSegment]] = []
     if end > first_dirty:

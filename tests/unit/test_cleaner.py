@@ -188,3 +188,12 @@ def test_rows_with_a_key_outside_the_buffer_or_bad_counts_are_refused() -> None:
     assert lib.ls_offset_map_classify_rows(m, buf, len(buf), rows, 2, 10, codes) == lib.LS_ERR_ARG
     arrays[2][0] = -2
     assert lib.ls_offset_map_classify_rows(m, buf, len(buf), rows, 1, 10, codes) == lib.LS_ERR_CORRUPT
+
+
+@pytest.mark.parametrize("load_factor", [0.5, 0.9, 0.97, 1.0])
+def test_bytes_for_is_the_smallest_map_that_takes_that_many_keys(load_factor) -> None:
+    for keys in (0, 1, 2, 9, 10, 899, 900, 901, 12_345):
+        memory = OffsetMap.bytes_for(keys, load_factor)
+        assert OffsetMap(memory, load_factor).max_size >= keys
+        if memory > 2 * 20:
+            assert OffsetMap(memory - 20, load_factor).max_size < keys
