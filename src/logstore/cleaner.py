@@ -538,7 +538,10 @@ def compact_segments(segments: LogSegments, config: Any, decoder: RecordDecoder,
                                    last_batches, transactions)
         read, kept, dropped, tombstones = read + r, kept + k, dropped + d, tombstones + t
         written += len(data)
-        swap_in(segments, group, data, transactions.take_retained())
+        # The group's aborted transactions whose markers lie at or past the end were not
+        # cleaned: their markers are copied as they are, and so are their index entries.
+        carried = [t for segment in group for t in segment.txn_index.entries if t.last_offset >= end]
+        swap_in(segments, group, data, transactions.take_retained() + carried)
     return CleanerReport(read, written, kept, dropped, tombstones, time.monotonic() - started,
                          first_dirty, end, sum(len(g) for g in groups))
 
