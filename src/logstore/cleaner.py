@@ -10,7 +10,10 @@ the next pass continues.
 The map itself is mechanism in C (``ls_offset_map_*``): open addressing with linear probing
 over 20-byte slots (the key's 128-bit xxh3 hash and its offset relative to the pass's first
 dirty offset as 32 bits), so memory per distinct key is 20 bytes / load factor (22.2 bytes at
-Kafka's default load factor of 0.9).
+Kafka's default load factor of 0.9). A pass hands the map each batch's decoded rows: the keys are
+hashed (xxh3_128, the xxhash package's digest) and put or looked up in C, 32 at a time with their
+slots prefetched; batches whose records all survive are copied as they are, in runs, and only
+batches that lose records are rebuilt.
 
 :class:`LogCompaction` is one log's side of it, behind ``Log.compact``, ``Log.dirty_ratio`` and
 ``Log.needs_compaction``: where the dirty section starts (its entry in
@@ -194,10 +197,10 @@ class OffsetMap:
                          path: str | None = None) -> bytes:
         """One code per record of the batches in ``buf[start, end)`` whose base offset is below
         ``end_offset``, in order (``records_count`` codes per data batch, none for a control
-        batch): ``LS_ROW_OBSOLETE`` (a
-        later record of its key lies below end_offset), ``LS_ROW_LIVE``, ``LS_ROW_TOMBSTONE``
-        (a null value below end_offset) or ``LS_ROW_TOMBSTONE_PAST_END``. Keys are hashed and
-        looked up in C as the decoder hands over each batch's rows (validated, CRC included).
+        batch): ``LS_ROW_OBSOLETE`` (a later record of its key lies below end_offset),
+        ``LS_ROW_LIVE``, ``LS_ROW_TOMBSTONE`` (a null value below end_offset) or
+        ``LS_ROW_TOMBSTONE_PAST_END``. Keys are hashed and looked up in C as the decoder hands
+        over each batch's rows (validated, CRC included).
 
         Raises:
             CorruptRecordError: an invalid batch in the range.

@@ -4,6 +4,9 @@
  * of the hash mod capacity) without an empty slot in between; keys are never removed, so the
  * invariant holds for the life of a map. A slot keeps the key's whole 128-bit hash: two keys of
  * the log share a slot only on a hash collision (2^-128 per pair).
+ *
+ * A cleaning pass hands over decoded rows (ls_offset_map_put_rows, ls_offset_map_classify_rows):
+ * the keys are hashed here with XXH3_128 and put or looked up without a trip through Python.
  */
 #include <stdint.h>
 #include <stddef.h>
