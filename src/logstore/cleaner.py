@@ -10,7 +10,10 @@ the next pass continues.
 The map itself is mechanism in C (``ls_offset_map_*``): open addressing with linear probing
 over 20-byte slots (the key's 128-bit xxh3 hash and its offset relative to the pass's first
 dirty offset as 32 bits), so memory per distinct key is 20 bytes / load factor (22.2 bytes at
-Kafka's default load factor of 0.9).
+Kafka's default load factor of 0.9). A pass hands the map each batch's decoded rows: the keys are
+hashed (xxh3_128, the xxhash package's digest) and put or looked up in C, 32 at a time with their
+slots prefetched; batches whose records all survive are copied as they are, in runs, and only
+batches that lose records are rebuilt.
 
 :class:`LogCompaction` is one log's side of it, behind ``Log.compact``, ``Log.dirty_ratio`` and
 ``Log.needs_compaction``: where the dirty section starts (its entry in
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import mmap
 import os
 import struct
 import threading
@@ -43,7 +47,7 @@ import xxhash
 from . import _fileio
 from ._native import check, ffi, lib
 from .checkpoint import OffsetCheckpoints
-from .errors import LogstoreError
+from .errors import CorruptRecordError, LogstoreError
 from .index import AbortedBatches, AbortedTxn, TransactionIndex
 from .log.segments import LogSegments
 from .records.batch import BatchBuilder, BatchHeader, Record, RecordDecoder, batch_headers
@@ -83,13 +87,26 @@ class OffsetMap:
             raise ValueError(f"memory_bytes must be at least {2 * SLOT_SIZE}, got {memory_bytes}")
         if not 0.0 < load_factor <= 1.0:
             raise ValueError(f"load_factor must be in (0, 1], got {load_factor}")
-        self._memory = bytearray(memory_bytes)
+        self._memory = _map_memory(memory_bytes)
         self._map = ffi.new("ls_offset_map *")
         self._permille = max(1, round(load_factor * 1000))
         if base_offset < 0:
             raise ValueError(f"base_offset must be >= 0, got {base_offset}")
         self._base_offset = base_offset
         self.clear()
+
+    @staticmethod
+    def bytes_for(keys: int, load_factor: float = 0.9) -> int:
+        """The memory of the smallest map whose max_size is at least ``keys``."""
+        permille = max(1, round(load_factor * 1000))
+
+        def max_size(capacity: int) -> int:  # as ls_offset_map_init computes it
+            return min(capacity // 1000 * permille + capacity % 1000 * permille // 1000, capacity - 1)
+
+        capacity = max(2, -(-max(keys, 0) * 1000 // permille))
+        while max_size(capacity) < keys:
+            capacity += 1
+        return capacity * SLOT_SIZE
 
     def clear(self) -> None:
         """Forget every key (the memory is reused)."""
@@ -146,6 +163,82 @@ class OffsetMap:
         out = ffi.new("int64_t[]", len(keys))
         check(lib.ls_offset_map_get(self._map, _hashes(keys), out, len(keys)))
         return ffi.unpack(out, len(keys))
+
+    def put_batches(self, decoder: RecordDecoder, buf: Any, start: int, end: int, first_offset: int,
+                    end_offset: int, skipped: Sequence[tuple[int, int]] = (), path: str | None = None) -> int:
+        """Record the key of every record of the batches in ``buf[start, end)`` (a segment's
+        bytes from a batch boundary) with an offset in [first_offset, end_offset) and outside the
+        ``skipped`` (first, last) offset ranges (sorted, disjoint), in order. The keys are hashed
+        and recorded in C as the decoder hands over each batch's rows (validated, CRC included).
+
+        Returns ``end_offset`` when every such record was recorded, else the offset of the first
+        one the map could not take (the pass cleans up to there).
+
+        Raises:
+            CorruptRecordError: an invalid batch in the range.
+        """
+        stopped = ffi.new("int64_t *", -1)
+        flat = [offset for pair in skipped for offset in pair]
+        skip = ffi.new("int64_t[]", flat) if flat else ffi.NULL
+        state = [-1]
+
+        def sink(rows_buf: Any, rows: Any, n: int) -> None:
+            if state[0] >= 0:
+                return  # the map is full: the rest of the segment is not indexed
+            with ffi.from_buffer(rows_buf) as ptr:
+                check(lib.ls_offset_map_put_rows(self._map, ptr, len(rows_buf), rows, n, end_offset, skip,
+                                                 len(flat) // 2, stopped), path)
+            state[0] = stopped[0]
+
+        _decode_rows(decoder, buf, start, end, sink, first_offset, end_offset, path)
+        return end_offset if state[0] < 0 else state[0]
+
+    def classify_batches(self, decoder: RecordDecoder, buf: Any, start: int, end: int, end_offset: int,
+                         path: str | None = None) -> bytes:
+        """One code per record of the batches in ``buf[start, end)`` whose base offset is below
+        ``end_offset``, in order (``records_count`` codes per data batch, none for a control
+        batch): ``LS_ROW_OBSOLETE`` (a later record of its key lies below end_offset),
+        ``LS_ROW_LIVE``, ``LS_ROW_TOMBSTONE`` (a null value below end_offset) or
+        ``LS_ROW_TOMBSTONE_PAST_END``. Keys are hashed and looked up in C as the decoder hands
+        over each batch's rows (validated, CRC included).
+
+        Raises:
+            CorruptRecordError: an invalid batch in the range.
+        """
+        codes = bytearray()
+
+        def sink(rows_buf: Any, rows: Any, n: int) -> None:
+            chunk = bytearray(n)
+            with ffi.from_buffer(rows_buf) as ptr, ffi.from_buffer(chunk) as out:
+                check(lib.ls_offset_map_classify_rows(self._map, ptr, len(rows_buf), rows, n, end_offset,
+                                                      ffi.cast("int8_t *", out)), path)
+            codes.extend(chunk)
+
+        _decode_rows(decoder, buf, start, end, sink, 0, end_offset, path)
+        return bytes(codes)
+
+
+def _map_memory(size: int) -> Any:
+    """Zeroed memory for a map: anonymous pages, in huge pages where the kernel offers them on
+    request (a key's slot is a random place in tens of MB: 4 KiB pages would miss the TLB at
+    almost every key)."""
+    memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # shared memory gets no huge pages
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            memory.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass  # no transparent huge pages here: 4 KiB pages work, only slower
+    return memory
+
+
+def _decode_rows(decoder: RecordDecoder, buf: Any, start: int, end: int, sink: Callable[[Any, Any, int], None],
+                 min_offset: int, max_offset: int, path: str | None) -> None:
+    """decoder.decode_columns over ``buf[start, end)``, raising for an invalid batch as
+    decode_keys does (the decode from the bad batch reports it)."""
+    position = decoder.decode_columns(buf, start, end, sink, min_offset, max_offset, path)
+    if decoder.last_stop == lib.LS_STOP_ERROR:
+        decoder.decode_keys(buf, position, end, min_offset, max_offset, path)
+        raise CorruptRecordError(path, position, "batch offsets go backwards")
 
 
 def _hashes(keys: Sequence[bytes]) -> bytes:
@@ -414,7 +507,10 @@ def compact_segments(segments: LogSegments, config: Any, decoder: RecordDecoder,
     end = first_dirty
     aborted = segments.aborted_transactions(sealed[0].base_offset, max(dirty_end, first_dirty))
     if first_dirty < dirty_end:
-        offset_map = OffsetMap(config.cleaner_dedupe_buffer_size, base_offset=first_dirty)
+        # No bigger than the section's offsets could fill: a small dirty section takes little
+        # memory (and zeroing it), and the map fills exactly when the budget's would have.
+        memory = min(config.cleaner_dedupe_buffer_size, OffsetMap.bytes_for(dirty_end - first_dirty))
+        offset_map = OffsetMap(memory, base_offset=first_dirty)
         end = build_offset_map(sealed, decoder, offset_map, first_dirty, dirty_end, aborted)
     groups: list[list[LogSegment]] = []
     if end > first_dirty:
@@ -445,7 +541,10 @@ def compact_segments(segments: LogSegments, config: Any, decoder: RecordDecoder,
                                    last_batches, transactions)
         read, kept, dropped, tombstones = read + r, kept + k, dropped + d, tombstones + t
         written += len(data)
-        swap_in(segments, group, data, transactions.take_retained())
+        # The group's aborted transactions whose markers lie at or past the end were not
+        # cleaned: their markers are copied as they are, and so are their index entries.
+        carried = [t for segment in group for t in segment.txn_index.entries if t.last_offset >= end]
+        swap_in(segments, group, data, transactions.take_retained() + carried)
     return CleanerReport(read, written, kept, dropped, tombstones, time.monotonic() - started,
                          first_dirty, end, sum(len(g) for g in groups))
 
@@ -543,16 +642,12 @@ def build_offset_map(segments: Sequence[LogSegment], decoder: RecordDecoder, off
         if segment.next_offset <= start or segment.base_offset >= end or segment.size == 0:
             continue
         position = segment.find_position(max(start, segment.base_offset))
-        keys, offsets, _, _ = decoder.decode_keys(segment.buffer, position, segment.size, start, end, segment.path)
         # A batch straddling `end` comes whole; its records from `end` on are not part of this pass.
         skipped = _aborted_batches(segment, position, end, covered) if covered else []
-        pairs = [(k, o) for k, o in zip(keys, offsets)
-                 if k is not None and o < end and not any(a <= o <= b for a, b in skipped)]
-        if not pairs:
-            continue
-        recorded = offset_map.put([k for k, _ in pairs], [o for _, o in pairs])
-        if recorded < len(pairs):
-            return pairs[recorded][1]
+        stopped = offset_map.put_batches(decoder, segment.buffer, position, segment.size, start, end, skipped,
+                                         segment.path)
+        if stopped < end:
+            return stopped
     return end
 
 
@@ -624,12 +719,6 @@ class _Transactions:
         return out
 
 
-def _keep(offset: int, offset_map_offset: int, end: int) -> bool:
-    """A record is kept iff it lies past the cleaned range or no later record of its key was
-    indexed (Kafka: obsolete iff a later offset holds its key; a keyless record passes -1)."""
-    return offset >= end or offset >= offset_map_offset
-
-
 def clean_batches(segments: Sequence[LogSegment], decoder: RecordDecoder, builder: BatchBuilder,
                   offset_map: OffsetMap, end: int, now_ms: int, delete_retention_ms: int,
                   out: bytearray,
@@ -652,67 +741,110 @@ def clean_batches(segments: Sequence[LogSegment], decoder: RecordDecoder, builde
     Returns (bytes read, records kept, records dropped, tombstones dropped).
     """
     bytes_read = kept_n = dropped = tombstones = 0
-    all_batches = [(segment, batch) for segment in segments for batch in _batches(segment)]
-    for i, (segment, (position, header)) in enumerate(all_batches):
+    copy = _Copier(out)
+    all_batches = [(segment, _batches(segment)) for segment in segments]
+    # the group's last batch (kept even when emptied, so that the group ends where it did)
+    last = max(((s, len(batches) - 1) for s, (_, batches) in enumerate(all_batches) if batches), default=None)
+    for s, (segment, batches) in enumerate(all_batches):
         buf = segment.buffer
-        bytes_read += header.size
-        if header.base_offset >= end:
-            out += buf[position : position + header.size]
-            continue
-        horizon_set = bool(header.attributes & lib.LS_ATTR_DELETE_HORIZON)
-        if header.attributes & lib.LS_ATTR_CONTROL:
-            out += _clean_control(buf, position, header, transactions, builder, now_ms, delete_retention_ms,
-                                  last_batches, segment.path)
-            continue
-        aborted = transactions is not None and transactions.data_batch(header)
-        # Decide on keys, offsets and null values alone; build Records only for a batch that
-        # must be rewritten (most batches survive whole or not at all).
-        keys, offsets, nulls, _ = decoder.decode_keys(buf, position, position + header.size, 0, -1, segment.path)
-        latest = offset_map.get([b"" if k is None else k for k in keys])
-        expired = horizon_set and header.base_timestamp <= now_ms
-        keep = []
-        for key, offset, latest_offset, null in zip(keys, offsets, latest, nulls):
-            if aborted or not _keep(offset, -1 if key is None else latest_offset, end):
-                keep.append(False)
-            elif null and expired and offset < end:
-                tombstones += 1
-                keep.append(False)
+        # One decode of the segment's batches below `end`: a code per record, keys hashed and
+        # looked up in C (see OffsetMap.classify_batches); Records are built only for a batch
+        # that must be rewritten (most batches survive whole or not at all).
+        codes = b""
+        if batches and batches[0][1].base_offset < end:
+            codes = offset_map.classify_batches(decoder, buf, 0, segment.size, end, segment.path)
+        at = 0
+        for b, (position, header) in enumerate(batches):
+            bytes_read += header.size
+            if header.base_offset >= end:
+                copy(buf, position, header.size)
+                continue
+            horizon_set = bool(header.attributes & lib.LS_ATTR_DELETE_HORIZON)
+            if header.attributes & lib.LS_ATTR_CONTROL:  # its record gets no code (reads pass over it)
+                cleaned = _clean_control(buf, position, header, transactions, builder, now_ms, delete_retention_ms,
+                                         last_batches, segment.path)
+                if cleaned is None:
+                    copy(buf, position, header.size)
+                else:
+                    copy.append(cleaned)
+                continue
+            n = header.records_count
+            rows, at = codes[at:at + n], at + n
+            expired = horizon_set and header.base_timestamp <= now_ms
+            if transactions is not None and transactions.data_batch(header):
+                n_keep, has_tombstone = 0, False  # an aborted transaction's records
             else:
-                keep.append(True)
-        n_keep = keep.count(True)
-        kept_n += n_keep
-        dropped += len(keep) - n_keep
-        last_in_group = i == len(all_batches) - 1
-        has_tombstone = any(null for null, k in zip(nulls, keep) if k)
-        if n_keep == len(keep) and (horizon_set or not has_tombstone):
-            out += buf[position : position + header.size]  # unchanged: copy the bytes as they are
-            continue
-        if n_keep == 0 and not last_in_group and not (
-                last_batches is not None and header.producer_id >= 0
-                and last_batches().get(header.producer_id) == header.base_offset + header.last_offset_delta):
-            continue
-        survivors = []
-        if n_keep:
-            records, _ = decoder.decode(buf, position, position + header.size, 0, -1, None, segment.path)
-            survivors = [record for record, k in zip(records, keep) if k]
-        horizon = header.base_timestamp if horizon_set else now_ms + delete_retention_ms
-        out += _rebuild(builder, header, survivors, horizon if has_tombstone else None)
+                gone = rows.count(lib.LS_ROW_OBSOLETE)
+                live_tombstones = rows.count(lib.LS_ROW_TOMBSTONE)
+                if expired:
+                    tombstones += live_tombstones
+                    gone += live_tombstones
+                    live_tombstones = 0
+                n_keep = n - gone
+                has_tombstone = live_tombstones + rows.count(lib.LS_ROW_TOMBSTONE_PAST_END) > 0
+            kept_n += n_keep
+            dropped += n - n_keep
+            if n_keep == n and (horizon_set or not has_tombstone):
+                copy(buf, position, header.size)  # unchanged: copy the bytes as they are
+                continue
+            if n_keep == 0 and (s, b) != last and not (
+                    last_batches is not None and header.producer_id >= 0
+                    and last_batches().get(header.producer_id) == header.base_offset + header.last_offset_delta):
+                continue
+            survivors = []
+            if n_keep:
+                records, _ = decoder.decode(buf, position, position + header.size, 0, -1, None, segment.path)
+                dropped_codes = (lib.LS_ROW_OBSOLETE, lib.LS_ROW_TOMBSTONE) if expired else (lib.LS_ROW_OBSOLETE,)
+                survivors = [record for record, code in zip(records, rows) if code not in dropped_codes]
+            horizon = header.base_timestamp if horizon_set else now_ms + delete_retention_ms
+            copy.append(_rebuild(builder, header, survivors, horizon if has_tombstone else None))
+    copy.flush()
     return bytes_read, kept_n, dropped, tombstones
+
+
+class _Copier:
+    """Appends to a pass's output: runs of neighbouring batches copied as they are go in as one
+    slice of their segment's bytes, rebuilt batches as given."""
+
+    def __init__(self, out: bytearray) -> None:
+        self._out = out
+        self._buf: Any = None
+        self._start = self._end = 0
+
+    def __call__(self, buf: Any, position: int, size: int) -> None:
+        """Copy buf[position, position + size) (after whatever came before)."""
+        if buf is self._buf and position == self._end:
+            self._end += size
+            return
+        self.flush()
+        self._buf, self._start, self._end = buf, position, position + size
+
+    def append(self, data: bytes) -> None:
+        """Append rebuilt bytes."""
+        self.flush()
+        self._out += data
+
+    def flush(self) -> None:
+        """Write out the pending run."""
+        if self._buf is not None and self._end > self._start:
+            with memoryview(self._buf) as view:
+                self._out += view[self._start:self._end]
+        self._buf = None
+        self._start = self._end = 0
 
 
 def _clean_control(buf: Any, position: int, header: BatchHeader, transactions: _Transactions | None,
                    builder: BatchBuilder, now_ms: int, delete_retention_ms: int,
-                   last_batches: Callable[[], Mapping[int, int]] | None, path: str) -> bytes | memoryview:
+                   last_batches: Callable[[], Mapping[int, int]] | None, path: str) -> bytes | None:
     """What a pass writes for a control batch: a transaction marker whose transaction left no
     record gets a delete horizon, and goes once the horizon passed (kept empty when it is its
-    producer's last batch); every other control batch is kept as it is."""
-    whole = memoryview(buf)[position:position + header.size]
+    producer's last batch); every other control batch is kept as it is (None: copy it whole)."""
     if (transactions is None or header.producer_id < 0
             or not header.attributes & lib.LS_ATTR_TRANSACTIONAL or header.records_count != 1):
-        return whole
+        return None
     kind, value = read_control_record(buf, position, header.size, path)
     if kind not in (ControlType.ABORT, ControlType.COMMIT) or not transactions.marker(header, kind):
-        return whole
+        return None
     if not header.attributes & lib.LS_ATTR_DELETE_HORIZON:
         key = _CONTROL_KEY.pack(0, kind)
         return builder.build([value], [key], [None], [header.max_timestamp], base_offset=header.base_offset,
@@ -721,7 +853,7 @@ def _clean_control(buf: Any, position: int, header: BatchHeader, transactions: _
                              last_offset_delta=header.last_offset_delta, control=True, transactional=True,
                              delete_horizon=now_ms + delete_retention_ms)
     if header.base_timestamp > now_ms:
-        return whole  # its horizon has not passed yet
+        return None  # its horizon has not passed yet
     if last_batches is not None and last_batches().get(header.producer_id) == header.last_offset:
         return _empty_batch(header)
     return b""

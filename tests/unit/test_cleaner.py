@@ -8,7 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from logstore._native import ffi, lib
 from logstore.cleaner import OffsetMap, key_hash
+from logstore.errors import CorruptRecordError
+from logstore.records import compression
+from logstore.records.batch import BatchBuilder, RecordDecoder
 
 
 def test_put_then_get_returns_the_latest_offset_per_key() -> None:
@@ -104,3 +108,92 @@ def test_a_large_map_stays_short_of_long_probe_runs() -> None:
     assert m.get(keys) == list(range(n))
     # Linear probing at load 0.9 averages ~5.5 probes for a hit; far more means bad hashing.
     assert (m.probes - before) / n < 10
+
+
+# ---------------------------------------------------------------------- keys hashed in C
+def _batches(*batches) -> bytes:
+    """Batches built back to back, each (base_offset, keys, values, codec)."""
+    builder = BatchBuilder()
+    return b"".join(bytes(builder.build(values, keys, base_offset=base, codec=codec))
+                    for base, keys, values, codec in batches)
+
+
+@settings(deadline=None, max_examples=100)
+@given(st.binary(max_size=300))
+def test_the_c_hash_is_the_xxhash_packages_digest(key) -> None:
+    out = ffi.new("char[16]")
+    lib.ls_offset_map_hash(key, len(key), out)
+    assert ffi.buffer(out)[:] == key_hash(key)
+
+
+@pytest.mark.parametrize("codec", sorted(compression.available_codecs()))
+def test_put_batches_and_classify_batches_agree_with_put_and_get(codec) -> None:
+    buf = _batches((0, [b"a", b"b", None], [b"1", None, b"3"], codec),
+                   (3, [b"a", b"c"], [b"4", None], codec),
+                   (5, [b"b"], [b"6"], codec))
+    decoder = RecordDecoder()
+    m = OffsetMap(20 * 100)
+    # Offsets [1, 5) only, and the batch at 3-4 left out (as an aborted transaction's).
+    assert m.put_batches(decoder, buf, 0, len(buf), 1, 5, [(3, 4)]) == 5
+    assert m.get([b"a", b"b", b"c"]) == [-1, 1, -1]
+    m.clear()
+    assert m.put_batches(decoder, buf, 0, len(buf), 0, 6) == 6
+    assert m.get([b"a", b"b", b"c"]) == [3, 5, 4]
+    codes = m.classify_batches(decoder, buf, 0, len(buf), 5)  # the batch at 5 is past the end
+    assert list(codes) == [lib.LS_ROW_OBSOLETE, lib.LS_ROW_OBSOLETE, lib.LS_ROW_LIVE,
+                           lib.LS_ROW_LIVE, lib.LS_ROW_TOMBSTONE]
+    assert list(m.classify_batches(decoder, buf, 0, len(buf), 6))[-1] == lib.LS_ROW_LIVE
+    m.clear()
+    assert list(m.classify_batches(decoder, buf, 0, len(buf), 4)) == [
+        lib.LS_ROW_LIVE, lib.LS_ROW_TOMBSTONE, lib.LS_ROW_LIVE, lib.LS_ROW_LIVE, lib.LS_ROW_TOMBSTONE_PAST_END]
+
+
+def test_put_batches_stops_at_the_first_record_whose_new_key_does_not_fit() -> None:
+    buf = _batches((0, [b"a", b"b", b"a", b"c", b"d"], [b"v"] * 5, compression.NONE))
+    m = OffsetMap(20 * 10, load_factor=0.2)
+    assert m.max_size == 2
+    assert m.put_batches(RecordDecoder(), buf, 0, len(buf), 0, 5) == 3
+    assert m.get([b"a", b"b", b"c"]) == [2, 1, -1]
+
+
+def test_put_batches_raises_for_a_damaged_batch() -> None:
+    buf = bytearray(_batches((0, [b"a"], [b"v"], compression.NONE), (1, [b"b"], [b"w"], compression.NONE)))
+    buf[-1] ^= 0xFF  # the second batch's CRC no longer matches
+    with pytest.raises(CorruptRecordError):
+        OffsetMap(20 * 10).put_batches(RecordDecoder(), buf, 0, len(buf), 0, 2)
+    with pytest.raises(CorruptRecordError):
+        OffsetMap(20 * 10).classify_batches(RecordDecoder(), buf, 0, len(buf), 2)
+
+
+def test_rows_with_a_key_outside_the_buffer_or_bad_counts_are_refused() -> None:
+    memory = bytearray(20 * 10)
+    m = ffi.new("ls_offset_map *")
+    assert lib.ls_offset_map_init(m, ffi.from_buffer(memory), len(memory), 900, 0) == lib.LS_OK
+    rows = ffi.new("ls_records_out *")
+    arrays = [ffi.new("int64_t[]", [0]), ffi.new("int32_t[]", [4]), ffi.new("int32_t[]", [8]), ffi.new("int32_t[]", [1])]
+    rows.offsets, rows.key_pos, rows.key_len, rows.value_len = arrays
+    rows.count = rows.capacity = 1
+    stopped = ffi.new("int64_t *")
+    codes = ffi.new("int8_t[]", 1)
+    buf = b"0123456789"  # key [4, 12) runs past its end
+    for bad in (lambda: lib.ls_offset_map_put_rows(m, buf, len(buf), rows, 1, 10, ffi.NULL, 0, stopped),
+                lambda: lib.ls_offset_map_classify_rows(m, buf, len(buf), rows, 1, 10, codes)):
+        assert bad() == lib.LS_ERR_CORRUPT
+    arrays[2][0] = 6
+    assert lib.ls_offset_map_put_rows(m, buf, len(buf), rows, 1, 10, ffi.NULL, 0, stopped) == lib.LS_OK
+    found = ffi.new("int64_t[]", 1)
+    assert lib.ls_offset_map_get(m, key_hash(b"456789"), found, 1) == 1
+    assert stopped[0] == -1 and found[0] == 0
+    assert lib.ls_offset_map_put_rows(m, buf, len(buf), rows, 2, 10, ffi.NULL, 0, stopped) == lib.LS_ERR_ARG
+    assert lib.ls_offset_map_classify_rows(m, buf, len(buf), rows, 2, 10, codes) == lib.LS_ERR_ARG
+    arrays[2][0] = -2
+    assert lib.ls_offset_map_classify_rows(m, buf, len(buf), rows, 1, 10, codes) == lib.LS_ERR_CORRUPT
+
+
+@pytest.mark.parametrize("load_factor", [0.5, 0.9, 0.97, 1.0])
+def test_bytes_for_is_the_smallest_map_that_takes_that_many_keys(load_factor) -> None:
+    for keys in (0, 1, 2, 9, 10, 899, 900, 901, 12_345):
+        memory = OffsetMap.bytes_for(keys, load_factor)
+        assert OffsetMap(memory, load_factor).max_size >= keys
+        if memory > 2 * 20:
+            assert OffsetMap(memory - 20, load_factor).max_size < keys

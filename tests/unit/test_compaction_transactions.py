@@ -149,3 +149,29 @@ def _control_offsets(log):
                 out.append(header.base_offset)
             offset = header.last_offset + 1
     return out
+
+
+def test_an_aborted_transaction_past_the_cleaned_end_stays_aborted_in_the_rewritten_segment(tmp_path) -> None:
+    """A pass that ends inside a segment (here at the last stable offset: producer 1's open
+    transaction) rewrites the whole segment: the aborted transaction after the end keeps its
+    .txnindex entry, so its records stay invisible to read_committed and the next pass drops them."""
+    path = tmp_path / "t-0"
+    with Log.open(path, cleanup_policy="compact", segment_bytes=10_000) as log:
+        log.append(b"old", key=b"k")                                                      # 0
+        log.append_batch([b"open"], [b"o"], producer_id=1, producer_epoch=0, base_sequence=0,
+                         transactional=True)                                              # 1: stays open
+        log.append_batch([b"aborted"], [b"k"], producer_id=2, producer_epoch=0, base_sequence=0,
+                         transactional=True)                                              # 2
+        log.append_txn_marker(2, 0, commit=False)                                         # 3
+        log.roll()
+        report = log.compact(now_ms=10_000)
+        assert report.cleaned_up_to == 1  # the last stable offset
+        assert [t.last_offset for t in log.aborted_transactions(0, 4)] == [3]
+        assert committed_view(log) == [(0, b"k", b"old")]
+        log.append_txn_marker(1, 0, commit=True)                                          # 4
+        log.roll()
+        log.compact(now_ms=20_000)
+        assert committed_view(log) == [(0, b"k", b"old"), (1, b"o", b"open")]
+        assert [(r.offset, r.value) for r in log.iter()] == [(0, b"old"), (1, b"open")]
+    with Log.open(path, cleanup_policy="compact", segment_bytes=10_000) as log:
+        assert committed_view(log) == [(0, b"k", b"old"), (1, b"o", b"open")]

@@ -18,7 +18,7 @@ except ImportError as exc:  # pragma: no cover - only on a broken install
     ) from exc
 
 #: The ABI version the Python layer was written against; must equal the compiled header's.
-EXPECTED_ABI_VERSION = 12
+EXPECTED_ABI_VERSION = 13
 
 if lib.LS_ABI_VERSION != EXPECTED_ABI_VERSION:  # pragma: no cover - only on a stale build
     raise ImportError(

@@ -15,7 +15,7 @@
  */
 
 /* Bumped whenever a struct or a signature below changes; checked by logstore._native at import. */
-#define LS_ABI_VERSION 12
+#define LS_ABI_VERSION 13
 
 /* ---- Error codes (every function returning int/int64 uses negative values from this list) ---- */
 #define LS_OK 0
@@ -500,6 +500,32 @@ int64_t ls_offset_map_put(ls_offset_map *m, const char *hashes, const int64_t *o
 /* Write the offset recorded for each of the n hashes to offsets_out (-1 when absent). Returns n
  * or LS_ERR_ARG. */
 int64_t ls_offset_map_get(ls_offset_map *m, const char *hashes, int64_t *offsets_out, int64_t n);
+
+/* The 16-byte hash the map keeps for key[0, len): XXH3_128 in canonical (big-endian) form, the
+ * bytes of the xxhash package's xxh3_128_digest. */
+void ls_offset_map_hash(const char *key, int64_t len, char *hash_out);
+
+/* Index the first n decoded rows of `rows` (positions relative to buf[0, buf_len)): each row
+ * with a key, an offset below `end` and outside the n_skip sorted, disjoint [first, last] offset
+ * ranges of `skip` (2 * n_skip values; aborted transactions' batches) records key -> offset, in
+ * order. *stopped_at is the offset of the first row the map could not take (see
+ * ls_offset_map_put), or -1 when every row was taken. Returns LS_OK, LS_ERR_CORRUPT for a key
+ * span outside buf, or LS_ERR_ARG (also for an offset below the map's base). */
+int ls_offset_map_put_rows(ls_offset_map *m, const char *buf, int64_t buf_len, const ls_records_out *rows,
+                           int64_t n, int64_t end, const int64_t *skip, int64_t n_skip, int64_t *stopped_at);
+
+/* What a cleaning pass does with each of the first n decoded rows, written to codes_out[i]:
+ * LS_ROW_OBSOLETE when it has a key, lies below `end` and the map holds a larger offset for its
+ * key (Kafka: a later record of the key exists); else LS_ROW_LIVE (a value),
+ * LS_ROW_TOMBSTONE (a null value below end: it goes once its batch's delete horizon passed) or
+ * LS_ROW_TOMBSTONE_PAST_END (a null value at or past end: kept). Returns LS_OK, LS_ERR_CORRUPT
+ * for a key span outside buf, or LS_ERR_ARG. */
+#define LS_ROW_OBSOLETE 0
+#define LS_ROW_LIVE 1
+#define LS_ROW_TOMBSTONE 2
+#define LS_ROW_TOMBSTONE_PAST_END 3
+int ls_offset_map_classify_rows(ls_offset_map *m, const char *buf, int64_t buf_len, const ls_records_out *rows,
+                                int64_t n, int64_t end, int8_t *codes_out);
 
 /* ======================================================================== */
 /* Shared partition state, for logs opened by several processes at once. It lives in the partition's
