@@ -698,3 +698,94 @@ def test_a_connection_closed_while_a_bursts_deferred_answer_waits_gives_its_slot
         # Once the deferred answer (0.2 s) is done, its slot is free again.
         wait_for(lambda: _serves_two(server))
     assert _serves_two(server)
+
+
+def test_a_bad_frame_after_requests_without_response_closes_the_connection(serve):
+    """A burst of no-response requests (acks=0) then a frame over the cap: nothing after it is
+    read as frames (the rest of the refused frame would be parsed as requests); the connection
+    closes."""
+    server = serve()
+    offender = connect(server)
+    offender.sendall(framed(b"none:") + struct.pack(">i", CAP + 1))
+    time.sleep(0.3)
+    try:
+        offender.sendall(framed(b"echo:inside the refused frame"))
+    except OSError:
+        pass  # (closed already)
+    assert hung_up(offender)
+    offender.close()
+
+
+def test_a_write_stalled_before_a_deferred_answer_is_closed_by_the_idle_timeout(serve):
+    """A peer that pipelines a large answer and a deferred one, then stops reading, holds a
+    connection slot only until the idle timeout (not for ever: the burst stays in flight while
+    its earlier answers wait to be written)."""
+    server = serve(limits=net.Limits(max_connections=4, idle_timeout_s=1.0))
+    stalled = connect(server)
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stalled.sendall(framed(b"big:0:8000000") + framed(b"defer:late"))  # and never reads
+    try:
+        wait_for(lambda: metric(server, "connection-count") == 0, timeout=10)
+    finally:
+        stalled.close()
+
+
+class _RawSizes(EchoProtocol):
+    """A protocol breaking frame_size's contract: it returns a negative size as it is."""
+
+    def frame_size(self, header, authenticated):
+        return struct.unpack(">i", header)[0]
+
+    def handle(self, session, request):
+        return None if not request else super().handle(session, request)  # (an empty frame: no answer)
+
+
+def test_a_negative_frame_size_closes_the_connection_even_if_the_protocol_passes_it(serve):
+    server = serve(_RawSizes(auth=False))
+    offender = connect(server, auth=False)
+    offender.sendall(struct.pack(">i", -4))  # (read back from where it starts, the size would loop for ever)
+    assert hung_up(offender)
+    offender.close()
+    bystander = connect(server, auth=False)
+    assert call(bystander, b"echo:fine") == b"fine"
+    bystander.close()
+
+
+def test_a_connection_pipelining_loop_answered_requests_does_not_keep_others_waiting(serve):
+    """Requests answered on the loop (inline) come back as the connection's next burst is read:
+    such a connection, pipelining without end, gets one burst per turn of the loop, and another
+    connection is accepted and answered meanwhile."""
+    server = serve(InlineProtocol())
+    busy = connect(server, timeout=10)
+    stop = threading.Event()
+    batch = framed(b"echo:x") * 2000
+
+    def write() -> None:
+        while not stop.is_set():
+            try:
+                busy.sendall(batch)
+            except OSError:
+                return
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                if not busy.recv(1 << 20):
+                    return
+            except OSError:
+                return
+
+    threads = [threading.Thread(target=write, daemon=True), threading.Thread(target=read, daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(0.3)
+        for _ in range(3):
+            quiet = connect(server, timeout=10)
+            assert call(quiet, b"sleep:0:answered") == b"answered"
+            quiet.close()
+    finally:
+        stop.set()
+        busy.close()
+        for t in threads:
+            t.join(5)

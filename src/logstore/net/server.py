@@ -391,6 +391,8 @@ class Server:
             while not self._closing:
                 now = time.monotonic()
                 timeout = self._expire(now)
+                if self._done:  # answers the last turn left (see _deliver): look at the sockets, no sleep
+                    timeout = 0.0
                 self._sleep_until = now + timeout if timeout is not None else float("inf")
                 for key, mask in self._selector.select(timeout):
                     if key.data is _LISTENER:
@@ -428,8 +430,8 @@ class Server:
         elif self._accept_paused_until:
             next_at = self._accept_paused_until
         for conn in list(self._conns.values()):
-            if conn.in_flight:
-                continue  # the handler may take as long as it needs
+            if conn.in_flight and conn.waiting is None:
+                continue  # the handler may take as long as it needs (not so a write stalled before it)
             if now >= conn.deadline:
                 if not conn.lingering:  # (lingering: the delayed close after a failed handshake)
                     what = "finish its handshake" if conn.state is not _OPEN else "send a request"
@@ -663,6 +665,8 @@ class Server:
                     # A whole size prefix here (the common case): the size is checked before
                     # anything is allocated, and a whole frame is copied out at once.
                     n = frame_size(bytes(data[at:at + size]), True)
+                    if n < 0:
+                        raise ValueError(f"a frame size of {n}")
                     at += size
                     if end - at < n:
                         conn.body = bytearray(n)
@@ -686,7 +690,10 @@ class Server:
                     if conn.got < size:
                         break
                     # The size is checked before the body is allocated.
-                    conn.body = bytearray(self.protocol.frame_size(bytes(conn.header), True))
+                    n = self.protocol.frame_size(bytes(conn.header), True)
+                    if n < 0:
+                        raise ValueError(f"a frame size of {n}")
+                    conn.body = bytearray(n)
                     conn.got = 0
                 k = min(len(conn.body) - conn.got, end - at)
                 if k:
@@ -880,11 +887,14 @@ class Server:
         return True
 
     def _deliver(self) -> None:
-        """Write the answers the workers finished (on the loop thread)."""
-        while True:
+        """Write the answers the workers finished (on the loop thread): those there when it
+        starts. Answers of requests handled on the loop meanwhile (a connection pipelining
+        inline requests: its next burst is read and answered as this one is written) wait for
+        the next turn, so that such a connection never keeps the loop from the others."""
+        with self._lock:
+            count = len(self._done)
+        for _ in range(count):
             with self._lock:
-                if not self._done:
-                    return
                 conn, result, rest = self._done.popleft()
             if isinstance(result, _Partial):  # the connection stays in flight: its deferred answer is pending
                 self._partial(conn, result)
@@ -926,8 +936,8 @@ class Server:
             conn.pending[:0] = rest  # handled once this answer is written (see _unmute)
             conn.pending_bytes += sum(len(f) for f in rest)
             try:
-                if result is None:      # no response (Kafka's acks=0)
-                    self._unmute(conn)
+                if result is None:      # no response (Kafka's acks=0): on as after a written answer
+                    self._write(conn)   # (which closes a connection whose burst ended in a bad frame)
                 elif isinstance(result, _Sent):  # written (all or part) by the thread that had it
                     self._counts.responses += result.responses
                     self._counts.bytes_out += result.sent
