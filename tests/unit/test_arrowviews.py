@@ -357,3 +357,111 @@ def test_iterating_views_over_2_gib_holds_constant_memory(tmp_path):
         assert rows == log.log_end_offset
     assert peak - before < 200_000, f"iter_arrow(views=True) grew anonymous memory by {peak - before} KiB"
     assert maps <= 3, f"{maps} pinned maps alive at once"
+
+
+# ---------------------------------------------------------------------- a pinned truncation's state
+@pytest.mark.parametrize("pinned", [False, True])
+def test_a_truncation_keeps_the_leader_epoch_stamped_on_appends(tmp_path, pinned):
+    """The epoch the Log assigned is stamped on appends after a truncation, whether it cut the
+    active file in place or replaced a pinned one (a new appender), or activated an earlier
+    segment."""
+    from logstore.records.batch import parse_header
+    log = Log.open(str(tmp_path / "p"), segment_bytes=1024)
+    log.assign_leader_epoch(3)
+    for _ in range(20):
+        log.append_batch([b"v" * 50] * 2)
+    assert len(log.segments) > 2
+    table = log.read_arrow(views=True) if pinned else None
+    end = log.segments[-1].base_offset + 1
+    log.truncate_to(end)  # (into the active segment)
+    assert log.append_batch([b"z" * 50]) == end
+    assert parse_header(log.read_raw(end), 0).partition_leader_epoch == 3
+    log.truncate_to(3)  # (into the first, sealed segment)
+    log.append(b"y")
+    assert parse_header(log.read_raw(3), 0).partition_leader_epoch == 3
+    assert table is None or table.num_rows == 40
+    log.close()
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_a_truncation_of_the_active_segment_cuts_its_time_index(tmp_path, pinned):
+    """The time index entries of removed records go with them (the appender's count of them
+    is what truncates), so a time lookup finds the records appended after the truncation."""
+    ts = 1_700_000_000_000
+    v = b"y" * 200
+    log = Log.open(str(tmp_path / "p"), segment_bytes=1 << 20, index_interval_bytes=512)
+    for i in range(100):
+        log.append_batch([v, v], keys=[b"k%d" % i, None], timestamps=[ts + i, ts + i])
+    table = log.read_arrow(views=True) if pinned else None
+    log.truncate_to(20)
+    for i in range(5):
+        log.append_batch([v, v], keys=[b"n%d" % i, None], timestamps=[ts + 500 + i] * 2)
+    assert log.offset_for_timestamp(ts + 15) == 20
+    assert log.offset_for_timestamp(ts + 501) == 22
+    assert log.offset_for_timestamp(ts + 9) == 18
+    assert [r.key for r in log.read(20, 1 << 20)][:2] == [b"n0", None]
+    assert table is None or table.num_rows == 200
+    log.close()
+    with Log.open(str(tmp_path / "p")) as log:
+        assert log.offset_for_timestamp(ts + 15) == 20
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_a_group_commit_fsync_racing_a_truncation(tmp_path, pinned):
+    """A group-commit fsync runs outside the log's lock. A truncation meanwhile (replacing a
+    pinned file's descriptor, or cutting it in place) must neither let that fsync reach some
+    other file that took the descriptor's number, nor let its target, read before the
+    truncation, move the flushed offset and the recovery point past the new log end."""
+    import threading
+    import time
+
+    from logstore import _fileio
+
+    synced: list[str] = []
+    started = threading.Event()
+
+    class SlowSync(_fileio.FileOps):
+        armed = False
+        calls = 0
+
+        def fdatasync(self, fd):
+            SlowSync.calls += 1
+            if SlowSync.armed and threading.current_thread().name == "appender":
+                SlowSync.armed = False
+                started.set()
+                time.sleep(0.3)  # (a slow disk: the truncation runs now)
+                synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+            os.fdatasync(fd)
+
+    d = str(tmp_path / "p")
+    with _fileio.install(SlowSync()):
+        log = Log.open(d, flush_messages=1)
+        for _ in range(50):
+            log.append_batch([b"v" * 100] * 2)
+        table = log.read_arrow(views=True) if pinned else None
+        errors = []
+
+        def append():
+            try:
+                SlowSync.armed = True
+                log.append(b"x")
+            except Exception as exc:  # (reported below)
+                errors.append(exc)
+
+        thread = threading.Thread(target=append, name="appender")
+        thread.start()
+        assert started.wait(10)
+        log.truncate_to(10)
+        thread.join()
+        assert errors == []
+        assert len(synced) == 1 and synced[0].split(" ")[0].endswith(".log"), synced
+        assert log.log_end_offset == 10
+        assert log.recovery_point <= 10
+        calls = SlowSync.calls
+        log.append(b"y")  # (flush.messages=1: fsynced, its offset not taken for flushed already)
+        assert SlowSync.calls == calls + 1
+        assert log.recovery_point == 11
+        log.close()
+    with Log.open(d) as log:
+        assert [r.offset for r in log.read(0, 1 << 20)][-2:] == [9, 10]
+    assert table is None or table.num_rows == 100
