@@ -327,8 +327,10 @@ def test_the_view_writer_checks_every_span():
                                    nulls) == lib.LS_ERR_CORRUPT
     assert lib.ls_binary_views(buf, len(buf), 8, 25, pos, lens, 4, 0, views, validity, nulls) == lib.LS_ERR_ARG
     lo, hi = ffi.new("int64_t *"), ffi.new("int64_t *")
-    assert lib.ls_view_span(pos, lens, 4, lo, hi) == 0 and (lo[0], hi[0]) == (4, 24)
-    assert lib.ls_view_span(pos, lens, 1, lo, hi) == 0 and lo[0] == hi[0]
+    assert lib.ls_view_span(pos, lens, 4, 24, lo, hi) == 0 and (lo[0], hi[0]) == (4, 24)
+    assert lib.ls_view_span(pos, lens, 1, 24, lo, hi) == 0 and lo[0] == hi[0]
+    assert lib.ls_view_span(pos, lens, 4, 23, lo, hi) == lib.LS_ERR_CORRUPT  # (past the buffer)
+    assert lib.ls_view_span(pos, lens, 4, -1, lo, hi) == lib.LS_ERR_ARG
 
 
 @pytest.mark.slow
@@ -465,3 +467,127 @@ def test_a_group_commit_fsync_racing_a_truncation(tmp_path, pinned):
     with Log.open(d) as log:
         assert [r.offset for r in log.read(0, 1 << 20)][-2:] == [9, 10]
     assert table is None or table.num_rows == 100
+
+
+# ---------------------------------------------------------------------- pins: descriptors, checks, copies
+def _open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_pinned_map_holds_one_descriptor_and_keeps_its_lock(tmp_path):
+    path = str(tmp_path / "f")
+    with open(path, "wb") as f:
+        f.write(b"abcdefgh" * 1000)
+    st = os.stat(path)
+    before = _open_fds()
+    pinned = PinnedMap(path, (st.st_dev, st.st_ino), 8000)
+    assert _open_fds() == before + 1  # (the map's own: the lock is on its open file description)
+    with in_place_allowed(path) as free:
+        assert not free
+    del pinned
+    assert _open_fds() == before
+    with in_place_allowed(path) as free:
+        assert free
+
+
+def test_a_pin_check_that_cannot_open_the_file_replaces_it(tmp_path):
+    """in_place_allowed cannot learn the pin state (EMFILE): it says no, and a truncation
+    replaces the file (safe whatever the state) instead of failing or taking the log offline."""
+    import errno
+
+    from logstore import _fileio
+
+    class NoDescriptors(_fileio.FileOps):
+        armed = False
+
+        def open(self, path, flags, mode=0o644):
+            if NoDescriptors.armed and flags == os.O_RDONLY and path.endswith(".log"):
+                raise OSError(errno.EMFILE, "Too many open files", path)
+            return super().open(path, flags, mode)
+
+    log = Log.open(str(tmp_path / "p"))
+    for i in range(20):
+        log.append_batch([b"v%d" % i * 20] * 2)
+    [path] = [os.path.join(tmp_path, "p", n) for n in os.listdir(tmp_path / "p") if n.endswith(".log")]
+    inode = os.stat(path).st_ino
+    with _fileio.install(NoDescriptors()):
+        NoDescriptors.armed = True
+        with in_place_allowed(path) as free:
+            assert not free
+        log.truncate_to(15)
+        NoDescriptors.armed = False
+    assert os.stat(path).st_ino != inode  # (replaced, not cut in place)
+    assert log.log_end_offset == 15
+    assert log.append(b"x") == 15
+    assert [r.offset for r in log.read(0, 1 << 20)] == list(range(16))
+    log.close()
+
+
+def test_replace_file_copies_without_the_kernel_copy_and_cleans_up_a_failure(tmp_path):
+    import errno
+
+    from logstore import _fileio
+
+    path = str(tmp_path / "f")
+    data = bytes(range(256)) * 9000  # (more than one pread chunk)
+    with open(path, "wb") as f:
+        f.write(data)
+
+    class ShortCopy(_fileio.FileOps):
+        """copy_file_range stopping early without an error (returns 0), fsync failing on demand."""
+        fail_fsync = False
+
+        def copy_range(self, src, dst, position, count):
+            return 0 if position >= 4096 else super().copy_range(src, dst, position, min(count, 4096 - position))
+
+        def fsync(self, fd):
+            if ShortCopy.fail_fsync:
+                raise OSError(errno.EIO, "I/O error")
+            super().fsync(fd)
+
+    fd = os.open(path, os.O_RDWR)
+    try:
+        with _fileio.install(ShortCopy()):
+            ShortCopy.fail_fsync = True
+            with pytest.raises(OSError):
+                replace_file(path, fd, 5000, b"tail")
+            assert os.listdir(tmp_path) == ["f"]  # (no .tmp left)
+            with open(path, "rb") as f:
+                assert f.read() == data
+            ShortCopy.fail_fsync = False
+            os.close(replace_file(path, fd, len(data) - 10, b"tail"))
+        with open(path, "rb") as f:
+            assert f.read() == data[:-10] + b"tail"
+        with pytest.raises(OSError):  # (the descriptor's file is shorter than what is kept)
+            replace_file(path, fd, len(data) + 1)
+        assert sorted(os.listdir(tmp_path)) == ["f"]
+    finally:
+        os.close(fd)
+
+
+def _pinned_segments(directory):
+    pinned = []
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".log"):
+            with in_place_allowed(os.path.join(directory, name)) as free:
+                if not free:
+                    pinned.append(name)
+    return pinned
+
+
+def test_a_table_pins_only_the_segments_its_long_values_point_into(tmp_path):
+    """Keys and values of up to 12 bytes are held in their views: a table of them pins no
+    segment file; one with a longer value pins the segment holding it."""
+    d = str(tmp_path / "p")
+    with Log.open(d, segment_bytes=4096) as log:
+        for i in range(400):
+            log.append_batch([b"short%d" % i] * 5, keys=[b"k"] * 5)
+        log.append_batch([b"a value longer than twelve bytes"])
+        assert len(log.segments) > 3
+        short = log.read_arrow(views=True, end=log.log_end_offset - 1)
+        assert _pinned_segments(d) == []
+        assert rows_of(short) == records_of(log)[:-1]
+        assert short.column("value").type == pa.binary_view()
+        long = log.read_arrow(views=True, start=log.log_end_offset - 3)
+        assert _pinned_segments(d) == [f"{log.segments[-1].base_offset:020d}.log"]
+        assert rows_of(long) == records_of(log)[-3:]
