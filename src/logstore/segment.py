@@ -81,7 +81,7 @@ class SegmentInfo:
 
 class LogSegment:
     """LogSegment owns NNN.log, NNN.index, NNN.timeindex, NNN.txnindex and NNN.log.truncating.
-    Not thread-safe; Log serialises access.
+    Not thread-safe; Log serialises access (except :meth:`flush_data`, which may run beside it).
 
     Create new segments with :meth:`create`; open existing ones with :meth:`open`.
 
