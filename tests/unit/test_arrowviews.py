@@ -408,12 +408,13 @@ def test_a_truncation_of_the_active_segment_cuts_its_time_index(tmp_path, pinned
         assert log.offset_for_timestamp(ts + 15) == 20
 
 
-@pytest.mark.parametrize("pinned", [False, True])
-def test_a_group_commit_fsync_racing_a_truncation(tmp_path, pinned):
+@pytest.mark.parametrize("pinned,segment_bytes", [(False, 1 << 20), (True, 1 << 20), (False, 2048)])
+def test_a_group_commit_fsync_racing_a_truncation(tmp_path, pinned, segment_bytes):
     """A group-commit fsync runs outside the log's lock. A truncation meanwhile (replacing a
-    pinned file's descriptor, or cutting it in place) must neither let that fsync reach some
-    other file that took the descriptor's number, nor let its target, read before the
-    truncation, move the flushed offset and the recovery point past the new log end."""
+    pinned file's descriptor, cutting it in place, or removing the active segment for an
+    earlier one) must neither let that fsync reach some other file that took the descriptor's
+    number, nor let its target, read before the truncation, move the flushed offset and the
+    recovery point past the new log end."""
     import threading
     import time
 
@@ -437,7 +438,7 @@ def test_a_group_commit_fsync_racing_a_truncation(tmp_path, pinned):
 
     d = str(tmp_path / "p")
     with _fileio.install(SlowSync()):
-        log = Log.open(d, flush_messages=1)
+        log = Log.open(d, flush_messages=1, segment_bytes=segment_bytes)
         for _ in range(50):
             log.append_batch([b"v" * 100] * 2)
         table = log.read_arrow(views=True) if pinned else None
