@@ -36,6 +36,7 @@ import errno
 import logging
 import mmap
 import os
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -80,7 +81,7 @@ class SegmentInfo:
 
 class LogSegment:
     """LogSegment owns NNN.log, NNN.index, NNN.timeindex, NNN.txnindex and NNN.log.truncating.
-    Not thread-safe; Log serialises access.
+    Not thread-safe; Log serialises access (except :meth:`flush_data`, which may run beside it).
 
     Create new segments with :meth:`create`; open existing ones with :meth:`open`.
 
@@ -110,6 +111,11 @@ class LogSegment:
         stem = os.path.join(directory, segment_name(base_offset))
         self.path = stem + LOG_SUFFIX
         self._fd = _fileio.ops.open(self.path, os.O_RDWR | os.O_CREAT)
+        # Held while a descriptor of the segment is synced or closed: the Log's group-commit
+        # flusher syncs outside the log's lock (flush_data) while a truncation may replace the
+        # .log's descriptor (_take_fd) or abandon the segment; a closed descriptor's number can be
+        # reused by the next open (it would sync some other file).
+        self._fd_lock = threading.Lock()
         self.offset_index = OffsetIndex(stem + INDEX_SUFFIX, base_offset, index_bytes, writable=False)
         self.time_index = TimeIndex(stem + TIMEINDEX_SUFFIX, base_offset, index_bytes, writable=False)
         #: the aborted transactions whose ABORT marker is in this segment
@@ -1006,10 +1012,13 @@ class LogSegment:
         new_size = position + len(replacement)
         journal = self.path + TRUNCATION_SUFFIX
         write_truncation_journal(journal, position, bytes(replacement))
+        a = self._appender
+        if a is not None:  # the appender counts an active segment's index entries, not the indexes
+            self.offset_index.entries = a.index_entries
+            self.time_index.entries = a.timeindex_entries
         self.offset_index.truncate_to(offset)
         self.time_index.truncate_to(offset)
         self.txn_index.truncate_to(offset)
-        a = self._appender
         with in_place_allowed(self.path) as in_place:
             if not in_place:  # Arrow views pin the file: a new file, the pinned one left as it is
                 self._replace_tail(position, replacement)
@@ -1056,23 +1065,31 @@ class LogSegment:
 
     def _replace_tail(self, position: int, replacement: Any) -> None:
         """truncate_to's change made as a new file (the bytes before ``position``, then
-        ``replacement``) renamed over the pinned one; an active segment is active again after."""
-        active = self._appender is not None
-        if active:
-            self._sync_from_appender()
+        ``replacement``) renamed over the pinned one; an active segment is active again after,
+        its appender keeping the settings its owner gave the old one (the leader epoch it
+        stamps, the largest batch). The indexes are already truncated (their entry counts are
+        the indexes' own: the old appender's are not taken back)."""
+        old = self._appender
+        if old is not None:
+            epoch, max_batch_bytes = old.partition_leader_epoch, old.max_batch_bytes
             self._drop_appender()
         self._unmap()
         self._take_fd(replace_file(self.path, self._fd, position, replacement))
         self._size = position + len(replacement)
         self._set_facts(self._scan())
-        if active:
+        if old is not None:
             self.activate()
+            a = self._appender
+            a.partition_leader_epoch = epoch
+            a.max_batch_bytes = max_batch_bytes
 
     def _take_fd(self, fd: int) -> None:
-        """Use ``fd``, the descriptor of a new file renamed over the .log, instead of the old one."""
-        _fileio.ops.close(self._fd)
-        self._fd = fd
-        self._pinned = None
+        """Use ``fd``, the descriptor of a new file renamed over the .log, instead of the old one
+        (after any sync of the old one under way: see ``_fd_lock``)."""
+        with self._fd_lock:
+            old, self._fd = self._fd, fd
+            self._pinned = None
+            _fileio.ops.close(old)
 
     # ------------------------------------------------------------------ durability / lifecycle
     def flush(self) -> None:
@@ -1084,9 +1101,14 @@ class LogSegment:
 
     def flush_data(self) -> None:
         """fdatasync the log (enough for durability of appended records) and the transaction
-        index, which read_committed readers need to skip aborted records."""
-        _fileio.ops.fdatasync(self._fd)
-        self.txn_index.flush()
+        index, which read_committed readers need to skip aborted records. Thread-safe against a
+        truncation replacing the .log's descriptor and against close/abandon (nothing to do once
+        closed): the Log's group commit calls it outside the log's lock."""
+        with self._fd_lock:
+            if self._fd < 0:
+                return
+            _fileio.ops.fdatasync(self._fd)
+            self.txn_index.flush()
 
     def close(self, trim: bool = True) -> None:
         """Seal (trimming files to their data) and release descriptors and maps."""
@@ -1101,10 +1123,11 @@ class LogSegment:
         self._unmap()
         self.offset_index.close()
         self.time_index.close()
-        self.txn_index.flush()
-        self.txn_index.close()
-        _fileio.ops.close(self._fd)
-        self._fd = -1
+        with self._fd_lock:
+            self.txn_index.flush()
+            self.txn_index.close()
+            _fileio.ops.close(self._fd)
+            self._fd = -1
         self.closed = True
 
     def abandon(self) -> None:
@@ -1115,8 +1138,10 @@ class LogSegment:
         self._unmap()
         self.offset_index.close()
         self.time_index.close()
-        self.txn_index.close()
-        _fileio.ops.close(self._fd)
+        with self._fd_lock:
+            self.txn_index.close()
+            _fileio.ops.close(self._fd)
+            self._fd = -1
         self.closed = True
 
     def file_paths(self) -> list[str]:

@@ -327,8 +327,10 @@ def test_the_view_writer_checks_every_span():
                                    nulls) == lib.LS_ERR_CORRUPT
     assert lib.ls_binary_views(buf, len(buf), 8, 25, pos, lens, 4, 0, views, validity, nulls) == lib.LS_ERR_ARG
     lo, hi = ffi.new("int64_t *"), ffi.new("int64_t *")
-    assert lib.ls_view_span(pos, lens, 4, lo, hi) == 0 and (lo[0], hi[0]) == (4, 24)
-    assert lib.ls_view_span(pos, lens, 1, lo, hi) == 0 and lo[0] == hi[0]
+    assert lib.ls_view_span(pos, lens, 4, 24, lo, hi) == 0 and (lo[0], hi[0]) == (4, 24)
+    assert lib.ls_view_span(pos, lens, 1, 24, lo, hi) == 0 and lo[0] == hi[0]
+    assert lib.ls_view_span(pos, lens, 4, 23, lo, hi) == lib.LS_ERR_CORRUPT  # (past the buffer)
+    assert lib.ls_view_span(pos, lens, 4, -1, lo, hi) == lib.LS_ERR_ARG
 
 
 @pytest.mark.slow
@@ -357,3 +359,236 @@ def test_iterating_views_over_2_gib_holds_constant_memory(tmp_path):
         assert rows == log.log_end_offset
     assert peak - before < 200_000, f"iter_arrow(views=True) grew anonymous memory by {peak - before} KiB"
     assert maps <= 3, f"{maps} pinned maps alive at once"
+
+
+# ---------------------------------------------------------------------- a pinned truncation's state
+@pytest.mark.parametrize("pinned", [False, True])
+def test_a_truncation_keeps_the_leader_epoch_stamped_on_appends(tmp_path, pinned):
+    """The epoch the Log assigned is stamped on appends after a truncation, whether it cut the
+    active file in place or replaced a pinned one (a new appender), or activated an earlier
+    segment."""
+    from logstore.records.batch import parse_header
+    log = Log.open(str(tmp_path / "p"), segment_bytes=1024)
+    log.assign_leader_epoch(3)
+    for _ in range(20):
+        log.append_batch([b"v" * 50] * 2)
+    assert len(log.segments) > 2
+    table = log.read_arrow(views=True) if pinned else None
+    end = log.segments[-1].base_offset + 1
+    log.truncate_to(end)  # (into the active segment)
+    assert log.append_batch([b"z" * 50]) == end
+    assert parse_header(log.read_raw(end), 0).partition_leader_epoch == 3
+    log.truncate_to(3)  # (into the first, sealed segment)
+    log.append(b"y")
+    assert parse_header(log.read_raw(3), 0).partition_leader_epoch == 3
+    assert table is None or table.num_rows == 40
+    log.close()
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_a_truncation_of_the_active_segment_cuts_its_time_index(tmp_path, pinned):
+    """The time index entries of removed records go with them (the appender's count of them
+    is what truncates), so a time lookup finds the records appended after the truncation."""
+    ts = 1_700_000_000_000
+    v = b"y" * 200
+    log = Log.open(str(tmp_path / "p"), segment_bytes=1 << 20, index_interval_bytes=512)
+    for i in range(100):
+        log.append_batch([v, v], keys=[b"k%d" % i, None], timestamps=[ts + i, ts + i])
+    table = log.read_arrow(views=True) if pinned else None
+    log.truncate_to(20)
+    for i in range(5):
+        log.append_batch([v, v], keys=[b"n%d" % i, None], timestamps=[ts + 500 + i] * 2)
+    assert log.offset_for_timestamp(ts + 15) == 20
+    assert log.offset_for_timestamp(ts + 501) == 22
+    assert log.offset_for_timestamp(ts + 9) == 18
+    assert [r.key for r in log.read(20, 1 << 20)][:2] == [b"n0", None]
+    assert table is None or table.num_rows == 200
+    log.close()
+    with Log.open(str(tmp_path / "p")) as log:
+        assert log.offset_for_timestamp(ts + 15) == 20
+
+
+@pytest.mark.parametrize("pinned,segment_bytes", [(False, 1 << 20), (True, 1 << 20), (False, 2048)])
+def test_a_group_commit_fsync_racing_a_truncation(tmp_path, pinned, segment_bytes):
+    """A group-commit fsync runs outside the log's lock. A truncation meanwhile (replacing a
+    pinned file's descriptor, cutting it in place, or removing the active segment for an
+    earlier one) must neither let that fsync reach some other file that took the descriptor's
+    number, nor let its target, read before the truncation, move the flushed offset and the
+    recovery point past the new log end."""
+    import threading
+    import time
+
+    from logstore import _fileio
+
+    synced: list[str] = []
+    started = threading.Event()
+
+    class SlowSync(_fileio.FileOps):
+        armed = False
+        calls = 0
+
+        def fdatasync(self, fd):
+            SlowSync.calls += 1
+            if SlowSync.armed and threading.current_thread().name == "appender":
+                SlowSync.armed = False
+                started.set()
+                time.sleep(0.3)  # (a slow disk: the truncation runs now)
+                synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+            os.fdatasync(fd)
+
+    d = str(tmp_path / "p")
+    with _fileio.install(SlowSync()):
+        log = Log.open(d, flush_messages=1, segment_bytes=segment_bytes)
+        for _ in range(50):
+            log.append_batch([b"v" * 100] * 2)
+        table = log.read_arrow(views=True) if pinned else None
+        errors = []
+
+        def append():
+            try:
+                SlowSync.armed = True
+                log.append(b"x")
+            except Exception as exc:  # (reported below)
+                errors.append(exc)
+
+        thread = threading.Thread(target=append, name="appender")
+        thread.start()
+        assert started.wait(10)
+        log.truncate_to(10)
+        thread.join()
+        assert errors == []
+        assert len(synced) == 1 and synced[0].split(" ")[0].endswith(".log"), synced
+        assert log.log_end_offset == 10
+        assert log.recovery_point <= 10
+        calls = SlowSync.calls
+        log.append(b"y")  # (flush.messages=1: fsynced, its offset not taken for flushed already)
+        assert SlowSync.calls == calls + 1
+        assert log.recovery_point == 11
+        log.close()
+    with Log.open(d) as log:
+        assert [r.offset for r in log.read(0, 1 << 20)][-2:] == [9, 10]
+    assert table is None or table.num_rows == 100
+
+
+# ---------------------------------------------------------------------- pins: descriptors, checks, copies
+def _open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_pinned_map_holds_one_descriptor_and_keeps_its_lock(tmp_path):
+    path = str(tmp_path / "f")
+    with open(path, "wb") as f:
+        f.write(b"abcdefgh" * 1000)
+    st = os.stat(path)
+    before = _open_fds()
+    pinned = PinnedMap(path, (st.st_dev, st.st_ino), 8000)
+    assert _open_fds() == before + 1  # (the map's own: the lock is on its open file description)
+    with in_place_allowed(path) as free:
+        assert not free
+    del pinned
+    assert _open_fds() == before
+    with in_place_allowed(path) as free:
+        assert free
+
+
+def test_a_pin_check_that_cannot_open_the_file_replaces_it(tmp_path):
+    """in_place_allowed cannot learn the pin state (EMFILE): it says no, and a truncation
+    replaces the file (safe whatever the state) instead of failing or taking the log offline."""
+    import errno
+
+    from logstore import _fileio
+
+    class NoDescriptors(_fileio.FileOps):
+        armed = False
+
+        def open(self, path, flags, mode=0o644):
+            if NoDescriptors.armed and flags == os.O_RDONLY and path.endswith(".log"):
+                raise OSError(errno.EMFILE, "Too many open files", path)
+            return super().open(path, flags, mode)
+
+    log = Log.open(str(tmp_path / "p"))
+    for i in range(20):
+        log.append_batch([b"v%d" % i * 20] * 2)
+    [path] = [os.path.join(tmp_path, "p", n) for n in os.listdir(tmp_path / "p") if n.endswith(".log")]
+    inode = os.stat(path).st_ino
+    with _fileio.install(NoDescriptors()):
+        NoDescriptors.armed = True
+        with in_place_allowed(path) as free:
+            assert not free
+        log.truncate_to(15)
+        NoDescriptors.armed = False
+    assert os.stat(path).st_ino != inode  # (replaced, not cut in place)
+    assert log.log_end_offset == 15
+    assert log.append(b"x") == 15
+    assert [r.offset for r in log.read(0, 1 << 20)] == list(range(16))
+    log.close()
+
+
+def test_replace_file_copies_without_the_kernel_copy_and_cleans_up_a_failure(tmp_path):
+    import errno
+
+    from logstore import _fileio
+
+    path = str(tmp_path / "f")
+    data = bytes(range(256)) * 9000  # (more than one pread chunk)
+    with open(path, "wb") as f:
+        f.write(data)
+
+    class ShortCopy(_fileio.FileOps):
+        """copy_file_range stopping early without an error (returns 0), fsync failing on demand."""
+        fail_fsync = False
+
+        def copy_range(self, src, dst, position, count):
+            return 0 if position >= 4096 else super().copy_range(src, dst, position, min(count, 4096 - position))
+
+        def fsync(self, fd):
+            if ShortCopy.fail_fsync:
+                raise OSError(errno.EIO, "I/O error")
+            super().fsync(fd)
+
+    fd = os.open(path, os.O_RDWR)
+    try:
+        with _fileio.install(ShortCopy()):
+            ShortCopy.fail_fsync = True
+            with pytest.raises(OSError):
+                replace_file(path, fd, 5000, b"tail")
+            assert os.listdir(tmp_path) == ["f"]  # (no .tmp left)
+            with open(path, "rb") as f:
+                assert f.read() == data
+            ShortCopy.fail_fsync = False
+            os.close(replace_file(path, fd, len(data) - 10, b"tail"))
+        with open(path, "rb") as f:
+            assert f.read() == data[:-10] + b"tail"
+        with pytest.raises(OSError):  # (the descriptor's file is shorter than what is kept)
+            replace_file(path, fd, len(data) + 1)
+        assert sorted(os.listdir(tmp_path)) == ["f"]
+    finally:
+        os.close(fd)
+
+
+def _pinned_segments(directory):
+    pinned = []
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".log"):
+            with in_place_allowed(os.path.join(directory, name)) as free:
+                if not free:
+                    pinned.append(name)
+    return pinned
+
+
+def test_a_table_pins_only_the_segments_its_long_values_point_into(tmp_path):
+    """Keys and values of up to 12 bytes are held in their views: a table of them pins no
+    segment file; one with a longer value pins the segment holding it."""
+    d = str(tmp_path / "p")
+    with Log.open(d, segment_bytes=4096) as log:
+        for i in range(400):
+            log.append_batch([b"short%d" % i] * 5, keys=[b"k"] * 5)
+        log.append_batch([b"a value longer than twelve bytes"])
+        assert len(log.segments) > 3
+        short = log.read_arrow(views=True, end=log.log_end_offset - 1)
+        assert _pinned_segments(d) == []
+        assert rows_of(short) == records_of(log)[:-1]
+        assert short.column("value").type == pa.binary_view()
+        long = log.read_arrow(views=True, start=log.log_end_offset - 3)
+        assert _pinned_segments(d) == [f"{log.segments[-1].base_offset:020d}.log"]
+        assert rows_of(long) == records_of(log)[-3:]

@@ -86,14 +86,14 @@ int32_t ls_binary_views(const char *buf, int64_t buf_len, int64_t base, int64_t 
     return 0;
 }
 
-int32_t ls_view_span(const int32_t *pos, const int32_t *len, int32_t n, int64_t *lo, int64_t *hi)
+int32_t ls_view_span(const int32_t *pos, const int32_t *len, int32_t n, int64_t buf_len, int64_t *lo, int64_t *hi)
 {
-    if (n < 0 || (n > 0 && (pos == NULL || len == NULL)) || lo == NULL || hi == NULL)
+    if (n < 0 || buf_len < 0 || (n > 0 && (pos == NULL || len == NULL)) || lo == NULL || hi == NULL)
         return LS_ERR_ARG;
     int64_t a = INT64_MAX, b = 0;
     for (int32_t i = 0; i < n; i++) {
         int64_t l = len[i];
-        if (l < -1 || (l >= 0 && pos[i] < 0))
+        if (l < -1 || (l >= 0 && (pos[i] < 0 || (int64_t)pos[i] + l > buf_len)))
             return LS_ERR_CORRUPT;
         if (l > 12) {
             if (pos[i] < a)

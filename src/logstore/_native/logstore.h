@@ -244,11 +244,12 @@ int64_t ls_binary_size(const int32_t *len, int32_t n);
  * long value outside the data buffer (or at an offset past INT32_MAX), LS_ERR_ARG for unusable
  * arguments.
  * ls_view_span: [lo, hi) covering every span longer than 12 bytes (lo == hi when none): the
- * bytes a data buffer of views of them must hold. */
+ * bytes a data buffer of views of them must hold. Returns 0, LS_ERR_CORRUPT for a span outside
+ * buf[0, buf_len) or a length below -1, LS_ERR_ARG for unusable arguments. */
 int32_t ls_binary_views(const char *buf, int64_t buf_len, int64_t base, int64_t data_len, const int32_t *pos,
                         const int32_t *len, int32_t n, int32_t buffer_index, uint8_t *views, uint8_t *validity,
                         int32_t *null_count);
-int32_t ls_view_span(const int32_t *pos, const int32_t *len, int32_t n, int64_t *lo, int64_t *hi);
+int32_t ls_view_span(const int32_t *pos, const int32_t *len, int32_t n, int64_t buf_len, int64_t *lo, int64_t *hi);
 /* ls_take_views: copy n views that the decoder wrote (ls_records_out's key_views or value_views,
  * into a buffer whose bytes [0, data_len) Arrow is given as data buffer 0) to views_out, writing
  * the validity bitmap and null count from the lengths len (-1: null). Returns 0, LS_ERR_CORRUPT

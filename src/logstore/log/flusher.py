@@ -50,12 +50,14 @@ class FlushHooks(NamedTuple):
 
     #: the offset below which the log's records are fsynced (read without the log's lock)
     flushed_offset: Callable[[], int]
-    #: under the log's lock: the active segment and the log end to fsync up to, None when the
-    #: log was closed (whose close flushes everything); raises when the log cannot be used
-    target: Callable[[], "tuple[LogSegment, int] | None"]
-    #: the segment was fsynced up to the offset: advance the log's flushed offset and recovery
-    #: point (False when the log was closed meanwhile)
-    synced: Callable[[LogSegment, int], bool]
+    #: under the log's lock: the active segment, the log end to fsync up to and the log's
+    #: truncation count then, None when the log was closed (whose close flushes everything);
+    #: raises when the log cannot be used
+    target: Callable[[], "tuple[LogSegment, int, int] | None"]
+    #: the segment was fsynced up to the offset (read at that truncation count): advance the
+    #: log's flushed offset and recovery point unless it was truncated since (False when the
+    #: log was closed meanwhile)
+    synced: Callable[[LogSegment, int, int], bool]
     #: an fsync failed: the log goes offline
     failed: Callable[[BaseException], None]
     #: under the log's lock: recompute the append path's flush threshold
@@ -190,8 +192,9 @@ class Flusher:
         if target is not None:
             self._fsync(*target)
 
-    def _fsync(self, segment: LogSegment, offset: int) -> None:
-        """fsync the active segment up to ``offset`` (read under the log's lock) and record it."""
+    def _fsync(self, segment: LogSegment, offset: int, truncations: int) -> None:
+        """fsync the active segment up to ``offset`` (read under the log's lock after
+        ``truncations`` truncations) and record it."""
         hooks = self._hooks
         # Segments before the active one were fsynced when they rolled. fdatasync is
         # enough for the data; the index files are derived and rebuilt by recovery.
@@ -204,7 +207,7 @@ class Flusher:
             with self._log_lock:
                 hooks.failed(exc)
             raise
-        if hooks.synced(segment, offset):
+        if hooks.synced(segment, offset, truncations):
             self.last_flush = time.monotonic()
 
     # ------------------------------------------------------------------ timers

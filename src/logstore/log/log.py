@@ -259,6 +259,9 @@ class Log:
         self._high_watermark: int | None = None
         self._recovery_point = 0
         self._flushed_offset = 0
+        #: bumped by every truncation (under the lock): an fsync whose target was read before
+        #: one covers offsets that may no longer exist, and must not advance the offsets above
+        self._truncations = 0
         self._last_checkpoint = 0.0
         self._segments = LogSegments.for_config(self.path, config, self._lock, timers)
         self._loader = LogLoader(self._segments, self._key, self._recovery_points, self._start_offsets)
@@ -446,6 +449,7 @@ class Log:
 
     def _reload_layout(self, view: Any) -> None:
         """Another process changed the segment files: reopen what changed, keep the rest."""
+        self._truncations += 1  # (it may have truncated the log: see _synced)
         self._set_active(self._segments.reload(view))
         for segment in self._segments.values():  # (an abort indexed before another process's roll)
             segment.txn_index.refresh()
@@ -1178,24 +1182,30 @@ class Log:
         with self._lock:
             self._follow()
 
-    def _flush_target(self) -> tuple[LogSegment, int] | None:
-        """What an fsync covers now (held: the lock): the active segment up to the log end;
-        None once closed (close flushes everything itself). Segments before the active one were
-        fsynced when they rolled."""
+    def _flush_target(self) -> tuple[LogSegment, int, int] | None:
+        """What an fsync covers now (held: the lock): the active segment up to the log end, and
+        the truncation count it was read at; None once closed (close flushes everything
+        itself). Segments before the active one were fsynced when they rolled."""
         if self._closed:
             return None
         self._check_open()
         segment = self._segments.active
         assert segment is not None
-        return segment, self._appender.next_offset
+        return segment, self._appender.next_offset, self._truncations
 
-    def _synced(self, segment: LogSegment, target: int) -> bool:
-        """``segment`` is fsynced up to ``target``: advance the flushed offset and, while it is
-        still the active segment, the recovery point (rewriting the checkpoint files when they
-        are old). False when the log was closed meanwhile."""
+    def _synced(self, segment: LogSegment, target: int, truncations: int) -> bool:
+        """``segment`` is fsynced up to ``target`` (read after ``truncations`` truncations):
+        advance the flushed offset and, while it is still the active segment, the recovery
+        point (rewriting the checkpoint files when they are old). Nothing advances when the log
+        was truncated since the target was read: the offsets below it may be gone, and those
+        appended after the truncation were not covered. False when the log was closed
+        meanwhile."""
         with self._lock, self._w:
             if self._closed:
                 return False
+            if truncations != self._truncations:
+                self._update_flush_at()
+                return True
             self._flushed_offset = max(self._flushed_offset, target)
             if target > self._recovery_point and segment is self._segments.active:
                 self._recovery_point = target
@@ -1948,13 +1958,19 @@ class Log:
                 return
             with self._io_guard():
                 self._begin_layout_change()
+                self._truncations += 1
                 self._producers.before_truncation(offset)  # (durably, before the segments change)
                 if offset <= self._log_start_offset:
                     self._set_active(self._segments.replace_all(offset))
                     self._log_start_offset = offset
                     self._producers.restarted(offset)
                 else:
+                    # The epoch stamped on appends stays the leader's: the active segment's
+                    # appender may be a new one (a sealed segment activated, or a pinned file
+                    # replaced), made with the segment's own epoch.
+                    epoch = self._appender.partition_leader_epoch
                     self._set_active(self._segments.truncate_to(offset, self._builder, self._decoder))
+                    self._appender.partition_leader_epoch = epoch
                 _fileio.ops.fsync_dir(self.path)
                 end = self._appender.next_offset
                 self._producers.truncated(end)
@@ -1977,6 +1993,7 @@ class Log:
         with self._lock, self._w:
             self._check_open()
             with self._io_guard():
+                self._truncations += 1
                 self._producers.before_truncation(-1)  # every snapshot goes, durably, first
                 self._set_active(self._segments.replace_all(offset))
                 self._producers.restarted(offset)

@@ -204,10 +204,15 @@ class ArrowBuilder:
 
     def _data_buffer(self, buf: Any, cbuf: Any, out: Any, first: int, k: int) -> tuple[pa.Buffer, int]:
         """(Arrow buffer, position in ``buf`` where it starts) that the views of rows
-        [first, first + k) point into: the PinnedMap registered for ``buf``, ``buf`` itself when
-        it is an immutable bytes object, else a copy of the span the rows' long values cover."""
+        [first, first + k) point into: the PinnedMap registered for ``buf`` (an empty buffer
+        when every key and value is held in its view: the table then pins no file), ``buf``
+        itself when it is an immutable bytes object, else a copy of the span the rows' long
+        values cover."""
         pinned = self._maps.get(id(buf))
         if pinned is not None and pinned[0] is buf:
+            start, end = _long_span(cbuf, out, first, k, self.columns)
+            if end <= start:
+                return _buffer(0)[0], 0
             return pa.foreign_buffer(pinned[1].address, pinned[1].size, base=pinned[1]), 0
         if type(buf) is bytes:
             return pa.py_buffer(buf), 0
@@ -253,23 +258,30 @@ def _buffer(size: int) -> tuple[pa.Buffer, Any]:
 def _copied_span(cbuf: Any, out: Any, first: int, k: int, columns: Sequence[str]) -> tuple[pa.Buffer, int]:
     """A copy of the span of ``cbuf`` that the long keys and values of rows [first, first + k)
     cover (one memcpy), and where it starts."""
+    start, end = _long_span(cbuf, out, first, k, columns)
+    data, ptr = _buffer(end - start)
+    if end > start:
+        ffi.memmove(ptr, cbuf + start, end - start)
+    return data, start
+
+
+def _long_span(cbuf: Any, out: Any, first: int, k: int, columns: Sequence[str]) -> tuple[int, int]:
+    """[start, end) of ``cbuf`` covering the keys and values (of ``columns``) longer than 12
+    bytes of rows [first, first + k); start == end when there is none."""
     lo, hi = ffi.new("int64_t *"), ffi.new("int64_t *")
     start, end = None, 0
     for name in ("key", "value"):
         if name not in columns:
             continue
         pos, lens = (out.key_pos, out.key_len) if name == "key" else (out.value_pos, out.value_len)
-        if lib.ls_view_span(pos + first, lens + first, k, lo, hi) < 0:
+        if lib.ls_view_span(pos + first, lens + first, k, len(cbuf), lo, hi) < 0:
             raise LogstoreError("decoded record lengths are invalid")
         if hi[0] > lo[0]:
             start = lo[0] if start is None else min(start, lo[0])
             end = max(end, hi[0])
     if start is None:
         start = end = 0
-    data, ptr = _buffer(end - start)
-    if end > start:
-        ffi.memmove(ptr, cbuf + start, end - start)
-    return data, start
+    return start, end
 
 
 def _views(cbuf: Any, size: int, data: tuple[pa.Buffer, int], pos: Any, lens: Any, k: int) -> pa.Array | None:
