@@ -27,7 +27,12 @@ def main() -> None:
     with open(out_path, "a", buffering=1) as out:
         out.write("S\n")
         while not stop.is_set():
-            batches = consumer.poll(timeout_ms=200)
+            try:
+                batches = consumer.poll(timeout_ms=200)
+            except KafkaError as exc:  # (kafka-python 3 raises a refused connection to a killed node)
+                out.write(f"E {type(exc).__name__}\n")
+                stop.wait(0.1)
+                continue
             for tp, records in batches.items():
                 for r in records:
                     out.write(f"R {tp.partition} {r.offset} {r.value.decode()}\n")

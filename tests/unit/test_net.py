@@ -689,6 +689,7 @@ def _serves_two(server):
 def test_a_connection_closed_while_a_bursts_deferred_answer_waits_gives_its_slot_back(serve):
     server = serve(limits=net.Limits(max_connections=2))
     for _ in range(3):  # more times than there are slots
+        wait_for(lambda: metric(server, "connection-count") == 0)  # (the last check's connections are closed)
         s = connect(server)
         # A large first answer the peer does not read (it stays queued on the server), then a
         # deferred one: the connection closes while the deferred answer is still awaited.
