@@ -387,3 +387,84 @@ def test_timestamps_at_the_bottom_of_the_long_range(spark, tmp_path):
         jvm = _outcome(spark, root, "jvm", **{option: str(-2**63)})
         assert jvm == _outcome(spark, root, "python", **{option: str(-2**63)})
         assert jvm[0] == "rows" and len(jvm[1]) == (20 if option == "startingTimestamp" else 0)
+
+
+def test_a_flipped_length_field_sizes_no_window(spark, tmp_path):
+    """A batch length near 2^31 in a big sealed segment (sparse, 1 GiB) is a damaged batch: the
+    JVM reader reads no more than its usual window for it, and fails naming file and position."""
+    root = str(tmp_path / "store")
+    bad = bytearray(_good(5, 2))
+    bad[8:12] = struct.pack(">i", 0x7FFFFFF0)
+    path, position = _hand_store(root, bytes(bad), sealed=True)
+    os.truncate(path, 1 << 30)
+    jvm, python = _outcome(spark, root, "jvm"), _outcome(spark, root, "python")
+    assert jvm[0] == python[0] == "error" and "corrupt" in python[1].lower()
+    assert f"Record is corrupt in {path} at position {position}: batch of {0x7FFFFFF0 + 12} bytes truncated" in jvm[1]
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_segments_deleted_during_a_read(spark, tmp_path, fail_on_data_loss):
+    """Retention deletes the segments [0, 20100) while the read is in segment 0 (its file stays
+    readable through the open descriptor): offsets 20000-20099 are gone before the reader got to
+    them. With failOnDataLoss it fails naming them, as PartitionView.scan does; without, it reads
+    on from the new log start, as the Python source does (both readers' outcome is compared)."""
+    from logstore.spark.plan import OffsetRange
+    from logstore.spark.read import read_range
+
+    def retention(root, keep=20100):
+        """What retention does: the segments below ``keep`` deleted, the log start checkpointed
+        there (a nested function: a Spark Python worker runs it, without this module)."""
+        import os
+
+        part = os.path.join(root, "t-0")
+        for name in os.listdir(part):
+            if name[:20].isdigit() and int(name[:20]) < keep:
+                os.remove(os.path.join(part, name))
+        with open(os.path.join(root, "log-start-offset-checkpoint"), "w") as f:
+            f.write(f"0\n1\nt 0 {keep}\n")
+
+    def build(root):
+        with LogStore(root, maintenance=False) as s:
+            s.create_topic("t", 1)
+            log = s.partition("t", 0)
+            for _ in range(100):  # 20 MB: more than the pipes from the JVM reader to the Python worker hold
+                log.append_batch([b"x" * 200] * 200)
+            log.roll()
+            log.append_batch([b"y"] * 100)
+            log.roll()
+            log.append_batch([b"z"] * 100)
+
+    # The Python source: its generator, the segments deleted after its first batch.
+    root = str(tmp_path / "python")
+    build(root)
+    python = []
+    try:
+        for b in read_range(OffsetRange(root, "t", 0, 0, 20200, fail_on_data_loss=fail_on_data_loss, columns=("offset",))):
+            python += b.column("offset").to_pylist()
+            if len(python) == b.num_rows:
+                retention(root)
+        python = ("rows", python)
+    except Exception as exc:
+        python = ("error", str(exc))
+
+    # The JVM reader: the segments deleted by the Python worker that takes its first rows.
+    root = str(tmp_path / "jvm")
+    build(root)
+
+    def delete_on_first_row(it, root=root):
+        for i, row in enumerate(it):
+            if i == 0:
+                retention(root)
+            yield row.offset
+
+    df = frame(spark, root, "jvm", subscribe="t", failOnDataLoss=str(fail_on_data_loss).lower()).select("offset", "value")
+    try:
+        jvm = ("rows", df.rdd.mapPartitions(delete_on_first_row).collect())
+    except Exception as exc:
+        jvm = ("error", str(exc))
+    if fail_on_data_loss:
+        assert jvm[0] == python[0] == "error"
+        assert "t-0: offsets from 20000 are gone (the log starts at 20100" in jvm[1]
+        assert "t-0: offsets from 20000 are gone (the log starts at 20100)" in python[1]
+    else:
+        assert jvm == python == ("rows", list(range(20000)) + list(range(20100, 20200)))
