@@ -466,9 +466,14 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
         int p = cursor[0];
         long v = varlong(b, cursor, end, at);
         if (v < Integer.MIN_VALUE || v > Integer.MAX_VALUE) {
-            throw corrupt(at, "a varint out of range at byte " + p + " of the " + (b == window ? "window" : "inflated records"));
+            throw corrupt(at, "a varint out of range " + where(b, p));
         }
         return (int) v;
+    }
+
+    /** Where byte {@code p} of {@code b} lies, in words: a file position, or a byte of the inflated records. */
+    private String where(byte[] b, int p) {
+        return b == window ? "at file position " + (windowStart + p) : "at byte " + p + " of the inflated records";
     }
 
     /** A zigzag varlong at {@code cursor[0]} (moved past it), bounded by {@code end}, in the batch at {@code at}. */
@@ -484,8 +489,7 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
         int shift = 0;
         while (true) {
             if (p >= end || shift > 63) {
-                throw corrupt(at, "a varint runs past its record at byte " + p + " of the "
-                    + (b == window ? "window" : "inflated records"));
+                throw corrupt(at, "a varint runs past its record " + where(b, p));
             }
             byte x = b[p++];
             raw |= (long) (x & 0x7f) << shift;
