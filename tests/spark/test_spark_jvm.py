@@ -10,12 +10,20 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import shutil
+import struct
+import zlib
 
 import pytest
 
 from logstore import LogStore
-from logstore.spark import jar_path
+from logstore.spark import JarNotBuiltError, jar_path
+
+try:
+    jar_path()
+except JarNotBuiltError as exc:  # (make builds it only when a Java JDK is there)
+    pytest.skip(f"the Spark JVM reader is not built: {exc}", allow_module_level=True)
 
 T0 = 1_700_000_000_000  # ms
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
@@ -245,3 +253,241 @@ def test_a_bad_reader_option_fails_with_a_clear_message(spark, store):
     root, _ = store
     with pytest.raises(Exception, match="option 'reader' must be auto, jvm or python"):
         frame(spark, root, "fast", subscribe="none").count()
+
+
+# ---------------------------------------------------------------------------------------------
+# Damaged and unusual batches, built by hand: the JVM reader's outcome is the Python source's.
+
+def _varint(n: int) -> bytes:
+    u = ((n << 1) ^ (n >> 63)) & ((1 << 64) - 1)
+    out = bytearray()
+    while True:
+        b, u = u & 0x7F, u >> 7
+        if not u:
+            return bytes(out + bytes([b]))
+        out.append(b | 0x80)
+
+
+def _record(delta: int, key: bytes | None, value: bytes | None, headers: bytes = b"\x00") -> bytes:
+    body = b"\x00" + _varint(0) + _varint(delta)
+    body += _varint(-1 if key is None else len(key)) + (key or b"")
+    body += _varint(-1 if value is None else len(value)) + (value or b"")
+    return _varint(len(body + headers)) + body + headers
+
+
+def _batch(base: int, section: bytes, count: int, last_delta: int, attributes: int = 0) -> bytes:
+    """A record batch (magic 2) with a correct CRC around whatever ``section`` and header say."""
+    from logstore._native import lib
+
+    after_crc = struct.pack(">hiqqqhii", attributes, last_delta, T0, T0, -1, -1, -1, count) + section
+    crc = lib.ls_crc32c(0, after_crc, len(after_crc))
+    return struct.pack(">qiibI", base, 9 + len(after_crc), 0, 2, crc) + after_crc
+
+
+def _good(base: int, n: int) -> bytes:
+    return _batch(base, b"".join(_record(i, b"k%d" % (base + i), b"v%d" % (base + i)) for i in range(n)), n, n - 1)
+
+
+def _hand_store(root: str, bad: bytes, sealed: bool) -> tuple[str, int]:
+    """Topic t (1 partition): offsets 0-4, then ``bad`` at offset 5, in segment 0; with ``sealed``
+    a segment 10 (offset 10) follows, so that ``bad`` lies inside the readable log, else it is the
+    last segment's tail. Returns segment 0's path and ``bad``'s position in it."""
+    with LogStore(root, maintenance=False) as s:
+        s.create_topic("t", 1)
+    part = os.path.join(root, "t-0")
+    for name in os.listdir(part):
+        os.remove(os.path.join(part, name))
+    first = _good(0, 5)
+    path = os.path.join(part, "%020d.log" % 0)
+    with open(path, "wb") as f:
+        f.write(first + bad)
+    if sealed:
+        with open(os.path.join(part, "%020d.log" % 10), "wb") as f:
+            f.write(_good(10, 1))
+    return path, len(first)
+
+
+def _outcome(spark, root, reader, **options):
+    try:
+        return "rows", rows(frame(spark, root, reader, subscribe="t", **options).drop("timestamp"))
+    except Exception as exc:  # (a Py4J or Spark error wrapping the reader's)
+        return "error", str(exc)
+
+
+def _gzip_bomb(size: int) -> bytes:
+    z = zlib.compressobj(1, zlib.DEFLATED, 31)
+    chunk = bytes(1 << 20)
+    return b"".join(z.compress(chunk) for _ in range(size >> 20)) + z.flush()
+
+
+_KEY_OVERFLOW = b"\x00" + _varint(0) + _varint(0) + _varint(2**31 - 1) + b"xx" + _varint(2) + b"vv" + b"\x00"
+_HEADER_OVERFLOW = _record(0, b"kk", b"vv", headers=_varint(1) + _varint(2**31 - 1) + b"hh" + _varint(1) + b"x")
+DAMAGED = {
+    # a 257 MiB gzip bomb, and a raw snappy block declaring 1.9 GB: past the 256 MiB bound
+    "gzip-bomb": lambda: _batch(5, _gzip_bomb(257 << 20), 1, 0, attributes=1),
+    "snappy-declared-size": lambda: _batch(5, bytes([0x80, 0x80, 0x80, 0x8A, 0x07]) + bytes(4), 1, 0, attributes=2),
+    # a record count far above what the section can hold (no column sized for it)
+    "huge-count": lambda: _batch(5, _record(0, b"k", b"v"), 200_000_000, 199_999_999),
+    "count-above-records": lambda: _batch(5, _record(0, b"k", b"v"), 3, 2),
+    # lengths near 2^31 (no int overflow)
+    "key-length-overflow": lambda: _batch(5, _varint(len(_KEY_OVERFLOW)) + _KEY_OVERFLOW, 1, 0),
+    "header-key-overflow": lambda: _batch(5, _HEADER_OVERFLOW, 1, 0),
+    # the store's records rule: increasing offset deltas, nothing after the last record
+    "duplicate-offset-delta": lambda: _batch(5, _record(0, b"k", b"a") + _record(0, b"k", b"b"), 2, 1),
+    "trailing-bytes": lambda: _batch(5, _record(0, b"k", b"a") + b"\x01\x02\x03", 1, 0),
+    "varint-past-record": lambda: _batch(5, _varint(3) + b"\x00\x00\xff" + bytes(4), 1, 0),
+}
+
+
+@pytest.mark.parametrize("sealed", [True, False], ids=["inside-the-log", "last-segment-tail"])
+@pytest.mark.parametrize("case", sorted(DAMAGED))
+def test_damaged_batches_read_as_the_python_source_reads_them(spark, tmp_path, case, sealed):
+    """Inside the readable log a damaged batch fails both readers, the JVM one naming file and
+    position (never an OutOfMemoryError, an endless loop or an ArrayIndexOutOfBounds); at the
+    last segment's tail the store's log-end rule (ls_segment_scan: an uncompressed batch's records
+    walked too) ends the log before it for both."""
+    root = str(tmp_path / "store")
+    path, position = _hand_store(root, DAMAGED[case](), sealed)
+    jvm, python = _outcome(spark, root, "jvm", includeHeaders="true"), _outcome(spark, root, "python", includeHeaders="true")
+    # (the log end walks no compressed batch's records: a bomb at the tail is inside the log)
+    inside = sealed or case in ("gzip-bomb", "snappy-declared-size")
+    assert jvm[0] == python[0] == ("error" if inside else "rows"), (jvm, python)
+    if inside:
+        assert f"Record is corrupt in {path} at position {position}: " in jvm[1]
+        assert "corrupt" in python[1].lower()
+        if case in ("varint-past-record", "trailing-bytes", "key-length-overflow"):
+            assert "of the records section" in jvm[1]  # the byte where it went wrong
+    else:
+        assert jvm == python and [r[4] for r in jvm[1]] == list(range(5))
+
+
+@pytest.mark.parametrize("codec", [1, 2, 3, 4])
+def test_an_empty_compressed_batch_reads_as_nothing(spark, tmp_path, codec):
+    """Count 0, no records section, the codec bits kept (as Kafka's cleaner leaves a batch it
+    emptied): valid (FORMAT.md §2), no rows, for every codec."""
+    root = str(tmp_path / "store")
+    _hand_store(root, _batch(5, b"", 0, 0, attributes=codec), sealed=True)
+    jvm = _outcome(spark, root, "jvm")
+    assert jvm == _outcome(spark, root, "python")
+    assert jvm[0] == "rows" and [r[4] for r in jvm[1]] == [0, 1, 2, 3, 4, 10]
+
+
+def test_the_decompression_bound_is_the_python_sources():
+    """RangeReader.MAX_DECOMPRESSED and the Python decoder's bound are one number in two homes."""
+    from logstore.records.batch import MAX_DECOMPRESSED_BYTES
+
+    java = os.path.join(os.path.dirname(jar_path()), "jvm", "RangeReader.java")
+    with open(java) as f:
+        shift = re.search(r"static final int MAX_DECOMPRESSED = (\d+) << (\d+);", f.read())
+    assert shift and int(shift.group(1)) << int(shift.group(2)) == MAX_DECOMPRESSED_BYTES == 256 << 20
+
+
+def test_timestamps_at_the_bottom_of_the_long_range(spark, tmp_path):
+    root = str(tmp_path / "store")
+    with LogStore(root, maintenance=False) as s:
+        s.create_topic("t", 1, index_interval_bytes=64)
+        for i in range(20):
+            s.partition("t", 0).append_batch([b"x" * 50], timestamps=[T0 + i])
+    for option in ("startingTimestamp", "endingTimestamp"):
+        jvm = _outcome(spark, root, "jvm", **{option: str(-2**63)})
+        assert jvm == _outcome(spark, root, "python", **{option: str(-2**63)})
+        assert jvm[0] == "rows" and len(jvm[1]) == (20 if option == "startingTimestamp" else 0)
+
+
+def test_a_flipped_length_field_sizes_no_window(spark, tmp_path):
+    """A batch length near 2^31 in a big sealed segment (sparse, 1 GiB) is a damaged batch: the
+    JVM reader reads no more than its usual window for it, and fails naming file and position."""
+    root = str(tmp_path / "store")
+    bad = bytearray(_good(5, 2))
+    bad[8:12] = struct.pack(">i", 0x7FFFFFF0)
+    path, position = _hand_store(root, bytes(bad), sealed=True)
+    os.truncate(path, 1 << 30)
+    jvm, python = _outcome(spark, root, "jvm"), _outcome(spark, root, "python")
+    assert jvm[0] == python[0] == "error" and "corrupt" in python[1].lower()
+    assert f"Record is corrupt in {path} at position {position}: batch of {0x7FFFFFF0 + 12} bytes truncated" in jvm[1]
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_segments_deleted_during_a_read(spark, tmp_path, fail_on_data_loss):
+    """Retention deletes the segments [0, 20100) while the read is in segment 0 (its file stays
+    readable through the open descriptor): offsets 20000-20099 are gone before the reader got to
+    them. With failOnDataLoss it fails naming them, as PartitionView.scan does; without, it reads
+    on from the new log start, as the Python source does (both readers' outcome is compared)."""
+    from logstore.spark.plan import OffsetRange
+    from logstore.spark.read import read_range
+
+    def retention(root, keep=20100):
+        """What retention does: the segments below ``keep`` deleted, the log start checkpointed
+        there (a nested function: a Spark Python worker runs it, without this module)."""
+        import os
+
+        part = os.path.join(root, "t-0")
+        for name in os.listdir(part):
+            if name[:20].isdigit() and int(name[:20]) < keep:
+                os.remove(os.path.join(part, name))
+        with open(os.path.join(root, "log-start-offset-checkpoint"), "w") as f:
+            f.write(f"0\n1\nt 0 {keep}\n")
+
+    def build(root):
+        with LogStore(root, maintenance=False) as s:
+            s.create_topic("t", 1)
+            log = s.partition("t", 0)
+            for _ in range(100):  # 20 MB: more than the pipes from the JVM reader to the Python worker hold
+                log.append_batch([b"x" * 200] * 200)
+            log.roll()
+            log.append_batch([b"y"] * 100)
+            log.roll()
+            log.append_batch([b"z"] * 100)
+
+    # The Python source: its generator, the segments deleted after its first batch.
+    root = str(tmp_path / "python")
+    build(root)
+    python = []
+    try:
+        for b in read_range(OffsetRange(root, "t", 0, 0, 20200, fail_on_data_loss=fail_on_data_loss, columns=("offset",))):
+            python += b.column("offset").to_pylist()
+            if len(python) == b.num_rows:
+                retention(root)
+        python = ("rows", python)
+    except Exception as exc:
+        python = ("error", str(exc))
+
+    # The JVM reader: the segments deleted by the Python worker that takes its first rows.
+    root = str(tmp_path / "jvm")
+    build(root)
+
+    def delete_on_first_row(it, root=root):
+        for i, row in enumerate(it):
+            if i == 0:
+                retention(root)
+            yield row.offset
+
+    df = frame(spark, root, "jvm", subscribe="t", failOnDataLoss=str(fail_on_data_loss).lower()).select("offset", "value")
+    try:
+        jvm = ("rows", df.rdd.mapPartitions(delete_on_first_row).collect())
+    except Exception as exc:
+        jvm = ("error", str(exc))
+    if fail_on_data_loss:
+        assert jvm[0] == python[0] == "error"
+        assert "t-0: offsets from 20000 are gone (the log starts at 20100" in jvm[1]
+        assert "t-0: offsets from 20000 are gone (the log starts at 20100)" in python[1]
+    else:
+        assert jvm == python == ("rows", list(range(20000)) + list(range(20100, 20200)))
+
+
+def test_a_preallocated_index_zero_tail_reads_and_splits_as_the_python_source(spark, store, tmp_path):
+    """The offset and time indexes of the partition, each given a preallocated index's zero tail
+    (10 MB, sparse): the entries in use are the same for both readers (seek, split, timestamps)."""
+    root, _ = store
+    copy = str(tmp_path / "store")
+    shutil.copytree(root, copy)
+    part = os.path.join(copy, "gzip-0")
+    for name in os.listdir(part):
+        if name.endswith((".index", ".timeindex")):
+            os.truncate(os.path.join(part, name), 10 << 20)
+    for start in (dict(startingOffsets=json.dumps({"gzip": {"0": 40, "1": -2}})),
+                  dict(startingTimestamp=str(T0 + 1000 * 123 + 1))):
+        jvm = frame(spark, copy, "jvm", subscribe="gzip", maxRecordsPerPartition="25", **start)
+        python = frame(spark, copy, "python", subscribe="gzip", maxRecordsPerPartition="25", **start)
+        assert rows(jvm.select("partition", "offset")) == rows(python.select("partition", "offset"))
+        assert jvm.rdd.getNumPartitions() == python.rdd.getNumPartitions() > 2

@@ -13,8 +13,12 @@ from logstore.spark import JarNotBuiltError, jar_path
 
 
 def test_the_built_jar_registers_the_logstore_format():
-    """make test builds the jar first; it holds the provider and its service registration."""
-    path = jar_path()
+    """make test builds the jar first (when a Java JDK is there); it holds the provider and its
+    service registration."""
+    try:
+        path = jar_path()
+    except JarNotBuiltError as exc:
+        pytest.skip(f"the Spark JVM reader is not built: {exc}")
     assert os.path.isabs(path) and path.endswith(os.path.join("logstore", "spark", "logstore-spark.jar"))
     with zipfile.ZipFile(path) as z:
         services = z.read("META-INF/services/org.apache.spark.sql.sources.DataSourceRegister").decode()

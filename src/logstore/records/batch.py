@@ -30,6 +30,7 @@ __all__ = [
     "BatchHeader",
     "BatchBuilder",
     "RecordDecoder",
+    "MAX_DECOMPRESSED_BYTES",
     "decode_batches",
     "decode_headers",
     "entry_extent",
@@ -50,6 +51,11 @@ class TimestampType(IntEnum):
 
 #: the timestamp type of a batch by its attribute bit (0: CreateTime, 1: LogAppendTime)
 TIMESTAMP_TYPES = (TimestampType.CREATE_TIME, TimestampType.LOG_APPEND_TIME)
+
+#: The largest records section a compressed batch may inflate to (a decompression-bomb guard): the
+#: default bound of :class:`RecordDecoder`. The Spark JVM reader has the same number in its own home
+#: (``spark/jvm/RangeReader.java``, ``MAX_DECOMPRESSED``); tests/spark/test_spark_jvm.py checks the pair.
+MAX_DECOMPRESSED_BYTES = 256 << 20
 
 
 class Record(NamedTuple):
@@ -440,7 +446,7 @@ class RecordDecoder:
     BinaryView views (``out.key_views``, ``out.value_views``), written during the walk.
     """
 
-    def __init__(self, capacity: int = 4096, max_batch_bytes: int = 0, max_decompressed_bytes: int = 256 << 20,
+    def __init__(self, capacity: int = 4096, max_batch_bytes: int = 0, max_decompressed_bytes: int = MAX_DECOMPRESSED_BYTES,
                  views: bool = False) -> None:
         self.views = views
         self.max_batch_bytes = max_batch_bytes

@@ -86,7 +86,10 @@ final class PartitionFiles {
     /**
      * The offset after the valid batches from {@code start} (a batch boundary) and the position
      * after them, read with positional reads a chunk at a time: a torn tail, the zero tail of the
-     * active segment or an invalid batch ends them, as do offsets that do not increase.
+     * active segment or an invalid batch ends them, as do offsets that do not increase. The rule
+     * is the store's ({@code ls_segment_scan}): a batch valid by {@link Batches#check}, above the
+     * one before, ending at or after the segment's base and within 2^31-1 offsets of it, and, when
+     * uncompressed, with a valid records section ({@link Batches#recordsError}).
      */
     static long[] validEnd(FileChannel ch, long base, long start) throws IOException {
         long position = start;
@@ -107,7 +110,7 @@ final class PartitionFiles {
                     break;
                 }
                 if (size < 0 || Batches.baseOffset(data, p) <= last || Batches.lastOffset(data, p) < base
-                        || Batches.lastOffset(data, p) - base > MAX_RELATIVE) {
+                        || Batches.lastOffset(data, p) - base > MAX_RELATIVE || !recordsValid(data, p, (int) size)) {
                     done = true; // an invalid batch, or the zero tail
                     break;
                 }
@@ -123,6 +126,13 @@ final class PartitionFiles {
         return new long[] {last >= 0 ? last + 1 : base, position};
     }
 
+    /** Whether the records section of the CRC-valid batch at {@code p} is valid (a compressed one is not inflated here). */
+    private static boolean recordsValid(byte[] b, int p, int size) {
+        return (Batches.i16(b, p + Batches.POS_ATTRIBUTES) & Batches.COMPRESSION_MASK) != 0
+            || Batches.recordsError(b, p + Batches.HEADER_SIZE, p + size, Batches.i32(b, p + Batches.POS_RECORDS_COUNT),
+                Batches.i32(b, p + Batches.POS_LAST_OFFSET_DELTA)) == null;
+    }
+
     /** The end of what consumers may read: the log end, capped by a checkpointed high watermark. */
     long highWatermark(long logEndOffset) {
         Long hw = store.checkpoint(StoreFiles.REPLICATION_OFFSET_CHECKPOINT, topic, partition);
@@ -131,7 +141,7 @@ final class PartitionFiles {
 
     /** Offset index entries (relative offset, position) that pass the sanity check; empty when it fails. */
     private int[][] offsetIndex(long base) {
-        byte[] data = StoreFiles.readFile(file(base, ".index"));
+        byte[] data = StoreFiles.readEntries(file(base, ".index"), 8);
         if (data == null) {
             return new int[0][];
         }
@@ -200,7 +210,7 @@ final class PartitionFiles {
 
     /** Time index entries {timestamp, offset} that pass the sanity check; null without an index file. */
     private long[][] timeIndex(long base) {
-        byte[] data = StoreFiles.readFile(file(base, ".timeindex"));
+        byte[] data = StoreFiles.readEntries(file(base, ".timeindex"), 12);
         if (data == null) {
             return null;
         }
@@ -241,7 +251,8 @@ final class PartitionFiles {
                 continue;
             }
             int slot = -1;
-            for (int i = 0; i < index.length && index[i][0] <= timestamp - 1; i++) {
+            long below = timestamp == Long.MIN_VALUE ? timestamp : timestamp - 1; // (clamped, as PartitionView)
+            for (int i = 0; i < index.length && index[i][0] <= below; i++) {
                 slot = i;
             }
             low = Math.max(low, slot >= 0 ? index[slot][1] : base);

@@ -30,11 +30,17 @@ import org.xerial.snappy.SnappyInputStream;
  *
  * <p>The segment files are read with positional reads into a window of {@code WINDOW} bytes (never
  * mapped: a writer may trim the active segment under a map); every batch walked is validated
- * before any of its rows is given: length, magic and CRC32C ({@link Batches#check}). An invalid
+ * before any of its rows is given: length, magic and CRC32C ({@link Batches#check}), and its
+ * records section ({@link Batches#recordsError}, after inflating a compressed one) before any
+ * column is sized for its record count. A batch's claimed length is checked against the
+ * segment's readable bytes before a window is sized for it. An invalid
  * batch ends the segment when every byte from it to the segment's readable end is zero (the
  * preallocated tail of an active segment), else it fails the task naming the file and position.
  * Control batches give no rows. Compressed batches are inflated with the JDK (gzip), snappy-java
- * (Kafka's xerial framing, or a raw block), lz4-java (the LZ4 frame) and zstd-jni. Only the
+ * (Kafka's xerial framing, or a raw block), lz4-java (the LZ4 frame) and zstd-jni, to at most
+ * {@link #MAX_DECOMPRESSED} bytes; an empty records section is no records, whatever the codec
+ * (the cleaner leaves such batches). Segments deleted while the read runs are the offsets they
+ * held gone: an error with failOnDataLoss, else skipped, as {@code PartitionView.scan}. Only the
  * columns of the read schema are built; a batch of rows is handed on once it holds at least
  * {@code ROWS} (whole record batches: its vectors grow to fit the last one).
  *
@@ -43,6 +49,12 @@ import org.xerial.snappy.SnappyInputStream;
 final class RangeReader implements PartitionReader<ColumnarBatch> {
     static final int ROWS = 8192;
     private static final int WINDOW = 8 << 20;
+    /**
+     * The largest records section a compressed batch may inflate to (a decompression-bomb guard):
+     * the Python source's bound, {@code logstore.records.batch.MAX_DECOMPRESSED_BYTES} (the pair is
+     * checked equal by tests/spark/test_spark_jvm.py).
+     */
+    static final int MAX_DECOMPRESSED = 256 << 20;
     private static final byte[] XERIAL = {(byte) 0x82, 'S', 'N', 'A', 'P', 'P', 'Y', 0};
     private static final int KEY = 0;
     private static final int VALUE = 1;
@@ -164,12 +176,12 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
                 channel = FileChannel.open(path, StandardOpenOption.READ);
             } catch (NoSuchFileException e) {
                 // Deleted (retention) or merged into another segment (the cleaner) since it was
-                // listed: list again and go on from it, as the Python reader does; offsets that
-                // are gone leave `reached` short of the end, which is reported.
-                start = Math.max(start, base);
-                segments = view.segments();
-                hint = view.seek(start, segments);
-                segmentIndex = -1;
+                // listed: list again and go on from it, as PartitionView.scan does. Offsets below
+                // the new log start are gone: an error with failOnDataLoss, else skipped.
+                relist(Math.max(start, base), base);
+                if (done) {
+                    return false;
+                }
                 continue;
             }
             if (base == r.stopSegment) {
@@ -189,6 +201,28 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
             return true;
         }
         return false;
+    }
+
+    /** Lists the segments again after the one at {@code missing} went, to read on from {@code next}. */
+    private void relist(long next, long missing) {
+        segments = view.segments();
+        if (segments.contains(missing)) {
+            throw new IllegalStateException(path + " is listed but cannot be opened (logstore JVM reader)");
+        }
+        long logStart = view.logStart(segments);
+        if (segments.isEmpty() || next < logStart) {
+            if (r.failOnDataLoss) {
+                throw new IllegalStateException(r.topic + "-" + r.partition + ": offsets from " + next
+                    + " are gone (the log starts at " + logStart + "; deleted during the read)");
+            }
+            next = logStart;
+        }
+        start = next;
+        if (segments.isEmpty() || start >= r.end) {
+            done = true;
+        }
+        hint = view.seek(start, segments);
+        segmentIndex = -1;
     }
 
     private void closeSegment() throws IOException {
@@ -228,7 +262,13 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
         if (!whole && (position != windowStart || windowStart + windowLength < limit)) {
             long need = Batches.HEADER_SIZE;
             if (inside && windowLength - at >= Batches.HEADER_SIZE) {
-                need = Math.max(need, Math.min(Batches.claimed(window, at), Integer.MAX_VALUE - 16));
+                long claimed = Batches.claimed(window, at);
+                // A window is sized only for a batch the segment can hold (its bytes up to the
+                // readable end, below 2 GiB as a segment is) and whose header can be one: a flipped
+                // length field makes the batch invalid, never a huge read.
+                if (claimed >= Batches.HEADER_SIZE && window[at + Batches.POS_MAGIC] == 2 && claimed <= limit - position) {
+                    need = claimed;
+                }
             }
             fill(need);
             at = 0;
@@ -293,6 +333,12 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
         long baseTs = Batches.i64(window, at + Batches.POS_BASE_TIMESTAMP);
         long maxTs = Batches.i64(window, at + Batches.POS_MAX_TIMESTAMP);
         int count = Batches.i32(window, at + Batches.POS_RECORDS_COUNT);
+        String invalid = Batches.recordsError(b, p, e, count, Batches.i32(window, at + Batches.POS_LAST_OFFSET_DELTA));
+        if (invalid != null) {
+            throw corrupt(at, (codec != 0 ? "(inflated) " : "") + invalid);
+        }
+        // The walk above bounded every length below (and count by the section's bytes): the
+        // checks that follow guard the decoding itself.
         for (WritableColumnVector w : writable) {
             if (w != null) {
                 w.reserve(rows + count);
@@ -300,23 +346,29 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
         }
         int[] cursor = {p};
         for (int i = 0; i < count; i++) {
-            int length = varint(b, cursor, e);
-            int re = cursor[0] + length;
-            if (length <= 0 || re > e) {
+            int length = varint(b, cursor, e, at);
+            if (length <= 0 || length > e - cursor[0]) {
                 throw corrupt(at, "record " + i + " of length " + length + " overruns its batch");
             }
+            int re = cursor[0] + length;
             cursor[0]++; // attributes
-            long tsDelta = varlong(b, cursor, re);
-            long offset = base + varint(b, cursor, re);
-            int keyLength = varint(b, cursor, re);
+            long tsDelta = varlong(b, cursor, re, at);
+            long offset = base + varint(b, cursor, re, at);
+            int keyLength = varint(b, cursor, re, at);
             int key = cursor[0];
+            if (keyLength < -1 || keyLength > re - key) {
+                throw corrupt(at, "record " + i + " has impossible field lengths");
+            }
             cursor[0] += Math.max(keyLength, 0);
-            int valueLength = cursor[0] <= re ? varint(b, cursor, re) : -2;
+            int valueLength = varint(b, cursor, re, at);
             int value = cursor[0];
+            if (valueLength < -1 || valueLength > re - value) {
+                throw corrupt(at, "record " + i + " has impossible field lengths");
+            }
             cursor[0] += Math.max(valueLength, 0);
-            int headers = cursor[0] <= re ? varint(b, cursor, re) : -1;
+            int headers = varint(b, cursor, re, at);
             int headersAt = cursor[0];
-            if (keyLength < -1 || valueLength < -1 || headers < 0 || cursor[0] > re) {
+            if (headers < 0) {
                 throw corrupt(at, "record " + i + " has impossible field lengths");
             }
             if (offset < start) {
@@ -382,14 +434,14 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
         int first = structs.getElementsAppended();
         int[] cursor = {p};
         for (int h = 0; h < count; h++) {
-            int keyLength = varint(b, cursor, re);
-            if (keyLength < 0 || cursor[0] + keyLength > re) {
+            int keyLength = varint(b, cursor, re, at);
+            if (keyLength < 0 || keyLength > re - cursor[0]) {
                 throw corrupt(at, "a header key overruns its record");
             }
             int key = cursor[0];
             cursor[0] += keyLength;
-            int valueLength = varint(b, cursor, re);
-            if (valueLength < -1 || cursor[0] + Math.max(valueLength, 0) > re) {
+            int valueLength = varint(b, cursor, re, at);
+            if (valueLength < -1 || valueLength > re - cursor[0]) {
                 throw corrupt(at, "a header value overruns its record");
             }
             structs.appendStruct(false);
@@ -410,16 +462,22 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
             + reason + " (logstore JVM reader)");
     }
 
-    private int varint(byte[] b, int[] cursor, int end) {
-        long v = varlong(b, cursor, end);
+    private int varint(byte[] b, int[] cursor, int end, int at) {
+        int p = cursor[0];
+        long v = varlong(b, cursor, end, at);
         if (v < Integer.MIN_VALUE || v > Integer.MAX_VALUE) {
-            throw new IllegalStateException("Record is corrupt in " + path + ": a varint out of range");
+            throw corrupt(at, "a varint out of range " + where(b, p));
         }
         return (int) v;
     }
 
-    /** A zigzag varlong at {@code cursor[0]} (moved past it), bounded by {@code end}. */
-    private long varlong(byte[] b, int[] cursor, int end) {
+    /** Where byte {@code p} of {@code b} lies, in words: a file position, or a byte of the inflated records. */
+    private String where(byte[] b, int p) {
+        return b == window ? "at file position " + (windowStart + p) : "at byte " + p + " of the inflated records";
+    }
+
+    /** A zigzag varlong at {@code cursor[0]} (moved past it), bounded by {@code end}, in the batch at {@code at}. */
+    private long varlong(byte[] b, int[] cursor, int end, int at) {
         int p = cursor[0];
         if (p < end && b[p] >= 0) {
             // One byte: most fields of a record (its attributes' neighbours, deltas, short
@@ -431,7 +489,7 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
         int shift = 0;
         while (true) {
             if (p >= end || shift > 63) {
-                throw new IllegalStateException("Record is corrupt in " + path + ": a varint runs past its record");
+                throw corrupt(at, "a varint runs past its record " + where(b, p));
             }
             byte x = b[p++];
             raw |= (long) (x & 0x7f) << shift;
@@ -446,9 +504,16 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
 
     /** Inflates a compressed batch's records into {@code inflated}; returns their length. */
     private int inflate(int codec, byte[] b, int p, int n) throws IOException {
+        if (n == 0) {
+            return 0; // an empty records section (a batch the cleaner emptied): no records, whatever the codec
+        }
         try {
             if (codec == 2 && !startsWith(b, p, n, XERIAL)) {
                 int length = Snappy.uncompressedLength(b, p, n);
+                if (length < 0 || length > MAX_DECOMPRESSED) {
+                    throw new IOException("the snappy block declares " + Integer.toUnsignedString(length)
+                        + " bytes, above the limit of " + MAX_DECOMPRESSED);
+                }
                 grow(length);
                 return Snappy.uncompress(b, p, n, inflated, 0);
             }
@@ -474,7 +539,10 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
                 int total = 0;
                 while (true) {
                     if (total == inflated.length) {
-                        grow(total * 2);
+                        if (total > MAX_DECOMPRESSED) {
+                            throw new IOException("the records inflate to more than the limit of " + MAX_DECOMPRESSED + " bytes");
+                        }
+                        grow((int) Math.min(total * 2L, MAX_DECOMPRESSED + 1L));
                     }
                     int got = stream.read(inflated, total, inflated.length - total);
                     if (got < 0) {
@@ -489,9 +557,10 @@ final class RangeReader implements PartitionReader<ColumnarBatch> {
         }
     }
 
+    /** Makes {@code inflated} hold at least {@code length} bytes (at most MAX_DECOMPRESSED + 1: the caller's bound). */
     private void grow(int length) {
         if (inflated.length < length) {
-            byte[] bigger = new byte[Math.max(length, inflated.length * 2)];
+            byte[] bigger = new byte[(int) Math.max(length, Math.min(inflated.length * 2L, MAX_DECOMPRESSED + 1L))];
             System.arraycopy(inflated, 0, bigger, 0, inflated.length);
             inflated = bigger;
         }

@@ -1,5 +1,6 @@
 package logstore.spark.jvm;
 
+import java.io.ByteArrayOutputStream;
 import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.channels.FileChannel;
@@ -36,6 +37,8 @@ final class StoreFiles {
     static final String REPLICATION_OFFSET_CHECKPOINT = "replication-offset-checkpoint";
     private static final Pattern LEGAL_TOPIC = Pattern.compile("[a-zA-Z0-9._-]{1,249}");
     private static final int SEGMENT_NAME_DIGITS = 20;
+    private static final int INDEX_CHUNK_ENTRIES = 512;
+    private static final int INDEX_CHUNK_MAX = 1 << 20;
 
     final Path root;
 
@@ -158,11 +161,33 @@ final class StoreFiles {
         return out;
     }
 
-    /** A whole small file (an index), or null when it does not exist. */
-    static byte[] readFile(Path path) {
+    /**
+     * The entries of an index file of {@code entrySize}-byte entries up to its first all-zero one
+     * (the zero tail of a preallocated index is never read whole: chunks of growing size, as far
+     * as the entries in use), or null when it does not exist or cannot be read (an index is a hint).
+     */
+    static byte[] readEntries(Path path, int entrySize) {
         try (FileChannel ch = FileChannel.open(path, StandardOpenOption.READ)) {
-            long size = ch.size();
-            return pread(ch, 0, (int) Math.min(size, Integer.MAX_VALUE - 16));
+            long size = Math.min(ch.size(), Integer.MAX_VALUE - 16);
+            size -= size % entrySize;
+            ByteArrayOutputStream out = new ByteArrayOutputStream();
+            int chunk = INDEX_CHUNK_ENTRIES * entrySize;
+            for (long position = 0; position < size; position += chunk, chunk = Math.min(chunk * 2, INDEX_CHUNK_MAX)) {
+                chunk -= chunk % entrySize;
+                byte[] got = pread(ch, position, (int) Math.min(chunk, size - position));
+                int whole = got.length - got.length % entrySize;
+                for (int i = 0; i < whole; i += entrySize) {
+                    if (Batches.allZero(got, i, i + entrySize)) {
+                        out.write(got, 0, i);
+                        return out.toByteArray();
+                    }
+                }
+                out.write(got, 0, whole);
+                if (whole < chunk) {
+                    break; // the file was cut meanwhile
+                }
+            }
+            return out.toByteArray();
         } catch (NoSuchFileException e) {
             return null;
         } catch (IOException e) {
