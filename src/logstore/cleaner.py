@@ -587,9 +587,13 @@ def swap_in(segments: LogSegments, group: list[LogSegment], data: bytearray,
     """Replace ``group`` by one segment holding ``data`` (and ``aborted`` as its transaction
     index): .cleaned, .swap, old .deleted, live.
 
-    Invariant: at every step the files on disk describe the log before the swap or after it
-    (the open-time completion of .swap files decides between them; it renames every ``.swap``
-    file of the base, the transaction index's with the log's).
+    Invariant: at every step the files on disk describe the log before the swap or after it,
+    whatever order unsynced directory operations reach the disk. The rename of the ``.log.swap``
+    is the commit point: before it, the open-time completion of a ``.log.swap`` renames every
+    ``.swap`` file of its base (the ``.txnindex.swap`` with the log); after it (durably), the
+    ``.txnindex.swap`` follows, and the open adopts a ``.txnindex.swap`` without a ``.log.swap``
+    only while the old ``<base>.log.deleted`` shows the commit happened (else it drops it).
+    A pass that fails before the old segments are touched removes the files it made.
     """
     ops = _fileio.ops
     directory = segments.path
@@ -598,13 +602,22 @@ def swap_in(segments: LogSegments, group: list[LogSegment], data: bytearray,
     live = os.path.join(directory, segment_name(base) + LOG_SUFFIX)
     cleaned, swap = live + CLEANED_SUFFIX, live + SWAP_SUFFIX
     txn_live = os.path.join(directory, segment_name(base) + TXNINDEX_SUFFIX)
-    if aborted:
-        ops.write_new_file(txn_live + CLEANED_SUFFIX, b"".join(TransactionIndex.ENTRY.pack(TransactionIndex.VERSION, *t)
-                                                               for t in aborted))
-        ops.rename(txn_live + CLEANED_SUFFIX, txn_live + SWAP_SUFFIX)
-    ops.write_new_file(cleaned, data)
-    ops.rename(cleaned, swap)
-    ops.fsync_dir(directory)
+    txn_cleaned, txn_swap = txn_live + CLEANED_SUFFIX, txn_live + SWAP_SUFFIX
+    if ops.exists(txn_swap):
+        # An earlier pass at this base failed without removing it: this swap must not take it.
+        ops.unlink(txn_swap)
+        ops.fsync_dir(directory)
+    try:
+        if aborted:
+            ops.write_new_file(txn_cleaned, b"".join(TransactionIndex.ENTRY.pack(TransactionIndex.VERSION, *t)
+                                                     for t in aborted))
+            ops.rename(txn_cleaned, txn_swap)
+        ops.write_new_file(cleaned, data)
+        ops.rename(cleaned, swap)
+        ops.fsync_dir(directory)
+    except Exception:
+        _remove_quietly((txn_cleaned, txn_swap, cleaned, swap))
+        raise
     names = []
     for segment in group:
         segments.pop(segment.base_offset)
@@ -618,15 +631,30 @@ def swap_in(segments: LogSegments, group: list[LogSegment], data: bytearray,
     # an old segment it replaced would give offsets that go backwards. While the .swap
     # exists, the open-time completion deletes whatever old segment survived.
     ops.fsync_dir(directory)
-    if aborted:
-        ops.rename(txn_live + SWAP_SUFFIX, txn_live)
     ops.rename(swap, live)
+    if aborted:
+        # The commit must be durable before the new .txnindex goes live: next to a .log.swap,
+        # the open would take it for the old segment's and delete it.
+        ops.fsync_dir(directory)
+        ops.rename(txn_swap, txn_live)
     ops.fsync_dir(directory)
     segment = LogSegment.open(directory, base, **segments.settings)
     segment.rebuild_indexes(reason=None)
     segments.swap_in_place(segment)
     for name in names:
         ops.unlink(name)
+
+
+def _remove_quietly(paths: Iterable[str]) -> None:
+    """Unlink those of ``paths`` that exist, logging (not raising) a failure: the caller is
+    already failing with the error that matters, and the open drops what stays behind."""
+    ops = _fileio.ops
+    for path in paths:
+        try:
+            if ops.exists(path):
+                ops.unlink(path)
+        except OSError as exc:
+            logger.warning("could not remove %s after a failed compaction pass: %s", path, exc)
 
 
 def build_offset_map(segments: Sequence[LogSegment], decoder: RecordDecoder, offset_map: OffsetMap,

@@ -208,6 +208,51 @@ def check_compacted(path: str, history: list[tuple[int, bytes, bytes | None]], w
     assert {k: (o, v) for o, k, v in got} == latest, f"{what}: a key lost its latest value"
 
 
+def build_transactional_compacted(path: str) -> list[tuple[int, bytes, bytes]]:
+    """A compacted log whose next pass carries index entries into a cleaned segment: committed
+    records over 5 keys, then producer 1's transaction left open (the pass stops at it) and
+    producer 2's transaction on key k0 aborted past that end (its records copied as they are,
+    hidden by the cleaned segment's ``.txnindex``), all in one sealed segment. Returns the
+    committed [(offset, key, value)]."""
+    history = []
+    with Log.open(path, **TXN_COMPACTED) as log:
+        for i in range(40):
+            key, value = b"k%d" % (i % 5), b"v%d" % i
+            history.append((log.append(value, key=key), key, value))
+        log.append_batch([b"open"], [b"o"], producer_id=1, producer_epoch=0, base_sequence=0, transactional=True)
+        log.append_batch([b"aborted"], [b"k0"], producer_id=2, producer_epoch=0, base_sequence=0, transactional=True)
+        log.append_txn_marker(2, 0, commit=False)
+        log.roll()
+    return history
+
+
+def check_transactional_compacted(path: str, history: list[tuple[int, bytes, bytes]], what: str) -> None:
+    """After a pass of :func:`build_transactional_compacted` was cut short: read_committed
+    shows no aborted record and every key's latest committed value, before and after producer
+    1 commits and a next pass runs (which must not take the aborted record for k0's latest)."""
+    latest = {key: (offset, value) for offset, key, value in history}
+
+    def committed(log: Log) -> list[tuple[int, bytes, bytes]]:
+        return [(r.offset, r.key, r.value) for r in log.read(0, max_bytes=1 << 20, isolation_level="read_committed")]
+
+    with Log.open(path, **TXN_COMPACTED) as log:
+        got = committed(log)
+        assert set(got) <= set(history), f"{what}: read_committed shows records not committed: {set(got) - set(history)}"
+        assert {k: (o, v) for o, k, v in got} == latest, f"{what}: a key lost its latest committed value"
+        log.append_txn_marker(1, 0, commit=True)
+        log.roll()
+        log.compact()
+    with Log.open(path, **TXN_COMPACTED) as log:
+        got = committed(log)
+        expected = {**latest, b"o": (40, b"open")}
+        assert b"aborted" not in {v for _, _, v in got}, f"{what}: an aborted record became visible"
+        assert {k: (o, v) for o, k, v in got} == expected, f"{what}: the next pass lost committed data"
+        assert b"k0" in {k for _, k, _ in got}
+
+
+TXN_COMPACTED = dict(cleanup_policy="compact", segment_bytes=100_000, index_interval_bytes=64)
+
+
 # ---------------------------------------------------------------------------- the writer model
 class Writer:
     """Drives a Log and keeps the model of what it wrote and what is acknowledged as durable.

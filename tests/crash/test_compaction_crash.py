@@ -105,3 +105,42 @@ def _sigkill_compaction_sweep(mem_path, stride: int, minimum_kills: int) -> None
         shutil.rmtree(work)
         n += stride
     assert kills >= minimum_kills  # every (stride-th) file operation of the open and the pass was a kill point
+
+
+class _Crash(BaseException):
+    """The process stopped at a file operation (nothing after it ran)."""
+
+
+@pytest.mark.slow
+@pytest.mark.regression(reason=("fixed: swap_in renamed the new .txnindex live before the .log.swap; a crash "
+    "between them left the new .txnindex next to the .log.swap, the open deleted it as the old one, "
+    "aborted records became visible and the next pass deleted committed data"))
+def test_a_crash_at_every_file_operation_of_a_pass_carrying_txnindex_entries(mem_path):
+    from crashcheck import AtNthCall, build_transactional_compacted, check_transactional_compacted, TXN_COMPACTED
+
+    class StopAt(AtNthCall):
+        def at_nth(self, name, attr, args, kwargs):
+            raise _Crash(name)
+
+    template = mem_path / "template"
+    history = build_transactional_compacted(str(template / "t-0"))
+    with Log.open(str(template / "t-0"), **TXN_COMPACTED) as log:
+        assert log.aborted_transactions(0, 100)  # the pass below carries this entry
+    n, crashes, finished = 1, set(), False
+    while not finished:
+        work = mem_path / f"stop{n}"
+        shutil.copytree(template, work)
+        ops = StopAt(n, -1)
+        log = Log.open(str(work / "t-0"), **TXN_COMPACTED)
+        with _fileio.install(ops):
+            try:
+                report = log.compact()
+                finished = True
+            except _Crash as crash:
+                crashes.add(str(crash))
+        log._abandon()
+        check_transactional_compacted(str(work / "t-0"), history, f"stopped at call {n}")
+        shutil.rmtree(work)
+        n += 1
+    assert report.segments_cleaned == 1 and report.cleaned_up_to == 40
+    assert {"rename", "fsync_dir", "write_new_file", "unlink"} <= crashes

@@ -250,9 +250,14 @@ class LogLoader:
         protocol:
 
         ``.deleted`` files were already removed from the log: unlink them. ``.cleaned`` files
-        are unfinished compaction output that never replaced anything: unlink them. A ``.swap``
+        are unfinished compaction output that never replaced anything: unlink them. A ``.log.swap``
         file is finished output whose rename was interrupted: the live segments it covers are
-        deleted and it is renamed into place.
+        deleted and every ``.swap`` file of its base is renamed into place. A ``.txnindex.swap``
+        without a ``.log.swap`` is the rest of a swap that committed (its log went live) when the
+        replaced segment's ``.log.deleted`` is still there: it is renamed into place; otherwise
+        it is the leftover of a pass that failed before its commit, and is unlinked. The
+        completed renames are made durable before any ``.deleted`` file goes (see
+        :func:`logstore.cleaner.swap_in`).
         """
         ops = _fileio.ops
         for name in names:
@@ -260,14 +265,10 @@ class LogLoader:
                 full = os.path.join(self.path, name)
                 replay_truncation_journal(full, full[: -len(TRUNCATION_SUFFIX)])
         names = ops.listdir(self.path)
-        swaps = []
-        for name in names:
-            full = os.path.join(self.path, name)
-            if name.endswith(DELETED_SUFFIX) or name.endswith(CLEANED_SUFFIX) or name.endswith(".tmp"):
-                ops.unlink(full)
-            elif name.endswith(SWAP_SUFFIX):
-                swaps.append(name)
-        for name in sorted(swaps):
+        present = set(names)
+        swaps = sorted(name for name in names if name.endswith(SWAP_SUFFIX))
+        completed = set()
+        for name in swaps:
             parsed = parse_segment_name(name)
             if parsed is None or parsed[1] != LOG_SUFFIX + SWAP_SUFFIX:
                 continue
@@ -282,6 +283,22 @@ class LogLoader:
                 op = parse_segment_name(other)
                 if op and op[0] == base and other.endswith(SWAP_SUFFIX):
                     ops.rename(os.path.join(self.path, other), os.path.join(self.path, other[: -len(SWAP_SUFFIX)]))
+                    completed.add(other)
+        for name in swaps:
+            parsed = parse_segment_name(name)
+            if name in completed or parsed is None or parsed[1] != TXNINDEX_SUFFIX + SWAP_SUFFIX:
+                continue
+            full = os.path.join(self.path, name)
+            if segment_name(parsed[0]) + LOG_SUFFIX + DELETED_SUFFIX in present:
+                ops.rename(full, full[: -len(SWAP_SUFFIX)])
+            else:
+                logger.warning("dropping %s: the leftover of a compaction pass that did not commit", full)
+                ops.unlink(full)
+        if swaps:
+            ops.fsync_dir(self.path)
+        for name in ops.listdir(self.path):
+            if name.endswith(DELETED_SUFFIX) or name.endswith(CLEANED_SUFFIX) or name.endswith(".tmp"):
+                ops.unlink(os.path.join(self.path, name))
         ops.fsync_dir(self.path)
 
     def write_clean_shutdown_marker(self) -> None:
