@@ -56,7 +56,7 @@ from .segment import LogSegment
 from .log.filenames import CLEANED_SUFFIX, DELETED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, TXNINDEX_SUFFIX, segment_name
 
 __all__ = ["OffsetMap", "key_hash", "Cleaner", "CleanerReport", "CleanerState", "LogCompaction", "build_offset_map",
-           "clean_batches", "compact_segments", "dirty_bytes", "oldest_dirty_timestamp", "earliest_delete_horizon"]
+           "clean_batches", "compact_segments", "dirty_bytes", "section_map_bytes", "oldest_dirty_timestamp", "earliest_delete_horizon"]
 
 logger = logging.getLogger("logstore.cleaner")
 
@@ -216,6 +216,19 @@ class OffsetMap:
 
         _decode_rows(decoder, buf, start, end, sink, 0, end_offset, path)
         return bytes(codes)
+
+
+def section_map_bytes(offsets: int, budget: int) -> int:
+    """The memory of a pass's offset map for a dirty section of ``offsets`` offsets, within
+    ``budget`` bytes (``log.cleaner.dedupe.buffer.size``).
+
+    Room for twice the keys the section could hold: a section of distinct keys then fills its
+    map to half the load factor at most, where looking up a key the map lacks (each key of the
+    clean section before it, and of the dirty part past a full map) ends within a few probes; at
+    the full 0.9 such a lookup walks ~50 slots. No bigger than that: a small section takes little
+    memory to zero. With the budget smaller, the map fills exactly when the budget's would have.
+    """
+    return min(budget, OffsetMap.bytes_for(2 * offsets))
 
 
 def _map_memory(size: int) -> Any:
@@ -507,9 +520,7 @@ def compact_segments(segments: LogSegments, config: Any, decoder: RecordDecoder,
     end = first_dirty
     aborted = segments.aborted_transactions(sealed[0].base_offset, max(dirty_end, first_dirty))
     if first_dirty < dirty_end:
-        # No bigger than the section's offsets could fill: a small dirty section takes little
-        # memory (and zeroing it), and the map fills exactly when the budget's would have.
-        memory = min(config.cleaner_dedupe_buffer_size, OffsetMap.bytes_for(dirty_end - first_dirty))
+        memory = section_map_bytes(dirty_end - first_dirty, config.cleaner_dedupe_buffer_size)
         offset_map = OffsetMap(memory, base_offset=first_dirty)
         end = build_offset_map(sealed, decoder, offset_map, first_dirty, dirty_end, aborted)
     groups: list[list[LogSegment]] = []

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from logstore._native import ffi, lib
-from logstore.cleaner import OffsetMap, key_hash
+from logstore.cleaner import OffsetMap, key_hash, section_map_bytes
 from logstore.errors import CorruptRecordError
 from logstore.records import compression
 from logstore.records.batch import BatchBuilder, RecordDecoder
@@ -188,6 +188,28 @@ def test_rows_with_a_key_outside_the_buffer_or_bad_counts_are_refused() -> None:
     assert lib.ls_offset_map_classify_rows(m, buf, len(buf), rows, 2, 10, codes) == lib.LS_ERR_ARG
     arrays[2][0] = -2
     assert lib.ls_offset_map_classify_rows(m, buf, len(buf), rows, 1, 10, codes) == lib.LS_ERR_CORRUPT
+
+
+def test_a_pass_map_of_distinct_keys_answers_absent_keys_in_a_few_probes() -> None:
+    """A dirty section whose keys are all distinct, then lookups of keys the map lacks (the
+    clean section's): the pass's map is sized so they end quickly. At the full load factor the
+    same lookups walk ~50 slots each."""
+    rng = random.Random(5)
+    n = 50_000
+    keys = [rng.randbytes(12) for _ in range(n)]
+    absent = [rng.randbytes(13) for _ in range(n)]
+    for memory, most in ((section_map_bytes(n, 1 << 30), 4), (OffsetMap.bytes_for(n), None)):
+        m = OffsetMap(memory)
+        assert m.put(keys, list(range(n))) == n
+        before = m.probes
+        assert m.get(absent) == [-1] * n
+        per_lookup = (m.probes - before) / n
+        if most is not None:
+            assert per_lookup < most
+        else:  # the old sizing, for contrast: the sizing is what the bound above measures
+            assert per_lookup > 10
+    assert section_map_bytes(n, 20 * 1000) == 20 * 1000  # the budget bounds it
+    assert OffsetMap(section_map_bytes(n, 1 << 30)).max_size >= 2 * n
 
 
 @pytest.mark.parametrize("load_factor", [0.5, 0.9, 0.97, 1.0])
