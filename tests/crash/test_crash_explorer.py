@@ -639,6 +639,32 @@ def test_a_compaction_swap_is_atomic_whatever_order_its_renames_reach_the_disk(m
     _explore_call(mem_path, "a compaction swap", setup, action, check)
 
 
+def test_a_compaction_pass_carrying_txnindex_entries_keeps_aborted_records_hidden_after_any_power_loss(mem_path):
+    """The power-loss states of a pass that carries an aborted transaction's ``.txnindex`` entry
+    into its cleaned segment (the swap's order: ``.log.swap`` renamed live is the commit point,
+    the new ``.txnindex`` follows once that is durable): after any of them read_committed shows
+    no aborted record and every key's latest committed value, and so does a next pass (which
+    must not take the aborted record for its key's latest). The forked-child sweep in
+    test_compaction_crash.py stops the same pass at every file operation."""
+    from crashcheck import TXN_COMPACTED, build_transactional_compacted, check_transactional_compacted
+
+    history: list[tuple[int, bytes, bytes]] = []
+
+    def setup(root):
+        history.extend(build_transactional_compacted(str(root / "t-0")))
+
+    def action(root):
+        with Log.open(str(root / "t-0"), **TXN_COMPACTED) as log:
+            report = log.compact()
+            assert (report.segments_cleaned, report.cleaned_up_to) == (1, 40)
+
+    def check(path, oracle, rng):
+        check_transactional_compacted(os.path.join(path, "t-0"), history, "after a power loss")
+
+    report = _explore_call(mem_path, "a compaction pass carrying .txnindex entries", setup, action, check, cap=8)
+    assert {"fsync_dir t-0"} <= report.kinds
+
+
 @pytest.mark.regression(reason=("fixed: a new store's root directory (and a new log's directory) were created without "
     "fsyncing the parent, so a power loss could take a whole store away after create_topic and "
     "appends had returned as durable"))
