@@ -101,6 +101,7 @@ import selectors
 import socket
 import ssl
 import stat
+import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -134,6 +135,12 @@ BURST_BYTES = 1 << 20
 #: The most bytes one recv() into the loop's buffer takes (a frame's rest past this is read
 #: straight into the frame's own buffer).
 _READ_CHUNK = 64 * 1024
+#: A frame of an open connection of at least this many bytes (and at most _SPARE_MAX) is read
+#: into one of the connection's spare buffers (see _frame_buffer).
+_SPARE_MIN = _READ_CHUNK
+_SPARE_MAX = 2 << 20
+#: The most spare buffers a connection keeps (a burst of large frames takes one each).
+_SPARES = 4
 #: No frames to handle after an answer.
 _NO_FRAMES: list[bytearray] = []
 #: The threads of a listener that run handshakes' slow steps (:class:`SlowStep`) at once.
@@ -227,6 +234,7 @@ class _Conn:
         self.pending: list[bytearray] = []    # frames read, not yet handed to a handler (a burst)
         self.pending_bytes = 0
         self.leftover = b""                   # bytes read past a burst's bound (see Server._read_burst)
+        self.spares: list[bytearray] = []     # large frames' buffers, reused (see _frame_buffer)
         self.waiting: tuple[Future, list[bytearray]] | None = None  # a _Partial's future and frames after it
         self.close_after_write = False
         self.close_delay_s = 0.0              # a failed handshake's reply written: close this much later
@@ -669,7 +677,7 @@ class Server:
                         raise ValueError(f"a frame size of {n}")
                     at += size
                     if end - at < n:
-                        conn.body = bytearray(n)
+                        conn.body = _frame_buffer(conn, n)
                     else:
                         conn.pending.append(bytearray(data[at:at + n]))
                         at += n
@@ -693,7 +701,7 @@ class Server:
                     n = self.protocol.frame_size(bytes(conn.header), True)
                     if n < 0:
                         raise ValueError(f"a frame size of {n}")
-                    conn.body = bytearray(n)
+                    conn.body = _frame_buffer(conn, n)
                     conn.got = 0
                 k = min(len(conn.body) - conn.got, end - at)
                 if k:
@@ -1152,6 +1160,34 @@ def _send_now(conn: _Conn, result: _Answers) -> Any:
             rest.append(buf[skip:])
             skip = 0
     return _Sent(sent, rest, result.responses)
+
+
+def _frame_buffer(conn: _Conn, n: int) -> bytearray | memoryview:
+    """A buffer for an open connection's frame of ``n`` bytes (on the loop thread), which the
+    frame's bytes fill at once. A large frame (:data:`_SPARE_MIN` to :data:`_SPARE_MAX` bytes)
+    is read into one of the connection's spare buffers that nothing references any more (the
+    handlers of its last frame are done with it and kept no view of it: a Produce's records
+    are appended straight from the frame), as a view of its first ``n`` bytes: no allocation,
+    no zero-fill and no page faults per frame (a 1 MB produce spent a tenth of the server's time
+    there). A spare something still references is left alone; a new one (zero-filled once)
+    takes its place when the connection keeps :data:`_SPARES` already."""
+    if not _SPARE_MIN <= n <= _SPARE_MAX:
+        return bytearray(n)
+    spares = conn.spares
+    for spare in spares:
+        # References: the list, this loop's variable and getrefcount's argument; any other
+        # (a view of it, a handler that kept it) means it may still be read.
+        if len(spare) >= n and sys.getrefcount(spare) == 3:
+            return memoryview(spare)[:n]
+    spare = bytearray(n)
+    if len(spares) < _SPARES:
+        spares.append(spare)
+    else:
+        for i in range(len(spares)):
+            if sys.getrefcount(spares[i]) == 2:  # (the list, getrefcount's argument)
+                spares[i] = spare
+                break
+    return memoryview(spare)[:n]
 
 
 def _send_region(sock: socket.socket, region: FileRegion) -> int:
