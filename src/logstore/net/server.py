@@ -851,6 +851,10 @@ class Server:
                 return
             buffers.extend(_buffers(result))
             responses += 1
+        # Handled: the frames' buffers are the connection's to reuse once the answers are out
+        # (see _frame_buffer), which may be before this thread returns.
+        frame = result = None
+        frames.clear()
         self._complete(conn, _Answers(buffers, responses) if responses else None, after)
 
     def _complete(self, conn: _Conn, result: Any, rest: list[bytearray] = _NO_FRAMES) -> None:
@@ -1170,7 +1174,8 @@ def _frame_buffer(conn: _Conn, n: int) -> bytearray | memoryview:
     are appended straight from the frame), as a view of its first ``n`` bytes: no allocation,
     no zero-fill and no page faults per frame (a 1 MB produce spent a tenth of the server's time
     there). A spare something still references is left alone; a new one (zero-filled once)
-    takes its place when the connection keeps :data:`_SPARES` already."""
+    takes its place when the connection keeps :data:`_SPARES` already. A new spare is the frame's
+    size rounded up to a multiple of :data:`_SPARE_MIN` (a producer's batches differ in size)."""
     if not _SPARE_MIN <= n <= _SPARE_MAX:
         return bytearray(n)
     spares = conn.spares
@@ -1179,7 +1184,7 @@ def _frame_buffer(conn: _Conn, n: int) -> bytearray | memoryview:
         # (a view of it, a handler that kept it) means it may still be read.
         if len(spare) >= n and sys.getrefcount(spare) == 3:
             return memoryview(spare)[:n]
-    spare = bytearray(n)
+    spare = bytearray(min(-(-n // _SPARE_MIN) * _SPARE_MIN, _SPARE_MAX))  # room for the next frames' sizes
     if len(spares) < _SPARES:
         spares.append(spare)
     else:
