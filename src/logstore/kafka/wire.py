@@ -17,10 +17,12 @@ adds what a server needs around it:
   :mod:`logstore.kafka.writer` (kio's classes give the schema; kio's own writer is the tests'
   oracle).
 - A large Produce request's body is read by :func:`parse_produce_body` (here, not by kio):
-  the same kio classes, with each partition's records a read-only view of the frame instead
-  of kio's copy (a request of 1 MB copied once more cost the server an eighth of its CPU on
-  the producer benchmark). The frame's buffer must then outlive the request's handling (the
-  network layer reuses it only once nothing references it).
+  the same kio classes, with each partition's records a view of the frame instead of kio's
+  copy (a request of 1 MB copied once more cost the server an eighth of its CPU on the
+  producer benchmark), writable when the frame is (the Produce handler has the log stamp the
+  batch's offsets into the frame itself: ``Log.append_idempotent(in_place=True)``; nothing
+  else writes into a request). The frame's buffer must then outlive the request's handling
+  (the network layer reuses it only once nothing references it).
 - Produce v0-v2 (magic v0/v1 message sets), which Kafka 4 dropped but still advertises
   because librdkafka before 2.11.1 compresses only when Produce's minimum version is 0: in the
   ranges, but a request of one of them is refused as an unsupported version, which closes its
@@ -226,7 +228,7 @@ def parse_request(frame: bytes | bytearray | memoryview,
             check_flexible_header(data)
         header, offset = read_header(data, 0)
         if api_key == PRODUCE and len(data) >= PRODUCE_VIEW_BYTES and api_version <= _PRODUCE_VIEW_MAX:
-            body, size = parse_produce_body(data, offset, api_version)
+            body, size = parse_produce_body(memoryview(frame), offset, api_version)
         else:
             if flexible is not None:
                 check_flexible(flexible, data, offset)
@@ -245,8 +247,8 @@ def parse_request(frame: bytes | bytearray | memoryview,
 def parse_produce_body(data: memoryview, offset: int, api_version: int) -> tuple[Any, int]:
     """A Produce request's body (v3-v11) at ``data[offset:]``, read as kio reads it (kio's
     ProduceRequest, TopicProduceData and PartitionProduceData), but with each partition's
-    records a slice of ``data`` (no copy): (the body, its size in bytes). ``data`` should be
-    read-only (the handlers must not write into the frame). Every count and length is checked
+    records a slice of ``data`` (no copy, writable if ``data`` is): (the body, its size in
+    bytes). Every count and length is checked
     against the bytes left before it is used; a tagged field is refused as kio refuses the
     ones its classes do not know (Produce's have none). Bytes after the body are the caller's
     to refuse.
