@@ -130,8 +130,11 @@ _SENDMSG_BUFFERS = 512
 #: consumer's fetches wait; a client pipelining without pause is answered at 2x the rate of
 #: one request per crossing either way.
 BURST_FRAMES = 8
-#: ... and the most bytes (the frame that crosses it is the burst's last).
-BURST_BYTES = 1 << 20
+#: ... and the most bytes (the frame that crosses it is the burst's last). A burst's answers
+#: leave together, so a large frame (a producer's batch of a few hundred kB or more) is its
+#: burst's last: handled as soon as it is read, its answer not held back by the read and the
+#: append of the frame after it (at 1 MiB, two pipelined 940 kB produces went as one burst).
+BURST_BYTES = 256 * 1024
 #: The most bytes one recv() into the loop's buffer takes (a frame's rest past this is read
 #: straight into the frame's own buffer).
 _READ_CHUNK = 64 * 1024
