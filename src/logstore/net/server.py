@@ -402,9 +402,16 @@ class Server:
             while not self._closing:
                 now = time.monotonic()
                 timeout = self._expire(now)
+                if timeout is None:
+                    # No deadline: sleep an idle timeout at most all the same. A connection given
+                    # back by a worker (_hand_back) then never has its idle deadline before the
+                    # loop's wake-up, and need not wake the loop (with one connection and no
+                    # deadline, every request cost a wake-up of the loop: a thread switch and a
+                    # turn of the loop).
+                    timeout = self.limits.idle_timeout_s
                 if self._done:  # answers the last turn left (see _deliver): look at the sockets, no sleep
                     timeout = 0.0
-                self._sleep_until = now + timeout if timeout is not None else float("inf")
+                self._sleep_until = now + timeout
                 for key, mask in self._selector.select(timeout):
                     if key.data is _LISTENER:
                         self._accept()
