@@ -128,3 +128,16 @@ def test_small_and_huge_frames_are_not_kept(server):
         assert read_answer(sock) == b"ok"
         sock.sendall(message(2, 0, net_server._SPARE_MAX + 1))
         assert read_answer(sock) == b"ok"
+
+
+def test_a_larger_frame_replaces_a_spare_too_small_once_the_connection_keeps_the_most(server):
+    s, protocol = server
+    with socket.create_connection(s.address, timeout=10) as sock:
+        # a burst of as many large frames as the connection keeps spares: one each
+        sock.sendall(b"".join(message(i, 0, BIG) for i in range(net._SPARES)))
+        assert [read_answer(sock) for _ in range(net._SPARES)] == [b"ok"] * net._SPARES
+        for seed in (100, 101, 102):  # each larger than every spare: the first takes a slot, the others reuse it
+            sock.sendall(message(seed, 0, 4 * BIG))
+            assert read_answer(sock) == b"ok"
+    larger = protocol.buffers[net._SPARES:]
+    assert len(set(larger)) <= 2 and len(set(larger)) < len(larger)

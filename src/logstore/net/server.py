@@ -1190,19 +1190,34 @@ def _frame_buffer(conn: _Conn, n: int) -> bytearray | memoryview:
         return bytearray(n)
     spares = conn.spares
     for spare in spares:
-        # References: the list, this loop's variable and getrefcount's argument; any other
-        # (a view of it, a handler that kept it) means it may still be read.
-        if len(spare) >= n and sys.getrefcount(spare) == 3:
+        # Any reference but the list's and this loop's (a view of it, a handler that kept it)
+        # means it may still be read.
+        if len(spare) >= n and sys.getrefcount(spare) == _FREE_REFS:
             return memoryview(spare)[:n]
     spare = bytearray(min(-(-n // _SPARE_MIN) * _SPARE_MIN, _SPARE_MAX))  # room for the next frames' sizes
     if len(spares) < _SPARES:
         spares.append(spare)
     else:
-        for i in range(len(spares)):
-            if sys.getrefcount(spares[i]) == 2:  # (the list, getrefcount's argument)
+        for i, old in enumerate(spares):
+            if sys.getrefcount(old) == _FREE_REFS_ENUMERATED:
                 spares[i] = spare
                 break
     return memoryview(spare)[:n]
+
+
+def _free_refs() -> tuple[int, int]:
+    """What sys.getrefcount says of a spare nothing else references, in _frame_buffer's two
+    loops (the interpreter's own references differ between versions: measured, not assumed)."""
+    spares = [bytearray(1)]
+    plain = enumerated = 0
+    for spare in spares:
+        plain = sys.getrefcount(spare)
+    for _, old in enumerate(spares):
+        enumerated = sys.getrefcount(old)
+    return plain, enumerated
+
+
+_FREE_REFS, _FREE_REFS_ENUMERATED = _free_refs()
 
 
 def _send_region(sock: socket.socket, region: FileRegion) -> int:
