@@ -1198,8 +1198,8 @@ def _frame_buffer(conn: _Conn, n: int) -> bytearray | memoryview:
     if len(spares) < _SPARES:
         spares.append(spare)
     else:
-        for i, old in enumerate(spares):
-            if sys.getrefcount(old) == _FREE_REFS_ENUMERATED:
+        for i in range(len(spares)):
+            if sys.getrefcount(spares[i]) == _FREE_REFS_INDEXED:
                 spares[i] = spare
                 break
     return memoryview(spare)[:n]
@@ -1209,15 +1209,14 @@ def _free_refs() -> tuple[int, int]:
     """What sys.getrefcount says of a spare nothing else references, in _frame_buffer's two
     loops (the interpreter's own references differ between versions: measured, not assumed)."""
     spares = [bytearray(1)]
-    plain = enumerated = 0
+    plain = 0
     for spare in spares:
         plain = sys.getrefcount(spare)
-    for _, old in enumerate(spares):
-        enumerated = sys.getrefcount(old)
-    return plain, enumerated
+    del spare
+    return plain, sys.getrefcount(spares[0])
 
 
-_FREE_REFS, _FREE_REFS_ENUMERATED = _free_refs()
+_FREE_REFS, _FREE_REFS_INDEXED = _free_refs()
 
 
 def _send_region(sock: socket.socket, region: FileRegion) -> int:
