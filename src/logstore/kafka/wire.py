@@ -45,7 +45,7 @@ from kio.serial.errors import SerialError
 
 from ..errors import LogstoreError
 from .apikeys import METADATA, PRODUCE
-from .bounds import check_flexible, check_flexible_header
+from .bounds import check_flexible, check_flexible_header, read_uvarint
 from .writer import write_response
 
 __all__ = ["SUPPORTED", "API_NAMES", "KafkaRequest", "KafkaProtocolError", "UnsupportedVersionError",
@@ -263,14 +263,14 @@ def parse_produce_body(data: memoryview, offset: int, api_version: int) -> tuple
     end = len(data)
     pos = offset
     if api_version >= _PRODUCE_FLEXIBLE:
-        n, pos = _uvarint(data, pos, end)  # compact nullable string: length + 1, 0 for null
+        n, pos = read_uvarint(data, pos, end)  # compact nullable string: length + 1, 0 for null
         transactional_id, pos = (None, pos) if n == 0 else _text(data, pos, n - 1, end)
         acks, timeout = _fixed(_ACKS_TIMEOUT, data, pos, end)
         pos += _ACKS_TIMEOUT.size
         topics_left, pos = _compact_count(data, pos, end, "topic_data")
         topics = []
         for _ in range(topics_left):
-            n, pos = _uvarint(data, pos, end)
+            n, pos = read_uvarint(data, pos, end)
             if n == 0:
                 raise ValueError("a null topic name")
             name, pos = _text(data, pos, n - 1, end)
@@ -278,7 +278,7 @@ def parse_produce_body(data: memoryview, offset: int, api_version: int) -> tuple
             partitions = []
             for _ in range(partitions_left):
                 (index,) = _fixed(_I32, data, pos, end)
-                n, pos = _uvarint(data, pos + 4, end)
+                n, pos = read_uvarint(data, pos + 4, end)
                 records = None
                 if n:
                     if n - 1 > end - pos:
@@ -337,22 +337,6 @@ def _fixed(shape: struct.Struct, data: memoryview, pos: int, end: int) -> tuple[
     return shape.unpack_from(data, pos)
 
 
-def _uvarint(data: memoryview, pos: int, end: int) -> tuple[int, int]:
-    """An unsigned varint (at most five bytes, as Kafka's) at ``pos``: (its value, the position after)."""
-    value = shift = 0
-    while True:
-        if pos >= end:
-            raise ValueError("a varint runs past the end of the request")
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-        if shift > 28:
-            raise ValueError("a varint longer than five bytes")
-
-
 def _text(data: memoryview, pos: int, n: int, end: int) -> tuple[str, int]:
     """``n`` bytes of UTF-8 at ``pos`` (a string's bytes; a negative length other than a
     nullable string's -1, already taken, is malformed)."""
@@ -363,7 +347,7 @@ def _text(data: memoryview, pos: int, n: int, end: int) -> tuple[str, int]:
 
 def _compact_count(data: memoryview, pos: int, end: int, what: str) -> tuple[int, int]:
     """A compact array's item count (not null; each item takes a byte at least)."""
-    n, pos = _uvarint(data, pos, end)
+    n, pos = read_uvarint(data, pos, end)
     if n == 0:
         raise ValueError(f"a null {what} array")
     if n - 1 > end - pos:
@@ -381,7 +365,7 @@ def _legacy_count(data: memoryview, pos: int, end: int, what: str) -> tuple[int,
 
 def _no_tags(data: memoryview, pos: int, end: int) -> int:
     """An empty tagged-field section (Produce's structures have no tagged field kio knows)."""
-    n, pos = _uvarint(data, pos, end)
+    n, pos = read_uvarint(data, pos, end)
     if n:
         raise ValueError(f"{n} tagged fields where Produce has none")
     return pos
