@@ -10,10 +10,8 @@ run in turn within each round, and a ratio is the median of the rounds' ratios):
   produce       confluent-kafka Producer, linger.ms=5, batch.size=1 MB, 200-byte values, acks=1,
                 no compression, into (a) ``logstore serve`` in its own process and (b) librdkafka's
                 mock cluster (``test.mock.num.brokers=1``, in the producer's process: a broker
-                that keeps batches in memory and writes nothing), every record to partition 0
-                (the mock creates a topic with 4 partitions, ``logstore serve`` with 1: the
-                same single partition for both). Records/s from the first produce() until
-                flush() returns (every record acknowledged).
+                that keeps batches in memory and writes nothing). Records/s from the first
+                produce() until flush() returns (every record acknowledged).
   produce, acks=all + fsync   the same into ``logstore serve --fsync-acks-all``.
   consume       the records just produced read back whole by a confluent-kafka Consumer
                 (assign from offset 0, until the last) with librdkafka's defaults and with
@@ -83,15 +81,15 @@ def stop(proc: subprocess.Popen) -> None:
 def produce(config: dict, n: int, topic: str = "bench") -> float:
     p = Producer({"linger.ms": 5, "batch.size": 1_000_000, "acks": 1, "queue.buffering.max.messages": 2_000_000,
                   "queue.buffering.max.kbytes": 2_000_000, **config})
-    p.produce(topic, VALUE, partition=0)  # connect and learn the partition leader before the clock starts
+    p.produce(topic, VALUE)  # connect and learn the partition leader before the clock starts
     p.flush(30)
     started = time.perf_counter()
     for _ in range(n):
         try:
-            p.produce(topic, VALUE, partition=0)
+            p.produce(topic, VALUE)
         except BufferError:
             p.poll(0.01)
-            p.produce(topic, VALUE, partition=0)
+            p.produce(topic, VALUE)
     remaining = p.flush(120)
     elapsed = time.perf_counter() - started
     assert remaining == 0, f"{remaining} records not acknowledged"
