@@ -142,8 +142,10 @@ _READ_CHUNK = 64 * 1024
 #: into one of the connection's spare buffers (see _frame_buffer).
 _SPARE_MIN = _READ_CHUNK
 _SPARE_MAX = 2 << 20
-#: The most spare buffers a connection keeps (a burst of large frames takes one each).
-_SPARES = 4
+#: The most spare buffers a connection keeps: a burst holds one frame of BURST_BYTES or more at
+#: most, and another may still be referenced (a deferred answer's request). A connection keeps
+#: at most _SPARES * _SPARE_MAX bytes of them (4 MiB) until it closes.
+_SPARES = 2
 #: No frames to handle after an answer.
 _NO_FRAMES: list[bytearray] = []
 #: The threads of a listener that run handshakes' slow steps (:class:`SlowStep`) at once.
