@@ -607,7 +607,9 @@ class KafkaApis:
                 logger.info("refused a transactional produce to %s-%d: %s", topic, partition, message)
                 return error, -1, message
         try:
-            first, _, duplicate = log.append_idempotent(records)
+            # A large request's records are a view of its frame, which is this request's alone:
+            # stamped there rather than copied (see wire.parse_produce_body).
+            first, _, duplicate = log.append_idempotent(records, in_place=True)
         except (CorruptRecordError, RecordTooLargeError, OutOfOrderSequenceError, InvalidProducerEpochError,
                 InvalidRecordError, UnsupportedCodecError) as exc:
             # InvalidRecordError: e.g. a keyless record in a compacted topic; UnsupportedCodecError:

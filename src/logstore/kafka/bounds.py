@@ -21,7 +21,7 @@ from typing import Any
 
 from .writer import field_shape
 
-__all__ = ["check_flexible", "check_flexible_header", "check_response", "BoundsError"]
+__all__ = ["check_flexible", "check_flexible_header", "check_response", "read_uvarint", "BoundsError"]
 
 #: fixed-width Kafka types and their sizes
 _FIXED = {"int8": 1, "int16": 2, "int32": 4, "int64": 8, "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8,
@@ -33,7 +33,13 @@ class BoundsError(ValueError):
     """A length or count in the request that the bytes left cannot hold."""
 
 
-def _uvarint(data: Any, pos: int, end: int) -> tuple[int, int]:
+def read_uvarint(data: Any, pos: int, end: int) -> tuple[int, int]:
+    """An unsigned varint (at most five bytes, as Kafka's) at ``data[pos:end]``: (its value,
+    the position after it). Pure.
+
+    Raises:
+        BoundsError: it runs past ``end`` or is longer than five bytes.
+    """
     value = shift = 0
     while True:
         if pos >= end:
@@ -60,12 +66,12 @@ class _Plan:
     def walk(self, data: Any, pos: int, end: int) -> int:
         for step in self.steps:
             pos = _step(step, data, pos, end)
-        count, pos = _uvarint(data, pos, end)
+        count, pos = read_uvarint(data, pos, end)
         if count > end - pos:
             raise BoundsError(f"{count} tagged fields in {end - pos} bytes")
         for _ in range(count):
-            tag, pos = _uvarint(data, pos, end)
-            size, pos = _uvarint(data, pos, end)
+            tag, pos = read_uvarint(data, pos, end)
+            size, pos = read_uvarint(data, pos, end)
             if size > end - pos:
                 raise BoundsError(f"a tagged field of {size} bytes in {end - pos}")
             step = self.tags.get(tag)
@@ -83,12 +89,12 @@ def _step(step: tuple[Any, ...], data: Any, pos: int, end: int) -> int:
             raise BoundsError("the request ends inside a field")
         return pos
     if kind == "bytes":  # compact string, bytes or records: length + 1, 0 for null
-        n, pos = _uvarint(data, pos, end)
+        n, pos = read_uvarint(data, pos, end)
         if n and n - 1 > end - pos:
             raise BoundsError(f"{n - 1} bytes claimed, {end - pos} left")
         return pos + max(n - 1, 0)
     if kind == "array":  # compact array: count + 1, 0 for null; each item at least a byte
-        n, pos = _uvarint(data, pos, end)
+        n, pos = read_uvarint(data, pos, end)
         if n and n - 1 > end - pos:
             raise BoundsError(f"an array of {n - 1} items in {end - pos} bytes")
         for _ in range(max(n - 1, 0)):

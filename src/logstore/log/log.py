@@ -800,7 +800,8 @@ class Log:
         """
         return self._append_client_batch(batch).first_offset
 
-    def append_idempotent(self, batch: bytes | bytearray | memoryview, check_sequence: bool = True) -> AppendInfo:
+    def append_idempotent(self, batch: bytes | bytearray | memoryview, check_sequence: bool = True, *,
+                          in_place: bool = False) -> AppendInfo:
         """Append one record batch a client encoded, once; return ``(first_offset, last_offset,
         duplicate)`` (:class:`~logstore.log.log.AppendInfo`).
 
@@ -818,6 +819,12 @@ class Log:
         ``check_sequence=False`` recognises duplicates and fences old epochs but accepts any
         sequence (replication's client skips the sequences of produces that were refused).
 
+        ``in_place=True``: the caller hands ``batch`` over (a writable buffer nobody else writes
+        or reads while the call runs, e.g. a request frame the server reuses afterwards): the
+        offsets and leader epoch are stamped into it instead of into a copy, so the caller's
+        bytes change (outside the CRC) when the batch is stored as it is. A read-only batch is
+        copied whatever this says.
+
         Raises:
             CorruptRecordError, InvalidRecordError, RecordTooLargeError: a batch that may not be
                 appended (nothing written).
@@ -827,7 +834,7 @@ class Log:
 
         Durability and thread-safety as :meth:`append`; the check and the append are atomic.
         """
-        return self._append_client_batch(batch, check_sequence)
+        return self._append_client_batch(batch, check_sequence, in_place)
 
     def _after_append(self, last_offset: int) -> int:
         """An append reached ``_flush_at`` (called without the lock): wake long-polls, apply
@@ -1023,7 +1030,7 @@ class Log:
             self._check_open()
             return self._producers.current(self._log_start_offset, self._appender.next_offset).ongoing()
 
-    def _append_client_batch(self, batch: Any, check_sequence: bool = True) -> AppendInfo:
+    def _append_client_batch(self, batch: Any, check_sequence: bool = True, in_place: bool = False) -> AppendInfo:
         """Log.append_idempotent: validate a client's batch whole; for a producer's batch, check it
         against the producer state (a duplicate is answered with its offsets, nothing appended);
         store its bytes with the offsets and leader epoch assigned (re-encoded when the log's policy
@@ -1037,6 +1044,9 @@ class Log:
             records = decode_batches(batch)
             if self._keys_required and any(r.key is None for r in records):
                 raise self._keyless_record_error()
+        elif in_place and (batch.__class__ is bytearray or (
+                isinstance(batch, memoryview) and not batch.readonly and batch.c_contiguous)):
+            data = batch if batch.__class__ is bytearray else batch.cast("B")  # the caller's, stamped in place
         else:
             data = bytearray(batch)  # stamped in place with the offsets and epoch
         pid = header.producer_id

@@ -142,8 +142,10 @@ class Protocol(abc.ABC):
 
     @abc.abstractmethod
     def handle(self, session: Session, request: bytearray) -> Response:
-        """Answer one request: the whole frame after its size prefix (the handler may keep the
-        buffer). Runs on a worker thread
+        """Answer one request: the whole frame after its size prefix, a bytearray, or for a
+        large frame a writable memoryview of a buffer the connection reuses for a later frame
+        once nothing references it (so the handler may keep the frame, or views of it, and
+        they stay as they are). Runs on a worker thread
         and may block. Returns what to write (see :data:`Response`); raising closes the
         connection (an OSError or LogstoreError is logged at debug level, anything else as an
         error)."""

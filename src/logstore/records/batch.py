@@ -837,7 +837,41 @@ def validate_client_batch(buf: Any, max_message_bytes: int, what: str = "produce
         raise CorruptRecordError(None, 0, f"{what}: {n} bytes is shorter than a batch header ({HEADER_SIZE})")
     if max_message_bytes > 0 and n > max_message_bytes:
         raise RecordTooLargeError(n, max_message_bytes)
+    header = parse_header(buf)
+    if header.compression == compression.NONE and _scan_whole(buf, n, header.base_offset) is None:
+        # The common case: one C pass checked the CRC and walked every record; the header's
+        # own rules are all that is left (a batch that fails the pass is checked again below,
+        # step by step, so that it is refused with the same error as ever).
+        return _client_header_rules(header, n, what)
     header = validate_batch(buf, 0, 0, what)
+    _client_header_rules(header, n, what)
+    if header.compression == compression.NONE:
+        failed = _scan_whole(buf, n, header.base_offset)
+        if failed is not None:
+            raise CorruptRecordError(what, failed[0], reason(failed[1]))
+    else:
+        records, _ = RecordDecoder().decode(buf, 0, n, path=what)
+        if len(records) != header.records_count:
+            raise CorruptRecordError(what, 0, f"{len(records)} records decoded, {header.records_count} declared")
+    return header
+
+
+def _scan_whole(buf: Any, n: int, base_offset: int) -> tuple[int, int] | None:
+    """One C pass over ``buf`` (uncompressed batches: CRC, header and every record): None when
+    its ``n`` bytes are valid batches, else (the valid bytes before the failure, its status)."""
+    res = ffi.new("ls_scan_result *")
+    cptr = ffi.from_buffer(buf)
+    try:
+        lib.ls_segment_scan(cptr, n, base_offset, 0, 0, ffi.NULL, 0, ffi.NULL, 0, res)
+    finally:
+        ffi.release(cptr)
+    if res.status != lib.LS_OK or res.valid_bytes != n:
+        return res.valid_bytes, res.status
+    return None
+
+
+def _client_header_rules(header: BatchHeader, n: int, what: str) -> BatchHeader:
+    """The rules of validate_client_batch that read only a (valid) batch's header."""
     if header.size != n:
         raise CorruptRecordError(what, 0, f"the batch is {header.size} bytes but {n} bytes were sent "
                                           "(one batch per produce)")
@@ -854,18 +888,5 @@ def validate_client_batch(buf: Any, max_message_bytes: int, what: str = "produce
     if header.compression > compression.ZSTD:
         # Kafka's CompressionType.forId knows 0-4: ids 5-7 are no codec a client may send
         raise UnsupportedCodecError(f"{what}: unknown compression codec id {header.compression} (known: 0-4)")
-    if header.compression == compression.NONE:
-        res = ffi.new("ls_scan_result *")
-        cptr = ffi.from_buffer(buf)
-        try:
-            lib.ls_segment_scan(cptr, n, header.base_offset, 0, 0, ffi.NULL, 0, ffi.NULL, 0, res)
-        finally:
-            ffi.release(cptr)
-        if res.status != lib.LS_OK or res.valid_bytes != n:
-            raise CorruptRecordError(what, res.valid_bytes, reason(res.status))
-    else:
-        records, _ = RecordDecoder().decode(buf, 0, n, path=what)
-        if len(records) != header.records_count:
-            raise CorruptRecordError(what, 0, f"{len(records)} records decoded, {header.records_count} declared")
     return header
 
