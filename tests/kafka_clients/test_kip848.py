@@ -93,9 +93,10 @@ def stable(members):
     return set().union(*found) == set(range(PARTITIONS)) and sum(len(a) for a in found) == PARTITIONS
 
 
-def commit_start_offsets(bootstrap, group="grp"):
+def commit_start_offsets(bootstrap, group="grp", config=None):
     """Commit offset 0 of every partition of ``work`` for ``group`` before its members join
-    (an admin client's AlterConsumerGroupOffsets): each member then starts from a committed
+    (an admin client's AlterConsumerGroupOffsets; ``config``: more of its settings, a replica
+    set's login): each member then starts from a committed
     offset (OffsetFetch), as every later owner does, and librdkafka never resolves
     ``auto.offset.reset``.
 
@@ -113,7 +114,7 @@ def commit_start_offsets(bootstrap, group="grp"):
     reconciliation does."""
     from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, **(config or {})})
     request = ConsumerGroupTopicPartitions(group, [TopicPartition("work", p, 0) for p in range(PARTITIONS)])
     (future,) = admin.alter_consumer_group_offsets([request]).values()
     done = future.result(timeout=30)
