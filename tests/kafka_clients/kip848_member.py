@@ -8,7 +8,9 @@ after it (synchronously) and then prints ``R <partition> <offset> <value>`` (a r
 fails is read again while its partition stays with the member); it prints
 ``A <partitions>`` whenever its assignment changes. It runs until killed or until its stdin
 closes, then closes the consumer (a static member leaves with epoch -2). The environment's
-``KIP848_CONFIG`` (JSON) adds librdkafka settings (a replica set's login).
+``KIP848_CONFIG`` (JSON) adds librdkafka settings (a replica set's login); ``KIP848_DEBUG_DIR``
+(a directory) has the member write librdkafka's debug log (``cgrp,consumer,fetch,topic``) and
+its own lines, timestamped, to ``member-<pid>.log`` there (for reading a failure's sequence).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import os
 import select
 import sys
+import time
 
 
 def say(line: str) -> None:
@@ -38,6 +41,17 @@ def main() -> None:
     config.update(json.loads(os.environ.get("KIP848_CONFIG", "{}")))
     if len(sys.argv) > 4:
         config["group.instance.id"] = sys.argv[4]
+    log_dir = os.environ.get("KIP848_DEBUG_DIR")
+    if log_dir:  # librdkafka logs to stderr: this process's stderr becomes the file
+        os.dup2(os.open(os.path.join(log_dir, f"member-{os.getpid()}.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                        0o644), 2)
+        config["debug"] = "cgrp,consumer,fetch,topic"
+
+    def tell(line: str) -> None:
+        if log_dir:
+            os.write(2, f"APP {time.time():.3f} {line}\n".encode())
+        say(line)
+
     consumer = Consumer(config)
     consumer.subscribe([topic])
     shown = None
@@ -46,18 +60,20 @@ def main() -> None:
         now = sorted(tp.partition for tp in consumer.assignment())
         if now != shown:
             shown = now
-            say("A " + ",".join(str(p) for p in now))
+            tell("A " + ",".join(str(p) for p in now))
         if msg is None or msg.error():
             continue
         try:
             consumer.commit(message=msg, asynchronous=False)
-        except KafkaException:  # a stale epoch, fenced, or moved meanwhile: not committed
+        except KafkaException as exc:  # a stale epoch, fenced, or moved meanwhile: not committed
+            if log_dir:
+                os.write(2, f"APP {time.time():.3f} commit of {msg.partition()} {msg.offset()} failed: {exc}\n".encode())
             try:  # read it again while the partition is still this member's
                 consumer.seek(TopicPartition(msg.topic(), msg.partition(), msg.offset()))
             except KafkaException:
                 pass  # moved: its next owner reads it again from the last commit
             continue
-        say(f"R {msg.partition()} {msg.offset()} {msg.value().decode()}")
+        tell(f"R {msg.partition()} {msg.offset()} {msg.value().decode()}")
     consumer.close()
 
 

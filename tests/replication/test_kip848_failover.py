@@ -12,7 +12,8 @@ import pytest
 
 from logstore import LogStore
 
-from kafka_clients.test_kip848 import Member, assert_commits_never_backwards, consumed, stable, wait_for
+from kafka_clients.test_kip848 import Member, assert_commits_never_backwards, commit_start_offsets, consumed, stable, \
+    wait_for
 from .kafkanodes import KafkaNodes
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -47,6 +48,7 @@ def test_a_consumer_group_carries_on_after_the_coordinator_is_killed(tmp_path, m
         coordinator = cluster.leader("__consumer_offsets")
         assert coordinator is not None and cluster.leader("work") is not None
         produce_phase(cluster, 1)
+        commit_start_offsets(cluster.bootstrap, config=cluster.client_config)  # (librdkafka's re-reads: see there)
         members = [Member(cluster.bootstrap, config=cluster.client_config),
                    Member(cluster.bootstrap, config={**cluster.client_config, **(CLASSIC if mixed else {})})]
         wait_for("a stable group of two", lambda: stable(members), timeout=90)

@@ -251,6 +251,13 @@ class _Group:
         return out
 
 
+def _partitions(assignment: Assignment | None) -> str:
+    """``assignment`` for a log line (None: not said)."""
+    if assignment is None:
+        return "(not said)"
+    return "{" + ", ".join(f"{topic}: {sorted(parts)}" for topic, parts in sorted(assignment.items()) if parts) + "}"
+
+
 def _empty_at() -> MemberAssignment:
     return MemberAssignment(0, 0, STABLE, {}, {})
 
@@ -478,6 +485,12 @@ class ConsumerGroupCoordinator:
         after = member.at
         send = full or after != before or (request.owned is not None and {
             t: p for t, p in request.owned.items() if p} != {t: p for t, p in after.assigned.items() if p})
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("consumer group %s (epoch %d, target %d): member %s at epoch %d owning %s -> epoch %d %s, "
+                         "assigned %s, revoking %s, assignment %s", group.group_id, group.epoch,
+                         group.assignment_epoch, member_id, request.member_epoch, _partitions(request.owned),
+                         after.epoch, STATE_NAMES[after.state], _partitions(after.assigned),
+                         _partitions(after.pending_revocation), "sent" if send else "not sent")
         return {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None, "member_id": member_id,
                 "member_epoch": after.epoch, "heartbeat_interval": self.timeouts(group.group_id)[1],
                 "assignment": {"topic_partitions": [{"topic_id": t, "partitions": sorted(p)}
