@@ -377,6 +377,46 @@ def test_varint_decode_errors():
     assert varint_decode(b"\x80" * 9 + b"\x00") == (10, 0)  # non-canonical but terminated
 
 
+def test_varint_decode_of_one_and_two_bytes_at_the_buffer_end_and_before_more():
+    """ls_read_varlong reads one- and two-byte varints without its loop: every such value, alone
+    in an exact buffer (its last byte the buffer's last) and followed by more bytes."""
+    for v in range(-(2**13), 2**13):
+        enc = py_varint(v)
+        assert len(enc) <= 2
+        assert varint_decode(enc) == (len(enc), v)
+        assert varint_decode(enc + b"\x80") == (len(enc), v)
+    assert varint_decode(b"\x80\x80")[0] == lib.LS_ERR_TRUNCATED
+    assert varint_decode(b"\x80\x80\x01") == (3, py_varint_decode(b"\x80\x80\x01"))
+    assert varint_decode(b"\xff\xff\x7f\x00") == (3, py_varint_decode(b"\xff\xff\x7f"))
+
+
+def py_varint_decode(b: bytes) -> int:
+    z = sum((x & 0x7F) << (7 * i) for i, x in enumerate(b))
+    return (z >> 1) ^ -(z & 1)
+
+
+@pytest.mark.parametrize("value_len", [0, 1, 50, 60, 61, 62, 63, 64, 120, 200, 8180, 8200, 70000])
+def test_records_decode_reads_every_varint_width_up_to_the_section_end(value_len):
+    """The record walk's one- and two-byte varint paths (record, key and value lengths, offset
+    and timestamp deltas of one, two and three bytes) decode what was encoded, through the last
+    byte of an exact buffer; a cut anywhere near the end fails."""
+    count = 70 if value_len < 8000 else 3
+    records = [(ts, b"k" * (i % 3) if i % 4 else None, bytes([i % 251]) * value_len if i % 5 else b"x",
+                [(b"h", b"v" * i)] if i % 7 == 0 else [])
+               for i, ts in enumerate([0, 1, 63, 64, 8191, 8192, 10**6] * 10)][:count]
+    buf = build_batch(records, base_offset=5)
+    rc, hdr, _ = validate(buf)
+    assert rc == len(buf)
+    section = buf[61:]
+    out = RecordsOut(count)
+    assert lib.ls_records_decode(exact(section), len(section), hdr, -1, out.ptr) == count
+    rows = out.rows(section)
+    assert [r[0] for r in rows] == [5 + i for i in range(count)]
+    assert [(r[1], r[3], r[4], r[5]) for r in rows] == [(ts, k, v, h) for ts, k, v, h in records]
+    for cut in range(max(0, len(section) - 300), len(section)):
+        assert records_decode_rc(section[:cut], cut, hdr, -1, cap=count) in (lib.LS_ERR_TRUNCATED, lib.LS_ERR_CORRUPT)
+
+
 # ---------------------------------------------------------------- batch encode/decode
 
 

@@ -302,3 +302,72 @@ def test_a_reader_in_a_reference_cycle_is_collected():
     del segment, reader
     gc.collect()
     assert gone() is None
+
+
+def test_threads_appending_while_others_read_random_offsets_get_every_record_whole(tmp_path):
+    """Two threads append (one record per call, and batches of varied sizes that roll the small
+    segments and grow the active map) while three read random offsets below the log end through
+    the short path: every record read is the one at its offset, whole (its key is a digest of its
+    value), whether its batch was validated by that read or remembered by the memo."""
+    import hashlib
+    import random
+    import threading
+    import time
+
+    log = Log.open(str(tmp_path / "p-0"), segment_bytes=256 << 10)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def record(tag: int, n: int, size: int) -> tuple[bytes, bytes]:
+        value = b"%d-%d-" % (tag, n) + bytes([n % 251]) * size
+        return value, hashlib.blake2b(value, digest_size=16).digest()
+
+    def appender(tag: int) -> None:
+        rnd, n = random.Random(tag), 0
+        try:
+            while not stop.is_set():
+                if rnd.random() < 0.5:
+                    value, key = record(tag, n, rnd.randrange(0, 300))
+                    log.append(value, key)
+                    n += 1
+                else:
+                    items = [record(tag, n + i, rnd.randrange(0, 300)) for i in range(rnd.randrange(1, 400))]
+                    log.append_batch([v for v, _ in items], [k for _, k in items])
+                    n += len(items)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    reads = [0, 0, 0]
+
+    def reader(i: int) -> None:
+        rnd = random.Random(100 + i)
+        try:
+            while not stop.is_set():
+                end = log.log_end_offset
+                if end == 0:
+                    continue
+                offset = rnd.randrange(end)
+                (got,) = log.read(offset, max_records=1)
+                assert got.offset == offset
+                assert got.key == hashlib.blake2b(got.value, digest_size=16).digest()
+                reads[i] += 1
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=appender, args=(t,)) for t in (1, 2)]
+    threads += [threading.Thread(target=reader, args=(i,)) for i in range(3)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(2.0)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    assert not errors, errors
+    assert all(n > 0 for n in reads)
+    assert len(log.segments) > 2  # the segments rolled under the readers
+    for offset in random.Random(7).sample(range(log.log_end_offset), 500):
+        (got,) = log.read(offset, max_records=1)
+        assert got.offset == offset and got.key == hashlib.blake2b(got.value, digest_size=16).digest()
+    log.close()

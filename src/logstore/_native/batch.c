@@ -233,35 +233,37 @@ int64_t ls_records_walk(const char *buf, int64_t start, int64_t end, const ls_ba
         const char *re = p + rec_len;
         if (p >= re)
             return LS_ERR_CORRUPT;
-        p++; /* record attributes: unused by Kafka, any value */
-        FIELD(ls_read_varlong(&p, re, &ts_delta));
-        FIELD(ls_read_varint32(&p, re, &od));
+        /* The fields are read through f; the next record starts at re whatever they say (a
+         * record that does not end exactly at re fails below), so the walk to the next record
+         * does not wait for this one's fields. */
+        const char *f = p + 1; /* record attributes: unused by Kafka, any value */
+        p = re;
+        FIELD(ls_read_varlong(&f, re, &ts_delta));
+        FIELD(ls_read_varint32(&f, re, &od));
         if (od <= prev_delta || od > lod)
             return LS_ERR_CORRUPT;
         prev_delta = od;
-        if (trusted && base + od < min_offset) {
-            p = re; /* a record before the one wanted, in a batch validated before */
-            continue;
-        }
-        FIELD(ls_read_varint32(&p, re, &kl));
-        if (kl < -1 || kl > re - p)
+        if (trusted && base + od < min_offset)
+            continue; /* a record before the one wanted, in a batch validated before */
+        FIELD(ls_read_varint32(&f, re, &kl));
+        if (kl < -1 || kl > re - f)
             return LS_ERR_CORRUPT;
-        const char *k = p;
+        const char *k = f;
         if (kl > 0)
-            p += kl;
-        FIELD(ls_read_varint32(&p, re, &vl));
-        if (vl < -1 || vl > re - p)
+            f += kl;
+        FIELD(ls_read_varint32(&f, re, &vl));
+        if (vl < -1 || vl > re - f)
             return LS_ERR_CORRUPT;
-        const char *v = p;
+        const char *v = f;
         if (vl > 0)
-            p += vl;
-        FIELD(ls_read_varint32(&p, re, &hc));
-        if (hc < 0 || hc > (re - p) / 2)
+            f += vl;
+        FIELD(ls_read_varint32(&f, re, &hc));
+        if (hc < 0 || hc > (re - f) / 2)
             return LS_ERR_CORRUPT;
-        const char *h = p;
-        if (hc > 0 && headers_walk(&p, re, buf, hc, NULL, NULL, NULL, NULL) != LS_OK)
+        const char *h = f;
+        if (hc > 0 && headers_walk(&f, re, buf, hc, NULL, NULL, NULL, NULL) != LS_OK)
             return LS_ERR_CORRUPT;
-        if (p != re)
+        if (f != re)
             return LS_ERR_CORRUPT;
 
         int64_t offset = base + od;

@@ -115,6 +115,18 @@ LS_INLINE int ls_read_varlong(const char **pp, const char *end, int64_t *value)
 {
     const unsigned char *p = (const unsigned char *)*pp;
     const unsigned char *e = (const unsigned char *)end;
+    if (LS_LIKELY(e - p >= 2 && (p[0] < 0x80 || p[1] < 0x80))) {
+        /* one or two bytes (a record's timestamp delta mostly): no loop */
+        uint64_t z = p[0] & 0x7f;
+        int n = 1;
+        if (p[0] >= 0x80) {
+            z |= (uint64_t)p[1] << 7;
+            n = 2;
+        }
+        *value = ls_unzigzag64(z);
+        *pp = (const char *)(p + n);
+        return LS_OK;
+    }
     uint64_t z = 0;
     for (int shift = 0; shift < 70; shift += 7) {
         if (p >= e)
@@ -141,6 +153,13 @@ LS_INLINE int ls_read_varint32(const char **pp, const char *end, int32_t *value)
         uint32_t z = *p;
         *value = (int32_t)((z >> 1) ^ (0u - (z & 1)));
         *pp = (const char *)(p + 1);
+        return LS_OK;
+    }
+    if (LS_LIKELY(e - p >= 2 && p[1] < 0x80)) {
+        /* two bytes (a record's length, a 200-byte value's, an offset delta past 63) */
+        uint32_t z = (uint32_t)(p[0] & 0x7f) | (uint32_t)p[1] << 7;
+        *value = (int32_t)((z >> 1) ^ (0u - (z & 1)));
+        *pp = (const char *)(p + 2);
         return LS_OK;
     }
     uint64_t z = 0;
