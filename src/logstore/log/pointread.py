@@ -14,13 +14,15 @@ remap at growth, sealing, truncation): it never reads through a map that is gone
 
 :class:`PointReads` is what a segment keeps for these reads. Its memo (``ls_crc_memo``, 4-way
 set associative) is made on a segment's first point read with a slot per 32 KiB of the segment
-(of ``segment_bytes`` for the active one), 16 to 1,024 slots (16 KiB-1 MiB). It remembers batches
-validated whole, by position and stored CRC, with the positions of 256 records in each: a later
-read of a record in such a batch skips its CRC and walks from the nearest of them (a 1,000-record
-batch: 1.5 records on average; with 64 marks it was 8, and the C part of a warm read of such a
-batch took a quarter longer, waiting for their lines). It also notes (``nexts``) that the header of the batch after a remembered one was found above it: later reads
-of the batch skip that header (a page of the segment fewer per read) while the batch's last
-offset is still the one checked (its baseOffset lies outside the CRC). Both paths of the segment
+(of ``segment_bytes`` for the active one), 16 to 1,024 slots (8 KiB-512 KiB: at most 1.6% of a
+small segment, 0.05% of a 1 GiB one). It remembers batches validated whole, by position and
+stored CRC, with the positions of 128 records in each: a later read of a record in such a batch
+skips its CRC and walks from the nearest of them (a 1,000-record batch: about 3.5 records on
+average; 8 with 64 marks, 1.5 with 256, whose C part of a warm read is 7% faster for twice the
+memory, which every sequential ``read(max_records=...)`` fills too). It also notes (``nexts``)
+that the header of the batch after a remembered one was found above it: later reads of the batch
+skip that header (a page of the segment fewer per read) while the batch's last offset is still
+the one checked (its baseOffset lies outside the CRC). Both paths of the segment
 share it. It lives while the log is open and is dropped when the segment is
 truncated (a rewritten batch carries another CRC and would be validated again all the same).
 
@@ -43,7 +45,7 @@ __all__ = ["PointLog", "PointReads", "read_point", "read_point_active"]
 MEMO_SLOTS = 1024  # at most, batches remembered as validated (a power of two)
 MEMO_MIN_SLOTS = 16
 MEMO_BYTES_PER_SLOT = 32 << 10  # a slot per 32 KiB of the segment when the memo is made
-MEMO_MARKS = 256   # record positions remembered per batch (1 KiB a slot)
+MEMO_MARKS = 128   # record positions remembered per batch (512 bytes a slot)
 _ROW_ARRAYS = (("offsets", "int64_t[]"), ("timestamps", "int64_t[]"), ("timestamp_types", "int8_t[]"),
                ("key_pos", "int32_t[]"), ("key_len", "int32_t[]"), ("value_pos", "int32_t[]"),
                ("value_len", "int32_t[]"), ("headers_pos", "int32_t[]"), ("headers_len", "int32_t[]"),
