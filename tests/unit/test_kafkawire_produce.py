@@ -11,7 +11,7 @@ import importlib
 import io
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from kio.index import load_request_schema
 from kio.serial import entity_reader, entity_writer
@@ -45,11 +45,17 @@ def _frame(version, body, client_id="producer"):
 
 
 def _kio(version, data):
-    """kio's reading: (body, size), or None when it refuses the bytes."""
+    """kio's reading: (body, size), or None when it refuses the bytes. kio reads an array
+    Kafka's spec does not let be null (a count of -1 for topic_data or a partition_data) as
+    None; the server's old path then failed in the handler, the new reader refuses it at
+    once: the oracle counts it as refused."""
     try:
-        return entity_reader(load_request_schema(0, version))(memoryview(data).toreadonly(), 0)
+        body, size = entity_reader(load_request_schema(0, version))(memoryview(data).toreadonly(), 0)
     except Exception:  # noqa: BLE001 - any refusal: the oracle's answer is "malformed"
         return None
+    if body.topic_data is None or any(topic.partition_data is None for topic in body.topic_data):
+        return None
+    return body, size
 
 
 def _ours(version, data):
@@ -82,6 +88,7 @@ def test_reads_what_kio_reads(version, transactional_id, acks, timeout_ms, topic
 @settings(max_examples=300, deadline=None)
 @given(version=st.sampled_from(VERSIONS), topics=topics, cut=st.integers(0, 400), at=st.integers(0, 400),
        byte=st.integers(0, 255))
+@example(version=9, topics=[("t", [])], cut=400, at=13, byte=0)  # partition_data: a compact count of 0, null
 def test_malformed_bodies_are_refused_as_kio_refuses_them(version, topics, cut, at, byte):
     data = bytearray(_body(version, _request(version, "txn", 1, 30_000, topics)))
     if at < len(data):
@@ -113,6 +120,28 @@ def test_a_large_malformed_request_closes_as_before(version):
     for bad in (good[:-1], good + b"\x00", good[:-(len(batch) // 2)]):
         with pytest.raises(KafkaProtocolError):
             parse_request(bad)
+
+
+@pytest.mark.parametrize("version", [3, 8, 9, 11])
+@pytest.mark.parametrize("size", ["small", "large"])
+def test_a_null_topic_or_partition_array_is_a_malformed_request(version, size):
+    """Kafka's spec lets neither be null; kio reads a null as None (the handler then failed with
+    a TypeError): both paths refuse it as malformed, small requests and large ones."""
+    batch = b"\x00" * (PRODUCE_VIEW_BYTES if size == "large" else 10)
+    # topic "t" with no partitions, then topic "u" with a batch: t's count becomes a null
+    body = bytearray(_body(version, _request(version, None, 1, 5000, [("t", []), ("u", [(0, batch)])])))
+    flexible = version >= 9
+    count_at = (1 if flexible else 2) + 2 + 4  # after transactional_id (null), acks, timeout
+    at = count_at + (1 if flexible else 4) + (2 if flexible else 3)  # after topic_data's count and "t"
+    empty, null = (b"\x01", b"\x00") if flexible else (b"\x00" * 4, b"\xff" * 4)
+    assert body[at:at + len(empty)] == empty
+    partitions_null = bytes(body[:at]) + null + bytes(body[at + len(empty):])
+    assert (_frame(version, partitions_null) and len(partitions_null) >= PRODUCE_VIEW_BYTES) == (size == "large")
+    with pytest.raises(KafkaProtocolError):
+        parse_request(_frame(version, partitions_null))
+    topics_null = bytes(body[:count_at]) + (b"\x00" if flexible else b"\xff" * 4) + (b"\x00" if flexible else b"")
+    with pytest.raises(KafkaProtocolError):
+        parse_request(_frame(version, topics_null))
 
 
 def test_a_tagged_field_is_refused():

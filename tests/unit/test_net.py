@@ -532,7 +532,7 @@ def test_metrics_count_connections_requests_and_bytes(serve):
                  "expired-connections-killed-count": 0,
                  "request-total": 2, "response-total": 2, "incoming-byte-total": sent,
                  "outgoing-byte-total": received, "connection-refused-total": 0,
-                 "connection-expired-total": 0, "RequestQueueSize": 0}
+                 "connection-expired-total": 0, "spare-buffer-bytes": 0, "RequestQueueSize": 0}
     assert "kafka.server:type=socket-server-metrics,listener=test,name=connection-count" in server.metrics()
 
 

@@ -233,6 +233,9 @@ def parse_request(frame: bytes | bytearray | memoryview,
             if flexible is not None:
                 check_flexible(flexible, data, offset)
             body, size = read_body(data, offset)
+            if api_key == PRODUCE and (body.topic_data is None or
+                                       any(topic.partition_data is None for topic in body.topic_data)):
+                raise ValueError("a null array where none may be")  # (kio reads it as None)
     except (KioIndexError, SerialError, ValueError, struct.error, KeyError) as exc:  # KeyError: an unknown tag
         raise KafkaProtocolError(f"{API_NAMES.get(api_key, api_key)} v{api_version}: malformed request: "
                                  f"{exc}") from None

@@ -142,10 +142,15 @@ _READ_CHUNK = 64 * 1024
 #: into one of the connection's spare buffers (see _frame_buffer).
 _SPARE_MIN = _READ_CHUNK
 _SPARE_MAX = 2 << 20
-#: The most spare buffers a connection keeps: a burst holds one frame of BURST_BYTES or more at
-#: most, and another may still be referenced (a deferred answer's request). A connection keeps
-#: at most _SPARES * _SPARE_MAX bytes of them (4 MiB) until it closes.
+#: The most spare buffers a connection keeps (one for the frame being read, one a deferred
+#: answer's request may still reference). A connection keeps at most _SPARES * _SPARE_MAX bytes
+#: of them (4 MiB) until it closes, and all of a server's together at most _SPARE_BUDGET.
 _SPARES = 2
+#: The spare buffers all connections of a server keep together, at most (64 MiB): past it a
+#: large frame gets a buffer of its own, as smaller ones do.
+_SPARE_BUDGET = 64 << 20
+#: The longest the loop sleeps in one select() (deadlines further off are looked at again then).
+_LONGEST_SLEEP_S = 3600.0
 #: No frames to handle after an answer.
 _NO_FRAMES: list[bytearray] = []
 #: The threads of a listener that run handshakes' slow steps (:class:`SlowStep`) at once.
@@ -320,6 +325,7 @@ class Server:
         # (connection, outcome, frames to handle once the outcome is written)
         self._done: collections.deque[tuple[_Conn, Any, list[bytearray]]] = collections.deque()
         self._lock = threading.Lock()
+        self._spare_bytes = 0  # what the connections' spares hold (see _frame_buffer); under _lock
         self._closing = False
         self._stopped = False
         self._thread: threading.Thread | None = None
@@ -377,6 +383,7 @@ class Server:
         with self._lock:
             responses = c.responses + self._handed_back.responses
             bytes_out = c.bytes_out + self._handed_back.bytes_out
+            spare_bytes = self._spare_bytes
         kafka = f"kafka.server:type=socket-server-metrics,listener={self.name},name="
         ours = f"logstore:type=socket-server-metrics,listener={self.name},name="
         return {
@@ -394,8 +401,54 @@ class Server:
             kafka + "outgoing-byte-total": bytes_out,
             ours + "connection-refused-total": c.refused,
             ours + "connection-expired-total": c.expired,
+            ours + "spare-buffer-bytes": spare_bytes,  # large frames' buffers kept for reuse
             f"kafka.network:type=RequestChannel,listener={self.name},name=RequestQueueSize": self._workers.queued,
         }
+
+    def _frame_buffer(self, conn: _Conn, n: int) -> bytearray | memoryview:
+        """A buffer for an open connection's frame of ``n`` bytes (on the loop thread), which
+        the frame's bytes fill at once. A large frame (:data:`_SPARE_MIN` to :data:`_SPARE_MAX`
+        bytes) is read into the smallest of the connection's spare buffers that fits and that
+        nothing reads any more (the handlers of its last frame are done with it and kept no view
+        of it: a Produce's records are appended straight from the frame), as a view of its first
+        ``n`` bytes: no allocation, no zero-fill and no page faults per frame (a 1 MB produce
+        spent a tenth of the server's time there). A spare that is still referenced or viewed
+        is left alone; a new one (zero-filled once) is kept while the connection has fewer than
+        :data:`_SPARES` and the server's spares stay within :data:`_SPARE_BUDGET`, else it
+        replaces a free smaller one, else it is the frame's alone. A new spare is the frame's
+        size rounded up to a multiple of :data:`_SPARE_MIN` (a producer's batches differ in
+        size). The connection's spares go when it closes."""
+        if not _SPARE_MIN <= n <= _SPARE_MAX:
+            return bytearray(n)
+        spares = conn.spares
+        fit = None
+        for spare in spares:
+            # Any reference but the list's and this loop's (a handler that kept it), or any view
+            # of it, means it may still be read. Both checks: the first is measured at import
+            # (a tracer reading frames' locals then makes it too lenient), the second is exact.
+            if len(spare) >= n and sys.getrefcount(spare) == _FREE_REFS and _unexported(spare):
+                if fit is None or len(spare) < len(fit):
+                    fit = spare
+        if fit is not None:
+            return memoryview(fit)[:n]
+        size = min(-(-n // _SPARE_MIN) * _SPARE_MIN, _SPARE_MAX)  # room for the next frames' sizes
+        spare = bytearray(size)
+        with self._lock:
+            if conn.state is _CLOSED:
+                pass
+            elif len(spares) < _SPARES:
+                if self._spare_bytes + size <= _SPARE_BUDGET:
+                    spares.append(spare)
+                    self._spare_bytes += size
+            else:
+                for i in range(len(spares)):
+                    old = len(spares[i])
+                    if (old < size and self._spare_bytes + size - old <= _SPARE_BUDGET
+                            and sys.getrefcount(spares[i]) == _FREE_REFS_INDEXED and _unexported(spares[i])):
+                        spares[i] = spare
+                        self._spare_bytes += size - old
+                        break
+        return memoryview(spare)[:n]
 
     # ------------------------------------------------------------------ the loop
     def _run(self) -> None:
@@ -413,6 +466,7 @@ class Server:
                     timeout = self.limits.idle_timeout_s
                 if self._done:  # answers the last turn left (see _deliver): look at the sockets, no sleep
                     timeout = 0.0
+                timeout = min(timeout, _LONGEST_SLEEP_S)  # (epoll refuses a timeout past ~24.8 days)
                 self._sleep_until = now + timeout
                 for key, mask in self._selector.select(timeout):
                     if key.data is _LISTENER:
@@ -548,6 +602,8 @@ class Server:
                 pass
         with self._lock:
             del self._conns[conn.session.id]
+            self._spare_bytes -= sum(map(len, conn.spares))
+            conn.spares.clear()
         _release(conn.out)
         conn.out.clear()
         if conn.in_flight:
@@ -689,7 +745,7 @@ class Server:
                         raise ValueError(f"a frame size of {n}")
                     at += size
                     if end - at < n:
-                        conn.body = _frame_buffer(conn, n)
+                        conn.body = self._frame_buffer(conn, n)
                     else:
                         conn.pending.append(bytearray(data[at:at + n]))
                         at += n
@@ -713,7 +769,7 @@ class Server:
                     n = self.protocol.frame_size(bytes(conn.header), True)
                     if n < 0:
                         raise ValueError(f"a frame size of {n}")
-                    conn.body = _frame_buffer(conn, n)
+                    conn.body = self._frame_buffer(conn, n)
                     conn.got = 0
                 k = min(len(conn.body) - conn.got, end - at)
                 if k:
@@ -1178,33 +1234,14 @@ def _send_now(conn: _Conn, result: _Answers) -> Any:
     return _Sent(sent, rest, result.responses)
 
 
-def _frame_buffer(conn: _Conn, n: int) -> bytearray | memoryview:
-    """A buffer for an open connection's frame of ``n`` bytes (on the loop thread), which the
-    frame's bytes fill at once. A large frame (:data:`_SPARE_MIN` to :data:`_SPARE_MAX` bytes)
-    is read into one of the connection's spare buffers that nothing references any more (the
-    handlers of its last frame are done with it and kept no view of it: a Produce's records
-    are appended straight from the frame), as a view of its first ``n`` bytes: no allocation,
-    no zero-fill and no page faults per frame (a 1 MB produce spent a tenth of the server's time
-    there). A spare something still references is left alone; a new one (zero-filled once)
-    takes its place when the connection keeps :data:`_SPARES` already. A new spare is the frame's
-    size rounded up to a multiple of :data:`_SPARE_MIN` (a producer's batches differ in size)."""
-    if not _SPARE_MIN <= n <= _SPARE_MAX:
-        return bytearray(n)
-    spares = conn.spares
-    for spare in spares:
-        # Any reference but the list's and this loop's (a view of it, a handler that kept it)
-        # means it may still be read.
-        if len(spare) >= n and sys.getrefcount(spare) == _FREE_REFS:
-            return memoryview(spare)[:n]
-    spare = bytearray(min(-(-n // _SPARE_MIN) * _SPARE_MIN, _SPARE_MAX))  # room for the next frames' sizes
-    if len(spares) < _SPARES:
-        spares.append(spare)
-    else:
-        for i in range(len(spares)):
-            if sys.getrefcount(spares[i]) == _FREE_REFS_INDEXED:
-                spares[i] = spare
-                break
-    return memoryview(spare)[:n]
+def _unexported(buf: bytearray) -> bool:
+    """Whether no buffer view of ``buf`` exists: CPython refuses to resize a bytearray while a
+    view of it lives (BufferError), whatever else holds references to it."""
+    try:
+        buf.append(buf.pop())  # (shrinks and grows in place: no copy)
+    except BufferError:
+        return False
+    return True
 
 
 def _free_refs() -> tuple[int, int]:
