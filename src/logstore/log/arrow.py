@@ -38,10 +38,12 @@ class ArrowRead(NamedTuple):
     columns: Sequence[str]
     views: bool
 
-    def builder(self, log: Any, start: int, end: int, max_records: int | None = None) -> Any:
-        """An ArrowBuilder of ``log``'s rows [start, end) for this read."""
+    def builder(self, log: Any, start: int, end: int, max_records: int | None = None,
+                decoder: RecordDecoder | None = None) -> Any:
+        """An ArrowBuilder of ``log``'s rows [start, end) for this read, fed by ``decoder``
+        (with views, the builder takes the columns the decoder wrote)."""
         return self.module.ArrowBuilder(log.topic, log.partition, start, end, self.columns, max_records,
-                                        views=self.views)
+                                        views=self.views, decoder=decoder)
 
 
 class DecodeThread(threading.Thread):

@@ -1650,8 +1650,8 @@ class Log:
         """iter_arrow's batches from the local segments, a chunk at a time under the lock;
         returns the offset it stopped at (``stop``, or one local retention took meanwhile)."""
         arrowread = reading.module
-        builder = reading.builder(self, offset, stop, max_records)
         decoder = RecordDecoder(capacity=arrowread.ROWS_PER_BATCH, views=reading.views)
+        builder = reading.builder(self, offset, stop, max_records, decoder)
         while offset < stop and not builder.done:
             with self._lock:
                 self._check_readable_from(offset)
@@ -1669,8 +1669,8 @@ class Log:
         """iter_arrow's batches of the offsets [offset, upto) below the local segments, decoded
         by C from the remote tier's batches (fetched without the log's lock, CRC-checked);
         returns the offset it stopped at."""
-        builder = reading.builder(self, offset, upto, max_records)
         decoder = RecordDecoder(capacity=reading.module.ROWS_PER_BATCH, views=reading.views)
+        builder = reading.builder(self, offset, upto, max_records, decoder)
         where = f"{self.path} (remote tier)"
         while offset < upto and not builder.done:
             raw = self._remote_raw(remote, offset, _REMOTE_ARROW_BYTES, "read_arrow")
@@ -1716,7 +1716,7 @@ class Log:
                 if offset < self._segments.first.base_offset:
                     return offset  # gone from the local disk: the caller reads it from the remote tier
                 mid = min(stop, offset + rows)
-                first = reading.builder(self, offset, mid)
+                first = reading.builder(self, offset, mid, decoder=decoders[0])
                 second, helper = None, None
                 # Both starts are located before the helper runs: a lookup that finds a damaged
                 # index entry rebuilds that segment's indexes, which unmaps its log for a moment,
@@ -1726,7 +1726,7 @@ class Log:
                 if at is None:
                     self._pin_views(reading, offset, mid, first)
                 else:
-                    second = reading.builder(self, mid, stop)
+                    second = reading.builder(self, mid, stop, decoder=decoders[1])
                     self._pin_views(reading, offset, min(stop, mid + rows), first, second)
                     helper = DecodeThread(decoders[1], at, mid, min(stop, mid + rows), second.sink)
                 try:
