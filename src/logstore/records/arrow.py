@@ -158,10 +158,10 @@ class ArrowBuilder:
         self.batches.append(self._batch(buf, out, first, last))
 
     def _batch(self, buf: Any, out: Any, first: int, last: int) -> pa.RecordBatch:
-        if self._decoder is not None and "headers" not in self.columns:
+        if self._decoder is not None:
             data = self._views_data(buf, out)
             if data is not None:
-                return self._taken_batch(data, out, first, last)
+                return self._taken_batch(buf, data, out, first, last)
         k = last - first
         arrays = []
         cbuf = ffi.from_buffer(buf)
@@ -222,7 +222,7 @@ class ArrowBuilder:
             return pa.py_buffer(buf)
         return None
 
-    def _taken_batch(self, data: pa.Buffer, out: Any, first: int, last: int) -> pa.RecordBatch:
+    def _taken_batch(self, buf: Any, data: pa.Buffer, out: Any, first: int, last: int) -> pa.RecordBatch:
         """Rows [first, last) as a record batch whose columns are the memory the decoder wrote
         them into (taken from it: nothing is copied), the views pointing into ``data``."""
         taken = self._decoder.take_arrow_columns()
@@ -254,8 +254,10 @@ class ArrowBuilder:
             elif name == "timestamp":
                 arrays.append(pa.Array.from_buffers(_TYPES["timestamp"], k,
                                                     [None, memory(taken.timestamps_us + 8 * first, 8 * k)]))
-            else:  # timestampType (headers are built by _batch)
+            elif name == "timestampType":
                 arrays.append(pa.Array.from_buffers(pa.int32(), k, [None, memory(taken.timestamp_types + 4 * first, 4 * k)]))
+            else:
+                arrays.append(_headers(buf, out, first, last))
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
     def _data_buffer(self, buf: Any, cbuf: Any, out: Any, first: int, k: int) -> tuple[pa.Buffer, int]:
