@@ -74,13 +74,14 @@ def test_taken_columns_are_fresh_memory_and_outlive_the_decoder(tmp_path):
     data = _batch(0, [b"a" * 20] * 3, [b"b" * 30] * 3) + _batch(3, [b"c" * 20] * 3, [b"d" * 30] * 3)
 
     def sink(buf, out, n):
-        taken.append(decoder.take_arrow_columns())
+        taken.append(decoders[0].take_arrow_columns())
         assert int(ffi.cast("uintptr_t", out.offsets)) != taken[-1].offsets  # the next rows go elsewhere
 
+    decoders = [decoder]
     decoder.decode_columns(data, 0, len(data), sink)
     assert len(taken) == 1 and taken[0].owner is not None
     first = taken[0]
-    del decoder
+    del decoder, decoders[:]
     gc.collect()
     assert list(ffi.unpack(ffi.cast("int64_t *", first.offsets), 6)) == list(range(6))
 
