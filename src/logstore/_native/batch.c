@@ -164,6 +164,17 @@ static inline void write_view(uint8_t *view, const char *p, int32_t l, int32_t a
     }
 }
 
+/* Bit `bit` of row's byte of a validity bitmap set (valid) or cleared (null, counted). */
+static inline void set_valid(uint8_t *bits, int64_t row, uint8_t bit, int valid, int32_t *nulls)
+{
+    if (valid) {
+        bits[row >> 3] |= bit;
+    } else {
+        bits[row >> 3] &= (uint8_t)~bit;
+        (*nulls)++;
+    }
+}
+
 int64_t ls_records_walk(const char *buf, int64_t start, int64_t end, const ls_batch_header *hdr,
                         int64_t min_offset, const ls_walk *walk, ls_records_out *out)
 {
@@ -179,6 +190,11 @@ int64_t ls_records_walk(const char *buf, int64_t start, int64_t end, const ls_ba
     const char *p = buf + start, *e = buf + end;
     int64_t row = out ? out->count : 0;
     const int64_t first_row = row;
+    /* The Arrow columns beside the views, with their counts: committed with out->count. */
+    const int arrow = out && out->key_views && out->value_views && out->key_valid && out->value_valid
+                      && out->timestamps_us && out->timestamp_types32;
+    int32_t key_nulls = arrow && row ? out->key_nulls : 0, value_nulls = arrow && row ? out->value_nulls : 0;
+    int64_t views_end = arrow && row ? out->views_end : 0;
     int64_t prev_delta = -1;
     int32_t i = 0;
     const int32_t stride = marks && n > 0 ? (int32_t)(((int64_t)n + walk->nmarks - 1) / walk->nmarks) : 0;
@@ -284,20 +300,43 @@ int64_t ls_records_walk(const char *buf, int64_t start, int64_t end, const ls_ba
                 write_view(out->key_views + (size_t)row * 16, k, kl, (int32_t)(k - buf));
                 write_view(out->value_views + (size_t)row * 16, v, vl, (int32_t)(v - buf));
             }
+            if (arrow) {
+                const uint8_t bit = (uint8_t)(1u << (row & 7));
+                const int64_t t = out->timestamps[row];
+                out->timestamps_us[row] = t > INT64_MAX / 1000 ? INT64_MAX : t < -(INT64_MAX / 1000) ? INT64_MIN : t * 1000;
+                out->timestamp_types32[row] = out->timestamp_types[row];
+                set_valid(out->key_valid, row, bit, kl >= 0, &key_nulls);
+                set_valid(out->value_valid, row, bit, vl >= 0, &value_nulls);
+                if (kl > 12 && (k - buf) + kl > views_end)
+                    views_end = (k - buf) + kl;
+                if (vl > 12 && (v - buf) + vl > views_end)
+                    views_end = (v - buf) + vl;
+            }
             out->headers_pos[row] = (int32_t)(h - buf);
             out->headers_len[row] = (int32_t)(re - h);
             out->header_count[row] = hc;
             row++;
             if (trusted && row - first_row == max_rows) {
                 out->count = (int32_t)row;
+                if (arrow) {
+                    out->key_nulls = key_nulls;
+                    out->value_nulls = value_nulls;
+                    out->views_end = views_end;
+                }
                 return row - first_row;
             }
         }
     }
     if (p != e)
         return LS_ERR_CORRUPT;
-    if (out)
+    if (out) {
         out->count = (int32_t)row;
+        if (arrow) {
+            out->key_nulls = key_nulls;
+            out->value_nulls = value_nulls;
+            out->views_end = views_end;
+        }
+    }
     return row - first_row;
 }
 

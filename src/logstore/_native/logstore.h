@@ -203,6 +203,20 @@ typedef struct {
     int32_t *header_count;
     uint8_t *key_views;
     uint8_t *value_views;
+    /* Beside the views, all four NULL or all four set (the Arrow columns a read writes in one
+     * pass): validity bitmaps of the keys and of the values (bit row set: not null, least
+     * significant bit first; bits of rows past count are unspecified), each row's timestamp in
+     * microseconds (saturated at the int64 limits, as ls_ms_to_us) and its type as int32. */
+    uint8_t *key_valid;
+    uint8_t *value_valid;
+    int64_t *timestamps_us;
+    int32_t *timestamp_types32;
+    /* out, with key_valid: null keys and null values among rows [0, count), and the end
+     * (position + length) of the furthest key or value longer than 12 bytes among them (0: none,
+     * the views need no data buffer). */
+    int32_t key_nulls;
+    int32_t value_nulls;
+    int64_t views_end;
 } ls_records_out;
 
 /* Decode the records section buf[0, len) of one batch described by *hdr (records_count records;
@@ -261,6 +275,16 @@ void ls_ms_to_us(const int64_t *ms, int32_t n, int64_t *us);
 void ls_widen_int8(const int8_t *in, int32_t n, int32_t *out);
 /* Index of the first of n values that is >= target, or -1 (values in any order). */
 int32_t ls_first_at_least(const int64_t *values, int32_t n, int64_t target);
+
+/* Arenas: memory for the Arrow columns a read writes (arena.c). ls_arena_alloc gives at least
+ * `size` bytes (ls_arena_size: rounded up to whole 2 MiB), 2 MiB-aligned, of unspecified content:
+ * an arena of 2 MiB freed before (a cache of a few), else a new map with MADV_HUGEPAGE (each
+ * 2 MiB faults in at once where transparent huge pages are enabled); NULL when size <= 0 or the
+ * map fails. ls_arena_free gives back an arena of that `size` (kept for reuse or unmapped).
+ * Thread-safe. */
+int64_t ls_arena_size(int64_t size);
+void *ls_arena_alloc(int64_t size);
+void ls_arena_free(void *arena, int64_t size);
 
 /* Batches that a partial decode validated whole (CRC and every record), remembered by position
  * and stored CRC, in buckets of 4 slots (set associative): a later partial decode of the batch at that position whose stored

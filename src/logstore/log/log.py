@@ -91,7 +91,7 @@ from ..records.batching import (
 from ..index import AbortedBatches, AbortedTxn
 from ..records.control import ControlType, end_txn_marker_record, read_marker
 from ..segment import LogSegment, SegmentInfo
-from .arrow import ArrowRead, DecodeThread, arrow_module, table
+from .arrow import ArrowRead, arrow_module, submit, table
 from .config import LogConfig
 from .epochs import LeaderEpochCache
 from .flusher import NEVER, Flusher, FlushHooks
@@ -1660,8 +1660,8 @@ class Log:
         """iter_arrow's batches from the local segments, a chunk at a time under the lock;
         returns the offset it stopped at (``stop``, or one local retention took meanwhile)."""
         arrowread = reading.module
-        builder = reading.builder(self, offset, stop, max_records)
         decoder = RecordDecoder(capacity=arrowread.ROWS_PER_BATCH, views=reading.views)
+        builder = reading.builder(self, offset, stop, max_records, decoder)
         while offset < stop and not builder.done:
             with self._lock:
                 self._check_readable_from(offset)
@@ -1679,8 +1679,8 @@ class Log:
         """iter_arrow's batches of the offsets [offset, upto) below the local segments, decoded
         by C from the remote tier's batches (fetched without the log's lock, CRC-checked);
         returns the offset it stopped at."""
-        builder = reading.builder(self, offset, upto, max_records)
         decoder = RecordDecoder(capacity=reading.module.ROWS_PER_BATCH, views=reading.views)
+        builder = reading.builder(self, offset, upto, max_records, decoder)
         where = f"{self.path} (remote tier)"
         while offset < upto and not builder.done:
             raw = self._remote_raw(remote, offset, _REMOTE_ARROW_BYTES, "read_arrow")
@@ -1713,11 +1713,12 @@ class Log:
                 builder.add_maps(maps)
 
     def _arrow_batches_in_pairs(self, reading: ArrowRead, offset: int, stop: int) -> Generator[Any, None, int]:
-        """Two chunks at a time on two cores: while this thread decodes ``[offset, mid)``, a
-        helper thread decodes from ``mid`` on in the segment holding it (located here first), and
-        the log's lock is held until both are done, so nothing moves under either. The C decode and
-        the gathering of keys and values release the GIL. Chunk A's builder stops at ``mid``; B's
-        takes a batch straddling its limit whole, as the single-chunk loop does."""
+        """Two chunks at a time on two cores: while this thread decodes ``[offset, mid)``, the
+        helper thread decodes from ``mid`` on in the segment holding it (located here first), or
+        this thread does once done with its own if the helper has not started (it may get no
+        core), and the log's lock is held until both are done, so nothing moves under either.
+        The C decode releases the GIL. Chunk A's builder stops at ``mid``; B's takes a batch
+        straddling its limit whole, as the single-chunk loop does."""
         rows = reading.module.ROWS_PER_BATCH
         decoders = (RecordDecoder(capacity=rows, views=reading.views), RecordDecoder(capacity=rows, views=reading.views))
         while offset < stop:
@@ -1726,7 +1727,7 @@ class Log:
                 if offset < self._segments.first.base_offset:
                     return offset  # gone from the local disk: the caller reads it from the remote tier
                 mid = min(stop, offset + rows)
-                first = reading.builder(self, offset, mid)
+                first = reading.builder(self, offset, mid, decoder=decoders[0])
                 second, helper = None, None
                 # Both starts are located before the helper runs: a lookup that finds a damaged
                 # index entry rebuilds that segment's indexes, which unmaps its log for a moment,
@@ -1736,14 +1737,17 @@ class Log:
                 if at is None:
                     self._pin_views(reading, offset, mid, first)
                 else:
-                    second = reading.builder(self, mid, stop)
+                    second = reading.builder(self, mid, stop, decoder=decoders[1])
                     self._pin_views(reading, offset, min(stop, mid + rows), first, second)
-                    helper = DecodeThread(decoders[1], at, mid, min(stop, mid + rows), second.sink)
+                    helper = submit(decoders[1], at, mid, min(stop, mid + rows), second.sink)
                 try:
                     while offset < mid and not first.done:
                         offset = max(self._segments.decode_columns(decoders[0], offset, mid, first.sink), first.next_offset)
-                finally:
-                    after = helper.result() if helper is not None else None
+                except BaseException:
+                    if helper is not None:
+                        helper.cancel()  # nothing may read the segment once the lock is let go
+                    raise
+                after = helper.result() if helper is not None else None
                 offset = mid if after is None else max(after, second.next_offset)  # type: ignore[union-attr]
             yield from first.take()
             if second is not None:

@@ -96,9 +96,10 @@ class ArrowBuilder:
 
     def __init__(self, topic: str, partition: int, start: int, end: int, columns: Sequence[str] | None = None,
                  max_records: int | None = None, start_timestamp: int | None = None,
-                 end_timestamp: int | None = None, views: bool = False) -> None:
+                 end_timestamp: int | None = None, views: bool = False, decoder: Any = None) -> None:
         self.columns = check_columns(columns)
         self.views = views
+        self._decoder = decoder if views and decoder is not None and decoder.views else None
         self.schema = schema(self.columns, views)
         self._maps: dict[int, tuple[Any, Any]] = {}
         self.start = start
@@ -157,6 +158,10 @@ class ArrowBuilder:
         self.batches.append(self._batch(buf, out, first, last))
 
     def _batch(self, buf: Any, out: Any, first: int, last: int) -> pa.RecordBatch:
+        if self._decoder is not None:
+            data = self._views_data(buf, out)
+            if data is not None:
+                return self._taken_batch(buf, data, out, first, last)
         k = last - first
         arrays = []
         cbuf = ffi.from_buffer(buf)
@@ -201,6 +206,59 @@ class ArrowBuilder:
             ffi.release(cbuf)
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
+
+    def _views_data(self, buf: Any, out: Any) -> pa.Buffer | None:
+        """The data buffer the decoder's views of this chunk can point into as they are (their
+        positions are into ``buf``): the PinnedMap registered for ``buf`` when it holds every long
+        value (an empty buffer when there is none), ``buf`` itself when it is a bytes object; None
+        when neither (the views are then rewritten over a copy)."""
+        end = out.views_end
+        pinned = self._maps.get(id(buf))
+        if pinned is not None and pinned[0] is buf:
+            if end == 0:
+                return _buffer(0)[0]
+            return pa.foreign_buffer(pinned[1].address, pinned[1].size, base=pinned[1]) if end <= pinned[1].size else None
+        if type(buf) is bytes and end <= len(buf):
+            return pa.py_buffer(buf)
+        return None
+
+    def _taken_batch(self, buf: Any, data: pa.Buffer, out: Any, first: int, last: int) -> pa.RecordBatch:
+        """Rows [first, last) as a record batch whose columns are the memory the decoder wrote
+        them into (taken from it: nothing is copied), the views pointing into ``data``."""
+        taken = self._decoder.take_arrow_columns()
+        owner, k, n = taken.owner, last - first, out.count
+
+        def memory(address: int, size: int) -> pa.Buffer:
+            return pa.foreign_buffer(address, size, base=owner)
+
+        def views(address: int, valid: int, nulls: int) -> pa.Array:
+            count = 0 if nulls == 0 else nulls if k == n else -1
+            if first % 8 == 0:  # whole bytes of the bitmap: a plain array from row 0
+                bitmap = memory(valid + first // 8, (k + 7) // 8) if nulls else None
+                return pa.Array.from_buffers(pa.binary_view(), k, [bitmap, memory(address + _VIEW * first, _VIEW * k), data],
+                                             null_count=count)
+            bitmap = memory(valid, (last + 7) // 8) if nulls else None
+            return pa.Array.from_buffers(pa.binary_view(), k, [bitmap, memory(address, _VIEW * last), data],
+                                         null_count=count, offset=first)
+
+        arrays = []
+        for name in self.columns:
+            if name == "key":
+                arrays.append(views(taken.key_views, taken.key_valid, out.key_nulls))
+            elif name == "value":
+                arrays.append(views(taken.value_views, taken.value_valid, out.value_nulls))
+            elif name in ("topic", "partition"):
+                arrays.append(self._constant(name, k))
+            elif name == "offset":
+                arrays.append(pa.Array.from_buffers(pa.int64(), k, [None, memory(taken.offsets + 8 * first, 8 * k)]))
+            elif name == "timestamp":
+                arrays.append(pa.Array.from_buffers(_TYPES["timestamp"], k,
+                                                    [None, memory(taken.timestamps_us + 8 * first, 8 * k)]))
+            elif name == "timestampType":
+                arrays.append(pa.Array.from_buffers(pa.int32(), k, [None, memory(taken.timestamp_types + 4 * first, 4 * k)]))
+            else:
+                arrays.append(_headers(buf, out, first, last))
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
     def _data_buffer(self, buf: Any, cbuf: Any, out: Any, first: int, k: int) -> tuple[pa.Buffer, int]:
         """(Arrow buffer, position in ``buf`` where it starts) that the views of rows

@@ -30,6 +30,7 @@ __all__ = [
     "BatchHeader",
     "BatchBuilder",
     "RecordDecoder",
+    "ArrowColumns",
     "MAX_DECOMPRESSED_BYTES",
     "decode_batches",
     "decode_headers",
@@ -436,6 +437,27 @@ def _slices(buf: Any, positions: list[int], lengths: list[int], n: int) -> Any:
     return [buf[p : p + l] if l >= 0 else None for p, l in zip(positions, lengths)]
 
 
+#: bytes a row takes in a decoder's Arrow columns (:class:`ArrowColumns`): offset 8, timestamp
+#: 8, type 4, two views 16 each (plus a bit each in two bitmaps)
+_ARROW_ROW_BYTES = 52
+
+
+class ArrowColumns(NamedTuple):
+    """The memory of a views decoder's Arrow columns (see :meth:`RecordDecoder.take_arrow_columns`):
+    ``owner`` (a cffi pointer that frees the memory when garbage) and the address of each column's
+    row 0. Immutable; the memory it describes is written only by the decoder that made it, until
+    the decoder hands it over."""
+
+    owner: Any
+    offsets: int
+    timestamps_us: int
+    timestamp_types: int
+    key_views: int
+    value_views: int
+    key_valid: int
+    value_valid: int
+
+
 class RecordDecoder:
     """Decodes byte ranges of consecutive batches into :class:`Record` lists. Not thread-safe.
 
@@ -475,12 +497,47 @@ class RecordDecoder:
         )
         (out.offsets, out.timestamps, out.timestamp_types, out.key_pos, out.key_len, out.value_pos,
          out.value_len, out.headers_pos, out.headers_len, out.header_count) = self._arrays
-        if self.views:  # 16 bytes a row each
-            self._view_arrays = (ffi.new("uint8_t[]", 16 * capacity), ffi.new("uint8_t[]", 16 * capacity))
-            out.key_views, out.value_views = self._view_arrays
         out.capacity = capacity
         out.count = 0
         self._out = out
+        if self.views:
+            self._arena = self._new_arena(capacity)
+
+    def _new_arena(self, capacity: int) -> ArrowColumns:
+        """Fresh memory (an arena, see ``ls_arena_alloc``) for the Arrow columns of ``capacity``
+        rows that the walk writes with ``views``: offsets, timestamps (us), timestamp types
+        (int32), key and value views and validity bitmaps, each 64-byte aligned; ``self._out``
+        points at it."""
+        rows = -(-capacity // 512) * 512  # every column and bitmap a multiple of 64 bytes long
+        size = _ARROW_ROW_BYTES * rows + rows // 4
+        arena = lib.ls_arena_alloc(size)
+        if arena == ffi.NULL:
+            raise MemoryError(f"cannot map {size} bytes for Arrow columns")
+        owner = ffi.gc(ffi.cast("char *", arena), lambda p, size=size: lib.ls_arena_free(p, size), size=size)
+        base = int(ffi.cast("uintptr_t", owner))
+        columns = ArrowColumns(owner, base, base + 8 * rows, base + 16 * rows, base + 20 * rows, base + 36 * rows,
+                               base + 52 * rows, base + 52 * rows + rows // 8)
+        out = self._out
+        out.offsets = ffi.cast("int64_t *", columns.offsets)
+        out.timestamps_us = ffi.cast("int64_t *", columns.timestamps_us)
+        out.timestamp_types32 = ffi.cast("int32_t *", columns.timestamp_types)
+        out.key_views = ffi.cast("uint8_t *", columns.key_views)
+        out.value_views = ffi.cast("uint8_t *", columns.value_views)
+        out.key_valid = ffi.cast("uint8_t *", columns.key_valid)
+        out.value_valid = ffi.cast("uint8_t *", columns.value_valid)
+        return columns
+
+    def take_arrow_columns(self) -> ArrowColumns:
+        """With ``views``, during a :meth:`decode_columns` sink call: the memory of the rows'
+        Arrow columns (``out.offsets``, ``out.timestamps_us``, ``out.timestamp_types32``, the
+        views and the validity bitmaps), handed over to the caller, who may keep it as long as
+        it likes (it is freed with the last reference to ``owner``); the decoder writes the next
+        rows into fresh memory."""
+        if not self.views:
+            raise ValueError("a decoder without views writes no Arrow columns")
+        taken = self._arena
+        self._arena = self._new_arena(self.capacity)
+        return taken
 
     def _rows(self, buf: Any, into: list[Record]) -> None:
         """Append Records for the decoded rows, keys/values copied from ``buf``; reset rows.
