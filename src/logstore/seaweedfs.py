@@ -67,6 +67,14 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
+class _Exited(Exception):
+    """The server process ended while it was awaited."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(f"exited with {code}")
+        self.code = code
+
+
 class SeaweedFS:
     """One SeaweedFS server process (see the module docstring). Not thread-safe: one test
     drives it."""
@@ -109,16 +117,41 @@ class SeaweedFS:
                 f"-master.volumeSizeLimitMB={self.volume_mb}", "-master.telemetry=false", "-master.resumeState=false",
                 f"-filer.localSocket={os.path.join(tmp, 'filer.sock')}", f"-s3.localSocket={os.path.join(tmp, 's3.sock')}"]
 
-    def start(self, timeout: float = 60.0) -> "SeaweedFS":
-        """Start the server and wait until its S3 gateway stores and deletes an object."""
+    def start(self, timeout: float = 60.0, attempts: int = 3) -> "SeaweedFS":
+        """Start the server and wait until its S3 gateway stores and deletes an object.
+
+        The ports are found free before the server binds them, so another process may take one
+        in between (tests running in parallel): a first start whose server exits at once is
+        tried again on new ports, up to ``attempts`` times. A restart (after :meth:`kill`)
+        keeps its ports, which its clients know.
+
+        Raises:
+            RuntimeError: the server exited (the end of its log says why) or never answered.
+        """
         env = dict(os.environ, TMPDIR=os.path.join(self.directory, "tmp"))
+        first = self.start_seconds is None
         began = time.monotonic()
-        with open(os.path.join(self.directory, "weed.log"), "ab") as log:
-            self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                            stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
-        self._wait_ready(began + timeout)
+        for attempt in range(1, attempts + 1):
+            with open(os.path.join(self.directory, "weed.log"), "ab") as log:
+                self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                                stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+            try:
+                self._wait_ready(began + timeout)
+                break
+            except _Exited as exc:
+                if not first or attempt == attempts:
+                    raise RuntimeError(f"weed exited with {exc.code}; the end of {self.directory}/weed.log:\n"
+                                       f"{self._log_tail()}") from None
+                self.ports = dict(zip(_PORTS, _free_ports(len(_PORTS))))
         self.start_seconds = time.monotonic() - began
         return self
+
+    def _log_tail(self, lines: int = 20) -> str:
+        try:
+            with open(os.path.join(self.directory, "weed.log"), "rb") as f:
+                return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
+        except OSError as exc:
+            return f"(unreadable: {exc})"
 
     def _wait_ready(self, deadline: float) -> None:
         from logstore.tiered.objectstore import open_object_store
@@ -127,7 +160,7 @@ class SeaweedFS:
         store = open_object_store("s3://logstore-ready", self.options(), request_timeout=2, max_retries=0)
         while True:
             if self.process.poll() is not None:
-                raise RuntimeError(f"weed exited with {self.process.returncode}; see {self.directory}/weed.log")
+                raise _Exited(self.process.returncode)
             try:
                 store.put_bytes("probe", b"ready")
                 store.delete("probe")
