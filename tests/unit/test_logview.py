@@ -381,3 +381,52 @@ def test_segment_batches_of_a_log_that_grows_meanwhile_end_where_they_ended(tmp_
         with SegmentBatches(os.path.join(log.path, "%020d.log" % 0), 0) as segment:
             # Not iterated first: the stop finds the last batch itself.
             assert segment.stop.status == lib.LS_ERR_ZERO and segment.stop.position == log.segments[-1].size
+
+
+def _batch_ending_short_of(log, target):
+    """Append one-record batches until the active segment is exactly ``target`` bytes long."""
+    size = lambda: log.segments[-1].size  # noqa: E731
+    while target - size() > 3000:
+        log.append(b"f" * min(target - size() - 2000, 20000))
+    before = size()
+    log.append(b"p" * (target - before - 400))
+    overhead = size() - before - (target - before - 400)
+    log.append(b"q" * (target - size() - overhead))
+    assert size() == target
+
+
+@pytest.mark.parametrize("short", [1, 3, 6, 7, 12])
+@pytest.mark.parametrize("open_writer", [False, True], ids=["closed", "writer-open"])
+@pytest.mark.parametrize("interval", [1 << 30, 4096], ids=["no-index-entry", "indexed"])
+def test_a_batch_starting_just_before_a_read_chunk_boundary_is_not_a_zero_tail(tmp_path, short, open_writer,
+                                                                                interval):
+    # The walk of a segment's tail reads it a chunk at a time. A batch starting fewer bytes
+    # before a chunk's end than its header has, and whose first bytes there are zero (the high
+    # bytes of a small base offset), left only zero bytes at the chunk's end: they were taken for
+    # the active segment's zero tail and the walk ended there. The log's end was then that
+    # position, and verify read 2**18 - 1 bytes of the segment and reported index entries past
+    # them as damage (the transaction kill soak), or silently read less.
+    from logstore import Log
+    from logstore.store.views import _TAIL_CHUNK, SegmentBatches
+    from logstore.tools.verify import verify
+
+    path = str(tmp_path / "t-0")
+    # Without index entries the log end's walk starts at 0 too; with them verify's still does,
+    # and the entries past the early end were reported as damage.
+    log = Log.open(path, index_interval_bytes=interval)
+    try:
+        _batch_ending_short_of(log, _TAIL_CHUNK - short)
+        for i in range(50):
+            log.append(b"after-%d" % i)
+        end, records, size = log.log_end_offset, log.log_end_offset, log.segments[-1].size
+        if not open_writer:
+            log.close()
+        assert PartitionView(str(tmp_path), "t", 0).log_end() == LogEnd(end, 0, size)
+        with SegmentBatches(os.path.join(path, "%020d.log" % 0), 0) as segment:
+            assert [h.last_offset for _, h in segment][-1] == end - 1
+            assert segment.stop.position == size
+        report = verify(path)
+        assert report.ok, [str(p) for p in report.problems]
+        assert (report.records, report.bytes) == (records, size)
+    finally:
+        log.close()

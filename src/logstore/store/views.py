@@ -735,6 +735,11 @@ def _valid_end(fd: int, base: int, start: int) -> tuple[int, int]:
         if res.last_offset >= 0:
             last = res.last_offset
         position += res.valid_bytes
+        if res.status == lib.LS_ERR_ZERO and len(data) == want and len(data) - res.valid_bytes < HEADER_SIZE:
+            # Fewer zero bytes than a batch header where the chunk ends: the start of a batch the
+            # chunk cut (its base offset's high bytes are zero) as well as a zero tail. Read on.
+            want = _TAIL_CHUNK
+            continue
         if len(data) < want or res.status not in (lib.LS_OK, lib.LS_ERR_TRUNCATED):
             break  # the end of the file, the zero tail or an invalid batch
         if res.status == lib.LS_OK:
