@@ -26,6 +26,29 @@ static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static void *cache[ARENA_CACHE];
 static int cached;
 
+/* fork() while another thread holds the cache's lock would leave it held in the child for ever
+ * (the thread that would release it does not exist there): the lock is taken around every fork,
+ * and the child makes a new one (the cached arenas are the child's too: the mappings are). */
+static void fork_prepare(void)
+{
+    pthread_mutex_lock(&cache_lock);
+}
+
+static void fork_parent(void)
+{
+    pthread_mutex_unlock(&cache_lock);
+}
+
+static void fork_child(void)
+{
+    pthread_mutex_init(&cache_lock, NULL);
+}
+
+__attribute__((constructor)) static void arena_init(void)
+{
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
+}
+
 int64_t ls_arena_size(int64_t size)
 {
     if (size <= 0 || size > INT64_MAX / 2)

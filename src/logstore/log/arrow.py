@@ -68,15 +68,20 @@ class DecodeJob:
 
     def run_if_unclaimed(self) -> None:
         """Run the job here unless another thread has claimed it."""
-        if not self._claim.acquire(blocking=False):
-            return
-        args, self._args = self._args, None  # a job left in the helper's queue holds nothing
-        try:
+        claimed = False
+        try:  # (a KeyboardInterrupt right after the claim still marks the job done)
+            claimed = self._claim.acquire(blocking=False)
+            if not claimed:
+                return
+            args, self._args = self._args, None  # a job left in the helper's queue holds nothing
             self._after = decode_columns_from(*args)  # type: ignore[misc]
         except BaseException as exc:  # noqa: BLE001 - handed to the reading thread
             self._error = exc
+            if not claimed:
+                raise
         finally:
-            self._done.set()
+            if claimed:
+                self._done.set()
 
     def cancel(self) -> None:
         """Drop the job if no thread has started it, else wait until it is done (its outcome
@@ -105,6 +110,11 @@ class DecodeHelper:
         self._lock = threading.Lock()
         self._jobs: queue.SimpleQueue[DecodeJob] = queue.SimpleQueue()
         self._pid = 0
+        # A fork while another thread held the lock would leave it held in the child for ever.
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        self._lock = threading.Lock()
 
     def submit(self, job: DecodeJob) -> DecodeJob:
         """Queue ``job`` for the helper thread (started if this process has none yet)."""

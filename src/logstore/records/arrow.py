@@ -42,6 +42,13 @@ from .batch import decode_headers
 __all__ = ["COLUMNS", "DEFAULT_COLUMNS", "ROWS_PER_BATCH", "schema", "check_columns", "ArrowBuilder"]
 
 _VIEW = 16  # bytes of one BinaryView view
+#: What a row takes of the decoder's arena (two views, offset, timestamp, type, two validity
+#: bits), and the fewest bytes of rows for which a record batch takes the arena (2 MiB, held as
+#: long as the batch lives) rather than copies of its rows: a chunk of a few rows (a small
+#: compressed batch, a read of one record, a read_committed range) copied into buffers of its
+#: own size, so that a table of many small chunks does not hold a huge page per chunk.
+_ROW_BYTES = 2 * 16 + 8 + 8 + 4 + 1
+_TAKE_AT_LEAST = 512 << 10
 
 #: every column, in the Spark Kafka source's order
 COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers")
@@ -158,7 +165,7 @@ class ArrowBuilder:
         self.batches.append(self._batch(buf, out, first, last))
 
     def _batch(self, buf: Any, out: Any, first: int, last: int) -> pa.RecordBatch:
-        if self._decoder is not None:
+        if self._decoder is not None and (last - first) * _ROW_BYTES >= _TAKE_AT_LEAST:
             data = self._views_data(buf, out)
             if data is not None:
                 return self._taken_batch(buf, data, out, first, last)
