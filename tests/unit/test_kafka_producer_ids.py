@@ -63,3 +63,20 @@ def test_the_first_block_starts_above_the_producers_of_adopted_snapshots(tmp_pat
     assert ProducerIds(str(tmp_path)).next_id() == 4_243  # 70,000 is in an older snapshot
     assert ProducerIds(str(tmp_path)).next_id() == 5_243  # then the file rules
     assert os.path.exists(tmp_path / ".lock-kafka-producer-ids")
+
+
+def test_a_store_without_the_file_starts_at_the_floor_it_is_given(tmp_path):
+    """A replica set's node gives the clock as the floor: wiped and restarted, it never hands
+    out again an id it gave before (the set's other nodes keep those producers' sequences)."""
+    clock = iter([5_000, 7_000])
+    before = ProducerIds(str(tmp_path / "node"), first_at_least=lambda: next(clock))
+    (tmp_path / "node").mkdir()
+    given = [before.next_id() for _ in range(1500)]  # two blocks
+    assert given[0] == 5_000 and given[-1] == 6_499
+    wiped = tmp_path / "node"
+    for name in os.listdir(wiped):
+        os.unlink(wiped / name)
+    after = ProducerIds(str(wiped), first_at_least=lambda: next(clock))
+    assert after.next_id() == 7_000
+    again = ProducerIds(str(wiped), first_at_least=lambda: 0)  # the file wins over the floor
+    assert again.next_id() == 8_000

@@ -124,6 +124,7 @@ from ..kafka.wire import (KafkaProtocolError, KafkaRequest, UnsupportedVersionEr
 from ..groups.offsets import OFFSETS_TOPIC, OffsetStore
 from ..txn.coordinator import TransactionCoordinator
 from ..txn.metadata import TRANSACTION_STATE_TOPIC
+from ..txn.producerids import ProducerIds
 from ..records.batch import validate_client_batch
 from .acls import ReplicatedAcls
 from .client import REPLICA_USER
@@ -171,6 +172,12 @@ class ReplicaKafkaApis(KafkaApis):
         self.leader = leader
         self.kafka_brokers = kafka_brokers
         self._stride = max(context.voters) + 1
+        # A node's producer ids (times the stride, plus its id) start, in a store that has none
+        # yet, at the clock's microseconds: after a restart with an empty disk the node never
+        # hands out an id it gave before (the other nodes keep those producers' sequences).
+        # (Below 2**63 / stride: int64 ids for any set of up to ~5,000 node ids.)
+        ceiling = (2**63 - 1) // self._stride // 2
+        self.producer_ids = ProducerIds(self.store.root, first_at_least=lambda: min(time.time_ns() // 1000, ceiling))
         self.cluster_id = context.cluster_id  # one for every node of the set
         self._groups_epoch = -1
         #: the set's replicated ACLs, once an authorizer is made (:meth:`new_authorizer`)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from typing import Callable
 
 from .. import _fileio
 from ..errors import LogstoreError
@@ -43,8 +44,14 @@ class ProducerIds:
     not see their ids handed to new producers (whose sequence numbers would then be out of
     order for the old state)."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, first_at_least: Callable[[], int] | None = None) -> None:
+        """``first_at_least``: the least first id of a store without the file (beside the
+        producers its snapshots name). A replica set's node passes the clock: its ids are its
+        own (each node's id and the set's stride make them unique across the set), and a node
+        restarted with an empty disk must not hand out again the ids it gave before the wipe,
+        which live on in the other nodes' producer states."""
         self._root = root
+        self._first_at_least = first_at_least
         self._path = f"{root}/{PRODUCER_IDS_FILE}"
         self._lock = threading.Lock()
         self._next = 0
@@ -69,6 +76,8 @@ class ProducerIds:
                 start = int(text)
             else:
                 start = _above_known_producers(self._root)
+                if self._first_at_least is not None:
+                    start = max(start, self._first_at_least())
             ops.write_file_atomic(self._path, f"{start + _ID_BLOCK}\n".encode())
         return start, start + _ID_BLOCK
 
