@@ -725,6 +725,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m logstore.replicat
     done = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: done.set())
+    net.freeze_startup_heap()
     print(f"node {args.node_id} serving on {node.address[0]}:{node.address[1]} ({node.kafka.security_protocol})",
           flush=True)
     done.wait()

@@ -80,6 +80,57 @@ def test_node_argument_errors_are_clear(tmp_path, args, message):
     assert message in r.stderr
 
 
+@pytest.mark.parametrize("command", ["serve", "node"])
+def test_the_serving_commands_freeze_their_startup_heap_once_they_listen(tmp_path, monkeypatch, capfd, command):
+    """``logstore serve`` and ``logstore node`` call ``net.freeze_startup_heap`` after they
+    listen (a full collection walking the start-up heap stalled every connection: see there),
+    then serve until SIGTERM. Run in this process: the call is recorded and sends the SIGTERM
+    (to the command's own handler, installed before it)."""
+    import os
+    import signal
+    import threading
+
+    from logstore.net import server as net
+
+    calls = []
+
+    def freeze() -> None:
+        calls.append(command)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(net, "freeze_startup_heap", freeze)
+    if command == "serve":
+        argv = ["serve", str(tmp_path / "store"), "--listen", "127.0.0.1:0"]
+    else:
+        (tmp_path / "secret").write_bytes(b"s")
+        argv = ["node", "--node-id", "0", "--data-dir", str(tmp_path / "d"), "--secret-file",
+                str(tmp_path / "secret"), "--listen", "127.0.0.1:0"]
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # Without the call the command would serve on: stopped by SIGINT after 30 s (the assertion
+    # below then fails), a timer that main() replaces with its own handler before it serves.
+    returned = threading.Event()
+
+    def watchdog() -> None:
+        if not returned.wait(30):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    guard = threading.Thread(target=watchdog, daemon=True)
+    guard.start()
+    try:
+        assert main(argv) == 0
+    finally:
+        returned.set()
+        guard.join(10)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        if command == "node":
+            import faulthandler
+
+            faulthandler.unregister(signal.SIGUSR1)  # the node's stack dump on SIGUSR1
+    assert calls == [command]
+    assert "serving " in capfd.readouterr().out
+
+
 # ---------------------------------------------------------------------- operator commands, end to end
 import json  # noqa: E402
 import os  # noqa: E402

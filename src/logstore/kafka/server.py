@@ -745,6 +745,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "logstore serve") -> int
         sys.stderr.write(f"{prog}: {exc}\n")
         return 1
     with server:
+        net.freeze_startup_heap()  # the start-up heap out of the collector's walks (see there)
         sys.stdout.write(f"serving {args.root} on {server.bootstrap_servers}\n")
         sys.stdout.flush()
         stop.wait()
