@@ -115,7 +115,7 @@ from .protocol import Handshake, HandshakeError, Limits, Protocol, Response, Ses
 from .workers import WorkerPool
 
 __all__ = ["Server", "Protocol", "Handshake", "HandshakeError", "SlowStep", "Session", "Limits", "Response",
-           "connect_unix"]
+           "connect_unix", "freeze_startup_heap"]
 
 logger = logging.getLogger("logstore.net.server")
 
