@@ -24,11 +24,13 @@ def wait_until(condition, timeout: float = 10.0) -> None:
         time.sleep(0.005)
 
 
-def run_short_jobs(p: WorkerPool, n: int) -> None:
-    """``n`` jobs of 50 ms at once (``n`` threads when the limit allows), all finished on return."""
+def run_together(p: WorkerPool, n: int) -> None:
+    """``n`` jobs that wait for each other (so ``n`` threads, the limit allowing it: none is
+    idle before all run), all finished on return."""
+    barrier = threading.Barrier(n, timeout=10)
     done = threading.Semaphore(0)
     for _ in range(n):
-        p.submit(lambda: (time.sleep(0.05), done.release()))
+        p.submit(lambda: (barrier.wait(), done.release()))
     for _ in range(n):
         assert done.acquire(timeout=10)
 
@@ -93,7 +95,7 @@ def test_at_most_limit_jobs_run_at_once_and_the_rest_wait_in_the_queue(pool):
 def test_idle_threads_leave_after_the_linger_time_and_new_ones_start_on_demand(pool, monkeypatch):
     monkeypatch.setattr(workers, "_WORKER_LINGER_S", 0.1)
     p = pool("wp-linger", 3)
-    run_short_jobs(p, 3)
+    run_together(p, 3)
     wait_until(lambda: not pool_threads("wp-linger"))
     done = threading.Semaphore(0)
     p.submit(done.release)
@@ -129,7 +131,7 @@ def test_close_drops_queued_jobs_ends_idle_threads_and_refuses_later_ones(pool):
 
 def test_close_wakes_idle_threads(pool):
     p = pool("wp-wake", 3)
-    run_short_jobs(p, 3)
+    run_together(p, 3)
     wait_until(lambda: len(pool_threads("wp-wake")) == 3)
     started = time.monotonic()
     p.close(10)
