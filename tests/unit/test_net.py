@@ -796,12 +796,12 @@ def test_a_connection_pipelining_loop_answered_requests_does_not_keep_others_wai
 
 
 def test_freeze_startup_heap_takes_the_heap_out_of_collections_and_keeps_collecting_new_cycles():
-    """``freeze_startup_heap``: what the process held is frozen (not walked by a collection);
-    objects made after are collected as before, cycles included. In a child: it is process-wide."""
+    """``freeze_startup_heap``: what the process held (the imported modules: thousands of
+    objects) is frozen, out of the collections' walks; a cycle made after is collected as before.
+    In a child: it is process-wide."""
     code = (
         "import gc, weakref\n"
         "from logstore.net import server as net\n"
-        "kept = [object() for _ in range(10)]\n"
         "net.freeze_startup_heap()\n"
         "assert gc.get_freeze_count() > 1000, gc.get_freeze_count()\n"
         "class Node: pass\n"
@@ -811,7 +811,6 @@ def test_freeze_startup_heap_takes_the_heap_out_of_collections_and_keeps_collect
         "del a, b\n"
         "gc.collect()\n"
         "assert gone() is None\n"
-        "assert len(kept) == 10\n"
         "print('ok', gc.get_freeze_count())\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.startswith("ok "), out.stderr
