@@ -37,7 +37,7 @@ import pyarrow as pa
 
 from .._native import ffi, lib
 from ..errors import LogstoreError
-from .batch import decode_headers
+from .batch import ARROW_ROW_BYTES, decode_headers
 
 __all__ = ["COLUMNS", "DEFAULT_COLUMNS", "ROWS_PER_BATCH", "schema", "check_columns", "ArrowBuilder"]
 
@@ -47,7 +47,7 @@ _VIEW = 16  # bytes of one BinaryView view
 #: long as the batch lives) rather than copies of its rows: a chunk of a few rows (a small
 #: compressed batch, a read of one record, a read_committed range) copied into buffers of its
 #: own size, so that a table of many small chunks does not hold a huge page per chunk.
-_ROW_BYTES = 2 * 16 + 8 + 8 + 4 + 1
+_ROW_BYTES = ARROW_ROW_BYTES + 1  # (the two validity bits rounded up to a byte)
 _TAKE_AT_LEAST = 512 << 10
 
 #: every column, in the Spark Kafka source's order

@@ -439,7 +439,7 @@ def _slices(buf: Any, positions: list[int], lengths: list[int], n: int) -> Any:
 
 #: bytes a row takes in a decoder's Arrow columns (:class:`ArrowColumns`): offset 8, timestamp
 #: 8, type 4, two views 16 each (plus a bit each in two bitmaps)
-_ARROW_ROW_BYTES = 52
+ARROW_ROW_BYTES = 52
 
 
 class ArrowColumns(NamedTuple):
@@ -509,7 +509,7 @@ class RecordDecoder:
         (int32), key and value views and validity bitmaps, each 64-byte aligned; ``self._out``
         points at it."""
         rows = -(-capacity // 512) * 512  # every column and bitmap a multiple of 64 bytes long
-        size = _ARROW_ROW_BYTES * rows + rows // 4
+        size = ARROW_ROW_BYTES * rows + rows // 4
         arena = lib.ls_arena_alloc(size)
         if arena == ffi.NULL:
             raise MemoryError(f"cannot map {size} bytes for Arrow columns")
