@@ -320,3 +320,53 @@ def test_locked_holds_one_holder_at_a_time_across_threads(tmp_path):
     for t in threads:
         t.join(30)
     assert peak[0] == 1 and inside[0] == 0
+
+
+# ---------------------------------------------------------------------- populate_large
+
+
+def test_populate_large_keeps_the_bytes_and_dirties_nothing(ops: FileOps, tmp_path: pathlib.Path) -> None:
+    fd = ops.open(str(tmp_path / "f"), os.O_RDWR | os.O_CREAT)
+    try:
+        ops.pwrite(fd, b"kept" * 1024, 0)
+        ops.fallocate(fd, 6 << 20)
+        assert ops.populate_large(fd, 4096, 6 << 20) is True
+        assert ops.pread(fd, 4096, 0) == b"kept" * 1024
+        assert ops.pread(fd, 8, (6 << 20) - 8) == bytes(8)  # unwritten blocks still read as zeros
+        assert ops.fsize(fd) == 6 << 20
+    finally:
+        ops.close(fd)
+
+
+def test_populate_large_caches_the_range_in_huge_folios(ops: FileOps, tmp_path: pathlib.Path, pmd_mapped) -> None:
+    def mapped_huge(name: str, populate: bool) -> int:
+        fd = ops.open(str(tmp_path / name), os.O_RDWR | os.O_CREAT)
+        try:
+            ops.fallocate(fd, 8 << 20)
+            if populate:
+                assert ops.populate_large(fd, (2 << 20) + 100, 8 << 20)
+            mm = ops.mmap(fd, 8 << 20, False)
+            try:
+                return pmd_mapped(mm)
+            finally:
+                mm.close()
+        finally:
+            ops.close(fd)
+
+    control = mapped_huge("control", populate=False)  # what reading alone makes
+    populated = mapped_huge("populated", populate=True)
+    # from the 2 MiB boundary below the start: at least the last three of the four 2 MiB blocks
+    assert populated >= 6 << 20
+    assert populated > control
+
+
+def test_populate_large_of_an_empty_range_or_without_huge_pages_is_false(
+        ops: FileOps, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fd = ops.open(str(tmp_path / "f"), os.O_RDWR | os.O_CREAT)
+    try:
+        ops.fallocate(fd, 4 << 20)
+        assert ops.populate_large(fd, 4 << 20, 4 << 20) is False
+        monkeypatch.setattr(_fileio, "_MADV_HUGEPAGE", None)  # a platform without them
+        assert ops.populate_large(fd, 0, 4 << 20) is False
+    finally:
+        ops.close(fd)
