@@ -193,3 +193,28 @@ def test_a_fork_while_another_thread_allocates_arenas_leaves_the_child_able_to(t
     finally:
         stop.set()
         worker.join()
+
+
+def test_a_large_decoders_row_arrays_are_recycled_memory_not_fresh_pages():
+    import resource
+
+    from logstore.records.arrow import ROWS_PER_BATCH
+
+    rows = ROWS_PER_BATCH // 1000 * 1000
+    data = b"".join(_batch(i, [b"key"] * 1000, [b"v" * 20] * 1000) for i in range(0, rows, 1000))
+
+    def read_once() -> int:
+        # as a read as Arrow on two cores: a pair of chunk decoders, made for the read
+        decoders = [RecordDecoder(capacity=ROWS_PER_BATCH) for _ in range(2)]
+        counts: list[int] = []
+        for decoder in decoders:
+            decoder.decode_columns(data, 0, len(data), lambda buf, out, n: counts.append(n))
+        return sum(counts)
+
+    assert read_once() == 2 * rows  # the first maps the arenas, which go back to the cache
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(5):
+        assert read_once() == 2 * rows
+    # The row arrays take 45 bytes a row, 1.5 MB a decoder: calloc'd, they were fresh pages
+    # faulted in at every read (measured: ~580 faults per 500,000-row read as Arrow)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults < 100
