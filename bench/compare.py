@@ -52,11 +52,12 @@ Workloads and what each system does:
                          lookup, and logstore ~0.4x lmdb; lookups that come back to batches
                          already read (a second pass) cost no validation (~1.5x lmdb)
 
-After the tables, the physical limits measured in the same run (one core): CRC32C (also split over
-two threads, as the read as Arrow splits its chunks), memcpy, a page-cache read through a fresh
-map, the first touch of fresh memory (every new page faults in; the copying Arrow table of
-500,000 records needs 120 MB of it) and a 230 kB write with fdatasync (the
-disk's floor under the fsync row). Every timed read starts after os.sync(), so that the
+After the tables (when the random read row ran), the per-call floor of each system's point read:
+one cached record read again and again. Then the physical limits measured in the same run (one
+core): CRC32C (also split over two threads, as the read as Arrow splits its chunks), memcpy, a
+page-cache read through a fresh map, the first touch of fresh memory (every new page faults in;
+the copying Arrow table of 500,000 records needs 120 MB of it) and a 230 kB write with fdatasync
+(the disk's floor under the fsync row). Every timed read starts after os.sync(), so that the
 writeback of the records it reads does not run during it.
 
 Durability differs even inside one row, which is the point of listing it: "no fsync" means
@@ -502,6 +503,46 @@ def physical_limits() -> None:
     print()
 
 
+def point_read_floors(data: Data) -> None:
+    """The per-call floor under the random read row, measured in the same run: one cached
+    record read again and again (its batch validated and remembered, every line in the CPU's
+    caches), by logstore's point read and by lmdb's get with the row's decode. What is left of
+    a random lookup above it is memory misses and, on a batch's first read, its validation."""
+    n, rounds, offset = 10_000, 100_000, 5_000
+    floors = {}
+    with _workload.scratch_dir("logstore-floors-") as path:
+        log = Log.open(os.path.join(path, "floor-0"))
+        try:
+            for values, keys in data.batches(n):
+                log.append_batch(values, keys)
+            read = log.read
+
+            def logstore_once() -> None:
+                for _ in range(rounds):
+                    read(offset, max_records=1)[0]
+            floors["logstore"] = _best(logstore_once)
+        finally:
+            log._abandon()
+        if lmdb is not None:
+            lmdb_write(path, data, "batch-1000, no fsync", n)
+            env = _lmdb(path, False)
+            try:
+                key, from_bytes = offset.to_bytes(8, "big"), int.from_bytes
+                with env.begin(buffers=False) as txn:
+                    get = txn.get
+
+                    def lmdb_once() -> None:
+                        for _ in range(rounds):
+                            v = get(key)
+                            (from_bytes(key, "big"), from_bytes(v[:8], "big"), v[8:24], v[24:])
+                    floors["lmdb"] = _best(lmdb_once)
+            finally:
+                env.close()
+    print("point read floors (one cached record read again and again, best of 3, this run):")
+    print("  " + ", ".join(f"{name} {seconds / rounds * 1e6:.2f} us a call" for name, seconds in floors.items()))
+    print()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1/5 of the records, one repetition (~30 s)")
@@ -580,6 +621,8 @@ def main(argv: list[str] | None = None) -> int:
             cells.append(f"{(f'{mine / theirs:.1f}x') if mine and theirs else '-':>{width}}")
         print(f"{workload:<28}" + "".join(cells))
     print()
+    if "random read" in workloads:
+        point_read_floors(data)
     physical_limits()
     print(f"elapsed {time.perf_counter() - started:.0f} s; load average {load_start:.2f} at start, "
           f"{os.getloadavg()[0]:.2f} at end ({os.cpu_count()} cores; above ~1 the figures are disturbed)")
