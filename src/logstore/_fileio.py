@@ -21,11 +21,6 @@ from typing import Iterator
 
 __all__ = ["FileOps", "FileRegion", "ops", "install"]
 
-#: FileOps.populate_large's unit: a PMD-sized folio on x86-64 (and aarch64 with 4 KiB pages)
-_LARGE_FOLIO = 2 << 20
-_MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)  # Linux only
-_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14; named in Python 3.13
-
 
 class FileOps:
     """The real file system. Methods mirror the ``os`` calls they wrap."""
@@ -111,31 +106,6 @@ class FileOps:
         """Map ``length`` bytes of a file, shared and writable or read-only."""
         access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
         return mmap.mmap(fd, length, access=access)
-
-    def populate_large(self, fd: int, start: int, end: int) -> bool:
-        """Bring bytes [start, end) of a file into the page cache in PMD-sized folios (2 MiB on
-        x86-64) where the kernel and file system make them, from the 2 MiB boundary at or below
-        ``start`` (a read-only map with ``MADV_HUGEPAGE``, populated a step at a time, then
-        unmapped). A later map of those bytes is then mapped a huge page per fault, not a page
-        per 4 KiB. The bytes are not changed: unwritten blocks read as zeros and nothing is
-        dirtied. False when the kernel cannot (no ``MADV_POPULATE_READ`` before Linux 5.14, no
-        transparent huge pages): the caller advises ``WILLNEED`` instead."""
-        base = start - start % _LARGE_FOLIO
-        if end <= base or _MADV_HUGEPAGE is None:
-            return False
-        try:
-            m = mmap.mmap(fd, end - base, access=mmap.ACCESS_READ, offset=base)
-        except (OSError, ValueError):
-            return False
-        try:
-            m.madvise(_MADV_HUGEPAGE)
-            for at in range(0, end - base, _LARGE_FOLIO):
-                m.madvise(_MADV_POPULATE_READ, at, min(_LARGE_FOLIO, end - base - at))
-        except OSError:
-            return False
-        finally:
-            m.close()
-        return True
 
     def lock(self, fd: int, blocking: bool = False) -> bool:
         """Take an exclusive advisory lock; without ``blocking``, False if another process holds it."""

@@ -135,10 +135,6 @@ class LogSegment:
         self._leader_epoch = leader_epoch
         self._points: PointReads | None = None  # reads of one record (made on first use)
         self._pinned: Any = None  # weak reference to the last PinnedMap made (view_map)
-        # How the appends since the writable map was last made reached the file: the position
-        # then, and the bytes written with pwrite since (see _map_writable).
-        self._mapped_at = 0
-        self._pwritten = 0
         self.closed = False
         if new:
             if self._size:
@@ -206,34 +202,17 @@ class LogSegment:
         if reserve_indexes:
             self._reserve_index_room(capacity)
         written = self._size if self._appender is None else self._appender.position
-        # Every append since the last map went through pwrite (batches): the bytes ahead are
-        # brought into the page cache in huge folios instead of the 4 KiB pages WILLNEED makes,
-        # so that each later map of them (a read as Arrow, a point read, Spark's reader) is
-        # mapped 2 MiB per fault: a fresh map of a 113 MB segment took 14 ms to populate, 0.2 ms
-        # in huge folios. Not when records were stored through the map (single appends): the
-        # first store into a page of a huge folio dirties the whole folio, and each fsync or
-        # writeback would write its 2 MiB again (measured: 2.4x the bytes written to disk with
-        # an fsync per 1,000 single appends).
-        batched = self._appender is not None and written > self._mapped_at and \
-            written - self._mapped_at == self._pwritten
-        self._mapped_at, self._pwritten = written, 0
         self._unmap()
         mm = self._mm = _fileio.ops.mmap(self._fd, capacity, True)
+        # Fault the unwritten pages in ahead: first-touch stores into fresh pages of a shared
+        # map cost a page fault each (measured: 0.7 GB/s for plain stores, 2.4-2.8 GB/s after
+        # WILLNEED). Only the part past the data: advising the whole map again at every growth
+        # step made appends slower as the segment grew.
         start = written - written % mmap.PAGESIZE
         try:
-            large = batched and _fileio.ops.populate_large(self._fd, written, capacity)
-        except OSError as exc:  # only a hint: the appends work without it
-            logger.debug("%s: page cache not prepared in large folios (%s)", self.path, exc)
-            large = False
-        if not large:
-            # Fault the unwritten pages in ahead: first-touch stores into fresh pages of a shared
-            # map cost a page fault each (measured: 0.7 GB/s for plain stores, 2.4-2.8 GB/s after
-            # WILLNEED). Only the part past the data: advising the whole map again at every
-            # growth step made appends slower as the segment grew.
-            try:
-                mm.madvise(mmap.MADV_WILLNEED, start, capacity - start)
-            except (AttributeError, OSError, ValueError):  # pragma: no cover - not on every platform
-                pass
+            mm.madvise(mmap.MADV_WILLNEED, start, capacity - start)
+        except (AttributeError, OSError, ValueError):  # pragma: no cover - not on every platform
+            pass
         self._ptr = ffi.from_buffer(mm)
 
     def _reserve_index_room(self, log_bytes: int) -> None:
@@ -607,7 +586,6 @@ class LogSegment:
             except BaseException:
                 ffi.memmove(a, saved, _APPENDER_SIZE)  # nothing was published: undo
                 raise
-            self._pwritten += n
         return rc
 
     def grow_for(self, needed: int) -> bool:

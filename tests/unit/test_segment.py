@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import errno
-import mmap
 import os
 import pathlib
 import random
@@ -12,7 +10,6 @@ from typing import Any, Iterator
 
 import pytest
 
-from logstore import _fileio
 from logstore.records import compression
 from logstore._native import lib
 from logstore.errors import CorruptIndexError, CorruptRecordError
@@ -568,82 +565,3 @@ def test_close_without_trim_keeps_the_preallocated_files(segments, builder) -> N
     seg.close(trim=False)
     assert os.path.getsize(seg.path) > size
     assert os.path.getsize(seg.offset_index.path) == 4096
-
-
-class _PopulateCalls(_fileio.FileOps):
-    """Records populate_large's calls; raises from it when told to."""
-
-    def __init__(self, fail: bool = False) -> None:
-        self.calls: list[tuple[int, int]] = []
-        self.fail = fail
-
-    def populate_large(self, fd: int, start: int, end: int) -> bool:
-        self.calls.append((start, end))
-        if self.fail:
-            raise OSError(errno.EIO, "injected")
-        return super().populate_large(fd, start, end)
-
-
-def _grow(seg: LogSegment, builder: BatchBuilder, writable: bool, count: int = 10) -> list[int]:
-    """Append ``count`` 1 MiB batches, past the first 8 MiB map: ``writable`` batches (bytearray,
-    written with pwrite), else read-only ones (bytes, copied through the map). Returns the
-    segment's size before each append."""
-    chunk = b"m" * (1 << 20)
-    sizes = []
-    for i in range(count):
-        batch = builder.build([chunk])
-        sizes.append(seg.size)
-        assert seg.append_batch(bytearray(batch) if writable else bytes(batch)) == i
-    assert seg.size > 8 << 20
-    return sizes
-
-
-def test_batches_written_with_pwrite_get_the_next_map_in_large_folios(segments, builder: BatchBuilder,
-                                                                       decoder: RecordDecoder) -> None:
-    seg = segments.create(0, segment_bytes=64 << 20)
-    ops = _PopulateCalls()
-    with _fileio.install(ops):
-        sizes = _grow(seg, builder, writable=True)
-    # once: at the growth from the first 8 MiB map (the activation's map has no appends to go
-    # by), from where the data ended (the size before the first batch that did not fit)
-    grown_at = next(size for size, after in zip(sizes, sizes[1:] + [seg.size]) if after > 8 << 20)
-    assert ops.calls == [(grown_at, 16 << 20)]
-    assert offsets(seg, decoder, 9) == [9]
-
-
-def test_records_stored_through_the_map_keep_willneed(segments, builder: BatchBuilder, decoder: RecordDecoder) -> None:
-    seg = segments.create(0, segment_bytes=64 << 20)
-    ops = _PopulateCalls()
-    with _fileio.install(ops):
-        _grow(seg, builder, writable=False)
-    assert ops.calls == []  # a store into a huge folio would dirty all of it
-    assert offsets(seg, decoder, 9) == [9]
-
-
-def test_a_failing_large_folio_hint_does_not_fail_the_append(segments, builder: BatchBuilder,
-                                                             decoder: RecordDecoder) -> None:
-    seg = segments.create(0, segment_bytes=64 << 20)
-    ops = _PopulateCalls(fail=True)
-    with _fileio.install(ops):
-        _grow(seg, builder, writable=True)
-    assert len(ops.calls) == 1
-    assert offsets(seg, decoder) == list(range(10))
-
-
-@pytest.mark.parametrize("writable", [True, False], ids=["batches", "through the map"])
-def test_a_segment_of_batches_maps_in_huge_pages_past_its_first_map(segments, builder: BatchBuilder,
-                                                                    pmd_mapped, writable: bool) -> None:
-    seg = segments.create(0, segment_bytes=64 << 20)
-    _grow(seg, builder, writable, count=20)
-    with open(seg.path, "rb") as f:
-        mm = mmap.mmap(f.fileno(), seg.size, access=mmap.ACCESS_READ)
-        try:
-            huge = pmd_mapped(mm)
-        finally:
-            mm.close()
-    if writable:
-        # every whole 2 MiB block past the first map (8 MiB, advised WILLNEED: 4 KiB pages)
-        # maps as a huge page: 12 MiB of the 20 (allowing the kernel a block it could not make)
-        assert huge >= (seg.size // (2 << 20) * (2 << 20)) - (8 << 20) - (2 << 20) > 0
-    else:
-        assert huge == 0
