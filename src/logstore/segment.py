@@ -545,7 +545,7 @@ class LogSegment:
             self._records = res.records
 
     # ------------------------------------------------------------------ appends
-    def append_batch(self, batch: bytes | bytearray | memoryview, any_size: bool = False) -> int:
+    def append_batch(self, batch: bytes | bytearray | memoryview, any_size: bool = False, remap: bool = True) -> int:
         """Append one encoded batch; return its base offset or a negative LS_ERR_ code.
 
         LS_ERR_FULL means the segment must roll (the caller's policy); a map that is merely too
@@ -553,7 +553,8 @@ class LogSegment:
         ls_appender_append_batch_external); a read-only one is copied through the map.
         ``any_size``: the batch is not held to ``max_batch_bytes`` (a batch the server writes
         itself, such as a control batch, or one a follower copies from its leader: Kafka checks
-        max.message.bytes on clients' batches only).
+        max.message.bytes on clients' batches only). ``remap=False``: LS_ERR_FULL where the map
+        would have to grow (a new mapping of the file: see :meth:`grow_for`).
         """
         a = self._appender
         n = len(batch)
@@ -563,7 +564,7 @@ class LogSegment:
             a.max_batch_bytes = 0
         try:
             rc = self._append_once(a, batch, n, writable)
-            if rc == lib.LS_ERR_FULL and self.grow_for(n):
+            if rc == lib.LS_ERR_FULL and self.grow_for(n, remap):
                 rc = self._append_once(a, batch, n, writable)
         finally:
             if any_size:
@@ -588,8 +589,9 @@ class LogSegment:
                 raise
         return rc
 
-    def grow_for(self, needed: int) -> bool:
-        """Try to make room for a batch of ``needed`` bytes; False when the segment must roll.
+    def grow_for(self, needed: int, remap: bool = True) -> bool:
+        """Try to make room for a batch of ``needed`` bytes; False when the segment must roll
+        (or, ``remap=False``, when the room would take a larger map of the file: I/O).
 
         Invariant: the appender's log_capacity never exceeds segment_bytes, except for an
         empty segment taking one batch larger than that (which then sits alone in it).
@@ -604,6 +606,8 @@ class LogSegment:
             return False  # FULL for another reason (offset range): roll
         map_len = len(self._mm)  # type: ignore[arg-type]
         if end > map_len:
+            if not remap:
+                return False
             self._map_writable(max(min(map_len * 2, self.segment_bytes), end))
             a.log = self._ptr
         a.log_capacity = max(min(len(self._mm), self.segment_bytes), end)  # type: ignore[arg-type]

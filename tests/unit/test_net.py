@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import os
 import pathlib
+import select
 import shutil
 import socket
 import ssl
@@ -261,6 +262,78 @@ def test_requests_the_protocol_calls_non_blocking_are_answered_on_the_loop(serve
     assert protocol.threads[b"sleep"].startswith("inline-loop-worker")
     assert metric(server, "request-total") == 5
     wait_for(lambda: metric(server, "response-total") == 5)
+
+
+class OffloadingProtocol(EchoProtocol):
+    """EchoProtocol whose ``try:`` requests go to the loop, which answers ``try:now:x`` itself
+    and hands ``try:wait:x`` (``x`` once the test's gate opens), ``try:fail`` (raises on the
+    worker) and ``try:later:x`` (a Future settled 0.1 s later) to a worker (an Offload). On a
+    worker (the frames of a burst after an offloaded one), ``handle`` answers them all."""
+
+    def __init__(self) -> None:
+        super().__init__(auth=False)  # (frames read in bursts: no handshake to re-check per frame)
+        self.gate = threading.Event()
+        self.threads: list[tuple[bytes, str]] = []
+
+    def inline(self, session, request):
+        return bytes(request).startswith(b"try:")
+
+    def handle_inline(self, session, request):
+        kind, _, value = bytes(request)[4:].partition(b":")
+        self.threads.append((b"inline " + kind, threading.current_thread().name))
+        if kind == b"now":
+            return framed(value)
+        return net.Offload(lambda: self._answer(b"offloaded ", kind, value))
+
+    def handle(self, session, request):
+        if bytes(request).startswith(b"try:"):
+            kind, _, value = bytes(request)[4:].partition(b":")
+            return self._answer(b"handled ", kind, value)
+        return super().handle(session, request)
+
+    def _answer(self, how, kind, value):
+        self.threads.append((how + kind, threading.current_thread().name))
+        if kind == b"now":
+            return framed(value)
+        if kind == b"wait":
+            assert self.gate.wait(10)
+            return framed(value)
+        if kind == b"later":
+            future: Future = Future()
+            threading.Timer(0.1, future.set_result, args=(framed(value),)).start()
+            return future
+        raise RuntimeError("the offloaded call failed")
+
+
+def test_an_inline_request_that_would_wait_is_answered_by_a_worker_in_order(serve):
+    protocol = OffloadingProtocol()
+    server = serve(protocol, thread_name="offload-loop")
+    with connect(server, auth=False) as s, connect(server, auth=False) as other:
+        s.sendall(b"".join(framed(b) for b in (b"try:now:a", b"try:wait:b", b"try:now:c", b"try:later:d",
+                                               b"echo:e")))
+        # The loop is free while the offloaded call waits: another connection is answered.
+        for i in range(3):
+            assert call(other, b"try:now:%d" % i) == b"%d" % i
+        assert select.select([s], [], [], 0.2)[0] == []  # "a" leaves with "b", which waits
+        protocol.gate.set()
+        assert [recv_frame(s) for _ in range(5)] == [b"a", b"b", b"c", b"d", b"e"]
+        assert call(s, b"try:now:again") == b"again"  # the connection is the loop's again
+    seen = protocol.threads
+    assert seen[:2] == [(b"inline now", "offload-loop"), (b"inline wait", "offload-loop")]
+    worker = [name for how, name in seen if how.startswith((b"offloaded", b"handled"))]
+    assert [how for how, _ in seen if how.startswith((b"offloaded", b"handled"))] == [
+        b"offloaded wait", b"handled now", b"handled later"]  # the burst's rest on the same worker
+    assert len(set(worker)) == 1 and worker[0].startswith("offload-loop-worker")
+    assert seen[-1] == (b"inline now", "offload-loop")
+
+
+def test_an_offloaded_call_that_raises_closes_only_its_connection_after_the_earlier_answers(serve):
+    server = serve(OffloadingProtocol())
+    with connect(server, auth=False) as s, connect(server, auth=False) as other:
+        s.sendall(framed(b"try:now:a") + framed(b"try:fail") + framed(b"try:now:never"))
+        assert recv_frame(s) == b"a"
+        assert hung_up(s)
+        assert call(other, b"try:now:still") == b"still"
 
 
 def test_an_answer_of_more_buffers_than_one_sendmsg_takes_is_written_whole(serve):

@@ -51,6 +51,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Mapping
 
 from ..errorcodes import ErrorCode
+from ..net.protocol import Offload
 from ..net.purgatory import mapped
 from .acls import (ACLS_TOPIC, ANONYMOUS, CLUSTER_NAME, AclOperation, AclView, Authorizer, ResourceType,
                    all_operations)
@@ -287,8 +288,8 @@ def _refuse_all(request: KafkaRequest, rule: Rule, error: int, message: str) -> 
 
 # ---------------------------------------------------------------------- the guard
 def _merge(answer: Any, extra: dict[str, list[dict[str, Any]]], post: Callable[[dict[str, Any]], None]) -> Any:
-    """Add the denied items' answers to a handler's answer (a mapping, a Future of one, or None:
-    acks=0) and run ``post`` on it."""
+    """Add the denied items' answers to a handler's answer (a mapping, a Future or an Offload of
+    one, or None: acks=0) and run ``post`` on it."""
     def finish(fields: Any) -> Any:
         if fields is None:
             return None
@@ -300,6 +301,9 @@ def _merge(answer: Any, extra: dict[str, list[dict[str, Any]]], post: Callable[[
 
     if isinstance(answer, Future):
         return mapped(answer, finish)
+    if answer.__class__ is Offload:  # (on the network loop) a worker answers: merged there
+        call = answer.call
+        return Offload(lambda: _merge(call(), extra, post))
     return finish(answer)
 
 

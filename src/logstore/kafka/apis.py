@@ -85,6 +85,7 @@ from ..groups.consumergroup import (CONSUMER_PROTOCOL_TYPE, ClassicJoin, Consume
                                     ConsumerGroupCoordinator, HeartbeatRequest, owned_partitions)
 from .apikeys import CONSUMER_GROUP_DESCRIBE, CONSUMER_GROUP_HEARTBEAT
 from .wire import SUPPORTED, KafkaRequest
+from ..net.protocol import Offload
 from ..net.purgatory import Purgatory
 from .remotefetch import NO_OFFSETS, RemoteFetch, RemoteRead, RemoteReader
 from ..store.kafkadirs import is_internal_topic
@@ -209,8 +210,9 @@ class KafkaApis:
         self._txn: TransactionCoordinator | None = None
         #: api key -> (lowest, highest) version served (what ApiVersions advertises)
         self.supported: dict[int, tuple[int, int]] = dict(SUPPORTED)
-        #: the APIs answered on the network loop (they never block), not on a worker
-        self.inline: frozenset[int] = frozenset({18})
+        #: the APIs answered on the network loop, not on a worker: they never block (a Produce
+        #: that would wait is handed to a worker from there: on_produce)
+        self.inline: frozenset[int] = frozenset({18, 0})
         self.handlers: dict[int, Callable[[KafkaRequest], Any]] = {
             0: self.on_produce, 1: self.on_fetch, 2: self.on_list_offsets, 3: self.on_metadata,
             18: self.on_api_versions, 19: self.on_create_topics, 20: self.on_delete_topics,
@@ -537,7 +539,54 @@ class KafkaApis:
         return answer
 
     # ------------------------------------------------------------------ Produce
-    def on_produce(self, request: KafkaRequest) -> dict[str, Any] | None:
+    def on_produce(self, request: KafkaRequest) -> dict[str, Any] | None | Offload:
+        """Append each partition's batch; the answer once appended (acks=0: none). On the
+        network loop (a small request, see ``KafkaProtocol.inline``) a one-partition request
+        whose append need not wait is answered there (:meth:`_produce_at_once`), any other
+        through a worker (an :class:`~logstore.net.protocol.Offload`)."""
+        if request.on_loop:
+            answer = self._produce_at_once(request)
+            if answer is not _WOULD_WAIT:
+                return answer  # type: ignore[no-any-return]
+            return Offload(lambda: self._produce(request))
+        return self._produce(request)
+
+    def _produce_at_once(self, request: KafkaRequest) -> Any:
+        """A Produce answered without waiting (on the network loop): one partition's
+        non-transactional batch, its log open, appended through
+        :meth:`~logstore.log.log.Log.try_append_idempotent`; else ``_WOULD_WAIT``, nothing
+        appended (a refusal too: the worker's path answers it, with its logging). The fetches
+        waiting on the partition are answered by the append watcher, woken by the append's
+        notification, not here: their reads may wait."""
+        body = request.body
+        acks = body.acks
+        if (acks != 1 and acks != 0 and (acks != -1 or self.fsync_acks_all)) or len(body.topic_data) != 1:
+            return _WOULD_WAIT
+        topic = body.topic_data[0]
+        if len(topic.partition_data) != 1:
+            return _WOULD_WAIT
+        data = topic.partition_data[0]
+        records = data.records
+        log = self.store.opened(topic.name, data.index)
+        if (log is None or records is None or len(records) < lib.LS_BATCH_HEADER_SIZE
+                or internal_topic_refusal(topic.name) is not None or one_v2_batch_problem(records) is not None
+                or parse_header(records).attributes & lib.LS_ATTR_TRANSACTIONAL):
+            return _WOULD_WAIT
+        try:
+            appended = log.try_append_idempotent(records, in_place=True)
+        except LogstoreError:
+            return _WOULD_WAIT  # refused (nothing appended): answered by the worker's path
+        if appended is None:
+            return _WOULD_WAIT
+        if acks == 0:
+            return None
+        return {"responses": [{"name": topic.name, "partition_responses": [
+            {"index": data.index, "error_code": ErrorCode.none, "base_offset": appended.first_offset,
+             "log_append_time": None, "log_start_offset": log.log_start_offset, "record_errors": [],
+             "error_message": None}]}], "throttle_time": 0}
+
+    def _produce(self, request: KafkaRequest) -> dict[str, Any] | None:
+        """A Produce answered where it may wait (a worker)."""
         body = request.body
         acks = body.acks
         answers = []
@@ -1483,6 +1532,8 @@ _VERIFY_RETRIABLE = frozenset({ErrorCode.concurrent_transactions, ErrorCode.coor
 #: ListOffsets' sentinel timestamps and the first version that carries each (Kafka's
 #: ReplicaManager.timestampMinSupportedVersion); another negative timestamp is never carried
 _LIST_OFFSETS_SENTINELS = {-1: 0, -2: 0, -3: 7, -4: 8}
+#: KafkaApis._produce_at_once: the request must go where it may wait.
+_WOULD_WAIT = object()
 
 
 def _epoch_at(log: Any, offset: int) -> int:

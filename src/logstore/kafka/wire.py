@@ -155,7 +155,8 @@ class UnsupportedVersionError(KafkaProtocolError):
 class KafkaRequest:
     """One parsed request: header fields and the kio body. Immutable by convention."""
 
-    __slots__ = ("api_key", "api_version", "correlation_id", "client_id", "body", "client_host", "principal")
+    __slots__ = ("api_key", "api_version", "correlation_id", "client_id", "body", "client_host", "principal",
+                 "on_loop")
 
     def __init__(self, api_key: int, api_version: int, correlation_id: int, client_id: str | None,
                  body: Any) -> None:
@@ -168,6 +169,9 @@ class KafkaRequest:
         self.client_host = ""
         #: who the connection authenticated as (``User:<name>`` after SASL), None if no one; set by the server
         self.principal: Any = None
+        #: handled on the server's network loop, where the handler must not wait (it may answer
+        #: with a ``net.Offload`` instead); set by the server
+        self.on_loop = False
 
     @property
     def name(self) -> str:

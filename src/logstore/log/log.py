@@ -288,7 +288,7 @@ class Log:
             self._share = SharedCoordinator(self.path, SharedHooks(
                 loaded=self._shared_loaded, usable=self._shared_usable, closed=self._shared_closed, export=self._export_view,
                 adopt=self._adopt_view, reload=self._reload_layout, recover=self._recover_shared,
-                published=self._published))
+                same=self._view_is_own, published=self._published))
             self._segments.on_layout_change = self._share.begin_layout_change
         self._w: Any = self._share if shared else _NO_WRITER
         self._exclusive = ExclusiveHold(self, self._lock, self._w, self._check_open)
@@ -431,6 +431,13 @@ class Log:
         view.recovery_point = self._recovery_point
         view.flushed_offset = self._flushed_offset
         view.high_watermark = -1 if self._high_watermark is None else self._high_watermark
+
+    def _view_is_own(self, view: Any) -> bool:
+        """Is a published view (of the loaded layout) this process's own state of the active
+        segment (no other process appended since: adopting it remaps and reads nothing)?"""
+        a = self._segments.active.appender
+        return (a.next_offset == view.next_offset and a.position == view.position
+                and a.partition_leader_epoch == view.partition_leader_epoch)
 
     def _adopt_view(self, view: Any) -> None:
         """Take up what another process published (the same segment layout)."""
@@ -1030,15 +1037,40 @@ class Log:
             self._check_open()
             return self._producers.current(self._log_start_offset, self._appender.next_offset).ongoing()
 
-    def _append_client_batch(self, batch: Any, check_sequence: bool = True, in_place: bool = False) -> AppendInfo:
-        """Log.append_idempotent: validate a client's batch whole; for a producer's batch, check it
-        against the producer state (a duplicate is answered with its offsets, nothing appended);
-        store its bytes with the offsets and leader epoch assigned (re-encoded when the log's policy
-        needs other bytes) and teach the producer state the batch, all under the log's locks."""
+    def try_append_idempotent(self, batch: bytes | bytearray | memoryview, *,
+                              in_place: bool = False) -> AppendInfo | None:
+        """:meth:`append_idempotent` for a caller that must never wait (a server's network loop):
+        the same checks, errors and effects when the append can be made at once, else None with
+        nothing appended and nothing changed.
+
+        None when the append would wait for a lock or for I/O beyond the copy of the batch into
+        the page cache: another thread holds the log's lock; another process holds a shared log's
+        writers' lock, or appended to it or changed its segments since this one last wrote (its
+        state to read); the producer state is not loaded yet (a snapshot to read); the active
+        segment must roll or its map grow; a flush policy acts on the append path
+        (``flush_messages``: an fsync; ``flush_ms`` with the log's own timers: scheduling one); or the log's policy re-encodes
+        the batch (a compacted log, LogAppendTime, a forced codec). The caller then makes the
+        append with :meth:`append_idempotent` where it may wait. The batch is validated (CRC,
+        records) before any of this, so a bad batch raises here as there.
+
+        Durability as :meth:`append`. Thread-safety: thread-safe; it never blocks on another
+        thread (the kernel's copy of the batch may still wait for memory).
+        """
+        return self._append_client_batch(batch, True, in_place, wait=False)
+
+    def _append_client_batch(self, batch: Any, check_sequence: bool = True, in_place: bool = False,
+                             wait: bool = True) -> AppendInfo | None:
+        """Log.append_idempotent (and, ``wait=False``, try_append_idempotent: None where it would
+        wait): validate a client's batch whole; for a producer's batch, check it against the
+        producer state (a duplicate is answered with its offsets, nothing appended); store its
+        bytes with the offsets and leader epoch assigned (re-encoded when the log's policy needs
+        other bytes) and teach the producer state the batch, all under the log's locks."""
         header = validate_client_batch(batch, self.config.max_message_bytes)
         forced = self._forced_codec
         records = data = None
         if self._keys_required or self._ts_type or (forced is not None and forced != header.compression):
+            if not wait:
+                return None
             # The log's policy changes the bytes: the records are encoded again (keeping the
             # producer id, epoch and sequence), decoded here, outside the locks.
             records = decode_batches(batch)
@@ -1051,41 +1083,83 @@ class Log:
             data = bytearray(batch)  # stamped in place with the offsets and epoch
         pid = header.producer_id
         transactional = bool(header.attributes & lib.LS_ATTR_TRANSACTIONAL)
-        with self._lock, self._w:
-            self._check_open()
-            if records is None and self._keys_required and any(r.key is None for r in decode_batches(batch)):
-                # update_config made the log compacted since the check above (rare: decoded here)
-                raise self._keyless_record_error()
-            if pid >= 0:
-                table = self._producers.current(self._log_start_offset, self._appender.next_offset)
-                last_sequence = increment_sequence(header.base_sequence, header.last_offset_delta)
-                known = table.check(pid, header.producer_epoch, header.base_sequence, last_sequence, check_sequence,
-                                    self.path, transactional)
-                if known is not None:
-                    return AppendInfo(known.first_offset, known.last_offset, True)
-            if records is None:
-                first = self._append_encoded_locked(data, header.max_timestamp)
+        if wait:
+            self._lock.acquire()
+        elif not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if wait or self._share is None:
+                self._w.__enter__()
+            elif not self._share.try_enter():  # another process writes, or the layout must be read
+                return None
+            try:
+                self._check_open()
+                if not wait and not self._appends_at_once(pid, header.max_timestamp):
+                    return None
+                if records is None and self._keys_required and any(r.key is None for r in decode_batches(batch)):
+                    # update_config made the log compacted since the check above (rare: decoded here)
+                    raise self._keyless_record_error()
                 if pid >= 0:
-                    self._producers.learn(pid, header, first)
-            else:
-                first = self._append_records_locked(
-                    [r.value for r in records], [r.key for r in records], [r.headers for r in records],
-                    [r.timestamp for r in records], header.compression if forced is None else forced,
-                    pid, header.producer_epoch, header.base_sequence if pid >= 0 else -1, transactional=transactional)
-            last = self._appender.next_offset - 1
-            if last < self._flush_at:
-                return AppendInfo(first, last, False)
+                    table = self._producers.current(self._log_start_offset, self._appender.next_offset)
+                    last_sequence = increment_sequence(header.base_sequence, header.last_offset_delta)
+                    known = table.check(pid, header.producer_epoch, header.base_sequence, last_sequence,
+                                        check_sequence, self.path, transactional)
+                    if known is not None:
+                        return AppendInfo(known.first_offset, known.last_offset, True)
+                if records is None:
+                    first = self._append_encoded_locked(data, header.max_timestamp, may_wait=wait)
+                    if first == lib.LS_ERR_FULL:  # (not wait) a roll or a map growth is due: nothing appended
+                        return None
+                    if pid >= 0:
+                        self._producers.learn(pid, header, first)
+                else:
+                    first = self._append_records_locked(
+                        [r.value for r in records], [r.key for r in records], [r.headers for r in records],
+                        [r.timestamp for r in records], header.compression if forced is None else forced,
+                        pid, header.producer_epoch, header.base_sequence if pid >= 0 else -1,
+                        transactional=transactional)
+                last = self._appender.next_offset - 1
+                if last < self._flush_at:
+                    return AppendInfo(first, last, False)
+            finally:
+                self._w.__exit__(None, None, None)
+        finally:
+            self._lock.release()
         self._after_append(last)
         return AppendInfo(first, last, False)
 
-    def _append_encoded_locked(self, batch: Any, max_timestamp: int, any_size: bool = False) -> int:
+    def _appends_at_once(self, producer_id: int, max_timestamp: int) -> bool:
+        """May an append of a batch (of ``producer_id``, up to ``max_timestamp``) be made without
+        waiting (see try_append_idempotent)? Holds the lock; the segment's room is found by the
+        append itself."""
+        flusher = self._flusher
+        if flusher.every is not None or (flusher.ms is not None and flusher.timers_enabled):
+            return False  # (an fsync, or the flush_ms timer's scheduling, on the append path)
+        if producer_id >= 0 and not self._producers.current_at(self._appender.next_offset):
+            return False
+        if max_timestamp <= self._roll_deadline:
+            return True
+        # An unset deadline is set by the append when the segment is empty (from the batch);
+        # else from the segment's first batch, a read.
+        return self._roll_deadline == DEADLINE_UNSET and self._segments.active.size == 0
+
+    def _append_encoded_locked(self, batch: Any, max_timestamp: int, any_size: bool = False,
+                               may_wait: bool = True) -> int:
         """Append one encoded batch to the active segment (rolling for time or room first);
-        return its base offset. ``any_size``: not held to max_message_bytes (a control batch)."""
+        return its base offset. ``any_size``: not held to max_message_bytes (a control batch).
+        ``may_wait=False``: LS_ERR_FULL, nothing appended, where a roll or a growth of the
+        segment's map is due (the caller checked the roll deadline)."""
         if max_timestamp > self._roll_deadline:
             self._roll_for_time(max_timestamp)
-        offset = self._active.append_batch(batch, any_size)
+        offset = self._active.append_batch(batch, any_size, remap=may_wait)
         if offset == lib.LS_ERR_FULL:
+            if not may_wait:
+                return offset
             self._make_room(len(batch))
+            if self._roll_deadline == DEADLINE_UNSET and self._active.size == 0:
+                # rolled: the deadline follows from this batch, the new segment's first (as the
+                # next append would find it), so that no later append must read it back
+                self._roll_deadline = self._deadline_after(max_timestamp)
             offset = self._active.append_batch(batch, any_size)
         if offset < 0:
             check(offset, self._active.path, size=len(batch), limit=self.config.max_message_bytes)

@@ -182,6 +182,11 @@ class ProducerStateManager:
             self._start = log_start
         return table
 
+    def current_at(self, log_end: int) -> bool:
+        """Would :meth:`current` at ``log_end`` read nothing (the table loaded, and for a shared
+        log already brought up to ``log_end``)?"""
+        return self.table is not None and (not self._shared or self._end == log_end)
+
     def _load(self, log_start: int, log_end: int, rebuild_from: int | None = None) -> ProducerStateTable:
         """Load the newest usable snapshot and replay the log after it to ``log_end``. With
         ``rebuild_from``, the snapshot is one at or below it, and every transaction index from

@@ -72,6 +72,10 @@ class SharedState:
         """Take the writers' lock (blocks while another process holds it)."""
         _fileio.ops.lock(self._fd, blocking=True)
 
+    def try_acquire(self) -> bool:
+        """Take the writers' lock if no other process holds it; False (not taken) if one does."""
+        return bool(_fileio.ops.lock(self._fd, blocking=False))
+
     def release(self) -> None:
         """Release the writers' lock."""
         _fileio.ops.unlock(self._fd)
@@ -150,6 +154,9 @@ class SharedHooks(NamedTuple):
     #: load and recover the segments from disk as an open does; with a view, a writer died
     #: mid-change and the view's recovery point and log start replace the checkpoint files'
     recover: Callable[[Any], None]
+    #: True when a published view (of the generation this process has loaded) is the log's own
+    #: state: no other process appended since, so adopting it reads nothing
+    same: Callable[[Any], bool]
     #: this process published a change: wake its long-polls
     published: Callable[[], None]
 
@@ -236,6 +243,31 @@ class SharedCoordinator:
         self._depth -= 1
         if self._depth == 0:
             self._exit_writer()
+
+    def try_enter(self) -> bool:
+        """Enter as ``with coordinator:`` does where that needs no wait and no read: the writers'
+        lock free now, the page clean, and nothing published by another process since this one
+        last wrote (see ``SharedHooks.same``). False, holding nothing, otherwise; True is left
+        with ``__exit__`` as an entry is."""
+        if self._depth:
+            self._depth += 1
+            return True
+        state = self.state
+        if state is None or not state.try_acquire():
+            return False
+        try:
+            view = self._view
+            state.read(view)
+            if state.dirty or view.generation != self.generation or not self._hooks.loaded() \
+                    or not self._hooks.same(view):
+                state.release()
+                return False
+            self._hooks.adopt(view)
+        except BaseException:
+            state.release()
+            raise
+        self._depth = 1
+        return True
 
     def _enter_writer(self) -> None:
         state = self.state

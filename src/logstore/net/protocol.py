@@ -21,13 +21,28 @@ from typing import Any, Callable, Sequence, Union
 from .._fileio import FileRegion
 from ..errors import LogstoreError
 
-__all__ = ["Protocol", "Handshake", "HandshakeError", "SlowStep", "Session", "Limits", "Response", "TLSConfig"]
+__all__ = ["Protocol", "Handshake", "HandshakeError", "SlowStep", "Session", "Limits", "Response", "Offload",
+           "TLSConfig"]
 
 #: What a handler returns: bytes to write (whole frames), several buffers written in order (a
 #: :class:`~logstore._fileio.FileRegion` among them is written with sendfile, and closed), None
 #: for no response at all, or a Future of one of those.
 Response = Union[bytes, bytearray, memoryview, Sequence[Union[bytes, bytearray, memoryview, FileRegion]], None,
                  Future]
+
+
+class Offload:
+    """What :meth:`Protocol.handle_inline` returns for a request it cannot answer without
+    waiting: ``call()`` runs on a worker thread (where it may block) and returns the answer, as
+    :meth:`Protocol.handle` does (a :data:`Response`). Immutable."""
+
+    __slots__ = ("call",)
+
+    def __init__(self, call: Callable[[], Response]) -> None:
+        self.call = call
+
+    def __repr__(self) -> str:
+        return f"Offload({self.call!r})"
 
 
 class HandshakeError(LogstoreError):
@@ -134,11 +149,19 @@ class Protocol(abc.ABC):
         return None
 
     def inline(self, session: Session, request: bytearray) -> bool:
-        """Whether :meth:`handle` answers ``request`` without blocking (at once, or with a
-        Future), so that the loop runs it itself: a hand-off to a worker costs a thread
-        wake-up, about half of a small request's round trip. Called on the loop thread; must
-        not block. The default: False (every request goes to a worker)."""
+        """Whether the loop answers ``request`` itself, with :meth:`handle_inline`: a hand-off
+        to a worker costs a thread wake-up, about half of a small request's round trip. Called
+        on the loop thread; must not block. The default: False (every request goes to a
+        worker)."""
         return False
+
+    def handle_inline(self, session: Session, request: bytearray) -> Union[Response, Offload]:
+        """Answer a request :meth:`inline` accepted, on the loop thread, without blocking: at
+        once, with a Future, or with an :class:`Offload` whose call a worker makes (for a
+        request that turns out to need to wait, e.g. for a lock another thread holds; nothing
+        of it may have taken effect on the loop then). Raising closes the connection, as from
+        :meth:`handle`. The default: :meth:`handle` (for requests that never block)."""
+        return self.handle(session, request)
 
     @abc.abstractmethod
     def handle(self, session: Session, request: bytearray) -> Response:

@@ -111,11 +111,11 @@ from typing import Any, Sequence
 from .. import _fileio
 from .._fileio import FileRegion
 from ..errors import LogstoreError
-from .protocol import Handshake, HandshakeError, Limits, Protocol, Response, Session, SlowStep
+from .protocol import Handshake, HandshakeError, Limits, Offload, Protocol, Response, Session, SlowStep
 from .workers import WorkerPool
 
 __all__ = ["Server", "Protocol", "Handshake", "HandshakeError", "SlowStep", "Session", "Limits", "Response",
-           "connect_unix", "freeze_startup_heap"]
+           "Offload", "connect_unix", "freeze_startup_heap"]
 
 logger = logging.getLogger("logstore.net.server")
 
@@ -892,18 +892,34 @@ class Server:
         self._wake()
 
     # ------------------------------------------------------------------ handlers and responses
-    def _work(self, conn: _Conn, frames: list[bytearray], after: list[bytearray] = _NO_FRAMES) -> None:
+    def _work(self, conn: _Conn, frames: list[bytearray], after: list[bytearray] = _NO_FRAMES,
+              offload: Offload | None = None, buffers: list[Any] | None = None, responses: int = 0) -> None:
         """Answer a burst of one connection's requests in order (on a worker, or on the loop
         when the protocol says none of them blocks) and hand their answers to the loop
         together. A request answered later (a Future) ends the burst there: the answers before
         it go first, then its own, then the frames after it are handled (see _Partial). A
         handler that raises ends it too: the earlier answers are written, then the connection
-        closes. ``after``: frames to handle once these are answered."""
-        buffers: list[Any] = []
-        responses = 0
+        closes. ``after``: frames to handle once these are answered.
+
+        On the loop, a request whose handler gives an :class:`Offload` (it would wait) hands
+        the rest of the burst to a worker: that call answers the request (``offload``, for the
+        first of ``frames``), the worker's handler the frames after it, and the answers
+        gathered so far (``buffers``, ``responses``) leave with theirs."""
+        buffers = [] if buffers is None else buffers
+        on_loop = threading.get_ident() == self._loop_ident
+        handle = self.protocol.handle_inline if on_loop else self.protocol.handle
         for i, frame in enumerate(frames):
             try:
-                result: Any = self.protocol.handle(conn.session, frame)
+                if offload is not None:
+                    result: Any = offload.call()  # (on a worker) the request the loop handed over
+                    offload = None
+                else:
+                    result = handle(conn.session, frame)
+                if result.__class__ is Offload:  # it would wait: on a worker, with the frames after it
+                    if on_loop:
+                        self._workers.submit(self._work, conn, frames[i:], after, result, buffers, responses)
+                        return
+                    result = result.call()
                 if isinstance(result, Future) and result.done() and not result.cancelled():
                     result = result.result()  # answered already (acks=all with the high watermark there)
             except BaseException as exc:  # noqa: BLE001 - reported by the loop, which closes the connection

@@ -110,7 +110,7 @@ from ..errors import (
     UnsupportedCodecError,
 )
 from ..kafka.acls import Authorizer
-from ..kafka.apikeys import CREATE_ACLS, DELETE_ACLS, ENVELOPE
+from ..kafka.apikeys import CREATE_ACLS, DELETE_ACLS, ENVELOPE, FETCH, PRODUCE
 from ..kafka.client import KafkaClientError, read_response
 from ..kafka.writer import write_request
 from ..kafka.admin import refused
@@ -214,8 +214,9 @@ class ReplicaKafkaApis(KafkaApis):
                               44: self.admin.on_incremental_alter_configs})
         # A fetch never blocks (a caught-up one waits in the purgatory; the store's flush
         # policy fsyncs outside the log's lock): answered on the network loop, no thread
-        # hand-off per follower fetch.
-        self.inline = self.inline | {1}
+        # hand-off per follower fetch. A produce goes to a worker: it appends through the
+        # replica set's leader (on_produce), not the single store's try path.
+        self.inline = (self.inline | {FETCH}) - {PRODUCE}
 
     def close(self) -> None:
         """Close the transaction coordinator (its marker thread joined), its marker senders and

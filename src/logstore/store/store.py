@@ -963,6 +963,13 @@ class LogStore:
         with self._metadata_lock():
             return self._open_partition(topic, partition)
 
+    def opened(self, topic: str, partition: int) -> Log | None:
+        """The Log of one partition when the store has it open, else None (nothing is opened
+        or read: for a caller that must not wait, such as a server's network loop; it then
+        takes :meth:`partition`). Thread-safe."""
+        log = self._logs.get((topic, partition))
+        return log if log is not None and not log.closed else None
+
     def _open_partition(self, topic: str, partition: int) -> Log:
         """Open one partition (with the metadata lock held) from one read of its topic file,
         made now: its count, config and id together.
