@@ -138,3 +138,14 @@ def test_a_shared_log_appends_at_once_only_while_no_other_process_wrote(tmp_path
         with other.exclusive():  # the other holds the writers' lock
             assert mine.try_append_idempotent(batch([b"e"])) is None
         assert [v for _, v in stored(other)] == [b"a", b"b", b"theirs", b"c", b"d"]
+
+
+def test_a_shared_logs_own_batches_without_a_producer_id_keep_its_producer_state_current(tmp_path):
+    with Log.open_shared(str(tmp_path / "pids-0")) as log:
+        assert log.append_idempotent(batch([b"p0"], pid=9, seq=0)) == (0, 0, False)  # loads the state
+        assert log.try_append_idempotent(batch([b"plain"])) == (1, 1, False)
+        assert log.append_idempotent(batch([b"plain too"])) == (2, 2, False)
+        # Nothing to replay before the producer's next batch is checked: it is appended at once.
+        assert log.try_append_idempotent(batch([b"p1"], pid=9, seq=1)) == (3, 3, False)
+        assert log.try_append_idempotent(batch([b"p1"], pid=9, seq=1)) == (3, 3, True)
+        assert log.last_stable_offset == 4

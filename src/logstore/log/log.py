@@ -1112,6 +1112,8 @@ class Log:
                         return None
                     if pid >= 0:
                         self._producers.learn(pid, header, first)
+                    else:
+                        self._producers.passed(first, self._appender.next_offset)
                 else:
                     first = self._append_records_locked(
                         [r.value for r in records], [r.key for r in records], [r.headers for r in records],

@@ -277,6 +277,14 @@ class ProducerStateManager:
         table.complete(txn)
         return txn, stable
 
+    def passed(self, first_offset: int, end_offset: int) -> None:
+        """Batches without a producer id were appended at ``first_offset`` up to
+        ``end_offset`` (exclusive) by this process: a shared log's table that knew everything
+        before them is current after them (nothing to learn: they are not replayed at its next
+        use, which reads them under the log's lock). Nothing for an unshared log."""
+        if self._shared and self._end == first_offset:
+            self._end = end_offset
+
     def last_stable_offset(self, log_start: int, log_end: int, high_watermark: int) -> int:
         """The log's last stable offset: the first offset of its earliest unstable transaction
         (open, or completed by a marker at or above the high watermark), capped by
