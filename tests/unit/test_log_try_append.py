@@ -149,3 +149,50 @@ def test_a_shared_logs_own_batches_without_a_producer_id_keep_its_producer_state
         assert log.try_append_idempotent(batch([b"p1"], pid=9, seq=1)) == (3, 3, False)
         assert log.try_append_idempotent(batch([b"p1"], pid=9, seq=1)) == (3, 3, True)
         assert log.last_stable_offset == 4
+
+
+def test_exclusive_if_free_holds_the_log_only_where_that_needs_no_wait(tmp_path):
+    with Log.open(str(tmp_path / "hold-0")) as log:
+        with log.exclusive_if_free() as held:
+            assert held is log
+            appended = threading.Thread(target=log.append, args=(b"other",))
+            appended.start()
+            appended.join(0.2)
+            assert appended.is_alive()  # another thread's append waits for the hold
+        appended.join(10)
+        assert stored(log) == [(0, b"other")]
+        entered, release = threading.Event(), threading.Event()
+
+        def hold():
+            with log.exclusive():
+                entered.set()
+                release.wait(10)
+
+        t = threading.Thread(target=hold)
+        t.start()
+        try:
+            assert entered.wait(10)
+            with log.exclusive_if_free() as held:
+                assert held is None
+        finally:
+            release.set()
+            t.join()
+        with log.exclusive(), log.exclusive_if_free() as held:  # this thread's own hold: re-entered
+            assert held is log
+
+
+def test_exclusive_if_free_of_a_shared_log_waits_for_no_other_process(tmp_path):
+    path = str(tmp_path / "sharedhold-0")
+    with Log.open_shared(path) as mine, Log.open_shared(path) as other:
+        mine.append(b"a")
+        with mine.exclusive_if_free() as held:
+            assert held is mine
+        other.append(b"b")  # to be read before this process writes again
+        with mine.exclusive_if_free() as held:
+            assert held is None
+        assert [v for _, v in stored(mine)] == [b"a", b"b"]
+        with mine.exclusive_if_free() as held:  # (the read above caught up)
+            assert held is mine
+        with other.exclusive():
+            with mine.exclusive_if_free() as held:
+                assert held is None

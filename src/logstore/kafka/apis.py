@@ -47,6 +47,7 @@ import threading
 import uuid
 from dataclasses import replace
 from concurrent.futures import Future
+from contextlib import ExitStack
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from .._fileio import FileRegion
@@ -83,7 +84,7 @@ from ..groups.coordinator import GroupConfig, GroupCoordinator, listed_by
 from .scramusers import ScramUsers
 from ..groups.consumergroup import (CONSUMER_PROTOCOL_TYPE, ClassicJoin, ConsumerGroupConfig,
                                     ConsumerGroupCoordinator, HeartbeatRequest, owned_partitions)
-from .apikeys import CONSUMER_GROUP_DESCRIBE, CONSUMER_GROUP_HEARTBEAT
+from .apikeys import API_VERSIONS, CONSUMER_GROUP_DESCRIBE, CONSUMER_GROUP_HEARTBEAT, FETCH, PRODUCE
 from .wire import SUPPORTED, KafkaRequest
 from ..net.protocol import Offload
 from ..net.purgatory import Purgatory
@@ -211,8 +212,11 @@ class KafkaApis:
         #: api key -> (lowest, highest) version served (what ApiVersions advertises)
         self.supported: dict[int, tuple[int, int]] = dict(SUPPORTED)
         #: the APIs answered on the network loop, not on a worker: they never block (a Produce
-        #: that would wait is handed to a worker from there: on_produce)
-        self.inline: frozenset[int] = frozenset({18, 0})
+        #: or Fetch that would wait is handed to a worker from there: on_produce, on_fetch)
+        self.inline: frozenset[int] = frozenset({API_VERSIONS, PRODUCE, FETCH})
+        #: a Fetch on the network loop holds its logs without waiting, or goes to a worker
+        #: (on_fetch); False: it reads as on a worker (a subclass whose reads take other locks)
+        self.fetch_holds_logs = True
         self.handlers: dict[int, Callable[[KafkaRequest], Any]] = {
             0: self.on_produce, 1: self.on_fetch, 2: self.on_list_offsets, 3: self.on_metadata,
             18: self.on_api_versions, 19: self.on_create_topics, 20: self.on_delete_topics,
@@ -707,7 +711,39 @@ class KafkaApis:
             return -1
 
     # ------------------------------------------------------------------ Fetch
-    def on_fetch(self, request: KafkaRequest) -> dict[str, Any] | Future:
+    def on_fetch(self, request: KafkaRequest) -> dict[str, Any] | Future | Offload:
+        """The records at each partition's fetch offset, or a wait in the purgatory for them
+        (up to max_wait_ms, until min_bytes). On the network loop (``fetch_holds_logs``), a
+        fetch whose logs are open, can be held without waiting and are read in their active
+        segments (the pages just written) is answered there, its logs held while it reads
+        (:meth:`~logstore.log.log.Log.exclusive_if_free`); any other through a worker."""
+        if request.on_loop and self.fetch_holds_logs:
+            return self._fetch_at_once(request)
+        return self._fetch_request(request)
+
+    def _fetch_at_once(self, request: KafkaRequest) -> dict[str, Any] | Future | Offload:
+        """A Fetch on the network loop: answered there with its logs held (see on_fetch), or
+        handed to a worker."""
+        logs = []
+        for topic in request.body.topics:
+            key = self._fetch_topic(request, topic)
+            for p in topic.partitions:
+                log = None if key.name is None else self.store.opened(key.name, p.partition)
+                if log is None:
+                    return Offload(lambda: self._fetch_request(request))
+                logs.append((log, p.fetch_offset))
+        with ExitStack() as holds:
+            for log, offset in logs:
+                try:
+                    held = holds.enter_context(log.exclusive_if_free())
+                except LogstoreError:
+                    held = None  # (closed or offline: the worker's read answers it)
+                if held is None or offset < log.active_base_offset:  # (older pages may be read from disk)
+                    return Offload(lambda: self._fetch_request(request))
+            return self._fetch_request(request)
+
+    def _fetch_request(self, request: KafkaRequest) -> dict[str, Any] | Future:
+        """A Fetch answered where it may wait (a worker), or with its logs held."""
         body = request.body
         max_wait_ms = int(body.max_wait.total_seconds() * 1000)
         wanted = [(self._fetch_topic(request, t), p.partition, p.fetch_offset, p.partition_max_bytes)

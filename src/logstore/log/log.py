@@ -42,7 +42,7 @@ import threading
 import time
 from contextlib import contextmanager, nullcontext
 from itertools import chain
-from typing import Any, Generator, Iterable, Iterator, Mapping, NamedTuple, Sequence
+from typing import Any, ContextManager, Generator, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 from .. import _fileio
 from .._fileio import FileRegion
@@ -151,6 +151,25 @@ def _partition_key(path: str) -> tuple[str, int]:
         return m.group(1), int(m.group(2))
     # Not Kafka's <topic>-<partition> form: still usable, keyed with partition -1.
     return name, -1
+
+
+class _HeldIfFree:
+    """Log.exclusive_if_free's context: an ExclusiveHold entered only where that needs no wait."""
+
+    __slots__ = ("_hold", "_held")
+
+    def __init__(self, hold: ExclusiveHold) -> None:
+        self._hold = hold
+        self._held = False
+
+    def __enter__(self) -> Any:
+        self._held = self._hold.try_enter()
+        return self._hold.log if self._held else None
+
+    def __exit__(self, *exc: object) -> None:
+        if self._held:
+            self._held = False
+            self._hold.__exit__(None, None, None)
 
 
 class AppendInfo(NamedTuple):
@@ -485,6 +504,20 @@ class Log:
         self._segments.unlink_due(everything=True)
         self._write_checkpoints()
 
+    def exclusive_if_free(self) -> ContextManager["Log | None"]:
+        """:meth:`exclusive` for a caller that must never wait (a server's network loop):
+        ``with log.exclusive_if_free() as held:`` holds the log when that needs no wait, and
+        ``held`` is the log; else nothing is held and ``held`` is None. It would wait while
+        another thread holds the log, or for a shared log while another process holds its
+        writers' lock, or appended or changed its segments since this process last wrote (their
+        state is read first). Inside the hold, the log's reads and appends wait for no other
+        thread or process (they may still read the disk).
+
+        Raises:
+            LogClosedError, LogOfflineError: on entering, when the log cannot be used.
+        """
+        return _HeldIfFree(self._exclusive)
+
     def exclusive(self) -> ExclusiveHold:
         """Hold the log across several calls (``with log.exclusive():``): other threads, and for
         a shared log other processes, can neither append nor change the segments until the
@@ -530,6 +563,14 @@ class Log:
             with self._lock:
                 self._follow()
         return self._log_start_offset
+
+    @property
+    def active_base_offset(self) -> int:
+        """The base offset of the active segment (the one appends go to, its pages the most
+        recently written). Thread-safe."""
+        with self._lock:
+            self._follow()
+            return self._segments.active.base_offset
 
     @property
     def local_log_start_offset(self) -> int:

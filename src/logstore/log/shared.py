@@ -395,6 +395,42 @@ class ExclusiveHold:
         finally:
             self._lock.release()
 
+    def try_enter(self) -> bool:
+        """Enter as ``with`` does where that needs no wait: the log's lock free now (or this
+        thread's), and for a shared log its writers' lock free with nothing to read first
+        (:meth:`SharedCoordinator.try_enter`). False, holding nothing, otherwise; True is left
+        with :meth:`__exit__`.
+
+        Raises:
+            LogClosedError, LogOfflineError: as entering does, when the log cannot be used.
+        """
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            writers = self._writers
+            if isinstance(writers, SharedCoordinator):
+                if not writers.try_enter():
+                    self._lock.release()
+                    return False
+            else:
+                writers.__enter__()
+        except BaseException:
+            self._lock.release()
+            raise
+        self._owner = threading.get_ident()
+        self._depth += 1
+        try:
+            self._check_open()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return True
+
+    @property
+    def log(self) -> Any:
+        """What entering returns (the log)."""
+        return self._log
+
     def held(self) -> bool:
         """True when the calling thread is inside the hold (``with log.exclusive():``)."""
         return self._owner == threading.get_ident()

@@ -217,6 +217,9 @@ class ReplicaKafkaApis(KafkaApis):
         # hand-off per follower fetch. A produce goes to a worker: it appends through the
         # replica set's leader (on_produce), not the single store's try path.
         self.inline = (self.inline | {FETCH}) - {PRODUCE}
+        # Its fetches read as before, without holding the logs: a partition's leadership is
+        # looked up under the replica's locks, which an append holds while it takes the log.
+        self.fetch_holds_logs = False
 
     def close(self) -> None:
         """Close the transaction coordinator (its marker thread joined), its marker senders and

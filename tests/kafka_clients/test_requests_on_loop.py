@@ -1,7 +1,8 @@
-"""Produce requests answered on the server's network loop (``KafkaApis.on_produce`` with
-``Log.try_append_idempotent``), and those the loop hands to a worker because their append would
-wait: a log another thread holds, a partition not open yet, a roll due, several partitions, a
-transactional or large batch, a compacted topic, a refused batch. Every answer is decoded by
+"""Produce and Fetch requests answered on the server's network loop (``KafkaApis.on_produce``
+with ``Log.try_append_idempotent``, ``KafkaApis.on_fetch`` with ``Log.exclusive_if_free``), and
+those the loop hands to a worker because they would wait: a log another thread holds, a
+partition not open yet, a roll due, several partitions, a transactional or large batch, a
+compacted topic, a refused batch, a fetch below the active segment. Every answer is decoded by
 kafka-python, in request order, and the records are read back.
 """
 
@@ -34,6 +35,28 @@ def server(tmp_path):
     s = KafkaServer(str(tmp_path), ("127.0.0.1", 0)).start()
     yield s
     s.stop()
+
+
+@pytest.fixture
+def holds(monkeypatch):
+    """Each Log.exclusive_if_free entered: (thread name, whether it held the log)."""
+    made: list[tuple[str, bool]] = []
+    original = Log.exclusive_if_free
+
+    class Spy:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __enter__(self):
+            held = self.inner.__enter__()
+            made.append((threading.current_thread().name, held is not None))
+            return held
+
+        def __exit__(self, *exc):
+            return self.inner.__exit__(*exc)
+
+    monkeypatch.setattr(Log, "exclusive_if_free", lambda self: Spy(original(self)))
+    return made
 
 
 @pytest.fixture
@@ -220,3 +243,44 @@ def test_an_idempotent_producers_retry_on_the_loop_is_answered_with_the_first_of
     # among them, are checked and appended on the loop.
     assert tries[0] == (loop(server), False)
     assert tries[1:] == [(loop(server), True)] * 3
+
+
+def test_a_fetch_at_the_tail_is_answered_on_the_loop_and_one_that_would_wait_by_a_worker(server, holds):
+    server.store.create_topic("f", segment_bytes=1024)
+    log = server.store.partition("f", 0)
+    for i in range(12):
+        log.append(b"%03d" % i + b"v" * 200)  # several segments: offset 0 is below the active one
+    tail = log.active_base_offset
+    assert tail > 0
+    with socket.create_connection(server.address, timeout=10) as sock:
+        [at_tail] = answers_after(sock, fetch("f", tail), FetchResponse, 11, correlation=1)
+        assert [o for o, _ in values_of(at_tail.responses[0].partitions[0].records)] == list(range(tail, 12))
+        assert holds == [(loop(server), True)]
+        [older] = answers_after(sock, fetch("f", 0), FetchResponse, 11, correlation=2)
+        assert values_of(older.responses[0].partitions[0].records)[0] == (0, b"000" + b"v" * 200)
+        assert holds[1] == (loop(server), True)  # held, then let go: a worker reads the older segments
+        with log.exclusive():  # another thread holds the log: the fetch is not answered on the loop
+            sock.sendall(framed(fetch("f", tail), 3))
+            assert select.select([sock], [], [], 0.2)[0] == []
+            [versions] = answers_after(socket.create_connection(server.address, timeout=10), ApiVersionsRequest[0](),
+                                       ApiVersionsResponse, 0)
+            assert versions.error_code == NONE  # (the loop answers everyone else meanwhile)
+        [later] = answers(sock, [(3, FetchResponse, 11)])
+        assert values_of(later.responses[0].partitions[0].records)[0][0] == tail
+        assert holds[2] == (loop(server), False)
+
+
+def test_a_fetch_waiting_on_the_loop_is_answered_by_the_next_produce(server, holds):
+    server.store.create_topic("w")
+    server.store.partition("w", 0)
+    with socket.create_connection(server.address, timeout=20) as polling, \
+            socket.create_connection(server.address, timeout=20) as producing:
+        polling.sendall(framed(fetch("w", 0, max_wait_ms=10_000), 1))
+        time.sleep(0.2)
+        assert holds == [(loop(server), True)]  # read at once on the loop, then waiting
+        started = time.monotonic()
+        [answer] = answers_after(producing, produce("w", b"now", acks=1), ProduceResponse, 8)
+        assert produced(answer) == (NONE, 0)
+        [woken] = answers(polling, [(1, FetchResponse, 11)])
+        assert time.monotonic() - started < 5.0
+        assert values_of(woken.responses[0].partitions[0].records) == [(0, b"now")]
