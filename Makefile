@@ -102,7 +102,7 @@ asan: $(STAMP)
 sanitize: asan
 
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := batch segment index varint columns
+FUZZ_TARGETS := batch segment index varint columns flexcheck
 # The C core's sources (py*.c are the CPython extension beside it: they need Python.h).
 CORE_SOURCES := $(filter-out src/logstore/_native/py%.c,$(wildcard src/logstore/_native/*.c))
 fuzz:

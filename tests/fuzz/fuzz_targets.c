@@ -7,6 +7,7 @@
  *   FUZZ_INDEX    ls_index_entries, ls_index_check, ls_index_lookup, ls_timeindex_lookup
  *   FUZZ_VARINT   ls_varint_decode, and encode/decode round trips of what it decodes
  *   FUZZ_COLUMNS  ls_gather_binary / ls_binary_size with spans taken from the input
+ *   FUZZ_FLEXCHECK ls_flex_check, the program and the request both taken from the input
  * Built with clang -fsanitize=fuzzer,address,undefined by `make fuzz`, or with gcc and
  * fuzz_driver.c (corpus replay plus random mutations) by tests/fuzz/test_fuzz_smoke.py.
  * A target must never crash, never read outside its input and never allocate from a length it
@@ -241,6 +242,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     return 0;
 }
+#elif defined(FUZZ_FLEXCHECK)
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    /* A 2-byte count of program words, the words (big-endian int32), then the request body.
+     * The seeds hold the programs bounds.py compiles for real requests and those requests. */
+    if (size < 2)
+        return 0;
+    size_t words = (size_t)data[0] << 8 | data[1];
+    if (words > 1024 || 2 + 4 * words > size)
+        return 0;
+    int32_t prog[1024];
+    for (size_t i = 0; i < words; i++) {
+        const uint8_t *p = data + 2 + 4 * i;
+        prog[i] = (int32_t)((uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3]);
+    }
+    const char *body = (const char *)data + 2 + 4 * words;
+    int64_t len = (int64_t)(size - 2 - 4 * words), detail[2];
+    int64_t end = ls_flex_check(prog, (int64_t)words, 0, body, len, 0, detail);
+    if (end > len)
+        abort(); /* the walk promised a position inside the request */
+    if (end < 0 && (end < LS_FLEX_PROGRAM || end > LS_FLEX_END))
+        abort();
+    return 0;
+}
 #else
-#error "define one of FUZZ_BATCH, FUZZ_SEGMENT, FUZZ_INDEX, FUZZ_VARINT, FUZZ_COLUMNS"
+#error "define one of FUZZ_BATCH, FUZZ_SEGMENT, FUZZ_INDEX, FUZZ_VARINT, FUZZ_COLUMNS, FUZZ_FLEXCHECK"
 #endif

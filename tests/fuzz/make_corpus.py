@@ -83,6 +83,34 @@ def main() -> None:
         table = b"".join(struct.pack(">ii", p, n) for p, n in spans)
         buf = b"0123456789abcdef" * 2
         write("columns", f"columns-{i}", table + buf[: max(len(table), 16)])
+    flexcheck()
+
+
+def flexcheck() -> None:
+    """Seeds of the flexcheck target: the program bounds.py compiles for a request class, then
+    a request body of that class written as a client writes it."""
+    from kio.index import load_request_schema
+
+    from logstore.kafka import bounds
+    from logstore.kafka.writer import write_request
+
+    fetch = {"replica_id": -1, "max_wait": 500, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0,
+             "session_id": 0, "session_epoch": -1, "rack_id": "", "forgotten_topics_data": [],
+             "topics": [{"topic_id": __import__("uuid").UUID(int=7), "partitions": [
+                 {"partition": p, "current_leader_epoch": 2, "fetch_offset": 5, "last_fetched_epoch": 2,
+                  "log_start_offset": -1, "partition_max_bytes": 1000} for p in range(3)]}]}
+    produce = {"transactional_id": None, "acks": -1, "timeout": 5000, "topic_data": [
+        {"name": "t", "partition_data": [{"index": 0, "records": bytes(BatchBuilder().build([b"v"] * 3))}]}]}
+    metadata = {"topics": [{"topic_id": __import__("uuid").UUID(int=0), "name": "t"}],
+                "allow_auto_topic_creation": False, "include_topic_authorized_operations": False}
+    for name, key, version, fields in (("fetch-v16", 1, 16, fetch), ("produce-v10", 0, 10, produce),
+                                       ("metadata-v12", 3, 12, metadata)):
+        cls = load_request_schema(key, version)
+        frame = write_request(3, cls, "fuzz", fields)[4:]
+        body = frame[8 + 2 + len("fuzz") + 1:]  # after header v2 (its tagged fields: one byte)
+        words = bounds._program(bounds._plan_of(cls))
+        write("flexcheck", name, struct.pack(f">H{len(words)}i", len(words), *words) + body)
+        write("flexcheck", name + "-cut", struct.pack(f">H{len(words)}i", len(words), *words) + body[:len(body) // 2])
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import pytest
 
 HERE = pathlib.Path(__file__).resolve().parent
 NATIVE = HERE.parents[1] / "src" / "logstore" / "_native"
-TARGETS = ["batch", "segment", "index", "varint", "columns"]
+TARGETS = ["batch", "segment", "index", "varint", "columns", "flexcheck"]
 SECONDS = float(os.environ.get("LOGSTORE_FUZZ_SMOKE_SECONDS", "1"))
 SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
 

@@ -91,3 +91,66 @@ def test_responses_are_checked_too():
     with pytest.raises(BoundsError):
         check_response(cls, bad)
     check_response(load_response_schema(1, 11), b"anything: a legacy version is kio's to check")
+
+
+# ---------------------------------------------------------------------- the C walk against the Python one
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from logstore.kafka import bounds  # noqa: E402
+
+BODIES = [(1, 12, FETCH), (52, 2, VOTE), (53, 1, {"cluster_id": None, "voter_id": -1, "leader_endpoints": [],
+                                                 "topics": []})]
+
+
+def outcome(walk):
+    try:
+        return walk()
+    except BoundsError as exc:
+        return str(exc)
+
+
+def both(cls, data, offset):
+    """What the C core's walk and the plan's Python walk make of ``data[offset:]``."""
+    plan = bounds._plan_of(cls)
+    return (outcome(lambda: bounds._walk(plan, data, offset)),
+            outcome(lambda: plan.walk(data, offset, len(data))))
+
+
+@pytest.mark.parametrize("api_key,version,fields", BODIES)
+def test_the_c_walk_ends_where_the_python_walk_ends_on_whole_requests(api_key, version, fields):
+    frame, offset = request(api_key, version, fields)
+    c, py = both(load_request_schema(api_key, version), frame, offset)
+    assert c == py == len(frame)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(BODIES), st.data())
+def test_the_c_walk_agrees_with_the_python_walk_on_damaged_requests(body, data):
+    api_key, version, fields = body
+    frame, offset = request(api_key, version, fields)
+    damaged = bytearray(frame)
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(offset, len(damaged) - 1))
+        damaged[at] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(offset, len(damaged)))
+    c, py = both(load_request_schema(api_key, version), bytes(damaged[:cut]), offset)
+    assert c == py
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200))
+def test_the_c_walk_agrees_with_the_python_walk_on_any_bytes(raw):
+    for api_key, version in ((1, 16), (0, 10), (3, 12)):
+        cls = load_request_schema(api_key, version)
+        c, py = both(cls, raw, 0)
+        assert c == py
+
+
+@pytest.mark.parametrize("words", [[1, 9], [1, 0, 0, 0], [1, 3, 99, 0, 0], [-1, 0], [1, 2], [0]])
+def test_a_malformed_program_is_refused_by_the_c_walk(words):
+    from logstore._native import ffi, lib
+
+    detail = ffi.new("int64_t[2]")
+    program = ffi.new("int32_t[]", words)
+    assert lib.ls_flex_check(program, len(words), 0, b"\x01\x02\x03", 3, 0, detail) == lib.LS_FLEX_PROGRAM
+    assert lib.ls_flex_check(program, len(words), 0, b"\x01", 1, 2, detail) == lib.LS_FLEX_PROGRAM  # pos past len

@@ -17,7 +17,7 @@ import pathlib
 from cffi import FFI
 
 HERE = pathlib.Path(__file__).resolve().parent
-SOURCES = ["crc32c.c", "varint.c", "batch.c", "scan.c", "index.c", "appender.c", "offsetmap.c", "shared.c", "murmur2.c", "columns.c", "arena.c"]
+SOURCES = ["crc32c.c", "varint.c", "batch.c", "scan.c", "index.c", "appender.c", "offsetmap.c", "shared.c", "murmur2.c", "columns.c", "arena.c", "flexcheck.c"]
 
 
 def _cdef_text() -> str:

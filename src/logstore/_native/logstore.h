@@ -101,6 +101,33 @@ int ls_varint_encode(int64_t value, char *out);
 int ls_varint_decode(const char *buf, size_t len, int64_t *value);
 
 /* ======================================================================== */
+/* The bounds check of a flexible Kafka request's body before kio reads it (flexcheck.c; the
+ * program is compiled by logstore.kafka.bounds). A struct's program, at its offset:
+ *   nsteps, step * nsteps, ntags, (tag, step) * ntags
+ * a step: FIXED n (n bytes) | BYTES (compact string/bytes/records) | ARRAY step (compact array of
+ * the step) | ENTITY offset nullable (a struct, after a marker byte when nullable).
+ * ls_flex_check walks the struct at `root` over data[pos, len) and returns the position after
+ * it, or a negative LS_FLEX_ code with detail[0..1] the numbers of the message (e.g. the items
+ * claimed and the bytes left). Reads only inside data and prog; allocates nothing. */
+#define LS_FLEX_STEP_FIXED 0
+#define LS_FLEX_STEP_BYTES 1
+#define LS_FLEX_STEP_ARRAY 2
+#define LS_FLEX_STEP_ENTITY 3
+#define LS_FLEX_MAX_DEPTH 32
+#define LS_FLEX_END -1          /* the data ends inside a fixed-width field or a null marker */
+#define LS_FLEX_VARINT_END -2   /* a varint runs past the end */
+#define LS_FLEX_VARINT_LONG -3  /* a varint longer than five bytes */
+#define LS_FLEX_BYTES -4        /* a string's or bytes' length past the end: detail = (claimed, left) */
+#define LS_FLEX_ARRAY -5        /* an array's count past the end: detail = (items, bytes left) */
+#define LS_FLEX_TAGS -6         /* a tagged-field count past the end: detail = (count, bytes left) */
+#define LS_FLEX_TAG_SIZE -7     /* a tagged field's size past the end: detail = (size, bytes left) */
+#define LS_FLEX_TAG_LENGTH -8   /* a known tagged field not as long as its size: detail = (tag, size) */
+#define LS_FLEX_DEPTH -9        /* nesting deeper than LS_FLEX_MAX_DEPTH */
+#define LS_FLEX_PROGRAM -10     /* a malformed program or arguments */
+int64_t ls_flex_check(const int32_t *prog, int64_t prog_len, int64_t root, const char *data, int64_t len,
+                      int64_t pos, int64_t *detail);
+
+/* ======================================================================== */
 /* Batch header, decoded into host order. */
 typedef struct {
     int64_t base_offset;
