@@ -23,18 +23,13 @@ from kafka.record.memory_records import MemoryRecordsBuilder
 from logstore.kafka.server import INLINE_PRODUCE_BYTES, KafkaServer
 from logstore.log.log import Log
 
-from .test_pipelining import answers, answers_after, batch, fetch, framed, metadata, produce, values_of
+from .test_pipelining import answers, answers_after, batch, fetch, framed, metadata, produce, server, values_of
+
+__all__ = ["server"]  # (the fixture, shared with test_pipelining)
 
 NONE = 0
 CORRUPT_MESSAGE = 2
 INVALID_RECORD = 87
-
-
-@pytest.fixture
-def server(tmp_path):
-    s = KafkaServer(str(tmp_path), ("127.0.0.1", 0)).start()
-    yield s
-    s.stop()
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ returns None with nothing appended, and append_idempotent then makes the append.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
@@ -23,6 +24,26 @@ def batch(values, pid=-1, seq=-1, timestamp=None):
 
 def stored(log):
     return [(r.offset, r.value) for r in log.iter()]
+
+
+@contextlib.contextmanager
+def held_by_another_thread(log):
+    """The block runs while another thread holds the log (``log.exclusive()``)."""
+    entered, release = threading.Event(), threading.Event()
+
+    def hold():
+        with log.exclusive():
+            entered.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert entered.wait(10)
+        yield
+    finally:
+        release.set()
+        t.join()
 
 
 def test_an_append_that_need_not_wait_is_made_as_append_idempotent_makes_it(tmp_path):
@@ -46,21 +67,8 @@ def test_a_bad_batch_raises_as_from_append_idempotent(tmp_path):
 def test_a_log_another_thread_holds_is_not_waited_for(tmp_path):
     with Log.open(str(tmp_path / "held-0")) as log:
         log.append(b"first")
-        held, release = threading.Event(), threading.Event()
-
-        def hold():
-            with log.exclusive():
-                held.set()
-                release.wait(10)
-
-        t = threading.Thread(target=hold)
-        t.start()
-        try:
-            assert held.wait(10)
+        with held_by_another_thread(log):
             assert log.try_append_idempotent(batch([b"x"])) is None
-        finally:
-            release.set()
-            t.join()
         assert stored(log) == [(0, b"first")]
         assert log.try_append_idempotent(batch([b"x"])) == (1, 1, False)
         with log.exclusive():  # this thread's own hold: re-entered
@@ -161,22 +169,8 @@ def test_exclusive_if_free_holds_the_log_only_where_that_needs_no_wait(tmp_path)
             assert appended.is_alive()  # another thread's append waits for the hold
         appended.join(10)
         assert stored(log) == [(0, b"other")]
-        entered, release = threading.Event(), threading.Event()
-
-        def hold():
-            with log.exclusive():
-                entered.set()
-                release.wait(10)
-
-        t = threading.Thread(target=hold)
-        t.start()
-        try:
-            assert entered.wait(10)
-            with log.exclusive_if_free() as held:
-                assert held is None
-        finally:
-            release.set()
-            t.join()
+        with held_by_another_thread(log), log.exclusive_if_free() as held:
+            assert held is None
         with log.exclusive(), log.exclusive_if_free() as held:  # this thread's own hold: re-entered
             assert held is log
 

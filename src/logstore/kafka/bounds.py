@@ -216,27 +216,27 @@ def _walk(plan: _Plan, data: Any, pos: int) -> int:
     return end  # type: ignore[no-any-return]
 
 
+#: What each ``LS_FLEX_`` code says (with the two numbers it reports), in the words of
+#: :meth:`_Plan.walk`'s errors.
+_PROBLEMS = {
+    lib.LS_FLEX_END: "the request ends inside a field",
+    lib.LS_FLEX_VARINT_END: "a varint runs past the end of the request",
+    lib.LS_FLEX_VARINT_LONG: "a varint longer than five bytes",
+    lib.LS_FLEX_BYTES: "{0} bytes claimed, {1} left",
+    lib.LS_FLEX_ARRAY: "an array of {0} items in {1} bytes",
+    lib.LS_FLEX_TAGS: "{0} tagged fields in {1} bytes",
+    lib.LS_FLEX_TAG_SIZE: "a tagged field of {0} bytes in {1}",
+    lib.LS_FLEX_TAG_LENGTH: "tagged field {0} is not {1} bytes long",
+    lib.LS_FLEX_DEPTH: f"structs nested deeper than {lib.LS_FLEX_MAX_DEPTH}",
+}
+
+
 def _problem(code: int, a: int, b: int) -> str:
-    """What an ``LS_FLEX_`` code says, in the words of :meth:`_Plan.walk`'s errors."""
-    if code == lib.LS_FLEX_END:
-        return "the request ends inside a field"
-    if code == lib.LS_FLEX_VARINT_END:
-        return "a varint runs past the end of the request"
-    if code == lib.LS_FLEX_VARINT_LONG:
-        return "a varint longer than five bytes"
-    if code == lib.LS_FLEX_BYTES:
-        return f"{a} bytes claimed, {b} left"
-    if code == lib.LS_FLEX_ARRAY:
-        return f"an array of {a} items in {b} bytes"
-    if code == lib.LS_FLEX_TAGS:
-        return f"{a} tagged fields in {b} bytes"
-    if code == lib.LS_FLEX_TAG_SIZE:
-        return f"a tagged field of {a} bytes in {b}"
-    if code == lib.LS_FLEX_TAG_LENGTH:
-        return f"tagged field {a} is not {b} bytes long"
-    if code == lib.LS_FLEX_DEPTH:
-        return f"structs nested deeper than {lib.LS_FLEX_MAX_DEPTH}"
-    raise AssertionError(f"ls_flex_check refused its program or arguments ({code})")
+    """The message of an ``LS_FLEX_`` code."""
+    problem = _PROBLEMS.get(code)
+    if problem is None:
+        raise AssertionError(f"ls_flex_check refused its program or arguments ({code})")
+    return problem.format(a, b)
 
 
 def check_flexible(cls: type, data: Any, offset: int) -> None:

@@ -372,18 +372,7 @@ class ExclusiveHold:
 
     def __enter__(self) -> Any:
         self._lock.acquire()
-        try:
-            self._writers.__enter__()
-        except BaseException:
-            self._lock.release()
-            raise
-        self._owner = threading.get_ident()
-        self._depth += 1
-        try:
-            self._check_open()
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
+        self._hold(True)
         return self._log
 
     def __exit__(self, *exc: object) -> None:
@@ -404,16 +393,19 @@ class ExclusiveHold:
         Raises:
             LogClosedError, LogOfflineError: as entering does, when the log cannot be used.
         """
-        if not self._lock.acquire(blocking=False):
-            return False
+        return self._lock.acquire(blocking=False) and self._hold(False)
+
+    def _hold(self, wait: bool) -> bool:
+        """With the log's lock taken: the writers' lock (``wait=False``: only if that needs no
+        wait), then the check that the log can be used. False, the log's lock released, when
+        the writers' lock was not taken."""
+        writers = self._writers
         try:
-            writers = self._writers
-            if isinstance(writers, SharedCoordinator):
-                if not writers.try_enter():
-                    self._lock.release()
-                    return False
-            else:
+            if wait or not isinstance(writers, SharedCoordinator):
                 writers.__enter__()
+            elif not writers.try_enter():
+                self._lock.release()
+                return False
         except BaseException:
             self._lock.release()
             raise
