@@ -74,7 +74,10 @@ Cost: a burst of requests crosses threads once on its way in (loop -> worker), h
 requests it holds: a producer that pipelines one-record requests (librdkafka with
 ``linger.ms=0``) is answered a burst per crossing once it sends faster than one crossing takes.
 A run of requests the protocol says never block (:meth:`Protocol.inline`) is answered on the
-loop without a crossing; a burst mixing them with others is split into runs, in order. On the
+loop without a crossing; a burst mixing them with others is split into runs, in order. One that
+turns out to need to wait (its handler's :class:`Offload`: a lock another thread holds) takes
+the rest of its burst to a worker, which makes the offloaded call and handles the frames after
+it, the loop's earlier answers leaving with theirs. On the
 way out, the thread
 that has the answer writes it: a handler's worker, or whoever completes a deferred answer (the
 thread whose append wakes a held fetch, see ``purgatory``), straight to the socket when the
