@@ -725,12 +725,12 @@ class KafkaApis:
         """A Fetch on the network loop: answered there with its logs held (see on_fetch), or
         handed to a worker."""
         logs = []
-        for topic in request.body.topics:
-            key = self._fetch_topic(request, topic)
+        keys = [self._fetch_topic(request, topic) for topic in request.body.topics]
+        for key, topic in zip(keys, request.body.topics):
             for p in topic.partitions:
                 log = None if key.name is None else self.store.opened(key.name, p.partition)
                 if log is None:
-                    return Offload(lambda: self._fetch_request(request))
+                    return Offload(lambda: self._fetch_request(request, keys))
                 logs.append((log, p.fetch_offset))
         with ExitStack() as holds:
             for log, offset in logs:
@@ -739,15 +739,19 @@ class KafkaApis:
                 except LogstoreError:
                     held = None  # (closed or offline: the worker's read answers it)
                 if held is None or offset < log.active_base_offset:  # (older pages may be read from disk)
-                    return Offload(lambda: self._fetch_request(request))
-            return self._fetch_request(request)
+                    return Offload(lambda: self._fetch_request(request, keys))
+            return self._fetch_request(request, keys)
 
-    def _fetch_request(self, request: KafkaRequest) -> dict[str, Any] | Future:
-        """A Fetch answered where it may wait (a worker), or with its logs held."""
+    def _fetch_request(self, request: KafkaRequest,
+                       keys: list["FetchTopic"] | None = None) -> dict[str, Any] | Future:
+        """A Fetch answered where it may wait (a worker), or with its logs held; ``keys``: its
+        topics' names (:meth:`_fetch_topic`) when looked up already."""
         body = request.body
         max_wait_ms = int(body.max_wait.total_seconds() * 1000)
-        wanted = [(self._fetch_topic(request, t), p.partition, p.fetch_offset, p.partition_max_bytes)
-                  for t in body.topics for p in t.partitions]
+        if keys is None:
+            keys = [self._fetch_topic(request, t) for t in body.topics]
+        wanted = [(key, p.partition, p.fetch_offset, p.partition_max_bytes)
+                  for key, t in zip(keys, body.topics) for p in t.partitions]
 
         read_committed = body.isolation_level == 1
 
