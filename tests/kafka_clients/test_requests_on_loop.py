@@ -91,7 +91,7 @@ def test_a_small_produce_to_an_open_log_is_appended_on_the_network_loop(server, 
     assert [r.value for r in server.store.partition("t", 0).iter()] == [b"v0", b"v1", b"v2"]
 
 
-def test_a_produce_to_a_log_another_thread_holds_waits_on_a_worker_not_on_the_loop(server, tries):
+def test_a_produce_to_a_log_another_thread_holds_waits_on_a_worker_not_on_the_loop(server, holds):
     server.store.create_topic("held")
     server.store.create_topic("free")
     log = server.store.partition("held", 0)
@@ -109,7 +109,7 @@ def test_a_produce_to_a_log_another_thread_holds_waits_on_a_worker_not_on_the_lo
             assert select.select([waiting], [], [], 0.2)[0] == []  # its append waits for the log
         [answer] = answers(waiting, [(1, ProduceResponse, 8)])
         assert produced(answer) == (NONE, 0)
-    assert tries[0] == (loop(server), False)  # tried on the loop, then appended by a worker
+    assert holds[0] == (loop(server), False)  # tried on the loop, then appended by a worker
     assert [r.value for r in log.iter()] == [b"late"]
 
 

@@ -557,7 +557,8 @@ class KafkaApis:
 
     def _produce_at_once(self, request: KafkaRequest) -> Any:
         """A Produce answered without waiting (on the network loop): one partition's
-        non-transactional batch, its log open, appended through
+        non-transactional batch, its log open and held without waiting
+        (:meth:`~logstore.log.log.Log.exclusive_if_free`), appended through
         :meth:`~logstore.log.log.Log.try_append_idempotent`; else ``_WOULD_WAIT``, nothing
         appended (a refusal too: the worker's path answers it, with its logging). The fetches
         waiting on the partition are answered by the append watcher, woken by the append's
@@ -577,7 +578,11 @@ class KafkaApis:
                 or parse_header(records).attributes & lib.LS_ATTR_TRANSACTIONAL):
             return _WOULD_WAIT
         try:
-            appended = log.try_append_idempotent(records, in_place=True)
+            with log.exclusive_if_free() as held:  # (so that reading the log start waits for nothing)
+                if held is None:
+                    return _WOULD_WAIT
+                appended = log.try_append_idempotent(records, in_place=True)
+                start = log.log_start_offset
         except LogstoreError:
             return _WOULD_WAIT  # refused (nothing appended): answered by the worker's path
         if appended is None:
@@ -586,7 +591,7 @@ class KafkaApis:
             return None
         return {"responses": [{"name": topic.name, "partition_responses": [
             {"index": data.index, "error_code": ErrorCode.none, "base_offset": appended.first_offset,
-             "log_append_time": None, "log_start_offset": log.log_start_offset, "record_errors": [],
+             "log_append_time": None, "log_start_offset": start, "record_errors": [],
              "error_message": None}]}], "throttle_time": 0}
 
     def _produce(self, request: KafkaRequest) -> dict[str, Any] | None:
