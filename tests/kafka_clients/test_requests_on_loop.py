@@ -279,3 +279,25 @@ def test_a_fetch_waiting_on_the_loop_is_answered_by_the_next_produce(server, hol
         [woken] = answers(polling, [(1, FetchResponse, 11)])
         assert time.monotonic() - started < 5.0
         assert values_of(woken.responses[0].partitions[0].records) == [(0, b"now")]
+
+
+def test_a_fetch_far_behind_the_log_end_reads_on_a_worker(server, monkeypatch):
+    from logstore.kafka.apis import INLINE_FETCH_LAG
+
+    server.store.create_topic("lag")
+    log = server.store.partition("lag", 0)
+    log.append_batch([b"r%d" % i for i in range(INLINE_FETCH_LAG + 100)])
+    readers: list[str] = []
+    original = Log.read_region
+
+    def spy(self, *args, **kw):
+        readers.append(threading.current_thread().name)
+        return original(self, *args, **kw)
+
+    monkeypatch.setattr(Log, "read_region", spy)
+    with socket.create_connection(server.address, timeout=10) as sock:
+        [behind] = answers_after(sock, fetch("lag", 0), FetchResponse, 11, correlation=1)
+        [near] = answers_after(sock, fetch("lag", 150), FetchResponse, 11, correlation=2)
+    assert values_of(behind.responses[0].partitions[0].records)[0] == (0, b"r0")
+    assert dict(values_of(near.responses[0].partitions[0].records))[150] == b"r150"  # (its whole batch)
+    assert readers[0].startswith(loop(server) + "-worker") and readers[1] == loop(server)

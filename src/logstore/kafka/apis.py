@@ -720,7 +720,8 @@ class KafkaApis:
         """The records at each partition's fetch offset, or a wait in the purgatory for them
         (up to max_wait_ms, until min_bytes). On the network loop (``fetch_holds_logs``), a
         fetch whose logs are open, can be held without waiting and are read in their active
-        segments (the pages just written) is answered there, its logs held while it reads
+        segments (the pages just written) at most :data:`INLINE_FETCH_LAG` records behind their
+        ends is answered there, its logs held while it reads
         (:meth:`~logstore.log.log.Log.exclusive_if_free`); any other through a worker."""
         if request.on_loop and self.fetch_holds_logs:
             return self._fetch_at_once(request)
@@ -743,7 +744,9 @@ class KafkaApis:
                     held = holds.enter_context(log.exclusive_if_free())
                 except LogstoreError:
                     held = None  # (closed or offline: the worker's read answers it)
-                if held is None or offset < log.active_base_offset:  # (older pages may be read from disk)
+                # Older pages may be read from disk; a consumer far behind reads much (its batches
+                # checked whole): both are a worker's, a consumer at the tail is the loop's.
+                if held is None or offset < log.active_base_offset or log.log_end_offset - offset > INLINE_FETCH_LAG:
                     return Offload(lambda: self._fetch_request(request, keys))
             return self._fetch_request(request, keys)
 
@@ -1579,6 +1582,9 @@ _VERIFY_RETRIABLE = frozenset({ErrorCode.concurrent_transactions, ErrorCode.coor
 _LIST_OFFSETS_SENTINELS = {-1: 0, -2: 0, -3: 7, -4: 8}
 #: KafkaApis._produce_at_once: the request must go where it may wait.
 _WOULD_WAIT = object()
+#: The most records a Fetch answered on the network loop may be behind the log end (a consumer
+#: at the tail); one further behind reads on a worker, its read's CPU beside the loop's.
+INLINE_FETCH_LAG = 1000
 
 
 def _epoch_at(log: Any, offset: int) -> int:
