@@ -846,7 +846,7 @@ class Log:
             CorruptRecordError, InvalidRecordError, RecordTooLargeError, OutOfOrderSequenceError,
                 InvalidProducerEpochError: as :meth:`append_idempotent` (nothing written).
         """
-        return self._append_client_batch(batch).first_offset
+        return self.append_idempotent(batch).first_offset
 
     def append_idempotent(self, batch: bytes | bytearray | memoryview, check_sequence: bool = True, *,
                           in_place: bool = False) -> AppendInfo:
@@ -882,7 +882,9 @@ class Log:
 
         Durability and thread-safety as :meth:`append`; the check and the append are atomic.
         """
-        return self._append_client_batch(batch, check_sequence, in_place)
+        info = self._append_client_batch(batch, check_sequence, in_place)
+        assert info is not None  # (None only for a caller that may not wait)
+        return info
 
     def _after_append(self, last_offset: int) -> int:
         """An append reached ``_flush_at`` (called without the lock): wake long-polls, apply
@@ -1089,8 +1091,9 @@ class Log:
         writers' lock, or appended to it or changed its segments since this one last wrote (its
         state to read); the producer state is not loaded yet (a snapshot to read); the active
         segment must roll or its map grow; a flush policy acts on the append path
-        (``flush_messages``: an fsync; ``flush_ms`` with the log's own timers: scheduling one); or the log's policy re-encodes
-        the batch (a compacted log, LogAppendTime, a forced codec). The caller then makes the
+        (``flush_messages``: an fsync; ``flush_ms`` with the log's own timers: scheduling one);
+        or the log's policy re-encodes the batch (a compacted log, LogAppendTime, a forced
+        codec). The caller then makes the
         append with :meth:`append_idempotent` where it may wait. The batch is validated (CRC,
         records) before any of this, so a bad batch raises here as there.
 
