@@ -301,3 +301,26 @@ def test_a_fetch_far_behind_the_log_end_reads_on_a_worker(server, monkeypatch):
     assert values_of(behind.responses[0].partitions[0].records)[0] == (0, b"r0")
     assert dict(values_of(near.responses[0].partitions[0].records))[150] == b"r150"  # (its whole batch)
     assert readers[0].startswith(loop(server) + "-worker") and readers[1] == loop(server)
+
+
+def test_a_produce_narrowed_by_the_authorizer_is_still_answered_on_the_loop(tmp_path, tries):
+    from logstore.cli import main as cli_main
+
+    with KafkaServer(str(tmp_path), ("127.0.0.1", 0), authorizer=True, sasl_credentials=None,
+                     super_users=()) as server:
+        for name in ("ok", "no"):
+            server.store.create_topic(name)
+            server.store.partition(name, 0)
+        assert cli_main(["acls", "add", str(tmp_path), "--allow-principal", "User:ANONYMOUS", "--operation", "All",
+                         "--topic", "ok"]) == 0
+        P = ProduceRequest.TopicProduceData.PartitionProduceData
+        both = ProduceRequest[8](transactional_id=None, acks=1, timeout_ms=5000, topic_data=[
+            ProduceRequest.TopicProduceData(name=name, partition_data=[P(index=0, records=batch(b"to " + name.encode()))])
+            for name in ("ok", "no")])
+        with socket.create_connection(server.address, timeout=10) as sock:
+            [answer] = answers_after(sock, both, ProduceResponse, 8)
+        codes = {t.name: t.partition_responses[0].error_code for t in answer.responses}
+        assert codes == {"ok": NONE, "no": 29}  # TOPIC_AUTHORIZATION_FAILED for the denied one
+        assert [r.value for r in server.store.partition("ok", 0).iter()] == [b"to ok"]
+        assert list(server.store.partition("no", 0).iter()) == []
+    assert tries == [(loop(server), True)]  # the allowed part, one partition: appended on the loop

@@ -404,6 +404,7 @@ def _with_body(request: KafkaRequest, body: Any) -> KafkaRequest:
     copy = KafkaRequest(request.api_key, request.api_version, request.correlation_id, request.client_id, body)
     copy.client_host = request.client_host
     copy.principal = request.principal
+    copy.on_loop = request.on_loop
     return copy
 
 
