@@ -746,7 +746,8 @@ class KafkaApis:
                     held = None  # (closed or offline: the worker's read answers it)
                 # Older pages may be read from disk; a consumer far behind reads much (its batches
                 # checked whole): both are a worker's, a consumer at the tail is the loop's.
-                if held is None or offset < log.active_base_offset or log.log_end_offset - offset > INLINE_FETCH_LAG:
+                if (held is None or offset < log.active_base_offset
+                        or log.log_end_offset - offset > INLINE_FETCH_LAG):
                     return Offload(lambda: self._fetch_request(request, keys))
             return self._fetch_request(request, keys)
 
