@@ -14,6 +14,7 @@ import shutil
 import struct
 import sys
 import tempfile
+import uuid
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "src"))
@@ -96,12 +97,12 @@ def flexcheck() -> None:
 
     fetch = {"replica_id": -1, "max_wait": 500, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0,
              "session_id": 0, "session_epoch": -1, "rack_id": "", "forgotten_topics_data": [],
-             "topics": [{"topic_id": __import__("uuid").UUID(int=7), "partitions": [
+             "topics": [{"topic_id": uuid.UUID(int=7), "partitions": [
                  {"partition": p, "current_leader_epoch": 2, "fetch_offset": 5, "last_fetched_epoch": 2,
                   "log_start_offset": -1, "partition_max_bytes": 1000} for p in range(3)]}]}
     produce = {"transactional_id": None, "acks": -1, "timeout": 5000, "topic_data": [
         {"name": "t", "partition_data": [{"index": 0, "records": bytes(BatchBuilder().build([b"v"] * 3))}]}]}
-    metadata = {"topics": [{"topic_id": __import__("uuid").UUID(int=0), "name": "t"}],
+    metadata = {"topics": [{"topic_id": uuid.UUID(int=0), "name": "t"}],
                 "allow_auto_topic_creation": False, "include_topic_authorized_operations": False}
     for name, key, version, fields in (("fetch-v16", 1, 16, fetch), ("produce-v10", 0, 10, produce),
                                        ("metadata-v12", 3, 12, metadata)):
