@@ -276,6 +276,26 @@ def test_chunks_decoded_in_pairs_match_iter(tmp_path_factory, monkeypatch, sizes
         assert log.read_arrow(start).to_pydict() == expected(log, start)
 
 
+def test_the_last_pair_of_chunks_is_split_evenly(store, monkeypatch):
+    """Less than two chunks left, the two threads get half each (not a whole chunk and the
+    rest), so that at a read's end neither waits the other's whole chunk out."""
+    from logstore.log.log import _pair_mid
+    from logstore.records import arrow as arrowread
+
+    assert _pair_mid(0, 250, 100) == 100
+    assert _pair_mid(200, 250, 100) == 225
+    assert _pair_mid(200, 251, 100) == 226
+    assert _pair_mid(200, 400, 100) == 300
+    assert _pair_mid(7, 8, 100) == 8  # one row left: the first chunk takes it
+    monkeypatch.setattr(arrowread, "ROWS_PER_BATCH", 100)
+    store.create_topic("t", 1)
+    log = store.partition("t", 0)
+    fill(log, batches=5, per_batch=50)
+    sizes = [b.num_rows for b in log.iter_arrow(columns=["offset"])]
+    assert sizes == [100, 100, 25, 25]
+    assert log.read_arrow().to_pydict() == expected(log, 0)
+
+
 def test_damage_found_by_the_helper_thread_is_reported(store, monkeypatch):
     from logstore.records import arrow as arrowread
 

@@ -206,6 +206,15 @@ def _non_negative(offset: Any, what: str) -> int:
         raise ValueError(f"cannot {what} negative offset {offset}")
     return offset
 
+def _pair_mid(offset: int, stop: int, rows: int) -> int:
+    """Where the first chunk of a pair read on two threads ends: ``rows`` on, or for the last
+    pair (less than two chunks left) half way, so that neither thread waits the other's whole
+    chunk out at the end of a read."""
+    if stop - offset >= 2 * rows:
+        return offset + rows
+    return offset + (stop - offset + 1) // 2
+
+
 def _counted(part: Generator[Any, None, int], left: list[int | None]) -> Generator[Any, None, int]:
     """Yield ``part``'s record batches, counting their rows off ``left[0]`` (None: no limit);
     return what ``part`` returns."""
@@ -1846,7 +1855,7 @@ class Log:
                 self._check_readable_from(offset)
                 if offset < self._segments.first.base_offset:
                     return offset  # gone from the local disk: the caller reads it from the remote tier
-                mid = min(stop, offset + rows)
+                mid = _pair_mid(offset, stop, rows)
                 first = reading.builder(self, offset, mid, decoder=decoders[0])
                 second, helper = None, None
                 # Both starts are located before the helper runs: a lookup that finds a damaged
