@@ -57,8 +57,10 @@ one cached record read again and again. Then the physical limits measured in the
 core): CRC32C (also split over two threads, as the read as Arrow splits its chunks), memcpy, a
 page-cache read through a fresh map, the first touch of fresh memory (every new page faults in;
 the copying Arrow table of 500,000 records needs 120 MB of it) and a 230 kB write with fdatasync
-(the disk's floor under the fsync row). Every timed read starts after os.sync(), so that the
-writeback of the records it reads does not run during it.
+(the disk's floor under the fsync row); and how two threads that hand jobs of C to each other
+by wake-ups scale (0.5 ms and 2 ms jobs), against two that run without waiting: what the
+machine's scheduler gives the read as Arrow's two threads. Every timed read starts after
+os.sync(), so that the writeback of the records it reads does not run during it.
 
 Durability differs even inside one row, which is the point of listing it: "no fsync" means
 the data is in the OS page cache (survives a process crash, not a power loss) for logstore,
@@ -472,7 +474,8 @@ def physical_limits() -> None:
         m.close()
 
     touch = _best(first_touch)
-    handed, free = _fork_join()
+    handed_short, _ = _fork_join(0.0005)
+    handed, free = _fork_join(0.002)
     with _workload.scratch_dir("logstore-limits-") as path:
         name = os.path.join(path, "f")
         with open(name, "wb") as f:
@@ -503,21 +506,21 @@ def physical_limits() -> None:
     print(f"  CRC32C {size / crc / gb:.1f} GB/s (two threads: {size / crc2 / gb:.1f} GB/s), memcpy {size / copy / gb:.1f} GB/s, page-cache read "
           f"(fresh map, CRC'd) {4 * size / cached / gb:.1f} GB/s, first touch of fresh memory {size / touch / gb:.2f} GB/s, "
           f"write + fdatasync of 230 kB {sync * 1e3:.2f} ms")
-    print(f"  two threads, 2 ms jobs (C, the GIL let go) handed over by wake-ups as the read as Arrow hands its chunk "
-          f"pairs: {handed:.2f}x one thread (free-running, no hand-offs: {free:.2f}x; median of 5)")
+    print(f"  two threads handing jobs of C over by wake-ups, as the read as Arrow hands its chunk pairs: {handed_short:.2f}x "
+          f"one thread with 0.5 ms jobs, {handed:.2f}x with 2 ms jobs (free-running, no hand-offs: {free:.2f}x; median of 5)")
     print()
 
 
-def _fork_join(pairs: int = 16, rounds: int = 5) -> tuple[float, float]:
-    """The speed-up of two threads over one on 2 x ``pairs`` jobs of ~2 ms of C each (sha256 of
-    a few MiB, the GIL let go), (a) handed over in pairs, the second job of each pair to a
+def _fork_join(seconds: float, pairs: int = 16, rounds: int = 5) -> tuple[float, float]:
+    """The speed-up of two threads over one on 2 x ``pairs`` jobs of C of about ``seconds``
+    each (sha256, the GIL let go), (a) handed over in pairs, the second job of each pair to a
     waiting helper thread woken for it, as read_arrow's chunk pairs are, and (b) two threads
     each running its half without waiting for the other. (b) is what two cores allow; (a) is
     what this machine's scheduler gives threads that hand work to each other (a scheduler that
     keeps a woken thread on its waker's CPU runs the pair one after the other: ~1x)."""
     data = os.urandom(1 << 20)
     per = _best(lambda: hashlib.sha256(data).digest())
-    data = os.urandom(max(1 << 20, int((1 << 20) * 0.002 / max(per, 1e-6))))  # ~2 ms a job
+    data = os.urandom(max(1 << 12, int((1 << 20) * seconds / max(per, 1e-6))))
 
     def job() -> None:
         hashlib.sha256(data).digest()
