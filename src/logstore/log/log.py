@@ -206,6 +206,7 @@ def _non_negative(offset: Any, what: str) -> int:
         raise ValueError(f"cannot {what} negative offset {offset}")
     return offset
 
+
 def _pair_mid(offset: int, stop: int, rows: int) -> int:
     """Where the first chunk of a pair read on two threads ends: ``rows`` on, or for the last
     pair (less than two chunks left) half way, so that neither thread waits the other's whole
