@@ -52,8 +52,11 @@ Workloads and what each system does:
                          lookup, and logstore ~0.4x lmdb; lookups that come back to batches
                          already read (a second pass) cost no validation (~1.5x lmdb)
 
-After the tables (when the random read row ran), the per-call floor of each system's point read:
-one cached record read again and again. Then the physical limits measured in the same run (one
+After the tables (when the random read row ran), where a lookup goes, measured in each run right
+after its timed pass: the same lookups made again (pages mapped; logstore's batches remembered as
+validated), the per-call floor (one cached record read again and again), what each batch's
+validation costs a lookup, and what 1.5x lmdb leaves for finding the record once the floor and
+the validation are paid. Then the physical limits measured in the same run (one
 core): CRC32C (also split over two threads, as the read as Arrow splits its chunks), memcpy, a
 page-cache read through a fresh map, the first touch of fresh memory (every new page faults in;
 the copying Arrow table of 500,000 records needs 120 MB of it) and a 230 kB write with fdatasync
@@ -135,6 +138,11 @@ COUNTS = {
     ("random read", "sqlite3"): 500_000,
     ("random read", "lmdb"): 500_000,
 }
+# Per system, per run of the random read row, measured right after the timed pass, for the
+# lines after the tables: (seconds a lookup in the timed pass, seconds a lookup when the same
+# lookups are made again, seconds a call when the first of them is made FLOOR_CALLS times).
+PARTS: dict[str, list[tuple[float, float, float]]] = collections.defaultdict(list)
+FLOOR_CALLS = 20_000
 BATCHED = ("logstore", "logstore-binary", "sqlite3", "lmdb")  # write (and pre-write for reads) in batches of 1000
 # Marked with * in the table: no batch API, so the batch rows are per-record puts.
 PER_RECORD_ONLY = {("batch-1000, no fsync", "pq.Queue"), ("batch-1000, no fsync", "pq.SQLiteQueue"),
@@ -216,6 +224,16 @@ def logstore_read(path: str, data: Data, count: int, how: str = "sequential read
         else:
             collections.deque(log.iter(), maxlen=0)
         elapsed = time.perf_counter() - t
+        if how == "random read":  # untimed for the row: where a lookup goes (PARTS)
+            t = time.perf_counter()
+            for offset in lookups:
+                read(offset, max_records=1)[0]
+            again = time.perf_counter() - t
+            offset = lookups[0]
+            t = time.perf_counter()
+            for _ in range(FLOOR_CALLS):
+                read(offset, max_records=1)[0]
+            PARTS["logstore"].append((elapsed / len(lookups), again / len(lookups), (time.perf_counter() - t) / FLOOR_CALLS))
     finally:
         log._abandon()
     return elapsed
@@ -352,7 +370,18 @@ def lmdb_read(path: str, data: Data, count: int, how: str = "sequential read") -
                 for k in keys:
                     v = get(k)
                     (from_bytes(k, "big"), from_bytes(v[:8], "big"), v[8:24], v[24:])
-            elapsed = time.perf_counter() - t
+                elapsed = time.perf_counter() - t
+                t = time.perf_counter()  # untimed for the row: where a lookup goes (PARTS)
+                for k in keys:
+                    v = get(k)
+                    (from_bytes(k, "big"), from_bytes(v[:8], "big"), v[8:24], v[24:])
+                again = time.perf_counter() - t
+                k = keys[0]
+                t = time.perf_counter()
+                for _ in range(FLOOR_CALLS):
+                    v = get(k)
+                    (from_bytes(k, "big"), from_bytes(v[:8], "big"), v[8:24], v[24:])
+                PARTS["lmdb"].append((elapsed / len(keys), again / len(keys), (time.perf_counter() - t) / FLOOR_CALLS))
             return elapsed
         t = _settled()
         with env.begin(buffers=False) as txn:
@@ -569,43 +598,34 @@ def _fork_join(seconds: float, pairs: int = 16, rounds: int = 5) -> tuple[float,
     return statistics.median(a), statistics.median(b)
 
 
-def point_read_floors(data: Data) -> None:
-    """The per-call floor under the random read row, measured in the same run: one cached
-    record read again and again (its batch validated and remembered, every line in the CPU's
-    caches), by logstore's point read and by lmdb's get with the row's decode. What is left of
-    a random lookup above it is memory misses and, on a batch's first read, its validation."""
-    n, rounds, offset = 10_000, 100_000, 5_000
-    floors = {}
-    with _workload.scratch_dir("logstore-floors-") as path:
-        log = Log.open(os.path.join(path, "floor-0"))
-        try:
-            for values, keys in data.batches(n):
-                log.append_batch(values, keys)
-            read = log.read
-
-            def logstore_once() -> None:
-                for _ in range(rounds):
-                    read(offset, max_records=1)[0]
-            floors["logstore"] = _best(logstore_once)
-        finally:
-            log._abandon()
-        if lmdb is not None:
-            lmdb_write(path, data, "batch-1000, no fsync", n)
-            env = _lmdb(path, False)
-            try:
-                key, from_bytes = offset.to_bytes(8, "big"), int.from_bytes
-                with env.begin(buffers=False) as txn:
-                    get = txn.get
-
-                    def lmdb_once() -> None:
-                        for _ in range(rounds):
-                            v = get(key)
-                            (from_bytes(key, "big"), from_bytes(v[:8], "big"), v[8:24], v[24:])
-                    floors["lmdb"] = _best(lmdb_once)
-            finally:
-                env.close()
-    print("point read floors (one cached record read again and again, best of 3, this run):")
-    print("  " + ", ".join(f"{name} {seconds / rounds * 1e6:.2f} us a call" for name, seconds in floors.items()))
+def random_read_parts() -> None:
+    """Where a lookup of the random read row goes, measured in each run right after its timed
+    pass: the same lookups made again (the pages mapped; logstore's batches remembered as
+    validated: no CRC or walk of a whole batch), and the floor of a call (the first lookup's
+    record read again and again: every line in the CPU's caches). The timed pass's extra over
+    the second is, for lmdb, the first mapping of the pages it touches; for logstore the same plus
+    each batch's validation on its first read. What 1.5x lmdb leaves for logstore's lookup is
+    set against what its floor and that validation take."""
+    parts = {name: tuple(statistics.median(run[i] for run in runs) for i in range(3))
+             for name, runs in PARTS.items() if runs}
+    if "logstore" not in parts or "lmdb" not in parts:
+        return
+    us = 1e6
+    print("random read, a lookup (medians of the runs): timed pass / the same lookups again / floor (one cached record)")
+    for name, (first, again, floor) in parts.items():
+        print(f"  {name:<9} {first * us:.2f} / {again * us:.2f} / {floor * us:.2f} us "
+              f"(above the floor: {(first - floor) * us:.2f} / {(again - floor) * us:.2f} us)")
+    (mine, mine_again, mine_floor), (theirs, theirs_again, theirs_floor) = parts["logstore"], parts["lmdb"]
+    validation = max(0.0, (mine - mine_again) - (theirs - theirs_again))
+    print(f"  logstore's validation of each batch on its first read, a lookup's share: {validation * us:.2f} us "
+          f"(its timed pass's extra over the second, {(mine - mine_again) * us:.2f} us, less lmdb's, "
+          f"{(theirs - theirs_again) * us:.2f} us: the first mapping of the pages, alike for both)")
+    goal, paid = theirs / 1.5, mine_floor + validation
+    left = (f"leaving {(goal - paid) * us:.2f} us for finding the record in memory" if paid < goal
+            else "more than all of it: out of reach in these runs whatever finding the record costs")
+    print(f"  1.5x lmdb needs a logstore lookup of {goal * us:.2f} us; its floor and the validation take "
+          f"{paid * us:.2f} us, {left} (logstore's lookup spends {(mine_again - mine_floor) * us:.2f} us above its "
+          f"floor with its batches remembered, lmdb's {(theirs_again - theirs_floor) * us:.2f} us with its pages mapped)")
     print()
 
 
@@ -688,7 +708,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{workload:<28}" + "".join(cells))
     print()
     if "random read" in workloads:
-        point_read_floors(data)
+        random_read_parts()
     physical_limits()
     print(f"elapsed {time.perf_counter() - started:.0f} s; load average {load_start:.2f} at start, "
           f"{os.getloadavg()[0]:.2f} at end ({os.cpu_count()} cores; above ~1 the figures are disturbed)")
