@@ -448,11 +448,11 @@ def test_a_large_answer_to_a_slow_request_is_written_whole_past_the_idle_timeout
     """The answer is larger than the socket buffers take at once, and comes after longer than
     the idle timeout: the loop writes the rest as the client reads, and the idle clock starts
     with the answer, not with the request."""
-    server = serve(limits=net.Limits(idle_timeout_s=0.3))
+    server = serve(limits=net.Limits(idle_timeout_s=0.5))
     size = 16 << 20
     with connect(server) as s:
-        s.sendall(framed(b"big:0.5:%d" % size))
-        time.sleep(0.7)   # the answer waits, partly written, for 0.2 s before we read
+        s.sendall(framed(b"big:1.0:%d" % size))
+        time.sleep(1.2)   # the answer waits, partly written, for 0.2 s before we read (0.3 s to spare)
         assert recv_frame(s) == b"x" * size
         assert call(s, b"echo:then") == b"then"
     assert metric(server, "outgoing-byte-total") >= size
