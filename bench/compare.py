@@ -50,7 +50,8 @@ Workloads and what each system does:
                          230 kB whole (CRC, every record), about 40 us, 0.4 us per lookup. Ten
                          times the log for the same lookups (10 per batch) makes that 4-5 us per
                          lookup, and logstore ~0.4x lmdb; lookups that come back to batches
-                         already read (a second pass) cost no validation (~1.5x lmdb)
+                         already read (a second pass) cost no validation (each run measures
+                         one, printed after the tables)
 
 After the tables (when the random read row ran), where a lookup goes, measured in each run right
 after its timed pass: the same lookups made again (pages mapped; logstore's batches remembered as
